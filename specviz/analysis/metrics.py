@@ -1,0 +1,138 @@
+"""Acceptance, exactness and throughput metrics: pure functions of a trace (DESIGN.md s4).
+
+Definitions match vLLM and llama.cpp:
+- acceptance rate = accepted draft tokens / drafted tokens
+- mean acceptance length = 1 + accepted / verify steps (one verify step = one row in one step)
+- per-position acceptance[i] = verify steps that accepted at least i+1 drafts / verify steps
+- acceptance histogram[j] = verify steps that accepted exactly j drafts
+- exact match = share of prompts whose emitted token IDs equal the reference's
+- throughput = emitted tokens / decoding wall time
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from specviz.trace.schema import Trace
+
+
+@dataclass
+class Acceptance:
+    verify_steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    histogram: list[int] = field(default_factory=list)
+
+    @property
+    def rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def mean_length(self) -> float | None:
+        return 1 + self.accepted / self.verify_steps if self.verify_steps else None
+
+    @property
+    def per_position(self) -> list[float]:
+        if not self.verify_steps:
+            return []
+        at_least = []
+        running = 0
+        for count in reversed(self.histogram[1:]):
+            running += count
+            at_least.append(running / self.verify_steps)
+        return list(reversed(at_least))
+
+    def add(self, accepted: int, k: int) -> None:
+        if len(self.histogram) < k + 1:
+            self.histogram.extend([0] * (k + 1 - len(self.histogram)))
+        self.verify_steps += 1
+        self.drafted += k
+        self.accepted += accepted
+        self.histogram[min(accepted, k)] += 1
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(rate=self.rate, mean_length=self.mean_length, per_position=self.per_position)
+        return out
+
+
+def acceptance(trace: Trace) -> tuple[Acceptance, dict[int, Acceptance]]:
+    """Totals, and per sequence (token-averaged totals hide short prompts)."""
+    k = trace.header.draft_k
+    total = Acceptance()
+    per_seq: dict[int, Acceptance] = {}
+    if k == 0:
+        return total, per_seq
+    for step in trace.steps:
+        for row in step.rows:
+            total.add(row.accepted, k)
+            per_seq.setdefault(row.seq_id, Acceptance()).add(row.accepted, k)
+    return total, per_seq
+
+
+def first_divergence(output: list[int], reference: list[int] | None) -> int | None:
+    """Index of the first token that differs (or where one output stops early); None if equal."""
+    if reference is None:
+        return None
+    for i, (a, b) in enumerate(zip(output, reference)):
+        if a != b:
+            return i
+    return None if len(output) == len(reference) else min(len(output), len(reference))
+
+
+def exact_match(trace: Trace) -> float | None:
+    with_ref = [s for s in trace.sequences if s.reference_ids is not None]
+    if not with_ref:
+        return None
+    return sum(s.output_ids == s.reference_ids for s in with_ref) / len(with_ref)
+
+
+def tokens_emitted(trace: Trace) -> int:
+    return sum(len(s.output_ids) for s in trace.sequences)
+
+
+def tokens_per_second(trace: Trace) -> float | None:
+    seconds = trace.header.decode_seconds
+    return tokens_emitted(trace) / seconds if seconds else None
+
+
+def phase_times(trace: Trace) -> dict[str, float]:
+    """Milliseconds summed over steps: draft, verify, align, and the rest (bookkeeping)."""
+    draft = sum(s.draft_ms for s in trace.steps)
+    verify = sum(s.verify_ms for s in trace.steps)
+    align = sum(s.align_ms for s in trace.steps)
+    total = sum(s.total_ms for s in trace.steps)
+    return {
+        "draft_ms": draft,
+        "verify_ms": verify,
+        "align_ms": align,
+        "bookkeeping_ms": max(0.0, total - draft - verify - align),
+        "total_ms": total,
+    }
+
+
+def summary(trace: Trace) -> dict[str, Any]:
+    """The record command's summary: one flat JSON-able dict."""
+    total, _ = acceptance(trace)
+    h = trace.header
+    return {
+        "method": h.method,
+        "fault": h.fault,
+        "num_prompts": len(trace.sequences),
+        "batch_size": h.batch_size,
+        "draft_k": h.draft_k,
+        "max_new_tokens": h.max_new_tokens,
+        "complete": h.complete,
+        "exact_match": exact_match(trace),
+        "acceptance_rate": total.rate,
+        "mean_acceptance_length": total.mean_length,
+        "per_position_acceptance": total.per_position,
+        "tokens_emitted": tokens_emitted(trace),
+        "decode_seconds": h.decode_seconds,
+        "tokens_per_second": tokens_per_second(trace),
+        "steps": len(trace.steps),
+        "exspec_group_share": h.options.get("group_share"),
+        "first_divergence": [first_divergence(s.output_ids, s.reference_ids) for s in trace.sequences],
+        **phase_times(trace),
+    }

@@ -1,0 +1,96 @@
+"""What the forensics conclude about a trace: violations, per-sequence verdicts, run verdict."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+INVARIANTS = {
+    1: "rectangular-alignment",
+    2: "position-contiguity",
+    3: "kv-consistency",
+    4: "token-accounting",
+}
+
+# Run verdicts, worst last. `desync` wins over `unexplained` because a broken invariant explains.
+RUN_VERDICTS = ("clean", "numerical", "unexplained", "desync")
+
+
+@dataclass
+class Violation:
+    step: int  # StepRecord.step
+    step_index: int  # index into trace.steps
+    row: int  # batch row within that step
+    seq_id: int
+    invariant: int  # 1..4, see INVARIANTS
+    name: str  # INVARIANTS[invariant]
+    field: str  # the trace field that shows it, e.g. "position_ids"
+    expected: Any
+    actual: Any
+    message: str  # one line, human readable
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class SequenceVerdict:
+    seq_id: int
+    first_divergence: int | None  # token index, None if exact (or no reference)
+    verdict: str  # "exact" | "desync" | "numerical" | "unexplained" | "no-reference"
+    divergence_step: int | None  # step that emitted the divergent token
+    margin: float | None  # reference top-1 minus top-2 logit at the divergent token
+    first_violation_step: int | None  # earliest violation touching this sequence
+    context_output: list[int] = field(default_factory=list)  # a few tokens around the divergence
+    context_reference: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Report:
+    verdict: str  # one of RUN_VERDICTS
+    violations: list[Violation]  # ordered by (step_index, row, invariant)
+    sequences: list[SequenceVerdict]
+    exact_match: float | None
+    margin_threshold: float
+    skipped_checks: list[str]  # checks that could not run, and the field they need
+    violation_count: int = 0  # before truncation of `violations` (huge broken traces)
+
+    @property
+    def first_violation(self) -> Violation | None:
+        return self.violations[0] if self.violations else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "exact_match": self.exact_match,
+            "first_violation": self.first_violation.to_dict() if self.first_violation else None,
+            "violation_count": self.violation_count,
+            "violations": [v.to_dict() for v in self.violations],
+            "sequences": [s.to_dict() for s in self.sequences],
+            "margin_threshold": self.margin_threshold,
+            "skipped_checks": self.skipped_checks,
+        }
+
+
+def run_check(path: str, as_json: bool = False) -> int:
+    """CLI entry: 0 for clean/numerical, 1 for desync/unexplained; TraceError propagates (exit 2)."""
+    import json
+
+    from specviz.analysis.check import check_trace
+    from specviz.analysis.text import render_report
+    from specviz.trace.io import load_trace
+
+    trace = load_trace(path)
+    report = check_trace(trace)
+    if as_json:
+        from specviz.analysis.metrics import summary
+
+        payload = report.to_dict()
+        payload["metrics"] = summary(trace)
+        print(json.dumps(payload))
+    else:
+        print(render_report(trace, report))
+    return 0 if report.verdict in ("clean", "numerical") else 1

@@ -1,0 +1,63 @@
+"""Human-readable report for `specviz check`."""
+
+from __future__ import annotations
+
+from specviz.analysis.metrics import acceptance, summary
+from specviz.analysis.report import Report
+from specviz.trace.schema import Trace
+
+MAX_SEQUENCES_SHOWN = 20
+
+
+def render_report(trace: Trace, report: Report) -> str:
+    h = trace.header
+    lines = [
+        f"verdict: {report.verdict.upper()}",
+        f"run: {h.method}{' + fault ' + h.fault if h.fault else ''}, {len(trace.sequences)} prompts, "
+        f"batch {h.batch_size}, k={h.draft_k}, target {h.target.name} ({h.target.dtype}, {h.target.device})"
+        + ("" if h.complete else "  [INCOMPLETE: run was interrupted]"),
+    ]
+    if report.exact_match is not None:
+        exact = sum(s.verdict == "exact" for s in report.sequences)
+        lines.append(f"exact match: {report.exact_match:.3f} ({exact}/{len(report.sequences)} prompts token-identical)")
+    else:
+        lines.append("exact match: n/a (trace has no reference outputs)")
+    v = report.first_violation
+    if v is None:
+        lines.append("invariants: all hold")
+    else:
+        lines.append(
+            f"invariants: {report.violation_count} violation(s); first at step {v.step}, row {v.row}, "
+            f"sequence {v.seq_id}: [{v.invariant} {v.name}] {v.message}"
+        )
+        lines.append(f"  field {v.field}: expected {v.expected}, actual {v.actual}")
+        broken = sorted({(x.invariant, x.name) for x in report.violations})
+        lines.append("  invariants broken: " + ", ".join(f"{i} {n}" for i, n in broken))
+    for note in report.skipped_checks:
+        lines.append(f"skipped: {note}")
+    diverged = [s for s in report.sequences if s.first_divergence is not None]
+    if diverged:
+        lines.append(f"divergences ({len(diverged)}):")
+        for s in diverged[:MAX_SEQUENCES_SHOWN]:
+            margin = f"{s.margin:.4g}" if s.margin is not None else "n/a"
+            lines.append(
+                f"  seq {s.seq_id}: token {s.first_divergence} (step {s.divergence_step}) "
+                f"{s.verdict}, reference margin {margin}"
+            )
+            lines.append(f"    output:    {s.context_output}")
+            lines.append(f"    reference: {s.context_reference}")
+        if len(diverged) > MAX_SEQUENCES_SHOWN:
+            lines.append(f"  ... and {len(diverged) - MAX_SEQUENCES_SHOWN} more (use --json)")
+    info = summary(trace)
+    total, per_seq = acceptance(trace)
+    if total.rate is not None:
+        pos = ", ".join(f"{p:.2f}" for p in total.per_position)
+        lines.append(
+            f"acceptance: rate {total.rate:.3f}, mean length {total.mean_length:.2f}, "
+            f"per position [{pos}], histogram {total.histogram}"
+        )
+        worst = sorted(per_seq.items(), key=lambda kv: kv[1].rate or 0)[:3]
+        lines.append("  lowest per sequence: " + ", ".join(f"seq {sid} {a.rate:.2f}" for sid, a in worst))
+    if info["tokens_per_second"]:
+        lines.append(f"throughput: {info['tokens_per_second']:.1f} tok/s over {info['decode_seconds']:.2f} s")
+    return "\n".join(lines)

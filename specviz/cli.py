@@ -1,0 +1,183 @@
+"""`python -m specviz ...`: record a run into a trace, check a trace.
+
+Every user-facing failure is one line on stderr and a non-zero exit, never a traceback:
+exit 2 for bad input (missing path, malformed trace, bad pair), 130 for an interrupted run
+(whose partial trace is still written, marked incomplete).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from specviz.errors import SpecvizError
+from specviz.trace.io import TraceError
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from specviz.engine.exspec import POLICIES
+    from specviz.engine.faults import FAULTS
+
+    parser = argparse.ArgumentParser(prog="specviz", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    rec = sub.add_parser("record", help="decode prompts and write a trace")
+    rec.add_argument("--method", choices=["baseline", "eqspec", "exspec"], default="eqspec")
+    rec.add_argument("--fault", choices=sorted(FAULTS), default=None, help="inject a known bug")
+    rec.add_argument("--target", default=None, help="target model: local path or hub id (default: embedded)")
+    rec.add_argument("--draft", default=None, help="draft model: local path or hub id (default: embedded)")
+    rec.add_argument("--batch-size", type=int, default=8)
+    rec.add_argument("--draft-k", type=int, default=4)
+    rec.add_argument("--max-new-tokens", type=int, default=64)
+    prompts = rec.add_mutually_exclusive_group()
+    prompts.add_argument("--num-prompts", type=int, default=None, help="first N SpecBench prompts")
+    prompts.add_argument("--prompts", default=None, help="JSONL file of prompts")
+    rec.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    rec.add_argument("--dtype", default=None, help="float32 (CPU default), bfloat16 (CUDA default), float16")
+    rec.add_argument("--seed", type=int, default=0)
+    rec.add_argument("--window", type=int, default=None, help="exspec sliding window (default 6 x batch)")
+    rec.add_argument("--policy", choices=POLICIES, default="largest", help="exspec grouping policy")
+    rec.add_argument("--no-reference", action="store_true", help="skip the batch-1 greedy oracle")
+    rec.add_argument("--trust-remote-code", action="store_true")
+    rec.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    rec.add_argument("--out", default=None, help="trace path (.json or .json.gz); default runs/<name>.json.gz")
+    rec.add_argument("--force", action="store_true", help="overwrite an existing --out file")
+
+    chk = sub.add_parser("check", help="check a trace's invariants and outputs")
+    chk.add_argument("trace")
+    chk.add_argument("--json", action="store_true")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "record":
+            return cmd_record(args)
+        if args.command == "check":
+            return cmd_check(args)
+    except (SpecvizError, TraceError) as exc:
+        print(f"specviz: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except ValueError as exc:  # argument combinations the engine refuses
+        print(f"specviz: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return 0
+
+
+def _default_out(args: argparse.Namespace) -> Path:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    name = args.method + (f"-{args.fault}" if args.fault else "")
+    return Path("runs") / f"{name}-{stamp}.json.gz"
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from specviz.data import load_prompts_file, load_specbench
+    from specviz.engine.models import load_pair
+    from specviz.engine.run import RunConfig, RunInterrupted, run
+    from specviz.trace.io import save_trace
+
+    out = Path(args.out) if args.out else _default_out(args)
+    if out.exists() and not args.force:
+        raise SpecvizError(f"{out} exists; pass --force to overwrite it")
+    prompts = load_prompts_file(args.prompts) if args.prompts else load_specbench()
+    if args.num_prompts is not None:
+        if args.num_prompts < 1:
+            raise SpecvizError("--num-prompts must be at least 1")
+        prompts = prompts[: args.num_prompts]
+    config = RunConfig(
+        method=args.method,
+        fault=args.fault,
+        batch_size=args.batch_size,
+        draft_k=args.draft_k,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        exspec_window=args.window,
+        exspec_policy=args.policy,
+        reference=not args.no_reference,
+    )
+    config.validate()
+    pair = load_pair(
+        args.target,
+        args.draft,
+        device=args.device,
+        dtype=args.dtype,
+        with_draft=config.k > 0,
+        trust_remote_code=args.trust_remote_code,
+    )
+    bars: dict[str, Any] = {}
+
+    def progress(phase: str, done: int, total: int) -> None:
+        if phase not in bars:
+            unit = "prompt" if phase == "reference" else "tok"
+            bars[phase] = tqdm(total=total, desc=phase, unit=unit, file=sys.stderr, leave=False)
+        bar = bars[phase]
+        bar.update(done - bar.n)
+
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        trace = run(pair, prompts, config, progress=progress)
+        status = 0
+    except RunInterrupted as interrupted:
+        trace = interrupted.trace
+        status = EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for bar in bars.values():
+            bar.close()
+    save_trace(trace, out)
+    _print_summary(trace, out, args.json)
+    if status:
+        print(f"specviz: interrupted; partial trace ({len(trace.steps)} steps) saved to {out}", file=sys.stderr)
+    return status
+
+
+def _print_summary(trace: Any, out: Path, as_json: bool) -> None:
+    from specviz.analysis.metrics import summary
+
+    info = summary(trace)
+    info["trace"] = str(out)
+    if as_json:
+        print(json.dumps(info))
+        return
+    rate = info["acceptance_rate"]
+    exact = info["exact_match"]
+    print(
+        f"{info['method']}{' + fault ' + info['fault'] if info['fault'] else ''}: "
+        f"{info['num_prompts']} prompts, batch {info['batch_size']}, k={info['draft_k']}"
+    )
+    print(f"  exact match        {exact:.3f}" if exact is not None else "  exact match        n/a (no reference)")
+    if rate is not None:
+        print(f"  acceptance rate    {rate:.3f}   mean acceptance length {info['mean_acceptance_length']:.2f}")
+    print(
+        f"  throughput         {info['tokens_per_second']:.1f} tok/s ({info['tokens_emitted']} tokens, "
+        f"{info['decode_seconds']:.2f} s)"
+    )
+    if info["exspec_group_share"] is not None:
+        print(f"  exspec group share {info['exspec_group_share']:.3f}")
+    print(f"  trace              {out}")
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from specviz.analysis.report import run_check
+
+    return run_check(args.trace, as_json=args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""Named faults: each reproduces one bug that real batch speculative decoding engines shipped.
+
+A fault is a small override of one decision the correct engine makes (docs/faults.md):
+- where positions come from (`verify_positions`),
+- how many drafts verification accepts (`accept`),
+- how the cache is rebuilt after verification (`plan`),
+- whether the draft catches up on its last draft token (`draft_catch_up`),
+- where results are written back after regrouping (`write_back`).
+The base class is the correct engine, so the fixed and faulty paths share all other code.
+Faults are deterministic: same inputs, same corruption.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class SlotPlan:
+    """How each row's cache is rebuilt from [old slots | new query slots] after verification."""
+
+    keep_new: torch.Tensor  # [B] new slots retained (correct: accepted + 1)
+    attend_new: torch.Tensor  # [B] of those, marked attended (correct: all retained)
+    advance: torch.Tensor  # [B] next_pos increment (correct: accepted + 1)
+    absorb_old_pad: bool  # old leading padding becomes attended content (correct: False)
+    altered: torch.Tensor  # [B] bool: rows whose rebuilt state differs from a correct engine's
+
+
+class Fault:
+    """The correct engine. Subclasses override one decision each."""
+
+    name = "none"
+    invariant = ""
+    seen_in = ""
+    summary = "no fault: the correct engine"
+    default_method = "eqspec"
+
+    def verify_positions(self, next_pos: torch.Tensor, width: int, query_len: int) -> torch.Tensor:
+        """Position IDs for a forward of `query_len` slots after a cache of `width` slots."""
+        offsets = torch.arange(query_len, device=next_pos.device)
+        return next_pos[:, None] + offsets[None, :]
+
+    def accept(self, matched: torch.Tensor, k: int) -> torch.Tensor:
+        """`matched`: longest agreeing prefix per row. Greedy verification accepts exactly it."""
+        return matched
+
+    def plan(self, accepted: torch.Tensor, available: int, left_pad: torch.Tensor) -> SlotPlan:
+        """Keep the pending token and the accepted drafts; drop every rejected slot."""
+        keep = accepted + 1
+        return SlotPlan(
+            keep_new=keep.clamp(max=available),
+            attend_new=keep.clamp(max=available),
+            advance=keep,
+            absorb_old_pad=False,
+            altered=torch.zeros_like(accepted, dtype=torch.bool),
+        )
+
+    def draft_catch_up(self) -> bool:
+        """After an all-accepted step the draft lacks KV for its last draft: compute it."""
+        return True
+
+    def write_back(self, regrouped: bool, batch_size: int) -> list[int]:
+        """Row r's results go to the sequence of row perm[r]."""
+        return list(range(batch_size))
+
+
+class UniformAdvance(Fault):
+    name = "uniform-advance"
+    invariant = "2, 3"
+    seen_in = "mlx-vlm #1144, #1155"
+    summary = "every row advances its KV offset and positions by the batch's max accepted + 1"
+
+    def plan(self, accepted: torch.Tensor, available: int, left_pad: torch.Tensor) -> SlotPlan:
+        longest = accepted.max() + 1
+        keep = torch.full_like(accepted, int(longest))
+        return SlotPlan(
+            keep_new=keep.clamp(max=available),
+            attend_new=keep.clamp(max=available),
+            advance=keep,
+            absorb_old_pad=False,
+            altered=accepted + 1 < longest,
+        )
+
+
+class ColumnPositions(Fault):
+    name = "column-positions"
+    invariant = "2"
+    seen_in = "unsloth #3699, nnsight #673"
+    summary = "position IDs are the shared column index (cache_position), ignoring left padding"
+
+    def verify_positions(self, next_pos: torch.Tensor, width: int, query_len: int) -> torch.Tensor:
+        columns = torch.arange(width, width + query_len, device=next_pos.device)
+        return columns[None, :].expand(next_pos.shape[0], query_len)
+
+
+class MaskedHoles(Fault):
+    name = "masked-holes"
+    invariant = "2 (and 1: holes inside the attended region)"
+    seen_in = "BSP-style masking (Su et al. 2023)"
+    summary = "rejected slots stay in the cache masked out, but positions still count them"
+
+    def plan(self, accepted: torch.Tensor, available: int, left_pad: torch.Tensor) -> SlotPlan:
+        every = torch.full_like(accepted, available)
+        return SlotPlan(
+            keep_new=every,
+            attend_new=(accepted + 1).clamp(max=available),
+            advance=every,
+            absorb_old_pad=False,
+            altered=accepted + 1 < available,
+        )
+
+
+class PadAccumulation(Fault):
+    name = "pad-accumulation"
+    invariant = "1 (and 2, 3)"
+    seen_in = "eBay/spec_dec 'compounding left-padding' fix"
+    summary = "re-pads without stripping the old padding, which becomes attended row content"
+
+    def plan(self, accepted: torch.Tensor, available: int, left_pad: torch.Tensor) -> SlotPlan:
+        keep = accepted + 1
+        return SlotPlan(
+            keep_new=keep.clamp(max=available),
+            attend_new=keep.clamp(max=available),
+            advance=keep + left_pad,  # the engine counts the absorbed pads as content
+            absorb_old_pad=True,
+            altered=left_pad > 0,
+        )
+
+
+class StaleKV(Fault):
+    name = "stale-kv"
+    invariant = "3"
+    seen_in = "mlx-lm #1109, #1423"
+    summary = "the cache is trimmed once for the batch, so rejected drafts' KV stays attendable"
+
+    def plan(self, accepted: torch.Tensor, available: int, left_pad: torch.Tensor) -> SlotPlan:
+        longest = accepted.max() + 1
+        keep = torch.full_like(accepted, int(longest))
+        return SlotPlan(
+            keep_new=keep.clamp(max=available),
+            attend_new=keep.clamp(max=available),
+            advance=accepted + 1,  # positions stay right; only the cache is wrong
+            absorb_old_pad=False,
+            altered=accepted + 1 < longest,
+        )
+
+
+class ExtraAccept(Fault):
+    name = "extra-accept"
+    invariant = "4, 5"
+    seen_in = "DSD baseline in eBay/spec_dec"
+    summary = "accepts one draft token past the first mismatch (off by one)"
+
+    def accept(self, matched: torch.Tensor, k: int) -> torch.Tensor:
+        return torch.where(matched < k, matched + 1, matched)
+
+
+class RowMixup(Fault):
+    name = "row-mixup"
+    invariant = "4"
+    seen_in = "vLLM #14645, TensorRT-LLM #3456"
+    summary = "after the batch is regrouped, results are written back to the wrong rows"
+    default_method = "exspec"
+
+    def write_back(self, regrouped: bool, batch_size: int) -> list[int]:
+        if not regrouped or batch_size < 2:
+            return list(range(batch_size))
+        return [(row + 1) % batch_size for row in range(batch_size)]
+
+
+class MissingBonusKV(Fault):
+    name = "missing-bonus-kv"
+    invariant = "3"
+    seen_in = "vLLM #3951"
+    summary = "after an all-accepted step the draft never computes KV for its last token"
+
+    def draft_catch_up(self) -> bool:
+        return False
+
+
+FAULTS: dict[str, type[Fault]] = {
+    cls.name: cls
+    for cls in (
+        UniformAdvance,
+        ColumnPositions,
+        MaskedHoles,
+        PadAccumulation,
+        StaleKV,
+        ExtraAccept,
+        RowMixup,
+        MissingBonusKV,
+    )
+}
+
+
+def make_fault(name: str | None) -> Fault:
+    if name is None or name == "none":
+        return Fault()
+    if name not in FAULTS:
+        raise ValueError(f"unknown fault {name!r}; choose from {', '.join(FAULTS)}")
+    return FAULTS[name]()

@@ -1,0 +1,190 @@
+"""Ragged KV state: a Hugging Face cache plus the two things HF would otherwise infer for us.
+
+Every row of a batch keeps, explicitly:
+- `mask` [B, W]: which of the W physical cache slots the row may attend (1) and which are padding
+  or holes (0). It is the attention mask we feed, never re-derived from token IDs;
+- `next_pos` [B]: the position ID the row's next fed token gets.
+
+A correct engine keeps `mask == 0^pad 1^(n-1)` and `next_pos == n-1` for a row with n committed
+tokens (the last one, the *pending* token, has no KV yet). Faults break exactly these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class KVState:
+    cache: Any | None  # transformers Cache (DynamicCache); None while no slot has been written
+    mask: torch.Tensor  # [B, W] long
+    next_pos: torch.Tensor  # [B] long
+
+    @property
+    def batch_size(self) -> int:
+        return self.mask.shape[0]
+
+    @property
+    def width(self) -> int:
+        return self.mask.shape[1]
+
+
+def leading_zeros(mask: torch.Tensor) -> torch.Tensor:
+    """Left padding per row: slots before the first attended one (all of them if none)."""
+    seen = mask.cumsum(1) > 0
+    return (~seen).sum(1)
+
+
+def cache_layers(cache: Any) -> list[Any]:
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        raise TypeError(f"unsupported cache type {type(cache).__name__}: need a layered Cache")
+    for layer in layers:
+        if getattr(layer, "is_sliding", False):
+            raise TypeError("sliding-window cache layers are not supported by the ragged engine")
+    return layers
+
+
+def feed(
+    model: Any,
+    state: KVState,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    query_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Run `model` on `input_ids` [B, q] at explicit `positions`; the cache and mask grow by q.
+
+    The 2-D mask we pass covers cache slots plus query slots; HF adds causality from the
+    physical slot order, which is right for a contiguous left-padded layout. `query_mask`
+    marks padding inside the query (prefill only); decode queries are all real.
+    """
+    batch, q = input_ids.shape
+    if query_mask is None:
+        query_mask = torch.ones(batch, q, dtype=state.mask.dtype, device=state.mask.device)
+    fed_mask = torch.cat([state.mask, query_mask], dim=1)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=fed_mask,
+        position_ids=positions,
+        cache=state.cache,
+        use_cache=True,
+    )
+    state.cache = out.cache if hasattr(out, "cache") else out.past_key_values
+    state.mask = fed_mask
+    return out.logits
+
+
+def compact(
+    state: KVState,
+    rows: torch.Tensor,
+    retain: torch.Tensor,
+    attend: torch.Tensor,
+    next_pos: torch.Tensor,
+) -> KVState:
+    """The batched KV move: keep `rows`, and in each the `retain`ed slots, left-padded anew.
+
+    `retain` [B, W] says which slots survive (in order); `attend` [B, W] which of those the
+    mask marks real. New width = the longest surviving row. One index_select + gather per
+    layer and tensor, no Python loop over rows.
+    """
+    retain = retain[rows]
+    attend = attend[rows]
+    width = retain.shape[1]
+    device = retain.device
+    counts = retain.sum(1)
+    new_width = int(counts.max()) if counts.numel() else 0
+    slots = torch.arange(width, device=device)
+    # Sort key puts retained slots first, in their original order.
+    key = torch.where(retain, slots, slots + width)
+    order = key.argsort(dim=1)[:, :new_width] if new_width else key[:, :0]
+    pad = new_width - counts
+    dest = torch.arange(new_width, device=device)[None, :] - pad[:, None]
+    real = dest >= 0
+    src = order.gather(1, dest.clamp(min=0)) if new_width else order
+    new_mask = (attend.gather(1, src) & real).long() if new_width else attend[:, :0].long()
+    if state.cache is None or new_width == 0:
+        return KVState(cache=None, mask=new_mask, next_pos=next_pos)
+    for layer in cache_layers(state.cache):
+        layer.keys = _move(layer.keys, rows, src)
+        layer.values = _move(layer.values, rows, src)
+    return KVState(cache=state.cache, mask=new_mask, next_pos=next_pos)
+
+
+def _move(tensor: torch.Tensor, rows: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    picked = tensor.index_select(0, rows)
+    heads, dim = picked.shape[1], picked.shape[3]
+    index = src[:, None, :, None].expand(src.shape[0], heads, src.shape[1], dim)
+    return picked.gather(2, index)
+
+
+def compact_per_row_loop(
+    state: KVState,
+    rows: torch.Tensor,
+    retain: torch.Tensor,
+    attend: torch.Tensor,
+    next_pos: torch.Tensor,
+) -> KVState:
+    """The reference implementation's way (a Python loop per row and layer). Benchmarks only."""
+    rows_list = rows.tolist()
+    kept = [retain[r].nonzero().flatten() for r in rows_list]
+    new_width = max((len(k) for k in kept), default=0)
+    new_mask = torch.zeros(len(rows_list), new_width, dtype=torch.long, device=state.mask.device)
+    for i, (r, idx) in enumerate(zip(rows_list, kept)):
+        new_mask[i, new_width - len(idx) :] = attend[r, idx].long()
+    if state.cache is not None:
+        for layer in cache_layers(state.cache):
+            for name in ("keys", "values"):
+                old = getattr(layer, name)
+                new = old.new_zeros(len(rows_list), old.shape[1], new_width, old.shape[3])
+                for i, (r, idx) in enumerate(zip(rows_list, kept)):
+                    new[i, :, new_width - len(idx) :] = old[r, :, idx]
+                setattr(layer, name, new)
+    return KVState(cache=state.cache, mask=new_mask, next_pos=next_pos)
+
+
+def stack(states: list[KVState], cache_factory: Any) -> KVState:
+    """Stack single-row states into one batch, left-padding shorter rows (no-op if equal)."""
+    width = max(s.width for s in states)
+    masks = [torch.nn.functional.pad(s.mask, (width - s.width, 0)) for s in states]
+    next_pos = torch.cat([s.next_pos for s in states])
+    caches = [s.cache for s in states]
+    if all(c is None for c in caches) or width == 0:
+        return KVState(cache=None, mask=torch.cat(masks), next_pos=next_pos)
+    shape_source = cache_layers(next(c for c in caches if c is not None))
+    layer_lists = [cache_layers(c) if c is not None else None for c in caches]
+    new_cache = cache_factory()
+    for layer_idx, like in enumerate(shape_source):
+        keys = [_row_slots(layers, layer_idx, "keys", like.keys, width) for layers in layer_lists]
+        values = [_row_slots(layers, layer_idx, "values", like.values, width) for layers in layer_lists]
+        new_cache.update(torch.cat(keys), torch.cat(values), layer_idx)
+    return KVState(cache=new_cache, mask=torch.cat(masks), next_pos=next_pos)
+
+
+def _row_slots(layers: list[Any] | None, idx: int, name: str, like: torch.Tensor, width: int) -> torch.Tensor:
+    """One row's keys or values, left-padded to `width` (all padding for an empty cache)."""
+    if layers is None:
+        return like.new_zeros(1, like.shape[1], width, like.shape[3])
+    return _left_pad(getattr(layers[idx], name), width)
+
+
+def _left_pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
+    missing = width - tensor.shape[2]
+    return torch.nn.functional.pad(tensor, (0, 0, missing, 0)) if missing else tensor
+
+
+def split(state: KVState, cache_factory: Any) -> list[KVState]:
+    """One single-row state per batch row, each trimmed of the batch's leading padding."""
+    pads = leading_zeros(state.mask).tolist()
+    layers = cache_layers(state.cache) if state.cache is not None else []
+    out = []
+    for row, pad in enumerate(pads):
+        cache = None
+        if layers and state.width - pad > 0:
+            cache = cache_factory()
+            for layer_idx, layer in enumerate(layers):
+                cache.update(layer.keys[row : row + 1, :, pad:], layer.values[row : row + 1, :, pad:], layer_idx)
+        out.append(KVState(cache=cache, mask=state.mask[row : row + 1, pad:], next_pos=state.next_pos[row : row + 1]))
+    return out

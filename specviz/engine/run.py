@@ -1,0 +1,210 @@
+"""One run end to end: tokenise prompts, decode the oracle, decode with a method, build the trace."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from specviz import __version__
+from specviz.engine.eqspec import run_eqspec
+from specviz.engine.exspec import POLICIES, run_exspec
+from specviz.engine.faults import FAULTS, make_fault
+from specviz.engine.models import ModelPair
+from specviz.engine.reference import greedy_reference
+from specviz.engine.step import Engine, Sequence
+from specviz.errors import SpecvizError
+from specviz.trace.recorder import NullRecorder, Recorder, new_header
+from specviz.trace.schema import METHODS, ModelInfo, SequenceRecord, Trace
+
+# progress(phase, done, total): phase is "reference" or "decode"; done/total count tokens.
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass
+class RunConfig:
+    method: str = "eqspec"
+    fault: str | None = None
+    batch_size: int = 8
+    draft_k: int = 4
+    max_new_tokens: int = 64
+    seed: int = 0
+    exspec_window: int | None = None  # default: 6 x batch size (the paper's 48 at batch 8)
+    exspec_policy: str = "largest"
+    reference: bool = True  # decode the batch-1 greedy oracle too
+    record_steps: bool = True  # False: the tracing-off arm of the overhead benchmark
+
+    def validate(self) -> None:
+        if self.method not in METHODS:
+            raise SpecvizError(f"unknown method {self.method!r}; choose from {', '.join(METHODS)}")
+        if self.fault not in (None, "none") and self.fault not in FAULTS:
+            raise SpecvizError(f"unknown fault {self.fault!r}; choose from {', '.join(FAULTS)}")
+        if self.fault not in (None, "none") and self.method == "baseline":
+            raise SpecvizError("faults corrupt speculative methods; use --method eqspec or exspec")
+        if self.batch_size < 1:
+            raise SpecvizError(f"--batch-size must be at least 1, got {self.batch_size}")
+        if self.method != "baseline" and not 1 <= self.draft_k <= 64:
+            raise SpecvizError(f"--draft-k must be between 1 and 64, got {self.draft_k}")
+        if self.max_new_tokens < 1:
+            raise SpecvizError(f"--max-new-tokens must be at least 1, got {self.max_new_tokens}")
+        if self.exspec_policy not in POLICIES:
+            raise SpecvizError(f"unknown exspec policy {self.exspec_policy!r}")
+        if self.exspec_window is not None and self.exspec_window < self.batch_size:
+            raise SpecvizError("--window must be at least the batch size")
+
+    @property
+    def k(self) -> int:
+        return 0 if self.method == "baseline" else self.draft_k
+
+    @property
+    def window(self) -> int:
+        return self.exspec_window or 6 * self.batch_size
+
+
+def _model_info(model: Any, name: str, device: torch.device, dtype: torch.dtype) -> ModelInfo:
+    return ModelInfo(
+        name=name,
+        dtype=str(dtype).replace("torch.", ""),
+        device=str(device),
+        vocab_size=int(model.get_output_embeddings().weight.shape[0]),
+        num_parameters=int(sum(p.numel() for p in model.parameters())),
+    )
+
+
+def tokenize_prompts(pair: ModelPair, prompts: list[str], max_new_tokens: int) -> list[list[int]]:
+    limit = getattr(pair.target.config, "max_position_embeddings", None)
+    out = []
+    for i, text in enumerate(prompts):
+        ids = list(pair.tokenizer(text)["input_ids"])
+        if not ids:
+            raise SpecvizError(f"prompt {i} tokenises to nothing")
+        if limit is not None and len(ids) + max_new_tokens > limit:
+            raise SpecvizError(
+                f"prompt {i} has {len(ids)} tokens; with --max-new-tokens {max_new_tokens} it "
+                f"exceeds the target's {limit} positions"
+            )
+        out.append(ids)
+    return out
+
+
+def decode(ids: list[int], tokenizer: Any) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def run(
+    pair: ModelPair,
+    prompts: list[str],
+    config: RunConfig,
+    progress: Progress | None = None,
+) -> Trace:
+    """Decode `prompts` with `config.method`; a KeyboardInterrupt yields an incomplete trace."""
+    config.validate()
+    if config.k > 0 and pair.draft is None:
+        raise SpecvizError(f"method {config.method} needs a draft model")
+    torch.manual_seed(config.seed)
+    prompt_ids = tokenize_prompts(pair, prompts, config.max_new_tokens)
+    eos = frozenset(pair.eos_token_ids)
+    fault = make_fault(config.fault)
+    header = new_header(
+        method=config.method,
+        fault=None if fault.name == "none" else fault.name,
+        target=_model_info(pair.target, pair.target_name, pair.device, pair.dtype),
+        draft=_model_info(pair.draft, pair.draft_name or "", pair.device, pair.dtype) if config.k > 0 else None,
+        draft_k=config.k,
+        batch_size=config.batch_size,
+        max_new_tokens=config.max_new_tokens,
+        eos_token_ids=sorted(eos),
+        pad_token_id=pair.pad_token_id,
+        seed=config.seed,
+        library_versions=_versions(),
+        options={"exspec_window": config.window, "exspec_policy": config.exspec_policy}
+        if config.method == "exspec"
+        else {},
+    )
+    recorder = Recorder(header) if config.record_steps else NullRecorder(header)
+    references = _references(pair, prompt_ids, config, eos, progress) if config.reference else None
+    seqs = [Sequence(seq_id=i, prompt_ids=ids) for i, ids in enumerate(prompt_ids)]
+    total = len(seqs) * config.max_new_tokens
+    emitted = [0]
+
+    def on_tokens(count: int) -> None:
+        emitted[0] += count
+        if progress is not None:
+            progress("decode", emitted[0], total)
+
+    engine = Engine(
+        target=pair.target,
+        draft=pair.draft if config.k > 0 else None,
+        k=config.k,
+        max_new_tokens=config.max_new_tokens,
+        eos_ids=eos,
+        pad_id=pair.pad_token_id,
+        device=pair.device,
+        fault=fault,
+        recorder=recorder,
+        on_tokens=on_tokens,
+    )
+    complete = True
+    started = engine._now()
+    try:
+        if config.method == "exspec":
+            stats = run_exspec(engine, seqs, config.batch_size, config.window, config.exspec_policy)
+            header.options.update(stats)
+        else:
+            run_eqspec(engine, seqs, config.batch_size)
+    except KeyboardInterrupt:
+        complete = False
+    decode_seconds = engine._now() - started
+    header.fault_events = engine.fault_events
+    records = [_sequence_record(seq, prompts[seq.seq_id], pair, references) for seq in seqs]
+    trace = recorder.finish(records, complete, decode_seconds)
+    if not complete:
+        raise RunInterrupted(trace)
+    return trace
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Raised after Ctrl-C with the partial trace, so the caller can still save it."""
+
+    def __init__(self, trace: Trace) -> None:
+        super().__init__("run interrupted")
+        self.trace = trace
+
+
+def _references(
+    pair: ModelPair,
+    prompt_ids: list[list[int]],
+    config: RunConfig,
+    eos: frozenset[int],
+    progress: Progress | None,
+) -> list[tuple[list[int], list[float]]]:
+    out = []
+    for i, ids in enumerate(prompt_ids):
+        out.append(greedy_reference(pair.target, ids, config.max_new_tokens, eos, pair.device))
+        if progress is not None:
+            progress("reference", i + 1, len(prompt_ids))
+    return out
+
+
+def _sequence_record(
+    seq: Sequence, prompt: str, pair: ModelPair, references: list[tuple[list[int], list[float]]] | None
+) -> SequenceRecord:
+    ref_ids, ref_margins = references[seq.seq_id] if references is not None else (None, None)
+    return SequenceRecord(
+        seq_id=seq.seq_id,
+        prompt=prompt,
+        prompt_ids=seq.prompt_ids,
+        output_ids=seq.output_ids,
+        output_text=decode(seq.output_ids, pair.tokenizer),
+        reference_ids=ref_ids,
+        reference_margins=ref_margins,
+        finish_reason=seq.finish_reason,
+    )
+
+
+def _versions() -> dict[str, str]:
+    import transformers
+
+    return {"specviz": __version__, "torch": torch.__version__, "transformers": transformers.__version__}

@@ -1,0 +1,344 @@
+"""Save and load traces: JSON (gzip optional), atomic writes, strict validation on load.
+
+Nothing in a trace is ever executed: the file is parsed with `json` and every value is checked
+against the dataclass field types before a `Trace` exists. Any problem raises `TraceError` with a
+one-line message naming the field (e.g. `steps[3].rows[1].accepted: expected int, got str`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import io
+import json
+import math
+import os
+import tempfile
+import types
+import typing
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from specviz.trace.schema import (
+    FORMAT_NAME,
+    SCHEMA_VERSION,
+    Header,
+    ModelInfo,
+    RowRecord,
+    SequenceRecord,
+    StepRecord,
+    Trace,
+)
+
+MAX_FILE_BYTES = 256 * 1024 * 1024  # compressed or plain, as read from disk
+MAX_JSON_BYTES = 1024 * 1024 * 1024  # after decompression
+MAX_INFLATE_RATIO = 200  # a tiny gzip that inflates to gigabytes is a bomb, not a trace
+MAX_LENGTH = 10_000_000  # bound on any length/count field (slots, tokens, steps)
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+class TraceError(ValueError):
+    """A file that cannot be read as a trace. The message is one line and names the problem."""
+
+
+# ----------------------------------------------------------------------------- encoding
+
+
+def trace_to_dict(trace: Trace) -> dict[str, Any]:
+    return {"format": FORMAT_NAME, **dataclasses.asdict(trace)}
+
+
+def save_trace(trace: Trace, path: str | os.PathLike[str]) -> Path:
+    """Write atomically: a temp file in the same folder, then rename over the target."""
+    path = Path(path)
+    payload = json.dumps(trace_to_dict(trace), separators=(",", ":"), allow_nan=False).encode()
+    if path.name.endswith(".gz"):
+        payload = gzip.compress(payload, compresslevel=6, mtime=0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as tmp:
+            tmp.write(payload)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    return path
+
+
+# ----------------------------------------------------------------------------- decoding
+
+
+def _read_bytes(path: Path) -> bytes:
+    if not path.exists():
+        raise TraceError(f"{path}: no such file")
+    if not path.is_file():
+        raise TraceError(f"{path}: not a file")
+    size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise TraceError(f"{path}: file is {size} bytes, over the {MAX_FILE_BYTES} byte limit")
+    raw = path.read_bytes()
+    if raw[:2] == GZIP_MAGIC:
+        return _gunzip_bounded(raw, path)
+    return raw
+
+
+def _gunzip_bounded(raw: bytes, path: Path) -> bytes:
+    """Inflate in chunks so a decompression bomb is refused with bounded memory."""
+    limit = min(MAX_JSON_BYTES, max(len(raw) * MAX_INFLATE_RATIO, 64 * 1024 * 1024))
+    out = io.BytesIO()
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(raw)) as stream:
+            while chunk := stream.read(1 << 20):
+                out.write(chunk)
+                if out.tell() > limit:
+                    raise TraceError(f"{path}: gzip inflates past {limit} bytes; refusing (decompression bomb?)")
+    except (OSError, EOFError, zlib.error) as exc:
+        raise TraceError(f"{path}: corrupt or truncated gzip ({exc})") from None
+    return out.getvalue()
+
+
+def _refuse_constant(name: str) -> Any:
+    raise TraceError(f"JSON contains {name}, which is not a valid number in a trace")
+
+
+def parse_trace_bytes(raw: bytes, source: str = "<bytes>") -> Trace:
+    if raw[:2] == GZIP_MAGIC:
+        raw = _gunzip_bounded(raw, Path(source))
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{source}: not UTF-8 text at byte {exc.start}") from None
+    try:
+        data = json.loads(text, parse_constant=_refuse_constant)
+    except TraceError as exc:
+        raise TraceError(f"{source}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"{source}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    except RecursionError:
+        raise TraceError(f"{source}: JSON nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer literal over Python's 4300-digit limit
+        raise TraceError(f"{source}: unreadable JSON number ({exc})") from None
+    try:
+        return trace_from_dict(data)
+    except TraceError as exc:
+        raise TraceError(f"{source}: {exc}") from None
+
+
+def load_trace(path: str | os.PathLike[str]) -> Trace:
+    path = Path(path)
+    try:
+        raw = _read_bytes(path)
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    return parse_trace_bytes(raw, str(path))
+
+
+def trace_from_dict(data: Any) -> Trace:
+    if not isinstance(data, dict):
+        raise TraceError(f"top level: expected a JSON object, got {_kind(data)}")
+    if data.get("format") != FORMAT_NAME:
+        raise TraceError(f"format: expected {FORMAT_NAME!r}, got {data.get('format')!r}")
+    header = data.get("header")
+    version = header.get("schema_version") if isinstance(header, dict) else None
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise TraceError("header.schema_version: missing or not an integer")
+    if version > SCHEMA_VERSION:
+        raise TraceError(
+            f"header.schema_version: trace is version {version}, this specviz reads up to "
+            f"{SCHEMA_VERSION}; upgrade specviz"
+        )
+    if version < SCHEMA_VERSION:
+        raise TraceError(
+            f"header.schema_version: trace is version {version}, which this specviz no longer "
+            f"reads (current {SCHEMA_VERSION}); re-record it"
+        )
+    body = {key: value for key, value in data.items() if key != "format"}
+    trace = _CONVERTERS[Trace](body, "")
+    _check_references(trace)
+    return trace
+
+
+# ----------------------------------------------------------------------------- validation
+
+Converter = Callable[[Any, str], Any]
+_CONVERTERS: dict[Any, Converter] = {}
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "bool", int: "int", float: "float", str: "str", list: "array", dict: "object"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _fail(path: str, message: str) -> typing.NoReturn:
+    raise TraceError(f"{path or 'top level'}: {message}")
+
+
+def _int(value: Any, path: str) -> int:
+    if type(value) is not int:
+        _fail(path, f"expected int, got {_kind(value)}")
+    if abs(value) > MAX_LENGTH * 1000:  # token ids can exceed lengths; this is just absurdity
+        _fail(path, f"absurd value {value}")
+    return value
+
+
+def _float(value: Any, path: str) -> float:
+    if type(value) not in (int, float):
+        _fail(path, f"expected number, got {_kind(value)}")
+    try:
+        number = float(value)
+    except OverflowError:  # an int too large for a float
+        _fail(path, f"number out of range ({len(str(abs(value)))} digits)")
+    if not math.isfinite(number):
+        _fail(path, "number is not finite")
+    return number
+
+
+def _simple(tp: type) -> Converter:
+    def convert(value: Any, path: str) -> Any:
+        if type(value) is not tp:
+            _fail(path, f"expected {tp.__name__}, got {_kind(value)}")
+        return value
+
+    return convert
+
+
+def _any(value: Any, path: str) -> Any:
+    return value
+
+
+def _build(tp: Any) -> Converter:
+    if tp in _CONVERTERS:
+        return _CONVERTERS[tp]
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        conv = _any
+    elif tp is int:
+        conv = _int
+    elif tp is float:
+        conv = _float
+    elif tp in (str, bool):
+        conv = _simple(tp)
+    elif origin in (typing.Union, types.UnionType):
+        inner_types = [a for a in args if a is not type(None)]
+        if len(inner_types) != 1:
+            raise TypeError(f"unsupported union {tp}")
+        inner = _build(inner_types[0])
+
+        def conv(value: Any, path: str, inner: Converter = inner) -> Any:
+            return None if value is None else inner(value, path)
+
+    elif origin is list:
+        item = _build(args[0])
+
+        def conv(value: Any, path: str, item: Converter = item) -> Any:
+            if type(value) is not list:
+                _fail(path, f"expected array, got {_kind(value)}")
+            return [item(v, f"{path}[{i}]") for i, v in enumerate(value)]
+
+    elif origin is dict:
+        item = _build(args[1])
+
+        def conv(value: Any, path: str, item: Converter = item) -> Any:
+            if type(value) is not dict:
+                _fail(path, f"expected object, got {_kind(value)}")
+            return {k: item(v, f"{path}.{k}") for k, v in value.items()}
+
+    elif dataclasses.is_dataclass(tp):
+        conv = _dataclass_converter(tp)
+    else:
+        raise TypeError(f"unsupported field type {tp}")
+    _CONVERTERS[tp] = conv
+    return conv
+
+
+def _dataclass_converter(cls: type) -> Converter:
+    hints = typing.get_type_hints(cls)
+    fields = dataclasses.fields(cls)
+    required = {f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    known = {f.name for f in fields}
+    converters: dict[str, Converter] = {}
+
+    def conv(value: Any, path: str) -> Any:
+        if type(value) is not dict:
+            _fail(path, f"expected object, got {_kind(value)}")
+        missing = required - value.keys()
+        if missing:
+            _fail(path, f"missing field {sorted(missing)[0]!r}")
+        extra = value.keys() - known
+        if extra:
+            _fail(path, f"unknown field {sorted(extra)[0]!r}")
+        prefix = f"{path}." if path else ""
+        kwargs = {k: converters[k](v, prefix + k) for k, v in value.items()}
+        return cls(**kwargs)
+
+    _CONVERTERS[cls] = conv  # register before recursing (no cycles today, but cheap safety)
+    for name, hint in hints.items():
+        converters[name] = _build(hint)
+    return conv
+
+
+for _cls in (ModelInfo, Header, RowRecord, StepRecord, SequenceRecord, Trace):
+    _build(_cls)
+
+
+def _nonneg(value: int | None, path: str) -> None:
+    if value is not None and not 0 <= value <= MAX_LENGTH:
+        _fail(path, f"must be between 0 and {MAX_LENGTH}, got {value}")
+
+
+def _check_references(trace: Trace) -> None:
+    """Structural sanity the checks need to even run; engine mistakes are left to forensics."""
+    h = trace.header
+    if h.method not in ("baseline", "eqspec", "exspec") and not h.method:
+        _fail("header.method", "empty")
+    _nonneg(h.draft_k, "header.draft_k")
+    _nonneg(h.max_new_tokens, "header.max_new_tokens")
+    if not 1 <= h.batch_size <= MAX_LENGTH:
+        _fail("header.batch_size", f"must be at least 1, got {h.batch_size}")
+    seq_ids = set()
+    for i, seq in enumerate(trace.sequences):
+        path = f"sequences[{i}]"
+        if seq.seq_id in seq_ids:
+            _fail(f"{path}.seq_id", f"duplicate sequence id {seq.seq_id}")
+        seq_ids.add(seq.seq_id)
+        if not seq.prompt_ids:
+            _fail(f"{path}.prompt_ids", "empty prompt")
+        if seq.reference_margins is not None and seq.reference_ids is not None:
+            if len(seq.reference_margins) != len(seq.reference_ids):
+                _fail(f"{path}.reference_margins", "length differs from reference_ids")
+    for s, step in enumerate(trace.steps):
+        path = f"steps[{s}]"
+        _nonneg(step.cache_len, f"{path}.cache_len")
+        _nonneg(step.query_len, f"{path}.query_len")
+        _nonneg(step.step, f"{path}.step")
+        for r, row in enumerate(step.rows):
+            rpath = f"{path}.rows[{r}]"
+            if row.seq_id not in seq_ids:
+                _fail(f"{rpath}.seq_id", f"no sequence with id {row.seq_id}")
+            if row.write_seq not in seq_ids:
+                _fail(f"{rpath}.write_seq", f"no sequence with id {row.write_seq}")
+            for name in (
+                "committed_before",
+                "left_pad",
+                "left_pad_after",
+                "kv_len",
+                "kv_len_expected",
+                "draft_kv_len",
+                "draft_kv_len_expected",
+                "accepted",
+            ):
+                _nonneg(getattr(row, name), f"{rpath}.{name}")
+            for j, run in enumerate(row.mask_rle):
+                if len(run) != 2 or run[0] not in (0, 1) or not 0 <= run[1] <= MAX_LENGTH:
+                    _fail(f"{rpath}.mask_rle[{j}]", "expected [0 or 1, count >= 0]")
+            if row.finish_reason not in (None, "eos", "length"):
+                _fail(f"{rpath}.finish_reason", f"unknown reason {row.finish_reason!r}")

@@ -1,0 +1,155 @@
+"""The recorder: the only part of `specviz.trace` the engine calls.
+
+The engine hands over one `StepObservation` per verify step (tensors as they were fed); the
+recorder turns it into plain Python records. `NullRecorder` skips all of it, so tracing overhead
+can be measured against a run that records nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from specviz.trace.schema import (
+    SCHEMA_VERSION,
+    Header,
+    RowRecord,
+    SequenceRecord,
+    StepRecord,
+    Trace,
+)
+
+
+@dataclass
+class StepObservation:
+    step: int
+    batch_id: int
+    seq_ids: list[int]
+    write_seqs: list[int]
+    committed_before: list[int]
+    pending: torch.Tensor  # [B]
+    drafts: torch.Tensor  # [B, k]
+    target_tokens: torch.Tensor  # [B, q]
+    accepted: torch.Tensor  # [B]
+    bonus: list[int | None]
+    emitted: list[list[int]]
+    positions: torch.Tensor  # [B, q] position IDs fed to the verify pass
+    fed_mask: torch.Tensor  # [B, cache_len + q] attention mask fed to the verify pass
+    cache_len: int
+    draft_kv_len: torch.Tensor | None  # [B] attended draft slots at the first draft pass
+    left_pad_after: list[int | None]
+    finish_reasons: list[str | None]
+    grouped: bool | None
+    draft_ms: float
+    verify_ms: float
+    align_ms: float
+    total_ms: float
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def mask_rle(mask: torch.Tensor) -> list[list[list[int]]]:
+    """Run-length code each mask row: [[value, count], ...]. Vectorised change detection."""
+    mask = mask.to(torch.int8).cpu()
+    batch, width = mask.shape
+    if width == 0:
+        return [[] for _ in range(batch)]
+    change_rows, change_cols = (mask[:, 1:] != mask[:, :-1]).nonzero(as_tuple=True)
+    starts: list[list[int]] = [[0] for _ in range(batch)]
+    for r, c in zip(change_rows.tolist(), change_cols.tolist()):
+        starts[r].append(c + 1)
+    firsts = mask[:, 0].tolist()
+    out = []
+    for r in range(batch):
+        bounds = starts[r] + [width]
+        value = firsts[r]
+        runs = []
+        for a, b in zip(bounds, bounds[1:]):
+            runs.append([value, b - a])
+            value = 1 - value
+        out.append(runs)
+    return out
+
+
+class Recorder:
+    def __init__(self, header: Header) -> None:
+        self.header = header
+        self.steps: list[StepRecord] = []
+
+    def record_step(self, obs: StepObservation) -> None:
+        pending = obs.pending.tolist()
+        drafts = obs.drafts.tolist()
+        targets = obs.target_tokens.tolist()
+        accepted = obs.accepted.tolist()
+        positions = obs.positions.tolist()
+        masks = mask_rle(obs.fed_mask)
+        kv_len = obs.fed_mask[:, : obs.cache_len].sum(1).tolist()
+        left_pad = _leading_zeros(obs.fed_mask).tolist()
+        draft_kv = obs.draft_kv_len.tolist() if obs.draft_kv_len is not None else None
+        rows = []
+        for r, seq_id in enumerate(obs.seq_ids):
+            n = obs.committed_before[r]
+            rows.append(
+                RowRecord(
+                    row=r,
+                    seq_id=seq_id,
+                    committed_before=n,
+                    left_pad=min(left_pad[r], obs.cache_len),
+                    left_pad_after=obs.left_pad_after[r],
+                    pending_token=pending[r],
+                    draft_tokens=drafts[r],
+                    target_tokens=targets[r],
+                    accepted=accepted[r],
+                    bonus=obs.bonus[r],
+                    emitted=obs.emitted[r],
+                    write_seq=obs.write_seqs[r],
+                    position_ids=positions[r],
+                    mask_rle=masks[r],
+                    kv_len=kv_len[r],
+                    kv_len_expected=n - 1,
+                    draft_kv_len=draft_kv[r] if draft_kv is not None else None,
+                    draft_kv_len_expected=n - 1 if draft_kv is not None else None,
+                    finished=obs.finish_reasons[r] is not None,
+                    finish_reason=obs.finish_reasons[r],
+                )
+            )
+        self.steps.append(
+            StepRecord(
+                step=obs.step,
+                batch_id=obs.batch_id,
+                cache_len=obs.cache_len,
+                query_len=obs.positions.shape[1],
+                grouped=obs.grouped,
+                draft_ms=round(obs.draft_ms, 4),
+                verify_ms=round(obs.verify_ms, 4),
+                align_ms=round(obs.align_ms, 4),
+                total_ms=round(obs.total_ms, 4),
+                rows=rows,
+            )
+        )
+
+    def finish(self, sequences: list[SequenceRecord], complete: bool, decode_seconds: float) -> Trace:
+        self.header.complete = complete
+        self.header.finished_at = now_iso()
+        self.header.decode_seconds = round(decode_seconds, 6)
+        return Trace(header=self.header, steps=self.steps, sequences=sequences)
+
+
+class NullRecorder(Recorder):
+    """Records no steps: the tracing-off arm of the overhead measurement."""
+
+    def record_step(self, obs: StepObservation) -> None:
+        return None
+
+
+def _leading_zeros(mask: torch.Tensor) -> torch.Tensor:
+    return (~(mask.cumsum(1) > 0)).sum(1)
+
+
+def new_header(**fields: Any) -> Header:
+    return Header(schema_version=SCHEMA_VERSION, created_at=now_iso(), **fields)

@@ -1,0 +1,116 @@
+"""The trace: what one decoding run records, as plain dataclasses.
+
+A trace is enough to replay the ragged state of every step without the models (DESIGN.md s6).
+It is serialised as JSON (optionally gzip-compressed), never pickled; `docs/trace-format.md`
+documents every field and `docs/trace.schema.json` is the JSON Schema other engines can target.
+
+Layout assumed by the per-row fields: left-padded contiguous. For the verify pass of a step, the
+attention mask row covers `cache_len` cached slots followed by `query_len` query slots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+FORMAT_NAME = "specviz-trace"
+
+METHODS = ("baseline", "eqspec", "exspec")
+
+
+@dataclass
+class RowRecord:
+    """One batch row in one step: what was fed to the verify pass and what came out."""
+
+    row: int  # index of the row inside this step's batch
+    seq_id: int  # the sequence (prompt) this row holds
+    committed_before: int  # prompt + emitted tokens before the step (incl. the pending token)
+    left_pad: int  # leading padding slots of the cache before the verify pass
+    left_pad_after: int | None  # leading padding after realignment (None: row left the batch)
+    pending_token: int  # first query token: the last committed token, whose KV is not cached yet
+    draft_tokens: list[int]  # the k draft proposals (empty for plain greedy)
+    target_tokens: list[int]  # the target's argmax at each query slot (len = query_len)
+    accepted: int  # drafts accepted by verification (a_r)
+    bonus: int | None  # the target's own token after the accepted prefix (None if cut)
+    emitted: list[int]  # tokens actually appended to the sequence this step
+    write_seq: int  # sequence the emitted tokens were written to (== seq_id when correct)
+    position_ids: list[int]  # position IDs fed for the query slots
+    mask_rle: list[list[int]]  # attention-mask row fed, run-length coded [[value, count], ...]
+    kv_len: int  # cache slots the mask lets this row attend (actual)
+    kv_len_expected: int  # what a correct engine holds: committed_before - 1
+    draft_kv_len: int | None = None  # draft cache slots attended at the first draft pass
+    draft_kv_len_expected: int | None = None
+    finished: bool = False  # the row is done after this step
+    finish_reason: str | None = None  # "eos" | "length" | None
+
+
+@dataclass
+class StepRecord:
+    """One verify step of one batch."""
+
+    step: int  # global step counter over the run
+    batch_id: int  # which batch (static batches) or 0 (one pool)
+    cache_len: int  # physical width of the target cache fed to the verify pass
+    query_len: int  # query slots per row (k + 1, or 1 for plain greedy)
+    grouped: bool | None  # exspec: batch was an equal-length group (no padding); else None
+    draft_ms: float
+    verify_ms: float
+    align_ms: float  # realignment / grouping / cache moves
+    total_ms: float
+    rows: list[RowRecord]
+
+
+@dataclass
+class SequenceRecord:
+    """One prompt and what became of it."""
+
+    seq_id: int
+    prompt: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+    output_text: str
+    reference_ids: list[int] | None  # batch-1 greedy decoding of the target (the oracle)
+    reference_margins: list[float] | None  # reference's top-1 minus top-2 logit per token
+    finish_reason: str | None  # "eos" | "length" | None (unfinished run)
+
+
+@dataclass
+class ModelInfo:
+    name: str
+    dtype: str
+    device: str
+    vocab_size: int
+    num_parameters: int
+
+
+@dataclass
+class Header:
+    schema_version: int
+    method: str
+    fault: str | None
+    target: ModelInfo
+    draft: ModelInfo | None
+    draft_k: int
+    batch_size: int
+    max_new_tokens: int
+    eos_token_ids: list[int]
+    pad_token_id: int | None
+    seed: int
+    created_at: str
+    library_versions: dict[str, str]
+    engine: str = "specviz"
+    options: dict[str, Any] = field(default_factory=dict)  # method-specific (exspec window...)
+    complete: bool = True  # False: run interrupted; steps and sequences hold what finished
+    finished_at: str | None = None
+    decode_seconds: float | None = None  # wall time of decoding, device synchronised
+    # What the fault actually did: (step, row, seq_id, what). Written by the faulty engine for
+    # tests and docs; the forensics never read it, they infer everything from the state fields.
+    fault_events: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Trace:
+    header: Header
+    steps: list[StepRecord]
+    sequences: list[SequenceRecord]

@@ -1,0 +1,143 @@
+"""Batched speculative decoding must be token-identical to batch-1 greedy decoding (the oracle).
+
+The oracle (`specviz.engine.reference`) shares no code with the batched engine: it feeds one
+unpadded sequence and lets the model infer positions. It is itself checked against HF generate.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from tiny import FAMILIES, make_pair
+
+from specviz.engine.reference import greedy_reference
+from specviz.engine.run import RunConfig, run
+
+# Very different lengths in one batch: 1 token next to 90.
+PROMPTS = [
+    "a",
+    "hi",
+    "The cat",
+    "once upon a time there was",
+    "xyz" * 30,
+    "Q: 2+2? A:",
+    "z",
+    "speculative decoding in batches is hard",
+    "ragged",
+    "0123456789" * 4,
+    "ok",
+    "left pad me",
+    "the end is near, the end is near",
+    "m" * 50,
+    "tokens",
+    "mixed lengths",
+]
+MAX_NEW = 20
+
+
+@functools.cache
+def pair_for(family: str, eos: int = 1, pad: int = 0):
+    return make_pair(family, eos=eos, pad=pad)
+
+
+@functools.cache
+def oracle(family: str, eos: int = 1, pad: int = 0, max_new: int = MAX_NEW) -> tuple:
+    pair = pair_for(family, eos, pad)
+    outs = []
+    for text in PROMPTS:
+        ids = pair.tokenizer(text)["input_ids"]
+        outs.append(greedy_reference(pair.target, ids, max_new, frozenset([eos]), pair.device)[0])
+    return tuple(tuple(o) for o in outs)
+
+
+def decode(family: str, method: str, batch: int, k: int, eos: int = 1, pad: int = 0, **extra):
+    pair = pair_for(family, eos, pad)
+    cfg = RunConfig(method=method, batch_size=batch, draft_k=k, max_new_tokens=MAX_NEW, reference=False, **extra)
+    return run(pair, PROMPTS, cfg)
+
+
+def assert_exact(trace, expected) -> None:
+    for seq in trace.sequences:
+        assert tuple(seq.output_ids) == expected[seq.seq_id], f"sequence {seq.seq_id} diverged"
+
+
+def test_oracle_matches_hf_generate() -> None:
+    pair = pair_for("llama")
+    for text in PROMPTS[:4]:
+        ids = torch.tensor([pair.tokenizer(text)["input_ids"]])
+        generated = pair.target.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=MAX_NEW,
+            do_sample=False,
+            eos_token_id=1,
+            pad_token_id=0,
+        )[0, ids.shape[1] :].tolist()
+        mine = greedy_reference(pair.target, ids[0].tolist(), MAX_NEW, frozenset([1]), pair.device)[0]
+        assert mine == generated
+
+
+@pytest.mark.parametrize("method", ["eqspec", "exspec"])
+@pytest.mark.parametrize("batch", [1, 2, 3, 8, 16])
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_exact_llama(method: str, batch: int, k: int) -> None:
+    trace = decode("llama", method, batch, k)
+    assert_exact(trace, oracle("llama"))
+    accepted = [r.accepted for s in trace.steps for r in s.rows]
+    assert 0 < sum(accepted) < k * len(accepted), "test pair must produce ragged acceptance"
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "llama"])
+@pytest.mark.parametrize("method", ["eqspec", "exspec"])
+@pytest.mark.parametrize("batch,k", [(3, 2), (8, 4)])
+def test_exact_other_families(family: str, method: str, batch: int, k: int) -> None:
+    assert_exact(decode(family, method, batch, k), oracle(family))
+
+
+def test_baseline_batched_exact() -> None:
+    for batch in (1, 5, 16):
+        assert_exact(decode("llama", "baseline", batch, 0), oracle("llama"))
+
+
+def _frequent_token(family: str) -> int:
+    """A token the target emits often a few steps in: used as EOS so rows end early."""
+    counts: dict[int, int] = {}
+    for out in oracle(family):
+        for token in out[2:10]:
+            counts[token] = counts.get(token, 0) + 1
+    return max(counts, key=counts.get)
+
+
+@pytest.mark.parametrize("method", ["eqspec", "exspec"])
+def test_rows_ending_early_by_eos(method: str) -> None:
+    eos = _frequent_token("llama")
+    expected = oracle("llama", eos=eos)
+    assert any(len(o) < MAX_NEW for o in expected), "some rows must end by EOS"
+    assert any(len(o) == MAX_NEW for o in expected), "and some by max_new_tokens"
+    trace = decode("llama", method, 8, 4, eos=eos)
+    assert_exact(trace, expected)
+    for seq in trace.sequences:
+        assert eos not in seq.output_ids[:-1], "no token after EOS"
+
+
+@pytest.mark.parametrize("method", ["eqspec", "exspec"])
+def test_pad_equals_eos(method: str) -> None:
+    eos = _frequent_token("llama")
+    assert_exact(decode("llama", method, 8, 4, eos=eos, pad=eos), oracle("llama", eos=eos, pad=eos))
+
+
+@pytest.mark.parametrize("method", ["eqspec", "exspec"])
+def test_generated_token_equal_to_pad(method: str) -> None:
+    pad = _frequent_token("llama")  # a token the model generates, used as the pad id
+    assert any(pad in o for o in oracle("llama"))
+    assert_exact(decode("llama", method, 8, 4, pad=pad), oracle("llama", pad=pad))
+
+
+@pytest.mark.parametrize("window_factor", [1, 4])
+@pytest.mark.parametrize("policy", ["reference", "largest"])
+def test_exspec_windows(window_factor: int, policy: str) -> None:
+    trace = decode("llama", "exspec", 4, 4, exspec_window=4 * window_factor, exspec_policy=policy)
+    assert_exact(trace, oracle("llama"))
+    assert trace.header.options["exspec_window"] == 4 * window_factor

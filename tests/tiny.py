@@ -1,0 +1,113 @@
+"""Tiny random-weight model pairs and a toy tokenizer for fast engine tests (no downloads).
+
+The draft is a noisy copy of the target, so it agrees often but not always: batches go ragged.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from specviz.engine.models import ModelPair
+
+VOCAB = 96
+FAMILIES = ("llama", "gpt2", "gpt_neox", "opt")
+
+
+class ToyTokenizer:
+    """Characters to ids 3..95; pad and eos ids are configurable (they may be equal)."""
+
+    def __init__(self, pad_token_id: int = 0, eos_token_id: int = 1) -> None:
+        self.pad_token_id = pad_token_id
+        self.eos_token_id = eos_token_id
+
+    def __call__(self, text: str) -> dict[str, list[int]]:
+        return {"input_ids": [3 + (ord(c) % (VOCAB - 3)) for c in text]}
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return "".join(chr(32 + (i % 90)) for i in ids)
+
+    def get_vocab(self) -> dict[str, int]:
+        return {str(i): i for i in range(VOCAB)}
+
+
+def _config(family: str, layers: int, hidden: int):
+    import transformers as tf
+
+    common = dict(vocab_size=VOCAB, bos_token_id=2, eos_token_id=1, pad_token_id=0)
+    if family == "llama":
+        return tf.LlamaConfig(
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            **common,
+        )
+    if family == "gpt2":
+        return tf.GPT2Config(
+            n_embd=hidden, n_layer=layers, n_head=4, n_positions=512, tie_word_embeddings=False, **common
+        )
+    if family == "gpt_neox":
+        return tf.GPTNeoXConfig(
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            max_position_embeddings=512,
+            rotary_pct=0.5,
+            **common,
+        )
+    if family == "opt":
+        return tf.OPTConfig(
+            hidden_size=hidden,
+            ffn_dim=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            max_position_embeddings=512,
+            word_embed_proj_dim=hidden,
+            tie_word_embeddings=False,
+            **common,
+        )
+    raise ValueError(family)
+
+
+def build(family: str, layers: int, hidden: int = 64, seed: int = 0) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(_config(family, layers, hidden))
+    return model.float().eval()
+
+
+def noisy_draft(target: torch.nn.Module, alpha: float = 0.15, seed: int = 7) -> torch.nn.Module:
+    """A copy of the target with Gaussian noise (alpha x each matrix's std) on every matrix.
+
+    Agreement with the target is ~0.6 per token at alpha 0.15 for all four families, so some
+    rows accept everything while others accept nothing: the batch goes ragged.
+    """
+    draft = copy.deepcopy(target)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in draft.parameters():
+            if param.dim() >= 2:
+                param.add_(torch.randn(param.shape, generator=gen) * param.std() * alpha)
+    return draft.eval()
+
+
+def make_pair(family: str = "llama", eos: int = 1, pad: int = 0, seed: int = 0) -> ModelPair:
+    target = build(family, 3, seed=seed)
+    draft = noisy_draft(target)
+    return ModelPair(
+        target=target,
+        draft=draft,
+        tokenizer=ToyTokenizer(pad, eos),
+        target_name=f"tiny-{family}",
+        draft_name=f"tiny-{family}-draft",
+        eos_token_ids=[eos],
+        pad_token_id=pad,
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+    )

@@ -1,0 +1,507 @@
+"""Train specviz's embedded default target/draft model pair from scratch.
+
+Reproduces ``specviz/assets/default-target`` and ``specviz/assets/default-draft``:
+a byte-level BPE tokenizer, a small Llama-style target LM, and a smaller draft LM
+distilled from the target, all trained only on the SpecBench train split
+(question line index ``i % 5 != 0``). Held-out questions (``i % 5 == 0``) are used
+only for evaluation. Runs on 2 CPU cores in roughly 10-12 minutes.
+
+Usage::
+
+    python tools/train_default_models.py [--out specviz/assets] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tqdm import tqdm
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DATA_PATH = REPO_ROOT / "specviz" / "data" / "spec_bench_question.jsonl"
+EOS = "<|endoftext|>"
+PAD = "<pad>"
+IGNORE = -100
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture of one Llama-style LM (vocab comes from the tokenizer)."""
+
+    hidden: int
+    layers: int
+    heads: int
+    ffn: int
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """All knobs of one training run; ``--quick`` shrinks the step counts."""
+
+    seed: int = 1234
+    vocab_size: int = 2048
+    max_positions: int = 4096
+    target: ModelSpec = ModelSpec(hidden=192, layers=4, heads=4, ffn=512)
+    draft: ModelSpec = ModelSpec(hidden=96, layers=2, heads=3, ffn=256)
+    # Target pretraining on packed train text. 2048-token windows so the model
+    # has seen the positions that the longest (~2200-token) prompts reach.
+    target_seq_len: int = 2048
+    target_batch: int = 2
+    target_steps: int = 260
+    target_lr: float = 2e-3
+    # Distillation data: target greedy continuations of train-prompt prefixes.
+    random_cuts_per_doc: int = 2
+    distill_new_tokens: int = 80
+    distill_max_prefix: int = 2048
+    gen_batch: int = 32
+    # Draft training on the distillation data.
+    draft_batch_tokens: int = 4096
+    draft_steps: int = 700
+    draft_lr: float = 3e-3
+    # Evaluation on held-out first turns.
+    eval_prompts: int = 48
+    eval_new_tokens: int = 64
+    eval_k: int = 4
+    threads: int = 2
+
+
+def quick(cfg: RunConfig) -> RunConfig:
+    """A ~3 minute smoke/tuning variant of ``cfg``."""
+    return replace(
+        cfg,
+        target_steps=cfg.target_steps // 4,
+        draft_steps=cfg.draft_steps // 4,
+        random_cuts_per_doc=0,
+        eval_prompts=16,
+    )
+
+
+# --------------------------------------------------------------------------- data
+
+
+def load_split(path: Path = DATA_PATH) -> tuple[list[str], list[str]]:
+    """Return (train documents, held-out first turns).
+
+    Every turn of a train question is its own document; held-out questions are
+    never returned as training text.
+    """
+    train: list[str] = []
+    held_out: list[str] = []
+    with path.open(encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            turns = json.loads(line)["turns"]
+            if i % 5 == 0:
+                held_out.append(turns[0])
+            else:
+                train.extend(turns)
+    return train, held_out
+
+
+def train_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """Byte-level BPE (GPT-2 style), so any text round-trips exactly."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS, PAD],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=EOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        model_max_length=4096,
+        # The default cleanup would turn " ." into "." and break round-trips.
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def encode(tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> list[list[int]]:
+    """Token ids without special tokens (the tokenizer adds none anyway)."""
+    return tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+
+def packed_batches(
+    docs: list[list[int]], eos_id: int, seq_len: int, batch: int, rng: random.Random
+) -> Iterator[torch.Tensor]:
+    """Endless [batch, seq_len] windows of the EOS-joined train stream.
+
+    Documents are reshuffled and repacked every epoch so window boundaries
+    (and thus the contexts seen) differ between epochs.
+    """
+    while True:
+        order = list(range(len(docs)))
+        rng.shuffle(order)
+        stream = [t for i in order for t in (*docs[i], eos_id)]
+        windows = [stream[s : s + seq_len] for s in range(0, len(stream) - seq_len + 1, seq_len)]
+        rng.shuffle(windows)
+        for b in range(0, len(windows) - batch + 1, batch):
+            yield torch.tensor(windows[b : b + batch])
+
+
+# --------------------------------------------------------------------------- models
+
+
+def make_model(spec: ModelSpec, tokenizer: PreTrainedTokenizerFast, cfg: RunConfig) -> LlamaForCausalLM:
+    """Fresh randomly initialised Llama LM with tied embeddings (saves ~vocab*hidden params)."""
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.heads,
+        intermediate_size=spec.ffn,
+        max_position_embeddings=cfg.max_positions,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return LlamaForCausalLM(config)
+
+
+def n_params(model: torch.nn.Module) -> int:
+    """Unique parameter count (tied embeddings counted once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def lr_at(step: int, total: int, peak: float) -> float:
+    """Linear warmup then cosine decay to 10% of peak."""
+    warmup = max(1, total // 20)
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def train_loop(
+    model: torch.nn.Module,
+    batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+    steps: int,
+    peak_lr: float,
+    desc: str,
+) -> float:
+    """AdamW on (input_ids, labels) batches; returns the mean loss of the last 10% of steps."""
+    opt = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
+    model.train()
+    tail: list[float] = []
+    bar = tqdm(range(steps), desc=desc, mininterval=2.0)
+    for step in bar:
+        ids, labels = next(batches)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, steps, peak_lr)
+        logits = model(input_ids=ids).logits
+        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+        if step >= steps - max(1, steps // 10):
+            tail.append(loss.item())
+    model.eval()
+    return sum(tail) / len(tail)
+
+
+def next_token_labels(ids: torch.Tensor) -> torch.Tensor:
+    """Causal-LM labels aligned with logits: position t predicts token t+1."""
+    labels = torch.full_like(ids, IGNORE)
+    labels[:, :-1] = ids[:, 1:]
+    return labels
+
+
+# --------------------------------------------------------------------------- distillation
+
+
+@torch.no_grad()
+def greedy_generate(model: PreTrainedModel, ids: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy-decode ``n`` tokens after equal-length prompts ``ids`` [B, T] with a KV cache.
+
+    Returns (generated [B, n], argmax predictions at every prompt position [B, T]).
+    EOS is not special: decoding always runs ``n`` steps.
+    """
+    out = model(input_ids=ids, use_cache=True)
+    prompt_preds = out.logits.argmax(-1)
+    token = prompt_preds[:, -1:]
+    generated = [token]
+    for _ in range(n - 1):
+        out = model(input_ids=token, cache=out.cache, use_cache=True)
+        token = out.logits[:, -1:].argmax(-1)
+        generated.append(token)
+    return torch.cat(generated, dim=1), prompt_preds
+
+
+def distill_prefixes(docs: list[list[int]], cfg: RunConfig, rng: random.Random) -> list[list[int]]:
+    """Prompt-like prefixes of train documents.
+
+    Whole documents mimic how the app prompts the target (a full question);
+    random cuts add continuations that start mid-text for variety.
+    """
+    prefixes = [d for d in docs if d]
+    for d in docs:
+        for _ in range(cfg.random_cuts_per_doc):
+            if len(d) > 2:
+                prefixes.append(d[: rng.randint(1, len(d) - 1)])
+    return [p[-cfg.distill_max_prefix :] for p in prefixes]
+
+
+@torch.no_grad()
+def build_distill_set(
+    target: PreTrainedModel, prefixes: list[list[int]], cfg: RunConfig
+) -> list[tuple[list[int], list[int]]]:
+    """(tokens, labels) pairs labelled with the target's greedy (argmax) choices.
+
+    tokens = prefix + target greedy continuation; labels at every position are
+    the target's argmax there, so the draft learns exactly what it must predict
+    to be accepted. Prefixes are length-sorted and left-truncated to the batch
+    minimum so each batch needs no padding or attention mask.
+    """
+    order = sorted(range(len(prefixes)), key=lambda i: len(prefixes[i]))
+    pairs: list[tuple[list[int], list[int]]] = []
+    for b in tqdm(range(0, len(order), cfg.gen_batch), desc="distill-gen", mininterval=2.0):
+        group = [prefixes[i] for i in order[b : b + cfg.gen_batch]]
+        width = min(len(p) for p in group)
+        ids = torch.tensor([p[-width:] for p in group])
+        gen, prompt_preds = greedy_generate(target, ids, cfg.distill_new_tokens)
+        # The prediction after the last generated token is unknown; drop it.
+        tokens = torch.cat([ids, gen], dim=1)[:, :-1]
+        labels = torch.cat([prompt_preds, gen[:, 1:]], dim=1)
+        pairs.extend(zip(tokens.tolist(), labels.tolist(), strict=True))
+    return pairs
+
+
+def distill_batches(
+    pairs: list[tuple[list[int], list[int]]], pad_id: int, budget: int, rng: random.Random
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless right-padded batches of similar-length pairs, ~``budget`` tokens each.
+
+    Right padding needs no attention mask: causal attention never lets real
+    positions see later pad positions, and pad labels are ignored.
+    """
+    pairs = sorted(pairs, key=lambda p: len(p[0]))
+    groups: list[list[tuple[list[int], list[int]]]] = [[]]
+    for pair in pairs:
+        if groups[-1] and len(pair[0]) * (len(groups[-1]) + 1) > budget:
+            groups.append([])
+        groups[-1].append(pair)
+    while True:
+        rng.shuffle(groups)
+        for group in groups:
+            width = max(len(t) for t, _ in group)
+            ids = torch.tensor([t + [pad_id] * (width - len(t)) for t, _ in group])
+            labels = torch.tensor([y + [IGNORE] * (width - len(y)) for _, y in group])
+            yield ids, labels
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+@torch.no_grad()
+def speculative_acceptance(
+    target: PreTrainedModel, draft: PreTrainedModel, prompts: list[list[int]], k: int, new_tokens: int
+) -> tuple[float, list[list[int]]]:
+    """Batch-1 greedy speculative decoding; returns (accepted/drafted, outputs).
+
+    Each step the draft greedily proposes ``k`` tokens; one full (uncached)
+    target forward over context+proposal gives the target's greedy prediction
+    at each proposal position. The longest matching prefix is accepted and the
+    target's own next token is appended, so outputs equal plain target greedy.
+    """
+    accepted = drafted = 0
+    outputs: list[list[int]] = []
+    for prompt in tqdm(prompts, desc="spec-eval", mininterval=2.0):
+        seq = torch.tensor([prompt])
+        while seq.shape[1] - len(prompt) < new_tokens:
+            proposal, _ = greedy_generate(draft, seq, k)
+            preds = target(input_ids=torch.cat([seq, proposal], dim=1)).logits[0, seq.shape[1] - 1 :].argmax(-1)
+            n = 0
+            while n < k and proposal[0, n] == preds[n]:
+                n += 1
+            accepted += n
+            drafted += k
+            seq = torch.cat([seq, proposal[:, :n], preds[n].view(1, 1)], dim=1)
+        outputs.append(seq[0, len(prompt) : len(prompt) + new_tokens].tolist())
+    return accepted / drafted, outputs
+
+
+@torch.no_grad()
+def teacher_forced_agreement(target: PreTrainedModel, draft: PreTrainedModel, seqs: list[list[int]]) -> float:
+    """Fraction of positions where draft argmax == target argmax on given sequences."""
+    same = total = 0
+    for s in seqs:
+        ids = torch.tensor([s])
+        same += int((target(input_ids=ids).logits.argmax(-1) == draft(input_ids=ids).logits.argmax(-1)).sum())
+        total += len(s)
+    return same / total
+
+
+@torch.no_grad()
+def mean_loss(model: PreTrainedModel, seqs: list[list[int]]) -> float:
+    """Token-weighted next-token cross-entropy on real text."""
+    total = count = 0.0
+    for s in seqs:
+        ids = torch.tensor([s])
+        logits = model(input_ids=ids).logits[0, :-1]
+        total += float(F.cross_entropy(logits, ids[0, 1:], reduction="sum"))
+        count += len(s) - 1
+    return total / count
+
+
+# --------------------------------------------------------------------------- saving
+
+
+def save_pair(
+    out: Path, tokenizer: PreTrainedTokenizerFast, models_by_name: dict[str, PreTrainedModel]
+) -> dict[str, int]:
+    """save_pretrained each model in float16 with tokenizer + generation config; returns weight bytes."""
+    sizes: dict[str, int] = {}
+    for name, model in models_by_name.items():
+        path = out / name
+        path.mkdir(parents=True, exist_ok=True)
+        model.generation_config = GenerationConfig(
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            do_sample=False,
+        )
+        # float16 halves the size; its 10-bit mantissa perturbs argmaxes far less than bfloat16.
+        model.to(torch.float16).save_pretrained(path, safe_serialization=True)
+        model.to(torch.float32)
+        tokenizer.save_pretrained(path)
+        sizes[name] = (path / "model.safetensors").stat().st_size
+    return sizes
+
+
+def load_pair(out: Path) -> tuple[PreTrainedTokenizerFast, PreTrainedModel, PreTrainedModel]:
+    """Load the saved pair the way the app does (float32 from float16 weights)."""
+    tok = AutoTokenizer.from_pretrained(out / "default-target")
+    target = AutoModelForCausalLM.from_pretrained(out / "default-target", dtype=torch.float32).eval()
+    draft = AutoModelForCausalLM.from_pretrained(out / "default-draft", dtype=torch.float32).eval()
+    return tok, target, draft
+
+
+# --------------------------------------------------------------------------- main
+
+
+class Timer:
+    """Records wall time per named phase."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.last = self.start
+        self.phases: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = round(now - self.last, 1)
+        self.last = now
+        print(f"[{name}] {self.phases[name]:.1f}s (total {now - self.start:.1f}s)", flush=True)
+
+
+def seed_all(seed: int) -> None:
+    """Seed torch (init, shuffles use their own random.Random)."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+
+
+def run(cfg: RunConfig, out: Path) -> dict[str, object]:
+    """Train, save, reload and evaluate; returns the report dict."""
+    torch.set_num_threads(cfg.threads)
+    seed_all(cfg.seed)
+    rng = random.Random(cfg.seed)
+    timer = Timer()
+
+    train_texts, held_out = load_split()
+    tokenizer = train_tokenizer(train_texts, cfg.vocab_size)
+    for text in held_out:  # byte-level BPE must round-trip unseen text exactly
+        assert tokenizer.decode(encode(tokenizer, [text])[0]) == text
+    docs = encode(tokenizer, train_texts)
+    timer.lap("tokenizer")
+
+    target = make_model(cfg.target, tokenizer, cfg)
+    eos = tokenizer.eos_token_id
+    windows = packed_batches(docs, eos, cfg.target_seq_len, cfg.target_batch, rng)
+    target_loss = train_loop(
+        target, ((w, next_token_labels(w)) for w in windows), cfg.target_steps, cfg.target_lr, "target"
+    )
+    timer.lap("target_train")
+
+    pairs = build_distill_set(target, distill_prefixes(docs, cfg, rng), cfg)
+    timer.lap("distill_gen")
+
+    draft = make_model(cfg.draft, tokenizer, cfg)
+    batches = distill_batches(pairs, tokenizer.pad_token_id, cfg.draft_batch_tokens, rng)
+    draft_loss = train_loop(draft, batches, cfg.draft_steps, cfg.draft_lr, "draft")
+    timer.lap("draft_train")
+
+    sizes = save_pair(out, tokenizer, {"default-target": target, "default-draft": draft})
+    tokenizer, target, draft = load_pair(out)
+    timer.lap("save_reload")
+
+    # Every other held-out prompt: 48 prompts spread evenly over all categories.
+    step = max(1, len(held_out) // cfg.eval_prompts)
+    prompts = encode(tokenizer, held_out[::step][: cfg.eval_prompts])
+    rate, outputs = speculative_acceptance(target, draft, prompts, cfg.eval_k, cfg.eval_new_tokens)
+    plain = [greedy_generate(target, torch.tensor([p]), cfg.eval_new_tokens)[0][0].tolist() for p in prompts]
+    report: dict[str, object] = {
+        "acceptance_rate_k4": round(rate, 4),
+        "spec_matches_plain_greedy": sum(a == b for a, b in zip(outputs, plain, strict=True)) / len(plain),
+        "agreement_heldout_prompts": round(teacher_forced_agreement(target, draft, prompts), 4),
+        "agreement_heldout_continuations": round(
+            teacher_forced_agreement(target, draft, [p + o for p, o in zip(prompts, outputs, strict=True)]), 4
+        ),
+        "target_train_loss": round(target_loss, 4),
+        "draft_distill_loss": round(draft_loss, 4),
+        "target_heldout_loss": round(mean_loss(target, prompts), 4),
+        "draft_heldout_loss": round(mean_loss(draft, prompts), 4),
+        "target_params": n_params(target),
+        "draft_params": n_params(draft),
+        "weight_bytes": sizes,
+        "distill_pairs": len(pairs),
+        "distill_tokens": sum(len(t) for t, _ in pairs),
+        "config": asdict(cfg),
+    }
+    timer.lap("eval")
+    report["timings_s"] = {**timer.phases, "total": round(time.perf_counter() - timer.start, 1)}
+
+    for prompt, text in zip(held_out[::step][:3], outputs[:3], strict=False):
+        print(f"\n--- prompt: {prompt[:160]!r}\n+++ target greedy: {tokenizer.decode(text)!r}")
+    print(json.dumps(report, indent=2))
+    return report
+
+
+def main() -> None:
+    """CLI entry point."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "specviz" / "assets")
+    parser.add_argument("--quick", action="store_true", help="short tuning run (~3 min)")
+    args = parser.parse_args()
+    cfg = RunConfig()
+    run(quick(cfg) if args.quick else cfg, args.out)
+
+
+if __name__ == "__main__":
+    main()
