@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from specviz.analysis.metrics import exact_match, first_divergence
+from specviz.analysis.metrics import exact_match, sequence_divergence
 from specviz.analysis.report import INVARIANTS, Report, SequenceVerdict, Violation
 from specviz.trace.schema import RowRecord, StepRecord, Trace
 
@@ -365,7 +365,8 @@ class _Checker:
                     "tokens after EOS",
                     f"sequence {seq.seq_id} continues after EOS",
                 )
-            if len(seq.output_ids) != state.written and self.trace.steps:
+            # An interrupted run may have written a step's tokens without recording the step.
+            if len(seq.output_ids) != state.written and self.trace.steps and self.trace.header.complete:
                 self._flag_sequence(
                     last_step,
                     seq.seq_id,
@@ -448,7 +449,7 @@ def _sequence_verdict(trace: Trace, checker: _Checker, seq: Any, threshold: floa
     bad_step = trace.steps[bad].step if bad is not None else None
     if seq.reference_ids is None:
         return SequenceVerdict(seq.seq_id, None, "no-reference", None, None, bad_step)
-    index = first_divergence(seq.output_ids, seq.reference_ids)
+    index = sequence_divergence(seq)
     if index is None:
         return SequenceVerdict(seq.seq_id, None, "exact", None, None, bad_step)
     state = checker.seqs[seq.seq_id]

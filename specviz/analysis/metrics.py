@@ -71,21 +71,30 @@ def acceptance(trace: Trace) -> tuple[Acceptance, dict[int, Acceptance]]:
     return total, per_seq
 
 
-def first_divergence(output: list[int], reference: list[int] | None) -> int | None:
-    """Index of the first token that differs (or where one output stops early); None if equal."""
+def first_divergence(output: list[int], reference: list[int] | None, finished: bool = True) -> int | None:
+    """Index of the first token that differs (or where one output stops early); None if equal.
+
+    An unfinished sequence (interrupted run) only has to agree with the reference so far.
+    """
     if reference is None:
         return None
     for i, (a, b) in enumerate(zip(output, reference)):
         if a != b:
             return i
-    return None if len(output) == len(reference) else min(len(output), len(reference))
+    if len(output) == len(reference) or (not finished and len(output) < len(reference)):
+        return None
+    return min(len(output), len(reference))
+
+
+def sequence_divergence(seq: Any) -> int | None:
+    return first_divergence(seq.output_ids, seq.reference_ids, seq.finish_reason is not None)
 
 
 def exact_match(trace: Trace) -> float | None:
     with_ref = [s for s in trace.sequences if s.reference_ids is not None]
     if not with_ref:
         return None
-    return sum(s.output_ids == s.reference_ids for s in with_ref) / len(with_ref)
+    return sum(sequence_divergence(s) is None for s in with_ref) / len(with_ref)
 
 
 def tokens_emitted(trace: Trace) -> int:
@@ -133,6 +142,6 @@ def summary(trace: Trace) -> dict[str, Any]:
         "tokens_per_second": tokens_per_second(trace),
         "steps": len(trace.steps),
         "exspec_group_share": h.options.get("group_share"),
-        "first_divergence": [first_divergence(s.output_ids, s.reference_ids) for s in trace.sequences],
+        "first_divergence": [sequence_divergence(s) for s in trace.sequences],
         **phase_times(trace),
     }

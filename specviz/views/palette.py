@@ -1,0 +1,84 @@
+"""Colours and names shared by every view, so one kind of slot looks the same everywhere.
+
+Red is reserved for "the fed state differs from the expected state": a new user should be able
+to find where desynchronisation begins by looking for the first red cell, so no normal state
+(a rejected draft, padding) is drawn in red.
+"""
+
+from __future__ import annotations
+
+# Cell kinds of the ragged grid, in legend order. Codes are the index in this tuple.
+KINDS: tuple[str, ...] = (
+    "padding",
+    "prompt",
+    "committed",
+    "pending",
+    "accepted",
+    "rejected",
+    "bonus",
+    "hole",
+    "extra",
+    "empty",
+)
+
+KIND_COLORS: dict[str, str] = {
+    "padding": "#f1f5f9",  # barely there: padding is not content
+    "prompt": "#c7d2fe",
+    "committed": "#93c5fd",
+    "pending": "#a78bfa",
+    "accepted": "#4ade80",
+    "rejected": "#d6d3d1",  # grey, not red: rejection is normal speculative behaviour
+    "bonus": "#facc15",
+    "hole": "#fff7ed",  # a masked slot inside the row: pale, always outlined in red
+    "extra": "#fb923c",  # attended slot beyond the committed tokens: always outlined in red
+    "empty": "#ffffff",
+}
+
+KIND_LABELS: dict[str, str] = {
+    "padding": "padding (masked)",
+    "prompt": "prompt token (cached)",
+    "committed": "generated earlier (cached)",
+    "pending": "pending token (fed, no KV yet)",
+    "accepted": "draft, accepted",
+    "rejected": "draft, rejected",
+    "bonus": "bonus token (target's own)",
+    "hole": "masked hole inside the row",
+    "extra": "extra attended slot (stale KV / absorbed pad)",
+    "empty": "no token",
+}
+
+FLAG_COLOR = "#dc2626"
+FIRST_FLAG_COLOR = "#7f1d1d"
+OK_COLOR = "#16a34a"
+
+VERDICT_BADGES: dict[str, str] = {
+    "clean": "🟢 CLEAN",
+    "numerical": "🟡 NUMERICAL",
+    "unexplained": "🟠 UNEXPLAINED",
+    "desync": "🔴 DESYNC",
+    "exact": "🟢 exact",
+    "no-reference": "⚪ no reference",
+}
+
+# Sequence verdict -> (background, text) for the HTML badges of the outputs view.
+VERDICT_STYLES: dict[str, tuple[str, str]] = {
+    "exact": ("#dcfce7", "#166534"),
+    "desync": ("#fee2e2", "#991b1b"),
+    "numerical": ("#fef9c3", "#854d0e"),
+    "unexplained": ("#ffedd5", "#9a3412"),
+    "no-reference": ("#f1f5f9", "#334155"),
+}
+
+
+def kind_code(kind: str) -> int:
+    return KINDS.index(kind)
+
+
+def discrete_colorscale() -> list[list[object]]:
+    """A stepped colorscale for z = kind code with zmin=-0.5, zmax=len(KINDS)-0.5."""
+    count = len(KINDS)
+    scale: list[list[object]] = []
+    for i, kind in enumerate(KINDS):
+        scale.append([i / count, KIND_COLORS[kind]])
+        scale.append([(i + 1) / count, KIND_COLORS[kind]])
+    return scale
