@@ -27,12 +27,19 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (the usage block is one --help away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from specviz.engine.exspec import POLICIES
     from specviz.engine.faults import FAULTS
 
-    parser = argparse.ArgumentParser(prog="specviz", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="specviz", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     rec = sub.add_parser("record", help="decode prompts and write a trace")
     rec.add_argument("--method", choices=["baseline", "eqspec", "exspec"], default="eqspec")

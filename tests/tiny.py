@@ -111,3 +111,44 @@ def make_pair(family: str = "llama", eos: int = 1, pad: int = 0, seed: int = 0) 
         device=torch.device("cpu"),
         dtype=torch.float32,
     )
+
+
+def save_tiny_model_dirs(root, seed: int = 0, corpus_shift: int = 0) -> tuple[str, str]:
+    """A real HF tokenizer + tiny Llama target/draft saved as model directories under `root`.
+
+    `corpus_shift` trains the tokenizer on other text, giving a different vocabulary.
+    """
+    from pathlib import Path
+
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    root = Path(root)
+    words = ["speculative", "decoding", "batch", "ragged", "tensor", "cache", "position", "mask"]
+    corpus = [
+        " ".join(words[(i + j + corpus_shift) % len(words)] * (1 + corpus_shift) for j in range(12)) for i in range(40)
+    ]
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(corpus, vocab_size=300 + 7 * corpus_shift, special_tokens=["<|endoftext|>", "<pad>"])
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, eos_token="<|endoftext|>", pad_token="<pad>")
+    paths = []
+    for name, layers in (("target", 2), ("draft", 1)):
+        torch.manual_seed(seed + layers)
+        cfg = LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=4096,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+            bos_token_id=None,
+        )
+        model = LlamaForCausalLM(cfg)
+        path = root / name
+        model.save_pretrained(path)
+        tok.save_pretrained(path)
+        paths.append(str(path))
+    return paths[0], paths[1]

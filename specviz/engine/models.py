@@ -93,6 +93,9 @@ def check_same_vocabulary(target_tok: Any, draft_tok: Any, target: str, draft: s
 
 def load_causal_lm(name: str, device: torch.device, dtype: torch.dtype, trust_remote_code: bool = False) -> Any:
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own progress bars say what is happening
 
     try:
         config = AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code)

@@ -124,7 +124,13 @@ def run(
         else {},
     )
     recorder = Recorder(header) if config.record_steps else NullRecorder(header)
-    references = _references(pair, prompt_ids, config, eos, progress) if config.reference else None
+    references: list[tuple[list[int], list[float]]] | None = [] if config.reference else None
+    complete = True
+    try:
+        if references is not None:
+            _references(pair, prompt_ids, config, eos, progress, references)
+    except KeyboardInterrupt:
+        complete = False
     seqs = [Sequence(seq_id=i, prompt_ids=ids) for i, ids in enumerate(prompt_ids)]
     total = len(seqs) * config.max_new_tokens
     emitted = [0]
@@ -146,10 +152,11 @@ def run(
         recorder=recorder,
         on_tokens=on_tokens,
     )
-    complete = True
     started = engine._now()
     try:
-        if config.method == "exspec":
+        if not complete:
+            pass  # interrupted while decoding the reference: record no steps
+        elif config.method == "exspec":
             stats = run_exspec(engine, seqs, config.batch_size, config.window, config.exspec_policy)
             header.options.update(stats)
         else:
@@ -179,19 +186,20 @@ def _references(
     config: RunConfig,
     eos: frozenset[int],
     progress: Progress | None,
-) -> list[tuple[list[int], list[float]]]:
-    out = []
+    out: list[tuple[list[int], list[float]]],
+) -> None:
+    """Fill `out` in place, so an interrupt keeps the references finished so far."""
     for i, ids in enumerate(prompt_ids):
         out.append(greedy_reference(pair.target, ids, config.max_new_tokens, eos, pair.device))
         if progress is not None:
             progress("reference", i + 1, len(prompt_ids))
-    return out
 
 
 def _sequence_record(
     seq: Sequence, prompt: str, pair: ModelPair, references: list[tuple[list[int], list[float]]] | None
 ) -> SequenceRecord:
-    ref_ids, ref_margins = references[seq.seq_id] if references is not None else (None, None)
+    have_reference = references is not None and seq.seq_id < len(references)
+    ref_ids, ref_margins = references[seq.seq_id] if have_reference else (None, None)
     return SequenceRecord(
         seq_id=seq.seq_id,
         prompt=prompt,

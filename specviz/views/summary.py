@@ -1,0 +1,102 @@
+"""The summary header of a run and the A/B comparison table."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from specviz.analysis.metrics import acceptance, summary
+from specviz.analysis.report import Report
+from specviz.trace.schema import Trace
+from specviz.views.palette import VERDICT_BADGES
+
+VERDICT_MEANING = {
+    "clean": "every invariant holds and every output equals the target's greedy reference",
+    "numerical": "no invariant broke; outputs differ only at floating-point near-ties",
+    "unexplained": "an output differs, with no broken invariant and no near-tie to explain it",
+    "desync": "the engine fed a state that differs from the correct one",
+}
+
+
+def run_title(trace: Trace) -> str:
+    h = trace.header
+    return h.method + (f" + fault {h.fault}" if h.fault else "")
+
+
+def _exact(report: Report) -> str:
+    if report.exact_match is None:
+        return "n/a (no reference recorded)"
+    exact = sum(s.verdict == "exact" for s in report.sequences)
+    return f"{exact}/{len(report.sequences)} ({report.exact_match:.0%})"
+
+
+def _rate(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def desync_sentence(report: Report) -> str:
+    """Where desynchronisation begins, in one line (empty for a run with no violation)."""
+    v = report.first_violation
+    if v is None:
+        return ""
+    return (
+        f"**Desync begins at step {v.step}, row {v.row} (sequence {v.seq_id})**: invariant {v.invariant} "
+        f"*{v.name}*: {v.message}."
+    )
+
+
+def summary_markdown(trace: Trace, report: Report, label: str = "") -> str:
+    h = trace.header
+    info = summary(trace)
+    total, _ = acceptance(trace)
+    prefix = f"Run {label}: " if label else ""
+    lines = [f"### {prefix}{run_title(trace)} · {VERDICT_BADGES.get(report.verdict, report.verdict)}"]
+    lines.append(f"*{VERDICT_MEANING.get(report.verdict, '')}*")
+    if not h.complete:
+        lines.append("⚠️ **Incomplete run**: it was interrupted; steps and outputs hold only what finished.")
+    draft = f", draft {h.draft.name}" if h.draft else ""
+    lines.append(
+        f"target {h.target.name} ({h.target.dtype}, {h.target.device}){draft} · k={h.draft_k} · batch {h.batch_size}"
+        f" · {len(trace.sequences)} prompts × {h.max_new_tokens} new tokens · {len(trace.steps)} steps"
+    )
+    speed = info["tokens_per_second"]
+    lines.append(
+        "| exact match | acceptance rate | mean acceptance length | throughput | violations |\n"
+        "|---|---|---|---|---|\n"
+        f"| {_exact(report)} | {_rate(total.rate)} | {_rate(total.mean_length)} | "
+        f"{f'{speed:.0f} tok/s' if speed else 'n/a'} | {report.violation_count} |"
+    )
+    sentence = desync_sentence(report)
+    if sentence:
+        lines.append(sentence)
+    elif report.verdict == "numerical":
+        lines.append("No invariant broke: divergences sit on near-ties of the reference's logits.")
+    return "\n\n".join(lines)
+
+
+def _first_violation_cell(report: Report) -> str:
+    v = report.first_violation
+    return f"step {v.step}, row {v.row}, seq {v.seq_id}" if v else "none"
+
+
+def compare_table(runs: list[tuple[str, Trace, Report]]) -> pd.DataFrame:
+    """Metric per column run. Throughput is per run; a speedup is only meaningful within one run."""
+    metrics: dict[str, list[str]] = {}
+    for _, trace, report in runs:
+        info = summary(trace)
+        values = {
+            "run": run_title(trace),
+            "verdict": report.verdict,
+            "exact match": _exact(report),
+            "violations": str(report.violation_count),
+            "first violation": _first_violation_cell(report),
+            "acceptance rate": _rate(info["acceptance_rate"], 3),
+            "mean acceptance length": _rate(info["mean_acceptance_length"]),
+            "tokens/s": _rate(info["tokens_per_second"], 1),
+            "steps": str(info["steps"]),
+            "prompts × new tokens": f"{info['num_prompts']} × {info['max_new_tokens']}",
+            "batch, k": f"{info['batch_size']}, {info['draft_k']}",
+        }
+        for key, value in values.items():
+            metrics.setdefault(key, []).append(value)
+    columns = ["metric"] + [f"run {label}" for label, _, _ in runs]
+    return pd.DataFrame([[key, *values] for key, values in metrics.items()], columns=columns)

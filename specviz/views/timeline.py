@@ -1,0 +1,122 @@
+"""The invariant timeline (violations by step and invariant) and the table that jumps to them."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from specviz.analysis.report import INVARIANTS, Report
+from specviz.trace.schema import Trace
+from specviz.views.palette import FIRST_FLAG_COLOR, FLAG_COLOR, OK_COLOR
+
+MAX_TABLE_ROWS = 500  # the table is for jumping; the timeline shows them all
+VIOLATION_COLUMNS = ["step", "row", "seq", "invariant", "field", "expected", "actual", "message"]
+
+
+def _short(value: object, limit: int = 40) -> str:
+    text = str(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def violations_table(report: Report, limit: int = MAX_TABLE_ROWS) -> pd.DataFrame:
+    """One line per violation, in order; the first line is where desync begins."""
+    rows = [
+        (
+            v.step,
+            v.row,
+            v.seq_id,
+            f"{v.invariant} {v.name}",
+            v.field,
+            _short(v.expected),
+            _short(v.actual),
+            v.message,
+        )
+        for v in report.violations[:limit]
+    ]
+    return pd.DataFrame(rows, columns=VIOLATION_COLUMNS)
+
+
+def timeline_figure(trace: Trace, report: Report) -> go.Figure:
+    """Markers at (step, invariant) sized by count; the first violation starred and labelled."""
+    fig = go.Figure()
+    counts = Counter((v.step, v.invariant) for v in report.violations)
+    messages: dict[tuple[int, int], str] = {}
+    for v in report.violations:
+        messages.setdefault((v.step, v.invariant), f"row {v.row}, seq {v.seq_id}: {v.message}")
+    if counts:
+        keys = sorted(counts)
+        fig.add_trace(
+            go.Scatter(
+                x=[s for s, _ in keys],
+                y=[i for _, i in keys],
+                mode="markers",
+                name="violations",
+                marker={
+                    "color": FLAG_COLOR,
+                    "size": [min(6 + 2 * counts[k], 22) for k in keys],
+                    "opacity": 0.75,
+                    "line": {"width": 0},
+                },
+                customdata=[[counts[k], messages[k]] for k in keys],
+                hovertemplate="step %{x} · %{customdata[0]} violation(s)<br>first: %{customdata[1]}<extra></extra>",
+            )
+        )
+    _mark_first(fig, report)
+    title = _title(trace, report)
+    last_step = trace.steps[-1].step if trace.steps else 0
+    fig.update_layout(
+        title={"text": title, "x": 0, "font": {"size": 14}},
+        height=300,
+        margin={"l": 10, "r": 10, "t": 60, "b": 40},
+        plot_bgcolor="white",
+        showlegend=False,
+    )
+    fig.update_xaxes(title_text="step", range=[-0.5, last_step + 0.5], showgrid=True, gridcolor="#f1f5f9")
+    fig.update_yaxes(
+        tickvals=list(INVARIANTS),
+        ticktext=[f"{i} {name}" for i, name in INVARIANTS.items()],
+        range=[4.6, 0.4],
+        showgrid=True,
+        gridcolor="#e2e8f0",
+    )
+    return fig
+
+
+def _title(trace: Trace, report: Report) -> str:
+    if not report.violations:
+        steps = len(trace.steps)
+        return f"Invariant timeline · <span style='color:{OK_COLOR}'>all invariants hold in {steps} steps</span>"
+    shown = len(report.violations)
+    more = f" ({shown} listed)" if report.violation_count > shown else ""
+    return f"Invariant timeline · <span style='color:{FLAG_COLOR}'>{report.violation_count} violation(s){more}</span>"
+
+
+def _mark_first(fig: go.Figure, report: Report) -> None:
+    first = report.first_violation
+    if first is None:
+        return
+    fig.add_vline(x=first.step, line={"color": FIRST_FLAG_COLOR, "width": 1.5, "dash": "dash"})
+    fig.add_trace(
+        go.Scatter(
+            x=[first.step],
+            y=[first.invariant],
+            mode="markers",
+            marker={"symbol": "star", "size": 22, "color": FIRST_FLAG_COLOR, "line": {"color": "white", "width": 1}},
+            hovertemplate=f"<b>first violation</b><br>step {first.step}, row {first.row}, seq {first.seq_id}"
+            f"<br>{first.message}<extra></extra>",
+        )
+    )
+    fig.add_annotation(
+        x=first.step,
+        y=first.invariant,
+        text=f"<b>desync begins: step {first.step}, row {first.row}</b>",
+        showarrow=True,
+        arrowhead=2,
+        ax=90,
+        ay=-30,
+        font={"color": "white", "size": 11},
+        bgcolor=FIRST_FLAG_COLOR,
+        arrowcolor=FIRST_FLAG_COLOR,
+    )

@@ -1,0 +1,165 @@
+"""The record command end to end on tiny model directories, bad input, and interruption."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tiny import save_tiny_model_dirs
+
+from specviz.analysis.check import check_trace
+from specviz.cli import main
+from specviz.trace.io import load_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    return save_tiny_model_dirs(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="module")
+def other_vocab_draft(tmp_path_factory):
+    return save_tiny_model_dirs(tmp_path_factory.mktemp("other"), corpus_shift=3)[1]
+
+
+def test_record_json_summary_and_trace(model_dirs, tmp_path, capsys) -> None:
+    target, draft = model_dirs
+    out = tmp_path / "run.json.gz"
+    code = main(
+        [
+            "record",
+            "--method",
+            "eqspec",
+            "--target",
+            target,
+            "--draft",
+            draft,
+            "--batch-size",
+            "3",
+            "--draft-k",
+            "3",
+            "--max-new-tokens",
+            "8",
+            "--num-prompts",
+            "5",
+            "--json",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    for key in (
+        "method",
+        "num_prompts",
+        "exact_match",
+        "acceptance_rate",
+        "mean_acceptance_length",
+        "tokens_per_second",
+        "first_divergence",
+    ):
+        assert key in summary
+    assert summary["exact_match"] == 1.0 and summary["num_prompts"] == 5
+    assert summary["first_divergence"] == [None] * 5
+    trace = load_trace(out)
+    assert trace.header.complete and check_trace(trace).verdict == "clean"
+    # never silently overwrite a user's trace
+    assert main(["record", "--target", target, "--draft", draft, "--num-prompts", "1", "--out", str(out)]) == 2
+    assert "exists" in capsys.readouterr().err
+
+
+def test_different_vocabularies_are_refused_before_compute(model_dirs, other_vocab_draft, tmp_path, capsys) -> None:
+    target, _ = model_dirs
+    started = time.perf_counter()
+    code = main(
+        [
+            "record",
+            "--target",
+            target,
+            "--draft",
+            other_vocab_draft,
+            "--num-prompts",
+            "2",
+            "--out",
+            str(tmp_path / "x.json"),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "different vocabularies" in err and err.count("\n") == 1
+    assert time.perf_counter() - started < 10
+    assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--target", "/no/such/model"], "no such model directory"),
+        (["--prompts", "/no/such/prompts.jsonl"], "no such prompts file"),
+        (["--batch-size", "0"], "--batch-size"),
+        (["--method", "baseline", "--fault", "stale-kv"], "faults corrupt speculative methods"),
+        (["--method", "nonsense"], "invalid choice"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args, needle, tmp_path, capsys) -> None:
+    if needle == "invalid choice":
+        with pytest.raises(SystemExit) as exc:
+            main(["record", *args])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert needle in err and err.count("\n") == 1
+        return
+    count = [] if "--prompts" in args else ["--num-prompts", "1"]
+    assert main(["record", *args, *count, "--out", str(tmp_path / "y.json")]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_sigterm_leaves_a_valid_incomplete_trace(model_dirs, tmp_path) -> None:
+    target, draft = model_dirs
+    out = tmp_path / "partial.json.gz"
+    cmd = [
+        sys.executable,
+        "-m",
+        "specviz",
+        "record",
+        "--target",
+        target,
+        "--draft",
+        draft,
+        "--no-reference",
+        "--batch-size",
+        "2",
+        "--draft-k",
+        "2",
+        "--max-new-tokens",
+        "200",
+        "--num-prompts",
+        "40",
+        "--out",
+        str(out),
+    ]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    progress = ""
+    while time.time() < deadline and "tok" not in progress:  # wait until decoding has begun
+        progress += proc.stderr.read(64) or ""
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-500:]
+    trace = load_trace(out)
+    assert not trace.header.complete
+    assert trace.steps, "finished steps are kept"
+    assert any(s.finish_reason is None for s in trace.sequences)
+    assert "interrupted" in err
+    report = check_trace(trace)
+    assert report.violation_count == 0  # a partial trace is still a consistent trace
