@@ -14,7 +14,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from specviz.errors import SpecvizError
 from specviz.trace.io import TraceError
