@@ -11,8 +11,9 @@ draft_tokens, accepted) and compared with what a correct left-padded engine woul
 - a slot whose fed position differs from its token index is wrong (RoPE sees another place).
 
 The trace records how many slots a row attends, not which token each physical slot holds. When a
-row attends more slots than it has committed tokens, the surplus is drawn as the leftmost attended
-slots: the count is exact, the place is a convention (said so in the hover).
+row attends more slots than it has committed tokens, the surplus is drawn as the attended slots
+next to the query (where stale drafts sit right after they go stale, and where the default window
+looks): the count is exact, the place is a convention, and the hover says so.
 
 Cache slots were fed in earlier steps: their fed position is the one recorded when their token
 was a query slot (pending or accepted draft). Prompt tokens before the last were prefilled, which
@@ -76,6 +77,7 @@ class GridRow:
     cells: list[Cell]
     violations: list[Violation]
     notes: list[str]  # row-level facts that have no cell (e.g. KV of missing tokens)
+    record: RowRecord
 
     @property
     def flagged(self) -> bool:
@@ -153,8 +155,9 @@ def _cache_cells(
     expected_kv = max(row.committed_before - 1, 0)
     attended = [j for j in range(step.cache_len) if mask[j] == 1]
     extra = max(0, len(attended) - expected_kv)
-    # Token index held by the first non-extra attended slot; > 0 when KV of old tokens is missing.
-    first_index = expected_kv - (len(attended) - extra)
+    held = len(attended) - extra  # attended slots that hold committed tokens
+    # Token index held by the first attended slot; > 0 when the KV of old tokens is missing.
+    first_index = expected_kv - held
     rank = {slot: i for i, slot in enumerate(attended)}
     first_attended = attended[0] if attended else step.cache_len
     notes = []
@@ -166,10 +169,10 @@ def _cache_cells(
             cells.append(Cell(j, "empty", reasons=["the fed mask is shorter than cache + query"]))
         elif mask[j] == 0:
             cells.append(_masked_cell(j, j > first_attended))
-        elif rank[j] < extra:
+        elif rank[j] >= held:
             cells.append(_extra_cell(j, len(attended), expected_kv))
         else:
-            index = first_index + rank[j] - extra
+            index = first_index + rank[j]
             cells.append(_cached_token_cell(j, index, tokens, prompt_len, row.seq_id, history, step_index))
     return cells, notes
 
@@ -186,7 +189,8 @@ def _extra_cell(col: int, attended: int, expected: int) -> Cell:
         "extra",
         reasons=[
             f"the row attends {attended} cache slots but holds {expected} committed tokens: "
-            f"{attended - expected} extra (stale KV or absorbed padding; count exact, drawn leftmost)"
+            f"{attended - expected} extra (stale KV or absorbed padding). The count is exact; which slots "
+            "they are is not recorded, so they are drawn next to the query"
         ],
     )
 
@@ -280,7 +284,7 @@ def build_row(
         anchor = cells[_anchor_col(cells, violation, step)]
         if violation.message not in anchor.reasons:
             anchor.reasons.append(violation.message)
-    return GridRow(row.row, row.seq_id, row.committed_before, row.accepted, cells, violations, notes)
+    return GridRow(row.row, row.seq_id, row.committed_before, row.accepted, cells, violations, notes, row)
 
 
 def _sequence(trace: Trace, seq_id: int):  # noqa: ANN202 - SequenceRecord | None
@@ -556,3 +560,59 @@ def _add_column_headers(fig: go.Figure, grid: StepGrid, start: int, width: int) 
         fig.add_annotation(
             x=x, y=1.0, yref="paper", yshift=28, text=f"<b>{label}</b>", showarrow=False, font={"size": 11}
         )
+
+
+# ----------------------------------------------------------------------------- text
+
+
+def _tokens(texts: dict[int, str], tokens: list[int]) -> str:
+    return " ".join(f"{t} `{token_label(texts, t)}`" if t in texts else str(t) for t in tokens) or "none"
+
+
+def row_details_markdown(grid: StepGrid, row: int, texts: dict[int, str] | None = None) -> str:
+    """Fed vs expected for one row, field by field, as a markdown table."""
+    texts = texts or {}
+    grid_row = next((r for r in grid.rows if r.row == row), None)
+    if grid_row is None:
+        return ""
+    rec = grid_row.record
+    n = rec.committed_before
+    expected_positions = list(range(n - 1, n - 1 + grid.query_len))
+    expected_pad = max(grid.cache_len - (n - 1), 0)
+    lines = [
+        f"**Row {rec.row} · sequence {rec.seq_id}** (n = {n} committed tokens incl. the pending one)",
+        "",
+        "| field | fed | expected |",
+        "|---|---|---|",
+        _line("left padding", rec.left_pad, expected_pad),
+        _line("attended cache slots (kv_len)", rec.kv_len, n - 1),
+        _line("query positions", rec.position_ids, expected_positions),
+        _line("written to sequence", rec.write_seq, rec.seq_id),
+        f"| drafts | {_tokens(texts, rec.draft_tokens)} | |",
+        f"| target argmax | {_tokens(texts, rec.target_tokens)} | |",
+        f"| accepted | {rec.accepted} | |",
+        f"| emitted | {_tokens(texts, rec.emitted)} | |",
+    ]
+    if rec.draft_kv_len is not None:
+        lines.insert(6, _line("draft cache slots", rec.draft_kv_len, n - 1))
+    for note in grid_row.notes:
+        lines.append(f"\n⚠️ {note}")
+    return "\n".join(lines)
+
+
+def _line(name: str, fed: object, expected: object) -> str:
+    mark = "" if fed == expected else " ✗"
+    return f"| {name} | {fed}{mark} | {expected} |"
+
+
+def step_markdown(grid: StepGrid) -> str:
+    """The violations of this step in words, one line per violation (capped)."""
+    found = [v for r in grid.rows for v in r.violations]
+    if not found:
+        return f"Step {grid.step.step}: every row as expected."
+    lines = [f"**Step {grid.step.step}: {len(found)} violation(s)**"]
+    for v in found[:12]:
+        lines.append(f"- row {v.row} (seq {v.seq_id}), invariant {v.invariant} *{v.name}*: {v.message}")
+    if len(found) > 12:
+        lines.append(f"- … and {len(found) - 12} more (Invariants tab)")
+    return "\n".join(lines)

