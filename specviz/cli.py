@@ -96,7 +96,7 @@ def cmd_record(args: argparse.Namespace) -> int:
 
     from specviz.data import load_prompts_file, load_specbench
     from specviz.engine.models import load_pair
-    from specviz.engine.run import RunConfig, RunInterrupted, run
+    from specviz.engine.run import RunConfig, RunFailed, RunInterrupted, run
     from specviz.trace.io import save_trace
 
     out = Path(args.out) if args.out else _default_out(args)
@@ -143,6 +143,9 @@ def cmd_record(args: argparse.Namespace) -> int:
     except RunInterrupted as interrupted:
         trace = interrupted.trace
         status = EXIT_INTERRUPTED
+    except RunFailed as failed:  # keep what finished, then report the one-line reason
+        save_trace(failed.trace, out)
+        raise SpecvizError(f"{failed} (partial trace saved to {out})") from None
     finally:
         signal.signal(signal.SIGTERM, previous)
         for bar in bars.values():

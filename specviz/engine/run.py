@@ -152,6 +152,7 @@ def run(
         recorder=recorder,
         on_tokens=on_tokens,
     )
+    failure: str | None = None
     started = engine._now()
     try:
         if not complete:
@@ -163,10 +164,17 @@ def run(
             run_eqspec(engine, seqs, config.batch_size)
     except KeyboardInterrupt:
         complete = False
+    except torch.OutOfMemoryError:
+        failure = (
+            f"out of memory at batch size {config.batch_size}; lower --batch-size or --max-new-tokens"
+        )
+        complete = False
     decode_seconds = engine._now() - started
     header.fault_events = engine.fault_events
     records = [_sequence_record(seq, prompts[seq.seq_id], pair, references) for seq in seqs]
     trace = recorder.finish(records, complete, decode_seconds)
+    if failure is not None:
+        raise RunFailed(trace, failure)
     if not complete:
         raise RunInterrupted(trace)
     return trace
@@ -177,6 +185,14 @@ class RunInterrupted(KeyboardInterrupt):
 
     def __init__(self, trace: Trace) -> None:
         super().__init__("run interrupted")
+        self.trace = trace
+
+
+class RunFailed(SpecvizError):
+    """The run stopped on a resource error; `trace` holds every finished step (incomplete)."""
+
+    def __init__(self, trace: Trace, message: str) -> None:
+        super().__init__(message)
         self.trace = trace
 
 
