@@ -66,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     chk = sub.add_parser("check", help="check a trace's invariants and outputs")
     chk.add_argument("trace")
     chk.add_argument("--json", action="store_true")
+
+    from specviz.bench import add_arguments as add_bench_arguments
+
+    bench = sub.add_parser("bench", help="benchmark exactness and cost of the methods side by side")
+    add_bench_arguments(bench)
     return parser
 
 
@@ -76,6 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_record(args)
         if args.command == "check":
             return cmd_check(args)
+        if args.command == "bench":
+            return cmd_bench(args)
     except (SpecvizError, TraceError) as exc:
         print(f"specviz: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -187,6 +194,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     from specviz.analysis.report import run_check
 
     return run_check(args.trace, as_json=args.json)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from specviz.bench import run_from_args
+
+    return run_from_args(args)
 
 
 if __name__ == "__main__":

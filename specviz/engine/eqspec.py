@@ -47,7 +47,7 @@ def run_eqspec(engine: Engine, seqs: list[Sequence], batch_size: int, compact_fn
             batch.regrouped = previous is not None and ids != previous
             previous = ids
             outcome = engine.step(batch)
-            align_started = engine._now()
+            align_started = engine.now()
             new_batch = realign(batch, outcome, compact_fn)
             engine.finish_step(outcome, pads_after(batch, outcome, new_batch), align_started)
             batch = new_batch

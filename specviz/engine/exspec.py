@@ -10,6 +10,16 @@ Policies:
   fall back to the first B of the window.
 - `largest`: the largest equal-length group in the window, used when it fills at least half
   a batch (a smaller unpadded batch beats a padded full one at these sizes); else fall back.
+- `converge`: length-aware admission plus shortest-first selection. Equal lengths are rare
+  because committed lengths start far apart (prompt lengths differ by hundreds of tokens) and
+  drift apart (rows accept different numbers of drafts), so this policy steers them together:
+  sequences enter the window in prompt-length order (the window holds similar lengths), and
+  each step serves the shortest sequences, so laggards catch up while leaders wait and the
+  window's lengths stay within about k + 1 of each other. It picks, in order: a full batch of
+  one length (the shortest such length); else the window's shortest length if it fills at
+  least half a batch (an unpadded partial group); else the B shortest sequences (padded, but
+  from a narrow band, and advancing exactly the rows that hold the others back). Scheduling
+  order never changes a sequence's tokens, so output stays exact; short prompts finish first.
 """
 
 from __future__ import annotations
@@ -20,7 +30,14 @@ from typing import Any
 from specviz.engine.kv import KVState, compact, leading_zeros, split, stack
 from specviz.engine.step import Batch, Engine, Sequence
 
-POLICIES = ("reference", "largest")
+POLICIES = ("reference", "largest", "converge")
+
+
+def admission_order(seqs: list[Sequence], policy: str) -> list[Sequence]:
+    """The order sequences enter the sliding window: `converge` admits short prompts first."""
+    if policy == "converge":
+        return sorted(seqs, key=lambda s: s.committed)  # stable: ties keep prompt order
+    return list(seqs)
 
 
 def select_group(window: list[Sequence], batch_size: int, policy: str) -> list[Sequence]:
@@ -29,16 +46,36 @@ def select_group(window: list[Sequence], batch_size: int, policy: str) -> list[S
     for seq in window:
         groups[seq.committed].append(seq)
     if policy == "reference":
-        for seq in window:
-            if len(groups[seq.committed]) >= want:
-                return groups[seq.committed][:want]
-        return window[:want]
+        return _first_full_group(window, groups, want)
     if policy == "largest":
-        best = max(groups.values(), key=len)  # dict order = window order, so ties go early
-        if len(best) >= max(1, (want + 1) // 2):
-            return best[:want]
-        return window[:want]
+        return _largest_group(window, groups, want)
+    if policy == "converge":
+        return _shortest_group(window, groups, want)
     raise ValueError(f"unknown exspec policy {policy!r}; choose from {', '.join(POLICIES)}")
+
+
+def _first_full_group(window: list[Sequence], groups: dict[int, list[Sequence]], want: int) -> list[Sequence]:
+    for seq in window:
+        if len(groups[seq.committed]) >= want:
+            return groups[seq.committed][:want]
+    return window[:want]
+
+
+def _largest_group(window: list[Sequence], groups: dict[int, list[Sequence]], want: int) -> list[Sequence]:
+    best = max(groups.values(), key=len)  # dict order = window order, so ties go early
+    if len(best) >= max(1, (want + 1) // 2):
+        return best[:want]
+    return window[:want]
+
+
+def _shortest_group(window: list[Sequence], groups: dict[int, list[Sequence]], want: int) -> list[Sequence]:
+    full = [length for length, members in groups.items() if len(members) >= want]
+    if full:
+        return groups[min(full)][:want]
+    shortest = groups[min(groups)]
+    if len(shortest) >= max(1, (want + 1) // 2):
+        return shortest
+    return sorted(window, key=lambda s: s.committed)[:want]
 
 
 def run_exspec(
@@ -54,7 +91,7 @@ def run_exspec(
         raise ValueError(f"exspec window ({window_size}) must be at least the batch size ({batch_size})")
     target_states: dict[int, KVState] = {}
     draft_states: dict[int, KVState] = {}
-    queue = list(seqs)
+    queue = admission_order(seqs, policy)
     steps = grouped_steps = 0
     previous: list[int] | None = None
     while True:
@@ -69,16 +106,16 @@ def run_exspec(
         chosen = select_group(window, batch_size, policy)
         grouped = len({s.committed for s in chosen}) == 1
         ids = [s.seq_id for s in chosen]
-        align_started = engine._now()
+        align_started = engine.now()
         target = stack([target_states.pop(i) for i in ids], DynamicCache)
         draft = stack([draft_states.pop(i) for i in ids], DynamicCache) if engine.k > 0 else None
         batch = Batch(chosen, target, draft, batch_id=0, grouped=grouped)
         batch.regrouped = previous is not None and ids != previous
         previous = ids
-        stack_s = engine._now() - align_started
+        stack_s = engine.now() - align_started
         outcome = engine.step(batch)
         outcome.started -= stack_s  # the stacking belongs to this step's alignment time
-        align_started = engine._now() - stack_s
+        align_started = engine.now() - stack_s
         rows = outcome.active_rows
         new_target = compact(batch.target, rows, outcome.target_retain, outcome.target_attend, outcome.target_next_pos)
         new_draft = None

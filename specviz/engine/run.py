@@ -153,7 +153,7 @@ def run(
         on_tokens=on_tokens,
     )
     failure: str | None = None
-    started = engine._now()
+    started = engine.now()
     try:
         if not complete:
             pass  # interrupted while decoding the reference: record no steps
@@ -165,11 +165,9 @@ def run(
     except KeyboardInterrupt:
         complete = False
     except torch.OutOfMemoryError:
-        failure = (
-            f"out of memory at batch size {config.batch_size}; lower --batch-size or --max-new-tokens"
-        )
+        failure = f"out of memory at batch size {config.batch_size}; lower --batch-size or --max-new-tokens"
         complete = False
-    decode_seconds = engine._now() - started
+    decode_seconds = engine.now() - started
     header.fault_events = engine.fault_events
     records = [_sequence_record(seq, prompts[seq.seq_id], pair, references) for seq in seqs]
     trace = recorder.finish(records, complete, decode_seconds)

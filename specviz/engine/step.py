@@ -98,12 +98,13 @@ class Engine:
     fault_events: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.recorder is None:
-            self.recorder = NullRecorder(header=None)  # type: ignore[arg-type]
+        if self.recorder is None:  # engines built outside `run` (tests, benchmarks) record nothing
+            self.recorder = NullRecorder(header=None)
 
     # ------------------------------------------------------------------ timing helpers
 
-    def _now(self) -> float:
+    def now(self) -> float:
+        """Wall clock, device synchronised so phase timings mean what they say."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
@@ -137,7 +138,7 @@ class Engine:
 
     @torch.no_grad()
     def step(self, batch: Batch) -> StepOutcome:
-        started = self._now()
+        started = self.now()
         fault, k = self.fault, self.k
         seqs = batch.seqs
         size = len(seqs)
@@ -155,7 +156,7 @@ class Engine:
         if k > 0:
             draft_kv_len = batch.draft.mask.sum(1)
             drafts = self._propose(batch.draft, pending)
-        after_draft = self._now()
+        after_draft = self.now()
 
         query = torch.cat([pending[:, None], drafts], dim=1)
         cache_len = batch.target.width
@@ -169,16 +170,16 @@ class Engine:
         accepted = fault.accept(matched, k)
         for row in (accepted != matched).nonzero().flatten().tolist():
             self._log(self.step_index, row, seqs[row].seq_id, "accepted a draft the target rejected")
-        after_verify = self._now()
+        after_verify = self.now()
 
         emitted, bonus, write_seqs = self._write_back(batch, drafts, target_tokens, accepted)
         catch_up_s = 0.0
         caught_up = k > 0 and fault.draft_catch_up() and bool((accepted == k).any())
         if caught_up:
-            before = self._now()
+            before = self.now()
             positions_last = fault.verify_positions(batch.draft.next_pos + k, batch.draft.width, 1)
             feed(self.draft, batch.draft, drafts[:, -1:], positions_last)
-            catch_up_s = self._now() - before
+            catch_up_s = self.now() - before
 
         active = torch.tensor([not s.done for s in seqs], device=self.device)
         active_rows = active.nonzero().flatten()
@@ -233,7 +234,7 @@ class Engine:
 
     def finish_step(self, outcome: StepOutcome, left_pad_after: list[int | None], align_started: float) -> None:
         """Close the timings and hand the step to the recorder."""
-        end = self._now()
+        end = self.now()
         obs = outcome.observation
         obs.left_pad_after = left_pad_after
         obs.align_ms = (end - align_started) * 1000

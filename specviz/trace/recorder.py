@@ -77,7 +77,7 @@ def mask_rle(mask: torch.Tensor) -> list[list[list[int]]]:
 
 
 class Recorder:
-    def __init__(self, header: Header) -> None:
+    def __init__(self, header: Header | None) -> None:
         self.header = header
         self.steps: list[StepRecord] = []
 

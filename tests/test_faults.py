@@ -1,0 +1,79 @@
+"""Every fault on the embedded default pair: caught as desync at exactly the (step, row) where it
+first altered state (from the fault's own log, which the checker never reads); the faults that
+real engines only hit in ragged batches pass at batch 1; correct runs raise no false alarm."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from specviz.analysis.check import check_trace
+from specviz.data import load_specbench
+from specviz.engine.faults import FAULTS
+from specviz.engine.models import load_pair
+from specviz.engine.run import RunConfig, run
+
+# Held-out prompts (never seen in training) of very different lengths.
+PROMPTS = [p for p in load_specbench("heldout") if len(p) < 1500][:16]
+MAX_NEW = 24
+RAGGED_ONLY = ("column-positions", "pad-accumulation", "row-mixup", "stale-kv", "uniform-advance")
+ALWAYS = ("extra-accept", "masked-holes", "missing-bonus-kv")
+
+
+@functools.cache
+def pair():
+    return load_pair(device="cpu")
+
+
+@functools.cache
+def record(method: str, fault: str | None, batch: int, num_prompts: int = len(PROMPTS)):
+    cfg = RunConfig(method=method, fault=fault, batch_size=batch, draft_k=4, max_new_tokens=MAX_NEW)
+    return run(pair(), PROMPTS[:num_prompts], cfg)
+
+
+def test_fault_lists_cover_the_catalogue() -> None:
+    assert sorted(RAGGED_ONLY + ALWAYS) == sorted(FAULTS)
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_fault_is_desync_first_violation_where_it_fired(fault: str) -> None:
+    trace = record(FAULTS[fault].default_method, fault, 8)
+    events = trace.header.fault_events
+    assert events, f"{fault} never fired on the default pair"
+    report = check_trace(trace)
+    assert report.verdict == "desync"
+    first = report.first_violation
+    assert (first.step, first.row, first.seq_id) == (events[0]["step"], events[0]["row"], events[0]["seq_id"])
+    at_first = {v.invariant for v in report.violations if (v.step, v.row) == (first.step, first.row)}
+    documented = {int(c) for c in FAULTS[fault].invariant if c.isdigit()}
+    assert at_first & documented, f"{fault}: broke {at_first}, documented {documented}"
+
+
+@pytest.mark.parametrize("fault", RAGGED_ONLY)
+def test_ragged_only_faults_are_harmless_at_batch_1(fault: str) -> None:
+    trace = record(FAULTS[fault].default_method, fault, 1, num_prompts=6)
+    report = check_trace(trace)
+    assert trace.header.fault_events == []
+    assert report.verdict == "clean" and report.exact_match == 1.0
+
+
+@pytest.mark.parametrize("fault", ALWAYS)
+def test_other_faults_break_even_at_batch_1(fault: str) -> None:
+    trace = record(FAULTS[fault].default_method, fault, 1, num_prompts=6)
+    assert trace.header.fault_events
+    assert check_trace(trace).verdict == "desync"
+
+
+@pytest.mark.parametrize("method", ["baseline", "eqspec", "exspec"])
+def test_correct_methods_are_clean_and_exact(method: str) -> None:
+    report = check_trace(record(method, None, 8))
+    assert report.verdict == "clean" and report.violation_count == 0
+    assert report.exact_match == 1.0
+
+
+def test_faults_corrupt_text_not_only_state() -> None:
+    """At least the output-corrupting faults must change tokens on the default pair."""
+    broken = [f for f in ("extra-accept", "row-mixup", "uniform-advance", "pad-accumulation")
+              if check_trace(record(FAULTS[f].default_method, f, 8)).exact_match < 1.0]
+    assert len(broken) >= 3, broken
