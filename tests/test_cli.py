@@ -163,3 +163,40 @@ def test_sigterm_leaves_a_valid_incomplete_trace(model_dirs, tmp_path) -> None:
     assert "interrupted" in err
     report = check_trace(trace)
     assert report.violation_count == 0  # a partial trace is still a consistent trace
+
+
+def _malformed_files(root: Path) -> dict[str, Path]:
+    import gzip
+
+    from specviz.trace.io import trace_to_json
+    from specviz.trace.synthetic import synthetic_trace
+
+    good = trace_to_json(synthetic_trace(4, 2, 2, 6))
+    files = {
+        "empty": b"",
+        "not json": b"{trace?",
+        "truncated gzip": gzip.compress(good.encode())[:100],
+        "non-utf8": b"\xff\xfe\x00garbage",
+        "nan": good.replace('"verify_ms":1.0', '"verify_ms":NaN', 1).encode(),
+        "wrong type": good.replace('"draft_k":2', '"draft_k":"2"', 1).encode(),
+        "extra field": good.replace('"draft_k":2', '"draft_k":2,"surprise":1', 1).encode(),
+        "negative length": good.replace('"cache_len":', '"cache_len":-5,"x":', 1).encode(),
+        "newer version": good.replace('"schema_version":1', '"schema_version":99', 1).encode(),
+        "bomb": gzip.compress(b" " * (300 * 1024 * 1024)),
+        "a png": b"\x89PNG\r\n\x1a\n" + b"\x00" * 64,
+    }
+    paths = {}
+    for name, data in files.items():
+        path = root / (name.replace(" ", "_") + ".json")
+        path.write_bytes(data)
+        paths[name] = path
+    paths["a directory"] = root
+    return paths
+
+
+def test_check_refuses_every_malformed_file_with_one_line(tmp_path, capsys) -> None:
+    for name, path in _malformed_files(tmp_path).items():
+        assert main(["check", str(path)]) == 2, name
+        err = capsys.readouterr().err
+        assert err.startswith("specviz: error:") and err.count("\n") == 1, (name, err)
+        assert "Traceback" not in err
