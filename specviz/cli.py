@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--dtype", default=None, help="float32 (CPU default), bfloat16 (CUDA default), float16")
     rec.add_argument("--seed", type=int, default=0)
     rec.add_argument("--window", type=int, default=None, help="exspec sliding window (default 6 x batch)")
-    rec.add_argument("--policy", choices=POLICIES, default="largest", help="exspec grouping policy")
+    rec.add_argument("--policy", choices=POLICIES, default="converge", help="exspec grouping policy")
     rec.add_argument("--no-reference", action="store_true", help="skip the batch-1 greedy oracle")
     rec.add_argument("--trust-remote-code", action="store_true")
     rec.add_argument("--json", action="store_true", help="print the summary as one JSON object")

@@ -139,7 +139,7 @@ def test_generated_token_equal_to_pad(method: str) -> None:
 
 
 @pytest.mark.parametrize("window_factor", [1, 4])
-@pytest.mark.parametrize("policy", ["reference", "largest"])
+@pytest.mark.parametrize("policy", ["reference", "largest", "converge"])
 def test_exspec_windows(window_factor: int, policy: str) -> None:
     trace = decode("llama", "exspec", 4, 4, exspec_window=4 * window_factor, exspec_policy=policy)
     assert_exact(trace, oracle("llama"))

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from specviz.errors import SpecvizError
+
 
 @dataclass
 class KVState:
@@ -42,10 +44,28 @@ def cache_layers(cache: Any) -> list[Any]:
     layers = getattr(cache, "layers", None)
     if layers is None:
         raise TypeError(f"unsupported cache type {type(cache).__name__}: need a layered Cache")
-    for layer in layers:
-        if getattr(layer, "is_sliding", False):
-            raise TypeError("sliding-window cache layers are not supported by the ragged engine")
     return layers
+
+
+def _sync_sliding(cache: Any, width: int) -> None:
+    """Sliding-window layers (Gemma-3) are accepted only while `width` slots fit in their window.
+
+    Below its window such a layer keeps every slot, like a full layer. But HF sizes its mask from
+    the layer's `cumulative_length`, which our slot moves (compact/stack/split) do not update, so
+    set it to the physical width before each forward. At or past the window HF would drop slots
+    that our mask still counts: refuse instead of decoding garbage.
+    """
+    for layer in getattr(cache, "layers", None) or []:
+        if not getattr(layer, "is_sliding", False):
+            continue
+        if width >= layer.sliding_window:
+            raise SpecvizError(
+                f"the cache would reach {width} slots, past the model's sliding window of "
+                f"{layer.sliding_window}; the ragged engine supports sliding-window layers only "
+                f"within their window (use shorter prompts or fewer new tokens)"
+            )
+        if getattr(layer, "keys", None) is not None and layer.keys.numel():
+            layer.cumulative_length = layer.keys.shape[-2]
 
 
 def feed(
@@ -65,6 +85,7 @@ def feed(
     if query_mask is None:
         query_mask = torch.ones(batch, q, dtype=state.mask.dtype, device=state.mask.device)
     fed_mask = torch.cat([state.mask, query_mask], dim=1)
+    _sync_sliding(state.cache, fed_mask.shape[1])
     out = model(
         input_ids=input_ids,
         attention_mask=fed_mask,
@@ -73,6 +94,7 @@ def feed(
         use_cache=True,
     )
     state.cache = out.cache if hasattr(out, "cache") else out.past_key_values
+    _sync_sliding(state.cache, fed_mask.shape[1])  # a prefill longer than the window is caught here
     state.mask = fed_mask
     return out.logits
 
@@ -87,8 +109,8 @@ def compact(
     """The batched KV move: keep `rows`, and in each the `retain`ed slots, left-padded anew.
 
     `retain` [B, W] says which slots survive (in order); `attend` [B, W] which of those the
-    mask marks real. New width = the longest surviving row. One index_select + gather per
-    layer and tensor, no Python loop over rows.
+    mask marks real. New width = the longest surviving row. One flat index_select per layer
+    and tensor, no Python loop over rows; none at all when nothing moves.
     """
     retain = retain[rows]
     attend = attend[rows]
@@ -107,17 +129,35 @@ def compact(
     new_mask = (attend.gather(1, src) & real).long() if new_width else attend[:, :0].long()
     if state.cache is None or new_width == 0:
         return KVState(cache=None, mask=new_mask, next_pos=next_pos)
-    for layer in cache_layers(state.cache):
-        layer.keys = _move(layer.keys, rows, src)
-        layer.values = _move(layer.values, rows, src)
+    if _is_identity(rows, src, real, state.batch_size, width):
+        return KVState(cache=state.cache, mask=new_mask, next_pos=next_pos)  # every slot stays put
+    layers = cache_layers(state.cache)
+    _, heads, old_width, dim = layers[0].keys.shape
+    index = _flat_index(rows, src, heads, old_width)
+    shape = (len(rows), heads, new_width, dim)
+    for layer in layers:
+        layer.keys = layer.keys.reshape(-1, dim).index_select(0, index).view(shape)
+        layer.values = layer.values.reshape(-1, dim).index_select(0, index).view(shape)
     return KVState(cache=state.cache, mask=new_mask, next_pos=next_pos)
 
 
-def _move(tensor: torch.Tensor, rows: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
-    picked = tensor.index_select(0, rows)
-    heads, dim = picked.shape[1], picked.shape[3]
-    index = src[:, None, :, None].expand(src.shape[0], heads, src.shape[1], dim)
-    return picked.gather(2, index)
+def _is_identity(rows: torch.Tensor, src: torch.Tensor, real: torch.Tensor, batch: int, width: int) -> bool:
+    """No row leaves and every real slot keeps its index (plain batched greedy, all-accept steps)."""
+    if len(rows) != batch or src.shape[1] != width:
+        return False
+    same_rows = bool((rows == torch.arange(batch, device=rows.device)).all())
+    slots = torch.arange(width, device=src.device)[None, :]
+    return same_rows and bool(((src == slots) | ~real).all())
+
+
+def _flat_index(rows: torch.Tensor, src: torch.Tensor, heads: int, width: int) -> torch.Tensor:
+    """Row numbers into the [B*H*W, D] view of a cache tensor, for one index_select.
+
+    On CPU one flat index_select beats index_select + gather by several times (benchmarks/kv_move.py).
+    """
+    head_ids = torch.arange(heads, device=src.device)
+    first = (rows[:, None] * heads + head_ids[None, :]) * width  # [B', H]: flat row of (row, head, slot 0)
+    return (first[:, :, None] + src[:, None, :]).reshape(-1)
 
 
 def compact_per_row_loop(

@@ -32,7 +32,7 @@ class RunConfig:
     max_new_tokens: int = 64
     seed: int = 0
     exspec_window: int | None = None  # default: 6 x batch size (the paper's 48 at batch 8)
-    exspec_policy: str = "largest"
+    exspec_policy: str = "converge"
     reference: bool = True  # decode the batch-1 greedy oracle too
     record_steps: bool = True  # False: the tracing-off arm of the overhead benchmark
 

@@ -1,0 +1,148 @@
+"""The KV move alone, vs batch size: `kv.compact` (batched gather), the per-row loop, and a flat variant.
+
+Isolates the realignment cost from the models: a DynamicCache of the given shape, rows with
+different left padding and different accepted counts (ragged), one EQSPEC realignment. Three ways:
+- `gather`: `specviz.engine.kv.compact`, one `gather` per layer and tensor with an expanded index;
+- `loop`: `specviz.engine.kv.compact_per_row_loop`, the reference's Python loop per row and layer;
+- `flat`: a candidate for kv.compact (not used by the engine): the same source slots, but each
+  layer viewed as [B*H*W, D] rows and moved with one `index_select` of whole head-dim vectors,
+  the index computed once for all layers. Checked bit-identical to `gather` before timing.
+Median of --repeats, in ms per realignment.
+
+    python benchmarks/kv_move.py --threads 2                     # default-pair-like shapes, CPU
+    python benchmarks/kv_move.py --shape vicuna7b --device cuda   # the paper's target on a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from specviz.bench import provenance  # noqa: E402
+from specviz.engine.kv import KVState, cache_layers, compact, compact_per_row_loop  # noqa: E402
+
+# (layers, kv heads, head dim, dtype)
+SHAPES = {
+    "default": (4, 4, 48, torch.float32),  # about the embedded default target (d=192, 4 layers)
+    "vicuna7b": (32, 32, 128, torch.bfloat16),
+}
+
+
+def source_slots(retain: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per kept row, the old slot each new slot reads (as in kv.compact), and which are real."""
+    retain = retain[rows]
+    width = retain.shape[1]
+    counts = retain.sum(1)
+    new_width = int(counts.max())
+    slots = torch.arange(width, device=retain.device)
+    order = torch.where(retain, slots, slots + width).argsort(dim=1)[:, :new_width]
+    dest = torch.arange(new_width, device=retain.device)[None, :] - (new_width - counts)[:, None]
+    return order.gather(1, dest.clamp(min=0)), dest >= 0
+
+
+def compact_flat(
+    state: KVState, rows: torch.Tensor, retain: torch.Tensor, attend: torch.Tensor, next_pos: torch.Tensor
+) -> KVState:
+    if state.cache is None or len(rows) == 0 or not bool(retain[rows].any()):
+        return compact(state, rows, retain, attend, next_pos)  # nothing to move
+    src, real = source_slots(retain, rows)
+    new_mask = (attend[rows].gather(1, src) & real).long()
+    layers = cache_layers(state.cache)
+    _, heads, width, dim = layers[0].keys.shape
+    head_ids = torch.arange(heads, device=src.device)
+    base = (rows[:, None] * heads + head_ids[None, :]) * width  # [n, H]: first flat row of (row, head)
+    index = (base[:, :, None] + src[:, None, :]).reshape(-1)
+    shape = (len(rows), heads, src.shape[1], dim)
+    for layer in layers:
+        layer.keys = layer.keys.reshape(-1, dim).index_select(0, index).view(shape)
+        layer.values = layer.values.reshape(-1, dim).index_select(0, index).view(shape)
+    return KVState(cache=state.cache, mask=new_mask, next_pos=next_pos)
+
+
+def ragged_state(
+    batch: int, width: int, k: int, shape: tuple, device: torch.device, seed: int = 0
+) -> tuple[KVState, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A left-padded cache of `width` old slots + k+1 verify slots, each row accepting 0..k drafts."""
+    from transformers import DynamicCache
+
+    layers, heads, dim, dtype = shape
+    gen = torch.Generator().manual_seed(seed)
+    pads = torch.randint(0, width // 2, (batch,), generator=gen)
+    accepted = torch.randint(0, k + 1, (batch,), generator=gen)
+    full = width + k + 1
+    cache = DynamicCache()
+    for layer in range(layers):
+        keys = torch.randn(batch, heads, full, dim, generator=gen).to(device, dtype)
+        cache.update(keys, keys.clone(), layer)
+    slots = torch.arange(full)[None, :]
+    retain = (slots >= pads[:, None]) & (slots < width + accepted[:, None] + 1)
+    mask = (slots >= pads[:, None]).long()  # as fed to the verify pass: every verify slot attended
+    next_pos = (width - pads + accepted + 1).to(device)
+    state = KVState(cache=cache, mask=mask.to(device), next_pos=next_pos)
+    return state, torch.arange(batch, device=device), retain.to(device), retain.to(device), next_pos
+
+
+def time_move(fn: Callable[..., KVState], args: tuple, device: torch.device, repeats: int) -> float:
+    import copy
+
+    times = []
+    for _ in range(repeats):
+        state = copy.deepcopy(args[0])
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        fn(state, *args[1:])
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+def same_result(args: tuple) -> bool:
+    import copy
+
+    a = compact(copy.deepcopy(args[0]), *args[1:])
+    b = compact_flat(copy.deepcopy(args[0]), *args[1:])
+    if a.cache is None or b.cache is None:
+        return a.cache is b.cache and torch.equal(a.mask, b.mask)
+    layers_a, layers_b = cache_layers(a.cache), cache_layers(b.cache)
+    return torch.equal(a.mask, b.mask) and all(
+        torch.equal(x.keys, y.keys) and torch.equal(x.values, y.values) for x, y in zip(layers_a, layers_b)
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="default")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--batch-sizes", default="1,2,4,8,16,32")
+    parser.add_argument("--width", type=int, default=256, help="cached slots before the verify window")
+    parser.add_argument("--draft-k", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    shape = SHAPES[args.shape]
+    print(provenance("python benchmarks/kv_move.py " + " ".join(sys.argv[1:] if argv is None else argv)))
+    print(f"shape {args.shape} {shape[:3]} {shape[3]}, width {args.width}, k={args.draft_k}, {device}, ms per move")
+    print("| batch | gather (kv.compact) | loop | flat | flat identical |")
+    print("|---|---|---|---|---|")
+    for batch in (int(b) for b in args.batch_sizes.split(",")):
+        case = ragged_state(batch, args.width, args.draft_k, shape, device)
+        ms = [time_move(fn, case, device, args.repeats) for fn in (compact, compact_per_row_loop, compact_flat)]
+        print(f"| {batch} | {ms[0]:.3f} | {ms[1]:.3f} | {ms[2]:.3f} | {same_result(case)} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
