@@ -73,15 +73,7 @@ class UniformAdvance(Fault):
     summary = "every row advances its KV offset and positions by the batch's max accepted + 1"
 
     def plan(self, accepted: torch.Tensor, available: int, left_pad: torch.Tensor) -> SlotPlan:
-        longest = accepted.max() + 1
-        keep = torch.full_like(accepted, int(longest))
-        return SlotPlan(
-            keep_new=keep.clamp(max=available),
-            attend_new=keep.clamp(max=available),
-            advance=keep,
-            absorb_old_pad=False,
-            altered=accepted + 1 < longest,
-        )
+        return _trim_to_longest(accepted, available, positions_follow_cache=True)
 
 
 class ColumnPositions(Fault):
@@ -136,15 +128,7 @@ class StaleKV(Fault):
     summary = "the cache is trimmed once for the batch, so rejected drafts' KV stays attendable"
 
     def plan(self, accepted: torch.Tensor, available: int, left_pad: torch.Tensor) -> SlotPlan:
-        longest = accepted.max() + 1
-        keep = torch.full_like(accepted, int(longest))
-        return SlotPlan(
-            keep_new=keep.clamp(max=available),
-            attend_new=keep.clamp(max=available),
-            advance=accepted + 1,  # positions stay right; only the cache is wrong
-            absorb_old_pad=False,
-            altered=accepted + 1 < longest,
-        )
+        return _trim_to_longest(accepted, available, positions_follow_cache=False)
 
 
 class ExtraAccept(Fault):
@@ -178,6 +162,24 @@ class MissingBonusKV(Fault):
 
     def draft_catch_up(self) -> bool:
         return False
+
+
+def _trim_to_longest(accepted: torch.Tensor, available: int, positions_follow_cache: bool) -> SlotPlan:
+    """One trim for the whole batch: every row keeps the longest row's accepted + 1 new slots.
+
+    Rows that accepted less keep (and attend) their rejected drafts' KV. With
+    `positions_follow_cache` their positions advance by the same amount (uniform advance);
+    otherwise positions stay per-row correct and only the cache is wrong (stale KV).
+    """
+    longest = int(accepted.max()) + 1
+    keep = torch.full_like(accepted, longest)
+    return SlotPlan(
+        keep_new=keep.clamp(max=available),
+        attend_new=keep.clamp(max=available),
+        advance=keep if positions_follow_cache else accepted + 1,
+        absorb_old_pad=False,
+        altered=accepted + 1 < longest,
+    )
 
 
 FAULTS: dict[str, type[Fault]] = {
