@@ -11,8 +11,8 @@ detail tabs inspect one slot at a time, and the outputs tab shows the other besi
 from __future__ import annotations
 
 import functools
-import os
 import tempfile
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,8 +50,10 @@ TRACES = ROOT / "traces"
 MAX_UPLOAD_BYTES = 32 * 1024 * 1024  # bundled traces are KBs; a 480x128 run is a few MB gzipped
 QUEUE_SIZE = 16
 PLAY_SECONDS = 0.8
-DEFAULT_A = "default-eqspec.json.gz"
-DEFAULT_B = "default-eqspec-stale-kv.json.gz"
+# Opening pair, first bundled one wins: A is the run under investigation (the page opens on its
+# first red cell), B the same prompts decoded correctly. Real text turning into garbage first.
+DEFAULT_A = ("gemma-eqspec-uniform-advance.json.gz", "default-eqspec-stale-kv.json.gz")
+DEFAULT_B = ("gemma-eqspec.json.gz", "default-eqspec.json.gz")
 NO_ROW = -1
 
 # Live runs share this machine's CPU with everyone: bounds that keep one run to about a minute.
@@ -67,10 +69,9 @@ CSS = (
 
 INTRO = """
 # specviz: where does batch speculative decoding go wrong?
-Load a run into slot **A** and **B** (a bundled example, your own trace file, or a live run), then look at the
-**ragged grid**: one row per batch row, one cell per token slot, the fed position ID in each cell.
-A **red outline** marks a slot whose fed state differs from what a correct engine feeds; the
-**dark red cell** is where desynchronisation begins. The other tabs show when and how far it spread.
+Load runs into slots **A** and **B** (bundled example, your trace file, or a live run). The **ragged grid** draws one
+line per batch row and one cell per token slot, with the fed position ID in each cell. **Red outline**: the fed state
+differs from what a correct engine feeds. **Dark red cell**: where desynchronisation begins.
 """
 
 
@@ -85,6 +86,11 @@ def bundled_traces() -> list[str]:
 def _analysed_bundle(name: str, mtime: float) -> LoadedRun:
     """Bundled traces are shared by every session; analyse each once (mtime busts the cache)."""
     return analyse(load_trace(TRACES / name), name)
+
+
+def first_bundled(candidates: tuple[str, ...]) -> str | None:
+    names = bundled_traces()
+    return next((name for name in candidates if name in names), None)
 
 
 def load_bundled(name: str | None) -> LoadedRun:
@@ -133,10 +139,10 @@ class LiveRequest:
     def prompts(self) -> list[str]:
         from specviz.data import load_specbench
 
-        own = [line.strip() for line in (self.prompts_text or "").splitlines() if line.strip()]
-        if own:
-            return own[: LIVE_LIMITS["num_prompts"][1]]
-        return load_specbench("heldout")[: self.num_prompts]
+        return self.own_prompts() or load_specbench("heldout")[: self.num_prompts]
+
+    def own_prompts(self) -> list[str]:
+        return [line.strip() for line in (self.prompts_text or "").splitlines() if line.strip()]
 
     def validate(self) -> None:
         for name, (low, high) in LIVE_LIMITS.items():
@@ -145,6 +151,9 @@ class LiveRequest:
                 raise SpecvizError(f"{name.replace('_', ' ')} must be between {low} and {high}, got {value}")
         if not (self.target or "").strip():
             raise SpecvizError("target model path is empty")
+        most = LIVE_LIMITS["num_prompts"][1]
+        if len(self.own_prompts()) > most:
+            raise SpecvizError(f"{len(self.own_prompts())} prompts given; a live run takes at most {most}")
 
 
 def live_run(request: LiveRequest, progress: gr.Progress) -> LoadedRun:
@@ -174,6 +183,11 @@ def live_run(request: LiveRequest, progress: gr.Progress) -> LoadedRun:
     return analyse(trace, "live run")
 
 
+def _whole(value: float | int) -> int | float:
+    """Sliders send floats; a whole float is the int the user meant, anything else stays to be refused."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 def save_for_download(loaded: LoadedRun) -> str:
     name = loaded.trace.header.method + (f"-{loaded.trace.header.fault}" if loaded.trace.header.fault else "")
     folder = Path(tempfile.mkdtemp(prefix="specviz-"))
@@ -191,7 +205,8 @@ def user_errors(fn: Any) -> Any:
             raise
         except (SpecvizError, TraceError, ValueError) as exc:
             raise gr.Error(str(exc), print_exception=False) from None
-        except Exception as exc:  # noqa: BLE001 - never a traceback in the UI; the log keeps it
+        except Exception as exc:  # never a traceback in the UI; the server log keeps it
+            traceback.print_exc()
             raise gr.Error(f"unexpected error: {type(exc).__name__}: {exc}") from None
 
     return wrapper
@@ -332,14 +347,19 @@ def _live_controls(label: str) -> tuple[list[Any], Any, Any]:
     return [method, fault, batch, k, max_new, num, prompts, target, draft], button, download
 
 
-def _slot(label: str, default: str | None) -> Slot:
+def _slot(label: str, defaults: tuple[str, ...]) -> Slot:
     with gr.Column(variant="panel"):
-        gr.Markdown(f"## Run {label}")
-        choices = bundled_traces()
-        bundled = gr.Dropdown(
-            choices, value=default if default in choices else None, label="bundled example trace", interactive=True
-        )
-        upload = gr.File(label="or upload a trace (.json / .json.gz)", file_types=[".json", ".gz"], type="filepath")
+        with gr.Row(equal_height=True):
+            bundled = gr.Dropdown(
+                bundled_traces(),
+                value=first_bundled(defaults),
+                label=f"run {label}: bundled example trace",
+                interactive=True,
+                scale=3,
+            )
+            upload = gr.UploadButton(
+                "or upload a trace", file_types=[".json", ".gz"], type="filepath", size="sm", scale=1
+            )
         live_inputs, button, download = _live_controls(label)
         summary = gr.Markdown(slot_summary(None, label), elem_classes=["sv-summary"])
     return Slot(label, gr.State(None), bundled, upload, live_inputs, button, download, summary)
@@ -351,10 +371,12 @@ def build_app() -> gr.Blocks:
         with gr.Row(equal_height=False):
             slot_a = _slot("A", DEFAULT_A)
             slot_b = _slot("B", DEFAULT_B)
-        with gr.Accordion("A vs B", open=True):
-            compare = gr.Dataframe(label="A vs B (throughput is per run; compare speed within one run only)")
-        inspect = gr.Radio(["A", "B"], value="A", label="inspect run", interactive=True)
+        inspect = gr.Radio(
+            [("inspect run A", "A"), ("inspect run B", "B")], value="A", container=False, interactive=True
+        )
         ui = _detail_tabs()
+        with gr.Accordion("A vs B, metric by metric", open=False):
+            compare = gr.Dataframe(label="A vs B (throughput is per run; compare speed within one run only)")
         _wire(demo, slot_a, slot_b, inspect, compare, ui)
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=4)
     return demo
@@ -418,9 +440,9 @@ def _detail_tabs() -> DetailUI:
             with gr.Row():
                 prev = gr.Button("◀ previous step", size="sm")
                 nxt = gr.Button("next step ▶", size="sm")
-                play = gr.Button("▶ play", size="sm")
-                pause = gr.Button("⏸ pause", size="sm")
-                first = gr.Button("⏮ jump to first violation", size="sm", variant="primary", elem_id="sv-first")
+                play = gr.Button("play ▶", size="sm")
+                pause = gr.Button("pause", size="sm")
+                first = gr.Button("jump to first violation", size="sm", variant="primary", elem_id="sv-first")
             timer = gr.Timer(PLAY_SECONDS, active=False)
             grid = gr.Plot(label="ragged grid", elem_id="sv-grid")
             with gr.Row():
@@ -478,8 +500,8 @@ def _wire(demo: gr.Blocks, slot_a: Slot, slot_b: Slot, inspect: Any, compare: An
     grid_inputs = [inspect, *states, ui.step, ui.row, ui.window]
     grid_outputs = [ui.row, ui.grid, ui.step_text, ui.row_text]
     ui.step.change(on_grid, grid_inputs, grid_outputs, api_name="grid", trigger_mode="always_last")
-    ui.row.input(on_grid, grid_inputs, grid_outputs, api_name=False)
-    ui.window.release(on_grid, grid_inputs, grid_outputs, api_name=False)
+    ui.row.input(on_grid, grid_inputs, grid_outputs, api_visibility="private")
+    ui.window.release(on_grid, grid_inputs, grid_outputs, api_visibility="private")
     _wire_navigation(inspect, states, ui)
 
     def on_page(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, page: int, only: bool) -> str:
@@ -487,17 +509,22 @@ def _wire(demo: gr.Blocks, slot_a: Slot, slot_b: Slot, inspect: Any, compare: An
         return render_outputs(loaded, other, label, page, only)
 
     page_inputs = [inspect, *states, ui.page, ui.only_diverged]
-    ui.page.change(on_page, page_inputs, ui.outputs, api_name=False)
-    ui.only_diverged.change(on_page, page_inputs, ui.outputs, api_name=False)
-    demo.load(_preload, [ui.window, ui.only_diverged], [*states, slot_a.summary, slot_b.summary, compare, *details])
+    ui.page.change(on_page, page_inputs, ui.outputs, api_visibility="private")
+    ui.only_diverged.change(on_page, page_inputs, ui.outputs, api_visibility="private")
+    demo.load(
+        _preload,
+        [ui.window, ui.only_diverged],
+        [*states, slot_a.summary, slot_b.summary, compare, *details],
+        api_visibility="private",
+    )
 
 
 def _preload(window: int, only: bool) -> list[Any]:
     """Open on the default pair of examples, inspecting A; a missing bundle leaves the slot empty."""
     loaded = {}
-    for label, name in (("A", DEFAULT_A), ("B", DEFAULT_B)):
+    for label, defaults in (("A", DEFAULT_A), ("B", DEFAULT_B)):
         try:
-            loaded[label] = load_bundled(name)
+            loaded[label] = load_bundled(first_bundled(defaults))
         except (SpecvizError, TraceError):
             loaded[label] = None
     run_a, run_b = loaded["A"], loaded["B"]
@@ -535,10 +562,23 @@ def _wire_slot(slot: Slot, other: Slot, inspect: Any, compare: Any, ui: DetailUI
         return finish(load_upload(path), other_run, window, only)
 
     @user_errors
-    def from_live(*values: Any, progress: gr.Progress = gr.Progress()) -> list[Any]:  # noqa: B008 - Gradio's API
-        *fields, other_run, window, only = values
-        request = LiveRequest(*[int(v) if isinstance(v, float) and v.is_integer() else v for v in fields])
-        loaded = live_run(request, progress)
+    def from_live(
+        method: str,
+        fault: str,
+        batch_size: float,
+        draft_k: float,
+        max_new_tokens: float,
+        num_prompts: float,
+        prompts: str,
+        target: str,
+        draft: str,
+        other_run: LoadedRun | None,
+        window: int,
+        only: bool,
+        progress: gr.Progress = gr.Progress(),  # noqa: B008 - how Gradio injects progress
+    ) -> list[Any]:
+        sizes = [_whole(v) for v in (batch_size, draft_k, max_new_tokens, num_prompts)]
+        loaded = live_run(LiveRequest(method, fault, *sizes, prompts, target, draft), progress)
         return [*finish(loaded, other_run, window, only), save_for_download(loaded)]
 
     common = [other.state, ui.window, ui.only_diverged]
@@ -564,8 +604,8 @@ def _wire_navigation(inspect: Any, states: list[Any], ui: DetailUI) -> None:
         return move
 
     nav_inputs = [inspect, *states, ui.step]
-    ui.prev.click(step_by(-1), nav_inputs, ui.step, api_name=False)
-    ui.next.click(step_by(1), nav_inputs, ui.step, api_name=False)
+    ui.prev.click(step_by(-1), nav_inputs, ui.step, api_visibility="private")
+    ui.next.click(step_by(1), nav_inputs, ui.step, api_visibility="private")
 
     def tick(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, step: int) -> list[Any]:
         loaded = _pick(label, run_a, run_b)[0]
@@ -574,9 +614,9 @@ def _wire_navigation(inspect: Any, states: list[Any], ui: DetailUI) -> None:
             return [gr.update(), gr.Timer(active=False)]
         return [int(step) + 1, gr.update()]
 
-    ui.play.click(lambda: gr.Timer(active=True), None, ui.timer, api_name=False)
-    ui.pause.click(lambda: gr.Timer(active=False), None, ui.timer, api_name=False)
-    ui.timer.tick(tick, nav_inputs, [ui.step, ui.timer], api_name=False)
+    ui.play.click(lambda: gr.Timer(active=True), None, ui.timer, api_visibility="private")
+    ui.pause.click(lambda: gr.Timer(active=False), None, ui.timer, api_visibility="private")
+    ui.timer.tick(tick, nav_inputs, [ui.step, ui.timer], api_visibility="private")
 
     def jump(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, window: int, index: int | None) -> list:
         loaded = _pick(label, run_a, run_b)[0]
@@ -589,7 +629,7 @@ def _wire_navigation(inspect: Any, states: list[Any], ui: DetailUI) -> None:
 
     jump_outputs = [ui.step, ui.row, ui.grid, ui.step_text, ui.row_text, ui.tabs]
     ui.first.click(
-        lambda label, a, b, w: jump(label, a, b, w, 0),
+        lambda label, run_a, run_b, window: jump(label, run_a, run_b, window, 0),
         [inspect, *states, ui.window],
         jump_outputs,
         api_name="jump_first_violation",
@@ -599,7 +639,7 @@ def _wire_navigation(inspect: Any, states: list[Any], ui: DetailUI) -> None:
         index = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
         return jump(label, run_a, run_b, window, int(index))
 
-    ui.violations.select(select_violation, [inspect, *states, ui.window], jump_outputs, api_name=False)
+    ui.violations.select(select_violation, [inspect, *states, ui.window], jump_outputs, api_visibility="private")
 
 
 # ----------------------------------------------------------------------------- entry point
@@ -611,7 +651,7 @@ def launch(demo: gr.Blocks, **kwargs: Any) -> Any:
 
 
 def main() -> None:
-    launch(build_app(), show_error=os.environ.get("SPECVIZ_DEBUG") == "1")
+    launch(build_app())
 
 
 if __name__ == "__main__":

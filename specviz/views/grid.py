@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import plotly.graph_objects as go
 
 from specviz.analysis.report import Report, Violation
-from specviz.trace.schema import RowRecord, StepRecord, Trace
+from specviz.trace.schema import RowRecord, SequenceRecord, StepRecord, Trace
 from specviz.views.palette import (
     FIRST_FLAG_COLOR,
     FLAG_COLOR,
@@ -42,7 +42,6 @@ from specviz.views.tokens import token_label
 
 DEFAULT_WINDOW = 40  # cache slots shown; the query and bonus columns are always shown
 MAX_TEXT_COLUMNS = 90  # beyond this many columns the position text is unreadable: hover only
-MAX_OUTLINES = 600  # outline shapes are cheap, but thousands make plotly sluggish
 
 # Violation fields whose evidence sits in the cache slots, the query slots, or the output.
 CACHE_FIELDS = ("mask_rle", "kv_len", "left_pad")
@@ -287,7 +286,7 @@ def build_row(
     return GridRow(row.row, row.seq_id, row.committed_before, row.accepted, cells, violations, notes, row)
 
 
-def _sequence(trace: Trace, seq_id: int):  # noqa: ANN202 - SequenceRecord | None
+def _sequence(trace: Trace, seq_id: int) -> SequenceRecord | None:
     for seq in trace.sequences:
         if seq.seq_id == seq_id:
             return seq
@@ -408,7 +407,7 @@ def grid_figure(
         )
     )
     _add_legend(fig, grid)
-    _add_outlines(fig, outlines[:MAX_OUTLINES], FLAG_COLOR, 2)
+    _add_outlines(fig, outlines, FLAG_COLOR, 2)
     _mark_first_violation(fig, grid, columns)
     _mark_selected_row(fig, grid, selected_row, len(columns))
     _add_column_headers(fig, grid, start, len(columns))
@@ -416,7 +415,7 @@ def grid_figure(
     fig.update_layout(
         title={"text": title or _default_title(grid, start), "x": 0, "font": {"size": 14}},
         height=height,
-        margin={"l": 10, "r": 10, "t": 90, "b": 40},
+        margin={"l": 10, "r": 100 if grid.first_violation else 10, "t": 90, "b": 40},
         plot_bgcolor="white",
         legend={"orientation": "h", "y": -0.02, "yanchor": "top", "x": 0, "font": {"size": 11}},
         hoverlabel={"align": "left"},
@@ -489,16 +488,26 @@ def _add_legend(fig: go.Figure, grid: StepGrid) -> None:
 
 
 def _add_outlines(fig: go.Figure, cells: list[tuple[int, int]], color: str, width: int) -> None:
+    """All outlines as one line trace of None-separated squares: one shape per cell costs seconds."""
+    if not cells:
+        return
+    xs: list[float | None] = []
+    ys: list[float | None] = []
+    h = 0.46  # a little inside the cell, so neighbouring outlines stay distinct
     for y, x in cells:
-        fig.add_shape(
-            type="rect",
-            x0=x - 0.5,
-            x1=x + 0.5,
-            y0=y - 0.5,
-            y1=y + 0.5,
+        xs += [x - h, x + h, x + h, x - h, x - h, None]
+        ys += [y - h, y - h, y + h, y + h, y - h, None]
+    fig.add_trace(
+        go.Scatter(
+            x=xs,
+            y=ys,
+            mode="lines",
             line={"color": color, "width": width},
-            fillcolor="rgba(0,0,0,0)",
+            hoverinfo="skip",
+            showlegend=False,
+            name="differs from expected",
         )
+    )
 
 
 def _mark_first_violation(fig: go.Figure, grid: StepGrid, columns: list[int]) -> None:
@@ -516,15 +525,20 @@ def _mark_first_violation(fig: go.Figure, grid: StepGrid, columns: list[int]) ->
         line={"color": FIRST_FLAG_COLOR, "width": 4},
         fillcolor="rgba(220,38,38,0.35)",
     )
+    # The label sits in the right margin, level with its row, so it hides no cell of the window.
     fig.add_annotation(
         x=x,
         y=y,
-        text="<b>desync begins here</b>",
+        ax=len(columns) + 0.2,
+        ay=y,
+        axref="x",
+        ayref="y",
+        xanchor="left",
+        text="<b>desync<br>begins here</b>",
         showarrow=True,
         arrowhead=2,
+        arrowwidth=1.5,
         arrowcolor=FIRST_FLAG_COLOR,
-        ax=-60 if x > 6 else 60,
-        ay=-28 if y > 0 else 28,
         font={"color": "white", "size": 11},
         bgcolor=FIRST_FLAG_COLOR,
     )

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from specviz.analysis.report import Report, SequenceVerdict
 from specviz.trace.schema import SequenceRecord, Trace
-from specviz.views.palette import VERDICT_STYLES
+from specviz.views.palette import verdict_badge
 from specviz.views.tokens import token_label, token_texts
 
 PER_PAGE = 8
@@ -38,6 +38,7 @@ OUTPUTS_CSS = """
 .sv-badge { display: inline-block; padding: 0 8px; border-radius: 10px; font-size: 12px; font-weight: 700; }
 .sv-ids { font-family: ui-monospace, monospace; font-size: 11px; color: #64748b; word-break: break-all; }
 .sv-ids b { color: #dc2626; }
+.sv-plain { white-space: pre-wrap; margin-bottom: 4px; }
 """
 
 
@@ -62,11 +63,6 @@ def ordered_sequence_ids(report: Report, only_diverged: bool = False) -> list[in
 
 def page_count(report: Report, per_page: int = PER_PAGE, only_diverged: bool = False) -> int:
     return max(1, math.ceil(len(ordered_sequence_ids(report, only_diverged)) / per_page))
-
-
-def _badge(verdict: str) -> str:
-    background, color = VERDICT_STYLES.get(verdict, ("#f1f5f9", "#334155"))
-    return f"<span class='sv-badge' style='background:{background};color:{color}'>{html.escape(verdict)}</span>"
 
 
 def _tokens_html(tokens: list[int], texts: dict[int, str], divergence: int | None, role: str) -> str:
@@ -95,9 +91,13 @@ def _ids_html(tokens: list[int], divergence: int | None) -> str:
     )
 
 
-def _column(title: str, tokens: list[int], texts: dict[int, str], divergence: int | None, role: str) -> str:
+def _column(
+    title: str, tokens: list[int], texts: dict[int, str], divergence: int | None, role: str, plain: str = ""
+) -> str:
+    """`plain`: the recorded text, shown when the trace carries no per-token text."""
+    text = f"<div class='sv-plain'>{html.escape(plain)}</div>" if plain and not texts else ""
     return (
-        f"<div class='sv-col' data-role='{role}'><div class='sv-col-title'>{title}</div>"
+        f"<div class='sv-col' data-role='{role}'><div class='sv-col-title'>{title}</div>{text}"
         f"<div class='sv-toks'>{_tokens_html(tokens, texts, divergence, role)}</div>"
         f"{_ids_html(tokens, divergence)}</div>"
     )
@@ -106,7 +106,7 @@ def _column(title: str, tokens: list[int], texts: dict[int, str], divergence: in
 def _verdict_line(verdict: SequenceVerdict | None) -> str:
     if verdict is None:
         return ""
-    parts = [_badge(verdict.verdict)]
+    parts = [verdict_badge(verdict.verdict)]
     if verdict.first_divergence is not None:
         parts.append(f"first divergent token #{verdict.first_divergence}")
         if verdict.divergence_step is not None:
@@ -138,11 +138,13 @@ def _sequence_card(seq: SequenceRecord, runs: list[RunOutputs]) -> str:
             continue
         title = f"run {html.escape(run.label)}: {html.escape(_run_name(run.trace))}"
         if run is not base and verdict is not None:
-            title += " " + _badge(verdict.verdict)
+            title += " " + verdict_badge(verdict.verdict)
         divergence = verdict.first_divergence if verdict else None
-        columns.append(_column(title, other_seq.output_ids, token_texts(run.trace) or texts, divergence, "output"))
+        run_texts = token_texts(run.trace) or texts
+        columns.append(_column(title, other_seq.output_ids, run_texts, divergence, "output", other_seq.output_text))
     return (
-        f"<div class='sv-seq' data-seq='{seq.seq_id}'><div class='sv-head'>{head}</div>"
+        f"<div class='sv-seq' data-seq='{seq.seq_id}' data-verdict='{first.verdict if first else ''}'>"
+        f"<div class='sv-head'>{head}</div>"
         f"<div class='sv-prompt'>prompt: {html.escape(prompt)}</div>"
         f"<div class='sv-cols'>{''.join(columns)}</div></div>"
     )

@@ -51,23 +51,23 @@ FLAG_COLOR = "#dc2626"
 FIRST_FLAG_COLOR = "#7f1d1d"
 OK_COLOR = "#16a34a"
 
-VERDICT_BADGES: dict[str, str] = {
-    "clean": "🟢 CLEAN",
-    "numerical": "🟡 NUMERICAL",
-    "unexplained": "🟠 UNEXPLAINED",
-    "desync": "🔴 DESYNC",
-    "exact": "🟢 exact",
-    "no-reference": "⚪ no reference",
-}
-
-# Sequence verdict -> (background, text) for the HTML badges of the outputs view.
-VERDICT_STYLES: dict[str, tuple[str, str]] = {
+# Verdict -> (background, text) colours; badges are HTML so they need no emoji font.
+VERDICT_COLORS: dict[str, tuple[str, str]] = {
+    "clean": ("#dcfce7", "#166534"),
     "exact": ("#dcfce7", "#166534"),
-    "desync": ("#fee2e2", "#991b1b"),
     "numerical": ("#fef9c3", "#854d0e"),
     "unexplained": ("#ffedd5", "#9a3412"),
+    "desync": ("#fee2e2", "#991b1b"),
     "no-reference": ("#f1f5f9", "#334155"),
 }
+
+
+def verdict_badge(verdict: str) -> str:
+    background, color = VERDICT_COLORS.get(verdict, ("#f1f5f9", "#334155"))
+    return (
+        f"<span class='sv-badge' style='background:{background};color:{color};padding:1px 8px;"
+        f"border-radius:10px;font-weight:700'>{verdict.upper()}</span>"
+    )
 
 
 def kind_code(kind: str) -> int:

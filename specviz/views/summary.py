@@ -7,7 +7,7 @@ import pandas as pd
 from specviz.analysis.metrics import acceptance, summary
 from specviz.analysis.report import Report
 from specviz.trace.schema import Trace
-from specviz.views.palette import VERDICT_BADGES
+from specviz.views.palette import verdict_badge
 
 VERDICT_MEANING = {
     "clean": "every invariant holds and every output equals the target's greedy reference",
@@ -49,21 +49,22 @@ def summary_markdown(trace: Trace, report: Report, label: str = "") -> str:
     info = summary(trace)
     total, _ = acceptance(trace)
     prefix = f"Run {label}: " if label else ""
-    lines = [f"### {prefix}{run_title(trace)} · {VERDICT_BADGES.get(report.verdict, report.verdict)}"]
-    lines.append(f"*{VERDICT_MEANING.get(report.verdict, '')}*")
+    lines = [f"### {prefix}{run_title(trace)} · {verdict_badge(report.verdict)}"]
     if not h.complete:
         lines.append("⚠️ **Incomplete run**: it was interrupted; steps and outputs hold only what finished.")
     draft = f", draft {h.draft.name}" if h.draft else ""
+    # One paragraph with a hard line break: the header should stay short above the fold.
     lines.append(
+        f"*{VERDICT_MEANING.get(report.verdict, '')}*  \n"
         f"target {h.target.name} ({h.target.dtype}, {h.target.device}){draft} · k={h.draft_k} · batch {h.batch_size}"
         f" · {len(trace.sequences)} prompts × {h.max_new_tokens} new tokens · {len(trace.steps)} steps"
     )
     speed = info["tokens_per_second"]
     lines.append(
-        "| exact match | acceptance rate | mean acceptance length | throughput | violations |\n"
+        "| exact match | acceptance rate | mean acceptance length | tokens/s | violations |\n"
         "|---|---|---|---|---|\n"
         f"| {_exact(report)} | {_rate(total.rate)} | {_rate(total.mean_length)} | "
-        f"{f'{speed:.0f} tok/s' if speed else 'n/a'} | {report.violation_count} |"
+        f"{f'{speed:.0f}' if speed else 'n/a'} | {report.violation_count} |"
     )
     sentence = desync_sentence(report)
     if sentence:

@@ -1,0 +1,173 @@
+"""The Gradio app through its public API (gradio_client), launched in-process: bundled traces,
+uploads and live runs load with the right verdict and figures; bad input is a clear error that
+leaves the loaded runs in place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gradio_client import Client, handle_file
+from gradio_client.exceptions import AppError
+from tiny import make_pair
+
+import app
+from specviz.engine.run import RunConfig, run
+from specviz.trace.io import save_trace
+from specviz.views.tokens import attach_token_text
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Outputs of a load event, in app order: summary, inspected slot, A/B table, then the details.
+SUMMARY, INSPECT, COMPARE, STEP, ROW, GRID, STEP_TEXT, ROW_TEXT, TIMELINE, VIOLATIONS = range(10)
+OUTPUTS_HTML = 17
+
+
+@pytest.fixture(scope="module")
+def client() -> Any:
+    demo = app.build_app()
+    _, url, _ = app.launch(demo, prevent_thread_lock=True, server_name="127.0.0.1", quiet=True)
+    try:
+        yield Client(url, verbose=False)
+    finally:
+        demo.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pair = make_pair("llama")
+    trace = run(pair, ["hello", "a longer prompt", "xy"], RunConfig(batch_size=2, draft_k=3, max_new_tokens=8))
+    attach_token_text(trace, pair.tokenizer)
+    return save_trace(trace, tmp_path_factory.mktemp("upload") / "tiny-eqspec.json.gz")
+
+
+def plot_json(value: dict[str, Any]) -> dict[str, Any]:
+    assert value["type"] == "plotly"
+    return json.loads(value["plot"])
+
+
+def bundled(kind: str) -> str:
+    names = app.bundled_traces()
+    faulty = [n for n in names if n.startswith("default-") and n.count("-") > 1]
+    correct = [n for n in names if n == "default-eqspec.json.gz"]
+    chosen = faulty if kind == "faulty" else correct
+    if not chosen:
+        pytest.skip(f"no {kind} default-pair trace in traces/ (run tools/make_traces.py)")
+    return chosen[0]
+
+
+def test_load_bundled_faulty_trace(client: Any) -> None:
+    out = client.predict(bundled("faulty"), api_name="/load_bundled_a")
+    assert "DESYNC" in out[SUMMARY] and "Desync begins at step" in out[SUMMARY]
+    assert out[INSPECT] == "A"
+    grid = plot_json(out[GRID])
+    assert grid["data"][0]["type"] == "heatmap"
+    assert "desync" in json.dumps(grid["layout"]["annotations"])  # the first violation is marked
+    assert out[VIOLATIONS]["data"], "violations table is empty"
+    first = out[VIOLATIONS]["data"][0]
+    assert out[STEP]["value"] == first[0]  # opens on the first violation's step (step == index here)
+    assert plot_json(out[TIMELINE])["data"]
+    assert "data-divergent='true'" in out[OUTPUTS_HTML]
+
+
+def test_load_bundled_correct_trace_and_jump(client: Any) -> None:
+    out = client.predict(bundled("correct"), api_name="/load_bundled_b")
+    assert "CLEAN" in out[SUMMARY] and out[INSPECT] == "B"
+    assert "all rows as expected" in plot_json(out[GRID])["layout"]["title"]["text"]
+    faulty = client.predict(bundled("faulty"), api_name="/load_bundled_a")
+    jumped = client.predict("A", api_name="/jump_first_violation")
+    assert jumped[0] == faulty[STEP]["value"]
+    assert "desync" in json.dumps(plot_json(jumped[2])["layout"]["annotations"])
+
+
+def test_upload_then_malformed_upload_keeps_the_run(client: Any, tiny_trace: Path, tmp_path: Path) -> None:
+    out = client.predict(handle_file(str(tiny_trace)), api_name="/load_upload_b")
+    assert "CLEAN" in out[SUMMARY] and "upload tiny-eqspec.json.gz" in out[SUMMARY]
+    steps = out[STEP]["maximum"]
+    bad = tmp_path / "broken.json"
+    bad.write_text('{"format": "specviz-trace", "header": 3}')
+    with pytest.raises(AppError) as error:
+        client.predict(handle_file(str(bad)), api_name="/load_upload_b")
+    assert "broken.json" in str(error.value) and "Traceback" not in str(error.value)
+    garbage = tmp_path / "garbage.json.gz"
+    garbage.write_bytes(b"\x1f\x8bnot gzip at all")
+    with pytest.raises(AppError, match="gzip"):
+        client.predict(handle_file(str(garbage)), api_name="/load_upload_b")
+    # Slot B still holds the good upload, and the app answers.
+    again = client.predict("B", api_name="/inspect")
+    assert again[0]["maximum"] == steps
+
+
+def test_bundled_name_must_be_from_the_list(client: Any) -> None:
+    with pytest.raises(AppError, match="not in the list of choices|not a bundled trace"):
+        client.predict("../pyproject.toml", api_name="/load_bundled_a")
+
+
+LIVE = {
+    "method": "eqspec",
+    "fault": "none",
+    "batch_size": 4,
+    "draft_k": 3,
+    "max_new_tokens": 8,
+    "num_prompts": 4,
+    "prompts": "hello world\na\nthe quick brown fox\nxyz",
+    "target": "tiny",
+    "draft": "tiny",
+}
+
+
+def test_live_run_correct_and_faulty(client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    pair = make_pair("llama")
+    monkeypatch.setattr(app, "load_model_pair", lambda target, draft, with_draft: pair)
+    out = client.predict(*LIVE.values(), api_name="/live_run_a")
+    assert "CLEAN" in out[SUMMARY] and "live run" in out[SUMMARY]
+    assert Path(out[-1]).name.startswith("live-eqspec") and Path(out[-1]).stat().st_size > 0
+    faulty = client.predict(*{**LIVE, "fault": "stale-kv"}.values(), api_name="/live_run_a")
+    assert "DESYNC" in faulty[SUMMARY]
+    assert plot_json(faulty[TIMELINE])["data"]
+
+
+def test_live_run_bad_input_is_a_clear_error(client: Any) -> None:
+    with pytest.raises(AppError, match="no such model directory"):
+        client.predict(*{**LIVE, "target": "/nonexistent/model"}.values(), api_name="/live_run_a")
+    with pytest.raises(AppError, match="greater than maximum|batch size must be between"):
+        client.predict(*{**LIVE, "batch_size": 1000}.values(), api_name="/live_run_a")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_python_app_py_serves_on_the_configured_port() -> None:
+    port = _free_port()
+    env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port)}
+    env["GRADIO_ANALYTICS_ENABLED"] = "False"
+    proc = subprocess.Popen(
+        [sys.executable, "app.py"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as response:
+                    assert response.status == 200 and b"specviz" in response.read()
+                    return
+            except OSError:
+                if proc.poll() is not None:
+                    pytest.fail(f"app.py exited: {proc.stderr.read().decode()[-2000:]}")
+                time.sleep(0.5)
+        pytest.fail("app.py did not answer within 90 s")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)

@@ -1,0 +1,393 @@
+"""The views reconstruct what the engine fed, flag what differs from a correct engine, and stay
+fast on large traces. Traces come from real runs of the tiny model pair (tests/tiny.py) and from
+a synthetic, correct-by-construction 480-prompt trace.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import re
+import time
+
+import numpy as np
+import pytest
+from tiny import make_pair
+
+from specviz.analysis.check import check_trace
+from specviz.analysis.metrics import acceptance
+from specviz.engine.run import RunConfig, run
+from specviz.trace.schema import Header, ModelInfo, RowRecord, SequenceRecord, StepRecord, Trace
+from specviz.views import (
+    RunOutputs,
+    acceptance_figure,
+    acceptance_heatmap,
+    analyse,
+    compare_table,
+    drift_heatmap,
+    grid_figure,
+    kv_heatmap,
+    outputs_html,
+    sequence_table,
+    step_grid,
+    summary_markdown,
+    timeline_figure,
+    violations_table,
+)
+from specviz.views.grid import expand_mask, fed_history, row_details_markdown, window_start
+from specviz.views.heatmaps import bin_matrix
+from specviz.views.outputs import ordered_sequence_ids, page_count
+from specviz.views.palette import FIRST_FLAG_COLOR
+from specviz.views.tokens import TOKEN_TEXT_KEY, attach_token_text, token_label, token_texts
+
+# Mixed prompt lengths make the batch ragged from the first step.
+PROMPTS = ["hello world", "a", "the quick brown fox jumps over", "xyz", "speculative decoding", "ab cd ef"]
+K = 3
+
+
+@pytest.fixture(scope="module")
+def traces() -> dict[str, Trace]:
+    pair = make_pair("llama")
+    common = {"batch_size": 4, "draft_k": K, "max_new_tokens": 12}
+    out = {
+        "eqspec": run(pair, PROMPTS, RunConfig(method="eqspec", **common)),
+        "exspec": run(pair, PROMPTS, RunConfig(method="exspec", exspec_window=6, **common)),
+    }
+    for fault in ("column-positions", "stale-kv", "masked-holes", "extra-accept"):
+        out[fault] = run(pair, PROMPTS, RunConfig(method="eqspec", fault=fault, **common))
+    for trace in out.values():
+        attach_token_text(trace, pair.tokenizer)
+    return out
+
+
+def all_grids(trace: Trace):
+    report = check_trace(trace)
+    history = fed_history(trace)
+    return [step_grid(trace, si, report, history) for si in range(len(trace.steps))]
+
+
+# ----------------------------------------------------------------------------- ragged grid
+
+
+@pytest.mark.parametrize("name", ["eqspec", "exspec"])
+def test_correct_run_cells_match_accepted_counts(traces: dict[str, Trace], name: str) -> None:
+    trace = traces[name]
+    seqs = {s.seq_id: s for s in trace.sequences}
+    for grid in all_grids(trace):
+        for grid_row in grid.rows:
+            rec, cells = grid_row.record, grid_row.cells
+            n, cache = rec.committed_before, grid.cache_len
+            kinds = grid_row.kinds()
+            # Query: the pending token, then a accepted drafts, then k - a rejected ones.
+            assert kinds[cache : cache + grid.query_len] == ["pending"] + ["accepted"] * rec.accepted + ["rejected"] * (
+                K - rec.accepted
+            )
+            assert kinds[-1] == ("bonus" if rec.bonus is not None else "empty")
+            # Cache: left padding, then exactly the n - 1 committed tokens in order.
+            assert kinds[:cache] == ["padding"] * rec.left_pad + [
+                "prompt" if i < len(seqs[rec.seq_id].prompt_ids) else "committed" for i in range(n - 1)
+            ]
+            tokens = seqs[rec.seq_id].prompt_ids + seqs[rec.seq_id].output_ids
+            assert [c.token for c in cells[rec.left_pad : cache]] == tokens[: n - 1]
+            assert [c.fed_position for c in cells[cache:-1]] == list(range(n - 1, n - 1 + grid.query_len))
+            assert not grid_row.flagged, [c.reasons for c in cells if c.flagged]
+
+
+def test_first_violation_cell_is_flagged_in_every_faulty_run(traces: dict[str, Trace]) -> None:
+    expected_kind = {
+        "column-positions": {"pending", "accepted", "rejected"},  # a query slot at a wrong position
+        "stale-kv": {"extra"},  # an attended slot beyond the committed tokens
+        "masked-holes": {"hole"},  # a masked slot inside the row
+        "extra-accept": {"accepted"},  # a draft accepted although the target disagreed
+    }
+    for fault, kinds in expected_kind.items():
+        trace = traces[fault]
+        loaded = analyse(trace, fault)
+        first = loaded.report.first_violation
+        assert first is not None, fault
+        grid = step_grid(trace, loaded.start_step_index(), loaded.report, loaded.history)
+        assert grid.first_violation is not None, fault
+        row, col = grid.first_violation
+        assert row == first.row
+        cell = grid.row(row).cells[col]
+        assert cell.flagged and cell.kind in kinds, (fault, cell)
+        # No earlier step shows a flagged cell: the first red cell is where desync begins.
+        for si in range(first.step_index):
+            assert not any(r.flagged for r in step_grid(trace, si, loaded.report, loaded.history).rows), fault
+
+
+def test_column_positions_flag_exactly_the_wrong_query_positions(traces: dict[str, Trace]) -> None:
+    for grid in all_grids(traces["column-positions"]):
+        for grid_row in grid.rows:
+            n = grid_row.committed_before
+            fed = grid_row.record.position_ids
+            for j, cell in enumerate(grid_row.cells[grid.cache_len : -1]):
+                assert cell.expected_position == n - 1 + j
+                wrong = fed[j] != n - 1 + j
+                assert any("fed position" in r for r in cell.reasons) == wrong
+
+
+def test_masked_holes_are_drawn_where_the_mask_has_holes(traces: dict[str, Trace]) -> None:
+    seen = 0
+    for grid in all_grids(traces["masked-holes"]):
+        for grid_row in grid.rows:
+            mask = expand_mask(grid_row.record.mask_rle, grid.cache_len + grid.query_len)[: grid.cache_len]
+            first_real = mask.index(1) if 1 in mask else grid.cache_len
+            holes = [j for j in range(first_real, grid.cache_len) if mask[j] == 0]
+            assert [c.col for c in grid_row.cells if c.kind == "hole"] == holes
+            seen += len(holes)
+    assert seen > 0
+
+
+def test_stale_kv_extra_slots_count_matches_kv_error(traces: dict[str, Trace]) -> None:
+    for grid in all_grids(traces["stale-kv"]):
+        for grid_row in grid.rows:
+            surplus = max(0, grid_row.record.kv_len - (grid_row.committed_before - 1))
+            assert grid_row.kinds().count("extra") == surplus
+
+
+def test_grid_figure_windows_and_marks_first_violation(traces: dict[str, Trace]) -> None:
+    loaded = analyse(traces["column-positions"], "t")
+    grid = step_grid(loaded.trace, loaded.start_step_index(), loaded.report, loaded.history)
+    fig = grid_figure(grid, loaded.texts, window=8, selected_row=grid.first_violation[0])
+    heat = fig.data[0]
+    assert len(heat.z[0]) == 8 + grid.query_len + 1 == len(fig.layout.xaxis.ticktext)
+    assert any(s.line.color == FIRST_FLAG_COLOR and s.line.width == 4 for s in fig.layout.shapes)
+    assert any("desync" in (a.text or "") for a in fig.layout.annotations)
+    # The flagged row's label says so; the hover names the problem.
+    assert any("✗" in label for label in fig.layout.yaxis.ticktext)
+    assert any("expected" in h for row in heat.customdata for h in row)
+    # A focus column left of the window widens it.
+    assert window_start(grid, 8, focus_col=0) == 0
+    assert window_start(grid, 8) == max(0, grid.cache_len - 8)
+
+
+def test_row_details_compare_fed_and_expected(traces: dict[str, Trace]) -> None:
+    loaded = analyse(traces["column-positions"], "t")
+    first = loaded.report.first_violation
+    grid = step_grid(loaded.trace, first.step_index, loaded.report, loaded.history)
+    text = row_details_markdown(grid, first.row, loaded.texts)
+    assert "query positions" in text and "✗" in text
+
+
+# ----------------------------------------------------------------------------- outputs
+
+
+def test_outputs_highlight_the_first_divergent_token(traces: dict[str, Trace]) -> None:
+    trace = traces["extra-accept"]
+    report = check_trace(trace)
+    diverged = [s for s in report.sequences if s.first_divergence is not None]
+    assert diverged
+    html = outputs_html(RunOutputs("A", trace, report), per_page=len(trace.sequences))
+    for verdict in diverged:
+        card = re.search(
+            rf"<div class='sv-seq' data-seq='{verdict.seq_id}' data-verdict='(\w+)'>.*?(?=<div class='sv-seq'|$)",
+            html,
+            re.S,
+        )
+        assert card, verdict.seq_id
+        output_col = card.group(0).split("data-role='output'")[1]
+        marked = re.findall(r"data-index='(\d+)' data-divergent='true'", output_col)
+        assert marked == [str(verdict.first_divergence)]
+        reference_col = card.group(0).split("data-role='reference'")[1].split("data-role='output'")[0]
+        assert re.search(rf"sv-refdiv' data-index='{verdict.first_divergence}'", reference_col)
+        assert card.group(1) == verdict.verdict and verdict.verdict.upper() in card.group(0)
+
+
+def test_outputs_order_pages_and_comparison(traces: dict[str, Trace]) -> None:
+    faulty, correct = traces["stale-kv"], traces["eqspec"]
+    report = check_trace(faulty)
+    order = ordered_sequence_ids(report)
+    diverged = {s.seq_id for s in report.sequences if s.first_divergence is not None}
+    assert set(order[: len(diverged)]) == diverged  # divergent sequences come first
+    assert page_count(report, per_page=4) == -(-len(trace_ids(faulty)) // 4)
+    html = outputs_html(RunOutputs("A", faulty, report), RunOutputs("B", correct, check_trace(correct)), per_page=2)
+    assert html.count("class='sv-seq'") == 2
+    assert "run B: eqspec" in html  # same prompts: the correct run sits beside the faulty one
+
+
+def trace_ids(trace: Trace) -> list[int]:
+    return [s.seq_id for s in trace.sequences]
+
+
+# ----------------------------------------------------------------------------- whole-run views
+
+
+def test_heatmaps_show_errors_only_for_faulty_runs(traces: dict[str, Trace]) -> None:
+    for name in ("eqspec", "exspec"):
+        for fig in (kv_heatmap(traces[name]), drift_heatmap(traces[name])):
+            z = np.asarray(fig.data[0].z, dtype=float)
+            assert np.all(np.nan_to_num(z) == 0)
+    assert np.nanmax(np.asarray(kv_heatmap(traces["stale-kv"]).data[0].z, dtype=float)) > 0
+    assert np.nanmax(np.abs(np.asarray(drift_heatmap(traces["column-positions"]).data[0].z, dtype=float))) > 0
+
+
+def test_acceptance_heatmap_holds_accepted_counts(traces: dict[str, Trace]) -> None:
+    trace = traces["eqspec"]
+    z = np.asarray(acceptance_heatmap(trace).data[0].z, dtype=float)
+    for si, step in enumerate(trace.steps):
+        for row in step.rows:
+            assert z[row.seq_id, si] == row.accepted
+    assert np.isnan(z).any()  # sequences not in a step's batch stay blank
+
+
+def test_binning_caps_size_and_keeps_extremes(traces: dict[str, Trace]) -> None:
+    trace = traces["stale-kv"]
+    worst = max(r.kv_len - (r.committed_before - 1) for s in trace.steps for r in s.rows)
+    binned = bin_matrix(trace, lambda r: r.kv_len - (r.committed_before - 1), "extreme", max_sequences=2, max_steps=3)
+    assert binned.z.shape[0] <= 2 and binned.z.shape[1] <= 3 and binned.binned
+    assert np.nanmax(binned.z) == worst
+
+
+def test_acceptance_metrics_follow_the_definitions(traces: dict[str, Trace]) -> None:
+    trace = traces["eqspec"]
+    total, per_seq = acceptance(trace)
+    fig = acceptance_figure(trace)
+    assert list(fig.data[0].y) == pytest.approx(total.per_position)
+    assert list(fig.data[1].y) == total.histogram
+    table = sequence_table(trace, check_trace(trace))
+    for _, line in table.iterrows():
+        acc = per_seq[line["seq"]]
+        assert line["acceptance rate"] == pytest.approx(acc.rate, abs=1e-3)
+        assert line["verdict"] == "exact"
+
+
+def test_timeline_and_table_start_at_the_first_violation(traces: dict[str, Trace]) -> None:
+    trace = traces["masked-holes"]
+    report = check_trace(trace)
+    fig = timeline_figure(trace, report)
+    star = [d for d in fig.data if d.marker.symbol == "star"]
+    assert star and star[0].x[0] == report.first_violation.step
+    table = violations_table(report)
+    assert table.iloc[0]["step"] == report.first_violation.step and table.iloc[0]["row"] == report.first_violation.row
+    clean = timeline_figure(traces["eqspec"], check_trace(traces["eqspec"]))
+    assert not clean.data and "all invariants hold" in clean.layout.title.text
+
+
+def test_summary_says_where_desync_begins(traces: dict[str, Trace]) -> None:
+    trace = traces["stale-kv"]
+    report = check_trace(trace)
+    text = summary_markdown(trace, report, "A")
+    first = report.first_violation
+    assert "DESYNC" in text and f"Desync begins at step {first.step}, row {first.row}" in text
+    assert "Incomplete" not in text
+    trace.header.complete = False
+    try:
+        assert "Incomplete run" in summary_markdown(trace, report)
+    finally:
+        trace.header.complete = True
+    clean = summary_markdown(traces["eqspec"], check_trace(traces["eqspec"]))
+    assert "CLEAN" in clean and "Desync begins" not in clean
+    table = compare_table([("A", trace, report), ("B", traces["eqspec"], check_trace(traces["eqspec"]))])
+    assert list(table.columns) == ["metric", "run A", "run B"]
+    assert table.set_index("metric").loc["verdict"].tolist() == ["desync", "clean"]
+
+
+def test_token_text_travels_with_the_trace(traces: dict[str, Trace]) -> None:
+    trace = traces["eqspec"]
+    texts = token_texts(trace)
+    assert texts and all(isinstance(v, str) for v in texts.values())
+    assert set(trace.header.options[TOKEN_TEXT_KEY]) == {str(t) for t in texts}
+    assert token_label({}, 42) == "#42" and token_label({7: "a\nb"}, 7) == "a↵b"
+
+
+# ----------------------------------------------------------------------------- large traces
+
+
+def synthetic_trace(n_seqs: int, new_tokens: int, batch: int, k: int, prompt_len: int, seed: int = 0) -> Trace:
+    """A correct eqspec-shaped trace built without models: each row accepts a random a_r per step."""
+    rng = random.Random(seed)
+    info = ModelInfo("synthetic", "float32", "cpu", 1000, 1)
+    header = Header(1, "eqspec", None, info, info, k, batch, new_tokens, [], 0, 0, "2025-01-01T00:00:00+00:00", {})
+    prompts = [[rng.randrange(3, 1000) for _ in range(prompt_len + rng.randrange(8))] for _ in range(n_seqs)]
+    outputs: list[list[int]] = [[] for _ in range(n_seqs)]
+    steps: list[StepRecord] = []
+    for start in range(0, n_seqs, batch):
+        active = list(range(start, min(start + batch, n_seqs)))
+        while active:
+            cache = max(len(prompts[s]) + len(outputs[s]) for s in active) - 1
+            rows = []
+            for r, s in enumerate(active):
+                rows.append(_synthetic_row(rng, r, s, prompts[s] + outputs[s], cache, k, new_tokens - len(outputs[s])))
+                outputs[s] += rows[-1].emitted
+            steps.append(StepRecord(len(steps), start // batch, cache, k + 1, None, 1.0, 1.0, 1.0, 3.0, rows))
+            active = [s for s in active if len(outputs[s]) < new_tokens]
+    sequences = [
+        SequenceRecord(
+            i, f"prompt {i}", prompts[i], outputs[i], "", list(outputs[i]), [1.0] * len(outputs[i]), "length"
+        )
+        for i in range(n_seqs)
+    ]
+    return Trace(header, steps, sequences)
+
+
+def _synthetic_row(rng: random.Random, r: int, s: int, tokens: list[int], cache: int, k: int, room: int) -> RowRecord:
+    n = len(tokens)
+    accepted = rng.randrange(k + 1)
+    target = [rng.randrange(3, 1000) for _ in range(k + 1)]
+    drafts = target[:accepted] + [t + 1 for t in target[accepted:k]]  # first mismatch at `accepted`
+    emitted = (drafts[:accepted] + [target[accepted]])[:room]
+    pad = cache - (n - 1)
+    return RowRecord(
+        row=r,
+        seq_id=s,
+        committed_before=n,
+        left_pad=pad,
+        left_pad_after=None,
+        pending_token=tokens[-1],
+        draft_tokens=drafts,
+        target_tokens=target,
+        accepted=accepted,
+        bonus=target[accepted] if len(emitted) == accepted + 1 else None,
+        emitted=emitted,
+        write_seq=s,
+        position_ids=list(range(n - 1, n + k)),
+        mask_rle=[[0, pad], [1, cache - pad + k + 1]] if pad else [[1, cache + k + 1]],
+        kv_len=n - 1,
+        kv_len_expected=n - 1,
+    )
+
+
+def test_large_trace_views_stay_fast() -> None:
+    """480 prompts x 128 tokens at batch 16 (the issue's size): every view well under a second."""
+    trace = synthetic_trace(480, 128, 16, 4, prompt_len=120)
+    started = time.perf_counter()
+    loaded = analyse(trace, "synthetic")
+    assert loaded.report.verdict == "clean"
+    analysed = time.perf_counter() - started
+    timings = {}
+    for name, build in {
+        "grid": lambda: grid_figure(step_grid(trace, len(trace.steps) // 2, loaded.report, loaded.history)),
+        "acceptance": lambda: acceptance_heatmap(trace),
+        "kv": lambda: kv_heatmap(trace),
+        "drift": lambda: drift_heatmap(trace),
+        "timeline": lambda: timeline_figure(trace, loaded.report),
+        "outputs": lambda: outputs_html(RunOutputs("A", trace, loaded.report)),
+        "sequences": lambda: sequence_table(trace, loaded.report),
+    }.items():
+        t0 = time.perf_counter()
+        result = build()
+        timings[name] = time.perf_counter() - t0
+        if name in ("acceptance", "kv", "drift"):
+            z = np.asarray(result.data[0].z)
+            assert z.shape[0] <= 160 and z.shape[1] <= 240  # binned, not 480 x ~1900
+    assert analysed < 20, analysed
+    assert max(timings.values()) < 3, timings
+
+
+def test_two_thousand_slot_cache_is_windowed() -> None:
+    trace = synthetic_trace(4, 8, 4, 4, prompt_len=2000)
+    grid = step_grid(trace, 0)
+    assert grid.cache_len >= 2000
+    fig = grid_figure(grid)
+    assert len(fig.data[0].z[0]) == 40 + grid.query_len + 1
+    assert "showing the last 40" in fig.layout.title.text
+
+
+def test_outputs_without_token_text_fall_back_to_ids_and_recorded_text(traces: dict[str, Trace]) -> None:
+    trace = copy.deepcopy(traces["extra-accept"])
+    del trace.header.options[TOKEN_TEXT_KEY]
+    seq = trace.sequences[0]
+    html = outputs_html(RunOutputs("A", trace, check_trace(trace)), per_page=len(trace.sequences))
+    assert f">#{seq.output_ids[0]}<" in html
+    assert "class='sv-plain'" in html
