@@ -10,9 +10,18 @@ from specviz.errors import PromptError
 SPECBENCH = Path(__file__).resolve().parent / "data" / "spec_bench_question.jsonl"
 
 
+# The default pair was trained on turns followed by EOS, so right after a bare question its
+# likeliest token is EOS (42% of held-out prompts). A newline, as a chat template puts between a
+# question and its answer, makes it answer instead (0% EOS-first on the same prompts).
+ANSWER_SEPARATOR = "\n"
+
+
 def load_specbench(split: str = "all") -> list[str]:
-    """First turns of SpecBench. `heldout` = line index % 5 == 0 (never seen by the default pair)."""
-    prompts = _read_jsonl(SPECBENCH)
+    """First turns of SpecBench, each followed by ANSWER_SEPARATOR.
+
+    `heldout` = line index % 5 == 0 (never seen by the default pair), `train` = the rest.
+    """
+    prompts = [p + ANSWER_SEPARATOR for p in _read_jsonl(SPECBENCH)]
     if split == "all":
         return prompts
     if split == "heldout":

@@ -4,7 +4,8 @@ Reproduces ``specviz/assets/default-target`` and ``specviz/assets/default-draft`
 a byte-level BPE tokenizer, a small Llama-style target LM, and a smaller draft LM
 distilled from the target, all trained only on the SpecBench train split
 (question line index ``i % 5 != 0``). Held-out questions (``i % 5 == 0``) are used
-only for evaluation. Runs on 2 CPU cores in roughly 10-12 minutes.
+only for evaluation. Deterministic (bit-identical reruns); about 8 minutes on 2
+lightly shared CPU cores, budgeted to stay under 15 under contention.
 
 Usage::
 
@@ -65,7 +66,7 @@ class RunConfig:
     seed: int = 1234
     vocab_size: int = 2048
     max_positions: int = 4096
-    # Sizes/steps tuned so the whole run takes ~10 min on 2 shared CPU cores. At
+    # Sizes/steps tuned so the whole run takes ~8 min on 2 shared CPU cores. At
     # this compute budget (~1M tokens seen) a narrow model trained for more steps
     # beats a wider one trained for fewer (d=192 plateaued ~0.4 nats higher).
     target: ModelSpec = ModelSpec(hidden=128, layers=4, heads=4, ffn=384)
@@ -77,7 +78,8 @@ class RunConfig:
     target_batch: int = 4
     target_steps: int = 1100
     target_lr: float = 3e-3
-    # Distillation data: target greedy continuations of train-prompt prefixes.
+    # Distillation data: target greedy continuations of train-prompt prefixes,
+    # left-truncated to 512 tokens to keep generation and draft steps cheap.
     random_cuts_per_doc: int = 1
     distill_new_tokens: int = 80
     distill_max_prefix: int = 512
@@ -95,7 +97,7 @@ class RunConfig:
 
 
 def quick(cfg: RunConfig) -> RunConfig:
-    """A ~3 minute smoke/tuning variant of ``cfg``."""
+    """A ~3 minute smoke/tuning variant of ``cfg`` (weaker models, 16 eval prompts)."""
     return replace(
         cfg,
         target_steps=cfg.target_steps // 4,
