@@ -144,3 +144,59 @@ def test_exspec_windows(window_factor: int, policy: str) -> None:
     trace = decode("llama", "exspec", 4, 4, exspec_window=4 * window_factor, exspec_policy=policy)
     assert_exact(trace, oracle("llama"))
     assert trace.header.options["exspec_window"] == 4 * window_factor
+
+
+def _tiny_gemma3(window: int):
+    import copy
+
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from specviz.engine.models import ModelPair
+
+    torch.manual_seed(0)
+    cfg = Gemma3TextConfig(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=window,
+        max_position_embeddings=512,
+        layer_types=["sliding_attention", "full_attention"],
+        bos_token_id=2,
+        eos_token_id=1,
+        pad_token_id=0,
+    )
+    target = Gemma3ForCausalLM(cfg).float().eval()
+    draft = copy.deepcopy(target)
+    with torch.no_grad():
+        for p in draft.parameters():
+            if p.dim() >= 2:
+                p.add_(torch.randn_like(p) * p.std() * 0.15)
+    base = pair_for("llama")
+    return ModelPair(
+        target=target,
+        draft=draft,
+        tokenizer=base.tokenizer,
+        target_name="tiny-gemma3",
+        draft_name="tiny-gemma3-draft",
+        eos_token_ids=[1],
+        pad_token_id=0,
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+    )
+
+
+def test_sliding_window_model_exact_below_its_window_and_refused_past_it() -> None:
+    from specviz.errors import SpecvizError
+
+    pair = _tiny_gemma3(window=64)
+    short = [p for p in PROMPTS if len(p) < 30]
+    cfg = RunConfig(method="eqspec", batch_size=4, draft_k=3, max_new_tokens=16, reference=True)
+    trace = run(pair, short, cfg)
+    for seq in trace.sequences:
+        assert seq.output_ids == seq.reference_ids
+    with pytest.raises(SpecvizError, match="sliding window"):
+        run(pair, ["m" * 80], RunConfig(method="eqspec", batch_size=1, draft_k=2, max_new_tokens=4))
