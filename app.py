@@ -48,7 +48,7 @@ from specviz.views.tokens import attach_token_text
 ROOT = Path(__file__).resolve().parent
 TRACES = ROOT / "traces"
 MAX_UPLOAD_BYTES = 32 * 1024 * 1024  # bundled traces are KBs; a 480x128 run is a few MB gzipped
-QUEUE_SIZE = 16
+QUEUE_SIZE = 64  # bounded: beyond it a visitor is told to retry, memory stays flat
 PLAY_SECONDS = 0.8
 # Opening pair, first bundled one wins: A is the run under investigation (the page opens on its
 # first red cell), B the same prompts decoded correctly. Real text turning into garbage first.

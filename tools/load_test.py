@@ -23,6 +23,10 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from specviz.engine.models import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
+from specviz.trace.io import load_trace  # noqa: E402
 
 
 def free_port() -> int:
@@ -82,7 +86,7 @@ class Stats:
             self.latencies.setdefault(kind, []).append(time.perf_counter() - started)
 
 
-def client_loop(url: str, traces: list[str], until: float, stats: Stats, seed: int) -> None:
+def client_loop(url: str, traces: list[str], min_steps: int, until: float, stats: Stats, seed: int) -> None:
     from gradio_client import Client
 
     rng = random.Random(seed)
@@ -94,7 +98,7 @@ def client_loop(url: str, traces: list[str], until: float, stats: Stats, seed: i
         for _ in range(3):
             if time.time() >= until:
                 break
-            step = rng.randrange(0, 12)
+            step = rng.randrange(0, min_steps)  # the slider refuses steps a run does not have
             stats.timed("render_grid", client.predict, label.upper(), step, -1, 48, api_name="/grid")
 
 
@@ -105,7 +109,19 @@ def live_loop(url: str, runs: int, until: float, stats: Stats) -> None:
     for i in range(runs):
         if time.time() >= until:
             break
-        args = ("eqspec", "none" if i % 2 == 0 else "stale-kv", 4, 4, 16, 4, "", "", "", 48, False)
+        args = (
+            "eqspec",
+            "none" if i % 2 == 0 else "stale-kv",
+            4,
+            4,
+            16,
+            4,
+            "",
+            DEFAULT_TARGET,
+            DEFAULT_DRAFT,
+            48,
+            False,
+        )
         stats.timed("live_run", client.predict, *args, api_name="/live_run_b")
 
 
@@ -132,6 +148,7 @@ def main() -> int:
     try:
         wait_until_up(url, server)
         traces = sorted(p.name for p in (ROOT / "traces").glob("*.json.gz"))
+        min_steps = min(len(load_trace(ROOT / "traces" / name).steps) for name in traces)
         stats = Stats()
         until = time.time() + args.seconds
         done = threading.Event()
@@ -143,7 +160,8 @@ def main() -> int:
 
         threads = [threading.Thread(target=sample, daemon=True)]
         threads += [
-            threading.Thread(target=client_loop, args=(url, traces, until, stats, i)) for i in range(args.clients)
+            threading.Thread(target=client_loop, args=(url, traces, min_steps, until, stats, i))
+            for i in range(args.clients)
         ]
         threads += [threading.Thread(target=live_loop, args=(url, args.live_runs, until, stats))]
         started = time.time()
