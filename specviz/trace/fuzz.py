@@ -39,6 +39,11 @@ WEIRD_VALUES: list[Any] = [
 ]
 
 
+def _weird(rng: random.Random) -> Any:
+    """A copy: inserting the shared list/dict itself would let later mutations alias it."""
+    return copy.deepcopy(rng.choice(WEIRD_VALUES))
+
+
 def _paths(node: Any, prefix: tuple = ()) -> list[tuple]:
     out = [prefix]
     if isinstance(node, dict):
@@ -66,11 +71,11 @@ def mutate_dict(data: dict[str, Any], rng: random.Random, rounds: int = 1) -> di
         parent, key = _parent(data, path)
         action = rng.randrange(6)
         if action == 0:
-            parent[key] = rng.choice(WEIRD_VALUES)
+            parent[key] = _weird(rng)
         elif action == 1 and isinstance(parent, dict):
             del parent[key]
         elif action == 2 and isinstance(parent, dict):
-            parent[f"extra_{rng.randrange(99)}"] = rng.choice(WEIRD_VALUES)
+            parent[f"extra_{rng.randrange(99)}"] = _weird(rng)
         elif action == 3 and isinstance(parent[key], list) and parent[key]:
             parent[key] = parent[key][: rng.randrange(len(parent[key]))]
         elif action == 4 and isinstance(parent[key], int) and not isinstance(parent[key], bool):
@@ -78,7 +83,7 @@ def mutate_dict(data: dict[str, Any], rng: random.Random, rounds: int = 1) -> di
         elif action == 5 and isinstance(parent[key], list) and parent[key]:
             parent[key] = parent[key] + [copy.deepcopy(rng.choice(parent[key]))]
         else:
-            parent[key] = rng.choice(WEIRD_VALUES)
+            parent[key] = _weird(rng)
     return data
 
 
