@@ -10,7 +10,7 @@ import functools
 
 import pytest
 import torch
-from tiny import FAMILIES, make_pair
+from tiny import FAMILIES, make_pair, noisy_draft
 
 from specviz.engine.reference import greedy_reference
 from specviz.engine.run import RunConfig, run
@@ -147,8 +147,6 @@ def test_exspec_windows(window_factor: int, policy: str) -> None:
 
 
 def _tiny_gemma3(window: int):
-    import copy
-
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     from specviz.engine.models import ModelPair
@@ -170,11 +168,7 @@ def _tiny_gemma3(window: int):
         pad_token_id=0,
     )
     target = Gemma3ForCausalLM(cfg).float().eval()
-    draft = copy.deepcopy(target)
-    with torch.no_grad():
-        for p in draft.parameters():
-            if p.dim() >= 2:
-                p.add_(torch.randn_like(p) * p.std() * 0.15)
+    draft = noisy_draft(target)
     base = pair_for("llama")
     return ModelPair(
         target=target,
