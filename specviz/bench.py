@@ -22,19 +22,15 @@ import os
 import platform
 import statistics
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from specviz.engine import run as run_module
 from specviz.engine.exspec import POLICIES
 from specviz.engine.faults import FAULTS
-from specviz.engine.kv import compact_per_row_loop
 from specviz.engine.models import ModelPair
 from specviz.engine.reference import greedy_reference
 from specviz.engine.run import RunConfig, run
@@ -75,6 +71,7 @@ class Arm:
             exspec_policy=self.policy or EXSPEC_POLICY,
             reference=False,  # the oracle is decoded once per prompt set (PromptSet.references)
             record_steps=record_steps,
+            per_row_loop_move=self.per_row_loop,
         )
 
 
@@ -96,24 +93,6 @@ def resolve_arm(name: str) -> Arm:
         return Arm(name, method, fault=fault)
     known = ", ".join(ARMS)
     raise SpecvizError(f"unknown bench arm {name!r}; choose from {known}, or METHOD+FAULT (e.g. eqspec+stale-kv)")
-
-
-@contextmanager
-def compact_variant(arm: Arm) -> Iterator[None]:
-    """Route EQSPEC's realignment through the per-row loop for the `eqspec-loop` arm.
-
-    `run()` has no option for the KV-move variant (it is benchmark-only), so the arm swaps the
-    `run_eqspec` that `specviz.engine.run` calls for the duration of one run.
-    """
-    if not arm.per_row_loop:
-        yield
-        return
-    original = run_module.run_eqspec
-    run_module.run_eqspec = partial(original, compact_fn=compact_per_row_loop)
-    try:
-        yield
-    finally:
-        run_module.run_eqspec = original
 
 
 # ------------------------------------------------------------------------------------ settings
@@ -285,9 +264,7 @@ def decode(
     settings: BenchSettings,
     record_steps: bool = True,
 ) -> Trace:
-    config = arm.config(batch_size, draft_k, settings, record_steps)
-    with compact_variant(arm):
-        return run(pair, prompts.texts, config)
+    return run(pair, prompts.texts, arm.config(batch_size, draft_k, settings, record_steps))
 
 
 # -------------------------------------------------------------------------------------- matrix

@@ -15,7 +15,6 @@ from tiny import make_pair
 
 from specviz import bench
 from specviz.bench import BenchSettings, Job, Sample, resolve_arm, run_bench
-from specviz.engine import run as run_module
 from specviz.engine.exspec import POLICIES, admission_order, select_group
 from specviz.engine.reference import greedy_reference
 from specviz.engine.run import RunConfig, run
@@ -106,11 +105,10 @@ def test_arms_are_interleaved_and_rotated() -> None:
     assert len(firsts) == len(jobs)
 
 
-def test_per_row_loop_arm_swaps_the_compact_and_restores_it() -> None:
-    original = run_module.run_eqspec
-    with bench.compact_variant(resolve_arm("eqspec-loop")):
-        assert run_module.run_eqspec.keywords["compact_fn"] is bench.compact_per_row_loop
-    assert run_module.run_eqspec is original
+def test_per_row_loop_arm_uses_the_per_row_move_and_only_it() -> None:
+    settings = BenchSettings()
+    assert resolve_arm("eqspec-loop").config(8, 4, settings).per_row_loop_move is True
+    assert resolve_arm("eqspec").config(8, 4, settings).per_row_loop_move is False
 
 
 def test_fault_arms_and_unknown_arms() -> None:

@@ -12,6 +12,7 @@ from specviz import __version__
 from specviz.engine.eqspec import run_eqspec
 from specviz.engine.exspec import POLICIES, run_exspec
 from specviz.engine.faults import FAULTS, make_fault
+from specviz.engine.kv import compact, compact_per_row_loop
 from specviz.engine.models import ModelPair
 from specviz.engine.reference import greedy_reference
 from specviz.engine.step import Engine, Sequence
@@ -35,6 +36,7 @@ class RunConfig:
     exspec_policy: str = "converge"
     reference: bool = True  # decode the batch-1 greedy oracle too
     record_steps: bool = True  # False: the tracing-off arm of the overhead benchmark
+    per_row_loop_move: bool = False  # EQSPEC realigns with the reference's per-row loop (benchmarks only)
 
     def validate(self) -> None:
         if self.method not in METHODS:
@@ -161,7 +163,8 @@ def run(
             stats = run_exspec(engine, seqs, config.batch_size, config.window, config.exspec_policy)
             header.options.update(stats)
         else:
-            run_eqspec(engine, seqs, config.batch_size)
+            move = compact_per_row_loop if config.per_row_loop_move else compact
+            run_eqspec(engine, seqs, config.batch_size, compact_fn=move)
     except KeyboardInterrupt:
         complete = False
     except torch.OutOfMemoryError:
