@@ -36,6 +36,7 @@ MAX_FILE_BYTES = 256 * 1024 * 1024  # compressed or plain, as read from disk
 MAX_JSON_BYTES = 1024 * 1024 * 1024  # after decompression
 MAX_INFLATE_RATIO = 200  # a tiny gzip that inflates to gigabytes is a bomb, not a trace
 MAX_LENGTH = 10_000_000  # bound on any length/count field (slots, tokens, steps)
+MAX_ABS_INT = MAX_LENGTH * 1000  # token ids can exceed lengths; past this an int is just absurd
 GZIP_MAGIC = b"\x1f\x8b"
 
 
@@ -47,7 +48,8 @@ class TraceError(ValueError):
 
 
 def trace_to_dict(trace: Trace) -> dict[str, Any]:
-    return {"format": FORMAT_NAME, **dataclasses.asdict(trace)}
+    """The JSON object `save_trace` writes, as Python values (one encoding path for both)."""
+    return json.loads(trace_to_json(trace))
 
 
 def _fields_of(obj: Any) -> dict[str, Any]:
@@ -197,7 +199,7 @@ def _fail(path: str, message: str) -> typing.NoReturn:
 def _int(value: Any, path: str) -> int:
     if type(value) is not int:
         _fail(path, f"expected int, got {_kind(value)}")
-    if abs(value) > MAX_LENGTH * 1000:  # token ids can exceed lengths; this is just absurdity
+    if abs(value) > MAX_ABS_INT:
         _fail(path, f"absurd value {value}")
     return value
 
@@ -219,7 +221,7 @@ def _int_list(value: Any, path: str) -> list[int]:
     if type(value) is not list:
         _fail(path, f"expected array, got {_kind(value)}")
     if value and (
-        not all(type(v) is int for v in value) or max(value) > MAX_LENGTH * 1000 or min(value) < -MAX_LENGTH * 1000
+        not all(type(v) is int for v in value) or max(value) > MAX_ABS_INT or min(value) < -MAX_ABS_INT
     ):
         for i, v in enumerate(value):
             _int(v, f"{path}[{i}]")

@@ -89,7 +89,6 @@ class Recorder:
         positions = obs.positions.tolist()
         masks = mask_rle(obs.fed_mask)
         kv_len = obs.fed_mask[:, : obs.cache_len].sum(1).tolist()
-        left_pad = _leading_zeros(obs.fed_mask).tolist()
         draft_kv = obs.draft_kv_len.tolist() if obs.draft_kv_len is not None else None
         rows = []
         for r, seq_id in enumerate(obs.seq_ids):
@@ -99,7 +98,7 @@ class Recorder:
                     row=r,
                     seq_id=seq_id,
                     committed_before=n,
-                    left_pad=min(left_pad[r], obs.cache_len),
+                    left_pad=min(_leading_run_of_zeros(masks[r]), obs.cache_len),
                     left_pad_after=obs.left_pad_after[r],
                     pending_token=pending[r],
                     draft_tokens=drafts[r],
@@ -147,8 +146,9 @@ class NullRecorder(Recorder):
         return None
 
 
-def _leading_zeros(mask: torch.Tensor) -> torch.Tensor:
-    return (~(mask.cumsum(1) > 0)).sum(1)
+def _leading_run_of_zeros(runs: list[list[int]]) -> int:
+    """Left padding, read off the run-length-coded mask row already built for the trace."""
+    return runs[0][1] if runs and runs[0][0] == 0 else 0
 
 
 def new_header(**fields: Any) -> Header:
