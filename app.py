@@ -23,6 +23,7 @@ import plotly.graph_objects as go
 
 from specviz.errors import SpecvizError
 from specviz.trace.io import TraceError, load_trace, parse_trace_bytes, save_trace
+from specviz.trace.naming import run_slug
 from specviz.views import (
     LoadedRun,
     RunOutputs,
@@ -189,7 +190,7 @@ def _whole(value: float | int) -> int | float:
 
 
 def save_for_download(loaded: LoadedRun) -> str:
-    name = loaded.trace.header.method + (f"-{loaded.trace.header.fault}" if loaded.trace.header.fault else "")
+    name = run_slug(loaded.trace.header.method, loaded.trace.header.fault)
     folder = Path(tempfile.mkdtemp(prefix="specviz-"))
     return str(save_trace(loaded.trace, folder / f"live-{name}.json.gz"))
 

@@ -1,3 +1,3 @@
 """specviz: correctness forensics for batch speculative decoding."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -1,5 +1,3 @@
-import sys
+from specviz.cli import main_exit
 
-from specviz.cli import main
-
-sys.exit(main())
+main_exit()

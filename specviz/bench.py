@@ -16,7 +16,6 @@ Two paired measurements ride along: tracing on vs off (interleaved), and EXSPEC 
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import os
 import platform
@@ -35,6 +34,7 @@ from specviz.engine.models import ModelPair
 from specviz.engine.reference import greedy_reference
 from specviz.engine.run import RunConfig, run
 from specviz.errors import SpecvizError
+from specviz.trace.naming import now_iso
 from specviz.trace.schema import Trace
 
 FORMAT_VERSION = 1
@@ -635,10 +635,6 @@ def provenance(command: str) -> str:
         f"load average {_load_average()}; torch {torch.__version__}, transformers {transformers.__version__}; "
         f"`{command}`"
     )
-
-
-def now_iso() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 # ---------------------------------------------------------------------------------- entry point

@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 
 from specviz.errors import SpecvizError
 from specviz.trace.io import TraceError
+from specviz.trace.naming import run_slug, run_title
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
@@ -74,6 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def main_exit() -> NoReturn:
+    """The `specviz` console script."""
+    sys.exit(main())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -94,8 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _default_out(args: argparse.Namespace) -> Path:
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    name = args.method + (f"-{args.fault}" if args.fault else "")
-    return Path("runs") / f"{name}-{stamp}.json.gz"
+    return Path("runs") / f"{run_slug(args.method, args.fault)}-{stamp}.json.gz"
 
 
 def cmd_record(args: argparse.Namespace) -> int:
@@ -175,7 +180,7 @@ def _print_summary(trace: Any, out: Path, as_json: bool) -> None:
     rate = info["acceptance_rate"]
     exact = info["exact_match"]
     print(
-        f"{info['method']}{' + fault ' + info['fault'] if info['fault'] else ''}: "
+        f"{run_title(info['method'], info['fault'])}: "
         f"{info['num_prompts']} prompts, batch {info['batch_size']}, k={info['draft_k']}"
     )
     print(f"  exact match        {exact:.3f}" if exact is not None else "  exact match        n/a (no reference)")

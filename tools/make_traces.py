@@ -31,6 +31,7 @@ from specviz.engine.faults import FAULTS  # noqa: E402
 from specviz.engine.models import DEFAULT_DRAFT, DEFAULT_TARGET, ModelPair, eos_ids, load_pair  # noqa: E402
 from specviz.engine.run import RunConfig, run  # noqa: E402
 from specviz.trace.io import save_trace  # noqa: E402
+from specviz.trace.naming import run_slug  # noqa: E402
 from specviz.views.tokens import attach_token_text  # noqa: E402
 
 OUT = ROOT / "traces"
@@ -59,7 +60,7 @@ def record(pair: ModelPair, prefix: str, method: str, fault: str | None, setting
     trace = run(pair, prompts, config)
     report = check_trace(trace)
     wanted = CORRECT_VERDICTS if fault is None else ("desync",)
-    name = f"{prefix}-{method}" + (f"-{fault}" if fault else "")
+    name = f"{prefix}-{run_slug(method, fault)}"
     if report.verdict not in wanted:
         raise MisleadingTrace(f"{name}: verdict {report.verdict}, expected {' or '.join(wanted)}; not written")
     attach_token_text(trace, pair.tokenizer)

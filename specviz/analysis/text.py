@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from specviz.analysis.metrics import acceptance, summary
 from specviz.analysis.report import Report
+from specviz.trace.naming import run_title
 from specviz.trace.schema import Trace
 
 MAX_SEQUENCES_SHOWN = 20
@@ -13,7 +14,7 @@ def render_report(trace: Trace, report: Report) -> str:
     h = trace.header
     lines = [
         f"verdict: {report.verdict.upper()}",
-        f"run: {h.method}{' + fault ' + h.fault if h.fault else ''}, {len(trace.sequences)} prompts, "
+        f"run: {run_title(h.method, h.fault)}, {len(trace.sequences)} prompts, "
         f"batch {h.batch_size}, k={h.draft_k}, target {h.target.name} ({h.target.dtype}, {h.target.device})"
         + ("" if h.complete else "  [INCOMPLETE: run was interrupted]"),
     ]

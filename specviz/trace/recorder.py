@@ -7,12 +7,12 @@ can be measured against a run that records nothing.
 
 from __future__ import annotations
 
-import datetime as _dt
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from specviz.trace.naming import now_iso
 from specviz.trace.schema import (
     SCHEMA_VERSION,
     Header,
@@ -47,10 +47,6 @@ class StepObservation:
     verify_ms: float
     align_ms: float
     total_ms: float
-
-
-def now_iso() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def mask_rle(mask: torch.Tensor) -> list[list[list[int]]]:

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from specviz.analysis.report import Report, SequenceVerdict
+from specviz.trace.naming import run_title
 from specviz.trace.schema import SequenceRecord, Trace
 from specviz.views.palette import verdict_badge
 from specviz.views.tokens import token_label, token_texts
@@ -151,7 +152,7 @@ def _sequence_card(seq: SequenceRecord, runs: list[RunOutputs]) -> str:
 
 
 def _run_name(trace: Trace) -> str:
-    return trace.header.method + (f" + {trace.header.fault}" if trace.header.fault else "")
+    return run_title(trace.header.method, trace.header.fault)
 
 
 def _find(trace: Trace, seq_id: int) -> SequenceRecord | None:

@@ -6,6 +6,7 @@ import pandas as pd
 
 from specviz.analysis.metrics import acceptance, summary
 from specviz.analysis.report import Report
+from specviz.trace import naming
 from specviz.trace.schema import Trace
 from specviz.views.palette import verdict_badge
 
@@ -18,8 +19,7 @@ VERDICT_MEANING = {
 
 
 def run_title(trace: Trace) -> str:
-    h = trace.header
-    return h.method + (f" + fault {h.fault}" if h.fault else "")
+    return naming.run_title(trace.header.method, trace.header.fault)
 
 
 def _exact(report: Report) -> str:
