@@ -196,9 +196,21 @@ def _print_summary(trace: Any, out: Path, as_json: bool) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from specviz.analysis.report import run_check
+    """Exit 0 for clean/numerical, 1 for desync/unexplained; a TraceError propagates (exit 2)."""
+    from specviz.analysis.check import check_trace
+    from specviz.analysis.metrics import summary
+    from specviz.analysis.text import render_report
+    from specviz.trace.io import load_trace
 
-    return run_check(args.trace, as_json=args.json)
+    trace = load_trace(args.trace)
+    report = check_trace(trace)
+    if args.json:
+        payload = report.to_dict()
+        payload["metrics"] = summary(trace)
+        print(json.dumps(payload))
+    else:
+        print(render_report(trace, report))
+    return 0 if report.verdict in ("clean", "numerical") else 1
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

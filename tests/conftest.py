@@ -1,7 +1,3 @@
-import sys
-from pathlib import Path
-
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
 torch.set_num_threads(1)  # tiny models: threads only add contention

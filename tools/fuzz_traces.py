@@ -16,14 +16,13 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tqdm import tqdm  # noqa: E402
+from tqdm import tqdm
 
-from specviz.analysis.check import check_trace  # noqa: E402
-from specviz.trace.fuzz import mutate_bytes, mutate_dict  # noqa: E402
-from specviz.trace.io import TraceError, parse_trace_bytes, trace_from_dict, trace_to_json  # noqa: E402
-from specviz.trace.synthetic import synthetic_trace  # noqa: E402
+from specviz.analysis.check import check_trace
+from specviz.trace.fuzz import mutate_bytes, mutate_dict
+from specviz.trace.io import TraceError, parse_trace_bytes, trace_from_dict, trace_to_json
+from specviz.trace.synthetic import synthetic_trace
 
 
 def one_case(seed: int, texts: list[str]) -> str:

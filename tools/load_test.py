@@ -23,10 +23,9 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from specviz.engine.models import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
-from specviz.trace.io import load_trace  # noqa: E402
+from specviz.engine.models import DEFAULT_DRAFT, DEFAULT_TARGET
+from specviz.trace.io import load_trace
 
 
 def free_port() -> int:

@@ -23,16 +23,15 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from specviz.analysis.check import check_trace  # noqa: E402
-from specviz.data import load_specbench  # noqa: E402
-from specviz.engine.faults import FAULTS  # noqa: E402
-from specviz.engine.models import DEFAULT_DRAFT, DEFAULT_TARGET, ModelPair, eos_ids, load_pair  # noqa: E402
-from specviz.engine.run import RunConfig, run  # noqa: E402
-from specviz.trace.io import save_trace  # noqa: E402
-from specviz.trace.naming import run_slug  # noqa: E402
-from specviz.views.tokens import attach_token_text  # noqa: E402
+from specviz.analysis.check import check_trace
+from specviz.data import load_specbench
+from specviz.engine.faults import FAULTS
+from specviz.engine.models import DEFAULT_DRAFT, DEFAULT_TARGET, ModelPair, eos_ids, load_pair
+from specviz.engine.run import RunConfig, run
+from specviz.trace.io import save_trace
+from specviz.trace.naming import run_slug
+from specviz.views.tokens import attach_token_text
 
 OUT = ROOT / "traces"
 DEFAULT_SETTINGS = {"prompts": 16, "max_new_tokens": 48, "batch_size": 8, "draft_k": 4}

@@ -74,23 +74,3 @@ class Report:
             "skipped_checks": self.skipped_checks,
         }
 
-
-def run_check(path: str, as_json: bool = False) -> int:
-    """CLI entry: 0 for clean/numerical, 1 for desync/unexplained; TraceError propagates (exit 2)."""
-    import json
-
-    from specviz.analysis.check import check_trace
-    from specviz.analysis.text import render_report
-    from specviz.trace.io import load_trace
-
-    trace = load_trace(path)
-    report = check_trace(trace)
-    if as_json:
-        from specviz.analysis.metrics import summary
-
-        payload = report.to_dict()
-        payload["metrics"] = summary(trace)
-        print(json.dumps(payload))
-    else:
-        print(render_report(trace, report))
-    return 0 if report.verdict in ("clean", "numerical") else 1
