@@ -14,8 +14,6 @@ import random
 import sys
 import time
 import traceback
-from pathlib import Path
-
 
 from tqdm import tqdm
 

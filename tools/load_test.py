@@ -22,10 +22,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
 from specviz.engine.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from specviz.trace.io import load_trace
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def free_port() -> int:

@@ -22,8 +22,6 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-
 from specviz.analysis.check import check_trace
 from specviz.data import load_specbench
 from specviz.engine.faults import FAULTS
@@ -32,6 +30,8 @@ from specviz.engine.run import RunConfig, run
 from specviz.trace.io import save_trace
 from specviz.trace.naming import run_slug
 from specviz.views.tokens import attach_token_text
+
+ROOT = Path(__file__).resolve().parents[1]
 
 OUT = ROOT / "traces"
 DEFAULT_SETTINGS = {"prompts": 16, "max_new_tokens": 48, "batch_size": 8, "draft_k": 4}
