@@ -1,4 +1,16 @@
-"""A pandas view of a trace: one row per (step, batch row) with the per-row fields."""
+"""A pandas view of a trace: one row per (step, batch row), for your own analysis.
+
+Public API (documented in the README):
+
+    from specviz.trace import load_trace, steps_frame
+    frame = steps_frame(load_trace("runs/eq.json.gz"))
+    frame.groupby("seq_id").accepted.mean()
+
+Columns are the per-row fields of `docs/trace-format.md`, the step fields they belong to
+(`cache_len`, `query_len`, timings), and three derived ones: `num_emitted`, `first_position` (the
+position fed to the pending token) and `expected_first_position` (its logical index,
+`committed_before - 1`). The column list is part of the API: columns are added, never renamed.
+"""
 
 from __future__ import annotations
 
@@ -43,6 +55,7 @@ COLUMNS = [
 
 
 def steps_frame(trace: Trace) -> pd.DataFrame:
+    """One row per (step, batch row), columns `COLUMNS`, in trace order."""
     records = []
     for step in trace.steps:
         for r in step.rows:
