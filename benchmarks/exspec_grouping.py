@@ -19,9 +19,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from specviz.bench import BenchResult, BenchSettings, Cell, render_markdown, run_bench, write_outputs  # noqa: E402
+from specviz.bench import BenchResult, BenchSettings, Cell, render_markdown, run_bench, write_outputs
 
 POLICY_ARMS = ("exspec-reference", "exspec-largest", "exspec")
 

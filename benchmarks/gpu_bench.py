@@ -11,7 +11,7 @@ interleaved). Everything is measured by `specviz.bench` (same code as `python -m
 Random weights mean the draft almost never agrees with the target (acceptance ~0): tokens/s and
 speedups are meaningless here, but the per-step costs are not, because the KV move copies every
 row's cache whatever each row accepted (the batched gather) or loops over every row and layer (the
-per-row loop). Reference numbers (one H200, HF eager, DESIGN.md s3): a 6-token verify forward
+per-row loop). Reference numbers (one H200, HF eager): a 6-token verify forward
 29-46 ms; per-row-loop realignment 31 ms at batch 8 and 113 ms at batch 32; one batched gather
 2.4 ms and 8.0 ms.
 
@@ -32,10 +32,9 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from specviz.bench import BenchSettings, Cell, TracingResult, machine_info, now_iso, run_bench  # noqa: E402
-from specviz.engine.models import ModelPair  # noqa: E402
+from specviz.bench import BenchSettings, Cell, TracingResult, machine_info, run_bench
+from specviz.engine.models import ModelPair
+from specviz.trace.naming import now_iso
 
 
 @dataclass(frozen=True)

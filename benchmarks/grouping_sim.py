@@ -18,13 +18,10 @@ import argparse
 import random
 import statistics
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from specviz.bench import provenance  # noqa: E402
-from specviz.engine.exspec import POLICIES, admission_order, select_group  # noqa: E402
-from specviz.engine.step import Sequence  # noqa: E402
+from specviz.bench import provenance
+from specviz.engine.exspec import POLICIES, admission_order, select_group
+from specviz.engine.step import Sequence
 
 NO_EOS: frozenset[int] = frozenset()
 

@@ -20,14 +20,11 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from specviz.bench import provenance  # noqa: E402
-from specviz.engine.kv import KVState, cache_layers, compact, compact_per_row_loop  # noqa: E402
+from specviz.bench import provenance
+from specviz.engine.kv import KVState, cache_layers, compact, compact_per_row_loop
 
 # (layers, kv heads, head dim, dtype)
 SHAPES = {

@@ -14,15 +14,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import specviz.engine.run as run_module  # noqa: E402
-from specviz.bench import provenance  # noqa: E402
-from specviz.trace.recorder import Recorder, StepObservation  # noqa: E402
+import specviz.engine.run as run_module
+from specviz.bench import provenance
+from specviz.trace.recorder import Recorder, StepObservation
 
 
 class TimedRecorder(Recorder):

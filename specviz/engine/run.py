@@ -75,14 +75,29 @@ def _model_info(model: Any, name: str, device: torch.device, dtype: torch.dtype)
     )
 
 
+def prompt_token_ids(pair: ModelPair, text: str) -> list[int]:
+    """How every run tokenises a prompt: the pair's tokenizer on the raw text, nothing added."""
+    return list(pair.tokenizer(text)["input_ids"])
+
+
+def position_limit(pair: ModelPair) -> int | None:
+    """The target's maximum positions (prompt + new tokens), or None when its config has no limit."""
+    return getattr(pair.target.config, "max_position_embeddings", None)
+
+
+def fits_positions(pair: ModelPair, ids: list[int], max_new_tokens: int) -> bool:
+    limit = position_limit(pair)
+    return limit is None or len(ids) + max_new_tokens <= limit
+
+
 def tokenize_prompts(pair: ModelPair, prompts: list[str], max_new_tokens: int) -> list[list[int]]:
-    limit = getattr(pair.target.config, "max_position_embeddings", None)
+    limit = position_limit(pair)
     out = []
     for i, text in enumerate(prompts):
-        ids = list(pair.tokenizer(text)["input_ids"])
+        ids = prompt_token_ids(pair, text)
         if not ids:
             raise SpecvizError(f"prompt {i} tokenises to nothing")
-        if limit is not None and len(ids) + max_new_tokens > limit:
+        if not fits_positions(pair, ids, max_new_tokens):
             raise SpecvizError(
                 f"prompt {i} has {len(ids)} tokens; with --max-new-tokens {max_new_tokens} it "
                 f"exceeds the target's {limit} positions"
@@ -130,7 +145,7 @@ def run(
     complete = True
     try:
         if references is not None:
-            _references(pair, prompt_ids, config, eos, progress, references)
+            greedy_references(pair, prompt_ids, config.max_new_tokens, progress, references)
     except KeyboardInterrupt:
         complete = False
     seqs = [Sequence(seq_id=i, prompt_ids=ids) for i, ids in enumerate(prompt_ids)]
@@ -197,19 +212,24 @@ class RunFailed(SpecvizError):
         self.trace = trace
 
 
-def _references(
+def greedy_references(
     pair: ModelPair,
     prompt_ids: list[list[int]],
-    config: RunConfig,
-    eos: frozenset[int],
-    progress: Progress | None,
-    out: list[tuple[list[int], list[float]]],
-) -> None:
-    """Fill `out` in place, so an interrupt keeps the references finished so far."""
+    max_new_tokens: int,
+    progress: Progress | None = None,
+    out: list[tuple[list[int], list[float]]] | None = None,
+) -> list[tuple[list[int], list[float]]]:
+    """The batch-1 greedy oracle (tokens, margins) per prompt.
+
+    `out` is filled in place, so a caller interrupted mid-way keeps the references finished so far.
+    """
+    out = [] if out is None else out
+    eos = frozenset(pair.eos_token_ids)
     for i, ids in enumerate(prompt_ids):
-        out.append(greedy_reference(pair.target, ids, config.max_new_tokens, eos, pair.device))
+        out.append(greedy_reference(pair.target, ids, max_new_tokens, eos, pair.device))
         if progress is not None:
             progress("reference", i + 1, len(prompt_ids))
+    return out
 
 
 def _sequence_record(

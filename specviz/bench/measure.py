@@ -1,0 +1,187 @@
+"""Running the arms: the prompts and their oracle, one timed decode per job, the tracing on/off pairs.
+
+Every decode goes through the engine's own `run` (the same code path as `specviz record`), with the
+batch-1 greedy oracle decoded once per prompt set and attached to each trace before it is measured.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from specviz.bench.machine import load_average, machine_info
+from specviz.bench.results import BenchResult, Sample, SampleKey, TracingResult, make_cells
+from specviz.bench.settings import ARMS, Arm, BenchSettings, count_runs, interleaved, jobs_for_batch, resolve_arm
+from specviz.engine.models import ModelPair
+from specviz.engine.run import fits_positions, greedy_references, prompt_token_ids, run
+from specviz.errors import SpecvizError
+from specviz.trace.naming import now_iso
+from specviz.trace.schema import Trace
+
+Tick = Callable[[str], None]  # advances the progress bar by one unit, with a label of what finished
+
+
+@dataclass
+class PromptSet:
+    texts: list[str]
+    ids: list[list[int]]
+    skipped: int  # prompts left out because prompt + max_new_tokens exceeds the target's positions
+    references: list[tuple[list[int], list[float]]] = field(default_factory=list)
+
+    def describe(self) -> dict[str, Any]:
+        lengths = [len(i) for i in self.ids]
+        return {
+            "count": len(self.ids),
+            "skipped_too_long": self.skipped,
+            "prompt_tokens_mean": round(statistics.fmean(lengths), 1),
+            "prompt_tokens_max": max(lengths),
+        }
+
+
+def select_prompts(pair: ModelPair, texts: list[str], count: int, max_new_tokens: int) -> PromptSet:
+    """`count` prompts spread evenly over `texts` (SpecBench is ordered by category)."""
+    fitting: list[tuple[str, list[int]]] = []
+    for text in texts:
+        ids = prompt_token_ids(pair, text)
+        if ids and fits_positions(pair, ids, max_new_tokens):
+            fitting.append((text, ids))
+    if not fitting:
+        raise SpecvizError("no prompt fits the target's positions with this --max-new-tokens")
+    count = min(count, len(fitting))
+    picked = [fitting[i * len(fitting) // count] for i in range(count)]
+    return PromptSet([t for t, _ in picked], [ids for _, ids in picked], len(texts) - len(fitting))
+
+
+def decode(
+    pair: ModelPair,
+    prompts: PromptSet,
+    arm: Arm,
+    batch_size: int,
+    draft_k: int,
+    settings: BenchSettings,
+    record_steps: bool = True,
+) -> Trace:
+    """One untouched engine run of `arm`; the trace carries its own wall time (`decode_seconds`)."""
+    return run(pair, prompts.texts, arm.config(batch_size, draft_k, settings, record_steps))
+
+
+def sample_trace(trace: Trace, prompts: PromptSet, check: bool = False) -> Sample:
+    """Measure one decoded trace against the prompt set's oracle; `check` adds the checker's verdict."""
+    from specviz.analysis.metrics import acceptance, phase_times, sequence_divergence, tokens_emitted
+
+    for seq in trace.sequences:
+        seq.reference_ids, seq.reference_margins = prompts.references[seq.seq_id]
+    total, _ = acceptance(trace)
+    times = phase_times(trace)
+    grouped = [s for s in trace.steps if s.grouped]
+    return Sample(
+        seconds=float(trace.header.decode_seconds or 0.0),
+        tokens=tokens_emitted(trace),
+        phases_ms={
+            "draft": times["draft_ms"],
+            "verify": times["verify_ms"],
+            "align": times["align_ms"],
+            "bookkeeping": times["bookkeeping_ms"],
+            "total": times["total_ms"],
+        },
+        steps=len(trace.steps),
+        rows=sum(len(s.rows) for s in trace.steps),
+        grouped_steps=len(grouped),
+        full_group_steps=sum(len(s.rows) == trace.header.batch_size for s in grouped),
+        divergences=[sequence_divergence(s) for s in trace.sequences],
+        acceptance_rate=total.rate,
+        mean_acceptance_length=total.mean_length,
+        verdict=_verdict(trace) if check else None,
+    )
+
+
+def _verdict(trace: Trace) -> str:
+    from specviz.analysis.check import check_trace
+
+    return check_trace(trace).verdict
+
+
+def warm_up(pair: ModelPair, prompts: PromptSet, settings: BenchSettings) -> None:
+    """One small untimed run per arm: first-call allocations and lazy imports stay out of the timings."""
+    small = PromptSet(prompts.texts[:2], prompts.ids[:2], 0)
+    short = replace(settings, max_new_tokens=min(4, settings.max_new_tokens))
+    for name in settings.arms:
+        decode(pair, small, resolve_arm(name), 2, settings.primary_k, short)
+
+
+def run_matrix(
+    pair: ModelPair, prompts: PromptSet, settings: BenchSettings, tick: Tick | None = None
+) -> dict[SampleKey, list[Sample]]:
+    """Every job of every repeat; within a repeat, the arms of one batch size run back to back."""
+    samples: dict[SampleKey, list[Sample]] = {}
+    for repeat in range(settings.repeats):
+        for batch_size in settings.batch_sizes:
+            for job in interleaved(jobs_for_batch(settings, batch_size), repeat):
+                trace = decode(pair, prompts, job.arm, job.batch_size, job.draft_k, settings)
+                check = settings.check and repeat == 0  # verdicts do not change between repeats
+                samples.setdefault(job.key, []).append(sample_trace(trace, prompts, check))
+                if tick is not None:
+                    tick(f"{job.arm.name} b={job.batch_size} k={job.draft_k}")
+    return samples
+
+
+def measure_tracing(
+    pair: ModelPair, prompts: PromptSet, settings: BenchSettings, tick: Tick | None = None
+) -> TracingResult | None:
+    """EQSPEC at the grouping batch with the recorder on and off, in alternating order per repeat."""
+    if settings.tracing_repeats < 1:
+        return None
+    arm = ARMS["eqspec"]
+    batch_size = settings.grouping_batch
+    result = TracingResult(arm.name, batch_size, settings.primary_k, [], [])
+    for repeat in range(settings.tracing_repeats):
+        order = (False, True) if repeat % 2 == 0 else (True, False)
+        for record_steps in order:
+            trace = decode(pair, prompts, arm, batch_size, settings.primary_k, settings, record_steps)
+            (result.seconds_on if record_steps else result.seconds_off).append(float(trace.header.decode_seconds))
+            if tick is not None:
+                tick(f"tracing {'on' if record_steps else 'off'}")
+    return result
+
+
+def run_bench(
+    pair: ModelPair,
+    texts: list[str],
+    settings: BenchSettings,
+    command: str = "",
+    show_progress: bool = True,
+) -> BenchResult:
+    """The whole bench: oracle, warm-up, the timed grid, the tracing pairs, summarised into cells."""
+    from tqdm import tqdm
+
+    settings.validate()
+    started = now_iso()
+    machine = machine_info(pair)
+    prompts = select_prompts(pair, texts, settings.num_prompts, settings.max_new_tokens)
+    total = len(prompts.ids) + count_runs(settings)
+    with tqdm(total=total, desc="bench", unit="run", file=sys.stderr, disable=not show_progress) as bar:
+
+        def tick(label: str) -> None:
+            bar.set_postfix_str(label, refresh=False)
+            bar.update(1)
+
+        prompts.references = greedy_references(
+            pair, prompts.ids, settings.max_new_tokens, progress=lambda phase, done, count: tick(phase)
+        )
+        warm_up(pair, prompts, settings)
+        samples = run_matrix(pair, prompts, settings, tick)
+        tracing = measure_tracing(pair, prompts, settings, tick)
+    machine["load_average_end"] = load_average()
+    return BenchResult(
+        command=command,
+        started_at=started,
+        finished_at=now_iso(),
+        machine=machine,
+        settings=settings,
+        prompts=prompts.describe(),
+        cells=make_cells(settings, samples),
+        tracing=tracing,
+    )

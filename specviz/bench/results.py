@@ -1,0 +1,295 @@
+"""What a bench measured: one `Sample` per timed decode, one `Cell` per (arm, batch size, draft length),
+the tracing on/off pairs, the whole `BenchResult` with its JSON form, and the goals it is judged by.
+
+Pure records and arithmetic: no model, no clock, no file.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from specviz.bench.settings import BenchSettings, Job, jobs_for_batch
+
+FORMAT_VERSION = 1
+GOAL_ALIGNMENT_SHARE = 0.05
+GOAL_TRACING_OVERHEAD = 0.05
+GOAL_GROUP_SHARE = 0.5
+
+SampleKey = tuple[str, int, int]  # Job.key: (arm, batch size, draft length)
+
+
+@dataclass
+class Sample:
+    """What one timed run measured."""
+
+    seconds: float
+    tokens: int
+    phases_ms: dict[str, float]  # draft, verify, align, bookkeeping, total (summed over steps)
+    steps: int
+    rows: int  # batch rows summed over steps
+    grouped_steps: int
+    full_group_steps: int  # grouped and as wide as the batch size
+    divergences: list[int | None]  # first divergent token per prompt (None: exact)
+    acceptance_rate: float | None
+    mean_acceptance_length: float | None
+    verdict: str | None = None  # the checker's run verdict (first repeat only)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def exact_match(self) -> float:
+        return sum(d is None for d in self.divergences) / len(self.divergences) if self.divergences else 1.0
+
+
+@dataclass
+class TracingResult:
+    """Decode wall time with the recorder on vs off (NullRecorder), same config, interleaved."""
+
+    arm: str
+    batch_size: int
+    draft_k: int
+    seconds_off: list[float]
+    seconds_on: list[float]
+
+    @property
+    def overhead(self) -> float:
+        """Median over repeats of on/off - 1: the extra wall time tracing costs."""
+        ratios = [on / off for on, off in zip(self.seconds_on, self.seconds_off) if off > 0]
+        return median(ratios) - 1.0 if ratios else 0.0
+
+    @property
+    def overhead_of_fastest(self) -> float:
+        """Fastest on / fastest off - 1: on a busy machine noise only adds time, so minima are steadier."""
+        if not self.seconds_on or not min(self.seconds_off, default=0.0):
+            return 0.0
+        return min(self.seconds_on) / min(self.seconds_off) - 1.0
+
+
+@dataclass
+class Cell:
+    """One (arm, batch size, draft length): medians over repeats."""
+
+    arm: str
+    method: str
+    policy: str | None
+    fault: str | None
+    per_row_loop: bool
+    batch_size: int
+    draft_k: int
+    repeats: int
+    exact_match: float
+    diverged: int
+    first_divergence_min: int | None
+    first_divergence_median: float | None
+    verdict: str | None
+    acceptance_rate: float | None
+    mean_acceptance_length: float | None
+    tokens_per_second: float
+    speedup_vs_baseline: float
+    draft_share: float
+    verify_share: float
+    alignment_share: float
+    bookkeeping_share: float
+    step_ms: float
+    draft_ms_per_step: float
+    verify_ms_per_step: float
+    align_ms_per_step: float
+    bookkeeping_ms_per_step: float
+    steps: int
+    rows_per_step: float
+    group_share: float | None
+    full_group_share: float | None
+    first_divergence: list[int | None] = field(default_factory=list)
+
+    def brief(self) -> dict[str, Any]:
+        """The per-method, per-batch-size entry of the JSON `results`."""
+        out = asdict(self)
+        for name in ("arm", "batch_size", "first_divergence"):
+            out.pop(name)
+        return out
+
+
+def median(values: list[float]) -> float:
+    return float(statistics.median(values)) if values else 0.0
+
+
+def _share(samples: list[Sample], phase: str) -> float:
+    return median([s.phases_ms[phase] / s.phases_ms["total"] if s.phases_ms["total"] > 0 else 0.0 for s in samples])
+
+
+def _per_step(samples: list[Sample], phase: str) -> float:
+    return median([s.phases_ms[phase] / s.steps for s in samples if s.steps])
+
+
+def make_cell(job: Job, samples: list[Sample], baselines: list[Sample]) -> Cell:
+    """Summarise one job's repeats; `baselines[i]` ran in the same repeat as `samples[i]`."""
+    # Exactness from the least exact repeat: repeats agree on CPU, on a GPU they may not.
+    worst = min(samples, key=lambda s: s.exact_match)
+    diverged = [d for d in worst.divergences if d is not None]
+    first = samples[0]  # counts that do not vary between repeats, and the one checked repeat
+    steps = first.steps
+    # Speedup as the median of same-repeat ratios, so drift of the machine between repeats cancels.
+    ratios = [s.tokens_per_second / b.tokens_per_second for s, b in zip(samples, baselines) if b.tokens_per_second]
+    is_exspec = job.arm.method == "exspec"
+    return Cell(
+        arm=job.arm.name,
+        method=job.arm.method,
+        policy=job.arm.policy,
+        fault=job.arm.fault,
+        per_row_loop=job.arm.per_row_loop,
+        batch_size=job.batch_size,
+        draft_k=job.draft_k,
+        repeats=len(samples),
+        exact_match=worst.exact_match,
+        diverged=len(diverged),
+        first_divergence_min=min(diverged) if diverged else None,
+        first_divergence_median=float(statistics.median(diverged)) if diverged else None,
+        verdict=first.verdict,
+        acceptance_rate=first.acceptance_rate,
+        mean_acceptance_length=first.mean_acceptance_length,
+        tokens_per_second=median([s.tokens_per_second for s in samples]),
+        speedup_vs_baseline=median(ratios),
+        draft_share=_share(samples, "draft"),
+        verify_share=_share(samples, "verify"),
+        alignment_share=_share(samples, "align"),
+        bookkeeping_share=_share(samples, "bookkeeping"),
+        step_ms=_per_step(samples, "total"),
+        draft_ms_per_step=_per_step(samples, "draft"),
+        verify_ms_per_step=_per_step(samples, "verify"),
+        align_ms_per_step=_per_step(samples, "align"),
+        bookkeeping_ms_per_step=_per_step(samples, "bookkeeping"),
+        steps=steps,
+        rows_per_step=first.rows / steps if steps else 0.0,
+        group_share=first.grouped_steps / steps if is_exspec and steps else None,
+        full_group_share=first.full_group_steps / steps if is_exspec and steps else None,
+        first_divergence=worst.divergences,
+    )
+
+
+def make_cells(settings: BenchSettings, samples: dict[SampleKey, list[Sample]]) -> list[Cell]:
+    """Every cell of the grid, in the order of the settings (batch size, then draft length, then arm)."""
+    cells = []
+    for batch_size in settings.batch_sizes:
+        baselines = samples[("baseline", batch_size, 0)]
+        for job in jobs_for_batch(settings, batch_size):
+            cells.append(make_cell(job, samples[job.key], baselines))
+    return cells
+
+
+@dataclass
+class BenchResult:
+    command: str
+    started_at: str
+    finished_at: str
+    machine: dict[str, Any]
+    settings: BenchSettings
+    prompts: dict[str, Any]
+    cells: list[Cell]
+    tracing: TracingResult | None
+
+    def cell(self, arm: str, batch_size: int, draft_k: int | None = None) -> Cell | None:
+        """The cell of `arm` at `batch_size` and `draft_k` (default: the primary one; the baseline has 0)."""
+        k = 0 if arm == "baseline" else (draft_k if draft_k is not None else self.settings.primary_k)
+        for c in self.cells:
+            if (c.arm, c.batch_size, c.draft_k) == (arm, batch_size, k):
+                return c
+        return None
+
+    @property
+    def grouping_batch(self) -> int:
+        return self.settings.grouping_batch
+
+    @property
+    def grouping_window(self) -> int:
+        return self.settings.grouping_window
+
+    def group_shares(self) -> dict[str, float | None]:
+        """Group share of every EXSPEC arm at batch 8 (or the closest measured) and the primary k."""
+        out = {}
+        for name in self.settings.arms:
+            cell = self.cell(name, self.grouping_batch)
+            if cell is not None and cell.method == "exspec" and cell.fault is None:
+                out[name] = cell.group_share
+        return out
+
+    def goals(self) -> dict[str, Any]:
+        return evaluate_goals(self)
+
+    def results_table(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """results[arm][batch size] at the primary draft length (the baseline has k = 0)."""
+        table: dict[str, dict[str, dict[str, Any]]] = {}
+        for c in self.cells:
+            if c.draft_k in (0, self.settings.primary_k):
+                table.setdefault(c.arm, {})[str(c.batch_size)] = c.brief()
+        return table
+
+    def tracing_details(self) -> dict[str, Any] | None:
+        if self.tracing is None:
+            return None
+        t = self.tracing
+        return {**asdict(t), "overhead": t.overhead, "overhead_of_fastest": t.overhead_of_fastest}
+
+    def to_json(self) -> dict[str, Any]:
+        shares = self.group_shares()
+        return {
+            "format": "specviz-bench",
+            "version": FORMAT_VERSION,
+            "command": self.command,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "machine": self.machine,
+            "settings": asdict(self.settings),
+            "prompts": self.prompts,
+            "draft_k": self.settings.primary_k,
+            "results": self.results_table(),
+            "tracing_overhead": self.tracing.overhead if self.tracing else None,
+            "tracing": self.tracing_details(),
+            "exspec_group_share": shares.get("exspec"),
+            "exspec_group_share_by_arm": shares,
+            "exspec_grouping": {"batch_size": self.grouping_batch, "window": self.grouping_window},
+            "goals": self.goals(),
+            "cells": [asdict(c) for c in self.cells],
+        }
+
+
+def evaluate_goals(result: BenchResult) -> dict[str, Any]:
+    """Issue 5's goals, as measured in this run (None: not measured)."""
+    largest = max(result.settings.batch_sizes)
+    eq = result.cell("eqspec", largest)
+    ex = result.cell("exspec", result.grouping_batch)
+    eq_group = result.cell("eqspec", result.grouping_batch)
+    overhead = result.tracing.overhead if result.tracing else None
+    align = eq.alignment_share if eq else None
+    return {
+        "alignment_share_batched_move": {
+            "batch_size": largest,
+            "value": align,
+            "goal": f"< {GOAL_ALIGNMENT_SHARE}",
+            "met": None if align is None else align < GOAL_ALIGNMENT_SHARE,
+        },
+        "tracing_overhead": {
+            "value": overhead,
+            "goal": f"< {GOAL_TRACING_OVERHEAD}",
+            "met": None if overhead is None else overhead < GOAL_TRACING_OVERHEAD,
+        },
+        "exspec_grouping": {**_grouping_goal(ex, eq_group), "num_prompts": result.prompts["count"]},
+    }
+
+
+def _grouping_goal(ex: Cell | None, eq: Cell | None) -> dict[str, Any]:
+    if ex is None or eq is None:
+        return {"met": None}
+    share_ok = ex.group_share is not None and ex.group_share >= GOAL_GROUP_SHARE
+    return {
+        "batch_size": ex.batch_size,
+        "group_share": ex.group_share,
+        "exspec_tokens_per_second": ex.tokens_per_second,
+        "eqspec_tokens_per_second": eq.tokens_per_second,
+        "exact_match": ex.exact_match,
+        "goal": f"group share >= {GOAL_GROUP_SHARE}, tokens/s >= eqspec, exact",
+        "met": share_ok and ex.tokens_per_second >= eq.tokens_per_second and ex.exact_match == 1.0,
+    }
