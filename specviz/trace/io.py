@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from specviz.trace.budget import over_budget
 from specviz.trace.schema import (
     FORMAT_NAME,
     SCHEMA_VERSION,
@@ -32,8 +33,10 @@ from specviz.trace.schema import (
     Trace,
 )
 
-MAX_FILE_BYTES = 256 * 1024 * 1024  # compressed or plain, as read from disk
-MAX_JSON_BYTES = 1024 * 1024 * 1024  # after decompression
+# Parsed JSON costs up to ~23x its text in Python objects (`[{},{},...]`): 48 MiB of JSON is at most
+# ~1.1 GB while parsing, four times the largest run the project records (480 x 128 tokens: 12 MB).
+MAX_JSON_BYTES = 48 * 1024 * 1024  # after decompression
+MAX_FILE_BYTES = MAX_JSON_BYTES  # compressed or plain, as read from disk
 MAX_INFLATE_RATIO = 200  # a tiny gzip that inflates to gigabytes is a bomb, not a trace
 MAX_LENGTH = 10_000_000  # bound on any length/count field (slots, tokens, steps)
 MAX_ABS_INT = MAX_LENGTH * 1000  # token ids can exceed lengths; past this an int is just absurd
@@ -172,6 +175,11 @@ def trace_from_dict(data: Any) -> Trace:
             f"header.schema_version: trace is version {version}, which this specviz no longer "
             f"reads (current {SCHEMA_VERSION}); re-record it"
         )
+    # Before any dataclass exists: a trace that declares more than views and checks may touch
+    # costs only its parse.
+    problem = over_budget(data)
+    if problem:
+        raise TraceError(problem)
     body = {key: value for key, value in data.items() if key != "format"}
     trace = _CONVERTERS[Trace](body, "")
     _check_references(trace)
