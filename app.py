@@ -19,30 +19,29 @@ from typing import Any
 
 import gradio as gr
 import pandas as pd
-import plotly.graph_objects as go
 
 from specviz.errors import SpecvizError
 from specviz.trace.io import TraceError, load_trace, parse_trace_bytes, save_trace
 from specviz.trace.naming import run_slug
 from specviz.views import (
+    GridView,
     LoadedRun,
-    RunOutputs,
     acceptance_figure,
     acceptance_heatmap,
     acceptance_markdown,
     analyse,
-    compare_table,
     drift_heatmap,
-    grid_figure,
+    empty_figure,
+    grid_view,
     kv_heatmap,
-    outputs_html,
     sequence_table,
-    step_grid,
-    summary_markdown,
+    slot_outputs_html,
+    slot_summary_markdown,
+    slots_compare_table,
     timeline_figure,
     violations_table,
 )
-from specviz.views.grid import DEFAULT_WINDOW, row_details_markdown, step_markdown
+from specviz.views.grid import DEFAULT_WINDOW, NO_ROW
 from specviz.views.outputs import OUTPUTS_CSS, PER_PAGE, page_count
 from specviz.views.tokens import attach_token_text
 
@@ -55,7 +54,6 @@ PLAY_SECONDS = 0.8
 # first red cell), B the same prompts decoded correctly. Real text turning into garbage first.
 DEFAULT_A = ("gemma-eqspec-uniform-advance.json.gz", "default-eqspec-stale-kv.json.gz")
 DEFAULT_B = ("gemma-eqspec.json.gz", "default-eqspec.json.gz")
-NO_ROW = -1
 
 # Live runs share this machine's CPU with everyone: bounds that keep one run to about a minute.
 LIVE_LIMITS = {"batch_size": (1, 32), "draft_k": (1, 8), "max_new_tokens": (1, 256), "num_prompts": (1, 64)}
@@ -213,109 +211,13 @@ def user_errors(fn: Any) -> Any:
     return wrapper
 
 
-# ----------------------------------------------------------------------------- rendering
-
-
-def _empty_figure(message: str) -> go.Figure:
-    fig = go.Figure()
-    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font={"size": 14})
-    fig.update_layout(height=160, xaxis={"visible": False}, yaxis={"visible": False}, plot_bgcolor="white")
-    return fig
-
-
-def _cached(loaded: LoadedRun, key: str, build: Any) -> go.Figure:
-    if key not in loaded.figures:
-        loaded.figures[key] = build()
-    return loaded.figures[key]
-
-
-def _row_choices(loaded: LoadedRun, step_index: int) -> list[tuple[str, int]]:
-    rows = loaded.trace.steps[step_index].rows if loaded.trace.steps else []
-    return [("none", NO_ROW)] + [(f"row {r.row} · seq {r.seq_id}", r.row) for r in rows]
-
-
-def render_grid(loaded: LoadedRun | None, step_index: int, row: int, window: int) -> tuple[Any, ...]:
-    """(row dropdown, grid figure, step text, row text) for one step of the inspected run."""
-    if loaded is None or not loaded.trace.steps:
-        message = "No run loaded in this slot." if loaded is None else "This trace records no steps."
-        return gr.update(choices=[("none", NO_ROW)], value=NO_ROW), _empty_figure(message), "", ""
-    step_index = min(max(int(step_index or 0), 0), loaded.step_count - 1)
-    grid = step_grid(loaded.trace, step_index, loaded.report, loaded.history)
-    rows = {r.row for r in grid.rows}
-    row = int(row) if row is not None and int(row) in rows else NO_ROW
-    figure = grid_figure(grid, loaded.texts, window=int(window or DEFAULT_WINDOW), selected_row=row)
-    details = row_details_markdown(grid, row, loaded.texts) if row != NO_ROW else "Pick a row to see fed vs expected."
-    dropdown = gr.update(choices=_row_choices(loaded, step_index), value=row)
-    return dropdown, figure, step_markdown(grid), details
-
-
-def render_outputs(loaded: LoadedRun | None, other: LoadedRun | None, label: str, page: int, only: bool) -> str:
-    if loaded is None:
-        return "<div class='sv-note'>No run loaded in this slot.</div>"
-    other_label = "B" if label == "A" else "A"
-    main = RunOutputs(label, loaded.trace, loaded.report)
-    side = RunOutputs(other_label, other.trace, other.report) if other is not None else None
-    return outputs_html(main, side, page=int(page or 1) - 1, only_diverged=bool(only))
-
-
-def render_details(
-    loaded: LoadedRun | None, other: LoadedRun | None, label: str, row: int, window: int, only: bool
-) -> list[Any]:
-    """Every detail output for the inspected run, opening on its first violation."""
-    if loaded is None:
-        empty = _empty_figure(f"Run {label} is empty: load a trace into slot {label}.")
-        grid_out = render_grid(None, 0, NO_ROW, window)
-        return [
-            gr.update(minimum=0, maximum=1, value=0),
-            *grid_out,
-            empty,
-            pd.DataFrame(),
-            "",
-            empty,
-            empty,
-            pd.DataFrame(),
-            empty,
-            empty,
-            gr.update(value=1, maximum=1),
-            render_outputs(None, None, label, 1, only),
-        ]
-    start = loaded.start_step_index()
-    first = loaded.report.first_violation
-    if first is not None:
-        row = first.row
-    trace, report = loaded.trace, loaded.report
-    return [
-        gr.update(minimum=0, maximum=max(loaded.step_count - 1, 1), value=start),
-        *render_grid(loaded, start, row, window),
-        _cached(loaded, "timeline", lambda: timeline_figure(trace, report)),
-        violations_table(report),
-        acceptance_markdown(trace),
-        _cached(loaded, "acceptance", lambda: acceptance_figure(trace)),
-        _cached(loaded, "acceptance_heatmap", lambda: acceptance_heatmap(trace)),
-        sequence_table(trace, report),
-        _cached(loaded, "kv", lambda: kv_heatmap(trace)),
-        _cached(loaded, "drift", lambda: drift_heatmap(trace)),
-        gr.update(value=1, maximum=page_count(report, PER_PAGE, only)),
-        render_outputs(loaded, other, label, 1, only),
-    ]
-
-
-def render_compare(run_a: LoadedRun | None, run_b: LoadedRun | None) -> pd.DataFrame:
-    runs = [(label, r.trace, r.report) for label, r in (("A", run_a), ("B", run_b)) if r is not None]
-    return compare_table(runs) if runs else pd.DataFrame()
-
-
-def slot_summary(loaded: LoadedRun | None, label: str) -> str:
-    if loaded is None:
-        return f"### Run {label}: empty\nLoad a bundled trace, upload a trace file, or start a live run."
-    return summary_markdown(loaded.trace, loaded.report, label) + f"\n\n<sub>source: {loaded.source}</sub>"
-
-
 # ----------------------------------------------------------------------------- layout
 
 
 @dataclass
-class Slot:
+class RunSlot:
+    """The controls of run slot A or B and the state holding its loaded run."""
+
     label: str
     state: Any
     bundled: Any
@@ -326,65 +228,10 @@ class Slot:
     summary: Any
 
 
-def _live_controls(label: str) -> tuple[list[Any], Any, Any]:
-    from specviz.engine.faults import FAULTS
-    from specviz.engine.models import DEFAULT_DRAFT, DEFAULT_TARGET
-
-    with gr.Accordion(f"Live run into slot {label}", open=False):
-        with gr.Row():
-            method = gr.Dropdown(["eqspec", "exspec", "baseline"], value="eqspec", label="method")
-            fault = gr.Dropdown(["none", *FAULTS], value="none", label="fault to inject")
-        with gr.Row():
-            batch = gr.Slider(*LIVE_LIMITS["batch_size"], value=8, step=1, label="batch size")
-            k = gr.Slider(*LIVE_LIMITS["draft_k"], value=4, step=1, label="draft tokens k")
-        with gr.Row():
-            max_new = gr.Slider(*LIVE_LIMITS["max_new_tokens"], value=48, step=1, label="max new tokens")
-            num = gr.Slider(*LIVE_LIMITS["num_prompts"], value=16, step=1, label="SpecBench prompts")
-        prompts = gr.Textbox(lines=3, label="or your own prompts, one per line (overrides the SpecBench count)")
-        target = gr.Textbox(value=DEFAULT_TARGET, label="target model (local path or hub id)")
-        draft = gr.Textbox(value=DEFAULT_DRAFT, label="draft model (local path or hub id)")
-        button = gr.Button(f"Run live into {label}", variant="primary")
-        download = gr.File(label="trace of the live run", interactive=False)
-    return [method, fault, batch, k, max_new, num, prompts, target, draft], button, download
-
-
-def _slot(label: str, defaults: tuple[str, ...]) -> Slot:
-    with gr.Column(variant="panel"):
-        with gr.Row(equal_height=True):
-            bundled = gr.Dropdown(
-                bundled_traces(),
-                value=first_bundled(defaults),
-                label=f"run {label}: bundled example trace",
-                interactive=True,
-                scale=3,
-            )
-            upload = gr.UploadButton(
-                "or upload a trace", file_types=[".json", ".gz"], type="filepath", size="sm", scale=1
-            )
-        live_inputs, button, download = _live_controls(label)
-        summary = gr.Markdown(slot_summary(None, label), elem_classes=["sv-summary"])
-    return Slot(label, gr.State(None), bundled, upload, live_inputs, button, download, summary)
-
-
-def build_app() -> gr.Blocks:
-    with gr.Blocks(title="specviz") as demo:
-        gr.Markdown(INTRO, elem_id="sv-intro")
-        with gr.Row(equal_height=False):
-            slot_a = _slot("A", DEFAULT_A)
-            slot_b = _slot("B", DEFAULT_B)
-        inspect = gr.Radio(
-            [("inspect run A", "A"), ("inspect run B", "B")], value="A", container=False, interactive=True
-        )
-        ui = _detail_tabs()
-        with gr.Accordion("A vs B, metric by metric", open=False):
-            compare = gr.Dataframe(label="A vs B (throughput is per run; compare speed within one run only)")
-        _wire(demo, slot_a, slot_b, inspect, compare, ui)
-    demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=4)
-    return demo
-
-
 @dataclass
 class DetailUI:
+    """The detail tabs; its methods say what each component shows, as `{component: value}`."""
+
     tabs: Any
     step: Any
     row: Any
@@ -410,14 +257,14 @@ class DetailUI:
     only_diverged: Any
     outputs: Any
 
-    def outputs_list(self) -> list[Any]:
-        """The order `render_details` returns its values in."""
+    def grid_components(self) -> list[Any]:
+        return [self.row, self.grid, self.step_text, self.row_text]
+
+    def detail_components(self) -> list[Any]:
+        """Everything `details` sets. A list, not a set: the API returns values in this order."""
         return [
             self.step,
-            self.row,
-            self.grid,
-            self.step_text,
-            self.row_text,
+            *self.grid_components(),
             self.timeline,
             self.violations,
             self.acceptance_text,
@@ -429,6 +276,116 @@ class DetailUI:
             self.page,
             self.outputs,
         ]
+
+    def grid_values(self, view: GridView) -> dict[Any, Any]:
+        return {
+            self.row: gr.update(choices=view.row_choices, value=view.row),
+            self.grid: view.figure,
+            self.step_text: view.step_text,
+            self.row_text: view.row_text,
+        }
+
+    def details(self, loaded: LoadedRun | None, other: LoadedRun | None, label: str, window: int, only: bool) -> dict:
+        """Every detail output for the inspected run, opening on its first violation."""
+        if loaded is None:
+            return self._empty_details(label, window, only)
+        trace, report = loaded.trace, loaded.report
+        first = report.first_violation
+        start = loaded.start_step_index()
+        return {
+            self.step: gr.update(minimum=0, maximum=max(loaded.step_count - 1, 1), value=start),
+            **self.grid_values(grid_view(loaded, start, first.row if first else NO_ROW, window)),
+            self.timeline: loaded.figure("timeline", lambda: timeline_figure(trace, report)),
+            self.violations: violations_table(report),
+            self.acceptance_text: acceptance_markdown(trace),
+            self.acceptance: loaded.figure("acceptance", lambda: acceptance_figure(trace)),
+            self.acceptance_map: loaded.figure("acceptance_heatmap", lambda: acceptance_heatmap(trace)),
+            self.sequences: sequence_table(trace, report),
+            self.kv: loaded.figure("kv", lambda: kv_heatmap(trace)),
+            self.drift: loaded.figure("drift", lambda: drift_heatmap(trace)),
+            self.page: gr.update(value=1, maximum=page_count(report, PER_PAGE, only)),
+            self.outputs: slot_outputs_html(loaded, other, label, 1, only),
+        }
+
+    def _empty_details(self, label: str, window: int, only: bool) -> dict:
+        empty = empty_figure(f"Run {label} is empty: load a trace into slot {label}.")
+        return {
+            self.step: gr.update(minimum=0, maximum=1, value=0),
+            **self.grid_values(grid_view(None, 0, NO_ROW, window)),
+            **dict.fromkeys([self.timeline, self.acceptance, self.acceptance_map, self.kv, self.drift], empty),
+            self.violations: pd.DataFrame(),
+            self.acceptance_text: "",
+            self.sequences: pd.DataFrame(),
+            self.page: gr.update(value=1, maximum=1),
+            self.outputs: slot_outputs_html(None, None, label, 1, only),
+        }
+
+
+def _live_controls(label: str) -> tuple[list[Any], Any, Any]:
+    from specviz.engine.faults import FAULTS
+    from specviz.engine.models import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    slug = label.lower()
+    with gr.Accordion(f"Live run into slot {label}", open=False):
+        with gr.Row():
+            method = gr.Dropdown(["eqspec", "exspec", "baseline"], value="eqspec", label="method")
+            fault = gr.Dropdown(["none", *FAULTS], value="none", label="fault to inject")
+        with gr.Row():
+            batch = gr.Slider(*LIVE_LIMITS["batch_size"], value=8, step=1, label="batch size")
+            k = gr.Slider(*LIVE_LIMITS["draft_k"], value=4, step=1, label="draft tokens k")
+        with gr.Row():
+            max_new = gr.Slider(*LIVE_LIMITS["max_new_tokens"], value=48, step=1, label="max new tokens")
+            num = gr.Slider(*LIVE_LIMITS["num_prompts"], value=16, step=1, label="SpecBench prompts")
+        prompts = gr.Textbox(lines=3, label="or your own prompts, one per line (overrides the SpecBench count)")
+        target = gr.Textbox(value=DEFAULT_TARGET, label="target model (local path or hub id)")
+        draft = gr.Textbox(value=DEFAULT_DRAFT, label="draft model (local path or hub id)")
+        button = gr.Button(f"Run live into {label}", variant="primary")
+        download = gr.File(label="trace of the live run", interactive=False, elem_id=f"sv-download-{slug}")
+    return [method, fault, batch, k, max_new, num, prompts, target, draft], button, download
+
+
+def _run_slot(label: str, defaults: tuple[str, ...]) -> RunSlot:
+    slug = label.lower()
+    with gr.Column(variant="panel"):
+        with gr.Row(equal_height=True):
+            bundled = gr.Dropdown(
+                bundled_traces(),
+                value=first_bundled(defaults),
+                label=f"run {label}: bundled example trace",
+                interactive=True,
+                scale=3,
+            )
+            upload = gr.UploadButton(
+                "or upload a trace", file_types=[".json", ".gz"], type="filepath", size="sm", scale=1
+            )
+        live_inputs, button, download = _live_controls(label)
+        summary = gr.Markdown(
+            slot_summary_markdown(None, label), elem_classes=["sv-summary"], elem_id=f"sv-summary-{slug}"
+        )
+    return RunSlot(label, gr.State(None), bundled, upload, live_inputs, button, download, summary)
+
+
+def build_app() -> gr.Blocks:
+    with gr.Blocks(title="specviz") as demo:
+        gr.Markdown(INTRO, elem_id="sv-intro")
+        with gr.Row(equal_height=False):
+            slot_a = _run_slot("A", DEFAULT_A)
+            slot_b = _run_slot("B", DEFAULT_B)
+        inspect = gr.Radio(
+            [("inspect run A", "A"), ("inspect run B", "B")],
+            value="A",
+            container=False,
+            interactive=True,
+            elem_id="sv-inspect",
+        )
+        ui = _detail_tabs()
+        with gr.Accordion("A vs B, metric by metric", open=False):
+            compare = gr.Dataframe(
+                label="A vs B (throughput is per run; compare speed within one run only)", elem_id="sv-compare"
+            )
+        _wire(demo, slot_a, slot_b, inspect, compare, ui)
+    demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=4)
+    return demo
 
 
 def _detail_tabs() -> DetailUI:
@@ -458,16 +415,16 @@ def _detail_tabs() -> DetailUI:
                 elem_id="sv-violations",
             )
         with gr.Tab("Acceptance", id="acceptance"):
-            acceptance_text = gr.Markdown()
-            acceptance = gr.Plot(label="acceptance metrics")
-            acceptance_map = gr.Plot(label="acceptance heatmap")
-            sequences = gr.Dataframe(label="per sequence", interactive=False)
+            acceptance_text = gr.Markdown(elem_id="sv-acceptance-text")
+            acceptance = gr.Plot(label="acceptance metrics", elem_id="sv-acceptance")
+            acceptance_map = gr.Plot(label="acceptance heatmap", elem_id="sv-acceptance-map")
+            sequences = gr.Dataframe(label="per sequence", interactive=False, elem_id="sv-sequences")
         with gr.Tab("KV & positions", id="kv"):
-            kv = gr.Plot(label="KV length error")
-            drift = gr.Plot(label="position-ID drift")
+            kv = gr.Plot(label="KV length error", elem_id="sv-kv")
+            drift = gr.Plot(label="position-ID drift", elem_id="sv-drift")
         with gr.Tab("Outputs", id="outputs"):
             with gr.Row():
-                page = gr.Number(value=1, minimum=1, maximum=1, precision=0, label="page", scale=1)
+                page = gr.Number(value=1, minimum=1, maximum=1, precision=0, label="page", scale=1, elem_id="sv-page")
                 only_diverged = gr.Checkbox(value=False, label="only divergent sequences", scale=2)
             outputs = gr.HTML(elem_id="sv-outputs")
     return DetailUI(
@@ -480,86 +437,105 @@ def _detail_tabs() -> DetailUI:
 
 
 def _pick(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None) -> tuple[LoadedRun | None, LoadedRun | None]:
+    """(inspected run, the other one) for the inspect switch's value."""
     return (run_a, run_b) if label == "A" else (run_b, run_a)
 
 
-def _wire(demo: gr.Blocks, slot_a: Slot, slot_b: Slot, inspect: Any, compare: Any, ui: DetailUI) -> None:
+def _inspected(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None) -> LoadedRun | None:
+    return run_a if label == "A" else run_b
+
+
+def _last_step(loaded: LoadedRun | None) -> int:
+    return max(loaded.step_count - 1, 0) if loaded is not None else 0
+
+
+def _wire(demo: gr.Blocks, slot_a: RunSlot, slot_b: RunSlot, inspect: Any, compare: Any, ui: DetailUI) -> None:
     for slot, other in ((slot_a, slot_b), (slot_b, slot_a)):
         _wire_slot(slot, other, inspect, compare, ui)
     states = [slot_a.state, slot_b.state]
-    details = ui.outputs_list()
 
-    def on_inspect(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, window: int, only: bool) -> list:
+    def on_inspect(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, window: int, only: bool) -> dict:
         loaded, other = _pick(label, run_a, run_b)
-        return render_details(loaded, other, label, NO_ROW, window, only)
+        return ui.details(loaded, other, label, window, only)
 
-    inspect.change(on_inspect, [inspect, *states, ui.window, ui.only_diverged], details, api_name="inspect")
+    inspect.change(
+        on_inspect, [inspect, *states, ui.window, ui.only_diverged], ui.detail_components(), api_name="inspect"
+    )
 
     def on_grid(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, step: int, row: int, window: int):
-        return render_grid(_pick(label, run_a, run_b)[0], step, row, window)
+        return ui.grid_values(grid_view(_inspected(label, run_a, run_b), step, row, window))
 
-    grid_inputs = [inspect, *states, ui.step, ui.row, ui.window]
-    grid_outputs = [ui.row, ui.grid, ui.step_text, ui.row_text]
-    ui.step.change(on_grid, grid_inputs, grid_outputs, api_name="grid", trigger_mode="always_last")
-    ui.row.input(on_grid, grid_inputs, grid_outputs, api_visibility="private")
-    ui.window.release(on_grid, grid_inputs, grid_outputs, api_visibility="private")
+    gr.on(
+        [ui.step.change, ui.row.input, ui.window.release],
+        on_grid,
+        [inspect, *states, ui.step, ui.row, ui.window],
+        ui.grid_components(),
+        api_name="grid",
+        trigger_mode="always_last",  # dragging the slider: draw the step it rests on, not every one passed
+    )
     _wire_navigation(inspect, states, ui)
 
-    def on_page(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, page: int, only: bool) -> str:
+    def on_page(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, page: int, only: bool) -> dict:
         loaded, other = _pick(label, run_a, run_b)
-        return render_outputs(loaded, other, label, page, only)
+        return {ui.outputs: slot_outputs_html(loaded, other, label, page, only)}
 
-    page_inputs = [inspect, *states, ui.page, ui.only_diverged]
-    ui.page.change(on_page, page_inputs, ui.outputs, api_visibility="private")
-    ui.only_diverged.change(on_page, page_inputs, ui.outputs, api_visibility="private")
+    gr.on(
+        [ui.page.change, ui.only_diverged.change],
+        on_page,
+        [inspect, *states, ui.page, ui.only_diverged],
+        [ui.outputs],
+        api_visibility="private",
+    )
+
+    def preload(window: int, only: bool) -> dict:
+        """Open on the default pair of examples, inspecting A; a missing bundle leaves the slot empty."""
+        run_a, run_b = _load_default(DEFAULT_A), _load_default(DEFAULT_B)
+        return {
+            slot_a.state: run_a,
+            slot_b.state: run_b,
+            slot_a.summary: slot_summary_markdown(run_a, "A"),
+            slot_b.summary: slot_summary_markdown(run_b, "B"),
+            compare: slots_compare_table(run_a, run_b),
+            **ui.details(run_a, run_b, "A", window, only),
+        }
+
     demo.load(
-        _preload,
+        preload,
         [ui.window, ui.only_diverged],
-        [*states, slot_a.summary, slot_b.summary, compare, *details],
+        [*states, slot_a.summary, slot_b.summary, compare, *ui.detail_components()],
         api_visibility="private",
     )
 
 
-def _preload(window: int, only: bool) -> list[Any]:
-    """Open on the default pair of examples, inspecting A; a missing bundle leaves the slot empty."""
-    loaded = {}
-    for label, defaults in (("A", DEFAULT_A), ("B", DEFAULT_B)):
-        try:
-            loaded[label] = load_bundled(first_bundled(defaults))
-        except (SpecvizError, TraceError):
-            loaded[label] = None
-    run_a, run_b = loaded["A"], loaded["B"]
-    return [
-        run_a,
-        run_b,
-        slot_summary(run_a, "A"),
-        slot_summary(run_b, "B"),
-        render_compare(run_a, run_b),
-        *render_details(run_a, run_b, "A", NO_ROW, window, only),
-    ]
+def _load_default(candidates: tuple[str, ...]) -> LoadedRun | None:
+    try:
+        return load_bundled(first_bundled(candidates))
+    except (SpecvizError, TraceError):
+        return None
 
 
-def _wire_slot(slot: Slot, other: Slot, inspect: Any, compare: Any, ui: DetailUI) -> None:
+def _wire_slot(slot: RunSlot, other: RunSlot, inspect: Any, compare: Any, ui: DetailUI) -> None:
     label = slot.label.lower()
-    outputs = [slot.state, slot.summary, inspect, compare, *ui.outputs_list()]
+    outputs = [slot.state, slot.summary, inspect, compare, *ui.detail_components()]
     a_first = slot.label == "A"
 
-    def finish(loaded: LoadedRun, other_run: LoadedRun | None, window: int, only: bool) -> list[Any]:
+    def finish(loaded: LoadedRun, other_run: LoadedRun | None, window: int, only: bool) -> dict:
+        """A run lands in this slot: show it, inspect it, compare it with the other slot's."""
         run_a, run_b = (loaded, other_run) if a_first else (other_run, loaded)
-        return [
-            loaded,
-            slot_summary(loaded, slot.label),
-            slot.label,
-            render_compare(run_a, run_b),
-            *render_details(loaded, other_run, slot.label, NO_ROW, window, only),
-        ]
+        return {
+            slot.state: loaded,
+            slot.summary: slot_summary_markdown(loaded, slot.label),
+            inspect: slot.label,
+            compare: slots_compare_table(run_a, run_b),
+            **ui.details(loaded, other_run, slot.label, window, only),
+        }
 
     @user_errors
-    def from_bundle(name: str, other_run: LoadedRun | None, window: int, only: bool) -> list[Any]:
+    def from_bundle(name: str, other_run: LoadedRun | None, window: int, only: bool) -> dict:
         return finish(load_bundled(name), other_run, window, only)
 
     @user_errors
-    def from_upload(path: str | None, other_run: LoadedRun | None, window: int, only: bool) -> list[Any]:
+    def from_upload(path: str | None, other_run: LoadedRun | None, window: int, only: bool) -> dict:
         return finish(load_upload(path), other_run, window, only)
 
     @user_errors
@@ -577,10 +553,10 @@ def _wire_slot(slot: Slot, other: Slot, inspect: Any, compare: Any, ui: DetailUI
         window: int,
         only: bool,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 - how Gradio injects progress
-    ) -> list[Any]:
+    ) -> dict:
         sizes = [_whole(v) for v in (batch_size, draft_k, max_new_tokens, num_prompts)]
         loaded = live_run(LiveRequest(method, fault, *sizes, prompts, target, draft), progress)
-        return [*finish(loaded, other_run, window, only), save_for_download(loaded)]
+        return {**finish(loaded, other_run, window, only), slot.download: save_for_download(loaded)}
 
     common = [other.state, ui.window, ui.only_diverged]
     slot.bundled.input(from_bundle, [slot.bundled, *common], outputs, api_name=f"load_bundled_{label}")
@@ -596,51 +572,57 @@ def _wire_slot(slot: Slot, other: Slot, inspect: Any, compare: Any, ui: DetailUI
 
 
 def _wire_navigation(inspect: Any, states: list[Any], ui: DetailUI) -> None:
+    nav_inputs = [inspect, *states, ui.step]
+
     def step_by(delta: int) -> Any:
-        def move(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, step: int) -> int:
-            loaded = _pick(label, run_a, run_b)[0]
-            last = loaded.step_count - 1 if loaded is not None else 0
-            return min(max(int(step) + delta, 0), max(last, 0))
+        def move(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, step: int) -> dict:
+            last = _last_step(_inspected(label, run_a, run_b))
+            return {ui.step: min(max(int(step) + delta, 0), last)}
 
         return move
 
-    nav_inputs = [inspect, *states, ui.step]
-    ui.prev.click(step_by(-1), nav_inputs, ui.step, api_visibility="private")
-    ui.next.click(step_by(1), nav_inputs, ui.step, api_visibility="private")
+    ui.prev.click(step_by(-1), nav_inputs, [ui.step], api_visibility="private")
+    ui.next.click(step_by(1), nav_inputs, [ui.step], api_visibility="private")
 
-    def tick(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, step: int) -> list[Any]:
-        loaded = _pick(label, run_a, run_b)[0]
-        last = loaded.step_count - 1 if loaded is not None else 0
-        if int(step) >= last:
-            return [gr.update(), gr.Timer(active=False)]
-        return [int(step) + 1, gr.update()]
+    def tick(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, step: int) -> dict:
+        if int(step) >= _last_step(_inspected(label, run_a, run_b)):
+            return {ui.timer: gr.Timer(active=False)}  # played to the end: stop
+        return {ui.step: int(step) + 1}
 
-    ui.play.click(lambda: gr.Timer(active=True), None, ui.timer, api_visibility="private")
-    ui.pause.click(lambda: gr.Timer(active=False), None, ui.timer, api_visibility="private")
+    ui.play.click(lambda: {ui.timer: gr.Timer(active=True)}, None, [ui.timer], api_visibility="private")
+    ui.pause.click(lambda: {ui.timer: gr.Timer(active=False)}, None, [ui.timer], api_visibility="private")
     ui.timer.tick(tick, nav_inputs, [ui.step, ui.timer], api_visibility="private")
+    _wire_jumps(inspect, states, ui)
 
-    def jump(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, window: int, index: int | None) -> list:
-        loaded = _pick(label, run_a, run_b)[0]
+
+def _wire_jumps(inspect: Any, states: list[Any], ui: DetailUI) -> None:
+    """Open a violation's step and row in the grid: the first one, or the one clicked in the table."""
+    jump_inputs = [inspect, *states, ui.window]
+    jump_outputs = [ui.step, *ui.grid_components(), ui.tabs]
+
+    def jump(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, window: int, index: int) -> dict:
+        loaded = _inspected(label, run_a, run_b)
         if loaded is None or not loaded.report.violations:
             gr.Info("This run has no violation: every invariant holds.")
-            return [gr.update()] * 5 + [gr.Tabs()]
-        violation = loaded.report.violations[min(index or 0, len(loaded.report.violations) - 1)]
+            return gr.skip()
+        violation = loaded.report.violations[min(index, len(loaded.report.violations) - 1)]
         step = violation.step_index
-        return [step, *render_grid(loaded, step, violation.row, window), gr.Tabs(selected="grid")]
+        return {
+            ui.step: step,
+            **ui.grid_values(grid_view(loaded, step, violation.row, window)),
+            ui.tabs: gr.Tabs(selected="grid"),
+        }
 
-    jump_outputs = [ui.step, ui.row, ui.grid, ui.step_text, ui.row_text, ui.tabs]
-    ui.first.click(
-        lambda label, run_a, run_b, window: jump(label, run_a, run_b, window, 0),
-        [inspect, *states, ui.window],
-        jump_outputs,
-        api_name="jump_first_violation",
-    )
+    def jump_first(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, window: int) -> dict:
+        return jump(label, run_a, run_b, window, 0)
 
-    def select_violation(label: str, run_a: Any, run_b: Any, window: int, evt: gr.SelectData) -> list:
+    def jump_selected(label: str, run_a: Any, run_b: Any, window: int, evt: gr.SelectData) -> dict:
         index = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
         return jump(label, run_a, run_b, window, int(index))
 
-    ui.violations.select(select_violation, [inspect, *states, ui.window], jump_outputs, api_visibility="private")
+    # Two bindings, not one gr.on: only the table's select event carries the clicked line.
+    ui.first.click(jump_first, jump_inputs, jump_outputs, api_name="jump_first_violation")
+    ui.violations.select(jump_selected, jump_inputs, jump_outputs, api_visibility="private")
 
 
 # ----------------------------------------------------------------------------- entry point

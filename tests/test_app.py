@@ -27,9 +27,30 @@ from specviz.views.tokens import attach_token_text
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Outputs of a load event, in app order: summary, inspected slot, A/B table, then the details.
-SUMMARY, INSPECT, COMPARE, STEP, ROW, GRID, STEP_TEXT, ROW_TEXT, TIMELINE, VIOLATIONS = range(10)
-OUTPUTS_HTML = 17
+
+class AppClient:
+    """The app through gradio_client, each endpoint's values keyed by their component's elem_id.
+
+    gradio_client returns an endpoint's values in the order of its outputs, leaving out the ones
+    with no API value (gr.State, layout blocks); the demo says which component each one is.
+    """
+
+    def __init__(self, demo: Any, url: str) -> None:
+        self.demo = demo
+        self.client = Client(url, verbose=False)
+
+    def output_ids(self, api_name: str) -> list[str]:
+        fn = next(f for f in self.demo.fns.values() if f.api_name == api_name)
+        ids = [component.elem_id for component in fn.outputs if not component.skip_api]
+        assert all(ids) and len(set(ids)) == len(ids), f"{api_name}: outputs need distinct elem_ids, got {ids}"
+        return ids
+
+    def call(self, api_name: str, *args: Any) -> dict[str, Any]:
+        values = self.client.predict(*args, api_name=f"/{api_name}")
+        ids = self.output_ids(api_name)
+        values = values if len(ids) > 1 else (values,)
+        assert len(values) == len(ids), (api_name, ids)
+        return dict(zip(ids, values))
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +58,7 @@ def client() -> Any:
     demo = app.build_app()
     _, url, _ = app.launch(demo, prevent_thread_lock=True, server_name="127.0.0.1", quiet=True)
     try:
-        yield Client(url, verbose=False)
+        yield AppClient(demo, url)
     finally:
         demo.close()
 
@@ -66,50 +87,51 @@ def bundled(kind: str) -> str:
 
 
 def test_load_bundled_faulty_trace(client: Any) -> None:
-    out = client.predict(bundled("faulty"), api_name="/load_bundled_a")
-    assert "DESYNC" in out[SUMMARY] and "Desync begins at step" in out[SUMMARY]
-    assert out[INSPECT] == "A"
-    grid = plot_json(out[GRID])
+    out = client.call("load_bundled_a", bundled("faulty"))
+    assert "DESYNC" in out["sv-summary-a"] and "Desync begins at step" in out["sv-summary-a"]
+    assert out["sv-inspect"] == "A"
+    grid = plot_json(out["sv-grid"])
     assert grid["data"][0]["type"] == "heatmap"
     assert "desync" in json.dumps(grid["layout"]["annotations"])  # the first violation is marked
-    assert out[VIOLATIONS]["data"], "violations table is empty"
-    first = out[VIOLATIONS]["data"][0]
-    assert out[STEP]["value"] == first[0]  # opens on the first violation's step (step == index here)
-    assert plot_json(out[TIMELINE])["data"]
-    assert "data-divergent='true'" in out[OUTPUTS_HTML]
+    assert out["sv-violations"]["data"], "violations table is empty"
+    table = out["sv-violations"]
+    first_step = table["data"][0][table["headers"].index("step")]
+    assert out["sv-step"]["value"] == first_step  # opens on the first violation's step (step == index here)
+    assert plot_json(out["sv-timeline"])["data"]
+    assert "data-divergent='true'" in out["sv-outputs"]
 
 
 def test_load_bundled_correct_trace_and_jump(client: Any) -> None:
-    out = client.predict(bundled("correct"), api_name="/load_bundled_b")
-    assert "CLEAN" in out[SUMMARY] and out[INSPECT] == "B"
-    assert "all rows as expected" in plot_json(out[GRID])["layout"]["title"]["text"]
-    faulty = client.predict(bundled("faulty"), api_name="/load_bundled_a")
-    jumped = client.predict("A", api_name="/jump_first_violation")
-    assert jumped[0] == faulty[STEP]["value"]
-    assert "desync" in json.dumps(plot_json(jumped[2])["layout"]["annotations"])
+    out = client.call("load_bundled_b", bundled("correct"))
+    assert "CLEAN" in out["sv-summary-b"] and out["sv-inspect"] == "B"
+    assert "all rows as expected" in plot_json(out["sv-grid"])["layout"]["title"]["text"]
+    faulty = client.call("load_bundled_a", bundled("faulty"))
+    jumped = client.call("jump_first_violation", "A")
+    assert jumped["sv-step"] == faulty["sv-step"]["value"]
+    assert "desync" in json.dumps(plot_json(jumped["sv-grid"])["layout"]["annotations"])
 
 
 def test_upload_then_malformed_upload_keeps_the_run(client: Any, tiny_trace: Path, tmp_path: Path) -> None:
-    out = client.predict(handle_file(str(tiny_trace)), api_name="/load_upload_b")
-    assert "CLEAN" in out[SUMMARY] and "upload tiny-eqspec.json.gz" in out[SUMMARY]
-    steps = out[STEP]["maximum"]
+    out = client.call("load_upload_b", handle_file(str(tiny_trace)))
+    assert "CLEAN" in out["sv-summary-b"] and "upload tiny-eqspec.json.gz" in out["sv-summary-b"]
+    steps = out["sv-step"]["maximum"]
     bad = tmp_path / "broken.json"
     bad.write_text('{"format": "specviz-trace", "header": 3}')
     with pytest.raises(AppError) as error:
-        client.predict(handle_file(str(bad)), api_name="/load_upload_b")
+        client.call("load_upload_b", handle_file(str(bad)))
     assert "broken.json" in str(error.value) and "Traceback" not in str(error.value)
     garbage = tmp_path / "garbage.json.gz"
     garbage.write_bytes(b"\x1f\x8bnot gzip at all")
     with pytest.raises(AppError, match="gzip"):
-        client.predict(handle_file(str(garbage)), api_name="/load_upload_b")
+        client.call("load_upload_b", handle_file(str(garbage)))
     # Slot B still holds the good upload, and the app answers.
-    again = client.predict("B", api_name="/inspect")
-    assert again[0]["maximum"] == steps
+    again = client.call("inspect", "B")
+    assert again["sv-step"]["maximum"] == steps
 
 
 def test_bundled_name_must_be_from_the_list(client: Any) -> None:
     with pytest.raises(AppError, match="not in the list of choices|not a bundled trace"):
-        client.predict("../pyproject.toml", api_name="/load_bundled_a")
+        client.call("load_bundled_a", "../pyproject.toml")
 
 
 LIVE = {
@@ -128,19 +150,20 @@ LIVE = {
 def test_live_run_correct_and_faulty(client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     pair = make_pair("llama")
     monkeypatch.setattr(app, "load_model_pair", lambda target, draft, with_draft: pair)
-    out = client.predict(*LIVE.values(), api_name="/live_run_a")
-    assert "CLEAN" in out[SUMMARY] and "live run" in out[SUMMARY]
-    assert Path(out[-1]).name.startswith("live-eqspec") and Path(out[-1]).stat().st_size > 0
-    faulty = client.predict(*{**LIVE, "fault": "stale-kv"}.values(), api_name="/live_run_a")
-    assert "DESYNC" in faulty[SUMMARY]
-    assert plot_json(faulty[TIMELINE])["data"]
+    out = client.call("live_run_a", *LIVE.values())
+    assert "CLEAN" in out["sv-summary-a"] and "live run" in out["sv-summary-a"]
+    download = Path(out["sv-download-a"])
+    assert download.name.startswith("live-eqspec") and download.stat().st_size > 0
+    faulty = client.call("live_run_a", *{**LIVE, "fault": "stale-kv"}.values())
+    assert "DESYNC" in faulty["sv-summary-a"]
+    assert plot_json(faulty["sv-timeline"])["data"]
 
 
 def test_live_run_bad_input_is_a_clear_error(client: Any) -> None:
     with pytest.raises(AppError, match="no such model directory"):
-        client.predict(*{**LIVE, "target": "/nonexistent/model"}.values(), api_name="/live_run_a")
+        client.call("live_run_a", *{**LIVE, "target": "/nonexistent/model"}.values())
     with pytest.raises(AppError, match="greater than maximum|batch size must be between"):
-        client.predict(*{**LIVE, "batch_size": 1000}.values(), api_name="/live_run_a")
+        client.call("live_run_a", *{**LIVE, "batch_size": 1000}.values())
 
 
 def _free_port() -> int:

@@ -16,6 +16,7 @@ from tiny import make_pair
 
 from specviz.analysis.check import check_trace
 from specviz.analysis.metrics import acceptance
+from specviz.analysis.slots import step_slots
 from specviz.engine.run import RunConfig, run
 from specviz.trace.schema import Header, ModelInfo, RowRecord, SequenceRecord, StepRecord, Trace
 from specviz.views import (
@@ -26,18 +27,19 @@ from specviz.views import (
     compare_table,
     drift_heatmap,
     grid_figure,
+    grid_view,
     kv_heatmap,
     outputs_html,
     sequence_table,
-    step_grid,
     summary_markdown,
     timeline_figure,
     violations_table,
 )
-from specviz.views.grid import expand_mask, fed_history, row_details_markdown, window_start
+from specviz.views.grid import NO_ROW, row_choices, row_details_markdown, window_start
 from specviz.views.heatmaps import bin_matrix
 from specviz.views.outputs import ordered_sequence_ids, page_count
 from specviz.views.palette import FIRST_FLAG_COLOR
+from specviz.views.run import NO_ROW_PICKED
 from specviz.views.tokens import TOKEN_TEXT_KEY, attach_token_text, token_label, token_texts
 
 # Mixed prompt lengths make the batch ragged from the first step.
@@ -60,95 +62,13 @@ def traces() -> dict[str, Trace]:
     return out
 
 
-def all_grids(trace: Trace):
-    report = check_trace(trace)
-    history = fed_history(trace)
-    return [step_grid(trace, si, report, history) for si in range(len(trace.steps))]
-
-
 # ----------------------------------------------------------------------------- ragged grid
-
-
-@pytest.mark.parametrize("name", ["eqspec", "exspec"])
-def test_correct_run_cells_match_accepted_counts(traces: dict[str, Trace], name: str) -> None:
-    trace = traces[name]
-    seqs = {s.seq_id: s for s in trace.sequences}
-    for grid in all_grids(trace):
-        for grid_row in grid.rows:
-            rec, cells = grid_row.record, grid_row.cells
-            n, cache = rec.committed_before, grid.cache_len
-            kinds = grid_row.kinds()
-            # Query: the pending token, then a accepted drafts, then k - a rejected ones.
-            assert kinds[cache : cache + grid.query_len] == ["pending"] + ["accepted"] * rec.accepted + ["rejected"] * (
-                K - rec.accepted
-            )
-            assert kinds[-1] == ("bonus" if rec.bonus is not None else "empty")
-            # Cache: left padding, then exactly the n - 1 committed tokens in order.
-            assert kinds[:cache] == ["padding"] * rec.left_pad + [
-                "prompt" if i < len(seqs[rec.seq_id].prompt_ids) else "committed" for i in range(n - 1)
-            ]
-            tokens = seqs[rec.seq_id].prompt_ids + seqs[rec.seq_id].output_ids
-            assert [c.token for c in cells[rec.left_pad : cache]] == tokens[: n - 1]
-            assert [c.fed_position for c in cells[cache:-1]] == list(range(n - 1, n - 1 + grid.query_len))
-            assert not grid_row.flagged, [c.reasons for c in cells if c.flagged]
-
-
-def test_first_violation_cell_is_flagged_in_every_faulty_run(traces: dict[str, Trace]) -> None:
-    expected_kind = {
-        "column-positions": {"pending", "accepted", "rejected"},  # a query slot at a wrong position
-        "stale-kv": {"extra"},  # an attended slot beyond the committed tokens
-        "masked-holes": {"hole"},  # a masked slot inside the row
-        "extra-accept": {"accepted"},  # a draft accepted although the target disagreed
-    }
-    for fault, kinds in expected_kind.items():
-        trace = traces[fault]
-        loaded = analyse(trace, fault)
-        first = loaded.report.first_violation
-        assert first is not None, fault
-        grid = step_grid(trace, loaded.start_step_index(), loaded.report, loaded.history)
-        assert grid.first_violation is not None, fault
-        row, col = grid.first_violation
-        assert row == first.row
-        cell = grid.row(row).cells[col]
-        assert cell.flagged and cell.kind in kinds, (fault, cell)
-        # No earlier step shows a flagged cell: the first red cell is where desync begins.
-        for si in range(first.step_index):
-            assert not any(r.flagged for r in step_grid(trace, si, loaded.report, loaded.history).rows), fault
-
-
-def test_column_positions_flag_exactly_the_wrong_query_positions(traces: dict[str, Trace]) -> None:
-    for grid in all_grids(traces["column-positions"]):
-        for grid_row in grid.rows:
-            n = grid_row.committed_before
-            fed = grid_row.record.position_ids
-            for j, cell in enumerate(grid_row.cells[grid.cache_len : -1]):
-                assert cell.expected_position == n - 1 + j
-                wrong = fed[j] != n - 1 + j
-                assert any("fed position" in r for r in cell.reasons) == wrong
-
-
-def test_masked_holes_are_drawn_where_the_mask_has_holes(traces: dict[str, Trace]) -> None:
-    seen = 0
-    for grid in all_grids(traces["masked-holes"]):
-        for grid_row in grid.rows:
-            mask = expand_mask(grid_row.record.mask_rle, grid.cache_len + grid.query_len)[: grid.cache_len]
-            first_real = mask.index(1) if 1 in mask else grid.cache_len
-            holes = [j for j in range(first_real, grid.cache_len) if mask[j] == 0]
-            assert [c.col for c in grid_row.cells if c.kind == "hole"] == holes
-            seen += len(holes)
-    assert seen > 0
-
-
-def test_stale_kv_extra_slots_count_matches_kv_error(traces: dict[str, Trace]) -> None:
-    for grid in all_grids(traces["stale-kv"]):
-        for grid_row in grid.rows:
-            surplus = max(0, grid_row.record.kv_len - (grid_row.committed_before - 1))
-            assert grid_row.kinds().count("extra") == surplus
+# (what each slot holds is tested in test_slots.py; here, how the grid draws and words it)
 
 
 def test_grid_figure_windows_and_marks_first_violation(traces: dict[str, Trace]) -> None:
     loaded = analyse(traces["column-positions"], "t")
-    grid = step_grid(loaded.trace, loaded.start_step_index(), loaded.report, loaded.history)
+    grid = loaded.step_slots(loaded.start_step_index())
     fig = grid_figure(grid, loaded.texts, window=8, selected_row=grid.first_violation[0])
     heat = fig.data[0]
     assert len(heat.z[0]) == 8 + grid.query_len + 1 == len(fig.layout.xaxis.ticktext)
@@ -165,9 +85,23 @@ def test_grid_figure_windows_and_marks_first_violation(traces: dict[str, Trace])
 def test_row_details_compare_fed_and_expected(traces: dict[str, Trace]) -> None:
     loaded = analyse(traces["column-positions"], "t")
     first = loaded.report.first_violation
-    grid = step_grid(loaded.trace, first.step_index, loaded.report, loaded.history)
+    grid = loaded.step_slots(first.step_index)
     text = row_details_markdown(grid, first.row, loaded.texts)
     assert "query positions" in text and "✗" in text
+    assert row_details_markdown(grid, NO_ROW) == ""  # a row the step lacks has no details
+    assert row_choices(grid)[0] == ("none", NO_ROW) and len(row_choices(grid)) == len(grid.rows) + 1
+
+
+def test_grid_view_clamps_the_step_and_drops_a_row_the_step_lacks(traces: dict[str, Trace]) -> None:
+    loaded = analyse(traces["column-positions"], "t")
+    view = grid_view(loaded, 10_000, 99, None)
+    assert view.step_index == loaded.step_count - 1 and view.row == NO_ROW
+    assert view.row_text == NO_ROW_PICKED and view.step_text.startswith(f"Step {loaded.trace.steps[-1].step}")
+    first = loaded.report.first_violation
+    picked = grid_view(loaded, first.step_index, first.row, 8)
+    assert picked.row == first.row and "▶" in " ".join(picked.figure.layout.yaxis.ticktext)
+    empty = grid_view(None, 3, 1, 40)
+    assert empty.row_choices == [("none", NO_ROW)] and "No run loaded" in empty.figure.layout.annotations[0].text
 
 
 # ----------------------------------------------------------------------------- outputs
@@ -357,7 +291,7 @@ def test_large_trace_views_stay_fast() -> None:
     analysed = time.perf_counter() - started
     timings = {}
     for name, build in {
-        "grid": lambda: grid_figure(step_grid(trace, len(trace.steps) // 2, loaded.report, loaded.history)),
+        "grid": lambda: grid_figure(loaded.step_slots(len(trace.steps) // 2)),
         "acceptance": lambda: acceptance_heatmap(trace),
         "kv": lambda: kv_heatmap(trace),
         "drift": lambda: drift_heatmap(trace),
@@ -377,7 +311,7 @@ def test_large_trace_views_stay_fast() -> None:
 
 def test_two_thousand_slot_cache_is_windowed() -> None:
     trace = synthetic_trace(4, 8, 4, 4, prompt_len=2000)
-    grid = step_grid(trace, 0)
+    grid = step_slots(trace, 0)
     assert grid.cache_len >= 2000
     fig = grid_figure(grid)
     assert len(fig.data[0].z[0]) == 40 + grid.query_len + 1

@@ -1,4 +1,4 @@
-"""Acceptance metrics (DESIGN.md section 4) as a figure and tables, totals and per sequence."""
+"""Acceptance metrics (defined in `specviz.analysis.metrics`) as a figure and tables, totals and per sequence."""
 
 from __future__ import annotations
 

@@ -7,19 +7,10 @@ to find where desynchronisation begins by looking for the first red cell, so no 
 
 from __future__ import annotations
 
-# Cell kinds of the ragged grid, in legend order. Codes are the index in this tuple.
-KINDS: tuple[str, ...] = (
-    "padding",
-    "prompt",
-    "committed",
-    "pending",
-    "accepted",
-    "rejected",
-    "bonus",
-    "hole",
-    "extra",
-    "empty",
-)
+from specviz.analysis.slots import SLOT_KINDS
+
+# Slot kinds as analysis names them, in legend order. Codes are the index in this tuple.
+KINDS: tuple[str, ...] = SLOT_KINDS
 
 KIND_COLORS: dict[str, str] = {
     "padding": "#f1f5f9",  # barely there: padding is not content

@@ -1,16 +1,25 @@
-"""A trace plus what every view needs from it, computed once when the run is loaded."""
+"""A trace plus what every view needs from it, computed once when the run is loaded, and the views
+of a loaded run as the app shows them (a run slot may be empty, a step index may be out of range).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import pandas as pd
 import plotly.graph_objects as go
 
 from specviz.analysis.check import check_trace
 from specviz.analysis.report import Report
+from specviz.analysis.slots import FedHistory, StepSlots, fed_history, step_slots
 from specviz.trace.schema import Trace
-from specviz.views.grid import FedHistory, fed_history
+from specviz.views.grid import DEFAULT_WINDOW, NO_ROW, grid_figure, row_choices, row_details_markdown, step_markdown
+from specviz.views.outputs import RunOutputs, outputs_html
+from specviz.views.summary import compare_table, summary_markdown
 from specviz.views.tokens import token_texts
+
+NO_ROW_PICKED = "Pick a row to see fed vs expected."
 
 
 @dataclass
@@ -31,6 +40,15 @@ class LoadedRun:
         first = self.report.first_violation
         return first.step_index if first is not None else 0
 
+    def step_slots(self, step_index: int) -> StepSlots:
+        return step_slots(self.trace, step_index, self.report, self.history)
+
+    def figure(self, key: str, build: Callable[[], go.Figure]) -> go.Figure:
+        """A whole-run figure, built once per run: switching slots back and forth stays instant."""
+        if key not in self.figures:
+            self.figures[key] = build()
+        return self.figures[key]
+
 
 def analyse(trace: Trace, source: str) -> LoadedRun:
     """Check the trace and index it for the grid; the slow part of loading, done once."""
@@ -41,3 +59,59 @@ def analyse(trace: Trace, source: str) -> LoadedRun:
         history=fed_history(trace),
         texts=token_texts(trace),
     )
+
+
+# ----------------------------------------------------------------------------- a slot's views
+
+
+def empty_figure(message: str) -> go.Figure:
+    """A blank figure that says why it is blank."""
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font={"size": 14})
+    fig.update_layout(height=160, xaxis={"visible": False}, yaxis={"visible": False}, plot_bgcolor="white")
+    return fig
+
+
+@dataclass
+class GridView:
+    """The grid tab for one step: the clamped step, the row picker, the figure and its texts."""
+
+    step_index: int
+    row: int  # the highlighted row, NO_ROW when none (or the step lacks the one asked for)
+    row_choices: list[tuple[str, int]]
+    figure: go.Figure
+    step_text: str
+    row_text: str
+
+
+def grid_view(loaded: LoadedRun | None, step_index: int | None, row: int | None, window: int | None) -> GridView:
+    if loaded is None or not loaded.trace.steps:
+        message = "No run loaded in this slot." if loaded is None else "This trace records no steps."
+        return GridView(0, NO_ROW, [("none", NO_ROW)], empty_figure(message), "", "")
+    step_index = min(max(int(step_index or 0), 0), loaded.step_count - 1)
+    slots = loaded.step_slots(step_index)
+    row = int(row) if row is not None and slots.find_row(int(row)) is not None else NO_ROW
+    figure = grid_figure(slots, loaded.texts, window=int(window or DEFAULT_WINDOW), selected_row=row)
+    row_text = row_details_markdown(slots, row, loaded.texts) if row != NO_ROW else NO_ROW_PICKED
+    return GridView(step_index, row, row_choices(slots), figure, step_markdown(slots), row_text)
+
+
+def slot_summary_markdown(loaded: LoadedRun | None, label: str) -> str:
+    if loaded is None:
+        return f"### Run {label}: empty\nLoad a bundled trace, upload a trace file, or start a live run."
+    return summary_markdown(loaded.trace, loaded.report, label) + f"\n\n<sub>source: {loaded.source}</sub>"
+
+
+def slot_outputs_html(loaded: LoadedRun | None, other: LoadedRun | None, label: str, page: int, only: bool) -> str:
+    """The outputs of slot `label` (page counts from 1), beside the other slot's when it has a run."""
+    if loaded is None:
+        return "<div class='sv-note'>No run loaded in this slot.</div>"
+    other_label = "B" if label == "A" else "A"
+    main = RunOutputs(label, loaded.trace, loaded.report)
+    side = RunOutputs(other_label, other.trace, other.report) if other is not None else None
+    return outputs_html(main, side, page=int(page or 1) - 1, only_diverged=bool(only))
+
+
+def slots_compare_table(run_a: LoadedRun | None, run_b: LoadedRun | None) -> pd.DataFrame:
+    runs = [(label, r.trace, r.report) for label, r in (("A", run_a), ("B", run_b)) if r is not None]
+    return compare_table(runs) if runs else pd.DataFrame()

@@ -1,0 +1,364 @@
+"""Slot forensics of one verify step: which physical slot held which logical token, and where the
+fed state differs from what a correct left-padded engine feeds. Pure functions of a trace step.
+
+Slots are the `cache_len` cache slots fed to the verify pass, then its `query_len` query slots
+(the pending token and the k drafts), then one slot for the bonus token. Everything is
+reconstructed from what the trace says was *fed* (mask_rle, position_ids, committed_before,
+draft_tokens, accepted) and compared with what a correct engine feeds:
+
+- a correct row's cache is `0^pad 1^(n-1)`: padding, then its n-1 committed tokens;
+- an attended slot beyond those n-1 tokens is *extra* (stale KV, absorbed padding);
+- a masked slot after the first attended one is a *hole*;
+- a slot whose fed position differs from its token index is wrong (RoPE sees another place).
+
+The trace records how many slots a row attends, not which token each physical slot holds. When a
+row attends more slots than it has committed tokens, the surplus is placed in the attended slots
+next to the query (where stale drafts sit right after they go stale): the count is exact, the
+place is a convention, and the slot's reason says so.
+
+Cache slots were fed in earlier steps: their fed position is the one recorded when their token
+was a query slot (pending or accepted draft). Prompt tokens before the last were prefilled, which
+the trace does not record, so their expected position stands in (`position_recorded` is False).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from specviz.analysis.report import Report, Violation
+from specviz.trace.schema import RowRecord, SequenceRecord, StepRecord, Trace
+
+# What a physical slot holds, in the order a legend lists them.
+SLOT_KINDS: tuple[str, ...] = (
+    "padding",  # masked slot before the row's first token
+    "prompt",  # cached prompt token
+    "committed",  # cached token generated in an earlier step
+    "pending",  # query slot 0: fed this step, its KV is computed now
+    "accepted",  # draft accepted by verification
+    "rejected",  # draft rejected (normal speculative behaviour)
+    "bonus",  # the target's own next token, fed next step as the pending one
+    "hole",  # masked slot inside the row
+    "extra",  # attended slot beyond the row's committed tokens
+    "empty",  # no token (short mask, no bonus)
+)
+
+# Violation fields whose evidence sits in the cache slots, or in the output (the bonus slot).
+CACHE_FIELDS = ("mask_rle", "kv_len", "left_pad")
+OUTPUT_FIELDS = ("write_seq", "emitted", "output_ids")
+
+# (seq_id, token index) -> [(step index, fed position)], ordered by step index.
+FedHistory = dict[tuple[int, int], list[tuple[int, int]]]
+
+
+@dataclass
+class Slot:
+    col: int  # 0..cache_len-1 cache, then query slots, then the bonus slot
+    kind: str  # one of SLOT_KINDS
+    token: int | None = None
+    token_index: int | None = None  # index in prompt + output of the row's sequence
+    fed_position: int | None = None
+    expected_position: int | None = None
+    position_recorded: bool = True  # False for prefilled prompt tokens (not in the trace)
+    reasons: list[str] = field(default_factory=list)  # why this slot differs from expected
+
+    @property
+    def flagged(self) -> bool:
+        return bool(self.reasons)
+
+
+@dataclass
+class ExpectedRow:
+    """What a correct left-padded engine feeds a row whose sequence holds n committed tokens."""
+
+    left_pad: int
+    kv_len: int  # attended cache slots: n - 1
+    position_ids: list[int]  # [n - 1, ..., n - 1 + query_len - 1]
+    write_seq: int
+
+
+@dataclass
+class RowSlots:
+    row: int
+    seq_id: int
+    committed_before: int
+    accepted: int
+    slots: list[Slot]
+    violations: list[Violation]
+    notes: list[str]  # row-level facts that have no slot (e.g. KV of missing tokens)
+    expected: ExpectedRow
+    record: RowRecord
+
+    @property
+    def flagged(self) -> bool:
+        return bool(self.violations) or any(s.flagged for s in self.slots)
+
+    def kinds(self) -> list[str]:
+        return [s.kind for s in self.slots]
+
+
+@dataclass
+class StepSlots:
+    step_index: int
+    step: StepRecord
+    rows: list[RowSlots]
+    first_violation: tuple[int, int] | None  # (row, col) of the run's first violation, if in this step
+
+    @property
+    def cache_len(self) -> int:
+        return self.step.cache_len
+
+    @property
+    def query_len(self) -> int:
+        return self.step.query_len
+
+    @property
+    def width(self) -> int:
+        return self.cache_len + self.query_len + 1  # + bonus slot
+
+    def row_position(self, row: int) -> int | None:
+        """Index in `rows` of batch row `row` (its line in a drawing), None when the step lacks it."""
+        return next((i for i, r in enumerate(self.rows) if r.row == row), None)
+
+    def find_row(self, row: int) -> RowSlots | None:
+        position = self.row_position(row)
+        return None if position is None else self.rows[position]
+
+    def row(self, row: int) -> RowSlots:
+        found = self.find_row(row)
+        if found is None:
+            raise KeyError(f"step {self.step.step} has no batch row {row}")
+        return found
+
+
+# ----------------------------------------------------------------------------- fed state
+
+
+def fed_history(trace: Trace) -> FedHistory:
+    """Where each token's KV was computed: the position fed when it was a kept query slot."""
+    history: FedHistory = {}
+    for si, step in enumerate(trace.steps):
+        for row in step.rows:
+            base = row.committed_before - 1
+            kept = min(max(row.accepted, 0) + 1, len(row.position_ids))
+            for j in range(kept):
+                history.setdefault((row.seq_id, base + j), []).append((si, row.position_ids[j]))
+    return history
+
+
+def fed_position_before(history: FedHistory, seq_id: int, index: int, step_index: int) -> int | None:
+    """The position token `index` of `seq_id` was fed at in the last step before `step_index`."""
+    entries = history.get((seq_id, index))
+    if not entries:
+        return None
+    at = bisect.bisect_left(entries, (step_index, -(10**12)))
+    return entries[at - 1][1] if at > 0 else None
+
+
+def expand_mask(mask_rle: list[list[int]], width: int) -> list[int | None]:
+    """The fed mask row as a list of `width` entries; None where the mask is too short."""
+    values: list[int | None] = []
+    for value, count in mask_rle:
+        values.extend([value] * count)
+    if len(values) < width:
+        values.extend([None] * (width - len(values)))
+    return values[:width]
+
+
+def expected_row(step: StepRecord, row: RowRecord) -> ExpectedRow:
+    n = row.committed_before
+    return ExpectedRow(
+        left_pad=max(step.cache_len - (n - 1), 0),
+        kv_len=n - 1,
+        position_ids=list(range(n - 1, n - 1 + step.query_len)),
+        write_seq=row.seq_id,
+    )
+
+
+# ----------------------------------------------------------------------------- slots of a row
+
+
+@dataclass
+class _SequenceTokens:
+    tokens: list[int]  # prompt + output
+    prompt_len: int
+
+
+def _cache_slots(
+    step: StepRecord,
+    row: RowRecord,
+    mask: list[int | None],
+    sequence: _SequenceTokens,
+    history: FedHistory,
+    step_index: int,
+) -> tuple[list[Slot], list[str]]:
+    expected_kv = max(row.committed_before - 1, 0)
+    attended = [j for j in range(step.cache_len) if mask[j] == 1]
+    extra = max(0, len(attended) - expected_kv)
+    held = len(attended) - extra  # attended slots that hold committed tokens
+    # Token index held by the first attended slot; > 0 when the KV of old tokens is missing.
+    first_index = expected_kv - held
+    rank = {slot: i for i, slot in enumerate(attended)}
+    first_attended = attended[0] if attended else step.cache_len
+    notes = []
+    if first_index > 0:
+        notes.append(f"the cache lacks the KV of {first_index} committed token(s)")
+    slots = []
+    for j in range(step.cache_len):
+        if mask[j] is None:
+            slots.append(Slot(j, "empty", reasons=["the fed mask is shorter than cache + query"]))
+        elif mask[j] == 0:
+            slots.append(_masked_slot(j, j > first_attended))
+        elif rank[j] >= held:
+            slots.append(_extra_slot(j, len(attended), expected_kv))
+        else:
+            index = first_index + rank[j]
+            slots.append(_cached_token_slot(j, index, sequence, row.seq_id, history, step_index))
+    return slots, notes
+
+
+def _masked_slot(col: int, inside: bool) -> Slot:
+    if not inside:
+        return Slot(col, "padding")
+    return Slot(col, "hole", reasons=["masked slot inside the row (a hole after the first real slot)"])
+
+
+def _extra_slot(col: int, attended: int, expected: int) -> Slot:
+    return Slot(
+        col,
+        "extra",
+        reasons=[
+            f"the row attends {attended} cache slots but holds {expected} committed tokens: "
+            f"{attended - expected} extra (stale KV or absorbed padding). The count is exact; which slots "
+            "they are is not recorded, so they are drawn next to the query"
+        ],
+    )
+
+
+def _cached_token_slot(
+    col: int, index: int, sequence: _SequenceTokens, seq_id: int, history: FedHistory, step_index: int
+) -> Slot:
+    fed = fed_position_before(history, seq_id, index, step_index)
+    slot = Slot(
+        col,
+        "prompt" if index < sequence.prompt_len else "committed",
+        token=sequence.tokens[index] if 0 <= index < len(sequence.tokens) else None,
+        token_index=index,
+        fed_position=fed if fed is not None else index,
+        expected_position=index,
+        position_recorded=fed is not None,
+    )
+    if fed is not None and fed != index:
+        slot.reasons.append(f"its KV was computed at position {fed}, expected {index}")
+    return slot
+
+
+def _query_slots(step: StepRecord, row: RowRecord, mask: list[int | None]) -> list[Slot]:
+    start = row.committed_before - 1
+    slots = []
+    for j in range(step.query_len):
+        col = step.cache_len + j
+        if j == 0:
+            kind, token = "pending", row.pending_token
+        else:
+            token = row.draft_tokens[j - 1] if j - 1 < len(row.draft_tokens) else None
+            kind = "accepted" if j <= row.accepted else "rejected"
+        fed = row.position_ids[j] if j < len(row.position_ids) else None
+        slot = Slot(col, kind, token=token, token_index=start + j, fed_position=fed, expected_position=start + j)
+        if fed is None:
+            slot.reasons.append("no position ID recorded for this query slot")
+        elif fed != start + j:
+            slot.reasons.append(f"fed position {fed}, expected {start + j}")
+        if mask[col] == 0:
+            slot.reasons.append("query slot not attended by the fed mask")
+        if kind == "accepted" and j - 1 < len(row.target_tokens) and token != row.target_tokens[j - 1]:
+            slot.reasons.append(f"accepted although the target predicted {row.target_tokens[j - 1]}")
+        slots.append(slot)
+    return slots
+
+
+def _bonus_slot(step: StepRecord, row: RowRecord) -> Slot:
+    col = step.cache_len + step.query_len
+    if row.bonus is None:
+        return Slot(col, "empty")
+    index = row.committed_before + row.accepted
+    return Slot(col, "bonus", token=row.bonus, token_index=index, expected_position=index)
+
+
+def anchor_col(slots: list[Slot], violation: Violation, step: StepRecord) -> int:
+    """The slot that shows a violation best: its own evidence if there is any, else the row's key slot."""
+    query_start = step.cache_len
+    bonus = step.cache_len + step.query_len
+    if violation.field == "position_ids":
+        candidates = [s for s in slots[query_start:bonus] if s.flagged]
+    elif violation.field in CACHE_FIELDS:
+        # The rightmost flagged cache slot: it is inside a window that shows the last cache slots.
+        candidates = [s for s in reversed(slots[:query_start]) if s.flagged]
+    elif violation.field == "accepted":
+        candidates = [s for s in slots[query_start:bonus] if s.kind == "accepted" and s.flagged]
+    else:
+        candidates = []
+    if candidates:
+        return candidates[0].col
+    if violation.field in OUTPUT_FIELDS:
+        return bonus
+    return query_start if query_start < len(slots) else max(len(slots) - 1, 0)
+
+
+def _sequence_tokens(sequence: SequenceRecord | None) -> _SequenceTokens:
+    if sequence is None:
+        return _SequenceTokens([], 0)
+    return _SequenceTokens(sequence.prompt_ids + sequence.output_ids, len(sequence.prompt_ids))
+
+
+def row_slots(
+    step: StepRecord,
+    step_index: int,
+    row: RowRecord,
+    sequence: SequenceRecord | None,
+    history: FedHistory,
+    violations: list[Violation],
+) -> RowSlots:
+    """Every slot of one row at one step, each violation attached to the slot that shows it."""
+    mask = expand_mask(row.mask_rle, step.cache_len + step.query_len)
+    slots, notes = _cache_slots(step, row, mask, _sequence_tokens(sequence), history, step_index)
+    slots += _query_slots(step, row, mask)
+    slots.append(_bonus_slot(step, row))
+    for violation in violations:
+        anchor = slots[anchor_col(slots, violation, step)]
+        if violation.message not in anchor.reasons:
+            anchor.reasons.append(violation.message)
+    return RowSlots(
+        row.row,
+        row.seq_id,
+        row.committed_before,
+        row.accepted,
+        slots,
+        violations,
+        notes,
+        expected_row(step, row),
+        row,
+    )
+
+
+def step_slots(
+    trace: Trace, step_index: int, report: Report | None = None, history: FedHistory | None = None
+) -> StepSlots:
+    """The slots of `trace.steps[step_index]`; pass `history` to reuse it across steps."""
+    if not 0 <= step_index < len(trace.steps):
+        raise IndexError(f"step index {step_index} outside 0..{len(trace.steps) - 1}")
+    history = history if history is not None else fed_history(trace)
+    step = trace.steps[step_index]
+    sequences = {s.seq_id: s for s in trace.sequences}
+    here = [v for v in report.violations if v.step_index == step_index] if report else []
+    rows = [
+        row_slots(step, step_index, r, sequences.get(r.seq_id), history, [v for v in here if v.row == r.row])
+        for r in step.rows
+    ]
+    found = StepSlots(step_index, step, rows, None)
+    first = report.first_violation if report else None
+    if first is not None and first.step_index == step_index:
+        first_row = found.find_row(first.row)
+        if first_row is not None:
+            found.first_violation = (first.row, anchor_col(first_row.slots, first, step))
+    return found
