@@ -1,0 +1,315 @@
+"""The Watch: hooks on the user's models, plus the two facts hooks cannot see (rows and emits).
+
+    w = specviz.watch(target, draft, tokenizer=tok, prompts=prompts, out="run.trace.json")
+    w.rows(seq_ids)                 # which sequence each batch row holds, when that changes
+    w.emit(seq_id, tokens, reason)  # what the engine appended to a sequence this step
+    trace = w.close()               # steps inferred from the calls; trace written to `out`
+
+Declared: rows and emits (and, optionally, the layout). Captured: everything the models were fed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+
+from specviz import __version__
+from specviz.trace.io import save_trace
+from specviz.trace.naming import now_iso
+from specviz.trace.schema import LAYOUTS, SCHEMA_VERSION, Header, ModelInfo, SequenceRecord, Trace
+from specviz.watch.hooks import CallRecord, ModelHooks, WatchError, check_causal_lm
+from specviz.watch.reference import greedy_reference
+from specviz.watch.steps import Assembly, Emit, assemble
+
+FINISH_REASONS = (None, "eos", "length")
+
+
+class Watch:
+    """One watched run. Use `specviz.watch(...)` to make one; see the module docstring."""
+
+    def __init__(
+        self,
+        target: Any,
+        draft: Any | None = None,
+        *,
+        tokenizer: Any | None = None,
+        prompts: list[list[int]] | list[str] | None = None,
+        out: str | os.PathLike[str] | None = None,
+        name: str | None = None,
+        layout: str = "unspecified",
+    ) -> None:
+        check_causal_lm(target, "target")
+        if draft is not None:
+            check_causal_lm(draft, "draft")
+            if draft is target:
+                raise WatchError("draft and target are the same module; pass draft=None for plain decoding")
+        if layout not in LAYOUTS:
+            raise WatchError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        self.target, self.draft, self.tokenizer = target, draft, tokenizer
+        self.prompts = _prompt_ids(prompts, tokenizer)
+        self.prompt_texts = prompts if prompts and isinstance(prompts[0], str) else None
+        self.out = Path(out) if out is not None else None
+        self.name = name or "watched"
+        self.layout = layout
+        self.created_at = now_iso()
+        self._rows: tuple[int, ...] | None = None
+        self._calls: list[CallRecord] = []
+        self._emits: list[Emit] = []
+        self._closed = False
+        self._hooks = [ModelHooks(target, "target", self)]
+        if draft is not None:
+            self._hooks.append(ModelHooks(draft, "draft", self))
+
+    # ------------------------------------------------------------------ what the hooks call
+
+    def current_rows(self) -> tuple[int, ...] | None:
+        return self._rows
+
+    def add_call(self, call: CallRecord) -> None:
+        self._calls.append(call)
+
+    # ------------------------------------------------------------------ the public API
+
+    def rows(self, seq_ids: Iterable[int]) -> None:
+        """Declare which sequence each batch row holds from now on, in row order."""
+        self._require_open("rows")
+        ids = [_as_int(s, "rows") for s in seq_ids]
+        if len(set(ids)) != len(ids):
+            dup = next(s for s in ids if ids.count(s) > 1)
+            raise WatchError(f"rows: sequence {dup} appears twice; each row holds a different sequence")
+        for seq_id in ids:
+            self._require_known(seq_id, "rows")
+        self._rows = tuple(ids)
+
+    def emit(self, seq_id: int, token_ids: Iterable[int] | torch.Tensor, finish_reason: str | None = None) -> None:
+        """Declare the tokens the engine appended to `seq_id` this step ("eos"/"length" when it ends)."""
+        self._require_open("emit")
+        seq_id = _as_int(seq_id, "emit")
+        self._require_known(seq_id, "emit")
+        if finish_reason not in FINISH_REASONS:
+            raise WatchError(f"emit: finish_reason must be None, 'eos' or 'length', got {finish_reason!r}")
+        if isinstance(token_ids, torch.Tensor):
+            token_ids = token_ids.reshape(-1).tolist()
+        tokens = [_as_int(t, "emit") for t in token_ids]
+        self._emits.append(Emit(seq_id, tokens, finish_reason, after=len(self._calls), at=time.perf_counter()))
+
+    def close(self, reference: bool = True, *, complete: bool = True) -> Trace:
+        """Remove the hooks, infer the steps, decode the references, write `out`; returns the trace."""
+        self._require_open("close")
+        self._closed = True
+        for hooks in self._hooks:
+            hooks.remove()
+        prompts = self.prompts if self.prompts is not None else _prompts_from_first_call(self._calls)
+        eos = frozenset(_eos_ids(self.target, self.tokenizer))
+        assembly = assemble(self._calls, self._emits, prompts, eos)
+        header = self._header(assembly, eos, complete)
+        references = self._references(prompts, assembly.max_new_tokens, eos) if reference else None
+        trace = Trace(header=header, steps=assembly.steps, sequences=self._sequences(prompts, assembly, references))
+        if self.out is not None:
+            save_trace(trace, self.out)
+        return trace
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """A crash in the engine still leaves a valid trace, marked incomplete (no reference decode)."""
+        if self._closed:
+            return
+        self.close(reference=exc_type is None, complete=exc_type is None)
+
+    # ------------------------------------------------------------------ pieces
+
+    def _require_open(self, what: str) -> None:
+        if self._closed:
+            raise WatchError(f"{what}: this watch is already closed")
+
+    def _require_known(self, seq_id: int, what: str) -> None:
+        if self.prompts is not None and not 0 <= seq_id < len(self.prompts):
+            raise WatchError(f"{what}: unknown sequence {seq_id}; prompts are sequences 0..{len(self.prompts) - 1}")
+        if seq_id < 0:
+            raise WatchError(f"{what}: sequence ids are prompt indices (0, 1, ...), got {seq_id}")
+
+    def _header(self, assembly: Assembly, eos: frozenset[int], complete: bool) -> Header:
+        seconds = None
+        if assembly.first_call_at is not None and assembly.last_event_at is not None:
+            seconds = round(assembly.last_event_at - assembly.first_call_at, 6)
+        options: dict[str, Any] = {"watch_notes": assembly.notes[:20]} if assembly.notes else {}
+        return Header(
+            schema_version=SCHEMA_VERSION,
+            method="baseline" if assembly.k == 0 else "speculative",
+            fault=None,
+            target=_model_info(self.target),
+            draft=_model_info(self.draft) if self.draft is not None and assembly.k > 0 else None,
+            draft_k=assembly.k,
+            batch_size=max((len(s.rows) for s in assembly.steps), default=1) or 1,
+            max_new_tokens=assembly.max_new_tokens,
+            eos_token_ids=sorted(eos),
+            pad_token_id=_pad_id(self.target, self.tokenizer),
+            seed=0,
+            created_at=self.created_at,
+            library_versions=_versions(),
+            engine=self.name,
+            options=options,
+            complete=complete,
+            finished_at=now_iso(),
+            decode_seconds=seconds,
+            layout=self.layout,
+        )
+
+    def _references(
+        self, prompts: list[list[int]], max_new: int, eos: frozenset[int]
+    ) -> list[tuple[list[int], list[float]]]:
+        was_training = self.target.training
+        self.target.eval()
+        try:
+            return [greedy_reference(self.target, ids, max_new, eos) for ids in prompts]
+        finally:
+            self.target.train(was_training)
+
+    def _sequences(
+        self, prompts: list[list[int]], assembly: Assembly, references: list[tuple[list[int], list[float]]] | None
+    ) -> list[SequenceRecord]:
+        records = []
+        for seq_id, ids in enumerate(prompts):
+            output = assembly.outputs.get(seq_id, [])
+            ref_ids, margins = references[seq_id] if references is not None else (None, None)
+            records.append(
+                SequenceRecord(
+                    seq_id=seq_id,
+                    prompt=self.prompt_texts[seq_id] if self.prompt_texts else self._decode(ids),
+                    prompt_ids=list(ids),
+                    output_ids=list(output),
+                    output_text=self._decode(output),
+                    reference_ids=ref_ids,
+                    reference_margins=margins,
+                    finish_reason=assembly.finish_reasons.get(seq_id),
+                )
+            )
+        return records
+
+    def _decode(self, ids: list[int]) -> str:
+        if self.tokenizer is None or not ids:
+            return ""
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def watch(
+    target: Any,
+    draft: Any | None = None,
+    *,
+    tokenizer: Any | None = None,
+    prompts: list[list[int]] | list[str] | None = None,
+    out: str | os.PathLike[str] | None = None,
+    name: str | None = None,
+    layout: str = "unspecified",
+) -> Watch:
+    """Watch `target` (and `draft`) decode; see `docs/watch.md`.
+
+    `prompts`: token-id lists or strings (with `tokenizer`), in seq_id order. `layout`:
+    "left-padded" if the engine keeps the left-padded contiguous layout and wants it checked.
+    """
+    return Watch(target, draft, tokenizer=tokenizer, prompts=prompts, out=out, name=name, layout=layout)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _as_int(value: Any, what: str) -> int:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            import numpy as np
+
+            if isinstance(value, np.integer):
+                return int(value)
+        except ImportError:  # numpy is optional here
+            pass
+        raise WatchError(f"{what}: expected integer ids, got {type(value).__name__}")
+    return value
+
+
+def _prompt_ids(prompts: list[Any] | None, tokenizer: Any | None) -> list[list[int]] | None:
+    if prompts is None:
+        return None
+    prompts = list(prompts)
+    if not prompts:
+        raise WatchError("prompts: empty list")
+    out = []
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, str):
+            if tokenizer is None:
+                raise WatchError("prompts are strings: pass tokenizer= to turn them into token ids")
+            ids = list(tokenizer(prompt)["input_ids"])
+        else:
+            ids = [_as_int(t, f"prompts[{i}]") for t in prompt]
+        if not ids:
+            raise WatchError(f"prompts[{i}] is empty")
+        out.append(ids)
+    return out
+
+
+def _prompts_from_first_call(calls: list[CallRecord]) -> list[list[int]]:
+    """Without declared prompts: the attended tokens of each row of the first target call."""
+    first = next((c for c in calls if c.role == "target"), None)
+    if first is None:
+        return []
+    first.materialize()
+    prompts = []
+    for r, ids in enumerate(first.input_ids):
+        if first.mask_kind == "2d":
+            flags = first.mask[r][-len(ids) :]
+            ids = [t for t, keep in zip(ids, flags) if keep]
+        prompts.append(list(ids) or [0])
+    return prompts
+
+
+def _model_info(model: Any) -> ModelInfo:
+    param = next(model.parameters())
+    head = model.get_output_embeddings()
+    return ModelInfo(
+        name=str(getattr(model.config, "_name_or_path", "") or type(model).__name__),
+        dtype=str(param.dtype).replace("torch.", ""),
+        device=str(param.device),
+        vocab_size=int(head.weight.shape[0]),
+        num_parameters=int(sum(p.numel() for p in model.parameters())),
+    )
+
+
+def _eos_ids(model: Any, tokenizer: Any | None) -> list[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+        raw = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(raw, int):
+            ids.add(raw)
+        elif isinstance(raw, (list, tuple)):
+            ids.update(int(i) for i in raw)
+        if ids:
+            break
+    token = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+    if isinstance(token, int):
+        ids.add(token)
+    return sorted(ids)
+
+
+def _pad_id(model: Any, tokenizer: Any | None) -> int | None:
+    for source in (tokenizer, getattr(model, "generation_config", None), getattr(model, "config", None)):
+        value = getattr(source, "pad_token_id", None) if source is not None else None
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _versions() -> dict[str, str]:
+    import transformers
+
+    return {"specviz": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
