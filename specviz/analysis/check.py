@@ -21,7 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from specviz.analysis.finish import FinishChecks
 from specviz.analysis.metrics import exact_match, sequence_divergence
+from specviz.analysis.recorded import check_recorded_row, note_unrecorded
 from specviz.analysis.report import INVARIANTS, Report, SequenceVerdict, Violation
 from specviz.trace.schema import RowRecord, StepRecord, Trace
 
@@ -65,6 +67,8 @@ class _Checker:
         self.skipped: set[str] = set()
         # Violations touching each sequence (as the row's own or as the write target).
         self.first_bad_step: dict[int, int] = {}
+        self.recorded: set[str] = set()  # optional state fields some row records
+        self.finish = FinishChecks(self)
 
     # ------------------------------------------------------------------ reporting
 
@@ -107,11 +111,13 @@ class _Checker:
                 )
             seen_seqs.add(row.seq_id)
             runs = [run for run in row.mask_rle if run[1] > 0]
-            widths.add(sum(run[1] for run in runs))
+            if row.mask_rle:  # empty: not recorded, so no width to compare
+                widths.add(sum(run[1] for run in runs))
             self.check_alignment(si, step, row, runs)
             self.check_positions(si, step, row)
             self.check_kv(si, step, row, runs)
             self.check_accounting(si, step, row)
+            check_recorded_row(self, si, step, row)
         if len(widths) > 1:
             first = step.rows[0]
             self.flag(
@@ -126,6 +132,7 @@ class _Checker:
             )
         for row in step.rows:  # apply writes after all rows are checked against the old state
             self.apply_write(si, row)
+        self.finish.check_step(si, step)
 
     def check_alignment(self, si: int, step: StepRecord, row: RowRecord, runs: list[list[int]]) -> None:
         if not runs:
@@ -316,6 +323,19 @@ class _Checker:
                     row.emitted,
                     "emitted tokens are not the accepted drafts plus the bonus",
                 )
+        # The bonus field names the target token emitted after the accepted drafts, if one was.
+        bonus = row.emitted[row.accepted] if len(row.emitted) == row.accepted + 1 else None
+        if row.bonus != bonus:
+            self.flag(
+                si,
+                step,
+                row,
+                4,
+                "bonus",
+                bonus,
+                row.bonus,
+                f"bonus {row.bonus} but the row emitted {len(row.emitted)} token(s) after {row.accepted} accepted",
+            )
         if row.write_seq != row.seq_id:
             self.flag(
                 si,
@@ -354,16 +374,17 @@ class _Checker:
             state = self.seqs[seq.seq_id]
             if len(seq.output_ids) > self.max_new:
                 self._flag_sequence(
-                    last_step,
+                    _step_writing(state, self.max_new, last_step),
                     seq.seq_id,
                     "output_ids",
                     self.max_new,
                     len(seq.output_ids),
                     f"sequence {seq.seq_id} has {len(seq.output_ids)} tokens > max_new_tokens",
                 )
-            if any(t in self.eos for t in seq.output_ids[:-1]):
+            eos_at = next((i for i, t in enumerate(seq.output_ids[:-1]) if t in self.eos), None)
+            if eos_at is not None:
                 self._flag_sequence(
-                    last_step,
+                    _step_writing(state, eos_at + 1, last_step),
                     seq.seq_id,
                     "output_ids",
                     "nothing after EOS",
@@ -429,6 +450,12 @@ def _split_attended(runs: list[list[int]], cache_len: int) -> tuple[int, int]:
     return cache, query
 
 
+def _step_writing(state: _SeqState, index: int, fallback: int) -> int:
+    """The step index that wrote output token `index` (the first one past a limit), else `fallback`."""
+    si = _divergence_step(state, index)
+    return fallback if si is None else si
+
+
 def _divergence_step(state: _SeqState, index: int) -> int | None:
     """Index of the step that wrote output token `index` of a sequence."""
     for si, written in zip(state.touched_steps, state.cumulative):
@@ -443,6 +470,8 @@ def check_trace(trace: Trace, margin_threshold: float | None = None) -> Report:
     for si, step in enumerate(trace.steps):
         checker.check_step(si, step)
     checker.check_outputs()
+    checker.finish.check_run()
+    note_unrecorded(checker)
     violations = sorted(checker.violations, key=lambda v: (v.step_index, v.row, v.invariant))
     sequences = [_sequence_verdict(trace, checker, seq, threshold) for seq in trace.sequences]
     return Report(
@@ -458,10 +487,10 @@ def check_trace(trace: Trace, margin_threshold: float | None = None) -> Report:
 
 def _sequence_verdict(trace: Trace, checker: _Checker, seq: Any, threshold: float) -> SequenceVerdict:
     bad = checker.first_bad_step.get(seq.seq_id)
-    bad_step = trace.steps[bad].step if bad is not None else None
+    bad_step = trace.steps[bad].step if bad is not None and bad >= 0 else None  # -1: a run with no steps
     if seq.reference_ids is None:
         return SequenceVerdict(seq.seq_id, None, "no-reference", None, None, bad_step)
-    index = sequence_divergence(seq)
+    index = sequence_divergence(seq, trace.header.complete)
     if index is None:
         return SequenceVerdict(seq.seq_id, None, "exact", None, None, bad_step)
     state = checker.seqs[seq.seq_id]

@@ -3,26 +3,24 @@
 After each verify step every continuing row drops its old left padding and its rejected slots,
 keeps its accepted tokens, and is left-padded anew to the batch's new common width; both the
 target's and the draft's KV move to their new offsets in one batched gather per layer
-(`kv.compact`). Finished rows leave the batch in the same move. With k = 0 and no draft this
+(`kv.compact`). Finished rows leave the batch in the same move. Without a draft (k = 0) this
 is plain batched greedy decoding with left padding: the throughput baseline.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from specviz.engine.kv import KVState, compact, leading_zeros
+from specviz.engine.kv import KVMove, compact, leading_zeros, rebuild
 from specviz.engine.step import Batch, Engine, Sequence, StepOutcome
 
-CompactFn = Callable[..., KVState]
+CompactFn = KVMove  # compact, or the reference per-row loop (benchmarks)
 
 
 def realign(batch: Batch, outcome: StepOutcome, compact_fn: CompactFn = compact) -> Batch:
     rows = outcome.active_rows
-    target = compact_fn(batch.target, rows, outcome.target_retain, outcome.target_attend, outcome.target_next_pos)
+    target = rebuild(batch.target, rows, outcome.target_plan, compact_fn)
     draft = None
-    if batch.draft is not None and outcome.draft_retain is not None:
-        draft = compact_fn(batch.draft, rows, outcome.draft_retain, outcome.draft_attend, outcome.draft_next_pos)
+    if batch.draft is not None and outcome.draft_plan is not None:
+        draft = rebuild(batch.draft, rows, outcome.draft_plan, compact_fn)
     seqs = [batch.seqs[r] for r in rows.tolist()]
     return Batch(seqs=seqs, target=target, draft=draft, batch_id=batch.batch_id)
 
@@ -39,7 +37,7 @@ def pads_after(batch: Batch, outcome: StepOutcome, new_batch: Batch) -> list[int
 def run_eqspec(engine: Engine, seqs: list[Sequence], batch_size: int, compact_fn: CompactFn = compact) -> None:
     for batch_id, start in enumerate(range(0, len(seqs), batch_size)):
         chunk = seqs[start : start + batch_size]
-        draft_state = engine.prefill(engine.draft, chunk) if engine.k > 0 else None
+        draft_state = engine.prefill(engine.draft, chunk) if engine.draft is not None else None
         batch = Batch(chunk, engine.prefill(engine.target, chunk), draft_state, batch_id)
         previous: list[int] | None = None
         while batch.seqs:

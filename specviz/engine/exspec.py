@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from specviz.engine.kv import KVState, compact, leading_zeros, split, stack
+from specviz.engine.kv import KVState, leading_zeros, rebuild, split, stack
 from specviz.engine.step import Batch, Engine, Sequence
 
 POLICIES = ("reference", "largest", "converge")
@@ -105,14 +105,14 @@ def run_exspec(
         for seq in window:
             if seq.seq_id not in target_states:  # admitted: prefill alone, no padding
                 target_states[seq.seq_id] = engine.prefill(engine.target, [seq])
-                if engine.k > 0:
+                if engine.draft is not None:
                     draft_states[seq.seq_id] = engine.prefill(engine.draft, [seq])
         chosen = select_group(window, batch_size, policy)
         grouped = len({s.committed for s in chosen}) == 1
         ids = [s.seq_id for s in chosen]
         align_started = engine.now()
         target = stack([target_states.pop(i) for i in ids], DynamicCache)
-        draft = stack([draft_states.pop(i) for i in ids], DynamicCache) if engine.k > 0 else None
+        draft = stack([draft_states.pop(i) for i in ids], DynamicCache) if engine.draft is not None else None
         batch = Batch(chosen, target, draft, batch_id=0, grouped=grouped)
         batch.regrouped = previous is not None and ids != previous
         previous = ids
@@ -121,10 +121,10 @@ def run_exspec(
         outcome.started -= stack_s  # the stacking belongs to this step's alignment time
         align_started = engine.now() - stack_s
         rows = outcome.active_rows
-        new_target = compact(batch.target, rows, outcome.target_retain, outcome.target_attend, outcome.target_next_pos)
+        new_target = rebuild(batch.target, rows, outcome.target_plan)
         new_draft = None
-        if draft is not None:
-            new_draft = compact(batch.draft, rows, outcome.draft_retain, outcome.draft_attend, outcome.draft_next_pos)
+        if draft is not None and outcome.draft_plan is not None:
+            new_draft = rebuild(draft, rows, outcome.draft_plan)
         left_pad_after: list[int | None] = [None] * len(chosen)
         target_parts = split(new_target, DynamicCache)
         draft_parts = split(new_draft, DynamicCache) if new_draft is not None else []

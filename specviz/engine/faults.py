@@ -1,11 +1,12 @@
 """Named faults: each reproduces one bug that real batch speculative decoding engines shipped.
 
-A fault is a small override of one decision the correct engine makes (docs/faults.md):
-- where positions come from (`verify_positions`),
-- how many drafts verification accepts (`accept`),
-- how the cache is rebuilt after verification (`plan`),
-- whether the draft catches up on its last draft token (`draft_catch_up`),
-- where results are written back after regrouping (`write_back`).
+A fault is a small override of one decision the correct engine makes (docs/faults.md), each
+inside one phase of the step (`step.py`):
+- where positions come from (`verify_positions`; every forward: propose, verify, fill),
+- how many drafts verification accepts (`accept`; verify),
+- where results are written back after regrouping (`write_back`; commit),
+- whether the draft catches up on its last draft token (`draft_catch_up`; fill_draft_cache),
+- how the cache is rebuilt after verification (`plan`; plan_cache, for each cache).
 The base class is the correct engine, so the fixed and faulty paths share all other code.
 Faults are deterministic: same inputs, same corruption.
 """

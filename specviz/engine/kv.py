@@ -11,6 +11,7 @@ tokens (the last one, the *pending* token, has no KV yet). Faults break exactly 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,20 @@ class KVState:
     @property
     def width(self) -> int:
         return self.mask.shape[1]
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    """How one cache is rebuilt after a verify step: the input to `compact` (or any other move)."""
+
+    retain: torch.Tensor  # [B, W] bool: slots that survive, in order
+    attend: torch.Tensor  # [B, W] bool: of those, the ones the mask marks real
+    next_pos: torch.Tensor  # [B] the position ID each row's next fed token gets
+    altered: torch.Tensor  # [B] bool: rows this plan leaves unlike a correct engine's (a fault)
+
+
+# compact's signature: (state, rows, retain, attend, next_pos) -> the rebuilt state
+KVMove = Callable[..., KVState]
 
 
 def leading_zeros(mask: torch.Tensor) -> torch.Tensor:
@@ -139,6 +154,11 @@ def compact(
         layer.keys = layer.keys.reshape(-1, dim).index_select(0, index).view(shape)
         layer.values = layer.values.reshape(-1, dim).index_select(0, index).view(shape)
     return KVState(cache=state.cache, mask=new_mask, next_pos=next_pos)
+
+
+def rebuild(state: KVState, rows: torch.Tensor, plan: CachePlan, move: KVMove = compact) -> KVState:
+    """Apply `plan` to `state`, keeping only `rows`; `move` is `compact` or a drop-in with its signature."""
+    return move(state, rows, plan.retain, plan.attend, plan.next_pos[rows])
 
 
 def _is_identity(rows: torch.Tensor, src: torch.Tensor, real: torch.Tensor, batch: int, width: int) -> bool:

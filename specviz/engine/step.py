@@ -1,10 +1,22 @@
 """One verify step of batch speculative decoding, shared by every method.
 
-A step: the draft proposes k tokens per row (k forwards of one token on its own cache), the
-target scores [pending, d1..dk] in one forward, greedy verification keeps the longest agreeing
-prefix plus one bonus token, results are written to the sequences, and the caller rebuilds the
-caches (EQSPEC realigns the batch, EXSPEC splits it back into the pool). Plain batched greedy is
-the same step with k = 0 and no draft.
+A step runs four phases, in the order gpt-fast's `speculative_decode` reads (draft, verify,
+accept, fill the draft cache), each a method with a small typed result:
+
+1. `propose` -> `Proposals`: the draft proposes k tokens per row, one forward of one token each
+   on its own cache. The baseline (plain batched greedy) has no draft: `Proposals.none`.
+2. `verify` -> `Verification`: the target scores [pending, d1..dk] in one forward; the accept
+   rule keeps the longest prefix of drafts that agrees with the target's own choices.
+3. `commit` -> `Commit`: the accepted drafts plus one target token (the bonus) are appended to
+   the sequences.
+4. `plan_cache` -> `CachePlan`, once per cache: which slots each continuing row keeps and where
+   its positions resume. Before the draft's plan, `fill_draft_cache` computes the KV the draft
+   lacks after an all-accepted step. The baseline has no draft cache, so no draft plan.
+
+The caller applies the plans (EQSPEC realigns the batch, EXSPEC splits it back into the pool).
+Tokens are chosen by one rule, `select(logits) -> tokens` (greedy argmax by default), used by
+both the draft and the target, so verification compares like with like. Fault hooks
+(`faults.py`) each override one decision inside one phase.
 """
 
 from __future__ import annotations
@@ -17,8 +29,21 @@ from typing import Any
 import torch
 
 from specviz.engine.faults import Fault, SlotPlan
-from specviz.engine.kv import KVState, feed, leading_zeros
+from specviz.engine.kv import CachePlan, KVState, feed, leading_zeros
 from specviz.trace.recorder import NullRecorder, Recorder, StepObservation
+
+# logits [B, q, V] -> chosen tokens [B, q]
+TokenRule = Callable[[torch.Tensor], torch.Tensor]
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """The default token rule: the most likely token at each slot."""
+    return logits.argmax(-1)
+
+
+def agreeing_prefix(drafts: torch.Tensor, target_tokens: torch.Tensor) -> torch.Tensor:
+    """Per row, how many leading drafts equal the target's choice at the same slot."""
+    return (drafts == target_tokens).long().cumprod(1).sum(1)
 
 
 @dataclass
@@ -61,55 +86,105 @@ class Sequence:
 class Batch:
     seqs: list[Sequence]
     target: KVState
-    draft: KVState | None
+    draft: KVState | None  # None: no draft model (the baseline)
     batch_id: int = 0
     regrouped: bool = False  # composition changed since this batch's previous step
     grouped: bool | None = None  # exspec: an equal-length group (no padding)
 
 
+# ---------------------------------------------------------------------- phase results
+
+
+@dataclass(frozen=True)
+class Proposals:
+    """What the draft proposed (vLLM's `SpeculativeProposals`)."""
+
+    tokens: torch.Tensor  # [B, k] draft tokens; k = 0 without a draft
+    positions: torch.Tensor  # [B, k] position ID fed at each draft call (column j: call j)
+    kv_len: torch.Tensor | None  # [B] attended draft slots at the first draft call; None: no draft
+    cache_width: int  # draft cache slots before the first draft call
+    seconds: float
+
+    @property
+    def k(self) -> int:
+        return self.tokens.shape[1]
+
+    @classmethod
+    def none(cls, pending: torch.Tensor) -> Proposals:
+        """The baseline's: no draft, nothing proposed, the target decodes one token per row."""
+        empty = pending.new_zeros(pending.shape[0], 0)
+        return cls(tokens=empty, positions=empty, kv_len=None, cache_width=0, seconds=0.0)
+
+
+@dataclass(frozen=True)
+class Verification:
+    """What the target's forward over [pending, drafts] decided."""
+
+    positions: torch.Tensor  # [B, k + 1] position IDs fed
+    fed_mask: torch.Tensor  # [B, cache_len + k + 1] attention mask fed
+    cache_len: int  # target cache slots before this forward
+    target_tokens: torch.Tensor  # [B, k + 1] the target's choice after each fed slot
+    matched: torch.Tensor  # [B] leading drafts that agree with the target
+    accepted: torch.Tensor  # [B] drafts kept (a correct engine keeps exactly `matched`)
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Commit:
+    """What was written to the sequences."""
+
+    emitted: list[list[int]]  # per row: tokens appended (accepted drafts + bonus, cut at EOS/budget)
+    bonus: list[int | None]  # per row: the target's own token, None where the cut dropped it
+    write_seqs: list[int]  # per row: the sequence its tokens went to (its own, unless a fault)
+    finish_reasons: list[str | None]  # per row: its own sequence's, after the commit
+    active: torch.Tensor  # [B] bool: rows whose own sequence continues
+
+    @property
+    def active_rows(self) -> torch.Tensor:
+        return self.active.nonzero().flatten()
+
+
 @dataclass
 class StepOutcome:
-    """What a step produced, plus what the caller needs to rebuild the caches."""
+    """What a step produced, plus the plans the caller applies to rebuild the caches."""
 
     observation: StepObservation
     active_rows: torch.Tensor  # rows whose own sequence continues
-    target_retain: torch.Tensor
-    target_attend: torch.Tensor
-    target_next_pos: torch.Tensor
-    draft_retain: torch.Tensor | None
-    draft_attend: torch.Tensor | None
-    draft_next_pos: torch.Tensor | None
+    target_plan: CachePlan
+    draft_plan: CachePlan | None  # None: no draft cache (the baseline)
     started: float  # perf_counter at step start, to close the total time after realignment
+
+
+# ---------------------------------------------------------------------- the engine
 
 
 @dataclass
 class Engine:
     target: Any
-    draft: Any | None
+    draft: Any | None  # None: the baseline (then k = 0)
     k: int
     max_new_tokens: int
     eos_ids: frozenset[int]
     pad_id: int
     device: torch.device
     fault: Fault = field(default_factory=Fault)
+    select: TokenRule = greedy
     recorder: Recorder | None = None
     on_tokens: Callable[[int], None] | None = None  # progress: tokens emitted this step
     step_index: int = 0
     fault_events: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        if (self.draft is None) != (self.k == 0):
+            raise ValueError(f"a draft model needs k >= 1 and k >= 1 needs a draft model (k={self.k})")
         if self.recorder is None:  # engines built outside `run` (tests, benchmarks) record nothing
             self.recorder = NullRecorder(header=None)
-
-    # ------------------------------------------------------------------ timing helpers
 
     def now(self) -> float:
         """Wall clock, device synchronised so phase timings mean what they say."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
-
-    # ------------------------------------------------------------------ prefill
 
     @torch.no_grad()
     def prefill(self, model: Any, seqs: list[Sequence]) -> KVState:
@@ -139,98 +214,36 @@ class Engine:
     @torch.no_grad()
     def step(self, batch: Batch) -> StepOutcome:
         started = self.now()
-        fault, k = self.fault, self.k
         seqs = batch.seqs
-        size = len(seqs)
-        for row, seq in enumerate(seqs):
-            if seq.taint is not None:
-                self._log(self.step_index, row, seq.seq_id, seq.taint)
-                seq.taint = None
+        self._report_taints(seqs)
         pending = torch.tensor([s.pending for s in seqs], device=self.device)
         committed = [s.committed for s in seqs]
-        target_pad = leading_zeros(batch.target.mask)
 
-        draft_kv_len = None
-        draft_width_before = batch.draft.width if batch.draft is not None else 0
-        drafts = torch.zeros(size, 0, dtype=torch.long, device=self.device)
-        if k > 0:
-            draft_kv_len = batch.draft.mask.sum(1)
-            drafts = self._propose(batch.draft, pending)
-        after_draft = self.now()
+        # 1-3. Draft (nothing for the baseline), verify and accept, write the results.
+        proposals = Proposals.none(pending) if batch.draft is None else self.propose(batch.draft, pending)
+        verification = self.verify(batch.target, pending, proposals, seqs)
+        commit = self.commit(batch, proposals.tokens, verification)
 
-        query = torch.cat([pending[:, None], drafts], dim=1)
-        cache_len = batch.target.width
-        positions = fault.verify_positions(batch.target.next_pos, cache_len, k + 1)
-        correct = batch.target.next_pos[:, None] + torch.arange(k + 1, device=self.device)
-        for row in (positions != correct).any(1).nonzero().flatten().tolist():
-            self._log(self.step_index, row, seqs[row].seq_id, "position IDs differ from the row's real-token count")
-        logits = feed(self.target, batch.target, query, positions)
-        target_tokens = logits.argmax(-1)
-        matched = (drafts == target_tokens[:, :k]).long().cumprod(1).sum(1)
-        accepted = fault.accept(matched, k)
-        for row in (accepted != matched).nonzero().flatten().tolist():
-            self._log(self.step_index, row, seqs[row].seq_id, "accepted a draft the target rejected")
-        after_verify = self.now()
-
-        emitted, bonus, write_seqs = self._write_back(batch, drafts, target_tokens, accepted)
-        catch_up_s = 0.0
-        caught_up = k > 0 and fault.draft_catch_up() and bool((accepted == k).any())
-        if caught_up:
-            before = self.now()
-            positions_last = fault.verify_positions(batch.draft.next_pos + k, batch.draft.width, 1)
-            feed(self.draft, batch.draft, drafts[:, -1:], positions_last)
-            catch_up_s = self.now() - before
-
-        active = torch.tensor([not s.done for s in seqs], device=self.device)
-        active_rows = active.nonzero().flatten()
-        target_plan = fault.plan(accepted, k + 1, target_pad)
-        t_retain, t_attend = _keep_masks(batch.target.mask, cache_len, target_plan)
+        # 4. Plan the caches. The target's holds [old | pending, d1..dk]; the draft's [old | d1..dk]
+        # (+ the last draft's KV once filled). The baseline has no draft cache to fill or plan.
+        target_plan = self.plan_cache(batch.target, verification.cache_len, verification.accepted)
         self._taint(seqs, target_plan.altered, "target cache or positions rebuilt wrongly")
-        outcome = StepOutcome(
-            observation=StepObservation(
-                step=self.step_index,
-                batch_id=batch.batch_id,
-                seq_ids=[s.seq_id for s in seqs],
-                write_seqs=write_seqs,
-                committed_before=committed,
-                pending=pending,
-                drafts=drafts,
-                target_tokens=target_tokens,
-                accepted=accepted,
-                bonus=bonus,
-                emitted=emitted,
-                positions=positions,
-                fed_mask=batch.target.mask,
-                cache_len=cache_len,
-                draft_kv_len=draft_kv_len,
-                left_pad_after=[None] * size,
-                finish_reasons=[s.finish_reason for s in seqs],
-                grouped=batch.grouped,
-                draft_ms=(after_draft - started + catch_up_s) * 1000,
-                verify_ms=(after_verify - after_draft) * 1000,
-                align_ms=0.0,
-                total_ms=0.0,
-            ),
-            active_rows=active_rows,
-            target_retain=t_retain,
-            target_attend=t_attend,
-            target_next_pos=(batch.target.next_pos + target_plan.advance)[active_rows],
-            draft_retain=None,
-            draft_attend=None,
-            draft_next_pos=None,
+        draft_plan, fill_s = None, 0.0
+        if batch.draft is not None:
+            fill_s = self.fill_draft_cache(batch.draft, proposals, verification.accepted)
+            draft_plan = self.plan_cache(batch.draft, proposals.cache_width, verification.accepted)
+            self._taint(seqs, draft_plan.altered, "draft cache missing KV")
+
+        if self.on_tokens is not None:
+            self.on_tokens(sum(len(e) for e in commit.emitted))
+        rows = commit.active_rows
+        return StepOutcome(
+            observation=self._observe(batch, committed, pending, proposals, verification, commit, fill_s),
+            active_rows=rows,
+            target_plan=target_plan,
+            draft_plan=draft_plan,
             started=started,
         )
-        if k > 0:
-            available = k + (1 if caught_up else 0)
-            draft_plan = fault.plan(accepted, available, leading_zeros(batch.draft.mask[:, :draft_width_before]))
-            short = (accepted + 1 > available) & active
-            self._taint(seqs, draft_plan.altered | short, "draft cache missing KV")
-            d_retain, d_attend = _keep_masks(batch.draft.mask, draft_width_before, draft_plan)
-            outcome.draft_retain, outcome.draft_attend = d_retain, d_attend
-            outcome.draft_next_pos = (batch.draft.next_pos + draft_plan.advance)[active_rows]
-        if self.on_tokens is not None:
-            self.on_tokens(sum(len(e) for e in emitted))
-        return outcome
 
     def finish_step(self, outcome: StepOutcome, left_pad_after: list[int | None], align_started: float) -> None:
         """Close the timings and hand the step to the recorder."""
@@ -242,44 +255,155 @@ class Engine:
         self.recorder.record_step(obs)
         self.step_index += 1
 
-    # ------------------------------------------------------------------ pieces
+    # ------------------------------------------------------------------ the phases
 
-    def _propose(self, state: KVState, pending: torch.Tensor) -> torch.Tensor:
-        """k greedy draft tokens, one forward each on the draft's own cache."""
+    def propose(self, state: KVState, pending: torch.Tensor) -> Proposals:
+        """k draft tokens per row, one forward each on the draft's own cache."""
+        started = self.now()
+        kv_len, cache_width = state.mask.sum(1), state.width
         tokens = pending[:, None]
-        proposals = []
+        drafted, fed_positions = [], []
         for j in range(self.k):
             positions = self.fault.verify_positions(state.next_pos + j, state.width, 1)
-            logits = feed(self.draft, state, tokens, positions)
-            tokens = logits[:, -1].argmax(-1, keepdim=True)
-            proposals.append(tokens)
-        return torch.cat(proposals, dim=1)
+            tokens = self.select(feed(self.draft, state, tokens, positions)[:, -1:])
+            drafted.append(tokens)
+            fed_positions.append(positions)
+        return Proposals(
+            tokens=torch.cat(drafted, dim=1),
+            positions=torch.cat(fed_positions, dim=1),
+            kv_len=kv_len,
+            cache_width=cache_width,
+            seconds=self.now() - started,
+        )
 
-    def _write_back(
-        self, batch: Batch, drafts: torch.Tensor, target_tokens: torch.Tensor, accepted: torch.Tensor
-    ) -> tuple[list[list[int]], list[int | None], list[int]]:
+    def verify(self, state: KVState, pending: torch.Tensor, proposals: Proposals, seqs: list[Sequence]) -> Verification:
+        """One target forward over [pending, d1..dk]; accept the drafts that agree with it."""
+        started = self.now()
+        k, cache_len = proposals.k, state.width
+        positions = self.fault.verify_positions(state.next_pos, cache_len, k + 1)
+        correct = state.next_pos[:, None] + torch.arange(k + 1, device=self.device)
+        self._report_rows(positions.ne(correct).any(1), seqs, "position IDs differ from the row's real-token count")
+        query = torch.cat([pending[:, None], proposals.tokens], dim=1)
+        target_tokens = self.select(feed(self.target, state, query, positions))
+        matched = agreeing_prefix(proposals.tokens, target_tokens[:, :k])
+        accepted = self.fault.accept(matched, k)
+        self._report_rows(accepted != matched, seqs, "accepted a draft the target rejected")
+        return Verification(
+            positions=positions,
+            fed_mask=state.mask,
+            cache_len=cache_len,
+            target_tokens=target_tokens,
+            matched=matched,
+            accepted=accepted,
+            seconds=self.now() - started,
+        )
+
+    def commit(self, batch: Batch, drafts: torch.Tensor, verification: Verification) -> Commit:
+        """Each row's accepted drafts plus the target's token after them go to its sequence."""
         seqs = batch.seqs
         perm = self.fault.write_back(batch.regrouped, len(seqs))
-        drafts_l, targets_l, accepted_l = drafts.tolist(), target_tokens.tolist(), accepted.tolist()
+        drafts_l, targets_l = drafts.tolist(), verification.target_tokens.tolist()
         emitted: list[list[int]] = []
         bonus: list[int | None] = []
-        for row, dest in enumerate(perm):
-            a = accepted_l[row]
-            proposal = drafts_l[row][:a] + [targets_l[row][a]]
+        for row, (dest, accepted) in enumerate(zip(perm, verification.accepted.tolist())):
+            proposal = drafts_l[row][:accepted] + [targets_l[row][accepted]]
             out = seqs[dest].append(proposal, self.max_new_tokens, self.eos_ids)
             emitted.append(out)
-            bonus.append(targets_l[row][a] if len(out) == len(proposal) else None)
+            bonus.append(targets_l[row][accepted] if len(out) == len(proposal) else None)
             if dest != row:
-                self._log(self.step_index, row, seqs[row].seq_id, f"results written to sequence {seqs[dest].seq_id}")
-        return emitted, bonus, [seqs[d].seq_id for d in perm]
+                self._log(row, seqs[row].seq_id, f"results written to sequence {seqs[dest].seq_id}")
+        return Commit(
+            emitted=emitted,
+            bonus=bonus,
+            write_seqs=[seqs[dest].seq_id for dest in perm],
+            finish_reasons=[s.finish_reason for s in seqs],
+            active=torch.tensor([not s.done for s in seqs], device=self.device),
+        )
+
+    def fill_draft_cache(self, state: KVState, proposals: Proposals, accepted: torch.Tensor) -> float:
+        """After an all-accepted step the draft lacks KV for its last draft: compute it.
+
+        The draft never fed its own last token, so a row that accepted every draft would resume
+        one slot short. One forward for the batch; rows that accepted less drop the slot in
+        their plan. Returns the seconds spent (draft time).
+        """
+        if not (self.fault.draft_catch_up() and bool((accepted == proposals.k).any())):
+            return 0.0
+        started = self.now()
+        positions = self.fault.verify_positions(state.next_pos + proposals.k, state.width, 1)
+        feed(self.draft, state, proposals.tokens[:, -1:], positions)
+        return self.now() - started
+
+    def plan_cache(self, state: KVState, old_width: int, accepted: torch.Tensor) -> CachePlan:
+        """How to rebuild one cache of [old slots | slots written this step], for every row.
+
+        The new slots hold the KV of what this step fed; the fault's `plan` decides how many a
+        row keeps and attends (correct: accepted + 1) and how far its positions advance.
+        """
+        written = state.width - old_width  # target: k + 1; draft: k, or k + 1 once filled
+        slots = self.fault.plan(accepted, written, leading_zeros(state.mask[:, :old_width]))
+        retain, attend = _keep_masks(state.mask, old_width, slots)
+        missing = accepted + 1 > written  # a kept token whose KV was never computed
+        return CachePlan(
+            retain=retain, attend=attend, next_pos=state.next_pos + slots.advance, altered=slots.altered | missing
+        )
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def _observe(
+        self,
+        batch: Batch,
+        committed: list[int],
+        pending: torch.Tensor,
+        proposals: Proposals,
+        verification: Verification,
+        commit: Commit,
+        fill_s: float,
+    ) -> StepObservation:
+        return StepObservation(
+            step=self.step_index,
+            batch_id=batch.batch_id,
+            seq_ids=[s.seq_id for s in batch.seqs],
+            write_seqs=commit.write_seqs,
+            committed_before=committed,
+            pending=pending,
+            drafts=proposals.tokens,
+            target_tokens=verification.target_tokens,
+            accepted=verification.accepted,
+            bonus=commit.bonus,
+            emitted=commit.emitted,
+            positions=verification.positions,
+            fed_mask=verification.fed_mask,
+            cache_len=verification.cache_len,
+            draft_kv_len=proposals.kv_len,
+            left_pad_after=[None] * len(batch.seqs),
+            finish_reasons=commit.finish_reasons,
+            grouped=batch.grouped,
+            draft_ms=(proposals.seconds + fill_s) * 1000,
+            verify_ms=verification.seconds * 1000,
+            align_ms=0.0,  # closed by finish_step, after the caller applied the plans
+            total_ms=0.0,
+        )
+
+    def _report_taints(self, seqs: list[Sequence]) -> None:
+        """Log, at the step that feeds it, each sequence a fault altered on an earlier step."""
+        for row, seq in enumerate(seqs):
+            if seq.taint is not None:
+                self._log(row, seq.seq_id, seq.taint)
+                seq.taint = None
 
     def _taint(self, seqs: list[Sequence], altered: torch.Tensor, what: str) -> None:
         for row in altered.nonzero().flatten().tolist():
             if not seqs[row].done and seqs[row].taint is None:
                 seqs[row].taint = what
 
-    def _log(self, step: int, row: int, seq_id: int, what: str) -> None:
-        self.fault_events.append({"step": step, "row": row, "seq_id": seq_id, "fault": self.fault.name, "what": what})
+    def _report_rows(self, rows: torch.Tensor, seqs: list[Sequence], what: str) -> None:
+        for row in rows.nonzero().flatten().tolist():
+            self._log(row, seqs[row].seq_id, what)
+
+    def _log(self, row: int, seq_id: int, what: str) -> None:
+        event = {"step": self.step_index, "row": row, "seq_id": seq_id, "fault": self.fault.name, "what": what}
+        self.fault_events.append(event)
 
 
 def _keep_masks(mask_after: torch.Tensor, old_width: int, plan: SlotPlan) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,6 +24,7 @@ from typing import Any
 from specviz.trace.budget import over_budget
 from specviz.trace.schema import (
     FORMAT_NAME,
+    OLDEST_READABLE_VERSION,
     SCHEMA_VERSION,
     Header,
     ModelInfo,
@@ -55,8 +56,18 @@ def trace_to_dict(trace: Trace) -> dict[str, Any]:
     return json.loads(trace_to_json(trace))
 
 
+# Optional row fields that most rows leave unrecorded: written only when recorded, so a run that
+# records them on a sampled few rows does not pay their bytes on every row (the loader restores
+# the defaults).
+_SPARSE_ROW_FIELDS = ("query_causal", "draft_position_ids", "draft_kv_lens", "kv_content_checked", "kv_mismatch_slot")
+
+
 def _fields_of(obj: Any) -> dict[str, Any]:
     """json.dumps hook: our dataclasses hold only JSON values and other dataclasses."""
+    if type(obj) is RowRecord:
+        # Identity tests: slot 0 is a recorded value, and 0 == False.
+        fields = obj.__dict__
+        return {k: v for k, v in fields.items() if k not in _SPARSE_ROW_FIELDS or (v is not None and v is not False)}
     if dataclasses.is_dataclass(obj):
         return obj.__dict__
     raise TypeError(f"cannot serialise {type(obj).__name__} in a trace")
@@ -170,7 +181,7 @@ def trace_from_dict(data: Any) -> Trace:
             f"header.schema_version: trace is version {version}, this specviz reads up to "
             f"{SCHEMA_VERSION}; upgrade specviz"
         )
-    if version < SCHEMA_VERSION:
+    if version < OLDEST_READABLE_VERSION:
         raise TraceError(
             f"header.schema_version: trace is version {version}, which this specviz no longer "
             f"reads (current {SCHEMA_VERSION}); re-record it"
@@ -228,9 +239,7 @@ def _int_list(value: Any, path: str) -> list[int]:
     """Token lists dominate a trace: check them in bulk, per item only to name a bad one."""
     if type(value) is not list:
         _fail(path, f"expected array, got {_kind(value)}")
-    if value and (
-        not all(type(v) is int for v in value) or max(value) > MAX_ABS_INT or min(value) < -MAX_ABS_INT
-    ):
+    if value and (not all(type(v) is int for v in value) or max(value) > MAX_ABS_INT or min(value) < -MAX_ABS_INT):
         for i, v in enumerate(value):
             _int(v, f"{path}[{i}]")
     return value
@@ -327,6 +336,9 @@ for _cls in (ModelInfo, Header, RowRecord, StepRecord, SequenceRecord, Trace):
     _build(_cls)
 
 
+FINISH_REASONS = (None, "eos", "length")
+
+
 def _nonneg(value: int | None, path: str) -> None:
     if value is not None and not 0 <= value <= MAX_LENGTH:
         _fail(path, f"must be between 0 and {MAX_LENGTH}, got {value}")
@@ -352,11 +364,22 @@ def _check_references(trace: Trace) -> None:
         if seq.reference_margins is not None and seq.reference_ids is not None:
             if len(seq.reference_margins) != len(seq.reference_ids):
                 _fail(f"{path}.reference_margins", "length differs from reference_ids")
+        if seq.reference_margins is not None and seq.reference_ids is None:
+            # Margins are indexed by reference token; without the tokens they mean nothing.
+            _fail(f"{path}.reference_margins", "present but reference_ids is null")
+        if seq.finish_reason not in FINISH_REASONS:
+            _fail(f"{path}.finish_reason", f"unknown reason {seq.finish_reason!r}")
+    previous_step = -1
     for s, step in enumerate(trace.steps):
         path = f"steps[{s}]"
         _nonneg(step.cache_len, f"{path}.cache_len")
         _nonneg(step.query_len, f"{path}.query_len")
         _nonneg(step.step, f"{path}.step")
+        # Execution order is what "first violation" means. Gaps are allowed: some engines number
+        # scheduler iterations, including prefill-only ones that are not verify steps.
+        if step.step <= previous_step:
+            _fail(f"{path}.step", f"step numbers must increase, got {step.step} after {previous_step}")
+        previous_step = step.step
         for r, row in enumerate(step.rows):
             rpath = f"{path}.rows[{r}]"
             if row.seq_id not in seq_ids:
@@ -372,10 +395,13 @@ def _check_references(trace: Trace) -> None:
                 "draft_kv_len",
                 "draft_kv_len_expected",
                 "accepted",
+                "kv_mismatch_slot",
             ):
                 _nonneg(getattr(row, name), f"{rpath}.{name}")
+            for j, count in enumerate(row.draft_kv_lens or ()):
+                _nonneg(count, f"{rpath}.draft_kv_lens[{j}]")
             for j, run in enumerate(row.mask_rle):
                 if len(run) != 2 or run[0] not in (0, 1) or not 0 <= run[1] <= MAX_LENGTH:
                     _fail(f"{rpath}.mask_rle[{j}]", "expected [0 or 1, count >= 0]")
-            if row.finish_reason not in (None, "eos", "length"):
+            if row.finish_reason not in FINISH_REASONS:
                 _fail(f"{rpath}.finish_reason", f"unknown reason {row.finish_reason!r}")

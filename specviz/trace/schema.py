@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+OLDEST_READABLE_VERSION = 1  # version-1 files lack only optional fields
 FORMAT_NAME = "specviz-trace"
 
 METHODS = ("baseline", "eqspec", "exspec")
@@ -43,6 +44,12 @@ class RowRecord:
     draft_kv_len_expected: int | None = None
     finished: bool = False  # the row is done after this step
     finish_reason: str | None = None  # "eos" | "length" | None
+    # Schema version 2, all optional (None / False: not recorded). Written only where recorded.
+    query_causal: bool | None = None  # the verify query block of a 4-D mask was causal
+    draft_position_ids: list[int] | None = None  # per draft call: position of its last query token
+    draft_kv_lens: list[int] | None = None  # per draft call: slots that token attends before itself
+    kv_content_checked: bool = False  # layer-0 keys of the attended slots were recomputed
+    kv_mismatch_slot: int | None = None  # first attended cache slot whose key did not match
 
 
 @dataclass
