@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -207,10 +208,23 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.json:
         payload = report.to_dict()
         payload["metrics"] = summary(trace)
-        print(json.dumps(payload))
+        _print_to_pipe(json.dumps(payload))
     else:
-        print(render_report(trace, report))
+        _print_to_pipe(render_report(trace, report))
     return 0 if report.verdict in ("clean", "numerical") else 1
+
+
+def _print_to_pipe(text: str) -> None:
+    """Print; a reader that stopped early (`| head`) is not an error, the verdict still is."""
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python flushes stdout again at exit and would report that failure too: point the
+        # descriptor at /dev/null first, so the exit is silent and keeps our exit code.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

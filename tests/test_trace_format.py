@@ -364,6 +364,19 @@ STRUCTURAL = {
         False,
     ),
     "margins length": (lambda d: _seq(d)["reference_margins"].pop(), "sequences[0].reference_margins", False),
+    # Docs and loader agree: refused as documented.
+    "sequence finish reason": (_set(_seq, "finish_reason", "stop"), "sequences[0].finish_reason: unknown reason", True),
+    "margins without reference": (
+        _set(_seq, "reference_ids", None),
+        "sequences[0].reference_margins: present but reference_ids is null",
+        True,
+    ),
+    "step numbers repeat": (
+        lambda d: d["steps"][1].__setitem__("step", d["steps"][0]["step"]),
+        "steps[1].step: step numbers must increase",
+        False,
+    ),
+    "negative draft kv len": (_set(_row, "draft_kv_lens", [3, -1]), "steps[0].rows[0].draft_kv_lens[1]", True),
 }
 
 
@@ -463,7 +476,68 @@ def test_newer_version_message_is_clear(small: dict) -> None:
     data["header"]["schema_version"] = SCHEMA_VERSION + 1
     with pytest.raises(
         TraceError,
-        match=r"^t\.json: header\.schema_version: trace is version 2, "
-        r"this specviz reads up to 1; upgrade specviz$",
+        match=rf"^t\.json: header\.schema_version: trace is version {SCHEMA_VERSION + 1}, "
+        rf"this specviz reads up to {SCHEMA_VERSION}; upgrade specviz$",
     ):
         parse_trace_bytes(json.dumps(data).encode(), "t.json")
+
+
+# ----------------------------------------------------------------------------- (e) accepted by design
+
+
+def _finished_row(d: dict) -> dict:
+    return next(r for s in d["steps"] for r in s["rows"] if r["finish_reason"] is not None)
+
+
+def _gap_steps(d: dict) -> None:
+    for i, step in enumerate(d["steps"]):
+        step["step"] = 3 * i + 1
+
+
+def _null_bonus(d: dict) -> None:
+    row = next(r for s in d["steps"] for r in s["rows"] if r["bonus"] is not None)
+    row["bonus"] = None
+
+
+# (mutation, what `check` then concludes): each is documented in docs/trace-format.md as accepted.
+ACCEPTED = {
+    "left_pad_after on a finished row": (lambda d: _finished_row(d).__setitem__("left_pad_after", 3), "clean"),
+    "no draft model with draft_k > 0": (_set(_header, "draft", None), "clean"),
+    "sequences in any order": (lambda d: d["sequences"].reverse(), "clean"),
+    "step numbers with gaps": (_gap_steps, "clean"),
+    "bonus null although emitted": (_null_bonus, "desync"),  # loads; the checker flags it
+}
+
+
+@pytest.mark.parametrize("case", sorted(ACCEPTED))
+def test_documented_acceptances_load_and_check(small: dict, case: str) -> None:
+    from specviz.analysis.check import check_trace
+
+    mutate, verdict = ACCEPTED[case]
+    data = copy.deepcopy(small)
+    mutate(data)
+    assert not list(VALIDATOR.iter_errors(data))
+    report = check_trace(trace_from_dict(data))
+    assert report.verdict == verdict, report.first_violation
+    if verdict == "desync":
+        assert report.first_violation.field == "bonus"
+
+
+def test_version_1_files_still_load(small: dict) -> None:
+    data = copy.deepcopy(small)
+    data["header"]["schema_version"] = 1
+    trace = trace_from_dict(data)
+    assert trace.header.schema_version == 1 and trace.steps[0].rows[0].kv_mismatch_slot is None
+
+
+def test_version_2_row_fields_round_trip_and_are_written_only_when_recorded(traces: dict[str, Trace]) -> None:
+    trace = copy.deepcopy(traces["eqspec"])
+    row = trace.steps[1].rows[0]
+    row.query_causal, row.draft_position_ids, row.draft_kv_lens = True, [4, 5, 6], [4, 5, 6]
+    row.kv_content_checked, row.kv_mismatch_slot = True, 0  # slot 0 is a value, not "absent"
+    data = as_json(trace)
+    assert not list(VALIDATOR.iter_errors(data))
+    assert trace_from_dict(data) == trace
+    written = data["steps"][1]["rows"][0]
+    assert written["kv_mismatch_slot"] == 0 and written["kv_content_checked"] is True
+    assert "kv_mismatch_slot" not in data["steps"][0]["rows"][0]

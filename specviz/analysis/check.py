@@ -57,6 +57,9 @@ class _Checker:
         self.trace = trace
         h = trace.header
         self.k = h.draft_k
+        # Rectangular alignment is a rule of the left-padded layout only; other layouts get the
+        # layout-free invariants (positions, attended slots, accounting).
+        self.left_padded = h.layout == "left-padded"
         self.max_new = h.max_new_tokens
         self.eos = frozenset(h.eos_token_ids)
         self.violations: list[Violation] = []
@@ -118,7 +121,7 @@ class _Checker:
             self.check_kv(si, step, row, runs)
             self.check_accounting(si, step, row)
             check_recorded_row(self, si, step, row)
-        if len(widths) > 1:
+        if len(widths) > 1 and self.left_padded:
             first = step.rows[0]
             self.flag(
                 si,
@@ -137,6 +140,9 @@ class _Checker:
     def check_alignment(self, si: int, step: StepRecord, row: RowRecord, runs: list[list[int]]) -> None:
         if not runs:
             self.skipped.add("rectangular alignment and mask checks: rows have no mask_rle")
+            return
+        if not self.left_padded:
+            self.skipped.add("rectangular alignment: the trace declares no left-padded layout")
             return
         lead = runs[0][1] if runs[0][0] == 0 else 0
         holes = [i for i, run in enumerate(runs) if run[0] == 0 and i > 0]
@@ -312,7 +318,9 @@ class _Checker:
                 )
             proposal = row.draft_tokens[: row.accepted] + [row.target_tokens[row.accepted]]
             expected_out = self.cut(proposal, self.seqs[row.write_seq])
-            if row.emitted != expected_out:
+            # Emitting fewer than verification allows (no bonus, say) is slower, not wrong: it is the
+            # `tokens_left_on_table` metric. Only tokens verification did not allow are a violation.
+            if row.emitted != expected_out[: len(row.emitted)]:
                 self.flag(
                     si,
                     step,
@@ -321,7 +329,7 @@ class _Checker:
                     "emitted",
                     expected_out,
                     row.emitted,
-                    "emitted tokens are not the accepted drafts plus the bonus",
+                    "emitted tokens are not a prefix of the accepted drafts plus the bonus",
                 )
         # The bonus field names the target token emitted after the accepted drafts, if one was.
         bonus = row.emitted[row.accepted] if len(row.emitted) == row.accepted + 1 else None

@@ -86,15 +86,17 @@ def first_divergence(output: list[int], reference: list[int] | None, finished: b
     return min(len(output), len(reference))
 
 
-def sequence_divergence(seq: Any) -> int | None:
-    return first_divergence(seq.output_ids, seq.reference_ids, seq.finish_reason is not None)
+def sequence_divergence(seq: Any, run_complete: bool = False) -> int | None:
+    """A complete run must have finished every sequence, so there "identical so far" is not enough."""
+    return first_divergence(seq.output_ids, seq.reference_ids, run_complete or seq.finish_reason is not None)
 
 
 def exact_match(trace: Trace) -> float | None:
     with_ref = [s for s in trace.sequences if s.reference_ids is not None]
     if not with_ref:
         return None
-    return sum(sequence_divergence(s) is None for s in with_ref) / len(with_ref)
+    complete = trace.header.complete
+    return sum(sequence_divergence(s, complete) is None for s in with_ref) / len(with_ref)
 
 
 def tokens_emitted(trace: Trace) -> int:
@@ -142,6 +144,6 @@ def summary(trace: Trace) -> dict[str, Any]:
         "tokens_per_second": tokens_per_second(trace),
         "steps": len(trace.steps),
         "exspec_group_share": h.options.get("group_share"),
-        "first_divergence": [sequence_divergence(s) for s in trace.sequences],
+        "first_divergence": [sequence_divergence(s, h.complete) for s in trace.sequences],
         **phase_times(trace),
     }

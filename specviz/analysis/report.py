@@ -73,4 +73,3 @@ class Report:
             "margin_threshold": self.margin_threshold,
             "skipped_checks": self.skipped_checks,
         }
-

@@ -21,9 +21,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from specviz.files import FileRefused, read_regular_file, refuse_non_regular, umask_file_mode
 from specviz.trace.budget import over_budget
 from specviz.trace.schema import (
     FORMAT_NAME,
+    LAYOUTS,
     OLDEST_READABLE_VERSION,
     SCHEMA_VERSION,
     Header,
@@ -349,6 +351,8 @@ def _check_references(trace: Trace) -> None:
     h = trace.header
     if h.method not in ("baseline", "eqspec", "exspec") and not h.method:
         _fail("header.method", "empty")
+    if h.layout not in LAYOUTS:
+        _fail("header.layout", f"expected one of {', '.join(LAYOUTS)}, got {h.layout!r}")
     _nonneg(h.draft_k, "header.draft_k")
     _nonneg(h.max_new_tokens, "header.max_new_tokens")
     if not 1 <= h.batch_size <= MAX_LENGTH:

@@ -114,6 +114,13 @@ class Header:
     # What the fault actually did: (step, row, seq_id, what). Written by the faulty engine for
     # tests and docs; the forensics never read it, they infer everything from the state fields.
     fault_events: list[dict[str, Any]] = field(default_factory=list)
+    # Schema version 2: the layout the engine declares. "left-padded" (specviz's engine, and every
+    # version-1 file) adds the rectangular-alignment rule; "unspecified" (watched engines) gets
+    # only the layout-free invariants.
+    layout: str = "left-padded"
+
+
+LAYOUTS = ("left-padded", "unspecified")
 
 
 @dataclass

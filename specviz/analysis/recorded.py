@@ -1,0 +1,100 @@
+"""Checks of the optional state fields of schema version 2, run only on rows that record them.
+
+- `query_causal` (invariant 3): where the verify pass gets a 4-D mask, each query slot may attend
+  only itself and the earlier query slots; a non-causal block lets a draft see the drafts after it.
+- `draft_position_ids` (invariant 2): draft call j of a step feeds its last token at position
+  `n - 1 + j` (the pending token, then each new draft), just like the target's query window.
+- `draft_kv_lens` (invariant 3): at draft call j that token attends `n - 1 + j` earlier slots.
+- `kv_mismatch_slot` (invariant 3): the engine recomputed the layer-0 keys of the row's attended
+  cache slots from its committed tokens and positions, and this slot's content did not match
+  (KV copied from another row, stale after a move, written at the wrong position).
+The expected values come from `committed_before`, which token accounting ties to the history.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from specviz.trace.schema import RowRecord, StepRecord
+
+if TYPE_CHECKING:
+    from specviz.analysis.check import _Checker
+
+POSITIONS, KV = 2, 3
+
+# Field -> the skipped-check note when no row of the trace records it. `query_causal` is left
+# out: it only exists for engines that feed 4-D masks, so its absence is not a gap.
+OPTIONAL_STATE = {
+    "draft_position_ids": "draft position contiguity: no row records draft_position_ids",
+    "draft_kv_lens": "draft attended width per draft call: no row records draft_kv_lens",
+    "kv_content_checked": "KV content (layer-0 keys vs tokens and positions): no row records kv_content_checked",
+}
+
+
+def check_recorded_row(chk: _Checker, si: int, step: StepRecord, row: RowRecord) -> None:
+    """Flag what the row's optional state fields show; note which fields the trace records."""
+    n = row.committed_before
+    if row.query_causal is not None:
+        chk.recorded.add("query_causal")
+        if not row.query_causal:
+            chk.flag(
+                si,
+                step,
+                row,
+                KV,
+                "query_causal",
+                True,
+                False,
+                "the verify query block is not causal: a query slot attends a later query slot",
+            )
+    if row.draft_position_ids is not None:
+        chk.recorded.add("draft_position_ids")
+        expected = list(range(n - 1, n - 1 + len(row.draft_position_ids)))
+        if row.draft_position_ids != expected:
+            chk.flag(
+                si,
+                step,
+                row,
+                POSITIONS,
+                "draft_position_ids",
+                expected,
+                row.draft_position_ids,
+                f"draft fed positions {row.draft_position_ids[:3]}... for a row with {n} committed tokens "
+                f"(expected to start at {n - 1})",
+            )
+    if row.draft_kv_lens is not None:
+        chk.recorded.add("draft_kv_lens")
+        expected = list(range(n - 1, n - 1 + len(row.draft_kv_lens)))
+        if row.draft_kv_lens != expected:
+            chk.flag(
+                si,
+                step,
+                row,
+                KV,
+                "draft_kv_lens",
+                expected,
+                row.draft_kv_lens,
+                f"draft calls attend {row.draft_kv_lens} earlier slots, expected {expected}",
+            )
+    if row.kv_content_checked or row.kv_mismatch_slot is not None:
+        chk.recorded.add("kv_content_checked")
+    if row.kv_mismatch_slot is not None:
+        slot = row.kv_mismatch_slot
+        chk.flag(
+            si,
+            step,
+            row,
+            KV,
+            "kv_mismatch_slot",
+            None,
+            slot,
+            f"cache slot {slot} (token {slot - row.left_pad}) does not hold the layer-0 key of its token "
+            "at its position",
+        )
+
+
+def note_unrecorded(chk: _Checker) -> None:
+    """Report the optional state checks that no row of the trace made possible."""
+    for name, note in OPTIONAL_STATE.items():
+        if name not in chk.recorded:
+            chk.skipped.add(note)
