@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from specviz.errors import SpecvizError
+from specviz.files import beside, check_output_path
 from specviz.trace.io import TraceError
 from specviz.trace.naming import run_slug, run_title
 
@@ -78,10 +79,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main_exit() -> NoReturn:
     """The `specviz` console script."""
-    sys.exit(main())
+    # From here Ctrl-C raises KeyboardInterrupt again: the engine turns it into a partial trace.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    status = main()
+    if status == EXIT_INTERRUPTED:
+        # A KeyboardInterrupt that hit library code (torch, transformers imports) can leave the
+        # interpreter set to re-raise SIGINT at exit (status -2); everything is saved and said.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C at start-up, while loading models, or while saving
+        print("specviz: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except RecursionError:  # a last guard: nested input that a reader did not name itself
+        print("specviz: error: input nested too deeply", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "record":
@@ -113,8 +134,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     from specviz.trace.io import save_trace
 
     out = Path(args.out) if args.out else _default_out(args)
-    if out.exists() and not args.force:
-        raise SpecvizError(f"{out} exists; pass --force to overwrite it")
+    check_output_path(out, args.force)  # a run is never lost to a bad --out found afterwards
     prompts = load_prompts_file(args.prompts) if args.prompts else load_specbench()
     if args.num_prompts is not None:
         if args.num_prompts < 1:
@@ -157,17 +177,44 @@ def cmd_record(args: argparse.Namespace) -> int:
         trace = interrupted.trace
         status = EXIT_INTERRUPTED
     except RunFailed as failed:  # keep what finished, then report the one-line reason
+        out = _keep_complete(out, failed.trace)
         save_trace(failed.trace, out)
         raise SpecvizError(f"{failed} (partial trace saved to {out})") from None
     finally:
         signal.signal(signal.SIGTERM, previous)
         for bar in bars.values():
             bar.close()
+    out = _keep_complete(out, trace)
     save_trace(trace, out)
     _print_summary(trace, out, args.json)
     if status:
         print(f"specviz: interrupted; partial trace ({len(trace.steps)} steps) saved to {out}", file=sys.stderr)
     return status
+
+
+def _keep_complete(out: Path, trace: Any) -> Path:
+    """Where to save `trace`: beside `out` when `out` holds a complete trace with more steps.
+
+    `--force` replaces a file, but an interrupted or smaller run must never destroy a complete
+    one (Ctrl-C in the reference phase leaves 0 steps): that run goes next to it instead.
+    """
+    from specviz.trace.io import load_trace
+
+    if not out.is_file():
+        return out
+    try:
+        existing = load_trace(out)
+    except TraceError:  # not a trace (or not one we read): --force may replace it
+        return out
+    if existing.header.complete and len(existing.steps) > len(trace.steps):
+        kept = beside(out, "partial" if not trace.header.complete else "new")
+        print(
+            f"specviz: {out} holds a complete trace of {len(existing.steps)} steps; this run's "
+            f"{len(trace.steps)} steps go to {kept}",
+            file=sys.stderr,
+        )
+        return kept
+    return out
 
 
 def _print_summary(trace: Any, out: Path, as_json: bool) -> None:

@@ -6,8 +6,10 @@ import json
 from pathlib import Path
 
 from specviz.errors import PromptError
+from specviz.files import FileRefused, read_regular_file
 
 SPECBENCH = Path(__file__).resolve().parent / "data" / "spec_bench_question.jsonl"
+MAX_PROMPTS_BYTES = 64 * 1024 * 1024  # far above any prompt set a run can decode
 
 
 # The default pair was trained on turns followed by EOS, so right after a bare question its
@@ -34,8 +36,6 @@ def load_specbench(split: str = "all") -> list[str]:
 def load_prompts_file(path: str | Path) -> list[str]:
     """JSONL with one prompt per line: {"prompt": ...}, {"text": ...}, {"turns": [...]} or a string."""
     path = Path(path)
-    if not path.is_file():
-        raise PromptError(f"{path}: no such prompts file")
     prompts = _read_jsonl(path)
     if not prompts:
         raise PromptError(f"{path}: no prompts in file")
@@ -44,8 +44,10 @@ def load_prompts_file(path: str | Path) -> list[str]:
 
 def _read_jsonl(path: Path) -> list[str]:
     prompts = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+    try:  # regular files only: a FIFO or /proc file would block the run before it starts
+        lines = read_regular_file(path, MAX_PROMPTS_BYTES, "prompts file").decode("utf-8").splitlines()
+    except FileRefused as exc:
+        raise PromptError(str(exc)) from None
     except UnicodeDecodeError:
         raise PromptError(f"{path}: not UTF-8 text") from None
     for number, line in enumerate(lines, 1):
@@ -55,6 +57,10 @@ def _read_jsonl(path: Path) -> list[str]:
             item = json.loads(line)
         except json.JSONDecodeError as exc:
             raise PromptError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+        except RecursionError:  # a line of 100,000 `[`
+            raise PromptError(f"{path}:{number}: JSON nested too deeply") from None
+        except ValueError as exc:  # e.g. an integer literal over Python's digit limit
+            raise PromptError(f"{path}:{number}: unreadable JSON ({exc})") from None
         prompts.append(_prompt_text(item, f"{path}:{number}"))
     return prompts
 

@@ -87,9 +87,14 @@ def save_trace(trace: Trace, path: str | os.PathLike[str]) -> Path:
     payload = trace_to_json(trace).encode()
     if path.name.endswith(".gz"):
         payload = gzip.compress(payload, compresslevel=6, mtime=0)
+    try:
+        refuse_non_regular(path)  # os.replace would swap a device node (/dev/full) for a file
+    except FileRefused as exc:
+        raise TraceError(str(exc)) from None
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, umask_file_mode())  # mkstemp makes 0600; a trace is a normal file
         with os.fdopen(fd, "wb") as tmp:
             tmp.write(payload)
             tmp.flush()
@@ -105,14 +110,10 @@ def save_trace(trace: Trace, path: str | os.PathLike[str]) -> Path:
 
 
 def _read_bytes(path: Path) -> bytes:
-    if not path.exists():
-        raise TraceError(f"{path}: no such file")
-    if not path.is_file():
-        raise TraceError(f"{path}: not a file")
-    size = path.stat().st_size
-    if size > MAX_FILE_BYTES:
-        raise TraceError(f"{path}: file is {size} bytes, over the {MAX_FILE_BYTES} byte limit")
-    raw = path.read_bytes()
+    try:  # regular files only: a FIFO, a device or /proc/kmsg would block or never end
+        raw = read_regular_file(path, MAX_FILE_BYTES, "trace file")
+    except FileRefused as exc:
+        raise TraceError(str(exc)) from None
     if raw[:2] == GZIP_MAGIC:
         return _gunzip_bounded(raw, path)
     return raw
