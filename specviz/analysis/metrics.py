@@ -1,4 +1,4 @@
-"""Acceptance, exactness and throughput metrics: pure functions of a trace (DESIGN.md s4).
+"""Acceptance, exactness and throughput metrics: pure functions of a trace (definitions in docs/forensics.md#metrics).
 
 Definitions match vLLM and llama.cpp:
 - acceptance rate = accepted draft tokens / drafted tokens
@@ -108,6 +108,31 @@ def tokens_per_second(trace: Trace) -> float | None:
     return tokens_emitted(trace) / seconds if seconds else None
 
 
+def tokens_left_on_table(trace: Trace) -> float | None:
+    """Tokens per step that verification allowed but the engine did not emit (no bonus, say).
+
+    Speed lost, not exactness: a row that emits a prefix of what it could have emitted is correct.
+    Allowed = the accepted drafts plus the bonus, cut at the sequence's remaining budget and
+    after its first EOS. Rows whose target tokens are not recorded are left out.
+    """
+    if not trace.steps:
+        return None
+    prompt_len = {s.seq_id: len(s.prompt_ids) for s in trace.sequences}
+    eos = frozenset(trace.header.eos_token_ids)
+    left = 0
+    for step in trace.steps:
+        for row in step.rows:
+            if len(row.target_tokens) <= row.accepted:
+                continue
+            allowed = row.draft_tokens[: row.accepted] + [row.target_tokens[row.accepted]]
+            budget = trace.header.max_new_tokens - (row.committed_before - prompt_len.get(row.seq_id, 0))
+            allowed = allowed[: max(0, budget)]
+            cut = next((i + 1 for i, t in enumerate(allowed) if t in eos), len(allowed))
+            if row.emitted == allowed[: len(row.emitted)]:
+                left += max(0, cut - len(row.emitted))
+    return left / len(trace.steps)
+
+
 def phase_times(trace: Trace) -> dict[str, float]:
     """Milliseconds summed over steps: draft, verify, align, and the rest (bookkeeping)."""
     draft = sum(s.draft_ms for s in trace.steps)
@@ -143,6 +168,7 @@ def summary(trace: Trace) -> dict[str, Any]:
         "decode_seconds": h.decode_seconds,
         "tokens_per_second": tokens_per_second(trace),
         "steps": len(trace.steps),
+        "tokens_left_on_table_per_step": tokens_left_on_table(trace),
         "exspec_group_share": h.options.get("group_share"),
         "first_divergence": [sequence_divergence(s, h.complete) for s in trace.sequences],
         **phase_times(trace),

@@ -1,6 +1,6 @@
 """The trace: what one decoding run records, as plain dataclasses.
 
-A trace is enough to replay the ragged state of every step without the models (DESIGN.md s6).
+A trace is enough to replay the ragged state of every step without the models (docs/trace-format.md).
 It is serialised as JSON (optionally gzip-compressed), never pickled; `docs/trace-format.md`
 documents every field and `docs/trace.schema.json` is the JSON Schema other engines can target.
 
