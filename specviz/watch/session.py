@@ -26,6 +26,7 @@ from specviz.trace.schema import LAYOUTS, SCHEMA_VERSION, Header, ModelInfo, Seq
 from specviz.watch.hooks import CallRecord, ModelHooks, WatchError, check_causal_lm
 from specviz.watch.reference import greedy_reference
 from specviz.watch.steps import Assembly, Emit, assemble
+from specviz.watch.streamer import GenerateStreamer
 
 FINISH_REASONS = (None, "eos", "length")
 
@@ -62,6 +63,7 @@ class Watch:
         self._calls: list[CallRecord] = []
         self._emits: list[Emit] = []
         self._closed = False
+        self.trace: Trace | None = None  # set by close(): the context manager's result
         self._hooks = [ModelHooks(target, "target", self)]
         if draft is not None:
             self._hooks.append(ModelHooks(draft, "draft", self))
@@ -99,6 +101,13 @@ class Watch:
         tokens = [_as_int(t, "emit") for t in token_ids]
         self._emits.append(Emit(seq_id, tokens, finish_reason, after=len(self._calls), at=time.perf_counter()))
 
+    def streamer(self) -> GenerateStreamer:
+        """For HF `generate(..., streamer=w.streamer())`: its tokens become `emit` calls."""
+        self._require_open("streamer")
+        if self.prompts is None:
+            raise WatchError("streamer: pass prompts= to watch, so rows map to sequences")
+        return GenerateStreamer(self, frozenset(_eos_ids(self.target, self.tokenizer)), len(self.prompts))
+
     def close(self, reference: bool = True, *, complete: bool = True) -> Trace:
         """Remove the hooks, infer the steps, decode the references, write `out`; returns the trace."""
         self._require_open("close")
@@ -113,6 +122,7 @@ class Watch:
         trace = Trace(header=header, steps=assembly.steps, sequences=self._sequences(prompts, assembly, references))
         if self.out is not None:
             save_trace(trace, self.out)
+        self.trace = trace
         return trace
 
     def __enter__(self) -> Watch:

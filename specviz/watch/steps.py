@@ -80,9 +80,11 @@ def proposal_chain(calls: list[CallRecord], index: int) -> list[int]:
         if call.batch_size != verify.batch_size or call.argmax is None:
             continue
         depth = len(chain) + 1  # this call must output query token q - depth, fed q - depth - 1
-        if q - depth - 1 < 0 or not _feeds_and_outputs(call, verify, q - depth):
+        if q - depth - 1 >= 0 and _feeds_and_outputs(call, verify, q - depth):
+            chain.append(j)
+        elif chain:
             break
-        chain.append(j)
+        # else: a draft call after the proposals (feeding d_k to fill its cache): skip it
     return chain[::-1]
 
 

@@ -1,0 +1,41 @@
+"""HF `generate` reports its tokens through a streamer; this one turns them into `emit` calls.
+
+`generate` first hands over the prompt batch, then one token per row per step. Rows are the
+prompts in order (so `rows` is never called); a finished row keeps receiving padding, which is
+not emitted. Whatever is unfinished when `generate` ends ran out of `max_new_tokens`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class GenerateStreamer:
+    """Pass as `generate(..., streamer=w.streamer())`; greedy, no assistant model."""
+
+    def __init__(self, watch: Any, eos_ids: frozenset[int], batch_size: int) -> None:
+        self.watch = watch
+        self.eos = eos_ids
+        self.batch_size = batch_size
+        self.saw_prompt = False
+        self.finished: set[int] = set()
+
+    def put(self, value: Any) -> None:
+        if not self.saw_prompt:  # the first call carries the prompts
+            self.saw_prompt = True
+            return
+        tokens = value.reshape(self.batch_size, -1).tolist()
+        for seq_id, row in enumerate(tokens):
+            if seq_id in self.finished:
+                continue
+            ended = next((i + 1 for i, t in enumerate(row) if t in self.eos), None)
+            emitted = row[:ended] if ended else row
+            self.watch.emit(seq_id, emitted, "eos" if ended else None)
+            if ended:
+                self.finished.add(seq_id)
+
+    def end(self) -> None:
+        for seq_id in range(self.batch_size):
+            if seq_id not in self.finished:
+                self.watch.emit(seq_id, [], "length")
+                self.finished.add(seq_id)
