@@ -19,7 +19,9 @@ VERDICT_MEANING = {
 
 
 def run_title(trace: Trace) -> str:
-    return naming.run_title(trace.header.method, trace.header.fault)
+    return naming.run_title(trace.header.method, trace.header.fault) + (
+        f" · engine {trace.header.engine}" if trace.header.engine != "specviz" else ""
+    )
 
 
 def _exact(report: Report) -> str:
