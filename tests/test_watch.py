@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -42,9 +43,15 @@ TEXTS = [
 @functools.cache
 def models():
     """The embedded pair, loaded the plain HF way (works on transformers 4.45+ and 5.x)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    tok = AutoTokenizer.from_pretrained(DEFAULT_TARGET)
+    # From tokenizer.json directly: the saved tokenizer_config names a 5.x-only class.
+    config = json.loads((Path(DEFAULT_TARGET) / "tokenizer_config.json").read_text())
+    tok = PreTrainedTokenizerFast(
+        tokenizer_file=str(Path(DEFAULT_TARGET) / "tokenizer.json"),
+        eos_token=config["eos_token"],
+        pad_token=config["pad_token"],
+    )
     target = AutoModelForCausalLM.from_pretrained(DEFAULT_TARGET).float().eval()
     draft = AutoModelForCausalLM.from_pretrained(DEFAULT_DRAFT).float().eval()
     return target, draft, tok

@@ -36,6 +36,8 @@ class Rows:
 
 
 def kv_pairs(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    if isinstance(cache, (tuple, list)):  # 4.x returns the legacy format when given no Cache
+        return [(keys, values) for keys, values in cache]
     if hasattr(cache, "layers"):  # transformers 5.x
         return [(layer.keys, layer.values) for layer in cache.layers]
     return list(zip(cache.key_cache, cache.value_cache))  # 4.x
