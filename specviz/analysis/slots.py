@@ -24,6 +24,7 @@ the trace does not record, so their expected position stands in (`position_recor
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from specviz.analysis.report import Report, Violation
@@ -83,7 +84,7 @@ class RowSlots:
     seq_id: int
     committed_before: int
     accepted: int
-    slots: list[Slot]
+    slots: SlotList
     violations: list[Violation]
     notes: list[str]  # row-level facts that have no slot (e.g. KV of missing tokens)
     expected: ExpectedRow
@@ -157,12 +158,86 @@ def fed_position_before(history: FedHistory, seq_id: int, index: int, step_index
 
 def expand_mask(mask_rle: list[list[int]], width: int) -> list[int | None]:
     """The fed mask row as a list of `width` entries; None where the mask is too short."""
+    return mask_window(mask_rle, 0, width)
+
+
+def mask_window(mask_rle: list[list[int]], lo: int, hi: int) -> list[int | None]:
+    """Mask entries of columns lo..hi-1 (None past the mask's end), clipped before expanding.
+
+    A run's count is what the file declares (a row may claim 10^7 slots): only the overlap of
+    each run with the window is ever materialised.
+    """
     values: list[int | None] = []
+    pos = 0
     for value, count in mask_rle:
-        values.extend([value] * count)
-    if len(values) < width:
-        values.extend([None] * (width - len(values)))
-    return values[:width]
+        start, end = max(pos, lo), min(pos + count, hi)
+        if start < end:
+            values.extend([value] * (end - start))
+        pos += count
+        if pos >= hi:
+            break
+    values.extend([None] * (hi - lo - len(values)))
+    return values
+
+
+def _attended_before(mask_rle: list[list[int]], col: int) -> tuple[int, int | None]:
+    """(attended slots before column `col`, first attended column or None), from the runs."""
+    attended, first, pos = 0, None, 0
+    for value, count in mask_rle:
+        if pos >= col:
+            break
+        if value == 1 and count > 0:
+            first = pos if first is None else first
+            attended += min(pos + count, col) - pos
+        pos += count
+    return attended, first
+
+
+# Cache columns built per row: the grid shows at most 512 (its slider), the rest is never drawn.
+MAX_BUILT_CACHE = 4096
+MAX_STEP_CELLS = 1 << 18  # cache slots built for one step, all rows together
+
+
+class SlotList:
+    """A row's slots by column, built only from column `first` on (the cache left of it is never drawn).
+
+    `len` is the full width and `slots[col]` works for any column (an unbuilt one comes back as an
+    empty slot); iteration and slices give the built slots only, so scanning a row for flagged
+    slots costs what is drawn, not what the file declares.
+    """
+
+    def __init__(self, first: int, built: list[Slot]) -> None:
+        self.first = first
+        self.built = built
+
+    def __len__(self) -> int:
+        return self.first + len(self.built)
+
+    def __iter__(self) -> Iterator[Slot]:
+        return iter(self.built)
+
+    def __getitem__(self, key: int | slice) -> Slot | list[Slot]:
+        if isinstance(key, slice):
+            start, stop, step = key.indices(len(self))
+            if step != 1:
+                raise ValueError("SlotList slices take no step")
+            return self.built[max(start - self.first, 0) : max(stop - self.first, 0)]
+        col = key + len(self) if key < 0 else key
+        if not 0 <= col < len(self):
+            raise IndexError(f"slot {key} outside 0..{len(self) - 1}")
+        return self.built[col - self.first] if col >= self.first else Slot(col, "empty")
+
+    def append(self, slot: Slot) -> None:
+        self.built.append(slot)
+
+    def __iadd__(self, slots: list[Slot]) -> SlotList:
+        self.built += slots
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, SlotList):
+            return (self.first, self.built) == (other.first, other.built)
+        return isinstance(other, list) and self.first == 0 and self.built == other
 
 
 def expected_row(step: StepRecord, row: RowRecord) -> ExpectedRow:
@@ -180,40 +255,58 @@ def expected_row(step: StepRecord, row: RowRecord) -> ExpectedRow:
 
 @dataclass
 class _SequenceTokens:
-    tokens: list[int]  # prompt + output
-    prompt_len: int
+    """Prompt + output by index, without concatenating them for every row of every step."""
+
+    prompt: list[int]
+    output: list[int]
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt)
+
+    def token(self, index: int) -> int | None:
+        if 0 <= index < len(self.prompt):
+            return self.prompt[index]
+        if 0 <= index - len(self.prompt) < len(self.output):
+            return self.output[index - len(self.prompt)]
+        return None
 
 
 def _cache_slots(
     step: StepRecord,
     row: RowRecord,
+    lo: int,
     mask: list[int | None],
     sequence: _SequenceTokens,
     history: FedHistory,
     step_index: int,
 ) -> tuple[list[Slot], list[str]]:
+    """Cache slots of columns lo..cache_len-1; `mask` holds the mask from column `lo` on."""
     expected_kv = max(row.committed_before - 1, 0)
-    attended = [j for j in range(step.cache_len) if mask[j] == 1]
-    extra = max(0, len(attended) - expected_kv)
-    held = len(attended) - extra  # attended slots that hold committed tokens
+    before, first_attended = _attended_before(row.mask_rle, step.cache_len)
+    attended = before  # attended cache slots in all, counted from the runs
+    extra = max(0, attended - expected_kv)
+    held = attended - extra  # attended slots that hold committed tokens
     # Token index held by the first attended slot; > 0 when the KV of old tokens is missing.
     first_index = expected_kv - held
-    rank = {slot: i for i, slot in enumerate(attended)}
-    first_attended = attended[0] if attended else step.cache_len
+    first_attended = step.cache_len if first_attended is None else first_attended
+    rank = _attended_before(row.mask_rle, lo)[0]  # attended slots left of the window
     notes = []
     if first_index > 0:
         notes.append(f"the cache lacks the KV of {first_index} committed token(s)")
     slots = []
-    for j in range(step.cache_len):
-        if mask[j] is None:
+    for j in range(lo, step.cache_len):
+        value = mask[j - lo]
+        if value is None:
             slots.append(Slot(j, "empty", reasons=["the fed mask is shorter than cache + query"]))
-        elif mask[j] == 0:
+        elif value == 0:
             slots.append(_masked_slot(j, j > first_attended))
-        elif rank[j] >= held:
-            slots.append(_extra_slot(j, len(attended), expected_kv))
+        elif rank >= held:
+            slots.append(_extra_slot(j, attended, expected_kv))
+            rank += 1
         else:
-            index = first_index + rank[j]
-            slots.append(_cached_token_slot(j, index, sequence, row.seq_id, history, step_index))
+            slots.append(_cached_token_slot(j, first_index + rank, sequence, row.seq_id, history, step_index))
+            rank += 1
     return slots, notes
 
 
@@ -242,7 +335,7 @@ def _cached_token_slot(
     slot = Slot(
         col,
         "prompt" if index < sequence.prompt_len else "committed",
-        token=sequence.tokens[index] if 0 <= index < len(sequence.tokens) else None,
+        token=sequence.token(index),
         token_index=index,
         fed_position=fed if fed is not None else index,
         expected_position=index,
@@ -269,7 +362,7 @@ def _query_slots(step: StepRecord, row: RowRecord, mask: list[int | None]) -> li
             slot.reasons.append("no position ID recorded for this query slot")
         elif fed != start + j:
             slot.reasons.append(f"fed position {fed}, expected {start + j}")
-        if mask[col] == 0:
+        if mask[j] == 0:  # `mask` holds the query columns only
             slot.reasons.append("query slot not attended by the fed mask")
         if kind == "accepted" and j - 1 < len(row.target_tokens) and token != row.target_tokens[j - 1]:
             slot.reasons.append(f"accepted although the target predicted {row.target_tokens[j - 1]}")
@@ -307,8 +400,8 @@ def anchor_col(slots: list[Slot], violation: Violation, step: StepRecord) -> int
 
 def _sequence_tokens(sequence: SequenceRecord | None) -> _SequenceTokens:
     if sequence is None:
-        return _SequenceTokens([], 0)
-    return _SequenceTokens(sequence.prompt_ids + sequence.output_ids, len(sequence.prompt_ids))
+        return _SequenceTokens([], [])
+    return _SequenceTokens(sequence.prompt_ids, sequence.output_ids)
 
 
 def row_slots(
@@ -318,11 +411,18 @@ def row_slots(
     sequence: SequenceRecord | None,
     history: FedHistory,
     violations: list[Violation],
+    first_col: int = 0,
 ) -> RowSlots:
-    """Every slot of one row at one step, each violation attached to the slot that shows it."""
-    mask = expand_mask(row.mask_rle, step.cache_len + step.query_len)
-    slots, notes = _cache_slots(step, row, mask, _sequence_tokens(sequence), history, step_index)
-    slots += _query_slots(step, row, mask)
+    """Every slot of one row at one step (the cache from `first_col` on), violations attached.
+
+    Columns left of `first_col` are never drawn, so never built: a row costs its window, not the
+    cache width the file declares.
+    """
+    lo = min(max(first_col, 0), step.cache_len)
+    mask = mask_window(row.mask_rle, lo, step.cache_len + step.query_len)
+    cache, notes = _cache_slots(step, row, lo, mask, _sequence_tokens(sequence), history, step_index)
+    slots = SlotList(lo, cache)
+    slots += _query_slots(step, row, mask[step.cache_len - lo :])
     slots.append(_bonus_slot(step, row))
     for violation in violations:
         anchor = slots[anchor_col(slots, violation, step)]
@@ -342,17 +442,27 @@ def row_slots(
 
 
 def step_slots(
-    trace: Trace, step_index: int, report: Report | None = None, history: FedHistory | None = None
+    trace: Trace,
+    step_index: int,
+    report: Report | None = None,
+    history: FedHistory | None = None,
+    max_cache: int = MAX_BUILT_CACHE,
 ) -> StepSlots:
-    """The slots of `trace.steps[step_index]`; pass `history` to reuse it across steps."""
+    """The slots of `trace.steps[step_index]`; pass `history` to reuse it across steps.
+
+    Only the last `max_cache` cache columns are built (every one when the cache is narrower).
+    """
     if not 0 <= step_index < len(trace.steps):
         raise IndexError(f"step index {step_index} outside 0..{len(trace.steps) - 1}")
     history = history if history is not None else fed_history(trace)
     step = trace.steps[step_index]
     sequences = {s.seq_id: s for s in trace.sequences}
     here = [v for v in report.violations if v.step_index == step_index] if report else []
+    # Many rows share the cells a figure can hold: a 4096-row step builds 64 cache columns a row.
+    per_row = max(MAX_STEP_CELLS // max(len(step.rows), 1), 64)
+    first_col = max(step.cache_len - min(max_cache, per_row), 0)
     rows = [
-        row_slots(step, step_index, r, sequences.get(r.seq_id), history, [v for v in here if v.row == r.row])
+        row_slots(step, step_index, r, sequences.get(r.seq_id), history, [v for v in here if v.row == r.row], first_col)
         for r in step.rows
     ]
     found = StepSlots(step_index, step, rows, None)

@@ -29,6 +29,7 @@ class Budget:
     max_cache_len: int = 1 << 20  # slots of one step's cache (a 1M-token context)
     max_query_len: int = 1025  # k + 1 with k up to 1024 drafts
     max_row_tokens: int = 1025  # drafts, targets, emitted and positions of one row
+    max_step_query_cells: int = 1 << 16  # rows x query_len of one step (32 rows x 9 is typical)
     max_mask_runs_per_row: int = 4096
     max_mask_runs: int = 4_000_000  # runs summed over all rows
     max_sequences: int = 100_000
@@ -100,6 +101,9 @@ class _Walk:
         if not isinstance(rows, list):
             return
         self.over(f"{path}.rows", "row count", len(rows), b.max_rows_per_step)
+        # Every row draws every query slot: rows x query_len is what one step's grid must show.
+        query_cells = len(rows) * _int_field(step, "query_len")
+        self.over(f"{path}", "rows x query_len", query_cells, b.max_step_query_cells)
         self.rows += len(rows)
         self.over(f"{path}.rows", "rows summed over steps reach", self.rows, b.max_rows)
         for r, row in enumerate(rows):

@@ -20,6 +20,7 @@ from specviz.views.palette import (
     discrete_colorscale,
     kind_code,
 )
+from specviz.views.safe_text import html_text, md_text
 from specviz.views.tokens import token_label
 
 DEFAULT_WINDOW = 40  # cache slots shown; the query and bonus columns are always shown
@@ -48,7 +49,8 @@ def _hover(grid_row: RowSlots, cell: Slot, texts: dict[int, str], cache_len: int
         where = "bonus column (not fed this step)"
     lines = [f"<b>row {grid_row.row} · seq {grid_row.seq_id}</b> · {where}", KIND_LABELS[cell.kind]]
     if cell.token is not None:
-        lines.append(f"token {cell.token} {token_label(texts, cell.token)!r} (index {cell.token_index})")
+        label = html_text(repr(token_label(texts, cell.token)), 80)  # trace text: plotly renders HTML
+        lines.append(f"token {cell.token} {label} (index {cell.token_index})")
     if cell.kind == "bonus":
         lines.append(f"fed next step as the pending token, at position {cell.expected_position}")
     elif cell.expected_position is not None:
@@ -93,7 +95,9 @@ def grid_figure(
     """Plotly figure of a step grid: coloured kinds, fed positions as text, red outlines for errors."""
     texts = texts or {}
     focus = grid.first_violation[1] if grid.first_violation else None
-    start = window_start(grid, window, focus)
+    # Never wider than what was built: a huge cache or batch builds fewer columns per row.
+    built = min((r.slots.first for r in grid.rows), default=0)
+    start = max(window_start(grid, window, focus), built)
     columns = list(range(start, grid.width))
     z, text, hover, labels = [], [], [], []
     outlines: list[tuple[int, int]] = []
@@ -302,7 +306,9 @@ def row_choices(grid: StepSlots) -> list[tuple[str, int]]:
 
 
 def _tokens(texts: dict[int, str], tokens: list[int]) -> str:
-    return " ".join(f"{t} `{token_label(texts, t)}`" if t in texts else str(t) for t in tokens) or "none"
+    return (
+        " ".join(f"{t} {md_text(repr(token_label(texts, t)), 80)}" if t in texts else str(t) for t in tokens) or "none"
+    )
 
 
 def row_details_markdown(grid: StepSlots, row: int, texts: dict[int, str] | None = None) -> str:

@@ -20,6 +20,10 @@ from specviz.views.tokens import token_label, token_texts
 
 PER_PAGE = 8
 PROMPT_CHARS = 240
+# A page draws at most this many tokens per column and characters of recorded text: a sequence of
+# a million tokens costs one page, not a million spans (the IDs and the rest stay in the file).
+MAX_TOKENS_SHOWN = 1500
+MAX_TEXT_CHARS = 8000
 VERDICT_ORDER = {"desync": 0, "unexplained": 1, "numerical": 2, "no-reference": 3, "exact": 4}
 
 OUTPUTS_CSS = """
@@ -66,10 +70,24 @@ def page_count(report: Report, per_page: int = PER_PAGE, only_diverged: bool = F
     return max(1, math.ceil(len(ordered_sequence_ids(report, only_diverged)) / per_page))
 
 
+def shown_range(length: int, divergence: int | None, limit: int = MAX_TOKENS_SHOWN) -> range:
+    """Indices of the tokens a column draws: the first `limit`, or a stretch ending past the divergence."""
+    start = 0
+    if divergence is not None and divergence >= limit:
+        start = max(0, min(divergence - limit // 10, length - limit))
+    return range(start, min(length, start + limit))
+
+
+def _elided(count: int, where: str) -> str:
+    return f"<span class='sv-note'> … {count} token(s) {where} not shown … </span>" if count > 0 else ""
+
+
 def _tokens_html(tokens: list[int], texts: dict[int, str], divergence: int | None, role: str) -> str:
     """`role` is "output" (red divergent token, faded rest) or "reference" (green marker)."""
-    spans = []
-    for i, token in enumerate(tokens):
+    shown = shown_range(len(tokens), divergence)
+    spans = [_elided(shown.start, "before")]
+    for i in shown:
+        token = tokens[i]
         classes = "sv-tok"
         if divergence is not None and i == divergence:
             classes += " sv-div" if role == "output" else " sv-refdiv"
@@ -78,13 +96,15 @@ def _tokens_html(tokens: list[int], texts: dict[int, str], divergence: int | Non
         attrs = f" data-index='{i}'" + (" data-divergent='true'" if i == divergence and role == "output" else "")
         text = html.escape(token_label(texts, token))
         spans.append(f"<span class='{classes}'{attrs} title='token {i} · id {token}'>{text}</span>")
+    spans.append(_elided(len(tokens) - shown.stop, "after"))
     if divergence is not None and divergence >= len(tokens):
         spans.append("<span class='sv-tok sv-div' data-divergent='true' title='output ends early'>⟂ ends</span>")
     return "".join(spans)
 
 
 def _ids_html(tokens: list[int], divergence: int | None) -> str:
-    parts = [f"<b>{t}</b>" if i == divergence else str(t) for i, t in enumerate(tokens)]
+    shown = shown_range(len(tokens), divergence)
+    parts = [f"<b>{tokens[i]}</b>" if i == divergence else str(tokens[i]) for i in shown]
     return (
         "<details><summary class='sv-ids'>token IDs</summary><div class='sv-ids'>"
         + " ".join(parts)
@@ -96,7 +116,7 @@ def _column(
     title: str, tokens: list[int], texts: dict[int, str], divergence: int | None, role: str, plain: str = ""
 ) -> str:
     """`plain`: the recorded text, shown when the trace carries no per-token text."""
-    text = f"<div class='sv-plain'>{html.escape(plain)}</div>" if plain and not texts else ""
+    text = f"<div class='sv-plain'>{html.escape(plain[:MAX_TEXT_CHARS])}</div>" if plain and not texts else ""
     return (
         f"<div class='sv-col' data-role='{role}'><div class='sv-col-title'>{title}</div>{text}"
         f"<div class='sv-toks'>{_tokens_html(tokens, texts, divergence, role)}</div>"

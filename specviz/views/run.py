@@ -16,6 +16,7 @@ from specviz.analysis.slots import FedHistory, StepSlots, fed_history, step_slot
 from specviz.trace.schema import Trace
 from specviz.views.grid import DEFAULT_WINDOW, NO_ROW, grid_figure, row_choices, row_details_markdown, step_markdown
 from specviz.views.outputs import RunOutputs, outputs_html
+from specviz.views.safe_text import md_text
 from specviz.views.summary import compare_table, summary_markdown
 from specviz.views.tokens import token_texts
 
@@ -99,7 +100,7 @@ def grid_view(loaded: LoadedRun | None, step_index: int | None, row: int | None,
 def slot_summary_markdown(loaded: LoadedRun | None, label: str) -> str:
     if loaded is None:
         return f"### Run {label}: empty\nLoad a bundled trace, upload a trace file, or start a live run."
-    return summary_markdown(loaded.trace, loaded.report, label) + f"\n\n<sub>source: {loaded.source}</sub>"
+    return summary_markdown(loaded.trace, loaded.report, label) + f"\n\n<sub>source: {md_text(loaded.source)}</sub>"
 
 
 def slot_outputs_html(loaded: LoadedRun | None, other: LoadedRun | None, label: str, page: int, only: bool) -> str:

@@ -9,6 +9,7 @@ from specviz.analysis.report import Report
 from specviz.trace import naming
 from specviz.trace.schema import Trace
 from specviz.views.palette import verdict_badge
+from specviz.views.safe_text import md_text
 
 VERDICT_MEANING = {
     "clean": "every invariant holds and every output equals the target's greedy reference",
@@ -19,8 +20,9 @@ VERDICT_MEANING = {
 
 
 def run_title(trace: Trace) -> str:
-    return naming.run_title(trace.header.method, trace.header.fault) + (
-        f" · engine {trace.header.engine}" if trace.header.engine != "specviz" else ""
+    """The run's name for Markdown: method and fault come from the file, so they are escaped."""
+    return md_text(naming.run_title(trace.header.method, trace.header.fault)) + (
+        f" · engine {md_text(trace.header.engine)}" if trace.header.engine != "specviz" else ""
     )
 
 
@@ -54,11 +56,12 @@ def summary_markdown(trace: Trace, report: Report, label: str = "") -> str:
     lines = [f"### {prefix}{run_title(trace)} · {verdict_badge(report.verdict)}"]
     if not h.complete:
         lines.append("⚠️ **Incomplete run**: it was interrupted; steps and outputs hold only what finished.")
-    draft = f", draft {h.draft.name}" if h.draft else ""
+    draft = f", draft {md_text(h.draft.name)}" if h.draft else ""
     # One paragraph with a hard line break: the header should stay short above the fold.
     lines.append(
         f"*{VERDICT_MEANING.get(report.verdict, '')}*  \n"
-        f"target {h.target.name} ({h.target.dtype}, {h.target.device}){draft} · k={h.draft_k} · batch {h.batch_size}"
+        f"target {md_text(h.target.name)} ({md_text(h.target.dtype)}, {md_text(h.target.device)}){draft}"
+        f" · k={h.draft_k} · batch {h.batch_size}"
         f" · {len(trace.sequences)} prompts × {h.max_new_tokens} new tokens · {len(trace.steps)} steps"
     )
     speed = info["tokens_per_second"]
@@ -87,7 +90,7 @@ def compare_table(runs: list[tuple[str, Trace, Report]]) -> pd.DataFrame:
     for _, trace, report in runs:
         info = summary(trace)
         values = {
-            "run": run_title(trace),
+            "run": naming.run_title(trace.header.method, trace.header.fault),  # a table cell: plain text
             "verdict": report.verdict,
             "exact match": _exact(report),
             "violations": str(report.violation_count),
