@@ -11,7 +11,6 @@ detail tabs inspect one slot at a time, and the outputs tab shows the other besi
 from __future__ import annotations
 
 import functools
-import tempfile
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
+from specviz import serve
 from specviz.errors import SpecvizError
 from specviz.trace.io import TraceError, load_trace, parse_trace_bytes, save_trace
 from specviz.trace.naming import run_slug
@@ -48,15 +48,22 @@ from specviz.views.tokens import attach_token_text
 ROOT = Path(__file__).resolve().parent
 TRACES = ROOT / "traces"
 MAX_UPLOAD_BYTES = 32 * 1024 * 1024  # bundled traces are KBs; a 480x128 run is a few MB gzipped
-QUEUE_SIZE = 64  # bounded: beyond it a visitor is told to retry, memory stays flat
+# Bounded, so memory stays flat under a flood; live runs take at most serve.MAX_PENDING_LIVE of it
+# (refused before they queue), so loading and inspecting always find room.
+QUEUE_SIZE = 256
+INSPECT_CONCURRENCY = 4  # loading and inspecting: their own lane, never behind a live run
 PLAY_SECONDS = 0.8
 # Opening pair, first bundled one wins: A is the run under investigation (the page opens on its
 # first red cell), B the same prompts decoded correctly. Real text turning into garbage first.
 DEFAULT_A = ("gemma-eqspec-uniform-advance.json.gz", "default-eqspec-stale-kv.json.gz")
 DEFAULT_B = ("gemma-eqspec.json.gz", "default-eqspec.json.gz")
 
-# Live runs share this machine's CPU with everyone: bounds that keep one run to about a minute.
-LIVE_LIMITS = {"batch_size": (1, 32), "draft_k": (1, 8), "max_new_tokens": (1, 256), "num_prompts": (1, 64)}
+# Live runs share this machine's CPU with everyone: bounds that keep one run to about a minute
+# (smaller in public mode, see specviz.serve).
+LIVE_LIMITS = serve.LOCAL_LIMITS
+PUBLIC = serve.public_mode()  # a Space (SPACE_ID) or `python app.py --public`
+LIVE_GATE = serve.LiveRunGate()
+LIVE_FOLDER = serve.LiveFolder()
 
 CSS = (
     OUTPUTS_CSS
@@ -108,8 +115,12 @@ def load_upload(path: str | None) -> LoadedRun:
     size = file.stat().st_size
     if size > MAX_UPLOAD_BYTES:
         raise SpecvizError(f"{file.name}: {size / 1e6:.1f} MB is over the {MAX_UPLOAD_BYTES // 2**20} MiB upload limit")
+    try:
+        raw = file.read_bytes()
+    finally:  # read once, then gone: uploads never pile up in the Space's disk
+        serve.delete_upload(file)
     # Strip Gradio's temp folder from messages: the user knows the file by its name.
-    return analyse(parse_trace_bytes(file.read_bytes(), file.name), f"upload {file.name}")
+    return analyse(parse_trace_bytes(raw, file.name), f"upload {file.name}")
 
 
 @functools.lru_cache(maxsize=2)
@@ -143,23 +154,34 @@ class LiveRequest:
     def own_prompts(self) -> list[str]:
         return [line.strip() for line in (self.prompts_text or "").splitlines() if line.strip()]
 
-    def validate(self) -> None:
-        for name, (low, high) in LIVE_LIMITS.items():
+    def validate(self, public: bool = False) -> None:
+        limits = serve.live_limits(public)
+        for name, (low, high) in limits.items():
             value = getattr(self, name)
             if not isinstance(value, int) or not low <= value <= high:
                 raise SpecvizError(f"{name.replace('_', ' ')} must be between {low} and {high}, got {value}")
-        if not (self.target or "").strip():
+        if public:  # before anything touches a path: the answer must not depend on it
+            from specviz.engine.models import DEFAULT_DRAFT, DEFAULT_TARGET
+
+            serve.public_models_only(self.target, self.draft, (DEFAULT_TARGET, DEFAULT_DRAFT))
+        elif not (self.target or "").strip():
             raise SpecvizError("target model path is empty")
-        most = LIVE_LIMITS["num_prompts"][1]
-        if len(self.own_prompts()) > most:
-            raise SpecvizError(f"{len(self.own_prompts())} prompts given; a live run takes at most {most}")
+        chars = serve.prompt_char_limit(public)
+        if len(self.prompts_text or "") > chars * limits["num_prompts"][1]:
+            raise SpecvizError(f"prompts text is over {chars * limits['num_prompts'][1]} characters")
+        most = limits["num_prompts"][1]
+        own = self.own_prompts()
+        if len(own) > most:
+            raise SpecvizError(f"{len(own)} prompts given; a live run takes at most {most}")
+        if any(len(p) > chars for p in own):
+            raise SpecvizError(f"a prompt is over {chars} characters")
 
 
-def live_run(request: LiveRequest, progress: gr.Progress) -> LoadedRun:
+def live_run(request: LiveRequest, progress: gr.Progress, public: bool = False) -> LoadedRun:
     from specviz.engine.models import DEFAULT_DRAFT, DEFAULT_TARGET
     from specviz.engine.run import RunConfig, run
 
-    request.validate()
+    request.validate(public)
     config = RunConfig(
         method=request.method,
         fault=None if request.fault in ("", "none") else request.fault,
@@ -188,9 +210,9 @@ def _whole(value: float | int) -> int | float:
 
 
 def save_for_download(loaded: LoadedRun) -> str:
+    """The live run's trace in the app's live folder, whose old files are pruned on every save."""
     name = run_slug(loaded.trace.header.method, loaded.trace.header.fault)
-    folder = Path(tempfile.mkdtemp(prefix="specviz-"))
-    return str(save_trace(loaded.trace, folder / f"live-{name}.json.gz"))
+    return str(save_trace(loaded.trace, LIVE_FOLDER.new_file(f"live-{name}.json.gz")))
 
 
 def user_errors(fn: Any) -> Any:
@@ -326,19 +348,21 @@ def _live_controls(label: str) -> tuple[list[Any], Any, Any]:
     from specviz.engine.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
     slug = label.lower()
+    limits = serve.live_limits(PUBLIC)
     with gr.Accordion(f"Live run into slot {label}", open=False):
         with gr.Row():
             method = gr.Dropdown(["eqspec", "exspec", "baseline"], value="eqspec", label="method")
             fault = gr.Dropdown(["none", *FAULTS], value="none", label="fault to inject")
         with gr.Row():
-            batch = gr.Slider(*LIVE_LIMITS["batch_size"], value=8, step=1, label="batch size")
-            k = gr.Slider(*LIVE_LIMITS["draft_k"], value=4, step=1, label="draft tokens k")
+            batch = gr.Slider(*limits["batch_size"], value=min(8, limits["batch_size"][1]), step=1, label="batch size")
+            k = gr.Slider(*limits["draft_k"], value=4, step=1, label="draft tokens k")
         with gr.Row():
-            max_new = gr.Slider(*LIVE_LIMITS["max_new_tokens"], value=48, step=1, label="max new tokens")
-            num = gr.Slider(*LIVE_LIMITS["num_prompts"], value=16, step=1, label="SpecBench prompts")
+            max_new = gr.Slider(*limits["max_new_tokens"], value=48, step=1, label="max new tokens")
+            num = gr.Slider(*limits["num_prompts"], value=16, step=1, label="SpecBench prompts")
         prompts = gr.Textbox(lines=3, label="or your own prompts, one per line (overrides the SpecBench count)")
-        target = gr.Textbox(value=DEFAULT_TARGET, label="target model (local path or hub id)")
-        draft = gr.Textbox(value=DEFAULT_DRAFT, label="draft model (local path or hub id)")
+        # Public mode: the bundled pair only, and the server refuses any other value sent anyway.
+        target = gr.Textbox(value=DEFAULT_TARGET, label="target model (local path or hub id)", visible=not PUBLIC)
+        draft = gr.Textbox(value=DEFAULT_DRAFT, label="draft model (local path or hub id)", visible=not PUBLIC)
         button = gr.Button(f"Run live into {label}", variant="primary")
         download = gr.File(label="trace of the live run", interactive=False, elem_id=f"sv-download-{slug}")
     return [method, fault, batch, k, max_new, num, prompts, target, draft], button, download
@@ -362,11 +386,14 @@ def _run_slot(label: str, defaults: tuple[str, ...]) -> RunSlot:
         summary = gr.Markdown(
             slot_summary_markdown(None, label), elem_classes=["sv-summary"], elem_id=f"sv-summary-{slug}"
         )
-    return RunSlot(label, gr.State(None), bundled, upload, live_inputs, button, download, summary)
+    # A session's runs expire and their memory goes back to the system (tabs left open included).
+    state = gr.State(None, time_to_live=serve.SESSION_TTL_S, delete_callback=serve.release_memory)
+    return RunSlot(label, state, bundled, upload, live_inputs, button, download, summary)
 
 
 def build_app() -> gr.Blocks:
-    with gr.Blocks(title="specviz") as demo:
+    # delete_cache: Gradio's own copies (uploads, downloads) go after FILE_MAX_AGE_S, checked every 5 min.
+    with gr.Blocks(title="specviz", delete_cache=(300, serve.FILE_MAX_AGE_S)) as demo:
         gr.Markdown(INTRO, elem_id="sv-intro")
         with gr.Row(equal_height=False):
             slot_a = _run_slot("A", DEFAULT_A)
@@ -384,7 +411,9 @@ def build_app() -> gr.Blocks:
                 label="A vs B (throughput is per run; compare speed within one run only)", elem_id="sv-compare"
             )
         _wire(demo, slot_a, slot_b, inspect, compare, ui)
-    demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=4)
+    demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=INSPECT_CONCURRENCY)
+    serve.install_gate(demo, LIVE_GATE)  # one live run per visitor, refused before it queues
+    demo.unload(serve.release_memory)  # a closed tab's runs are freed by Gradio; give the memory back
     return demo
 
 
@@ -552,11 +581,15 @@ def _wire_slot(slot: RunSlot, other: RunSlot, inspect: Any, compare: Any, ui: De
         other_run: LoadedRun | None,
         window: int,
         only: bool,
+        request: gr.Request,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 - how Gradio injects progress
     ) -> dict:
-        sizes = [_whole(v) for v in (batch_size, draft_k, max_new_tokens, num_prompts)]
-        loaded = live_run(LiveRequest(method, fault, *sizes, prompts, target, draft), progress)
-        return {**finish(loaded, other_run, window, only), slot.download: save_for_download(loaded)}
+        try:
+            sizes = [_whole(v) for v in (batch_size, draft_k, max_new_tokens, num_prompts)]
+            loaded = live_run(LiveRequest(method, fault, *sizes, prompts, target, draft), progress, PUBLIC)
+            return {**finish(loaded, other_run, window, only), slot.download: save_for_download(loaded)}
+        finally:
+            LIVE_GATE.done(getattr(request, "session_hash", None))
 
     common = [other.state, ui.window, ui.only_diverged]
     slot.bundled.input(from_bundle, [slot.bundled, *common], outputs, api_name=f"load_bundled_{label}")
@@ -567,7 +600,7 @@ def _wire_slot(slot: RunSlot, other: RunSlot, inspect: Any, compare: Any, ui: De
         [*outputs, slot.download],
         api_name=f"live_run_{label}",
         concurrency_limit=1,
-        concurrency_id="live-run",  # one live run at a time across both slots: it takes the CPU
+        concurrency_id=serve.LIVE_CONCURRENCY_ID,  # one live run at a time across both slots: it takes the CPU
     )
 
 

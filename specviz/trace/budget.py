@@ -27,12 +27,12 @@ class Budget:
     max_rows_per_step: int = 4096  # rows of one step: the batch
     max_rows: int = 600_000  # rows summed over all steps
     max_cache_len: int = 1 << 20  # slots of one step's cache (a 1M-token context)
-    max_query_len: int = 1025  # k + 1 with k up to 1024 drafts
-    max_row_tokens: int = 1025  # drafts, targets, emitted and positions of one row
+    max_query_len: int = 257  # k + 1 with k up to 256 drafts (per-sequence histograms are k + 1 long)
+    max_row_tokens: int = 257  # drafts, targets, emitted and positions of one row
     max_step_query_cells: int = 1 << 16  # rows x query_len of one step (32 rows x 9 is typical)
     max_mask_runs_per_row: int = 4096
     max_mask_runs: int = 4_000_000  # runs summed over all rows
-    max_sequences: int = 100_000
+    max_sequences: int = 20_000
     max_sequence_tokens: int = 1 << 20  # prompt, output or reference of one sequence
     max_cells: int = 40_000_000  # every stored list item: tokens, positions, margins, mask runs
 

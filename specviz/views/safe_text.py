@@ -12,8 +12,9 @@ import html
 import re
 
 MAX_LABEL_CHARS = 200
-# Markdown punctuation that could start emphasis, a link, code, a table cell or a heading.
-_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>])")
+# Markdown punctuation that acts mid-line: emphasis, links and images, code, table cells, strikes.
+# (Line-start syntax such as `#`, `-` or `1.` cannot act: the text is one line, placed mid-line.)
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
 
 
 def _clip(text: str, limit: int) -> str:
