@@ -1,0 +1,238 @@
+"""Watching a script that was never instrumented: every causal LM it builds gets hooks, and the
+two facts `rows` and `emit` would declare are inferred from the calls instead.
+
+What is inferred (see docs/watch.md, "Watching an unmodified script"):
+- roles: of the causal LMs that ran a forward, the largest by parameter count is the target
+  (the first built wins a tie), the next largest the draft;
+- rows: row r holds sequence r for the whole run (rows keep their order, the batch never shrinks);
+- prompts: each row's attended input ids in the target's first call; when the second target call
+  does not feed the first call's argmax as its pending token, the first call was a prefill of all
+  but the last prompt token, and that pending token completes the prompt;
+- emits: for a target call followed by another, a row gained as many tokens as its attended
+  context grew (capped to the query, else the drafts agreeing with the target's argmax), ending
+  with the next call's pending token; after the last call, the drafts agreeing with the argmax
+  plus the argmax after them (greedy). A token in the EOS set ends the sequence.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specviz.trace.schema import Trace
+from specviz.watch.hooks import CallRecord, ModelHooks, WatchError, check_causal_lm
+from specviz.watch.session import Watch, _eos_ids
+from specviz.watch.steps import Emit, _mask_row, _matched
+
+
+class AutoWatch:
+    """Hooks every causal LM built while installed; `finish` turns what they saw into a trace."""
+
+    def __init__(self) -> None:
+        self.models: list[Any] = []
+        self.hooks: list[ModelHooks] = []
+        self.calls: list[CallRecord] = []
+        self.roles: dict[int, int] = {}  # id(CallRecord) -> index of the model that made it
+        self._original: Any = None
+
+    # ------------------------------------------------------------------ what ModelHooks calls
+
+    def current_rows(self) -> None:
+        return None  # rows keep their order: row r is sequence r
+
+    def add_call(self, call: CallRecord) -> None:
+        self.calls.append(call)
+
+    # ------------------------------------------------------------------ installing
+
+    def install(self) -> None:
+        """Patch `PreTrainedModel.post_init`: every HF model calls it at the end of its constructor,
+        whether built by `from_pretrained`, `from_config` or directly."""
+        from transformers import PreTrainedModel
+
+        original = PreTrainedModel.post_init
+        watcher = self
+
+        def post_init(model: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(model, *args, **kwargs)
+            watcher.adopt(model)
+            return result
+
+        self._original = original
+        PreTrainedModel.post_init = post_init
+
+    def uninstall(self) -> None:
+        from transformers import PreTrainedModel
+
+        if self._original is not None:
+            PreTrainedModel.post_init = self._original
+            self._original = None
+        for hooks in self.hooks:
+            hooks.remove()
+
+    def adopt(self, model: Any) -> None:
+        """Hook `model` if it is a causal LM (base models and encoders are skipped silently)."""
+        if any(m is model for m in self.models):
+            return
+        try:
+            check_causal_lm(model, "model")
+        except WatchError:
+            return
+        index = len(self.models)
+        self.models.append(model)
+        # Every model records as a target (argmax of all query slots); draft calls are trimmed later.
+        self.hooks.append(_IndexedHooks(model, self, index))
+
+    # ------------------------------------------------------------------ finishing
+
+    def pick_roles(self) -> tuple[Any, Any | None]:
+        """Target: the largest causal LM that ran; draft: the next largest, if any."""
+        ran = sorted({self.roles[id(c)] for c in self.calls})
+        if not ran:
+            raise WatchError("the script ran no forward call of a causal LM built while it ran")
+        ranked = sorted(ran, key=lambda i: (-_parameters(self.models[i]), i))
+        draft = self.models[ranked[1]] if len(ranked) > 1 else None
+        return self.models[ranked[0]], draft
+
+    def finish(self, out: Any, name: str, layout: str, reference: bool, complete: bool) -> tuple[Trace, list[str]]:
+        """Remove the hooks, infer prompts and emits, assemble and write the trace; also the notes."""
+        self.uninstall()
+        target, draft = self.pick_roles()
+        notes: list[str] = []
+        calls = self._relabel(target, draft)
+        eos = frozenset(_eos_ids(target, None))
+        prompts, emits = infer(calls, eos, notes)
+        w = Watch(target, draft, prompts=prompts, out=out, name=name, layout=layout)
+        # The inferred calls and emits stand in for what the hooks and `emit` would have collected.
+        w._calls, w._emits = calls, emits
+        trace = w.close(reference=reference and complete, complete=complete)
+        if notes:
+            trace.header.options.setdefault("watch_notes", []).extend(notes[:20])
+            if w.out is not None:
+                from specviz.trace.io import save_trace
+
+                save_trace(trace, w.out)
+        return trace, notes
+
+    def _relabel(self, target: Any, draft: Any | None) -> list[CallRecord]:
+        """Only the two models' calls, with roles; a draft keeps the argmax of its last slot."""
+        kept = []
+        for call in self.calls:
+            model = self.models[self.roles[id(call)]]
+            if model is target:
+                call.role = "target"
+            elif model is draft:
+                call.role = "draft"
+                if call.argmax is not None:
+                    call.argmax = call.argmax[:, -1:]
+            else:
+                continue
+            kept.append(call)
+        return kept
+
+
+class _IndexedHooks(ModelHooks):
+    """ModelHooks that also remember which model made each call."""
+
+    def __init__(self, model: Any, watcher: AutoWatch, index: int) -> None:
+        super().__init__(model, "target", watcher)
+        self.index = index
+        self.watcher = watcher
+
+    def after(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        count = len(self.watcher.calls)
+        super().after(module, args, kwargs, output)
+        for call in self.watcher.calls[count:]:
+            self.watcher.roles[id(call)] = self.index
+
+
+def _parameters(model: Any) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+# ----------------------------------------------------------------------------- inference
+
+
+def target_calls(calls: list[CallRecord], notes: list[str]) -> list[int]:
+    """Indices of the target calls of the first decode: same batch, until a fresh prefill."""
+    indices = [i for i, c in enumerate(calls) if c.role == "target"]
+    if not indices:
+        return []
+    batch = calls[indices[0]].batch_size
+    kept = [indices[0]]
+    for i in indices[1:]:
+        call = calls[i]
+        if call.batch_size != batch:
+            notes.append(f"target batch changed from {batch} to {call.batch_size} at call {i}: later calls ignored")
+            break
+        if call.cache_width == 0:
+            notes.append(f"target call {i} starts without a cache (a second decode?): later calls ignored")
+            break
+        kept.append(i)
+    return kept
+
+
+def infer(calls: list[CallRecord], eos: frozenset[int], notes: list[str]) -> tuple[list[list[int]], list[Emit]]:
+    """Prompts (sequence r = row r) and the emits a correct-bookkeeping engine would have declared."""
+    for call in calls:
+        call.materialize()
+    steps = target_calls(calls, notes)
+    if not steps:
+        raise WatchError("the target ran no forward call with input_ids")
+    first = calls[steps[0]]
+    prompts = [_attended_ids(first, r) for r in range(first.batch_size)]
+    k = calls[steps[1]].query_len - 1 if len(steps) > 1 else 0
+    if len(steps) > 1 and not _feeds_argmax(first, calls[steps[1]], k):
+        # The first call was a prefill of all but the last prompt token: not a step.
+        second = calls[steps[1]]
+        for r, prompt in enumerate(prompts):
+            prompt.append(second.input_ids[r][second.query_len - 1 - k])
+        steps = steps[1:]
+    committed = [len(p) for p in prompts]
+    finished = [False] * len(prompts)
+    emits: list[Emit] = []
+    for j, index in enumerate(steps):
+        call = calls[index]
+        following = calls[steps[j + 1]] if j + 1 < len(steps) else None
+        for r in range(call.batch_size):
+            if finished[r]:
+                continue
+            tokens = _gained(call, following, r, k, committed[r])
+            cut = next((n + 1 for n, t in enumerate(tokens) if t in eos), None)
+            tokens = tokens[:cut] if cut else tokens
+            finished[r] = cut is not None
+            committed[r] += len(tokens)
+            emits.append(Emit(r, tokens, "eos" if cut else None, after=index + 1, at=call.ended))
+    return prompts, emits
+
+
+def _attended_ids(call: CallRecord, row: int) -> list[int]:
+    ids = list(call.input_ids[row])
+    if call.mask_kind == "2d":
+        flags = call.mask[row][-len(ids) :]
+        ids = [t for t, keep in zip(ids, flags) if keep]
+    return ids or [0]
+
+
+def _feeds_argmax(first: CallRecord, second: CallRecord, k: int) -> bool:
+    """Does the second call's pending token, in every row, equal the first call's last argmax?"""
+    if first.argmax is None:
+        return True
+    slot = second.query_len - 1 - k
+    return all(second.input_ids[r][slot] == first.argmax[r][-1] for r in range(first.batch_size))
+
+
+def _gained(call: CallRecord, following: CallRecord | None, r: int, k: int, committed: int) -> list[int]:
+    """Tokens row r's sequence received in the step of `call`."""
+    slot = max(call.query_len - 1 - k, 0)
+    drafts = list(call.input_ids[r][slot + 1 :])
+    argmax = call.argmax[r] if call.argmax is not None else []
+    targets = argmax[-(len(drafts) + 1) :] if len(argmax) > len(drafts) else []
+    agreed = _matched(drafts, targets) if targets else 0
+    if following is None:  # greedy: what verification allowed
+        return drafts[:agreed] + ([targets[agreed]] if targets else [])
+    next_slot = following.query_len - 1 - k
+    pending = following.input_ids[r][next_slot]
+    context = _mask_row(following, r, next_slot)[1]
+    grown = context + 1 - committed if context >= 0 else -1
+    accepted = grown - 1 if 1 <= grown <= len(drafts) + 1 else (agreed or 0)
+    return drafts[:accepted] + [pending]

@@ -1,0 +1,95 @@
+"""`python -m specviz watch --out T -- python their_script.py [args]`: trace a script unmodified.
+
+The script runs in this process (`runpy`), with `sys.argv` set to its own arguments, while every
+causal LM it builds carries the watch's hooks (`autowatch`). When it ends, the target, draft,
+prompts and emitted tokens are inferred from the calls and the trace is written to `--out`.
+For engines whose rows keep their order, greedy; the limits are in docs/watch.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+import traceback
+from pathlib import Path
+
+from specviz.errors import SpecvizError
+from specviz.trace.schema import LAYOUTS
+from specviz.watch.autowatch import AutoWatch
+
+PYTHONS = ("python", "python3")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, help="trace path (.json or .json.gz)")
+    parser.add_argument("--name", default=None, help="the engine's name in the trace (default: the script's)")
+    parser.add_argument("--layout", choices=LAYOUTS, default="unspecified", help="left-padded: also check it")
+    parser.add_argument("--no-reference", action="store_true", help="skip the batch-1 greedy oracle")
+    parser.add_argument("script", nargs=argparse.REMAINDER, help="-- python their_script.py [args]")
+
+
+def script_argv(words: list[str]) -> tuple[str, list[str], bool]:
+    """(path or module, its argv, is a module) from `[--] [python] script.py args` or `python -m mod args`."""
+    if words and words[0] == "--":
+        words = words[1:]
+    if words and (Path(words[0]).name in PYTHONS or words[0] == sys.executable):
+        words = words[1:]
+    if not words:
+        raise SpecvizError("watch: name the script to run, e.g. `-- python their_script.py`")
+    if words[0] == "-m":
+        if len(words) < 2:
+            raise SpecvizError("watch: -m needs a module name")
+        return words[1], [words[1], *words[2:]], True
+    if not Path(words[0]).is_file():
+        raise SpecvizError(f"watch: no such script: {words[0]}")
+    return words[0], list(words), False
+
+
+def run_script(target: str, argv: list[str], is_module: bool) -> int:
+    """Run the script as `__main__` with its own argv; its exit status (a crash is 1, after its traceback)."""
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = argv
+    sys.path.insert(0, os.path.dirname(os.path.abspath(target)) if not is_module else os.getcwd())
+    try:
+        if is_module:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(target, run_name="__main__")
+        return 0
+    except SystemExit as done:
+        code = done.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    except Exception:  # the user's crash: shown as theirs, and the trace is still written
+        traceback.print_exc()
+        return 1
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    """Run the script under the hooks, write the trace; the script's exit status (or 2 for bad use)."""
+    target, argv, is_module = script_argv(list(args.script))
+    out = Path(args.out)
+    watcher = AutoWatch()
+    watcher.install()
+    try:
+        status = run_script(target, argv, is_module)
+    except KeyboardInterrupt:
+        status = 130
+    finally:
+        watcher.uninstall()
+    name = args.name or Path(target).stem
+    trace, notes = watcher.finish(out, name, args.layout, reference=not args.no_reference, complete=status == 0)
+    for note in notes:
+        print(f"specviz watch: note: {note}", file=sys.stderr)
+    h = trace.header
+    draft = f", draft {h.draft.name}" if h.draft else ""
+    print(
+        f"specviz watch: target {h.target.name}{draft}, k={h.draft_k}, {len(trace.sequences)} sequences, "
+        f"{len(trace.steps)} steps{'' if h.complete else ' (incomplete)'}; trace {out} "
+        f"(next: python -m specviz check {out})",
+        file=sys.stderr,
+    )
+    return status

@@ -1,0 +1,84 @@
+"""`python -m specviz watch -- python script.py`: an unmodified script's models are watched.
+
+The script is a batched greedy loop over a tiny random Llama built with `from_config` (no
+downloads), left-padded; with position_ids it is clean, without them desync at step 0 on the
+padded rows. Run in-process through the CLI's `main`, as the command would.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specviz.analysis.check import check_trace
+from specviz.cli import main
+from specviz.trace.io import load_trace
+
+SCRIPT = """
+import sys
+import torch
+import transformers as tf
+
+torch.manual_seed(0)
+config = tf.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                        bos_token_id=2, eos_token_id=1, pad_token_id=0)
+model = tf.AutoModelForCausalLM.from_config(config).eval()
+prompts = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17], [20]]
+width = max(len(p) for p in prompts)
+ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+cache = None
+with torch.no_grad():
+    for _ in range(6):
+        kwargs = {}
+        if "--positions" in sys.argv:
+            kwargs["position_ids"] = (mask.cumsum(1) - 1)[:, -ids.shape[1]:].clamp(min=0)
+        if cache is not None:
+            kwargs["past_key_values"] = cache
+        out = model(input_ids=ids, attention_mask=mask, use_cache=True, **kwargs)
+        cache, nxt = out.past_key_values, out.logits[:, -1].argmax(-1)
+        ids, mask = nxt[:, None], torch.cat([mask, torch.ones(len(prompts), 1, dtype=mask.dtype)], 1)
+"""
+PADDED_ROWS = {1, 2, 3}
+
+
+@pytest.fixture(scope="module")
+def script(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("user") / "loop.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("positions", [True, False], ids=["position-ids", "no-position-ids"])
+def test_unmodified_greedy_loop(script: Path, tmp_path: Path, positions: bool) -> None:
+    out = tmp_path / "loop.trace.json"
+    argv = ["watch", "--out", str(out), "--", "python", str(script)] + (["--positions"] if positions else [])
+    assert main(argv) == 0
+    trace = load_trace(out)
+    assert trace.header.engine == "loop" and trace.header.draft_k == 0
+    assert [s.prompt_ids for s in trace.sequences] == [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17], [20]]
+    assert len(trace.steps) == 6 and all(len(s.output_ids) == 6 for s in trace.sequences)
+    report = check_trace(trace)
+    if positions:
+        assert report.verdict == "clean" and report.exact_match == 1.0, report.violations[:3]
+        return
+    assert report.verdict == "desync" and report.first_violation.step == 0
+    assert {v.row for v in report.violations if v.step == 0 and v.invariant == 2} == PADDED_ROWS
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_a_crashing_script_still_leaves_an_incomplete_trace(script: Path, tmp_path: Path) -> None:
+    crashing = tmp_path / "crash.py"
+    crashing.write_text(script.read_text() + "\nraise RuntimeError('boom')\n")
+    out = tmp_path / "crash.trace.json"
+    assert main(["watch", "--out", str(out), "--no-reference", "--", str(crashing)]) == 1
+    trace = load_trace(out)
+    assert not trace.header.complete and len(trace.steps) == 6
+
+
+def test_bad_use_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["watch", "--out", str(tmp_path / "t.json"), "--", "python", str(tmp_path / "nope.py")]) == 2
+    assert "no such script" in capsys.readouterr().err
