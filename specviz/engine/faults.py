@@ -6,7 +6,9 @@ inside one phase of the step (`step.py`):
 - how many drafts verification accepts (`accept`; verify),
 - where results are written back after regrouping (`write_back`; commit),
 - whether the draft catches up on its last draft token (`draft_catch_up`; fill_draft_cache),
-- how the cache is rebuilt after verification (`plan`; plan_cache, for each cache).
+- how the cache is rebuilt after verification (`plan`; plan_cache, for each cache),
+- which positions each draft call is fed (`draft_positions`; propose),
+- whether the target's cache is tampered with before the step (`tamper_cache`; step start).
 The base class is the correct engine, so the fixed and faulty paths share all other code.
 Faults are deterministic: same inputs, same corruption.
 """
@@ -14,8 +16,12 @@ Faults are deterministic: same inputs, same corruption.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from specviz.engine.kv import KVState
 
 
 @dataclass
@@ -65,6 +71,14 @@ class Fault:
     def write_back(self, regrouped: bool, batch_size: int) -> list[int]:
         """Row r's results go to the sequence of row perm[r]."""
         return list(range(batch_size))
+
+    def draft_positions(self, positions: torch.Tensor) -> torch.Tensor:
+        """Position IDs for one draft call, as the engine computed them."""
+        return positions
+
+    def tamper_cache(self, state: KVState) -> int | None:
+        """Leave the target's cache alone; a fault returns the row it overwrote."""
+        return None
 
 
 class UniformAdvance(Fault):
@@ -165,6 +179,40 @@ class MissingBonusKV(Fault):
         return False
 
 
+class DraftPositions(Fault):
+    name = "draft-positions"
+    invariant = "2"
+    seen_in = "draft fed the wrong position offset (EAGLE/Medusa-style off-by-one)"
+    summary = "the draft is fed position IDs one past the right ones; the target verifies, so outputs stay exact"
+
+    def draft_positions(self, positions: torch.Tensor) -> torch.Tensor:
+        return positions + 1
+
+
+class KVRowCopy(Fault):
+    name = "kv-row-copy"
+    invariant = "3"
+    seen_in = "batch-index mix-ups in cache gathers (vLLM #14645-style, on the KV instead of the tokens)"
+    summary = "once, row 0's cached slots are overwritten with row 1's (same slots); masks and counts unchanged"
+
+    def __init__(self) -> None:
+        self.fired = False
+
+    def tamper_cache(self, state: KVState) -> int | None:
+        from specviz.engine.kv import cache_layers
+
+        if self.fired or state.cache is None or state.batch_size < 2:
+            return None
+        shared = (state.mask[0] > 0) & (state.mask[1] > 0)  # slots both rows attend: counts stay the same
+        if not bool(shared.any()):
+            return None
+        for layer in cache_layers(state.cache):
+            layer.keys[0, :, shared] = layer.keys[1, :, shared]
+            layer.values[0, :, shared] = layer.values[1, :, shared]
+        self.fired = True
+        return 0
+
+
 def _trim_to_longest(accepted: torch.Tensor, available: int, positions_follow_cache: bool) -> SlotPlan:
     """One trim for the whole batch: every row keeps the longest row's accepted + 1 new slots.
 
@@ -194,6 +242,8 @@ FAULTS: dict[str, type[Fault]] = {
         ExtraAccept,
         RowMixup,
         MissingBonusKV,
+        DraftPositions,
+        KVRowCopy,
     )
 }
 

@@ -47,6 +47,9 @@ class StepObservation:
     verify_ms: float
     align_ms: float
     total_ms: float
+    draft_positions: torch.Tensor | None = None  # [B, k] position fed at each draft call; None: no draft
+    draft_call_kv_lens: torch.Tensor | None = None  # [B, k] attended draft slots before each draft call
+    kv_mismatch: list[int | None] | None = None  # per row: first bad target slot; None: not checked
 
 
 def mask_rle(mask: torch.Tensor) -> list[list[list[int]]]:
@@ -86,6 +89,9 @@ class Recorder:
         masks = mask_rle(obs.fed_mask)
         kv_len = obs.fed_mask[:, : obs.cache_len].sum(1).tolist()
         draft_kv = obs.draft_kv_len.tolist() if obs.draft_kv_len is not None else None
+        draft_pos = obs.draft_positions.tolist() if obs.draft_positions is not None else None
+        call_kv = obs.draft_call_kv_lens.tolist() if obs.draft_call_kv_lens is not None else None
+        checked = obs.kv_mismatch is not None
         rows = []
         for r, seq_id in enumerate(obs.seq_ids):
             n = obs.committed_before[r]
@@ -111,6 +117,10 @@ class Recorder:
                     draft_kv_len_expected=n - 1 if draft_kv is not None else None,
                     finished=obs.finish_reasons[r] is not None,
                     finish_reason=obs.finish_reasons[r],
+                    draft_position_ids=draft_pos[r] if draft_pos is not None else None,
+                    draft_kv_lens=call_kv[r] if call_kv is not None else None,
+                    kv_content_checked=checked,
+                    kv_mismatch_slot=obs.kv_mismatch[r] if checked else None,
                 )
             )
         self.steps.append(
