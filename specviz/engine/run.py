@@ -24,6 +24,9 @@ from specviz.trace.schema import METHODS, ModelInfo, SequenceRecord, Trace
 Progress = Callable[[str, int, int], None]
 
 
+DEFAULT_KV_CHECK_EVERY = 16
+
+
 @dataclass
 class RunConfig:
     method: str = "eqspec"
@@ -36,6 +39,9 @@ class RunConfig:
     exspec_policy: str = "converge"
     reference: bool = True  # decode the batch-1 greedy oracle too
     record_steps: bool = True  # False: the tracing-off arm of the overhead benchmark
+    # Check the target's KV content (layer-0 keys vs tokens and positions) every N steps; 0: never.
+    # Part of tracing: off with record_steps. The default keeps its cost small (benchmarks/kv_check_cost.py).
+    kv_check_every: int = DEFAULT_KV_CHECK_EVERY
     per_row_loop_move: bool = False  # EQSPEC realigns with the reference's per-row loop (benchmarks only)
 
     def validate(self) -> None:
@@ -49,6 +55,8 @@ class RunConfig:
             raise SpecvizError(f"--batch-size must be at least 1, got {self.batch_size}")
         if self.method != "baseline" and not 1 <= self.draft_k <= 64:
             raise SpecvizError(f"--draft-k must be between 1 and 64, got {self.draft_k}")
+        if self.kv_check_every < 0:
+            raise SpecvizError(f"--kv-check-every must be 0 (off) or more, got {self.kv_check_every}")
         if self.max_new_tokens < 1:
             raise SpecvizError(f"--max-new-tokens must be at least 1, got {self.max_new_tokens}")
         if self.exspec_policy not in POLICIES:
@@ -168,6 +176,7 @@ def run(
         fault=fault,
         recorder=recorder,
         on_tokens=on_tokens,
+        kv_check_every=config.kv_check_every if config.record_steps else 0,
     )
     failure: str | None = None
     started = engine.now()

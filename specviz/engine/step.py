@@ -30,6 +30,7 @@ import torch
 
 from specviz.engine.faults import Fault, SlotPlan
 from specviz.engine.kv import CachePlan, KVState, feed, leading_zeros
+from specviz.engine.kv_content import KVContentChecker
 from specviz.trace.recorder import NullRecorder, Recorder, StepObservation
 
 # logits [B, q, V] -> chosen tokens [B, q]
@@ -104,6 +105,7 @@ class Proposals:
     kv_len: torch.Tensor | None  # [B] attended draft slots at the first draft call; None: no draft
     cache_width: int  # draft cache slots before the first draft call
     seconds: float
+    call_kv_lens: torch.Tensor | None = None  # [B, k] attended draft slots before each draft call
 
     @property
     def k(self) -> int:
@@ -173,6 +175,8 @@ class Engine:
     on_tokens: Callable[[int], None] | None = None  # progress: tokens emitted this step
     step_index: int = 0
     fault_events: list[dict[str, Any]] = field(default_factory=list)
+    kv_check_every: int = 0  # check the target's KV content every N steps (0: never)
+    kv_checker: KVContentChecker | None = None
 
     def __post_init__(self) -> None:
         if (self.draft is None) != (self.k == 0):
@@ -216,13 +220,24 @@ class Engine:
         started = self.now()
         seqs = batch.seqs
         self._report_taints(seqs)
+        tampered = self.fault.tamper_cache(batch.target)
+        if tampered is not None:
+            self._log(tampered, seqs[tampered].seq_id, f"KV slots overwritten from row {tampered + 1}")
+        kv_mismatch = self.check_kv_content(batch.target, seqs)
         pending = torch.tensor([s.pending for s in seqs], device=self.device)
         committed = [s.committed for s in seqs]
 
         # 1-3. Draft (nothing for the baseline), verify and accept, write the results.
         proposals = Proposals.none(pending) if batch.draft is None else self.propose(batch.draft, pending)
+        if batch.draft is not None:
+            believed = batch.draft.next_pos[:, None] + torch.arange(proposals.k, device=self.device)
+            self._report_rows(proposals.positions.ne(believed).any(1), seqs, "draft fed positions off its count")
         verification = self.verify(batch.target, pending, proposals, seqs)
         commit = self.commit(batch, proposals.tokens, verification)
+        if self.kv_checker is not None:  # finished sequences no longer need their expected keys
+            for seq in seqs:
+                if seq.done:
+                    self.kv_checker.forget(seq.seq_id)
 
         # 4. Plan the caches. The target's holds [old | pending, d1..dk]; the draft's [old | d1..dk]
         # (+ the last draft's KV once filled). The baseline has no draft cache to fill or plan.
@@ -238,7 +253,7 @@ class Engine:
             self.on_tokens(sum(len(e) for e in commit.emitted))
         rows = commit.active_rows
         return StepOutcome(
-            observation=self._observe(batch, committed, pending, proposals, verification, commit, fill_s),
+            observation=self._observe(batch, committed, pending, proposals, verification, commit, fill_s, kv_mismatch),
             active_rows=rows,
             target_plan=target_plan,
             draft_plan=draft_plan,
@@ -262,9 +277,10 @@ class Engine:
         started = self.now()
         kv_len, cache_width = state.mask.sum(1), state.width
         tokens = pending[:, None]
-        drafted, fed_positions = [], []
+        drafted, fed_positions, call_kv_lens = [], [], []
         for j in range(self.k):
-            positions = self.fault.verify_positions(state.next_pos + j, state.width, 1)
+            positions = self.fault.draft_positions(self.fault.verify_positions(state.next_pos + j, state.width, 1))
+            call_kv_lens.append(state.mask.sum(1, keepdim=True))  # the call's one query attends these
             tokens = self.select(feed(self.draft, state, tokens, positions)[:, -1:])
             drafted.append(tokens)
             fed_positions.append(positions)
@@ -274,6 +290,7 @@ class Engine:
             kv_len=kv_len,
             cache_width=cache_width,
             seconds=self.now() - started,
+            call_kv_lens=torch.cat(call_kv_lens, dim=1),
         )
 
     def verify(self, state: KVState, pending: torch.Tensor, proposals: Proposals, seqs: list[Sequence]) -> Verification:
@@ -359,6 +376,7 @@ class Engine:
         verification: Verification,
         commit: Commit,
         fill_s: float,
+        kv_mismatch: list[int | None] | None,
     ) -> StepObservation:
         return StepObservation(
             step=self.step_index,
@@ -383,7 +401,23 @@ class Engine:
             verify_ms=verification.seconds * 1000,
             align_ms=0.0,  # closed by finish_step, after the caller applied the plans
             total_ms=0.0,
+            draft_positions=proposals.positions if batch.draft is not None else None,
+            draft_call_kv_lens=proposals.call_kv_lens,
+            kv_mismatch=kv_mismatch,
         )
+
+    def check_kv_content(self, state: KVState, seqs: list[Sequence]) -> list[int | None] | None:
+        """On sampled steps: per row, the first attended target slot whose layer-0 key is wrong.
+
+        The expected keys come from the sequences' committed tokens (all but the pending one), not
+        from the engine's state, so a wrong move, copy or position shows up here.
+        """
+        if self.kv_check_every <= 0 or self.step_index % self.kv_check_every or state.cache is None:
+            return None
+        if self.kv_checker is None:
+            self.kv_checker = KVContentChecker(self.target, self.pad_id)
+        contexts = {s.seq_id: (s.prompt_ids + s.output_ids)[:-1] for s in seqs}
+        return self.kv_checker.first_mismatches(state.cache, state.mask, contexts)
 
     def _report_taints(self, seqs: list[Sequence]) -> None:
         """Log, at the step that feeds it, each sequence a fault altered on an earlier step."""
