@@ -61,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--window", type=int, default=None, help="exspec sliding window (default 6 x batch)")
     rec.add_argument("--policy", choices=POLICIES, default="converge", help="exspec grouping policy")
     rec.add_argument("--no-reference", action="store_true", help="skip the batch-1 greedy oracle")
+    rec.add_argument(
+        "--kv-check-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="recompute and compare the target's layer-0 keys every N steps (1: every step, 0: off; default 16)",
+    )
     rec.add_argument("--trust-remote-code", action="store_true")
     rec.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     rec.add_argument("--out", default=None, help="trace path (.json or .json.gz); default runs/<name>.json.gz")
@@ -150,6 +157,7 @@ def cmd_record(args: argparse.Namespace) -> int:
         exspec_window=args.window,
         exspec_policy=args.policy,
         reference=not args.no_reference,
+        kv_check_every=RunConfig.kv_check_every if args.kv_check_every is None else args.kv_check_every,
     )
     config.validate()
     pair = load_pair(
