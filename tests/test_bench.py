@@ -158,6 +158,25 @@ def test_fault_cell_reports_divergence() -> None:
     assert faulty.verdict == "desync" and faulty.first_divergence_min is not None
 
 
+def test_watched_arm_is_exact_and_reports_its_overhead() -> None:
+    settings = BenchSettings(
+        arms=("baseline", "eqspec-watched"),
+        batch_sizes=(3,),
+        draft_ks=(2,),
+        num_prompts=3,
+        max_new_tokens=5,
+        repeats=1,
+        tracing_repeats=1,
+    )
+    result = run_bench(pair(), TEXTS, settings, show_progress=False)
+    watched = result.cell("eqspec-watched", 3)
+    assert watched is not None and watched.exact_match == 1.0 and watched.verdict == "clean"
+    assert result.watch is not None and len(result.watch.seconds_on) == len(result.watch.seconds_off) == 1
+    payload = json.loads(json.dumps(result.to_json()))
+    assert payload["watch_overhead"] == pytest.approx(result.watch.overhead)
+    assert payload["goals"]["watch_overhead"]["met"] is not None
+
+
 def _byte_tokenizer():
     """A byte-level tokenizer with no training (one token per byte), saved like any HF tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers

@@ -8,15 +8,25 @@ from __future__ import annotations
 
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specviz.bench.machine import load_average, machine_info
 from specviz.bench.results import BenchResult, Sample, SampleKey, TracingResult, make_cells
-from specviz.bench.settings import ARMS, Arm, BenchSettings, count_runs, interleaved, jobs_for_batch, resolve_arm
+from specviz.bench.settings import (
+    ARMS,
+    WATCH_ARM,
+    Arm,
+    BenchSettings,
+    count_runs,
+    interleaved,
+    jobs_for_batch,
+    resolve_arm,
+)
 from specviz.engine.models import ModelPair
-from specviz.engine.run import fits_positions, greedy_references, prompt_token_ids, run
+from specviz.engine.run import RunConfig, fits_positions, greedy_references, prompt_token_ids, run
 from specviz.errors import SpecvizError
 from specviz.trace.naming import now_iso
 from specviz.trace.schema import Trace
@@ -64,8 +74,59 @@ def decode(
     settings: BenchSettings,
     record_steps: bool = True,
 ) -> Trace:
-    """One untouched engine run of `arm`; the trace carries its own wall time (`decode_seconds`)."""
-    return run(pair, prompts.texts, arm.config(batch_size, draft_k, settings, record_steps))
+    """One untouched engine run of `arm`; the trace carries its own wall time (`decode_seconds`).
+
+    A watched arm returns the watch's trace instead, timed from the first model call to the last emit.
+    """
+    config = arm.config(batch_size, draft_k, settings, record_steps)
+    if arm.watched:
+        return run_watched(pair, prompts, config)[0]
+    return run(pair, prompts.texts, config)
+
+
+def run_watched(pair: ModelPair, prompts: PromptSet, config: RunConfig) -> tuple[Trace, float]:
+    """The engine (its recorder off) under `specviz.watch`, instrumented as docs/watch.md says:
+    `rows` before each step, `emit` after it. Returns the watch's trace and the wall seconds of the
+    run plus the watch's `close` (step assembly included, no reference decode)."""
+    import specviz.engine.run as run_module
+    from specviz.watch import watch
+
+    w = watch(pair.target, pair.draft, tokenizer=pair.tokenizer, prompts=prompts.ids, name="specviz (watched)")
+    original = run_module.Engine
+
+    class WatchedEngine(original):  # type: ignore[misc, valid-type]
+        def step(self, batch: Any) -> Any:
+            w.rows([s.seq_id for s in batch.seqs])
+            before = [len(s.output_ids) for s in batch.seqs]
+            outcome = super().step(batch)
+            for seq, n in zip(batch.seqs, before):
+                w.emit(seq.seq_id, seq.output_ids[n:], seq.finish_reason)
+            return outcome
+
+    run_module.Engine = WatchedEngine
+    try:
+        started = time.perf_counter()
+        run_module.run(pair, prompts.texts, config)
+        trace = w.close(reference=False)
+        _synchronize(pair)
+        return trace, time.perf_counter() - started
+    finally:
+        run_module.Engine = original
+
+
+def run_unwatched(pair: ModelPair, prompts: PromptSet, config: RunConfig) -> float:
+    """The watched arm's twin: the same run, recorder off, no watch; wall seconds."""
+    started = time.perf_counter()
+    run(pair, prompts.texts, config)
+    _synchronize(pair)
+    return time.perf_counter() - started
+
+
+def _synchronize(pair: ModelPair) -> None:
+    if pair.device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
 
 
 def sample_trace(trace: Trace, prompts: PromptSet, check: bool = False) -> Sample:
@@ -147,6 +208,28 @@ def measure_tracing(
     return result
 
 
+def measure_watch(
+    pair: ModelPair, prompts: PromptSet, settings: BenchSettings, tick: Tick | None = None
+) -> TracingResult | None:
+    """The eqspec-watched arm against the same run unwatched (both recorder off), at the grouping
+    batch, in alternating order per repeat, after the warm-up: overhead is a ratio within one run."""
+    if WATCH_ARM not in settings.arms or settings.tracing_repeats < 1:
+        return None
+    arm = ARMS[WATCH_ARM]
+    batch_size = settings.grouping_batch
+    config = arm.config(batch_size, settings.primary_k, settings)
+    result = TracingResult(arm.name, batch_size, settings.primary_k, [], [])
+    for repeat in range(settings.tracing_repeats):
+        for watched in (False, True) if repeat % 2 == 0 else (True, False):
+            if watched:
+                result.seconds_on.append(run_watched(pair, prompts, config)[1])
+            else:
+                result.seconds_off.append(run_unwatched(pair, prompts, config))
+            if tick is not None:
+                tick(f"watch {'on' if watched else 'off'}")
+    return result
+
+
 def run_bench(
     pair: ModelPair,
     texts: list[str],
@@ -174,6 +257,7 @@ def run_bench(
         warm_up(pair, prompts, settings)
         samples = run_matrix(pair, prompts, settings, tick)
         tracing = measure_tracing(pair, prompts, settings, tick)
+        watched = measure_watch(pair, prompts, settings, tick)
     machine["load_average_end"] = load_average()
     return BenchResult(
         command=command,
@@ -184,4 +268,5 @@ def run_bench(
         prompts=prompts.describe(),
         cells=make_cells(settings, samples),
         tracing=tracing,
+        watch=watched,
     )

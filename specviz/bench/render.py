@@ -65,6 +65,9 @@ def _goal_lines(goals: dict[str, Any]) -> list[str]:
         f"{_pct(align['value'])} (goal {align['goal']}): {verdict(align['met'])}",
         f"- tracing overhead: {_pct(tracing['value'])} (goal {tracing['goal']}): {verdict(tracing['met'])}",
     ]
+    watch = goals.get("watch_overhead", {})
+    if watch.get("met") is not None:
+        lines.append(f"- watch overhead: {_pct(watch['value'])} (goal {watch['goal']}): {verdict(watch['met'])}")
     if grouping.get("met") is not None:
         lines.append(
             f"- exspec at batch {grouping['batch_size']}: group share {_pct(grouping['group_share'])}, "
@@ -115,6 +118,17 @@ def render_markdown(result: BenchResult) -> str:
         )
     else:
         lines.append("not measured")
+    watched = result.watch
+    if watched is not None:  # only with the eqspec-watched arm
+        lines += [
+            "",
+            "## Watch overhead (specviz.watch, recorder off in both)",
+            "",
+            f"{watched.arm} vs the same run unwatched, batch {watched.batch_size}, k={watched.draft_k}, "
+            f"{len(watched.seconds_on)} interleaved pairs: median watched/unwatched - 1 = {_pct(watched.overhead)}, "
+            f"fastest/fastest - 1 = {_pct(watched.overhead_of_fastest)} (watched {_seconds(watched.seconds_on)}, "
+            f"unwatched {_seconds(watched.seconds_off)})",
+        ]
     shares = result.group_shares()
     lines += ["", f"## EXSPEC group share (batch {result.grouping_batch}, window {result.grouping_window})", ""]
     lines += [f"- {arm}: {_pct(share)}" for arm, share in shares.items()] or ["no exspec arm"]

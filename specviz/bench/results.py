@@ -16,6 +16,7 @@ FORMAT_VERSION = 1
 GOAL_ALIGNMENT_SHARE = 0.05
 GOAL_TRACING_OVERHEAD = 0.05
 GOAL_GROUP_SHARE = 0.5
+GOAL_WATCH_OVERHEAD = 0.10  # issue 10: a watched run at most 10% slower than the same run unwatched
 
 SampleKey = tuple[str, int, int]  # Job.key: (arm, batch size, draft length)
 
@@ -190,6 +191,7 @@ class BenchResult:
     prompts: dict[str, Any]
     cells: list[Cell]
     tracing: TracingResult | None
+    watch: TracingResult | None = None  # the eqspec-watched arm vs the same run unwatched ("on" = watched)
 
     def cell(self, arm: str, batch_size: int, draft_k: int | None = None) -> Cell | None:
         """The cell of `arm` at `batch_size` and `draft_k` (default: the primary one; the baseline has 0)."""
@@ -228,10 +230,7 @@ class BenchResult:
         return table
 
     def tracing_details(self) -> dict[str, Any] | None:
-        if self.tracing is None:
-            return None
-        t = self.tracing
-        return {**asdict(t), "overhead": t.overhead, "overhead_of_fastest": t.overhead_of_fastest}
+        return _paired_details(self.tracing)
 
     def to_json(self) -> dict[str, Any]:
         shares = self.group_shares()
@@ -248,12 +247,20 @@ class BenchResult:
             "results": self.results_table(),
             "tracing_overhead": self.tracing.overhead if self.tracing else None,
             "tracing": self.tracing_details(),
+            "watch_overhead": self.watch.overhead if self.watch else None,
+            "watch": _paired_details(self.watch),
             "exspec_group_share": shares.get("exspec"),
             "exspec_group_share_by_arm": shares,
             "exspec_grouping": {"batch_size": self.grouping_batch, "window": self.grouping_window},
             "goals": self.goals(),
             "cells": [asdict(c) for c in self.cells],
         }
+
+
+def _paired_details(t: TracingResult | None) -> dict[str, Any] | None:
+    if t is None:
+        return None
+    return {**asdict(t), "overhead": t.overhead, "overhead_of_fastest": t.overhead_of_fastest}
 
 
 def evaluate_goals(result: BenchResult) -> dict[str, Any]:
@@ -263,6 +270,7 @@ def evaluate_goals(result: BenchResult) -> dict[str, Any]:
     ex = result.cell("exspec", result.grouping_batch)
     eq_group = result.cell("eqspec", result.grouping_batch)
     overhead = result.tracing.overhead if result.tracing else None
+    watch = result.watch.overhead if result.watch else None
     align = eq.alignment_share if eq else None
     return {
         "alignment_share_batched_move": {
@@ -277,6 +285,11 @@ def evaluate_goals(result: BenchResult) -> dict[str, Any]:
             "met": None if overhead is None else overhead < GOAL_TRACING_OVERHEAD,
         },
         "exspec_grouping": {**_grouping_goal(ex, eq_group), "num_prompts": result.prompts["count"]},
+        "watch_overhead": {
+            "value": watch,
+            "goal": f"<= {GOAL_WATCH_OVERHEAD}",
+            "met": None if watch is None else watch <= GOAL_WATCH_OVERHEAD,
+        },
     }
 
 

@@ -13,6 +13,7 @@ from specviz.engine.run import RunConfig
 from specviz.errors import SpecvizError
 
 EXSPEC_POLICY = "converge"  # the policy of the `exspec` arm; other policies get `exspec-<policy>`
+WATCH_ARM = "eqspec-watched"  # EQSPEC under `specviz.watch`; also measures the watch's overhead, paired
 GROUPING_BATCH = 8  # the paper's setting for group share: batch 8, window 6 x 8 = 48
 
 
@@ -25,6 +26,7 @@ class Arm:
     per_row_loop: bool = False  # EQSPEC realignment with the reference's per-row Python loop
     policy: str | None = None  # EXSPEC grouping policy
     fault: str | None = None
+    watched: bool = False  # run under `specviz.watch` with the engine's recorder off (issue 10's overhead)
 
     def config(self, batch_size: int, draft_k: int, settings: BenchSettings, record_steps: bool = True) -> RunConfig:
         """The engine's run configuration for this arm in one cell."""
@@ -38,7 +40,7 @@ class Arm:
             exspec_window=settings.window_factor * batch_size,
             exspec_policy=self.policy or EXSPEC_POLICY,
             reference=False,  # the oracle is decoded once per prompt set, not once per cell
-            record_steps=record_steps,
+            record_steps=record_steps and not self.watched,  # watched: the watch writes the trace
             per_row_loop_move=self.per_row_loop,
         )
 
@@ -48,6 +50,7 @@ ARMS: dict[str, Arm] = {
     "eqspec": Arm("eqspec", "eqspec"),
     "eqspec-loop": Arm("eqspec-loop", "eqspec", per_row_loop=True),
     "exspec": Arm("exspec", "exspec", policy=EXSPEC_POLICY),
+    WATCH_ARM: Arm(WATCH_ARM, "eqspec", watched=True),
     **{f"exspec-{p}": Arm(f"exspec-{p}", "exspec", policy=p) for p in POLICIES if p != EXSPEC_POLICY},
 }
 
@@ -71,7 +74,7 @@ class BenchSettings:
     num_prompts: int = 96
     max_new_tokens: int = 64
     repeats: int = 3
-    tracing_repeats: int = 5
+    tracing_repeats: int = 5  # also the watched/unwatched pairs when the eqspec-watched arm runs
     window_factor: int = 6  # EXSPEC window = factor x batch size (the paper: 48 at batch 8)
     split: str = "all"
     seed: int = 0
@@ -147,4 +150,5 @@ def interleaved(jobs: list[Job], repeat: int) -> list[Job]:
 def count_runs(settings: BenchSettings) -> int:
     """Timed decodes in a whole bench (the progress bar's total, with the references)."""
     per_batch = 1 + (len(settings.arms) - 1) * len(settings.draft_ks)
-    return settings.repeats * len(settings.batch_sizes) * per_batch + 2 * settings.tracing_repeats
+    paired = 2 if WATCH_ARM in settings.arms else 1  # tracing on/off, and watched/unwatched
+    return settings.repeats * len(settings.batch_sizes) * per_batch + 2 * paired * settings.tracing_repeats
