@@ -81,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmark exactness and cost of the methods side by side")
     add_bench_arguments(bench)
+
+    from specviz.watch.cli import add_arguments as add_watch_arguments
+
+    watch = sub.add_parser("watch", help="run a script with every causal LM it loads watched; write a trace")
+    add_watch_arguments(watch)
     return parser
 
 
@@ -118,6 +123,10 @@ def _main(argv: Sequence[str] | None) -> int:
             return cmd_check(args)
         if args.command == "bench":
             return cmd_bench(args)
+        if args.command == "watch":
+            from specviz.watch.cli import cmd_watch
+
+            return cmd_watch(args)
     except (SpecvizError, TraceError) as exc:
         print(f"specviz: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
