@@ -1,0 +1,510 @@
+"""The attacks of issue 12 against the app, as a visitor of a public Space would make them.
+
+    python tools/attack_suite.py --quick          # CI: small forms of every attack, about a minute
+    python tools/attack_suite.py                  # the issue's sizes (minutes; memory capped)
+    python tools/attack_suite.py --root /tmp/base --no-assert --json before.json   # an older checkout
+
+Starts `app.py` of `--root` on 127.0.0.1 (a free port, public mode via SPACE_ID, its own
+GRADIO_TEMP_DIR), then runs each attack while a second visitor keeps asking for a grid step. Per
+attack it reports the server's RSS growth (peak and kept), the attack's wall time, and the
+second visitor's slowest answer and failures. The goals (asserted unless --no-assert): growth at
+most 1.5 GB, at most 30 s, the second visitor answered within 3 s with no failure, and while one
+visitor floods the live-run queue, zero failures for a well-behaved one.
+
+The server is killed if it grows past --kill-gb (default 4 GB): an old checkout must not take the
+machine down; such an attack is reported as ">= the cap". Everything stays on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gradio_client import Client, handle_file
+
+ROOT = Path(__file__).resolve().parent.parent
+GOAL_GROWTH_MB = 1536
+GOAL_SECONDS = 30
+GOAL_PROBE_S = 3.0
+PROBE_TRACE = "default-eqspec.json.gz"
+
+# Schema version 1 fields: the files must load in older checkouts too (to measure "before").
+V1_HEADER = {
+    "schema_version", "method", "fault", "target", "draft", "draft_k", "batch_size", "max_new_tokens",
+    "eos_token_ids", "pad_token_id", "seed", "created_at", "library_versions", "engine", "options",
+    "complete", "finished_at", "decode_seconds", "fault_events",
+}  # fmt: skip
+V1_ROW = {
+    "row", "seq_id", "committed_before", "left_pad", "left_pad_after", "pending_token", "draft_tokens",
+    "target_tokens", "accepted", "bonus", "emitted", "write_seq", "position_ids", "mask_rle", "kv_len",
+    "kv_len_expected", "draft_kv_len", "draft_kv_len_expected", "finished", "finish_reason",
+}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def base_trace(prompts: int = 4, batch: int = 2, k: int = 4, new: int = 8) -> dict[str, Any]:
+    """A small correct trace as JSON values, in the version-1 subset every checkout reads."""
+    from specviz.trace.io import trace_to_dict
+    from specviz.trace.synthetic import synthetic_trace
+
+    data = trace_to_dict(synthetic_trace(prompts, batch, k, new))
+    data["header"] = {key: v for key, v in data["header"].items() if key in V1_HEADER}
+    data["header"]["schema_version"] = 1
+    for step in data["steps"]:
+        step["rows"] = [{key: v for key, v in row.items() if key in V1_ROW} for row in step["rows"]]
+    return data
+
+
+def write_json(path: Path, data: dict[str, Any]) -> Path:
+    path.write_text(json.dumps(data, separators=(",", ":")))
+    return path
+
+
+def mask_runs_file(folder: Path) -> Path:
+    data = base_trace()
+    for step in data["steps"]:
+        for row in step["rows"]:
+            row["mask_rle"] = [[1, 10**7]] * 200
+    return write_json(folder / "mask-runs.json", data)
+
+
+def width_file(folder: Path, field_name: str, value: int) -> Path:
+    data = base_trace()
+    for step in data["steps"]:
+        step[field_name] = value
+    return write_json(folder / f"{field_name}-{value}.json", data)
+
+
+def _stream_gzip(path: Path, parts: Iterator[str]) -> Path:
+    with gzip.open(path, "wt", compresslevel=9) as out:
+        for part in parts:
+            out.write(part)
+    return path
+
+
+def token_bomb_file(folder: Path, inflated_mib: int) -> Path:
+    """A small gzip inflating to `inflated_mib` MiB of output and reference tokens."""
+    data = base_trace()
+    per_list = inflated_mib * 2**20 // (2 * 2 * len(data["sequences"]))  # "7," is 2 bytes
+    marker = "__TOKENS__"
+    for seq in data["sequences"]:
+        seq["output_ids"] = seq["reference_ids"] = marker
+        seq["reference_margins"] = None
+    head, *rest = json.dumps(data, separators=(",", ":")).split(f'"{marker}"')
+
+    def parts() -> Iterator[str]:
+        yield head
+        for tail in rest:
+            yield "["
+            chunk = "7," * 65536
+            for _ in range(per_list // 65536):
+                yield chunk
+            yield "7]" + tail
+
+    return _stream_gzip(folder / f"tokens-{inflated_mib}mib.json.gz", parts())
+
+
+def many_steps_file(folder: Path, steps: int) -> Path:
+    data = base_trace()
+    step = json.dumps(data["steps"][0], separators=(",", ":"))
+    number = f'"step":{data["steps"][0]["step"]},'
+    assert number in step
+    head = json.dumps({**data, "steps": "__STEPS__"}, separators=(",", ":")).split('"__STEPS__"')
+
+    def parts() -> Iterator[str]:
+        yield head[0] + "["
+        for i in range(steps):
+            yield ("," if i else "") + step.replace(number, f'"step":{i},')
+        yield "]" + head[1]
+
+    return _stream_gzip(folder / f"steps-{steps}.json.gz", parts())
+
+
+def fitting_steps(json_bytes: int) -> int:
+    """Steps of `many_steps_file` whose JSON stays under `json_bytes` (the loader's limit is 32 MiB)."""
+    data = base_trace()
+    step = len(json.dumps(data["steps"][0], separators=(",", ":"))) + 4  # larger step numbers
+    return min(200_000, json_bytes // step)
+
+
+def session_file(folder: Path) -> Path:
+    from specviz.trace.io import save_trace
+    from specviz.trace.synthetic import synthetic_trace
+
+    return save_trace(synthetic_trace(120, 16, 4, 128), folder / "session-370k.json.gz")
+
+
+def html_method_file(folder: Path) -> Path:
+    data = base_trace()
+    data["header"]["method"] = "<img src=x onerror=alert(1)>"
+    return write_json(folder / "html-method.json", data)
+
+
+# ----------------------------------------------------------------------------- the server
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+class Server:
+    def __init__(self, root: Path, kill_mb: float, public: bool) -> None:
+        self.root = root
+        self.kill_mb = kill_mb
+        self.temp = Path(tempfile.mkdtemp(prefix="specviz-attack-"))
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        env = dict(
+            os.environ,
+            GRADIO_SERVER_NAME="127.0.0.1",
+            GRADIO_SERVER_PORT=str(self.port),
+            GRADIO_ANALYTICS_ENABLED="False",
+            GRADIO_TEMP_DIR=str(self.temp / "gradio"),
+            TMPDIR=str(self.temp),
+            OMP_NUM_THREADS="1",
+            HF_HUB_OFFLINE="1",  # a hub id must not make the server wait on the network here
+        )
+        if public:
+            env["SPACE_ID"] = "specviz/attack-suite"
+        self.proc = subprocess.Popen(
+            [sys.executable, "app.py"], cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        self.peak = 0.0
+        self.killed = False
+        self._stop = threading.Event()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            now = rss_mb(self.proc.pid)
+            self.peak = max(self.peak, now)
+            if now > self.kill_mb and not self.killed:
+                self.killed = True
+                self.proc.kill()
+            time.sleep(0.05)
+
+    def rss(self) -> float:
+        return rss_mb(self.proc.pid)
+
+    def wait_up(self, timeout: float = 180) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"app exited with {self.proc.returncode}")
+            try:
+                with urllib.request.urlopen(self.url, timeout=5) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError("app did not come up")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.alive():
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+    def leftover_files(self) -> int:
+        return sum(1 for p in self.temp.rglob("*") if p.is_file())
+
+
+class Probe:
+    """The second visitor: asks for a grid step again and again, timing every answer."""
+
+    def __init__(self, url: str) -> None:
+        self.client = Client(url, verbose=False)
+        self.client.predict(PROBE_TRACE, 40, False, api_name="/load_bundled_b")
+        self.latencies: list[float] = []
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.latencies, self.failures = [], []
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        step = 0
+        while not self._stop.is_set():
+            started = time.perf_counter()
+            try:
+                self.client.predict("B", step % 3, -1, 40, api_name="/grid")
+                self.latencies.append(time.perf_counter() - started)
+            except Exception as exc:  # noqa: BLE001 - every failure is counted
+                self.failures.append(f"{type(exc).__name__}: {str(exc)[:120]}")
+                time.sleep(0.2)
+            step += 1
+            time.sleep(0.1)
+
+    def stop(self) -> tuple[float, int]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        return (max(self.latencies) if self.latencies else float("inf")), len(self.failures)
+
+
+# ----------------------------------------------------------------------------- attacks
+
+
+@dataclass
+class Result:
+    attack: str
+    peak_growth_mb: float = 0.0
+    kept_mb: float = 0.0
+    seconds: float = 0.0
+    probe_max_s: float = 0.0
+    probe_failures: int = 0
+    outcome: str = ""
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def problems(self) -> list[str]:
+        found = []
+        if self.peak_growth_mb > GOAL_GROWTH_MB:
+            found.append(f"memory growth {self.peak_growth_mb:.0f} MB > {GOAL_GROWTH_MB}")
+        if self.seconds > GOAL_SECONDS:
+            found.append(f"{self.seconds:.1f} s > {GOAL_SECONDS}")
+        if self.probe_max_s > GOAL_PROBE_S:
+            found.append(f"second visitor waited {self.probe_max_s:.1f} s > {GOAL_PROBE_S}")
+        if self.probe_failures:
+            found.append(f"second visitor had {self.probe_failures} failure(s)")
+        return found + [str(v) for k, v in self.notes.items() if k.startswith("problem")]
+
+
+class Suite:
+    def __init__(self, server: Server, probe: Probe, timeout: float) -> None:
+        self.server = server
+        self.probe = probe
+        self.timeout = timeout
+        self.results: list[Result] = []
+
+    def run(self, name: str, attack: Callable[[Result], str]) -> Result:
+        result = Result(name)
+        if not self.server.alive():
+            result.outcome = "server gone"
+            self.results.append(result)
+            return result
+        base = self.server.rss()
+        self.server.peak = base
+        self.probe.start()
+        started = time.perf_counter()
+        done: list[str] = []
+
+        def body() -> None:
+            try:
+                done.append(attack(result))
+            except Exception as exc:  # noqa: BLE001 - the app's answer is the outcome
+                done.append(f"error: {str(exc)[:160]}")
+
+        worker = threading.Thread(target=body, daemon=True)
+        worker.start()
+        worker.join(timeout=self.timeout)
+        result.seconds = round(time.perf_counter() - started, 1)
+        result.probe_max_s, result.probe_failures = self.probe.stop()
+        result.probe_max_s = round(result.probe_max_s, 2)
+        result.peak_growth_mb = round(self.server.peak - base)
+        time.sleep(1.0)
+        result.kept_mb = round(self.server.rss() - base) if self.server.alive() else 0
+        if self.server.killed:
+            result.outcome = f"killed at the {self.server.kill_mb / 1024:.0f} GB cap"
+        elif not done:
+            result.outcome = f"no answer within {self.timeout:.0f} s"
+        else:
+            result.outcome = done[0]
+        self.results.append(result)
+        print(json.dumps(result.__dict__), flush=True)
+        return result
+
+
+def upload(url: str, path: Path, slot: str = "a") -> str:
+    client = Client(url, verbose=False)
+    out = client.predict(handle_file(str(path)), 40, False, api_name=f"/load_upload_{slot}")
+    summary = next((v for v in out if isinstance(v, str) and "Run " in v), "")
+    return "loaded: " + summary.splitlines()[0][:100] if summary else "loaded"
+
+
+def attack_uploads(suite: Suite, folder: Path, quick: bool) -> None:
+    url = suite.server.url
+    suite.run("mask_rle: 200 runs of 10^7 per row", lambda r: upload(url, mask_runs_file(folder)))
+    suite.run("query_len = 10^6", lambda r: upload(url, width_file(folder, "query_len", 10**6)))
+    suite.run("cache_len = 10^6", lambda r: upload(url, width_file(folder, "cache_len", 10**6)))
+    inflated = 64 if quick else 402
+    suite.run(f"gzip inflating to {inflated} MiB of tokens", lambda r: upload(url, token_bomb_file(folder, inflated)))
+    steps = 200_000 if quick else 10**6
+    suite.run(f"{steps} steps (gzip)", lambda r: upload(url, many_steps_file(folder, steps)))
+    # The heaviest file that passes every cap: as many steps as fit under the JSON limit.
+    fitting = fitting_steps((8 if quick else 31) * 2**20)
+    suite.run(f"{fitting} steps" + ("" if quick else ", the most under the caps"), lambda r: upload(url, many_steps_file(folder, fitting)))
+
+
+def attack_session(suite: Suite, folder: Path, times: int) -> None:
+    path = session_file(folder)
+
+    def same_upload(result: Result) -> str:
+        client = Client(suite.server.url, verbose=False)
+        after = []
+        for _ in range(times):
+            client.predict(handle_file(str(path)), 40, False, api_name="/load_upload_a")
+            after.append(round(suite.server.rss()))
+        result.notes["rss_after_each_mb"] = after
+        growth = after[-1] - after[0]
+        result.notes["growth_after_first_mb"] = growth
+        if growth > 150:
+            result.notes["problem_session"] = f"RSS grew {growth} MB over {times - 1} repeated uploads"
+        return f"{times} uploads"
+
+    suite.run(f"same {path.stat().st_size // 1024} KB upload x{times}, one session", same_upload)
+
+
+def attack_html(suite: Suite, folder: Path) -> None:
+    def method(result: Result) -> str:
+        client = Client(suite.server.url, verbose=False)
+        out = client.predict(handle_file(str(html_method_file(folder))), 40, False, api_name="/load_upload_a")
+        text = " ".join(v for v in out if isinstance(v, str))
+        if "<img" in text:
+            result.notes["problem_html"] = "the summary carries a raw <img> tag"
+        return "escaped" if "&lt;img" in text else "raw <img> in the summary"
+
+    suite.run("header.method = <img src=x>", method)
+
+
+def attack_models(suite: Suite) -> None:
+    def probe_paths(result: Result) -> str:
+        client = Client(suite.server.url, verbose=False)
+        messages = []
+        for target in ("/etc", "/nonexistent/model", "gpt2"):
+            args = ("eqspec", "none", 2, 2, 4, 1, "hi", target, target, 40, False)
+            try:
+                client.predict(*args, api_name="/live_run_a")
+                messages.append("ran")
+            except Exception as exc:  # noqa: BLE001 - the message is what we compare
+                messages.append(str(exc)[:200])
+        result.notes["messages"] = messages
+        if len(set(messages)) != 1 or "ran" in messages:
+            result.notes["problem_models"] = "model paths load or the answers differ by path"
+        return "refused alike" if len(set(messages)) == 1 and "ran" not in messages else "paths probed"
+
+    suite.run("live-run model fields: /etc, a missing path, a hub id", probe_paths)
+
+
+def attack_flood(suite: Suite, runs: int) -> None:
+    def flood(result: Result) -> str:
+        client = Client(suite.server.url, verbose=False)
+        args = ("eqspec", "none", 2, 2, 8, 2, "", "", "", 40, False)
+        jobs = [client.submit(*args, api_name="/live_run_b") for _ in range(runs)]
+        # A well-behaved visitor loads and inspects while the flood sits in the queue.
+        visitor = Client(suite.server.url, verbose=False)
+        failures = 0
+        for i in range(10):
+            try:
+                visitor.predict(PROBE_TRACE, 40, False, api_name="/load_bundled_a")
+                visitor.predict("A", i % 3, -1, 40, api_name="/grid")
+            except Exception:  # noqa: BLE001
+                failures += 1
+        outcomes = {"ok": 0, "refused": 0, "cancelled": 0}
+        deadline = time.time() + self_timeout / 2
+        for job in jobs:
+            if time.time() > deadline:  # an old checkout runs them all: stop waiting, free the queue
+                job.cancel()
+                outcomes["cancelled"] += 1
+                continue
+            try:
+                job.result(timeout=max(deadline - time.time(), 1))
+                outcomes["ok"] += 1
+            except Exception:  # noqa: BLE001 - a refusal is the expected answer
+                outcomes["refused"] += 1
+        result.notes.update(flood_outcomes=outcomes, visitor_failures=failures)
+        if failures:
+            result.notes["problem_flood"] = f"the well-behaved visitor had {failures} failure(s)"
+        return f"{outcomes}; visitor failures {failures}"
+
+    self_timeout = suite.timeout
+    suite.run(f"{runs} live runs queued by one client", flood)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small forms of every attack (CI)")
+    parser.add_argument("--root", type=Path, default=ROOT, help="checkout whose app.py to attack")
+    parser.add_argument("--kill-gb", type=float, default=4.0, help="kill the server past this RSS")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds per attack")
+    parser.add_argument("--no-assert", action="store_true", help="report only (for older checkouts)")
+    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--only", default=None, help="comma list: uploads,session,html,models,flood")
+    args = parser.parse_args()
+    timeout = args.timeout or (40 if args.quick else 180)
+    wanted = set((args.only or "uploads,session,html,models,flood").split(","))
+    folder = Path(tempfile.mkdtemp(prefix="specviz-attack-files-"))
+    server = Server(args.root.resolve(), args.kill_gb * 1024, public=True)
+    started = time.time()
+    try:
+        server.wait_up()
+        suite = Suite(server, Probe(server.url), timeout)
+        if "uploads" in wanted:
+            attack_uploads(suite, folder, args.quick)
+        if "session" in wanted:
+            attack_session(suite, folder, 3 if args.quick else 6)
+        if "html" in wanted:
+            attack_html(suite, folder)
+        if "models" in wanted:
+            attack_models(suite)
+        if "flood" in wanted:
+            attack_flood(suite, 12 if args.quick else 65)
+        leftovers = server.leftover_files()
+        print("files left:", sorted(str(p.relative_to(server.temp)) for p in server.temp.rglob("*") if p.is_file()))
+    finally:
+        server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+    report = {
+        "root": str(args.root),
+        "quick": args.quick,
+        "seconds": round(time.time() - started, 1),
+        "files_left_in_temp": leftovers,
+        "results": [r.__dict__ for r in suite.results],
+    }
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    problems = [f"{r.attack}: {p}" for r in suite.results for p in r.problems()]
+    print(json.dumps({"problems": problems, "files_left_in_temp": leftovers, "seconds": report["seconds"]}))
+    return 1 if problems and not args.no_assert else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
