@@ -371,7 +371,8 @@ def attack_uploads(suite: Suite, folder: Path, quick: bool) -> None:
     suite.run(f"{steps} steps (gzip)", lambda r: upload(url, many_steps_file(folder, steps)))
     # The heaviest file that passes every cap: as many steps as fit under the JSON limit.
     fitting = fitting_steps((8 if quick else 31) * 2**20)
-    suite.run(f"{fitting} steps" + ("" if quick else ", the most under the caps"), lambda r: upload(url, many_steps_file(folder, fitting)))
+    name = f"{fitting} steps" + ("" if quick else ", the most under the caps")
+    suite.run(name, lambda r: upload(url, many_steps_file(folder, fitting)))
 
 
 def attack_session(suite: Suite, folder: Path, times: int) -> None:
