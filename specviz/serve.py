@@ -163,10 +163,11 @@ def delete_upload(path: str | os.PathLike[str], uploads_root: str | os.PathLike[
         return
     if base in resolved.parents:
         resolved.unlink(missing_ok=True)
-        try:
-            resolved.parent.rmdir()  # Gradio puts each upload in a folder of its own
-        except OSError:
-            pass
+        if resolved.parent != base:
+            try:
+                resolved.parent.rmdir()  # Gradio puts each upload in a folder of its own
+            except OSError:
+                pass
 
 
 class LiveFolder:

@@ -489,7 +489,9 @@ def main() -> int:
         if "flood" in wanted:
             attack_flood(suite, 12 if args.quick else 65)
         leftovers = server.leftover_files()
-        print("files left:", sorted(str(p.relative_to(server.temp)) for p in server.temp.rglob("*") if p.is_file()))
+        files = (p for p in server.temp.rglob("*") if p.is_file())
+        left = sorted((str(p.relative_to(server.temp)), p.stat().st_size) for p in files)
+        print("files left:", left)
     finally:
         server.stop()
         shutil.rmtree(folder, ignore_errors=True)
