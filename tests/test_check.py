@@ -149,7 +149,7 @@ def test_checker_speed_480_prompts_128_tokens_batch_8(tmp_path) -> None:
 
 @functools.cache
 def tiny_run(method: str, batch: int, k: int, fault: str | None = None):
-    cfg = RunConfig(method=method, fault=fault, batch_size=batch, draft_k=k, max_new_tokens=16)
+    cfg = RunConfig(method=method, fault=fault, batch_size=batch, draft_k=k, max_new_tokens=16, kv_check_every=1)
     return run(make_pair("llama"), PROMPTS, cfg)
 
 
@@ -423,3 +423,17 @@ def test_check_json_into_a_closed_pipe_exits_quietly(tmp_path) -> None:
     cmd = f"{sys.executable} -m specviz check --json {path} | head -c 100 >/dev/null; exit ${{PIPESTATUS[0]}}"
     done = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
     assert done.stderr == "" and done.returncode == 1, done.stderr[-500:]
+
+
+@pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "opt"])
+def test_kv_content_check_works_across_families(family: str) -> None:
+    """Learned absolute (GPT-2, OPT) and partial rotary (NeoX) positions: clean stays clean, a copy is found."""
+    pair = make_pair(family)
+    common = {"method": "eqspec", "batch_size": 4, "draft_k": 3, "max_new_tokens": 8, "kv_check_every": 1}
+    clean = run(pair, PROMPTS[:4], RunConfig(**common))
+    assert check_trace(clean).verdict == "clean"
+    assert all(r.kv_content_checked for s in clean.steps for r in s.rows)
+    broken = run(pair, PROMPTS[:4], RunConfig(fault="kv-row-copy", **common))
+    v = check_trace(broken).first_violation
+    event = broken.header.fault_events[0]
+    assert (v.step, v.row, v.field) == (event["step"], event["row"], "kv_mismatch_slot")

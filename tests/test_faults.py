@@ -17,8 +17,8 @@ from specviz.engine.run import RunConfig, run
 # Held-out prompts (never seen in training) of very different lengths.
 PROMPTS = [p for p in load_specbench("heldout") if len(p) < 1500][:16]
 MAX_NEW = 24
-RAGGED_ONLY = ("column-positions", "pad-accumulation", "row-mixup", "stale-kv", "uniform-advance")
-ALWAYS = ("extra-accept", "masked-holes", "missing-bonus-kv")
+RAGGED_ONLY = ("column-positions", "kv-row-copy", "pad-accumulation", "row-mixup", "stale-kv", "uniform-advance")
+ALWAYS = ("draft-positions", "extra-accept", "masked-holes", "missing-bonus-kv")
 
 
 @functools.cache
@@ -27,8 +27,15 @@ def pair():
 
 
 @functools.cache
-def record(method: str, fault: str | None, batch: int, num_prompts: int = len(PROMPTS)):
-    cfg = RunConfig(method=method, fault=fault, batch_size=batch, draft_k=4, max_new_tokens=MAX_NEW)
+def record(method: str, fault: str | None, batch: int, num_prompts: int = len(PROMPTS), kv_check_every: int = 1):
+    cfg = RunConfig(
+        method=method,
+        fault=fault,
+        batch_size=batch,
+        draft_k=4,
+        max_new_tokens=MAX_NEW,
+        kv_check_every=kv_check_every,  # tests check the KV content at every step
+    )
     return run(pair(), PROMPTS[:num_prompts], cfg)
 
 
@@ -74,6 +81,25 @@ def test_correct_methods_are_clean_and_exact(method: str) -> None:
 
 def test_faults_corrupt_text_not_only_state() -> None:
     """At least the output-corrupting faults must change tokens on the default pair."""
-    broken = [f for f in ("extra-accept", "row-mixup", "uniform-advance", "pad-accumulation")
-              if check_trace(record(FAULTS[f].default_method, f, 8)).exact_match < 1.0]
+    broken = [
+        f
+        for f in ("extra-accept", "row-mixup", "uniform-advance", "pad-accumulation")
+        if check_trace(record(FAULTS[f].default_method, f, 8)).exact_match < 1.0
+    ]
     assert len(broken) >= 3, broken
+
+
+def test_kv_row_copy_is_seen_only_by_the_kv_content_check() -> None:
+    fault = "kv-row-copy"
+    checked = check_trace(record(FAULTS[fault].default_method, fault, 8))
+    assert checked.violations and {v.field for v in checked.violations} == {"kv_mismatch_slot"}
+    unchecked = check_trace(record(FAULTS[fault].default_method, fault, 8, kv_check_every=0))
+    assert unchecked.violation_count == 0 and unchecked.verdict in ("clean", "unexplained")
+
+
+def test_draft_positions_fault_keeps_outputs_exact_and_is_found_at_its_first_step() -> None:
+    trace = record(FAULTS["draft-positions"].default_method, "draft-positions", 8)
+    report = check_trace(trace)
+    assert report.exact_match == 1.0 and report.verdict == "desync"
+    first = report.first_violation
+    assert (first.step, first.field) == (0, "draft_position_ids")
