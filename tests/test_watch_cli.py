@@ -69,6 +69,51 @@ def test_unmodified_greedy_loop(script: Path, tmp_path: Path, positions: bool) -
     assert {v.row for v in report.violations if v.step == 0 and v.invariant == 2} == PADDED_ROWS
 
 
+SPECULATIVE = """
+import sys
+import torch
+import transformers as tf
+from watch_engine import Bugs, generate
+
+torch.manual_seed(0)
+
+
+def config(layers):
+    return tf.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                          bos_token_id=2, eos_token_id=1, pad_token_id=0)
+
+
+target = tf.AutoModelForCausalLM.from_config(config(2)).eval()
+draft = tf.AutoModelForCausalLM.from_config(config(1)).eval()  # agrees often: the target's first layer
+for name in ("model.embed_tokens", "lm_head", "model.layers.0", "model.norm"):
+    draft.get_submodule(name).load_state_dict(target.get_submodule(name).state_dict())
+prompts = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17], [20, 21]]
+generate(target, draft, prompts, 3, 10, frozenset([1]), 0, Bugs(no_position_ids="--bug" in sys.argv))
+"""
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("bug", [False, True], ids=["clean", "no-position-ids"])
+def test_unmodified_speculative_engine(tmp_path: Path, bug: bool) -> None:
+    """tests/watch_engine.py, uninstrumented: the larger model is the target, k is found; the engine
+    drops finished rows, so reading stops there and the trace is marked incomplete."""
+    script = tmp_path / "spec.py"
+    script.write_text(SPECULATIVE)
+    out = tmp_path / "spec.trace.json"
+    assert main(["watch", "--out", str(out), "--", "python", str(script)] + (["--bug"] if bug else [])) == 0
+    trace = load_trace(out)
+    assert trace.header.draft_k == 3 and trace.header.draft is not None and not trace.header.complete
+    assert trace.header.target.num_parameters > trace.header.draft.num_parameters
+    assert [s.prompt_ids for s in trace.sequences][1] == [11, 12, 13]
+    report = check_trace(trace)
+    if not bug:
+        assert report.verdict == "clean" and report.exact_match == 1.0, report.violations[:3]
+        return
+    assert report.verdict == "desync" and report.first_violation.step == 0
+    assert report.first_violation.invariant == 2
+
+
 @pytest.mark.filterwarnings("ignore::FutureWarning")
 def test_a_crashing_script_still_leaves_an_incomplete_trace(script: Path, tmp_path: Path) -> None:
     crashing = tmp_path / "crash.py"

@@ -101,10 +101,13 @@ class AutoWatch:
         calls = self._relabel(target, draft)
         eos = frozenset(_eos_ids(target, None))
         prompts, emits = infer(calls, eos, notes)
+        # Notes so far say where reading stopped: what follows is unread, so sequences may be
+        # unfinished without the engine being at fault; the trace says it is incomplete.
+        read_all = not notes
         w = Watch(target, draft, prompts=prompts, out=out, name=name, layout=layout)
         # The inferred calls and emits stand in for what the hooks and `emit` would have collected.
         w._calls, w._emits = calls, emits
-        trace = w.close(reference=reference and complete, complete=complete)
+        trace = w.close(reference=reference and complete, complete=complete and read_all)
         if notes:
             trace.header.options.setdefault("watch_notes", []).extend(notes[:20])
             if w.out is not None:
