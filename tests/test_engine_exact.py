@@ -93,7 +93,7 @@ def test_exact_llama(method: str, batch: int, k: int) -> None:
 
 
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f != "llama"])
-@pytest.mark.parametrize("method", ["eqspec", "exspec"])
+@pytest.mark.parametrize("method", ["eqspec", "exspec", "inplace"])
 @pytest.mark.parametrize("batch,k", [(3, 2), (8, 4)])
 def test_exact_other_families(family: str, method: str, batch: int, k: int) -> None:
     assert_exact(decode(family, method, batch, k), oracle(family))
@@ -113,7 +113,7 @@ def _frequent_token(family: str) -> int:
     return max(counts, key=counts.get)
 
 
-@pytest.mark.parametrize("method", ["eqspec", "exspec"])
+@pytest.mark.parametrize("method", ["eqspec", "exspec", "inplace"])
 def test_rows_ending_early_by_eos(method: str) -> None:
     eos = _frequent_token("llama")
     expected = oracle("llama", eos=eos)

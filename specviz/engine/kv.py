@@ -95,7 +95,11 @@ def feed(
     The 2-D mask we pass covers cache slots plus query slots; HF adds causality from the
     physical slot order, which is right for a contiguous left-padded layout. `query_mask`
     marks padding inside the query (prefill only); decode queries are all real.
+    A state of another layout (inplace.py's fixed slots) writes its own slots: `feed_own`.
     """
+    own_feed = getattr(state, "feed_own", None)
+    if own_feed is not None:
+        return own_feed(model, input_ids, positions, query_mask)
     batch, q = input_ids.shape
     if query_mask is None:
         query_mask = torch.ones(batch, q, dtype=state.mask.dtype, device=state.mask.device)

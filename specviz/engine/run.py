@@ -12,6 +12,8 @@ from specviz import __version__
 from specviz.engine.eqspec import run_eqspec
 from specviz.engine.exspec import POLICIES, run_exspec
 from specviz.engine.faults import FAULTS, make_fault
+from specviz.engine.inplace import LAYOUT as INPLACE_LAYOUT
+from specviz.engine.inplace import run_inplace
 from specviz.engine.kv import compact, compact_per_row_loop
 from specviz.engine.models import ModelPair
 from specviz.engine.reference import greedy_reference
@@ -51,6 +53,8 @@ class RunConfig:
             raise SpecvizError(f"unknown fault {self.fault!r}; choose from {', '.join(FAULTS)}")
         if self.fault not in (None, "none") and self.method == "baseline":
             raise SpecvizError("faults corrupt speculative methods; use --method eqspec or exspec")
+        if self.fault not in (None, "none") and self.method == "inplace":
+            raise SpecvizError("the faults model bugs of the left-padded layout; use --method eqspec or exspec")
         if self.batch_size < 1:
             raise SpecvizError(f"--batch-size must be at least 1, got {self.batch_size}")
         if self.method != "baseline" and not 1 <= self.draft_k <= 64:
@@ -148,6 +152,8 @@ def run(
         if config.method == "exspec"
         else {},
     )
+    if config.method == "inplace":
+        header.layout = INPLACE_LAYOUT  # per-row regions: no rectangular alignment to check
     recorder = Recorder(header) if config.record_steps else NullRecorder(header)
     references: list[tuple[list[int], list[float]]] | None = [] if config.reference else None
     complete = True
@@ -186,6 +192,8 @@ def run(
         elif config.method == "exspec":
             stats = run_exspec(engine, seqs, config.batch_size, config.window, config.exspec_policy)
             header.options.update(stats)
+        elif config.method == "inplace":
+            run_inplace(engine, seqs, config.batch_size)
         else:
             move = compact_per_row_loop if config.per_row_loop_move else compact
             run_eqspec(engine, seqs, config.batch_size, compact_fn=move)

@@ -17,7 +17,7 @@ SCHEMA_VERSION = 2
 OLDEST_READABLE_VERSION = 1  # version-1 files lack only optional fields
 FORMAT_NAME = "specviz-trace"
 
-METHODS = ("baseline", "eqspec", "exspec")
+METHODS = ("baseline", "eqspec", "exspec", "inplace")
 
 
 @dataclass
@@ -120,7 +120,7 @@ class Header:
     layout: str = "left-padded"
 
 
-LAYOUTS = ("left-padded", "unspecified")
+LAYOUTS = ("left-padded", "fixed-slots", "unspecified")  # fixed-slots: per-row regions (inplace)
 
 
 @dataclass

@@ -1,0 +1,228 @@
+"""INPLACE: zero-copy ragged decoding in fixed per-row cache regions.
+
+Each row of a static batch owns one region of `width` slots in a preallocated cache (per layer,
+keys and values of shape [B, H, width, D]). A row with n committed tokens holds the KV of its first
+n - 1 tokens in slots 0 .. n-2; every forward writes its query block at the row's own length
+(slots n-1, n, ...), so rows of different lengths need no padding and nothing moves:
+
+- the attention mask is 4-D and follows each row's length: query j of a row whose block starts
+  at slot s0 attends slots 0 .. s0 + j (its committed prefix plus the causal part of its block),
+  never the stale slots past it;
+- rejected drafts stay where they were written and the row's length simply does not cover them;
+  the next step's query block overwrites them;
+- positions are logical indices, fed explicitly, as in every method.
+
+Shapes are static between steps (B, width, the query length), which is what CUDA graphs need. The
+only copy left is the batch dimension shrinking when rows finish (`Slots.keep_rows`), once per
+finishing event, never per step.
+
+For the recorder the layout is described logically: a step's fed mask row is the row's region
+(`width` slots, the first n - 1 attended) followed by the query block, so `kv_len`, `mask_rle` and
+the KV checks read the same fields as for the left-padded methods; the trace header declares the
+layout "fixed-slots", so the rectangular-alignment rule (a left-padded rule) does not apply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from specviz.engine.kv import CachePlan, KVState
+from specviz.engine.step import Batch, Engine, Sequence
+from specviz.errors import SpecvizError
+
+LAYOUT = "fixed-slots"
+
+
+class SlotLayer(CacheLayerMixin):
+    """One layer's fixed-width keys and values; `update` writes each row's block at its own slots."""
+
+    is_sliding = False
+
+    def __init__(self, slots: Slots) -> None:
+        super().__init__()
+        self.slots = slots
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        batch, heads, _, dim = key_states.shape
+        shape = (batch, heads, self.slots.width, dim)
+        self.keys = key_states.new_zeros(shape)
+        self.values = value_states.new_zeros(shape)
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        index = self.slots.write_index(key_states.shape)
+        self.keys.scatter_(2, index, key_states)
+        self.values.scatter_(2, index, value_states)
+        return self.keys, self.values  # the whole region: the 4-D mask says which slots count
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.slots.width, 0
+
+    def get_seq_length(self) -> int:
+        return self.slots.width
+
+    def get_max_length(self) -> int:
+        return self.slots.width
+
+
+class Slots(Cache):
+    """A cache of `SlotLayer`s sharing one write plan: where each row's next query block goes."""
+
+    def __init__(self, num_layers: int, width: int) -> None:
+        self.width = width
+        self.write_at: torch.Tensor | None = None  # [B, q] slot of each query token, set per forward
+        super().__init__(layers=[SlotLayer(self) for _ in range(num_layers)])
+
+    def write_index(self, shape: torch.Size) -> torch.Tensor:
+        """`write_at` as a scatter index for keys or values of `shape` [B, H, q, D]."""
+        batch, heads, q, dim = shape
+        return self.write_at[:, None, :, None].expand(batch, heads, q, dim)
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Finished rows leave: the batch dimension shrinks (the one copy this layout makes)."""
+        for layer in self.layers:
+            if layer.is_initialized:
+                layer.keys = layer.keys.index_select(0, rows)
+                layer.values = layer.values.index_select(0, rows)
+
+
+@dataclass
+class SlotState(KVState):
+    """A `KVState` over fixed regions: `mask` [B, width (+ tokens fed this step)] describes them.
+
+    `lengths` [B]: slots each row attends (its committed tokens but the pending one). Between steps
+    the mask is `1^lengths 0^rest` over the region; each forward appends its query columns to it,
+    like the left-padded state's mask, so the engine's phases and the recorder read it unchanged.
+    """
+
+    lengths: torch.Tensor | None = None
+
+    def feed_own(
+        self, model: Any, input_ids: torch.Tensor, positions: torch.Tensor, query_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Write the query block at each row's length (plus what this step already fed), attend up to it."""
+        batch, q = input_ids.shape
+        slots: Slots = self.cache
+        fed_this_step = self.mask.shape[1] - slots.width
+        start = self.lengths + fed_this_step  # [B] first slot of this block
+        query_slots = start[:, None] + torch.arange(q, device=start.device)  # [B, q]
+        if int(query_slots[:, -1].max()) >= slots.width:
+            raise SpecvizError(f"inplace: a row outgrew its {slots.width} slots (engine bug)")
+        slots.write_at = query_slots
+        out = model(
+            input_ids=input_ids,
+            attention_mask=block_mask(query_slots, slots.width, model.dtype),
+            position_ids=positions,
+            cache=slots,
+            use_cache=True,
+        )
+        if query_mask is None:
+            query_mask = torch.ones(batch, q, dtype=self.mask.dtype, device=self.mask.device)
+        self.mask = torch.cat([self.mask, query_mask], dim=1)
+        return out.logits
+
+
+def block_mask(query_slots: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive 4-D mask [B, 1, q, width]: query j sees slots 0 .. query_slots[:, j] (0 or -inf).
+
+    Additive rather than boolean so eager attention (which adds the mask) and SDPA read it alike.
+    """
+    visible = torch.arange(width, device=query_slots.device)[None, None, :] <= query_slots[:, :, None]
+    mask = torch.zeros(visible.shape, dtype=dtype, device=query_slots.device)
+    mask.masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask[:, None]
+
+
+def region_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
+    """The between-steps mask of a fixed-slot state: the first `lengths` slots of each region."""
+    return (torch.arange(width, device=lengths.device)[None, :] < lengths[:, None]).long()
+
+
+def num_layers(model: Any) -> int:
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
+        raise SpecvizError("--method inplace supports full-attention models only (no sliding-window layers)")
+    return config.num_hidden_layers
+
+
+@torch.no_grad()
+def prefill_slots(engine: Engine, model: Any, seqs: list[Sequence], width: int) -> SlotState:
+    """Cache every committed token but the pending one at slots 0.. of each row's region.
+
+    Rows are right-padded to one query block; a short row's padding lands on slots past its
+    length, which its mask never covers and its next query block overwrites.
+    """
+    device = engine.device
+    contexts = [(s.prompt_ids + s.output_ids)[:-1] for s in seqs]
+    lengths = torch.tensor([len(c) for c in contexts], device=device)
+    state = SlotState(
+        cache=Slots(num_layers(model), width),
+        mask=torch.zeros(len(seqs), width, dtype=torch.long, device=device),
+        next_pos=lengths.clone(),
+        lengths=torch.zeros_like(lengths),
+    )
+    longest = int(lengths.max()) if len(contexts) else 0
+    if longest:
+        ids = torch.full((len(seqs), longest), engine.pad_id, dtype=torch.long, device=device)
+        for row, context in enumerate(contexts):
+            ids[row, : len(context)] = torch.tensor(context, device=device)
+        positions = torch.arange(longest, device=device)[None, :].expand(len(seqs), -1)
+        state.feed_own(model, ids, positions)
+    return settled(state, lengths, lengths.clone())
+
+
+def settled(state: SlotState, lengths: torch.Tensor, next_pos: torch.Tensor) -> SlotState:
+    """The state between steps: each region's first `lengths` slots attended, nothing else."""
+    width = state.cache.width
+    return SlotState(cache=state.cache, mask=region_mask(lengths, width), next_pos=next_pos, lengths=lengths)
+
+
+def apply_plan(state: SlotState, rows: torch.Tensor, plan: CachePlan) -> SlotState:
+    """Carry out a cache plan without moving a slot: each kept row's length grows by what it kept.
+
+    The plan's `attend` covers [region | this step's block]: the region's attended slots plus the
+    block's kept prefix (accepted drafts + 1), which already sit right after them. Rows that
+    finished leave the batch.
+    """
+    lengths = plan.attend[rows].sum(1)
+    if len(rows) != state.batch_size:
+        state.cache.keep_rows(rows)
+    return settled(state, lengths, plan.next_pos[rows])
+
+
+def slot_width(seqs: list[Sequence], max_new_tokens: int, k: int) -> int:
+    """Slots per row: the longest prompt, every new token, and one query block past the last length."""
+    return max(len(s.prompt_ids) for s in seqs) + max_new_tokens + k + 1
+
+
+def run_inplace(engine: Engine, seqs: list[Sequence], batch_size: int) -> None:
+    """Static batches of `batch_size`, each decoded in its own fixed-slot caches until every row ends."""
+    for batch_id, start in enumerate(range(0, len(seqs), batch_size)):
+        chunk = seqs[start : start + batch_size]
+        width = slot_width(chunk, engine.max_new_tokens, engine.k)
+        target = prefill_slots(engine, engine.target, chunk, width)
+        draft = prefill_slots(engine, engine.draft, chunk, width) if engine.draft is not None else None
+        batch = Batch(chunk, target, draft, batch_id)
+        while batch.seqs:
+            outcome = engine.step(batch)
+            align_started = engine.now()
+            rows = outcome.active_rows
+            new_target = apply_plan(batch.target, rows, outcome.target_plan)
+            new_draft = None
+            if batch.draft is not None and outcome.draft_plan is not None:
+                new_draft = apply_plan(batch.draft, rows, outcome.draft_plan)
+            pads: list[int | None] = [None] * len(batch.seqs)
+            for row in rows.tolist():
+                pads[row] = 0  # no padding in this layout
+            seqs_left = [batch.seqs[r] for r in rows.tolist()]
+            engine.finish_step(outcome, pads, align_started)
+            batch = Batch(seqs_left, new_target, new_draft, batch_id)

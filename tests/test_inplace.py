@@ -1,0 +1,73 @@
+"""INPLACE (fixed per-row slots): exact, checked clean under its own layout, and copy-free between steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_engine_exact import MAX_NEW, PROMPTS, _frequent_token, assert_exact, decode, oracle, pair_for
+
+from specviz.analysis.check import check_trace
+from specviz.engine.inplace import LAYOUT, Slots, block_mask, run_inplace
+from specviz.engine.step import Engine, Sequence
+from specviz.errors import SpecvizError
+from specviz.trace.io import load_trace, save_trace
+
+
+@pytest.mark.parametrize("batch,k", [(1, 4), (3, 2), (16, 8)])
+def test_exact_llama(batch: int, k: int) -> None:
+    trace = decode("llama", "inplace", batch, k)
+    assert_exact(trace, oracle("llama"))
+    accepted = [r.accepted for s in trace.steps for r in s.rows]
+    assert 0 < sum(accepted) < k * len(accepted), "ragged acceptance"
+
+
+def test_pad_equals_eos() -> None:
+    eos = _frequent_token("llama")
+    assert_exact(decode("llama", "inplace", 8, 4, eos=eos, pad=eos), oracle("llama", eos=eos, pad=eos))
+
+
+def test_trace_declares_its_layout_and_checks_clean(tmp_path) -> None:
+    trace = decode("llama", "inplace", 8, 4, kv_check_every=2)
+    assert trace.header.layout == LAYOUT
+    report = check_trace(trace)
+    assert report.verdict == "clean", report.violations[:3]
+    assert any("rectangular alignment" in note for note in report.skipped_checks)
+    rows = [r for s in trace.steps for r in s.rows]
+    assert any(r.kv_content_checked for r in rows) and all(r.kv_mismatch_slot is None for r in rows)
+    assert all(r.kv_len == r.committed_before - 1 for r in rows)
+    assert all(r.left_pad == 0 for r in rows if r.kv_len), "the region starts at slot 0"
+    widths = {s.cache_len for s in trace.steps if s.batch_id == 0}
+    assert len(widths) == 1, "one fixed width per batch"
+    assert load_trace(save_trace(trace, tmp_path / "t.json.gz")).header.layout == LAYOUT
+
+
+def test_no_cache_tensor_is_replaced_between_steps_until_a_row_finishes() -> None:
+    pair = pair_for("llama")
+    seqs = [Sequence(i, pair.tokenizer(t)["input_ids"]) for i, t in enumerate(PROMPTS[:6])]
+    engine = Engine(pair.target, pair.draft, 4, MAX_NEW, frozenset([1]), 0, pair.device)
+    seen: list[tuple[int, int]] = []  # (rows, data pointer of layer 0's keys) at each step
+    original = engine.step
+
+    def spy(batch):
+        cache = batch.target.cache
+        assert isinstance(cache, Slots)
+        seen.append((len(batch.seqs), cache.layers[0].keys.data_ptr() if cache.layers[0].is_initialized else 0))
+        return original(batch)
+
+    engine.step = spy
+    run_inplace(engine, seqs, 6)
+    for (rows_a, ptr_a), (rows_b, ptr_b) in zip(seen, seen[1:]):
+        if rows_a == rows_b:
+            assert ptr_a == ptr_b, "slots moved while every row stayed"
+
+
+def test_mask_attends_prefix_and_causal_block_only() -> None:
+    slots = torch.tensor([[2, 3], [5, 6]])
+    mask = block_mask(slots, 8, torch.float32)[:, 0] == 0
+    assert mask[0, 0].tolist() == [True] * 3 + [False] * 5
+    assert mask[1, 1].tolist() == [True] * 7 + [False]
+
+
+def test_faults_are_refused() -> None:
+    with pytest.raises(SpecvizError, match="left-padded"):
+        decode("llama", "inplace", 2, 2, fault="stale-kv")
