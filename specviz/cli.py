@@ -25,6 +25,22 @@ from specviz.trace.naming import run_slug, run_title
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 
+CHECK_DESCRIPTION = """\
+Check a trace: replay the ragged state of every verify step and report where it first differs
+from what a correct left-padded engine feeds (the four invariants), and which outputs differ
+from the target's batch-1 greedy reference.
+
+A trace is the JSON file (.json or .json.gz) one decoding run writes: a header (models, method,
+batch size, k), one record per verify step and batch row (positions, attention mask, KV lengths,
+drafts, accepted count) and one per prompt (output and reference token IDs, with their text).
+`specviz record` writes one; other engines can too (docs/trace-format.md)."""
+
+CHECK_EPILOG = """\
+exit status:
+  0    clean or numerical: every invariant holds (outputs equal, or differ only at near-ties)
+  1    desync or unexplained: an invariant broke, or an output differs with no near-tie
+  2    bad input: missing or malformed trace (one line on stderr)"""
+
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
@@ -37,30 +53,57 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see --help)\n")
 
 
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows every default, except an unset one (None) or a flag's False, which say nothing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from specviz.engine.exspec import POLICIES
     from specviz.engine.faults import FAULTS
+    from specviz.threads import add_threads_argument
 
     parser = _Parser(prog="specviz", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    rec = sub.add_parser("record", help="decode prompts and write a trace")
-    rec.add_argument("--method", choices=["baseline", "eqspec", "exspec"], default="eqspec")
+    rec = sub.add_parser(
+        "record",
+        help="decode prompts and write a trace",
+        description="Decode prompts with a speculative method (optionally with a known bug injected) and write "
+        "the trace of every verify step, with the text of its tokens.",
+        formatter_class=_DefaultsFormatter,  # every option shows its default
+    )
+    rec.add_argument("--method", choices=["baseline", "eqspec", "exspec"], default="eqspec", help="decoding method")
     rec.add_argument("--fault", choices=sorted(FAULTS), default=None, help="inject a known bug")
     rec.add_argument("--target", default=None, help="target model: local path or hub id (default: embedded)")
     rec.add_argument("--draft", default=None, help="draft model: local path or hub id (default: embedded)")
-    rec.add_argument("--batch-size", type=int, default=8)
-    rec.add_argument("--draft-k", type=int, default=4)
-    rec.add_argument("--max-new-tokens", type=int, default=64)
+    rec.add_argument("--batch-size", type=int, default=8, help="rows decoded together")
+    rec.add_argument("--draft-k", type=int, default=4, help="draft tokens proposed per verify step")
+    rec.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt at most")
     prompts = rec.add_mutually_exclusive_group()
-    prompts.add_argument("--num-prompts", type=int, default=None, help="first N SpecBench prompts")
+    prompts.add_argument("--num-prompts", type=int, default=None, help="first N SpecBench prompts (None: all)")
     prompts.add_argument("--prompts", default=None, help="JSONL file of prompts")
     rec.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    add_threads_argument(rec)
     rec.add_argument("--dtype", default=None, help="float32 (CPU default), bfloat16 (CUDA default), float16")
-    rec.add_argument("--seed", type=int, default=0)
+    rec.add_argument("--seed", type=int, default=0, help="also keys the sampling noise at --temperature > 0")
+    rec.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); > 0: keyed sampling")
+    rec.add_argument("--top-p", type=float, default=1.0, help="nucleus filter at --temperature > 0 (1: off)")
+    rec.add_argument("--top-k", type=int, default=0, help="top-k filter at --temperature > 0 (0: off)")
+    rec.add_argument(
+        "--sampling",
+        choices=["coupled", "rejection"],
+        default="coupled",
+        help="coupled: draft and target share keyed noise, token-exact against the sampled reference; "
+        "rejection: speculative rejection sampling, distribution-exact only",
+    )
     rec.add_argument("--window", type=int, default=None, help="exspec sliding window (default 6 x batch)")
     rec.add_argument("--policy", choices=POLICIES, default="converge", help="exspec grouping policy")
-    rec.add_argument("--no-reference", action="store_true", help="skip the batch-1 greedy oracle")
+    rec.add_argument("--no-reference", action="store_true", help="skip the batch-1 oracle (greedy or sampled)")
     rec.add_argument(
         "--kv-check-every",
         type=int,
@@ -68,14 +111,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="recompute and compare the target's layer-0 keys every N steps (1: every step, 0: off; default 16)",
     )
-    rec.add_argument("--trust-remote-code", action="store_true")
+    rec.add_argument("--trust-remote-code", action="store_true", help="let transformers run the model's own code")
     rec.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     rec.add_argument("--out", default=None, help="trace path (.json or .json.gz); default runs/<name>.json.gz")
     rec.add_argument("--force", action="store_true", help="overwrite an existing --out file")
 
-    chk = sub.add_parser("check", help="check a trace's invariants and outputs")
-    chk.add_argument("trace")
-    chk.add_argument("--json", action="store_true")
+    chk = sub.add_parser(
+        "check",
+        help="check a trace's invariants and outputs",
+        description=CHECK_DESCRIPTION,
+        epilog=CHECK_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    chk.add_argument("trace", help="trace file (.json or .json.gz), e.g. runs/<name>.json.gz from `record`")
+    chk.add_argument("--json", action="store_true", help="print the report and metrics as one JSON object")
 
     from specviz.bench import add_arguments as add_bench_arguments
 
@@ -147,10 +196,12 @@ def cmd_record(args: argparse.Namespace) -> int:
     from specviz.data import load_prompts_file, load_specbench
     from specviz.engine.models import load_pair
     from specviz.engine.run import RunConfig, RunFailed, RunInterrupted, run
+    from specviz.threads import set_threads
     from specviz.trace.io import save_trace
 
     out = Path(args.out) if args.out else _default_out(args)
-    check_output_path(out, args.force)  # a run is never lost to a bad --out found afterwards
+    check_output_path(out, args.force)
+    set_threads(args.threads)  # a run is never lost to a bad --out found afterwards
     prompts = load_prompts_file(args.prompts) if args.prompts else load_specbench()
     if args.num_prompts is not None:
         if args.num_prompts < 1:
@@ -163,6 +214,10 @@ def cmd_record(args: argparse.Namespace) -> int:
         draft_k=args.draft_k,
         max_new_tokens=args.max_new_tokens,
         seed=args.seed,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        sampling=args.sampling,
         exspec_window=args.window,
         exspec_policy=args.policy,
         reference=not args.no_reference,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,13 +17,18 @@ from specviz.engine.inplace import LAYOUT as INPLACE_LAYOUT
 from specviz.engine.inplace import run_inplace
 from specviz.engine.kv import compact, compact_per_row_loop
 from specviz.engine.models import ModelPair
-from specviz.engine.reference import greedy_reference
+from specviz.engine.reference import sampled_reference
+from specviz.engine.rules import TokenRules
+from specviz.engine.sampling import SamplingParams
 from specviz.engine.step import Engine, Sequence
 from specviz.errors import SpecvizError
 from specviz.trace.recorder import NullRecorder, Recorder, new_header
-from specviz.trace.schema import METHODS, ModelInfo, SequenceRecord, Trace
+from specviz.trace.schema import METHODS, ModelInfo, SamplingInfo, SequenceRecord, Trace
+from specviz.trace.token_text import attach_token_text
 
-# progress(phase, done, total): phase is "reference" or "decode"; done/total count tokens.
+# progress(phase, done, total): "reference" counts prompts decoded at batch 1, "decode" counts tokens
+# emitted. Sequences that end early (EOS) never reach the token budget, so the last "decode" call
+# has done == total, the true count: a bar ends at 100%.
 Progress = Callable[[str, int, int], None]
 
 
@@ -45,6 +51,10 @@ class RunConfig:
     # Part of tracing: off with record_steps. The default keeps its cost small (benchmarks/kv_check_cost.py).
     kv_check_every: int = DEFAULT_KV_CHECK_EVERY
     per_row_loop_move: bool = False  # EQSPEC realigns with the reference's per-row loop (benchmarks only)
+    temperature: float = 0.0  # 0: greedy; > 0: sample (keyed by seed, sequence and position)
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k filter
+    sampling: str = "coupled"  # at temperature > 0: "coupled" (token-exact) or "rejection"
 
     def validate(self) -> None:
         if self.method not in METHODS:
@@ -67,6 +77,25 @@ class RunConfig:
             raise SpecvizError(f"unknown exspec policy {self.exspec_policy!r}")
         if self.exspec_window is not None and self.exspec_window < self.batch_size:
             raise SpecvizError("--window must be at least the batch size")
+        self._validate_sampling()
+
+    def _validate_sampling(self) -> None:
+        if self.sampling not in ("coupled", "rejection"):
+            raise SpecvizError(f"unknown --sampling {self.sampling!r}; choose coupled or rejection")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise SpecvizError(f"--temperature must be a finite number >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise SpecvizError(f"--top-p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise SpecvizError(f"--top-k must be >= 0 (0: off), got {self.top_k}")
+        if self.temperature == 0 and (self.top_p < 1 or self.top_k > 0 or self.sampling == "rejection"):
+            raise SpecvizError("--top-p, --top-k and --sampling rejection need --temperature > 0")
+
+    @property
+    def sampling_params(self) -> SamplingParams:
+        """Greedy at temperature 0; else the chosen sampling mode, keyed by `seed`."""
+        mode = "greedy" if self.temperature == 0 else self.sampling
+        return SamplingParams(mode, self.temperature, self.top_p, self.top_k, self.seed)
 
     @property
     def k(self) -> int:
@@ -151,15 +180,19 @@ def run(
         options={"exspec_window": config.window, "exspec_policy": config.exspec_policy}
         if config.method == "exspec"
         else {},
+        sampling=_sampling_info(config.sampling_params),
     )
     if config.method == "inplace":
         header.layout = INPLACE_LAYOUT  # per-row regions: no rectangular alignment to check
     recorder = Recorder(header) if config.record_steps else NullRecorder(header)
-    references: list[tuple[list[int], list[float]]] | None = [] if config.reference else None
+    params = config.sampling_params
+    # Rejection sampling is distribution-exact, not token-exact: no per-token reference exists.
+    want_reference = config.reference and params.mode != "rejection"
+    references: list[tuple[list[int], list[float]]] | None = [] if want_reference else None
     complete = True
     try:
         if references is not None:
-            greedy_references(pair, prompt_ids, config.max_new_tokens, progress, references)
+            greedy_references(pair, prompt_ids, config.max_new_tokens, progress, references, params)
     except KeyboardInterrupt:
         complete = False
     seqs = [Sequence(seq_id=i, prompt_ids=ids) for i, ids in enumerate(prompt_ids)]
@@ -180,6 +213,7 @@ def run(
         pad_id=pair.pad_token_id,
         device=pair.device,
         fault=fault,
+        rules=TokenRules(params),
         recorder=recorder,
         on_tokens=on_tokens,
         kv_check_every=config.kv_check_every if config.record_steps else 0,
@@ -206,6 +240,10 @@ def run(
     header.fault_events = engine.fault_events
     records = [_sequence_record(seq, prompts[seq.seq_id], pair, references) for seq in seqs]
     trace = recorder.finish(records, complete, decode_seconds)
+    # The tokenizer is at hand only here: every trace carries the text of its tokens.
+    attach_token_text(trace, pair.tokenizer)
+    if progress is not None and complete and 0 < emitted[0] < total:
+        progress("decode", emitted[0], emitted[0])  # sequences ended early: close the bar at its true count
     if failure is not None:
         raise RunFailed(trace, failure)
     if not complete:
@@ -235,15 +273,18 @@ def greedy_references(
     max_new_tokens: int,
     progress: Progress | None = None,
     out: list[tuple[list[int], list[float]]] | None = None,
+    params: SamplingParams | None = None,
 ) -> list[tuple[list[int], list[float]]]:
-    """The batch-1 greedy oracle (tokens, margins) per prompt.
+    """The batch-1 oracle (tokens, margins) per prompt: greedy, or coupled sampling with `params`.
 
-    `out` is filled in place, so a caller interrupted mid-way keeps the references finished so far.
+    Prompt i is sequence i, the key of its sampling noise. `out` is filled in place, so a caller
+    interrupted mid-way keeps the references finished so far.
     """
     out = [] if out is None else out
+    params = params or SamplingParams()
     eos = frozenset(pair.eos_token_ids)
     for i, ids in enumerate(prompt_ids):
-        out.append(greedy_reference(pair.target, ids, max_new_tokens, eos, pair.device))
+        out.append(sampled_reference(pair.target, ids, max_new_tokens, eos, pair.device, params, seq_id=i))
         if progress is not None:
             progress("reference", i + 1, len(prompt_ids))
     return out
@@ -264,6 +305,13 @@ def _sequence_record(
         reference_margins=ref_margins,
         finish_reason=seq.finish_reason,
     )
+
+
+def _sampling_info(params: SamplingParams) -> SamplingInfo | None:
+    """Greedy runs write no sampling field (as every trace before it); sampling runs all of it."""
+    if params.greedy:
+        return None
+    return SamplingInfo(params.mode, params.temperature, params.top_p, params.top_k, params.seed)
 
 
 def _versions() -> dict[str, str]:

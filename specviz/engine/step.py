@@ -14,8 +14,9 @@ accept, fill the draft cache), each a method with a small typed result:
    lacks after an all-accepted step. The baseline has no draft cache, so no draft plan.
 
 The caller applies the plans (EQSPEC realigns the batch, EXSPEC splits it back into the pool).
-Tokens are chosen by one rule, `select(logits) -> tokens` (greedy argmax by default), used by
-both the draft and the target, so verification compares like with like. Fault hooks
+Tokens are chosen by one set of rules, `Engine.rules` (`rules.py`: greedy by default, or coupled
+or rejection sampling keyed by (seed, seq_id, logical index)), used by both the draft and the
+target, so verification compares like with like. Fault hooks
 (`faults.py`) each override one decision inside one phase.
 """
 
@@ -31,20 +32,10 @@ import torch
 from specviz.engine.faults import Fault, SlotPlan
 from specviz.engine.kv import CachePlan, KVState, feed, leading_zeros
 from specviz.engine.kv_content import KVContentChecker
+from specviz.engine.rules import SampleKeys, TokenRules, agreeing_prefix
 from specviz.trace.recorder import NullRecorder, Recorder, StepObservation
 
-# logits [B, q, V] -> chosen tokens [B, q]
-TokenRule = Callable[[torch.Tensor], torch.Tensor]
-
-
-def greedy(logits: torch.Tensor) -> torch.Tensor:
-    """The default token rule: the most likely token at each slot."""
-    return logits.argmax(-1)
-
-
-def agreeing_prefix(drafts: torch.Tensor, target_tokens: torch.Tensor) -> torch.Tensor:
-    """Per row, how many leading drafts equal the target's choice at the same slot."""
-    return (drafts == target_tokens).long().cumprod(1).sum(1)
+__all__ = ["agreeing_prefix"]  # re-exported: the accept rule of greedy and coupled verification
 
 
 @dataclass
@@ -105,6 +96,7 @@ class Proposals:
     kv_len: torch.Tensor | None  # [B] attended draft slots at the first draft call; None: no draft
     cache_width: int  # draft cache slots before the first draft call
     seconds: float
+    logits: torch.Tensor | None = None  # [B, k, V] the draft's logits, kept only for rejection sampling
     call_kv_lens: torch.Tensor | None = None  # [B, k] attended draft slots before each draft call
 
     @property
@@ -170,7 +162,7 @@ class Engine:
     pad_id: int
     device: torch.device
     fault: Fault = field(default_factory=Fault)
-    select: TokenRule = greedy
+    rules: TokenRules = field(default_factory=TokenRules)
     recorder: Recorder | None = None
     on_tokens: Callable[[int], None] | None = None  # progress: tokens emitted this step
     step_index: int = 0
@@ -228,11 +220,15 @@ class Engine:
         committed = [s.committed for s in seqs]
 
         # 1-3. Draft (nothing for the baseline), verify and accept, write the results.
-        proposals = Proposals.none(pending) if batch.draft is None else self.propose(batch.draft, pending)
+        keys = SampleKeys(
+            seq_ids=torch.tensor([s.seq_id for s in seqs], device=self.device),
+            first=torch.tensor(committed, device=self.device),
+        )
+        proposals = Proposals.none(pending) if batch.draft is None else self.propose(batch.draft, pending, keys)
         if batch.draft is not None:
             believed = batch.draft.next_pos[:, None] + torch.arange(proposals.k, device=self.device)
             self._report_rows(proposals.positions.ne(believed).any(1), seqs, "draft fed positions off its count")
-        verification = self.verify(batch.target, pending, proposals, seqs)
+        verification = self.verify(batch.target, pending, proposals, seqs, keys)
         commit = self.commit(batch, proposals.tokens, verification)
         if self.kv_checker is not None:  # finished sequences no longer need their expected keys
             for seq in seqs:
@@ -272,37 +268,51 @@ class Engine:
 
     # ------------------------------------------------------------------ the phases
 
-    def propose(self, state: KVState, pending: torch.Tensor) -> Proposals:
-        """k draft tokens per row, one forward each on the draft's own cache."""
+    def propose(self, state: KVState, pending: torch.Tensor, keys: SampleKeys | None = None) -> Proposals:
+        """k draft tokens per row, one forward each on the draft's own cache.
+
+        `keys` name each row's sequence and next logical index, for keyed sampling (greedy ignores them).
+        """
         started = self.now()
         kv_len, cache_width = state.mask.sum(1), state.width
         tokens = pending[:, None]
-        drafted, fed_positions, call_kv_lens = [], [], []
+        drafted, fed_positions, kept_logits, call_kv_lens = [], [], [], []
         for j in range(self.k):
             positions = self.fault.draft_positions(self.fault.verify_positions(state.next_pos + j, state.width, 1))
             call_kv_lens.append(state.mask.sum(1, keepdim=True))  # the call's one query attends these
-            tokens = self.select(feed(self.draft, state, tokens, positions)[:, -1:])
+            logits = feed(self.draft, state, tokens, positions)[:, -1:]
+            tokens = self.rules.select(logits, keys, offset=j)
             drafted.append(tokens)
             fed_positions.append(positions)
+            if self.rules.keeps_draft_logits:
+                kept_logits.append(logits)
         return Proposals(
             tokens=torch.cat(drafted, dim=1),
             positions=torch.cat(fed_positions, dim=1),
             kv_len=kv_len,
             cache_width=cache_width,
             seconds=self.now() - started,
+            logits=torch.cat(kept_logits, dim=1) if kept_logits else None,
             call_kv_lens=torch.cat(call_kv_lens, dim=1),
         )
 
-    def verify(self, state: KVState, pending: torch.Tensor, proposals: Proposals, seqs: list[Sequence]) -> Verification:
-        """One target forward over [pending, d1..dk]; accept the drafts that agree with it."""
+    def verify(
+        self,
+        state: KVState,
+        pending: torch.Tensor,
+        proposals: Proposals,
+        seqs: list[Sequence],
+        keys: SampleKeys | None = None,
+    ) -> Verification:
+        """One target forward over [pending, d1..dk]; accept the drafts the token rules accept."""
         started = self.now()
         k, cache_len = proposals.k, state.width
         positions = self.fault.verify_positions(state.next_pos, cache_len, k + 1)
         correct = state.next_pos[:, None] + torch.arange(k + 1, device=self.device)
         self._report_rows(positions.ne(correct).any(1), seqs, "position IDs differ from the row's real-token count")
         query = torch.cat([pending[:, None], proposals.tokens], dim=1)
-        target_tokens = self.select(feed(self.target, state, query, positions))
-        matched = agreeing_prefix(proposals.tokens, target_tokens[:, :k])
+        target_logits = feed(self.target, state, query, positions)
+        matched, target_tokens = self.rules.verify(proposals.tokens, proposals.logits, target_logits, keys)
         accepted = self.fault.accept(matched, k)
         self._report_rows(accepted != matched, seqs, "accepted a draft the target rejected")
         return Verification(

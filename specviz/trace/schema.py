@@ -92,6 +92,22 @@ class ModelInfo:
 
 
 @dataclass
+class SamplingInfo:
+    """Schema version 2, optional: how tokens were chosen (absent or null: greedy).
+
+    `coupled`: draft and target sample with noise keyed by (seed, seq_id, logical index), so the
+    output is token-exact against the coupled batch-1 reference. `rejection`: speculative
+    rejection sampling, distribution-exact only (the reference is not recorded).
+    """
+
+    mode: str  # "greedy" | "coupled" | "rejection"
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k filter
+    seed: int = 0
+
+
+@dataclass
 class Header:
     schema_version: int
     method: str
@@ -118,6 +134,12 @@ class Header:
     # version-1 file) adds the rectangular-alignment rule; "unspecified" (watched engines) gets
     # only the layout-free invariants.
     layout: str = "left-padded"
+    sampling: SamplingInfo | None = None  # schema version 2: None (and absent) means greedy
+    # Schema version 2, optional: the text of every token ID the trace uses, `{"<id>": "<text>"}`
+    # (JSON keys are strings), written by whoever held the tokenizer, so views and `check` show
+    # text without it. Empty (and absent): IDs only. Version-2 files of an earlier draft kept it
+    # in `options["token_text"]`, which readers still accept.
+    token_text: dict[str, str] = field(default_factory=dict)
 
 
 LAYOUTS = ("left-padded", "fixed-slots", "unspecified")  # fixed-slots: per-row regions (inplace)
