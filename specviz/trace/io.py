@@ -143,6 +143,8 @@ def _refuse_constant(name: str) -> Any:
 def parse_trace_bytes(raw: bytes, source: str = "<bytes>") -> Trace:
     if raw[:2] == GZIP_MAGIC:
         raw = _gunzip_bounded(raw, Path(source))
+    elif len(raw) > MAX_JSON_BYTES:  # bytes from memory (an upload) get the file limit too
+        raise TraceError(f"{source}: {len(raw)} bytes of JSON, over the {MAX_JSON_BYTES} byte limit")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
