@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -181,7 +182,7 @@ def _malformed_files(root: Path) -> dict[str, Path]:
         "wrong type": good.replace('"draft_k":2', '"draft_k":"2"', 1).encode(),
         "extra field": good.replace('"draft_k":2', '"draft_k":2,"surprise":1', 1).encode(),
         "negative length": good.replace('"cache_len":', '"cache_len":-5,"x":', 1).encode(),
-        "newer version": good.replace('"schema_version":1', '"schema_version":99', 1).encode(),
+        "newer version": re.sub(r'"schema_version":\d+', '"schema_version":99', good, count=1).encode(),
         "bomb": gzip.compress(b" " * (300 * 1024 * 1024)),
         "a png": b"\x89PNG\r\n\x1a\n" + b"\x00" * 64,
     }
