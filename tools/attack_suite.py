@@ -309,18 +309,28 @@ class Result:
 
 
 class Suite:
-    def __init__(self, server: Server, probe: Probe, timeout: float) -> None:
-        self.server = server
-        self.probe = probe
+    def __init__(self, start: Callable[[], Server], timeout: float) -> None:
+        self.start = start
+        self.server = start()
+        self.server.wait_up()
+        self.probe = Probe(self.server.url)
         self.timeout = timeout
         self.results: list[Result] = []
+        self.leftovers = 0
+
+    def restart(self) -> None:
+        """An attack killed the server (an old checkout): a fresh one for the next attack."""
+        self.probe.stop()
+        self.leftovers += self.server.leftover_files()
+        self.server.stop()
+        self.server = self.start()
+        self.server.wait_up()
+        self.probe = Probe(self.server.url)
 
     def run(self, name: str, attack: Callable[[Result], str]) -> Result:
         result = Result(name)
         if not self.server.alive():
-            result.outcome = "server gone"
-            self.results.append(result)
-            return result
+            self.restart()
         base = self.server.rss()
         self.server.peak = base
         self.probe.start()
@@ -473,11 +483,10 @@ def main() -> int:
     timeout = args.timeout or (40 if args.quick else 180)
     wanted = set((args.only or "uploads,session,html,models,flood").split(","))
     folder = Path(tempfile.mkdtemp(prefix="specviz-attack-files-"))
-    server = Server(args.root.resolve(), args.kill_gb * 1024, public=True)
     started = time.time()
+    suite = Suite(lambda: Server(args.root.resolve(), args.kill_gb * 1024, public=True), timeout)
+    server = suite.server
     try:
-        server.wait_up()
-        suite = Suite(server, Probe(server.url), timeout)
         if "uploads" in wanted:
             attack_uploads(suite, folder, args.quick)
         if "session" in wanted:
@@ -488,12 +497,14 @@ def main() -> int:
             attack_models(suite)
         if "flood" in wanted:
             attack_flood(suite, 12 if args.quick else 65)
-        leftovers = server.leftover_files()
+        server = suite.server
+        leftovers = suite.leftovers + server.leftover_files()
         files = (p for p in server.temp.rglob("*") if p.is_file())
         left = sorted((str(p.relative_to(server.temp)), p.stat().st_size) for p in files)
         print("files left:", left)
     finally:
-        server.stop()
+        suite.probe.stop()
+        suite.server.stop()
         shutil.rmtree(folder, ignore_errors=True)
     report = {
         "root": str(args.root),
