@@ -1,9 +1,11 @@
 """EXSPEC: a pool of sequences with their own caches, batched by equal length when possible.
 
-Each sequence keeps single-row target and draft caches. Every step picks up to B sequences from
-a sliding window over the unfinished ones; sequences of equal committed length stack with no
-padding and no realignment. When no such group exists the step falls back to stacking mixed
-lengths with left padding (EQSPEC-style). After the step the batch is split back into the pool.
+Each sequence keeps its target and draft KV in one row of a persistent pool (`pool.py`) for its
+whole life. Every step picks up to B sequences from a sliding window over the unfinished ones and
+gathers their rows into a batch; sequences of equal committed length need no padding. When no
+such group exists the step falls back to a batch of mixed lengths with left padding (EQSPEC-style).
+After the step the batch is rebuilt in one batched move and its rows are scattered back into the
+pool; when the next step picks the same group, the rebuilt batch is reused without a gather.
 
 Policies:
 - `reference`: the paper's: the first length in window order with at least B sequences, else
@@ -30,8 +32,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from specviz.engine.kv import KVState, leading_zeros, rebuild, split, stack
-from specviz.engine.step import Batch, Engine, Sequence
+from specviz.engine.kv import KVState, cache_layers, leading_zeros, rebuild
+from specviz.engine.pool import KVPool
+from specviz.engine.step import Batch, Engine, Sequence, StepOutcome
 
 POLICIES = ("reference", "largest", "converge")
 
@@ -89,56 +92,84 @@ def run_exspec(
     window_size: int,
     policy: str = "largest",
 ) -> dict[str, Any]:
-    from transformers import DynamicCache
-
     if window_size < batch_size:
         raise ValueError(f"exspec window ({window_size}) must be at least the batch size ({batch_size})")
-    target_states: dict[int, KVState] = {}
-    draft_states: dict[int, KVState] = {}
+    if not seqs:
+        return {"steps": 0, "grouped_steps": 0, "group_share": 0.0}
+    # Every admitted sequence keeps one row of each pool until it finishes; the window bounds how
+    # many are admitted at once. Rows are as wide as the longest sequence can get.
+    rows = min(window_size, len(seqs))
+    width = max(len(s.prompt_ids) for s in seqs) + engine.max_new_tokens + engine.k + 1
+    target_pool = KVPool(rows, width, engine.device)
+    draft_pool = KVPool(rows, width, engine.device) if engine.draft is not None else None
     queue = admission_order(seqs, policy)
     steps = grouped_steps = 0
     previous: list[int] | None = None
+    held: Batch | None = None  # the last step's batch, rebuilt: reused as is if the same group comes next
     while True:
         window = [s for s in queue if not s.done][:window_size]
         if not window:
             break
         for seq in window:
-            if seq.seq_id not in target_states:  # admitted: prefill alone, no padding
-                target_states[seq.seq_id] = engine.prefill(engine.target, [seq])
-                if engine.draft is not None:
-                    draft_states[seq.seq_id] = engine.prefill(engine.draft, [seq])
+            if seq.seq_id not in target_pool.row_of:  # admitted: prefill alone, no padding
+                target_pool.admit(seq.seq_id, engine.prefill(engine.target, [seq]))
+                if draft_pool is not None:
+                    draft_pool.admit(seq.seq_id, engine.prefill(engine.draft, [seq]))
         chosen = select_group(window, batch_size, policy)
         grouped = len({s.committed for s in chosen}) == 1
         ids = [s.seq_id for s in chosen]
         align_started = engine.now()
-        target = stack([target_states.pop(i) for i in ids], DynamicCache)
-        draft = stack([draft_states.pop(i) for i in ids], DynamicCache) if engine.draft is not None else None
+        if held is not None and [s.seq_id for s in held.seqs] == ids:
+            target, draft = held.target, held.draft  # the pool already holds them too; no gather
+        else:
+            target = target_pool.take(ids)
+            draft = draft_pool.take(ids) if draft_pool is not None else None
         batch = Batch(chosen, target, draft, batch_id=0, grouped=grouped)
         batch.regrouped = previous is not None and ids != previous
         previous = ids
-        stack_s = engine.now() - align_started
+        take_s = engine.now() - align_started
         outcome = engine.step(batch)
-        outcome.started -= stack_s  # the stacking belongs to this step's alignment time
-        align_started = engine.now() - stack_s
-        rows = outcome.active_rows
-        new_target = rebuild(batch.target, rows, outcome.target_plan)
-        new_draft = None
-        if draft is not None and outcome.draft_plan is not None:
-            new_draft = rebuild(draft, rows, outcome.draft_plan)
+        outcome.started -= take_s  # gathering the group belongs to this step's alignment time
+        align_started = engine.now() - take_s
+        held = _return_to_pools(batch, outcome, target_pool, draft_pool)
         left_pad_after: list[int | None] = [None] * len(chosen)
-        target_parts = split(new_target, DynamicCache)
-        draft_parts = split(new_draft, DynamicCache) if new_draft is not None else []
-        for new_row, old_row in enumerate(rows.tolist()):
-            seq_id = chosen[old_row].seq_id
-            target_states[seq_id] = target_parts[new_row]
-            left_pad_after[old_row] = _pad(target_parts[new_row])
-            if draft_parts:
-                draft_states[seq_id] = draft_parts[new_row]
+        for old_row in outcome.active_rows.tolist():
+            left_pad_after[old_row] = 0  # a pool row holds no padding of its own
         engine.finish_step(outcome, left_pad_after, align_started)
         steps += 1
         grouped_steps += int(grouped)
     return {"steps": steps, "grouped_steps": grouped_steps, "group_share": grouped_steps / max(steps, 1)}
 
 
-def _pad(state: KVState) -> int:
-    return int(leading_zeros(state.mask)[0]) if state.width else 0
+def _return_to_pools(batch: Batch, outcome: StepOutcome, target_pool: KVPool, draft_pool: KVPool | None) -> Batch:
+    """Carry out the step's plans on the batch (one batched move), store the continuing rows back
+    in their pool rows, free the rows of finished sequences; returns the rebuilt batch."""
+    rows = outcome.active_rows
+    continuing = [batch.seqs[r] for r in rows.tolist()]
+    ids = [s.seq_id for s in continuing]
+    target = _trimmed(rebuild(batch.target, rows, outcome.target_plan))
+    target_pool.put(ids, target)
+    draft = None
+    if draft_pool is not None and batch.draft is not None and outcome.draft_plan is not None:
+        draft = _trimmed(rebuild(batch.draft, rows, outcome.draft_plan))
+        draft_pool.put(ids, draft)
+    for seq in batch.seqs:
+        if seq.done:
+            target_pool.release(seq.seq_id)
+            if draft_pool is not None:
+                draft_pool.release(seq.seq_id)
+    return Batch(continuing, target, draft, batch_id=0)
+
+
+def _trimmed(state: KVState) -> KVState:
+    """Drop the leading slots every row masks, as a gather from the pool would (views, no copy)."""
+    drop = int(leading_zeros(state.mask).min()) if state.batch_size and state.width else 0
+    if drop == 0:
+        return state
+    mask = state.mask[:, drop:]
+    if state.cache is not None:
+        if mask.shape[1] == 0:
+            return KVState(cache=None, mask=mask, next_pos=state.next_pos)
+        for layer in cache_layers(state.cache):
+            layer.keys, layer.values = layer.keys[:, :, drop:], layer.values[:, :, drop:]
+    return KVState(cache=state.cache, mask=mask, next_pos=state.next_pos)
