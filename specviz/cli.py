@@ -57,7 +57,7 @@ class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows every default, except an unset one (None) or a flag's False, which say nothing."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default in (None, False):
+        if action.default is None or action.default is False:  # identity: 0 is a default worth showing
             return action.help
         return super()._get_help_string(action)
 
@@ -66,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     from specviz.engine.exspec import POLICIES
     from specviz.engine.faults import FAULTS
     from specviz.threads import add_threads_argument
+    from specviz.trace.schema import METHODS
 
     parser = _Parser(prog="specviz", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -77,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the trace of every verify step, with the text of its tokens.",
         formatter_class=_DefaultsFormatter,  # every option shows its default
     )
-    rec.add_argument("--method", choices=["baseline", "eqspec", "exspec"], default="eqspec", help="decoding method")
+    rec.add_argument("--method", choices=list(METHODS), default="eqspec", help="decoding method")
     rec.add_argument("--fault", choices=sorted(FAULTS), default=None, help="inject a known bug")
     rec.add_argument("--target", default=None, help="target model: local path or hub id (default: embedded)")
     rec.add_argument("--draft", default=None, help="draft model: local path or hub id (default: embedded)")
@@ -104,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--window", type=int, default=None, help="exspec sliding window (default 6 x batch)")
     rec.add_argument("--policy", choices=POLICIES, default="converge", help="exspec grouping policy")
     rec.add_argument("--no-reference", action="store_true", help="skip the batch-1 oracle (greedy or sampled)")
+    rec.add_argument(
+        "--no-warm-up", action="store_true", help="CUDA: time the first (cold) decode; the header says warm: false"
+    )
     rec.add_argument(
         "--kv-check-every",
         type=int,
@@ -196,6 +200,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     from specviz.data import load_prompts_file, load_specbench
     from specviz.engine.models import load_pair
     from specviz.engine.run import RunConfig, RunFailed, RunInterrupted, run
+    from specviz.engine.warm import mark_warm, needs_warm_up, warm_up
     from specviz.threads import set_threads
     from specviz.trace.io import save_trace
 
@@ -236,14 +241,19 @@ def cmd_record(args: argparse.Namespace) -> int:
 
     def progress(phase: str, done: int, total: int) -> None:
         if phase not in bars:
-            unit = "prompt" if phase == "reference" else "tok"
+            unit = "prompts" if phase == "reference" else "tokens"  # what `done` counts (engine.run.Progress)
             bars[phase] = tqdm(total=total, desc=phase, unit=unit, file=sys.stderr, leave=False)
         bar = bars[phase]
+        if total != bar.total:  # sequences ended early: the run closes the bar at its true count
+            bar.total = total
         bar.update(done - bar.n)
 
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
+        # CUDA: time a warm run (the first decode of a process is mostly start-up); the header says so.
+        warm_s = warm_up(pair, prompts, config) if needs_warm_up(pair) and not args.no_warm_up else None
         trace = run(pair, prompts, config, progress=progress)
+        mark_warm(trace, pair, warm_s)
         status = 0
     except RunInterrupted as interrupted:
         trace = interrupted.trace

@@ -221,7 +221,8 @@ def test_token_text_travels_with_the_trace(traces: dict[str, Trace]) -> None:
     trace = traces["eqspec"]
     texts = token_texts(trace)
     assert texts and all(isinstance(v, str) for v in texts.values())
-    assert set(trace.header.options[TOKEN_TEXT_KEY]) == {str(t) for t in texts}
+    assert set(trace.header.token_text) == {str(t) for t in texts}
+    assert TOKEN_TEXT_KEY not in trace.header.options  # one place only
     assert token_label({}, 42) == "#42" and token_label({7: "a\nb"}, 7) == "a↵b"
 
 
@@ -320,7 +321,7 @@ def test_two_thousand_slot_cache_is_windowed() -> None:
 
 def test_outputs_without_token_text_fall_back_to_ids_and_recorded_text(traces: dict[str, Trace]) -> None:
     trace = copy.deepcopy(traces["extra-accept"])
-    del trace.header.options[TOKEN_TEXT_KEY]
+    trace.header.token_text = {}
     seq = trace.sequences[0]
     html = outputs_html(RunOutputs("A", trace, check_trace(trace)), per_page=len(trace.sequences))
     assert f">#{seq.output_ids[0]}<" in html

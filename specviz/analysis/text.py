@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from specviz.analysis.check import CONTEXT_TOKENS
 from specviz.analysis.metrics import acceptance, summary
 from specviz.analysis.report import Report
 from specviz.trace.naming import run_title
 from specviz.trace.schema import Trace
+from specviz.trace.token_text import token_label, token_texts
 
 MAX_SEQUENCES_SHOWN = 20
 
@@ -37,16 +39,18 @@ def render_report(trace: Trace, report: Report) -> str:
     for note in report.skipped_checks:
         lines.append(f"skipped: {note}")
     diverged = [s for s in report.sequences if s.first_divergence is not None]
+    texts = token_texts(trace)
     if diverged:
         lines.append(f"divergences ({len(diverged)}):")
         for s in diverged[:MAX_SEQUENCES_SHOWN]:
             margin = f"{s.margin:.4g}" if s.margin is not None else "n/a"
             lines.append(
-                f"  seq {s.seq_id}: token {s.first_divergence} (step {s.divergence_step}) "
+                f"  seq {s.seq_id}: output position {s.first_divergence} (step {s.divergence_step}) "
                 f"{s.verdict}, reference margin {margin}"
             )
-            lines.append(f"    output:    {s.context_output}")
-            lines.append(f"    reference: {s.context_reference}")
+            at = s.first_divergence - max(0, s.first_divergence - CONTEXT_TOKENS)
+            lines.append(f"    output:    {context_text(texts, s.context_output, at)}")
+            lines.append(f"    reference: {context_text(texts, s.context_reference, at)}")
         if len(diverged) > MAX_SEQUENCES_SHOWN:
             lines.append(f"  ... and {len(diverged) - MAX_SEQUENCES_SHOWN} more (use --json)")
     info = summary(trace)
@@ -62,3 +66,17 @@ def render_report(trace: Trace, report: Report) -> str:
     if info["tokens_per_second"]:
         lines.append(f"throughput: {info['tokens_per_second']:.1f} tok/s over {info['decode_seconds']:.2f} s")
     return "\n".join(lines)
+
+
+def context_text(texts: dict[int, str], tokens: list[int], divergent: int) -> str:
+    """Tokens around a divergence as text, the divergent one in brackets, then their IDs.
+
+    Without a piece table in the trace (`header.token_text`) only the IDs can be shown.
+    """
+    ids = str(tokens)
+    if not texts:
+        return ids
+    pieces = [token_label(texts, t) for t in tokens]
+    if 0 <= divergent < len(pieces):
+        pieces[divergent] = f"[{pieces[divergent]}]"
+    return f"{''.join(pieces)!r}  ids {ids}"

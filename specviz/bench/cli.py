@@ -20,7 +20,7 @@ from specviz.bench.measure import run_bench
 from specviz.bench.render import render_markdown, write_outputs
 from specviz.bench.settings import ARMS, QUICK, BenchSettings
 from specviz.engine.faults import FAULTS
-from specviz.errors import SpecvizError
+from specviz.threads import add_threads_argument, set_threads
 
 # Options that override a field of BenchSettings of the same name when given.
 SETTING_OPTIONS = (
@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="small matrix, under 3 minutes on 2 CPU cores")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object on stdout")
     parser.add_argument("--out", default=None, help="output folder (default runs/bench-<time>)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    add_threads_argument(parser)
     parser.add_argument(
         "--plotlyjs", choices=["inline", "cdn"], default="inline", help="plots.html: offline (4.8 MB) or CDN (small)"
     )
@@ -116,21 +116,13 @@ def warn_if_busy(device: torch.device) -> None:
         )
 
 
-def _set_threads(threads: int | None) -> None:
-    if threads is None:
-        return
-    if threads < 1:
-        raise SpecvizError("--threads must be at least 1")
-    torch.set_num_threads(threads)
-
-
 def run_from_args(args: argparse.Namespace) -> int:
     """Run the bench the options describe, write its outputs, print markdown or JSON; the exit status."""
     from specviz.data import load_specbench
     from specviz.engine.models import load_pair
 
     settings = settings_from_args(args)
-    _set_threads(args.threads)
+    set_threads(args.threads)
     # Local time in the folder name: it is for the person looking for today's run.
     out = Path(args.out) if args.out else Path("runs") / f"bench-{_dt.datetime.now():%Y%m%d-%H%M%S}"
     pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype)

@@ -9,7 +9,10 @@ Public API (documented in the README):
 Columns are the per-row fields of `docs/trace-format.md`, the step fields they belong to
 (`cache_len`, `query_len`, timings), and three derived ones: `num_emitted`, `first_position` (the
 position fed to the pending token) and `expected_first_position` (its logical index,
-`committed_before - 1`). The column list is part of the API: columns are added, never renamed.
+`committed_before - 1`). The last four hold token text from the trace's piece table
+(`header.token_text`): `pending_text`, and `draft_text`, `target_text`, `emitted_text` as lists
+parallel to their ID lists; None where the trace has no text for an ID. The column list is part of
+the API: columns are added, never renamed.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import pandas as pd
 
 from specviz.trace.schema import Trace
+from specviz.trace.token_text import token_texts
 
 COLUMNS = [
     "step",
@@ -51,11 +55,20 @@ COLUMNS = [
     "verify_ms",
     "align_ms",
     "total_ms",
+    "pending_text",
+    "draft_text",
+    "target_text",
+    "emitted_text",
 ]
 
 
 def steps_frame(trace: Trace) -> pd.DataFrame:
     """One row per (step, batch row), columns `COLUMNS`, in trace order."""
+    texts = token_texts(trace)
+
+    def text_of(tokens: list[int]) -> list[str | None]:
+        return [texts.get(t) for t in tokens]
+
     records = []
     for step in trace.steps:
         for r in step.rows:
@@ -93,6 +106,10 @@ def steps_frame(trace: Trace) -> pd.DataFrame:
                     step.verify_ms,
                     step.align_ms,
                     step.total_ms,
+                    texts.get(r.pending_token),
+                    text_of(r.draft_tokens),
+                    text_of(r.target_tokens),
+                    text_of(r.emitted),
                 )
             )
     return pd.DataFrame.from_records(records, columns=COLUMNS)

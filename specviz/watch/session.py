@@ -120,6 +120,10 @@ class Watch:
         header = self._header(assembly, eos, complete)
         references = self._references(prompts, assembly.max_new_tokens, eos) if reference else None
         trace = Trace(header=header, steps=assembly.steps, sequences=self._sequences(prompts, assembly, references))
+        if self.tokenizer is not None:  # the piece table: readers of the trace show text, not IDs
+            from specviz.trace.token_text import attach_token_text
+
+            attach_token_text(trace, self.tokenizer)
         if self.out is not None:
             save_trace(trace, self.out)
         self.trace = trace

@@ -1,0 +1,39 @@
+"""How many CPU threads torch uses for `record` and `bench`.
+
+The models specviz runs on a CPU are small (the embedded pair, Gemma-3-270M): a matmul of one
+decode step is too short for several threads to pay their synchronisation, and on a machine that
+is busy with anything else torch's default (one thread per core) makes every thread wait for the
+slowest. Measured on 2 cores (docs in the README): the stale-kv example records in about the same
+time with 1 or 2 threads on an idle machine, and several times faster with 1 thread on a loaded
+one. So one thread is the default; `--threads N` asks for more, `--threads 0` keeps torch's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from specviz.errors import SpecvizError
+
+DEFAULT_THREADS = 1
+TORCH_DEFAULT = 0  # `--threads 0`: leave torch's own choice (one thread per physical core)
+
+
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=DEFAULT_THREADS,
+        help="torch CPU threads; 0 keeps torch's default (one per core). One is fastest for small models "
+        "and on a shared machine",
+    )
+
+
+def set_threads(threads: int | None) -> int:
+    """Apply `--threads` and return the count torch now uses; None or 0 keeps torch's default."""
+    import torch
+
+    if threads is not None and threads < 0:
+        raise SpecvizError(f"--threads must be 0 (torch's default) or more, got {threads}")
+    if threads:
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()

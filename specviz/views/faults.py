@@ -1,0 +1,61 @@
+"""What each injectable fault does, in one or two lines, for the places the UI names a fault.
+
+A plain dict keyed by fault name, so views never import the engine (and torch) to explain one;
+`tests/test_ux.py` checks that every fault of `specviz.engine.faults.FAULTS` has its line. The
+long form, with the invariant each breaks and the real bugs behind it, is `docs/faults.md`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specviz.views.safe_text import md_text
+
+FAULTS_DOC = Path(__file__).resolve().parents[2] / "docs" / "faults.md"
+# Served by the app (gr.set_static_paths on docs/): the same file a reader of the repo opens.
+FAULTS_DOC_URL = f"/gradio_api/file={FAULTS_DOC}"
+
+FAULT_DESCRIPTIONS: dict[str, str] = {
+    "uniform-advance": "every row advances its cache and positions by the batch's longest acceptance + 1, "
+    "not its own: rows that accepted fewer drafts get position gaps and stale KV.",
+    "column-positions": "position IDs are the padded tensor's column index, ignoring each row's left "
+    "padding: every padded row is fed positions too large from step 0.",
+    "masked-holes": "rejected drafts stay in the cache masked out while positions still count them: "
+    "holes inside the row and positions that run ahead.",
+    "pad-accumulation": "re-padding keeps the old padding, which becomes attended row content: "
+    "extra attended slots and drifting positions after a realignment.",
+    "stale-kv": "the cache is trimmed once for the batch (by the longest acceptance), so rows that "
+    "accepted fewer drafts still attend their rejected drafts' KV.",
+    "extra-accept": "verification accepts one draft past the first mismatch (off by one): a token the "
+    "target did not predict is emitted.",
+    "row-mixup": "after the batch is regrouped, a row's tokens are written to the next row's sequence.",
+    "missing-bonus-kv": "after an all-accepted step the draft never computes KV for its last token: "
+    "the draft cache is one short; outputs stay exact, acceptance drops.",
+    "draft-positions": "the draft is fed position IDs one past the right ones; the target verifies, "
+    "so outputs stay exact while acceptance drops.",
+    "kv-row-copy": "once, row 0's cached keys and values are overwritten with row 1's; masks and "
+    "counts look right, only the cache content is wrong.",
+}
+
+
+def fault_description(name: str | None) -> str:
+    """The one-liner for a fault name; empty for no fault, a plain note for an unknown one."""
+    if not name or name == "none":
+        return ""
+    return FAULT_DESCRIPTIONS.get(name, "a fault this version of specviz does not describe.")
+
+
+def fault_markdown(name: str | None) -> str:
+    """`Fault X: what it does (docs/faults.md)` as one Markdown line; empty for no fault."""
+    text = fault_description(name)
+    if not text:
+        return ""
+    # A known name is ours and goes in a code span; any other came from the file and is escaped.
+    shown = f"`{name}`" if name in FAULT_DESCRIPTIONS else md_text(name or "")
+    return f"**Fault {shown}**: {text} ([docs/faults.md]({FAULTS_DOC_URL}))"
+
+
+def faults_markdown() -> str:
+    """Every fault, one line each: shown beside the live run's fault picker."""
+    lines = [f"- `{name}`: {text}" for name, text in FAULT_DESCRIPTIONS.items()]
+    return "\n".join(lines) + f"\n\nMore, with the real bugs behind each: [docs/faults.md]({FAULTS_DOC_URL})."
