@@ -11,7 +11,7 @@ the first field over it.
 refused file costs only its parse. It is defensive about types: a wrong type is not its business
 (the field-by-field conversion reports it with a better message), it only counts what it can.
 
-The defaults hold 20x the largest run the project records (480 prompts x 128 new tokens at batch
+The defaults hold 5-20x the largest run the project records (480 prompts x 128 new tokens at batch
 16: 1,903 steps, 26,886 rows, 12 MB of JSON) and long-context traces of one million cache slots.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 @dataclass(frozen=True)
 class Budget:
     max_steps: int = 200_000
-    max_rows_per_step: int = 4096  # rows of one step: the batch
+    max_rows_per_step: int = 1024  # rows of one step: the batch (the grid draws every row)
     max_rows: int = 600_000  # rows summed over all steps
     max_cache_len: int = 1 << 20  # slots of one step's cache (a 1M-token context)
     max_query_len: int = 257  # k + 1 with k up to 256 drafts (per-sequence histograms are k + 1 long)
@@ -34,7 +34,9 @@ class Budget:
     max_mask_runs: int = 4_000_000  # runs summed over all rows
     max_sequences: int = 20_000
     max_sequence_tokens: int = 1 << 20  # prompt, output or reference of one sequence
-    max_cells: int = 40_000_000  # every stored list item: tokens, positions, margins, mask runs
+    max_cells: int = 8_000_000  # every stored list item: tokens, positions, margins, mask runs
+    # Fed positions index the grid's history (one entry each, ~240 bytes): 134k in a 480 x 128 run.
+    max_positions: int = 1_000_000
 
     @property
     def max_mask_length(self) -> int:
@@ -68,6 +70,7 @@ class _Walk:
         self.rows = 0
         self.runs = 0
         self.cells = 0
+        self.positions = 0
 
     def over(self, path: str, what: str, value: int, limit: int) -> None:
         if value > limit:
@@ -116,6 +119,8 @@ class _Walk:
             count = _length(row.get(name))
             self.over(f"{path}.{name}", "length", count, b.max_row_tokens)
             self.add_cells(f"{path}.{name}", count)
+        self.positions += _length(row.get("position_ids"))
+        self.over(f"{path}.position_ids", "position IDs in the trace so far", self.positions, b.max_positions)
         runs = row.get("mask_rle")
         if not isinstance(runs, list):
             return
