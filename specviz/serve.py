@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import ctypes.util
 import gc
@@ -176,6 +177,7 @@ class LiveFolder:
     def __init__(self, max_age_s: float = FILE_MAX_AGE_S) -> None:
         self.max_age_s = max_age_s
         self.path = Path(tempfile.mkdtemp(prefix="specviz-live-"))
+        atexit.register(self.remove)  # a stopped server leaves nothing in /tmp
 
     def new_file(self, name: str) -> Path:
         self.prune()
