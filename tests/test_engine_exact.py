@@ -183,14 +183,13 @@ def _tiny_gemma3(window: int):
     )
 
 
-def test_sliding_window_model_exact_below_its_window_and_refused_past_it() -> None:
-    from specviz.errors import SpecvizError
-
-    pair = _tiny_gemma3(window=64)
+def test_sliding_window_model_exact_below_and_past_its_window() -> None:
+    """Gemma-3 mixes sliding and full layers; tests/test_families.py covers more windowed families."""
+    pair = _tiny_gemma3(window=16)
     short = [p for p in PROMPTS if len(p) < 30]
     cfg = RunConfig(method="eqspec", batch_size=4, draft_k=3, max_new_tokens=16, reference=True)
     trace = run(pair, short, cfg)
     for seq in trace.sequences:
         assert seq.output_ids == seq.reference_ids
-    with pytest.raises(SpecvizError, match="sliding window"):
-        run(pair, ["m" * 80], RunConfig(method="eqspec", batch_size=1, draft_k=2, max_new_tokens=4))
+    past = run(pair, ["m" * 80, "ab"], RunConfig(method="eqspec", batch_size=2, draft_k=2, max_new_tokens=8))
+    assert all(seq.output_ids == seq.reference_ids for seq in past.sequences)

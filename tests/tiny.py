@@ -13,6 +13,11 @@ from specviz.engine.models import ModelPair
 
 VOCAB = 96
 FAMILIES = ("llama", "gpt2", "gpt_neox", "opt")
+# Different attention details: biases (qwen2), query/key norms (qwen3, olmo2), soft-capping and
+# mixed sliding/full layers (gemma2), mixture-of-experts layers (mixtral, qwen2_moe).
+MORE_FAMILIES = ("qwen2", "qwen3", "olmo2", "gemma2", "mixtral", "qwen2_moe")
+# Families with sliding-window layers, built with a window the test runs go past.
+WINDOW_FAMILIES = ("mistral", "gemma3", "gemma2", "qwen2", "starcoder2")
 
 
 class ToyTokenizer:
@@ -32,10 +37,12 @@ class ToyTokenizer:
         return {str(i): i for i in range(VOCAB)}
 
 
-def _config(family: str, layers: int, hidden: int):
+def _config(family: str, layers: int, hidden: int, window: int | None = None):
     import transformers as tf
 
     common = dict(vocab_size=VOCAB, bos_token_id=2, eos_token_id=1, pad_token_id=0)
+    if family in _MORE:
+        return _MORE[family](tf, layers, hidden, window, common)
     if family == "llama":
         return tf.LlamaConfig(
             hidden_size=hidden,
@@ -74,11 +81,62 @@ def _config(family: str, layers: int, hidden: int):
     raise ValueError(family)
 
 
-def build(family: str, layers: int, hidden: int = 64, seed: int = 0) -> torch.nn.Module:
+def _llama_like(hidden: int, layers: int) -> dict:
+    return dict(
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
+
+
+def _alternating(layers: int) -> list[str]:
+    """Sliding first, then full, alternating (Gemma 2's pattern)."""
+    return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+
+
+# family -> (transformers module, layers, hidden, window or None, common kwargs) -> config
+_MORE = {
+    "qwen2": lambda tf, n, h, w, c: tf.Qwen2Config(
+        **_llama_like(h, n), use_sliding_window=w is not None, sliding_window=w, max_window_layers=1, **c
+    ),
+    "qwen3": lambda tf, n, h, w, c: tf.Qwen3Config(**_llama_like(h, n), head_dim=16, **c),
+    "olmo2": lambda tf, n, h, w, c: tf.Olmo2Config(**_llama_like(h, n), **c),
+    "gemma2": lambda tf, n, h, w, c: tf.Gemma2Config(
+        **_llama_like(h, n),
+        head_dim=16,
+        sliding_window=w or 4096,
+        layer_types=_alternating(n),
+        attn_logit_softcapping=5.0,
+        final_logit_softcapping=3.0,
+        **c,
+    ),
+    "gemma3": lambda tf, n, h, w, c: tf.Gemma3TextConfig(
+        **_llama_like(h, n), head_dim=16, sliding_window=w or 4096, layer_types=_alternating(n), **c
+    ),
+    "mixtral": lambda tf, n, h, w, c: tf.MixtralConfig(
+        **_llama_like(h, n), num_local_experts=4, num_experts_per_tok=2, sliding_window=w, **c
+    ),
+    "qwen2_moe": lambda tf, n, h, w, c: tf.Qwen2MoeConfig(
+        **_llama_like(h, n),
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=h,
+        shared_expert_intermediate_size=h,
+        **c,
+    ),
+    "mistral": lambda tf, n, h, w, c: tf.MistralConfig(**_llama_like(h, n), sliding_window=w, **c),
+    "starcoder2": lambda tf, n, h, w, c: tf.Starcoder2Config(**_llama_like(h, n), sliding_window=w, use_bias=True, **c),
+}
+
+
+def build(family: str, layers: int, hidden: int = 64, seed: int = 0, window: int | None = None) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(_config(family, layers, hidden))
+    model = AutoModelForCausalLM.from_config(_config(family, layers, hidden, window))
     return model.float().eval()
 
 
@@ -97,14 +155,14 @@ def noisy_draft(target: torch.nn.Module, alpha: float = 0.15, seed: int = 7) -> 
     return draft.eval()
 
 
-def make_pair(family: str = "llama", eos: int = 1, pad: int = 0, seed: int = 0) -> ModelPair:
-    target = build(family, 3, seed=seed)
+def make_pair(family: str = "llama", eos: int = 1, pad: int = 0, seed: int = 0, window: int | None = None) -> ModelPair:
+    target = build(family, 3, seed=seed, window=window)
     draft = noisy_draft(target)
     return ModelPair(
         target=target,
         draft=draft,
         tokenizer=ToyTokenizer(pad, eos),
-        target_name=f"tiny-{family}",
+        target_name=f"tiny-{family}" + (f"-window{window}" if window else ""),
         draft_name=f"tiny-{family}-draft",
         eos_token_ids=[eos],
         pad_token_id=pad,

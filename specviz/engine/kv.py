@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from specviz.engine.window import full_cache, uses_window_masks, window_masks
 from specviz.errors import SpecvizError
 
 
@@ -63,7 +64,9 @@ def cache_layers(cache: Any) -> list[Any]:
 
 
 def _sync_sliding(cache: Any, width: int) -> None:
-    """Sliding-window layers (Gemma-3) are accepted only while `width` slots fit in their window.
+    """Sliding cache layers, left only for models `window.py` cannot mask, fit only within their window.
+
+    (`run` refuses such a model up front when the run could reach its window; this is the guard.)
 
     Below its window such a layer keeps every slot, like a full layer. But HF sizes its mask from
     the layer's `cumulative_length`, which our slot moves (compact/stack/split) do not update, so
@@ -104,10 +107,15 @@ def feed(
     if query_mask is None:
         query_mask = torch.ones(batch, q, dtype=state.mask.dtype, device=state.mask.device)
     fed_mask = torch.cat([state.mask, query_mask], dim=1)
+    attention: Any = fed_mask
+    if uses_window_masks(model):  # sliding windows counted per row in logical tokens, on a full cache
+        attention = window_masks(model, fed_mask, q)
+        if state.cache is None:
+            state.cache = full_cache()
     _sync_sliding(state.cache, fed_mask.shape[1])
     out = model(
         input_ids=input_ids,
-        attention_mask=fed_mask,
+        attention_mask=attention,
         position_ids=positions,
         cache=state.cache,
         use_cache=True,

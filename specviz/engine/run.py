@@ -21,6 +21,7 @@ from specviz.engine.reference import sampled_reference
 from specviz.engine.rules import TokenRules
 from specviz.engine.sampling import SamplingParams
 from specviz.engine.step import Engine, Sequence
+from specviz.engine.window import refusal as window_refusal
 from specviz.errors import SpecvizError
 from specviz.trace.recorder import NullRecorder, Recorder, new_header
 from specviz.trace.schema import METHODS, ModelInfo, SamplingInfo, SequenceRecord, Trace
@@ -163,6 +164,7 @@ def run(
         raise SpecvizError(f"method {config.method} needs a draft model")
     torch.manual_seed(config.seed)
     prompt_ids = tokenize_prompts(pair, prompts, config.max_new_tokens)
+    refuse_unmaskable_windows(pair, prompt_ids, config)
     eos = frozenset(pair.eos_token_ids)
     fault = make_fault(config.fault)
     header = new_header(
@@ -265,6 +267,19 @@ class RunFailed(SpecvizError):
     def __init__(self, trace: Trace, message: str) -> None:
         super().__init__(message)
         self.trace = trace
+
+
+def refuse_unmaskable_windows(pair: ModelPair, prompt_ids: list[list[int]], config: RunConfig) -> None:
+    """Before any compute: a sliding-window model the engine cannot mask per row, in a run that
+    could reach its window (longest prompt + new tokens + drafts in one row), is refused in one line."""
+    longest = max((len(ids) for ids in prompt_ids), default=0) + config.max_new_tokens + config.k
+    models = [(pair.target, pair.target_name)]
+    if config.k > 0 and pair.draft is not None:
+        models.append((pair.draft, pair.draft_name or "draft"))
+    for model, name in models:
+        line = window_refusal(model, name, longest)
+        if line is not None:
+            raise SpecvizError(line)
 
 
 def greedy_references(
