@@ -34,7 +34,7 @@ def pair():
 @functools.cache
 def small_result() -> bench.BenchResult:
     settings = BenchSettings(
-        arms=("baseline", "eqspec", "eqspec-loop", "exspec", "exspec-reference"),
+        arms=("baseline", "eqspec", "eqspec-loop", "exspec", "exspec-reference", "inplace"),
         batch_sizes=(1, 3),
         draft_ks=(2,),
         num_prompts=4,
@@ -47,7 +47,7 @@ def small_result() -> bench.BenchResult:
 
 def test_json_has_every_method_and_batch_size() -> None:
     payload = json.loads(json.dumps(small_result().to_json()))
-    assert set(payload["results"]) == {"baseline", "eqspec", "eqspec-loop", "exspec", "exspec-reference"}
+    assert set(payload["results"]) == {"baseline", "eqspec", "eqspec-loop", "exspec", "exspec-reference", "inplace"}
     for per_batch in payload["results"].values():
         assert set(per_batch) == {"1", "3"}
         for entry in per_batch.values():
@@ -118,6 +118,25 @@ def test_fault_arms_and_unknown_arms() -> None:
         resolve_arm("eqspec+no-such-fault")
     with pytest.raises(SpecvizError):
         BenchSettings(arms=("eqspec",)).validate()
+
+
+def test_tracing_is_paired_for_eqspec_and_inplace_and_timing_is_stated() -> None:
+    result = small_result()
+    assert set(result.tracing_by_arm) == {"eqspec", "inplace"} and result.tracing is result.tracing_by_arm["eqspec"]
+    payload = json.loads(json.dumps(result.to_json()))
+    assert set(payload["tracing_overhead_by_arm"]) == {"eqspec", "inplace"}
+    assert payload["timing"]["warm"] is True and payload["timing"]["timed_repeats"] == 2
+    assert payload["goals"]["inplace_alignment_share"]["met"] is not None
+    assert payload["goals"]["exspec_alignment_vs_eqspec"]["met"] is not None
+    inplace = result.cell("inplace", 3)
+    assert inplace is not None and inplace.exact_match == 1.0 and inplace.verdict == "clean"
+
+
+def test_cuda_drops_the_cold_first_repeat() -> None:
+    settings = BenchSettings(repeats=3, cuda=True)
+    assert list(settings.timed_repeats) == [1, 2] and list(BenchSettings(repeats=3).timed_repeats) == [0, 1, 2]
+    with pytest.raises(SpecvizError, match="repeats"):
+        BenchSettings(repeats=2, cuda=True).validate()
 
 
 def test_settings_from_args_quick_and_overrides() -> None:

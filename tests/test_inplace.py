@@ -41,7 +41,7 @@ def test_trace_declares_its_layout_and_checks_clean(tmp_path) -> None:
     assert load_trace(save_trace(trace, tmp_path / "t.json.gz")).header.layout == LAYOUT
 
 
-def test_no_cache_tensor_is_replaced_between_steps_until_a_row_finishes() -> None:
+def test_the_cache_is_never_reallocated() -> None:
     pair = pair_for("llama")
     seqs = [Sequence(i, pair.tokenizer(t)["input_ids"]) for i, t in enumerate(PROMPTS[:6])]
     engine = Engine(pair.target, pair.draft, 4, MAX_NEW, frozenset([1]), 0, pair.device)
@@ -56,9 +56,8 @@ def test_no_cache_tensor_is_replaced_between_steps_until_a_row_finishes() -> Non
 
     engine.step = spy
     run_inplace(engine, seqs, 6)
-    for (rows_a, ptr_a), (rows_b, ptr_b) in zip(seen, seen[1:]):
-        if rows_a == rows_b:
-            assert ptr_a == ptr_b, "slots moved while every row stayed"
+    assert len({ptr for _, ptr in seen[1:]}) == 1, "the cache was reallocated: slots moved"
+    assert len({rows for rows, _ in seen}) > 1, "rows finished on the way (the prefix shrank in place)"
 
 
 def test_mask_attends_prefix_and_causal_block_only() -> None:

@@ -17,6 +17,7 @@ from specviz.bench.machine import load_average, machine_info
 from specviz.bench.results import BenchResult, Sample, SampleKey, TracingResult, make_cells
 from specviz.bench.settings import (
     ARMS,
+    CUDA_MIN_REPEATS,
     WATCH_ARM,
     Arm,
     BenchSettings,
@@ -165,6 +166,15 @@ def _verdict(trace: Trace) -> str:
     return check_trace(trace).verdict
 
 
+def with_device(settings: BenchSettings, pair: ModelPair) -> BenchSettings:
+    """On CUDA the first repeat is dropped (cold), so at least `CUDA_MIN_REPEATS` run."""
+    if pair.device.type != "cuda":
+        return settings
+    if settings.repeats < CUDA_MIN_REPEATS:
+        print(f"specviz: CUDA: {CUDA_MIN_REPEATS} repeats (the first, cold, is dropped)", file=sys.stderr)
+    return replace(settings, cuda=True, repeats=max(settings.repeats, CUDA_MIN_REPEATS))
+
+
 def warm_up(pair: ModelPair, prompts: PromptSet, settings: BenchSettings) -> None:
     """One small untimed run per arm: first-call allocations and lazy imports stay out of the timings."""
     small = PromptSet(prompts.texts[:2], prompts.ids[:2], 0)
@@ -178,12 +188,14 @@ def run_matrix(
 ) -> dict[SampleKey, list[Sample]]:
     """Every job of every repeat; within a repeat, the arms of one batch size run back to back."""
     samples: dict[SampleKey, list[Sample]] = {}
+    first_timed = settings.timed_repeats.start
     for repeat in range(settings.repeats):
         for batch_size in settings.batch_sizes:
             for job in interleaved(jobs_for_batch(settings, batch_size), repeat):
                 trace = decode(pair, prompts, job.arm, job.batch_size, job.draft_k, settings)
-                check = settings.check and repeat == 0  # verdicts do not change between repeats
-                samples.setdefault(job.key, []).append(sample_trace(trace, prompts, check))
+                if repeat >= first_timed:  # on CUDA the first repeat warms every shape up, untimed
+                    check = settings.check and repeat == first_timed  # verdicts do not change between repeats
+                    samples.setdefault(job.key, []).append(sample_trace(trace, prompts, check))
                 if tick is not None:
                     tick(f"{job.arm.name} b={job.batch_size} k={job.draft_k}")
     return samples
@@ -191,21 +203,25 @@ def run_matrix(
 
 def measure_tracing(
     pair: ModelPair, prompts: PromptSet, settings: BenchSettings, tick: Tick | None = None
-) -> TracingResult | None:
-    """EQSPEC at the grouping batch with the recorder on and off, in alternating order per repeat."""
+) -> dict[str, TracingResult]:
+    """Each tracing arm (EQSPEC, INPLACE) at the grouping batch with the recorder on and off, after the
+    warm-up; every repeat runs all arms' pairs back to back, on/off order alternating per repeat."""
     if settings.tracing_repeats < 1:
-        return None
-    arm = ARMS["eqspec"]
+        return {}
     batch_size = settings.grouping_batch
-    result = TracingResult(arm.name, batch_size, settings.primary_k, [], [])
+    results = {
+        name: TracingResult(name, batch_size, settings.primary_k, [], []) for name in settings.measured_tracing_arms
+    }
     for repeat in range(settings.tracing_repeats):
         order = (False, True) if repeat % 2 == 0 else (True, False)
-        for record_steps in order:
-            trace = decode(pair, prompts, arm, batch_size, settings.primary_k, settings, record_steps)
-            (result.seconds_on if record_steps else result.seconds_off).append(float(trace.header.decode_seconds))
-            if tick is not None:
-                tick(f"tracing {'on' if record_steps else 'off'}")
-    return result
+        for name, result in results.items():
+            for record_steps in order:
+                trace = decode(pair, prompts, ARMS[name], batch_size, settings.primary_k, settings, record_steps)
+                seconds = float(trace.header.decode_seconds)
+                (result.seconds_on if record_steps else result.seconds_off).append(seconds)
+                if tick is not None:
+                    tick(f"tracing {name} {'on' if record_steps else 'off'}")
+    return results
 
 
 def measure_watch(
@@ -240,6 +256,7 @@ def run_bench(
     """The whole bench: oracle, warm-up, the timed grid, the tracing pairs, summarised into cells."""
     from tqdm import tqdm
 
+    settings = with_device(settings, pair)
     settings.validate()
     started = now_iso()
     machine = machine_info(pair)
@@ -267,6 +284,7 @@ def run_bench(
         settings=settings,
         prompts=prompts.describe(),
         cells=make_cells(settings, samples),
-        tracing=tracing,
+        tracing=tracing.get("eqspec") or next(iter(tracing.values()), None),
+        tracing_by_arm=tracing,
         watch=watched,
     )

@@ -65,6 +65,21 @@ def _goal_lines(goals: dict[str, Any]) -> list[str]:
         f"{_pct(align['value'])} (goal {align['goal']}): {verdict(align['met'])}",
         f"- tracing overhead: {_pct(tracing['value'])} (goal {tracing['goal']}): {verdict(tracing['met'])}",
     ]
+    for name, goal in goals.get("tracing_overhead_by_arm", {}).items():
+        lines.append(f"- tracing overhead, {name}: {_pct(goal['value'])} (goal {goal['goal']}): {verdict(goal['met'])}")
+    inplace = goals.get("inplace_alignment_share", {})
+    if inplace.get("met") is not None:
+        lines.append(
+            f"- alignment share, inplace at batch {inplace['batch_size']}: {_pct(inplace['value'])} "
+            f"(goal {inplace['goal']}): {verdict(inplace['met'])}"
+        )
+    ex_align = goals.get("exspec_alignment_vs_eqspec", {})
+    if ex_align.get("met") is not None:
+        lines.append(
+            f"- alignment ms/step at batch {ex_align['batch_size']}: exspec {ex_align['exspec_align_ms_per_step']:.2f} "
+            f"vs eqspec {ex_align['eqspec_align_ms_per_step']:.2f} (goal {ex_align['goal']}): "
+            f"{verdict(ex_align['met'])}"
+        )
     watch = goals.get("watch_overhead", {})
     if watch.get("met") is not None:
         lines.append(f"- watch overhead: {_pct(watch['value'])} (goal {watch['goal']}): {verdict(watch['met'])}")
@@ -98,6 +113,7 @@ def render_markdown(result: BenchResult) -> str:
         f"- prompts: {result.prompts['count']} SpecBench ({s.split}) prompts spread over the categories, "
         f"{result.prompts['prompt_tokens_mean']} tokens on average (max {result.prompts['prompt_tokens_max']}), "
         f"{result.prompts['skipped_too_long']} too long for the target left out; max new tokens {s.max_new_tokens}",
+        f"- timing: warm ({result.timing['warm_up']}), {len(s.timed_repeats)} timed repeats",
         f"- {s.repeats} repeats, arms interleaved; speedup = median over repeats of tok/s / baseline tok/s "
         f"(same batch size, same repeat); EXSPEC window = {s.window_factor} x batch; "
         f"exspec arm policy `{EXSPEC_POLICY}`",
@@ -109,14 +125,14 @@ def render_markdown(result: BenchResult) -> str:
         "## Tracing overhead",
         "",
     ]
-    if tracing is not None:
+    for tracing in result.tracing_by_arm.values() or ([result.tracing] if result.tracing else []):
         lines.append(
-            f"{tracing.arm}, batch {tracing.batch_size}, k={tracing.draft_k}, {len(tracing.seconds_on)} interleaved "
+            f"- {tracing.arm}, batch {tracing.batch_size}, k={tracing.draft_k}, {len(tracing.seconds_on)} interleaved "
             f"pairs: median on/off - 1 = {_pct(tracing.overhead)}, fastest on / fastest off - 1 = "
             f"{_pct(tracing.overhead_of_fastest)} (on {_seconds(tracing.seconds_on)}, "
             f"off {_seconds(tracing.seconds_off)})"
         )
-    else:
+    if tracing is None:
         lines.append("not measured")
     watched = result.watch
     if watched is not None:  # only with the eqspec-watched arm

@@ -15,6 +15,7 @@ from specviz.errors import SpecvizError
 EXSPEC_POLICY = "converge"  # the policy of the `exspec` arm; other policies get `exspec-<policy>`
 WATCH_ARM = "eqspec-watched"  # EQSPEC under `specviz.watch`; also measures the watch's overhead, paired
 GROUPING_BATCH = 8  # the paper's setting for group share: batch 8, window 6 x 8 = 48
+CUDA_MIN_REPEATS = 3  # on CUDA the first repeat is an untimed warm-up: at least 2 timed ones remain
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ ARMS: dict[str, Arm] = {
     "eqspec": Arm("eqspec", "eqspec"),
     "eqspec-loop": Arm("eqspec-loop", "eqspec", per_row_loop=True),
     "exspec": Arm("exspec", "exspec", policy=EXSPEC_POLICY),
+    "inplace": Arm("inplace", "inplace"),
     WATCH_ARM: Arm(WATCH_ARM, "eqspec", watched=True),
     **{f"exspec-{p}": Arm(f"exspec-{p}", "exspec", policy=p) for p in POLICIES if p != EXSPEC_POLICY},
 }
@@ -68,17 +70,19 @@ def resolve_arm(name: str) -> Arm:
 
 @dataclass
 class BenchSettings:
-    arms: tuple[str, ...] = ("baseline", "eqspec", "eqspec-loop", "exspec", "exspec-reference")
+    arms: tuple[str, ...] = ("baseline", "eqspec", "eqspec-loop", "exspec", "exspec-reference", "inplace")
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     draft_ks: tuple[int, ...] = (4, 2, 8)  # the first is the one `results` in the JSON reports
     num_prompts: int = 96
     max_new_tokens: int = 64
     repeats: int = 3
     tracing_repeats: int = 5  # also the watched/unwatched pairs when the eqspec-watched arm runs
+    tracing_arms: tuple[str, ...] = ("eqspec", "inplace")  # recorder on vs off, for those of them in `arms`
     window_factor: int = 6  # EXSPEC window = factor x batch size (the paper: 48 at batch 8)
     split: str = "all"
     seed: int = 0
     check: bool = True  # run the invariant checker on each cell's first repeat (verdicts)
+    cuda: bool = False  # set by the bench from the device: the first repeat is dropped (cold)
 
     def validate(self) -> None:
         for name in self.arms:
@@ -93,6 +97,19 @@ class BenchSettings:
             raise SpecvizError("--num-prompts, --max-new-tokens and --repeats must be at least 1")
         if self.window_factor < 1:
             raise SpecvizError("--window-factor must be at least 1")
+        if self.cuda and self.repeats < CUDA_MIN_REPEATS:
+            raise SpecvizError(
+                f"on CUDA the bench drops its first repeat (cold): --repeats must be >= {CUDA_MIN_REPEATS}"
+            )
+
+    @property
+    def timed_repeats(self) -> range:
+        """The repeats that count: on CUDA the first is a warm-up over the run's shapes and is dropped."""
+        return range(1 if self.cuda else 0, self.repeats)
+
+    @property
+    def measured_tracing_arms(self) -> tuple[str, ...]:
+        return tuple(a for a in self.tracing_arms if a in self.arms)
 
     @property
     def primary_k(self) -> int:
@@ -110,7 +127,7 @@ class BenchSettings:
 
 
 QUICK = BenchSettings(
-    arms=("baseline", "eqspec", "eqspec-loop", "exspec"),
+    arms=("baseline", "eqspec", "eqspec-loop", "exspec", "inplace"),
     batch_sizes=(1, 8, 32),
     draft_ks=(4,),
     num_prompts=32,
@@ -150,5 +167,5 @@ def interleaved(jobs: list[Job], repeat: int) -> list[Job]:
 def count_runs(settings: BenchSettings) -> int:
     """Timed decodes in a whole bench (the progress bar's total, with the references)."""
     per_batch = 1 + (len(settings.arms) - 1) * len(settings.draft_ks)
-    paired = 2 if WATCH_ARM in settings.arms else 1  # tracing on/off, and watched/unwatched
+    paired = len(settings.measured_tracing_arms) + (1 if WATCH_ARM in settings.arms else 0)  # on/off pairs
     return settings.repeats * len(settings.batch_sizes) * per_batch + 2 * paired * settings.tracing_repeats

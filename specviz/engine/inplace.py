@@ -12,9 +12,10 @@ n - 1 tokens in slots 0 .. n-2; every forward writes its query block at the row'
   the next step's query block overwrites them;
 - positions are logical indices, fed explicitly, as in every method.
 
-Shapes are static between steps (B, width, the query length), which is what CUDA graphs need. The
-only copy left is the batch dimension shrinking when rows finish (`Slots.keep_rows`), once per
-finishing event, never per step.
+Shapes are static between steps (B, width, the query length), which is what CUDA graphs need.
+When rows finish, the batch keeps running on a prefix of its rows: each finished row inside the
+new prefix takes in one surviving row from past it (`Slots.fill_holes`), so over a batch's whole
+life at most B rows are copied, once each, and the prefix is a view, never a copy.
 
 For the recorder the layout is described logically: a step's fed mask row is the row's region
 (`width` slots, the first n - 1 attended) followed by the query block, so `kv_len`, `mask_rle` and
@@ -60,9 +61,10 @@ class SlotLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         index = self.slots.write_index(key_states.shape)
-        self.keys.scatter_(2, index, key_states)
-        self.values.scatter_(2, index, value_states)
-        return self.keys, self.values  # the whole region: the 4-D mask says which slots count
+        keys, values = self.keys[: self.slots.active], self.values[: self.slots.active]  # views
+        keys.scatter_(2, index, key_states)
+        values.scatter_(2, index, value_states)
+        return keys, values  # the whole region: the 4-D mask says which slots count
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.slots.width, 0
@@ -77,8 +79,9 @@ class SlotLayer(CacheLayerMixin):
 class Slots(Cache):
     """A cache of `SlotLayer`s sharing one write plan: where each row's next query block goes."""
 
-    def __init__(self, num_layers: int, width: int) -> None:
+    def __init__(self, num_layers: int, width: int, active: int) -> None:
         self.width = width
+        self.active = active  # rows 0 .. active-1 hold the batch's unfinished sequences
         self.write_at: torch.Tensor | None = None  # [B, q] slot of each query token, set per forward
         super().__init__(layers=[SlotLayer(self) for _ in range(num_layers)])
 
@@ -87,12 +90,14 @@ class Slots(Cache):
         batch, heads, q, dim = shape
         return self.write_at[:, None, :, None].expand(batch, heads, q, dim)
 
-    def keep_rows(self, rows: torch.Tensor) -> None:
-        """Finished rows leave: the batch dimension shrinks (the one copy this layout makes)."""
-        for layer in self.layers:
-            if layer.is_initialized:
-                layer.keys = layer.keys.index_select(0, rows)
-                layer.values = layer.values.index_select(0, rows)
+    def fill_holes(self, holes: torch.Tensor, movers: torch.Tensor, active: int) -> None:
+        """Copy rows `movers` into rows `holes` (finished ones), then run on the first `active` rows."""
+        if len(holes):
+            for layer in self.layers:
+                if layer.is_initialized:
+                    layer.keys.index_copy_(0, holes, layer.keys.index_select(0, movers))
+                    layer.values.index_copy_(0, holes, layer.values.index_select(0, movers))
+        self.active = active
 
 
 @dataclass
@@ -165,7 +170,7 @@ def prefill_slots(engine: Engine, model: Any, seqs: list[Sequence], width: int) 
     contexts = [(s.prompt_ids + s.output_ids)[:-1] for s in seqs]
     lengths = torch.tensor([len(c) for c in contexts], device=device)
     state = SlotState(
-        cache=Slots(num_layers(model), width),
+        cache=Slots(num_layers(model), width, len(seqs)),
         mask=torch.zeros(len(seqs), width, dtype=torch.long, device=device),
         next_pos=lengths.clone(),
         lengths=torch.zeros_like(lengths),
@@ -186,17 +191,33 @@ def settled(state: SlotState, lengths: torch.Tensor, next_pos: torch.Tensor) -> 
     return SlotState(cache=state.cache, mask=region_mask(lengths, width), next_pos=next_pos, lengths=lengths)
 
 
-def apply_plan(state: SlotState, rows: torch.Tensor, plan: CachePlan) -> SlotState:
+def new_order(rows: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """Where the continuing `rows` (ascending) go so they fill a prefix: each finished row inside
+    the prefix takes the next continuing row from past it. Returns (old row of each new row,
+    holes, movers): the rows to copy to and from."""
+    keep = len(rows)
+    holes = [r for r in range(keep) if r not in set(rows)]
+    movers = [r for r in rows if r >= keep]
+    order = list(range(keep))
+    for hole, mover in zip(holes, movers):
+        order[hole] = mover
+    return order, holes, movers
+
+
+def apply_plan(state: SlotState, order: list[int], holes: list[int], movers: list[int], plan: CachePlan) -> SlotState:
     """Carry out a cache plan without moving a slot: each kept row's length grows by what it kept.
 
     The plan's `attend` covers [region | this step's block]: the region's attended slots plus the
-    block's kept prefix (accepted drafts + 1), which already sit right after them. Rows that
-    finished leave the batch.
+    block's kept prefix (accepted drafts + 1), which already sit right after them. Finished rows
+    leave: continuing rows past the new prefix are copied into their places (`new_order`).
     """
-    lengths = plan.attend[rows].sum(1)
-    if len(rows) != state.batch_size:
-        state.cache.keep_rows(rows)
-    return settled(state, lengths, plan.next_pos[rows])
+    device = plan.next_pos.device
+    index = torch.tensor(order, dtype=torch.long, device=device)
+    lengths = plan.attend.index_select(0, index).sum(1)
+    if len(order) != state.batch_size:
+        holes_t, movers_t = (torch.tensor(r, dtype=torch.long, device=device) for r in (holes, movers))
+        state.cache.fill_holes(holes_t, movers_t, len(order))
+    return settled(state, lengths, plan.next_pos.index_select(0, index))
 
 
 def slot_width(seqs: list[Sequence], max_new_tokens: int, k: int) -> int:
@@ -215,14 +236,15 @@ def run_inplace(engine: Engine, seqs: list[Sequence], batch_size: int) -> None:
         while batch.seqs:
             outcome = engine.step(batch)
             align_started = engine.now()
-            rows = outcome.active_rows
-            new_target = apply_plan(batch.target, rows, outcome.target_plan)
+            rows = outcome.active_rows.tolist()
+            order, holes, movers = new_order(rows)
+            new_target = apply_plan(batch.target, order, holes, movers, outcome.target_plan)
             new_draft = None
             if batch.draft is not None and outcome.draft_plan is not None:
-                new_draft = apply_plan(batch.draft, rows, outcome.draft_plan)
+                new_draft = apply_plan(batch.draft, order, holes, movers, outcome.draft_plan)
             pads: list[int | None] = [None] * len(batch.seqs)
-            for row in rows.tolist():
+            for row in rows:
                 pads[row] = 0  # no padding in this layout
-            seqs_left = [batch.seqs[r] for r in rows.tolist()]
+            seqs_left = [batch.seqs[r] for r in order]
             engine.finish_step(outcome, pads, align_started)
             batch = Batch(seqs_left, new_target, new_draft, batch_id)
