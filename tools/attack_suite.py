@@ -367,10 +367,29 @@ class Suite:
         return result
 
 
+def _texts(out: Any) -> list[str]:
+    values = out if isinstance(out, (list, tuple)) else [out]
+    found = []
+    for value in values:
+        if isinstance(value, dict):
+            value = value.get("value")
+        if isinstance(value, str):
+            found.append(value)
+    return found
+
+
+def app_error(out: Any) -> str | None:
+    """The app's one-line error: a raised gr.Error, or (newer app) a "⚠️" status it returns."""
+    return next((t for t in _texts(out) if t.startswith("⚠️")), None)
+
+
 def upload(url: str, path: Path, slot: str = "a") -> str:
     client = Client(url, verbose=False)
     out = client.predict(handle_file(str(path)), 40, False, api_name=f"/load_upload_{slot}")
-    summary = next((v for v in out if isinstance(v, str) and "Run " in v), "")
+    error = app_error(out)
+    if error:
+        return f"error: {error[:200]}"
+    summary = next((t for t in _texts(out) if "Run " in t), "")
     return "loaded: " + summary.splitlines()[0][:100] if summary else "loaded"
 
 
@@ -417,7 +436,7 @@ def attack_html(suite: Suite, folder: Path) -> None:
     def method(result: Result) -> str:
         client = Client(suite.server.url, verbose=False)
         out = client.predict(handle_file(str(html_method_file(folder))), 40, False, api_name="/load_upload_a")
-        text = " ".join(v for v in out if isinstance(v, str))
+        text = " ".join(_texts(out))
         if "<img" in text:
             result.notes["problem_html"] = "the summary carries a raw <img> tag"
         return "raw <img> in the summary" if "<img" in text else "escaped"
@@ -432,8 +451,8 @@ def attack_models(suite: Suite) -> None:
         for target in ("/etc", "/nonexistent/model", "gpt2"):
             args = ("eqspec", "none", 2, 2, 4, 1, "hi", target, target, 40, False)
             try:
-                client.predict(*args, api_name="/live_run_a")
-                messages.append("ran")
+                out = client.predict(*args, api_name="/live_run_a")
+                messages.append(app_error(out) or "ran")
             except Exception as exc:  # noqa: BLE001 - the message is what we compare
                 messages.append(str(exc)[:200])
         result.notes["messages"] = messages
@@ -468,8 +487,8 @@ def attack_flood(suite: Suite, runs: int) -> None:
                 outcomes["cancelled"] += 1
                 continue
             try:
-                job.result(timeout=max(deadline - time.time(), 1))
-                outcomes["ok"] += 1
+                out = job.result(timeout=max(deadline - time.time(), 1))
+                outcomes["refused" if app_error(out) else "ok"] += 1
             except Exception:  # noqa: BLE001 - a refusal is the expected answer
                 outcomes["refused"] += 1
         result.notes.update(flood_outcomes=outcomes, visitor_failures=failures)
