@@ -667,6 +667,12 @@ def launch(demo: gr.Blocks, **kwargs: Any) -> Any:
 
 
 def main() -> None:
+    if PUBLIC:
+        # Load the bundled pair before the first visitor: a first live run would otherwise import
+        # transformers' model code under the import lock, and other visitors' requests wait on it.
+        from specviz.engine.models import DEFAULT_DRAFT, DEFAULT_TARGET
+
+        load_model_pair(DEFAULT_TARGET, DEFAULT_DRAFT, True)
     launch(build_app())
 
 
