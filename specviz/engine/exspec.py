@@ -4,8 +4,8 @@ Each sequence keeps its target and draft KV in one row of a persistent pool (`po
 whole life. Every step picks up to B sequences from a sliding window over the unfinished ones and
 gathers their rows into a batch; sequences of equal committed length need no padding. When no
 such group exists the step falls back to a batch of mixed lengths with left padding (EQSPEC-style).
-After the step the batch is rebuilt in one batched move and its rows are scattered back into the
-pool; when the next step picks the same group, the rebuilt batch is reused without a gather.
+After the step only the slots it wrote are scattered back to the end of each row; rejected
+drafts stay past the row's length and are overwritten later, so nothing is compacted.
 
 Policies:
 - `reference`: the paper's: the first length in window order with at least B sequences, else
@@ -32,7 +32,6 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from specviz.engine.kv import KVState, cache_layers, leading_zeros, rebuild
 from specviz.engine.pool import KVPool
 from specviz.engine.step import Batch, Engine, Sequence, StepOutcome
 
@@ -105,7 +104,6 @@ def run_exspec(
     queue = admission_order(seqs, policy)
     steps = grouped_steps = 0
     previous: list[int] | None = None
-    held: Batch | None = None  # the last step's batch, rebuilt: reused as is if the same group comes next
     while True:
         window = [s for s in queue if not s.done][:window_size]
         if not window:
@@ -119,19 +117,17 @@ def run_exspec(
         grouped = len({s.committed for s in chosen}) == 1
         ids = [s.seq_id for s in chosen]
         align_started = engine.now()
-        if held is not None and [s.seq_id for s in held.seqs] == ids:
-            target, draft = held.target, held.draft  # the pool already holds them too; no gather
-        else:
-            target = target_pool.take(ids)
-            draft = draft_pool.take(ids) if draft_pool is not None else None
+        target = target_pool.take(ids)
+        draft = draft_pool.take(ids) if draft_pool is not None else None
         batch = Batch(chosen, target, draft, batch_id=0, grouped=grouped)
         batch.regrouped = previous is not None and ids != previous
         previous = ids
+        taken_widths = (target.width, draft.width if draft is not None else 0)  # the step appends to both
         take_s = engine.now() - align_started
         outcome = engine.step(batch)
         outcome.started -= take_s  # gathering the group belongs to this step's alignment time
         align_started = engine.now() - take_s
-        held = _return_to_pools(batch, outcome, target_pool, draft_pool)
+        _return_to_pools(batch, outcome, target_pool, draft_pool, taken_widths)
         left_pad_after: list[int | None] = [None] * len(chosen)
         for old_row in outcome.active_rows.tolist():
             left_pad_after[old_row] = 0  # a pool row holds no padding of its own
@@ -141,35 +137,18 @@ def run_exspec(
     return {"steps": steps, "grouped_steps": grouped_steps, "group_share": grouped_steps / max(steps, 1)}
 
 
-def _return_to_pools(batch: Batch, outcome: StepOutcome, target_pool: KVPool, draft_pool: KVPool | None) -> Batch:
-    """Carry out the step's plans on the batch (one batched move), store the continuing rows back
-    in their pool rows, free the rows of finished sequences; returns the rebuilt batch."""
+def _return_to_pools(
+    batch: Batch, outcome: StepOutcome, target_pool: KVPool, draft_pool: KVPool | None, widths: tuple[int, int]
+) -> None:
+    """Store what the step's plans keep of the continuing rows in their pool rows (only the slots
+    the step wrote, when the plan keeps the old ones as they were), and free finished sequences."""
     rows = outcome.active_rows
-    continuing = [batch.seqs[r] for r in rows.tolist()]
-    ids = [s.seq_id for s in continuing]
-    target = _trimmed(rebuild(batch.target, rows, outcome.target_plan))
-    target_pool.put(ids, target)
-    draft = None
+    ids = [batch.seqs[r].seq_id for r in rows.tolist()]
+    target_pool.store_step(ids, batch.target, widths[0], rows, outcome.target_plan)
     if draft_pool is not None and batch.draft is not None and outcome.draft_plan is not None:
-        draft = _trimmed(rebuild(batch.draft, rows, outcome.draft_plan))
-        draft_pool.put(ids, draft)
+        draft_pool.store_step(ids, batch.draft, widths[1], rows, outcome.draft_plan)
     for seq in batch.seqs:
         if seq.done:
             target_pool.release(seq.seq_id)
             if draft_pool is not None:
                 draft_pool.release(seq.seq_id)
-    return Batch(continuing, target, draft, batch_id=0)
-
-
-def _trimmed(state: KVState) -> KVState:
-    """Drop the leading slots every row masks, as a gather from the pool would (views, no copy)."""
-    drop = int(leading_zeros(state.mask).min()) if state.batch_size and state.width else 0
-    if drop == 0:
-        return state
-    mask = state.mask[:, drop:]
-    if state.cache is not None:
-        if mask.shape[1] == 0:
-            return KVState(cache=None, mask=mask, next_pos=state.next_pos)
-        for layer in cache_layers(state.cache):
-            layer.keys, layer.values = layer.keys[:, :, drop:], layer.values[:, :, drop:]
-    return KVState(cache=state.cache, mask=mask, next_pos=state.next_pos)

@@ -1,13 +1,17 @@
 """A persistent KV pool: every sequence's cache lives in one row of preallocated tensors for its whole life.
 
-Per layer, keys and values are [rows, H, width, D]; a sequence's slots sit right-aligned in its row
-(left-padded, like one row of an EQSPEC batch), with its mask [width] and next position beside them.
-Forming a batch is one gather of rows per tensor (`take`), returning it one scatter of rows (`put`):
-the cost no longer grows with a Python loop over rows and layers, as single-row caches split and
-stacked every step did.
+Per layer, keys and values are [rows, H, width, D]. A sequence's slots start at slot 0 of its row
+(`lengths` of them), with its mask and next position beside them. A step touches the pool twice:
 
-Slots left of a row's region are stale but finite (the pool starts zeroed) and masked, so a batch
-gathered from the pool is the left-padded batch that stacking single-row caches would build.
+- `take`: one gather per tensor builds the left-padded batch of a group (each row shifted right
+  by its padding), exactly the batch stacking single-row caches would build;
+- `store_step`: after the step, only the slots the step wrote (the verify or draft block, k + 1
+  per row) are scattered to the end of each row; rejected drafts land past the row's new length,
+  where nothing reads them and the next step overwrites them.
+
+A plan that also rewrites old slots (a fault that keeps padding) takes the slow path: the batch is
+rebuilt (`kv.rebuild`) and whole rows are stored. Neither path loops over rows or layers in Python
+per row, as splitting and stacking single-row caches every step did.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from specviz.engine.kv import KVState, cache_layers, leading_zeros
+from specviz.engine.kv import CachePlan, KVState, cache_layers, rebuild
 
 
 class KVPool:
@@ -25,69 +29,142 @@ class KVPool:
         self.width = width
         self.device = device
         self.mask = torch.zeros(rows, width, dtype=torch.long, device=device)
+        self.lengths = torch.zeros(rows, dtype=torch.long, device=device)  # slots each row holds
         self.next_pos = torch.zeros(rows, dtype=torch.long, device=device)
-        self.keys: list[torch.Tensor] = []  # per layer [rows, H, width, D], allocated at the first put
+        self.keys: list[torch.Tensor] = []  # per layer [rows, H, width, D], allocated at the first store
         self.values: list[torch.Tensor] = []
         self.row_of: dict[int, int] = {}  # seq_id -> pool row
         self.free = list(range(rows - 1, -1, -1))
 
+    # ------------------------------------------------------------------ sequences in and out
+
     def admit(self, seq_id: int, state: KVState) -> None:
-        """Give `seq_id` a row and store its single-row state (a prefill) there."""
+        """Give `seq_id` a row and store its single-row state (a prefill, no padding) there."""
         self.row_of[seq_id] = self.free.pop()
-        self.put([seq_id], state)
+        self._store_rows([seq_id], state, torch.full((1,), state.width, device=self.device))
 
     def release(self, seq_id: int) -> None:
         self.free.append(self.row_of.pop(seq_id))
 
+    # ------------------------------------------------------------------ a step
+
     def take(self, seq_ids: list[int]) -> KVState:
-        """The left-padded batch of `seq_ids`: each row trimmed of the padding all rows share."""
+        """The left-padded batch of `seq_ids`: one gather per tensor."""
         rows = self._rows(seq_ids)
-        mask = self.mask.index_select(0, rows)
-        width = self.width - int(leading_zeros(mask).min()) if len(seq_ids) else 0
-        mask = mask[:, self.width - width :]
+        lengths = self.lengths.index_select(0, rows)
+        width = int(lengths.max()) if len(seq_ids) else 0
+        src, real = _shifted(lengths, width)  # batch slot j of row b <- pool slot j - pad_b
+        mask = (self.mask.index_select(0, rows).gather(1, src) * real) if width else self.mask[rows, :0]
         next_pos = self.next_pos.index_select(0, rows)
         if width == 0 or not self.keys:
             return KVState(cache=None, mask=mask, next_pos=next_pos)
+        heads, dim = self.keys[0].shape[1], self.keys[0].shape[3]
+        index = _flat(rows, src, heads, self.width)
         cache = DynamicCache()
-        start = self.width - width
         for keys, values in zip(self.keys, self.values):
             layer = DynamicLayer()
             layer.lazy_initialization(keys, values)
-            layer.keys = keys[:, :, start:].index_select(0, rows)
-            layer.values = values[:, :, start:].index_select(0, rows)
+            shape = (len(seq_ids), heads, width, dim)
+            layer.keys = keys.view(-1, dim).index_select(0, index).view(shape)
+            layer.values = values.view(-1, dim).index_select(0, index).view(shape)
             cache.layers.append(layer)
         return KVState(cache=cache, mask=mask, next_pos=next_pos)
 
-    def put(self, seq_ids: list[int], state: KVState) -> None:
-        """Store the rows of `state` (row i holds `seq_ids[i]`) right-aligned in their pool rows."""
-        rows = self._rows(seq_ids)
-        self._fit(state.width)
-        start = self.width - state.width
-        self.mask.index_copy_(0, rows, torch.nn.functional.pad(state.mask, (start, 0)))
-        self.next_pos.index_copy_(0, rows, state.next_pos)
-        if state.cache is None or state.width == 0:
+    def store_step(
+        self, seq_ids: list[int], state: KVState, old_width: int, rows: torch.Tensor, plan: CachePlan
+    ) -> None:
+        """After a step on a batch taken from the pool: keep what `plan` keeps for the continuing
+        `rows` (batch rows, holding `seq_ids`). `state` is the batch after the step: `old_width`
+        slots as taken, then the slots the step wrote."""
+        pool_rows = self._rows(seq_ids)
+        lengths = self.lengths.index_select(0, pool_rows)
+        retain, attend = plan.retain.index_select(0, rows), plan.attend.index_select(0, rows)
+        if not bool((retain[:, :old_width].sum(1) == lengths).all()):  # the plan rewrites old slots
+            rebuilt = rebuild(state, rows, plan)
+            self._store_rows(seq_ids, rebuilt, retain.sum(1))
+            return
+        written = state.width - old_width
+        self._fit(int((lengths + written).max()) if len(seq_ids) else 0)
+        slots = lengths[:, None] + torch.arange(written, device=self.device)  # [B', written] pool slots
+        mask_dest = (pool_rows[:, None] * self.width + slots).reshape(-1)
+        self.mask.view(-1).index_copy_(0, mask_dest, attend[:, old_width:].long().reshape(-1))
+        self.lengths.index_copy_(0, pool_rows, lengths + retain[:, old_width:].sum(1))
+        self.next_pos.index_copy_(0, pool_rows, plan.next_pos.index_select(0, rows))
+        if state.cache is None or written == 0:
             return
         layers = cache_layers(state.cache)
         if not self.keys:
             self._allocate(layers[0].keys, len(layers))
+        heads, dim = self.keys[0].shape[1], self.keys[0].shape[3]
+        dest = _flat(pool_rows, slots, heads, self.width)
         for i, layer in enumerate(layers):
-            self.keys[i][:, :, start:].index_copy_(0, rows, layer.keys)
-            self.values[i][:, :, start:].index_copy_(0, rows, layer.values)
+            block = layer.keys[:, :, old_width:].index_select(0, rows)
+            self.keys[i].view(-1, dim).index_copy_(0, dest, block.reshape(-1, dim))
+            block = layer.values[:, :, old_width:].index_select(0, rows)
+            self.values[i].view(-1, dim).index_copy_(0, dest, block.reshape(-1, dim))
+
+    # ------------------------------------------------------------------ helpers
+
+    def _store_rows(self, seq_ids: list[int], state: KVState, counts: torch.Tensor) -> None:
+        """Store whole rows of a left-padded `state`: row i's last `counts[i]` slots, from slot 0."""
+        pool_rows = self._rows(seq_ids)
+        width = state.width
+        self._fit(width)
+        slots = torch.arange(width, device=self.device)[None, :].expand(len(seq_ids), -1)
+        real = slots < counts[:, None]
+        src = (slots + (width - counts)[:, None]).clamp(max=max(width - 1, 0))
+        mask_rows = torch.zeros(len(seq_ids), self.width, dtype=torch.long, device=self.device)
+        if width:
+            mask_rows[:, :width] = state.mask.gather(1, src) * real
+        self.mask.index_copy_(0, pool_rows, mask_rows)
+        self.lengths.index_copy_(0, pool_rows, counts.to(self.device))
+        self.next_pos.index_copy_(0, pool_rows, state.next_pos)
+        if state.cache is None or width == 0:
+            return
+        layers = cache_layers(state.cache)
+        if not self.keys:
+            self._allocate(layers[0].keys, len(layers))
+        heads, dim = self.keys[0].shape[1], self.keys[0].shape[3]
+        batch_rows = torch.arange(len(seq_ids), device=self.device)
+        take = _flat(batch_rows, src, heads, width)[_flat_real(real, heads)]
+        dest = _flat(pool_rows, slots, heads, self.width)[_flat_real(real, heads)]
+        for i, layer in enumerate(layers):
+            self.keys[i].view(-1, dim).index_copy_(0, dest, layer.keys.reshape(-1, dim).index_select(0, take))
+            self.values[i].view(-1, dim).index_copy_(0, dest, layer.values.reshape(-1, dim).index_select(0, take))
 
     def _rows(self, seq_ids: list[int]) -> torch.Tensor:
         return torch.tensor([self.row_of[s] for s in seq_ids], dtype=torch.long, device=self.device)
 
     def _allocate(self, like: torch.Tensor, num_layers: int) -> None:
+        # Zeros, not empty: slots past a row's length are gathered as padding, masked but multiplied.
         shape = (self.rows, like.shape[1], self.width, like.shape[3])
         self.keys = [like.new_zeros(shape) for _ in range(num_layers)]
         self.values = [like.new_zeros(shape) for _ in range(num_layers)]
 
     def _fit(self, width: int) -> None:
-        """Widen the pool (right-aligned) if a state outgrew it; only a faulty plan keeps growing rows."""
+        """Widen the pool if a row outgrew it (only a faulty plan keeps more slots than tokens)."""
         if width <= self.width:
             return
         extra = width - self.width
-        self.mask = torch.nn.functional.pad(self.mask, (extra, 0))
-        self.keys = [torch.nn.functional.pad(k, (0, 0, extra, 0)) for k in self.keys]
-        self.values = [torch.nn.functional.pad(v, (0, 0, extra, 0)) for v in self.values]
+        self.mask = torch.nn.functional.pad(self.mask, (0, extra))
+        self.keys = [torch.nn.functional.pad(k, (0, 0, 0, extra)) for k in self.keys]
+        self.values = [torch.nn.functional.pad(v, (0, 0, 0, extra)) for v in self.values]
         self.width = width
+
+
+def _shifted(lengths: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For a left-padded batch of `width`: each batch slot's pool slot, and whether it is real."""
+    slots = torch.arange(width, device=lengths.device)[None, :] - (width - lengths)[:, None]
+    return slots.clamp(min=0), (slots >= 0).long()
+
+
+def _flat(rows: torch.Tensor, slots: torch.Tensor, heads: int, width: int) -> torch.Tensor:
+    """Indices into the [rows*H*width, D] view of a cache tensor: (row, every head, slot)."""
+    head_ids = torch.arange(heads, device=slots.device)
+    first = (rows[:, None] * heads + head_ids[None, :]) * width  # [B, H]
+    return (first[:, :, None] + slots[:, None, :]).reshape(-1)
+
+
+def _flat_real(real: torch.Tensor, heads: int) -> torch.Tensor:
+    """`real` [B, S] repeated over heads, in `_flat`'s order."""
+    return real[:, None, :].expand(-1, heads, -1).reshape(-1)
