@@ -324,9 +324,9 @@ def test_gpu_bench_tiny_runs_on_cpu(
     argv = ["--tiny", "--batch-sizes", "1,2", "--max-new-tokens", "3", "--repeats", "1", "--tracing-repeats", "1"]
     assert module.main([*argv, "--tracing-batch", "2", "--min-prompts", "2", "--out", str(out)]) == 0
     text = out.read_text()
-    for arm in ("eqspec", "eqspec-loop", "exspec"):
+    for arm in ("eqspec", "eqspec-loop", "exspec", "inplace"):
         assert f"| {arm} | 2 |" in text
-    assert "Tracing overhead" in text
+    assert "tracing overhead inplace" in text and "calibrated to greedy acceptance" in text
     assert text in capsys.readouterr().out
 
 
