@@ -86,8 +86,9 @@ def record_all(pair: ModelPair, prefix: str, settings: dict[str, int], runs: lis
 
 
 def default_runs() -> list[tuple[str, str | None]]:
-    """Both correct methods, then each fault on the method its bug lives in."""
-    return [("eqspec", None), ("exspec", None)] + [(FAULTS[f].default_method, f) for f in sorted(FAULTS)]
+    """The correct methods, then each fault on the method its bug lives in."""
+    correct: list[tuple[str, str | None]] = [("eqspec", None), ("exspec", None), ("inplace", None)]
+    return correct + [(FAULTS[f].default_method, f) for f in sorted(FAULTS)]
 
 
 def default_pair() -> ModelPair:
@@ -136,12 +137,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--real", action="store_true", help="also record Gemma-3-270M traces (slow, optional deps)")
     parser.add_argument("--only-real", action="store_true", help="record only the Gemma-3-270M traces")
+    parser.add_argument("--only", default=None, help="record only this run of the default pair (e.g. inplace)")
     args = parser.parse_args()
     torch.set_num_threads(1)  # small models on a shared CPU: threads only add contention
     OUT.mkdir(exist_ok=True)
     problems = []
     if not args.only_real:
-        problems += record_all(default_pair(), "default", DEFAULT_SETTINGS, default_runs())
+        runs = [r for r in default_runs() if args.only in (None, run_slug(*r))]
+        problems += record_all(default_pair(), "default", DEFAULT_SETTINGS, runs)
     if args.real or args.only_real:
         problems += record_all(gemma_pair(), "gemma", REAL_SETTINGS, [("eqspec", None), ("eqspec", REAL_FAULT)])
     if problems:
