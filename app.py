@@ -41,9 +41,10 @@ from specviz.views import (
     timeline_figure,
     violations_table,
 )
+from specviz.views.faults import faults_markdown
 from specviz.views.grid import DEFAULT_WINDOW, NO_ROW
 from specviz.views.outputs import OUTPUTS_CSS, PER_PAGE, page_count
-from specviz.views.tokens import attach_token_text
+from specviz.views.safe_text import md_text
 
 ROOT = Path(__file__).resolve().parent
 TRACES = ROOT / "traces"
@@ -65,11 +66,48 @@ PUBLIC = serve.public_mode()  # a Space (SPACE_ID) or `python app.py --public`
 LIVE_GATE = serve.LiveRunGate()
 LIVE_FOLDER = serve.LiveFolder()
 
+# A plot drawn while its tab is hidden is laid out at the wrong width (plotly measures a hidden
+# container); Gradio does not tell plotly when the tab shows, so do it on every tab switch.
+RESIZE_PLOTS_JS = """() => {
+  const fit = () => document.querySelectorAll('.js-plotly-plot').forEach((gd) => {
+    if (gd.offsetParent !== null && window.Plotly) window.Plotly.Plots.resize(gd);
+  });
+  requestAnimationFrame(fit);
+  setTimeout(fit, 200);
+}"""
+# gr.Plot has no click event: a click on a timeline marker writes the index of its first violation
+# (customdata[2], see views.timeline) into the hidden #sv-timeline-pick box, whose input event jumps.
+TIMELINE_CLICK_JS = """() => {
+  const send = (data) => {
+    const point = data && data.points && data.points[0];
+    const index = point && point.customdata ? point.customdata[2] : undefined;
+    const box = document.querySelector('#sv-timeline-pick textarea, #sv-timeline-pick input');
+    if (index === undefined || index === null || !box) return;
+    box.value = `${index}:${Date.now()}`;  // a new value on every click: the same marker twice jumps twice
+    box.dispatchEvent(new Event('input', { bubbles: true }));
+  };
+  // Gradio may draw a new plot element on each update: hook every one that appears.
+  setInterval(() => {
+    const gd = document.querySelector('#sv-timeline .js-plotly-plot');
+    if (gd && gd.on && !gd.__svClick) {
+      gd.on('plotly_click', send);
+      gd.__svClick = true;
+    }
+  }, 400);
+}"""
+
 CSS = (
     OUTPUTS_CSS
     + """
 .sv-summary { min-height: 120px; }
 #sv-intro p { margin: 2px 0; }
+/* Headers break between words or not at all: "violations", never "violatio ns". */
+.sv-summary th, .table-wrap th, th .cell-wrap, th span { word-break: normal !important;
+  overflow-wrap: normal !important; white-space: nowrap !important; hyphens: none; }
+.sv-status { color: #991b1b; background: #fef2f2; border-radius: 6px; padding: 2px 8px; }
+.sv-status p { margin: 0; }
+/* A plotly click on the timeline is sent through this box; nobody types in it. */
+#sv-timeline-pick { display: none !important; }
 """
 )
 
@@ -196,11 +234,13 @@ def live_run(request: LiveRequest, progress: gr.Progress, public: bool = False) 
     pair = load_model_pair(target, draft, config.k > 0)
 
     def report(phase: str, done: int, total: int) -> None:
-        label = "reference (greedy, batch 1)" if phase == "reference" else f"{config.method} decoding"
-        progress((done, total), desc=label)
+        # The reference decodes one prompt at a time; the speculative run counts emitted tokens.
+        if phase == "reference":
+            progress((done, total), desc="reference (greedy, batch 1)", unit="prompts")
+        else:
+            progress((done, total), desc=f"{config.method} decoding", unit="tokens")
 
-    trace = run(pair, request.prompts(), config, progress=report)
-    attach_token_text(trace, pair.tokenizer)
+    trace = run(pair, request.prompts(), config, progress=report)  # the trace carries its token text
     return analyse(trace, "live run")
 
 
@@ -215,22 +255,35 @@ def save_for_download(loaded: LoadedRun) -> str:
     return str(save_trace(loaded.trace, LIVE_FOLDER.new_file(f"live-{name}.json.gz")))
 
 
-def user_errors(fn: Any) -> Any:
-    """Turn every failure into a one-line gr.Error: the UI shows it, keeps the previous run."""
+def status_update(message: str = "") -> Any:
+    """The slot's one-line status: shown with a message, hidden when empty."""
+    # The message may quote an upload (its name, a field it invented): escaped, one line.
+    return gr.update(value=f"⚠️ {md_text(message, 400)}" if message else "", visible=bool(message))
 
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except gr.Error:
-            raise
-        except (SpecvizError, TraceError, ValueError) as exc:
-            raise gr.Error(str(exc), print_exception=False) from None
-        except Exception as exc:  # never a traceback in the UI; the server log keeps it
-            traceback.print_exc()
-            raise gr.Error(f"unexpected error: {type(exc).__name__}: {exc}") from None
 
-    return wrapper
+def user_errors(status: Any) -> Any:
+    """Turn every failure into a one-line message in `status` (and a warning toast), never an exception.
+
+    A raised gr.Error marks every output of the event with Gradio's red "Error" badge and blanks
+    them until the next update; a message leaves every output as it was: the slot keeps its run.
+    """
+
+    def decorate(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except (gr.Error, SpecvizError, TraceError, ValueError) as exc:
+                message = exc.message if isinstance(exc, gr.Error) else str(exc)
+            except Exception as exc:  # never a traceback in the UI; the server log keeps it
+                traceback.print_exc()
+                message = f"unexpected error: {type(exc).__name__}: {exc}"
+            gr.Warning(message)
+            return {status: status_update(message)}
+
+        return wrapper
+
+    return decorate
 
 
 # ----------------------------------------------------------------------------- layout
@@ -248,6 +301,7 @@ class RunSlot:
     run_button: Any
     download: Any
     summary: Any
+    status: Any  # one line: why the last load or run failed; hidden when it did not
 
 
 @dataclass
@@ -278,6 +332,7 @@ class DetailUI:
     page: Any
     only_diverged: Any
     outputs: Any
+    timeline_pick: Any  # a click on a timeline marker lands here (see TIMELINE_CLICK_JS)
 
     def grid_components(self) -> list[Any]:
         return [self.row, self.grid, self.step_text, self.row_text]
@@ -286,6 +341,7 @@ class DetailUI:
         """Everything `details` sets. A list, not a set: the API returns values in this order."""
         return [
             self.step,
+            self.first,
             *self.grid_components(),
             self.timeline,
             self.violations,
@@ -316,6 +372,7 @@ class DetailUI:
         start = loaded.start_step_index()
         return {
             self.step: gr.update(minimum=0, maximum=max(loaded.step_count - 1, 1), value=start),
+            self.first: gr.update(variant="primary" if first else "secondary"),  # nothing to jump to on a clean run
             **self.grid_values(grid_view(loaded, start, first.row if first else NO_ROW, window)),
             self.timeline: loaded.figure("timeline", lambda: timeline_figure(trace, report)),
             self.violations: violations_table(report),
@@ -333,6 +390,7 @@ class DetailUI:
         empty = empty_figure(f"Run {label} is empty: load a trace into slot {label}.")
         return {
             self.step: gr.update(minimum=0, maximum=1, value=0),
+            self.first: gr.update(variant="secondary"),
             **self.grid_values(grid_view(None, 0, NO_ROW, window)),
             **dict.fromkeys([self.timeline, self.acceptance, self.acceptance_map, self.kv, self.drift], empty),
             self.violations: pd.DataFrame(),
@@ -353,6 +411,8 @@ def _live_controls(label: str) -> tuple[list[Any], Any, Any]:
         with gr.Row():
             method = gr.Dropdown(["eqspec", "exspec", "baseline"], value="eqspec", label="method")
             fault = gr.Dropdown(["none", *FAULTS], value="none", label="fault to inject")
+        with gr.Accordion("what each fault does", open=False):
+            gr.Markdown(faults_markdown())
         with gr.Row():
             batch = gr.Slider(*limits["batch_size"], value=min(8, limits["batch_size"][1]), step=1, label="batch size")
             k = gr.Slider(*limits["draft_k"], value=4, step=1, label="draft tokens k")
@@ -364,7 +424,10 @@ def _live_controls(label: str) -> tuple[list[Any], Any, Any]:
         target = gr.Textbox(value=DEFAULT_TARGET, label="target model (local path or hub id)", visible=not PUBLIC)
         draft = gr.Textbox(value=DEFAULT_DRAFT, label="draft model (local path or hub id)", visible=not PUBLIC)
         button = gr.Button(f"Run live into {label}", variant="primary")
-        download = gr.File(label="trace of the live run", interactive=False, elem_id=f"sv-download-{slug}")
+        # Hidden until a live run has a trace to offer: an empty file box is 270 px of nothing.
+        download = gr.File(
+            label="trace of the live run", interactive=False, visible=False, elem_id=f"sv-download-{slug}"
+        )
     return [method, fault, batch, k, max_new, num, prompts, target, draft], button, download
 
 
@@ -377,21 +440,24 @@ def _run_slot(label: str, defaults: tuple[str, ...]) -> RunSlot:
                 value=first_bundled(defaults),
                 label=f"run {label}: bundled example trace",
                 interactive=True,
+                elem_id=f"sv-bundled-{slug}",
                 scale=3,
             )
             upload = gr.UploadButton(
                 "or upload a trace", file_types=[".json", ".gz"], type="filepath", size="sm", scale=1
             )
         live_inputs, button, download = _live_controls(label)
+        status = gr.Markdown(visible=False, elem_classes=["sv-status"], elem_id=f"sv-status-{slug}")
         summary = gr.Markdown(
             slot_summary_markdown(None, label), elem_classes=["sv-summary"], elem_id=f"sv-summary-{slug}"
         )
     # A session's runs expire and their memory goes back to the system (tabs left open included).
     state = gr.State(None, time_to_live=serve.SESSION_TTL_S, delete_callback=serve.release_memory)
-    return RunSlot(label, state, bundled, upload, live_inputs, button, download, summary)
+    return RunSlot(label, state, bundled, upload, live_inputs, button, download, summary, status)
 
 
 def build_app() -> gr.Blocks:
+    gr.set_static_paths([ROOT / "docs"])  # docs/faults.md, linked from each fault's one-liner
     # delete_cache: Gradio's own copies (uploads, downloads) go after FILE_MAX_AGE_S, checked every 5 min.
     with gr.Blocks(title="specviz", delete_cache=(300, serve.FILE_MAX_AGE_S)) as demo:
         gr.Markdown(INTRO, elem_id="sv-intro")
@@ -419,7 +485,7 @@ def build_app() -> gr.Blocks:
 
 def _detail_tabs() -> DetailUI:
     with gr.Tabs() as tabs:
-        with gr.Tab("Ragged grid", id="grid"):
+        with gr.Tab("Ragged grid", id="grid") as grid_tab:
             with gr.Row():
                 step = gr.Slider(0, 1, value=0, step=1, label="step", scale=4, elem_id="sv-step")
                 row = gr.Dropdown([("none", NO_ROW)], value=NO_ROW, label="highlight row", scale=1, elem_id="sv-row")
@@ -435,30 +501,36 @@ def _detail_tabs() -> DetailUI:
             with gr.Row():
                 step_text = gr.Markdown(elem_id="sv-step-text")
                 row_text = gr.Markdown(elem_id="sv-row-text")
-        with gr.Tab("Invariants", id="invariants"):
-            timeline = gr.Plot(label="invariant timeline", elem_id="sv-timeline")
+        with gr.Tab("Invariants", id="invariants") as invariants_tab:
+            timeline = gr.Plot(label="invariant timeline (click a marker to open it)", elem_id="sv-timeline")
+            timeline_pick = gr.Textbox(show_label=False, container=False, elem_id="sv-timeline-pick")
             violations = gr.Dataframe(
                 label="violations: click one to open its step and row in the grid",
                 interactive=False,
                 wrap=True,
+                # The message says what broke: it gets the room (and wraps), the numbers get little.
+                column_widths=["5%", "5%", "5%", "13%", "10%", "14%", "14%", "34%"],
                 elem_id="sv-violations",
             )
-        with gr.Tab("Acceptance", id="acceptance"):
+        with gr.Tab("Acceptance", id="acceptance") as acceptance_tab:
             acceptance_text = gr.Markdown(elem_id="sv-acceptance-text")
             acceptance = gr.Plot(label="acceptance metrics", elem_id="sv-acceptance")
             acceptance_map = gr.Plot(label="acceptance heatmap", elem_id="sv-acceptance-map")
             sequences = gr.Dataframe(label="per sequence", interactive=False, elem_id="sv-sequences")
-        with gr.Tab("KV & positions", id="kv"):
+        with gr.Tab("KV & positions", id="kv") as kv_tab:
             kv = gr.Plot(label="KV length error", elem_id="sv-kv")
             drift = gr.Plot(label="position-ID drift", elem_id="sv-drift")
-        with gr.Tab("Outputs", id="outputs"):
+        with gr.Tab("Outputs", id="outputs") as outputs_tab:
             with gr.Row():
                 page = gr.Number(value=1, minimum=1, maximum=1, precision=0, label="page", scale=1, elem_id="sv-page")
                 only_diverged = gr.Checkbox(value=False, label="only divergent sequences", scale=2)
             outputs = gr.HTML(elem_id="sv-outputs")
+    for tab in (grid_tab, invariants_tab, acceptance_tab, kv_tab, outputs_tab):
+        tab.select(None, None, None, js=RESIZE_PLOTS_JS, queue=False, show_progress="hidden", api_visibility="private")
     return DetailUI(
         tabs, step, row, window, prev, nxt, play, pause, first, timer, grid, step_text, row_text, timeline,
         violations, acceptance_text, acceptance, acceptance_map, sequences, kv, drift, page, only_diverged, outputs,
+        timeline_pick,
     )  # fmt: skip
 
 
@@ -528,6 +600,7 @@ def _wire(demo: gr.Blocks, slot_a: RunSlot, slot_b: RunSlot, inspect: Any, compa
             **ui.details(run_a, run_b, "A", window, only),
         }
 
+    demo.load(None, js=TIMELINE_CLICK_JS, api_visibility="private")
     demo.load(
         preload,
         [ui.window, ui.only_diverged],
@@ -545,29 +618,32 @@ def _load_default(candidates: tuple[str, ...]) -> LoadedRun | None:
 
 def _wire_slot(slot: RunSlot, other: RunSlot, inspect: Any, compare: Any, ui: DetailUI) -> None:
     label = slot.label.lower()
-    outputs = [slot.state, slot.summary, inspect, compare, *ui.detail_components()]
+    outputs = [slot.state, slot.summary, slot.status, slot.bundled, inspect, compare, *ui.detail_components()]
     a_first = slot.label == "A"
 
-    def finish(loaded: LoadedRun, other_run: LoadedRun | None, window: int, only: bool) -> dict:
+    def finish(loaded: LoadedRun, other_run: LoadedRun | None, window: int, only: bool, bundled: bool) -> dict:
         """A run lands in this slot: show it, inspect it, compare it with the other slot's."""
         run_a, run_b = (loaded, other_run) if a_first else (other_run, loaded)
         return {
             slot.state: loaded,
             slot.summary: slot_summary_markdown(loaded, slot.label),
+            slot.status: status_update(),  # the last failure is history once a run lands
+            # An uploaded or live run is no bundled example: the picker must not name the old one.
+            **({} if bundled else {slot.bundled: gr.update(value=None)}),
             inspect: slot.label,
             compare: slots_compare_table(run_a, run_b),
             **ui.details(loaded, other_run, slot.label, window, only),
         }
 
-    @user_errors
+    @user_errors(slot.status)
     def from_bundle(name: str, other_run: LoadedRun | None, window: int, only: bool) -> dict:
-        return finish(load_bundled(name), other_run, window, only)
+        return finish(load_bundled(name), other_run, window, only, bundled=True)
 
-    @user_errors
+    @user_errors(slot.status)
     def from_upload(path: str | None, other_run: LoadedRun | None, window: int, only: bool) -> dict:
-        return finish(load_upload(path), other_run, window, only)
+        return finish(load_upload(path), other_run, window, only, bundled=False)
 
-    @user_errors
+    @user_errors(slot.status)
     def from_live(
         method: str,
         fault: str,
@@ -587,7 +663,8 @@ def _wire_slot(slot: RunSlot, other: RunSlot, inspect: Any, compare: Any, ui: De
         try:
             sizes = [_whole(v) for v in (batch_size, draft_k, max_new_tokens, num_prompts)]
             loaded = live_run(LiveRequest(method, fault, *sizes, prompts, target, draft), progress, PUBLIC)
-            return {**finish(loaded, other_run, window, only), slot.download: save_for_download(loaded)}
+            download = gr.update(value=save_for_download(loaded), visible=True)
+            return {**finish(loaded, other_run, window, only, bundled=False), slot.download: download}
         finally:
             LIVE_GATE.done(getattr(request, "session_hash", None))
 
@@ -599,6 +676,7 @@ def _wire_slot(slot: RunSlot, other: RunSlot, inspect: Any, compare: Any, ui: De
         [*slot.live_inputs, *common],
         [*outputs, slot.download],
         api_name=f"live_run_{label}",
+        show_progress_on=[slot.summary],  # one progress bar per run, under the button that started it
         concurrency_limit=1,
         concurrency_id=serve.LIVE_CONCURRENCY_ID,  # one live run at a time across both slots: it takes the CPU
     )
@@ -653,9 +731,25 @@ def _wire_jumps(inspect: Any, states: list[Any], ui: DetailUI) -> None:
         index = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
         return jump(label, run_a, run_b, window, int(index))
 
-    # Two bindings, not one gr.on: only the table's select event carries the clicked line.
-    ui.first.click(jump_first, jump_inputs, jump_outputs, api_name="jump_first_violation")
-    ui.violations.select(jump_selected, jump_inputs, jump_outputs, api_visibility="private")
+    def jump_picked(label: str, run_a: Any, run_b: Any, window: int, picked: str) -> dict:
+        """A timeline marker was clicked: `picked` is "<violation index>:<click time>"."""
+        head = (picked or "").split(":", 1)[0]
+        if not head.isdigit():
+            return gr.skip()
+        return jump(label, run_a, run_b, window, int(head))
+
+    # Three bindings, not one gr.on: the table's select event and the timeline box carry the line.
+    # Each jump switches to the grid tab, so the grid is refitted to its now visible container.
+    ui.first.click(jump_first, jump_inputs, jump_outputs, api_name="jump_first_violation").then(
+        None, js=RESIZE_PLOTS_JS, show_progress="hidden", api_visibility="private"
+    )
+    ui.violations.select(jump_selected, jump_inputs, jump_outputs, api_visibility="private").then(
+        None, js=RESIZE_PLOTS_JS, show_progress="hidden", api_visibility="private"
+    )
+    # change, not input: the click script sets the value, nobody types it.
+    ui.timeline_pick.change(jump_picked, [*jump_inputs, ui.timeline_pick], jump_outputs, api_visibility="private").then(
+        None, js=RESIZE_PLOTS_JS, show_progress="hidden", api_visibility="private"
+    )
 
 
 # ----------------------------------------------------------------------------- entry point

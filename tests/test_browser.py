@@ -94,3 +94,102 @@ def test_new_user_finds_where_desync_begins(page: Any) -> None:
     settle(page)
     assert "desync begins" in " ".join(page.locator("#sv-timeline .annotation-text").all_text_contents())
     page.screenshot(path=str(SHOTS / "05-invariants.png"), full_page=True)
+
+
+# ----------------------------------------------------------------------------- issue 13: UI states
+
+BADGES_JS = """() => [...document.querySelectorAll('.error')]
+    .filter((el) => el.offsetParent !== null && el.textContent.trim() === 'Error').length"""
+FILL_JS = """(id) => {
+    const box = document.querySelector(`#${id}`);
+    const svg = box && box.querySelector('.main-svg');
+    return svg ? svg.getBoundingClientRect().width / box.getBoundingClientRect().width : 0;
+}"""
+# Lines a text node takes: a header that wraps, mid-word or not, takes more than one.
+HEADER_LINES_JS = """() => [...document.querySelectorAll('th')].filter((th) => th.offsetParent !== null).map((th) => {
+    const walker = document.createTreeWalker(th, NodeFilter.SHOW_TEXT);
+    let most = 0, node;
+    while ((node = walker.nextNode())) {
+        if (!node.textContent.trim()) continue;
+        const range = document.createRange();
+        range.selectNodeContents(node);
+        const tops = new Set([...range.getClientRects()].map((r) => Math.round(r.top)));
+        most = Math.max(most, tops.size);
+    }
+    return [th.textContent.trim(), most];
+}).filter(([, lines]) => lines > 1)"""
+
+
+def pick_bundled(page: Any, name: str, slot: int = 0) -> None:
+    page.get_by_label("bundled example trace").nth(slot).click()
+    page.get_by_role("option", name=name).click()
+    settle(page)
+
+
+def test_error_is_one_line_and_leaves_no_badge(page: Any, tmp_path: Path) -> None:
+    page.set_viewport_size({"width": 1440, "height": 900})
+    bad = tmp_path / "broken.json"
+    bad.write_text('{"format": "specviz-trace", "header": 3}')
+    page.locator("input[type=file]").first.set_input_files(str(bad))
+    page.locator("#sv-status-a").get_by_text("broken.json").wait_for()
+    settle(page)
+    assert page.evaluate(BADGES_JS) == 0
+    assert page.locator("#sv-grid .js-plotly-plot").count() == 1  # the run stays drawn
+    pick_bundled(page, "default-eqspec-stale-kv.json.gz")
+    page.locator("#sv-status-a").wait_for(state="hidden")
+    assert page.evaluate(BADGES_JS) == 0
+
+
+def test_upload_clears_the_bundled_name(page: Any, tmp_path: Path) -> None:
+    good = tmp_path / "mine.json.gz"
+    good.write_bytes((app.TRACES / "default-eqspec.json.gz").read_bytes())
+    page.locator("input[type=file]").first.set_input_files(str(good))
+    page.locator(".sv-summary").first.get_by_text("upload mine.json.gz").wait_for()
+    assert page.get_by_label("bundled example trace").first.input_value() == ""
+    assert not page.locator("#sv-download-a").is_visible()  # no live run yet: no empty file box
+    assert "secondary" in page.locator("#sv-first").get_attribute("class")  # clean run: nothing to jump to
+
+
+@pytest.mark.parametrize("tab,plot", [("Ragged grid", "sv-grid"), ("KV & positions", "sv-kv")])
+def test_plot_updated_in_a_hidden_tab_fills_its_container(page: Any, tab: str, plot: str) -> None:
+    page.get_by_role("tab", name="Outputs").click()
+    pick_bundled(page, FAULTY if plot == "sv-grid" else "default-eqspec-stale-kv.json.gz")
+    page.get_by_role("tab", name=tab).click()
+    page.wait_for_timeout(700)
+    assert page.evaluate(FILL_JS, plot) >= 0.9
+    if plot == "sv-grid":  # the legend sits under the rows, never on them
+        legend = page.locator("#sv-grid .legend").bounding_box()
+        rows = page.locator("#sv-grid .nsewdrag").first.bounding_box()
+        assert legend["y"] >= rows["y"] + rows["height"] - 1
+    page.screenshot(path=str(SHOTS / f"10-hidden-then-{plot}.png"))
+
+
+@pytest.mark.parametrize("width", [1440, 1024])
+def test_table_headers_do_not_wrap(page: Any, width: int) -> None:
+    page.set_viewport_size({"width": width, "height": 900})
+    for tab in ("Invariants", "Acceptance"):
+        page.get_by_role("tab", name=tab).click()
+        page.wait_for_timeout(500)
+        assert page.evaluate(HEADER_LINES_JS) == [], f"{tab} at {width}px"
+    page.set_viewport_size({"width": 1440, "height": 900})
+
+
+def test_timeline_marker_opens_its_step(page: Any) -> None:
+    pick_bundled(page, FAULTY)
+    page.get_by_role("tab", name="Invariants").click()
+    page.wait_for_selector("#sv-timeline .scatterlayer .point")
+    settle(page)
+    points = page.locator("#sv-timeline .scatterlayer .trace").first.locator(".point")
+    target = points.nth(points.count() - 1)
+    step = page.evaluate("() => { const d = document.querySelector('#sv-timeline .js-plotly-plot').data[0]; "
+                         "return d.x[d.x.length - 1]; }")  # fmt: skip
+    target.scroll_into_view_if_needed()
+    box = target.bounding_box()  # plotly's drag layer takes the pointer: click where the marker is drawn
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    page.mouse.move(x, y)
+    page.wait_for_timeout(300)  # the hover that tells plotly which point is under the pointer
+    page.mouse.click(x, y)
+    page.wait_for_function(
+        "(step) => document.querySelector('#sv-step input[type=number]').value == String(step)", arg=step
+    )
+    assert page.get_by_role("tab", name="Ragged grid").get_attribute("aria-selected") == "true"

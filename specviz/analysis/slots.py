@@ -89,6 +89,9 @@ class RowSlots:
     notes: list[str]  # row-level facts that have no slot (e.g. KV of missing tokens)
     expected: ExpectedRow
     record: RowRecord
+    # The column each violation was anchored to when it was placed, parallel to `violations`.
+    # Kept, not recomputed: a later violation's mark must not move an earlier one's.
+    anchors: list[int] = field(default_factory=list)
 
     @property
     def flagged(self) -> bool:
@@ -424,8 +427,11 @@ def row_slots(
     slots = SlotList(lo, cache)
     slots += _query_slots(step, row, mask[step.cache_len - lo :])
     slots.append(_bonus_slot(step, row))
+    anchors = []
     for violation in violations:
-        anchor = slots[anchor_col(slots, violation, step)]
+        col = anchor_col(slots, violation, step)
+        anchors.append(col)
+        anchor = slots[col]
         if violation.message not in anchor.reasons:
             anchor.reasons.append(violation.message)
     return RowSlots(
@@ -438,6 +444,7 @@ def row_slots(
         notes,
         expected_row(step, row),
         row,
+        anchors,
     )
 
 
@@ -470,5 +477,13 @@ def step_slots(
     if first is not None and first.step_index == step_index:
         first_row = found.find_row(first.row)
         if first_row is not None:
-            found.first_violation = (first.row, anchor_col(first_row.slots, first, step))
+            found.first_violation = (first.row, _first_anchor(first_row, first, step))
     return found
+
+
+def _first_anchor(row: RowSlots, first: Violation, step: StepRecord) -> int:
+    """Where the run's first violation was placed in its row (the "desync begins here" cell)."""
+    for violation, col in zip(row.violations, row.anchors):
+        if violation is first or violation == first:
+            return col
+    return anchor_col(row.slots, first, step)  # not among the row's (a hand-built report)

@@ -8,6 +8,8 @@ and words it (the step's violations, a row's fed vs expected fields).
 
 from __future__ import annotations
 
+import math
+
 import plotly.graph_objects as go
 
 from specviz.analysis.slots import RowSlots, Slot, StepSlots
@@ -26,6 +28,9 @@ from specviz.views.tokens import token_label
 DEFAULT_WINDOW = 40  # cache slots shown; the query and bonus columns are always shown
 MAX_TEXT_COLUMNS = 90  # beyond this many columns the position text is unreadable: hover only
 NO_ROW = -1  # the row picker's "none"
+LEGEND_ENTRY_PX = 290  # fixed legend columns: three fit a grid 900 px wide (1024 px window)
+LEGEND_COLUMNS = 3
+LEGEND_ROW_PX = 20
 
 
 # ----------------------------------------------------------------------------- figure
@@ -125,18 +130,31 @@ def grid_figure(
             ygap=2,
         )
     )
-    _add_legend(fig, grid)
+    _add_legend(fig, grid, selected_row)
     _add_outlines(fig, outlines, FLAG_COLOR, 2)
-    _mark_first_violation(fig, grid, columns)
+    _mark_first_violation(fig, grid, columns, text)
     _mark_selected_row(fig, grid, selected_row, len(columns))
     _add_column_headers(fig, grid, start, len(columns))
-    height = 150 + 30 * max(len(grid.rows), 1)
+    legend_px = _legend_height(fig)
     fig.update_layout(
         title={"text": title or _default_title(grid, start), "x": 0, "font": {"size": 14}},
-        height=height,
-        margin={"l": 10, "r": 100 if grid.first_violation else 10, "t": 90, "b": 40},
+        height=110 + 30 * max(len(grid.rows), 1) + legend_px,
+        margin={"l": 10, "r": 100 if grid.first_violation else 10, "t": 90, "b": 10 + legend_px},
         plot_bgcolor="white",
-        legend={"orientation": "h", "y": -0.02, "yanchor": "top", "x": 0, "font": {"size": 11}},
+        # The legend lives in a bottom margin sized for it, placed from the figure's bottom edge: left to
+        # plotly's automargin it squeezes the rows instead, and after a redraw in a hidden tab it
+        # lands on top of them.
+        legend={
+            "orientation": "h",
+            "yref": "container",
+            "y": 0,
+            "yanchor": "bottom",
+            "xref": "container",
+            "x": 0.01,
+            "entrywidth": LEGEND_ENTRY_PX,
+            "entrywidthmode": "pixels",
+            "font": {"size": 11},
+        },
         hoverlabel={"align": "left"},
     )
     fig.update_xaxes(
@@ -158,6 +176,12 @@ def grid_figure(
     return fig
 
 
+def _legend_height(fig: go.Figure) -> int:
+    """Pixels the legend needs below the grid: its entries in LEGEND_COLUMNS columns."""
+    entries = sum(1 for t in fig.data if t.type == "scatter" and t.showlegend is not False and t.name)
+    return LEGEND_ROW_PX * math.ceil(entries / LEGEND_COLUMNS) + 8
+
+
 def _default_title(grid: StepSlots, start: int) -> str:
     step = grid.step
     parts = [f"<b>Step {step.step}</b>", f"batch {step.batch_id}", f"{len(grid.rows)} rows"]
@@ -174,8 +198,8 @@ def _default_title(grid: StepSlots, start: int) -> str:
     return " · ".join(parts)
 
 
-def _add_legend(fig: go.Figure, grid: StepSlots) -> None:
-    """Dummy traces: heatmaps have no per-category legend. Only kinds present are listed."""
+def _add_legend(fig: go.Figure, grid: StepSlots, selected_row: int | None = None) -> None:
+    """Dummy traces: heatmaps have no per-category legend. Only kinds and marks present are listed."""
     present = {c.kind for r in grid.rows for c in r.slots}
     for kind in KINDS:
         if kind in present and kind != "empty":
@@ -204,6 +228,19 @@ def _add_legend(fig: go.Figure, grid: StepSlots) -> None:
             hoverinfo="skip",
         )
     )
+    if grid.first_violation is not None:
+        _legend_entry(fig, "desync begins here: the run's first violation", {"color": FIRST_FLAG_COLOR})
+    if selected_row is not None and grid.row_position(selected_row) is not None:
+        _legend_entry(fig, "dotted frame: the highlighted row (fed vs expected below)", {"color": "#0f172a"}, "dot")
+
+
+def _legend_entry(fig: go.Figure, name: str, marker: dict[str, object], dash: str | None = None) -> None:
+    """A legend line for a mark drawn as a shape (shapes have no legend of their own)."""
+    if dash is None:
+        style = {"mode": "markers", "marker": {"symbol": "square", "size": 12, **marker}}
+    else:
+        style = {"mode": "lines", "line": {"color": marker["color"], "width": 1.5, "dash": dash}}
+    fig.add_trace(go.Scatter(x=[None], y=[None], name=name, hoverinfo="skip", **style))
 
 
 def _add_outlines(fig: go.Figure, cells: list[tuple[int, int]], color: str, width: int) -> None:
@@ -229,7 +266,8 @@ def _add_outlines(fig: go.Figure, cells: list[tuple[int, int]], color: str, widt
     )
 
 
-def _mark_first_violation(fig: go.Figure, grid: StepSlots, columns: list[int]) -> None:
+def _mark_first_violation(fig: go.Figure, grid: StepSlots, columns: list[int], text: list[list[str]]) -> None:
+    """The run's first violation: its cell filled dark red (its number in white on top), labelled."""
     if grid.first_violation is None:
         return
     row, col = grid.first_violation
@@ -244,11 +282,18 @@ def _mark_first_violation(fig: go.Figure, grid: StepSlots, columns: list[int]) -
         y0=y - 0.5,
         y1=y + 0.5,
         line={"color": FIRST_FLAG_COLOR, "width": 4},
-        fillcolor="rgba(220,38,38,0.35)",
+        fillcolor=FIRST_FLAG_COLOR,
     )
-    # The label sits in the right margin, level with its row, so it hides no cell of the window.
+    # Shapes cover the heatmap's text: the cell's own number goes back on top, in white.
+    number = text[y][x] if y < len(text) and x < len(text[y]) else ""
+    if number and len(columns) <= MAX_TEXT_COLUMNS:
+        fig.add_annotation(
+            x=x, y=y, text=f"<b>{number}</b>", showarrow=False, font={"color": "white", "size": 10}, name="first-cell"
+        )
+    # The label sits in the right margin, level with its row; its arrow ends at the row's right
+    # edge, so neither covers a cell (the dark red cell says which one).
     fig.add_annotation(
-        x=x,
+        x=len(columns) - 0.5,
         y=y,
         ax=len(columns) + 0.2,
         ay=y,

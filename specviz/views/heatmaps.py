@@ -20,6 +20,11 @@ from specviz.views.palette import FLAG_COLOR
 
 MAX_SEQUENCES = 160
 MAX_STEPS = 240
+ROW_PX = 28  # per sequence (bin): room for its label, which is never skipped up to LABEL_EVERY_UP_TO
+MIN_HEIGHT = 240
+MAX_HEIGHT = 1400
+CHROME_PX = 130  # title, axis title and margins
+LABEL_EVERY_UP_TO = 48  # beyond this many sequence bins plotly picks which to label
 DIVERGING = [[0.0, "#1d4ed8"], [0.5, "#f1f5f9"], [1.0, FLAG_COLOR]]
 
 
@@ -113,15 +118,28 @@ def _heatmap(binned: Binned, title: str, value_name: str, **style: object) -> go
     )
     if binned.binned:
         title += f"<br><sup>binned: {binned.seq_bin} sequence(s) × {binned.step_bin} step(s) per cell</sup>"
+    rows = len(binned.seq_labels)
     fig.update_layout(
         title={"text": title, "x": 0, "font": {"size": 14}},
-        height=min(140 + 9 * len(binned.seq_labels), 700),
+        height=heatmap_height(rows),
         margin={"l": 10, "r": 10, "t": 60, "b": 40},
         plot_bgcolor="white",
     )
     fig.update_xaxes(title_text="step", showgrid=False)
     fig.update_yaxes(autorange="reversed", showgrid=False, type="category")
+    if rows <= LABEL_EVERY_UP_TO:  # plotly skips every other category label once rows get tight
+        fig.update_yaxes(tickmode="array", tickvals=binned.seq_labels, ticktext=binned.seq_labels)
     return fig
+
+
+def heatmap_height(rows: int) -> int:
+    """Tall enough that each sequence gets ROW_PX, never squashed below MIN_HEIGHT."""
+    return int(min(max(CHROME_PX + ROW_PX * rows, MIN_HEIGHT), MAX_HEIGHT))
+
+
+def _colorbar(title: str) -> dict[str, object]:
+    """A colorbar whose ticks cannot crowd: a few of them, whatever the figure's height."""
+    return {"title": {"text": title, "side": "right"}, "nticks": 6, "thickness": 14, "len": 1.0, "lenmode": "fraction"}
 
 
 def acceptance_heatmap(trace: Trace) -> go.Figure:
@@ -132,7 +150,7 @@ def acceptance_heatmap(trace: Trace) -> go.Figure:
     if k == 0:
         title = "Plain greedy run: no drafts to accept"
     return _heatmap(
-        binned, title, "accepted", colorscale="Viridis", zmin=0, zmax=max(k, 1), colorbar={"title": "accepted"}
+        binned, title, "accepted", colorscale="Viridis", zmin=0, zmax=max(k, 1), colorbar=_colorbar("accepted")
     )
 
 
@@ -164,7 +182,7 @@ def _error_heatmap(trace: Trace, value: Callable[[RowRecord], float], title: str
         zmin=-limit,
         zmax=limit,
         zmid=0,
-        colorbar={"title": "slots"},
+        colorbar=_colorbar("slots"),
     )
 
 

@@ -95,7 +95,7 @@ def _tokens_html(tokens: list[int], texts: dict[int, str], divergence: int | Non
             classes += " sv-after"
         attrs = f" data-index='{i}'" + (" data-divergent='true'" if i == divergence and role == "output" else "")
         text = html.escape(token_label(texts, token))
-        spans.append(f"<span class='{classes}'{attrs} title='token {i} · id {token}'>{text}</span>")
+        spans.append(f"<span class='{classes}'{attrs} title='position {i} · token id {token}'>{text}</span>")
     spans.append(_elided(len(tokens) - shown.stop, "after"))
     if divergence is not None and divergence >= len(tokens):
         spans.append("<span class='sv-tok sv-div' data-divergent='true' title='output ends early'>⟂ ends</span>")
@@ -124,12 +124,31 @@ def _column(
     )
 
 
-def _verdict_line(verdict: SequenceVerdict | None) -> str:
+def _token_words(tokens: list[int] | None, index: int, texts: dict[int, str]) -> str:
+    """`id 262 'text'` for the token at `index`, or `none` past the end (the output ended early)."""
+    if tokens is None or index >= len(tokens):
+        return "none"
+    token = tokens[index]
+    text = f" {html.escape(repr(token_label(texts, token)))}" if token in texts else ""
+    return f"id {token}{text}"
+
+
+def _verdict_line(
+    verdict: SequenceVerdict | None, seq: SequenceRecord | None = None, texts: dict[int, str] | None = None
+) -> str:
     if verdict is None:
         return ""
     parts = [verdict_badge(verdict.verdict)]
     if verdict.first_divergence is not None:
-        parts.append(f"first divergent token #{verdict.first_divergence}")
+        # A position in the output and two token IDs: said in words, never as two bare "#n".
+        where = verdict.first_divergence
+        parts.append(f"first divergence at output position {where}")
+        if seq is not None:
+            texts = texts or {}
+            parts.append(
+                f"output token {_token_words(seq.output_ids, where, texts)}, "
+                f"reference token {_token_words(seq.reference_ids, where, texts)}"
+            )
         if verdict.divergence_step is not None:
             parts.append(f"emitted at step {verdict.divergence_step}")
         if verdict.margin is not None:
@@ -146,7 +165,7 @@ def _sequence_card(seq: SequenceRecord, runs: list[RunOutputs]) -> str:
     first = verdicts[0]
     reference = seq.reference_ids
     prompt = seq.prompt if len(seq.prompt) <= PROMPT_CHARS else seq.prompt[:PROMPT_CHARS] + "…"
-    head = f"seq {seq.seq_id} · {_verdict_line(first)}"
+    head = f"seq {seq.seq_id} · {_verdict_line(first, seq, texts)}"
     columns = []
     if reference is not None:
         ref_div = first.first_divergence if first else None

@@ -14,6 +14,7 @@ from specviz.analysis.check import check_trace
 from specviz.analysis.report import Report
 from specviz.analysis.slots import FedHistory, StepSlots, fed_history, step_slots
 from specviz.trace.schema import Trace
+from specviz.views.faults import fault_markdown
 from specviz.views.grid import DEFAULT_WINDOW, NO_ROW, grid_figure, row_choices, row_details_markdown, step_markdown
 from specviz.views.outputs import RunOutputs, outputs_html
 from specviz.views.safe_text import md_text
@@ -100,7 +101,13 @@ def grid_view(loaded: LoadedRun | None, step_index: int | None, row: int | None,
 def slot_summary_markdown(loaded: LoadedRun | None, label: str) -> str:
     if loaded is None:
         return f"### Run {label}: empty\nLoad a bundled trace, upload a trace file, or start a live run."
-    return summary_markdown(loaded.trace, loaded.report, label) + f"\n\n<sub>source: {md_text(loaded.source)}</sub>"
+    fault = fault_markdown(loaded.trace.header.fault)  # what the injected bug does, where it is named
+    fault_line = f"\n\n{fault}" if fault else ""
+    return (
+        summary_markdown(loaded.trace, loaded.report, label)
+        + fault_line
+        + f"\n\n<sub>source: {md_text(loaded.source)}</sub>"
+    )
 
 
 def slot_outputs_html(loaded: LoadedRun | None, other: LoadedRun | None, label: str, page: int, only: bool) -> str:

@@ -43,8 +43,10 @@ def timeline_figure(trace: Trace, report: Report) -> go.Figure:
     fig = go.Figure()
     counts = Counter((v.step, v.invariant) for v in report.violations)
     messages: dict[tuple[int, int], str] = {}
-    for v in report.violations:
+    firsts: dict[tuple[int, int], int] = {}  # index of each marker's first violation: a click opens it
+    for i, v in enumerate(report.violations):
         messages.setdefault((v.step, v.invariant), f"row {v.row}, seq {v.seq_id}: {v.message}")
+        firsts.setdefault((v.step, v.invariant), i)
     if counts:
         keys = sorted(counts)
         fig.add_trace(
@@ -59,8 +61,9 @@ def timeline_figure(trace: Trace, report: Report) -> go.Figure:
                     "opacity": 0.75,
                     "line": {"width": 0},
                 },
-                customdata=[[counts[k], messages[k]] for k in keys],
-                hovertemplate="step %{x} · %{customdata[0]} violation(s)<br>first: %{customdata[1]}<extra></extra>",
+                customdata=[[counts[k], messages[k], firsts.get(k)] for k in keys],
+                hovertemplate="step %{x} · %{customdata[0]} violation(s)<br>first: %{customdata[1]}"
+                "<br><i>click to open it in the grid</i><extra></extra>",
             )
         )
     _mark_first(fig, report)
@@ -104,6 +107,7 @@ def _mark_first(fig: go.Figure, report: Report) -> None:
             y=[first.invariant],
             mode="markers",
             marker={"symbol": "star", "size": 22, "color": FIRST_FLAG_COLOR, "line": {"color": "white", "width": 1}},
+            customdata=[[1, first.message, 0]],  # index 0: a click opens the first violation
             hovertemplate=f"<b>first violation</b><br>step {first.step}, row {first.row}, seq {first.seq_id}"
             f"<br>{first.message}<extra></extra>",
         )
