@@ -101,9 +101,11 @@ CSS = (
     + """
 .sv-summary { min-height: 120px; }
 #sv-intro p { margin: 2px 0; }
-/* Headers break between words or not at all: "violations", never "violatio ns". */
-.sv-summary th, .table-wrap th, th .cell-wrap, th span { word-break: normal !important;
+/* Headers break between words or not at all: "violations", never "violatio ns". The data tables'
+   headers stay on one line; the summary's may wrap between words, so its table fits its panel. */
+.table-wrap th, th .cell-wrap, th span { word-break: normal !important;
   overflow-wrap: normal !important; white-space: nowrap !important; hyphens: none; }
+.sv-summary th { word-break: keep-all !important; overflow-wrap: normal !important; hyphens: none; }
 .sv-status { color: #991b1b; background: #fef2f2; border-radius: 6px; padding: 2px 8px; }
 .sv-status p { margin: 0; }
 /* A plotly click on the timeline is sent through this box; nobody types in it. */
