@@ -202,3 +202,26 @@ def test_python_app_py_serves_on_the_configured_port() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def test_fault_one_liner_links_a_served_faults_doc(client: Any) -> None:
+    from specviz.views.faults import FAULTS_DOC_URL
+
+    with urllib.request.urlopen(client.client.src.rstrip("/") + FAULTS_DOC_URL, timeout=10) as response:
+        assert response.status == 200 and b"# Faults" in response.read()
+
+
+def test_live_run_progress_counts_prompts_then_tokens_on_one_bar(monkeypatch: pytest.MonkeyPatch) -> None:
+    pair = make_pair("llama")
+    monkeypatch.setattr(app, "load_model_pair", lambda target, draft, with_draft: pair)
+    calls: list[tuple[Any, str | None, str]] = []
+    fields = {key: value for key, value in LIVE.items() if key != "prompts"}
+    request = app.LiveRequest(**{**fields, "max_new_tokens": 24}, prompts_text=LIVE["prompts"])
+    app.live_run(request, lambda value, desc=None, unit="steps": calls.append((value, desc, unit)))
+    units = {desc: unit for _, desc, unit in calls if desc and "loading" not in desc}
+    assert units == {"reference (greedy, batch 1)": "prompts", "eqspec decoding": "tokens"}
+    done, total = calls[-1][0]
+    assert done == total  # sequences that stop early still end the bar at 100%
+    demo = app.build_app()
+    live = next(f for f in demo.fns.values() if f.api_name == "live_run_a")
+    assert [c.elem_id for c in live.show_progress_on] == ["sv-summary-a"]  # one progress bar per run
