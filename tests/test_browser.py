@@ -197,3 +197,17 @@ def test_timeline_marker_opens_its_step(page: Any) -> None:
         "(step) => document.querySelector('#sv-step input[type=number]').value == String(step)", arg=step
     )
     assert page.get_by_role("tab", name="Ragged grid").get_attribute("aria-selected") == "true"
+
+
+def test_violation_click_opens_a_fitted_grid(page: Any) -> None:
+    page.get_by_role("tab", name="Invariants").click()
+    # Gradio draws the table's lines virtually: find a cell by its text, among the visible ones.
+    page.locator("#sv-violations").get_by_text("position-contiguity").locator("visible=true").nth(2).click()
+    page.wait_for_function(
+        "() => document.querySelector('button[role=tab][aria-selected=true]').textContent.includes('grid')"
+    )
+    settle(page)
+    assert page.evaluate(FILL_JS, "sv-grid") >= 0.9
+    legend = page.locator("#sv-grid .legend").bounding_box()
+    rows = page.locator("#sv-grid .nsewdrag").first.bounding_box()
+    assert legend["y"] >= rows["y"] + rows["height"] - 1  # the legend never covers the rows
