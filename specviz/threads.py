@@ -3,9 +3,10 @@
 The models specviz runs on a CPU are small (the embedded pair, Gemma-3-270M): a matmul of one
 decode step is too short for several threads to pay their synchronisation, and on a machine that
 is busy with anything else torch's default (one thread per core) makes every thread wait for the
-slowest. Measured on 2 cores (docs in the README): the stale-kv example records in about the same
-time with 1 or 2 threads on an idle machine, and several times faster with 1 thread on a loaded
-one. So one thread is the default; `--threads N` asks for more, `--threads 0` keeps torch's own.
+slowest. Measured on a shared 2-core machine (`record --fault stale-kv --num-prompts 16`): with
+no load of ours (load average 7-10 from others) 24 s with 1 thread, 104 s with 2, 259 s with
+torch's default; with two busy loops added, 122 s, 586 s and 507 s. So one thread is the
+default; `--threads N` asks for more, `--threads 0` keeps torch's own.
 """
 
 from __future__ import annotations
