@@ -22,6 +22,7 @@ from specviz.engine.rules import TokenRules
 from specviz.engine.sampling import SamplingParams
 from specviz.engine.step import Engine, Sequence
 from specviz.engine.window import refusal as window_refusal
+from specviz.engine.window import window_spec
 from specviz.errors import SpecvizError
 from specviz.trace.recorder import NullRecorder, Recorder, new_header
 from specviz.trace.schema import METHODS, ModelInfo, SamplingInfo, SequenceRecord, Trace
@@ -278,8 +279,21 @@ def refuse_unmaskable_windows(pair: ModelPair, prompt_ids: list[list[int]], conf
         models.append((pair.draft, pair.draft_name or "draft"))
     for model, name in models:
         line = window_refusal(model, name, longest)
+        if line is None and config.method == "inplace":
+            line = inplace_window_refusal(model, name, longest)
         if line is not None:
             raise SpecvizError(line)
+
+
+def inplace_window_refusal(model: Any, name: str, longest_context: int) -> str | None:
+    """`inplace` feeds one 4-D mask to every layer, so a sliding layer would see past its window."""
+    spec = window_spec(model)
+    if not spec.windowed or longest_context <= spec.window:
+        return None
+    return (
+        f"{name}: sliding window of {spec.window} tokens, and this run reaches {longest_context} slots; "
+        f"--method inplace does not mask sliding windows yet (use eqspec or exspec, or stay within the window)"
+    )
 
 
 def greedy_references(
