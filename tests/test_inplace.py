@@ -7,7 +7,7 @@ import torch
 from test_engine_exact import MAX_NEW, PROMPTS, _frequent_token, assert_exact, decode, oracle, pair_for
 
 from specviz.analysis.check import check_trace
-from specviz.engine.inplace import LAYOUT, Slots, block_mask, run_inplace
+from specviz.engine.inplace import LAYOUT, Slots, block_mask, query_block_causal, run_inplace
 from specviz.engine.step import Engine, Sequence
 from specviz.errors import SpecvizError
 from specviz.trace.io import load_trace, save_trace
@@ -35,6 +35,7 @@ def test_trace_declares_its_layout_and_checks_clean(tmp_path) -> None:
     rows = [r for s in trace.steps for r in s.rows]
     assert any(r.kv_content_checked for r in rows) and all(r.kv_mismatch_slot is None for r in rows)
     assert all(r.kv_len == r.committed_before - 1 for r in rows)
+    assert all(r.query_causal is True for r in rows), "the 4-D verify mask's causality is recorded"
     assert all(r.left_pad == 0 for r in rows if r.kv_len), "the region starts at slot 0"
     widths = {s.cache_len for s in trace.steps if s.batch_id == 0}
     assert len(widths) == 1, "one fixed width per batch"
@@ -65,6 +66,14 @@ def test_mask_attends_prefix_and_causal_block_only() -> None:
     mask = block_mask(slots, 8, torch.float32)[:, 0] == 0
     assert mask[0, 0].tolist() == [True] * 3 + [False] * 5
     assert mask[1, 1].tolist() == [True] * 7 + [False]
+
+
+def test_query_causality_is_read_off_the_mask_fed() -> None:
+    slots = torch.tensor([[2, 3, 4], [5, 6, 7]])
+    mask = block_mask(slots, 8, torch.float32)
+    assert query_block_causal(mask, slots).tolist() == [True, True]
+    mask[1, 0, 0, 6] = 0.0  # row 1's first query now sees the second query's slot: not causal
+    assert query_block_causal(mask, slots).tolist() == [True, False]
 
 
 def test_faults_are_refused() -> None:

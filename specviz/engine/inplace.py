@@ -110,6 +110,8 @@ class SlotState(KVState):
     """
 
     lengths: torch.Tensor | None = None
+    # [B] bool: each row's query block of the last 4-D mask fed was causal (what the recorder reports).
+    query_causal: torch.Tensor | None = None
 
     def feed_own(
         self, model: Any, input_ids: torch.Tensor, positions: torch.Tensor, query_mask: torch.Tensor | None = None
@@ -123,9 +125,11 @@ class SlotState(KVState):
         if int(query_slots[:, -1].max()) >= slots.width:
             raise SpecvizError(f"inplace: a row outgrew its {slots.width} slots (engine bug)")
         slots.write_at = query_slots
+        mask = block_mask(query_slots, slots.width, model.dtype)
+        self.query_causal = query_block_causal(mask, query_slots)
         out = model(
             input_ids=input_ids,
-            attention_mask=block_mask(query_slots, slots.width, model.dtype),
+            attention_mask=mask,
             position_ids=positions,
             cache=slots,
             use_cache=True,
@@ -145,6 +149,15 @@ def block_mask(query_slots: torch.Tensor, width: int, dtype: torch.dtype) -> tor
     mask = torch.zeros(visible.shape, dtype=dtype, device=query_slots.device)
     mask.masked_fill_(~visible, torch.finfo(dtype).min)
     return mask[:, None]
+
+
+def query_block_causal(mask: torch.Tensor, query_slots: torch.Tensor) -> torch.Tensor:
+    """[B] bool: query i of each row sees query slot j exactly when j <= i (read off the mask fed)."""
+    q = query_slots.shape[1]
+    index = query_slots[:, None, :].expand(-1, q, -1)  # [B, q, q]: query j's slot, for every query i
+    sees = mask[:, 0].gather(2, index) == 0  # additive mask: 0 = visible
+    causal = torch.ones(q, q, dtype=torch.bool, device=mask.device).tril()
+    return (sees == causal).all(2).all(1)
 
 
 def region_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:

@@ -414,6 +414,7 @@ class Engine:
             draft_positions=proposals.positions if batch.draft is not None else None,
             draft_call_kv_lens=proposals.call_kv_lens,
             kv_mismatch=kv_mismatch,
+            query_causal=getattr(batch.target, "query_causal", None),  # engines that feed a 4-D mask
         )
 
     def check_kv_content(self, state: KVState, seqs: list[Sequence]) -> list[int | None] | None:

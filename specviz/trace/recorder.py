@@ -50,6 +50,7 @@ class StepObservation:
     draft_positions: torch.Tensor | None = None  # [B, k] position fed at each draft call; None: no draft
     draft_call_kv_lens: torch.Tensor | None = None  # [B, k] attended draft slots before each draft call
     kv_mismatch: list[int | None] | None = None  # per row: first bad target slot; None: not checked
+    query_causal: torch.Tensor | None = None  # [B] bool, when the verify block was fed as a 4-D mask
 
 
 def mask_rle(mask: torch.Tensor) -> list[list[list[int]]]:
@@ -92,6 +93,7 @@ class Recorder:
         draft_pos = obs.draft_positions.tolist() if obs.draft_positions is not None else None
         call_kv = obs.draft_call_kv_lens.tolist() if obs.draft_call_kv_lens is not None else None
         checked = obs.kv_mismatch is not None
+        causal = obs.query_causal.tolist() if obs.query_causal is not None else None
         rows = []
         for r, seq_id in enumerate(obs.seq_ids):
             n = obs.committed_before[r]
@@ -121,6 +123,7 @@ class Recorder:
                     draft_kv_lens=call_kv[r] if call_kv is not None else None,
                     kv_content_checked=checked,
                     kv_mismatch_slot=obs.kv_mismatch[r] if checked else None,
+                    query_causal=causal[r] if causal is not None else None,
                 )
             )
         self.steps.append(
