@@ -27,8 +27,9 @@ EXIT_INTERRUPTED = 130
 
 CHECK_DESCRIPTION = """\
 Check a trace: replay the ragged state of every verify step and report where it first differs
-from what a correct left-padded engine feeds (the four invariants), and which outputs differ
-from the target's batch-1 greedy reference.
+from what a correct engine feeds (each row attends exactly its committed tokens, at their
+logical positions; tokens accounted for; plus rectangular alignment for traces that declare the
+left-padded layout), and which outputs differ from the target's batch-1 reference.
 
 A trace is the JSON file (.json or .json.gz) one decoding run writes: a header (models, method,
 batch size, k), one record per verify step and batch row (positions, attention mask, KV lengths,
