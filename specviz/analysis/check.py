@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from specviz.analysis.finish import FinishChecks
+from specviz.analysis.finish import FinishChecks, stub_row
 from specviz.analysis.metrics import exact_match, sequence_divergence
 from specviz.analysis.recorded import check_recorded_row, note_unrecorded
 from specviz.analysis.report import INVARIANTS, Report, SequenceVerdict, Violation
@@ -431,24 +431,7 @@ class _Checker:
             return
         step = self.trace.steps[si]
         row = next((r for r in step.rows if r.seq_id == seq_id), None)
-        stub = row or RowRecord(
-            row=-1,
-            seq_id=seq_id,
-            committed_before=0,
-            left_pad=0,
-            left_pad_after=None,
-            pending_token=0,
-            draft_tokens=[],
-            target_tokens=[],
-            accepted=0,
-            bonus=None,
-            emitted=[],
-            write_seq=seq_id,
-            position_ids=[],
-            mask_rle=[],
-            kv_len=0,
-            kv_len_expected=0,
-        )
+        stub = row or stub_row(seq_id)
         self.flag(si, step, stub, 4, fld, expected, actual, message)
 
 

@@ -198,7 +198,7 @@ class FinishChecks:
         step = steps[si]
         row = next((r for r in step.rows if r.seq_id == seq_id), None)
         row = row or next((r for r in step.rows if r.write_seq == seq_id), None)
-        chk.flag(si, step, row or _stub_row(seq_id), ACCOUNTING, fld, expected, actual, message)
+        chk.flag(si, step, row or stub_row(seq_id), ACCOUNTING, fld, expected, actual, message)
 
 
 def _why(allowed: set[str], written: int) -> str:
@@ -212,7 +212,7 @@ def _wrong_reason(reason: str, seq_id: int, tokens: list[int], written: int, max
     return f"finish_reason 'length' for sequence {seq_id} with {written} of {max_new} tokens"
 
 
-def _stub_row(seq_id: int) -> RowRecord:
+def stub_row(seq_id: int) -> RowRecord:
     """Stands for a sequence that no row of the located step holds."""
     return RowRecord(
         row=NO_ROW,
