@@ -13,43 +13,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 
-import specviz
-import specviz.engine.run as run_module
+from specviz.bench.measure import PromptSet, run_unwatched, run_watched, select_prompts
 from specviz.data import load_specbench
-from specviz.engine.models import load_pair
+from specviz.engine.models import ModelPair, load_pair
 from specviz.engine.run import RunConfig
 
 
-def decode(pair, prompts: list[str], config: RunConfig, watched: bool) -> float:
-    """Seconds for one run (plus the watch's close when watched), device synchronised."""
-    w = specviz.watch(pair.target, pair.draft, tokenizer=pair.tokenizer, prompts=prompts) if watched else None
-    original = run_module.Engine
-    if w is not None:
-
-        class WatchedEngine(original):
-            def step(self, batch):
-                w.rows([s.seq_id for s in batch.seqs])
-                before = [len(s.output_ids) for s in batch.seqs]
-                outcome = super().step(batch)
-                for seq, n in zip(batch.seqs, before):
-                    w.emit(seq.seq_id, seq.output_ids[n:], seq.finish_reason)
-                return outcome
-
-        run_module.Engine = WatchedEngine
-    try:
-        started = time.perf_counter()
-        run_module.run(pair, prompts, config)
-        if w is not None:
-            w.close(reference=False)
-        if pair.device.type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - started
-    finally:
-        run_module.Engine = original
+def decode(pair: ModelPair, prompts: PromptSet, config: RunConfig, watched: bool) -> float:
+    """Seconds for one run (plus the watch's close when watched): the bench's own two arms."""
+    return run_watched(pair, prompts, config)[1] if watched else run_unwatched(pair, prompts, config)
 
 
 def main() -> None:
@@ -64,10 +39,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     pair = load_pair(device=args.device)
-    prompts = [p for p in load_specbench("heldout") if len(p) < 1500][: args.num_prompts]
+    texts = [p for p in load_specbench("heldout") if len(p) < 1500]
+    prompts = select_prompts(pair, texts, args.num_prompts, args.max_new_tokens)
+    warm = select_prompts(pair, texts, 2, args.max_new_tokens)
     config = RunConfig(method=args.method, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens)
     config.reference, config.record_steps = False, False
-    decode(pair, prompts[:2], config, watched=True)  # warm-up: first-call costs out of both arms
+    decode(pair, warm, config, watched=True)  # warm-up: first-call costs out of both arms
     times: dict[bool, list[float]] = {False: [], True: []}
     for _ in range(args.repeats):
         for watched in (False, True):
