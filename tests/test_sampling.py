@@ -14,6 +14,7 @@ import math
 
 import pytest
 import torch
+from catalogue import ORIGINAL_FAULTS
 from test_engine_exact import PROMPTS, pair_for
 from tiny import make_pair
 
@@ -29,16 +30,7 @@ from specviz.engine.step import Engine, Sequence
 T = 0.8
 SEED = 5
 MAX_NEW = 16
-CATALOGUE = (
-    "uniform-advance",
-    "column-positions",
-    "masked-holes",
-    "pad-accumulation",
-    "stale-kv",
-    "extra-accept",
-    "row-mixup",
-    "missing-bonus-kv",
-)
+CATALOGUE = ORIGINAL_FAULTS
 
 
 @functools.cache

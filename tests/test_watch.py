@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from catalogue import ORIGINAL_FAULTS
 from watch_engine import Bugs, generate
 
 import specviz
@@ -78,17 +79,7 @@ def first(report) -> tuple[int, int, int] | None:
 # ----------------------------------------------------------------------------- 1. our engine
 
 FAULT_CASES = [("eqspec", None), ("exspec", None)] + [
-    ("exspec" if f == "row-mixup" else "eqspec", f)
-    for f in (
-        "uniform-advance",
-        "column-positions",
-        "masked-holes",
-        "pad-accumulation",
-        "stale-kv",
-        "extra-accept",
-        "row-mixup",
-        "missing-bonus-kv",
-    )
+    ("exspec" if f == "row-mixup" else "eqspec", f) for f in ORIGINAL_FAULTS
 ]
 
 
