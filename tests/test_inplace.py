@@ -7,7 +7,15 @@ import torch
 from test_engine_exact import MAX_NEW, PROMPTS, _frequent_token, assert_exact, decode, oracle, pair_for
 
 from specviz.analysis.check import check_trace
-from specviz.engine.inplace import LAYOUT, Slots, block_mask, query_block_causal, run_inplace
+from specviz.engine.inplace import (
+    LAYOUT,
+    PREFILL_SLACK,
+    Slots,
+    block_mask,
+    prefill_groups,
+    query_block_causal,
+    run_inplace,
+)
 from specviz.engine.step import Engine, Sequence
 from specviz.errors import SpecvizError
 from specviz.trace.io import load_trace, save_trace
@@ -79,3 +87,18 @@ def test_query_causality_is_read_off_the_mask_fed() -> None:
 def test_faults_are_refused() -> None:
     with pytest.raises(SpecvizError, match="left-padded"):
         decode("llama", "inplace", 2, 2, fault="stale-kv")
+
+
+@pytest.mark.parametrize(
+    "lengths",
+    [[2224, 300, 350, 400, 369, 10, 0, 12], [5] * 9, [0, 0], [1, 1000, 1, 999], list(range(40, 0, -3))],
+)
+def test_prefill_groups_cover_each_row_once_and_bound_the_padding(lengths: list[int]) -> None:
+    groups = prefill_groups(lengths)
+    rows = sorted(r for g in groups for r in g)
+    assert rows == [r for r, n in enumerate(lengths) if n > 0], "every row with tokens, once"
+    for group in groups:
+        padded = max(lengths[r] for r in group) * len(group)
+        assert padded <= PREFILL_SLACK * sum(lengths[r] for r in group)
+    if 2224 in lengths:
+        assert [lengths.index(2224)] in groups, "the long prompt is prefilled on its own"

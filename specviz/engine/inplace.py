@@ -48,8 +48,8 @@ class SlotLayer(CacheLayerMixin):
         self.slots = slots
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        batch, heads, _, dim = key_states.shape
-        shape = (batch, heads, self.slots.width, dim)
+        _, heads, _, dim = key_states.shape
+        shape = (self.slots.batch, heads, self.slots.width, dim)
         self.keys = key_states.new_zeros(shape)
         self.values = value_states.new_zeros(shape)
         self.device = key_states.device
@@ -61,10 +61,19 @@ class SlotLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         index = self.slots.write_index(key_states.shape)
-        keys, values = self.keys[: self.slots.active], self.values[: self.slots.active]  # views
+        rows = self.slots.rows
+        if rows is None:  # a step: the batch is the first `active` rows
+            keys, values = self.keys[: self.slots.active], self.values[: self.slots.active]  # views
+            keys.scatter_(2, index, key_states)
+            values.scatter_(2, index, value_states)
+            return keys, values  # the whole region: the 4-D mask says which slots count
+        # a prefill group: any rows, gathered and written back (once per prompt, not per step)
+        keys, values = self.keys.index_select(0, rows), self.values.index_select(0, rows)
         keys.scatter_(2, index, key_states)
         values.scatter_(2, index, value_states)
-        return keys, values  # the whole region: the 4-D mask says which slots count
+        self.keys.index_copy_(0, rows, keys)
+        self.values.index_copy_(0, rows, values)
+        return keys, values
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.slots.width, 0
@@ -81,7 +90,9 @@ class Slots(Cache):
 
     def __init__(self, num_layers: int, width: int, active: int) -> None:
         self.width = width
+        self.batch = active  # rows allocated
         self.active = active  # rows 0 .. active-1 hold the batch's unfinished sequences
+        self.rows: torch.Tensor | None = None  # prefill: the rows one forward writes (else the active prefix)
         self.write_at: torch.Tensor | None = None  # [B, q] slot of each query token, set per forward
         super().__init__(layers=[SlotLayer(self) for _ in range(num_layers)])
 
@@ -90,13 +101,18 @@ class Slots(Cache):
         batch, heads, q, dim = shape
         return self.write_at[:, None, :, None].expand(batch, heads, q, dim)
 
-    def fill_holes(self, holes: torch.Tensor, movers: torch.Tensor, active: int) -> None:
-        """Copy rows `movers` into rows `holes` (finished ones), then run on the first `active` rows."""
-        if len(holes):
+    def fill_holes(self, holes: list[int], movers: list[int], used: list[int], active: int) -> None:
+        """Copy row `movers[i]` into row `holes[i]` (a finished one), then run on the first `active` rows.
+
+        Only the `used[i]` slots the mover attends are copied: the slots past a row's length are
+        never read before its next query block overwrites them, so the copy costs the row's tokens,
+        not the region's width (set by the batch's longest prompt).
+        """
+        for hole, mover, n in zip(holes, movers, used):
             for layer in self.layers:
                 if layer.is_initialized:
-                    layer.keys.index_copy_(0, holes, layer.keys.index_select(0, movers))
-                    layer.values.index_copy_(0, holes, layer.values.index_select(0, movers))
+                    layer.keys[hole, :, :n] = layer.keys[mover, :, :n]
+                    layer.values[hole, :, :n] = layer.values[mover, :, :n]
         self.active = active
 
 
@@ -110,6 +126,9 @@ class SlotState(KVState):
     """
 
     lengths: torch.Tensor | None = None
+    # [B, width] the between-steps mask, kept apart from `mask` (which each forward extends into a
+    # new tensor the recorder reads): the next settle marks the slots a row kept in it, in place.
+    region: torch.Tensor | None = None
     # [B] bool: each row's query block of the last 4-D mask fed was causal (what the recorder reports).
     query_causal: torch.Tensor | None = None
 
@@ -172,44 +191,86 @@ def num_layers(model: Any) -> int:
     return config.num_hidden_layers
 
 
+# A prefill group may cost this many times its rows' own tokens once padded to its longest row.
+PREFILL_SLACK = 1.25
+
+
+def prefill_groups(lengths: list[int]) -> list[list[int]]:
+    """Rows grouped for prefill, longest first, so padding each group to its longest row wastes
+    little: one long prompt among short ones is prefilled on its own, not the whole batch padded
+    to its length (on CPU that padding cost more than all the decode steps)."""
+    groups: list[list[int]] = []
+    longest = tokens = 0
+    for row in sorted(range(len(lengths)), key=lambda r: -lengths[r]):
+        n = lengths[row]
+        if n == 0:
+            continue  # nothing to cache yet (a one-token prompt)
+        if groups and longest * (len(groups[-1]) + 1) <= PREFILL_SLACK * (tokens + n):
+            groups[-1].append(row)
+            tokens += n
+        else:
+            groups.append([row])
+            longest = tokens = n
+    return groups
+
+
 @torch.no_grad()
 def prefill_slots(engine: Engine, model: Any, seqs: list[Sequence], width: int) -> SlotState:
     """Cache every committed token but the pending one at slots 0.. of each row's region.
 
-    Rows are right-padded to one query block; a short row's padding lands on slots past its
-    length, which its mask never covers and its next query block overwrites.
+    Rows are prefilled in groups of similar length (`prefill_groups`), each right-padded to its
+    longest row; a short row's padding lands on slots past its length, which its mask never
+    covers and its next query block overwrites. Every row sees only its own slots, so the
+    grouping changes no key or value.
     """
     device = engine.device
     contexts = [(s.prompt_ids + s.output_ids)[:-1] for s in seqs]
     lengths = torch.tensor([len(c) for c in contexts], device=device)
+    slots = Slots(num_layers(model), width, len(seqs))
     state = SlotState(
-        cache=Slots(num_layers(model), width, len(seqs)),
+        cache=slots,
         mask=torch.zeros(len(seqs), width, dtype=torch.long, device=device),
         next_pos=lengths.clone(),
         lengths=torch.zeros_like(lengths),
     )
-    longest = int(lengths.max()) if len(contexts) else 0
-    if longest:
-        ids = torch.full((len(seqs), longest), engine.pad_id, dtype=torch.long, device=device)
-        for row, context in enumerate(contexts):
-            ids[row, : len(context)] = torch.tensor(context, device=device)
-        positions = torch.arange(longest, device=device)[None, :].expand(len(seqs), -1)
-        state.feed_own(model, ids, positions)
+    for group in prefill_groups([len(c) for c in contexts]):
+        longest = max(len(contexts[r]) for r in group)
+        ids = torch.full((len(group), longest), engine.pad_id, dtype=torch.long, device=device)
+        for i, row in enumerate(group):
+            ids[i, : len(contexts[row])] = torch.tensor(contexts[row], device=device)
+        query_slots = torch.arange(longest, device=device)[None, :].expand(len(group), -1)
+        slots.rows, slots.write_at = torch.tensor(group, device=device), query_slots
+        try:
+            model(
+                input_ids=ids,
+                attention_mask=block_mask(query_slots, width, model.dtype),
+                position_ids=query_slots,  # logical indices: slot i holds token i
+                cache=slots,
+                use_cache=True,
+            )
+        finally:
+            slots.rows = None
     return settled(state, lengths, lengths.clone())
 
 
-def settled(state: SlotState, lengths: torch.Tensor, next_pos: torch.Tensor) -> SlotState:
-    """The state between steps: each region's first `lengths` slots attended, nothing else."""
-    width = state.cache.width
-    return SlotState(cache=state.cache, mask=region_mask(lengths, width), next_pos=next_pos, lengths=lengths)
+def settled(
+    state: SlotState, lengths: torch.Tensor, next_pos: torch.Tensor, region: torch.Tensor | None = None
+) -> SlotState:
+    """The state between steps: each region's first `lengths` slots attended, nothing else.
+
+    `region`: that mask when the caller already has it (`apply_plan` updates the last one in place).
+    """
+    if region is None:
+        region = region_mask(lengths, state.cache.width)
+    return SlotState(cache=state.cache, mask=region, next_pos=next_pos, lengths=lengths, region=region)
 
 
 def new_order(rows: list[int]) -> tuple[list[int], list[int], list[int]]:
     """Where the continuing `rows` (ascending) go so they fill a prefix: each finished row inside
     the prefix takes the next continuing row from past it. Returns (old row of each new row,
     holes, movers): the rows to copy to and from."""
-    keep = len(rows)
-    holes = [r for r in range(keep) if r not in set(rows)]
+    keep, continuing = len(rows), set(rows)
+    holes = [r for r in range(keep) if r not in continuing]
     movers = [r for r in rows if r >= keep]
     order = list(range(keep))
     for hole, mover in zip(holes, movers):
@@ -221,16 +282,28 @@ def apply_plan(state: SlotState, order: list[int], holes: list[int], movers: lis
     """Carry out a cache plan without moving a slot: each kept row's length grows by what it kept.
 
     The plan's `attend` covers [region | this step's block]: the region's attended slots plus the
-    block's kept prefix (accepted drafts + 1), which already sit right after them. Finished rows
+    block's kept prefix (accepted drafts + 1), which already sit right after them, so a row's new
+    length is its old one plus what the plan attends of the block. (A plan that dropped region
+    slots has no fixed-slot form; the method refuses the faults that make one.) Finished rows
     leave: continuing rows past the new prefix are copied into their places (`new_order`).
+    The region mask is updated in place, a few columns per row, not rebuilt over its width.
     """
-    device = plan.next_pos.device
-    index = torch.tensor(order, dtype=torch.long, device=device)
-    lengths = plan.attend.index_select(0, index).sum(1)
-    if len(order) != state.batch_size:
-        holes_t, movers_t = (torch.tensor(r, dtype=torch.long, device=device) for r in (holes, movers))
-        state.cache.fill_holes(holes_t, movers_t, len(order))
-    return settled(state, lengths, plan.next_pos.index_select(0, index))
+    width = state.cache.width
+    old, region, next_pos = state.lengths, state.region, plan.next_pos
+    grown = old + plan.attend[:, width:].sum(1)
+    if len(order) != state.batch_size:  # rows finished: keep `order`, fill the holes it leaves
+        index = torch.tensor(order, dtype=torch.long, device=next_pos.device)
+        old, grown, region, next_pos = (t.index_select(0, index) for t in (old, grown, region, next_pos))
+        used = grown[holes].tolist() if holes else []  # a hole's new length is its mover's
+        state.cache.fill_holes(holes, movers, used, len(order))
+    mark_attended(region, old, grown, plan.attend.shape[1] - width)
+    return settled(state, grown, next_pos, region)
+
+
+def mark_attended(region: torch.Tensor, start: torch.Tensor, end: torch.Tensor, block: int) -> None:
+    """Set slots start .. end-1 of each row of `region` (at most `block` of them) to attended."""
+    slots = start[:, None] + torch.arange(block, device=region.device)  # < width: feed_own checked
+    region.scatter_(1, slots, (slots < end[:, None]).to(region.dtype))  # 0 past end: already 0
 
 
 def slot_width(seqs: list[Sequence], max_new_tokens: int, k: int) -> int:

@@ -10,7 +10,7 @@ lengths can show.
 
 Expected keys are computed once per token: committed tokens never change, so each sequence keeps
 the keys already computed and each check only runs the tokens committed since the last one, for
-all checked rows in one batch, stopping the model after its first decoder layer.
+all checked rows in one packed batch, stopping the model as soon as layer 0 hands over its keys.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 
 # Largest |actual - expected| per slot, relative to the largest |expected| of the row, that still
 # counts as the same key: batched GEMMs of other shapes move fp32 keys by ~1e-6 and bf16 by ~1e-2.
@@ -25,54 +26,73 @@ TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 1e-2, torc
 
 
 class _StopAfterLayer0(Exception):
-    """Raised by a hook on decoder layer 1: layer 0 has written its keys, the rest is not needed."""
+    """Raised by `_KeyCapture` once layer 0 has handed over its keys: nothing after them is needed."""
 
 
-def decoder_layers(model: Any) -> torch.nn.ModuleList:
-    """The decoder-layer list: the ModuleList as long as the config's layer count (any family)."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    count = config.num_hidden_layers
-    for module in model.modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) == count:
-            return module
-    raise TypeError(f"{type(model).__name__}: no ModuleList of {count} decoder layers")
+class _KeyCapture(DynamicCache):
+    """A cache that keeps the keys layer 0 writes and stops the forward right there.
+
+    Every family hands its attention's keys (after norm, projection and rotary) to the cache's
+    `update` before it attends, so stopping there skips layer 0's attention and MLP and all later
+    layers: the cost is the embeddings and the key projection of the tokens, not a prefill.
+    """
+
+    layer0: torch.Tensor | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
+        if layer_idx != 0:  # layer 0 holds no KV (a recurrent or linear-attention layer first)
+            raise TypeError("the KV-content check needs an attention layer first (layer 0 wrote no keys)")
+        self.layer0 = key_states
+        raise _StopAfterLayer0
 
 
-def _raise_stop(module: Any, args: Any, kwargs: Any) -> None:
-    raise _StopAfterLayer0
+# Tokens per row of the packed batch the expected keys are computed in: rows of equal length, so
+# one long sequence among short ones costs its own tokens, not a batch padded to its length.
+PACK_LEN = 256
 
 
 @torch.no_grad()
 def layer0_keys(model: Any, tokens: list[list[int]], starts: list[int], pad_id: int) -> list[torch.Tensor]:
     """Layer-0 keys [H, len, D] of each row's `tokens`, fed at positions starts[i], starts[i] + 1, ...
 
-    Rows are left-padded into one batch; layer-0 keys do not depend on other tokens, so the
-    padding and the missing context change nothing.
+    A layer-0 key depends on its token and its position only, so the tokens of all rows are laid
+    end to end with their own positions and cut into rows of `PACK_LEN` (the last one padded and
+    masked): no padding to the longest sequence, and no other token can change a key.
     """
-    from transformers import DynamicCache
-
     device = next(model.parameters()).device
-    width = max(len(t) for t in tokens)
-    ids = torch.full((len(tokens), width), pad_id, dtype=torch.long, device=device)
-    mask = torch.zeros(len(tokens), width, dtype=torch.long, device=device)
-    positions = torch.zeros(len(tokens), width, dtype=torch.long, device=device)
-    for row, (toks, start) in enumerate(zip(tokens, starts)):
-        if toks:
-            ids[row, width - len(toks) :] = torch.tensor(toks, device=device)
-            mask[row, width - len(toks) :] = 1
-            positions[row, width - len(toks) :] = torch.arange(start, start + len(toks), device=device)
-    cache = DynamicCache(config=model.config)
-    layers = decoder_layers(model)
-    hook = layers[1].register_forward_pre_hook(_raise_stop, with_kwargs=True) if len(layers) > 1 else None
+    flat_ids = [t for toks in tokens for t in toks]
+    flat_pos = [p for toks, start in zip(tokens, starts) for p in range(start, start + len(toks))]
+    total = len(flat_ids)
+    if total == 0:
+        return [torch.empty(0) for _ in tokens]
+    pack = min(PACK_LEN, total)
+    rows = -(-total // pack)
+    ids = torch.full((rows * pack,), pad_id, dtype=torch.long, device=device)
+    positions = torch.zeros(rows * pack, dtype=torch.long, device=device)
+    mask = torch.zeros(rows * pack, dtype=torch.long, device=device)
+    ids[:total] = torch.tensor(flat_ids, device=device)
+    positions[:total] = torch.tensor(flat_pos, device=device)
+    mask[:total] = 1
+    cache = _KeyCapture(config=model.config)
     try:
-        model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+        model(
+            input_ids=ids.view(rows, pack),
+            attention_mask=mask.view(rows, pack),
+            position_ids=positions.view(rows, pack),
+            cache=cache,
+            use_cache=True,
+        )
     except _StopAfterLayer0:
         pass
-    finally:
-        if hook is not None:
-            hook.remove()
-    keys = cache.layers[0].keys
-    return [keys[row, :, width - len(toks) :] for row, toks in enumerate(tokens)]
+    if cache.layer0 is None:
+        raise TypeError(f"{type(model).__name__}: layer 0 handed no keys to the cache")
+    heads, dim = cache.layer0.shape[1], cache.layer0.shape[3]
+    flat_keys = cache.layer0.transpose(1, 2).reshape(rows * pack, heads, dim)[:total]  # [tokens, H, D]
+    out, offset = [], 0
+    for toks in tokens:
+        out.append(flat_keys[offset : offset + len(toks)].transpose(0, 1))
+        offset += len(toks)
+    return out
 
 
 class KVContentChecker:
