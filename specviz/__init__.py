@@ -7,9 +7,8 @@ from specviz.startup import quiet_interrupt_while_starting  # noqa: E402
 
 quiet_interrupt_while_starting()
 
-# After `__version__` (the watch session reads it). Binding the function here, after the
-# subpackage import, keeps `specviz.watch(...)` callable; import submodules with
-# `from specviz.watch.hooks import ...`.
-from specviz.watch import watch  # noqa: E402
+# `specviz.watch` is the subpackage, callable as the function (see specviz/watch/__init__.py);
+# neither imports torch until used, so `import specviz` stays light.
+from specviz import watch  # noqa: E402
 
 __all__ = ["__version__", "watch"]

@@ -63,22 +63,46 @@ class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def build_parser() -> argparse.ArgumentParser:
+COMMANDS = {
+    "record": "decode prompts and write a trace",
+    "check": "check a trace's invariants and outputs",
+    "bench": "benchmark exactness and cost of the methods side by side",
+    "watch": "run a script with every causal LM it loads watched; write a trace",
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser; with `command`, only that subcommand's options are built ("": none).
+
+    Building `record`'s or `bench`'s options imports the engine (and torch, ~1 s and ~200 MB),
+    which `check` on a trace file does not need, so `main` builds only the command it runs.
+    """
+    parser = _Parser(prog="specviz", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name, help_text in COMMANDS.items():
+        child = sub.add_parser(name, help=help_text)
+        if command is None or command == name:
+            ADD_ARGUMENTS[name](child)
+    return parser
+
+
+def command_word(argv: Sequence[str]) -> str | None:
+    """The subcommand `argv` names (its first word that is not an option), if it is one."""
+    word = next((a for a in argv if not a.startswith("-")), None)
+    return word if word in COMMANDS else None
+
+
+def _add_record(rec: argparse.ArgumentParser) -> None:
     from specviz.engine.exspec import POLICIES
     from specviz.engine.faults import FAULTS
     from specviz.threads import add_threads_argument
     from specviz.trace.schema import METHODS
 
-    parser = _Parser(prog="specviz", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    rec = sub.add_parser(
-        "record",
-        help="decode prompts and write a trace",
-        description="Decode prompts with a speculative method (optionally with a known bug injected) and write "
-        "the trace of every verify step, with the text of its tokens.",
-        formatter_class=_DefaultsFormatter,  # every option shows its default
+    rec.description = (
+        "Decode prompts with a speculative method (optionally with a known bug injected) and write "
+        "the trace of every verify step, with the text of its tokens."
     )
+    rec.formatter_class = _DefaultsFormatter  # every option shows its default
     rec.add_argument("--method", choices=list(METHODS), default="eqspec", help="decoding method")
     rec.add_argument("--fault", choices=sorted(FAULTS), default=None, help="inject a known bug")
     rec.add_argument("--target", default=None, help="target model: local path or hub id (default: embedded)")
@@ -121,26 +145,27 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--out", default=None, help="trace path (.json or .json.gz); default runs/<name>.json.gz")
     rec.add_argument("--force", action="store_true", help="overwrite an existing --out file")
 
-    chk = sub.add_parser(
-        "check",
-        help="check a trace's invariants and outputs",
-        description=CHECK_DESCRIPTION,
-        epilog=CHECK_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+
+def _add_check(chk: argparse.ArgumentParser) -> None:
+    chk.description, chk.epilog = CHECK_DESCRIPTION, CHECK_EPILOG
+    chk.formatter_class = argparse.RawDescriptionHelpFormatter
     chk.add_argument("trace", help="trace file (.json or .json.gz), e.g. runs/<name>.json.gz from `record`")
     chk.add_argument("--json", action="store_true", help="print the report and metrics as one JSON object")
 
-    from specviz.bench import add_arguments as add_bench_arguments
 
-    bench = sub.add_parser("bench", help="benchmark exactness and cost of the methods side by side")
-    add_bench_arguments(bench)
+def _add_bench(bench: argparse.ArgumentParser) -> None:
+    from specviz.bench import add_arguments
 
-    from specviz.watch.cli import add_arguments as add_watch_arguments
+    add_arguments(bench)
 
-    watch = sub.add_parser("watch", help="run a script with every causal LM it loads watched; write a trace")
-    add_watch_arguments(watch)
-    return parser
+
+def _add_watch(watch: argparse.ArgumentParser) -> None:
+    from specviz.watch.cli import add_arguments
+
+    add_arguments(watch)
+
+
+ADD_ARGUMENTS = {"record": _add_record, "check": _add_check, "bench": _add_bench, "watch": _add_watch}
 
 
 def main_exit() -> NoReturn:
@@ -169,7 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(command_word(argv) or "").parse_args(argv)  # "": no options built
     try:
         if args.command == "record":
             return cmd_record(args)

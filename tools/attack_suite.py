@@ -480,6 +480,7 @@ def attack_flood(suite: Suite, runs: int) -> None:
             except Exception:  # noqa: BLE001
                 failures += 1
         outcomes = {"ok": 0, "refused": 0, "cancelled": 0}
+        reasons: dict[str, int] = {}  # each refusal's message: the flood must be refused for its size
         deadline = time.time() + self_timeout / 2
         for job in jobs:
             if time.time() > deadline:  # an old checkout runs them all: stop waiting, free the queue
@@ -488,12 +489,18 @@ def attack_flood(suite: Suite, runs: int) -> None:
                 continue
             try:
                 out = job.result(timeout=max(deadline - time.time(), 1))
-                outcomes["refused" if app_error(out) else "ok"] += 1
-            except Exception:  # noqa: BLE001 - a refusal is the expected answer
+                error = app_error(out)
+                outcomes["refused" if error else "ok"] += 1
+            except Exception as exc:  # noqa: BLE001 - a refusal is the expected answer
+                error = str(exc)
                 outcomes["refused"] += 1
-        result.notes.update(flood_outcomes=outcomes, visitor_failures=failures)
+            if error:
+                reasons[error[:160]] = reasons.get(error[:160], 0) + 1
+        result.notes.update(flood_outcomes=outcomes, refusals=reasons, visitor_failures=failures)
         if failures:
             result.notes["problem_flood"] = f"the well-behaved visitor had {failures} failure(s)"
+        if outcomes["ok"] == 0 and outcomes["cancelled"] == 0:  # the gate must refuse the extra runs only
+            result.notes["problem_flood_gate"] = f"not even the flooder's first run ran: {sorted(reasons)[:2]}"
         return f"{outcomes}; visitor failures {failures}"
 
     self_timeout = suite.timeout
