@@ -193,3 +193,28 @@ def test_sliding_window_model_exact_below_and_past_its_window() -> None:
         assert seq.output_ids == seq.reference_ids
     past = run(pair, ["m" * 80, "ab"], RunConfig(method="eqspec", batch_size=2, draft_k=2, max_new_tokens=8))
     assert all(seq.output_ids == seq.reference_ids for seq in past.sequences)
+
+
+@pytest.mark.parametrize("batch", [4, 16])
+def test_exspec_gathers_from_the_pool_or_the_last_batch_alike(batch: int, monkeypatch) -> None:
+    """A group that did not change is rebuilt from the last step's batch, any other from the
+    pool rows; both paths run here (16 rows hold every prompt; 4 regroup) and stay exact."""
+    import specviz.engine.exspec as exspec
+    from specviz.engine.pool import KVPool
+
+    sources = {"pool": 0, "last batch": 0}
+    take, rebuild = KVPool.take, exspec.rebuild
+
+    def counted_take(self, ids):
+        sources["pool"] += 1
+        return take(self, ids)
+
+    def counted_rebuild(*args, **kwargs):
+        sources["last batch"] += 1
+        return rebuild(*args, **kwargs)
+
+    monkeypatch.setattr(KVPool, "take", counted_take)
+    monkeypatch.setattr(exspec, "rebuild", counted_rebuild)
+    eos = _frequent_token("llama")  # rows end at different steps: the group shrinks
+    assert_exact(decode("llama", "exspec", batch, 4, eos=eos, exspec_window=16), oracle("llama", eos=eos))
+    assert sources["pool"] > 0 and sources["last batch"] > 0, sources

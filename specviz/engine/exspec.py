@@ -5,7 +5,10 @@ whole life. Every step picks up to B sequences from a sliding window over the un
 gathers their rows into a batch; sequences of equal committed length need no padding. When no
 such group exists the step falls back to a batch of mixed lengths with left padding (EQSPEC-style).
 After the step only the slots it wrote are scattered back to the end of each row; rejected
-drafts stay past the row's length and are overwritten later, so nothing is compacted.
+drafts stay past the row's length and are overwritten later, so nothing is compacted. A group
+that did not change since the last step (every unfinished sequence fits in one batch) is rebuilt
+from the last step's batch instead (`_gather`): the same slots, read from a source as wide as the
+group rather than from pool rows as wide as the longest sequence.
 
 Policies:
 - `reference`: the paper's: the first length in window order with at least B sequences, else
@@ -32,6 +35,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+import torch
+
+from specviz.engine.kv import KVState, rebuild
 from specviz.engine.pool import KVPool
 from specviz.engine.step import Batch, Engine, Sequence, StepOutcome
 
@@ -104,6 +110,7 @@ def run_exspec(
     queue = admission_order(seqs, policy)
     steps = grouped_steps = 0
     previous: list[int] | None = None
+    held: tuple[Batch, StepOutcome] | None = None  # the last step's batch and plans
     while True:
         window = [s for s in queue if not s.done][:window_size]
         if not window:
@@ -117,8 +124,7 @@ def run_exspec(
         grouped = len({s.committed for s in chosen}) == 1
         ids = [s.seq_id for s in chosen]
         align_started = engine.now()
-        target = target_pool.take(ids)
-        draft = draft_pool.take(ids) if draft_pool is not None else None
+        target, draft = _gather(held, ids, target_pool, draft_pool)
         batch = Batch(chosen, target, draft, batch_id=0, grouped=grouped)
         batch.regrouped = previous is not None and ids != previous
         previous = ids
@@ -128,6 +134,7 @@ def run_exspec(
         outcome.started -= take_s  # gathering the group belongs to this step's alignment time
         align_started = engine.now() - take_s
         _return_to_pools(batch, outcome, target_pool, draft_pool, taken_widths)
+        held = (batch, outcome)
         left_pad_after: list[int | None] = [None] * len(chosen)
         for old_row in outcome.active_rows.tolist():
             left_pad_after[old_row] = 0  # a pool row holds no padding of its own
@@ -135,6 +142,29 @@ def run_exspec(
         steps += 1
         grouped_steps += int(grouped)
     return {"steps": steps, "grouped_steps": grouped_steps, "group_share": grouped_steps / max(steps, 1)}
+
+
+def _gather(
+    held: tuple[Batch, StepOutcome] | None, ids: list[int], target_pool: KVPool, draft_pool: KVPool | None
+) -> tuple[KVState, KVState | None]:
+    """The group's left-padded batch, in the order of `ids`.
+
+    When the last step's batch holds exactly these sequences (a group that did not change, as
+    when every unfinished sequence fits in one batch), it is rebuilt from that batch by its own
+    plans: one batched KV move from a source as wide as the group, like EQSPEC's realignment,
+    instead of a gather from pool rows as wide as the longest sequence ever admitted. The pool
+    holds the same slots (every step stores what it wrote), so both give the same batch.
+    """
+    if held is not None:
+        batch, outcome = held
+        row_of = {batch.seqs[r].seq_id: r for r in outcome.active_rows.tolist()}
+        if len(row_of) == len(ids) and all(i in row_of for i in ids):
+            rows = torch.tensor([row_of[i] for i in ids], dtype=torch.long, device=outcome.active_rows.device)
+            target = rebuild(batch.target, rows, outcome.target_plan)
+            if batch.draft is None or outcome.draft_plan is None:
+                return target, None
+            return target, rebuild(batch.draft, rows, outcome.draft_plan)
+    return target_pool.take(ids), draft_pool.take(ids) if draft_pool is not None else None
 
 
 def _return_to_pools(
