@@ -3,8 +3,9 @@
 `python -m specviz bench` measures tracing overhead the way a user sees it (decode wall time with
 the recorder vs with `NullRecorder`, interleaved), which on a busy machine is noisier than the
 effect. This times the recorder itself during real runs, so the answer does not depend on how
-quiet the machine is: for each method and batch size, milliseconds per recorded step and the
-share of decode wall time spent recording.
+quiet the machine is: for each method and batch size, milliseconds per recorded step, the
+share of decode wall time spent recording, and the share spent in the sampled KV-content check
+(`Engine.check_kv_content`, every 16th step by default), the other cost of a traced run.
 
     python benchmarks/recorder_cost.py --threads 2
 """
@@ -19,6 +20,7 @@ import torch
 
 import specviz.engine.run as run_module
 from specviz.bench import provenance
+from specviz.engine.step import Engine
 from specviz.trace.recorder import Recorder, StepObservation
 
 
@@ -35,8 +37,28 @@ class TimedRecorder(Recorder):
         TimedRecorder.steps += 1
 
 
-def measure(pair, texts: list[str], method: str, batch_size: int, args: argparse.Namespace) -> tuple[float, float]:
-    TimedRecorder.seconds, TimedRecorder.steps = 0.0, 0
+class TimedCheck:
+    """Adds up the time inside `Engine.check_kv_content` (the sampled KV-content check)."""
+
+    seconds = 0.0
+
+    @staticmethod
+    def wrap(method):
+        def wrapper(self, *args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                TimedCheck.seconds += time.perf_counter() - started
+
+        return wrapper
+
+
+def measure(
+    pair, texts: list[str], method: str, batch_size: int, args: argparse.Namespace
+) -> tuple[float, float, float]:
+    """(record ms per step, recording's share of decode time, the KV check's share)."""
+    TimedRecorder.seconds, TimedRecorder.steps, TimedCheck.seconds = 0.0, 0, 0.0
     config = run_module.RunConfig(
         method=method, batch_size=batch_size, draft_k=args.draft_k, max_new_tokens=args.max_new_tokens, reference=False
     )
@@ -47,7 +69,8 @@ def measure(pair, texts: list[str], method: str, batch_size: int, args: argparse
     finally:
         run_module.Recorder = original
     per_step_ms = TimedRecorder.seconds / max(TimedRecorder.steps, 1) * 1000
-    return per_step_ms, TimedRecorder.seconds / float(trace.header.decode_seconds)
+    decode_s = float(trace.header.decode_seconds)
+    return per_step_ms, TimedRecorder.seconds / decode_s, TimedCheck.seconds / decode_s
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,12 +94,17 @@ def main(argv: list[str] | None = None) -> int:
     texts = select_prompts(pair, load_specbench(), args.num_prompts, args.max_new_tokens).texts
     print(provenance("python benchmarks/recorder_cost.py " + " ".join(sys.argv[1:] if argv is None else argv)))
     print(f"{len(texts)} SpecBench prompts, {args.max_new_tokens} new tokens, k={args.draft_k}")
-    print("| method | batch | record ms/step | share of decode time |")
-    print("|---|---|---|---|")
+    Engine.check_kv_content = TimedCheck.wrap(Engine.check_kv_content)
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    run_module.run(pair, texts[:8], run_module.RunConfig(max_new_tokens=4, reference=False))  # warm-up, untimed
+    print(
+        "| method | batch | record ms/step | recording, share of decode | KV check, share of decode | tracing in all |"
+    )
+    print("|---|---|---|---|---|---|")
     for method in args.methods.split(","):
-        for batch_size in (int(b) for b in args.batch_sizes.split(",")):
-            per_step, share = measure(pair, texts, method, batch_size, args)
-            print(f"| {method} | {batch_size} | {per_step:.3f} | {share:.2%} |")
+        for batch_size in batch_sizes:
+            per_step, share, check = measure(pair, texts, method, batch_size, args)
+            print(f"| {method} | {batch_size} | {per_step:.3f} | {share:.2%} | {check:.2%} | {share + check:.2%} |")
     return 0
 
 
