@@ -178,15 +178,17 @@ def test_table_headers_do_not_wrap(page: Any, width: int) -> None:
     page.set_viewport_size({"width": 1440, "height": 900})
 
 
-def test_timeline_marker_opens_its_step(page: Any) -> None:
+@pytest.mark.parametrize("which", ["middle", "last"])
+def test_timeline_marker_opens_its_step(page: Any, which: str) -> None:
+    """Any marker, the last one too (it sits half a step from the plot's right edge)."""
     pick_bundled(page, FAULTY)
     page.get_by_role("tab", name="Invariants").click()
     page.wait_for_selector("#sv-timeline .scatterlayer .point")
     settle(page)
     points = page.locator("#sv-timeline .scatterlayer .trace").first.locator(".point")
-    middle = points.count() // 2  # a marker inside the plot (the last one can sit on its right edge)
-    target = points.nth(middle)
-    step = page.evaluate("(i) => document.querySelector('#sv-timeline .js-plotly-plot').data[0].x[i]", middle)
+    index = points.count() // 2 if which == "middle" else points.count() - 1
+    target = points.nth(index)
+    step = page.evaluate("(i) => document.querySelector('#sv-timeline .js-plotly-plot').data[0].x[i]", index)
     target.scroll_into_view_if_needed()
     box = target.bounding_box()  # plotly's drag layer takes the pointer: click where the marker is drawn
     x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
