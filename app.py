@@ -769,6 +769,7 @@ def main() -> None:
         from specviz.engine.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
         load_model_pair(DEFAULT_TARGET, DEFAULT_DRAFT, True)
+    serve.start_sweeper()  # refused uploads leave empty temp files Gradio's cleanup misses
     launch(build_app())
 
 

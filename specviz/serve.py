@@ -171,6 +171,43 @@ def delete_upload(path: str | os.PathLike[str], uploads_root: str | os.PathLike[
                 pass
 
 
+ABANDONED_UPLOAD_AGE_S = 5 * 60  # a temp file Gradio never moved into an upload folder
+
+
+def sweep_abandoned_uploads(
+    root: str | os.PathLike[str] | None = None, min_age_s: float = ABANDONED_UPLOAD_AGE_S
+) -> int:
+    """Delete the temp files an upload Gradio refused (over the size cap) leaves in its root.
+
+    Gradio streams an upload into a `tmp*` file at the top of its temp folder and moves it into
+    a folder of its own once accepted; a refused one stays there, empty, and Gradio's own cache
+    cleanup does not know it. Only such top-level `tmp*` files older than `min_age_s` go.
+    """
+    folder = Path(root or os.environ.get("GRADIO_TEMP_DIR") or Path(tempfile.gettempdir()) / "gradio")
+    now, removed = time.time(), 0
+    for child in list(folder.iterdir()) if folder.is_dir() else []:
+        try:
+            if child.name.startswith("tmp") and child.is_file() and now - child.stat().st_mtime > min_age_s:
+                child.unlink()
+                removed += 1
+        except OSError:
+            continue
+    return removed
+
+
+def start_sweeper(every_s: float = 60.0) -> threading.Thread:
+    """Sweep abandoned uploads every `every_s` seconds, for as long as the server runs."""
+
+    def loop() -> None:
+        while True:
+            time.sleep(every_s)
+            sweep_abandoned_uploads()
+
+    thread = threading.Thread(target=loop, name="specviz-upload-sweeper", daemon=True)
+    thread.start()
+    return thread
+
+
 class LiveFolder:
     """One folder for every live run's trace, pruned by age: nothing accumulates in /tmp."""
 

@@ -20,7 +20,7 @@ from specviz.cli import main
 from specviz.data import load_prompts_file
 from specviz.errors import PromptError, SpecvizError
 from specviz.files import beside, check_output_path, umask_file_mode
-from specviz.serve import LiveRunGate, public_mode, public_models_only
+from specviz.serve import LiveRunGate, public_mode, public_models_only, sweep_abandoned_uploads
 from specviz.trace.budget import Budget, over_budget
 from specviz.trace.io import TraceError, load_trace, parse_trace_bytes, save_trace, trace_to_dict
 from specviz.trace.jsonparse import loads_yielding
@@ -227,3 +227,24 @@ def test_gate_admits_one_live_run_per_visitor() -> None:
     assert "busy" in gate.admit("c")
     gate.done("a")
     assert gate.admit("c") is None and gate.pending() == 2
+
+
+def test_sweeper_deletes_only_old_top_level_temp_files(tmp_path: Path) -> None:
+    """A refused upload's empty tmp* file goes after a while; accepted uploads (in their own
+    folders), fresh temp files and other names stay."""
+    old_time = time.time() - 3600
+    abandoned = tmp_path / "tmpabc123"
+    abandoned.write_bytes(b"")
+    fresh = tmp_path / "tmpfresh"
+    fresh.write_bytes(b"")
+    kept_folder = tmp_path / "0af89254d1e0"
+    kept_folder.mkdir()
+    (kept_folder / "trace.json.gz").write_bytes(b"x")
+    other = tmp_path / "notes.txt"
+    other.write_text("mine")
+    for path in (abandoned, kept_folder, kept_folder / "trace.json.gz", other):
+        os.utime(path, (old_time, old_time))
+    assert sweep_abandoned_uploads(tmp_path, min_age_s=300) == 1
+    assert not abandoned.exists()
+    assert fresh.exists() and (kept_folder / "trace.json.gz").exists() and other.exists()
+    assert sweep_abandoned_uploads(tmp_path / "missing") == 0

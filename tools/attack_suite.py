@@ -20,7 +20,9 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import multiprocessing
 import os
+import queue
 import random
 import shutil
 import socket
@@ -248,40 +250,69 @@ class Server:
 
 
 class Probe:
-    """The second visitor: asks for a grid step again and again, timing every answer."""
+    """The second visitor: asks for a grid step again and again, timing every answer.
+
+    It runs in its own process, as a real visitor runs on another machine: in the attacker's
+    process its requests would wait for the attacker's own client threads (65 queued jobs hold
+    the GIL), which measures the attacking client, not the server.
+    """
 
     def __init__(self, url: str) -> None:
-        self.client = Client(url, verbose=False)
-        self.client.predict(PROBE_TRACE, 40, False, api_name="/load_bundled_b")
+        self.url = url
         self.latencies: list[float] = []
         self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._context = multiprocessing.get_context("spawn")
+        self._process: Any = None
+        self._stop: Any = None
+        self._results: Any = None
 
     def start(self) -> None:
         self.latencies, self.failures = [], []
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        step = 0
-        while not self._stop.is_set():
-            started = time.perf_counter()
-            try:
-                self.client.predict("B", step % 3, -1, 40, api_name="/grid")
-                self.latencies.append(time.perf_counter() - started)
-            except Exception as exc:  # noqa: BLE001 - every failure is counted
-                self.failures.append(f"{type(exc).__name__}: {str(exc)[:120]}")
-                time.sleep(0.2)
-            step += 1
-            time.sleep(0.1)
+        self._stop, ready, self._results = self._context.Event(), self._context.Event(), self._context.Queue()
+        self._process = self._context.Process(
+            target=_probe_loop, args=(self.url, self._stop, ready, self._results), daemon=True
+        )
+        self._process.start()
+        if not ready.wait(timeout=120):  # it loaded its trace: from here on every answer is timed
+            self.failures.append("the probe could not load its trace within 120 s")
 
     def stop(self) -> tuple[float, int]:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
+        if self._process is not None:
+            self._stop.set()
+            try:
+                latencies, failures = self._results.get(timeout=60)
+                self.latencies, self.failures = self.latencies + latencies, self.failures + failures
+            except queue.Empty:
+                self.failures.append("the probe did not report back within 60 s")
+            self._process.join(timeout=10)
+            if self._process.is_alive():
+                self._process.kill()
+            self._process = None
         return (max(self.latencies) if self.latencies else float("inf")), len(self.failures)
+
+
+def _probe_loop(url: str, stop: Any, ready: Any, results: Any) -> None:
+    """The probe process: load a bundled trace once, then time grid requests until told to stop."""
+    client = Client(url, verbose=False)
+    latencies: list[float] = []
+    failures: list[str] = []
+    try:
+        client.predict(PROBE_TRACE, 40, False, api_name="/load_bundled_b")
+    except Exception as exc:  # noqa: BLE001 - reported, not raised
+        failures.append(f"load: {type(exc).__name__}: {str(exc)[:120]}")
+    ready.set()
+    step = 0
+    while not stop.is_set():
+        started = time.perf_counter()
+        try:
+            client.predict("B", step % 3, -1, 40, api_name="/grid")
+            latencies.append(time.perf_counter() - started)
+        except Exception as exc:  # noqa: BLE001 - every failure is counted
+            failures.append(f"{type(exc).__name__}: {str(exc)[:120]}")
+            time.sleep(0.2)
+        step += 1
+        time.sleep(0.1)
+    results.put((latencies, failures))
 
 
 # ----------------------------------------------------------------------------- attacks

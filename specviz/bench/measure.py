@@ -219,6 +219,8 @@ def measure_tracing(
                 trace = decode(pair, prompts, ARMS[name], batch_size, settings.primary_k, settings, record_steps)
                 seconds = float(trace.header.decode_seconds)
                 (result.seconds_on if record_steps else result.seconds_off).append(seconds)
+                if record_steps:
+                    result.tracing_seconds_on.append(float(trace.header.options.get("tracing_seconds", 0.0)))
                 if tick is not None:
                     tick(f"tracing {name} {'on' if record_steps else 'off'}")
     return results

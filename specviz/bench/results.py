@@ -56,6 +56,18 @@ class TracingResult:
     draft_k: int
     seconds_off: list[float]
     seconds_on: list[float]
+    # Per recorder-on run: the seconds it spent tracing (engine-timed: `record_step` and the KV
+    # check, `header.options["tracing_seconds"]`). Empty where not measured (watch, old results).
+    tracing_seconds_on: list[float] = field(default_factory=list)
+
+    @property
+    def overhead_inside(self) -> float | None:
+        """Median over the recorder-on runs of tracing time / the rest of the run's decode time.
+
+        The same cost as `overhead`, timed inside each run: run-to-run noise on a small machine
+        (often +-20% between identical runs) does not enter it, so it resolves a few percent."""
+        shares = [t / (on - t) for t, on in zip(self.tracing_seconds_on, self.seconds_on) if on > t]
+        return median(shares) if shares else None
 
     @property
     def overhead(self) -> float:
@@ -276,7 +288,12 @@ class BenchResult:
 def _paired_details(t: TracingResult | None) -> dict[str, Any] | None:
     if t is None:
         return None
-    return {**asdict(t), "overhead": t.overhead, "overhead_of_fastest": t.overhead_of_fastest}
+    return {
+        **asdict(t),
+        "overhead": t.overhead,
+        "overhead_of_fastest": t.overhead_of_fastest,
+        "overhead_inside": t.overhead_inside,
+    }
 
 
 def evaluate_goals(result: BenchResult) -> dict[str, Any]:
@@ -285,7 +302,6 @@ def evaluate_goals(result: BenchResult) -> dict[str, Any]:
     eq = result.cell("eqspec", largest)
     ex = result.cell("exspec", result.grouping_batch)
     eq_group = result.cell("eqspec", result.grouping_batch)
-    overhead = result.tracing.overhead if result.tracing else None
     watch = result.watch.overhead if result.watch else None
     align = eq.alignment_share if eq else None
     return {
@@ -295,23 +311,35 @@ def evaluate_goals(result: BenchResult) -> dict[str, Any]:
             "goal": f"< {GOAL_ALIGNMENT_SHARE}",
             "met": None if align is None else align < GOAL_ALIGNMENT_SHARE,
         },
-        "tracing_overhead": {
-            "value": overhead,
-            "goal": f"< {GOAL_TRACING_OVERHEAD}",
-            "met": None if overhead is None else overhead < GOAL_TRACING_OVERHEAD,
-        },
+        "tracing_overhead": _tracing_goal(result.tracing),
         "exspec_grouping": {**_grouping_goal(ex, eq_group), "num_prompts": result.prompts["count"]},
         "inplace_alignment_share": _inplace_goal(result.cell("inplace", largest)),
         "exspec_alignment_vs_eqspec": _exspec_align_goal(result.cell("exspec", largest), eq),
-        "tracing_overhead_by_arm": {
-            name: {"value": t.overhead, "goal": f"< {GOAL_TRACING_OVERHEAD}", "met": t.overhead < GOAL_TRACING_OVERHEAD}
-            for name, t in result.tracing_by_arm.items()
-        },
+        "tracing_overhead_by_arm": {name: _tracing_goal(t) for name, t in result.tracing_by_arm.items()},
         "watch_overhead": {
             "value": watch,
             "goal": f"<= {GOAL_WATCH_OVERHEAD}",
             "met": None if watch is None else watch <= GOAL_WATCH_OVERHEAD,
         },
+    }
+
+
+def _tracing_value(t: TracingResult | None) -> float | None:
+    """The overhead a goal is judged by: timed inside the runs where measured, else interleaved."""
+    if t is None:
+        return None
+    inside = t.overhead_inside
+    return t.overhead if inside is None else inside
+
+
+def _tracing_goal(t: TracingResult | None) -> dict[str, Any]:
+    value = _tracing_value(t)
+    return {
+        "value": value,
+        "interleaved": None if t is None else t.overhead,
+        "measured": None if t is None else ("inside the runs" if t.overhead_inside is not None else "interleaved"),
+        "goal": f"< {GOAL_TRACING_OVERHEAD}",
+        "met": None if value is None else value < GOAL_TRACING_OVERHEAD,
     }
 
 

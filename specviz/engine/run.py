@@ -241,6 +241,8 @@ def run(
         complete = False
     decode_seconds = engine.now() - started
     header.fault_events = engine.fault_events
+    if config.record_steps:  # what tracing cost inside this run (recording and the KV check)
+        header.options["tracing_seconds"] = round(engine.tracing_seconds, 6)
     records = [_sequence_record(seq, prompts[seq.seq_id], pair, references) for seq in seqs]
     trace = recorder.finish(records, complete, decode_seconds)
     # The tokenizer is at hand only here: every trace carries the text of its tokens.

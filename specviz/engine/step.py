@@ -169,6 +169,9 @@ class Engine:
     fault_events: list[dict[str, Any]] = field(default_factory=list)
     kv_check_every: int = 0  # check the target's KV content every N steps (0: never)
     kv_checker: KVContentChecker | None = None
+    # Seconds spent tracing (the recorder's `record_step` and the sampled KV-content check): the
+    # cost of a traced run measured inside it, free of the run-to-run noise of comparing two runs.
+    tracing_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         if (self.draft is None) != (self.k == 0):
@@ -264,6 +267,7 @@ class Engine:
         obs.align_ms = (end - align_started) * 1000
         obs.total_ms = (end - outcome.started) * 1000
         self.recorder.record_step(obs)
+        self.tracing_seconds += self.now() - end
         self.step_index += 1
 
     # ------------------------------------------------------------------ the phases
@@ -425,10 +429,13 @@ class Engine:
         """
         if self.kv_check_every <= 0 or self.step_index % self.kv_check_every or state.cache is None:
             return None
+        started = self.now()
         if self.kv_checker is None:
             self.kv_checker = KVContentChecker(self.target, self.pad_id)
         contexts = {s.seq_id: (s.prompt_ids + s.output_ids)[:-1] for s in seqs}
-        return self.kv_checker.first_mismatches(state.cache, state.mask, contexts)
+        mismatches = self.kv_checker.first_mismatches(state.cache, state.mask, contexts)
+        self.tracing_seconds += self.now() - started
+        return mismatches
 
     def _report_taints(self, seqs: list[Sequence]) -> None:
         """Log, at the step that feeds it, each sequence a fault altered on an earlier step."""
