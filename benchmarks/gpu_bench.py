@@ -256,7 +256,9 @@ def report(cells: list[Cell], tracing: list[TracingResult], machine: dict[str, A
     for t in tracing:
         lines.append(
             f"- tracing overhead {t.arm}, batch {t.batch_size}, {len(t.seconds_on)} interleaved pairs (warm): "
-            f"{t.overhead:.1%} of decode wall time"
+            f"{t.overhead:.1%} of decode wall time (median on/off - 1); timed inside the recorder-on runs: "
+            + ("n/a" if t.overhead_inside is None else f"{t.overhead_inside:.1%}")
+            + " (recording and the KV-content check over the rest of decode)"
         )
     return "\n".join(lines) + "\n"
 
