@@ -70,9 +70,11 @@ def main() -> None:
         shares["align"].append(align_ms / step_ms)
         shares["copies"].append(copies_ms / step_ms)
         shares["settle"].append((SPENT.get("settle", 0.0) * 1000 - copies_ms) / step_ms)
-    print(f"inplace, batch {args.batch_size}, {len(spread)} prompts, {args.max_new_tokens} new tokens, k={args.draft_k}")
+    setting = f"{len(spread)} prompts, {args.max_new_tokens} new tokens, k={args.draft_k}"
+    print(f"inplace, batch {args.batch_size}, {setting}")
     for name, values in shares.items():
-        print(f"- {name}: median {statistics.median(values):.2%} of step time ({', '.join(f'{v:.2%}' for v in values)})")
+        each = ", ".join(f"{v:.2%}" for v in values)
+        print(f"- {name}: median {statistics.median(values):.2%} of step time ({each})")
 
 
 if __name__ == "__main__":
