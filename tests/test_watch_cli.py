@@ -127,3 +127,26 @@ def test_a_crashing_script_still_leaves_an_incomplete_trace(script: Path, tmp_pa
 def test_bad_use_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["watch", "--out", str(tmp_path / "t.json"), "--", "python", str(tmp_path / "nope.py")]) == 2
     assert "no such script" in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_a_tokenizer_the_script_builds_gives_the_trace_its_text(script: Path, tmp_path: Path) -> None:
+    """The script loads a tokenizer (the embedded one, no download): the trace carries the text of
+    its tokens, as `specviz.watch(..., tokenizer=...)` would have written it."""
+    from transformers import AutoTokenizer
+
+    from specviz.engine.models import DEFAULT_TARGET
+
+    with_tokenizer = tmp_path / "loop_tok.py"
+    with_tokenizer.write_text(f"tok = __import__('transformers').AutoTokenizer.from_pretrained({DEFAULT_TARGET!r})\n")
+    with_tokenizer.write_text(with_tokenizer.read_text() + script.read_text())
+    out = tmp_path / "tok.trace.json"
+    assert main(["watch", "--out", str(out), "--", "python", str(with_tokenizer), "--positions"]) == 0
+    trace = load_trace(out)
+    tok = AutoTokenizer.from_pretrained(DEFAULT_TARGET)
+    assert trace.header.token_text, "no piece table"
+    assert trace.header.token_text["5"] == tok.decode([5], skip_special_tokens=False)
+    assert check_trace(trace).verdict == "clean"
+    plain = tmp_path / "plain.trace.json"
+    assert main(["watch", "--out", str(plain), "--", "python", str(script), "--positions"]) == 0
+    assert not load_trace(plain).header.token_text, "no tokenizer built: IDs only"

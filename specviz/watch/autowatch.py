@@ -4,6 +4,8 @@ two facts `rows` and `emit` would declare are inferred from the calls instead.
 What is inferred (see docs/watch.md, "Watching an unmodified script"):
 - roles: of the causal LMs that ran a forward, the largest by parameter count is the target
   (the first built wins a tie), the next largest the draft;
+- token text: the first tokenizer the script built whose vocabulary holds every token the trace
+  uses gives the trace its piece table (`header.token_text`), so `check` and the app show text;
 - rows: row r holds sequence r for the whole run (rows keep their order, the batch never shrinks);
 - prompts: each row's attended input ids in the target's first call; when the second target call
   does not feed the first call's argmax as its pending token, the first call was a prefill of all
@@ -32,7 +34,9 @@ class AutoWatch:
         self.hooks: list[ModelHooks] = []
         self.calls: list[CallRecord] = []
         self.roles: dict[int, int] = {}  # id(CallRecord) -> index of the model that made it
+        self.tokenizers: list[Any] = []  # every tokenizer built while installed, in order
         self._original: Any = None
+        self._original_tokenizer_init: Any = None
 
     # ------------------------------------------------------------------ what ModelHooks calls
 
@@ -59,6 +63,23 @@ class AutoWatch:
 
         self._original = original
         PreTrainedModel.post_init = post_init
+        self._install_tokenizer_capture()
+
+    def _install_tokenizer_capture(self) -> None:
+        """Patch `PreTrainedTokenizerBase.__init__`: every HF tokenizer runs it, however it is built.
+        Only a reference is kept; the tokenizer is first used once the script has ended."""
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+        original = PreTrainedTokenizerBase.__init__
+        watcher = self
+
+        def init(tokenizer: Any, *args: Any, **kwargs: Any) -> None:
+            original(tokenizer, *args, **kwargs)
+            if not any(t is tokenizer for t in watcher.tokenizers):
+                watcher.tokenizers.append(tokenizer)
+
+        self._original_tokenizer_init = original
+        PreTrainedTokenizerBase.__init__ = init
 
     def uninstall(self) -> None:
         from transformers import PreTrainedModel
@@ -66,6 +87,11 @@ class AutoWatch:
         if self._original is not None:
             PreTrainedModel.post_init = self._original
             self._original = None
+        if self._original_tokenizer_init is not None:
+            from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+            PreTrainedTokenizerBase.__init__ = self._original_tokenizer_init
+            self._original_tokenizer_init = None
         for hooks in self.hooks:
             hooks.remove()
 
@@ -108,13 +134,32 @@ class AutoWatch:
         # The inferred calls and emits stand in for what the hooks and `emit` would have collected.
         w._calls, w._emits = calls, emits
         trace = w.close(reference=reference and complete, complete=complete and read_all)
-        if notes:
-            trace.header.options.setdefault("watch_notes", []).extend(notes[:20])
+        tokenizer = self.tokenizer_for(trace)
+        if tokenizer is not None:
+            from specviz.trace.token_text import attach_token_text
+
+            attach_token_text(trace, tokenizer)
+        if notes or tokenizer is not None:
+            if notes:
+                trace.header.options.setdefault("watch_notes", []).extend(notes[:20])
             if w.out is not None:
                 from specviz.trace.io import save_trace
 
                 save_trace(trace, w.out)
         return trace, notes
+
+    def tokenizer_for(self, trace: Trace) -> Any | None:
+        """The first tokenizer built whose vocabulary holds every token ID the trace uses."""
+        from specviz.trace.token_text import trace_token_ids
+
+        largest = max(trace_token_ids(trace), default=-1)
+        for tokenizer in self.tokenizers:
+            try:
+                if len(tokenizer) > largest:
+                    return tokenizer
+            except TypeError:  # a tokenizer without a length: its vocabulary is unknown
+                continue
+        return None
 
     def _relabel(self, target: Any, draft: Any | None) -> list[CallRecord]:
         """Only the two models' calls, with roles; a draft keeps the argmax of its last slot."""
