@@ -425,9 +425,12 @@ def test_check_json_into_a_closed_pipe_exits_quietly(tmp_path) -> None:
     assert done.stderr == "" and done.returncode == 1, done.stderr[-500:]
 
 
-@pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "opt"])
+@pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "opt", "qwen3", "olmo2", "gemma2", "mixtral"])
 def test_kv_content_check_works_across_families(family: str) -> None:
-    """Learned absolute (GPT-2, OPT) and partial rotary (NeoX) positions: clean stays clean, a copy is found."""
+    """Learned absolute (GPT-2, OPT) and partial rotary (NeoX) positions, key norms (Qwen3, OLMo2),
+    scaled embeddings and mixed sliding layers (Gemma2), expert MLPs (Mixtral): the expected keys,
+    computed from packed rows and captured at layer 0's cache write, match a clean cache and
+    find a copied one."""
     pair = make_pair(family)
     common = {"method": "eqspec", "batch_size": 4, "draft_k": 3, "max_new_tokens": 8, "kv_check_every": 1}
     clean = run(pair, PROMPTS[:4], RunConfig(**common))
@@ -437,3 +440,21 @@ def test_kv_content_check_works_across_families(family: str) -> None:
     v = check_trace(broken).first_violation
     event = broken.header.fault_events[0]
     assert (v.step, v.row, v.field) == (event["step"], event["row"], "kv_mismatch_slot")
+
+
+def test_a_model_the_kv_check_cannot_read_runs_unchecked_and_says_why(monkeypatch) -> None:
+    """A checker failure (a model whose layer 0 is not attention, a cache without plain keys)
+    switches the check off for the run instead of ending it; the trace says why."""
+    from specviz.engine.kv_content import KVContentChecker
+
+    def refuse(self, cache, mask, contexts):
+        raise TypeError("the KV-content check needs an attention layer first (layer 0 wrote no keys)")
+
+    monkeypatch.setattr(KVContentChecker, "first_mismatches", refuse)
+    pair = make_pair("llama")
+    trace = run(
+        pair, PROMPTS[:3], RunConfig(method="eqspec", batch_size=3, draft_k=2, max_new_tokens=6, kv_check_every=1)
+    )
+    assert trace.header.complete and "attention layer first" in trace.header.options["kv_check_unavailable"]
+    assert not any(r.kv_content_checked for s in trace.steps for r in s.rows)
+    assert check_trace(trace).verdict == "clean"

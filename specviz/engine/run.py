@@ -243,6 +243,8 @@ def run(
     header.fault_events = engine.fault_events
     if config.record_steps:  # what tracing cost inside this run (recording and the KV check)
         header.options["tracing_seconds"] = round(engine.tracing_seconds, 6)
+    if engine.kv_check_unavailable is not None:
+        header.options["kv_check_unavailable"] = engine.kv_check_unavailable
     records = [_sequence_record(seq, prompts[seq.seq_id], pair, references) for seq in seqs]
     trace = recorder.finish(records, complete, decode_seconds)
     # The tokenizer is at hand only here: every trace carries the text of its tokens.
