@@ -224,6 +224,7 @@ def _default_out(args: argparse.Namespace) -> Path:
 def cmd_record(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from specviz.allocator import keep_freed_memory
     from specviz.data import load_prompts_file, load_specbench
     from specviz.engine.models import load_pair
     from specviz.engine.run import RunConfig, RunFailed, RunInterrupted, run
@@ -234,6 +235,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else _default_out(args)
     check_output_path(out, args.force)
     set_threads(args.threads)  # a run is never lost to a bad --out found afterwards
+    keep_freed_memory()  # a short-lived process: reuse freed tensors instead of page-faulting them in
     prompts = load_prompts_file(args.prompts) if args.prompts else load_specbench()
     if args.num_prompts is not None:
         if args.num_prompts < 1:

@@ -216,3 +216,21 @@ def test_check_and_import_stay_light_without_torch() -> None:
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "False 0"
+
+
+def test_keep_freed_memory_is_glibc_only_and_can_be_turned_off() -> None:
+    """record and bench keep freed blocks for reuse (fewer page faults per step); the env var
+    turns it off, and a process without glibc's mallopt is left alone. Run in a child: the
+    setting lasts for the process."""
+    probe = (
+        "import os, sys\n"
+        "from specviz.allocator import keep_freed_memory\n"
+        "print(keep_freed_memory())\n"
+        "os.environ['SPECVIZ_KEEP_FREED_MEMORY'] = '0'\n"
+        "print(keep_freed_memory())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 0, out.stderr
+    first, second = out.stdout.split()
+    assert second == "False"
+    assert first == ("True" if os.uname().sysname == "Linux" else first)
