@@ -197,13 +197,18 @@ def test_sliding_window_model_exact_below_and_past_its_window() -> None:
 
 @pytest.mark.parametrize("batch", [4, 16])
 def test_exspec_gathers_from_the_pool_or_the_last_batch_alike(batch: int, monkeypatch) -> None:
-    """A group that did not change is rebuilt from the last step's batch, any other from the
-    pool rows; both paths run here (16 rows hold every prompt; 4 regroup) and stay exact."""
+    """A group that did not change is rebuilt from the last step's batch (the pools fall behind),
+    any other from the pool rows once the last batch is stored (whole rows when it was carried
+    over); every path runs here and the outputs stay exact."""
     import specviz.engine.exspec as exspec
     from specviz.engine.pool import KVPool
 
-    sources = {"pool": 0, "last batch": 0}
-    take, rebuild = KVPool.take, exspec.rebuild
+    sources = {"pool": 0, "last batch": 0, "whole rows stored": 0}
+    take, rebuild, store = KVPool.take, exspec.rebuild, KVPool.store_step
+
+    def counted_store(self, *args, whole_rows=False, **kwargs):
+        sources["whole rows stored"] += int(whole_rows)
+        return store(self, *args, whole_rows=whole_rows, **kwargs)
 
     def counted_take(self, ids):
         sources["pool"] += 1
@@ -215,6 +220,8 @@ def test_exspec_gathers_from_the_pool_or_the_last_batch_alike(batch: int, monkey
 
     monkeypatch.setattr(KVPool, "take", counted_take)
     monkeypatch.setattr(exspec, "rebuild", counted_rebuild)
+    monkeypatch.setattr(KVPool, "store_step", counted_store)
     eos = _frequent_token("llama")  # rows end at different steps: the group shrinks
     assert_exact(decode("llama", "exspec", batch, 4, eos=eos, exspec_window=16), oracle("llama", eos=eos))
     assert sources["pool"] > 0 and sources["last batch"] > 0, sources
+    assert sources["whole rows stored"] > 0, "a carried-over group ended and its rows were stored whole"

@@ -4,11 +4,12 @@ Each sequence keeps its target and draft KV in one row of a persistent pool (`po
 whole life. Every step picks up to B sequences from a sliding window over the unfinished ones and
 gathers their rows into a batch; sequences of equal committed length need no padding. When no
 such group exists the step falls back to a batch of mixed lengths with left padding (EQSPEC-style).
-After the step only the slots it wrote are scattered back to the end of each row; rejected
-drafts stay past the row's length and are overwritten later, so nothing is compacted. A group
-that did not change since the last step (every unfinished sequence fits in one batch) is rebuilt
-from the last step's batch instead (`_gather`): the same slots, read from a source as wide as the
-group rather than from pool rows as wide as the longest sequence.
+Before another group is gathered, only the slots the last step wrote are scattered back to the
+end of each row; rejected drafts stay past the row's length and are overwritten later, so nothing
+is compacted. A group that did not change since the last step (every unfinished sequence fits in
+one batch) is rebuilt from the last step's batch instead (`_gather`), with one batched move from
+a source as wide as the group, and the pool is not written until the group changes (then its
+rows are stored whole).
 
 Policies:
 - `reference`: the paper's: the first length in window order with at least B sequences, else
@@ -33,6 +34,7 @@ Policies:
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -110,7 +112,7 @@ def run_exspec(
     queue = admission_order(seqs, policy)
     steps = grouped_steps = 0
     previous: list[int] | None = None
-    held: tuple[Batch, StepOutcome] | None = None  # the last step's batch and plans
+    held: Held | None = None  # the last step's batch and plans
     while True:
         window = [s for s in queue if not s.done][:window_size]
         if not window:
@@ -124,7 +126,7 @@ def run_exspec(
         grouped = len({s.committed for s in chosen}) == 1
         ids = [s.seq_id for s in chosen]
         align_started = engine.now()
-        target, draft = _gather(held, ids, target_pool, draft_pool)
+        target, draft, behind = _gather(held, ids, target_pool, draft_pool)
         batch = Batch(chosen, target, draft, batch_id=0, grouped=grouped)
         batch.regrouped = previous is not None and ids != previous
         previous = ids
@@ -133,8 +135,8 @@ def run_exspec(
         outcome = engine.step(batch)
         outcome.started -= take_s  # gathering the group belongs to this step's alignment time
         align_started = engine.now() - take_s
-        _return_to_pools(batch, outcome, target_pool, draft_pool, taken_widths)
-        held = (batch, outcome)
+        _release_finished(batch, target_pool, draft_pool)
+        held = Held(batch, outcome, taken_widths, behind)
         left_pad_after: list[int | None] = [None] * len(chosen)
         for old_row in outcome.active_rows.tolist():
             left_pad_after[old_row] = 0  # a pool row holds no padding of its own
@@ -144,39 +146,61 @@ def run_exspec(
     return {"steps": steps, "grouped_steps": grouped_steps, "group_share": grouped_steps / max(steps, 1)}
 
 
+@dataclass
+class Held:
+    """The last step's batch and plans, not yet stored in the pools.
+
+    `pool_behind`: steps before this one whose slots the pools also lack (the group was carried
+    over from batch to batch without storing); 0 means the pools miss only this step's slots.
+    """
+
+    batch: Batch
+    outcome: StepOutcome
+    widths: tuple[int, int]  # target and draft widths as taken (the step appended after them)
+    pool_behind: int = 0
+
+
 def _gather(
-    held: tuple[Batch, StepOutcome] | None, ids: list[int], target_pool: KVPool, draft_pool: KVPool | None
-) -> tuple[KVState, KVState | None]:
-    """The group's left-padded batch, in the order of `ids`.
+    held: Held | None, ids: list[int], target_pool: KVPool, draft_pool: KVPool | None
+) -> tuple[KVState, KVState | None, int]:
+    """The group's left-padded batch, in the order of `ids`, and how far the pools are behind.
 
     When the last step's batch holds exactly these sequences (a group that did not change, as
     when every unfinished sequence fits in one batch), it is rebuilt from that batch by its own
     plans: one batched KV move from a source as wide as the group, like EQSPEC's realignment,
-    instead of a gather from pool rows as wide as the longest sequence ever admitted. The pool
-    holds the same slots (every step stores what it wrote), so both give the same batch.
+    instead of a gather from pool rows as wide as the longest sequence ever admitted, and the
+    pools are not written (they fall one more step behind). Any other group is gathered from the
+    pools, once they hold the last batch's sequences again: the slots its step wrote, or whole
+    rows when they fell further behind.
     """
     if held is not None:
-        batch, outcome = held
-        row_of = {batch.seqs[r].seq_id: r for r in outcome.active_rows.tolist()}
+        row_of = {held.batch.seqs[r].seq_id: r for r in held.outcome.active_rows.tolist()}
         if len(row_of) == len(ids) and all(i in row_of for i in ids):
-            rows = torch.tensor([row_of[i] for i in ids], dtype=torch.long, device=outcome.active_rows.device)
-            target = rebuild(batch.target, rows, outcome.target_plan)
-            if batch.draft is None or outcome.draft_plan is None:
-                return target, None
-            return target, rebuild(batch.draft, rows, outcome.draft_plan)
-    return target_pool.take(ids), draft_pool.take(ids) if draft_pool is not None else None
+            rows = torch.tensor([row_of[i] for i in ids], dtype=torch.long, device=held.outcome.active_rows.device)
+            target = rebuild(held.batch.target, rows, held.outcome.target_plan)
+            draft = None
+            if held.batch.draft is not None and held.outcome.draft_plan is not None:
+                draft = rebuild(held.batch.draft, rows, held.outcome.draft_plan)
+            return target, draft, held.pool_behind + 1
+        _store(held, target_pool, draft_pool)
+    return target_pool.take(ids), draft_pool.take(ids) if draft_pool is not None else None, 0
 
 
-def _return_to_pools(
-    batch: Batch, outcome: StepOutcome, target_pool: KVPool, draft_pool: KVPool | None, widths: tuple[int, int]
-) -> None:
-    """Store what the step's plans keep of the continuing rows in their pool rows (only the slots
-    the step wrote, when the plan keeps the old ones as they were), and free finished sequences."""
+def _store(held: Held, target_pool: KVPool, draft_pool: KVPool | None) -> None:
+    """Bring the continuing rows of the held batch up to date in their pool rows."""
+    batch, outcome = held.batch, held.outcome
     rows = outcome.active_rows
     ids = [batch.seqs[r].seq_id for r in rows.tolist()]
-    target_pool.store_step(ids, batch.target, widths[0], rows, outcome.target_plan)
+    if not ids:
+        return
+    whole = held.pool_behind > 0
+    target_pool.store_step(ids, batch.target, held.widths[0], rows, outcome.target_plan, whole_rows=whole)
     if draft_pool is not None and batch.draft is not None and outcome.draft_plan is not None:
-        draft_pool.store_step(ids, batch.draft, widths[1], rows, outcome.draft_plan)
+        draft_pool.store_step(ids, batch.draft, held.widths[1], rows, outcome.draft_plan, whole_rows=whole)
+
+
+def _release_finished(batch: Batch, target_pool: KVPool, draft_pool: KVPool | None) -> None:
+    """Free the pool rows of the sequences that finished in this step."""
     for seq in batch.seqs:
         if seq.done:
             target_pool.release(seq.seq_id)

@@ -71,15 +71,22 @@ class KVPool:
         return KVState(cache=cache, mask=mask, next_pos=next_pos)
 
     def store_step(
-        self, seq_ids: list[int], state: KVState, old_width: int, rows: torch.Tensor, plan: CachePlan
+        self,
+        seq_ids: list[int],
+        state: KVState,
+        old_width: int,
+        rows: torch.Tensor,
+        plan: CachePlan,
+        whole_rows: bool = False,
     ) -> None:
         """After a step on a batch taken from the pool: keep what `plan` keeps for the continuing
         `rows` (batch rows, holding `seq_ids`). `state` is the batch after the step: `old_width`
-        slots as taken, then the slots the step wrote."""
+        slots as taken, then the slots the step wrote. `whole_rows`: the pool rows are behind by
+        more than this step (the batch was carried over steps without storing): store them whole."""
         pool_rows = self._rows(seq_ids)
         lengths = self.lengths.index_select(0, pool_rows)
         retain, attend = plan.retain.index_select(0, rows), plan.attend.index_select(0, rows)
-        if not bool((retain[:, :old_width].sum(1) == lengths).all()):  # the plan rewrites old slots
+        if whole_rows or not bool((retain[:, :old_width].sum(1) == lengths).all()):  # old slots rewritten
             rebuilt = rebuild(state, rows, plan)
             self._store_rows(seq_ids, rebuilt, retain.sum(1))
             return
