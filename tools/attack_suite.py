@@ -497,9 +497,9 @@ def attack_models(suite: Suite) -> None:
 def attack_flood(suite: Suite, runs: int) -> None:
     def flood(result: Result) -> str:
         client = Client(suite.server.url, verbose=False)
-        from specviz.engine.models import DEFAULT_DRAFT, DEFAULT_TARGET
-
-        args = ("eqspec", "none", 2, 2, 8, 2, "", DEFAULT_TARGET, DEFAULT_DRAFT, 40, False)
+        # Empty model fields: what a public page sends (they are hidden), so the runs are the
+        # bundled pair's whatever checkout the server runs from.
+        args = ("eqspec", "none", 2, 2, 8, 2, "", "", "", 40, False)
         jobs = [client.submit(*args, api_name="/live_run_b") for _ in range(runs)]
         # A well-behaved visitor loads and inspects while the flood sits in the queue.
         visitor = Client(suite.server.url, verbose=False)
