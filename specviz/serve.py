@@ -154,9 +154,14 @@ def _client_key(request: Any) -> str:
 # ----------------------------------------------------------------------------- files and memory
 
 
+def gradio_temp_root(root: str | os.PathLike[str] | None = None) -> Path:
+    """Gradio's folder for uploads and downloads: `root` if given, else where Gradio puts them."""
+    return Path(root or os.environ.get("GRADIO_TEMP_DIR") or Path(tempfile.gettempdir()) / "gradio")
+
+
 def delete_upload(path: str | os.PathLike[str], uploads_root: str | os.PathLike[str] | None = None) -> None:
     """Delete an uploaded file once read, but only inside Gradio's upload folder (never a user path)."""
-    root = Path(uploads_root or os.environ.get("GRADIO_TEMP_DIR") or Path(tempfile.gettempdir()) / "gradio")
+    root = gradio_temp_root(uploads_root)
     file = Path(path)
     try:
         resolved, base = file.resolve(), root.resolve()
@@ -183,7 +188,7 @@ def sweep_abandoned_uploads(
     a folder of its own once accepted; a refused one stays there, empty, and Gradio's own cache
     cleanup does not know it. Only such top-level `tmp*` files older than `min_age_s` go.
     """
-    folder = Path(root or os.environ.get("GRADIO_TEMP_DIR") or Path(tempfile.gettempdir()) / "gradio")
+    folder = gradio_temp_root(root)
     now, removed = time.time(), 0
     for child in list(folder.iterdir()) if folder.is_dir() else []:
         try:

@@ -84,26 +84,23 @@ def test_unmaskable_window_refused_before_any_compute() -> None:
     pair = make_pair("mistral", window=WINDOW)
     spec = window_spec(pair.target)
     pair.target._specviz_window_spec = WindowSpec(spec.window, spec.layer_kinds, False, "flash_attention_2")
-    calls = []
-    pair.target.register_forward_hook(lambda *args: calls.append(1))
-    pair.draft.register_forward_hook(lambda *args: calls.append(1))
-    cfg = RunConfig(method="eqspec", batch_size=2, draft_k=2, max_new_tokens=4)
-    with pytest.raises(SpecvizError, match="sliding window of 8 tokens") as err:
-        run(pair, ["ab", "m" * 20], cfg)
-    assert "\n" not in str(err.value) and calls == []
-    short = run(pair, ["ab", "cd"], RunConfig(method="eqspec", batch_size=2, draft_k=2, max_new_tokens=3))
-    assert all(seq.output_ids == seq.reference_ids for seq in short.sequences), "within the window it runs"
+    _refused_past_the_window_only(pair, "eqspec", "sliding window of 8 tokens")
 
 
 def test_inplace_refuses_a_window_it_would_pass_before_any_compute() -> None:
     """`inplace` feeds one 4-D mask to every layer: past a sliding window it would be inexact."""
     pair = make_pair("mistral", window=WINDOW)
+    _refused_past_the_window_only(pair, "inplace", "--method inplace does not mask sliding windows")
+
+
+def _refused_past_the_window_only(pair, method: str, message: str) -> None:
+    """A prompt past the window is refused in one line before any forward; within it, exact."""
     calls = []
     pair.target.register_forward_hook(lambda *args: calls.append(1))
     pair.draft.register_forward_hook(lambda *args: calls.append(1))
-    cfg = RunConfig(method="inplace", batch_size=2, draft_k=2, max_new_tokens=4)
-    with pytest.raises(SpecvizError, match="--method inplace does not mask sliding windows") as err:
+    cfg = RunConfig(method=method, batch_size=2, draft_k=2, max_new_tokens=4)
+    with pytest.raises(SpecvizError, match=message) as err:
         run(pair, ["ab", "m" * 20], cfg)
     assert "\n" not in str(err.value) and calls == []
-    short = run(pair, ["ab", "cd"], RunConfig(method="inplace", batch_size=2, draft_k=2, max_new_tokens=3))
+    short = run(pair, ["ab", "cd"], RunConfig(method=method, batch_size=2, draft_k=2, max_new_tokens=3))
     assert all(seq.output_ids == seq.reference_ids for seq in short.sequences), "within the window it runs"

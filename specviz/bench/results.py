@@ -324,20 +324,14 @@ def evaluate_goals(result: BenchResult) -> dict[str, Any]:
     }
 
 
-def _tracing_value(t: TracingResult | None) -> float | None:
-    """The overhead a goal is judged by: timed inside the runs where measured, else interleaved."""
-    if t is None:
-        return None
-    inside = t.overhead_inside
-    return t.overhead if inside is None else inside
-
-
 def _tracing_goal(t: TracingResult | None) -> dict[str, Any]:
-    value = _tracing_value(t)
+    """Judged on the overhead timed inside the runs where measured, else on the interleaved one."""
+    inside = None if t is None else t.overhead_inside
+    value = inside if inside is not None else (None if t is None else t.overhead)
     return {
         "value": value,
         "interleaved": None if t is None else t.overhead,
-        "measured": None if t is None else ("inside the runs" if t.overhead_inside is not None else "interleaved"),
+        "measured": None if t is None else ("inside the runs" if inside is not None else "interleaved"),
         "goal": f"< {GOAL_TRACING_OVERHEAD}",
         "met": None if value is None else value < GOAL_TRACING_OVERHEAD,
     }

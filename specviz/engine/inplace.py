@@ -227,12 +227,6 @@ def prefill_slots(engine: Engine, model: Any, seqs: list[Sequence], width: int) 
     contexts = [(s.prompt_ids + s.output_ids)[:-1] for s in seqs]
     lengths = torch.tensor([len(c) for c in contexts], device=device)
     slots = Slots(num_layers(model), width, len(seqs))
-    state = SlotState(
-        cache=slots,
-        mask=torch.zeros(len(seqs), width, dtype=torch.long, device=device),
-        next_pos=lengths.clone(),
-        lengths=torch.zeros_like(lengths),
-    )
     for group in prefill_groups([len(c) for c in contexts]):
         longest = max(len(contexts[r]) for r in group)
         ids = torch.full((len(group), longest), engine.pad_id, dtype=torch.long, device=device)
@@ -250,19 +244,19 @@ def prefill_slots(engine: Engine, model: Any, seqs: list[Sequence], width: int) 
             )
         finally:
             slots.rows = None
-    return settled(state, lengths, lengths.clone())
+    return settled(slots, lengths, lengths.clone())
 
 
 def settled(
-    state: SlotState, lengths: torch.Tensor, next_pos: torch.Tensor, region: torch.Tensor | None = None
+    slots: Slots, lengths: torch.Tensor, next_pos: torch.Tensor, region: torch.Tensor | None = None
 ) -> SlotState:
     """The state between steps: each region's first `lengths` slots attended, nothing else.
 
     `region`: that mask when the caller already has it (`apply_plan` updates the last one in place).
     """
     if region is None:
-        region = region_mask(lengths, state.cache.width)
-    return SlotState(cache=state.cache, mask=region, next_pos=next_pos, lengths=lengths, region=region)
+        region = region_mask(lengths, slots.width)
+    return SlotState(cache=slots, mask=region, next_pos=next_pos, lengths=lengths, region=region)
 
 
 def new_order(rows: list[int]) -> tuple[list[int], list[int], list[int]]:
@@ -297,7 +291,7 @@ def apply_plan(state: SlotState, order: list[int], holes: list[int], movers: lis
         used = grown[holes].tolist() if holes else []  # a hole's new length is its mover's
         state.cache.fill_holes(holes, movers, used, len(order))
     mark_attended(region, old, grown, plan.attend.shape[1] - width)
-    return settled(state, grown, next_pos, region)
+    return settled(state.cache, grown, next_pos, region)
 
 
 def mark_attended(region: torch.Tensor, start: torch.Tensor, end: torch.Tensor, block: int) -> None:
