@@ -69,6 +69,27 @@ def test_the_cache_is_never_reallocated() -> None:
     assert len({rows for rows, _ in seen}) > 1, "rows finished on the way (the prefix shrank in place)"
 
 
+def test_rows_that_move_are_short_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finished rows are refilled from the back of the batch; the long prompt sits in front, so
+    the copies move short rows only (the copy costs the mover's slots)."""
+    pair = pair_for("llama")
+    prompts = [pair.tokenizer(t)["input_ids"] for t in PROMPTS[:6]]
+    long_prompt = [tok for p in prompts for tok in p] * 2
+    seqs = [Sequence(i, p) for i, p in enumerate(prompts + [long_prompt])]  # the long one last
+    engine = Engine(pair.target, pair.draft, 4, MAX_NEW, frozenset([1]), 0, pair.device)
+    copied: list[int] = []
+    original = Slots.fill_holes
+
+    def spy(self, holes, movers, used, active):
+        copied.extend(used)
+        return original(self, holes, movers, used, active)
+
+    monkeypatch.setattr(Slots, "fill_holes", spy)
+    run_inplace(engine, seqs, len(seqs))
+    assert copied, "rows finished while others continued: something moved"
+    assert max(copied) < len(long_prompt), "the long row was copied"
+
+
 def test_mask_attends_prefix_and_causal_block_only() -> None:
     slots = torch.tensor([[2, 3], [5, 6]])
     mask = block_mask(slots, 8, torch.float32)[:, 0] == 0

@@ -14,8 +14,9 @@ n - 1 tokens in slots 0 .. n-2; every forward writes its query block at the row'
 
 Shapes are static between steps (B, width, the query length), which is what CUDA graphs need.
 When rows finish, the batch keeps running on a prefix of its rows: each finished row inside the
-new prefix takes in one surviving row from past it (`Slots.fill_holes`), so over a batch's whole
-life at most B rows are copied, once each, and the prefix is a view, never a copy.
+new prefix takes in one surviving row from past it (`Slots.fill_holes`): a step copies at most as
+many rows as finished in it, only their attended slots, and the prefix is a view, never a copy.
+Rows are ordered longest prompt first, so the rows that move are the short, cheap ones.
 
 For the recorder the layout is described logically: a step's fed mask row is the row's region
 (`width` slots, the first n - 1 attended) followed by the query block, so `kv_len`, `mask_rle` and
@@ -305,10 +306,17 @@ def slot_width(seqs: list[Sequence], max_new_tokens: int, k: int) -> int:
     return max(len(s.prompt_ids) for s in seqs) + max_new_tokens + k + 1
 
 
+def longest_first(chunk: list[Sequence]) -> list[Sequence]:
+    """The batch's rows, longest prompt first (stable). Rows that move when others finish are
+    taken from the back (`new_order`), and a move copies the mover's slots: with short rows at
+    the back, the rows that move are the cheap ones. A long row in front never moves."""
+    return sorted(chunk, key=lambda s: -len(s.prompt_ids))
+
+
 def run_inplace(engine: Engine, seqs: list[Sequence], batch_size: int) -> None:
     """Static batches of `batch_size`, each decoded in its own fixed-slot caches until every row ends."""
     for batch_id, start in enumerate(range(0, len(seqs), batch_size)):
-        chunk = seqs[start : start + batch_size]
+        chunk = longest_first(seqs[start : start + batch_size])
         width = slot_width(chunk, engine.max_new_tokens, engine.k)
         target = prefill_slots(engine, engine.target, chunk, width)
         draft = prefill_slots(engine, engine.draft, chunk, width) if engine.draft is not None else None
