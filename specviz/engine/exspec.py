@@ -107,8 +107,8 @@ def run_exspec(
     # many are admitted at once. Rows are as wide as the longest sequence can get.
     rows = min(window_size, len(seqs))
     width = max(len(s.prompt_ids) for s in seqs) + engine.max_new_tokens + engine.k + 1
-    target_pool = KVPool(rows, width, engine.device)
-    draft_pool = KVPool(rows, width, engine.device) if engine.draft is not None else None
+    target_pool = KVPool(rows, width, engine.device, engine.cache_room)
+    draft_pool = KVPool(rows, width, engine.device, engine.cache_room) if engine.draft is not None else None
     queue = admission_order(seqs, policy)
     steps = grouped_steps = 0
     previous: list[int] | None = None

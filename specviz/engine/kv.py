@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from specviz.engine.headroom import RoomyLayer, place, storage
 from specviz.engine.window import full_cache, uses_window_masks, window_masks
 from specviz.errors import SpecvizError
 
@@ -158,14 +159,31 @@ def compact(
         return KVState(cache=None, mask=new_mask, next_pos=next_pos)
     if _is_identity(rows, src, real, state.batch_size, width):
         return KVState(cache=state.cache, mask=new_mask, next_pos=next_pos)  # every slot stays put
-    layers = cache_layers(state.cache)
-    _, heads, old_width, dim = layers[0].keys.shape
-    index = _flat_index(rows, src, heads, old_width)
-    shape = (len(rows), heads, new_width, dim)
-    for layer in layers:
-        layer.keys = layer.keys.reshape(-1, dim).index_select(0, index).view(shape)
-        layer.values = layer.values.reshape(-1, dim).index_select(0, index).view(shape)
+    gather = RoomyGather(rows, src)
+    for layer in cache_layers(state.cache):
+        keys, values = storage(layer)
+        room = layer.room if isinstance(layer, RoomyLayer) else 0
+        place(layer, gather(keys, room), gather(values, room), new_width)
     return KVState(cache=state.cache, mask=new_mask, next_pos=next_pos)
+
+
+class RoomyGather:
+    """Row `rows[i]`'s slots `src[i]` of a [B, H, W, D] tensor, as [B', H, width + room, D] in one
+    flat index_select; the `room` slots past the width are scratch (a `RoomyLayer` writes the next
+    forward's slots there). Indices are built once per source width and room, shared by layers."""
+
+    def __init__(self, rows: torch.Tensor, src: torch.Tensor) -> None:
+        self.rows, self.src = rows, src
+        self.indices: dict[tuple[int, int, int], torch.Tensor] = {}
+
+    def __call__(self, tensor: torch.Tensor, room: int) -> torch.Tensor:
+        _, heads, width, dim = tensor.shape
+        index = self.indices.get((heads, width, room))
+        if index is None:
+            src = torch.nn.functional.pad(self.src, (0, room)) if room else self.src  # scratch: slot 0
+            index = self.indices[(heads, width, room)] = _flat_index(self.rows, src, heads, width)
+        shape = (len(self.rows), heads, self.src.shape[1] + room, dim)
+        return tensor.view(-1, dim).index_select(0, index).view(shape)
 
 
 def rebuild(state: KVState, rows: torch.Tensor, plan: CachePlan, move: KVMove = compact) -> KVState:

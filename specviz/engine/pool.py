@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
-from specviz.engine.kv import CachePlan, KVState, cache_layers, rebuild
+from specviz.engine.headroom import RoomyLayer, storage
+from specviz.engine.kv import CachePlan, KVState, RoomyGather, cache_layers, rebuild
 
 
 class KVPool:
-    def __init__(self, rows: int, width: int, device: torch.device) -> None:
+    def __init__(self, rows: int, width: int, device: torch.device, room: int = 0) -> None:
         self.rows = rows
+        self.room = room  # free slots past a taken batch's width, for its forwards (headroom.py)
         self.width = width
         self.device = device
         self.mask = torch.zeros(rows, width, dtype=torch.long, device=device)
@@ -58,15 +59,11 @@ class KVPool:
         next_pos = self.next_pos.index_select(0, rows)
         if width == 0 or not self.keys:
             return KVState(cache=None, mask=mask, next_pos=next_pos)
-        heads, dim = self.keys[0].shape[1], self.keys[0].shape[3]
-        index = _flat(rows, src, heads, self.width)
+        gather = RoomyGather(rows, src)
         cache = DynamicCache()
         for keys, values in zip(self.keys, self.values):
-            layer = DynamicLayer()
-            layer.lazy_initialization(keys, values)
-            shape = (len(seq_ids), heads, width, dim)
-            layer.keys = keys.view(-1, dim).index_select(0, index).view(shape)
-            layer.values = values.view(-1, dim).index_select(0, index).view(shape)
+            layer = RoomyLayer(self.room)
+            layer.hold(gather(keys, layer.room), gather(values, layer.room), width)
             cache.layers.append(layer)
         return KVState(cache=cache, mask=mask, next_pos=next_pos)
 
@@ -131,13 +128,14 @@ class KVPool:
         layers = cache_layers(state.cache)
         if not self.keys:
             self._allocate(layers[0].keys, len(layers))
-        heads, dim = self.keys[0].shape[1], self.keys[0].shape[3]
+        heads = self.keys[0].shape[1]
         batch_rows = torch.arange(len(seq_ids), device=self.device)
-        take = _flat(batch_rows, src, heads, width)[_flat_real(real, heads)]
         dest = _flat(pool_rows, slots, heads, self.width)[_flat_real(real, heads)]
         for i, layer in enumerate(layers):
-            self.keys[i].view(-1, dim).index_copy_(0, dest, layer.keys.reshape(-1, dim).index_select(0, take))
-            self.values[i].view(-1, dim).index_copy_(0, dest, layer.values.reshape(-1, dim).index_select(0, take))
+            for pool_tensor, source in zip((self.keys[i], self.values[i]), storage(layer)):
+                take = _flat(batch_rows, src, heads, source.shape[2])[_flat_real(real, heads)]
+                dim = source.shape[3]
+                pool_tensor.view(-1, dim).index_copy_(0, dest, source.view(-1, dim).index_select(0, take))
 
     def _rows(self, seq_ids: list[int]) -> torch.Tensor:
         return torch.tensor([self.row_of[s] for s in seq_ids], dtype=torch.long, device=self.device)

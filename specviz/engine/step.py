@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from specviz.engine.faults import Fault, SlotPlan
+from specviz.engine.headroom import roomy
 from specviz.engine.kv import CachePlan, KVState, feed, leading_zeros
 from specviz.engine.kv_content import KVContentChecker
 from specviz.engine.rules import SampleKeys, TokenRules, agreeing_prefix
@@ -174,6 +175,12 @@ class Engine:
     tracing_seconds: float = 0.0
     kv_check_unavailable: str | None = None  # why the KV-content check was switched off mid-run
 
+    @property
+    def cache_room(self) -> int:
+        """Free slots a cache keeps past its width (headroom.py): a step feeds each cache at most
+        k + 1 slots (the draft's catch-up token plus its proposals; the verify block)."""
+        return self.k + 2
+
     def __post_init__(self) -> None:
         if (self.draft is None) != (self.k == 0):
             raise ValueError(f"a draft model needs k >= 1 and k >= 1 needs a draft model (k={self.k})")
@@ -207,6 +214,7 @@ class Engine:
                 mask[row, width - len(context) :] = 1
         positions = (mask.cumsum(1) - 1).clamp(min=0)
         feed(model, state, ids, positions, query_mask=mask)
+        state.cache = roomy(state.cache, self.cache_room)
         return state
 
     # ------------------------------------------------------------------ the step
