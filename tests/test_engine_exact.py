@@ -225,3 +225,36 @@ def test_exspec_gathers_from_the_pool_or_the_last_batch_alike(batch: int, monkey
     assert_exact(decode("llama", "exspec", batch, 4, eos=eos, exspec_window=16), oracle("llama", eos=eos))
     assert sources["pool"] > 0 and sources["last batch"] > 0, sources
     assert sources["whole rows stored"] > 0, "a carried-over group ended and its rows were stored whole"
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_exspec_new_sequences_are_prefilled_into_their_batch_rows(in_place: bool, monkeypatch) -> None:
+    """A sequence enters the pools when first chosen: prefilled straight into its row of the batch
+    (nothing gathered before the first step), or, for a model whose sliding layers HF keeps,
+    prefilled alone, admitted to the pool and gathered. Groups change on the way (window 16,
+    batch 4), so the pools must have learned the new rows' slots; outputs stay exact either way."""
+    import specviz.engine.exspec as exspec
+    from specviz.engine.kv import RoomyGather
+    from specviz.engine.step import Engine
+
+    monkeypatch.setattr(exspec, "assembles_in_place", lambda model: in_place)
+    gathers: list[int] = []
+    before_first_step: list[int] = []
+    gather, step = RoomyGather.__call__, Engine.step
+
+    def counted_gather(self, tensor, room):
+        gathers.append(len(self.rows))
+        return gather(self, tensor, room)
+
+    def first_step(self, batch):
+        if not before_first_step:
+            before_first_step.append(len(gathers))
+        return step(self, batch)
+
+    monkeypatch.setattr(RoomyGather, "__call__", counted_gather)
+    monkeypatch.setattr(Engine, "step", first_step)
+    # window order (prompt order): the first group holds prompts of several tokens
+    trace = decode("llama", "exspec", 4, 4, exspec_window=16, exspec_policy="reference")
+    assert_exact(trace, oracle("llama"))
+    assert (before_first_step[0] == 0) == in_place, before_first_step
+    assert len({tuple(r.seq_id for r in s.rows) for s in trace.steps}) > 2, "groups changed"

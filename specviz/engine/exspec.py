@@ -2,7 +2,8 @@
 
 Each sequence keeps its target and draft KV in one row of a persistent pool (`pool.py`) for its
 whole life. Every step picks up to B sequences from a sliding window over the unfinished ones and
-gathers their rows into a batch; sequences of equal committed length need no padding. When no
+gathers their rows into a batch (a sequence chosen for the first time is prefilled alone, with no
+padding, straight into its batch row: `assemble.py`); sequences of equal committed length need no padding. When no
 such group exists the step falls back to a batch of mixed lengths with left padding (EQSPEC-style).
 Before another group is gathered, only the slots the last step wrote are scattered back to the
 end of each row; rejected drafts stay past the row's length and are overwritten later, so nothing
@@ -39,6 +40,7 @@ from typing import Any
 
 import torch
 
+from specviz.engine.assemble import Prefill, assemble, assembles_in_place
 from specviz.engine.kv import KVState, rebuild
 from specviz.engine.pool import KVPool
 from specviz.engine.step import Batch, Engine, Sequence, StepOutcome
@@ -117,21 +119,16 @@ def run_exspec(
         window = [s for s in queue if not s.done][:window_size]
         if not window:
             break
-        for seq in window:
-            if seq.seq_id not in target_pool.row_of:  # admitted: prefill alone, no padding
-                target_pool.admit(seq.seq_id, engine.prefill(engine.target, [seq]))
-                if draft_pool is not None:
-                    draft_pool.admit(seq.seq_id, engine.prefill(engine.draft, [seq]))
         chosen = select_group(window, batch_size, policy)
         grouped = len({s.committed for s in chosen}) == 1
         ids = [s.seq_id for s in chosen]
         align_started = engine.now()
-        target, draft, behind = _gather(held, ids, target_pool, draft_pool)
+        target, draft, behind, prefill_s = _gather(engine, held, chosen, target_pool, draft_pool)
         batch = Batch(chosen, target, draft, batch_id=0, grouped=grouped)
         batch.regrouped = previous is not None and ids != previous
         previous = ids
         taken_widths = (target.width, draft.width if draft is not None else 0)  # the step appends to both
-        take_s = engine.now() - align_started
+        take_s = engine.now() - align_started - prefill_s  # prefilling new sequences is no alignment
         outcome = engine.step(batch)
         outcome.started -= take_s  # gathering the group belongs to this step's alignment time
         align_started = engine.now() - take_s
@@ -161,9 +158,10 @@ class Held:
 
 
 def _gather(
-    held: Held | None, ids: list[int], target_pool: KVPool, draft_pool: KVPool | None
-) -> tuple[KVState, KVState | None, int]:
-    """The group's left-padded batch, in the order of `ids`, and how far the pools are behind.
+    engine: Engine, held: Held | None, chosen: list[Sequence], target_pool: KVPool, draft_pool: KVPool | None
+) -> tuple[KVState, KVState | None, int, float]:
+    """The group's left-padded batch, in the order of `chosen`, how far the pools are behind, and
+    the seconds spent prefilling sequences new to the pools.
 
     When the last step's batch holds exactly these sequences (a group that did not change, as
     when every unfinished sequence fits in one batch), it is rebuilt from that batch by its own
@@ -171,8 +169,10 @@ def _gather(
     instead of a gather from pool rows as wide as the longest sequence ever admitted, and the
     pools are not written (they fall one more step behind). Any other group is gathered from the
     pools, once they hold the last batch's sequences again: the slots its step wrote, or whole
-    rows when they fell further behind.
+    rows when they fell further behind. A sequence enters the pools when first chosen: it is
+    prefilled alone (no padding), straight into its row of the batch (`assemble.py`).
     """
+    ids = [s.seq_id for s in chosen]
     if held is not None:
         row_of = {held.batch.seqs[r].seq_id: r for r in held.outcome.active_rows.tolist()}
         if len(row_of) == len(ids) and all(i in row_of for i in ids):
@@ -181,9 +181,39 @@ def _gather(
             draft = None
             if held.batch.draft is not None and held.outcome.draft_plan is not None:
                 draft = rebuild(held.batch.draft, rows, held.outcome.draft_plan)
-            return target, draft, held.pool_behind + 1
+            return target, draft, held.pool_behind + 1, 0.0
         _store(held, target_pool, draft_pool)
-    return target_pool.take(ids), draft_pool.take(ids) if draft_pool is not None else None, 0
+    fresh = [s for s in chosen if s.seq_id not in target_pool.row_of]
+    prefill = _TimedPrefill(engine, chosen)
+    models = [engine.target] + ([engine.draft] if engine.draft is not None else [])
+    if fresh and all(assembles_in_place(m) for m in models):
+        lengths = {s.seq_id: s.committed - 1 for s in fresh}
+        target = assemble(target_pool, ids, lengths, prefill.into(engine.target))
+        draft = assemble(draft_pool, ids, lengths, prefill.into(engine.draft)) if draft_pool is not None else None
+        return target, draft, 1, prefill.seconds  # the pools lack the new rows' slots: store whole rows next
+    for seq in fresh:  # a model whose sliding layers HF keeps: its own cache layers, then the pool
+        target_pool.admit(seq.seq_id, prefill.alone(engine.target, seq))
+        if draft_pool is not None:
+            draft_pool.admit(seq.seq_id, prefill.alone(engine.draft, seq))
+    draft = draft_pool.take(ids) if draft_pool is not None else None
+    return target_pool.take(ids), draft, 0, prefill.seconds
+
+
+class _TimedPrefill:
+    """Prefills of single sequences, timed so the step's alignment time leaves them out."""
+
+    def __init__(self, engine: Engine, chosen: list[Sequence]) -> None:
+        self.engine, self.chosen, self.seconds = engine, chosen, 0.0
+
+    def alone(self, model: Any, seq: Sequence, cache: Any | None = None) -> KVState:
+        started = self.engine.now()
+        state = self.engine.prefill(model, [seq], cache)
+        self.seconds += self.engine.now() - started
+        return state
+
+    def into(self, model: Any) -> Prefill:
+        """prefill(batch row, cache): the row's sequence, prefilled into `cache`."""
+        return lambda row, cache: self.alone(model, self.chosen[row], cache)
 
 
 def _store(held: Held, target_pool: KVPool, draft_pool: KVPool | None) -> None:

@@ -27,12 +27,17 @@ from transformers.cache_utils import DynamicLayer
 MIN_ROOM = 32
 
 
+def room_for(room: int) -> int:
+    """The free slots a `RoomyLayer` asked for `room` keeps."""
+    return max(room, MIN_ROOM)
+
+
 class RoomyLayer(DynamicLayer):
     """A `DynamicLayer` over a buffer [B, H, capacity, D]; `keys`/`values` view its first `width` slots."""
 
     def __init__(self, room: int) -> None:
         super().__init__()
-        self.room = max(room, MIN_ROOM)
+        self.room = room_for(room)
         self.key_buffer: torch.Tensor | None = None
         self.value_buffer: torch.Tensor | None = None
 

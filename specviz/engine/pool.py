@@ -41,7 +41,7 @@ class KVPool:
 
     def admit(self, seq_id: int, state: KVState) -> None:
         """Give `seq_id` a row and store its single-row state (a prefill, no padding) there."""
-        self.row_of[seq_id] = self.free.pop()
+        self.assign(seq_id)
         self._store_rows([seq_id], state, torch.full((1,), state.width, device=self.device))
 
     def release(self, seq_id: int) -> None:
@@ -51,21 +51,31 @@ class KVPool:
 
     def take(self, seq_ids: list[int]) -> KVState:
         """The left-padded batch of `seq_ids`: one gather per tensor."""
-        rows = self._rows(seq_ids)
+        rows = self.rows_of(seq_ids)
         lengths = self.lengths.index_select(0, rows)
         width = int(lengths.max()) if len(seq_ids) else 0
-        src, real = _shifted(lengths, width)  # batch slot j of row b <- pool slot j - pad_b
-        mask = (self.mask.index_select(0, rows).gather(1, src) * real) if width else self.mask[rows, :0]
+        mask = self.batch_mask(rows, lengths, width)
         next_pos = self.next_pos.index_select(0, rows)
         if width == 0 or not self.keys:
             return KVState(cache=None, mask=mask, next_pos=next_pos)
-        gather = RoomyGather(rows, src)
+        gather = RoomyGather(rows, left_padded_sources(lengths, width)[0])
         cache = DynamicCache()
         for keys, values in zip(self.keys, self.values):
             layer = RoomyLayer(self.room)
             layer.hold(gather(keys, layer.room), gather(values, layer.room), width)
             cache.layers.append(layer)
         return KVState(cache=cache, mask=mask, next_pos=next_pos)
+
+    def batch_mask(self, rows: torch.Tensor, lengths: torch.Tensor, width: int) -> torch.Tensor:
+        """The mask of pool `rows` in a left-padded batch of `width` (each row shifted by its padding)."""
+        if not width:
+            return self.mask[rows, :0]
+        src, real = left_padded_sources(lengths, width)  # batch slot j of row b <- pool slot j - pad_b
+        return self.mask.index_select(0, rows).gather(1, src) * real
+
+    def assign(self, seq_id: int) -> None:
+        """Give `seq_id` a row whose slots are stored later (`assemble.py` prefills it into a batch)."""
+        self.row_of[seq_id] = self.free.pop()
 
     def store_step(
         self,
@@ -80,7 +90,7 @@ class KVPool:
         `rows` (batch rows, holding `seq_ids`). `state` is the batch after the step: `old_width`
         slots as taken, then the slots the step wrote. `whole_rows`: the pool rows are behind by
         more than this step (the batch was carried over steps without storing): store them whole."""
-        pool_rows = self._rows(seq_ids)
+        pool_rows = self.rows_of(seq_ids)
         lengths = self.lengths.index_select(0, pool_rows)
         retain, attend = plan.retain.index_select(0, rows), plan.attend.index_select(0, rows)
         if whole_rows or not bool((retain[:, :old_width].sum(1) == lengths).all()):  # old slots rewritten
@@ -111,7 +121,7 @@ class KVPool:
 
     def _store_rows(self, seq_ids: list[int], state: KVState, counts: torch.Tensor) -> None:
         """Store whole rows of a left-padded `state`: row i's last `counts[i]` slots, from slot 0."""
-        pool_rows = self._rows(seq_ids)
+        pool_rows = self.rows_of(seq_ids)
         width = state.width
         self._fit(width)
         slots = torch.arange(width, device=self.device)[None, :].expand(len(seq_ids), -1)
@@ -137,7 +147,7 @@ class KVPool:
                 dim = source.shape[3]
                 pool_tensor.view(-1, dim).index_copy_(0, dest, source.view(-1, dim).index_select(0, take))
 
-    def _rows(self, seq_ids: list[int]) -> torch.Tensor:
+    def rows_of(self, seq_ids: list[int]) -> torch.Tensor:
         return torch.tensor([self.row_of[s] for s in seq_ids], dtype=torch.long, device=self.device)
 
     def _allocate(self, like: torch.Tensor, num_layers: int) -> None:
@@ -157,7 +167,7 @@ class KVPool:
         self.width = width
 
 
-def _shifted(lengths: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+def left_padded_sources(lengths: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """For a left-padded batch of `width`: each batch slot's pool slot, and whether it is real."""
     slots = torch.arange(width, device=lengths.device)[None, :] - (width - lengths)[:, None]
     return slots.clamp(min=0), (slots >= 0).long()

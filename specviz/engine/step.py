@@ -194,13 +194,15 @@ class Engine:
         return time.perf_counter()
 
     @torch.no_grad()
-    def prefill(self, model: Any, seqs: list[Sequence]) -> KVState:
-        """Cache every committed token but the pending one, left-padded, positions from lengths."""
+    def prefill(self, model: Any, seqs: list[Sequence], cache: Any | None = None) -> KVState:
+        """Cache every committed token but the pending one, left-padded, positions from lengths.
+
+        `cache`: an empty cache to write into (assemble.py's rows of a batch); default: a new one."""
         contexts = [s.prompt_ids + s.output_ids[:-1] if s.output_ids else s.prompt_ids[:-1] for s in seqs]
         width = max(len(c) for c in contexts)
         lengths = torch.tensor([len(c) for c in contexts], device=self.device)
         state = KVState(
-            cache=None,
+            cache=cache,
             mask=torch.zeros(len(seqs), 0, dtype=torch.long, device=self.device),
             next_pos=lengths.clone(),
         )
