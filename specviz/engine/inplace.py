@@ -61,23 +61,23 @@ class SlotLayer(CacheLayerMixin):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        index = self.slots.write_index(key_states.shape)
         rows = self.slots.rows
         if rows is None:  # a step: the batch is the first `active` rows
+            index = self.slots.write_index(key_states.shape)
             keys, values = self.keys[: self.slots.active], self.values[: self.slots.active]  # views
             keys.scatter_(2, index, key_states)
             values.scatter_(2, index, value_states)
             return keys, values  # the whole region: the 4-D mask says which slots count
-        # a prefill group: any rows, gathered and written back (once per prompt, not per step)
-        keys, values = self.keys.index_select(0, rows), self.values.index_select(0, rows)
-        keys.scatter_(2, index, key_states)
-        values.scatter_(2, index, value_states)
-        self.keys.index_copy_(0, rows, keys)
-        self.values.index_copy_(0, rows, values)
-        return keys, values
+        # A prefill group: any rows, each with nothing cached yet, its block filling slots 0 .. q-1.
+        # Write those slots and attend only them: the rest of the region is empty, and attending
+        # it (or gathering it) would make a short prompt's prefill cost the region's width.
+        q = key_states.shape[2]
+        self.keys[:, :, :q].index_copy_(0, rows, key_states)
+        self.values[:, :, :q].index_copy_(0, rows, value_states)
+        return key_states, value_states
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.slots.width, 0
+        return (self.slots.width if self.slots.rows is None else query_length), 0
 
     def get_seq_length(self) -> int:
         return self.slots.width
@@ -93,7 +93,7 @@ class Slots(Cache):
         self.width = width
         self.batch = active  # rows allocated
         self.active = active  # rows 0 .. active-1 hold the batch's unfinished sequences
-        self.rows: torch.Tensor | None = None  # prefill: the rows one forward writes (else the active prefix)
+        self.rows: torch.Tensor | None = None  # prefill: the rows one forward fills from slot 0 (else a step)
         self.write_at: torch.Tensor | None = None  # [B, q] slot of each query token, set per forward
         super().__init__(layers=[SlotLayer(self) for _ in range(num_layers)])
 
@@ -234,11 +234,11 @@ def prefill_slots(engine: Engine, model: Any, seqs: list[Sequence], width: int) 
         for i, row in enumerate(group):
             ids[i, : len(contexts[row])] = torch.tensor(contexts[row], device=device)
         query_slots = torch.arange(longest, device=device)[None, :].expand(len(group), -1)
-        slots.rows, slots.write_at = torch.tensor(group, device=device), query_slots
+        slots.rows = torch.tensor(group, device=device)
         try:
             model(
                 input_ids=ids,
-                attention_mask=block_mask(query_slots, width, model.dtype),
+                attention_mask=block_mask(query_slots, longest, model.dtype),  # the block's own slots only
                 position_ids=query_slots,  # logical indices: slot i holds token i
                 cache=slots,
                 use_cache=True,
