@@ -142,19 +142,19 @@ def compact(
     """
     retain = retain[rows]
     attend = attend[rows]
-    width = retain.shape[1]
+    batch, width = retain.shape
     device = retain.device
     counts = retain.sum(1)
     new_width = int(counts.max()) if counts.numel() else 0
-    slots = torch.arange(width, device=device)
-    # Sort key puts retained slots first, in their original order.
-    key = torch.where(retain, slots, slots + width)
-    order = key.argsort(dim=1)[:, :new_width] if new_width else key[:, :0]
     pad = new_width - counts
-    dest = torch.arange(new_width, device=device)[None, :] - pad[:, None]
-    real = dest >= 0
-    src = order.gather(1, dest.clamp(min=0)) if new_width else order
-    new_mask = (attend.gather(1, src) & real).long() if new_width else attend[:, :0].long()
+    # Each retained slot's new index: the row's new padding plus the retained slots before it
+    # (a cumulative sum, no sort); dropped slots go to a spare column past the new width.
+    dest = torch.where(retain, retain.cumsum(1) - 1 + pad[:, None], new_width)
+    src = torch.zeros(batch, new_width + 1, dtype=torch.long, device=device)
+    src.scatter_(1, dest, torch.arange(width, device=device).expand(batch, width))
+    src = src[:, :new_width]  # padding slots read slot 0: masked, and finite
+    real = torch.arange(new_width, device=device)[None, :] >= pad[:, None]
+    new_mask = (attend.gather(1, src) & real).long()
     if state.cache is None or new_width == 0:
         return KVState(cache=None, mask=new_mask, next_pos=next_pos)
     if _is_identity(rows, src, real, state.batch_size, width):
