@@ -334,7 +334,7 @@ def test_gpu_bench_tiny_runs_on_cpu(
 
 
 @pytest.mark.parametrize("batch", [1, 5])
-def test_flat_kv_move_candidate_is_bit_identical(batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kv_move_agrees_with_the_per_row_loop(batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
     module = _load_benchmark("kv_move", monkeypatch)
     state, rows, retain, attend, next_pos = module.ragged_state(
         batch, 24, 3, (2, 2, 8, torch.float32), torch.device("cpu"), seed=batch
