@@ -126,7 +126,8 @@ def assemble(pool: KVPool, seq_ids: list[int], fresh: dict[int, int], prefill: P
         if fresh.get(seq_id):
             prefill(row, Cache(layer_class_to_replicate=_RowLayers(buffers, row, int(pads[row]))))
     for row, seq_id in enumerate(seq_ids):
-        if seq_id in fresh and not fresh[seq_id]:  # nothing to cache yet: all padding
+        # rows nothing wrote (no context yet, in the pool or new): all padding, zeroed, never garbage
+        if (seq_id in fresh and not fresh[seq_id]) or (seq_id not in fresh and not pool.keys):
             for i in buffers.keys:
                 buffers.keys[i][row, :, :width].zero_()
                 buffers.values[i][row, :, :width].zero_()
