@@ -10,6 +10,8 @@ from specviz.analysis.check import check_trace
 from specviz.engine.inplace import (
     LAYOUT,
     PREFILL_SLACK,
+    SPAN_STEP,
+    SlotLayer,
     Slots,
     block_mask,
     prefill_groups,
@@ -88,6 +90,25 @@ def test_rows_that_move_are_short_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     run_inplace(engine, seqs, len(seqs))
     assert copied, "rows finished while others continued: something moved"
     assert max(copied) < len(long_prompt), "the long row was copied"
+
+
+def test_steps_read_only_the_used_prefix_of_the_region(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step's attention reads the region up to the last query slot of any row (rounded up to
+    SPAN_STEP), not the slots every new token will need later; outputs stay exact."""
+    spans: list[tuple[int, int, int]] = []  # (slots read, last query slot, region width)
+    original = SlotLayer.update
+
+    def spy(self, key_states, value_states, *args, **kwargs):
+        keys, values = original(self, key_states, value_states, *args, **kwargs)
+        if self.slots.rows is None:
+            spans.append((keys.shape[2], int(self.slots.write_at.max()), self.slots.width))
+        return keys, values
+
+    monkeypatch.setattr(SlotLayer, "update", spy)
+    assert_exact(decode("llama", "inplace", 8, 4), oracle("llama"))
+    assert all(last < read <= width for read, last, width in spans), "every query slot is read"
+    assert all(read % SPAN_STEP == 0 or read == width for read, _, width in spans)
+    assert any(read < width for read, _, width in spans), "early steps read less than the region"
 
 
 def test_mask_attends_prefix_and_causal_block_only() -> None:

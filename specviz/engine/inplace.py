@@ -12,7 +12,8 @@ n - 1 tokens in slots 0 .. n-2; every forward writes its query block at the row'
   the next step's query block overwrites them;
 - positions are logical indices, fed explicitly, as in every method.
 
-Shapes are static between steps (B, width, the query length), which is what CUDA graphs need.
+A step's attention reads only the region's used prefix, rounded up to SPAN_STEP slots, so shapes
+take few values (B, the span, the query length), which is what CUDA graphs need.
 When rows finish, the batch keeps running on a prefix of its rows: each finished row inside the
 new prefix takes in one surviving row from past it (`Slots.fill_holes`): a step copies at most as
 many rows as finished in it, only their attended slots, and the prefix is a view, never a copy.
@@ -37,6 +38,7 @@ from specviz.engine.step import Batch, Engine, Sequence
 from specviz.errors import SpecvizError
 
 LAYOUT = "fixed-slots"
+SPAN_STEP = 64  # a step attends its region's used prefix, rounded up to a multiple of this
 
 
 class SlotLayer(CacheLayerMixin):
@@ -67,7 +69,8 @@ class SlotLayer(CacheLayerMixin):
             keys, values = self.keys[: self.slots.active], self.values[: self.slots.active]  # views
             keys.scatter_(2, index, key_states)
             values.scatter_(2, index, value_states)
-            return keys, values  # the whole region: the 4-D mask says which slots count
+            span = self.slots.span  # the used prefix of the region: the 4-D mask says which slots count
+            return keys[:, :, :span], values[:, :, :span]
         # A prefill group: any rows, each with nothing cached yet, its block filling slots 0 .. q-1.
         # Write those slots and attend only them: the rest of the region is empty, and attending
         # it (or gathering it) would make a short prompt's prefill cost the region's width.
@@ -77,7 +80,7 @@ class SlotLayer(CacheLayerMixin):
         return key_states, value_states
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return (self.slots.width if self.slots.rows is None else query_length), 0
+        return (self.slots.span if self.slots.rows is None else query_length), 0
 
     def get_seq_length(self) -> int:
         return self.slots.width
@@ -95,6 +98,11 @@ class Slots(Cache):
         self.active = active  # rows 0 .. active-1 hold the batch's unfinished sequences
         self.rows: torch.Tensor | None = None  # prefill: the rows one forward fills from slot 0 (else a step)
         self.write_at: torch.Tensor | None = None  # [B, q] slot of each query token, set per forward
+        # Slots a step's attention reads, set per forward: the prefix up to the last query slot of
+        # any row, rounded up to SPAN_STEP. Slots past every row's block hold nothing any row may
+        # see, so reading them only costs time (a region is as wide as the longest prompt plus
+        # every new token); the rounding keeps the shapes few (static shapes for CUDA graphs).
+        self.span = width
         super().__init__(layers=[SlotLayer(self) for _ in range(num_layers)])
 
     def write_index(self, shape: torch.Size) -> torch.Tensor:
@@ -142,10 +150,12 @@ class SlotState(KVState):
         fed_this_step = self.mask.shape[1] - slots.width
         start = self.lengths + fed_this_step  # [B] first slot of this block
         query_slots = start[:, None] + torch.arange(q, device=start.device)  # [B, q]
-        if int(query_slots[:, -1].max()) >= slots.width:
+        last = int(query_slots[:, -1].max())
+        if last >= slots.width:
             raise SpecvizError(f"inplace: a row outgrew its {slots.width} slots (engine bug)")
         slots.write_at = query_slots
-        mask = block_mask(query_slots, slots.width, model.dtype)
+        slots.span = min(slots.width, -(-(last + 1) // SPAN_STEP) * SPAN_STEP)
+        mask = block_mask(query_slots, slots.span, model.dtype)
         self.query_causal = query_block_causal(mask, query_slots)
         out = model(
             input_ids=input_ids,
