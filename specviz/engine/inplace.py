@@ -135,6 +135,9 @@ class SlotState(KVState):
     """
 
     lengths: torch.Tensor | None = None
+    # max(lengths), kept on the host: each forward needs it (the span, the overflow check), and
+    # reading it off the device would wait for the GPU once per forward, k + 1 times a step.
+    longest: int = 0
     # [B, width] the between-steps mask, kept apart from `mask` (which each forward extends into a
     # new tensor the recorder reads): the next settle marks the slots a row kept in it, in place.
     region: torch.Tensor | None = None
@@ -150,7 +153,7 @@ class SlotState(KVState):
         fed_this_step = self.mask.shape[1] - slots.width
         start = self.lengths + fed_this_step  # [B] first slot of this block
         query_slots = start[:, None] + torch.arange(q, device=start.device)  # [B, q]
-        last = int(query_slots[:, -1].max())
+        last = self.longest + fed_this_step + q - 1  # = query_slots.max(), known without a sync
         if last >= slots.width:
             raise SpecvizError(f"inplace: a row outgrew its {slots.width} slots (engine bug)")
         slots.write_at = query_slots
@@ -255,19 +258,20 @@ def prefill_slots(engine: Engine, model: Any, seqs: list[Sequence], width: int) 
             )
         finally:
             slots.rows = None
-    return settled(slots, lengths, lengths.clone())
+    return settled(slots, lengths, lengths.clone(), longest=max((len(c) for c in contexts), default=0))
 
 
 def settled(
-    slots: Slots, lengths: torch.Tensor, next_pos: torch.Tensor, region: torch.Tensor | None = None
+    slots: Slots, lengths: torch.Tensor, next_pos: torch.Tensor, longest: int, region: torch.Tensor | None = None
 ) -> SlotState:
-    """The state between steps: each region's first `lengths` slots attended, nothing else.
+    """The state between steps: each region's first `lengths` slots attended, nothing else;
+    `longest` is max(lengths), on the host.
 
     `region`: that mask when the caller already has it (`apply_plan` updates the last one in place).
     """
     if region is None:
         region = region_mask(lengths, slots.width)
-    return SlotState(cache=slots, mask=region, next_pos=next_pos, lengths=lengths, region=region)
+    return SlotState(cache=slots, mask=region, next_pos=next_pos, lengths=lengths, region=region, longest=longest)
 
 
 def new_order(rows: list[int]) -> tuple[list[int], list[int], list[int]]:
@@ -296,13 +300,15 @@ def apply_plan(state: SlotState, order: list[int], holes: list[int], movers: lis
     width = state.cache.width
     old, region, next_pos = state.lengths, state.region, plan.next_pos
     grown = old + plan.attend[:, width:].sum(1)
-    if len(order) != state.batch_size:  # rows finished: keep `order`, fill the holes it leaves
+    finished = len(order) != state.batch_size  # rows finished: keep `order`, fill the holes it leaves
+    if finished:
         index = torch.tensor(order, dtype=torch.long, device=next_pos.device)
         old, grown, region, next_pos = (t.index_select(0, index) for t in (old, grown, region, next_pos))
-        used = grown[holes].tolist() if holes else []  # a hole's new length is its mover's
-        state.cache.fill_holes(holes, movers, used, len(order))
+    lengths = grown.tolist()  # one read per step, after the commit has waited for this step anyway
+    if finished:  # a hole's new length is its mover's
+        state.cache.fill_holes(holes, movers, [lengths[h] for h in holes], len(order))
     mark_attended(region, old, grown, plan.attend.shape[1] - width)
-    return settled(state.cache, grown, next_pos, region)
+    return settled(state.cache, grown, next_pos, max(lengths, default=0), region)
 
 
 def mark_attended(region: torch.Tensor, start: torch.Tensor, end: torch.Tensor, block: int) -> None:
