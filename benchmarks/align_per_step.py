@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 
 from specviz.allocator import keep_freed_memory
+from specviz.bench import select_prompts
 from specviz.data import load_specbench
 from specviz.engine.models import load_pair
 from specviz.engine.run import RunConfig, run
@@ -32,8 +33,7 @@ def main() -> None:
     set_threads(args.threads)
     keep_freed_memory()  # as `record` and `bench` do
     pair = load_pair(device="cpu", dtype="float32")
-    texts = load_specbench()
-    prompts = texts[:: max(1, len(texts) // args.num_prompts)][: args.num_prompts]  # every category
+    prompts = select_prompts(pair, load_specbench(), args.num_prompts, args.max_new_tokens).texts  # the bench's
     arms = args.arms.split(",")
 
     def config(method: str) -> RunConfig:

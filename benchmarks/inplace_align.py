@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import specviz.engine.inplace as inplace
+from specviz.bench import select_prompts
 from specviz.data import load_specbench
 from specviz.engine.models import load_pair
 from specviz.engine.run import RunConfig, run
@@ -50,8 +51,7 @@ def main() -> None:
     inplace.apply_plan = timed("settle", inplace.apply_plan)  # includes the copies below
     inplace.Slots.fill_holes = timed("copies", inplace.Slots.fill_holes)
     pair = load_pair(device="cpu", dtype="float32")
-    texts = load_specbench()
-    spread = texts[:: max(1, len(texts) // args.num_prompts)][: args.num_prompts]  # every category
+    spread = select_prompts(pair, load_specbench(), args.num_prompts, args.max_new_tokens).texts  # the bench's
     config = RunConfig(
         method="inplace",
         batch_size=args.batch_size,

@@ -181,7 +181,7 @@ class RoomyGather:
         index = self.indices.get((heads, width, room))
         if index is None:
             src = torch.nn.functional.pad(self.src, (0, room)) if room else self.src  # scratch: slot 0
-            index = self.indices[(heads, width, room)] = _flat_index(self.rows, src, heads, width)
+            index = self.indices[(heads, width, room)] = flat_index(self.rows, src, heads, width)
         shape = (len(self.rows), heads, self.src.shape[1] + room, dim)
         return tensor.view(-1, dim).index_select(0, index).view(shape)
 
@@ -200,8 +200,9 @@ def _is_identity(rows: torch.Tensor, src: torch.Tensor, real: torch.Tensor, batc
     return same_rows and bool(((src == slots) | ~real).all())
 
 
-def _flat_index(rows: torch.Tensor, src: torch.Tensor, heads: int, width: int) -> torch.Tensor:
-    """Row numbers into the [B*H*W, D] view of a cache tensor, for one index_select.
+def flat_index(rows: torch.Tensor, src: torch.Tensor, heads: int, width: int) -> torch.Tensor:
+    """Row numbers into the [B*H*W, D] view of a cache tensor: (rows[i], every head, src[i]), for
+    one index_select or index_copy_ (the moves here and the pool's gathers and stores).
 
     On CPU one flat index_select beats index_select + gather by several times (benchmarks/kv_move.py).
     """

@@ -20,7 +20,7 @@ import torch
 from transformers import DynamicCache
 
 from specviz.engine.headroom import RoomyLayer, storage
-from specviz.engine.kv import CachePlan, KVState, RoomyGather, cache_layers, rebuild
+from specviz.engine.kv import CachePlan, KVState, RoomyGather, cache_layers, flat_index, rebuild
 
 
 class KVPool:
@@ -110,7 +110,7 @@ class KVPool:
         if not self.keys:
             self._allocate(layers[0].keys, len(layers))
         heads, dim = self.keys[0].shape[1], self.keys[0].shape[3]
-        dest = _flat(pool_rows, slots, heads, self.width)
+        dest = flat_index(pool_rows, slots, heads, self.width)
         for i, layer in enumerate(layers):
             block = layer.keys[:, :, old_width:].index_select(0, rows)
             self.keys[i].view(-1, dim).index_copy_(0, dest, block.reshape(-1, dim))
@@ -140,10 +140,10 @@ class KVPool:
             self._allocate(layers[0].keys, len(layers))
         heads = self.keys[0].shape[1]
         batch_rows = torch.arange(len(seq_ids), device=self.device)
-        dest = _flat(pool_rows, slots, heads, self.width)[_flat_real(real, heads)]
+        dest = flat_index(pool_rows, slots, heads, self.width)[_flat_real(real, heads)]
         for i, layer in enumerate(layers):
             for pool_tensor, source in zip((self.keys[i], self.values[i]), storage(layer)):
-                take = _flat(batch_rows, src, heads, source.shape[2])[_flat_real(real, heads)]
+                take = flat_index(batch_rows, src, heads, source.shape[2])[_flat_real(real, heads)]
                 dim = source.shape[3]
                 pool_tensor.view(-1, dim).index_copy_(0, dest, source.view(-1, dim).index_select(0, take))
 
@@ -173,13 +173,6 @@ def left_padded_sources(lengths: torch.Tensor, width: int) -> tuple[torch.Tensor
     return slots.clamp(min=0), (slots >= 0).long()
 
 
-def _flat(rows: torch.Tensor, slots: torch.Tensor, heads: int, width: int) -> torch.Tensor:
-    """Indices into the [rows*H*width, D] view of a cache tensor: (row, every head, slot)."""
-    head_ids = torch.arange(heads, device=slots.device)
-    first = (rows[:, None] * heads + head_ids[None, :]) * width  # [B, H]
-    return (first[:, :, None] + slots[:, None, :]).reshape(-1)
-
-
 def _flat_real(real: torch.Tensor, heads: int) -> torch.Tensor:
-    """`real` [B, S] repeated over heads, in `_flat`'s order."""
+    """`real` [B, S] repeated over heads, in `flat_index`'s order."""
     return real[:, None, :].expand(-1, heads, -1).reshape(-1)
