@@ -1,0 +1,39 @@
+"""The invariants a correct batched speculative step preserves: one numbered list, cited everywhere.
+
+The numbers are part of the trace's and the report's public format (a `Violation` carries one), so
+they never change meaning. Each is stated for one row, whatever the memory layout, except
+ALIGNMENT, a layout rule checked only for traces that declare the left-padded contiguous layout.
+docs/architecture.md and docs/forensics.md cite this list; the engine's faults name members of it.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class Invariant(IntEnum):
+    # Layout rule (left-padded contiguous only): one width for all rows, each row `0^pad 1^rest`.
+    ALIGNMENT = 1
+    # The token at logical index j is fed at position j; the verify block at n-1 .. n-1+d.
+    POSITIONS = 2
+    # The attended cache slots hold exactly the row's committed tokens (minus the pending one).
+    KV = 3
+    # 0 <= accepted <= drafted, emitted = accepted + bonus, cut at EOS and the length limit,
+    # written to the row's own sequence; a finished sequence never comes back.
+    ACCOUNTING = 4
+    # Each sequence's output equals batch-1 greedy decoding of the target.
+    OUTPUT = 5
+
+    @property
+    def slug(self) -> str:
+        """The stable name written into reports ("position-contiguity", ...)."""
+        return _SLUGS[self]
+
+
+_SLUGS = {
+    Invariant.ALIGNMENT: "rectangular-alignment",
+    Invariant.POSITIONS: "position-contiguity",
+    Invariant.KV: "kv-consistency",
+    Invariant.ACCOUNTING: "token-accounting",
+    Invariant.OUTPUT: "output-equivalence",
+}
