@@ -68,6 +68,7 @@ COMMANDS = {
     "check": "check a trace's invariants and outputs",
     "bench": "benchmark exactness and cost of the methods side by side",
     "watch": "run a script with every causal LM it loads watched; write a trace",
+    "probe": "A/B an OpenAI-compatible server: batch dependence, bug or floating point",
 }
 
 
@@ -165,7 +166,19 @@ def _add_watch(watch: argparse.ArgumentParser) -> None:
     add_arguments(watch)
 
 
-ADD_ARGUMENTS = {"record": _add_record, "check": _add_check, "bench": _add_bench, "watch": _add_watch}
+def _add_probe(probe: argparse.ArgumentParser) -> None:
+    from specviz.probe.cli import add_arguments
+
+    add_arguments(probe)
+
+
+ADD_ARGUMENTS = {
+    "record": _add_record,
+    "check": _add_check,
+    "bench": _add_bench,
+    "watch": _add_watch,
+    "probe": _add_probe,
+}
 
 
 def main_exit() -> NoReturn:
@@ -207,6 +220,10 @@ def _main(argv: Sequence[str] | None) -> int:
             from specviz.watch.cli import cmd_watch
 
             return cmd_watch(args)
+        if args.command == "probe":
+            from specviz.probe.cli import cmd_probe
+
+            return cmd_probe(args)
     except (SpecvizError, TraceError) as exc:
         print(f"specviz: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

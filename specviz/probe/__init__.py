@@ -1,0 +1,8 @@
+"""`specviz probe`: black-box A/B of OpenAI-compatible servers, greedy, token by token.
+
+The same prompts are decoded twice (alone vs. together on one server, or on server A vs. B); where
+the answers part, the logprobs of the tokens both sides still agree on measure the numerical noise
+between them, and each divergence is called `numerical` (within that noise, on a prompt that does
+not stand out) or `suspect`. Layers, one way: responses → client → compare → attribution → report;
+`runner` drives them, `cli` is the command.
+"""

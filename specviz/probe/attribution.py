@@ -1,0 +1,118 @@
+"""Numerical or suspect: the noise between the two sides, estimated from the data, and the rule.
+
+The noise is measured where both sides still agree (every prompt's shared prefix, see
+compare.py): each prompt has a level, the median margin change over its shared tokens. A bug
+perturbs the requests it hits (padded rows, certain slots, positions) far more than those it
+spares, and it may hit most of them (every row but the longest of each batch), so the baseline is
+taken from the least-disturbed quarter, on a log scale (noise spans 1e-6 to 1e-1 between
+servers):
+
+    L_i      = log10(max(level_i, FLOOR))              over prompts with >= 1 measured shared token
+    base     = lower quartile of L
+    spread   = 1.4826 * median(|L_i - base| for L_i <= median(L))      (a MAD of the lower half)
+    cut      = base + max(MIN_DECADES, MAD_SIGMAS * spread)
+    the same for X_i = log10(max(largest margin change_i, FLOOR)), giving cut_X
+    outlier  = L_i > cut or X_i > cut_X                    (the prompt "stands out")
+    noise    = max(FLOOR, largest margin change at any shared token of a non-outlier prompt)
+The median level catches a prompt perturbed throughout; the largest change one perturbed at a
+few positions; both are judged against the least-disturbed quarter of the prompts, so the noise
+is bounded by what the spared prompts show even when most prompts are hit.
+
+Per diverged prompt, with swing = gap_A + gap_B at the divergent token (compare.py):
+    suspect       if the prompt stands out, or swing > noise;
+    unattributed  if there is no logprob evidence at the divergence (no logprobs and no --replay),
+                  or the other side's token is outside the listed top logprobs and the bound on
+                  the swing is within the noise (not provably numerical);
+    numerical     otherwise: a near-tie flipped by no more than the noise the prefixes show.
+Run verdict: suspect > unattributed > numerical > identical (the worst prompt's).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from specviz.probe.compare import Evidence
+
+FLOOR = 1e-5  # margin changes below this are the rounding of float32 logprobs as servers print them
+MIN_DECADES = 1.0  # a prompt stands out only when its level is 10x the baseline or more
+MAD_SIGMAS = 4.0
+VERDICTS = ("identical", "numerical", "unattributed", "suspect")  # worst last
+
+
+@dataclass(frozen=True)
+class Noise:
+    estimate: float  # the tolerance a swing is compared with
+    typical: float | None  # 10 ** median level of non-outlier prompts
+    baseline: float | None  # 10 ** base
+    cut: float | None  # 10 ** cut: a level above this stands out
+    prompts: int  # prompts with a measured level
+    outliers: frozenset[int]  # prompt indices that stand out
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    """Linear-interpolated quantile of a sorted, non-empty list."""
+    pos = q * (len(sorted_values) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def _robust_cut(logs: list[float]) -> tuple[float, float]:
+    """(base, cut) of log levels: the lower quartile, and the level above which one stands out."""
+    logs = sorted(logs)
+    base = _quantile(logs, 0.25)
+    middle = _quantile(logs, 0.5)
+    spread = 1.4826 * statistics.median(abs(x - base) for x in logs if x <= middle)
+    return base, base + max(MIN_DECADES, MAD_SIGMAS * spread)
+
+
+def estimate_noise(evidence: Iterable[Evidence]) -> Noise:
+    levels = {
+        e.index: (math.log10(max(e.prefix_median, FLOOR)), math.log10(max(e.prefix_max or 0.0, FLOOR)))
+        for e in evidence
+        if e.prefix_median is not None
+    }
+    if not levels:
+        return Noise(FLOOR, None, None, None, 0, frozenset())
+    base, cut = _robust_cut([m for m, _ in levels.values()])
+    _, cut_max = _robust_cut([x for _, x in levels.values()])
+    outliers = frozenset(i for i, (m, x) in levels.items() if m > cut or x > cut_max)
+    inliers = [v for i, v in levels.items() if i not in outliers]
+    estimate = max([FLOOR] + [10**x for _, x in inliers])
+    typical = 10 ** statistics.median(m for m, _ in inliers) if inliers else None
+    return Noise(estimate, typical, 10**base, 10**cut, len(levels), outliers)
+
+
+def decide(ev: Evidence, noise: Noise) -> tuple[str, str]:
+    """(verdict, reason) for one prompt."""
+    if ev.divergence is None:
+        if ev.index in noise.outliers:
+            return "identical", f"same answer, but its shared tokens moved {_times(ev, noise)} the baseline"
+        return "identical", "same answer"
+    swing = ev.swing
+    if ev.index in noise.outliers:
+        return "suspect", f"its shared prefix moved {_times(ev, noise)} the baseline: this prompt stands out"
+    if swing is None:
+        return "unattributed", "no logprobs at the divergence (ask with --logprobs, or pass --replay MODEL)"
+    if swing > noise.estimate:
+        bound = " at least" if ev.lower_bound else ""
+        return "suspect", f"swing{bound} {swing:.3g} exceeds the noise {noise.estimate:.3g}"
+    if ev.lower_bound:
+        return (
+            "unattributed",
+            f"the other token is outside the top logprobs; swing >= {swing:.3g}, noise {noise.estimate:.3g}",
+        )
+    return "numerical", f"swing {swing:.3g} within the noise {noise.estimate:.3g}"
+
+
+def _times(ev: Evidence, noise: Noise) -> str:
+    if ev.prefix_median is None or not noise.baseline:
+        return "more than"
+    return f"{max(ev.prefix_median, FLOOR) / noise.baseline:.0f}x"
+
+
+def run_verdict(verdicts: Iterable[str]) -> str:
+    return max(verdicts, key=VERDICTS.index, default="identical")

@@ -1,0 +1,136 @@
+"""`specviz probe URL_A [URL_B]`: is a greedy answer that changes with the batch a bug or floating
+point? Arguments, the run with a progress bar on stderr, and the text summary."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from specviz.probe import report as rp
+
+DESCRIPTION = """\
+Black-box A/B of OpenAI-compatible servers (vLLM, SGLang, llama.cpp, transformers serve, ...),
+greedy (temperature 0), token by token. One URL: each prompt alone (concurrency 1) against the
+prompts sent together (--concurrency N, so the server batches them). Two URLs: server A against
+server B at --concurrency. Each divergence is numerical (the reference's margin at the divergent
+token is within the noise the shared prefixes show, and the prompt does not stand out), suspect,
+or unattributed (no logprobs: pass --logprobs, or --replay MODEL). See docs/probe.md."""
+
+EPILOG = """\
+exit status:
+  0    identical or numerical: no prompt is suspect or unattributed
+  1    suspect (some divergence exceeds the noise, or a prompt stands out), or unattributed
+  2    bad input or an unreachable server (one line on stderr)"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description, parser.epilog = DESCRIPTION, EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("url_a", metavar="URL_A", help="server base URL, e.g. http://127.0.0.1:8000/v1")
+    parser.add_argument("url_b", metavar="URL_B", nargs="?", default=None, help="a second server (A/B mode)")
+    parser.add_argument("--model", default=None, help="model name to request (default: the first /v1/models lists)")
+    parser.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
+    prompts = parser.add_mutually_exclusive_group()
+    prompts.add_argument("--prompts", default=None, help='JSONL: {"prompt": ...} or {"messages": [...]} per line')
+    prompts.add_argument("--num-prompts", type=int, default=None, help="first N SpecBench prompts (default 32)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens per answer at most (default 64)")
+    parser.add_argument("--concurrency", type=int, default=8, help="requests in flight together (default 8)")
+    parser.add_argument("--repeats", type=int, default=1, help="repeats of the concurrent pass (default 1)")
+    parser.add_argument("--logprobs", type=int, default=5, help="top logprobs asked per token, 0: none (default 5)")
+    parser.add_argument("--replay", default=None, metavar="MODEL_PATH", help="recompute logprobs locally at batch 1")
+    parser.add_argument("--replay-dtype", default="float32", help="--replay's dtype; the server's (default float32)")
+    parser.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per request (default 120)")
+    parser.add_argument("--retries", type=int, default=2, help="retries of a failed request (default 2)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--out", default=None, help="write the report (JSON) to this file")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing --out file")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from specviz.files import check_output_path
+    from specviz.probe.prompts import load_prompts
+    from specviz.probe.runner import ProbeConfig, run_probe
+
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        check_output_path(out, args.force)
+    num = args.num_prompts if args.num_prompts is not None or args.prompts else 32
+    prompts = load_prompts(args.prompts, num)
+    config = ProbeConfig(
+        url_a=args.url_a,
+        url_b=args.url_b,
+        endpoint=args.endpoint,
+        model=args.model,
+        max_tokens=args.max_tokens,
+        concurrency=args.concurrency,
+        repeats=args.repeats,
+        logprobs=args.logprobs,
+        replay=args.replay,
+        replay_dtype=args.replay_dtype,
+        timeout_s=args.timeout,
+        retries=args.retries,
+    )
+    config.validate()
+    api_key = os.environ.get(args.api_key_env) or None
+    bar = None if args.quiet else tqdm(total=len(prompts) * (1 + args.repeats), unit="req", file=sys.stderr)
+
+    def progress(done: int, total: int) -> None:
+        if bar is not None:
+            bar.update(done - bar.n)
+
+    try:
+        report = run_probe(config, prompts, api_key, progress)
+    finally:
+        if bar is not None:
+            bar.close()
+    if out is not None:
+        rp.save_report(report, out)
+    from specviz.cli import _print_to_pipe
+
+    _print_to_pipe(json.dumps(rp.to_dict(report)) if args.json else render(report, out))
+    return 0 if report.verdict in ("identical", "numerical") else 1
+
+
+def _num(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
+
+
+def render(report: rp.ProbeReport, out: Path | None = None, shown: int = 10) -> str:
+    a, b = report.side_a, report.side_b
+    lines = [
+        f"probe: {a.label} ({a.url}, concurrency {a.concurrency}) vs {b.label} "
+        f"({b.url}, concurrency {b.concurrency}), {len(report.prompts)} prompts, {report.endpoint}",
+        f"verdict: {report.verdict.upper()}   "
+        + "  ".join(f"{k} {v}" for k, v in report.counts.items())
+        + (f"   nondeterministic {report.nondeterministic}" if report.repeats > 1 else ""),
+        f"noise ({report.noise.source}): {_num(report.noise.estimate)} (largest margin change on the shared "
+        f"prefix of a prompt that does not stand out; typical {_num(report.noise.typical)}, "
+        f"a prompt stands out above {_num(report.noise.cut)}, {report.noise.prompts} prompts measured)",
+    ]
+    worst = sorted(
+        (p for p in report.prompts if p.verdict != "identical" or p.stands_out),
+        key=lambda p: (-rp.VERDICTS.index(p.verdict), p.index),
+    )
+    for p in worst[:shown]:
+        where = f"{p.unit} {p.divergence}" if p.divergence is not None else "-"
+        ta = repr(p.token_a.text) if p.token_a else "-"
+        tb = repr(p.token_b.text) if p.token_b else "-"
+        lines.append(f"  #{p.index:<5} {p.verdict:<12} at {where}: {ta} vs {tb}; {p.reason}")
+    if len(worst) > shown:
+        lines.append(f"  ... {len(worst) - shown} more (--json or --out for all)")
+    t = report.timing
+    lines.append(
+        f"time: {t.wall_s:.2f} s, server busy {t.server_busy_s:.2f} s, probe overhead {t.overhead_s:.3f} s "
+        f"({100 * t.overhead_fraction:.1f}%), {t.requests} requests"
+        + (f", replay {t.replay_s:.2f} s" if report.replay else "")
+    )
+    if out is not None:
+        lines.append(f"report: {out}")
+    return "\n".join(lines)

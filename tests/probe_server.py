@@ -1,0 +1,268 @@
+"""A tiny OpenAI-compatible batching server for the probe's tests: the embedded default target.
+
+    python tests/probe_server.py            # prints "READY <port>" on stdout once it listens
+
+One process serves every behaviour, chosen by the URL's first two path parts,
+`/<mode>/<layout>/v1/completions` (and `/v1/chat/completions`, `/v1/models`):
+
+- mode `identical`: every request decoded alone in float32 (answers never depend on the batch);
+- mode `numerical`: requests that arrive together (within BATCH_WINDOW_S) are decoded as one
+  left-padded batch in bfloat16, a lone request alone in float32: a batch changes the answers
+  only through floating point;
+- mode `bug`: `numerical`, plus a real batching bug: after the prompt, every row of a batch is fed
+  the positions of the longest row (padded rows get positions shifted by their padding);
+- layout `legacy` (`tokens` / `token_logprobs` / `top_logprobs`), `content`
+  (`content[].top_logprobs`, also on completions) or `none` (logprobs ignored, as
+  `transformers serve` does on completions).
+
+With PROBE_SERVER_KEY set, requests must carry `Authorization: Bearer <key>`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from specviz.engine.models import DEFAULT_TARGET  # noqa: E402
+
+BATCH_WINDOW_S = 0.05  # requests arriving within this window of the first form one batch
+MAX_BATCH = 16
+MODES = ("identical", "numerical", "bug")
+LAYOUTS = ("legacy", "content", "none")
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding: greedy, left-padded batches with explicit positions
+
+
+class Decoder:
+    def __init__(self, path: str) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.set_num_threads(1)
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.f32 = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        self.bf16 = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+        self.eos = int(self.f32.config.eos_token_id)
+        self.pad = int(self.f32.config.pad_token_id)
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], max_tokens: list[int], mode: str, top_k: int) -> list[dict]:
+        """Greedy continuations of `prompts` decoded together; per row its ids, logprobs and top-k."""
+        batched = len(prompts) > 1
+        model = self.bf16 if batched and mode != "identical" else self.f32
+        shift_bug = batched and mode == "bug"
+        lengths = [len(p) for p in prompts]
+        width = max(lengths)
+        # input_ids, mask: (B, width), left-padded
+        ids = torch.tensor([[self.pad] * (width - n) + p for p, n in zip(prompts, lengths)])
+        mask = torch.tensor([[0] * (width - n) + [1] * n for n in lengths])
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        cache = out.past_key_values
+        logits = out.logits[:, -1, :]  # (B, vocab)
+        rows = [{"ids": [], "logprobs": [], "top": []} for _ in prompts]
+        done = [False] * len(prompts)
+        limit = max(max_tokens)
+        for step in range(limit):
+            logprobs = torch.log_softmax(logits.float(), dim=-1)  # (B, vocab)
+            top_lp, top_id = logprobs.topk(max(top_k, 1), dim=-1)
+            chosen = logprobs.argmax(-1)  # (B,)
+            for r, row in enumerate(rows):
+                if done[r]:
+                    continue
+                token = int(chosen[r])
+                if token == self.eos:
+                    done[r] = True
+                    continue
+                row["ids"].append(token)
+                row["logprobs"].append(float(logprobs[r, token]))
+                row["top"].append([(int(i), float(v)) for i, v in zip(top_id[r], top_lp[r])])
+                if len(row["ids"]) >= max_tokens[r]:
+                    done[r] = True
+            if all(done) or step == limit - 1:
+                break
+            mask = torch.cat([mask, torch.ones(len(prompts), 1, dtype=mask.dtype)], dim=-1)
+            if shift_bug:  # the bug: every row continues at the longest row's position
+                step_pos = torch.full((len(prompts), 1), width + step)
+            else:
+                step_pos = torch.tensor([[n + step] for n in lengths])
+            out = model(
+                input_ids=chosen.view(-1, 1),
+                attention_mask=mask,
+                position_ids=step_pos,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            cache = out.past_key_values
+            logits = out.logits[:, -1, :]
+        return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Batching: one worker thread per mode gathers what arrives together
+
+
+class Job:
+    def __init__(self, prompt_ids: list[int], max_tokens: int, top_k: int) -> None:
+        self.prompt_ids, self.max_tokens, self.top_k = prompt_ids, max_tokens, top_k
+        self.done = threading.Event()
+        self.result: dict | None = None
+
+
+class Batcher:
+    def __init__(self, decoder: Decoder, mode: str, lock: threading.Lock) -> None:
+        self.decoder, self.mode, self.lock = decoder, mode, lock
+        self.jobs: queue.Queue[Job] = queue.Queue()
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def submit(self, job: Job) -> dict:
+        self.jobs.put(job)
+        job.done.wait()
+        assert job.result is not None
+        return job.result
+
+    def _loop(self) -> None:
+        while True:
+            batch = [self.jobs.get()]
+            if self.mode != "identical":
+                deadline = time.monotonic() + BATCH_WINDOW_S
+                while len(batch) < MAX_BATCH:
+                    try:
+                        batch.append(self.jobs.get(timeout=max(0.0, deadline - time.monotonic())))
+                    except queue.Empty:
+                        break
+            with self.lock:  # one forward at a time across modes: the tests share two cores
+                rows = self.decoder.generate(
+                    [j.prompt_ids for j in batch],
+                    [j.max_tokens for j in batch],
+                    self.mode,
+                    max(j.top_k for j in batch),
+                )
+            for job, row in zip(batch, rows):
+                job.result = row
+                job.done.set()
+
+
+# ---------------------------------------------------------------------------------------------
+# OpenAI-compatible HTTP
+
+
+def _logprobs_payload(decoder: Decoder, row: dict, top_k: int, layout: str) -> dict | None:
+    if layout == "none" or top_k <= 0:
+        return None
+    text = [decoder.tokenizer.decode([i]) for i in row["ids"]]
+    tops = [[(decoder.tokenizer.decode([i]), v) for i, v in top[:top_k]] for top in row["top"]]
+    if layout == "legacy":
+        return {
+            "tokens": text,
+            "token_logprobs": row["logprobs"],
+            "top_logprobs": [dict(t) for t in tops],
+            "text_offset": [],
+        }
+    return {
+        "content": [
+            {
+                "token": t,
+                "logprob": lp,
+                "bytes": list(t.encode()),
+                "top_logprobs": [{"token": s, "logprob": v} for s, v in top],
+            }
+            for t, lp, top in zip(text, row["logprobs"], tops)
+        ]
+    }
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: the probe reuses its connections
+    server: Server
+
+    def log_message(self, format: str, *args: object) -> None:  # quiet
+        pass
+
+    def _send(self, status: int, payload: dict) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _route(self) -> tuple[str, str, str] | None:
+        parts = self.path.strip("/").split("/")
+        if len(parts) < 4 or parts[0] not in MODES or parts[1] not in LAYOUTS or parts[2] != "v1":
+            self._send(404, {"error": {"message": f"no route {self.path}"}})
+            return None
+        key = os.environ.get("PROBE_SERVER_KEY")
+        if key and self.headers.get("Authorization") != f"Bearer {key}":
+            self._send(401, {"error": {"message": "bad api key"}})
+            return None
+        return parts[0], parts[1], "/".join(parts[3:])
+
+    def do_GET(self) -> None:
+        route = self._route()
+        if route is None:
+            return
+        if route[2] == "models":
+            self._send(200, {"object": "list", "data": [{"id": "tiny-target", "object": "model"}]})
+        else:
+            self._send(404, {"error": {"message": "not found"}})
+
+    def do_POST(self) -> None:
+        route = self._route()
+        if route is None:
+            return
+        mode, layout, endpoint = route
+        length = int(self.headers.get("Content-Length", "0"))
+        request = json.loads(self.rfile.read(length))
+        if endpoint == "completions":
+            prompt = request["prompt"]
+            top_k = int(request.get("logprobs") or 0)
+        elif endpoint == "chat/completions":
+            prompt = "\n".join(m["content"] for m in request["messages"]) + "\n"
+            top_k = int(request.get("top_logprobs") or 0) if request.get("logprobs") else 0
+        else:
+            self._send(404, {"error": {"message": "not found"}})
+            return
+        decoder = self.server.decoder
+        prompt_ids = decoder.tokenizer(prompt)["input_ids"]
+        row = self.server.batchers[mode].submit(Job(prompt_ids, int(request.get("max_tokens", 16)), top_k))
+        text = decoder.tokenizer.decode(row["ids"])
+        logprobs = _logprobs_payload(decoder, row, top_k, layout)
+        finish = "length" if len(row["ids"]) >= int(request.get("max_tokens", 16)) else "stop"
+        if endpoint == "completions":
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs}
+            choice["finish_reason"] = finish
+        self._send(200, {"id": "cmpl-0", "object": "text_completion", "model": "tiny-target", "choices": [choice]})
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, decoder: Decoder) -> None:
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.decoder = decoder
+        lock = threading.Lock()
+        self.batchers = {mode: Batcher(decoder, mode, lock) for mode in MODES}
+
+
+def main() -> None:
+    server = Server(Decoder(os.environ.get("PROBE_SERVER_MODEL", DEFAULT_TARGET)))
+    print(f"READY {server.server_address[1]}", flush=True)  # the readiness handshake
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
