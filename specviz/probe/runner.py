@@ -111,7 +111,7 @@ def run_probe(config: ProbeConfig, prompts: list[Prompt], api_key: str | None, p
                 index = start + offset
                 evidence.append(compare(index, a, b))
                 for again in repeats[1:]:
-                    d = compare(index, b, again).divergence
+                    d = compare(index, b, again[offset]).divergence
                     if d is not None:
                         nondet[index] = min(d, nondet.get(index, d))
             if replayer is not None:
