@@ -19,11 +19,11 @@ from typing import Any, NoReturn
 
 from specviz.errors import SpecvizError
 from specviz.files import beside, check_output_path
+from specviz.startup import EXIT_INTERRUPTED
 from specviz.trace.io import TraceError
 from specviz.trace.naming import run_slug, run_title
 
 EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
 
 CHECK_DESCRIPTION = """\
 Check a trace: replay the ragged state of every verify step and report where it first differs

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pandas as pd
+
 from specviz.trace import steps_frame
 from specviz.trace.frame import COLUMNS
 from specviz.trace.synthetic import synthetic_trace
@@ -39,3 +41,29 @@ def test_empty_trace_gives_an_empty_frame_with_the_columns() -> None:
     trace.steps = []
     frame = steps_frame(trace)
     assert frame.empty and list(frame.columns) == COLUMNS
+
+
+def test_every_record_field_is_a_column_by_name() -> None:
+    """Every RowRecord and StepRecord field (all schema versions: every field `check` reads) is a
+    column of that name, holding that field's value."""
+    import dataclasses
+
+    from specviz.trace.io import load_trace
+    from specviz.trace.schema import RowRecord, StepRecord
+
+    fields = [f.name for f in dataclasses.fields(RowRecord)] + [
+        f.name for f in dataclasses.fields(StepRecord) if f.name != "rows"
+    ]
+    assert set(fields) <= set(COLUMNS)
+    trace = load_trace("traces/default-eqspec-kv-row-copy.json.gz")  # records the v2 state fields
+    frame = steps_frame(trace)
+    records = [(step, row) for step in trace.steps for row in step.rows]
+    for i, (step, row) in enumerate(records):
+        line = frame.iloc[i]
+        for name in fields:
+            value = getattr(row, name) if hasattr(row, name) else getattr(step, name)
+            if value is None:  # pandas shows a missing value of a numeric column as NaN
+                assert line[name] is None or pd.isna(line[name]), (i, name)
+            else:
+                assert line[name] == value, (i, name)
+    assert frame.kv_mismatch_slot.notna().any() and frame.kv_content_checked.any()

@@ -14,16 +14,15 @@ the run has no steps at all); one that was dropped is located at the last step t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from specviz.analysis.report import INVARIANTS, Violation
-from specviz.trace.schema import RowRecord, StepRecord
+from specviz.analysis.findings import Findings, RowFlags, stub_row
+from specviz.analysis.history import History, SequenceHistory
+from specviz.trace.invariants import Invariant
+from specviz.trace.schema import SequenceRecord, StepRecord
 
-if TYPE_CHECKING:
-    from specviz.analysis.check import _Checker
-
-ACCOUNTING = 4  # token-accounting: endings are part of what a sequence was given
-NO_ROW = -1  # the violation is about a sequence that no row of that step holds
+# Endings are part of what a sequence was given: every finish violation is token accounting.
+ACCOUNTING = Invariant.ACCOUNTING
 
 
 def records_row_finish(steps: list[StepRecord]) -> bool:
@@ -42,104 +41,39 @@ def allowed_endings(tokens: list[int], written: int, max_new: int, eos: frozense
 
 
 class FinishChecks:
-    """Finish-reason and completeness checks, fed by the main checker as it walks the steps."""
+    """Finish-reason and completeness checks, fed step by step as the checker walks the trace."""
 
-    def __init__(self, chk: _Checker) -> None:
-        self.chk = chk
-        self.records_finish = records_row_finish(chk.trace.steps)
+    def __init__(self, findings: Findings, history: History) -> None:
+        self.findings = findings
+        self.history = history
+        self.records_finish = records_row_finish(history.trace.steps)
         self.last_seen: dict[int, int] = {}  # seq_id -> last step index holding or receiving it
 
     # ------------------------------------------------------------------ per step
 
     def check_step(self, si: int, step: StepRecord) -> None:
-        """Called after the step's writes were applied to the checker's sequence states."""
+        """Called after the step's writes were applied to the sequences' histories."""
         received: dict[int, list[int]] = {}
         for row in step.rows:
             self.last_seen[row.seq_id] = si
             self.last_seen[row.write_seq] = si
             received.setdefault(row.write_seq, []).extend(row.emitted)
-            self._check_nothing_after_eos(si, step, row)
+            check_nothing_after_eos(self.findings.at(si, step, row), self.history)
         if not self.records_finish:
-            self.chk.skipped.add("row finish reasons: no row records finished / finish_reason")
+            self.findings.skip("row finish reasons: no row records finished / finish_reason")
             return
         for row in step.rows:
-            self._check_row_reason(si, step, row, received.get(row.seq_id, []))
-
-    def _check_nothing_after_eos(self, si: int, step: StepRecord, row: RowRecord) -> None:
-        eos_at = next((i for i, token in enumerate(row.emitted) if token in self.chk.eos), None)
-        if eos_at is None:
-            return
-        after = row.emitted[eos_at + 1 :]
-        if after:
-            self.chk.flag(
-                si,
-                step,
-                row,
-                ACCOUNTING,
-                "emitted",
-                "nothing after EOS",
-                after,
-                f"{len(after)} token(s) emitted after EOS in the same step",
-            )
-        # An EOS ends the sequence wherever it sits: anything later is "decoded again".
-        state = self.chk.seqs[row.write_seq]
-        if state.finished_at is None:
-            state.finished_at = si
-
-    def _check_row_reason(self, si: int, step: StepRecord, row: RowRecord, received: list[int]) -> None:
-        chk = self.chk
-        state = chk.seqs[row.seq_id]
-        if state.finished_at is not None and state.finished_at < si:
-            return  # decoded after it finished: token accounting already says so
-        allowed = allowed_endings(received, state.written, chk.max_new, chk.eos) if received else set()
-        reason = row.finish_reason
-        if row.finished != (reason is not None):
-            chk.flag(
-                si,
-                step,
-                row,
-                ACCOUNTING,
-                "finished",
-                reason is not None,
-                row.finished,
-                f"finished is {row.finished} but finish_reason is {reason!r}",
-            )
-        if reason is None and allowed:
-            expected = "eos" if "eos" in allowed else "length"
-            chk.flag(
-                si,
-                step,
-                row,
-                ACCOUNTING,
-                "finish_reason",
-                expected,
-                None,
-                f"sequence {row.seq_id} ended at this step ({_why(allowed, state.written)}) but the row records "
-                "no finish",
-            )
-        elif reason is not None and reason not in allowed:
-            chk.flag(
-                si,
-                step,
-                row,
-                ACCOUNTING,
-                "finish_reason",
-                sorted(allowed) or None,
-                reason,
-                _wrong_reason(reason, row.seq_id, received, state.written, chk.max_new),
-            )
-        if (reason is not None or allowed) and state.finished_at is None:
-            state.finished_at = si  # a claimed ending too: the sequence must not come back
+            check_row_reason(self.findings.at(si, step, row), self.history, received.get(row.seq_id, []))
 
     # ------------------------------------------------------------------ per sequence, end of run
 
     def check_run(self) -> None:
-        chk = self.chk
-        complete = chk.trace.header.complete
-        for seq in chk.trace.sequences:
-            state = chk.seqs[seq.seq_id]
+        history = self.history
+        complete = history.trace.header.complete
+        for seq in history.trace.sequences:
+            state = history.seqs[seq.seq_id]
             last = self.last_seen.get(seq.seq_id)
-            if complete and last is None and chk.max_new > 0:
+            if complete and last is None and history.max_new > 0:
                 self._flag(
                     None,
                     seq.seq_id,
@@ -156,16 +90,18 @@ class FinishChecks:
                     "finish_reason",
                     "eos or length",
                     "unfinished",
-                    f"sequence {seq.seq_id} left the batch unfinished ({state.written} of {chk.max_new} tokens, "
-                    "no EOS) in a run marked complete",
+                    f"sequence {seq.seq_id} left the batch unfinished ({state.written} of {history.max_new} "
+                    "tokens, no EOS) in a run marked complete",
                 )
                 continue
             self._check_sequence_reason(seq, state, last, complete)
 
-    def _check_sequence_reason(self, seq: Any, state: Any, last: int | None, complete: bool) -> None:
-        chk = self.chk
+    def _check_sequence_reason(
+        self, seq: SequenceRecord, state: SequenceHistory, last: int | None, complete: bool
+    ) -> None:
+        history = self.history
         where = state.touched_steps[-1] if state.touched_steps else last
-        allowed = allowed_endings(seq.output_ids[-1:], len(seq.output_ids), chk.max_new, chk.eos)
+        allowed = allowed_endings(seq.output_ids[-1:], len(seq.output_ids), history.max_new, history.eos)
         reason = seq.finish_reason
         if reason is None and complete:
             self._flag(
@@ -183,22 +119,79 @@ class FinishChecks:
                 "finish_reason",
                 sorted(allowed) or None,
                 reason,
-                _wrong_reason(reason, seq.seq_id, seq.output_ids[-1:], len(seq.output_ids), chk.max_new),
+                _wrong_reason(reason, seq.seq_id, seq.output_ids[-1:], len(seq.output_ids), history.max_new),
             )
 
     def _flag(self, si: int | None, seq_id: int, fld: str, expected: Any, actual: Any, message: str) -> None:
         """A sequence-level violation at step index `si`, or at the run when `si` is None."""
-        chk = self.chk
-        steps = chk.trace.steps
+        steps = self.history.trace.steps
         if si is None and not steps:
-            _flag_without_steps(chk, seq_id, fld, expected, actual, message)
+            self.findings.flag_run(seq_id, ACCOUNTING, fld, expected, actual, message)
             return
         if si is None:
             si = len(steps) - 1
         step = steps[si]
         row = next((r for r in step.rows if r.seq_id == seq_id), None)
         row = row or next((r for r in step.rows if r.write_seq == seq_id), None)
-        chk.flag(si, step, row or stub_row(seq_id), ACCOUNTING, fld, expected, actual, message)
+        self.findings.flag(si, step, row or stub_row(seq_id), ACCOUNTING, fld, expected, actual, message)
+
+
+def check_nothing_after_eos(flag: RowFlags, history: History) -> None:
+    """Nothing follows an EOS in one step's emitted tokens; the EOS ends the sequence there."""
+    row = flag.row
+    eos_at = next((i for i, token in enumerate(row.emitted) if token in history.eos), None)
+    if eos_at is None:
+        return
+    after = row.emitted[eos_at + 1 :]
+    if after:
+        flag(
+            ACCOUNTING,
+            "emitted",
+            "nothing after EOS",
+            after,
+            f"{len(after)} token(s) emitted after EOS in the same step",
+        )
+    # An EOS ends the sequence wherever it sits: anything later is "decoded again".
+    seq = history.seqs[row.write_seq]
+    if seq.finished_at is None:
+        seq.finished_at = flag.si
+
+
+def check_row_reason(flag: RowFlags, history: History, received: list[int]) -> None:
+    """The row's `finished` / `finish_reason` agree with each other and with what the sequence received."""
+    row, si = flag.row, flag.si
+    seq = history.seqs[row.seq_id]
+    if seq.finished_at is not None and seq.finished_at < si:
+        return  # decoded after it finished: token accounting already says so
+    allowed = allowed_endings(received, seq.written, history.max_new, history.eos) if received else set()
+    reason = row.finish_reason
+    if row.finished != (reason is not None):
+        flag(
+            ACCOUNTING,
+            "finished",
+            reason is not None,
+            row.finished,
+            f"finished is {row.finished} but finish_reason is {reason!r}",
+        )
+    if reason is None and allowed:
+        expected = "eos" if "eos" in allowed else "length"
+        flag(
+            ACCOUNTING,
+            "finish_reason",
+            expected,
+            None,
+            f"sequence {row.seq_id} ended at this step ({_why(allowed, seq.written)}) but the row records no finish",
+        )
+    elif reason is not None and reason not in allowed:
+        flag(
+            ACCOUNTING,
+            "finish_reason",
+            sorted(allowed) or None,
+            reason,
+            _wrong_reason(reason, row.seq_id, received, seq.written, history.max_new),
+        )
+    if (reason is not None or allowed) and seq.finished_at is None:
+        seq.finished_at = si  # a claimed ending too: the sequence must not come back
 
 
 def _why(allowed: set[str], written: int) -> str:
@@ -210,34 +203,3 @@ def _wrong_reason(reason: str, seq_id: int, tokens: list[int], written: int, max
         last = tokens[-1] if tokens else None
         return f"finish_reason 'eos' for sequence {seq_id}, but its last token {last} is not an EOS id"
     return f"finish_reason 'length' for sequence {seq_id} with {written} of {max_new} tokens"
-
-
-def stub_row(seq_id: int) -> RowRecord:
-    """Stands for a sequence that no row of the located step holds."""
-    return RowRecord(
-        row=NO_ROW,
-        seq_id=seq_id,
-        committed_before=0,
-        left_pad=0,
-        left_pad_after=None,
-        pending_token=0,
-        draft_tokens=[],
-        target_tokens=[],
-        accepted=0,
-        bonus=None,
-        emitted=[],
-        write_seq=seq_id,
-        position_ids=[],
-        mask_rle=[],
-        kv_len=0,
-        kv_len_expected=0,
-    )
-
-
-def _flag_without_steps(chk: _Checker, seq_id: int, fld: str, expected: Any, actual: Any, message: str) -> None:
-    """A run with no steps at all: the violation sits at step -1 (the run), row -1."""
-    chk.count += 1
-    chk.first_bad_step.setdefault(seq_id, -1)
-    chk.violations.append(
-        Violation(-1, -1, NO_ROW, seq_id, ACCOUNTING, INVARIANTS[ACCOUNTING], fld, expected, actual, message)
-    )

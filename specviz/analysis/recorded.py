@@ -1,11 +1,11 @@
 """Checks of the optional state fields of schema version 2, run only on rows that record them.
 
-- `query_causal` (invariant 3): where the verify pass gets a 4-D mask, each query slot may attend
+- `query_causal` (`Invariant.KV`): where the verify pass gets a 4-D mask, each query slot may attend
   only itself and the earlier query slots; a non-causal block lets a draft see the drafts after it.
-- `draft_position_ids` (invariant 2): draft call j of a step feeds its last token at position
+- `draft_position_ids` (`Invariant.POSITIONS`): draft call j of a step feeds its last token at position
   `n - 1 + j` (the pending token, then each new draft), just like the target's query window.
-- `draft_kv_lens` (invariant 3): at draft call j that token attends `n - 1 + j` earlier slots.
-- `kv_mismatch_slot` (invariant 3): the engine recomputed the layer-0 keys of the row's attended
+- `draft_kv_lens` (`Invariant.KV`): at draft call j that token attends `n - 1 + j` earlier slots.
+- `kv_mismatch_slot` (`Invariant.KV`): the engine recomputed the layer-0 keys of the row's attended
   cache slots from its committed tokens and positions, and this slot's content did not match
   (KV copied from another row, stale after a move, written at the wrong position).
 The expected values come from `committed_before`, which token accounting ties to the history.
@@ -13,14 +13,8 @@ The expected values come from `committed_before`, which token accounting ties to
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from specviz.trace.schema import RowRecord, StepRecord
-
-if TYPE_CHECKING:
-    from specviz.analysis.check import _Checker
-
-POSITIONS, KV = 2, 3
+from specviz.analysis.findings import Findings, RowFlags
+from specviz.trace.invariants import Invariant
 
 # Field -> the skipped-check note when no row of the trace records it. `query_causal` is left
 # out: it only exists for engines that feed 4-D masks, so its absence is not a gap.
@@ -31,31 +25,27 @@ OPTIONAL_STATE = {
 }
 
 
-def check_recorded_row(chk: _Checker, si: int, step: StepRecord, row: RowRecord) -> None:
+def check_recorded_row(flag: RowFlags) -> None:
     """Flag what the row's optional state fields show; note which fields the trace records."""
+    row = flag.row
+    recorded = flag.findings.recorded
     n = row.committed_before
     if row.query_causal is not None:
-        chk.recorded.add("query_causal")
+        recorded.add("query_causal")
         if not row.query_causal:
-            chk.flag(
-                si,
-                step,
-                row,
-                KV,
+            flag(
+                Invariant.KV,
                 "query_causal",
                 True,
                 False,
                 "the verify query block is not causal: a query slot attends a later query slot",
             )
     if row.draft_position_ids is not None:
-        chk.recorded.add("draft_position_ids")
+        recorded.add("draft_position_ids")
         expected = list(range(n - 1, n - 1 + len(row.draft_position_ids)))
         if row.draft_position_ids != expected:
-            chk.flag(
-                si,
-                step,
-                row,
-                POSITIONS,
+            flag(
+                Invariant.POSITIONS,
                 "draft_position_ids",
                 expected,
                 row.draft_position_ids,
@@ -63,28 +53,22 @@ def check_recorded_row(chk: _Checker, si: int, step: StepRecord, row: RowRecord)
                 f"(expected to start at {n - 1})",
             )
     if row.draft_kv_lens is not None:
-        chk.recorded.add("draft_kv_lens")
+        recorded.add("draft_kv_lens")
         expected = list(range(n - 1, n - 1 + len(row.draft_kv_lens)))
         if row.draft_kv_lens != expected:
-            chk.flag(
-                si,
-                step,
-                row,
-                KV,
+            flag(
+                Invariant.KV,
                 "draft_kv_lens",
                 expected,
                 row.draft_kv_lens,
                 f"draft calls attend {row.draft_kv_lens} earlier slots, expected {expected}",
             )
     if row.kv_content_checked or row.kv_mismatch_slot is not None:
-        chk.recorded.add("kv_content_checked")
+        recorded.add("kv_content_checked")
     if row.kv_mismatch_slot is not None:
         slot = row.kv_mismatch_slot
-        chk.flag(
-            si,
-            step,
-            row,
-            KV,
+        flag(
+            Invariant.KV,
             "kv_mismatch_slot",
             None,
             slot,
@@ -93,8 +77,8 @@ def check_recorded_row(chk: _Checker, si: int, step: StepRecord, row: RowRecord)
         )
 
 
-def note_unrecorded(chk: _Checker) -> None:
+def note_unrecorded(findings: Findings) -> None:
     """Report the optional state checks that no row of the trace made possible."""
     for name, note in OPTIONAL_STATE.items():
-        if name not in chk.recorded:
-            chk.skipped.add(note)
+        if name not in findings.recorded:
+            findings.skip(note)

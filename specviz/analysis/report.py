@@ -5,12 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-INVARIANTS = {
-    1: "rectangular-alignment",
-    2: "position-contiguity",
-    3: "kv-consistency",
-    4: "token-accounting",
-}
+from specviz.trace.invariants import Invariant
 
 # Run verdicts, worst last. `desync` wins over `unexplained` because a broken invariant explains.
 RUN_VERDICTS = ("clean", "numerical", "unexplained", "desync")
@@ -22,15 +17,17 @@ class Violation:
     step_index: int  # index into trace.steps
     row: int  # batch row within that step
     seq_id: int
-    invariant: int  # 1..4, see INVARIANTS
-    name: str  # INVARIANTS[invariant]
+    invariant: Invariant  # written to JSON as its number
+    name: str  # invariant.slug
     field: str  # the trace field that shows it, e.g. "position_ids"
     expected: Any
     actual: Any
     message: str  # one line, human readable
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["invariant"] = int(self.invariant)  # a plain int in JSON and in dicts
+        return out
 
 
 @dataclass

@@ -6,22 +6,28 @@ Public API (documented in the README):
     frame = steps_frame(load_trace("runs/eq.json.gz"))
     frame.groupby("seq_id").accepted.mean()
 
-Columns are the per-row fields of `docs/trace-format.md`, the step fields they belong to
-(`cache_len`, `query_len`, timings), and three derived ones: `num_emitted`, `first_position` (the
-position fed to the pending token) and `expected_first_position` (its logical index,
-`committed_before - 1`). The last four hold token text from the trace's piece table
-(`header.token_text`): `pending_text`, and `draft_text`, `target_text`, `emitted_text` as lists
-parallel to their ID lists; None where the trace has no text for an ID. The column list is part of
-the API: columns are added, never renamed.
+Columns are every per-row field of `docs/trace-format.md` (schema version 2's optional state
+fields included, None / False where a row did not record them) and the step fields they belong to
+(`cache_len`, `query_len`, timings), so every field `check` reads is a column; and three derived
+ones: `num_emitted`, `first_position` (the position fed to the pending token) and
+`expected_first_position` (its logical index, `committed_before - 1`). The last four hold token
+text from the trace's piece table (`header.token_text`): `pending_text`, and `draft_text`,
+`target_text`, `emitted_text` as lists parallel to their ID lists; None where the trace has no
+text for an ID. The column list is part of the API: columns are added, never renamed (a numeric
+column with missing values shows them as NaN, as pandas does).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 
-from specviz.trace.schema import Trace
+from specviz.trace.schema import RowRecord, StepRecord, Trace
 from specviz.trace.token_text import token_texts
 
+# Derived columns (not trace fields): `num_emitted`, `first_position`, `expected_first_position`,
+# and the four `*_text` columns. Every other column is a RowRecord or StepRecord field of that name.
 COLUMNS = [
     "step",
     "batch_id",
@@ -55,61 +61,54 @@ COLUMNS = [
     "verify_ms",
     "align_ms",
     "total_ms",
+    # schema version 2, optional state fields
+    "query_causal",
+    "draft_position_ids",
+    "draft_kv_lens",
+    "kv_content_checked",
+    "kv_mismatch_slot",
+    # token text from the trace's piece table
     "pending_text",
     "draft_text",
     "target_text",
     "emitted_text",
 ]
+STEP_COLUMNS = (
+    "step",
+    "batch_id",
+    "cache_len",
+    "query_len",
+    "grouped",
+    "draft_ms",
+    "verify_ms",
+    "align_ms",
+    "total_ms",
+)
+ROW_COLUMNS = tuple(
+    c
+    for c in COLUMNS
+    if c not in STEP_COLUMNS
+    and c not in ("num_emitted", "first_position", "expected_first_position")
+    and not c.endswith("_text")
+)
 
 
 def steps_frame(trace: Trace) -> pd.DataFrame:
     """One row per (step, batch row), columns `COLUMNS`, in trace order."""
     texts = token_texts(trace)
-
-    def text_of(tokens: list[int]) -> list[str | None]:
-        return [texts.get(t) for t in tokens]
-
-    records = []
-    for step in trace.steps:
-        for r in step.rows:
-            records.append(
-                (
-                    step.step,
-                    step.batch_id,
-                    r.row,
-                    r.seq_id,
-                    r.write_seq,
-                    r.committed_before,
-                    r.left_pad,
-                    r.left_pad_after,
-                    step.cache_len,
-                    step.query_len,
-                    step.grouped,
-                    r.pending_token,
-                    r.draft_tokens,
-                    r.target_tokens,
-                    r.accepted,
-                    r.bonus,
-                    r.emitted,
-                    len(r.emitted),
-                    r.position_ids,
-                    r.position_ids[0] if r.position_ids else None,
-                    r.committed_before - 1,
-                    r.mask_rle,
-                    r.kv_len,
-                    r.kv_len_expected,
-                    r.draft_kv_len,
-                    r.draft_kv_len_expected,
-                    r.finished,
-                    r.finish_reason,
-                    step.draft_ms,
-                    step.verify_ms,
-                    step.align_ms,
-                    step.total_ms,
-                    texts.get(r.pending_token),
-                    text_of(r.draft_tokens),
-                    text_of(r.target_tokens),
-                    text_of(r.emitted),
-                )
-            )
+    records = [_record(step, row, texts) for step in trace.steps for row in step.rows]
     return pd.DataFrame.from_records(records, columns=COLUMNS)
+
+
+def _record(step: StepRecord, r: RowRecord, texts: dict[int, str]) -> dict[str, Any]:
+    """One frame row by column name: the step's and the row's fields, then the derived columns."""
+    record: dict[str, Any] = {name: getattr(step, name) for name in STEP_COLUMNS}
+    record.update((name, getattr(r, name)) for name in ROW_COLUMNS)
+    record["num_emitted"] = len(r.emitted)
+    record["first_position"] = r.position_ids[0] if r.position_ids else None
+    record["expected_first_position"] = r.committed_before - 1
+    record["pending_text"] = texts.get(r.pending_token)
+    record["draft_text"] = [texts.get(t) for t in r.draft_tokens]
+    record["target_text"] = [texts.get(t) for t in r.target_tokens]
+    record["emitted_text"] = [texts.get(t) for t in r.emitted]
+    return record

@@ -37,3 +37,7 @@ _SLUGS = {
     Invariant.ACCOUNTING: "token-accounting",
     Invariant.OUTPUT: "output-equivalence",
 }
+
+# The invariants checked on the recorded state: every `Violation` names one of these. OUTPUT is
+# judged per sequence against the reference, by the verdicts (docs/forensics.md).
+STATE_INVARIANTS = (Invariant.ALIGNMENT, Invariant.POSITIONS, Invariant.KV, Invariant.ACCOUNTING)

@@ -7,7 +7,8 @@ from collections import Counter
 import pandas as pd
 import plotly.graph_objects as go
 
-from specviz.analysis.report import INVARIANTS, Report
+from specviz.analysis.report import Report
+from specviz.trace.invariants import STATE_INVARIANTS
 from specviz.trace.schema import Trace
 from specviz.views.palette import FIRST_FLAG_COLOR, FLAG_COLOR, OK_COLOR
 
@@ -52,7 +53,7 @@ def timeline_figure(trace: Trace, report: Report) -> go.Figure:
         fig.add_trace(
             go.Scatter(
                 x=[s for s, _ in keys],
-                y=[i for _, i in keys],
+                y=[int(i) for _, i in keys],
                 mode="markers",
                 name="violations",
                 marker={
@@ -78,9 +79,9 @@ def timeline_figure(trace: Trace, report: Report) -> go.Figure:
     )
     fig.update_xaxes(title_text="step", range=[-0.5, last_step + 0.5], showgrid=True, gridcolor="#f1f5f9")
     fig.update_yaxes(
-        tickvals=list(INVARIANTS),
-        ticktext=[f"{i} {name}" for i, name in INVARIANTS.items()],
-        range=[4.6, 0.4],
+        tickvals=[int(i) for i in STATE_INVARIANTS],
+        ticktext=[f"{int(i)} {i.slug}" for i in STATE_INVARIANTS],
+        range=[max(STATE_INVARIANTS) + 0.6, min(STATE_INVARIANTS) - 0.4],
         showgrid=True,
         gridcolor="#e2e8f0",
     )
@@ -104,7 +105,7 @@ def _mark_first(fig: go.Figure, report: Report) -> None:
     fig.add_trace(
         go.Scatter(
             x=[first.step],
-            y=[first.invariant],
+            y=[int(first.invariant)],
             mode="markers",
             marker={"symbol": "star", "size": 22, "color": FIRST_FLAG_COLOR, "line": {"color": "white", "width": 1}},
             customdata=[[1, first.message, 0]],  # index 0: a click opens the first violation
@@ -114,7 +115,7 @@ def _mark_first(fig: go.Figure, report: Report) -> None:
     )
     fig.add_annotation(
         x=first.step,
-        y=first.invariant,
+        y=int(first.invariant),
         text=f"<b>desync begins: step {first.step}, row {first.row}</b>",
         showarrow=True,
         arrowhead=2,

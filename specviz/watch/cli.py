@@ -16,6 +16,7 @@ import traceback
 from pathlib import Path
 
 from specviz.errors import SpecvizError
+from specviz.startup import EXIT_INTERRUPTED
 from specviz.trace.schema import LAYOUTS
 from specviz.watch.autowatch import AutoWatch
 
@@ -77,7 +78,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     try:
         status = run_script(target, argv, is_module)
     except KeyboardInterrupt:
-        status = 130
+        status = EXIT_INTERRUPTED
     finally:
         watcher.uninstall()
     name = args.name or Path(target).stem

@@ -16,7 +16,7 @@ from __future__ import annotations
 import inspect
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -65,6 +65,18 @@ class CallRecord:
                 setattr(self, name, value.tolist())
 
 
+class CallSink(Protocol):
+    """Where `ModelHooks` sends what it captures (the `Watch`, or `AutoWatch` for the CLI)."""
+
+    def current_rows(self) -> tuple[int, ...] | None:
+        """The sequence each batch row holds now (None: row r holds sequence r)."""
+        ...
+
+    def add_call(self, call: CallRecord) -> None:
+        """One finished forward call, in call order."""
+        ...
+
+
 def check_causal_lm(model: Any, role: str) -> None:
     """Refuse anything whose output is not next-token logits: the argmax would mean nothing."""
     if not isinstance(model, torch.nn.Module):
@@ -103,10 +115,10 @@ def _attended(mask: torch.Tensor) -> torch.Tensor:
 class ModelHooks:
     """Pre- and post-forward hooks on one model, appending a CallRecord per call to `sink`."""
 
-    def __init__(self, model: Any, role: str, sink: Any) -> None:
+    def __init__(self, model: Any, role: str, sink: CallSink) -> None:
         self.model = model
         self.role = role
-        self.sink = sink  # the Watch: provides current_rows() and add_call()
+        self.sink = sink
         self.model_type = getattr(getattr(model, "config", None), "model_type", "")
         self.param_names = [p for p in inspect.signature(model.forward).parameters if p != "self"]
         self.open: list[CallRecord] = []

@@ -50,7 +50,9 @@ class Group:
 
 
 @dataclass
-class Assembly:
+class InferredSteps:
+    """The whole watched inference as `infer_steps` reads it: step records, outputs, endings, k."""
+
     steps: list[StepRecord]
     outputs: dict[int, list[int]]
     finish_reasons: dict[int, str | None]
@@ -61,7 +63,8 @@ class Assembly:
     last_event_at: float | None = None
 
 
-def rows_of(call: CallRecord) -> tuple[int, ...]:
+def row_seq_ids(call: CallRecord) -> tuple[int, ...]:
+    """The sequence each row of the call held (the default order when the engine declared none)."""
     return call.rows if call.rows is not None else tuple(range(call.batch_size))
 
 
@@ -113,7 +116,7 @@ def attribute(
     groups: list[Group] = []
     for emit in emits:
         seq = emit.seq_id
-        featuring = [i for i in targets if i < emit.after and seq in rows_of(calls[i])]
+        featuring = [i for i in targets if i < emit.after and seq in row_seq_ids(calls[i])]
         previous = last_group.get(seq)
         newest = featuring[-1] if featuring else None
         if previous is not None and (not emit.tokens or newest is None or newest <= previous.call):
@@ -147,7 +150,7 @@ def _pending_match(
         if slot < 0:
             continue
         fallback = i if fallback is None else fallback
-        if call.input_ids[rows_of(call).index(seq)][slot] == pending:
+        if call.input_ids[row_seq_ids(call).index(seq)][slot] == pending:
             return i
     return fallback
 
@@ -173,7 +176,7 @@ def _matched(drafts: list[int], targets: list[int]) -> int | None:
     return n
 
 
-def acceptance(tokens: list[int], drafts: list[int], targets: list[int]) -> tuple[int, int | None]:
+def accepted_and_bonus(tokens: list[int], drafts: list[int], targets: list[int]) -> tuple[int, int | None]:
     """(accepted, bonus) as the emitted tokens show them.
 
     Tokens that are a prefix of the greedy-correct proposal accept what verification allowed
@@ -197,7 +200,7 @@ def assign_rows(
     call: CallRecord, groups: list[Group], slot: int, finished: set[int], known: set[int]
 ) -> dict[int, Group]:
     """Which row produced each group: its own row if consistent, else the row it is consistent with."""
-    rows = rows_of(call)
+    rows = row_seq_ids(call)
     taken: dict[int, Group] = {}
     pending_groups = []
     for group in groups:
@@ -303,7 +306,7 @@ def build_steps(
         produced = assign_rows(call, by_call[index], slot, finished, set(progress))
         chain = chains.get(index, []) if len(chains.get(index, [])) == k else []
         rows = []
-        for r, seq_id in enumerate(rows_of(call)):
+        for r, seq_id in enumerate(row_seq_ids(call)):
             if r not in produced and (seq_id not in progress or progress[seq_id].finished):
                 continue  # idle: a finished sequence's row the engine still computes
             rows.append(_row_record(call, r, seq_id, slot, produced.get(r), progress, calls, chain))
@@ -349,7 +352,7 @@ def _row_record(
     committed = len(progress[seq_id].committed)
     drafts, targets = _row_tokens(call, r, slot)
     tokens = group.tokens if group is not None else []
-    accepted, bonus = acceptance(tokens, drafts, targets)
+    accepted, bonus = accepted_and_bonus(tokens, drafts, targets)
     runs, context, causal = _mask_row(call, r, slot)
     cache_len = call.cache_width + slot
     lead = runs[0][1] if runs and runs[0][0] == 0 else 0
@@ -394,7 +397,9 @@ def _fill_left_pad_after(steps: list[StepRecord]) -> None:
             later[row.seq_id] = row.left_pad
 
 
-def assemble(calls: list[CallRecord], emits: list[Emit], prompts: list[list[int]], eos: frozenset[int]) -> Assembly:
+def infer_steps(
+    calls: list[CallRecord], emits: list[Emit], prompts: list[list[int]], eos: frozenset[int]
+) -> InferredSteps:
     """The whole inference, from captured calls and declared emits to steps and endings."""
     for call in calls:
         call.materialize()
@@ -407,7 +412,7 @@ def assemble(calls: list[CallRecord], emits: list[Emit], prompts: list[list[int]
     _close_by_length(groups, outputs, reasons, max_new)
     steps = build_steps(calls, groups, chains, prompts, k)
     events = [c.started for c in calls] + [e.at for e in emits]
-    return Assembly(
+    return InferredSteps(
         steps=steps,
         outputs=outputs,
         finish_reasons=reasons,
@@ -457,3 +462,9 @@ def _close_by_length(
         group = last.get(seq_id)
         if group is not None and reasons[seq_id] is not None and group.finish_reason is None:
             group.finish_reason = reasons[seq_id]
+
+
+# Old names, kept while `specviz/watch/session.py` still imports them (it should import
+# `InferredSteps` and `infer_steps`): the engine has its own `assemble` (batch assembly).
+Assembly = InferredSteps
+assemble = infer_steps

@@ -1,0 +1,241 @@
+"""The checks of one batch row at one step: alignment, positions, KV lengths and masks, accounting.
+
+For a row with n = `committed_before` (the last committed token is pending, its KV not cached),
+C = `cache_len` and q = `query_len`, a correct engine feeds:
+  ALIGNMENT (left-padded layout only): mask row = 0^pad 1^(C-pad+q), `left_pad` == its leading zeros;
+  POSITIONS: position_ids == [n-1, n, ..., n-1+q-1];
+  KV: mask width == C + q; attended cache slots == kv_len == n - 1; every query slot attended;
+      the draft's attended cache == n - 1;
+  ACCOUNTING: len(drafts) == k, 0 <= accepted <= k, accepted == the agreeing prefix, emitted ==
+      (drafts[:accepted] + [target[accepted]]) cut by the budget and EOS, written to the row's own
+      sequence, whose pending token and length match the history; finished sequences never return.
+Each check is a function of the row's bound flags (`RowFlags`) and, for accounting, the `History`.
+"""
+
+from __future__ import annotations
+
+from specviz.analysis.findings import RowFlags
+from specviz.analysis.history import History
+from specviz.trace.invariants import Invariant
+
+SHOWN_POSITIONS = 64  # expected position lists longer than this are reported by their ends
+
+
+def check_alignment(flag: RowFlags, runs: list[list[int]], left_padded: bool) -> None:
+    """The mask row is `0^pad 1^rest` and `left_pad` counts its leading zeros."""
+    row = flag.row
+    if not runs:
+        flag.skip("rectangular alignment and mask checks: rows have no mask_rle")
+        return
+    if not left_padded:
+        flag.skip("rectangular alignment: the trace declares no left-padded layout")
+        return
+    lead = runs[0][1] if runs[0][0] == 0 else 0
+    holes = [i for i, run in enumerate(runs) if run[0] == 0 and i > 0]
+    if holes:
+        hole_slots = sum(runs[i][1] for i in holes)
+        flag(
+            Invariant.ALIGNMENT,
+            "mask_rle",
+            "no masked slot after the first real slot",
+            f"{hole_slots} masked slot(s) inside the row",
+            f"{hole_slots} masked hole(s) inside the attended region",
+        )
+    if row.left_pad != lead:
+        flag(
+            Invariant.ALIGNMENT,
+            "left_pad",
+            lead,
+            row.left_pad,
+            f"left_pad {row.left_pad} but the mask starts with {lead} padding slots",
+        )
+
+
+def check_positions(flag: RowFlags) -> None:
+    """The verify window is fed positions n-1 .. n-1+q-1."""
+    row, step = flag.row, flag.step
+    start = row.committed_before - 1
+    # A range, not a list: query_len is declared by the file, only the row's list is real.
+    expected = range(start, start + step.query_len)
+    fed = row.position_ids
+    if len(fed) != len(expected) or any(p != e for p, e in zip(fed, expected)):
+        flag(
+            Invariant.POSITIONS,
+            "position_ids",
+            _shown_range(expected),
+            fed,
+            f"positions start at {row.position_ids[:1]} for a row with "
+            f"{row.committed_before} committed tokens (expected {start})",
+        )
+
+
+def check_kv(flag: RowFlags, runs: list[list[int]], k: int) -> None:
+    """The target and draft caches attend exactly the n - 1 committed tokens before the pending one."""
+    row = flag.row
+    expected = row.committed_before - 1
+    if row.kv_len != expected:
+        flag(
+            Invariant.KV,
+            "kv_len",
+            expected,
+            row.kv_len,
+            f"cache holds {row.kv_len} attended slots, expected {expected}",
+        )
+    if runs:
+        _check_mask_counts(flag, runs)
+    if row.draft_kv_len is not None and k > 0 and row.draft_kv_len != expected:
+        flag(
+            Invariant.KV,
+            "draft_kv_len",
+            expected,
+            row.draft_kv_len,
+            f"draft cache holds {row.draft_kv_len} attended slots, expected {expected}",
+        )
+
+
+def _check_mask_counts(flag: RowFlags, runs: list[list[int]]) -> None:
+    """Mask width C + q; its attended cache slots == kv_len; every query slot attended."""
+    row, step = flag.row, flag.step
+    width = sum(run[1] for run in runs)
+    if width != step.cache_len + step.query_len:
+        flag(
+            Invariant.KV,
+            "mask_rle",
+            step.cache_len + step.query_len,
+            width,
+            f"mask width {width} != cache length {step.cache_len} + query length {step.query_len}",
+        )
+        return
+    attended_cache, attended_query = _split_attended(runs, step.cache_len)
+    if attended_cache != row.kv_len:
+        flag(
+            Invariant.KV,
+            "mask_rle",
+            row.kv_len,
+            attended_cache,
+            f"mask attends {attended_cache} cache slots but kv_len says {row.kv_len}",
+        )
+    if attended_query != step.query_len:
+        flag(
+            Invariant.KV,
+            "mask_rle",
+            step.query_len,
+            attended_query,
+            f"only {attended_query} of {step.query_len} query slots attended",
+        )
+
+
+def check_accounting(flag: RowFlags, history: History) -> None:
+    """The row's claims match its sequence's history; what it emitted, verification allowed."""
+    _check_row_against_history(flag, history)
+    row, k = flag.row, history.k
+    if len(row.draft_tokens) != k:
+        flag(
+            Invariant.ACCOUNTING, "draft_tokens", k, len(row.draft_tokens), f"{len(row.draft_tokens)} drafts for k={k}"
+        )
+    if not 0 <= row.accepted <= k:
+        flag(Invariant.ACCOUNTING, "accepted", f"0..{k}", row.accepted, f"accepted {row.accepted} drafts with k={k}")
+        return
+    if len(row.draft_tokens) == k:  # else flagged above: the acceptance check needs k drafts
+        _check_acceptance(flag, history)
+    # The bonus field names the target token emitted after the accepted drafts, if one was.
+    bonus = row.emitted[row.accepted] if len(row.emitted) == row.accepted + 1 else None
+    if row.bonus != bonus:
+        flag(
+            Invariant.ACCOUNTING,
+            "bonus",
+            bonus,
+            row.bonus,
+            f"bonus {row.bonus} but the row emitted {len(row.emitted)} token(s) after {row.accepted} accepted",
+        )
+    if row.write_seq != row.seq_id:
+        flag(
+            Invariant.ACCOUNTING,
+            "write_seq",
+            row.seq_id,
+            row.write_seq,
+            f"row of sequence {row.seq_id} wrote its tokens to sequence {row.write_seq}",
+        )
+
+
+def _check_row_against_history(flag: RowFlags, history: History) -> None:
+    """Not finished yet; `committed_before` and `pending_token` are what was written to it so far."""
+    row = flag.row
+    seq = history.seqs[row.seq_id]
+    if seq.finished_at is not None:
+        flag(
+            Invariant.ACCOUNTING,
+            "seq_id",
+            "finished sequences leave the batch",
+            row.seq_id,
+            f"sequence {row.seq_id} finished at step {history.trace.steps[seq.finished_at].step} but is decoded again",
+        )
+    expected_len = seq.prompt_len + seq.written
+    if row.committed_before != expected_len:
+        flag(
+            Invariant.ACCOUNTING,
+            "committed_before",
+            expected_len,
+            row.committed_before,
+            f"row claims {row.committed_before} committed tokens; its sequence has {expected_len}",
+        )
+    if row.pending_token != seq.last_token:
+        flag(
+            Invariant.ACCOUNTING,
+            "pending_token",
+            seq.last_token,
+            row.pending_token,
+            f"fed pending token {row.pending_token}, but the sequence's last token is {seq.last_token}",
+        )
+
+
+def _check_acceptance(flag: RowFlags, history: History) -> None:
+    """Greedy: accepted == the agreeing prefix; emitted is a prefix of the allowed tokens."""
+    row, step, k = flag.row, flag.step, history.k
+    if len(row.target_tokens) != step.query_len or step.query_len != k + 1:
+        flag.skip("greedy acceptance check: target_tokens missing or not k+1 long")
+        return
+    matched = 0
+    while matched < k and row.draft_tokens[matched] == row.target_tokens[matched]:
+        matched += 1
+    if row.accepted != matched:
+        flag(
+            Invariant.ACCOUNTING,
+            "accepted",
+            matched,
+            row.accepted,
+            f"accepted {row.accepted} drafts but only {matched} agree with the target",
+        )
+    proposal = row.draft_tokens[: row.accepted] + [row.target_tokens[row.accepted]]
+    expected_out = history.cut(proposal, history.seqs[row.write_seq])
+    # Emitting fewer than verification allows (no bonus, say) is slower, not wrong: it is the
+    # `tokens_left_on_table` metric. Only tokens verification did not allow are a violation.
+    if row.emitted != expected_out[: len(row.emitted)]:
+        flag(
+            Invariant.ACCOUNTING,
+            "emitted",
+            expected_out,
+            row.emitted,
+            "emitted tokens are not a prefix of the accepted drafts plus the bonus",
+        )
+
+
+def _shown_range(expected: range) -> list[int] | str:
+    """A violation's expected positions: the list when short, else its ends (reports stay small)."""
+    if len(expected) <= SHOWN_POSITIONS:
+        return list(expected)
+    return f"{expected.start}..{expected.stop - 1} ({len(expected)} positions)"
+
+
+def _split_attended(runs: list[list[int]], cache_len: int) -> tuple[int, int]:
+    """Attended slots before and after the cache/query boundary."""
+    cache = query = 0
+    pos = 0
+    for value, count in runs:
+        end = pos + count
+        if value:
+            in_cache = max(0, min(end, cache_len) - pos)
+            cache += in_cache
+            query += count - in_cache
+        pos = end
+    return cache, query
