@@ -69,6 +69,7 @@ COMMANDS = {
     "bench": "benchmark exactness and cost of the methods side by side",
     "watch": "run a script with every causal LM it loads watched; write a trace",
     "probe": "A/B an OpenAI-compatible server: batch dependence, bug or floating point",
+    "convert": "convert a trace between JSON (.json, .json.gz) and Parquet (.parquet)",
 }
 
 
@@ -172,12 +173,24 @@ def _add_probe(probe: argparse.ArgumentParser) -> None:
     add_arguments(probe)
 
 
+def _add_convert(conv: argparse.ArgumentParser) -> None:
+    conv.description = (
+        "Convert a trace between the JSON container (.json, .json.gz: the interchange format, and what "
+        "the app's upload accepts) and the Parquet container (.parquet: big runs; `check` streams it). "
+        "The output's container follows its suffix; the input's is read off its content."
+    )
+    conv.add_argument("input", help="trace to read (.json, .json.gz or .parquet)")
+    conv.add_argument("output", help="trace to write (.json, .json.gz or .parquet)")
+    conv.add_argument("--force", action="store_true", help="overwrite an existing output file")
+
+
 ADD_ARGUMENTS = {
     "record": _add_record,
     "check": _add_check,
     "bench": _add_bench,
     "watch": _add_watch,
     "probe": _add_probe,
+    "convert": _add_convert,
 }
 
 
@@ -224,6 +237,8 @@ def _main(argv: Sequence[str] | None) -> int:
             from specviz.probe.cli import cmd_probe
 
             return cmd_probe(args)
+        if args.command == "convert":
+            return cmd_convert(args)
     except (SpecvizError, TraceError) as exc:
         print(f"specviz: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -400,6 +415,18 @@ def _print_to_pipe(text: str) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from specviz.trace.io import convert_trace
+
+    src, dst = Path(args.input), Path(args.output)
+    if src.resolve() == dst.resolve():
+        raise SpecvizError(f"{dst}: input and output are the same file")
+    check_output_path(dst, args.force)
+    steps = convert_trace(src, dst)
+    print(f"{src} -> {dst}: {steps} steps, {dst.stat().st_size} bytes")
+    return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

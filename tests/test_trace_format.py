@@ -24,7 +24,9 @@ from tiny import make_pair
 
 from specviz.engine.run import RunConfig, run
 from specviz.trace import schema as trace_schema
+from specviz.trace.budget import DEFAULT_BUDGET
 from specviz.trace.io import (
+    MAX_JSON_BYTES,
     TraceError,
     load_trace,
     parse_trace_bytes,
@@ -386,8 +388,9 @@ def small(traces: dict[str, Trace]) -> dict[str, Any]:
 
 
 def assert_one_line_error(path: Path, must_contain: str | tuple[str, ...]) -> str:
+    """A hostile file, loaded with an upload's limits (a local load has no size cap)."""
     with pytest.raises(TraceError) as info:
-        load_trace(path)
+        load_trace(path, max_bytes=MAX_JSON_BYTES, budget=DEFAULT_BUDGET)
     message = str(info.value)
     assert "\n" not in message and message.startswith(str(path)), message
     alternatives = (must_contain,) if isinstance(must_contain, str) else must_contain

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from specviz.files import FileRefused, read_regular_file, refuse_non_regular, umask_file_mode
-from specviz.trace.budget import over_budget
+from specviz.trace.budget import DEFAULT_BUDGET, Budget, over_budget
+from specviz.trace.columnar import ColumnarError, ParquetTrace, ParquetTraceWriter, is_parquet, save_parquet
 from specviz.trace.jsonparse import loads_yielding, top_level_kind
 from specviz.trace.schema import (
     FORMAT_NAME,
@@ -84,8 +85,16 @@ def trace_to_json(trace: Trace) -> str:
 
 
 def save_trace(trace: Trace, path: str | os.PathLike[str]) -> Path:
-    """Write atomically: a temp file in the same folder, then rename over the target."""
+    """Write atomically: a temp file in the same folder, then rename over the target.
+
+    The container follows the name: `.parquet` is columnar, anything else JSON (`.gz`: gzip)."""
     path = Path(path)
+    if path.suffix == ".parquet":
+        try:
+            refuse_non_regular(path)
+        except FileRefused as exc:
+            raise TraceError(str(exc)) from None
+        return save_parquet(trace, path)
     payload = trace_to_json(trace).encode()
     if path.name.endswith(".gz"):
         payload = gzip.compress(payload, compresslevel=6, mtime=0)
@@ -111,40 +120,82 @@ def save_trace(trace: Trace, path: str | os.PathLike[str]) -> Path:
 # ----------------------------------------------------------------------------- decoding
 
 
-def _read_bytes(path: Path) -> bytes:
+def _read_bytes(path: Path, max_bytes: int | None) -> bytes:
+    limit = max_bytes
+    if limit is None:  # a local file: as big as it is, if it fits in memory parsed
+        try:
+            size = path.stat().st_size
+        except OSError:
+            size = 0  # read_regular_file names the problem
+        if size > _memory_limit():
+            raise TraceError(_too_big_for_memory(path, size))
+        limit = max(size, 1)
     try:  # regular files only: a FIFO, a device or /proc/kmsg would block or never end
-        raw = read_regular_file(path, MAX_FILE_BYTES, "trace file")
+        raw = read_regular_file(path, limit, "trace file")
     except FileRefused as exc:
         raise TraceError(str(exc)) from None
     if raw[:2] == GZIP_MAGIC:
-        return _gunzip_bounded(raw, path)
+        return _gunzip_bounded(raw, path, max_bytes)
     return raw
 
 
-def _gunzip_bounded(raw: bytes, path: Path) -> bytes:
-    """Inflate in chunks so a decompression bomb is refused with bounded memory."""
-    limit = min(MAX_JSON_BYTES, max(len(raw) * MAX_INFLATE_RATIO, 64 * 1024 * 1024))
+def _gunzip_bounded(raw: bytes, path: Path, max_bytes: int | None = MAX_JSON_BYTES) -> bytes:
+    """Inflate in chunks so a decompression bomb is refused with bounded memory.
+
+    `max_bytes=None` (a local file, the user's own): no cap, but a file too big for this
+    machine's memory is refused with one line before it is half inflated.
+    """
+    if max_bytes is None:
+        limit = _memory_limit()
+    else:
+        limit = min(max_bytes, max(len(raw) * MAX_INFLATE_RATIO, 64 * 1024 * 1024))
     out = io.BytesIO()
     try:
         with gzip.GzipFile(fileobj=io.BytesIO(raw)) as stream:
             while chunk := stream.read(1 << 20):
                 out.write(chunk)
                 if out.tell() > limit:
+                    if max_bytes is None:
+                        raise TraceError(_too_big_for_memory(path, out.tell()))
                     raise TraceError(f"{path}: gzip inflates past {limit} bytes; refusing (decompression bomb?)")
     except (OSError, EOFError, zlib.error) as exc:
         raise TraceError(f"{path}: corrupt or truncated gzip ({exc})") from None
     return out.getvalue()
 
 
+# Parsed JSON costs up to ~23x its text in Python objects; ~12x is typical of a trace.
+JSON_MEMORY_FACTOR = 12
+
+
+def _memory_limit() -> int:
+    """The most JSON text this machine can hold parsed: available memory / JSON_MEMORY_FACTOR."""
+    try:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
+    return max(available // JSON_MEMORY_FACTOR, 64 * 1024 * 1024)
+
+
+def _too_big_for_memory(source: Path | str, size: int) -> str:
+    return (
+        f"{source}: more than {size >> 20} MiB of JSON, too big to load into this machine's free memory; "
+        "record big runs as Parquet (`--out run.parquet`), which `check` streams"
+    )
+
+
 def _refuse_constant(name: str) -> Any:
     raise TraceError(f"JSON contains {name}, which is not a valid number in a trace")
 
 
-def parse_trace_bytes(raw: bytes, source: str = "<bytes>") -> Trace:
+def parse_trace_bytes(
+    raw: bytes, source: str = "<bytes>", max_bytes: int | None = MAX_JSON_BYTES, budget: Budget | None = DEFAULT_BUDGET
+) -> Trace:
+    """Parse a JSON trace held in memory. The defaults are an untrusted upload's limits: at most
+    `max_bytes` of JSON after decompression and the semantic `budget` (None: no limit)."""
     if raw[:2] == GZIP_MAGIC:
-        raw = _gunzip_bounded(raw, Path(source))
-    elif len(raw) > MAX_JSON_BYTES:  # bytes from memory (an upload) get the file limit too
-        raise TraceError(f"{source}: {len(raw)} bytes of JSON, over the {MAX_JSON_BYTES} byte limit")
+        raw = _gunzip_bounded(raw, Path(source), max_bytes)
+    elif max_bytes is not None and len(raw) > max_bytes:  # bytes from memory get the file limit too
+        raise TraceError(f"{source}: {len(raw)} bytes of JSON, over the {max_bytes} byte limit")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -162,22 +213,36 @@ def parse_trace_bytes(raw: bytes, source: str = "<bytes>") -> Trace:
         raise TraceError(f"{source}: JSON nested too deeply") from None
     except ValueError as exc:  # e.g. an integer literal over Python's 4300-digit limit
         raise TraceError(f"{source}: unreadable JSON number ({exc})") from None
+    except MemoryError:
+        raise TraceError(_too_big_for_memory(source, len(text))) from None
     try:
-        return trace_from_dict(data)
+        return trace_from_dict(data, budget)
     except TraceError as exc:
         raise TraceError(f"{source}: {exc}") from None
 
 
-def load_trace(path: str | os.PathLike[str]) -> Trace:
+def load_trace(path: str | os.PathLike[str], max_bytes: int | None = None, budget: Budget | None = None) -> Trace:
+    """Load a trace file, JSON (gzip optional) or Parquet, told apart by content.
+
+    A local file is the user's own: by default no size cap and no semantic budget (a file too big
+    for memory gets a one-line error). Pass the upload limits to load an untrusted file.
+    """
     path = Path(path)
+    if is_parquet(path):
+        if max_bytes is not None or budget is not None:
+            raise TraceError(f"{path}: a Parquet trace is read locally only; upload JSON instead")
+        try:
+            return ParquetTrace(path).read()
+        except ColumnarError as exc:
+            raise TraceError(str(exc)) from None
     try:
-        raw = _read_bytes(path)
+        raw = _read_bytes(path, max_bytes)
     except OSError as exc:
         raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    return parse_trace_bytes(raw, str(path))
+    return parse_trace_bytes(raw, str(path), max_bytes, budget)
 
 
-def trace_from_dict(data: Any) -> Trace:
+def _check_format(data: Any) -> None:
     if not isinstance(data, dict):
         raise TraceError(f"top level: expected a JSON object, got {_kind(data)}")
     if data.get("format") != FORMAT_NAME:
@@ -196,15 +261,29 @@ def trace_from_dict(data: Any) -> Trace:
             f"header.schema_version: trace is version {version}, which this specviz no longer "
             f"reads (current {SCHEMA_VERSION}); re-record it"
         )
+
+
+def trace_from_dict(data: Any, budget: Budget | None = DEFAULT_BUDGET) -> Trace:
+    _check_format(data)
     # Before any dataclass exists: a trace that declares more than views and checks may touch
     # costs only its parse.
-    problem = over_budget(data)
+    problem = over_budget(data, budget) if budget is not None else None
     if problem:
         raise TraceError(problem)
     body = {key: value for key, value in data.items() if key != "format"}
     trace = _CONVERTERS[Trace](body, "")
     _check_references(trace)
     return trace
+
+
+def header_and_sequences_from_dict(data: Any) -> tuple[Header, list[SequenceRecord]]:
+    """The header and sequences of a trace whose steps are stored elsewhere (the Parquet footer)."""
+    _check_format(data)
+    header = _CONVERTERS[Header](data.get("header"), "header")
+    sequences = _build(list[SequenceRecord])(data.get("sequences"), "sequences")
+    _check_header(header)
+    _check_sequences(sequences)
+    return header, sequences
 
 
 # ----------------------------------------------------------------------------- validation
@@ -356,7 +435,11 @@ def _nonneg(value: int | None, path: str) -> None:
 
 def _check_references(trace: Trace) -> None:
     """Structural sanity the checks need to even run; engine mistakes are left to forensics."""
-    h = trace.header
+    _check_header(trace.header)
+    check_steps(trace.steps, _check_sequences(trace.sequences), -1)
+
+
+def _check_header(h: Header) -> None:
     if h.method not in ("baseline", "eqspec", "exspec") and not h.method:
         _fail("header.method", "empty")
     if h.layout not in LAYOUTS:
@@ -365,8 +448,12 @@ def _check_references(trace: Trace) -> None:
     _nonneg(h.max_new_tokens, "header.max_new_tokens")
     if not 1 <= h.batch_size <= MAX_LENGTH:
         _fail("header.batch_size", f"must be at least 1, got {h.batch_size}")
-    seq_ids = set()
-    for i, seq in enumerate(trace.sequences):
+
+
+def _check_sequences(sequences: list[SequenceRecord]) -> set[int]:
+    """The sequence ids, after checking each sequence; a duplicate id is refused."""
+    seq_ids: set[int] = set()
+    for i, seq in enumerate(sequences):
         path = f"sequences[{i}]"
         if seq.seq_id in seq_ids:
             _fail(f"{path}.seq_id", f"duplicate sequence id {seq.seq_id}")
@@ -381,39 +468,76 @@ def _check_references(trace: Trace) -> None:
             _fail(f"{path}.reference_margins", "present but reference_ids is null")
         if seq.finish_reason not in FINISH_REASONS:
             _fail(f"{path}.finish_reason", f"unknown reason {seq.finish_reason!r}")
-    previous_step = -1
-    for s, step in enumerate(trace.steps):
+    return seq_ids
+
+
+_ROW_COUNTS = (
+    "committed_before",
+    "left_pad",
+    "left_pad_after",
+    "kv_len",
+    "kv_len_expected",
+    "draft_kv_len",
+    "draft_kv_len_expected",
+    "accepted",
+    "kv_mismatch_slot",
+)
+_STEP_TIMES = ("draft_ms", "verify_ms", "align_ms", "total_ms")
+
+
+def check_steps(steps: list[StepRecord], seq_ids: set[int], previous_step: int, first_index: int = 0) -> int:
+    """Check a run of consecutive steps (all of a trace, or one Parquet row group); returns the
+    last step number, to pass as `previous_step` for the next run. `first_index` numbers paths."""
+    for s, step in enumerate(steps, first_index):
         path = f"steps[{s}]"
         _nonneg(step.cache_len, f"{path}.cache_len")
         _nonneg(step.query_len, f"{path}.query_len")
         _nonneg(step.step, f"{path}.step")
+        for name in _STEP_TIMES:  # JSON refuses NaN at parse time; a columnar file may hold one
+            if not math.isfinite(getattr(step, name)):
+                _fail(f"{path}.{name}", "number is not finite")
         # Execution order is what "first violation" means. Gaps are allowed: some engines number
         # scheduler iterations, including prefill-only ones that are not verify steps.
         if step.step <= previous_step:
             _fail(f"{path}.step", f"step numbers must increase, got {step.step} after {previous_step}")
         previous_step = step.step
         for r, row in enumerate(step.rows):
-            rpath = f"{path}.rows[{r}]"
-            if row.seq_id not in seq_ids:
-                _fail(f"{rpath}.seq_id", f"no sequence with id {row.seq_id}")
-            if row.write_seq not in seq_ids:
-                _fail(f"{rpath}.write_seq", f"no sequence with id {row.write_seq}")
-            for name in (
-                "committed_before",
-                "left_pad",
-                "left_pad_after",
-                "kv_len",
-                "kv_len_expected",
-                "draft_kv_len",
-                "draft_kv_len_expected",
-                "accepted",
-                "kv_mismatch_slot",
-            ):
-                _nonneg(getattr(row, name), f"{rpath}.{name}")
-            for j, count in enumerate(row.draft_kv_lens or ()):
-                _nonneg(count, f"{rpath}.draft_kv_lens[{j}]")
-            for j, run in enumerate(row.mask_rle):
-                if len(run) != 2 or run[0] not in (0, 1) or not 0 <= run[1] <= MAX_LENGTH:
-                    _fail(f"{rpath}.mask_rle[{j}]", "expected [0 or 1, count >= 0]")
-            if row.finish_reason not in FINISH_REASONS:
-                _fail(f"{rpath}.finish_reason", f"unknown reason {row.finish_reason!r}")
+            _check_row(row, f"{path}.rows[{r}]", seq_ids)
+    return previous_step
+
+
+def _check_row(row: RowRecord, rpath: str, seq_ids: set[int]) -> None:
+    if row.seq_id not in seq_ids:
+        _fail(f"{rpath}.seq_id", f"no sequence with id {row.seq_id}")
+    if row.write_seq not in seq_ids:
+        _fail(f"{rpath}.write_seq", f"no sequence with id {row.write_seq}")
+    for name in _ROW_COUNTS:
+        _nonneg(getattr(row, name), f"{rpath}.{name}")
+    for j, count in enumerate(row.draft_kv_lens or ()):
+        _nonneg(count, f"{rpath}.draft_kv_lens[{j}]")
+    for j, run in enumerate(row.mask_rle):
+        if len(run) != 2 or run[0] not in (0, 1) or not 0 <= run[1] <= MAX_LENGTH:
+            _fail(f"{rpath}.mask_rle[{j}]", "expected [0 or 1, count >= 0]")
+    if row.finish_reason not in FINISH_REASONS:
+        _fail(f"{rpath}.finish_reason", f"unknown reason {row.finish_reason!r}")
+
+
+def convert_trace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> int:
+    """Copy a trace into the container `dst`'s suffix names; returns the number of steps.
+
+    Parquet to Parquet and JSON to Parquet stream the steps (a JSON input is parsed whole first);
+    a JSON output is written whole, so it needs the run in memory."""
+    src, dst = Path(src), Path(dst)
+    if is_parquet(src) and dst.suffix == ".parquet":
+        try:
+            source = ParquetTrace(src)
+            writer = ParquetTraceWriter(dst)
+            for step in source.iter_steps():
+                writer.add_step(step)
+        except ColumnarError as exc:
+            raise TraceError(str(exc)) from None
+        writer.close(source.header, source.sequences)
+        return writer.steps_written
+    trace = load_trace(src)
+    save_trace(trace, dst)
+    return len(trace.steps)

@@ -8,8 +8,11 @@ to time it.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+
 from specviz.trace.recorder import new_header
-from specviz.trace.schema import ModelInfo, RowRecord, SequenceRecord, StepRecord, Trace
+from specviz.trace.schema import Header, ModelInfo, RowRecord, SequenceRecord, StepRecord, Trace
 
 VOCAB = 1000
 EOS = 0
@@ -25,45 +28,86 @@ def draft_next(tokens: list[int]) -> int:
 
 
 def synthetic_trace(num_prompts: int, batch_size: int, k: int, max_new: int, seed: int = 0) -> Trace:
-    prompts = [
-        [1 + (seed * 13 + i * 7 + j * 3) % (VOCAB - 1) for j in range(3 + (i * 5) % 40)] for i in range(num_prompts)
-    ]
-    outputs: list[list[int]] = [[] for _ in prompts]
-    steps: list[StepRecord] = []
-    for batch_id, start in enumerate(range(0, num_prompts, batch_size)):
-        active = list(range(start, min(start + batch_size, num_prompts)))
-        while active:
-            steps.append(_step(len(steps), batch_id, active, prompts, outputs, k, max_new))
-            active = [s for s in active if not _done(outputs[s], max_new)]
-    info = ModelInfo(name="synthetic", dtype="float32", device="cpu", vocab_size=VOCAB, num_parameters=0)
-    header = new_header(
-        method="eqspec",
-        fault=None,
-        target=info,
-        draft=info,
-        draft_k=k,
-        batch_size=batch_size,
-        max_new_tokens=max_new,
-        eos_token_ids=[EOS],
-        pad_token_id=EOS,
-        seed=seed,
-        library_versions={},
-    )
-    header.decode_seconds = 1.0
-    seqs = [
-        SequenceRecord(
-            seq_id=i,
-            prompt=f"prompt {i}",
-            prompt_ids=p,
-            output_ids=outputs[i],
-            output_text="",
-            reference_ids=_reference(p, max_new),
-            reference_margins=[1.0] * len(_reference(p, max_new)),
-            finish_reason="eos" if outputs[i] and outputs[i][-1] == EOS else "length",
+    run = SyntheticRun(num_prompts, batch_size, k, max_new, seed)
+    steps = list(run.steps())
+    return Trace(header=run.header(), steps=steps, sequences=run.sequences())
+
+
+def write_synthetic_parquet(
+    path: str | os.PathLike[str], num_prompts: int, batch_size: int, k: int, max_new: int, seed: int = 0
+) -> int:
+    """The same run written straight to Parquet a row group at a time: memory grows with the
+    prompts, not the steps. Returns the number of row-steps written."""
+    from specviz.trace.columnar import ParquetTraceWriter
+
+    run = SyntheticRun(num_prompts, batch_size, k, max_new, seed)
+    writer = ParquetTraceWriter(path)
+    rows = 0
+    try:
+        for step in run.steps():
+            writer.add_step(step)
+            rows += len(step.rows)
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close(run.header(), run.sequences())
+    return rows
+
+
+class SyntheticRun:
+    """Static batches of `batch_size` prompts, decoded step by step (a generator of steps)."""
+
+    def __init__(self, num_prompts: int, batch_size: int, k: int, max_new: int, seed: int = 0) -> None:
+        self.batch_size, self.k, self.max_new, self.seed = batch_size, k, max_new, seed
+        self.prompts = [
+            [1 + (seed * 13 + i * 7 + j * 3) % (VOCAB - 1) for j in range(3 + (i * 5) % 40)] for i in range(num_prompts)
+        ]
+        self.outputs: list[list[int]] = [[] for _ in self.prompts]
+
+    def steps(self) -> Iterator[StepRecord]:
+        index = 0
+        for batch_id, start in enumerate(range(0, len(self.prompts), self.batch_size)):
+            active = list(range(start, min(start + self.batch_size, len(self.prompts))))
+            while active:
+                yield _step(index, batch_id, active, self.prompts, self.outputs, self.k, self.max_new)
+                index += 1
+                active = [s for s in active if not _done(self.outputs[s], self.max_new)]
+
+    def header(self) -> Header:
+        info = ModelInfo(name="synthetic", dtype="float32", device="cpu", vocab_size=VOCAB, num_parameters=0)
+        header = new_header(
+            method="eqspec",
+            fault=None,
+            target=info,
+            draft=info,
+            draft_k=self.k,
+            batch_size=self.batch_size,
+            max_new_tokens=self.max_new,
+            eos_token_ids=[EOS],
+            pad_token_id=EOS,
+            seed=self.seed,
+            library_versions={},
         )
-        for i, p in enumerate(prompts)
-    ]
-    return Trace(header=header, steps=steps, sequences=seqs)
+        header.decode_seconds = 1.0
+        return header
+
+    def sequences(self) -> list[SequenceRecord]:
+        out = []
+        for i, p in enumerate(self.prompts):
+            reference = _reference(p, self.max_new)
+            out.append(
+                SequenceRecord(
+                    seq_id=i,
+                    prompt=f"prompt {i}",
+                    prompt_ids=p,
+                    output_ids=self.outputs[i],
+                    output_text="",
+                    reference_ids=reference,
+                    reference_margins=[1.0] * len(reference),
+                    finish_reason="eos" if self.outputs[i] and self.outputs[i][-1] == EOS else "length",
+                )
+            )
+        return out
 
 
 def _done(out: list[int], max_new: int) -> bool:
