@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from specviz.console import print_to_pipe
 from specviz.errors import SpecvizError
 from specviz.files import beside, check_output_path
 from specviz.startup import EXIT_INTERRUPTED
@@ -398,23 +399,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.json:
         payload = report.to_dict()
         payload["metrics"] = summary(trace)
-        _print_to_pipe(json.dumps(payload))
+        print_to_pipe(json.dumps(payload))
     else:
-        _print_to_pipe(render_report(trace, report))
+        print_to_pipe(render_report(trace, report))
     return 0 if report.verdict in ("clean", "numerical") else 1
-
-
-def _print_to_pipe(text: str) -> None:
-    """Print; a reader that stopped early (`| head`) is not an error, the verdict still is."""
-    try:
-        print(text)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # Python flushes stdout again at exit and would report that failure too: point the
-        # descriptor at /dev/null first, so the exit is silent and keeps our exit code.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
 
 
 def cmd_convert(args: argparse.Namespace) -> int:

@@ -92,9 +92,9 @@ def cmd_probe(args: argparse.Namespace) -> int:
             bar.close()
     if out is not None:
         rp.save_report(report, out)
-    from specviz.cli import _print_to_pipe
+    from specviz.console import print_to_pipe
 
-    _print_to_pipe(json.dumps(rp.to_dict(report)) if args.json else render(report, out))
+    print_to_pipe(json.dumps(rp.to_dict(report)) if args.json else render(report, out))
     return 0 if report.verdict in ("identical", "numerical") else 1
 
 

@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from specviz.trace.schema import FORMAT_NAME, Header, RowRecord, SequenceRecord, StepRecord, Trace
+from specviz.trace.validate import TraceError, check_steps, header_and_sequences_from_dict
 
 PARQUET_MAGIC = b"PAR1"
 CONTAINER = "parquet"
@@ -226,8 +227,6 @@ class ParquetTrace:
 
     def iter_steps(self, validate: bool = True) -> Iterator[StepRecord]:
         """Every step in order, one row group in memory at a time."""
-        from specviz.trace.io import check_steps  # the JSON loader's structural checks
-
         previous = -1
         for group in range(self.num_row_groups):
             steps = self.read_group(group)
@@ -248,8 +247,6 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _read_footer(file: pq.ParquetFile, path: Path) -> tuple[Header, list[SequenceRecord]]:
-    from specviz.trace.io import TraceError, header_and_sequences_from_dict
-
     raw = (file.metadata.metadata or {}).get(METADATA_KEY)
     if raw is None:
         raise ColumnarError(f"{path}: Parquet file without a specviz footer (not a specviz trace)")
