@@ -226,3 +226,31 @@ def test_live_run_progress_counts_prompts_then_tokens_on_one_bar(monkeypatch: py
     demo = app.build_app()
     live_fn = next(f for f in demo.fns.values() if f.api_name == "live_run_a")
     assert [c.elem_id for c in live_fn.show_progress_on] == ["sv-summary-a"]  # one progress bar per run
+
+
+def test_detail_outputs_keep_their_api_order(client: Any) -> None:
+    """API clients read the detail values by position: the tabs' order, each tab's own order.
+
+    (The jump button, sv-first, is an output too, but a button has no API value.)
+    """
+    assert client.output_ids("inspect") == [
+        "sv-step", "sv-row", "sv-grid", "sv-step-text", "sv-row-text",  # ragged grid
+        "sv-timeline", "sv-violations",  # invariants
+        "sv-acceptance-text", "sv-acceptance", "sv-acceptance-map", "sv-sequences",  # acceptance
+        "sv-kv", "sv-drift",  # KV & positions
+        "sv-page", "sv-outputs",  # outputs
+    ]  # fmt: skip
+
+
+def test_nothing_in_specviz_imports_the_app() -> None:
+    """The app is thin wiring on top: only the root app.py imports specviz.app."""
+    import ast
+
+    for path in (ROOT / "specviz").rglob("*.py"):
+        if (ROOT / "specviz" / "app") in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            assert not any(n == "specviz.app" or n.startswith("specviz.app.") for n in names), path

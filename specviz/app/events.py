@@ -151,10 +151,8 @@ def wire_preload(demo: gr.Blocks, slot_a: RunSlot, slot_b: RunSlot, compare: Any
     )
 
 
-def wire_slot(slot: RunSlot, other: RunSlot, inspect: Any, compare: Any, ui: DetailUI) -> None:
-    """A bundled pick, an upload or a live run lands in `slot`: shown, inspected, compared."""
-    label = slot.label.lower()
-    outputs = [slot.state, slot.summary, slot.status, slot.bundled, inspect, compare, *ui.components()]
+def _landing(slot: RunSlot, inspect: Any, compare: Any, ui: DetailUI) -> Any:
+    """The handler's answer when a run lands in `slot` (see `wire_slot` for the outputs it sets)."""
     a_first = slot.label == "A"
 
     def finish(loaded: LoadedRun, other_run: LoadedRun | None, window: int, only: bool, bundled: bool) -> dict:
@@ -170,6 +168,15 @@ def wire_slot(slot: RunSlot, other: RunSlot, inspect: Any, compare: Any, ui: Det
             compare: slots_compare_table(run_a, run_b),
             **ui.details(loaded, other_run, slot.label, window, only),
         }
+
+    return finish
+
+
+def wire_slot(slot: RunSlot, other: RunSlot, inspect: Any, compare: Any, ui: DetailUI) -> None:
+    """A bundled pick, an upload or a live run lands in `slot`: shown, inspected, compared."""
+    label = slot.label.lower()
+    outputs = [slot.state, slot.summary, slot.status, slot.bundled, inspect, compare, *ui.components()]
+    finish = _landing(slot, inspect, compare, ui)
 
     @user_errors(slot.status)
     def from_bundle(name: str, other_run: LoadedRun | None, window: int, only: bool) -> dict:
