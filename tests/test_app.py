@@ -22,6 +22,7 @@ from gradio_client.exceptions import AppError
 from tiny import make_pair
 
 import app
+from specviz.app import live, loading
 from specviz.engine.run import RunConfig, run
 from specviz.trace.io import save_trace
 from specviz.trace.token_text import attach_token_text
@@ -83,7 +84,7 @@ def plot_json(value: dict[str, Any]) -> dict[str, Any]:
 
 
 def bundled(kind: str) -> str:
-    names = app.bundled_traces()
+    names = loading.bundled_traces()
     faulty = [n for n in names if n.startswith("default-") and n.count("-") > 1]
     correct = [n for n in names if n == "default-eqspec.json.gz"]
     chosen = faulty if kind == "faulty" else correct
@@ -154,7 +155,7 @@ LIVE = {
 
 def test_live_run_correct_and_faulty(client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     pair = make_pair("llama")
-    monkeypatch.setattr(app, "load_model_pair", lambda target, draft, with_draft: pair)
+    monkeypatch.setattr(live, "load_model_pair", lambda target, draft, with_draft: pair)
     out = client.call("live_run_a", *LIVE.values())
     assert "CLEAN" in out["sv-summary-a"] and "live run" in out["sv-summary-a"]
     download = Path(shown(out["sv-download-a"]))  # shown once a live run has a trace
@@ -213,15 +214,43 @@ def test_fault_one_liner_links_a_served_faults_doc(client: Any) -> None:
 
 def test_live_run_progress_counts_prompts_then_tokens_on_one_bar(monkeypatch: pytest.MonkeyPatch) -> None:
     pair = make_pair("llama")
-    monkeypatch.setattr(app, "load_model_pair", lambda target, draft, with_draft: pair)
+    monkeypatch.setattr(live, "load_model_pair", lambda target, draft, with_draft: pair)
     calls: list[tuple[Any, str | None, str]] = []
     fields = {key: value for key, value in LIVE.items() if key != "prompts"}
-    request = app.LiveRequest(**{**fields, "max_new_tokens": 24}, prompts_text=LIVE["prompts"])
-    app.live_run(request, lambda value, desc=None, unit="steps": calls.append((value, desc, unit)))
+    request = live.LiveRequest(**{**fields, "max_new_tokens": 24}, prompts_text=LIVE["prompts"])
+    live.live_run(request, lambda value, desc=None, unit="steps": calls.append((value, desc, unit)))
     units = {desc: unit for _, desc, unit in calls if desc and "loading" not in desc}
     assert units == {"reference (greedy, batch 1)": "prompts", "eqspec decoding": "tokens"}
     done, total = calls[-1][0]
     assert done == total  # sequences that stop early still end the bar at 100%
     demo = app.build_app()
-    live = next(f for f in demo.fns.values() if f.api_name == "live_run_a")
-    assert [c.elem_id for c in live.show_progress_on] == ["sv-summary-a"]  # one progress bar per run
+    live_fn = next(f for f in demo.fns.values() if f.api_name == "live_run_a")
+    assert [c.elem_id for c in live_fn.show_progress_on] == ["sv-summary-a"]  # one progress bar per run
+
+
+def test_detail_outputs_keep_their_api_order(client: Any) -> None:
+    """API clients read the detail values by position: the tabs' order, each tab's own order.
+
+    (The jump button, sv-first, is an output too, but a button has no API value.)
+    """
+    assert client.output_ids("inspect") == [
+        "sv-step", "sv-row", "sv-grid", "sv-step-text", "sv-row-text",  # ragged grid
+        "sv-timeline", "sv-violations",  # invariants
+        "sv-acceptance-text", "sv-acceptance", "sv-acceptance-map", "sv-sequences",  # acceptance
+        "sv-kv", "sv-drift",  # KV & positions
+        "sv-page", "sv-outputs",  # outputs
+    ]  # fmt: skip
+
+
+def test_nothing_in_specviz_imports_the_app() -> None:
+    """The app is thin wiring on top: only the root app.py imports specviz.app."""
+    import ast
+
+    for path in (ROOT / "specviz").rglob("*.py"):
+        if (ROOT / "specviz" / "app") in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            assert not any(n == "specviz.app" or n.startswith("specviz.app.") for n in names), path

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import app
+from specviz.app.loading import TRACES, bundled_traces
 
 ROOT = Path(__file__).resolve().parents[1]
 SHOTS = ROOT / "test-output"
@@ -39,7 +40,7 @@ def settle(page: Any) -> None:
 
 @pytest.fixture(scope="module")
 def page() -> Any:
-    if FAULTY not in app.bundled_traces():
+    if FAULTY not in bundled_traces():
         pytest.skip(f"{FAULTY} is not bundled (run tools/make_traces.py)")
     demo = app.build_app()
     _, url, _ = app.launch(demo, prevent_thread_lock=True, server_name="127.0.0.1", quiet=True)
@@ -146,7 +147,7 @@ def test_error_is_one_line_and_leaves_no_badge(page: Any, tmp_path: Path) -> Non
 
 def test_upload_clears_the_bundled_name(page: Any, tmp_path: Path) -> None:
     good = tmp_path / "mine.json.gz"
-    good.write_bytes((app.TRACES / "default-eqspec.json.gz").read_bytes())
+    good.write_bytes((TRACES / "default-eqspec.json.gz").read_bytes())
     page.locator("input[type=file]").first.set_input_files(str(good))
     page.locator(".sv-summary").first.get_by_text("upload mine.json.gz").wait_for()
     assert page.get_by_label("bundled example trace").first.input_value() == ""

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from specviz.analysis.slots import mask_window, step_slots
+from specviz.app.serve import LiveRunGate, public_mode, public_models_only, sweep_abandoned_uploads
 from specviz.cli import main
 from specviz.data import load_prompts_file
 from specviz.errors import PromptError, SpecvizError
 from specviz.files import beside, check_output_path, umask_file_mode
-from specviz.serve import LiveRunGate, public_mode, public_models_only, sweep_abandoned_uploads
 from specviz.trace.budget import Budget, over_budget
 from specviz.trace.io import TraceError, load_trace, parse_trace_bytes, save_trace, trace_to_dict
 from specviz.trace.jsonparse import loads_yielding

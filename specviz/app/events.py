@@ -1,0 +1,295 @@
+"""The app's events: what each control does, as handlers returning `{component: value}` dicts.
+
+A dict cannot put a value in the wrong output; the outputs are still bound as lists, because the
+API returns values in that order. Handlers never raise to Gradio: a failure is a one-line status
+in the slot (`user_errors`), and the slot keeps its run.
+"""
+
+from __future__ import annotations
+
+import functools
+import traceback
+from typing import Any
+
+import gradio as gr
+
+from specviz.app import serve
+from specviz.app.assets import RESIZE_PLOTS_JS, TIMELINE_CLICK_JS
+from specviz.app.detail import GRID_TAB, DetailUI
+from specviz.app.live import LIVE_GATE, PUBLIC, LiveRequest, live_run, save_for_download, whole
+from specviz.app.loading import DEFAULT_A, DEFAULT_B, load_bundled, load_default, load_upload
+from specviz.app.run_slots import RunSlot
+from specviz.errors import SpecvizError
+from specviz.trace.io import TraceError
+from specviz.views import LoadedRun, grid_view, slot_outputs_html, slot_summary_markdown, slots_compare_table
+from specviz.views.safe_text import md_text
+
+# ----------------------------------------------------------------------------- failures
+
+
+def status_update(message: str = "") -> Any:
+    """The slot's one-line status: shown with a message, hidden when empty."""
+    # The message may quote an upload (its name, a field it invented): escaped, one line.
+    return gr.update(value=f"⚠️ {md_text(message, 400)}" if message else "", visible=bool(message))
+
+
+def user_errors(status: Any) -> Any:
+    """Turn every failure into a one-line message in `status` (and a warning toast), never an exception.
+
+    A raised gr.Error marks every output of the event with Gradio's red "Error" badge and blanks
+    them until the next update; a message leaves every output as it was: the slot keeps its run.
+    """
+
+    def decorate(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except (gr.Error, SpecvizError, TraceError, ValueError) as exc:
+                message = exc.message if isinstance(exc, gr.Error) else str(exc)
+            except Exception as exc:  # never a traceback in the UI; the server log keeps it
+                traceback.print_exc()
+                message = f"unexpected error: {type(exc).__name__}: {exc}"
+            gr.Warning(message)
+            return {status: status_update(message)}
+
+        return wrapper
+
+    return decorate
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _pick(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None) -> tuple[LoadedRun | None, LoadedRun | None]:
+    """(inspected run, the other one) for the inspect switch's value."""
+    return (run_a, run_b) if label == "A" else (run_b, run_a)
+
+
+def _inspected(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None) -> LoadedRun | None:
+    return run_a if label == "A" else run_b
+
+
+def _last_step(loaded: LoadedRun | None) -> int:
+    return max(loaded.step_count - 1, 0) if loaded is not None else 0
+
+
+# ----------------------------------------------------------------------------- wiring
+
+
+def wire(demo: gr.Blocks, slot_a: RunSlot, slot_b: RunSlot, inspect: Any, compare: Any, ui: DetailUI) -> None:
+    """Bind every event of the page (in this order: Gradio numbers the events as they are bound)."""
+    for slot, other in ((slot_a, slot_b), (slot_b, slot_a)):
+        wire_slot(slot, other, inspect, compare, ui)
+    states = [slot_a.state, slot_b.state]
+    wire_inspect(inspect, states, ui)
+    wire_navigation(inspect, states, ui)
+    wire_outputs_page(inspect, states, ui)
+    wire_preload(demo, slot_a, slot_b, compare, ui)
+
+
+def wire_inspect(inspect: Any, states: list[Any], ui: DetailUI) -> None:
+    """The inspect switch redraws every tab; step, row and window redraw the grid."""
+    grid = ui.grid
+
+    def on_inspect(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, window: int, only: bool) -> dict:
+        loaded, other = _pick(label, run_a, run_b)
+        return ui.details(loaded, other, label, window, only)
+
+    inspect.change(
+        on_inspect, [inspect, *states, grid.window, ui.outputs.only_diverged], ui.components(), api_name="inspect"
+    )
+
+    def on_grid(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, step: int, row: int, window: int):
+        return grid.view_values(grid_view(_inspected(label, run_a, run_b), step, row, window))
+
+    gr.on(
+        [grid.step.change, grid.row.input, grid.window.release],
+        on_grid,
+        [inspect, *states, grid.step, grid.row, grid.window],
+        grid.view_components(),
+        api_name="grid",
+        trigger_mode="always_last",  # dragging the slider: draw the step it rests on, not every one passed
+    )
+
+
+def wire_outputs_page(inspect: Any, states: list[Any], ui: DetailUI) -> None:
+    tab = ui.outputs
+
+    def on_page(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, page: int, only: bool) -> dict:
+        loaded, other = _pick(label, run_a, run_b)
+        return {tab.cards: slot_outputs_html(loaded, other, label, page, only)}
+
+    gr.on(
+        [tab.page.change, tab.only_diverged.change],
+        on_page,
+        [inspect, *states, tab.page, tab.only_diverged],
+        [tab.cards],
+        api_visibility="private",
+    )
+
+
+def wire_preload(demo: gr.Blocks, slot_a: RunSlot, slot_b: RunSlot, compare: Any, ui: DetailUI) -> None:
+    def preload(window: int, only: bool) -> dict:
+        """Open on the default pair of examples, inspecting A; a missing bundle leaves the slot empty."""
+        run_a, run_b = load_default(DEFAULT_A), load_default(DEFAULT_B)
+        return {
+            slot_a.state: run_a,
+            slot_b.state: run_b,
+            slot_a.summary: slot_summary_markdown(run_a, "A"),
+            slot_b.summary: slot_summary_markdown(run_b, "B"),
+            compare: slots_compare_table(run_a, run_b),
+            **ui.details(run_a, run_b, "A", window, only),
+        }
+
+    demo.load(None, js=TIMELINE_CLICK_JS, api_visibility="private")
+    demo.load(
+        preload,
+        [ui.grid.window, ui.outputs.only_diverged],
+        [slot_a.state, slot_b.state, slot_a.summary, slot_b.summary, compare, *ui.components()],
+        api_visibility="private",
+    )
+
+
+def _landing(slot: RunSlot, inspect: Any, compare: Any, ui: DetailUI) -> Any:
+    """The handler's answer when a run lands in `slot` (see `wire_slot` for the outputs it sets)."""
+    a_first = slot.label == "A"
+
+    def finish(loaded: LoadedRun, other_run: LoadedRun | None, window: int, only: bool, bundled: bool) -> dict:
+        """A run lands in this slot: show it, inspect it, compare it with the other slot's."""
+        run_a, run_b = (loaded, other_run) if a_first else (other_run, loaded)
+        return {
+            slot.state: loaded,
+            slot.summary: slot_summary_markdown(loaded, slot.label),
+            slot.status: status_update(),  # the last failure is history once a run lands
+            # An uploaded or live run is no bundled example: the picker must not name the old one.
+            **({} if bundled else {slot.bundled: gr.update(value=None)}),
+            inspect: slot.label,
+            compare: slots_compare_table(run_a, run_b),
+            **ui.details(loaded, other_run, slot.label, window, only),
+        }
+
+    return finish
+
+
+def wire_slot(slot: RunSlot, other: RunSlot, inspect: Any, compare: Any, ui: DetailUI) -> None:
+    """A bundled pick, an upload or a live run lands in `slot`: shown, inspected, compared."""
+    label = slot.label.lower()
+    outputs = [slot.state, slot.summary, slot.status, slot.bundled, inspect, compare, *ui.components()]
+    finish = _landing(slot, inspect, compare, ui)
+
+    @user_errors(slot.status)
+    def from_bundle(name: str, other_run: LoadedRun | None, window: int, only: bool) -> dict:
+        return finish(load_bundled(name), other_run, window, only, bundled=True)
+
+    @user_errors(slot.status)
+    def from_upload(path: str | None, other_run: LoadedRun | None, window: int, only: bool) -> dict:
+        return finish(load_upload(path), other_run, window, only, bundled=False)
+
+    @user_errors(slot.status)
+    def from_live(
+        method: str,
+        fault: str,
+        batch_size: float,
+        draft_k: float,
+        max_new_tokens: float,
+        num_prompts: float,
+        prompts: str,
+        target: str,
+        draft: str,
+        other_run: LoadedRun | None,
+        window: int,
+        only: bool,
+        request: gr.Request,
+        progress: gr.Progress = gr.Progress(),  # noqa: B008 - how Gradio injects progress
+    ) -> dict:
+        try:
+            sizes = [whole(v) for v in (batch_size, draft_k, max_new_tokens, num_prompts)]
+            loaded = live_run(LiveRequest(method, fault, *sizes, prompts, target, draft), progress, PUBLIC)
+            download = gr.update(value=save_for_download(loaded), visible=True)
+            return {**finish(loaded, other_run, window, only, bundled=False), slot.download: download}
+        finally:
+            LIVE_GATE.done(getattr(request, "session_hash", None))
+
+    common = [other.state, ui.grid.window, ui.outputs.only_diverged]
+    slot.bundled.input(from_bundle, [slot.bundled, *common], outputs, api_name=f"load_bundled_{label}")
+    slot.upload.upload(from_upload, [slot.upload, *common], outputs, api_name=f"load_upload_{label}")
+    slot.run_button.click(
+        from_live,
+        [*slot.live_inputs, *common],
+        [*outputs, slot.download],
+        api_name=f"live_run_{label}",
+        show_progress_on=[slot.summary],  # one progress bar per run, under the button that started it
+        concurrency_limit=1,
+        concurrency_id=serve.LIVE_CONCURRENCY_ID,  # one live run at a time across both slots: it takes the CPU
+    )
+
+
+def wire_navigation(inspect: Any, states: list[Any], ui: DetailUI) -> None:
+    """Previous / next step, play / pause (one step per tick), and the jumps to a violation."""
+    grid = ui.grid
+    nav_inputs = [inspect, *states, grid.step]
+
+    def step_by(delta: int) -> Any:
+        def move(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, step: int) -> dict:
+            last = _last_step(_inspected(label, run_a, run_b))
+            return {grid.step: min(max(int(step) + delta, 0), last)}
+
+        return move
+
+    grid.prev.click(step_by(-1), nav_inputs, [grid.step], api_visibility="private")
+    grid.next.click(step_by(1), nav_inputs, [grid.step], api_visibility="private")
+
+    def tick(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, step: int) -> dict:
+        if int(step) >= _last_step(_inspected(label, run_a, run_b)):
+            return {grid.timer: gr.Timer(active=False)}  # played to the end: stop
+        return {grid.step: int(step) + 1}
+
+    grid.play.click(lambda: {grid.timer: gr.Timer(active=True)}, None, [grid.timer], api_visibility="private")
+    grid.pause.click(lambda: {grid.timer: gr.Timer(active=False)}, None, [grid.timer], api_visibility="private")
+    grid.timer.tick(tick, nav_inputs, [grid.step, grid.timer], api_visibility="private")
+    wire_jumps(inspect, states, ui)
+
+
+def wire_jumps(inspect: Any, states: list[Any], ui: DetailUI) -> None:
+    """Open a violation's step and row in the grid: the first one, or the one clicked in the table."""
+    grid, invariants = ui.grid, ui.invariants
+    jump_inputs = [inspect, *states, grid.window]
+    jump_outputs = [grid.step, *grid.view_components(), ui.tabs]
+
+    def jump(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, window: int, index: int) -> dict:
+        loaded = _inspected(label, run_a, run_b)
+        if loaded is None or not loaded.report.violations:
+            gr.Info("This run has no violation: every invariant holds.")
+            return gr.skip()
+        violation = loaded.report.violations[min(index, len(loaded.report.violations) - 1)]
+        step = violation.step_index
+        return {
+            grid.step: step,
+            **grid.view_values(grid_view(loaded, step, violation.row, window)),
+            ui.tabs: gr.Tabs(selected=GRID_TAB),
+        }
+
+    def jump_first(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, window: int) -> dict:
+        return jump(label, run_a, run_b, window, 0)
+
+    def jump_selected(label: str, run_a: Any, run_b: Any, window: int, evt: gr.SelectData) -> dict:
+        index = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
+        return jump(label, run_a, run_b, window, int(index))
+
+    def jump_picked(label: str, run_a: Any, run_b: Any, window: int, picked: str) -> dict:
+        """A timeline marker was clicked: `picked` is "<violation index>:<click time>"."""
+        head = (picked or "").split(":", 1)[0]
+        if not head.isdigit():
+            return gr.skip()
+        return jump(label, run_a, run_b, window, int(head))
+
+    # Three bindings, not one gr.on: the table's select event and the timeline box carry the line.
+    # Each jump switches to the grid tab, so the grid is refitted to its now visible container.
+    refit = {"js": RESIZE_PLOTS_JS, "show_progress": "hidden", "api_visibility": "private"}
+    grid.first.click(jump_first, jump_inputs, jump_outputs, api_name="jump_first_violation").then(None, **refit)
+    invariants.violations.select(jump_selected, jump_inputs, jump_outputs, api_visibility="private").then(None, **refit)
+    # change, not input: the click script sets the value, nobody types it.
+    invariants.pick.change(jump_picked, [*jump_inputs, invariants.pick], jump_outputs, api_visibility="private").then(
+        None, **refit
+    )

@@ -1,0 +1,71 @@
+"""Runs from files: the bundled example traces (shared by every session, analysed once) and uploads.
+
+The checkout's `traces/` holds the bundled traces and `docs/` the pages the app links to; both
+sit beside the `specviz` package, as in the Space.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from specviz.app import serve
+from specviz.errors import SpecvizError
+from specviz.trace.io import TraceError, load_trace, parse_trace_bytes
+from specviz.views import LoadedRun, analyse
+
+ROOT = Path(__file__).resolve().parents[2]  # the checkout (the Space's folder): app.py, traces/, docs/
+TRACES = ROOT / "traces"
+DOCS = ROOT / "docs"  # docs/faults.md, linked from each fault's one-liner, is served from here
+MAX_UPLOAD_BYTES = 32 * 1024 * 1024  # bundled traces are KBs; a 480x128 run is a few MB gzipped
+# Opening pair, first bundled one wins: A is the run under investigation (the page opens on its
+# first red cell), B the same prompts decoded correctly. Real text turning into garbage first.
+DEFAULT_A = ("gemma-eqspec-uniform-advance.json.gz", "default-eqspec-stale-kv.json.gz")
+DEFAULT_B = ("gemma-eqspec.json.gz", "default-eqspec.json.gz")
+
+
+def bundled_traces() -> list[str]:
+    return sorted(p.name for p in TRACES.glob("*.json.gz"))
+
+
+@functools.lru_cache(maxsize=32)
+def _analysed_bundle(name: str, mtime: float) -> LoadedRun:
+    """Bundled traces are shared by every session; analyse each once (mtime busts the cache)."""
+    return analyse(load_trace(TRACES / name), name)
+
+
+def first_bundled(candidates: tuple[str, ...]) -> str | None:
+    names = bundled_traces()
+    return next((name for name in candidates if name in names), None)
+
+
+def load_bundled(name: str | None) -> LoadedRun:
+    if not name:
+        raise SpecvizError("pick a bundled trace first")
+    if name not in bundled_traces():  # only names from the list: no paths from the client
+        raise SpecvizError(f"{name}: not a bundled trace")
+    path = TRACES / name
+    return _analysed_bundle(name, path.stat().st_mtime)
+
+
+def load_default(candidates: tuple[str, ...]) -> LoadedRun | None:
+    """The first bundled trace of `candidates`; a missing bundle leaves the slot empty."""
+    try:
+        return load_bundled(first_bundled(candidates))
+    except (SpecvizError, TraceError):
+        return None
+
+
+def load_upload(path: str | None) -> LoadedRun:
+    if not path:
+        raise SpecvizError("no file uploaded")
+    file = Path(path)
+    size = file.stat().st_size
+    if size > MAX_UPLOAD_BYTES:
+        raise SpecvizError(f"{file.name}: {size / 1e6:.1f} MB is over the {MAX_UPLOAD_BYTES // 2**20} MiB upload limit")
+    try:
+        raw = file.read_bytes()
+    finally:  # read once, then gone: uploads never pile up in the Space's disk
+        serve.delete_upload(file)
+    # Strip Gradio's temp folder from messages: the user knows the file by its name.
+    return analyse(parse_trace_bytes(raw, file.name), f"upload {file.name}")

@@ -1,0 +1,110 @@
+"""Run slots A and B: each loads a bundled trace, an upload or a live run into its own state.
+
+Also the two controls that concern both slots: which one the detail tabs inspect, and the
+metric-by-metric comparison of the two.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from specviz.app import serve
+from specviz.app.live import PUBLIC
+from specviz.app.loading import bundled_traces, first_bundled
+from specviz.views import slot_summary_markdown
+from specviz.views.faults import faults_markdown
+
+
+@dataclass
+class RunSlot:
+    """The controls of run slot A or B and the state holding its loaded run."""
+
+    label: str
+    state: Any
+    bundled: Any
+    upload: Any
+    live_inputs: list[Any]  # in the order of the live-run endpoint's arguments
+    run_button: Any
+    download: Any
+    summary: Any
+    status: Any  # one line: why the last load or run failed; hidden when it did not
+
+
+def build_live_controls(label: str) -> tuple[list[Any], Any, Any]:
+    """The live-run accordion: (its inputs, in the endpoint's order; the run button; the download)."""
+    from specviz.engine.faults import FAULTS
+    from specviz.engine.models import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    slug = label.lower()
+    limits = serve.live_limits(PUBLIC)
+    with gr.Accordion(f"Live run into slot {label}", open=False):
+        with gr.Row():
+            method = gr.Dropdown(["eqspec", "exspec", "baseline"], value="eqspec", label="method")
+            fault = gr.Dropdown(["none", *FAULTS], value="none", label="fault to inject")
+        with gr.Accordion("what each fault does", open=False):
+            gr.Markdown(faults_markdown())
+        with gr.Row():
+            batch = gr.Slider(*limits["batch_size"], value=min(8, limits["batch_size"][1]), step=1, label="batch size")
+            k = gr.Slider(*limits["draft_k"], value=4, step=1, label="draft tokens k")
+        with gr.Row():
+            max_new = gr.Slider(*limits["max_new_tokens"], value=48, step=1, label="max new tokens")
+            num = gr.Slider(*limits["num_prompts"], value=16, step=1, label="SpecBench prompts")
+        prompts = gr.Textbox(lines=3, label="or your own prompts, one per line (overrides the SpecBench count)")
+        # Public mode: the bundled pair only, and the server refuses any other value sent anyway.
+        target = gr.Textbox(value=DEFAULT_TARGET, label="target model (local path or hub id)", visible=not PUBLIC)
+        draft = gr.Textbox(value=DEFAULT_DRAFT, label="draft model (local path or hub id)", visible=not PUBLIC)
+        button = gr.Button(f"Run live into {label}", variant="primary")
+        # Hidden until a live run has a trace to offer: an empty file box is 270 px of nothing.
+        download = gr.File(
+            label="trace of the live run", interactive=False, visible=False, elem_id=f"sv-download-{slug}"
+        )
+    return [method, fault, batch, k, max_new, num, prompts, target, draft], button, download
+
+
+def build_run_slot(label: str, defaults: tuple[str, ...]) -> RunSlot:
+    slug = label.lower()
+    with gr.Column(variant="panel"):
+        with gr.Row(equal_height=True):
+            bundled = gr.Dropdown(
+                bundled_traces(),
+                value=first_bundled(defaults),
+                label=f"run {label}: bundled example trace",
+                interactive=True,
+                elem_id=f"sv-bundled-{slug}",
+                scale=3,
+            )
+            upload = gr.UploadButton(
+                "or upload a trace", file_types=[".json", ".gz"], type="filepath", size="sm", scale=1
+            )
+        live_inputs, button, download = build_live_controls(label)
+        status = gr.Markdown(visible=False, elem_classes=["sv-status"], elem_id=f"sv-status-{slug}")
+        summary = gr.Markdown(
+            slot_summary_markdown(None, label), elem_classes=["sv-summary"], elem_id=f"sv-summary-{slug}"
+        )
+    # A session's runs expire and their memory goes back to the system (tabs left open included).
+    state = gr.State(None, time_to_live=serve.SESSION_TTL_S, delete_callback=serve.release_memory)
+    return RunSlot(
+        label=label, state=state, bundled=bundled, upload=upload, live_inputs=live_inputs, run_button=button,
+        download=download, summary=summary, status=status,
+    )  # fmt: skip
+
+
+def build_inspect_switch() -> Any:
+    """Which slot the detail tabs inspect; loading a run into a slot switches to it."""
+    return gr.Radio(
+        [("inspect run A", "A"), ("inspect run B", "B")],
+        value="A",
+        container=False,
+        interactive=True,
+        elem_id="sv-inspect",
+    )
+
+
+def build_compare() -> Any:
+    with gr.Accordion("A vs B, metric by metric", open=False):
+        return gr.Dataframe(
+            label="A vs B (throughput is per run; compare speed within one run only)", elem_id="sv-compare"
+        )
