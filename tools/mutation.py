@@ -28,8 +28,8 @@ import difflib
 import json
 import os
 import random
-import shutil
 import shlex
+import shutil
 import signal
 import sys
 import tempfile
@@ -395,7 +395,13 @@ def main(argv: list[str] | None = None) -> int:
             ]
             sys.path[:0] = [str(workdir), str(workdir / "tests")]
             os.chdir(workdir)
-            for heavy in ("torch", "numpy", "pytest", "transformers"):  # once, not per mutant
+            for heavy in (
+                "torch",
+                "numpy",
+                "pytest",
+                "transformers",
+                "transformers.generation.logits_process",
+            ):  # once, not per mutant
                 try:
                     __import__(heavy)
                 except ImportError:
