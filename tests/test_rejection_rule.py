@@ -75,6 +75,12 @@ def test_sample_keys_at() -> None:
     assert keys.at(torch.tensor([1, 0]), 2).tolist() == [[4, 5], [10, 11]]
 
 
+def test_sample_keys_are_frozen() -> None:
+    keys = SampleKeys(torch.tensor([0]), torch.tensor([0]))
+    with pytest.raises(AttributeError):
+        keys.first = torch.tensor([1])  # type: ignore[misc]
+
+
 def test_agreeing_prefix() -> None:
     drafts = torch.tensor([[1, 2, 3], [1, 0, 3], [5, 2, 3], [1, 2, 3]])
     target = torch.tensor([[1, 2, 0], [1, 2, 3], [1, 2, 3], [1, 2, 3]])

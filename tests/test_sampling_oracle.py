@@ -109,6 +109,16 @@ def test_top_p_exact_boundary() -> None:
     assert sum(p > 0 for p in engine_probs(flat, 1.0, top_p=0.75)) == 3
 
 
+def test_top_p_edges() -> None:
+    # top_p = 1: no filter, even for a token whose probability (e^-30 ~ 1e-13) vanishes next to
+    # float32 rounding of the cumulative mass. top_p = 0: Hugging Face keeps the most likely token.
+    logits = [0.0, -30.0, -30.0, 1.0]
+    assert all(p > 0 for p in engine_probs(logits, 1.0, top_p=1.0))
+    assert engine_probs(logits, 1.0, top_p=0.0) == pytest.approx([0, 0, 0, 1.0])
+    theirs = hf_probs(torch.tensor([logits]), 1.0, 0, 0.0)[0].tolist()
+    assert theirs == pytest.approx([0, 0, 0, 1.0])
+
+
 def test_top_k_then_top_p_by_hand() -> None:
     # T = 0.5 doubles the logits: [4, 2, 1, 1, -2, -6]. top_k = 4 keeps [4, 2, 1, 1]:
     # weights e^4, e^2, e, e. top_p = 0.9 on those: p0 = e^4 / (e^4 + e^2 + 2e) = 0.8315 < 0.9, so
@@ -298,6 +308,14 @@ def test_top2_margin() -> None:
     assert top2_margin(torch.tensor([-math.inf, -math.inf])) == 1e9  # nan: capped
     assert top2_margin(torch.tensor([3e9, 0.0])) == 1e9
     assert top2_margin(torch.tensor([1e9 - 64, 0.0])) < 1e9
+
+
+def test_sampling_params_are_frozen() -> None:
+    # Immutable and hashable: runs, caches and traces key on them.
+    p = SamplingParams("coupled", 0.7, 0.9, 5, 3)
+    assert hash(p) == hash(SamplingParams("coupled", 0.7, 0.9, 5, 3))
+    with pytest.raises(AttributeError):
+        p.temperature = 2.0  # type: ignore[misc]
 
 
 def test_sampling_params_defaults() -> None:
