@@ -280,16 +280,19 @@ def test_rejection_acceptance_per_draft_token() -> None:
 
 
 def test_swapped_ratio_and_empty_residual_fall_back_to_p() -> None:
-    # A ratio that rejects everything, at a slot where p == q exactly (no residual mass): the rule
-    # falls back to sampling p there. Distribution p = softmax of the shared logits.
+    # A ratio that rejects everything, at slot 0 where p == q exactly (no residual mass), while
+    # slot 1 has residual mass: the rule falls back to sampling p_0 at slot 0 (the emptiness is
+    # judged per slot, over the vocabulary).
     params = SamplingParams("rejection", 1.0, 1.0, 0, 5)
-    logits = logits_for(P[:2], 1.0)
-    drafts = draw_drafts(P[:1], N, seed=3)
+    p_logits = logits_for(P[:3], 1.0)
+    q_logits = torch.stack([p_logits[0], logits_for(Q[1:2], 1.0)[0]])
+    drafts = draw_drafts([P[0], Q[1]], N, seed=3)
+    never = lambda p, q: p * 0  # noqa: E731
     matched, tokens = verify(
-        params, drafts, logits, logits[:1], torch.arange(N), torch.zeros(N, dtype=torch.long), ratio=lambda p, q: p * 0
+        params, drafts, p_logits, q_logits, torch.arange(N), torch.zeros(N, dtype=torch.long), never
     )
     assert matched.tolist() == [0] * N
-    assert_chi_square(torch.bincount(tokens[:, 0], minlength=V).tolist(), softmax(logits[0].tolist()), "fallback to p")
+    assert_chi_square(torch.bincount(tokens[:, 0], minlength=V).tolist(), softmax(p_logits[0].tolist()), "fallback")
 
 
 def test_wrong_slot_residual_would_be_caught() -> None:
