@@ -235,7 +235,8 @@ def test_keyed_bits_match_the_hash_definition() -> None:
 
 
 def test_streams_are_distinct() -> None:
-    assert len({STREAM_SAMPLE, STREAM_ACCEPT, STREAM_RESIDUAL}) == 3
+    # Part of the noise's definition (a recorded run replays with the same numbers), so pinned.
+    assert (STREAM_SAMPLE, STREAM_ACCEPT, STREAM_RESIDUAL) == (0, 1, 2)
 
 
 def uniform_bins(u: torch.Tensor, bins: int) -> list[int]:
