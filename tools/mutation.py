@@ -1,0 +1,443 @@
+"""A small, self-contained AST mutation-testing runner (docs/testing.md#mutation-testing).
+
+For each target module it parses the source, lists the mutation sites (comparison flips, +/- and
+* / / swaps, constant off-by-one, `and`/`or`, `min`/`max`, `argmax`/`argmin`, negation removed,
+`True`/`False`, one statement replaced by `pass`), and for each mutant writes the mutated module
+into a temporary copy of the repository and runs the given test files there with
+`pytest -x -q`. A mutant is *killed* when the tests fail (or time out), *survived* when they pass.
+
+Speed: the parent process imports the heavy third-party libraries (torch, transformers, pytest)
+once, then forks one child per mutant; the child imports `specviz` fresh from the temporary copy
+(bytecode caching off, so a mutant never reads a stale .pyc) and runs pytest in-process.
+
+    python tools/mutation.py                      # every default target with its fast tests
+    python tools/mutation.py --target rules       # one default target
+    python tools/mutation.py --module specviz/engine/rules.py --tests tests/test_sampling.py
+    python tools/mutation.py --target metrics --sample 20 --seed 1   # a random subset
+    python tools/mutation.py --target sampling --list                # the mutants, no runs
+
+Run it under `nice -n 10`. The exit status is 0 whatever the score; `--min-score` makes it fail
+below a threshold. Mutants are numbered in a stable order, so `--only 3,17` re-runs survivors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import difflib
+import json
+import os
+import random
+import shlex
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# name -> (module, fast test files that are meant to kill its mutants)
+TARGETS: dict[str, tuple[str, list[str]]] = {
+    "rules": ("specviz/engine/rules.py", ["tests/test_rejection_rule.py"]),
+    "sampling": ("specviz/engine/sampling.py", ["tests/test_sampling_oracle.py", "tests/test_rejection_rule.py"]),
+    "metrics": ("specviz/analysis/metrics.py", ["tests/test_metrics_hand.py"]),
+}
+
+_CMP_SWAP = {
+    ast.Lt: ast.LtE,
+    ast.LtE: ast.Lt,
+    ast.Gt: ast.GtE,
+    ast.GtE: ast.Gt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+}
+_BIN_SWAP = {
+    ast.Add: ast.Sub,
+    ast.Sub: ast.Add,
+    ast.Mult: ast.Div,
+    ast.Div: ast.Mult,
+    ast.FloorDiv: ast.Div,
+    ast.Mod: ast.FloorDiv,
+    ast.BitAnd: ast.BitOr,
+    ast.BitOr: ast.BitAnd,
+    ast.BitXor: ast.BitOr,
+    ast.LShift: ast.RShift,
+    ast.RShift: ast.LShift,
+}
+_NAME_SWAP = {"min": "max", "max": "min", "argmax": "argmin", "argmin": "argmax", "any": "all", "all": "any"}
+_REMOVABLE = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.Return, ast.If, ast.For, ast.Raise)
+
+
+@dataclass
+class Mutant:
+    number: int
+    node: int  # index of the mutated node in `_nodes(tree)` order
+    kind: str
+    function: str
+    line: int
+    description: str
+    status: str = "pending"  # killed | survived | timeout | pending
+    seconds: float = 0.0
+    diff: str = ""
+
+
+@dataclass
+class Result:
+    module: str
+    tests: list[str]
+    mutants: list[Mutant] = field(default_factory=list)
+
+    @property
+    def killed(self) -> int:
+        return sum(m.status in ("killed", "timeout") for m in self.mutants)
+
+    @property
+    def survived(self) -> list[Mutant]:
+        return [m for m in self.mutants if m.status == "survived"]
+
+    @property
+    def score(self) -> float:
+        run = [m for m in self.mutants if m.status != "pending"]
+        return self.killed / len(run) if run else 0.0
+
+
+def _skipped_ids(tree: ast.AST) -> set[int]:
+    """Nodes never mutated: docstrings, annotations, `from __future__` and `__all__`."""
+    skip: set[int] = set()
+
+    def mark(node: ast.AST | None) -> None:
+        if node is not None:
+            skip.update(id(n) for n in ast.walk(node))
+
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+            if isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+                mark(body[0])
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            mark(node.returns)
+            for arg in [*node.args.args, *node.args.kwonlyargs, *node.args.posonlyargs]:
+                mark(arg.annotation)
+            for arg in (node.args.vararg, node.args.kwarg):
+                if arg is not None:
+                    mark(arg.annotation)
+        if isinstance(node, ast.AnnAssign):
+            mark(node.annotation)
+        if isinstance(node, (ast.ImportFrom, ast.Import)):
+            mark(node)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "TypeVar":
+            mark(node)
+    return skip
+
+
+def _nodes(tree: ast.AST) -> list[tuple[ast.AST, str, ast.AST | None, str | None]]:
+    """Every node in a stable order with its enclosing function, parent and parent field."""
+    out: list[tuple[ast.AST, str, ast.AST | None, str | None]] = []
+
+    def visit(node: ast.AST, scope: str, parent: ast.AST | None, fld: str | None) -> None:
+        out.append((node, scope, parent, fld))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            scope = node.name if scope == "<module>" else f"{scope}.{node.name}"
+        for name, value in ast.iter_fields(node):
+            if isinstance(value, list):
+                for item in value:
+                    if isinstance(item, ast.AST):
+                        visit(item, scope, node, name)
+            elif isinstance(value, ast.AST):
+                visit(value, scope, node, name)
+
+    visit(tree, "<module>", None, None)
+    return out
+
+
+def _variants(node: ast.AST, parent: ast.AST | None, fld: str | None) -> list[tuple[str, str]]:
+    """(kind, description) of each mutation this node admits."""
+    out: list[tuple[str, str]] = []
+    if isinstance(node, ast.Compare):
+        for i, op in enumerate(node.ops):
+            if type(op) in _CMP_SWAP:
+                out.append((f"cmp:{i}", f"{type(op).__name__} -> {_CMP_SWAP[type(op)].__name__}"))
+    elif isinstance(node, (ast.BinOp, ast.AugAssign)) and type(node.op) in _BIN_SWAP:
+        out.append(("binop", f"{type(node.op).__name__} -> {_BIN_SWAP[type(node.op)].__name__}"))
+    elif isinstance(node, ast.BoolOp):
+        out.append(("boolop", "and <-> or"))
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.Not)):
+        out.append(("unary", f"drop {type(node.op).__name__}"))
+    elif isinstance(node, ast.Constant):
+        if isinstance(node.value, bool):
+            out.append(("bool", f"{node.value} -> {not node.value}"))
+        elif isinstance(node.value, (int, float)):
+            out.append(("const+1", f"{node.value!r} -> {node.value + 1!r}"))
+            if node.value != 0:
+                out.append(("const-1", f"{node.value!r} -> {node.value - 1!r}"))
+    elif isinstance(node, ast.Name) and node.id in _NAME_SWAP and isinstance(node.ctx, ast.Load):
+        out.append(("name", f"{node.id} -> {_NAME_SWAP[node.id]}"))
+    elif isinstance(node, ast.Attribute) and node.attr in _NAME_SWAP:
+        out.append(("attr", f".{node.attr} -> .{_NAME_SWAP[node.attr]}"))
+    elif isinstance(node, ast.keyword) and node.arg in ("min", "max"):
+        out.append(("kwarg", f"{node.arg}= -> {_NAME_SWAP[node.arg]}="))
+    if isinstance(node, _REMOVABLE) and fld in ("body", "orelse") and parent is not None:
+        if not isinstance(parent, (ast.Module, ast.ClassDef)):  # module/class statements: definitions
+            out.append(("remove", f"remove `{ast.unparse(node).splitlines()[0][:60]}`"))
+    return out
+
+
+def _apply(node: ast.AST, parent: ast.AST | None, fld: str | None, kind: str) -> None:
+    if kind.startswith("cmp:"):
+        i = int(kind[4:])
+        node.ops[i] = _CMP_SWAP[type(node.ops[i])]()
+    elif kind == "binop":
+        node.op = _BIN_SWAP[type(node.op)]()
+    elif kind == "boolop":
+        node.op = ast.Or() if isinstance(node.op, ast.And) else ast.And()
+    elif kind == "unary":
+        replacement = node.operand
+        for name, value in ast.iter_fields(parent):
+            if value is node:
+                setattr(parent, name, replacement)
+            elif isinstance(value, list):
+                value[:] = [replacement if v is node else v for v in value]
+    elif kind == "bool":
+        node.value = not node.value
+    elif kind == "const+1":
+        node.value = node.value + 1
+    elif kind == "const-1":
+        node.value = node.value - 1
+    elif kind == "name":
+        node.id = _NAME_SWAP[node.id]
+    elif kind == "attr":
+        node.attr = _NAME_SWAP[node.attr]
+    elif kind == "kwarg":
+        node.arg = _NAME_SWAP[node.arg]
+    elif kind == "remove":
+        body = getattr(parent, fld)
+        body[body.index(node)] = ast.copy_location(ast.Pass(), node)
+    else:
+        raise ValueError(kind)
+
+
+def list_mutants(source: str) -> list[Mutant]:
+    tree = ast.parse(source)
+    skip = _skipped_ids(tree)
+    mutants = []
+    for index, (node, scope, parent, fld) in enumerate(_nodes(tree)):
+        if id(node) in skip:
+            continue
+        for kind, description in _variants(node, parent, fld):
+            line = getattr(node, "lineno", 0)
+            mutants.append(Mutant(len(mutants), index, kind, scope, line, description))
+    return mutants
+
+
+def mutated_source(source: str, mutant: Mutant) -> str:
+    tree = ast.parse(source)
+    node, _, parent, fld = _nodes(tree)[mutant.node]
+    _apply(node, parent, fld, mutant.kind)
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+
+
+def _diff(original: str, mutated: str) -> str:
+    lines = difflib.unified_diff(original.splitlines(), mutated.splitlines(), lineterm="", n=0)
+    return "\n".join(line for line in lines if not line.startswith(("---", "+++")))
+
+
+def _copy_repo(dest: Path) -> None:
+    ignore = shutil.ignore_patterns(".git", "__pycache__", "*.pyc", ".ruff_cache", ".hypothesis", "build", "runs")
+    for entry in ROOT.iterdir():
+        if entry.name in (".git", "benchmarks", "docs", "traces", "build", "runs", "bench-out", "test-output"):
+            continue
+        if entry.is_dir():
+            shutil.copytree(entry, dest / entry.name, ignore=ignore)
+        else:
+            shutil.copy2(entry, dest / entry.name)
+    for needed in ("docs", "traces"):  # some tests read documents or recorded traces
+        if (ROOT / needed).exists():
+            shutil.copytree(ROOT / needed, dest / needed, ignore=ignore)
+
+
+def _run_tests(workdir: Path, tests: list[str], extra: list[str], timeout: float) -> tuple[str, float]:
+    """Fork; the child runs pytest in-process against `workdir`. ('killed' | 'survived' | 'timeout', s)."""
+    start = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 3
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
+            signal.alarm(int(timeout))
+            import pytest
+
+            code = int(pytest.main(["-x", "-q", "-p", "no:cacheprovider", *extra, *tests]))
+            spec = sys.modules.get("specviz")
+            if spec is not None and not str(getattr(spec, "__file__", "")).startswith(str(workdir)):
+                code = 99  # imported the real tree, not the mutated copy: the run proves nothing
+        finally:
+            os._exit(code)
+    try:
+        _, status = os.waitpid(pid, 0)
+    except BaseException:  # interrupted (Ctrl-C, SIGTERM): take the child down too
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
+    seconds = time.monotonic() - start
+    if os.WIFSIGNALED(status):
+        return "timeout", seconds
+    code = os.WEXITSTATUS(status)
+    if code == 99:
+        raise SystemExit("the tests imported specviz from outside the temporary copy; check PYTHONPATH")
+    return ("survived" if code == 0 else "killed"), seconds
+
+
+def run_target(
+    module: str,
+    tests: list[str],
+    workdir: Path,
+    *,
+    extra: list[str],
+    timeout: float,
+    sample: int | None,
+    seed: int,
+    only: set[int] | None,
+    function: str | None,
+    listing: bool,
+) -> Result:
+    path = workdir / module
+    original = (ROOT / module).read_text()
+    baseline = ast.unparse(ast.parse(original)) + "\n"
+    mutants = list_mutants(original)
+    if function:
+        mutants = [m for m in mutants if m.function == function or m.function.startswith(function + ".")]
+    if only is not None:
+        mutants = [m for m in mutants if m.number in only]
+    if sample is not None and sample < len(mutants):
+        mutants = sorted(random.Random(seed).sample(mutants, sample), key=lambda m: m.number)
+    result = Result(module, tests, mutants)
+    for m in mutants:
+        m.diff = _diff(baseline, mutated_source(original, m))
+    if listing:
+        return result
+    try:
+        path.write_text(baseline)  # the unmutated code as the runner writes it must pass
+        status, seconds = _run_tests(workdir, tests, extra, timeout * 3)
+        if status != "survived":
+            raise SystemExit(f"{module}: the tests fail on the unmutated module ({status}); fix that first")
+        print(f"{module}: {len(mutants)} mutants, tests {' '.join(tests)} (baseline {seconds:.1f}s)", flush=True)
+        for m in mutants:
+            path.write_text(mutated_source(original, m))
+            m.status, m.seconds = _run_tests(workdir, tests, extra, timeout)
+            mark = {"killed": ".", "timeout": "T", "survived": "S"}[m.status]
+            print(mark, end="", flush=True)
+        print(flush=True)
+    finally:
+        path.write_text(original)
+    return result
+
+
+def _report(results: list[Result]) -> str:
+    lines = []
+    for r in results:
+        run = [m for m in r.mutants if m.status != "pending"]
+        lines.append(f"{r.module}: {r.killed}/{len(run)} killed ({100 * r.score:.1f}%)  tests: {' '.join(r.tests)}")
+        for m in r.survived:
+            lines.append(f"  SURVIVED #{m.number} {m.function} line {m.line}: {m.description}")
+            lines.extend("      " + d for d in m.diff.splitlines())
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", action="append", choices=sorted(TARGETS), help="a default target (repeatable)")
+    ap.add_argument("--module", help="a module path relative to the repository root (with --tests)")
+    ap.add_argument("--tests", nargs="+", help="test files (override the target's)")
+    ap.add_argument("--pytest-args", default="", help="extra pytest arguments, e.g. \"-k 'not slow'\"")
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds per mutant before it counts as killed")
+    ap.add_argument("--sample", type=int, help="run a random subset of this many mutants")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--only", help="comma-separated mutant numbers")
+    ap.add_argument("--function", help="only mutants inside this function (or class)")
+    ap.add_argument("--list", action="store_true", help="list the mutants and their diffs; run nothing")
+    ap.add_argument("--json", help="write the full results here")
+    ap.add_argument("--min-score", type=float, help="exit 1 if a module scores below this (0..1)")
+    args = ap.parse_args(argv)
+
+    if args.module:
+        if not args.tests:
+            ap.error("--module needs --tests")
+        jobs = [(args.module, args.tests)]
+    else:
+        names = args.target or list(TARGETS)
+        jobs = [(TARGETS[n][0], args.tests or TARGETS[n][1]) for n in names]
+    only = {int(x) for x in args.only.split(",")} if args.only else None
+    extra = shlex.split(args.pytest_args)
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the temporary copy is removed
+    results = []
+    with tempfile.TemporaryDirectory(prefix="specviz-mutation-") as tmp:
+        workdir = Path(tmp)
+        if not args.list:
+            _copy_repo(workdir)
+            # The children import specviz from the copy only.
+            sys.dont_write_bytecode = True
+            os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
+            os.environ["PYTHONPATH"] = f"{workdir}{os.pathsep}{workdir / 'tests'}"
+            os.environ.setdefault("OMP_NUM_THREADS", "1")
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+            sys.path[:] = [
+                p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "tests", ROOT / "tools")
+            ]
+            sys.path[:0] = [str(workdir), str(workdir / "tests")]
+            os.chdir(workdir)
+            for heavy in (
+                "torch",
+                "numpy",
+                "pytest",
+                "transformers",
+                "transformers.generation.logits_process",
+            ):  # once, not per mutant
+                try:
+                    __import__(heavy)
+                except ImportError:
+                    pass
+        for module, tests in jobs:
+            results.append(
+                run_target(
+                    module,
+                    tests,
+                    workdir,
+                    extra=extra,
+                    timeout=args.timeout,
+                    sample=args.sample,
+                    seed=args.seed,
+                    only=only,
+                    function=args.function,
+                    listing=args.list,
+                )
+            )
+    if args.list:
+        for r in results:
+            print(f"{r.module}: {len(r.mutants)} mutants")
+            for m in r.mutants:
+                print(f"  #{m.number} {m.function} line {m.line}: {m.description}")
+        return 0
+    print(_report(results))
+    if args.json:
+        data = [
+            {"module": r.module, "tests": r.tests, "score": r.score, "mutants": [asdict(m) for m in r.mutants]}
+            for r in results
+        ]
+        Path(args.json).write_text(json.dumps(data, indent=1))
+    if args.min_score is not None and any(r.score < args.min_score for r in results):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
