@@ -24,7 +24,8 @@ from collections.abc import Callable
 import torch
 
 from specviz.bench import provenance
-from specviz.engine.kv import KVState, cache_layers, compact, compact_per_row_loop
+from specviz.engine.kv.moves import compact, compact_per_row_loop
+from specviz.engine.kv.state import KVState, cache_layers
 
 # (layers, kv heads, head dim, dtype)
 SHAPES = {

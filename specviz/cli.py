@@ -93,8 +93,8 @@ def command_word(argv: Sequence[str]) -> str | None:
 
 
 def _add_record(rec: argparse.ArgumentParser) -> None:
-    from specviz.engine.exspec import POLICIES
     from specviz.engine.faults import FAULTS
+    from specviz.engine.methods.exspec import POLICIES
     from specviz.threads import add_threads_argument
     from specviz.trace.schema import METHODS
 

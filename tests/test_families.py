@@ -18,9 +18,9 @@ import torch
 from test_engine_exact import PROMPTS
 from tiny import MORE_FAMILIES, WINDOW_FAMILIES, make_pair
 
+from specviz.engine.kv.window import WindowSpec, window_spec
 from specviz.engine.reference import greedy_reference
 from specviz.engine.run import RunConfig, run
-from specviz.engine.window import WindowSpec, window_spec
 from specviz.errors import SpecvizError
 
 # 1 to 90 tokens: short rows next to rows many windows long.

@@ -25,7 +25,7 @@ from specviz.engine.reference import sampled_reference
 from specviz.engine.rules import TokenRules
 from specviz.engine.run import RunConfig, run
 from specviz.engine.sampling import SamplingParams, keyed_uniform, probabilities
-from specviz.engine.step import Engine, Sequence
+from specviz.engine.step import Engine, SeqState
 
 T = 0.8
 SEED = 5
@@ -161,9 +161,9 @@ def first_tokens(ratio=None) -> tuple[list[int], list[float]]:
     target, draft = peaked_pair()
     params = SamplingParams("rejection", 1.0, 1.0, 0, SEED)
     rules = TokenRules(params) if ratio is None else TokenRules(params, ratio)
-    seqs = [Sequence(i, list(CONTEXT)) for i in range(SAMPLES)]
+    seqs = [SeqState(i, list(CONTEXT)) for i in range(SAMPLES)]
     engine = Engine(target, draft, 3, 1, frozenset([1]), 0, torch.device("cpu"), rules=rules)
-    from specviz.engine.eqspec import run_eqspec
+    from specviz.engine.methods.eqspec import run_eqspec
 
     run_eqspec(engine, seqs, 1000)
     with torch.no_grad():

@@ -2,7 +2,7 @@
 
 A fault is a small override of one decision the correct engine makes (docs/faults.md), each
 inside one phase of the step (`step.py`):
-- where positions come from (`verify_positions`; every forward: propose, verify, fill),
+- where positions come from (`forward_positions`; every forward: propose, verify, fill),
 - how many drafts verification accepts (`accept`; verify),
 - where results are written back after regrouping (`write_back`; commit),
 - whether the draft catches up on its last draft token (`draft_catch_up`; fill_draft_cache),
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from specviz.engine.kv import KVState
+    from specviz.engine.kv.state import KVState
 
 
 @dataclass
@@ -44,7 +44,7 @@ class Fault:
     summary = "no fault: the correct engine"
     default_method = "eqspec"
 
-    def verify_positions(self, next_pos: torch.Tensor, width: int, query_len: int) -> torch.Tensor:
+    def forward_positions(self, next_pos: torch.Tensor, width: int, query_len: int) -> torch.Tensor:
         """Position IDs for a forward of `query_len` slots after a cache of `width` slots."""
         offsets = torch.arange(query_len, device=next_pos.device)
         return next_pos[:, None] + offsets[None, :]
@@ -97,7 +97,7 @@ class ColumnPositions(Fault):
     seen_in = "unsloth #3699, nnsight #673"
     summary = "position IDs are the shared column index (cache_position), ignoring left padding"
 
-    def verify_positions(self, next_pos: torch.Tensor, width: int, query_len: int) -> torch.Tensor:
+    def forward_positions(self, next_pos: torch.Tensor, width: int, query_len: int) -> torch.Tensor:
         columns = torch.arange(width, width + query_len, device=next_pos.device)
         return columns[None, :].expand(next_pos.shape[0], query_len)
 
@@ -199,7 +199,7 @@ class KVRowCopy(Fault):
         self.fired = False
 
     def tamper_cache(self, state: KVState) -> int | None:
-        from specviz.engine.kv import cache_layers
+        from specviz.engine.kv.state import cache_layers
 
         if self.fired or state.cache is None or state.batch_size < 2:
             return None

@@ -10,19 +10,19 @@ from typing import Any
 import torch
 
 from specviz import __version__
-from specviz.engine.eqspec import run_eqspec
-from specviz.engine.exspec import POLICIES, run_exspec
 from specviz.engine.faults import FAULTS, make_fault
-from specviz.engine.inplace import LAYOUT as INPLACE_LAYOUT
-from specviz.engine.inplace import run_inplace
-from specviz.engine.kv import compact, compact_per_row_loop
+from specviz.engine.kv.moves import compact, compact_per_row_loop
+from specviz.engine.kv.regions import LAYOUT as INPLACE_LAYOUT
+from specviz.engine.kv.window import refusal as window_refusal
+from specviz.engine.kv.window import window_spec
+from specviz.engine.methods.eqspec import run_eqspec
+from specviz.engine.methods.exspec import POLICIES, run_exspec
+from specviz.engine.methods.inplace import run_inplace
 from specviz.engine.models import ModelPair
 from specviz.engine.reference import sampled_reference
 from specviz.engine.rules import TokenRules
 from specviz.engine.sampling import SamplingParams
-from specviz.engine.step import Engine, Sequence
-from specviz.engine.window import refusal as window_refusal
-from specviz.engine.window import window_spec
+from specviz.engine.step import Engine, SeqState
 from specviz.errors import SpecvizError
 from specviz.trace.recorder import NullRecorder, Recorder, new_header
 from specviz.trace.schema import METHODS, ModelInfo, SamplingInfo, SequenceRecord, Trace
@@ -198,7 +198,7 @@ def run(
             greedy_references(pair, prompt_ids, config.max_new_tokens, progress, references, params)
     except KeyboardInterrupt:
         complete = False
-    seqs = [Sequence(seq_id=i, prompt_ids=ids) for i, ids in enumerate(prompt_ids)]
+    seqs = [SeqState(seq_id=i, prompt_ids=ids) for i, ids in enumerate(prompt_ids)]
     total = len(seqs) * config.max_new_tokens
     emitted = [0]
 
@@ -324,7 +324,7 @@ def greedy_references(
 
 
 def _sequence_record(
-    seq: Sequence, prompt: str, pair: ModelPair, references: list[tuple[list[int], list[float]]] | None
+    seq: SeqState, prompt: str, pair: ModelPair, references: list[tuple[list[int], list[float]]] | None
 ) -> SequenceRecord:
     have_reference = references is not None and seq.seq_id < len(references)
     ref_ids, ref_margins = references[seq.seq_id] if have_reference else (None, None)

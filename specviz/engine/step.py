@@ -30,9 +30,9 @@ from typing import Any
 import torch
 
 from specviz.engine.faults import Fault, SlotPlan
-from specviz.engine.headroom import roomy
-from specviz.engine.kv import CachePlan, KVState, feed, leading_zeros
-from specviz.engine.kv_content import KVContentChecker
+from specviz.engine.kv.content import KVContentChecker
+from specviz.engine.kv.headroom import with_headroom
+from specviz.engine.kv.state import CachePlan, KVState, feed, leading_zeros
 from specviz.engine.rules import SampleKeys, TokenRules, agreeing_prefix
 from specviz.trace.recorder import NullRecorder, Recorder, StepObservation
 
@@ -40,7 +40,7 @@ __all__ = ["agreeing_prefix"]  # re-exported: the accept rule of greedy and coup
 
 
 @dataclass
-class Sequence:
+class SeqState:
     """A prompt being decoded. Committed tokens = prompt + output; the last is pending."""
 
     seq_id: int
@@ -77,7 +77,7 @@ class Sequence:
 
 @dataclass
 class Batch:
-    seqs: list[Sequence]
+    seqs: list[SeqState]
     target: KVState
     draft: KVState | None  # None: no draft model (the baseline)
     batch_id: int = 0
@@ -176,7 +176,7 @@ class Engine:
     kv_check_unavailable: str | None = None  # why the KV-content check was switched off mid-run
 
     @property
-    def cache_room(self) -> int:
+    def cache_headroom(self) -> int:
         """Free slots a cache keeps past its width (headroom.py): a step feeds each cache at most
         k + 1 slots (the draft's catch-up token plus its proposals; the verify block)."""
         return self.k + 2
@@ -194,7 +194,7 @@ class Engine:
         return time.perf_counter()
 
     @torch.no_grad()
-    def prefill(self, model: Any, seqs: list[Sequence], cache: Any | None = None) -> KVState:
+    def prefill(self, model: Any, seqs: list[SeqState], cache: Any | None = None) -> KVState:
         """Cache every committed token but the pending one, left-padded, positions from lengths.
 
         `cache`: an empty cache to write into (assemble.py's rows of a batch); default: a new one."""
@@ -216,7 +216,7 @@ class Engine:
                 mask[row, width - len(context) :] = 1
         positions = (mask.cumsum(1) - 1).clamp(min=0)
         feed(model, state, ids, positions, query_mask=mask)
-        state.cache = roomy(state.cache, self.cache_room)
+        state.cache = with_headroom(state.cache, self.cache_headroom)
         return state
 
     # ------------------------------------------------------------------ the step
@@ -293,7 +293,7 @@ class Engine:
         tokens = pending[:, None]
         drafted, fed_positions, kept_logits, call_kv_lens = [], [], [], []
         for j in range(self.k):
-            positions = self.fault.draft_positions(self.fault.verify_positions(state.next_pos + j, state.width, 1))
+            positions = self.fault.draft_positions(self.fault.forward_positions(state.next_pos + j, state.width, 1))
             call_kv_lens.append(state.mask.sum(1, keepdim=True))  # the call's one query attends these
             logits = feed(self.draft, state, tokens, positions)[:, -1:]
             tokens = self.rules.select(logits, keys, offset=j)
@@ -316,13 +316,13 @@ class Engine:
         state: KVState,
         pending: torch.Tensor,
         proposals: Proposals,
-        seqs: list[Sequence],
+        seqs: list[SeqState],
         keys: SampleKeys | None = None,
     ) -> Verification:
         """One target forward over [pending, d1..dk]; accept the drafts the token rules accept."""
         started = self.now()
         k, cache_len = proposals.k, state.width
-        positions = self.fault.verify_positions(state.next_pos, cache_len, k + 1)
+        positions = self.fault.forward_positions(state.next_pos, cache_len, k + 1)
         correct = state.next_pos[:, None] + torch.arange(k + 1, device=self.device)
         self._report_rows(positions.ne(correct).any(1), seqs, "position IDs differ from the row's real-token count")
         query = torch.cat([pending[:, None], proposals.tokens], dim=1)
@@ -372,7 +372,7 @@ class Engine:
         if not (self.fault.draft_catch_up() and bool((accepted == proposals.k).any())):
             return 0.0
         started = self.now()
-        positions = self.fault.verify_positions(state.next_pos + proposals.k, state.width, 1)
+        positions = self.fault.forward_positions(state.next_pos + proposals.k, state.width, 1)
         feed(self.draft, state, proposals.tokens[:, -1:], positions)
         return self.now() - started
 
@@ -432,7 +432,7 @@ class Engine:
             query_causal=getattr(batch.target, "query_causal", None),  # engines that feed a 4-D mask
         )
 
-    def check_kv_content(self, state: KVState, seqs: list[Sequence]) -> list[int | None] | None:
+    def check_kv_content(self, state: KVState, seqs: list[SeqState]) -> list[int | None] | None:
         """On sampled steps: per row, the first attended target slot whose layer-0 key is wrong.
 
         The expected keys come from the sequences' committed tokens (all but the pending one), not
@@ -455,19 +455,19 @@ class Engine:
         self.tracing_seconds += self.now() - started
         return mismatches
 
-    def _report_taints(self, seqs: list[Sequence]) -> None:
+    def _report_taints(self, seqs: list[SeqState]) -> None:
         """Log, at the step that feeds it, each sequence a fault altered on an earlier step."""
         for row, seq in enumerate(seqs):
             if seq.taint is not None:
                 self._log(row, seq.seq_id, seq.taint)
                 seq.taint = None
 
-    def _taint(self, seqs: list[Sequence], altered: torch.Tensor, what: str) -> None:
+    def _taint(self, seqs: list[SeqState], altered: torch.Tensor, what: str) -> None:
         for row in altered.nonzero().flatten().tolist():
             if not seqs[row].done and seqs[row].taint is None:
                 seqs[row].taint = what
 
-    def _report_rows(self, rows: torch.Tensor, seqs: list[Sequence], what: str) -> None:
+    def _report_rows(self, rows: torch.Tensor, seqs: list[SeqState], what: str) -> None:
         for row in rows.nonzero().flatten().tolist():
             self._log(row, seqs[row].seq_id, what)
 

@@ -3,7 +3,7 @@
 Each sequence keeps its target and draft KV in one row of a persistent pool (`pool.py`) for its
 whole life. Every step picks up to B sequences from a sliding window over the unfinished ones and
 gathers their rows into a batch (a sequence chosen for the first time is prefilled alone, with no
-padding, straight into its batch row: `assemble.py`); sequences of equal committed length need no padding. When no
+padding, straight into its batch row: `place_batch.py`); sequences of equal committed length need no padding. When no
 such group exists the step falls back to a batch of mixed lengths with left padding (EQSPEC-style).
 Before another group is gathered, only the slots the last step wrote are scattered back to the
 end of each row; rejected drafts stay past the row's length and are overwritten later, so nothing
@@ -40,24 +40,25 @@ from typing import Any
 
 import torch
 
-from specviz.engine.assemble import Prefill, assemble, assembles_in_place
-from specviz.engine.kv import KVState, rebuild
-from specviz.engine.pool import KVPool
-from specviz.engine.step import Batch, Engine, Sequence, StepOutcome
+from specviz.engine.kv.moves import rebuild
+from specviz.engine.kv.placement import Prefill, place_batch, prefills_in_place
+from specviz.engine.kv.pool import KVPool
+from specviz.engine.kv.state import KVState
+from specviz.engine.step import Batch, Engine, SeqState, StepOutcome
 
 POLICIES = ("reference", "largest", "converge")
 
 
-def admission_order(seqs: list[Sequence], policy: str) -> list[Sequence]:
+def admission_order(seqs: list[SeqState], policy: str) -> list[SeqState]:
     """The order sequences enter the sliding window: `converge` admits short prompts first."""
     if policy == "converge":
         return sorted(seqs, key=lambda s: s.committed)  # stable: ties keep prompt order
     return list(seqs)
 
 
-def select_group(window: list[Sequence], batch_size: int, policy: str) -> list[Sequence]:
+def select_group(window: list[SeqState], batch_size: int, policy: str) -> list[SeqState]:
     want = min(batch_size, len(window))
-    groups: dict[int, list[Sequence]] = defaultdict(list)
+    groups: dict[int, list[SeqState]] = defaultdict(list)
     for seq in window:
         groups[seq.committed].append(seq)
     if policy == "reference":
@@ -69,21 +70,21 @@ def select_group(window: list[Sequence], batch_size: int, policy: str) -> list[S
     raise ValueError(f"unknown exspec policy {policy!r}; choose from {', '.join(POLICIES)}")
 
 
-def _first_full_group(window: list[Sequence], groups: dict[int, list[Sequence]], want: int) -> list[Sequence]:
+def _first_full_group(window: list[SeqState], groups: dict[int, list[SeqState]], want: int) -> list[SeqState]:
     for seq in window:
         if len(groups[seq.committed]) >= want:
             return groups[seq.committed][:want]
     return window[:want]
 
 
-def _largest_group(window: list[Sequence], groups: dict[int, list[Sequence]], want: int) -> list[Sequence]:
+def _largest_group(window: list[SeqState], groups: dict[int, list[SeqState]], want: int) -> list[SeqState]:
     best = max(groups.values(), key=len)  # dict order = window order, so ties go early
     if len(best) >= max(1, (want + 1) // 2):
         return best[:want]
     return window[:want]
 
 
-def _shortest_group(window: list[Sequence], groups: dict[int, list[Sequence]], want: int) -> list[Sequence]:
+def _shortest_group(window: list[SeqState], groups: dict[int, list[SeqState]], want: int) -> list[SeqState]:
     for need in (want, max(1, -(-3 * want // 4))):  # a full batch, else three quarters of one
         lengths = [length for length, members in groups.items() if len(members) >= need]
         if lengths:
@@ -96,7 +97,7 @@ def _shortest_group(window: list[Sequence], groups: dict[int, list[Sequence]], w
 
 def run_exspec(
     engine: Engine,
-    seqs: list[Sequence],
+    seqs: list[SeqState],
     batch_size: int,
     window_size: int,
     policy: str = "largest",
@@ -109,8 +110,8 @@ def run_exspec(
     # many are admitted at once. Rows are as wide as the longest sequence can get.
     rows = min(window_size, len(seqs))
     width = max(len(s.prompt_ids) for s in seqs) + engine.max_new_tokens + engine.k + 1
-    target_pool = KVPool(rows, width, engine.device, engine.cache_room)
-    draft_pool = KVPool(rows, width, engine.device, engine.cache_room) if engine.draft is not None else None
+    target_pool = KVPool(rows, width, engine.device, engine.cache_headroom)
+    draft_pool = KVPool(rows, width, engine.device, engine.cache_headroom) if engine.draft is not None else None
     queue = admission_order(seqs, policy)
     steps = grouped_steps = 0
     previous: list[int] | None = None
@@ -158,7 +159,7 @@ class Held:
 
 
 def _gather(
-    engine: Engine, held: Held | None, chosen: list[Sequence], target_pool: KVPool, draft_pool: KVPool | None
+    engine: Engine, held: Held | None, chosen: list[SeqState], target_pool: KVPool, draft_pool: KVPool | None
 ) -> tuple[KVState, KVState | None, int, float]:
     """The group's left-padded batch, in the order of `chosen`, how far the pools are behind, and
     the seconds spent prefilling sequences new to the pools.
@@ -170,7 +171,7 @@ def _gather(
     pools are not written (they fall one more step behind). Any other group is gathered from the
     pools, once they hold the last batch's sequences again: the slots its step wrote, or whole
     rows when they fell further behind. A sequence enters the pools when first chosen: it is
-    prefilled alone (no padding), straight into its row of the batch (`assemble.py`).
+    prefilled alone (no padding), straight into its row of the batch (`place_batch.py`).
     """
     ids = [s.seq_id for s in chosen]
     if held is not None:
@@ -186,10 +187,10 @@ def _gather(
     fresh = [s for s in chosen if s.seq_id not in target_pool.row_of]
     prefill = _TimedPrefill(engine, chosen)
     models = [engine.target] + ([engine.draft] if engine.draft is not None else [])
-    if fresh and all(assembles_in_place(m) for m in models):
+    if fresh and all(prefills_in_place(m) for m in models):
         lengths = {s.seq_id: s.committed - 1 for s in fresh}
-        target = assemble(target_pool, ids, lengths, prefill.into(engine.target))
-        draft = assemble(draft_pool, ids, lengths, prefill.into(engine.draft)) if draft_pool is not None else None
+        target = place_batch(target_pool, ids, lengths, prefill.into(engine.target))
+        draft = place_batch(draft_pool, ids, lengths, prefill.into(engine.draft)) if draft_pool is not None else None
         return target, draft, 1, prefill.seconds  # the pools lack the new rows' slots: store whole rows next
     for seq in fresh:  # a model whose sliding layers HF keeps: its own cache layers, then the pool
         target_pool.admit(seq.seq_id, prefill.alone(engine.target, seq))
@@ -202,10 +203,10 @@ def _gather(
 class _TimedPrefill:
     """Prefills of single sequences, timed so the step's alignment time leaves them out."""
 
-    def __init__(self, engine: Engine, chosen: list[Sequence]) -> None:
+    def __init__(self, engine: Engine, chosen: list[SeqState]) -> None:
         self.engine, self.chosen, self.seconds = engine, chosen, 0.0
 
-    def alone(self, model: Any, seq: Sequence, cache: Any | None = None) -> KVState:
+    def alone(self, model: Any, seq: SeqState, cache: Any | None = None) -> KVState:
         started = self.engine.now()
         state = self.engine.prefill(model, [seq], cache)
         self.seconds += self.engine.now() - started

@@ -9,8 +9,9 @@ is plain batched greedy decoding with left padding: the throughput baseline.
 
 from __future__ import annotations
 
-from specviz.engine.kv import KVMove, compact, leading_zeros, rebuild
-from specviz.engine.step import Batch, Engine, Sequence, StepOutcome
+from specviz.engine.kv.moves import KVMove, compact, rebuild
+from specviz.engine.kv.state import leading_zeros
+from specviz.engine.step import Batch, Engine, SeqState, StepOutcome
 
 CompactFn = KVMove  # compact, or the reference per-row loop (benchmarks)
 
@@ -34,7 +35,7 @@ def pads_after(batch: Batch, outcome: StepOutcome, new_batch: Batch) -> list[int
     return after
 
 
-def run_eqspec(engine: Engine, seqs: list[Sequence], batch_size: int, compact_fn: CompactFn = compact) -> None:
+def run_eqspec(engine: Engine, seqs: list[SeqState], batch_size: int, compact_fn: CompactFn = compact) -> None:
     for batch_id, start in enumerate(range(0, len(seqs), batch_size)):
         chunk = seqs[start : start + batch_size]
         draft_state = engine.prefill(engine.draft, chunk) if engine.draft is not None else None
