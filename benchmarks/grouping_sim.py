@@ -20,8 +20,8 @@ import statistics
 import sys
 
 from specviz.bench import provenance
-from specviz.engine.methods.exspec import POLICIES, admission_order, select_group
-from specviz.engine.step import SeqState
+from specviz.engine.batch import SeqState
+from specviz.engine.methods.grouping import POLICIES, admission_order, select_group
 
 NO_EOS: frozenset[int] = frozenset()
 

@@ -8,18 +8,19 @@ import torch
 from test_engine_exact import MAX_NEW, pair_for
 from transformers import DynamicCache
 
+from specviz.engine.batch import SeqState
 from specviz.engine.kv.moves import stack
 from specviz.engine.kv.placement import place_batch
 from specviz.engine.kv.pool import KVPool
 from specviz.engine.kv.state import cache_layers
-from specviz.engine.step import Engine, SeqState
+from specviz.engine.step import Engine, EngineConfig
 
 
 def _engine_and_seqs() -> tuple[Engine, list[SeqState]]:
     pair = pair_for("llama")
     texts = ["once upon a time", "a", "the cat sat on the mat", "hi"]  # "a": one token, nothing to cache
     seqs = [SeqState(i, pair.tokenizer(t)["input_ids"]) for i, t in enumerate(texts)]
-    return Engine(pair.target, pair.draft, 4, MAX_NEW, frozenset([1]), 0, pair.device), seqs
+    return Engine(EngineConfig(pair.target, pair.draft, 4, MAX_NEW, frozenset([1]), 0, pair.device)), seqs
 
 
 def _assembled(engine: Engine, seqs: list[SeqState], pooled: list[SeqState]):

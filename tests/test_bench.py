@@ -15,10 +15,10 @@ from tiny import make_pair
 
 from specviz import bench
 from specviz.bench import BenchSettings, Job, Sample, resolve_arm, run_bench
-from specviz.engine.methods.exspec import POLICIES, admission_order, select_group
+from specviz.engine.batch import SeqState
+from specviz.engine.methods.grouping import POLICIES, admission_order, select_group
 from specviz.engine.reference import greedy_reference
 from specviz.engine.run import RunConfig, run
-from specviz.engine.step import SeqState
 from specviz.errors import SpecvizError
 
 TEXTS = ["a", "hi there", "The cat sat", "once upon a time", "xyz" * 5, "Q: 2+2? A:"]

@@ -7,9 +7,10 @@ import torch
 from test_engine_exact import MAX_NEW, PROMPTS, _frequent_token, assert_exact, decode, oracle, pair_for
 
 from specviz.analysis.check import check_trace
+from specviz.engine.batch import SeqState
 from specviz.engine.kv.regions import LAYOUT, SPAN_STEP, RegionCache, RegionLayer, block_mask, query_block_causal
 from specviz.engine.methods.inplace import PREFILL_SLACK, prefill_groups, run_inplace
-from specviz.engine.step import Engine, SeqState
+from specviz.engine.step import Engine, EngineConfig
 from specviz.errors import SpecvizError
 from specviz.trace.io import load_trace, save_trace
 
@@ -46,7 +47,7 @@ def test_trace_declares_its_layout_and_checks_clean(tmp_path) -> None:
 def test_the_cache_is_never_reallocated() -> None:
     pair = pair_for("llama")
     seqs = [SeqState(i, pair.tokenizer(t)["input_ids"]) for i, t in enumerate(PROMPTS[:6])]
-    engine = Engine(pair.target, pair.draft, 4, MAX_NEW, frozenset([1]), 0, pair.device)
+    engine = Engine(EngineConfig(pair.target, pair.draft, 4, MAX_NEW, frozenset([1]), 0, pair.device))
     seen: list[tuple[int, int]] = []  # (rows, data pointer of layer 0's keys) at each step
     original = engine.step
 
@@ -69,7 +70,7 @@ def test_rows_that_move_are_short_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     prompts = [pair.tokenizer(t)["input_ids"] for t in PROMPTS[:6]]
     long_prompt = [tok for p in prompts for tok in p] * 2
     seqs = [SeqState(i, p) for i, p in enumerate(prompts + [long_prompt])]  # the long one last
-    engine = Engine(pair.target, pair.draft, 4, MAX_NEW, frozenset([1]), 0, pair.device)
+    engine = Engine(EngineConfig(pair.target, pair.draft, 4, MAX_NEW, frozenset([1]), 0, pair.device))
     copied: list[int] = []
     original = RegionCache.fill_holes
 

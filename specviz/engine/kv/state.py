@@ -42,7 +42,6 @@ class CachePlan:
     retain: torch.Tensor  # [B, W] bool: slots that survive, in order
     attend: torch.Tensor  # [B, W] bool: of those, the ones the mask marks real
     next_pos: torch.Tensor  # [B] the position ID each row's next fed token gets
-    altered: torch.Tensor  # [B] bool: rows this plan leaves unlike a correct engine's (a fault)
 
 
 def leading_zeros(mask: torch.Tensor) -> torch.Tensor:

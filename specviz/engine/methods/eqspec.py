@@ -9,9 +9,17 @@ is plain batched greedy decoding with left padding: the throughput baseline.
 
 from __future__ import annotations
 
-from specviz.engine.kv.moves import KVMove, compact, rebuild
+from typing import TYPE_CHECKING, Any
+
+from specviz.engine.batch import Batch, SeqState
+from specviz.engine.kv.moves import KVMove, compact, compact_per_row_loop, rebuild
 from specviz.engine.kv.state import leading_zeros
-from specviz.engine.step import Batch, Engine, SeqState, StepOutcome
+from specviz.engine.methods.base import Method
+from specviz.engine.methods.static import run_static
+from specviz.engine.step import Engine, StepOutcome
+
+if TYPE_CHECKING:
+    from specviz.engine.config import RunConfig
 
 CompactFn = KVMove  # compact, or the reference per-row loop (benchmarks)
 
@@ -35,18 +43,24 @@ def pads_after(batch: Batch, outcome: StepOutcome, new_batch: Batch) -> list[int
     return after
 
 
+def prefill(engine: Engine, chunk: list[SeqState], batch_id: int) -> Batch:
+    """One left-padded batch prefill per model."""
+    draft = engine.prefill(engine.draft, chunk) if engine.draft is not None else None
+    return Batch(chunk, engine.prefill(engine.target, chunk), draft, batch_id)
+
+
 def run_eqspec(engine: Engine, seqs: list[SeqState], batch_size: int, compact_fn: CompactFn = compact) -> None:
-    for batch_id, start in enumerate(range(0, len(seqs), batch_size)):
-        chunk = seqs[start : start + batch_size]
-        draft_state = engine.prefill(engine.draft, chunk) if engine.draft is not None else None
-        batch = Batch(chunk, engine.prefill(engine.target, chunk), draft_state, batch_id)
-        previous: list[int] | None = None
-        while batch.seqs:
-            ids = [s.seq_id for s in batch.seqs]
-            batch.regrouped = previous is not None and ids != previous
-            previous = ids
-            outcome = engine.step(batch)
-            align_started = engine.now()
-            new_batch = realign(batch, outcome, compact_fn)
-            engine.finish_step(outcome, pads_after(batch, outcome, new_batch), align_started)
-            batch = new_batch
+    def apply(batch: Batch, outcome: StepOutcome) -> tuple[Batch, list[int | None]]:
+        new_batch = realign(batch, outcome, compact_fn)
+        return new_batch, pads_after(batch, outcome, new_batch)
+
+    run_static(engine, seqs, batch_size, prefill, apply)
+
+
+def run(engine: Engine, seqs: list[SeqState], config: RunConfig) -> dict[str, Any]:
+    """The method runner (also the baseline's: k = 0); no header options."""
+    run_eqspec(engine, seqs, config.batch_size, compact_per_row_loop if config.per_row_loop_move else compact)
+    return {}
+
+
+METHOD = Method(run)

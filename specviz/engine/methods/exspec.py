@@ -34,65 +34,22 @@ Policies:
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from specviz.engine.batch import Batch, SeqState
 from specviz.engine.kv.moves import rebuild
 from specviz.engine.kv.placement import Prefill, place_batch, prefills_in_place
 from specviz.engine.kv.pool import KVPool
 from specviz.engine.kv.state import KVState
-from specviz.engine.step import Batch, Engine, SeqState, StepOutcome
+from specviz.engine.methods.base import Method
+from specviz.engine.methods.grouping import admission_order, select_group
+from specviz.engine.step import Engine, StepOutcome
 
-POLICIES = ("reference", "largest", "converge")
-
-
-def admission_order(seqs: list[SeqState], policy: str) -> list[SeqState]:
-    """The order sequences enter the sliding window: `converge` admits short prompts first."""
-    if policy == "converge":
-        return sorted(seqs, key=lambda s: s.committed)  # stable: ties keep prompt order
-    return list(seqs)
-
-
-def select_group(window: list[SeqState], batch_size: int, policy: str) -> list[SeqState]:
-    want = min(batch_size, len(window))
-    groups: dict[int, list[SeqState]] = defaultdict(list)
-    for seq in window:
-        groups[seq.committed].append(seq)
-    if policy == "reference":
-        return _first_full_group(window, groups, want)
-    if policy == "largest":
-        return _largest_group(window, groups, want)
-    if policy == "converge":
-        return _shortest_group(window, groups, want)
-    raise ValueError(f"unknown exspec policy {policy!r}; choose from {', '.join(POLICIES)}")
-
-
-def _first_full_group(window: list[SeqState], groups: dict[int, list[SeqState]], want: int) -> list[SeqState]:
-    for seq in window:
-        if len(groups[seq.committed]) >= want:
-            return groups[seq.committed][:want]
-    return window[:want]
-
-
-def _largest_group(window: list[SeqState], groups: dict[int, list[SeqState]], want: int) -> list[SeqState]:
-    best = max(groups.values(), key=len)  # dict order = window order, so ties go early
-    if len(best) >= max(1, (want + 1) // 2):
-        return best[:want]
-    return window[:want]
-
-
-def _shortest_group(window: list[SeqState], groups: dict[int, list[SeqState]], want: int) -> list[SeqState]:
-    for need in (want, max(1, -(-3 * want // 4))):  # a full batch, else three quarters of one
-        lengths = [length for length, members in groups.items() if len(members) >= need]
-        if lengths:
-            return groups[min(lengths)][:want]
-    shortest = groups[min(groups)]
-    if len(shortest) >= max(1, (want + 1) // 2):
-        return shortest
-    return sorted(window, key=lambda s: s.committed)[:want]
+if TYPE_CHECKING:
+    from specviz.engine.config import RunConfig
 
 
 def run_exspec(
@@ -123,22 +80,20 @@ def run_exspec(
         chosen = select_group(window, batch_size, policy)
         grouped = len({s.committed for s in chosen}) == 1
         ids = [s.seq_id for s in chosen]
-        align_started = engine.now()
+        gather_started = engine.now()
         target, draft, behind, prefill_s = _gather(engine, held, chosen, target_pool, draft_pool)
         batch = Batch(chosen, target, draft, batch_id=0, grouped=grouped)
         batch.regrouped = previous is not None and ids != previous
         previous = ids
         taken_widths = (target.width, draft.width if draft is not None else 0)  # the step appends to both
-        take_s = engine.now() - align_started - prefill_s  # prefilling new sequences is no alignment
+        take_s = engine.now() - gather_started - prefill_s  # prefilling new sequences is no alignment
         outcome = engine.step(batch)
-        outcome.started -= take_s  # gathering the group belongs to this step's alignment time
-        align_started = engine.now() - take_s
         _release_finished(batch, target_pool, draft_pool)
         held = Held(batch, outcome, taken_widths, behind)
         left_pad_after: list[int | None] = [None] * len(chosen)
         for old_row in outcome.active_rows.tolist():
             left_pad_after[old_row] = 0  # a pool row holds no padding of its own
-        engine.finish_step(outcome, left_pad_after, align_started)
+        engine.finish_step(outcome, left_pad_after, align_before_s=take_s)  # gathering the group is alignment
         steps += 1
         grouped_steps += int(grouped)
     return {"steps": steps, "grouped_steps": grouped_steps, "group_share": grouped_steps / max(steps, 1)}
@@ -237,3 +192,16 @@ def _release_finished(batch: Batch, target_pool: KVPool, draft_pool: KVPool | No
             target_pool.release(seq.seq_id)
             if draft_pool is not None:
                 draft_pool.release(seq.seq_id)
+
+
+def run(engine: Engine, seqs: list[SeqState], config: RunConfig) -> dict[str, Any]:
+    """The method runner; returns the group stats for the header options."""
+    return run_exspec(engine, seqs, config.batch_size, config.window, config.exspec_policy)
+
+
+def options(config: RunConfig) -> dict[str, Any]:
+    """Header options known before the run: the window and the policy."""
+    return {"exspec_window": config.window, "exspec_policy": config.exspec_policy}
+
+
+METHOD = Method(run, options=options)

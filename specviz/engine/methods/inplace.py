@@ -8,13 +8,19 @@ move when others finish (`regions.new_order`) are the short, cheap ones.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from specviz.engine.kv.regions import RegionCache, RegionState, apply_plan, block_mask, new_order, settled
-from specviz.engine.step import Batch, Engine, SeqState
+from specviz.engine.batch import Batch, SeqState
+from specviz.engine.kv.regions import LAYOUT, RegionCache, RegionState, apply_plan, block_mask, new_order, settled
+from specviz.engine.methods.base import Method
+from specviz.engine.methods.static import run_static
+from specviz.engine.step import Engine, StepOutcome
 from specviz.errors import SpecvizError
+
+if TYPE_CHECKING:
+    from specviz.engine.config import RunConfig
 
 
 def num_layers(model: Any) -> int:
@@ -62,7 +68,7 @@ def prefill_regions(engine: Engine, model: Any, seqs: list[SeqState], width: int
     slots = RegionCache(num_layers(model), width, len(seqs))
     for group in prefill_groups([len(c) for c in contexts]):
         longest = max(len(contexts[r]) for r in group)
-        ids = torch.full((len(group), longest), engine.pad_id, dtype=torch.long, device=device)
+        ids = torch.full((len(group), longest), engine.config.pad_id, dtype=torch.long, device=device)
         for i, row in enumerate(group):
             ids[i, : len(contexts[row])] = torch.tensor(contexts[row], device=device)
         query_slots = torch.arange(longest, device=device)[None, :].expand(len(group), -1)
@@ -92,26 +98,38 @@ def longest_first(chunk: list[SeqState]) -> list[SeqState]:
     return sorted(chunk, key=lambda s: -len(s.prompt_ids))
 
 
+def prefill(engine: Engine, chunk: list[SeqState], batch_id: int) -> Batch:
+    """Longest prompt first; each model's caches prefilled into fixed regions."""
+    chunk = longest_first(chunk)
+    width = region_width(chunk, engine.max_new_tokens, engine.k)
+    target = prefill_regions(engine, engine.target, chunk, width)
+    draft = prefill_regions(engine, engine.draft, chunk, width) if engine.draft is not None else None
+    return Batch(chunk, target, draft, batch_id)
+
+
+def apply(batch: Batch, outcome: StepOutcome) -> tuple[Batch, list[int | None]]:
+    """Grow each kept row's length by what its plan keeps; finished rows' places are filled."""
+    rows = outcome.active_rows.tolist()
+    order, holes, movers = new_order(rows)
+    target = apply_plan(batch.target, order, holes, movers, outcome.target_plan)
+    draft = None
+    if batch.draft is not None and outcome.draft_plan is not None:
+        draft = apply_plan(batch.draft, order, holes, movers, outcome.draft_plan)
+    pads: list[int | None] = [None] * len(batch.seqs)
+    for row in rows:
+        pads[row] = 0  # no padding in this layout
+    return Batch([batch.seqs[r] for r in order], target, draft, batch.batch_id), pads
+
+
 def run_inplace(engine: Engine, seqs: list[SeqState], batch_size: int) -> None:
-    """Static batches of `batch_size`, each decoded in its own fixed-slot caches until every row ends."""
-    for batch_id, start in enumerate(range(0, len(seqs), batch_size)):
-        chunk = longest_first(seqs[start : start + batch_size])
-        width = region_width(chunk, engine.max_new_tokens, engine.k)
-        target = prefill_regions(engine, engine.target, chunk, width)
-        draft = prefill_regions(engine, engine.draft, chunk, width) if engine.draft is not None else None
-        batch = Batch(chunk, target, draft, batch_id)
-        while batch.seqs:
-            outcome = engine.step(batch)
-            align_started = engine.now()
-            rows = outcome.active_rows.tolist()
-            order, holes, movers = new_order(rows)
-            new_target = apply_plan(batch.target, order, holes, movers, outcome.target_plan)
-            new_draft = None
-            if batch.draft is not None and outcome.draft_plan is not None:
-                new_draft = apply_plan(batch.draft, order, holes, movers, outcome.draft_plan)
-            pads: list[int | None] = [None] * len(batch.seqs)
-            for row in rows:
-                pads[row] = 0  # no padding in this layout
-            seqs_left = [batch.seqs[r] for r in order]
-            engine.finish_step(outcome, pads, align_started)
-            batch = Batch(seqs_left, new_target, new_draft, batch_id)
+    """Static batches of `batch_size`, each decoded in its own fixed-region caches until every row ends."""
+    run_static(engine, seqs, batch_size, prefill, apply)
+
+
+def run(engine: Engine, seqs: list[SeqState], config: RunConfig) -> dict[str, Any]:
+    """The method runner; no header options (the header's layout is `LAYOUT`)."""
+    run_inplace(engine, seqs, config.batch_size)
+    return {}
+
+
+METHOD = Method(run, layout=LAYOUT)
