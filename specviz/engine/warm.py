@@ -1,9 +1,10 @@
-"""Warm timings on accelerators: the first decode in a fresh CUDA process is 10-20x slower than the next.
+"""Warm timings on accelerators: the first decode in a fresh CUDA process is much slower than the next.
 
 Kernel selection, allocator growth and lazy initialisation all land on the first run of each shape,
-so a figure taken cold measures start-up, not decoding. `warm_up_run` runs the same decode once,
-untimed (same prompts, batch size, draft length and token budget, so the same shapes; no oracle,
-no recorder), and `mark_warm` states in the trace header whether the timed run was warm.
+so a figure taken cold measures start-up, not decoding (benchmarks/README.md, "Warm timings").
+`warm_up_run` runs the same decode once, untimed (same prompts, batch size, draft length and token
+budget, so the same shapes; no oracle, no recorder), and `mark_warm` states in the trace header
+whether the timed run was warm.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from specviz.engine.kv.headroom import HeadroomLayer, place, storage
+from specviz.engine.kv.headroom import HeadroomLayer, adopt, storage
 from specviz.engine.kv.state import CachePlan, KVState, cache_layers, leading_zeros
 
 # compact's signature: (state, rows, retain, attend, next_pos) -> the rebuilt state
@@ -54,27 +54,27 @@ def compact(
     gather = HeadroomGather(rows, src)
     for layer in cache_layers(state.cache):
         keys, values = storage(layer)
-        room = layer.room if isinstance(layer, HeadroomLayer) else 0
-        place(layer, gather(keys, room), gather(values, room), new_width)
+        headroom = layer.headroom if isinstance(layer, HeadroomLayer) else 0
+        adopt(layer, gather(keys, headroom), gather(values, headroom), new_width)
     return KVState(cache=state.cache, mask=new_mask, next_pos=next_pos)
 
 
 class HeadroomGather:
-    """Row `rows[i]`'s slots `src[i]` of a [B, H, W, D] tensor, as [B', H, width + room, D] in one
-    flat index_select; the `room` slots past the width are scratch (a `HeadroomLayer` writes the next
-    forward's slots there). Indices are built once per source width and room, shared by layers."""
+    """Row `rows[i]`'s slots `src[i]` of a [B, H, W, D] tensor, as [B', H, width + headroom, D] in one
+    flat index_select; the `headroom` slots past the width are scratch (a `HeadroomLayer` writes the next
+    forward's slots there). Indices are built once per source width and headroom, shared by layers."""
 
     def __init__(self, rows: torch.Tensor, src: torch.Tensor) -> None:
         self.rows, self.src = rows, src
         self.indices: dict[tuple[int, int, int], torch.Tensor] = {}
 
-    def __call__(self, tensor: torch.Tensor, room: int) -> torch.Tensor:
+    def __call__(self, tensor: torch.Tensor, headroom: int) -> torch.Tensor:
         _, heads, width, dim = tensor.shape
-        index = self.indices.get((heads, width, room))
+        index = self.indices.get((heads, width, headroom))
         if index is None:
-            src = torch.nn.functional.pad(self.src, (0, room)) if room else self.src  # scratch: slot 0
-            index = self.indices[(heads, width, room)] = flat_index(self.rows, src, heads, width)
-        shape = (len(self.rows), heads, self.src.shape[1] + room, dim)
+            src = torch.nn.functional.pad(self.src, (0, headroom)) if headroom else self.src  # scratch: slot 0
+            index = self.indices[(heads, width, headroom)] = flat_index(self.rows, src, heads, width)
+        shape = (len(self.rows), heads, self.src.shape[1] + headroom, dim)
         return tensor.view(-1, dim).index_select(0, index).view(shape)
 
 

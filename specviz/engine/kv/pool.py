@@ -10,7 +10,7 @@ Per layer, keys and values are [rows, H, width, D]. A sequence's slots start at 
   where nothing reads them and the next step overwrites them.
 
 A plan that also rewrites old slots (a fault that keeps padding) takes the slow path: the batch is
-rebuilt (`kv.rebuild`) and whole rows are stored. Neither path loops over rows or layers in Python
+rebuilt (`moves.rebuild`) and whole rows are stored. Neither path loops over rows or layers in Python
 per row, as splitting and stacking single-row caches every step did.
 """
 
@@ -25,9 +25,9 @@ from specviz.engine.kv.state import CachePlan, KVState, cache_layers
 
 
 class KVPool:
-    def __init__(self, rows: int, width: int, device: torch.device, room: int = 0) -> None:
+    def __init__(self, rows: int, width: int, device: torch.device, headroom: int = 0) -> None:
         self.rows = rows
-        self.room = room  # free slots past a taken batch's width, for its forwards (headroom.py)
+        self.headroom = headroom  # free slots past a taken batch's width, for its forwards (headroom.py)
         self.width = width
         self.device = device
         self.mask = torch.zeros(rows, width, dtype=torch.long, device=device)
@@ -62,8 +62,8 @@ class KVPool:
         gather = HeadroomGather(rows, left_padded_sources(lengths, width)[0])
         cache = DynamicCache()
         for keys, values in zip(self.keys, self.values):
-            layer = HeadroomLayer(self.room)
-            layer.hold(gather(keys, layer.room), gather(values, layer.room), width)
+            layer = HeadroomLayer(self.headroom)
+            layer.hold(gather(keys, layer.headroom), gather(values, layer.headroom), width)
             cache.layers.append(layer)
         return KVState(cache=cache, mask=mask, next_pos=next_pos)
 
@@ -75,7 +75,7 @@ class KVPool:
         return self.mask.index_select(0, rows).gather(1, src) * real
 
     def assign(self, seq_id: int) -> None:
-        """Give `seq_id` a row whose slots are stored later (`assemble.py` prefills it into a batch)."""
+        """Give `seq_id` a row whose slots are stored later (`placement.place_batch` prefills it into a batch)."""
         self.row_of[seq_id] = self.free.pop()
 
     def store_step(

@@ -3,7 +3,7 @@
 After each verify step every continuing row drops its old left padding and its rejected slots,
 keeps its accepted tokens, and is left-padded anew to the batch's new common width; both the
 target's and the draft's KV move to their new offsets in one batched gather per layer
-(`kv.compact`). Finished rows leave the batch in the same move. Without a draft (k = 0) this
+(`kv/moves.compact`). Finished rows leave the batch in the same move. Without a draft (k = 0) this
 is plain batched greedy decoding with left padding: the throughput baseline.
 """
 

@@ -1,6 +1,6 @@
 """EXSPEC: a pool of sequences with their own caches, batched by equal length when possible.
 
-Each sequence keeps its target and draft KV in one row of a persistent pool (`pool.py`) for its
+Each sequence keeps its target and draft KV in one row of a persistent pool (`kv/pool.py`) for its
 whole life. Every step picks up to B sequences from a sliding window over the unfinished ones and
 gathers their rows into a batch (a sequence chosen for the first time is prefilled alone, with no
 padding, straight into its batch row: `place_batch.py`); sequences of equal committed length need no padding. When no
