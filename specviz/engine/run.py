@@ -12,7 +12,7 @@ import torch
 
 from specviz.engine.batch import SeqState
 from specviz.engine.config import RunConfig
-from specviz.engine.faults import make_fault
+from specviz.engine.faults import Fault, make_fault
 from specviz.engine.kv.window import refusal as window_refusal
 from specviz.engine.kv.window import window_spec
 from specviz.engine.methods import METHODS
@@ -24,7 +24,7 @@ from specviz.engine.step import Engine, EngineConfig, RunContext
 from specviz.errors import SpecvizError
 from specviz.trace.provenance import library_versions, model_info
 from specviz.trace.recorder import NullRecorder, Recorder, new_header
-from specviz.trace.schema import SamplingInfo, SequenceRecord, Trace
+from specviz.trace.schema import Header, SamplingInfo, SequenceRecord, Trace
 from specviz.trace.token_text import attach_token_text
 
 # progress(phase, done, total): "reference" counts prompts decoded at batch 1, "decode" counts tokens
@@ -84,55 +84,12 @@ def run(
     eos = frozenset(pair.eos_token_ids)
     fault = make_fault(config.fault)
     method = METHODS[config.method]
-    header = new_header(
-        method=config.method,
-        fault=None if fault.name == "none" else fault.name,
-        target=model_info(pair.target, pair.target_name, pair.device, pair.dtype),
-        draft=model_info(pair.draft, pair.draft_name or "", pair.device, pair.dtype) if config.k > 0 else None,
-        draft_k=config.k,
-        batch_size=config.batch_size,
-        max_new_tokens=config.max_new_tokens,
-        eos_token_ids=sorted(eos),
-        pad_token_id=pair.pad_token_id,
-        seed=config.seed,
-        library_versions=library_versions(),
-        options=method.options(config),
-        sampling=_sampling_info(config.sampling_params),
-    )
-    header.layout = method.layout  # inplace: per-row regions, no rectangular alignment to check
+    header = _header(pair, config, fault, eos)
     recorder = Recorder(header) if config.record_steps else NullRecorder(header)
-    params = config.sampling_params
-    # Rejection sampling is distribution-exact, not token-exact: no per-token reference exists.
-    want_reference = config.reference and params.mode != "rejection"
-    references: list[tuple[list[int], list[float]]] | None = [] if want_reference else None
-    complete = True
-    try:
-        if references is not None:
-            greedy_references(pair, prompt_ids, config.max_new_tokens, progress, references, params)
-    except KeyboardInterrupt:
-        complete = False
+    references, complete = _references(pair, prompt_ids, config, progress)
     seqs = [SeqState(seq_id=i, prompt_ids=ids) for i, ids in enumerate(prompt_ids)]
-    total = len(seqs) * config.max_new_tokens
-    emitted = [0]
-
-    def on_tokens(count: int) -> None:
-        emitted[0] += count
-        if progress is not None:
-            progress("decode", emitted[0], total)
-
-    engine_config = EngineConfig(
-        target=pair.target,
-        draft=pair.draft if config.k > 0 else None,
-        k=config.k,
-        max_new_tokens=config.max_new_tokens,
-        eos_ids=eos,
-        pad_id=pair.pad_token_id,
-        device=pair.device,
-        fault=fault,
-        rules=TokenRules(params),
-        kv_check_every=config.kv_check_every if config.record_steps else 0,
-    )
-    engine = Engine(engine_config, RunContext(recorder=recorder, on_tokens=on_tokens))
+    tokens = _TokenProgress(progress, len(seqs) * config.max_new_tokens)
+    engine = Engine(_engine_config(pair, config, fault, eos), RunContext(recorder=recorder, on_tokens=tokens))
     failure: str | None = None
     started = engine.now()
     try:
@@ -153,13 +110,82 @@ def run(
     trace = recorder.finish(records, complete, decode_seconds)
     # The tokenizer is at hand only here: every trace carries the text of its tokens.
     attach_token_text(trace, pair.tokenizer)
-    if progress is not None and complete and 0 < emitted[0] < total:
-        progress("decode", emitted[0], emitted[0])  # sequences ended early: close the bar at its true count
+    if complete:
+        tokens.close()
     if failure is not None:
         raise RunFailed(trace, failure)
     if not complete:
         raise RunInterrupted(trace)
     return trace
+
+
+def _references(
+    pair: ModelPair, prompt_ids: list[list[int]], config: RunConfig, progress: Progress | None
+) -> tuple[list[tuple[list[int], list[float]]] | None, bool]:
+    """The oracle per prompt (None: not wanted), and False if Ctrl-C interrupted it (kept so far)."""
+    params = config.sampling_params
+    # Rejection sampling is distribution-exact, not token-exact: no per-token reference exists.
+    if not config.reference or params.mode == "rejection":
+        return None, True
+    references: list[tuple[list[int], list[float]]] = []
+    try:
+        greedy_references(pair, prompt_ids, config.max_new_tokens, progress, references, params)
+    except KeyboardInterrupt:
+        return references, False
+    return references, True
+
+
+class _TokenProgress:
+    """`on_tokens` for the run context: reports "decode" progress as tokens are emitted."""
+
+    def __init__(self, progress: Progress | None, total: int) -> None:
+        self.progress, self.total, self.emitted = progress, total, 0
+
+    def __call__(self, count: int) -> None:
+        self.emitted += count
+        if self.progress is not None:
+            self.progress("decode", self.emitted, self.total)
+
+    def close(self) -> None:
+        """Sequences that ended early never reach the budget: close the bar at its true count."""
+        if self.progress is not None and 0 < self.emitted < self.total:
+            self.progress("decode", self.emitted, self.emitted)
+
+
+def _header(pair: ModelPair, config: RunConfig, fault: Fault, eos: frozenset[int]) -> Header:
+    method = METHODS[config.method]
+    header = new_header(
+        method=config.method,
+        fault=None if fault.name == "none" else fault.name,
+        target=model_info(pair.target, pair.target_name, pair.device, pair.dtype),
+        draft=model_info(pair.draft, pair.draft_name or "", pair.device, pair.dtype) if config.k > 0 else None,
+        draft_k=config.k,
+        batch_size=config.batch_size,
+        max_new_tokens=config.max_new_tokens,
+        eos_token_ids=sorted(eos),
+        pad_token_id=pair.pad_token_id,
+        seed=config.seed,
+        library_versions=library_versions(),
+        options=method.options(config),
+        sampling=_sampling_info(config.sampling_params),
+    )
+    header.layout = method.layout  # inplace: per-row regions, no rectangular alignment to check
+    return header
+
+
+def _engine_config(pair: ModelPair, config: RunConfig, fault: Fault, eos: frozenset[int]) -> EngineConfig:
+    return EngineConfig(
+        target=pair.target,
+        draft=pair.draft if config.k > 0 else None,
+        k=config.k,
+        max_new_tokens=config.max_new_tokens,
+        eos_ids=eos,
+        pad_id=pair.pad_token_id,
+        device=pair.device,
+        fault=fault,
+        rules=TokenRules(config.sampling_params),
+        kv_check_every=config.kv_check_every if config.record_steps else 0,
+    )
 
 
 class RunInterrupted(KeyboardInterrupt):
