@@ -3,7 +3,7 @@
 One process, arms interleaved (specviz.bench): the batched baseline, EQSPEC, and EXSPEC under each
 grouping policy: `reference` (the paper's: exactly B sequences of one length, first in window
 order), `largest` (largest equal-length group if it fills half a batch) and `converge` (ours:
-length-sorted admission plus shortest-first selection, see specviz/engine/exspec.py). For each it
+length-sorted admission plus shortest-first selection, see specviz/engine/methods/grouping.py). For each it
 prints the group share (steps whose batch had one length, so no padding), the share of steps that
 were a *full* batch of one length, rows per step, tokens/s against EQSPEC, and exact match against
 the batch-1 greedy oracle.

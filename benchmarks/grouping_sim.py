@@ -1,7 +1,7 @@
 """EXSPEC grouping without models: the real policy code on simulated acceptance, in seconds.
 
 Group share depends on the prompt lengths, the window, the batch size and how many drafts rows
-accept, not on the model's numbers. This drives `specviz.engine.exspec`'s own `admission_order`
+accept, not on the model's numbers. This drives `specviz.engine.methods.exspec`'s own `admission_order`
 and `select_group` over sequences with the SpecBench prompt lengths (tokenized with the embedded
 default pair's tokenizer, or with --lengths chars4: characters / 4), where each served row accepts
 a draft with probability --accept per position (stopping at the first miss, at most k), and
@@ -20,8 +20,8 @@ import statistics
 import sys
 
 from specviz.bench import provenance
-from specviz.engine.exspec import POLICIES, admission_order, select_group
-from specviz.engine.step import Sequence
+from specviz.engine.batch import SeqState
+from specviz.engine.methods.grouping import POLICIES, admission_order, select_group
 
 NO_EOS: frozenset[int] = frozenset()
 
@@ -47,7 +47,7 @@ def accepted(rng: random.Random, accept: float, k: int) -> int:
 
 def simulate(lengths: list[int], policy: str, args: argparse.Namespace, max_new: int, accept: float, seed: int) -> dict:
     rng = random.Random(seed)
-    seqs = [Sequence(seq_id=i, prompt_ids=[0] * n) for i, n in enumerate(lengths)]
+    seqs = [SeqState(seq_id=i, prompt_ids=[0] * n) for i, n in enumerate(lengths)]
     queue = admission_order(seqs, policy)
     steps = grouped = full = rows = 0
     while True:

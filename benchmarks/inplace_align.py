@@ -3,7 +3,7 @@
 `inplace` never moves a slot between steps; its alignment time (what the trace records as
 `align_ms`) is the settle after each step (`apply_plan`: new lengths, the region mask marked in
 place) plus, on steps where rows finished, copying the surviving rows past the new prefix into
-the finished rows' places (`Slots.fill_holes`, only the slots each mover attends). This times both
+the finished rows' places (`RegionCache.fill_holes`, only the slots each mover attends). This times both
 inside real runs and reports them as shares of the recorded step time.
 
     OMP_NUM_THREADS=1 python benchmarks/inplace_align.py --batch-size 32 --num-prompts 32 --max-new-tokens 48
@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import specviz.engine.inplace as inplace
+import specviz.engine.methods.inplace as inplace
 from specviz.bench import select_prompts
 from specviz.data import load_specbench
 from specviz.engine.models import load_pair
@@ -49,7 +49,7 @@ def main() -> None:
     args = parser.parse_args()
     set_threads(args.threads)
     inplace.apply_plan = timed("settle", inplace.apply_plan)  # includes the copies below
-    inplace.Slots.fill_holes = timed("copies", inplace.Slots.fill_holes)
+    inplace.RegionCache.fill_holes = timed("copies", inplace.RegionCache.fill_holes)
     pair = load_pair(device="cpu", dtype="float32")
     spread = select_prompts(pair, load_specbench(), args.num_prompts, args.max_new_tokens).texts  # the bench's
     config = RunConfig(

@@ -23,8 +23,9 @@ import statistics
 import torch
 
 from specviz.data import load_specbench
+from specviz.engine.config import DEFAULT_KV_CHECK_EVERY
 from specviz.engine.models import load_pair
-from specviz.engine.run import DEFAULT_KV_CHECK_EVERY, RunConfig, run
+from specviz.engine.run import RunConfig, run
 from specviz.engine.step import Engine
 from specviz.trace.io import trace_to_json
 

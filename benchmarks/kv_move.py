@@ -1,11 +1,11 @@
-"""The KV move alone, vs batch size: `kv.compact` (the engine's) against the reference's per-row loop.
+"""The KV move alone, vs batch size: `moves.compact` (the engine's) against the reference's per-row loop.
 
 Isolates the realignment cost from the models: a cache of the given shape, rows with different
 left padding and different accepted counts (ragged), one EQSPEC realignment. Two ways:
-- `compact`: `specviz.engine.kv.compact`, each layer viewed as [B*H*W, D] rows and moved with one
+- `compact`: `specviz.engine.kv.moves.compact`, each layer viewed as [B*H*W, D] rows and moved with one
   `index_select` of whole head-dim vectors into a new buffer with room for the next forwards
-  (`specviz/engine/headroom.py`), the index built once for all layers;
-- `loop`: `specviz.engine.kv.compact_per_row_loop`, the reference's Python loop per row and layer.
+  (`specviz/engine/kv/headroom.py`), the index built once for all layers;
+- `loop`: `specviz.engine.kv.moves.compact_per_row_loop`, the reference's Python loop per row and layer.
 Both are checked to agree on every attended slot (padding slots hold whatever each reads: masked)
 before timing. Median of --repeats, in ms per realignment.
 
@@ -24,7 +24,8 @@ from collections.abc import Callable
 import torch
 
 from specviz.bench import provenance
-from specviz.engine.kv import KVState, cache_layers, compact, compact_per_row_loop
+from specviz.engine.kv.moves import compact, compact_per_row_loop
+from specviz.engine.kv.state import KVState, cache_layers
 
 # (layers, kv heads, head dim, dtype)
 SHAPES = {

@@ -96,8 +96,8 @@ def command_word(argv: Sequence[str]) -> str | None:
 
 
 def _add_record(rec: argparse.ArgumentParser) -> None:
-    from specviz.engine.exspec import POLICIES
     from specviz.engine.faults import FAULTS
+    from specviz.engine.methods.grouping import POLICIES
     from specviz.threads import add_threads_argument
     from specviz.trace.schema import METHODS
 
@@ -261,7 +261,8 @@ def cmd_record(args: argparse.Namespace) -> int:
     from specviz.data import load_prompts_file, load_specbench
     from specviz.engine.models import load_pair
     from specviz.engine.run import RunConfig, RunFailed, RunInterrupted, run
-    from specviz.engine.warm import mark_warm, needs_warm_up, warm_up
+    from specviz.engine.warm import mark_warm, needs_warm_up
+    from specviz.engine.warm import warm_up_run as warm_up
     from specviz.threads import set_threads
     from specviz.trace.io import save_trace
 

@@ -8,21 +8,23 @@ import torch
 from test_engine_exact import MAX_NEW, pair_for
 from transformers import DynamicCache
 
-from specviz.engine.assemble import assemble
-from specviz.engine.kv import cache_layers, stack
-from specviz.engine.pool import KVPool
-from specviz.engine.step import Engine, Sequence
+from specviz.engine.batch import SeqState
+from specviz.engine.kv.moves import stack
+from specviz.engine.kv.placement import place_batch
+from specviz.engine.kv.pool import KVPool
+from specviz.engine.kv.state import cache_layers
+from specviz.engine.step import Engine, EngineConfig
 
 
-def _engine_and_seqs() -> tuple[Engine, list[Sequence]]:
+def _engine_and_seqs() -> tuple[Engine, list[SeqState]]:
     pair = pair_for("llama")
     texts = ["once upon a time", "a", "the cat sat on the mat", "hi"]  # "a": one token, nothing to cache
-    seqs = [Sequence(i, pair.tokenizer(t)["input_ids"]) for i, t in enumerate(texts)]
-    return Engine(pair.target, pair.draft, 4, MAX_NEW, frozenset([1]), 0, pair.device), seqs
+    seqs = [SeqState(i, pair.tokenizer(t)["input_ids"]) for i, t in enumerate(texts)]
+    return Engine(EngineConfig(pair.target, pair.draft, 4, MAX_NEW, frozenset([1]), 0, pair.device)), seqs
 
 
-def _assembled(engine: Engine, seqs: list[Sequence], pooled: list[Sequence]):
-    pool = KVPool(len(seqs), 64, engine.device, engine.cache_room)
+def _assembled(engine: Engine, seqs: list[SeqState], pooled: list[SeqState]):
+    pool = KVPool(len(seqs), 64, engine.device, engine.cache_headroom)
     for seq in pooled:
         pool.admit(seq.seq_id, engine.prefill(engine.target, [seq]))
     fresh = {s.seq_id: s.committed - 1 for s in seqs if s not in pooled}
@@ -32,7 +34,7 @@ def _assembled(engine: Engine, seqs: list[Sequence], pooled: list[Sequence]):
         prefilled.append(seqs[row].seq_id)
         engine.prefill(engine.target, [seqs[row]], cache)
 
-    state = assemble(pool, [s.seq_id for s in seqs], fresh, prefill)
+    state = place_batch(pool, [s.seq_id for s in seqs], fresh, prefill)
     return state, prefilled, pool
 
 

@@ -15,10 +15,10 @@ from tiny import make_pair
 
 from specviz import bench
 from specviz.bench import BenchSettings, Job, Sample, resolve_arm, run_bench
-from specviz.engine.exspec import POLICIES, admission_order, select_group
+from specviz.engine.batch import SeqState
+from specviz.engine.methods.grouping import POLICIES, admission_order, select_group
 from specviz.engine.reference import greedy_reference
 from specviz.engine.run import RunConfig, run
-from specviz.engine.step import Sequence
 from specviz.errors import SpecvizError
 
 TEXTS = ["a", "hi there", "The cat sat", "once upon a time", "xyz" * 5, "Q: 2+2? A:"]
@@ -261,8 +261,8 @@ def test_cli_bench_json_prints_one_object(
 # ------------------------------------------------------------------ EXSPEC `converge` policy
 
 
-def _seq(seq_id: int, length: int) -> Sequence:
-    return Sequence(seq_id=seq_id, prompt_ids=[5] * length)
+def _seq(seq_id: int, length: int) -> SeqState:
+    return SeqState(seq_id=seq_id, prompt_ids=[5] * length)
 
 
 def test_converge_prefers_a_full_group_at_the_shortest_length() -> None:

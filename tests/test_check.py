@@ -445,7 +445,7 @@ def test_kv_content_check_works_across_families(family: str) -> None:
 def test_a_model_the_kv_check_cannot_read_runs_unchecked_and_says_why(monkeypatch) -> None:
     """A checker failure (a model whose layer 0 is not attention, a cache without plain keys)
     switches the check off for the run instead of ending it; the trace says why."""
-    from specviz.engine.kv_content import KVContentChecker
+    from specviz.engine.kv.content import KVContentChecker
 
     def refuse(self, cache, mask, contexts):
         raise TypeError("the KV-content check needs an attention layer first (layer 0 wrote no keys)")

@@ -200,8 +200,8 @@ def test_exspec_gathers_from_the_pool_or_the_last_batch_alike(batch: int, monkey
     """A group that did not change is rebuilt from the last step's batch (the pools fall behind),
     any other from the pool rows once the last batch is stored (whole rows when it was carried
     over); every path runs here and the outputs stay exact."""
-    import specviz.engine.exspec as exspec
-    from specviz.engine.pool import KVPool
+    import specviz.engine.methods.exspec as exspec
+    from specviz.engine.kv.pool import KVPool
 
     sources = {"pool": 0, "last batch": 0, "whole rows stored": 0}
     take, rebuild, store = KVPool.take, exspec.rebuild, KVPool.store_step
@@ -233,14 +233,14 @@ def test_exspec_new_sequences_are_prefilled_into_their_batch_rows(in_place: bool
     (nothing gathered before the first step), or, for a model whose sliding layers HF keeps,
     prefilled alone, admitted to the pool and gathered. Groups change on the way (window 16,
     batch 4), so the pools must have learned the new rows' slots; outputs stay exact either way."""
-    import specviz.engine.exspec as exspec
-    from specviz.engine.kv import RoomyGather
+    import specviz.engine.methods.exspec as exspec
+    from specviz.engine.kv.moves import HeadroomGather
     from specviz.engine.step import Engine
 
-    monkeypatch.setattr(exspec, "assembles_in_place", lambda model: in_place)
+    monkeypatch.setattr(exspec, "prefills_in_place", lambda model: in_place)
     gathers: list[int] = []
     before_first_step: list[int] = []
-    gather, step = RoomyGather.__call__, Engine.step
+    gather, step = HeadroomGather.__call__, Engine.step
 
     def counted_gather(self, tensor, room):
         gathers.append(len(self.rows))
@@ -251,7 +251,7 @@ def test_exspec_new_sequences_are_prefilled_into_their_batch_rows(in_place: bool
             before_first_step.append(len(gathers))
         return step(self, batch)
 
-    monkeypatch.setattr(RoomyGather, "__call__", counted_gather)
+    monkeypatch.setattr(HeadroomGather, "__call__", counted_gather)
     monkeypatch.setattr(Engine, "step", first_step)
     # window order (prompt order): the first group holds prompts of several tokens
     trace = decode("llama", "exspec", 4, 4, exspec_window=16, exspec_policy="reference")

@@ -5,7 +5,7 @@ key norms (Qwen3, OLMo2), logit soft-capping and mixed sliding/full layers (Gemm
 mixture-of-experts layers (Mixtral, Qwen2-MoE). Sliding-window models are built with a window of 8
 tokens and decoded with prompts of up to 90, so every row runs far past its window with left
 padding and ragged lengths; the engine masks each row's window in its own logical tokens
-(`specviz/engine/window.py`), and the oracle is the model's own batch-1 decoding with its own
+(`specviz/engine/kv/window.py`), and the oracle is the model's own batch-1 decoding with its own
 sliding cache. Tiny configs and few prompts keep this file to seconds.
 """
 
@@ -18,9 +18,9 @@ import torch
 from test_engine_exact import PROMPTS
 from tiny import MORE_FAMILIES, WINDOW_FAMILIES, make_pair
 
+from specviz.engine.kv.window import WindowSpec, window_spec
 from specviz.engine.reference import greedy_reference
 from specviz.engine.run import RunConfig, run
-from specviz.engine.window import WindowSpec, window_spec
 from specviz.errors import SpecvizError
 
 # 1 to 90 tokens: short rows next to rows many windows long.

@@ -7,18 +7,10 @@ import torch
 from test_engine_exact import MAX_NEW, PROMPTS, _frequent_token, assert_exact, decode, oracle, pair_for
 
 from specviz.analysis.check import check_trace
-from specviz.engine.inplace import (
-    LAYOUT,
-    PREFILL_SLACK,
-    SPAN_STEP,
-    SlotLayer,
-    Slots,
-    block_mask,
-    prefill_groups,
-    query_block_causal,
-    run_inplace,
-)
-from specviz.engine.step import Engine, Sequence
+from specviz.engine.batch import SeqState
+from specviz.engine.kv.regions import LAYOUT, SPAN_STEP, RegionCache, RegionLayer, block_mask, query_block_causal
+from specviz.engine.methods.inplace import PREFILL_SLACK, prefill_groups, run_inplace
+from specviz.engine.step import Engine, EngineConfig
 from specviz.errors import SpecvizError
 from specviz.trace.io import load_trace, save_trace
 
@@ -54,14 +46,14 @@ def test_trace_declares_its_layout_and_checks_clean(tmp_path) -> None:
 
 def test_the_cache_is_never_reallocated() -> None:
     pair = pair_for("llama")
-    seqs = [Sequence(i, pair.tokenizer(t)["input_ids"]) for i, t in enumerate(PROMPTS[:6])]
-    engine = Engine(pair.target, pair.draft, 4, MAX_NEW, frozenset([1]), 0, pair.device)
+    seqs = [SeqState(i, pair.tokenizer(t)["input_ids"]) for i, t in enumerate(PROMPTS[:6])]
+    engine = Engine(EngineConfig(pair.target, pair.draft, 4, MAX_NEW, frozenset([1]), 0, pair.device))
     seen: list[tuple[int, int]] = []  # (rows, data pointer of layer 0's keys) at each step
     original = engine.step
 
     def spy(batch):
         cache = batch.target.cache
-        assert isinstance(cache, Slots)
+        assert isinstance(cache, RegionCache)
         seen.append((len(batch.seqs), cache.layers[0].keys.data_ptr() if cache.layers[0].is_initialized else 0))
         return original(batch)
 
@@ -77,16 +69,16 @@ def test_rows_that_move_are_short_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     pair = pair_for("llama")
     prompts = [pair.tokenizer(t)["input_ids"] for t in PROMPTS[:6]]
     long_prompt = [tok for p in prompts for tok in p] * 2
-    seqs = [Sequence(i, p) for i, p in enumerate(prompts + [long_prompt])]  # the long one last
-    engine = Engine(pair.target, pair.draft, 4, MAX_NEW, frozenset([1]), 0, pair.device)
+    seqs = [SeqState(i, p) for i, p in enumerate(prompts + [long_prompt])]  # the long one last
+    engine = Engine(EngineConfig(pair.target, pair.draft, 4, MAX_NEW, frozenset([1]), 0, pair.device))
     copied: list[int] = []
-    original = Slots.fill_holes
+    original = RegionCache.fill_holes
 
     def spy(self, holes, movers, used, active):
         copied.extend(used)
         return original(self, holes, movers, used, active)
 
-    monkeypatch.setattr(Slots, "fill_holes", spy)
+    monkeypatch.setattr(RegionCache, "fill_holes", spy)
     run_inplace(engine, seqs, len(seqs))
     assert copied, "rows finished while others continued: something moved"
     assert max(copied) < len(long_prompt), "the long row was copied"
@@ -96,7 +88,7 @@ def test_steps_read_only_the_used_prefix_of_the_region(monkeypatch: pytest.Monke
     """A step's attention reads the region up to the last query slot of any row (rounded up to
     SPAN_STEP), not the slots every new token will need later; outputs stay exact."""
     spans: list[tuple[int, int, int]] = []  # (slots read, last query slot, region width)
-    original = SlotLayer.update
+    original = RegionLayer.update
 
     def spy(self, key_states, value_states, *args, **kwargs):
         keys, values = original(self, key_states, value_states, *args, **kwargs)
@@ -104,7 +96,7 @@ def test_steps_read_only_the_used_prefix_of_the_region(monkeypatch: pytest.Monke
             spans.append((keys.shape[2], int(self.slots.write_at.max()), self.slots.width))
         return keys, values
 
-    monkeypatch.setattr(SlotLayer, "update", spy)
+    monkeypatch.setattr(RegionLayer, "update", spy)
     assert_exact(decode("llama", "inplace", 8, 4), oracle("llama"))
     assert all(last < read <= width for read, last, width in spans), "every query slot is read"
     assert all(read % SPAN_STEP == 0 or read == width for read, _, width in spans)

@@ -20,12 +20,13 @@ from tiny import make_pair
 
 from specviz.analysis.check import check_trace
 from specviz.analysis.distribution import chi_square_sf, chi_square_test
+from specviz.engine.batch import SeqState
 from specviz.engine.faults import FAULTS
 from specviz.engine.reference import sampled_reference
 from specviz.engine.rules import TokenRules
 from specviz.engine.run import RunConfig, run
 from specviz.engine.sampling import SamplingParams, keyed_uniform, probabilities
-from specviz.engine.step import Engine, Sequence
+from specviz.engine.step import Engine, EngineConfig
 
 T = 0.8
 SEED = 5
@@ -161,9 +162,9 @@ def first_tokens(ratio=None) -> tuple[list[int], list[float]]:
     target, draft = peaked_pair()
     params = SamplingParams("rejection", 1.0, 1.0, 0, SEED)
     rules = TokenRules(params) if ratio is None else TokenRules(params, ratio)
-    seqs = [Sequence(i, list(CONTEXT)) for i in range(SAMPLES)]
-    engine = Engine(target, draft, 3, 1, frozenset([1]), 0, torch.device("cpu"), rules=rules)
-    from specviz.engine.eqspec import run_eqspec
+    seqs = [SeqState(i, list(CONTEXT)) for i in range(SAMPLES)]
+    engine = Engine(EngineConfig(target, draft, 3, 1, frozenset([1]), 0, torch.device("cpu"), rules=rules))
+    from specviz.engine.methods.eqspec import run_eqspec
 
     run_eqspec(engine, seqs, 1000)
     with torch.no_grad():

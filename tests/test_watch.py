@@ -25,9 +25,9 @@ import specviz
 from specviz.analysis.check import check_trace
 from specviz.analysis.metrics import tokens_left_on_table
 from specviz.engine.models import DEFAULT_DRAFT, DEFAULT_TARGET
+from specviz.engine.reference import greedy_reference
 from specviz.trace.io import load_trace, parse_trace_bytes, trace_to_dict
 from specviz.watch import WatchError
-from specviz.watch.reference import greedy_reference
 
 NEW_ENGINE = int(transformers.__version__.split(".")[0]) >= 5  # specviz's own engine needs 5.x
 K, MAX_NEW = 4, 16

@@ -26,6 +26,7 @@ from specviz.bench.settings import (
     jobs_for_batch,
     resolve_arm,
 )
+from specviz.engine.clock import synchronize
 from specviz.engine.models import ModelPair
 from specviz.engine.run import RunConfig, fits_positions, greedy_references, prompt_token_ids, run
 from specviz.errors import SpecvizError
@@ -109,7 +110,7 @@ def run_watched(pair: ModelPair, prompts: PromptSet, config: RunConfig) -> tuple
         started = time.perf_counter()
         run_module.run(pair, prompts.texts, config)
         trace = w.close(reference=False)
-        _synchronize(pair)
+        synchronize(pair.device)
         return trace, time.perf_counter() - started
     finally:
         run_module.Engine = original
@@ -119,15 +120,8 @@ def run_unwatched(pair: ModelPair, prompts: PromptSet, config: RunConfig) -> flo
     """The watched arm's twin: the same run, recorder off, no watch; wall seconds."""
     started = time.perf_counter()
     run(pair, prompts.texts, config)
-    _synchronize(pair)
+    synchronize(pair.device)
     return time.perf_counter() - started
-
-
-def _synchronize(pair: ModelPair) -> None:
-    if pair.device.type == "cuda":
-        import torch
-
-        torch.cuda.synchronize()
 
 
 def sample_trace(trace: Trace, prompts: PromptSet, check: bool = False) -> Sample:

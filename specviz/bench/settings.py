@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specviz.engine.exspec import POLICIES
 from specviz.engine.faults import FAULTS
+from specviz.engine.methods.grouping import POLICIES
 from specviz.engine.run import RunConfig
 from specviz.errors import SpecvizError
 

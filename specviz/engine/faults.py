@@ -2,7 +2,7 @@
 
 A fault is a small override of one decision the correct engine makes (docs/faults.md), each
 inside one phase of the step (`step.py`):
-- where positions come from (`verify_positions`; every forward: propose, verify, fill),
+- where positions come from (`forward_positions`; every forward: propose, verify, fill),
 - how many drafts verification accepts (`accept`; verify),
 - where results are written back after regrouping (`write_back`; commit),
 - whether the draft catches up on its last draft token (`draft_catch_up`; fill_draft_cache),
@@ -11,17 +11,75 @@ inside one phase of the step (`step.py`):
 - whether the target's cache is tampered with before the step (`tamper_cache`; step start).
 The base class is the correct engine, so the fixed and faulty paths share all other code.
 Faults are deterministic: same inputs, same corruption.
+
+Each fault records its own deviations in its `FaultLog`: an override computes the correct value
+(the base hook), compares it with its own and logs the rows that differ. The correct engine's
+hooks compare nothing, so a run without a fault pays no comparison and no host sync for them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from specviz.engine.batch import SeqState
+
 if TYPE_CHECKING:
-    from specviz.engine.kv import KVState
+    from specviz.engine.kv.state import KVState
+
+Forward = Literal["draft", "verify", "fill"]  # which forward of a step positions are fed to
+POSITIONS_OFF: dict[str, str] = {
+    "draft": "draft fed positions off its count",
+    "verify": "position IDs differ from the row's real-token count",
+}
+CacheName = Literal["target", "draft"]
+
+# What a row's next step reports when a cache plan left it unlike a correct engine's.
+TAINTS: dict[str, str] = {"target": "target cache or positions rebuilt wrongly", "draft": "draft cache missing KV"}
+
+
+@dataclass
+class FaultLog:
+    """The deviations a fault recorded: one event per (step, row, what), at most once per step.
+
+    `begin` names the step and its rows' sequences. A cache a fault altered is reported at the
+    step that next feeds the sequence (`taint`, then `begin`), where the damage shows.
+    """
+
+    fault: str
+    events: list[dict[str, Any]] = field(default_factory=list)
+    step: int = 0
+    seqs: list[SeqState] = field(default_factory=list)
+    logged: set[tuple[int, str]] = field(default_factory=set)  # (row, what) this step
+    taints: dict[int, str] = field(default_factory=dict)  # seq_id -> what, reported at its next step
+
+    def begin(self, step: int, seqs: list[SeqState]) -> None:
+        self.step, self.seqs, self.logged = step, seqs, set()
+        for row, seq in enumerate(seqs):
+            if seq.seq_id in self.taints:
+                self.row(row, self.taints.pop(seq.seq_id))
+
+    def row(self, row: int, what: str) -> None:
+        if (row, what) in self.logged:
+            return
+        self.logged.add((row, what))
+        self.events.append(
+            {"step": self.step, "row": row, "seq_id": self.seqs[row].seq_id, "fault": self.fault, "what": what}
+        )
+
+    def rows(self, deviating: torch.Tensor, what: str) -> None:
+        """Log every row where `deviating` [B] bool is set (one host read)."""
+        for row in deviating.nonzero().flatten().tolist():
+            self.row(row, what)
+
+    def taint(self, altered: torch.Tensor, cache: CacheName) -> None:
+        """Rows `altered` [B] bool whose `cache` a plan rebuilt wrongly: reported at their next step."""
+        for row in altered.nonzero().flatten().tolist():
+            seq = self.seqs[row]
+            if not seq.done and seq.seq_id not in self.taints:
+                self.taints[seq.seq_id] = TAINTS[cache]
 
 
 @dataclass
@@ -32,7 +90,6 @@ class SlotPlan:
     attend_new: torch.Tensor  # [B] of those, marked attended (correct: all retained)
     advance: torch.Tensor  # [B] next_pos increment (correct: accepted + 1)
     absorb_old_pad: bool  # old leading padding becomes attended content (correct: False)
-    altered: torch.Tensor  # [B] bool: rows whose rebuilt state differs from a correct engine's
 
 
 class Fault:
@@ -44,8 +101,11 @@ class Fault:
     summary = "no fault: the correct engine"
     default_method = "eqspec"
 
-    def verify_positions(self, next_pos: torch.Tensor, width: int, query_len: int) -> torch.Tensor:
-        """Position IDs for a forward of `query_len` slots after a cache of `width` slots."""
+    def __init__(self) -> None:
+        self.log = FaultLog(self.name)
+
+    def forward_positions(self, next_pos: torch.Tensor, width: int, query_len: int, forward: Forward) -> torch.Tensor:
+        """Position IDs [B, query_len] for a forward after a cache of `width` slots (every forward)."""
         offsets = torch.arange(query_len, device=next_pos.device)
         return next_pos[:, None] + offsets[None, :]
 
@@ -53,15 +113,11 @@ class Fault:
         """`matched`: longest agreeing prefix per row. Greedy verification accepts exactly it."""
         return matched
 
-    def plan(self, accepted: torch.Tensor, available: int, left_pad: torch.Tensor) -> SlotPlan:
+    def plan(self, accepted: torch.Tensor, available: int, left_pad: torch.Tensor, cache: CacheName) -> SlotPlan:
         """Keep the pending token and the accepted drafts; drop every rejected slot."""
         keep = accepted + 1
         return SlotPlan(
-            keep_new=keep.clamp(max=available),
-            attend_new=keep.clamp(max=available),
-            advance=keep,
-            absorb_old_pad=False,
-            altered=torch.zeros_like(accepted, dtype=torch.bool),
+            keep_new=keep.clamp(max=available), attend_new=keep.clamp(max=available), advance=keep, absorb_old_pad=False
         )
 
     def draft_catch_up(self) -> bool:
@@ -76,9 +132,8 @@ class Fault:
         """Position IDs for one draft call, as the engine computed them."""
         return positions
 
-    def tamper_cache(self, state: KVState) -> int | None:
-        """Leave the target's cache alone; a fault returns the row it overwrote."""
-        return None
+    def tamper_cache(self, state: KVState) -> None:
+        """Leave the target's cache alone (before the step)."""
 
 
 class UniformAdvance(Fault):
@@ -87,8 +142,8 @@ class UniformAdvance(Fault):
     seen_in = "mlx-vlm #1144, #1155"
     summary = "every row advances its KV offset and positions by the batch's max accepted + 1"
 
-    def plan(self, accepted: torch.Tensor, available: int, left_pad: torch.Tensor) -> SlotPlan:
-        return _trim_to_longest(accepted, available, positions_follow_cache=True)
+    def plan(self, accepted: torch.Tensor, available: int, left_pad: torch.Tensor, cache: CacheName) -> SlotPlan:
+        return _trim_to_longest(self.log, accepted, available, cache, positions_follow_cache=True)
 
 
 class ColumnPositions(Fault):
@@ -97,9 +152,13 @@ class ColumnPositions(Fault):
     seen_in = "unsloth #3699, nnsight #673"
     summary = "position IDs are the shared column index (cache_position), ignoring left padding"
 
-    def verify_positions(self, next_pos: torch.Tensor, width: int, query_len: int) -> torch.Tensor:
+    def forward_positions(self, next_pos: torch.Tensor, width: int, query_len: int, forward: Forward) -> torch.Tensor:
         columns = torch.arange(width, width + query_len, device=next_pos.device)
-        return columns[None, :].expand(next_pos.shape[0], query_len)
+        fed = columns[None, :].expand(next_pos.shape[0], query_len)
+        if forward != "fill":  # the fill's positions show in the next step's draft calls
+            off = fed.ne(super().forward_positions(next_pos, width, query_len, forward)).any(1)
+            self.log.rows(off, POSITIONS_OFF[forward])
+        return fed
 
 
 class MaskedHoles(Fault):
@@ -108,14 +167,11 @@ class MaskedHoles(Fault):
     seen_in = "BSP-style masking (Su et al. 2023)"
     summary = "rejected slots stay in the cache masked out, but positions still count them"
 
-    def plan(self, accepted: torch.Tensor, available: int, left_pad: torch.Tensor) -> SlotPlan:
+    def plan(self, accepted: torch.Tensor, available: int, left_pad: torch.Tensor, cache: CacheName) -> SlotPlan:
         every = torch.full_like(accepted, available)
+        self.log.taint(accepted + 1 < available, cache)
         return SlotPlan(
-            keep_new=every,
-            attend_new=(accepted + 1).clamp(max=available),
-            advance=every,
-            absorb_old_pad=False,
-            altered=accepted + 1 < available,
+            keep_new=every, attend_new=(accepted + 1).clamp(max=available), advance=every, absorb_old_pad=False
         )
 
 
@@ -125,14 +181,14 @@ class PadAccumulation(Fault):
     seen_in = "eBay/spec_dec 'compounding left-padding' fix"
     summary = "re-pads without stripping the old padding, which becomes attended row content"
 
-    def plan(self, accepted: torch.Tensor, available: int, left_pad: torch.Tensor) -> SlotPlan:
+    def plan(self, accepted: torch.Tensor, available: int, left_pad: torch.Tensor, cache: CacheName) -> SlotPlan:
         keep = accepted + 1
+        self.log.taint(left_pad > 0, cache)
         return SlotPlan(
             keep_new=keep.clamp(max=available),
             attend_new=keep.clamp(max=available),
             advance=keep + left_pad,  # the engine counts the absorbed pads as content
             absorb_old_pad=True,
-            altered=left_pad > 0,
         )
 
 
@@ -142,8 +198,8 @@ class StaleKV(Fault):
     seen_in = "mlx-lm #1109, #1423"
     summary = "the cache is trimmed once for the batch, so rejected drafts' KV stays attendable"
 
-    def plan(self, accepted: torch.Tensor, available: int, left_pad: torch.Tensor) -> SlotPlan:
-        return _trim_to_longest(accepted, available, positions_follow_cache=False)
+    def plan(self, accepted: torch.Tensor, available: int, left_pad: torch.Tensor, cache: CacheName) -> SlotPlan:
+        return _trim_to_longest(self.log, accepted, available, cache, positions_follow_cache=False)
 
 
 class ExtraAccept(Fault):
@@ -153,7 +209,9 @@ class ExtraAccept(Fault):
     summary = "accepts one draft token past the first mismatch (off by one)"
 
     def accept(self, matched: torch.Tensor, k: int) -> torch.Tensor:
-        return torch.where(matched < k, matched + 1, matched)
+        accepted = torch.where(matched < k, matched + 1, matched)
+        self.log.rows(accepted != super().accept(matched, k), "accepted a draft the target rejected")
+        return accepted
 
 
 class RowMixup(Fault):
@@ -165,8 +223,11 @@ class RowMixup(Fault):
 
     def write_back(self, regrouped: bool, batch_size: int) -> list[int]:
         if not regrouped or batch_size < 2:
-            return list(range(batch_size))
-        return [(row + 1) % batch_size for row in range(batch_size)]
+            return super().write_back(regrouped, batch_size)
+        perm = [(row + 1) % batch_size for row in range(batch_size)]
+        for row, dest in enumerate(perm):
+            self.log.row(row, f"results written to sequence {self.log.seqs[dest].seq_id}")
+        return perm
 
 
 class MissingBonusKV(Fault):
@@ -178,6 +239,11 @@ class MissingBonusKV(Fault):
     def draft_catch_up(self) -> bool:
         return False
 
+    def plan(self, accepted: torch.Tensor, available: int, left_pad: torch.Tensor, cache: CacheName) -> SlotPlan:
+        if cache == "draft":  # a row that kept every draft lacks the last one's KV
+            self.log.taint(accepted + 1 > available, cache)
+        return super().plan(accepted, available, left_pad, cache)
+
 
 class DraftPositions(Fault):
     name = "draft-positions"
@@ -186,7 +252,9 @@ class DraftPositions(Fault):
     summary = "the draft is fed position IDs one past the right ones; the target verifies, so outputs stay exact"
 
     def draft_positions(self, positions: torch.Tensor) -> torch.Tensor:
-        return positions + 1
+        fed = positions + 1
+        self.log.rows(fed.ne(super().draft_positions(positions)).any(1), POSITIONS_OFF["draft"])
+        return fed
 
 
 class KVRowCopy(Fault):
@@ -196,24 +264,27 @@ class KVRowCopy(Fault):
     summary = "once, row 0's cached slots are overwritten with row 1's (same slots); masks and counts unchanged"
 
     def __init__(self) -> None:
+        super().__init__()
         self.fired = False
 
-    def tamper_cache(self, state: KVState) -> int | None:
-        from specviz.engine.kv import cache_layers
+    def tamper_cache(self, state: KVState) -> None:
+        from specviz.engine.kv.state import cache_layers
 
         if self.fired or state.cache is None or state.batch_size < 2:
-            return None
+            return
         shared = (state.mask[0] > 0) & (state.mask[1] > 0)  # slots both rows attend: counts stay the same
         if not bool(shared.any()):
-            return None
+            return
         for layer in cache_layers(state.cache):
             layer.keys[0, :, shared] = layer.keys[1, :, shared]
             layer.values[0, :, shared] = layer.values[1, :, shared]
         self.fired = True
-        return 0
+        self.log.row(0, "KV slots overwritten from row 1")
 
 
-def _trim_to_longest(accepted: torch.Tensor, available: int, positions_follow_cache: bool) -> SlotPlan:
+def _trim_to_longest(
+    log: FaultLog, accepted: torch.Tensor, available: int, cache: CacheName, positions_follow_cache: bool
+) -> SlotPlan:
     """One trim for the whole batch: every row keeps the longest row's accepted + 1 new slots.
 
     Rows that accepted less keep (and attend) their rejected drafts' KV. With
@@ -222,12 +293,12 @@ def _trim_to_longest(accepted: torch.Tensor, available: int, positions_follow_ca
     """
     longest = int(accepted.max()) + 1
     keep = torch.full_like(accepted, longest)
+    log.taint(accepted + 1 < longest, cache)
     return SlotPlan(
         keep_new=keep.clamp(max=available),
         attend_new=keep.clamp(max=available),
         advance=keep if positions_follow_cache else accepted + 1,
         absorb_old_pad=False,
-        altered=accepted + 1 < longest,
     )
 
 

@@ -2,6 +2,8 @@
 
 Deliberately the simplest possible loop, sharing no code with the batched engine: positions are
 left to the model (0..n-1 with no padding they are unambiguous), the cache is the model's own.
+It is the one oracle of every run, the engine's and watched ones (`specviz.watch`), so it runs
+on any transformers 4.45+: the cache keyword is read off the model's forward (`cache_keyword`).
 It also records the top-1 minus top-2 margin of every token (of the logits when greedy, of the
 noisy scores when sampling), which the forensics use to tell a floating-point near-tie from a
 desync.
@@ -14,11 +16,24 @@ the definition of the noise and the filters (the spec of a sample), no engine st
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
 
 from specviz.engine.sampling import SamplingParams, noisy_scores, top2_margin
+
+
+def cache_keyword(model: Any) -> str:
+    """transformers 5 takes the cache as `cache=`; 4.x calls it `past_key_values` and would silently
+    swallow an unknown keyword (its forward takes **kwargs), decoding without a cache."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _cache_of(out: Any) -> Any:
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else getattr(out, "past_key_values", None)
 
 
 @torch.no_grad()
@@ -27,8 +42,11 @@ def greedy_reference(
     prompt_ids: list[int],
     max_new_tokens: int,
     eos_ids: frozenset[int],
-    device: torch.device,
+    device: torch.device | None = None,
 ) -> tuple[list[int], list[float]]:
+    """Tokens and top-1 minus top-2 logit margins; `device`: the model's own by default."""
+    device = device if device is not None else next(model.parameters()).device
+    keyword = cache_keyword(model)
     out = model(input_ids=torch.tensor([prompt_ids], device=device), use_cache=True)
     tokens: list[int] = []
     margins: list[float] = []
@@ -40,8 +58,7 @@ def greedy_reference(
         margins.append(round(float(top2[0] - top2[1]), 6))
         if token in eos_ids or len(tokens) == max_new_tokens:
             break
-        cache = out.cache if hasattr(out, "cache") else out.past_key_values
-        out = model(input_ids=torch.tensor([[token]], device=device), cache=cache, use_cache=True)
+        out = model(input_ids=torch.tensor([[token]], device=device), use_cache=True, **{keyword: _cache_of(out)})
     return tokens, margins
 
 
@@ -58,6 +75,7 @@ def sampled_reference(
     """Coupled sampling of the target at batch 1: (tokens, top-1 minus top-2 noisy score)."""
     if params.greedy:
         return greedy_reference(model, prompt_ids, max_new_tokens, eos_ids, device)
+    keyword = cache_keyword(model)
     out = model(input_ids=torch.tensor([prompt_ids], device=device), use_cache=True)
     seq = torch.tensor([seq_id], device=device)
     tokens: list[int] = []
@@ -70,6 +88,5 @@ def sampled_reference(
         margins.append(round(top2_margin(scores), 6))
         if token in eos_ids or len(tokens) == max_new_tokens:
             break
-        cache = out.cache if hasattr(out, "cache") else out.past_key_values
-        out = model(input_ids=torch.tensor([[token]], device=device), cache=cache, use_cache=True)
+        out = model(input_ids=torch.tensor([[token]], device=device), use_cache=True, **{keyword: _cache_of(out)})
     return tokens, margins

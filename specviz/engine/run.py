@@ -1,121 +1,36 @@
-"""One run end to end: tokenise prompts, decode the oracle, decode with a method, build the trace."""
+"""One run end to end: tokenise prompts, decode the oracle, decode with a method, build the trace.
+
+`RunConfig` (its options) lives in `config.py`; each method's runner in `methods/` (`METHODS`).
+"""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from specviz import __version__
-from specviz.engine.eqspec import run_eqspec
-from specviz.engine.exspec import POLICIES, run_exspec
-from specviz.engine.faults import FAULTS, make_fault
-from specviz.engine.inplace import LAYOUT as INPLACE_LAYOUT
-from specviz.engine.inplace import run_inplace
-from specviz.engine.kv import compact, compact_per_row_loop
+from specviz.engine.batch import SeqState
+from specviz.engine.config import RunConfig
+from specviz.engine.faults import Fault, make_fault
+from specviz.engine.kv.window import refusal as window_refusal
+from specviz.engine.kv.window import window_spec
+from specviz.engine.methods import METHODS
 from specviz.engine.models import ModelPair
 from specviz.engine.reference import sampled_reference
 from specviz.engine.rules import TokenRules
 from specviz.engine.sampling import SamplingParams
-from specviz.engine.step import Engine, Sequence
-from specviz.engine.window import refusal as window_refusal
-from specviz.engine.window import window_spec
+from specviz.engine.step import Engine, EngineConfig, RunContext
 from specviz.errors import SpecvizError
+from specviz.trace.provenance import library_versions, model_info
 from specviz.trace.recorder import NullRecorder, Recorder, new_header
-from specviz.trace.schema import METHODS, ModelInfo, SamplingInfo, SequenceRecord, Trace
+from specviz.trace.schema import Header, SamplingInfo, SequenceRecord, Trace
 from specviz.trace.token_text import attach_token_text
 
 # progress(phase, done, total): "reference" counts prompts decoded at batch 1, "decode" counts tokens
 # emitted. Sequences that end early (EOS) never reach the token budget, so the last "decode" call
 # has done == total, the true count: a bar ends at 100%.
 Progress = Callable[[str, int, int], None]
-
-
-DEFAULT_KV_CHECK_EVERY = 16
-
-
-@dataclass
-class RunConfig:
-    method: str = "eqspec"
-    fault: str | None = None
-    batch_size: int = 8
-    draft_k: int = 4
-    max_new_tokens: int = 64
-    seed: int = 0
-    exspec_window: int | None = None  # default: 6 x batch size (the paper's 48 at batch 8)
-    exspec_policy: str = "converge"
-    reference: bool = True  # decode the batch-1 greedy oracle too
-    record_steps: bool = True  # False: the tracing-off arm of the overhead benchmark
-    # Check the target's KV content (layer-0 keys vs tokens and positions) every N steps; 0: never.
-    # Part of tracing: off with record_steps. The default keeps its cost small (benchmarks/kv_check_cost.py).
-    kv_check_every: int = DEFAULT_KV_CHECK_EVERY
-    per_row_loop_move: bool = False  # EQSPEC realigns with the reference's per-row loop (benchmarks only)
-    temperature: float = 0.0  # 0: greedy; > 0: sample (keyed by seed, sequence and position)
-    top_p: float = 1.0
-    top_k: int = 0  # 0: no top-k filter
-    sampling: str = "coupled"  # at temperature > 0: "coupled" (token-exact) or "rejection"
-
-    def validate(self) -> None:
-        if self.method not in METHODS:
-            raise SpecvizError(f"unknown method {self.method!r}; choose from {', '.join(METHODS)}")
-        if self.fault not in (None, "none") and self.fault not in FAULTS:
-            raise SpecvizError(f"unknown fault {self.fault!r}; choose from {', '.join(FAULTS)}")
-        if self.fault not in (None, "none") and self.method == "baseline":
-            raise SpecvizError("faults corrupt speculative methods; use --method eqspec or exspec")
-        if self.fault not in (None, "none") and self.method == "inplace":
-            raise SpecvizError("the faults model bugs of the left-padded layout; use --method eqspec or exspec")
-        if self.batch_size < 1:
-            raise SpecvizError(f"--batch-size must be at least 1, got {self.batch_size}")
-        if self.method != "baseline" and not 1 <= self.draft_k <= 64:
-            raise SpecvizError(f"--draft-k must be between 1 and 64, got {self.draft_k}")
-        if self.kv_check_every < 0:
-            raise SpecvizError(f"--kv-check-every must be 0 (off) or more, got {self.kv_check_every}")
-        if self.max_new_tokens < 1:
-            raise SpecvizError(f"--max-new-tokens must be at least 1, got {self.max_new_tokens}")
-        if self.exspec_policy not in POLICIES:
-            raise SpecvizError(f"unknown exspec policy {self.exspec_policy!r}")
-        if self.exspec_window is not None and self.exspec_window < self.batch_size:
-            raise SpecvizError("--window must be at least the batch size")
-        self._validate_sampling()
-
-    def _validate_sampling(self) -> None:
-        if self.sampling not in ("coupled", "rejection"):
-            raise SpecvizError(f"unknown --sampling {self.sampling!r}; choose coupled or rejection")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise SpecvizError(f"--temperature must be a finite number >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise SpecvizError(f"--top-p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise SpecvizError(f"--top-k must be >= 0 (0: off), got {self.top_k}")
-        if self.temperature == 0 and (self.top_p < 1 or self.top_k > 0 or self.sampling == "rejection"):
-            raise SpecvizError("--top-p, --top-k and --sampling rejection need --temperature > 0")
-
-    @property
-    def sampling_params(self) -> SamplingParams:
-        """Greedy at temperature 0; else the chosen sampling mode, keyed by `seed`."""
-        mode = "greedy" if self.temperature == 0 else self.sampling
-        return SamplingParams(mode, self.temperature, self.top_p, self.top_k, self.seed)
-
-    @property
-    def k(self) -> int:
-        return 0 if self.method == "baseline" else self.draft_k
-
-    @property
-    def window(self) -> int:
-        return self.exspec_window or 6 * self.batch_size
-
-
-def _model_info(model: Any, name: str, device: torch.device, dtype: torch.dtype) -> ModelInfo:
-    return ModelInfo(
-        name=name,
-        dtype=str(dtype).replace("torch.", ""),
-        device=str(device),
-        vocab_size=int(model.get_output_embeddings().weight.shape[0]),
-        num_parameters=int(sum(p.numel() for p in model.parameters())),
-    )
 
 
 def prompt_token_ids(pair: ModelPair, text: str) -> list[int]:
@@ -149,7 +64,7 @@ def tokenize_prompts(pair: ModelPair, prompts: list[str], max_new_tokens: int) -
     return out
 
 
-def decode(ids: list[int], tokenizer: Any) -> str:
+def detokenize(ids: list[int], tokenizer: Any) -> str:
     return tokenizer.decode(ids, skip_special_tokens=False)
 
 
@@ -168,72 +83,18 @@ def run(
     refuse_unmaskable_windows(pair, prompt_ids, config)
     eos = frozenset(pair.eos_token_ids)
     fault = make_fault(config.fault)
-    header = new_header(
-        method=config.method,
-        fault=None if fault.name == "none" else fault.name,
-        target=_model_info(pair.target, pair.target_name, pair.device, pair.dtype),
-        draft=_model_info(pair.draft, pair.draft_name or "", pair.device, pair.dtype) if config.k > 0 else None,
-        draft_k=config.k,
-        batch_size=config.batch_size,
-        max_new_tokens=config.max_new_tokens,
-        eos_token_ids=sorted(eos),
-        pad_token_id=pair.pad_token_id,
-        seed=config.seed,
-        library_versions=_versions(),
-        options={"exspec_window": config.window, "exspec_policy": config.exspec_policy}
-        if config.method == "exspec"
-        else {},
-        sampling=_sampling_info(config.sampling_params),
-    )
-    if config.method == "inplace":
-        header.layout = INPLACE_LAYOUT  # per-row regions: no rectangular alignment to check
+    method = METHODS[config.method]
+    header = _header(pair, config, fault, eos)
     recorder = Recorder(header) if config.record_steps else NullRecorder(header)
-    params = config.sampling_params
-    # Rejection sampling is distribution-exact, not token-exact: no per-token reference exists.
-    want_reference = config.reference and params.mode != "rejection"
-    references: list[tuple[list[int], list[float]]] | None = [] if want_reference else None
-    complete = True
-    try:
-        if references is not None:
-            greedy_references(pair, prompt_ids, config.max_new_tokens, progress, references, params)
-    except KeyboardInterrupt:
-        complete = False
-    seqs = [Sequence(seq_id=i, prompt_ids=ids) for i, ids in enumerate(prompt_ids)]
-    total = len(seqs) * config.max_new_tokens
-    emitted = [0]
-
-    def on_tokens(count: int) -> None:
-        emitted[0] += count
-        if progress is not None:
-            progress("decode", emitted[0], total)
-
-    engine = Engine(
-        target=pair.target,
-        draft=pair.draft if config.k > 0 else None,
-        k=config.k,
-        max_new_tokens=config.max_new_tokens,
-        eos_ids=eos,
-        pad_id=pair.pad_token_id,
-        device=pair.device,
-        fault=fault,
-        rules=TokenRules(params),
-        recorder=recorder,
-        on_tokens=on_tokens,
-        kv_check_every=config.kv_check_every if config.record_steps else 0,
-    )
+    references, complete = _references(pair, prompt_ids, config, progress)
+    seqs = [SeqState(seq_id=i, prompt_ids=ids) for i, ids in enumerate(prompt_ids)]
+    tokens = _TokenProgress(progress, len(seqs) * config.max_new_tokens)
+    engine = Engine(_engine_config(pair, config, fault, eos), RunContext(recorder=recorder, on_tokens=tokens))
     failure: str | None = None
     started = engine.now()
     try:
-        if not complete:
-            pass  # interrupted while decoding the reference: record no steps
-        elif config.method == "exspec":
-            stats = run_exspec(engine, seqs, config.batch_size, config.window, config.exspec_policy)
-            header.options.update(stats)
-        elif config.method == "inplace":
-            run_inplace(engine, seqs, config.batch_size)
-        else:
-            move = compact_per_row_loop if config.per_row_loop_move else compact
-            run_eqspec(engine, seqs, config.batch_size, compact_fn=move)
+        if complete:  # else interrupted while decoding the reference: record no steps
+            header.options.update(method.run(engine, seqs, config))
     except KeyboardInterrupt:
         complete = False
     except torch.OutOfMemoryError:
@@ -242,20 +103,89 @@ def run(
     decode_seconds = engine.now() - started
     header.fault_events = engine.fault_events
     if config.record_steps:  # what tracing cost inside this run (recording and the KV check)
-        header.options["tracing_seconds"] = round(engine.tracing_seconds, 6)
-    if engine.kv_check_unavailable is not None:
-        header.options["kv_check_unavailable"] = engine.kv_check_unavailable
+        header.options["tracing_seconds"] = round(engine.context.tracing_seconds, 6)
+    if engine.context.kv_check_unavailable is not None:
+        header.options["kv_check_unavailable"] = engine.context.kv_check_unavailable
     records = [_sequence_record(seq, prompts[seq.seq_id], pair, references) for seq in seqs]
     trace = recorder.finish(records, complete, decode_seconds)
     # The tokenizer is at hand only here: every trace carries the text of its tokens.
     attach_token_text(trace, pair.tokenizer)
-    if progress is not None and complete and 0 < emitted[0] < total:
-        progress("decode", emitted[0], emitted[0])  # sequences ended early: close the bar at its true count
+    if complete:
+        tokens.close()
     if failure is not None:
         raise RunFailed(trace, failure)
     if not complete:
         raise RunInterrupted(trace)
     return trace
+
+
+def _references(
+    pair: ModelPair, prompt_ids: list[list[int]], config: RunConfig, progress: Progress | None
+) -> tuple[list[tuple[list[int], list[float]]] | None, bool]:
+    """The oracle per prompt (None: not wanted), and False if Ctrl-C interrupted it (kept so far)."""
+    params = config.sampling_params
+    # Rejection sampling is distribution-exact, not token-exact: no per-token reference exists.
+    if not config.reference or params.mode == "rejection":
+        return None, True
+    references: list[tuple[list[int], list[float]]] = []
+    try:
+        greedy_references(pair, prompt_ids, config.max_new_tokens, progress, references, params)
+    except KeyboardInterrupt:
+        return references, False
+    return references, True
+
+
+class _TokenProgress:
+    """`on_tokens` for the run context: reports "decode" progress as tokens are emitted."""
+
+    def __init__(self, progress: Progress | None, total: int) -> None:
+        self.progress, self.total, self.emitted = progress, total, 0
+
+    def __call__(self, count: int) -> None:
+        self.emitted += count
+        if self.progress is not None:
+            self.progress("decode", self.emitted, self.total)
+
+    def close(self) -> None:
+        """Sequences that ended early never reach the budget: close the bar at its true count."""
+        if self.progress is not None and 0 < self.emitted < self.total:
+            self.progress("decode", self.emitted, self.emitted)
+
+
+def _header(pair: ModelPair, config: RunConfig, fault: Fault, eos: frozenset[int]) -> Header:
+    method = METHODS[config.method]
+    header = new_header(
+        method=config.method,
+        fault=None if fault.name == "none" else fault.name,
+        target=model_info(pair.target, pair.target_name, pair.device, pair.dtype),
+        draft=model_info(pair.draft, pair.draft_name or "", pair.device, pair.dtype) if config.k > 0 else None,
+        draft_k=config.k,
+        batch_size=config.batch_size,
+        max_new_tokens=config.max_new_tokens,
+        eos_token_ids=sorted(eos),
+        pad_token_id=pair.pad_token_id,
+        seed=config.seed,
+        library_versions=library_versions(),
+        options=method.options(config),
+        sampling=_sampling_info(config.sampling_params),
+    )
+    header.layout = method.layout  # inplace: per-row regions, no rectangular alignment to check
+    return header
+
+
+def _engine_config(pair: ModelPair, config: RunConfig, fault: Fault, eos: frozenset[int]) -> EngineConfig:
+    return EngineConfig(
+        target=pair.target,
+        draft=pair.draft if config.k > 0 else None,
+        k=config.k,
+        max_new_tokens=config.max_new_tokens,
+        eos_ids=eos,
+        pad_id=pair.pad_token_id,
+        device=pair.device,
+        fault=fault,
+        rules=TokenRules(config.sampling_params),
+        kv_check_every=config.kv_check_every if config.record_steps else 0,
+    )
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -324,7 +254,7 @@ def greedy_references(
 
 
 def _sequence_record(
-    seq: Sequence, prompt: str, pair: ModelPair, references: list[tuple[list[int], list[float]]] | None
+    seq: SeqState, prompt: str, pair: ModelPair, references: list[tuple[list[int], list[float]]] | None
 ) -> SequenceRecord:
     have_reference = references is not None and seq.seq_id < len(references)
     ref_ids, ref_margins = references[seq.seq_id] if have_reference else (None, None)
@@ -333,7 +263,7 @@ def _sequence_record(
         prompt=prompt,
         prompt_ids=seq.prompt_ids,
         output_ids=seq.output_ids,
-        output_text=decode(seq.output_ids, pair.tokenizer),
+        output_text=detokenize(seq.output_ids, pair.tokenizer),
         reference_ids=ref_ids,
         reference_margins=ref_margins,
         finish_reason=seq.finish_reason,
@@ -345,9 +275,3 @@ def _sampling_info(params: SamplingParams) -> SamplingInfo | None:
     if params.greedy:
         return None
     return SamplingInfo(params.mode, params.temperature, params.top_p, params.top_k, params.seed)
-
-
-def _versions() -> dict[str, str]:
-    import transformers
-
-    return {"specviz": __version__, "torch": torch.__version__, "transformers": transformers.__version__}

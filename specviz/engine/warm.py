@@ -1,9 +1,10 @@
-"""Warm timings on accelerators: the first decode in a fresh CUDA process is 10-20x slower than the next.
+"""Warm timings on accelerators: the first decode in a fresh CUDA process is much slower than the next.
 
 Kernel selection, allocator growth and lazy initialisation all land on the first run of each shape,
-so a figure taken cold measures start-up, not decoding. `warm_up` runs the same decode once,
-untimed (same prompts, batch size, draft length and token budget, so the same shapes; no oracle,
-no recorder), and `mark_warm` states in the trace header whether the timed run was warm.
+so a figure taken cold measures start-up, not decoding (benchmarks/README.md, "Warm timings").
+`warm_up_run` runs the same decode once, untimed (same prompts, batch size, draft length and token
+budget, so the same shapes; no oracle, no recorder), and `mark_warm` states in the trace header
+whether the timed run was warm.
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-import torch
-
+from specviz.engine.clock import synchronize
 from specviz.engine.models import ModelPair
 from specviz.engine.run import RunConfig, run
 from specviz.trace.schema import Trace
@@ -23,16 +23,11 @@ def needs_warm_up(pair: ModelPair) -> bool:
     return pair.device.type == "cuda"
 
 
-def synchronize(pair: ModelPair) -> None:
-    if pair.device.type == "cuda":
-        torch.cuda.synchronize(pair.device)
-
-
-def warm_up(pair: ModelPair, prompts: list[str], config: RunConfig) -> float:
+def warm_up_run(pair: ModelPair, prompts: list[str], config: RunConfig) -> float:
     """One untimed decode over the run's shapes; returns its wall seconds (the cold figure)."""
     started = time.perf_counter()
     run(pair, prompts, replace(config, reference=False, record_steps=False))
-    synchronize(pair)
+    synchronize(pair.device)
     return time.perf_counter() - started
 
 

@@ -19,12 +19,12 @@ from typing import Any
 
 import torch
 
-from specviz import __version__
+from specviz.engine.reference import greedy_reference
 from specviz.trace.io import save_trace
 from specviz.trace.naming import now_iso
-from specviz.trace.schema import LAYOUTS, SCHEMA_VERSION, Header, ModelInfo, SequenceRecord, Trace
+from specviz.trace.provenance import library_versions, model_info
+from specviz.trace.schema import LAYOUTS, SCHEMA_VERSION, Header, SequenceRecord, Trace
 from specviz.watch.hooks import CallRecord, ModelHooks, WatchError, check_causal_lm
-from specviz.watch.reference import greedy_reference
 from specviz.watch.steps import Assembly, Emit, assemble
 from specviz.watch.streamer import GenerateStreamer
 
@@ -161,8 +161,8 @@ class Watch:
             schema_version=SCHEMA_VERSION,
             method="baseline" if assembly.k == 0 else "speculative",
             fault=None,
-            target=_model_info(self.target),
-            draft=_model_info(self.draft) if self.draft is not None and assembly.k > 0 else None,
+            target=model_info(self.target),
+            draft=model_info(self.draft) if self.draft is not None and assembly.k > 0 else None,
             draft_k=assembly.k,
             batch_size=max((len(s.rows) for s in assembly.steps), default=1) or 1,
             max_new_tokens=assembly.max_new_tokens,
@@ -170,7 +170,7 @@ class Watch:
             pad_token_id=_pad_id(self.target, self.tokenizer),
             seed=0,
             created_at=self.created_at,
-            library_versions=_versions(),
+            library_versions=library_versions(),
             engine=self.name,
             options=options,
             complete=complete,
@@ -287,18 +287,6 @@ def _prompts_from_first_call(calls: list[CallRecord]) -> list[list[int]]:
     return prompts
 
 
-def _model_info(model: Any) -> ModelInfo:
-    param = next(model.parameters())
-    head = model.get_output_embeddings()
-    return ModelInfo(
-        name=str(getattr(model.config, "_name_or_path", "") or type(model).__name__),
-        dtype=str(param.dtype).replace("torch.", ""),
-        device=str(param.device),
-        vocab_size=int(head.weight.shape[0]),
-        num_parameters=int(sum(p.numel() for p in model.parameters())),
-    )
-
-
 def _eos_ids(model: Any, tokenizer: Any | None) -> list[int]:
     ids: set[int] = set()
     for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
@@ -321,9 +309,3 @@ def _pad_id(model: Any, tokenizer: Any | None) -> int | None:
         if isinstance(value, int):
             return value
     return None
-
-
-def _versions() -> dict[str, str]:
-    import transformers
-
-    return {"specviz": __version__, "torch": torch.__version__, "transformers": transformers.__version__}

@@ -1,13 +1,14 @@
-"""A group's batch assembled in place: new sequences are prefilled straight into their batch rows.
+"""A group's batch placed directly: new sequences are prefilled straight into their batch rows.
 
 EXSPEC prefills every sequence alone (no padding), then runs it in groups. Storing each prefill in
 the pool and gathering the group from the pool copies every new sequence's cache twice before its
-first step, and the gather is the step's alignment: at batch 32 of long prompts it cost 100-170 ms
-of alignment in the first step, more than EQSPEC's padded batch prefill spends on assembly (none:
-its prefill writes the batch directly). Here the batch buffers ([B, H, width + room, D] per layer)
-are allocated first; a new sequence's prefill forward writes its keys and values at its
-left-padded place in its batch row (`RowWriter`), so its first batch costs no copy at all, and
-rows already in the pool are gathered into theirs. The pool learns the new rows' slots when the
+first step, and the gather is the step's alignment: at large batches of long prompts it cost more
+alignment in the first step than EQSPEC's padded batch prefill spends on assembly (none: its
+prefill writes the batch directly; benchmarks/README.md, "Engine modules"). Here the batch
+buffers ([B, H, width + headroom, D] per layer) are allocated first (`place_batch`); a new
+sequence's prefill forward writes its keys and values at its left-padded place in its batch row
+(`RowWriter`), so its first batch costs no copy at all, and rows already in the pool are
+gathered into theirs. The pool learns the new rows' slots when the
 group next changes (the batch is stored whole then; see `exspec._store`).
 
 Only for models whose every layer the engine masks itself (full attention, or sliding windows
@@ -25,13 +26,14 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
-from specviz.engine.headroom import RoomyLayer, room_for
-from specviz.engine.kv import KVState, RoomyGather
-from specviz.engine.pool import KVPool, left_padded_sources
-from specviz.engine.window import window_spec
+from specviz.engine.kv.headroom import HeadroomLayer, headroom_for
+from specviz.engine.kv.moves import HeadroomGather
+from specviz.engine.kv.pool import KVPool, left_padded_sources
+from specviz.engine.kv.state import KVState
+from specviz.engine.kv.window import window_spec
 
 
-def assembles_in_place(model: Any) -> bool:
+def prefills_in_place(model: Any) -> bool:
     """Whether every layer of `model` can take a plain full cache layer (the engine masks windows)."""
     return window_spec(model).problem() is None
 
@@ -41,7 +43,7 @@ class BatchBuffers:
     """Per-layer key and value buffers of one batch, allocated at their first write."""
 
     batch: int
-    capacity: int  # width + room
+    capacity: int  # width + headroom
     keys: dict[int, torch.Tensor] = field(default_factory=dict)
     values: dict[int, torch.Tensor] = field(default_factory=dict)
 
@@ -95,12 +97,12 @@ class _RowLayers:
 Prefill = Callable[[int, Any], None]
 
 
-def assemble(pool: KVPool, seq_ids: list[int], fresh: dict[int, int], prefill: Prefill) -> KVState:
+def place_batch(pool: KVPool, seq_ids: list[int], fresh: dict[int, int], prefill: Prefill) -> KVState:
     """The left-padded batch of `seq_ids`; those in `fresh` (seq_id -> slots to cache) are not in
     the pool: each gets a pool row (filled later) and is prefilled into its batch row."""
     for seq_id in fresh:
         pool.assign(seq_id)
-    rows = pool.rows_of(seq_ids)
+    rows = pool.row_indices(seq_ids)
     is_fresh = torch.tensor([s in fresh for s in seq_ids], device=pool.device)
     fresh_lengths = torch.tensor([fresh.get(s, 0) for s in seq_ids], device=pool.device)
     lengths = torch.where(is_fresh, fresh_lengths, pool.lengths.index_select(0, rows))
@@ -113,11 +115,11 @@ def assemble(pool: KVPool, seq_ids: list[int], fresh: dict[int, int], prefill: P
     next_pos = torch.where(is_fresh, fresh_lengths, next_pos)
     if width == 0:
         return KVState(cache=None, mask=mask, next_pos=next_pos)
-    buffers = BatchBuffers(len(seq_ids), width + room_for(pool.room))
+    buffers = BatchBuffers(len(seq_ids), width + headroom_for(pool.headroom))
     pooled = (~is_fresh).nonzero().flatten()
     if len(pooled) and pool.keys:
         sources = left_padded_sources(lengths.index_select(0, pooled), width)[0]
-        gather = RoomyGather(rows.index_select(0, pooled), sources)
+        gather = HeadroomGather(rows.index_select(0, pooled), sources)
         for i, (keys, values) in enumerate(zip(pool.keys, pool.values)):
             batch_keys, batch_values = buffers.layer(i, keys, values)
             batch_keys[pooled, :, :width] = gather(keys, 0)
@@ -133,7 +135,7 @@ def assemble(pool: KVPool, seq_ids: list[int], fresh: dict[int, int], prefill: P
                 buffers.values[i][row, :, :width].zero_()
     cache = DynamicCache()
     for i in sorted(buffers.keys):
-        layer = RoomyLayer(pool.room)
+        layer = HeadroomLayer(pool.headroom)
         layer.hold(buffers.keys[i], buffers.values[i], width)
         cache.layers.append(layer)
     return KVState(cache=cache if cache.layers else None, mask=mask, next_pos=next_pos)

@@ -1,14 +1,14 @@
-"""Cache layers with room to grow: a forward writes its new keys and values in place.
+"""Cache layers with headroom: a forward writes its new keys and values in place.
 
 transformers' `DynamicLayer.update` concatenates the whole cached tensor with each forward's new
 slots, so every forward copies every layer's cache: a step of k draft forwards copies the draft
-cache k times, the verify forward the target's once more. On CPU at batch 32 that concatenation
-was 40% of an EXSPEC decode (profiled over `run`, 1.8 s of 4.5 s). A `RoomyLayer` keeps each
-layer's keys and values in a buffer with free slots past the cache's width; `update` writes the
+cache k times, the verify forward the target's once more: a large share of a decode on CPU (measured in
+benchmarks/README.md, "Engine modules"). A `HeadroomLayer` keeps each layer's keys and values in a
+buffer with headroom (free slots past the cache's width); `update` writes the
 new slots there and hands attention a view of the filled part, a copy of q slots, not of the cache.
 
-The KV moves write their result straight into such a buffer (`kv.compact` and the pool's `take`
-build their gather index with `room` extra slots), so a step of the left-padded methods copies
+The KV moves write their result straight into such a buffer (`moves.compact` and the pool's `take`
+build their gather index with `headroom` extra slots), so a step of the left-padded methods copies
 each cache once (the realignment) instead of once per forward. Code that assigns `layer.keys`
 itself (a fault, the reference per-row loop) needs to know nothing of this: a layer whose keys
 are no longer its own view adopts them at the next `update`, with one copy, like the concatenation
@@ -24,20 +24,20 @@ from transformers.cache_utils import DynamicLayer
 
 # Free slots kept past the width beyond a step's own needs, so that a batch whose slots never move
 # (plain batched greedy: the move is skipped) regrows its buffer once per this many tokens.
-MIN_ROOM = 32
+MIN_HEADROOM = 32
 
 
-def room_for(room: int) -> int:
-    """The free slots a `RoomyLayer` asked for `room` keeps."""
-    return max(room, MIN_ROOM)
+def headroom_for(headroom: int) -> int:
+    """The free slots a `HeadroomLayer` asked for `headroom` keeps."""
+    return max(headroom, MIN_HEADROOM)
 
 
-class RoomyLayer(DynamicLayer):
+class HeadroomLayer(DynamicLayer):
     """A `DynamicLayer` over a buffer [B, H, capacity, D]; `keys`/`values` view its first `width` slots."""
 
-    def __init__(self, room: int) -> None:
+    def __init__(self, headroom: int) -> None:
         super().__init__()
-        self.room = room_for(room)
+        self.headroom = headroom_for(headroom)
         self.key_buffer: torch.Tensor | None = None
         self.value_buffer: torch.Tensor | None = None
 
@@ -75,9 +75,9 @@ class RoomyLayer(DynamicLayer):
         return self.keys, self.values
 
     def _regrow(self, key_like: torch.Tensor, value_like: torch.Tensor, width: int, needed: int) -> None:
-        """A new buffer with room past `needed`, holding the current `width` slots (one copy)."""
+        """A new buffer with headroom past `needed`, holding the current `width` slots (one copy)."""
         batch, heads, _, dim = key_like.shape
-        capacity = needed + max(self.room, needed // 8)
+        capacity = needed + max(self.headroom, needed // 8)
         keys = key_like.new_empty(batch, heads, capacity, dim)
         values = value_like.new_empty(batch, value_like.shape[1], capacity, value_like.shape[-1])
         if width:
@@ -92,24 +92,24 @@ class RoomyLayer(DynamicLayer):
 
 def storage(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """The contiguous tensors behind a layer's keys and values, as wide as they are: the buffers of
-    a `RoomyLayer` that still owns its views (slots past the width are unused), else the keys and
+    a `HeadroomLayer` that still owns its views (slots past the width are unused), else the keys and
     values themselves. Moves index these through a flat [rows * H * width, D] view."""
-    if isinstance(layer, RoomyLayer) and layer.owns_view():
+    if isinstance(layer, HeadroomLayer) and layer.owns_view():
         return layer.key_buffer, layer.value_buffer
     return layer.keys.contiguous(), layer.values.contiguous()
 
 
-def place(layer: Any, keys: torch.Tensor, values: torch.Tensor, width: int) -> None:
-    """Give `layer` a move's result: buffers whose first `width` slots are filled (a `RoomyLayer`
-    keeps the rest as room; any other layer gets exactly the filled slots)."""
-    if isinstance(layer, RoomyLayer):
+def adopt(layer: Any, keys: torch.Tensor, values: torch.Tensor, width: int) -> None:
+    """Give `layer` a move's result: buffers whose first `width` slots are filled (a `HeadroomLayer`
+    keeps the rest as headroom; any other layer gets exactly the filled slots)."""
+    if isinstance(layer, HeadroomLayer):
         layer.hold(keys, values, width)
     else:
         layer.keys, layer.values = keys[:, :, :width], values[:, :, :width]
 
 
-def roomy(cache: Any, room: int) -> Any:
-    """Swap `cache`'s plain full-attention layers for `RoomyLayer`s holding the same slots (one copy).
+def with_headroom(cache: Any, headroom: int) -> Any:
+    """Swap `cache`'s plain full-attention layers for `HeadroomLayer`s holding the same slots (one copy).
 
     Only layers that are exactly `DynamicLayer`: sliding-window and other special layers keep
     their own update rules.
@@ -120,7 +120,7 @@ def roomy(cache: Any, room: int) -> Any:
     for i, layer in enumerate(layers):
         if type(layer) is not DynamicLayer or not layer.is_initialized or layer.keys is None:
             continue
-        swapped = RoomyLayer(room)
+        swapped = HeadroomLayer(headroom)
         swapped.lazy_initialization(layer.keys, layer.values)
         width = layer.keys.shape[-2] if layer.keys.numel() else 0
         if width:

@@ -1,9 +1,9 @@
 """EXSPEC: a pool of sequences with their own caches, batched by equal length when possible.
 
-Each sequence keeps its target and draft KV in one row of a persistent pool (`pool.py`) for its
+Each sequence keeps its target and draft KV in one row of a persistent pool (`kv/pool.py`) for its
 whole life. Every step picks up to B sequences from a sliding window over the unfinished ones and
 gathers their rows into a batch (a sequence chosen for the first time is prefilled alone, with no
-padding, straight into its batch row: `assemble.py`); sequences of equal committed length need no padding. When no
+padding, straight into its batch row: `place_batch.py`); sequences of equal committed length need no padding. When no
 such group exists the step falls back to a batch of mixed lengths with left padding (EQSPEC-style).
 Before another group is gathered, only the slots the last step wrote are scattered back to the
 end of each row; rejected drafts stay past the row's length and are overwritten later, so nothing
@@ -34,69 +34,27 @@ Policies:
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from specviz.engine.assemble import Prefill, assemble, assembles_in_place
-from specviz.engine.kv import KVState, rebuild
-from specviz.engine.pool import KVPool
-from specviz.engine.step import Batch, Engine, Sequence, StepOutcome
+from specviz.engine.batch import Batch, SeqState
+from specviz.engine.kv.moves import rebuild
+from specviz.engine.kv.placement import Prefill, place_batch, prefills_in_place
+from specviz.engine.kv.pool import KVPool
+from specviz.engine.kv.state import KVState
+from specviz.engine.methods.base import Method
+from specviz.engine.methods.grouping import admission_order, select_group
+from specviz.engine.step import Engine, StepOutcome
 
-POLICIES = ("reference", "largest", "converge")
-
-
-def admission_order(seqs: list[Sequence], policy: str) -> list[Sequence]:
-    """The order sequences enter the sliding window: `converge` admits short prompts first."""
-    if policy == "converge":
-        return sorted(seqs, key=lambda s: s.committed)  # stable: ties keep prompt order
-    return list(seqs)
-
-
-def select_group(window: list[Sequence], batch_size: int, policy: str) -> list[Sequence]:
-    want = min(batch_size, len(window))
-    groups: dict[int, list[Sequence]] = defaultdict(list)
-    for seq in window:
-        groups[seq.committed].append(seq)
-    if policy == "reference":
-        return _first_full_group(window, groups, want)
-    if policy == "largest":
-        return _largest_group(window, groups, want)
-    if policy == "converge":
-        return _shortest_group(window, groups, want)
-    raise ValueError(f"unknown exspec policy {policy!r}; choose from {', '.join(POLICIES)}")
-
-
-def _first_full_group(window: list[Sequence], groups: dict[int, list[Sequence]], want: int) -> list[Sequence]:
-    for seq in window:
-        if len(groups[seq.committed]) >= want:
-            return groups[seq.committed][:want]
-    return window[:want]
-
-
-def _largest_group(window: list[Sequence], groups: dict[int, list[Sequence]], want: int) -> list[Sequence]:
-    best = max(groups.values(), key=len)  # dict order = window order, so ties go early
-    if len(best) >= max(1, (want + 1) // 2):
-        return best[:want]
-    return window[:want]
-
-
-def _shortest_group(window: list[Sequence], groups: dict[int, list[Sequence]], want: int) -> list[Sequence]:
-    for need in (want, max(1, -(-3 * want // 4))):  # a full batch, else three quarters of one
-        lengths = [length for length, members in groups.items() if len(members) >= need]
-        if lengths:
-            return groups[min(lengths)][:want]
-    shortest = groups[min(groups)]
-    if len(shortest) >= max(1, (want + 1) // 2):
-        return shortest
-    return sorted(window, key=lambda s: s.committed)[:want]
+if TYPE_CHECKING:
+    from specviz.engine.config import RunConfig
 
 
 def run_exspec(
     engine: Engine,
-    seqs: list[Sequence],
+    seqs: list[SeqState],
     batch_size: int,
     window_size: int,
     policy: str = "largest",
@@ -109,8 +67,8 @@ def run_exspec(
     # many are admitted at once. Rows are as wide as the longest sequence can get.
     rows = min(window_size, len(seqs))
     width = max(len(s.prompt_ids) for s in seqs) + engine.max_new_tokens + engine.k + 1
-    target_pool = KVPool(rows, width, engine.device, engine.cache_room)
-    draft_pool = KVPool(rows, width, engine.device, engine.cache_room) if engine.draft is not None else None
+    target_pool = KVPool(rows, width, engine.device, engine.cache_headroom)
+    draft_pool = KVPool(rows, width, engine.device, engine.cache_headroom) if engine.draft is not None else None
     queue = admission_order(seqs, policy)
     steps = grouped_steps = 0
     previous: list[int] | None = None
@@ -122,22 +80,20 @@ def run_exspec(
         chosen = select_group(window, batch_size, policy)
         grouped = len({s.committed for s in chosen}) == 1
         ids = [s.seq_id for s in chosen]
-        align_started = engine.now()
+        gather_started = engine.now()
         target, draft, behind, prefill_s = _gather(engine, held, chosen, target_pool, draft_pool)
         batch = Batch(chosen, target, draft, batch_id=0, grouped=grouped)
         batch.regrouped = previous is not None and ids != previous
         previous = ids
         taken_widths = (target.width, draft.width if draft is not None else 0)  # the step appends to both
-        take_s = engine.now() - align_started - prefill_s  # prefilling new sequences is no alignment
+        take_s = engine.now() - gather_started - prefill_s  # prefilling new sequences is no alignment
         outcome = engine.step(batch)
-        outcome.started -= take_s  # gathering the group belongs to this step's alignment time
-        align_started = engine.now() - take_s
         _release_finished(batch, target_pool, draft_pool)
         held = Held(batch, outcome, taken_widths, behind)
         left_pad_after: list[int | None] = [None] * len(chosen)
         for old_row in outcome.active_rows.tolist():
             left_pad_after[old_row] = 0  # a pool row holds no padding of its own
-        engine.finish_step(outcome, left_pad_after, align_started)
+        engine.finish_step(outcome, left_pad_after, align_before_s=take_s)  # gathering the group is alignment
         steps += 1
         grouped_steps += int(grouped)
     return {"steps": steps, "grouped_steps": grouped_steps, "group_share": grouped_steps / max(steps, 1)}
@@ -158,7 +114,7 @@ class Held:
 
 
 def _gather(
-    engine: Engine, held: Held | None, chosen: list[Sequence], target_pool: KVPool, draft_pool: KVPool | None
+    engine: Engine, held: Held | None, chosen: list[SeqState], target_pool: KVPool, draft_pool: KVPool | None
 ) -> tuple[KVState, KVState | None, int, float]:
     """The group's left-padded batch, in the order of `chosen`, how far the pools are behind, and
     the seconds spent prefilling sequences new to the pools.
@@ -170,7 +126,7 @@ def _gather(
     pools are not written (they fall one more step behind). Any other group is gathered from the
     pools, once they hold the last batch's sequences again: the slots its step wrote, or whole
     rows when they fell further behind. A sequence enters the pools when first chosen: it is
-    prefilled alone (no padding), straight into its row of the batch (`assemble.py`).
+    prefilled alone (no padding), straight into its row of the batch (`place_batch.py`).
     """
     ids = [s.seq_id for s in chosen]
     if held is not None:
@@ -186,10 +142,10 @@ def _gather(
     fresh = [s for s in chosen if s.seq_id not in target_pool.row_of]
     prefill = _TimedPrefill(engine, chosen)
     models = [engine.target] + ([engine.draft] if engine.draft is not None else [])
-    if fresh and all(assembles_in_place(m) for m in models):
+    if fresh and all(prefills_in_place(m) for m in models):
         lengths = {s.seq_id: s.committed - 1 for s in fresh}
-        target = assemble(target_pool, ids, lengths, prefill.into(engine.target))
-        draft = assemble(draft_pool, ids, lengths, prefill.into(engine.draft)) if draft_pool is not None else None
+        target = place_batch(target_pool, ids, lengths, prefill.into(engine.target))
+        draft = place_batch(draft_pool, ids, lengths, prefill.into(engine.draft)) if draft_pool is not None else None
         return target, draft, 1, prefill.seconds  # the pools lack the new rows' slots: store whole rows next
     for seq in fresh:  # a model whose sliding layers HF keeps: its own cache layers, then the pool
         target_pool.admit(seq.seq_id, prefill.alone(engine.target, seq))
@@ -202,10 +158,10 @@ def _gather(
 class _TimedPrefill:
     """Prefills of single sequences, timed so the step's alignment time leaves them out."""
 
-    def __init__(self, engine: Engine, chosen: list[Sequence]) -> None:
+    def __init__(self, engine: Engine, chosen: list[SeqState]) -> None:
         self.engine, self.chosen, self.seconds = engine, chosen, 0.0
 
-    def alone(self, model: Any, seq: Sequence, cache: Any | None = None) -> KVState:
+    def alone(self, model: Any, seq: SeqState, cache: Any | None = None) -> KVState:
         started = self.engine.now()
         state = self.engine.prefill(model, [seq], cache)
         self.seconds += self.engine.now() - started
@@ -236,3 +192,16 @@ def _release_finished(batch: Batch, target_pool: KVPool, draft_pool: KVPool | No
             target_pool.release(seq.seq_id)
             if draft_pool is not None:
                 draft_pool.release(seq.seq_id)
+
+
+def run(engine: Engine, seqs: list[SeqState], config: RunConfig) -> dict[str, Any]:
+    """The method runner; returns the group stats for the header options."""
+    return run_exspec(engine, seqs, config.batch_size, config.window, config.exspec_policy)
+
+
+def options(config: RunConfig) -> dict[str, Any]:
+    """Header options known before the run: the window and the policy."""
+    return {"exspec_window": config.window, "exspec_policy": config.exspec_policy}
+
+
+METHOD = Method(run, options=options)

@@ -1,130 +1,22 @@
-"""Ragged KV state: a Hugging Face cache plus the two things HF would otherwise infer for us.
+"""KV moves: rebuild a batch's caches after a step, in one batched gather per layer and tensor.
 
-Every row of a batch keeps, explicitly:
-- `mask` [B, W]: which of the W physical cache slots the row may attend (1) and which are padding
-  or holes (0). It is the attention mask we feed, never re-derived from token IDs;
-- `next_pos` [B]: the position ID the row's next fed token gets.
-
-A correct engine keeps `mask == 0^pad 1^(n-1)` and `next_pos == n-1` for a row with n committed
-tokens (the last one, the *pending* token, has no KV yet). Faults break exactly these.
+`compact` keeps some rows and, in each, the slots a `CachePlan` retains, left-padded anew (EQSPEC's
+realignment); `stack` and `split` turn single-row states into a left-padded batch and back.
+`compact_per_row_loop` is the reference implementation's per-row loop, for the benchmarks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from specviz.engine.headroom import RoomyLayer, place, storage
-from specviz.engine.window import full_cache, uses_window_masks, window_masks
-from specviz.errors import SpecvizError
-
-
-@dataclass
-class KVState:
-    cache: Any | None  # transformers Cache (DynamicCache); None while no slot has been written
-    mask: torch.Tensor  # [B, W] long
-    next_pos: torch.Tensor  # [B] long
-
-    @property
-    def batch_size(self) -> int:
-        return self.mask.shape[0]
-
-    @property
-    def width(self) -> int:
-        return self.mask.shape[1]
-
-
-@dataclass(frozen=True)
-class CachePlan:
-    """How one cache is rebuilt after a verify step: the input to `compact` (or any other move)."""
-
-    retain: torch.Tensor  # [B, W] bool: slots that survive, in order
-    attend: torch.Tensor  # [B, W] bool: of those, the ones the mask marks real
-    next_pos: torch.Tensor  # [B] the position ID each row's next fed token gets
-    altered: torch.Tensor  # [B] bool: rows this plan leaves unlike a correct engine's (a fault)
-
+from specviz.engine.kv.headroom import HeadroomLayer, adopt, storage
+from specviz.engine.kv.state import CachePlan, KVState, cache_layers, leading_zeros
 
 # compact's signature: (state, rows, retain, attend, next_pos) -> the rebuilt state
 KVMove = Callable[..., KVState]
-
-
-def leading_zeros(mask: torch.Tensor) -> torch.Tensor:
-    """Left padding per row: slots before the first attended one (all of them if none)."""
-    seen = mask.cumsum(1) > 0
-    return (~seen).sum(1)
-
-
-def cache_layers(cache: Any) -> list[Any]:
-    layers = getattr(cache, "layers", None)
-    if layers is None:
-        raise TypeError(f"unsupported cache type {type(cache).__name__}: need a layered Cache")
-    return layers
-
-
-def _sync_sliding(cache: Any, width: int) -> None:
-    """Sliding cache layers, left only for models `window.py` cannot mask, fit only within their window.
-
-    (`run` refuses such a model up front when the run could reach its window; this is the guard.)
-
-    Below its window such a layer keeps every slot, like a full layer. But HF sizes its mask from
-    the layer's `cumulative_length`, which our slot moves (compact/stack/split) do not update, so
-    set it to the physical width before each forward. At or past the window HF would drop slots
-    that our mask still counts: refuse instead of decoding garbage.
-    """
-    for layer in getattr(cache, "layers", None) or []:
-        if not getattr(layer, "is_sliding", False):
-            continue
-        if width >= layer.sliding_window:
-            raise SpecvizError(
-                f"the cache would reach {width} slots, past the model's sliding window of "
-                f"{layer.sliding_window}; the ragged engine supports sliding-window layers only "
-                f"within their window (use shorter prompts or fewer new tokens)"
-            )
-        if getattr(layer, "keys", None) is not None and layer.keys.numel():
-            layer.cumulative_length = layer.keys.shape[-2]
-
-
-def feed(
-    model: Any,
-    state: KVState,
-    input_ids: torch.Tensor,
-    positions: torch.Tensor,
-    query_mask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Run `model` on `input_ids` [B, q] at explicit `positions`; the cache and mask grow by q.
-
-    The 2-D mask we pass covers cache slots plus query slots; HF adds causality from the
-    physical slot order, which is right for a contiguous left-padded layout. `query_mask`
-    marks padding inside the query (prefill only); decode queries are all real.
-    A state of another layout (inplace.py's fixed slots) writes its own slots: `feed_own`.
-    """
-    own_feed = getattr(state, "feed_own", None)
-    if own_feed is not None:
-        return own_feed(model, input_ids, positions, query_mask)
-    batch, q = input_ids.shape
-    if query_mask is None:
-        query_mask = torch.ones(batch, q, dtype=state.mask.dtype, device=state.mask.device)
-    fed_mask = torch.cat([state.mask, query_mask], dim=1)
-    attention: Any = fed_mask
-    if uses_window_masks(model):  # sliding windows counted per row in logical tokens, on a full cache
-        attention = window_masks(model, fed_mask, q)
-        if state.cache is None:
-            state.cache = full_cache()
-    _sync_sliding(state.cache, fed_mask.shape[1])
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention,
-        position_ids=positions,
-        cache=state.cache,
-        use_cache=True,
-    )
-    state.cache = out.cache if hasattr(out, "cache") else out.past_key_values
-    _sync_sliding(state.cache, fed_mask.shape[1])  # a prefill longer than the window is caught here
-    state.mask = fed_mask
-    return out.logits
 
 
 def compact(
@@ -159,30 +51,30 @@ def compact(
         return KVState(cache=None, mask=new_mask, next_pos=next_pos)
     if _is_identity(rows, src, real, state.batch_size, width):
         return KVState(cache=state.cache, mask=new_mask, next_pos=next_pos)  # every slot stays put
-    gather = RoomyGather(rows, src)
+    gather = HeadroomGather(rows, src)
     for layer in cache_layers(state.cache):
         keys, values = storage(layer)
-        room = layer.room if isinstance(layer, RoomyLayer) else 0
-        place(layer, gather(keys, room), gather(values, room), new_width)
+        headroom = layer.headroom if isinstance(layer, HeadroomLayer) else 0
+        adopt(layer, gather(keys, headroom), gather(values, headroom), new_width)
     return KVState(cache=state.cache, mask=new_mask, next_pos=next_pos)
 
 
-class RoomyGather:
-    """Row `rows[i]`'s slots `src[i]` of a [B, H, W, D] tensor, as [B', H, width + room, D] in one
-    flat index_select; the `room` slots past the width are scratch (a `RoomyLayer` writes the next
-    forward's slots there). Indices are built once per source width and room, shared by layers."""
+class HeadroomGather:
+    """Row `rows[i]`'s slots `src[i]` of a [B, H, W, D] tensor, as [B', H, width + headroom, D] in one
+    flat index_select; the `headroom` slots past the width are scratch (a `HeadroomLayer` writes the next
+    forward's slots there). Indices are built once per source width and headroom, shared by layers."""
 
     def __init__(self, rows: torch.Tensor, src: torch.Tensor) -> None:
         self.rows, self.src = rows, src
         self.indices: dict[tuple[int, int, int], torch.Tensor] = {}
 
-    def __call__(self, tensor: torch.Tensor, room: int) -> torch.Tensor:
+    def __call__(self, tensor: torch.Tensor, headroom: int) -> torch.Tensor:
         _, heads, width, dim = tensor.shape
-        index = self.indices.get((heads, width, room))
+        index = self.indices.get((heads, width, headroom))
         if index is None:
-            src = torch.nn.functional.pad(self.src, (0, room)) if room else self.src  # scratch: slot 0
-            index = self.indices[(heads, width, room)] = flat_index(self.rows, src, heads, width)
-        shape = (len(self.rows), heads, self.src.shape[1] + room, dim)
+            src = torch.nn.functional.pad(self.src, (0, headroom)) if headroom else self.src  # scratch: slot 0
+            index = self.indices[(heads, width, headroom)] = flat_index(self.rows, src, heads, width)
+        shape = (len(self.rows), heads, self.src.shape[1] + headroom, dim)
         return tensor.view(-1, dim).index_select(0, index).view(shape)
 
 

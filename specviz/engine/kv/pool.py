@@ -10,7 +10,7 @@ Per layer, keys and values are [rows, H, width, D]. A sequence's slots start at 
   where nothing reads them and the next step overwrites them.
 
 A plan that also rewrites old slots (a fault that keeps padding) takes the slow path: the batch is
-rebuilt (`kv.rebuild`) and whole rows are stored. Neither path loops over rows or layers in Python
+rebuilt (`moves.rebuild`) and whole rows are stored. Neither path loops over rows or layers in Python
 per row, as splitting and stacking single-row caches every step did.
 """
 
@@ -19,14 +19,15 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from specviz.engine.headroom import RoomyLayer, storage
-from specviz.engine.kv import CachePlan, KVState, RoomyGather, cache_layers, flat_index, rebuild
+from specviz.engine.kv.headroom import HeadroomLayer, storage
+from specviz.engine.kv.moves import HeadroomGather, flat_index, rebuild
+from specviz.engine.kv.state import CachePlan, KVState, cache_layers
 
 
 class KVPool:
-    def __init__(self, rows: int, width: int, device: torch.device, room: int = 0) -> None:
+    def __init__(self, rows: int, width: int, device: torch.device, headroom: int = 0) -> None:
         self.rows = rows
-        self.room = room  # free slots past a taken batch's width, for its forwards (headroom.py)
+        self.headroom = headroom  # free slots past a taken batch's width, for its forwards (headroom.py)
         self.width = width
         self.device = device
         self.mask = torch.zeros(rows, width, dtype=torch.long, device=device)
@@ -51,18 +52,18 @@ class KVPool:
 
     def take(self, seq_ids: list[int]) -> KVState:
         """The left-padded batch of `seq_ids`: one gather per tensor."""
-        rows = self.rows_of(seq_ids)
+        rows = self.row_indices(seq_ids)
         lengths = self.lengths.index_select(0, rows)
         width = int(lengths.max()) if len(seq_ids) else 0
         mask = self.batch_mask(rows, lengths, width)
         next_pos = self.next_pos.index_select(0, rows)
         if width == 0 or not self.keys:
             return KVState(cache=None, mask=mask, next_pos=next_pos)
-        gather = RoomyGather(rows, left_padded_sources(lengths, width)[0])
+        gather = HeadroomGather(rows, left_padded_sources(lengths, width)[0])
         cache = DynamicCache()
         for keys, values in zip(self.keys, self.values):
-            layer = RoomyLayer(self.room)
-            layer.hold(gather(keys, layer.room), gather(values, layer.room), width)
+            layer = HeadroomLayer(self.headroom)
+            layer.hold(gather(keys, layer.headroom), gather(values, layer.headroom), width)
             cache.layers.append(layer)
         return KVState(cache=cache, mask=mask, next_pos=next_pos)
 
@@ -74,7 +75,7 @@ class KVPool:
         return self.mask.index_select(0, rows).gather(1, src) * real
 
     def assign(self, seq_id: int) -> None:
-        """Give `seq_id` a row whose slots are stored later (`assemble.py` prefills it into a batch)."""
+        """Give `seq_id` a row whose slots are stored later (`placement.place_batch` prefills it into a batch)."""
         self.row_of[seq_id] = self.free.pop()
 
     def store_step(
@@ -90,7 +91,7 @@ class KVPool:
         `rows` (batch rows, holding `seq_ids`). `state` is the batch after the step: `old_width`
         slots as taken, then the slots the step wrote. `whole_rows`: the pool rows are behind by
         more than this step (the batch was carried over steps without storing): store them whole."""
-        pool_rows = self.rows_of(seq_ids)
+        pool_rows = self.row_indices(seq_ids)
         lengths = self.lengths.index_select(0, pool_rows)
         retain, attend = plan.retain.index_select(0, rows), plan.attend.index_select(0, rows)
         if whole_rows or not bool((retain[:, :old_width].sum(1) == lengths).all()):  # old slots rewritten
@@ -121,7 +122,7 @@ class KVPool:
 
     def _store_rows(self, seq_ids: list[int], state: KVState, counts: torch.Tensor) -> None:
         """Store whole rows of a left-padded `state`: row i's last `counts[i]` slots, from slot 0."""
-        pool_rows = self.rows_of(seq_ids)
+        pool_rows = self.row_indices(seq_ids)
         width = state.width
         self._fit(width)
         slots = torch.arange(width, device=self.device)[None, :].expand(len(seq_ids), -1)
@@ -147,7 +148,7 @@ class KVPool:
                 dim = source.shape[3]
                 pool_tensor.view(-1, dim).index_copy_(0, dest, source.view(-1, dim).index_select(0, take))
 
-    def rows_of(self, seq_ids: list[int]) -> torch.Tensor:
+    def row_indices(self, seq_ids: list[int]) -> torch.Tensor:
         return torch.tensor([self.row_of[s] for s in seq_ids], dtype=torch.long, device=self.device)
 
     def _allocate(self, like: torch.Tensor, num_layers: int) -> None:

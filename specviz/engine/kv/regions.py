@@ -1,27 +1,25 @@
-"""INPLACE: zero-copy ragged decoding in fixed per-row cache regions.
+"""The fixed-region layout: each row of a static batch owns `width` cache slots, and nothing moves.
 
-Each row of a static batch owns one region of `width` slots in a preallocated cache (per layer,
-keys and values of shape [B, H, width, D]). A row with n committed tokens holds the KV of its first
-n - 1 tokens in slots 0 .. n-2; every forward writes its query block at the row's own length
-(slots n-1, n, ...), so rows of different lengths need no padding and nothing moves:
+Per layer, keys and values are [B, H, width, D] (preallocated). A row with n committed tokens holds
+the KV of its first n - 1 tokens in slots 0 .. n-2 of its region; every forward writes its query
+block at the row's own length (slots n-1, n, ...), so rows of different lengths need no padding:
 
 - the attention mask is 4-D and follows each row's length: query j of a row whose block starts
   at slot s0 attends slots 0 .. s0 + j (its committed prefix plus the causal part of its block),
   never the stale slots past it;
 - rejected drafts stay where they were written and the row's length simply does not cover them;
   the next step's query block overwrites them;
-- positions are logical indices, fed explicitly, as in every method.
+- positions are logical indices, fed explicitly, as in every layout.
 
-A step's attention reads only the region's used prefix, rounded up to SPAN_STEP slots, so shapes
-take few values (B, the span, the query length), which is what CUDA graphs need.
-When rows finish, the batch keeps running on a prefix of its rows: each finished row inside the
-new prefix takes in one surviving row from past it (`Slots.fill_holes`): a step copies at most as
-many rows as finished in it, only their attended slots, and the prefix is a view, never a copy.
-Rows are ordered longest prompt first, so the rows that move are the short, cheap ones.
+A step's attention reads only the region's used prefix (the span), rounded up to SPAN_STEP slots,
+so shapes take few values (B, the span, the query length), which is what CUDA graphs need. When
+rows finish, the batch keeps running on a prefix of its rows: each finished row inside the new
+prefix takes in one surviving row from past it (`RegionCache.fill_holes`, `new_order`): a step copies
+at most as many rows as finished in it, only their attended slots, and the prefix is a view.
 
 For the recorder the layout is described logically: a step's fed mask row is the row's region
 (`width` slots, the first n - 1 attended) followed by the query block, so `kv_len`, `mask_rle` and
-the KV checks read the same fields as for the left-padded methods; the trace header declares the
+the KV checks read the same fields as for the left-padded layout; the trace header declares the
 layout "fixed-slots", so the rectangular-alignment rule (a left-padded rule) does not apply.
 """
 
@@ -33,20 +31,19 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from specviz.engine.kv import CachePlan, KVState
-from specviz.engine.step import Batch, Engine, Sequence
+from specviz.engine.kv.state import CachePlan, KVState
 from specviz.errors import SpecvizError
 
 LAYOUT = "fixed-slots"
 SPAN_STEP = 64  # a step attends its region's used prefix, rounded up to a multiple of this
 
 
-class SlotLayer(CacheLayerMixin):
+class RegionLayer(CacheLayerMixin):
     """One layer's fixed-width keys and values; `update` writes each row's block at its own slots."""
 
     is_sliding = False
 
-    def __init__(self, slots: Slots) -> None:
+    def __init__(self, slots: RegionCache) -> None:
         super().__init__()
         self.slots = slots
 
@@ -89,8 +86,8 @@ class SlotLayer(CacheLayerMixin):
         return self.slots.width
 
 
-class Slots(Cache):
-    """A cache of `SlotLayer`s sharing one write plan: where each row's next query block goes."""
+class RegionCache(Cache):
+    """A cache of `RegionLayer`s sharing one write plan: where each row's next query block goes."""
 
     def __init__(self, num_layers: int, width: int, active: int) -> None:
         self.width = width
@@ -98,12 +95,12 @@ class Slots(Cache):
         self.active = active  # rows 0 .. active-1 hold the batch's unfinished sequences
         self.rows: torch.Tensor | None = None  # prefill: the rows one forward fills from slot 0 (else a step)
         self.write_at: torch.Tensor | None = None  # [B, q] slot of each query token, set per forward
-        # Slots a step's attention reads, set per forward: the prefix up to the last query slot of
-        # any row, rounded up to SPAN_STEP. Slots past every row's block hold nothing any row may
+        # RegionCache a step's attention reads, set per forward: the prefix up to the last query slot of
+        # any row, rounded up to SPAN_STEP. RegionCache past every row's block hold nothing any row may
         # see, so reading them only costs time (a region is as wide as the longest prompt plus
         # every new token); the rounding keeps the shapes few (static shapes for CUDA graphs).
         self.span = width
-        super().__init__(layers=[SlotLayer(self) for _ in range(num_layers)])
+        super().__init__(layers=[RegionLayer(self) for _ in range(num_layers)])
 
     def write_index(self, shape: torch.Size) -> torch.Tensor:
         """`write_at` as a scatter index for keys or values of `shape` [B, H, q, D]."""
@@ -126,7 +123,7 @@ class Slots(Cache):
 
 
 @dataclass
-class SlotState(KVState):
+class RegionState(KVState):
     """A `KVState` over fixed regions: `mask` [B, width (+ tokens fed this step)] describes them.
 
     `lengths` [B]: slots each row attends (its committed tokens but the pending one). Between steps
@@ -149,7 +146,7 @@ class SlotState(KVState):
     ) -> torch.Tensor:
         """Write the query block at each row's length (plus what this step already fed), attend up to it."""
         batch, q = input_ids.shape
-        slots: Slots = self.cache
+        slots: RegionCache = self.cache
         fed_this_step = self.mask.shape[1] - slots.width
         start = self.lengths + fed_this_step  # [B] first slot of this block
         query_slots = start[:, None] + torch.arange(q, device=start.device)  # [B, q]
@@ -198,72 +195,9 @@ def region_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
     return (torch.arange(width, device=lengths.device)[None, :] < lengths[:, None]).long()
 
 
-def num_layers(model: Any) -> int:
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
-        raise SpecvizError("--method inplace supports full-attention models only (no sliding-window layers)")
-    return config.num_hidden_layers
-
-
-# A prefill group may cost this many times its rows' own tokens once padded to its longest row.
-PREFILL_SLACK = 1.25
-
-
-def prefill_groups(lengths: list[int]) -> list[list[int]]:
-    """Rows grouped for prefill, longest first, so padding each group to its longest row wastes
-    little: one long prompt among short ones is prefilled on its own, not the whole batch padded
-    to its length (on CPU that padding cost more than all the decode steps)."""
-    groups: list[list[int]] = []
-    longest = tokens = 0
-    for row in sorted(range(len(lengths)), key=lambda r: -lengths[r]):
-        n = lengths[row]
-        if n == 0:
-            continue  # nothing to cache yet (a one-token prompt)
-        if groups and longest * (len(groups[-1]) + 1) <= PREFILL_SLACK * (tokens + n):
-            groups[-1].append(row)
-            tokens += n
-        else:
-            groups.append([row])
-            longest = tokens = n
-    return groups
-
-
-@torch.no_grad()
-def prefill_slots(engine: Engine, model: Any, seqs: list[Sequence], width: int) -> SlotState:
-    """Cache every committed token but the pending one at slots 0.. of each row's region.
-
-    Rows are prefilled in groups of similar length (`prefill_groups`), each right-padded to its
-    longest row; a short row's padding lands on slots past its length, which its mask never
-    covers and its next query block overwrites. Every row sees only its own slots, so the
-    grouping changes no key or value.
-    """
-    device = engine.device
-    contexts = [(s.prompt_ids + s.output_ids)[:-1] for s in seqs]
-    lengths = torch.tensor([len(c) for c in contexts], device=device)
-    slots = Slots(num_layers(model), width, len(seqs))
-    for group in prefill_groups([len(c) for c in contexts]):
-        longest = max(len(contexts[r]) for r in group)
-        ids = torch.full((len(group), longest), engine.pad_id, dtype=torch.long, device=device)
-        for i, row in enumerate(group):
-            ids[i, : len(contexts[row])] = torch.tensor(contexts[row], device=device)
-        query_slots = torch.arange(longest, device=device)[None, :].expand(len(group), -1)
-        slots.rows = torch.tensor(group, device=device)
-        try:
-            model(
-                input_ids=ids,
-                attention_mask=block_mask(query_slots, longest, model.dtype),  # the block's own slots only
-                position_ids=query_slots,  # logical indices: slot i holds token i
-                cache=slots,
-                use_cache=True,
-            )
-        finally:
-            slots.rows = None
-    return settled(slots, lengths, lengths.clone(), longest=max((len(c) for c in contexts), default=0))
-
-
 def settled(
-    slots: Slots, lengths: torch.Tensor, next_pos: torch.Tensor, longest: int, region: torch.Tensor | None = None
-) -> SlotState:
+    slots: RegionCache, lengths: torch.Tensor, next_pos: torch.Tensor, longest: int, region: torch.Tensor | None = None
+) -> RegionState:
     """The state between steps: each region's first `lengths` slots attended, nothing else;
     `longest` is max(lengths), on the host.
 
@@ -271,7 +205,7 @@ def settled(
     """
     if region is None:
         region = region_mask(lengths, slots.width)
-    return SlotState(cache=slots, mask=region, next_pos=next_pos, lengths=lengths, region=region, longest=longest)
+    return RegionState(cache=slots, mask=region, next_pos=next_pos, lengths=lengths, region=region, longest=longest)
 
 
 def new_order(rows: list[int]) -> tuple[list[int], list[int], list[int]]:
@@ -287,7 +221,9 @@ def new_order(rows: list[int]) -> tuple[list[int], list[int], list[int]]:
     return order, holes, movers
 
 
-def apply_plan(state: SlotState, order: list[int], holes: list[int], movers: list[int], plan: CachePlan) -> SlotState:
+def apply_plan(
+    state: RegionState, order: list[int], holes: list[int], movers: list[int], plan: CachePlan
+) -> RegionState:
     """Carry out a cache plan without moving a slot: each kept row's length grows by what it kept.
 
     The plan's `attend` covers [region | this step's block]: the region's attended slots plus the
@@ -315,40 +251,3 @@ def mark_attended(region: torch.Tensor, start: torch.Tensor, end: torch.Tensor, 
     """Set slots start .. end-1 of each row of `region` (at most `block` of them) to attended."""
     slots = start[:, None] + torch.arange(block, device=region.device)  # < width: feed_own checked
     region.scatter_(1, slots, (slots < end[:, None]).to(region.dtype))  # 0 past end: already 0
-
-
-def slot_width(seqs: list[Sequence], max_new_tokens: int, k: int) -> int:
-    """Slots per row: the longest prompt, every new token, and one query block past the last length."""
-    return max(len(s.prompt_ids) for s in seqs) + max_new_tokens + k + 1
-
-
-def longest_first(chunk: list[Sequence]) -> list[Sequence]:
-    """The batch's rows, longest prompt first (stable). Rows that move when others finish are
-    taken from the back (`new_order`), and a move copies the mover's slots: with short rows at
-    the back, the rows that move are the cheap ones. A long row in front never moves."""
-    return sorted(chunk, key=lambda s: -len(s.prompt_ids))
-
-
-def run_inplace(engine: Engine, seqs: list[Sequence], batch_size: int) -> None:
-    """Static batches of `batch_size`, each decoded in its own fixed-slot caches until every row ends."""
-    for batch_id, start in enumerate(range(0, len(seqs), batch_size)):
-        chunk = longest_first(seqs[start : start + batch_size])
-        width = slot_width(chunk, engine.max_new_tokens, engine.k)
-        target = prefill_slots(engine, engine.target, chunk, width)
-        draft = prefill_slots(engine, engine.draft, chunk, width) if engine.draft is not None else None
-        batch = Batch(chunk, target, draft, batch_id)
-        while batch.seqs:
-            outcome = engine.step(batch)
-            align_started = engine.now()
-            rows = outcome.active_rows.tolist()
-            order, holes, movers = new_order(rows)
-            new_target = apply_plan(batch.target, order, holes, movers, outcome.target_plan)
-            new_draft = None
-            if batch.draft is not None and outcome.draft_plan is not None:
-                new_draft = apply_plan(batch.draft, order, holes, movers, outcome.draft_plan)
-            pads: list[int | None] = [None] * len(batch.seqs)
-            for row in rows:
-                pads[row] = 0  # no padding in this layout
-            seqs_left = [batch.seqs[r] for r in order]
-            engine.finish_step(outcome, pads, align_started)
-            batch = Batch(seqs_left, new_target, new_draft, batch_id)

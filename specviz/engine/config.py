@@ -1,0 +1,85 @@
+"""A run's options (`RunConfig`), validated before any compute."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from specviz.engine.faults import FAULTS
+from specviz.engine.methods.grouping import POLICIES
+from specviz.engine.sampling import SamplingParams
+from specviz.errors import SpecvizError
+from specviz.trace.schema import METHODS
+
+DEFAULT_KV_CHECK_EVERY = 16
+
+
+@dataclass
+class RunConfig:
+    method: str = "eqspec"
+    fault: str | None = None
+    batch_size: int = 8
+    draft_k: int = 4
+    max_new_tokens: int = 64
+    seed: int = 0
+    exspec_window: int | None = None  # default: 6 x batch size (the paper's 48 at batch 8)
+    exspec_policy: str = "converge"
+    reference: bool = True  # decode the batch-1 greedy oracle too
+    record_steps: bool = True  # False: the tracing-off arm of the overhead benchmark
+    # Check the target's KV content (layer-0 keys vs tokens and positions) every N steps; 0: never.
+    # Part of tracing: off with record_steps. The default keeps its cost small (benchmarks/kv_check_cost.py).
+    kv_check_every: int = DEFAULT_KV_CHECK_EVERY
+    per_row_loop_move: bool = False  # EQSPEC realigns with the reference's per-row loop (benchmarks only)
+    temperature: float = 0.0  # 0: greedy; > 0: sample (keyed by seed, sequence and position)
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k filter
+    sampling: str = "coupled"  # at temperature > 0: "coupled" (token-exact) or "rejection"
+
+    def validate(self) -> None:
+        if self.method not in METHODS:
+            raise SpecvizError(f"unknown method {self.method!r}; choose from {', '.join(METHODS)}")
+        if self.fault not in (None, "none") and self.fault not in FAULTS:
+            raise SpecvizError(f"unknown fault {self.fault!r}; choose from {', '.join(FAULTS)}")
+        if self.fault not in (None, "none") and self.method == "baseline":
+            raise SpecvizError("faults corrupt speculative methods; use --method eqspec or exspec")
+        if self.fault not in (None, "none") and self.method == "inplace":
+            raise SpecvizError("the faults model bugs of the left-padded layout; use --method eqspec or exspec")
+        if self.batch_size < 1:
+            raise SpecvizError(f"--batch-size must be at least 1, got {self.batch_size}")
+        if self.method != "baseline" and not 1 <= self.draft_k <= 64:
+            raise SpecvizError(f"--draft-k must be between 1 and 64, got {self.draft_k}")
+        if self.kv_check_every < 0:
+            raise SpecvizError(f"--kv-check-every must be 0 (off) or more, got {self.kv_check_every}")
+        if self.max_new_tokens < 1:
+            raise SpecvizError(f"--max-new-tokens must be at least 1, got {self.max_new_tokens}")
+        if self.exspec_policy not in POLICIES:
+            raise SpecvizError(f"unknown exspec policy {self.exspec_policy!r}")
+        if self.exspec_window is not None and self.exspec_window < self.batch_size:
+            raise SpecvizError("--window must be at least the batch size")
+        self._validate_sampling()
+
+    def _validate_sampling(self) -> None:
+        if self.sampling not in ("coupled", "rejection"):
+            raise SpecvizError(f"unknown --sampling {self.sampling!r}; choose coupled or rejection")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise SpecvizError(f"--temperature must be a finite number >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise SpecvizError(f"--top-p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise SpecvizError(f"--top-k must be >= 0 (0: off), got {self.top_k}")
+        if self.temperature == 0 and (self.top_p < 1 or self.top_k > 0 or self.sampling == "rejection"):
+            raise SpecvizError("--top-p, --top-k and --sampling rejection need --temperature > 0")
+
+    @property
+    def sampling_params(self) -> SamplingParams:
+        """Greedy at temperature 0; else the chosen sampling mode, keyed by `seed`."""
+        mode = "greedy" if self.temperature == 0 else self.sampling
+        return SamplingParams(mode, self.temperature, self.top_p, self.top_k, self.seed)
+
+    @property
+    def k(self) -> int:
+        return 0 if self.method == "baseline" else self.draft_k
+
+    @property
+    def window(self) -> int:
+        return self.exspec_window or 6 * self.batch_size
