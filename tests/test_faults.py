@@ -53,7 +53,7 @@ def test_fault_is_desync_first_violation_where_it_fired(fault: str) -> None:
     first = report.first_violation
     assert (first.step, first.row, first.seq_id) == (events[0]["step"], events[0]["row"], events[0]["seq_id"])
     at_first = {v.invariant for v in report.violations if (v.step, v.row) == (first.step, first.row)}
-    documented = _documented_invariants(FAULTS[fault].invariant)
+    documented = set(FAULTS[fault].invariants)
     assert at_first & documented, f"{fault}: broke {at_first}, documented {documented}"
 
 
@@ -103,10 +103,3 @@ def test_draft_positions_fault_keeps_outputs_exact_and_is_found_at_its_first_ste
     assert report.exact_match == 1.0 and report.verdict == "desync"
     first = report.first_violation
     assert (first.step, first.field) == (0, "draft_position_ids")
-
-
-def _documented_invariants(value: object) -> set[int]:
-    """A fault's invariants: a string naming numbers ("2, 3"), or a tuple of `Invariant` members."""
-    if isinstance(value, str):
-        return {int(c) for c in value if c.isdigit()}
-    return {int(i) for i in value}  # type: ignore[attr-defined]

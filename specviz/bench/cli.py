@@ -21,6 +21,7 @@ from specviz.bench.measure import run_bench
 from specviz.bench.render import render_markdown, write_outputs
 from specviz.bench.settings import ARMS, QUICK, BenchSettings
 from specviz.engine.faults import FAULTS
+from specviz.startup import EXIT_INTERRUPTED
 from specviz.threads import add_threads_argument, set_threads
 
 # Options that override a field of BenchSettings of the same name when given.
@@ -133,7 +134,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         result = run_bench(pair, load_specbench(settings.split), settings, command_line(args))
     except KeyboardInterrupt:
         print("specviz: bench interrupted; nothing written", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     paths = write_outputs(result, out, args.plotlyjs)
     if args.json:
         print(json.dumps(result.to_json()))

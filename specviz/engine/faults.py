@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from specviz.engine.batch import SeqState
+from specviz.trace.invariants import Invariant
 
 if TYPE_CHECKING:
     from specviz.engine.kv.state import KVState
@@ -96,7 +97,7 @@ class Fault:
     """The correct engine. Subclasses override one decision each."""
 
     name = "none"
-    invariant = ""
+    invariants: tuple[Invariant, ...] = ()
     seen_in = ""
     summary = "no fault: the correct engine"
     default_method = "eqspec"
@@ -138,7 +139,7 @@ class Fault:
 
 class UniformAdvance(Fault):
     name = "uniform-advance"
-    invariant = "2, 3"
+    invariants = (Invariant.POSITIONS, Invariant.KV)
     seen_in = "mlx-vlm #1144, #1155"
     summary = "every row advances its KV offset and positions by the batch's max accepted + 1"
 
@@ -148,7 +149,7 @@ class UniformAdvance(Fault):
 
 class ColumnPositions(Fault):
     name = "column-positions"
-    invariant = "2"
+    invariants = (Invariant.POSITIONS,)
     seen_in = "unsloth #3699, nnsight #673"
     summary = "position IDs are the shared column index (cache_position), ignoring left padding"
 
@@ -163,7 +164,7 @@ class ColumnPositions(Fault):
 
 class MaskedHoles(Fault):
     name = "masked-holes"
-    invariant = "2 (and 1: holes inside the attended region)"
+    invariants = (Invariant.POSITIONS, Invariant.ALIGNMENT)  # 1: holes inside the attended region
     seen_in = "BSP-style masking (Su et al. 2023)"
     summary = "rejected slots stay in the cache masked out, but positions still count them"
 
@@ -177,7 +178,7 @@ class MaskedHoles(Fault):
 
 class PadAccumulation(Fault):
     name = "pad-accumulation"
-    invariant = "1 (and 2, 3)"
+    invariants = (Invariant.ALIGNMENT, Invariant.POSITIONS, Invariant.KV)
     seen_in = "eBay/spec_dec 'compounding left-padding' fix"
     summary = "re-pads without stripping the old padding, which becomes attended row content"
 
@@ -194,7 +195,7 @@ class PadAccumulation(Fault):
 
 class StaleKV(Fault):
     name = "stale-kv"
-    invariant = "3"
+    invariants = (Invariant.KV,)
     seen_in = "mlx-lm #1109, #1423"
     summary = "the cache is trimmed once for the batch, so rejected drafts' KV stays attendable"
 
@@ -204,7 +205,7 @@ class StaleKV(Fault):
 
 class ExtraAccept(Fault):
     name = "extra-accept"
-    invariant = "4, 5"
+    invariants = (Invariant.ACCOUNTING, Invariant.OUTPUT)
     seen_in = "DSD baseline in eBay/spec_dec"
     summary = "accepts one draft token past the first mismatch (off by one)"
 
@@ -216,7 +217,7 @@ class ExtraAccept(Fault):
 
 class RowMixup(Fault):
     name = "row-mixup"
-    invariant = "4"
+    invariants = (Invariant.ACCOUNTING,)
     seen_in = "vLLM #14645, TensorRT-LLM #3456"
     summary = "after the batch is regrouped, results are written back to the wrong rows"
     default_method = "exspec"
@@ -232,7 +233,7 @@ class RowMixup(Fault):
 
 class MissingBonusKV(Fault):
     name = "missing-bonus-kv"
-    invariant = "3"
+    invariants = (Invariant.KV,)
     seen_in = "vLLM #3951"
     summary = "after an all-accepted step the draft never computes KV for its last token"
 
@@ -247,7 +248,7 @@ class MissingBonusKV(Fault):
 
 class DraftPositions(Fault):
     name = "draft-positions"
-    invariant = "2"
+    invariants = (Invariant.POSITIONS,)
     seen_in = "draft fed the wrong position offset (EAGLE/Medusa-style off-by-one)"
     summary = "the draft is fed position IDs one past the right ones; the target verifies, so outputs stay exact"
 
@@ -259,7 +260,7 @@ class DraftPositions(Fault):
 
 class KVRowCopy(Fault):
     name = "kv-row-copy"
-    invariant = "3"
+    invariants = (Invariant.KV,)
     seen_in = "batch-index mix-ups in cache gathers (vLLM #14645-style, on the KV instead of the tokens)"
     summary = "once, row 0's cached slots are overwritten with row 1's (same slots); masks and counts unchanged"
 

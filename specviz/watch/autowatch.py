@@ -23,7 +23,7 @@ from typing import Any
 from specviz.trace.schema import Trace
 from specviz.watch.hooks import CallRecord, ModelHooks, WatchError, check_causal_lm
 from specviz.watch.session import Watch, _eos_ids
-from specviz.watch.steps import Emit, _mask_row, _matched
+from specviz.watch.steps import Emit, mask_row, matched_prefix
 
 
 class AutoWatch:
@@ -275,12 +275,12 @@ def _gained(call: CallRecord, following: CallRecord | None, r: int, k: int, comm
     drafts = list(call.input_ids[r][slot + 1 :])
     argmax = call.argmax[r] if call.argmax is not None else []
     targets = argmax[-(len(drafts) + 1) :] if len(argmax) > len(drafts) else []
-    agreed = _matched(drafts, targets) if targets else 0
+    agreed = matched_prefix(drafts, targets) if targets else 0
     if following is None:  # greedy: what verification allowed
         return drafts[:agreed] + ([targets[agreed]] if targets else [])
     next_slot = following.query_len - 1 - k
     pending = following.input_ids[r][next_slot]
-    context = _mask_row(following, r, next_slot)[1]
+    context = mask_row(following, r, next_slot)[1]
     grown = context + 1 - committed if context >= 0 else -1
     accepted = grown - 1 if 1 <= grown <= len(drafts) + 1 else (agreed or 0)
     return drafts[:accepted] + [pending]

@@ -25,7 +25,7 @@ from specviz.trace.naming import now_iso
 from specviz.trace.provenance import library_versions, model_info
 from specviz.trace.schema import LAYOUTS, SCHEMA_VERSION, Header, SequenceRecord, Trace
 from specviz.watch.hooks import CallRecord, ModelHooks, WatchError, check_causal_lm
-from specviz.watch.steps import Assembly, Emit, assemble
+from specviz.watch.steps import Emit, InferredSteps, infer_steps
 from specviz.watch.streamer import GenerateStreamer
 
 FINISH_REASONS = (None, "eos", "length")
@@ -116,7 +116,7 @@ class Watch:
             hooks.remove()
         prompts = self.prompts if self.prompts is not None else _prompts_from_first_call(self._calls)
         eos = frozenset(_eos_ids(self.target, self.tokenizer))
-        assembly = assemble(self._calls, self._emits, prompts, eos)
+        assembly = infer_steps(self._calls, self._emits, prompts, eos)
         header = self._header(assembly, eos, complete)
         references = self._references(prompts, assembly.max_new_tokens, eos) if reference else None
         trace = Trace(header=header, steps=assembly.steps, sequences=self._sequences(prompts, assembly, references))
@@ -152,7 +152,7 @@ class Watch:
         if seq_id < 0:
             raise WatchError(f"{what}: sequence ids are prompt indices (0, 1, ...), got {seq_id}")
 
-    def _header(self, assembly: Assembly, eos: frozenset[int], complete: bool) -> Header:
+    def _header(self, assembly: InferredSteps, eos: frozenset[int], complete: bool) -> Header:
         seconds = None
         if assembly.first_call_at is not None and assembly.last_event_at is not None:
             seconds = round(assembly.last_event_at - assembly.first_call_at, 6)
@@ -190,7 +190,7 @@ class Watch:
             self.target.train(was_training)
 
     def _sequences(
-        self, prompts: list[list[int]], assembly: Assembly, references: list[tuple[list[int], list[float]]] | None
+        self, prompts: list[list[int]], assembly: InferredSteps, references: list[tuple[list[int], list[float]]] | None
     ) -> list[SequenceRecord]:
         records = []
         for seq_id, ids in enumerate(prompts):

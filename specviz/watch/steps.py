@@ -167,7 +167,7 @@ def consistent(tokens: list[int], drafts: list[int], targets: list[int]) -> bool
     return True
 
 
-def _matched(drafts: list[int], targets: list[int]) -> int | None:
+def matched_prefix(drafts: list[int], targets: list[int]) -> int | None:
     if len(targets) != len(drafts) + 1:
         return None
     n = 0
@@ -183,7 +183,7 @@ def accepted_and_bonus(tokens: list[int], drafts: list[int], targets: list[int])
     (emitting fewer is speed left on the table, not a wrong answer). Otherwise the engine accepted
     the drafts it emitted.
     """
-    matched = _matched(drafts, targets)
+    matched = matched_prefix(drafts, targets)
     if matched is not None and tokens == (drafts[:matched] + [targets[matched]])[: len(tokens)]:
         accepted = matched
     else:
@@ -231,7 +231,7 @@ def _row_tokens(call: CallRecord, row: int, slot: int) -> tuple[list[int], list[
 # ----------------------------------------------------------------------------- masks
 
 
-def _mask_row(call: CallRecord, row: int, slot: int) -> tuple[list[list[int]], int, bool | None]:
+def mask_row(call: CallRecord, row: int, slot: int) -> tuple[list[list[int]], int, bool | None]:
     """(mask_rle, attended context slots of the pending token, query block causal or None)."""
     cache_len = call.cache_width + slot
     q = call.query_len - slot
@@ -353,7 +353,7 @@ def _row_record(
     drafts, targets = _row_tokens(call, r, slot)
     tokens = group.tokens if group is not None else []
     accepted, bonus = accepted_and_bonus(tokens, drafts, targets)
-    runs, context, causal = _mask_row(call, r, slot)
+    runs, context, causal = mask_row(call, r, slot)
     cache_len = call.cache_width + slot
     lead = runs[0][1] if runs and runs[0][0] == 0 else 0
     draft_positions = [calls[j].positions[r][-1] for j in chain] if chain else None
@@ -462,9 +462,3 @@ def _close_by_length(
         group = last.get(seq_id)
         if group is not None and reasons[seq_id] is not None and group.finish_reason is None:
             group.finish_reason = reasons[seq_id]
-
-
-# Old names, kept while `specviz/watch/session.py` still imports them (it should import
-# `InferredSteps` and `infer_steps`): the engine has its own `assemble` (batch assembly).
-Assembly = InferredSteps
-assemble = infer_steps
