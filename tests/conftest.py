@@ -1,8 +1,14 @@
+"""Fixtures shared across the suite: the tiny model pair saved to folders, and one set of runs of
+it (correct and with faults) on a ragged batch. Helpers that are not fixtures live in
+`tests/support/` (on the path: `from tiny import make_pair`)."""
+
 import os
 import shutil
 import tempfile
 
+import pytest
 import torch
+from ragged import RAGGED_FAULTS, RAGGED_K, RAGGED_PROMPTS
 
 torch.set_num_threads(1)  # tiny models: threads only add contention
 
@@ -19,3 +25,34 @@ else:
 def pytest_sessionfinish(session, exitstatus) -> None:
     if _GRADIO_TEMP is not None:
         shutil.rmtree(_GRADIO_TEMP, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """The tiny target and draft saved as model folders (target, draft), as a user's would be."""
+    from tiny import save_tiny_model_dirs
+
+    return save_tiny_model_dirs(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="session")
+def traces() -> dict:
+    """EQSPEC and EXSPEC runs of the tiny pair, and EQSPEC with each of four faults: batch 4 over
+    six prompts of mixed lengths, k = 3, 12 new tokens, with token text attached."""
+    from tiny import make_pair
+
+    from specviz.engine.config import RunConfig
+    from specviz.engine.run import run
+    from specviz.views.tokens import attach_token_text
+
+    pair = make_pair("llama")
+    common = {"batch_size": 4, "draft_k": RAGGED_K, "max_new_tokens": 12}
+    out = {
+        "eqspec": run(pair, RAGGED_PROMPTS, RunConfig(method="eqspec", **common)),
+        "exspec": run(pair, RAGGED_PROMPTS, RunConfig(method="exspec", exspec_window=6, **common)),
+    }
+    for fault in RAGGED_FAULTS:
+        out[fault] = run(pair, RAGGED_PROMPTS, RunConfig(method="eqspec", fault=fault, **common))
+    for trace in out.values():
+        attach_token_text(trace, pair.tokenizer)
+    return out

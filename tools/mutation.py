@@ -12,7 +12,7 @@ once, then forks one child per mutant; the child imports `specviz` fresh from th
 
     python tools/mutation.py                      # every default target with its fast tests
     python tools/mutation.py --target rules       # one default target
-    python tools/mutation.py --module specviz/engine/rules.py --tests tests/test_sampling.py
+    python tools/mutation.py --module specviz/engine/rules.py --tests tests/engine/test_sampling.py
     python tools/mutation.py --target metrics --sample 20 --seed 1   # a random subset
     python tools/mutation.py --target sampling --list                # the mutants, no runs
 
@@ -41,9 +41,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # name -> (module, fast test files that are meant to kill its mutants)
 TARGETS: dict[str, tuple[str, list[str]]] = {
-    "rules": ("specviz/engine/rules.py", ["tests/test_rejection_rule.py"]),
-    "sampling": ("specviz/engine/sampling.py", ["tests/test_sampling_oracle.py", "tests/test_rejection_rule.py"]),
-    "metrics": ("specviz/analysis/metrics.py", ["tests/test_metrics_hand.py"]),
+    "rules": ("specviz/engine/rules.py", ["tests/engine/test_rejection_rule.py"]),
+    "sampling": (
+        "specviz/engine/sampling.py",
+        ["tests/engine/test_sampling_oracle.py", "tests/engine/test_rejection_rule.py"],
+    ),
+    "metrics": ("specviz/analysis/metrics.py", ["tests/analysis/test_metrics.py"]),
 }
 
 _CMP_SWAP = {

@@ -1,7 +1,7 @@
 """What each injectable fault does, in one or two lines, for the places the UI names a fault.
 
 A plain dict keyed by fault name, so views never import the engine (and torch) to explain one;
-`tests/test_ux.py` checks that every fault of `specviz.engine.faults.FAULTS` has its line. The
+`tests/app/test_ux.py` checks that every fault of `specviz.engine.faults.FAULTS` has its line. The
 long form, with the invariant each breaks and the real bugs behind it, is `docs/faults.md`.
 """
 

@@ -1,6 +1,6 @@
 """Slot forensics (specviz.analysis.slots): which physical slot holds which logical token, and which
 slots differ from what a correct left-padded engine feeds. Hand-built steps pin each rule; runs of
-the tiny model pair (tests/tiny.py), correct and with each fault, check the rules end to end.
+the tiny model pair (tests/support/tiny.py), correct and with each fault, check the rules end to end.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from tiny import make_pair
+from ragged import RAGGED_K
 
 from specviz.analysis.check import check_trace
 from specviz.analysis.report import Violation
@@ -22,7 +22,6 @@ from specviz.analysis.slots import (
     fed_position_before,
     step_slots,
 )
-from specviz.engine.run import RunConfig, run
 from specviz.trace.schema import Header, ModelInfo, RowRecord, SequenceRecord, StepRecord, Trace
 from specviz.views.palette import KINDS
 
@@ -151,21 +150,6 @@ def test_palette_draws_every_kind_analysis_names() -> None:
 # ----------------------------------------------------------------------------- tiny-model runs
 
 # Mixed prompt lengths make the batch ragged from the first step.
-PROMPTS = ["hello world", "a", "the quick brown fox jumps over", "xyz", "speculative decoding", "ab cd ef"]
-RUN_K = 3
-
-
-@pytest.fixture(scope="module")
-def traces() -> dict[str, Trace]:
-    pair = make_pair("llama")
-    common = {"batch_size": 4, "draft_k": RUN_K, "max_new_tokens": 12}
-    out = {
-        "eqspec": run(pair, PROMPTS, RunConfig(method="eqspec", **common)),
-        "exspec": run(pair, PROMPTS, RunConfig(method="exspec", exspec_window=6, **common)),
-    }
-    for fault in ("column-positions", "stale-kv", "masked-holes", "extra-accept"):
-        out[fault] = run(pair, PROMPTS, RunConfig(method="eqspec", fault=fault, **common))
-    return out
 
 
 def every_step(trace: Trace) -> list[StepSlots]:
@@ -183,7 +167,7 @@ def test_correct_run_slots_match_accepted_counts(traces: dict[str, Trace], name:
             rec, cache = row.record, step.cache_len
             kinds = row.kinds()
             # Query: the pending token, then a accepted drafts, then k - a rejected ones.
-            rejected = RUN_K - rec.accepted
+            rejected = RAGGED_K - rec.accepted
             assert (
                 kinds[cache : cache + step.query_len]
                 == ["pending"] + ["accepted"] * rec.accepted + ["rejected"] * rejected

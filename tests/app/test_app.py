@@ -27,7 +27,7 @@ from specviz.engine.run import RunConfig, run
 from specviz.trace.io import save_trace
 from specviz.trace.token_text import attach_token_text
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class AppClient:

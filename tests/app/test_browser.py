@@ -14,7 +14,7 @@ import pytest
 import app
 from specviz.app.loading import TRACES, bundled_traces
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "test-output"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARGS = [

@@ -28,7 +28,7 @@ from specviz.trace.synthetic import synthetic_trace
 from specviz.views.outputs import MAX_TOKENS_SHOWN, RunOutputs, outputs_html
 from specviz.views.safe_text import html_text, md_text
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def small() -> dict:

@@ -9,7 +9,7 @@ import copy
 from pathlib import Path
 
 import pytest
-from tiny import make_pair, save_tiny_model_dirs
+from tiny import make_pair
 
 from specviz.analysis.check import check_trace
 from specviz.analysis.report import Report, Violation
@@ -32,9 +32,9 @@ PROMPTS = ["hello world", "a longer prompt here", "xy", "the quick brown fox", "
 
 
 @pytest.fixture(scope="module")
-def cli_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def cli_trace(tmp_path_factory: pytest.TempPathFactory, tiny_model_dirs: tuple[str, str]) -> Path:
     """A faulty run recorded by the CLI on tiny model directories."""
-    target, draft = save_tiny_model_dirs(tmp_path_factory.mktemp("models"))
+    target, draft = tiny_model_dirs
     out = tmp_path_factory.mktemp("runs") / "extra.json.gz"
     argv = ["record", "--target", target, "--draft", draft, "--fault", "extra-accept", "--batch-size", "4"]
     argv += ["--draft-k", "3", "--max-new-tokens", "12", "--num-prompts", "6", "--out", str(out)]

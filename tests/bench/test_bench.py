@@ -311,7 +311,7 @@ def test_converge_policy_is_exact(batch: int, window: int) -> None:
 
 
 def _load_benchmark(name: str, monkeypatch: pytest.MonkeyPatch):
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, name, module)  # dataclasses look their module up

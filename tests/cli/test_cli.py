@@ -18,12 +18,7 @@ from specviz.analysis.check import check_trace
 from specviz.cli import main
 from specviz.trace.io import load_trace
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory):
-    return save_tiny_model_dirs(tmp_path_factory.mktemp("models"))
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +26,8 @@ def other_vocab_draft(tmp_path_factory):
     return save_tiny_model_dirs(tmp_path_factory.mktemp("other"), corpus_shift=3)[1]
 
 
-def test_record_json_summary_and_trace(model_dirs, tmp_path, capsys) -> None:
-    target, draft = model_dirs
+def test_record_json_summary_and_trace(tiny_model_dirs, tmp_path, capsys) -> None:
+    target, draft = tiny_model_dirs
     out = tmp_path / "run.json.gz"
     code = main(
         [
@@ -77,8 +72,10 @@ def test_record_json_summary_and_trace(model_dirs, tmp_path, capsys) -> None:
     assert "exists" in capsys.readouterr().err
 
 
-def test_different_vocabularies_are_refused_before_compute(model_dirs, other_vocab_draft, tmp_path, capsys) -> None:
-    target, _ = model_dirs
+def test_different_vocabularies_are_refused_before_compute(
+    tiny_model_dirs, other_vocab_draft, tmp_path, capsys
+) -> None:
+    target, _ = tiny_model_dirs
     started = time.perf_counter()
     code = main(
         [
@@ -123,8 +120,8 @@ def test_bad_input_is_one_line_exit_2(args, needle, tmp_path, capsys) -> None:
     assert needle in err and err.count("\n") == 1 and "Traceback" not in err
 
 
-def test_sigterm_leaves_a_valid_incomplete_trace(model_dirs, tmp_path) -> None:
-    target, draft = model_dirs
+def test_sigterm_leaves_a_valid_incomplete_trace(tiny_model_dirs, tmp_path) -> None:
+    target, draft = tiny_model_dirs
     out = tmp_path / "partial.json.gz"
     cmd = [
         sys.executable,

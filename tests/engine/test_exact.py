@@ -6,63 +6,16 @@ unpadded sequence and lets the model infer positions. It is itself checked again
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
-from tiny import FAMILIES, make_pair, noisy_draft
+from exactness import MAX_NEW, PROMPTS, assert_exact, decode, frequent_token, oracle, pair_for
+from tiny import FAMILIES, noisy_draft
 
 from specviz.engine.reference import greedy_reference
 from specviz.engine.run import RunConfig, run
 
+
 # Very different lengths in one batch: 1 token next to 90.
-PROMPTS = [
-    "a",
-    "hi",
-    "The cat",
-    "once upon a time there was",
-    "xyz" * 30,
-    "Q: 2+2? A:",
-    "z",
-    "speculative decoding in batches is hard",
-    "ragged",
-    "0123456789" * 4,
-    "ok",
-    "left pad me",
-    "the end is near, the end is near",
-    "m" * 50,
-    "tokens",
-    "mixed lengths",
-]
-MAX_NEW = 20
-
-
-@functools.cache
-def pair_for(family: str, eos: int = 1, pad: int = 0):
-    return make_pair(family, eos=eos, pad=pad)
-
-
-@functools.cache
-def oracle(family: str, eos: int = 1, pad: int = 0, max_new: int = MAX_NEW) -> tuple:
-    pair = pair_for(family, eos, pad)
-    outs = []
-    for text in PROMPTS:
-        ids = pair.tokenizer(text)["input_ids"]
-        outs.append(greedy_reference(pair.target, ids, max_new, frozenset([eos]), pair.device)[0])
-    return tuple(tuple(o) for o in outs)
-
-
-def decode(family: str, method: str, batch: int, k: int, eos: int = 1, pad: int = 0, **extra):
-    pair = pair_for(family, eos, pad)
-    cfg = RunConfig(method=method, batch_size=batch, draft_k=k, max_new_tokens=MAX_NEW, reference=False, **extra)
-    return run(pair, PROMPTS, cfg)
-
-
-def assert_exact(trace, expected) -> None:
-    for seq in trace.sequences:
-        assert tuple(seq.output_ids) == expected[seq.seq_id], f"sequence {seq.seq_id} diverged"
-
-
 def test_oracle_matches_hf_generate() -> None:
     pair = pair_for("llama")
     for text in PROMPTS[:4]:
@@ -104,18 +57,9 @@ def test_baseline_batched_exact() -> None:
         assert_exact(decode("llama", "baseline", batch, 0), oracle("llama"))
 
 
-def _frequent_token(family: str) -> int:
-    """A token the target emits often a few steps in: used as EOS so rows end early."""
-    counts: dict[int, int] = {}
-    for out in oracle(family):
-        for token in out[2:10]:
-            counts[token] = counts.get(token, 0) + 1
-    return max(counts, key=counts.get)
-
-
 @pytest.mark.parametrize("method", ["eqspec", "exspec", "inplace"])
 def test_rows_ending_early_by_eos(method: str) -> None:
-    eos = _frequent_token("llama")
+    eos = frequent_token("llama")
     expected = oracle("llama", eos=eos)
     assert any(len(o) < MAX_NEW for o in expected), "some rows must end by EOS"
     assert any(len(o) == MAX_NEW for o in expected), "and some by max_new_tokens"
@@ -127,13 +71,13 @@ def test_rows_ending_early_by_eos(method: str) -> None:
 
 @pytest.mark.parametrize("method", ["eqspec", "exspec"])
 def test_pad_equals_eos(method: str) -> None:
-    eos = _frequent_token("llama")
+    eos = frequent_token("llama")
     assert_exact(decode("llama", method, 8, 4, eos=eos, pad=eos), oracle("llama", eos=eos, pad=eos))
 
 
 @pytest.mark.parametrize("method", ["eqspec", "exspec"])
 def test_generated_token_equal_to_pad(method: str) -> None:
-    pad = _frequent_token("llama")  # a token the model generates, used as the pad id
+    pad = frequent_token("llama")  # a token the model generates, used as the pad id
     assert any(pad in o for o in oracle("llama"))
     assert_exact(decode("llama", method, 8, 4, pad=pad), oracle("llama", pad=pad))
 
@@ -184,7 +128,7 @@ def _tiny_gemma3(window: int):
 
 
 def test_sliding_window_model_exact_below_and_past_its_window() -> None:
-    """Gemma-3 mixes sliding and full layers; tests/test_families.py covers more windowed families."""
+    """Gemma-3 mixes sliding and full layers; tests/engine/test_families.py covers more windowed families."""
     pair = _tiny_gemma3(window=16)
     short = [p for p in PROMPTS if len(p) < 30]
     cfg = RunConfig(method="eqspec", batch_size=4, draft_k=3, max_new_tokens=16, reference=True)
@@ -221,7 +165,7 @@ def test_exspec_gathers_from_the_pool_or_the_last_batch_alike(batch: int, monkey
     monkeypatch.setattr(KVPool, "take", counted_take)
     monkeypatch.setattr(exspec, "rebuild", counted_rebuild)
     monkeypatch.setattr(KVPool, "store_step", counted_store)
-    eos = _frequent_token("llama")  # rows end at different steps: the group shrinks
+    eos = frequent_token("llama")  # rows end at different steps: the group shrinks
     assert_exact(decode("llama", "exspec", batch, 4, eos=eos, exspec_window=16), oracle("llama", eos=eos))
     assert sources["pool"] > 0 and sources["last batch"] > 0, sources
     assert sources["whole rows stored"] > 0, "a carried-over group ended and its rows were stored whole"

@@ -15,7 +15,7 @@ import functools
 
 import pytest
 import torch
-from test_engine_exact import PROMPTS
+from exactness import PROMPTS
 from tiny import MORE_FAMILIES, WINDOW_FAMILIES, make_pair
 
 from specviz.engine.kv.window import WindowSpec, window_spec

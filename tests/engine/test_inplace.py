@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_engine_exact import MAX_NEW, PROMPTS, _frequent_token, assert_exact, decode, oracle, pair_for
+from exactness import MAX_NEW, PROMPTS, assert_exact, decode, frequent_token, oracle, pair_for
 
 from specviz.analysis.check import check_trace
 from specviz.engine.batch import SeqState
@@ -24,7 +24,7 @@ def test_exact_llama(batch: int, k: int) -> None:
 
 
 def test_pad_equals_eos() -> None:
-    eos = _frequent_token("llama")
+    eos = frequent_token("llama")
     assert_exact(decode("llama", "inplace", 8, 4, eos=eos, pad=eos), oracle("llama", eos=eos, pad=eos))
 
 

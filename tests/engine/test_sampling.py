@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 from catalogue import ORIGINAL_FAULTS
-from test_engine_exact import PROMPTS, pair_for
+from exactness import PROMPTS, pair_for
 from tiny import make_pair
 
 from specviz.analysis.check import check_trace

@@ -1,4 +1,4 @@
-"""`specviz probe` end to end against tests/probe_server.py (the embedded target on loopback)."""
+"""`specviz probe` end to end against tests/support/probe_server.py (the embedded target on loopback)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from specviz.cli import main
 from specviz.engine.models import DEFAULT_TARGET
 from specviz.probe.report import load_report
 
-SERVER = Path(__file__).resolve().parent / "probe_server.py"
+SERVER = Path(__file__).resolve().parents[1] / "support" / "probe_server.py"
 KEY = "sk-test-0123456789-never-written"
 FAST = ["--num-prompts", "8", "--max-tokens", "12", "--concurrency", "4", "--quiet", "--retries", "0"]
 

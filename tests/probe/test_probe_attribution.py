@@ -195,7 +195,7 @@ def test_schema_and_bundled_example_agree():
 
     import jsonschema
 
-    root = pathlib.Path(__file__).resolve().parent.parent
+    root = pathlib.Path(__file__).resolve().parents[2]
     schema = json.loads((root / "docs" / "probe.schema.json").read_text())
     jsonschema.validate(rp.to_dict(_report()), schema)
     example = root / "traces" / "probe-example.json"

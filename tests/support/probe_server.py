@@ -1,6 +1,6 @@
 """A tiny OpenAI-compatible batching server for the probe's tests: the embedded default target.
 
-    python tests/probe_server.py            # prints "READY <port>" on stdout once it listens
+    python tests/support/probe_server.py            # prints "READY <port>" on stdout once it listens
 
 One process serves every behaviour, chosen by the URL's first two path parts,
 `/<mode>/<layout>/v1/completions` (and `/v1/chat/completions`, `/v1/models`):
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from specviz.engine.models import DEFAULT_TARGET  # noqa: E402
 

@@ -26,7 +26,7 @@ from specviz.trace.columnar import (
 from specviz.trace.io import TraceError, load_trace, parse_trace_bytes, save_trace, trace_to_json
 from specviz.trace.synthetic import synthetic_trace
 
-TRACES = Path(__file__).resolve().parents[1] / "traces"
+TRACES = Path(__file__).resolve().parents[2] / "traces"
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in TRACES.glob("*.json.gz")))

@@ -36,7 +36,7 @@ from specviz.trace.io import (
 )
 from specviz.trace.schema import SCHEMA_VERSION, Trace
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 SCHEMA = json.loads((DOCS / "trace.schema.json").read_text(encoding="utf-8"))
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
 
@@ -45,7 +45,7 @@ CORRECT = ("eqspec", "exspec", "baseline")  # runs without a fault
 
 
 @pytest.fixture(scope="module")
-def traces() -> dict[str, Trace]:
+def format_runs() -> dict[str, Trace]:
     # One thread: on a shared, loaded CPU, tiny models spend most of their time in thread handoff.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -77,27 +77,27 @@ def test_schema_is_valid_draft_2020_12() -> None:
 
 
 @pytest.mark.parametrize("name", ["eqspec", "exspec", "baseline", "column-positions"])
-def test_engine_trace_validates_against_schema(traces: dict[str, Trace], name: str) -> None:
-    data = as_json(traces[name])
+def test_engine_trace_validates_against_schema(format_runs: dict[str, Trace], name: str) -> None:
+    data = as_json(format_runs[name])
     errors = [f"{list(e.absolute_path)}: {e.message}" for e in VALIDATOR.iter_errors(data)]
     assert not errors, errors[:5]
     assert data["steps"], "the run recorded no steps"
 
 
-def test_traces_cover_the_nullable_and_optional_shapes(traces: dict[str, Trace]) -> None:
+def test_traces_cover_the_nullable_and_optional_shapes(format_runs: dict[str, Trace]) -> None:
     """The runs above exercise the variants the schema allows, so validation means something."""
-    base = traces["baseline"]
+    base = format_runs["baseline"]
     assert base.header.draft is None and base.header.draft_k == 0
     assert all(r.draft_kv_len is None and r.draft_tokens == [] for s in base.steps for r in s.rows)
     assert all(s.reference_ids is None for s in base.sequences)
-    ex = traces["exspec"]
+    ex = format_runs["exspec"]
     assert {s.grouped for s in ex.steps} <= {True, False} and ex.header.options["exspec_window"] == 4
-    eq = traces["eqspec"]
+    eq = format_runs["eqspec"]
     rows = [r for s in eq.steps for r in s.rows]
     assert any(r.left_pad_after is None for r in rows) and any(r.left_pad_after is not None for r in rows)
     assert any(r.left_pad > 0 for r in rows)
     assert all(r.draft_kv_len is not None for r in rows)
-    assert traces["column-positions"].header.fault_events  # written for tests, still valid
+    assert format_runs["column-positions"].header.fault_events  # written for tests, still valid
 
 
 def expected_emitted(trace: Trace, row: Any, proposal: list[int]) -> list[int]:
@@ -157,8 +157,8 @@ def assert_documented_correct_values(trace: Trace) -> None:
 
 
 @pytest.mark.parametrize("name", CORRECT)
-def test_correct_engine_writes_the_documented_values(traces: dict[str, Trace], name: str) -> None:
-    assert_documented_correct_values(traces[name])
+def test_correct_engine_writes_the_documented_values(format_runs: dict[str, Trace], name: str) -> None:
+    assert_documented_correct_values(format_runs[name])
 
 
 def test_doc_example_loads_validates_and_is_correct(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -181,8 +181,8 @@ def test_doc_example_loads_validates_and_is_correct(tmp_path: Path, monkeypatch:
 
 
 @pytest.mark.parametrize("suffix", [".json", ".json.gz"])
-def test_save_load_round_trip(traces: dict[str, Trace], tmp_path: Path, suffix: str) -> None:
-    for name, trace in traces.items():
+def test_save_load_round_trip(format_runs: dict[str, Trace], tmp_path: Path, suffix: str) -> None:
+    for name, trace in format_runs.items():
         path = save_trace(trace, tmp_path / f"{name}{suffix}")
         raw = path.read_bytes()
         assert (raw[:2] == b"\x1f\x8b") == suffix.endswith(".gz")
@@ -193,8 +193,8 @@ def test_save_load_round_trip(traces: dict[str, Trace], tmp_path: Path, suffix: 
     assert not list(tmp_path.glob(".*.tmp")), "atomic write left a temp file"
 
 
-def test_gzip_is_detected_by_content_not_name(traces: dict[str, Trace], tmp_path: Path) -> None:
-    trace = traces["eqspec"]
+def test_gzip_is_detected_by_content_not_name(format_runs: dict[str, Trace], tmp_path: Path) -> None:
+    trace = format_runs["eqspec"]
     payload = json.dumps(trace_to_dict(trace)).encode()
     (tmp_path / "packed.json").write_bytes(gzip.compress(payload))
     (tmp_path / "plain.json.gz").write_bytes(payload)
@@ -202,8 +202,8 @@ def test_gzip_is_detected_by_content_not_name(traces: dict[str, Trace], tmp_path
     assert load_trace(tmp_path / "plain.json.gz") == trace
 
 
-def test_optional_fields_may_be_omitted(traces: dict[str, Trace]) -> None:
-    data = as_json(traces["eqspec"])
+def test_optional_fields_may_be_omitted(format_runs: dict[str, Trace]) -> None:
+    data = as_json(format_runs["eqspec"])
     defaults = {"engine", "options", "complete", "finished_at", "decode_seconds", "fault_events"}
     for key in defaults:
         del data["header"][key]
@@ -383,8 +383,8 @@ STRUCTURAL = {
 
 
 @pytest.fixture(scope="module")
-def small(traces: dict[str, Trace]) -> dict[str, Any]:
-    return as_json(traces["eqspec"])
+def small(format_runs: dict[str, Trace]) -> dict[str, Any]:
+    return as_json(format_runs["eqspec"])
 
 
 def assert_one_line_error(path: Path, must_contain: str | tuple[str, ...]) -> str:
@@ -534,8 +534,8 @@ def test_version_1_files_still_load(small: dict) -> None:
     assert trace.header.schema_version == 1 and trace.steps[0].rows[0].kv_mismatch_slot is None
 
 
-def test_version_2_row_fields_round_trip_and_are_written_only_when_recorded(traces: dict[str, Trace]) -> None:
-    trace = copy.deepcopy(traces["eqspec"])
+def test_version_2_row_fields_round_trip_and_are_written_only_when_recorded(format_runs: dict[str, Trace]) -> None:
+    trace = copy.deepcopy(format_runs["eqspec"])
     row = trace.steps[1].rows[0]
     row.query_causal, row.draft_position_ids, row.draft_kv_lens = True, [4, 5, 6], [4, 5, 6]
     row.kv_content_checked, row.kv_mismatch_slot = True, 0  # slot 0 is a value, not "absent"

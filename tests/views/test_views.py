@@ -1,5 +1,5 @@
 """The views reconstruct what the engine fed, flag what differs from a correct engine, and stay
-fast on large traces. Traces come from real runs of the tiny model pair (tests/tiny.py) and from
+fast on large traces. Traces come from real runs of the tiny model pair (tests/support/tiny.py) and from
 a synthetic, correct-by-construction 480-prompt trace.
 """
 
@@ -12,12 +12,10 @@ import time
 
 import numpy as np
 import pytest
-from tiny import make_pair
 
 from specviz.analysis.check import check_trace
 from specviz.analysis.metrics import acceptance
 from specviz.analysis.slots import step_slots
-from specviz.engine.run import RunConfig, run
 from specviz.trace.schema import Header, ModelInfo, RowRecord, SequenceRecord, StepRecord, Trace
 from specviz.views import (
     RunOutputs,
@@ -40,27 +38,7 @@ from specviz.views.heatmaps import bin_matrix
 from specviz.views.outputs import ordered_sequence_ids, page_count
 from specviz.views.palette import FIRST_FLAG_COLOR
 from specviz.views.run import NO_ROW_PICKED
-from specviz.views.tokens import TOKEN_TEXT_KEY, attach_token_text, token_label, token_texts
-
-# Mixed prompt lengths make the batch ragged from the first step.
-PROMPTS = ["hello world", "a", "the quick brown fox jumps over", "xyz", "speculative decoding", "ab cd ef"]
-K = 3
-
-
-@pytest.fixture(scope="module")
-def traces() -> dict[str, Trace]:
-    pair = make_pair("llama")
-    common = {"batch_size": 4, "draft_k": K, "max_new_tokens": 12}
-    out = {
-        "eqspec": run(pair, PROMPTS, RunConfig(method="eqspec", **common)),
-        "exspec": run(pair, PROMPTS, RunConfig(method="exspec", exspec_window=6, **common)),
-    }
-    for fault in ("column-positions", "stale-kv", "masked-holes", "extra-accept"):
-        out[fault] = run(pair, PROMPTS, RunConfig(method="eqspec", fault=fault, **common))
-    for trace in out.values():
-        attach_token_text(trace, pair.tokenizer)
-    return out
-
+from specviz.views.tokens import TOKEN_TEXT_KEY, token_label, token_texts
 
 # ----------------------------------------------------------------------------- ragged grid
 # (what each slot holds is tested in test_slots.py; here, how the grid draws and words it)

@@ -2,7 +2,7 @@
 
 1. specviz's own engine, recorder off, under watch: same verdict and first (step, row, invariant)
    as the recorder's trace, clean and for every fault.
-2. An independent engine (tests/watch_engine.py): clean -> clean; injected bugs found where injected;
+2. An independent engine (tests/support/watch_engine.py): clean -> clean; injected bugs found where injected;
    no bonus and a cacheless draft are not violations.
 3. A hand-written greedy loop without position_ids is desync on its left-padded rows from step 0;
    with them it is clean and exact; HF generate watched is clean.

@@ -96,7 +96,7 @@ generate(target, draft, prompts, 3, 10, frozenset([1]), 0, Bugs(no_position_ids=
 @pytest.mark.filterwarnings("ignore::FutureWarning")
 @pytest.mark.parametrize("bug", [False, True], ids=["clean", "no-position-ids"])
 def test_unmodified_speculative_engine(tmp_path: Path, bug: bool) -> None:
-    """tests/watch_engine.py, uninstrumented: the larger model is the target, k is found; the engine
+    """tests/support/watch_engine.py, uninstrumented: the larger model is the target, k is found; the engine
     drops finished rows, so reading stops there and the trace is marked incomplete."""
     script = tmp_path / "spec.py"
     script.write_text(SPECULATIVE)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_engine_exact import assert_exact, decode, oracle
+from exactness import assert_exact, decode, oracle
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_engine_exact import MAX_NEW, pair_for
+from exactness import MAX_NEW, pair_for
 from transformers import DynamicCache
 
 from specviz.engine.batch import SeqState
