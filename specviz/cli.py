@@ -393,9 +393,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     from specviz.analysis.check import check_trace
     from specviz.analysis.metrics import summary
     from specviz.analysis.text import render_report
-    from specviz.trace.io import load_trace
+    from specviz.trace.io import open_trace
 
-    trace = load_trace(args.trace)
+    trace = open_trace(args.trace)  # a Parquet trace streams: one row group in memory at a time
     report = check_trace(trace)
     if args.json:
         payload = report.to_dict()

@@ -14,6 +14,7 @@ the run has no steps at all); one that was dropped is located at the last step t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from specviz.analysis.findings import Findings, RowFlags, stub_row
@@ -25,8 +26,11 @@ from specviz.trace.schema import SequenceRecord, StepRecord
 ACCOUNTING = Invariant.ACCOUNTING
 
 
-def records_row_finish(steps: list[StepRecord]) -> bool:
+def records_row_finish(steps: Sequence[StepRecord]) -> bool:
     """Row finish fields are optional: a trace in which no row records one did not record them."""
+    columnar = getattr(steps, "records_row_finish", None)
+    if columnar is not None:  # the steps of a Parquet trace answer from two columns, not a full read
+        return columnar()
     return any(row.finished or row.finish_reason is not None for step in steps for row in step.rows)
 
 

@@ -17,9 +17,12 @@ row group; a process killed outright leaves no footer, and the file is refused a
 
 from __future__ import annotations
 
+import bisect
+import collections.abc
 import dataclasses
 import gzip
 import io
+import itertools
 import json
 import os
 import stat
@@ -31,7 +34,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from specviz.trace.schema import FORMAT_NAME, Header, RowRecord, SequenceRecord, StepRecord, Trace
@@ -99,13 +104,14 @@ def _plain(obj: Any) -> Any:
     raise TypeError(f"cannot serialise {type(obj).__name__} in a trace")
 
 
-def _footer(header: Header, sequences: list[SequenceRecord]) -> dict[bytes, bytes]:
+def _footer(header: Header, sequences: list[SequenceRecord], group_steps: list[int]) -> dict[bytes, bytes]:
     body = {
         "format": FORMAT_NAME,
         "container": CONTAINER,
         "container_version": CONTAINER_VERSION,
         "header": header,
         "sequences": sequences,
+        "row_group_steps": group_steps,  # steps in each row group, so step i is found without a scan
     }
     text = json.dumps(body, separators=(",", ":"), allow_nan=False, default=_plain).encode()
     # Footer metadata is not compressed by Parquet, and the sequences' token lists are a third
@@ -130,10 +136,16 @@ class ParquetTraceWriter:
         self._writer = pq.ParquetWriter(str(self._tmp), TABLE_SCHEMA, compression="zstd")
         self._columns: dict[str, list[Any]] = {name: [] for name in TABLE_SCHEMA.names}
         self._buffered = 0
+        self._buffered_steps = 0
+        self.group_steps: list[int] = []
         self.row_group_rows = row_group_rows
         self.steps_written = 0
+        self.empty_steps_dropped = 0
 
     def add_step(self, step: StepRecord) -> None:
+        if not step.rows:  # a step with no rows has no table row to live in; it checks nothing
+            self.empty_steps_dropped += 1
+            return
         columns = self._columns
         for row in step.rows:
             for name in STEP_FIELDS:
@@ -141,6 +153,7 @@ class ParquetTraceWriter:
             for name in ROW_FIELDS:
                 columns[name].append(getattr(row, name))
         self._buffered += len(step.rows)
+        self._buffered_steps += 1
         self.steps_written += 1
         if self._buffered >= self.row_group_rows:
             self.flush()
@@ -148,15 +161,17 @@ class ParquetTraceWriter:
     def flush(self) -> None:
         """Write the buffered steps as one row group (nothing if none are buffered)."""
         if not self._buffered:
+            self._buffered_steps = 0  # steps without rows hold no table rows; they are not stored
             return
         self._writer.write_table(pa.table(self._columns, schema=TABLE_SCHEMA), row_group_size=self._buffered)
         self._columns = {name: [] for name in TABLE_SCHEMA.names}
-        self._buffered = 0
+        self.group_steps.append(self._buffered_steps)
+        self._buffered = self._buffered_steps = 0
 
     def close(self, header: Header, sequences: list[SequenceRecord]) -> Path:
         try:
             self.flush()
-            self._writer.add_key_value_metadata(_footer(header, sequences))
+            self._writer.add_key_value_metadata(_footer(header, sequences, self.group_steps))
             self._writer.close()
             os.chmod(self._tmp, 0o666 & ~_umask())
             os.replace(self._tmp, self.path)
@@ -204,11 +219,15 @@ class ParquetTrace:
             self._file = pq.ParquetFile(str(self.path))
         except (OSError, pa.ArrowException) as exc:
             raise ColumnarError(f"{self.path}: not a readable Parquet file ({_first_line(exc)})") from None
-        self.header, self.sequences = _read_footer(self._file, self.path)
+        self.header, self.sequences, group_steps = _read_footer(self._file, self.path)
         _check_columns(self._file.schema_arrow, self.path)
         self.num_row_groups = self._file.num_row_groups
         self.num_rows = self._file.metadata.num_rows
         self.seq_ids = {seq.seq_id for seq in self.sequences}
+        if group_steps is None or len(group_steps) != self.num_row_groups:
+            group_steps = [len(self._decode(g)) for g in range(self.num_row_groups)]  # one scan
+        self.group_starts = list(itertools.accumulate(group_steps, initial=0))  # step index of each group
+        self._cache: tuple[int, list[StepRecord]] | None = None  # the last row group read
 
     def step_range(self, group: int) -> tuple[int, int] | None:
         """(first, last) `step` number of one row group, from its statistics; None if absent."""
@@ -218,27 +237,85 @@ class ParquetTrace:
             return None
         return int(stats.min), int(stats.max)
 
-    def read_group(self, group: int) -> list[StepRecord]:
+    def _decode(self, group: int) -> list[StepRecord]:
         try:
             table = self._file.read_row_group(group)
         except (OSError, pa.ArrowException) as exc:
             raise ColumnarError(f"{self.path}: row group {group}: unreadable ({_first_line(exc)})") from None
-        return _steps_of({name: _pylist(table.column(name)) for name in table.column_names})
+        try:
+            return _steps_of({name: _pylist(table.column(name)) for name in table.column_names})
+        except ColumnarError as exc:
+            raise ColumnarError(f"{self.path}: row group {group}: {exc}") from None
 
-    def iter_steps(self, validate: bool = True) -> Iterator[StepRecord]:
-        """Every step in order, one row group in memory at a time."""
+    def read_group(self, group: int) -> list[StepRecord]:
+        """One row group's steps, checked like a JSON trace's (the previous group's last step
+        number comes from its statistics, so groups can be read in any order)."""
+        if self._cache is not None and self._cache[0] == group:
+            return self._cache[1]
+        steps = self._decode(group)
         previous = -1
+        if group > 0:
+            bounds = self.step_range(group - 1)
+            previous = bounds[1] if bounds is not None else -1
+        try:
+            check_steps(steps, self.seq_ids, previous, first_index=self.group_starts[group])
+        except TraceError as exc:
+            raise ColumnarError(f"{self.path}: {exc}") from None
+        if group + 1 < len(self.group_starts) and len(steps) != self.group_starts[group + 1] - self.group_starts[group]:
+            raise ColumnarError(f"{self.path}: row group {group}: holds {len(steps)} steps, the footer says otherwise")
+        self._cache = (group, steps)
+        return steps
+
+    def iter_steps(self) -> Iterator[StepRecord]:
+        """Every step in order, one row group in memory at a time."""
         for group in range(self.num_row_groups):
-            steps = self.read_group(group)
-            if validate:
-                try:
-                    previous = check_steps(steps, self.seq_ids, previous, first_index=0)
-                except ValueError as exc:
-                    raise ColumnarError(f"{self.path}: row group {group}: {exc}") from None
-            yield from steps
+            yield from self.read_group(group)
+
+    @property
+    def steps(self) -> ParquetSteps:
+        return ParquetSteps(self)
+
+    def open(self) -> Trace:
+        """A Trace whose `steps` are read from disk a row group at a time as they are used."""
+        return Trace(header=self.header, steps=self.steps, sequences=self.sequences)  # type: ignore[arg-type]
 
     def read(self) -> Trace:
+        """The whole trace in memory."""
         return Trace(header=self.header, steps=list(self.iter_steps()), sequences=self.sequences)
+
+
+class ParquetSteps(collections.abc.Sequence):
+    """The steps of a Parquet trace as a read-only sequence: iterating streams the row groups,
+    indexing reads the one row group that holds the step (the last one read is kept)."""
+
+    def __init__(self, source: ParquetTrace) -> None:
+        self._source = source
+
+    def __len__(self) -> int:
+        return self._source.group_starts[-1]
+
+    def __iter__(self) -> Iterator[StepRecord]:
+        return self._source.iter_steps()
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError("step index out of range")
+        starts = self._source.group_starts
+        group = bisect.bisect_right(starts, index) - 1
+        return self._source.read_group(group)[index - starts[group]]
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def records_row_finish(self) -> bool:
+        """Whether any row records a finish (the checker asks before its walk): two columns."""
+        table = self._source._file.read(columns=["finished", "finish_reason"])
+        return bool(pc.any(table["finished"]).as_py()) or table["finish_reason"].null_count < len(table)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -246,7 +323,7 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def _read_footer(file: pq.ParquetFile, path: Path) -> tuple[Header, list[SequenceRecord]]:
+def _read_footer(file: pq.ParquetFile, path: Path) -> tuple[Header, list[SequenceRecord], list[int] | None]:
     raw = (file.metadata.metadata or {}).get(METADATA_KEY)
     if raw is None:
         raise ColumnarError(f"{path}: Parquet file without a specviz footer (not a specviz trace)")
@@ -262,9 +339,12 @@ def _read_footer(file: pq.ParquetFile, path: Path) -> tuple[Header, list[Sequenc
             f"{path}: container_version {version!r}; this specviz reads Parquet container {CONTAINER_VERSION}"
         )
     try:
-        return header_and_sequences_from_dict({k: body.get(k) for k in ("format", "header", "sequences")})
+        header, sequences = header_and_sequences_from_dict({k: body.get(k) for k in ("format", "header", "sequences")})
     except TraceError as exc:
         raise ColumnarError(f"{path}: {exc}") from None
+    counts = body.get("row_group_steps")
+    valid = isinstance(counts, list) and all(type(c) is int and 0 < c <= 10_000_000 for c in counts)
+    return header, sequences, counts if valid else None
 
 
 def _gunzip_footer(raw: bytes) -> bytes:
@@ -302,23 +382,37 @@ def _pylist(column: pa.ChunkedArray) -> list[Any]:
     return out
 
 
+_NUMPY_TYPES = {pa.int64(): "<i8", pa.int32(): "<i4", pa.float64(): "<f8"}
+
+
 def _chunk_values(array: pa.Array) -> list[Any]:
     if array.null_count == len(array):  # an optional field nobody recorded
         return [None] * len(array)
     if pa.types.is_list(array.type):
-        offsets = array.offsets.to_numpy().tolist()
+        offsets = _primitive(array.offsets)
         values = _chunk_values(array.values)
         rows = list(map(values.__getitem__, map(slice, offsets, offsets[1:])))
-    elif array.null_count or not (
-        pa.types.is_integer(array.type) or pa.types.is_floating(array.type) or pa.types.is_boolean(array.type)
-    ):
+    elif array.null_count or not (array.type in _NUMPY_TYPES or pa.types.is_boolean(array.type)):
         return array.to_pylist()
     else:
-        rows = array.to_numpy(zero_copy_only=False).tolist()
+        rows = _primitive(array)
     if array.null_count:
-        for i in array.is_null().to_numpy(zero_copy_only=False).nonzero()[0].tolist():
-            rows[i] = None
+        nulls = array.is_null()
+        for i, null in enumerate(_primitive(nulls)):
+            if null:
+                rows[i] = None
     return rows
+
+
+def _primitive(array: pa.Array) -> list[Any]:
+    """A null-free numeric or boolean array as a list, straight from its data buffer through NumPy
+    (`Array.to_numpy` would import pandas, seconds of a short `check`)."""
+    n, buffer = len(array), array.buffers()[1]
+    if pa.types.is_boolean(array.type):  # bit-packed, least significant bit first
+        bits = np.unpackbits(np.frombuffer(buffer, dtype=np.uint8), bitorder="little")
+        return bits[array.offset : array.offset + n].astype(bool).tolist()
+    dtype = np.dtype(_NUMPY_TYPES[array.type])
+    return np.frombuffer(buffer, dtype=dtype, count=n, offset=array.offset * dtype.itemsize).tolist()
 
 
 def _steps_of(columns: dict[str, list[Any]]) -> list[StepRecord]:

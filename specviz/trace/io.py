@@ -11,6 +11,7 @@ __all__ = [
     "TraceError",
     "convert_trace",
     "load_trace",
+    "open_trace",
     "parse_trace_bytes",
     "save_trace",
     "trace_from_dict",
@@ -214,6 +215,19 @@ def parse_trace_bytes(
         return trace_from_dict(data, budget)
     except TraceError as exc:
         raise TraceError(f"{source}: {exc}") from None
+
+
+def open_trace(path: str | os.PathLike[str]) -> Trace:
+    """A local trace for one walk over its steps: a JSON trace is loaded whole; a Parquet trace's
+    `steps` are read from disk a row group at a time as they are used (`ParquetSteps`), so a
+    check of a run of any length holds one row group, the header and the sequences."""
+    path = Path(path)
+    if not is_parquet(path):
+        return load_trace(path)
+    try:
+        return ParquetTrace(path).open()
+    except ColumnarError as exc:
+        raise TraceError(str(exc)) from None
 
 
 def load_trace(path: str | os.PathLike[str], max_bytes: int | None = None, budget: Budget | None = None) -> Trace:
