@@ -2,7 +2,7 @@
 # Builds llama.cpp's `llama-server` (only that target) from the llama.cpp vendored in the
 # llama-cpp-python sdist, into ~/.cache/specviz/llama.cpp/ (outside the repo), and reuses it.
 #   tools/build_llama_server.sh [LLAMA_CPP_PYTHON_VERSION]     # prints the binary's path
-# ~12+ minutes of two cores on first build; afterwards instant. Then, e.g.:
+# 192 compile units: ~10-15 minutes of two idle cores on first build (JOBS=N for more); then instant. E.g.:
 #   llama-server -m model.gguf --parallel 4 --port 8080 &
 #   python -m specviz probe http://127.0.0.1:8080/v1 --concurrency 4 --logprobs 5
 set -euo pipefail
@@ -22,7 +22,22 @@ if [ ! -f "$cache/src/CMakeLists.txt" ]; then
   rm -rf "$cache/src"
   cp -r "$sdist_dir"/llama_cpp_python-*/vendor/llama.cpp "$cache/src"
 fi
-cmake -S "$cache/src" -B "$cache/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON >&2
+# Options as in the vendored llama.cpp of llama-cpp-python 0.3.36 (its CMakeLists.txt, tools/,
+# tools/ui/, vendor/cpp-httplib/):
+#   GGML_NATIVE=OFF          portable: the x86-64 baseline ggml then enables (SSE4.2, AVX, AVX2,
+#                            BMI2, FMA, F16C), not -march=native of the building machine
+#   LLAMA_BUILD_TOOLS=ON     llama-server lives in tools/server (tools/ adds it with LLAMA_BUILD_SERVER)
+#   LLAMA_BUILD_APP=OFF      not the unified `llama` binary; TESTS, EXAMPLES off as well
+#   LLAMA_USE_PREBUILT_UI=OFF, LLAMA_BUILD_UI=OFF   no web UI: otherwise the build downloads it from a
+#                            Hugging Face bucket (or runs npm); offline it would wait for a timeout
+#   LLAMA_OPENSSL=OFF        loopback HTTP only, no libssl dependency
+#   LLAMA_CURL=OFF           deprecated and ignored there (a warning); kept for older versions
+#   BUILD_SHARED_LIBS=OFF    one self-contained binary
+cmake -S "$cache/src" -B "$cache/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF \
+  -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+  -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
+  -DBUILD_SHARED_LIBS=OFF -DGGML_CCACHE=OFF >&2
+# Only the llama-server target (and what it links: ggml, llama, common, mtmd, the server libraries).
 cmake --build "$cache/build" --target llama-server -j "${JOBS:-2}" >&2
 echo "$binary"

@@ -90,11 +90,11 @@ def decide(ev: Evidence, noise: Noise) -> tuple[str, str]:
     """(verdict, reason) for one prompt."""
     if ev.divergence is None:
         if ev.index in noise.outliers:
-            return "identical", f"same answer, but its shared tokens moved {_times(ev, noise)} the baseline"
+            return "identical", f"same answer, but {_moved(ev, noise)}"
         return "identical", "same answer"
     swing = ev.swing
     if ev.index in noise.outliers:
-        return "suspect", f"its shared prefix moved {_times(ev, noise)} the baseline: this prompt stands out"
+        return "suspect", f"{_moved(ev, noise)}: this prompt stands out"
     if swing is None:
         return "unattributed", "no logprobs at the divergence (ask with --logprobs, or pass --replay MODEL)"
     if swing > noise.estimate:
@@ -108,10 +108,13 @@ def decide(ev: Evidence, noise: Noise) -> tuple[str, str]:
     return "numerical", f"swing {swing:.3g} within the noise {noise.estimate:.3g}"
 
 
-def _times(ev: Evidence, noise: Noise) -> str:
-    if ev.prefix_median is None or not noise.baseline:
-        return "more than"
-    return f"{max(ev.prefix_median, FLOOR) / noise.baseline:.0f}x"
+def _moved(ev: Evidence, noise: Noise) -> str:
+    """What made a prompt stand out: its typical shared-token change, or its largest one."""
+    if ev.prefix_median is not None and noise.baseline and noise.cut and max(ev.prefix_median, FLOOR) > noise.cut:
+        return f"its shared tokens moved {max(ev.prefix_median, FLOOR) / noise.baseline:.0f}x the baseline"
+    if ev.prefix_max is not None:
+        return f"a shared token moved {ev.prefix_max:.3g}, far beyond the other prompts' largest changes"
+    return "its shared tokens moved more than the baseline"
 
 
 def run_verdict(verdicts: Iterable[str]) -> str:

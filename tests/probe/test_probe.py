@@ -14,6 +14,7 @@ import pytest
 
 from specviz.cli import main
 from specviz.engine.models import DEFAULT_TARGET
+from specviz.probe.replay import Replayer
 from specviz.probe.report import load_report
 
 SERVER = Path(__file__).resolve().parents[1] / "support" / "probe_server.py"
@@ -23,7 +24,12 @@ FAST = ["--num-prompts", "8", "--max-tokens", "12", "--concurrency", "4", "--qui
 
 @pytest.fixture(scope="module")
 def server():
-    """The test server's base URL; started once, ready when it prints READY <port>."""
+    """The test server's base URL; started once, ready when it prints READY <port>.
+
+    While it starts (a process of its own, torch without transformers: a few seconds), this
+    process imports transformers and loads the replay model once, which the replay test needs
+    anyway: the two overlap instead of adding up (the test builds its own Replayer, fast then).
+    """
     env = dict(os.environ, PROBE_SERVER_KEY=KEY, OMP_NUM_THREADS="1")
     proc = subprocess.Popen(
         [sys.executable, str(SERVER)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
@@ -31,7 +37,10 @@ def server():
     line: list[str] = []
     reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)
     reader.start()
-    reader.join(timeout=120)
+    try:
+        Replayer(DEFAULT_TARGET, "bfloat16", "completions")  # warm-up: imports and file caches
+    finally:
+        reader.join(timeout=120)
     if not line or not line[0].startswith("READY "):
         proc.kill()
         pytest.fail("probe test server did not start")
@@ -85,6 +94,17 @@ def test_bug_server_is_suspect(server, capsys, key_env):
     assert report["verdict"] == "suspect" and report["counts"]["suspect"] >= 2
 
 
+def test_chat_endpoint(server, capsys, key_env):
+    status, report, _ = probe(capsys, f"{server}/identical/content/v1", *FAST, *key_env, "--endpoint", "chat")
+    assert status == 0 and report["verdict"] == "identical"
+
+
+def test_wrong_key_is_one_line(server, capsys, monkeypatch):
+    monkeypatch.setenv("PROBE_TEST_KEY", "wrong")
+    status, _, err = probe(capsys, f"{server}/identical/legacy/v1", *FAST, "--api-key-env", "PROBE_TEST_KEY")
+    assert status == 2 and err.count("\n") == 1 and "HTTP 401" in err and "wrong" not in err
+
+
 def test_no_logprobs_unattributed_then_replayed(server, capsys, key_env):
     url = f"{server}/numerical/none/v1"
     status, report, _ = probe(capsys, url, *FAST, *key_env)
@@ -96,15 +116,43 @@ def test_no_logprobs_unattributed_then_replayed(server, capsys, key_env):
     assert status == 0 and report["verdict"] in ("numerical", "identical")
 
 
-def test_chat_endpoint(server, capsys, key_env):
-    status, report, _ = probe(capsys, f"{server}/identical/content/v1", *FAST, *key_env, "--endpoint", "chat")
-    assert status == 0 and report["verdict"] == "identical"
+def test_server_decoder_is_transformers_llama():
+    """The test server's plain-torch Llama gives transformers' logits bit for bit (both dtypes,
+    left-padded batch and a cached decode step) and its tokenizer transformers' IDs and texts."""
+    import torch
+    from probe_server import Decoder
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-
-def test_wrong_key_is_one_line(server, capsys, monkeypatch):
-    monkeypatch.setenv("PROBE_TEST_KEY", "wrong")
-    status, _, err = probe(capsys, f"{server}/identical/legacy/v1", *FAST, "--api-key-env", "PROBE_TEST_KEY")
-    assert status == 2 and err.count("\n") == 1 and "HTTP 401" in err and "wrong" not in err
+    decoder = Decoder(DEFAULT_TARGET)
+    tokenizer = AutoTokenizer.from_pretrained(DEFAULT_TARGET)
+    texts = [
+        "Hello world, how are you?",
+        "The quick brown fox",
+        "a\n b  c \u00fcn\u00efcode \u65e5\u672c <|endoftext|> x",
+    ]
+    prompts = []
+    for text in texts:
+        ids = tokenizer(text)["input_ids"]
+        assert decoder.tokenizer(text)["input_ids"] == ids
+        assert decoder.tokenizer.decode(ids) == tokenizer.decode(ids)
+        assert [decoder.tokenizer.decode([i]) for i in ids] == [tokenizer.decode([i]) for i in ids]
+        prompts.append(ids)
+    width = max(map(len, prompts))
+    ids = torch.tensor([[decoder.pad] * (width - len(p)) + p for p in prompts])  # (3, width)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    step_mask = torch.cat([mask, torch.ones(len(prompts), 1, dtype=mask.dtype)], dim=-1)
+    step_pos = torch.tensor([[len(p)] for p in prompts])
+    for dtype, mine in ((torch.float32, decoder.f32), (torch.bfloat16, decoder.bf16)):
+        hf = AutoModelForCausalLM.from_pretrained(DEFAULT_TARGET, dtype=dtype).eval()
+        with torch.inference_mode():
+            out = hf(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+            cache: list = []
+            logits = mine(ids, mask, positions, cache)
+            assert torch.equal(out.logits[mask.bool()], logits[mask.bool()]), dtype
+            token = out.logits[:, -1].argmax(-1).view(-1, 1)
+            step = hf(input_ids=token, attention_mask=step_mask, position_ids=step_pos, cache=out.cache)
+            assert torch.equal(step.logits, mine(token, step_mask, step_pos, cache)), dtype
 
 
 def _free_port() -> int:

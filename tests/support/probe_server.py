@@ -46,15 +46,24 @@ LAYOUTS = ("legacy", "content", "none")
 
 
 class Decoder:
+    """The target (a Llama) in plain torch: no transformers import, so the server starts in seconds.
+
+    The same arithmetic as transformers' Llama (float32 RMSNorm, rotary embeddings computed in
+    float32 and cast, SiLU MLP, tied embeddings); the replay test checks it against transformers.
+    """
+
     def __init__(self, path: str) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from safetensors.torch import load_file
+        from tokenizers import Tokenizer
 
         torch.set_num_threads(1)
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.f32 = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        self.bf16 = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
-        self.eos = int(self.f32.config.eos_token_id)
-        self.pad = int(self.f32.config.pad_token_id)
+        self.tokenizer = _Tokenizer(Tokenizer.from_file(str(Path(path) / "tokenizer.json")))
+        config = json.loads((Path(path) / "config.json").read_text())
+        weights = load_file(str(Path(path) / "model.safetensors"))
+        self.f32 = _Llama(config, weights, torch.float32)
+        self.bf16 = _Llama(config, weights, torch.bfloat16)
+        self.eos = int(config["eos_token_id"])
+        self.pad = int(config["pad_token_id"])
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], max_tokens: list[int], mode: str, top_k: int) -> list[dict]:
@@ -68,9 +77,8 @@ class Decoder:
         ids = torch.tensor([[self.pad] * (width - n) + p for p, n in zip(prompts, lengths)])
         mask = torch.tensor([[0] * (width - n) + [1] * n for n in lengths])
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
-        cache = out.past_key_values
-        logits = out.logits[:, -1, :]  # (B, vocab)
+        cache: list = []
+        logits = model(ids, mask, positions, cache)[:, -1, :]  # (B, vocab)
         rows = [{"ids": [], "logprobs": [], "top": []} for _ in prompts]
         done = [False] * len(prompts)
         limit = max(max_tokens)
@@ -97,16 +105,79 @@ class Decoder:
                 step_pos = torch.full((len(prompts), 1), width + step)
             else:
                 step_pos = torch.tensor([[n + step] for n in lengths])
-            out = model(
-                input_ids=chosen.view(-1, 1),
-                attention_mask=mask,
-                position_ids=step_pos,
-                past_key_values=cache,
-                use_cache=True,
-            )
-            cache = out.past_key_values
-            logits = out.logits[:, -1, :]
+            logits = model(chosen.view(-1, 1), mask, step_pos, cache)[:, -1, :]
         return rows
+
+
+class _Tokenizer:
+    """The two calls the server makes, as transformers' tokenizer answers them for this model."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def __call__(self, text: str) -> dict[str, list[int]]:
+        return {"input_ids": self.tokenizer.encode(text).ids}
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+class _Llama:
+    """Llama forward with a KV cache: `cache` is a list (per layer) of (k, v), extended in place."""
+
+    def __init__(self, config: dict, weights: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+        self.w = {k.removeprefix("model."): v.to(dtype) for k, v in weights.items()}
+        self.dtype, self.layers = dtype, int(config["num_hidden_layers"])
+        self.heads, self.kv_heads = int(config["num_attention_heads"]), int(config["num_key_value_heads"])
+        self.head_dim = int(config.get("head_dim") or config["hidden_size"] // self.heads)
+        self.eps = float(config["rms_norm_eps"])
+        theta = float((config.get("rope_parameters") or {}).get("rope_theta", config.get("rope_theta", 10000.0)))
+        self.inv_freq = 1.0 / theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
+        self.lm_head = self.w.get("lm_head.weight", self.w["embed_tokens.weight"])
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return weight * h.to(self.dtype)
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+    def __call__(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: list) -> torch.Tensor:
+        """Logits (B, T, vocab) of the new tokens `ids` (B, T); `mask` (B, past + T) marks real keys."""
+        w, (b, t) = self.w, ids.shape
+        freqs = positions.float()[..., None] * self.inv_freq  # (B, T, head_dim / 2)
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # (B, 1, T, head_dim)
+        cos, sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        total = mask.shape[1]
+        # (B, 1, T, total): causal over real keys; a padded query sees itself (no empty softmax row)
+        query_at = torch.arange(total - t, total)[:, None]
+        keys = torch.arange(total)[None, :]
+        allowed = (keys <= query_at)[None] & mask.bool()[:, None, :]
+        allowed = (allowed | (keys == query_at)[None])[:, None]
+        x = w["embed_tokens.weight"][ids]
+        for i in range(self.layers):
+            p = f"layers.{i}."
+            h = self._norm(x, w[p + "input_layernorm.weight"])
+            q = (h @ w[p + "self_attn.q_proj.weight"].T).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+            k = (h @ w[p + "self_attn.k_proj.weight"].T).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+            v = (h @ w[p + "self_attn.v_proj.weight"].T).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+            if len(cache) > i:
+                k, v = torch.cat((cache[i][0], k), dim=2), torch.cat((cache[i][1], v), dim=2)
+                cache[i] = (k, v)
+            else:
+                cache.append((k, v))
+            a = torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=allowed, enable_gqa=self.heads != self.kv_heads
+            )
+            x = x + a.transpose(1, 2).reshape(b, t, -1) @ w[p + "self_attn.o_proj.weight"].T
+            h = self._norm(x, w[p + "post_attention_layernorm.weight"])
+            gate = torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T)
+            x = x + (gate * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+        return self._norm(x, w["norm.weight"]) @ self.lm_head.T
 
 
 # ---------------------------------------------------------------------------------------------
