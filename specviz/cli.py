@@ -145,7 +145,11 @@ def _add_record(rec: argparse.ArgumentParser) -> None:
     )
     rec.add_argument("--trust-remote-code", action="store_true", help="let transformers run the model's own code")
     rec.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    rec.add_argument("--out", default=None, help="trace path (.json or .json.gz); default runs/<name>.json.gz")
+    rec.add_argument(
+        "--out",
+        default=None,
+        help="trace path (.json, .json.gz, or .parquet: written as the run goes); default runs/<name>.json.gz",
+    )
     rec.add_argument("--force", action="store_true", help="overwrite an existing --out file")
 
 
@@ -264,7 +268,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     from specviz.engine.warm import mark_warm, needs_warm_up
     from specviz.engine.warm import warm_up_run as warm_up
     from specviz.threads import set_threads
-    from specviz.trace.io import save_trace
+    from specviz.trace.columnar import ParquetTraceWriter
 
     out = Path(args.out) if args.out else _default_out(args)
     check_output_path(out, args.force)
@@ -311,51 +315,74 @@ def cmd_record(args: argparse.Namespace) -> int:
             bar.total = total
         bar.update(done - bar.n)
 
+    # A Parquet trace is written as the run goes, a row group at a time: never whole in memory.
+    sink = ParquetTraceWriter(out) if out.suffix == ".parquet" else None
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         # CUDA: time a warm run (the first decode of a process is mostly start-up); the header says so.
         warm_s = warm_up(pair, prompts, config) if needs_warm_up(pair) and not args.no_warm_up else None
-        trace = run(pair, prompts, config, progress=progress)
+        trace = run(pair, prompts, config, progress=progress, steps_to=sink)
         mark_warm(trace, pair, warm_s)
         status = 0
     except RunInterrupted as interrupted:
         trace = interrupted.trace
         status = EXIT_INTERRUPTED
     except RunFailed as failed:  # keep what finished, then report the one-line reason
-        out = _keep_complete(out, failed.trace)
-        save_trace(failed.trace, out)
+        out = _keep_complete(out, failed.trace, sink)
+        _save(failed.trace, out, sink)
         raise SpecvizError(f"{failed} (partial trace saved to {out})") from None
+    except BaseException:
+        if sink is not None:
+            sink.abort()
+        raise
     finally:
         signal.signal(signal.SIGTERM, previous)
         for bar in bars.values():
             bar.close()
-    out = _keep_complete(out, trace)
-    save_trace(trace, out)
+    out = _keep_complete(out, trace, sink)
+    trace = _save(trace, out, sink)
     _print_summary(trace, out, args.json)
     if status:
         print(f"specviz: interrupted; partial trace ({len(trace.steps)} steps) saved to {out}", file=sys.stderr)
     return status
 
 
-def _keep_complete(out: Path, trace: Any) -> Path:
+def _save(trace: Any, out: Path, sink: Any) -> Any:
+    """Write the trace to `out`; a run recorded into a Parquet sink is closed there, and the trace
+    returned reads its steps back from the file (for the summary) a row group at a time."""
+    from specviz.trace.io import open_trace, save_trace
+
+    if sink is None:
+        save_trace(trace, out)
+        return trace
+    sink.close(trace.header, trace.sequences, path=out)
+    return open_trace(out)
+
+
+def _step_count(trace: Any, sink: Any) -> int:
+    return sink.steps_written if sink is not None else len(trace.steps)
+
+
+def _keep_complete(out: Path, trace: Any, sink: Any = None) -> Path:
     """Where to save `trace`: beside `out` when `out` holds a complete trace with more steps.
 
     `--force` replaces a file, but an interrupted or smaller run must never destroy a complete
     one (Ctrl-C in the reference phase leaves 0 steps): that run goes next to it instead.
     """
-    from specviz.trace.io import load_trace
+    from specviz.trace.io import open_trace
 
     if not out.is_file():
         return out
     try:
-        existing = load_trace(out)
+        existing = open_trace(out)
     except TraceError:  # not a trace (or not one we read): --force may replace it
         return out
-    if existing.header.complete and len(existing.steps) > len(trace.steps):
+    steps = _step_count(trace, sink)
+    if existing.header.complete and len(existing.steps) > steps:
         kept = beside(out, "partial" if not trace.header.complete else "new")
         print(
             f"specviz: {out} holds a complete trace of {len(existing.steps)} steps; this run's "
-            f"{len(trace.steps)} steps go to {kept}",
+            f"{steps} steps go to {kept}",
             file=sys.stderr,
         )
         return kept

@@ -23,7 +23,7 @@ from specviz.engine.sampling import SamplingParams
 from specviz.engine.step import Engine, EngineConfig, RunContext
 from specviz.errors import SpecvizError
 from specviz.trace.provenance import library_versions, model_info
-from specviz.trace.recorder import NullRecorder, Recorder, new_header
+from specviz.trace.recorder import NullRecorder, Recorder, StepSink, new_header
 from specviz.trace.schema import Header, SamplingInfo, SequenceRecord, Trace
 from specviz.trace.token_text import attach_token_text
 
@@ -73,8 +73,13 @@ def run(
     prompts: list[str],
     config: RunConfig,
     progress: Progress | None = None,
+    steps_to: StepSink | None = None,
 ) -> Trace:
-    """Decode `prompts` with `config.method`; a KeyboardInterrupt yields an incomplete trace."""
+    """Decode `prompts` with `config.method`; a KeyboardInterrupt yields an incomplete trace.
+
+    `steps_to`: a sink (`ParquetTraceWriter`) that takes each step as it is recorded; the trace
+    returned then has no steps in memory, and the caller closes the sink with its header and
+    sequences."""
     config.validate()
     if config.k > 0 and pair.draft is None:
         raise SpecvizError(f"method {config.method} needs a draft model")
@@ -85,7 +90,7 @@ def run(
     fault = make_fault(config.fault)
     method = METHODS[config.method]
     header = _header(pair, config, fault, eos)
-    recorder = Recorder(header) if config.record_steps else NullRecorder(header)
+    recorder = Recorder(header, sink=steps_to) if config.record_steps else NullRecorder(header)
     references, complete = _references(pair, prompt_ids, config, progress)
     seqs = [SeqState(seq_id=i, prompt_ids=ids) for i, ids in enumerate(prompt_ids)]
     tokens = _TokenProgress(progress, len(seqs) * config.max_new_tokens)
@@ -109,7 +114,7 @@ def run(
     records = [_sequence_record(seq, prompts[seq.seq_id], pair, references) for seq in seqs]
     trace = recorder.finish(records, complete, decode_seconds)
     # The tokenizer is at hand only here: every trace carries the text of its tokens.
-    attach_token_text(trace, pair.tokenizer)
+    attach_token_text(trace, pair.tokenizer, recorder.step_token_ids)
     if complete:
         tokens.close()
     if failure is not None:

@@ -168,7 +168,13 @@ class ParquetTraceWriter:
         self.group_steps.append(self._buffered_steps)
         self._buffered = self._buffered_steps = 0
 
-    def close(self, header: Header, sequences: list[SequenceRecord]) -> Path:
+    def close(
+        self, header: Header, sequences: list[SequenceRecord], path: str | os.PathLike[str] | None = None
+    ) -> Path:
+        """Finish the file and rename it into place: at `path` if given (decided at the end of a
+        run, say beside an existing trace), else where the writer was opened for."""
+        if path is not None:
+            self.path = Path(path)
         try:
             self.flush()
             self._writer.add_key_value_metadata(_footer(header, sequences, self.group_steps))

@@ -8,7 +8,7 @@ can be measured against a run that records nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -21,6 +21,7 @@ from specviz.trace.schema import (
     StepRecord,
     Trace,
 )
+from specviz.trace.token_text import step_token_ids
 
 
 @dataclass
@@ -77,9 +78,14 @@ def mask_rle(mask: torch.Tensor) -> list[list[list[int]]]:
 
 
 class Recorder:
-    def __init__(self, header: Header | None) -> None:
+    """Turns observations into step records, kept in memory or, with a `sink`, handed to it as
+    they are made (a Parquet writer: the run is never whole in memory)."""
+
+    def __init__(self, header: Header | None, sink: StepSink | None = None) -> None:
         self.header = header
         self.steps: list[StepRecord] = []
+        self.sink = sink
+        self.step_token_ids: set[int] | None = set() if sink is not None else None
 
     def record_step(self, obs: StepObservation) -> None:
         pending = obs.pending.tolist()
@@ -126,7 +132,7 @@ class Recorder:
                     query_causal=causal[r] if causal is not None else None,
                 )
             )
-        self.steps.append(
+        self._keep(
             StepRecord(
                 step=obs.step,
                 batch_id=obs.batch_id,
@@ -141,11 +147,24 @@ class Recorder:
             )
         )
 
+    def _keep(self, step: StepRecord) -> None:
+        if self.sink is None:
+            self.steps.append(step)
+            return
+        self.step_token_ids.update(step_token_ids(step.rows))  # type: ignore[union-attr]
+        self.sink.add_step(step)
+
     def finish(self, sequences: list[SequenceRecord], complete: bool, decode_seconds: float) -> Trace:
         self.header.complete = complete
         self.header.finished_at = now_iso()
         self.header.decode_seconds = round(decode_seconds, 6)
         return Trace(header=self.header, steps=self.steps, sequences=sequences)
+
+
+class StepSink(Protocol):
+    """Where a recorder with a sink sends each step as it is made (`ParquetTraceWriter`)."""
+
+    def add_step(self, step: StepRecord) -> None: ...
 
 
 class NullRecorder(Recorder):

@@ -205,3 +205,66 @@ def test_convert_both_ways_and_refuses_overwrite(tmp_path: Path, capsys: pytest.
 def test_parquet_upload_is_refused_with_one_line(small_parquet: Path) -> None:
     with pytest.raises(TraceError, match="read locally only"):
         load_trace(small_parquet, max_bytes=1 << 20)
+
+
+def _without_timings(trace) -> list:
+    steps = []
+    for step in trace.steps:
+        fields = {k: v for k, v in step.__dict__.items() if not k.endswith("_ms") and k != "rows"}
+        steps.append((fields, [row.__dict__ for row in step.rows]))
+    return steps
+
+
+def test_record_writes_parquet_as_it_goes_and_check_streams_it(
+    tiny_model_dirs: tuple[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target, draft = tiny_model_dirs
+    common = ["record", "--target", target, "--draft", draft, "--batch-size", "4", "--draft-k", "3"]
+    common += ["--max-new-tokens", "10", "--num-prompts", "6", "--fault", "column-positions"]
+    assert main([*common, "--out", str(tmp_path / "r.parquet")]) == 0
+    assert main([*common, "--out", str(tmp_path / "r.json.gz")]) == 0
+    capsys.readouterr()
+    columnar, plain = load_trace(tmp_path / "r.parquet"), load_trace(tmp_path / "r.json.gz")
+    assert _without_timings(columnar) == _without_timings(plain)
+    assert columnar.sequences == plain.sequences
+    assert columnar.header.token_text == plain.header.token_text  # step tokens' text without the steps
+    # `check` streams the Parquet file and says what it says of the JSON one.
+    assert main(["check", "--json", str(tmp_path / "r.parquet")]) == 1
+    streamed = json.loads(capsys.readouterr().out)
+    assert main(["check", "--json", str(tmp_path / "r.json.gz")]) == 1
+    whole = json.loads(capsys.readouterr().out)
+    for report in (streamed, whole):
+        report["metrics"] = {k: v for k, v in report["metrics"].items() if not k.endswith("_ms")}
+        for key in ("decode_seconds", "tokens_per_second"):
+            report["metrics"].pop(key)
+    assert streamed == whole
+    assert streamed["verdict"] == "desync"
+
+
+def test_lazy_steps_index_and_stream_like_a_list(tmp_path: Path) -> None:
+    from specviz.trace.io import open_trace
+
+    trace = synthetic_trace(30, 8, 3, 20)
+    writer = ParquetTraceWriter(tmp_path / "l.parquet", row_group_rows=40)
+    for step in trace.steps:
+        writer.add_step(step)
+    writer.close(trace.header, trace.sequences)
+    lazy = open_trace(tmp_path / "l.parquet").steps
+    assert len(lazy) == len(trace.steps) and bool(lazy)
+    assert [s.step for s in lazy] == [s.step for s in trace.steps]
+    for i in (0, 7, len(trace.steps) - 1, -1, 13, 2):  # out of order: groups are read as needed
+        assert lazy[i].step == trace.steps[i].step and lazy[i].rows == trace.steps[i].rows
+    assert [s.step for s in lazy[3:9]] == [s.step for s in trace.steps[3:9]]
+    with pytest.raises(IndexError):
+        lazy[len(trace.steps)]
+    assert lazy.records_row_finish() is True
+
+
+def test_check_of_parquet_equals_check_of_json_on_every_bundled_fault(tmp_path: Path) -> None:
+    from specviz.analysis.check import check_trace
+    from specviz.trace.io import open_trace
+
+    for path in sorted(TRACES.glob("*.json.gz")):
+        trace = load_trace(path)
+        out = save_trace(trace, tmp_path / f"{path.name}.parquet")
+        assert check_trace(open_trace(out)).to_dict() == check_trace(trace).to_dict(), path.name
