@@ -1,0 +1,117 @@
+"""Load and check time, and peak memory, against trace size, for both containers.
+
+Writes synthetic EQSPEC runs (`specviz/trace/synthetic.py`: batch 128, k = 4, 256 new tokens) at
+about 10k, 100k and 1M row-steps, as gzip JSON (written whole) and as Parquet (written a row group
+at a time), then times `specviz check` on each in a fresh process (wall time and peak RSS from
+the kernel), alternating the two containers, `--repeats` times. JSON at 1M row-steps is skipped
+unless `--json-at-1m` (it needs several GB to parse).
+
+    python benchmarks/trace_scale.py --out benchmarks/results/trace-scale-2026-12-01.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZES = {"10k": 96, "100k": 900, "1M": 9_000}  # prompts at batch 128 x 256 tokens -> row-steps
+
+
+def write(prompts: int, folder: Path, json_too: bool) -> dict[str, object]:
+    from specviz.trace.io import save_trace
+    from specviz.trace.synthetic import synthetic_trace, write_synthetic_parquet
+
+    parquet = folder / f"synthetic-{prompts}.parquet"
+    started = time.perf_counter()
+    rows = write_synthetic_parquet(parquet, prompts, 128, 4, 256)
+    info: dict[str, object] = {"rows": rows, "parquet": parquet, "parquet_write_s": time.perf_counter() - started}
+    if json_too:
+        path = folder / f"synthetic-{prompts}.json.gz"
+        started = time.perf_counter()
+        save_trace(synthetic_trace(prompts, 128, 4, 256), path)
+        info.update(json=path, json_write_s=time.perf_counter() - started)
+    return info
+
+
+def time_check(path: Path) -> float:
+    """Wall seconds of `specviz check PATH` in a fresh process."""
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "specviz", "check", str(path)], capture_output=True, cwd=ROOT)
+    wall = time.perf_counter() - started
+    if proc.returncode not in (0, 1):
+        raise SystemExit(f"check {path} failed: {proc.stderr.decode().strip().splitlines()[-1]}")
+    return wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--folder", default="bench-out/trace-scale")
+    parser.add_argument("--sizes", default="10k,100k,1M")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json-at-1m", action="store_true")
+    parser.add_argument("--out", default=None, help="markdown table to write")
+    args = parser.parse_args()
+    folder = Path(args.folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [
+        "| row-steps | container | file MB | write s | check s (median) | check peak RSS MB |",
+        "|---|---|---|---|---|---|",
+    ]
+    results = []
+    for size in args.sizes.split(","):
+        prompts = SIZES[size]
+        info = write(prompts, folder, json_too=size != "1M" or args.json_at_1m)
+        arms = [("parquet", info["parquet"], info["parquet_write_s"])]
+        if "json" in info:
+            arms.append(("json.gz", info["json"], info["json_write_s"]))
+        times: dict[str, list[float]] = {name: [] for name, _, _ in arms}
+        peaks: dict[str, float] = {}
+        for _ in range(args.repeats):  # arms alternate within each repeat
+            for name, path, _ in arms:
+                times[name].append(time_check(path))
+        for name, path, _ in arms:  # peak RSS: one more run each, read by /usr/bin/time
+            peaks[name] = _peak_rss(path)
+        for name, path, write_s in arms:
+            row = {
+                "row_steps": info["rows"],
+                "container": name,
+                "file_mb": os.path.getsize(path) / 1e6,
+                "write_s": write_s,
+                "check_s": statistics.median(times[name]),
+                "check_runs_s": times[name],
+                "peak_rss_mb": peaks[name],
+            }
+            results.append(row)
+            lines.append(
+                f"| {row['row_steps']:,} | {name} | {row['file_mb']:.1f} | {write_s:.1f} | "
+                f"{row['check_s']:.2f} | {row['peak_rss_mb']:.0f} |"
+            )
+            print(lines[-1], flush=True)
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(
+            f"# Trace scale\n\n`python benchmarks/trace_scale.py {' '.join(sys.argv[1:])}`\n\n{text}\n\n"
+            f"```json\n{json.dumps(results, indent=1, default=str)}\n```\n"
+        )
+
+
+def _peak_rss(path: Path) -> float:
+    proc = subprocess.run(
+        ["/usr/bin/time", "-f", "%M", sys.executable, "-m", "specviz", "check", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    return int(proc.stderr.strip().splitlines()[-1]) / 1024
+
+
+if __name__ == "__main__":
+    main()
