@@ -1,0 +1,133 @@
+"""Views of a probe report (`specviz probe`): where the two sides' answers part, and why.
+
+Three pure functions of a `ProbeReport`, drawn like the trace views: the divergence map (prompts by
+answer position: shared, then the first divergent token coloured by its verdict), the noise
+estimate against each divergence's swing, and one prompt's two answers side by side at the point
+where they part. A report is untrusted input: every string it carries is escaped, and what is
+drawn is bounded (`MAX_MAP_PROMPTS` rows and `MAX_MAP_TOKENS` columns of the map).
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from specviz.probe.report import AFTER, DIVERGED, PAST_END, SHARED, ProbeReport, PromptResult
+from specviz.views.safe_text import html_text
+
+MAX_MAP_PROMPTS = 200  # rows of the map; a bigger report shows its first ones and says so
+MAX_MAP_TOKENS = 512
+VERDICT_COLORS = {
+    "identical": "#d9d9d9",
+    "numerical": "#74add1",
+    "unattributed": "#fdae61",
+    "suspect": "#b2182b",
+}
+# Cell codes of the map: the divergence map's codes, and the divergent cell recoded by verdict.
+_SHARED_COLOR, _AFTER_COLOR, _PAST_COLOR = "#f0f0f0", "#bdbdbd", "#ffffff"
+_CODES = ["past end", "shared", "after", "identical", "numerical", "unattributed", "suspect"]
+_COLORS = [_PAST_COLOR, _SHARED_COLOR, _AFTER_COLOR, *VERDICT_COLORS.values()]
+
+
+def divergence_map(report: ProbeReport) -> go.Figure:
+    """Prompts (rows) by answer position (columns): where each pair of answers first differs."""
+    prompts = report.prompts[:MAX_MAP_PROMPTS]
+    width = min(MAX_MAP_TOKENS, max((max(p.length_a, p.length_b) for p in prompts), default=0))
+    z, hover = [], []
+    for p in prompts:
+        row, text = [], []
+        for j in range(width):
+            code = _cell(p, j)
+            row.append(code)
+            text.append(f"prompt {p.index}, {p.unit} {j}: {_CODES[code]}")
+        z.append(row)
+        hover.append(text)
+    n = len(_COLORS)
+    scale = [[pos, color] for i, color in enumerate(_COLORS) for pos in (i / n, (i + 1) / n)]
+    figure = go.Figure(
+        go.Heatmap(
+            z=z,
+            zmin=-0.5,
+            zmax=n - 0.5,
+            colorscale=scale,
+            showscale=False,
+            hovertext=hover,
+            hoverinfo="text",
+            y=[f"#{p.index}" for p in prompts],
+        )
+    )
+    shown = "" if len(report.prompts) <= MAX_MAP_PROMPTS else f" (first {MAX_MAP_PROMPTS} of {len(report.prompts)})"
+    figure.update_layout(
+        title=f"where the answers part: {_counts(report)}{shown}",
+        xaxis_title=f"answer position ({prompts[0].unit if prompts else 'token'})",
+        yaxis={"autorange": "reversed", "title": "prompt"},
+        margin={"l": 50, "r": 10, "t": 40, "b": 40},
+    )
+    return figure
+
+
+def _cell(p: PromptResult, j: int) -> int:
+    """The colour code of prompt `p`'s position `j` (an index into `_CODES`)."""
+    end = max(p.length_a, p.length_b)
+    d = p.divergence if p.divergence is not None else end
+    kind = PAST_END if j >= end else SHARED if j < d else DIVERGED if j == d else AFTER
+    if kind == DIVERGED:
+        return 3 + list(VERDICT_COLORS).index(p.verdict)
+    return {PAST_END: 0, SHARED: 1, AFTER: 2}[kind]
+
+
+def _counts(report: ProbeReport) -> str:
+    return ", ".join(f"{report.counts.get(v, 0)} {v}" for v in VERDICT_COLORS)
+
+
+def noise_vs_swing(report: ProbeReport) -> go.Figure:
+    """Each divergence's swing (how far apart the two sides' choices are, in logprob) against the
+    run's noise estimate: a divergence within the noise can be floating point; one far above it
+    cannot."""
+    figure = go.Figure()
+    diverged = [p for p in report.prompts if p.divergence is not None and p.swing is not None]
+    for verdict, color in VERDICT_COLORS.items():
+        points = [p for p in diverged if p.verdict == verdict]
+        if not points:
+            continue
+        figure.add_trace(
+            go.Scatter(
+                x=[p.index for p in points],
+                y=[max(p.swing, 1e-9) for p in points],  # type: ignore[type-var]
+                mode="markers",
+                name=verdict,
+                marker={"color": color, "size": 9, "line": {"width": 1, "color": "#444"}},
+                hovertext=[html_text(f"#{p.index}: {p.reason}", 300) for p in points],
+                hoverinfo="text",
+            )
+        )
+    noise = report.noise.estimate
+    figure.add_hline(
+        y=max(noise, 1e-9), line_dash="dash", annotation_text=f"noise estimate {noise:.2g} ({report.noise.source})"
+    )
+    figure.update_layout(
+        title="divergences against the noise",
+        xaxis_title="prompt",
+        yaxis={"type": "log", "title": "swing at the first divergent token (logprob)"},
+        margin={"l": 60, "r": 10, "t": 40, "b": 40},
+    )
+    return figure
+
+
+def answers_html(report: ProbeReport, index: int) -> str:
+    """Prompt `index`'s two answers where they part: the shared text, then each side's token."""
+    p = next((q for q in report.prompts if q.index == index), None)
+    if p is None:
+        return "<p>no such prompt in this report</p>"
+    head = f"<p><b>#{p.index}</b> {html_text(p.verdict)}: {html_text(p.reason, 400)}</p>"
+    if p.divergence is None or p.token_a is None or p.token_b is None:
+        return head + "<p>the two answers are identical</p>"
+    context = html_text(p.context, 200)
+    sides = []
+    for side, token in ((report.side_a, p.token_a), (report.side_b, p.token_b)):
+        color = VERDICT_COLORS.get(p.verdict, "#b2182b")
+        sides.append(
+            f"<div class='probe-side'><div><b>{html_text(side.label)}</b></div>"
+            f"<span>…{context}</span><mark style='background:{color}'>{html_text(repr(token.text), 60)}</mark></div>"
+        )
+    where = f"<p>first divergent {html_text(p.unit)}: {p.divergence}</p>"
+    return head + where + "<div style='display:flex;gap:1em'>" + "".join(sides) + "</div>"
