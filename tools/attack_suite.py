@@ -149,6 +149,26 @@ def fitting_steps(json_bytes: int) -> int:
     return min(200_000, json_bytes // step)
 
 
+def piece_table_file(folder: Path, entries: int, used: int = 0) -> Path:
+    """A small trace whose piece table (`header.token_text`) has `entries` entries (issue 23).
+
+    With `used`, the sequences use that many distinct token IDs and the table names exactly those:
+    the heaviest table a budget that ties entries to the IDs in use can accept.
+    """
+    data = base_trace()
+    data["header"]["schema_version"] = 2
+    if used:
+        per = used // len(data["sequences"])
+        for i, seq in enumerate(data["sequences"]):
+            seq["reference_ids"] = list(range(i * per, (i + 1) * per))
+            seq["reference_margins"] = None
+        data["header"]["target"]["vocab_size"] = max(data["header"]["target"]["vocab_size"], used + 1)
+    data["header"]["token_text"] = {str(i): f"t{i % 100}" for i in range(entries)}
+    path = folder / f"pieces-{entries}.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(data, separators=(",", ":")).encode(), 6))
+    return path
+
+
 def session_file(folder: Path) -> Path:
     path = folder / "session-370k.json.gz"
     path.write_bytes(gzip.compress(json.dumps(base_trace(120, 16, 4, 128), separators=(",", ":")).encode()))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from specviz.app import serve
 from specviz.errors import SpecvizError
+from specviz.trace.budget import DEFAULT_BUDGET, PUBLIC_BUDGET
 from specviz.trace.io import TraceError, load_trace, parse_trace_bytes
 from specviz.views import LoadedRun, analyse
 
@@ -68,4 +69,5 @@ def load_upload(path: str | None) -> LoadedRun:
     finally:  # read once, then gone: uploads never pile up in the Space's disk
         serve.delete_upload(file)
     # Strip Gradio's temp folder from messages: the user knows the file by its name.
-    return analyse(parse_trace_bytes(raw, file.name), f"upload {file.name}")
+    budget = PUBLIC_BUDGET if serve.public_mode() else DEFAULT_BUDGET  # a shared 2-core Space: tighter
+    return analyse(parse_trace_bytes(raw, file.name, budget=budget), f"upload {file.name}")
