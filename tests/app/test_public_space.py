@@ -82,8 +82,7 @@ def test_uploads_get_the_public_budget_in_public_mode(tmp_path, monkeypatch) -> 
 
 
 def test_outputs_read_the_piece_table_once_per_loaded_run(monkeypatch) -> None:
-    from specviz.views import analyse, slot_outputs_html
-    from specviz.views import outputs
+    from specviz.views import analyse, outputs, slot_outputs_html
 
     trace = synthetic_trace(16, 4, 2, 6)
     trace.header.token_text = {str(i): f"t{i}" for i in sorted(trace_token_ids(trace))}
