@@ -25,6 +25,9 @@ DEFAULT_A = ("gemma-eqspec-uniform-advance.json.gz", "default-eqspec-stale-kv.js
 DEFAULT_B = ("gemma-eqspec.json.gz", "default-eqspec.json.gz")
 
 
+UPLOAD_GONE = "this upload is not available any more; upload the file again"
+
+
 def bundled_traces() -> list[str]:
     return sorted(p.name for p in TRACES.glob("*.json.gz"))
 
@@ -32,7 +35,9 @@ def bundled_traces() -> list[str]:
 @functools.lru_cache(maxsize=32)
 def _analysed_bundle(name: str, mtime: float) -> LoadedRun:
     """Bundled traces are shared by every session; analyse each once (mtime busts the cache)."""
-    return analyse(load_trace(TRACES / name), name)
+    loaded = analyse(load_trace(TRACES / name), name)
+    loaded.shared = True  # one object for every session: never counted or unloaded per session
+    return loaded
 
 
 def first_bundled(candidates: tuple[str, ...]) -> str | None:
@@ -61,11 +66,16 @@ def load_upload(path: str | None) -> LoadedRun:
     if not path:
         raise SpecvizError("no file uploaded")
     file = Path(path)
-    size = file.stat().st_size
+    try:
+        size = file.stat().st_size
+    except OSError:  # gone, or never there: one message, no server path, nothing said about which
+        raise SpecvizError(UPLOAD_GONE) from None
     if size > MAX_UPLOAD_BYTES:
         raise SpecvizError(f"{file.name}: {size / 1e6:.1f} MB is over the {MAX_UPLOAD_BYTES // 2**20} MiB upload limit")
     try:
         raw = file.read_bytes()
+    except OSError:
+        raise SpecvizError(UPLOAD_GONE) from None
     finally:  # read once, then gone: uploads never pile up in the Space's disk
         serve.delete_upload(file)
     # Strip Gradio's temp folder from messages: the user knows the file by its name.
