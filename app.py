@@ -15,9 +15,10 @@ import gradio as gr
 from specviz.app import events, serve
 from specviz.app.assets import CSS, INTRO
 from specviz.app.detail import build_detail_tabs
-from specviz.app.live import LIVE_GATE, PUBLIC, load_model_pair
+from specviz.app.live import LIVE_FOLDER, LIVE_GATE, PUBLIC, RUN_MEMORY, load_model_pair
 from specviz.app.loading import DEFAULT_A, DEFAULT_B, DOCS, MAX_UPLOAD_BYTES
 from specviz.app.run_slots import build_compare, build_inspect_switch, build_run_slot
+from specviz.views import LoadedRun
 
 # Bounded, so memory stays flat under a flood; live runs take at most serve.MAX_PENDING_LIVE of it
 # (refused before they queue), so loading and inspecting always find room.
@@ -39,6 +40,8 @@ def build_app() -> gr.Blocks:
         events.wire(demo, slot_a, slot_b, inspect, compare, ui)
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=INSPECT_CONCURRENCY)
     serve.install_gate(demo, LIVE_GATE)  # one live run per visitor, refused before it queues
+    serve.install_fair_lanes(demo)  # every lane: one waiting job per visitor and kind, least served first
+    serve.install_memory(demo, RUN_MEMORY, LoadedRun)  # the loaded runs' ceiling; an unloaded run says so
     demo.unload(serve.release_memory)  # a closed tab's runs are freed by Gradio; give the memory back
     return demo
 
@@ -49,6 +52,9 @@ def launch(demo: gr.Blocks, **kwargs: Any) -> Any:
 
 
 def main() -> None:
+    # Gradio's cache in a folder of this process (before the app is built); an earlier crashed
+    # process's folders go now, this one's on SIGTERM / SIGINT.
+    gradio_temp = serve.own_gradio_temp()
     if PUBLIC:
         # Load the bundled pair before the first visitor: a first live run would otherwise import
         # transformers' model code under the import lock, and other visitors' requests wait on it.
@@ -56,7 +62,9 @@ def main() -> None:
 
         load_model_pair(DEFAULT_TARGET, DEFAULT_DRAFT, True)
     serve.start_sweeper()  # refused uploads leave empty temp files Gradio's cleanup misses
-    launch(build_app())
+    demo = build_app()
+    serve.on_shutdown([gradio_temp, LIVE_FOLDER.path], demo)
+    launch(demo)
 
 
 if __name__ == "__main__":

@@ -149,6 +149,26 @@ def fitting_steps(json_bytes: int) -> int:
     return min(200_000, json_bytes // step)
 
 
+def piece_table_file(folder: Path, entries: int, used: int = 0) -> Path:
+    """A small trace whose piece table (`header.token_text`) has `entries` entries (issue 23).
+
+    With `used`, the sequences use that many distinct token IDs and the table names exactly those:
+    the heaviest table a budget that ties entries to the IDs in use can accept.
+    """
+    data = base_trace()
+    data["header"]["schema_version"] = 2
+    if used:
+        per = used // len(data["sequences"])
+        for i, seq in enumerate(data["sequences"]):
+            seq["reference_ids"] = list(range(i * per, (i + 1) * per))
+            seq["reference_margins"] = None
+        data["header"]["target"]["vocab_size"] = max(data["header"]["target"]["vocab_size"], used + 1)
+    data["header"]["token_text"] = {str(i): f"t{i % 100}" for i in range(entries)}
+    path = folder / f"pieces-{entries}.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(data, separators=(",", ":")).encode(), 6))
+    return path
+
+
 def session_file(folder: Path) -> Path:
     path = folder / "session-370k.json.gz"
     path.write_bytes(gzip.compress(json.dumps(base_trace(120, 16, 4, 128), separators=(",", ":")).encode()))
@@ -181,8 +201,9 @@ def rss_mb(pid: int) -> float:
 
 
 class Server:
-    def __init__(self, root: Path, kill_mb: float, public: bool) -> None:
+    def __init__(self, root: Path, kill_mb: float, public: bool, run_memory_mb: float | None = None) -> None:
         self.root = root
+        self.left_after_stop: list[str] = []
         self.kill_mb = kill_mb
         self.temp = Path(tempfile.mkdtemp(prefix="specviz-attack-"))
         self.port = free_port()
@@ -199,6 +220,8 @@ class Server:
         )
         if public:
             env["SPACE_ID"] = "specviz/attack-suite"
+        if run_memory_mb:
+            env["SPECVIZ_RUN_MEMORY_MB"] = str(run_memory_mb)
         self.proc = subprocess.Popen(
             [sys.executable, "app.py"], cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
@@ -236,6 +259,7 @@ class Server:
         return self.proc.poll() is None
 
     def stop(self) -> None:
+        """SIGTERM, as a Space is stopped at every restart; then note what the app left behind."""
         self._stop.set()
         if self.alive():
             self.proc.terminate()
@@ -243,6 +267,7 @@ class Server:
                 self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+        self.left_after_stop = sorted(str(p.relative_to(self.temp)) for p in self.temp.rglob("*") if p.is_file())
         shutil.rmtree(self.temp, ignore_errors=True)
 
     def leftover_files(self) -> int:
@@ -429,6 +454,7 @@ def attack_uploads(suite: Suite, folder: Path, quick: bool) -> None:
     steps = 200_000 if quick else 10**6
     # The heaviest file that passes every cap: as many steps as fit under the JSON limit.
     fitting = fitting_steps((8 if quick else 31) * 2**20)
+    pieces = 600_000 if quick else 2_150_000  # issue 23: 2.15M entries is 33 MB of JSON, 5.6 MB gzip
     files = {  # made before the clock starts: the attack is the upload
         "mask_rle: 200 runs of 10^7 per row": mask_runs_file(folder),
         "query_len = 10^6": width_file(folder, "query_len", 10**6),
@@ -436,6 +462,7 @@ def attack_uploads(suite: Suite, folder: Path, quick: bool) -> None:
         f"gzip inflating to {inflated} MiB of tokens": token_bomb_file(folder, inflated),
         f"{steps} steps (gzip)": many_steps_file(folder, steps),
         f"{fitting} steps" + ("" if quick else ", the most under the caps"): many_steps_file(folder, fitting),
+        f"piece table of {pieces} entries": piece_table_file(folder, pieces),
     }
     for name, path in files.items():
         if MATCH not in name:
@@ -538,6 +565,74 @@ def attack_flood(suite: Suite, runs: int) -> None:
     suite.run(f"{runs} live runs queued by one client", flood)
 
 
+def _cpu_s(pid: int) -> float:
+    """The server's CPU seconds so far (user + system)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def load_heavy(url: str, path: Path, slot: str = "a") -> tuple[Client, str]:
+    """A fresh API session holding `path` in a slot (a bundled trace if the app refuses the file)."""
+    client = Client(url, verbose=False)
+    out = client.predict(handle_file(str(path)), 40, False, api_name=f"/load_upload_{slot}")
+    error = app_error(out)
+    if error:
+        client.predict(PROBE_TRACE, 40, False, api_name=f"/load_bundled_{slot}")
+        return client, f"refused ({error[:120]})"
+    return client, "accepted"
+
+
+def attack_inspect_flood(suite: Suite, folder: Path, path: Path, calls: int) -> None:
+    """Issue 23: one session queues `calls` inspects of its heaviest run; the probe times its own."""
+
+    def flood(result: Result) -> str:
+        client, loaded = load_heavy(suite.server.url, path)
+        cpu = _cpu_s(suite.server.proc.pid)
+        jobs = [client.submit("A", 40, False, api_name="/inspect") for _ in range(calls)]
+        outcomes = {"ok": 0, "replaced or refused": 0}
+        for job in jobs:
+            try:
+                job.result(timeout=suite.timeout)
+                outcomes["ok"] += 1
+            except Exception:  # noqa: BLE001 - a replaced job answers with an error
+                outcomes["replaced or refused"] += 1
+        result.notes.update(upload=loaded, outcomes=outcomes, cpu_s=round(_cpu_s(suite.server.proc.pid) - cpu, 1))
+        return f"{path.name} {loaded}; {outcomes}"
+
+    suite.run(f"{calls} inspects queued by one session [{path.name}]", flood)
+
+
+def attack_sessions(suite: Suite, path: Path, sessions: int, ceiling_mb: float | None) -> None:
+    """Issue 23: fresh API sessions (no tab to close) each upload the same file; memory must stay
+    under the ceiling, and the first session, its run unloaded, still gets an answer."""
+
+    def many(result: Result) -> str:
+        cpu = _cpu_s(suite.server.proc.pid)
+        clients, after, loads = [], [], []
+        for _ in range(sessions):
+            client, loaded = load_heavy(suite.server.url, path)
+            clients.append(client)
+            loads.append(loaded)
+            after.append(round(suite.server.rss()))
+        first = "answered"
+        try:
+            out = clients[0].predict("A", 40, False, api_name="/inspect")
+            first = app_error(out) or "answered"
+        except Exception as exc:  # noqa: BLE001 - an error badge would show here
+            first = f"error: {str(exc)[:120]}"
+            result.notes["problem_unloaded"] = f"the first session's inspect failed: {first}"
+        result.notes.update(
+            rss_after_each_mb=after, accepted=loads.count("accepted"), first_session=first,
+            cpu_s=round(_cpu_s(suite.server.proc.pid) - cpu, 1), ceiling_mb=ceiling_mb,
+        )  # fmt: skip
+        return f"{sessions} sessions, {loads.count('accepted')} accepted; first session {first}"
+
+    suite.run(f"{sessions} API sessions upload {path.name}", many)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small forms of every attack (CI)")
@@ -548,14 +643,16 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     parser.add_argument("--only", default=None, help="comma list: uploads,session,html,models,flood")
     parser.add_argument("--match", default="", help="only the upload attacks whose name contains this")
+    parser.add_argument("--run-memory-mb", type=float, default=None, help="the app's ceiling for loaded runs")
     args = parser.parse_args()
     global MATCH
     MATCH = args.match
     timeout = args.timeout or (40 if args.quick else 180)
-    wanted = set((args.only or "uploads,session,html,models,flood").split(","))
+    wanted = set((args.only or "uploads,session,html,models,flood,inspect,sessions").split(","))
+    ceiling = args.run_memory_mb or (96 if args.quick else 512)
     folder = Path(tempfile.mkdtemp(prefix="specviz-attack-files-"))
     started = time.time()
-    suite = Suite(lambda: Server(args.root.resolve(), args.kill_gb * 1024, public=True), timeout)
+    suite = Suite(lambda: Server(args.root.resolve(), args.kill_gb * 1024, public=True, run_memory_mb=ceiling), timeout)
     server = suite.server
     try:
         if "uploads" in wanted:
@@ -566,6 +663,11 @@ def main() -> int:
             attack_html(suite, folder)
         if "models" in wanted:
             attack_models(suite)
+        if "inspect" in wanted:
+            attack_inspect_flood(suite, folder, piece_table_file(folder, 600_000 if args.quick else 2_150_000), 12)
+        if "sessions" in wanted:  # the heaviest a public upload may be: its rows and their analysis
+            heavy = many_steps_file(folder, 3_000 if args.quick else 10_000)
+            attack_sessions(suite, heavy, 6 if args.quick else 20, ceiling)
         if "flood" in wanted:
             attack_flood(suite, 12 if args.quick else 65)
         server = suite.server
@@ -575,18 +677,23 @@ def main() -> int:
         print("files left:", left)
     finally:
         suite.probe.stop()
-        suite.server.stop()
+        suite.server.stop()  # SIGTERM: the app must remove its own folders and downloads
         shutil.rmtree(folder, ignore_errors=True)
+    after_stop = suite.server.left_after_stop
+    print("files left after SIGTERM:", after_stop[:20])
     report = {
         "root": str(args.root),
         "quick": args.quick,
         "seconds": round(time.time() - started, 1),
         "files_left_in_temp": leftovers,
+        "files_left_after_sigterm": after_stop,
         "results": [r.__dict__ for r in suite.results],
     }
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
     problems = [f"{r.attack}: {p}" for r in suite.results for p in r.problems()]
+    if after_stop:
+        problems.append(f"SIGTERM left {len(after_stop)} file(s): {after_stop[:3]}")
     print(json.dumps({"problems": problems, "files_left_in_temp": leftovers, "seconds": report["seconds"]}))
     return 1 if problems and not args.no_assert else 0
 

@@ -50,6 +50,7 @@ def user_errors(status: Any) -> Any:
             except Exception as exc:  # never a traceback in the UI; the server log keeps it
                 traceback.print_exc()
                 message = f"unexpected error: {type(exc).__name__}: {exc}"
+            message = serve.without_paths(message)  # never a server path in the page
             gr.Warning(message)
             return {status: status_update(message)}
 

@@ -21,6 +21,7 @@ from specviz.views import LoadedRun, analyse
 PUBLIC = serve.public_mode()  # a Space (SPACE_ID) or `python app.py --public`
 LIVE_GATE = serve.LiveRunGate()
 LIVE_FOLDER = serve.LiveFolder()
+RUN_MEMORY = serve.RunMemory(serve.run_memory_ceiling(PUBLIC))  # every session's loaded runs, bounded
 
 
 @functools.lru_cache(maxsize=2)

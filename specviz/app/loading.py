@@ -11,6 +11,7 @@ from pathlib import Path
 
 from specviz.app import serve
 from specviz.errors import SpecvizError
+from specviz.trace.budget import DEFAULT_BUDGET, PUBLIC_BUDGET
 from specviz.trace.io import TraceError, load_trace, parse_trace_bytes
 from specviz.views import LoadedRun, analyse
 
@@ -24,6 +25,9 @@ DEFAULT_A = ("gemma-eqspec-uniform-advance.json.gz", "default-eqspec-stale-kv.js
 DEFAULT_B = ("gemma-eqspec.json.gz", "default-eqspec.json.gz")
 
 
+UPLOAD_GONE = "this upload is not available any more; upload the file again"
+
+
 def bundled_traces() -> list[str]:
     return sorted(p.name for p in TRACES.glob("*.json.gz"))
 
@@ -31,7 +35,9 @@ def bundled_traces() -> list[str]:
 @functools.lru_cache(maxsize=32)
 def _analysed_bundle(name: str, mtime: float) -> LoadedRun:
     """Bundled traces are shared by every session; analyse each once (mtime busts the cache)."""
-    return analyse(load_trace(TRACES / name), name)
+    loaded = analyse(load_trace(TRACES / name), name)
+    loaded.shared = True  # one object for every session: never counted or unloaded per session
+    return loaded
 
 
 def first_bundled(candidates: tuple[str, ...]) -> str | None:
@@ -60,12 +66,18 @@ def load_upload(path: str | None) -> LoadedRun:
     if not path:
         raise SpecvizError("no file uploaded")
     file = Path(path)
-    size = file.stat().st_size
+    try:
+        size = file.stat().st_size
+    except OSError:  # gone, or never there: one message, no server path, nothing said about which
+        raise SpecvizError(UPLOAD_GONE) from None
     if size > MAX_UPLOAD_BYTES:
         raise SpecvizError(f"{file.name}: {size / 1e6:.1f} MB is over the {MAX_UPLOAD_BYTES // 2**20} MiB upload limit")
     try:
         raw = file.read_bytes()
+    except OSError:
+        raise SpecvizError(UPLOAD_GONE) from None
     finally:  # read once, then gone: uploads never pile up in the Space's disk
         serve.delete_upload(file)
     # Strip Gradio's temp folder from messages: the user knows the file by its name.
-    return analyse(parse_trace_bytes(raw, file.name), f"upload {file.name}")
+    budget = PUBLIC_BUDGET if serve.public_mode() else DEFAULT_BUDGET  # a shared 2-core Space: tighter
+    return analyse(parse_trace_bytes(raw, file.name, budget=budget), f"upload {file.name}")

@@ -37,6 +37,12 @@ class Budget:
     max_cells: int = 8_000_000  # every stored list item: tokens, positions, margins, mask runs
     # Fed positions index the grid's history (one entry each, ~240 bytes): 134k in a 480 x 128 run.
     max_positions: int = 1_000_000
+    # The piece table (`header.token_text`): at most one entry per token ID the trace uses and
+    # below the vocabulary it declares; every string and every header item is counted too.
+    max_token_text_entries: int = 1 << 18  # 262,144: Gemma's vocabulary
+    max_token_text_chars: int = 1 << 23  # keys and texts of the piece table together
+    max_text_chars: int = 1 << 24  # every other string: prompts, recorded output text, header strings
+    max_header_items: int = 100_000  # values in the header outside the piece table (options, events...)
 
     @property
     def max_mask_length(self) -> int:
@@ -46,9 +52,28 @@ class Budget:
 
 DEFAULT_BUDGET = Budget()
 
+# A public Space's uploads: what a 2-core machine loads in about 3 s of CPU and 300 MB kept
+# (`tools/attack_suite.py` measures it). Bundled traces and local files are the user's own.
+PUBLIC_BUDGET = Budget(
+    max_steps=20_000,
+    max_rows=20_000,
+    max_mask_runs=500_000,
+    max_sequences=4_000,
+    max_sequence_tokens=1 << 16,
+    max_cells=2_000_000,
+    max_positions=200_000,
+    max_token_text_chars=1 << 22,
+    max_text_chars=1 << 22,
+    max_header_items=20_000,
+)
+
 # Per-row lists, schema version 2 optional ones included (an absent or null one counts 0).
 ROW_TOKEN_FIELDS = ("draft_tokens", "target_tokens", "emitted", "position_ids", "draft_position_ids", "draft_kv_lens")
 SEQUENCE_TOKEN_FIELDS = ("prompt_ids", "output_ids", "reference_ids", "reference_margins")
+ROW_ID_FIELDS = ("draft_tokens", "target_tokens", "emitted")  # token IDs a reader may show
+SEQUENCE_ID_FIELDS = ("prompt_ids", "output_ids", "reference_ids")
+SEQUENCE_TEXT_FIELDS = ("prompt", "output_text", "finish_reason")
+PIECE_TABLE = "token_text"
 
 
 class _Over(Exception):
@@ -71,6 +96,9 @@ class _Walk:
         self.runs = 0
         self.cells = 0
         self.positions = 0
+        self.chars = 0
+        self.pieces: dict[str, Any] | None = None  # the piece table, checked once the used IDs are known
+        self.used: set[Any] | None = None  # token IDs the trace uses (collected only with a piece table)
 
     def over(self, path: str, what: str, value: int, limit: int) -> None:
         if value > limit:
@@ -80,6 +108,10 @@ class _Walk:
         self.cells += count
         self.over(path, "list items in the trace so far", self.cells, self.budget.max_cells)
 
+    def add_chars(self, path: str, count: int) -> None:
+        self.chars += count
+        self.over(path, "characters of text in the trace so far", self.chars, self.budget.max_text_chars)
+
     def header(self, header: Any) -> None:
         if isinstance(header, dict):
             # draft_k sizes per-sequence histograms; batch_size the rows of a step.
@@ -87,6 +119,74 @@ class _Walk:
             self.over(
                 "header.batch_size", "batch_size", _int_field(header, "batch_size"), self.budget.max_rows_per_step
             )
+            tables = [("header.token_text", header.get(PIECE_TABLE))]
+            options = header.get("options")
+            if isinstance(options, dict):  # the older place of the piece table
+                tables.append(("header.options.token_text", options.get(PIECE_TABLE)))
+            rest = {k: v for k, v in header.items() if k not in (PIECE_TABLE, "options")}
+            if isinstance(options, dict):
+                rest["options"] = {k: v for k, v in options.items() if k != PIECE_TABLE}
+            else:
+                rest["options"] = options
+            self.header_items(rest)
+            for path, table in tables:
+                if isinstance(table, dict) and table:
+                    self.piece_table(path, table, header)
+
+    def header_items(self, header: dict[str, Any]) -> None:
+        """Every value of the header (options, fault events, versions) and its characters, bounded."""
+        limit, items, chars = self.budget.max_header_items, 0, 0
+        stack: list[Any] = [header]
+        while stack:
+            value = stack.pop()
+            items += 1
+            if items > limit:
+                self.over("header", "values in the header", items, limit)
+            if isinstance(value, str):
+                chars += len(value)
+            elif isinstance(value, dict):
+                chars += sum(len(k) for k in value)
+                stack.extend(value.values())
+            elif isinstance(value, list):
+                stack.extend(value)
+        self.add_chars("header", chars)
+
+    def piece_table(self, path: str, table: dict[str, Any], header: dict[str, Any]) -> None:
+        """Entries bounded by the budget and by the vocabulary the trace declares; the IDs it uses later."""
+        b = self.budget
+        self.over(path, "piece table entries", len(table), b.max_token_text_entries)
+        target = header.get("target")
+        vocab = _int_field(target, "vocab_size") if isinstance(target, dict) else 0
+        if vocab > 0:
+            self.over(path, "piece table entries (the vocabulary is smaller)", len(table), vocab)
+        chars = 0
+        for key, text in table.items():
+            chars += len(key) + (len(text) if isinstance(text, str) else 0)
+        self.over(path, "characters in the piece table", chars, b.max_token_text_chars)
+        if vocab > 0:
+            for key in table:
+                if key.isdecimal() and len(key) < 12 and int(key) >= vocab:
+                    raise _Over(f"{path}: token ID {key[:12]} is not below the vocabulary size {vocab}")
+        self.pieces = {**(self.pieces or {}), **table}
+        self.used = set()
+
+    def check_pieces(self) -> None:
+        """A piece table may name only token IDs the trace uses: no text is kept for nothing."""
+        if not self.pieces or self.used is None:
+            return
+        used = {str(token) for token in self.used if type(token) is int}
+        self.over("header.token_text", "piece table entries (IDs the trace uses)", len(self.pieces), len(used))
+        for key in self.pieces:
+            if key not in used:
+                raise _Over(f"header.token_text: token ID {key[:12]!r} is not used anywhere in the trace")
+
+    def use(self, value: Any) -> None:
+        if self.used is None:
+            return
+        if isinstance(value, list):
+            self.used.update(v for v in value if type(v) is int)
+        elif type(value) is int:
+            self.used.add(value)
 
     def steps(self, steps: Any) -> None:
         if not isinstance(steps, list):
@@ -119,6 +219,14 @@ class _Walk:
             count = _length(row.get(name))
             self.over(f"{path}.{name}", "length", count, b.max_row_tokens)
             self.add_cells(f"{path}.{name}", count)
+        if self.used is not None:
+            for name in ROW_ID_FIELDS:
+                self.use(row.get(name))
+            self.use(row.get("pending_token"))
+            self.use(row.get("bonus"))
+        reason = row.get("finish_reason")
+        if isinstance(reason, str):
+            self.add_chars(f"{path}.finish_reason", len(reason))
         self.positions += _length(row.get("position_ids"))
         self.over(f"{path}.position_ids", "position IDs in the trace so far", self.positions, b.max_positions)
         runs = row.get("mask_rle")
@@ -143,6 +251,13 @@ class _Walk:
                 count = _length(seq.get(name))
                 self.over(f"sequences[{i}].{name}", "length", count, self.budget.max_sequence_tokens)
                 self.add_cells(f"sequences[{i}].{name}", count)
+            if self.used is not None:
+                for name in SEQUENCE_ID_FIELDS:
+                    self.use(seq.get(name))
+            for name in SEQUENCE_TEXT_FIELDS:
+                value = seq.get(name)
+                if isinstance(value, str):
+                    self.add_chars(f"sequences[{i}].{name}", len(value))
 
 
 def over_budget(data: Any, budget: Budget = DEFAULT_BUDGET) -> str | None:
@@ -154,6 +269,7 @@ def over_budget(data: Any, budget: Budget = DEFAULT_BUDGET) -> str | None:
         walk.header(data.get("header"))
         walk.steps(data.get("steps"))
         walk.sequences(data.get("sequences"))
+        walk.check_pieces()
     except _Over as exc:
         return str(exc)
     return None

@@ -54,6 +54,13 @@ class RunOutputs:
     label: str
     trace: Trace
     report: Report
+    texts: dict[int, str] | None = None  # the run's piece table by ID, read once per loaded run
+
+    def token_texts(self) -> dict[int, str]:
+        """The piece table, read from the trace only when the caller did not pass it (then kept)."""
+        if self.texts is None:
+            self.texts = token_texts(self.trace)
+        return self.texts
 
 
 def ordered_sequence_ids(report: Report, only_diverged: bool = False) -> list[int]:
@@ -160,7 +167,7 @@ def _verdict_line(
 
 def _sequence_card(seq: SequenceRecord, runs: list[RunOutputs]) -> str:
     base = runs[0]
-    texts = token_texts(base.trace)
+    texts = base.token_texts()
     verdicts = [{v.seq_id: v for v in run.report.sequences}.get(seq.seq_id) for run in runs]
     first = verdicts[0]
     reference = seq.reference_ids
@@ -180,7 +187,7 @@ def _sequence_card(seq: SequenceRecord, runs: list[RunOutputs]) -> str:
         if run is not base and verdict is not None:
             title += " " + verdict_badge(verdict.verdict)
         divergence = verdict.first_divergence if verdict else None
-        run_texts = token_texts(run.trace) or texts
+        run_texts = run.token_texts() or texts
         columns.append(_column(title, other_seq.output_ids, run_texts, divergence, "output", other_seq.output_text))
     return (
         f"<div class='sv-seq' data-seq='{seq.seq_id}' data-verdict='{first.verdict if first else ''}'>"

@@ -115,8 +115,8 @@ def slot_outputs_html(loaded: LoadedRun | None, other: LoadedRun | None, label: 
     if loaded is None:
         return "<div class='sv-note'>No run loaded in this slot.</div>"
     other_label = "B" if label == "A" else "A"
-    main = RunOutputs(label, loaded.trace, loaded.report)
-    side = RunOutputs(other_label, other.trace, other.report) if other is not None else None
+    main = RunOutputs(label, loaded.trace, loaded.report, loaded.texts)  # the table read at load, reused
+    side = RunOutputs(other_label, other.trace, other.report, other.texts) if other is not None else None
     return outputs_html(main, side, page=int(page or 1) - 1, only_diverged=bool(only))
 
 
