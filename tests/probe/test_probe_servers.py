@@ -39,6 +39,11 @@ LLAMA_SERVER = (
 )
 
 
+# CI does not build llama.cpp (tools/build_llama_server.sh: 10-15 minutes of two cores): where the
+# binary is absent these skip, by design; docs/probe.md records what they found where it was built.
+LLAMA_SKIP = pytest.mark.allowed_skip(reason="llama-server is built by tools/build_llama_server.sh, not by CI")
+
+
 def _skip(reason: str, ci_installs: bool) -> None:
     if CI and ci_installs:
         pytest.fail(f"{reason} (CI installs it: requirements-dev.lock)")
@@ -178,6 +183,7 @@ def _llama(binary: str, model: Path, port: int, *extra: str) -> list[str]:
             "-t", "2", "--seed", "0", "--no-webui", *extra]  # fmt: skip
 
 
+@LLAMA_SKIP
 def test_llama_server_batch_vs_alone(tmp_path, capsys):
     """4 parallel slots vs one request at a time: only batch-dependent quantized kernels differ."""
     binary, model = _llama_server_and_model()
@@ -193,6 +199,7 @@ def test_llama_server_batch_vs_alone(tmp_path, capsys):
     assert report["noise"]["source"] in ("server", "none")
 
 
+@LLAMA_SKIP
 def test_llama_server_speculative_vs_plain(tmp_path, capsys):
     """Self-speculative n-gram drafting (no draft model) on one server, none on the other: A/B."""
     binary, model = _llama_server_and_model()
