@@ -105,6 +105,7 @@ CSS = (
 .table-wrap th, th .cell-wrap, th span { word-break: normal !important;
   overflow-wrap: normal !important; white-space: nowrap !important; hyphens: none; }
 td, td span, .prose { word-break: normal !important; overflow-wrap: normal !important; hyphens: none; }
+.prose th { white-space: nowrap; }
 #sv-row-text table, #sv-step-text table, .sv-summary table { display: block; max-width: 100%; overflow-x: auto; }
 #sv-violations td .cell-wrap, #sv-violations td span { overflow-wrap: normal !important; }
 .sv-status { color: #991b1b; background: #fef2f2; border-radius: 6px; padding: 2px 8px; }
@@ -130,7 +131,6 @@ td, td span, .prose { word-break: normal !important; overflow-wrap: normal !impo
 
 INTRO = """
 # specviz: where does batch speculative decoding go wrong?
-Load runs into slots **A** and **B** (a bundled example, your trace file or a live run). The **ragged grid** draws one
-line per batch row, one cell per token slot with its fed position; **red outline**: fed ≠ what a correct engine feeds;
-**dark red cell**: where desynchronisation begins.
+Load runs into slots **A** and **B**; the **ragged grid** shows what the engine fed and where it first went wrong
+(the **dark red cell**).
 """
