@@ -17,7 +17,7 @@ from specviz.app.assets import CSS, INTRO
 from specviz.app.detail import build_detail_tabs
 from specviz.app.live import LIVE_FOLDER, LIVE_GATE, PUBLIC, RUN_MEMORY, load_model_pair
 from specviz.app.loading import DEFAULT_A, DEFAULT_B, DOCS, MAX_UPLOAD_BYTES
-from specviz.app.run_slots import build_compare, build_inspect_switch, build_run_slot
+from specviz.app.run_slots import build_inspect_switch, build_run_slot
 from specviz.views import LoadedRun
 
 # Bounded, so memory stays flat under a flood; live runs take at most serve.MAX_PENDING_LIVE of it
@@ -35,8 +35,8 @@ def build_app() -> gr.Blocks:
             slot_a = build_run_slot("A", DEFAULT_A)
             slot_b = build_run_slot("B", DEFAULT_B)
         inspect = build_inspect_switch()
-        ui = build_detail_tabs()
-        compare = build_compare()
+        ui = build_detail_tabs()  # the A vs B comparison is its last tab
+        compare = ui.compare
         events.wire(demo, slot_a, slot_b, inspect, compare, ui)
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=INSPECT_CONCURRENCY)
     serve.install_gate(demo, LIVE_GATE)  # one live run per visitor, refused before it queues

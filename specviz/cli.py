@@ -390,29 +390,57 @@ def _keep_complete(out: Path, trace: Any, sink: Any = None) -> Path:
 
 
 def _print_summary(trace: Any, out: Path, as_json: bool) -> None:
+    """The run's numbers and its verdict (the first violation too: `record` answers what `check` does).
+
+    Printed through `print_to_pipe`: `specviz record ... --json | head -c 600` ends quietly.
+    """
+    from specviz.analysis.check import check_trace
     from specviz.analysis.metrics import summary
 
     info = summary(trace)
+    report = check_trace(trace)
+    first = report.first_violation
+    info["verdict"] = report.verdict
+    info["violations"] = report.violation_count
+    info["first_violation"] = (
+        None
+        if first is None
+        else {
+            "step": first.step,
+            "row": first.row,
+            "seq_id": first.seq_id,
+            "invariant": int(first.invariant),
+            "name": first.name,
+            "message": first.message,
+        }
+    )
     info["trace"] = str(out)
     if as_json:
-        print(json.dumps(info))
+        print_to_pipe(json.dumps(info))
         return
     rate = info["acceptance_rate"]
     exact = info["exact_match"]
-    print(
+    lines = [
         f"{run_title(info['method'], info['fault'])}: "
-        f"{info['num_prompts']} prompts, batch {info['batch_size']}, k={info['draft_k']}"
-    )
-    print(f"  exact match        {exact:.3f}" if exact is not None else "  exact match        n/a (no reference)")
+        f"{info['num_prompts']} prompts, batch {info['batch_size']}, k={info['draft_k']}",
+        f"  verdict            {report.verdict.upper()} ({report.violation_count} violations)",
+    ]
+    if first is not None:
+        lines.append(
+            f"  first violation    step {first.step}, row {first.row} (sequence {first.seq_id}): "
+            f"invariant {int(first.invariant)} {first.name}: {first.message}"
+        )
+    lines.append("  exact match        " + (f"{exact:.3f}" if exact is not None else "n/a (no reference)"))
     if rate is not None:
-        print(f"  acceptance rate    {rate:.3f}   mean acceptance length {info['mean_acceptance_length']:.2f}")
-    print(
+        lines.append(f"  acceptance rate    {rate:.3f}   mean acceptance length {info['mean_acceptance_length']:.2f}")
+    lines.append(
         f"  throughput         {info['tokens_per_second']:.1f} tok/s ({info['tokens_emitted']} tokens, "
         f"{info['decode_seconds']:.2f} s)"
     )
     if info["exspec_group_share"] is not None:
-        print(f"  exspec group share {info['exspec_group_share']:.3f}")
-    print(f"  trace              {out}")
+        lines.append(f"  exspec group share {info['exspec_group_share']:.3f}")
+    lines.append(f"  trace              {out}")
+    print_to_pipe("\n".join(lines))
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -37,18 +37,93 @@ TIMELINE_CLICK_JS = """() => {
   }, 400);
 }"""
 
+# The grid is drawn for a wide page; in a narrow container (a phone, below NARROW_PX) this refits
+# it: the relayout the figure carries in layout.meta.sv_grid.narrow (short row labels and title,
+# a small right margin, pan), and an x range of the last columns that fit at a readable size,
+# shifted to keep the first violation in view. Back on a wide container, meta.sv_grid.wide
+# restores the figure as drawn. `gd.__svFit` records what was applied, so each figure is fitted once
+# per width class (the relayout's own redraw finds nothing to do).
+GRID_FIT_JS = """
+  const NARROW_PX = 700, COLUMN_PX = 22;
+  const fitGrid = () => {
+    const gd = document.querySelector('#sv-grid .js-plotly-plot');
+    const meta = gd && gd.layout && gd.layout.meta && gd.layout.meta.sv_grid;
+    if (!meta || !window.Plotly || gd.offsetParent === null) return;
+    const width = gd.getBoundingClientRect().width;
+    const narrow = width > 0 && width < NARROW_PX;
+    const key = JSON.stringify(meta.wide['title.text']) + meta.columns + (narrow ? ':narrow' : ':wide');
+    if (gd.__svFit === key) return;
+    gd.__svFit = key;
+    const notes = gd.layout.annotations || [];
+    if (!narrow) {
+      const back = Object.assign({}, meta.wide);
+      Object.entries(gd.__svNotes || {}).forEach(([i, a]) => {
+        if (notes[i] && notes[i].name === a.name) Object.assign(back, {
+          [`annotations[${i}].x`]: a.x, [`annotations[${i}].text`]: a.text, [`annotations[${i}].font.size`]: a.size });
+      });
+      window.Plotly.relayout(gd, back);
+      return;
+    }
+    gd.__svNotes = {};
+    notes.forEach((a, i) => {
+      gd.__svNotes[i] = { name: a.name, x: a.x, text: a.text, size: (a.font && a.font.size) || 11 };
+    });
+    const labels = Math.max(...meta.narrow['yaxis.ticktext'].map((t) => t.replace(/<[^>]*>/g, '').length)) * 7 + 12;
+    const room = width - labels - meta.narrow['margin.r'] - 10;
+    const count = Math.max(4, Math.min(meta.columns, Math.floor(room / COLUMN_PX)));
+    let end = meta.columns - 0.5, start = end - count;
+    if (meta.focus_x !== null && meta.focus_x < start + 0.5) { start = meta.focus_x - 1.5; end = start + count; }
+    const update = Object.assign({}, meta.narrow, { 'xaxis.range': [start, end] });
+    notes.forEach((a, i) => {
+      if (a.name === 'region-cache') {
+        update[`annotations[${i}].x`] = (Math.max(start, -0.5) + meta.query_x - 0.5) / 2;
+        update[`annotations[${i}].text`] = '<b>cache</b>';
+      }
+      if (a.name === 'region-query') update[`annotations[${i}].text`] = '<b>query</b>';
+      if (a.name === 'desync-label') {
+        update[`annotations[${i}].text`] = '<b>desync<br>begins<br>here</b>';
+        update[`annotations[${i}].font.size`] = 9;
+      }
+    });
+    window.Plotly.relayout(gd, update);
+  };
+  setInterval(fitGrid, 300);
+"""
+PAGE_JS = TIMELINE_CLICK_JS.rstrip()[:-1] + GRID_FIT_JS + "}"  # what the page runs once, on load
+
 CSS = (
     OUTPUTS_CSS
     + """
-.sv-summary { min-height: 120px; }
+.sv-summary { min-height: 80px; }
+.sv-summary h3 { margin: 0 0 4px 0; }
+.sv-summary p { margin: 4px 0; }
 #sv-intro p { margin: 2px 0; }
-/* Headers break between words or not at all: "violations", never "violatio ns". The data tables'
-   headers stay on one line; the summary's may wrap between words, so its table fits its panel. */
+#sv-intro h1 { margin: 0 0 2px 0; font-size: 1.5em; }
+/* Words never break inside: "violations", not "violatio ns"; "expected", not "expect ed";
+   "position_ids", not "position_ ids". Table headers stay on one line; a table wider than its
+   panel scrolls inside it instead of squeezing its words into letters. */
 .table-wrap th, th .cell-wrap, th span { word-break: normal !important;
   overflow-wrap: normal !important; white-space: nowrap !important; hyphens: none; }
-.sv-summary th { word-break: keep-all !important; overflow-wrap: normal !important; hyphens: none; }
+td, td span, .prose { word-break: normal !important; overflow-wrap: normal !important; hyphens: none; }
+.prose th { white-space: nowrap; }
+#sv-row-text table, #sv-step-text table, .sv-summary table { display: block; max-width: 100%; overflow-x: auto; }
+#sv-violations td .cell-wrap, #sv-violations td span { overflow-wrap: normal !important; }
 .sv-status { color: #991b1b; background: #fef2f2; border-radius: 6px; padding: 2px 8px; }
 .sv-status p { margin: 0; }
+.sv-nowrap, .sv-summary code { white-space: nowrap; }
+/* The grid's legend: every kind and mark the step shows; entries wrap between, never inside. */
+.sv-legend { display: flex; flex-wrap: wrap; gap: 4px 16px; font-size: 12px; padding: 4px 8px; }
+.sv-legend-item { display: inline-flex; align-items: center; gap: 6px; max-width: 100%; }
+.sv-swatch { display: inline-block; width: 12px; height: 12px; box-sizing: border-box; flex: none; }
+/* Messages appear at the bottom: at the top they cover slot B's upload button. */
+.toast-wrap { top: auto !important; bottom: var(--size-4) !important; }
+/* A live run's progress covers the slot's summary with an opaque panel, not over its faded title. */
+.sv-summary > .wrap:not(.hide) { background: var(--block-background-fill) !important; opacity: 1 !important; }
+/* A phone: the page uses its width. */
+@media (max-width: 640px) {
+  .gradio-container { padding-left: 4px !important; padding-right: 4px !important; }
+  .sv-legend { font-size: 11px; }
+}
 /* A plotly click on the timeline is sent through this box; nobody types in it. */
 #sv-timeline-pick { display: none !important; }
 """
@@ -56,7 +131,6 @@ CSS = (
 
 INTRO = """
 # specviz: where does batch speculative decoding go wrong?
-Load runs into slots **A** and **B** (bundled example, your trace file, or a live run). The **ragged grid** draws one
-line per batch row and one cell per token slot, with the fed position ID in each cell. **Red outline**: the fed state
-differs from what a correct engine feeds. **Dark red cell**: where desynchronisation begins.
+Load runs into slots **A** and **B**; the **ragged grid** shows what the engine fed and where it first went wrong
+(the **dark red cell**).
 """

@@ -15,6 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from specviz.app.assets import RESIZE_PLOTS_JS
+from specviz.app.run_slots import build_compare
 from specviz.views import (
     GridView,
     LoadedRun,
@@ -53,32 +54,37 @@ class GridTab:
     figure: Any
     step_text: Any
     row_text: Any
+    legend: Any
 
     @classmethod
     def build(cls) -> GridTab:
+        # One row of controls above the grid (the step and how to move it), the rest under it: the
+        # grid stays on the first screen (issue 25).
+        with gr.Row(equal_height=True):
+            step = gr.Slider(0, 1, value=0, step=1, label="step", scale=3, min_width=220, elem_id="sv-step")
+            with gr.Column(scale=2, min_width=280):
+                with gr.Row():
+                    prev = gr.Button("◀ previous step", size="sm", min_width=60)
+                    nxt = gr.Button("next step ▶", size="sm", min_width=60)
+                    play = gr.Button("play ▶", size="sm", min_width=60)
+                    pause = gr.Button("pause", size="sm", min_width=60)
+                first = gr.Button("jump to first violation", size="sm", variant="primary", elem_id="sv-first")
+        timer = gr.Timer(PLAY_SECONDS, active=False)
+        figure = gr.Plot(show_label=False, elem_id="sv-grid")
+        legend = gr.HTML(elem_id="sv-grid-legend", padding=False)
         with gr.Row():
-            step = gr.Slider(0, 1, value=0, step=1, label="step", scale=4, elem_id="sv-step")
             row = gr.Dropdown([("none", NO_ROW)], value=NO_ROW, label="highlight row", scale=1, elem_id="sv-row")
             window = gr.Slider(8, 512, value=DEFAULT_WINDOW, step=8, label="cache slots shown", scale=2)
-        with gr.Row():
-            prev = gr.Button("◀ previous step", size="sm")
-            nxt = gr.Button("next step ▶", size="sm")
-            play = gr.Button("play ▶", size="sm")
-            pause = gr.Button("pause", size="sm")
-            first = gr.Button("jump to first violation", size="sm", variant="primary", elem_id="sv-first")
-        timer = gr.Timer(PLAY_SECONDS, active=False)
-        figure = gr.Plot(label="ragged grid", elem_id="sv-grid")
-        with gr.Row():
-            step_text = gr.Markdown(elem_id="sv-step-text")
-            row_text = gr.Markdown(elem_id="sv-row-text")
+        step_text = gr.Markdown(elem_id="sv-step-text")
+        row_text = gr.Markdown(elem_id="sv-row-text")
         return cls(
             step=step, row=row, window=window, prev=prev, next=nxt, play=play, pause=pause, first=first,
-            timer=timer, figure=figure, step_text=step_text, row_text=row_text,
+            timer=timer, figure=figure, step_text=step_text, row_text=row_text, legend=legend,
         )  # fmt: skip
 
     def view_components(self) -> list[Any]:
         """What one drawn step sets (`view_values`)."""
-        return [self.row, self.figure, self.step_text, self.row_text]
+        return [self.row, self.figure, self.legend, self.step_text, self.row_text]
 
     def view_values(self, view: GridView) -> dict[Any, Any]:
         return {
@@ -86,6 +92,7 @@ class GridTab:
             self.figure: view.figure,
             self.step_text: view.step_text,
             self.row_text: view.row_text,
+            self.legend: view.legend,
         }
 
     def components(self) -> list[Any]:
@@ -244,6 +251,7 @@ class DetailUI:
     acceptance: AcceptanceTab
     kv: KvTab
     outputs: OutputsTab
+    compare: Any = None  # the A vs B table, in its own tab; set by the slots' events, not by `details`
 
     def components(self) -> list[Any]:
         """Everything `details` sets. A list, not a set: the API returns values in this order."""
@@ -282,6 +290,10 @@ def build_detail_tabs() -> DetailUI:
             kv = KvTab.build()
         with gr.Tab("Outputs", id="outputs") as outputs_tab:
             outputs = OutputsTab.build()
-    for tab in (grid_tab, invariants_tab, acceptance_tab, kv_tab, outputs_tab):
+        with gr.Tab("A vs B", id="compare") as compare_tab:
+            compare = build_compare()
+    for tab in (grid_tab, invariants_tab, acceptance_tab, kv_tab, outputs_tab, compare_tab):
         tab.select(None, None, None, js=RESIZE_PLOTS_JS, queue=False, show_progress="hidden", api_visibility="private")
-    return DetailUI(tabs=tabs, grid=grid, invariants=invariants, acceptance=acceptance, kv=kv, outputs=outputs)
+    return DetailUI(
+        tabs=tabs, grid=grid, invariants=invariants, acceptance=acceptance, kv=kv, outputs=outputs, compare=compare
+    )

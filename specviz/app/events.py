@@ -14,10 +14,11 @@ from typing import Any
 import gradio as gr
 
 from specviz.app import serve
-from specviz.app.assets import RESIZE_PLOTS_JS, TIMELINE_CLICK_JS
+from specviz.app.assets import PAGE_JS, RESIZE_PLOTS_JS
 from specviz.app.detail import GRID_TAB, DetailUI
 from specviz.app.live import LIVE_GATE, PUBLIC, LiveRequest, live_run, save_for_download, whole
 from specviz.app.loading import DEFAULT_A, DEFAULT_B, load_bundled, load_default, load_upload
+from specviz.app.messages import plain_trace_message
 from specviz.app.run_slots import RunSlot
 from specviz.errors import SpecvizError
 from specviz.trace.io import TraceError
@@ -25,6 +26,8 @@ from specviz.views import LoadedRun, grid_view, slot_outputs_html, slot_summary_
 from specviz.views.safe_text import md_text
 
 # ----------------------------------------------------------------------------- failures
+
+REFUSED = "live run not started: one of yours is already queued or running, or too many are waiting; try again after it"
 
 
 def status_update(message: str = "") -> Any:
@@ -45,7 +48,9 @@ def user_errors(status: Any) -> Any:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             try:
                 return fn(*args, **kwargs)
-            except (gr.Error, SpecvizError, TraceError, ValueError) as exc:
+            except TraceError as exc:  # a file that is no trace: said in plain words (app.messages)
+                message = plain_trace_message(str(exc))
+            except (gr.Error, SpecvizError, ValueError) as exc:
                 message = exc.message if isinstance(exc, gr.Error) else str(exc)
             except Exception as exc:  # never a traceback in the UI; the server log keeps it
                 traceback.print_exc()
@@ -143,7 +148,7 @@ def wire_preload(demo: gr.Blocks, slot_a: RunSlot, slot_b: RunSlot, compare: Any
             **ui.details(run_a, run_b, "A", window, only),
         }
 
-    demo.load(None, js=TIMELINE_CLICK_JS, api_visibility="private")
+    demo.load(None, js=PAGE_JS, api_visibility="private")
     demo.load(
         preload,
         [ui.grid.window, ui.outputs.only_diverged],
@@ -152,7 +157,7 @@ def wire_preload(demo: gr.Blocks, slot_a: RunSlot, slot_b: RunSlot, compare: Any
     )
 
 
-def _landing(slot: RunSlot, inspect: Any, compare: Any, ui: DetailUI) -> Any:
+def _landing(slot: RunSlot, other: RunSlot, inspect: Any, compare: Any, ui: DetailUI) -> Any:
     """The handler's answer when a run lands in `slot` (see `wire_slot` for the outputs it sets)."""
     a_first = slot.label == "A"
 
@@ -163,6 +168,7 @@ def _landing(slot: RunSlot, inspect: Any, compare: Any, ui: DetailUI) -> Any:
             slot.state: loaded,
             slot.summary: slot_summary_markdown(loaded, slot.label),
             slot.status: status_update(),  # the last failure is history once a run lands
+            other.status: status_update(),  # in either slot: an old error line would read as this run's
             # An uploaded or live run is no bundled example: the picker must not name the old one.
             **({} if bundled else {slot.bundled: gr.update(value=None)}),
             inspect: slot.label,
@@ -176,8 +182,8 @@ def _landing(slot: RunSlot, inspect: Any, compare: Any, ui: DetailUI) -> Any:
 def wire_slot(slot: RunSlot, other: RunSlot, inspect: Any, compare: Any, ui: DetailUI) -> None:
     """A bundled pick, an upload or a live run lands in `slot`: shown, inspected, compared."""
     label = slot.label.lower()
-    outputs = [slot.state, slot.summary, slot.status, slot.bundled, inspect, compare, *ui.components()]
-    finish = _landing(slot, inspect, compare, ui)
+    outputs = [slot.state, slot.summary, slot.status, other.status, slot.bundled, inspect, compare, *ui.components()]
+    finish = _landing(slot, other, inspect, compare, ui)
 
     @user_errors(slot.status)
     def from_bundle(name: str, other_run: LoadedRun | None, window: int, only: bool) -> dict:
@@ -223,6 +229,15 @@ def wire_slot(slot: RunSlot, other: RunSlot, inspect: Any, compare: Any, ui: Det
         show_progress_on=[slot.summary],  # one progress bar per run, under the button that started it
         concurrency_limit=1,
         concurrency_id=serve.LIVE_CONCURRENCY_ID,  # one live run at a time across both slots: it takes the CPU
+    ).failure(
+        # Handlers never fail, so a failure is the gate refusing the run before it queued: Gradio
+        # has then put its red "Error" badge on the summary. Redrawing the summary clears it; the
+        # status line says why (the toast said it too, and goes).
+        lambda run: {slot.summary: slot_summary_markdown(run, slot.label), slot.status: status_update(REFUSED)},
+        [slot.state],
+        [slot.summary, slot.status],
+        show_progress="hidden",
+        api_visibility="private",
     )
 
 

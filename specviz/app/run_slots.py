@@ -17,6 +17,9 @@ from specviz.app.loading import bundled_traces, first_bundled
 from specviz.views import slot_summary_markdown
 from specviz.views.faults import faults_markdown
 
+# Every method the engine runs (specviz.trace.schema.METHODS), the speculative ones first.
+METHODS_SHOWN = ("eqspec", "exspec", "inplace", "baseline")
+
 
 @dataclass
 class RunSlot:
@@ -42,7 +45,7 @@ def build_live_controls(label: str) -> tuple[list[Any], Any, Any]:
     limits = serve.live_limits(PUBLIC)
     with gr.Accordion(f"Live run into slot {label}", open=False):
         with gr.Row():
-            method = gr.Dropdown(["eqspec", "exspec", "baseline"], value="eqspec", label="method")
+            method = gr.Dropdown(list(METHODS_SHOWN), value="eqspec", label="method")
             fault = gr.Dropdown(["none", *FAULTS], value="none", label="fault to inject")
         with gr.Accordion("what each fault does", open=False):
             gr.Markdown(faults_markdown())
@@ -104,7 +107,8 @@ def build_inspect_switch() -> Any:
 
 
 def build_compare() -> Any:
-    with gr.Accordion("A vs B, metric by metric", open=False):
-        return gr.Dataframe(
-            label="A vs B (throughput is per run; compare speed within one run only)", elem_id="sv-compare"
-        )
+    """The A vs B table; built inside the detail tabs (its own tab, beside the others)."""
+    return gr.Dataframe(
+        label="A vs B, metric by metric (throughput is per run; compare speed within one run only)",
+        elem_id="sv-compare",
+    )

@@ -8,8 +8,6 @@ and words it (the step's violations, a row's fed vs expected fields).
 
 from __future__ import annotations
 
-import math
-
 import plotly.graph_objects as go
 
 from specviz.analysis.slots import RowSlots, Slot, StepSlots
@@ -28,9 +26,11 @@ from specviz.views.tokens import token_label
 DEFAULT_WINDOW = 40  # cache slots shown; the query and bonus columns are always shown
 MAX_TEXT_COLUMNS = 90  # beyond this many columns the position text is unreadable: hover only
 NO_ROW = -1  # the row picker's "none"
-LEGEND_ENTRY_PX = 290  # fixed legend columns: three fit a grid 900 px wide (1024 px window)
-LEGEND_COLUMNS = 3
-LEGEND_ROW_PX = 20
+ROW_PX = 30
+TOP_PX = 60  # title, region labels, slot numbers (fixed: plotly's automargin would take more)
+DESYNC_LABEL_PX = 92  # the right margin that holds "desync begins here"
+NARROW_DESYNC_LABEL_PX = 58
+CACHE_LABEL_EVERY = 5  # a wide window labels every 5th cache slot: numbers stay horizontal and apart
 
 
 # ----------------------------------------------------------------------------- figure
@@ -75,9 +75,10 @@ def _cell_text(cell: Slot) -> str:
     return str(cell.fed_position) if cell.position_recorded else f"<i>{cell.fed_position}</i>"
 
 
-def _row_label(grid_row: RowSlots, hidden_flags: int, selected: bool) -> str:
-    label = f"row {grid_row.row} · seq {grid_row.seq_id}"
-    if hidden_flags:
+def _row_label(grid_row: RowSlots, hidden_flags: int, selected: bool, short: bool = False) -> str:
+    """`row r · seq s`; short (a phone's grid): `r r·s s`, so the cells keep the width."""
+    label = f"r{grid_row.row}·s{grid_row.seq_id}" if short else f"row {grid_row.row} · seq {grid_row.seq_id}"
+    if hidden_flags and not short:
         label += f" (+{hidden_flags} ✗ left)"
     if grid_row.flagged:
         label = f"<span style='color:{FLAG_COLOR}'><b>✗ {label}</b></span>"
@@ -85,7 +86,9 @@ def _row_label(grid_row: RowSlots, hidden_flags: int, selected: bool) -> str:
 
 
 def _column_labels(grid: StepSlots, start: int) -> list[str]:
-    labels = [str(j) for j in range(start, grid.cache_len)]
+    """Slot numbers over the columns; a window of many cache slots labels every 5th (and its last)."""
+    every = CACHE_LABEL_EVERY if grid.cache_len - start > 12 else 1
+    labels = [str(j) if j % every == 0 or j == grid.cache_len - 1 else "" for j in range(start, grid.cache_len)]
     labels += ["pend"] + [f"d{j}" for j in range(1, grid.query_len)]
     return labels + ["bonus"]
 
@@ -104,7 +107,7 @@ def grid_figure(
     built = min((r.slots.first for r in grid.rows), default=0)
     start = max(window_start(grid, window, focus), built)
     columns = list(range(start, grid.width))
-    z, text, hover, labels = [], [], [], []
+    z, text, hover, labels, short_labels = [], [], [], [], []
     outlines: list[tuple[int, int]] = []
     for y, grid_row in enumerate(grid.rows):
         shown = [grid_row.slots[c] for c in columns]
@@ -113,7 +116,9 @@ def grid_figure(
         hover.append([_hover(grid_row, c, texts, grid.cache_len, grid.query_len) for c in shown])
         outlines += [(y, x) for x, c in enumerate(shown) if c.flagged]
         hidden = sum(c.flagged for c in grid_row.slots[:start])
-        labels.append(_row_label(grid_row, hidden, grid_row.row == selected_row))
+        selected = grid_row.row == selected_row
+        labels.append(_row_label(grid_row, hidden, selected))
+        short_labels.append(_row_label(grid_row, hidden, selected, short=True))
     fig = go.Figure(
         go.Heatmap(
             z=z,
@@ -130,37 +135,37 @@ def grid_figure(
             ygap=2,
         )
     )
-    _add_legend(fig, grid, selected_row)
     _add_outlines(fig, outlines, FLAG_COLOR, 2)
     _mark_first_violation(fig, grid, columns, text)
     _mark_selected_row(fig, grid, selected_row, len(columns))
     _add_column_headers(fig, grid, start, len(columns))
-    legend_px = _legend_height(fig)
+    has_label = grid.first_violation is not None and grid.row_position(grid.first_violation[0]) is not None
+    full_title = title or _default_title(grid, start)
+    # The legend is HTML under the plot (`legend_html`): it wraps on a phone, a plotly legend does not.
     fig.update_layout(
-        title={"text": title or _default_title(grid, start), "x": 0, "font": {"size": 14}},
-        height=110 + 30 * max(len(grid.rows), 1) + legend_px,
-        margin={"l": 10, "r": 100 if grid.first_violation else 10, "t": 90, "b": 10 + legend_px},
-        plot_bgcolor="white",
-        # The legend lives in a bottom margin sized for it, placed from the figure's bottom edge: left to
-        # plotly's automargin it squeezes the rows instead, and after a redraw in a hidden tab it
-        # lands on top of them.
-        legend={
-            "orientation": "h",
-            "yref": "container",
-            "y": 0,
-            "yanchor": "bottom",
+        title={
+            "text": full_title,
+            "x": 0,
             "xref": "container",
-            "x": 0.01,
-            "entrywidth": LEGEND_ENTRY_PX,
-            "entrywidthmode": "pixels",
-            "font": {"size": 11},
+            "y": 1,
+            "yref": "container",
+            "yanchor": "top",
+            "pad": {"t": 4, "l": 4},
+            "font": {"size": 14},
         },
+        height=TOP_PX + 8 + ROW_PX * max(len(grid.rows), 1),
+        margin={"l": 10, "r": DESYNC_LABEL_PX if has_label else 10, "t": TOP_PX, "b": 8},
+        plot_bgcolor="white",
+        showlegend=False,
         hoverlabel={"align": "left"},
+        meta={"sv_grid": _fit_meta(grid, columns, focus, labels, short_labels, full_title, has_label)},
     )
     fig.update_xaxes(
         tickvals=list(range(len(columns))),
         ticktext=_column_labels(grid, start),
         tickfont={"size": 9},
+        tickangle=0,  # never vertical: a turned number runs into the region labels above it
+        automargin=False,
         side="top",
         showgrid=False,
         zeroline=False,
@@ -169,6 +174,7 @@ def grid_figure(
     fig.update_yaxes(
         tickvals=list(range(len(grid.rows))),
         ticktext=labels,
+        automargin=True,  # the left margin is as wide as the row labels, no wider
         autorange="reversed",
         showgrid=False,
         zeroline=False,
@@ -176,10 +182,44 @@ def grid_figure(
     return fig
 
 
-def _legend_height(fig: go.Figure) -> int:
-    """Pixels the legend needs below the grid: its entries in LEGEND_COLUMNS columns."""
-    entries = sum(1 for t in fig.data if t.type == "scatter" and t.showlegend is not False and t.name)
-    return LEGEND_ROW_PX * math.ceil(entries / LEGEND_COLUMNS) + 8
+def _fit_meta(
+    grid: StepSlots,
+    columns: list[int],
+    focus: int | None,
+    labels: list[str],
+    short_labels: list[str],
+    title: str,
+    has_label: bool,
+) -> dict[str, object]:
+    """What the page's script (assets.GRID_FIT_JS) needs to refit the grid to a narrow container:
+    the relayout for narrow and the one that restores the wide layout. On a phone the grid shows the
+    query and the last cache slots at a readable size (drag to pan), with short row labels."""
+    focus_x = columns.index(focus) if focus is not None and focus in columns else None
+    flagged = sum(r.flagged for r in grid.rows)
+    short_title = f"<b>Step {grid.step.step}</b> · " + (
+        f"<span style='color:{FLAG_COLOR}'>{flagged} of {len(grid.rows)} rows differ</span>"
+        if flagged
+        else "all rows as expected"
+    )
+    query_x = grid.cache_len - columns[0] if columns else 0
+    return {
+        "columns": len(columns),
+        "query_x": query_x,
+        "focus_x": focus_x,
+        "narrow": {
+            "title.text": short_title,
+            "yaxis.ticktext": short_labels,
+            "margin.r": NARROW_DESYNC_LABEL_PX if has_label else 10,
+            "dragmode": "pan",
+        },
+        "wide": {
+            "title.text": title,
+            "yaxis.ticktext": labels,
+            "margin.r": DESYNC_LABEL_PX if has_label else 10,
+            "dragmode": "zoom",
+            "xaxis.range": [-0.5, len(columns) - 0.5],
+        },
+    }
 
 
 def _default_title(grid: StepSlots, start: int) -> str:
@@ -198,49 +238,30 @@ def _default_title(grid: StepSlots, start: int) -> str:
     return " · ".join(parts)
 
 
-def _add_legend(fig: go.Figure, grid: StepSlots, selected_row: int | None = None) -> None:
-    """Dummy traces: heatmaps have no per-category legend. Only kinds and marks present are listed."""
+def legend_items(grid: StepSlots, selected_row: int | None = None) -> list[tuple[str, str]]:
+    """(swatch style, label) for every kind and mark this step shows, and only those."""
     present = {c.kind for r in grid.rows for c in r.slots}
-    for kind in KINDS:
-        if kind in present and kind != "empty":
-            fig.add_trace(
-                go.Scatter(
-                    x=[None],
-                    y=[None],
-                    mode="markers",
-                    name=KIND_LABELS[kind],
-                    marker={
-                        "symbol": "square",
-                        "size": 12,
-                        "color": KIND_COLORS[kind],
-                        "line": {"width": 1, "color": "#94a3b8"},
-                    },
-                    hoverinfo="skip",
-                )
-            )
-    fig.add_trace(
-        go.Scatter(
-            x=[None],
-            y=[None],
-            mode="markers",
-            name="fed ≠ expected",
-            marker={"symbol": "square-open", "size": 12, "color": FLAG_COLOR, "line": {"width": 2}},
-            hoverinfo="skip",
-        )
-    )
-    if grid.first_violation is not None:
-        _legend_entry(fig, "desync begins here: the run's first violation", {"color": FIRST_FLAG_COLOR})
+    items = [
+        (f"background:{KIND_COLORS[kind]};border:1px solid #94a3b8", KIND_LABELS[kind])
+        for kind in KINDS
+        if kind in present and kind != "empty"
+    ]
+    if any(c.flagged for r in grid.rows for c in r.slots):
+        items.append((f"border:2px solid {FLAG_COLOR}", "fed ≠ expected"))
+    if grid.first_violation is not None and grid.row_position(grid.first_violation[0]) is not None:
+        items.append((f"background:{FIRST_FLAG_COLOR}", "desync begins here: the run's first violation"))
     if selected_row is not None and grid.row_position(selected_row) is not None:
-        _legend_entry(fig, "dotted frame: the highlighted row (fed vs expected below)", {"color": "#0f172a"}, "dot")
+        items.append(("border:1.5px dotted #0f172a", "dotted frame: the highlighted row (fed vs expected below)"))
+    return items
 
 
-def _legend_entry(fig: go.Figure, name: str, marker: dict[str, object], dash: str | None = None) -> None:
-    """A legend line for a mark drawn as a shape (shapes have no legend of their own)."""
-    if dash is None:
-        style = {"mode": "markers", "marker": {"symbol": "square", "size": 12, **marker}}
-    else:
-        style = {"mode": "lines", "line": {"color": marker["color"], "width": 1.5, "dash": dash}}
-    fig.add_trace(go.Scatter(x=[None], y=[None], name=name, hoverinfo="skip", **style))
+def legend_html(grid: StepSlots, selected_row: int | None = None) -> str:
+    """The grid's legend as HTML under the plot: entries wrap between each other, never inside one."""
+    entries = "".join(
+        f"<span class='sv-legend-item'><span class='sv-swatch' style='{style}'></span>{html_text(label, 120)}</span>"
+        for style, label in legend_items(grid, selected_row)
+    )
+    return f"<div class='sv-legend'>{entries}</div>"
 
 
 def _add_outlines(fig: go.Figure, cells: list[tuple[int, int]], color: str, width: int) -> None:
@@ -301,6 +322,7 @@ def _mark_first_violation(fig: go.Figure, grid: StepSlots, columns: list[int], t
         ayref="y",
         xanchor="left",
         text="<b>desync<br>begins here</b>",
+        name="desync-label",
         showarrow=True,
         arrowhead=2,
         arrowwidth=1.5,
@@ -329,16 +351,17 @@ def _add_column_headers(fig: go.Figure, grid: StepSlots, start: int, width: int)
     """Brackets over the cache, query and bonus regions, and a divider before the query."""
     query_x = grid.cache_len - start
     fig.add_vline(x=query_x - 0.5, line={"color": "#0f172a", "width": 2})
+    # The bonus column needs no region label: its own column label says "bonus".
+    cache_label = f"cache slots {start}..{grid.cache_len - 1}" + (" (window)" if start else "")
     regions = [
-        ((query_x - 1) / 2, f"cache slots {start}..{grid.cache_len - 1}" + (" (window)" if start else "")),
-        (query_x + (grid.query_len - 1) / 2, "verify query"),
-        (width - 1, "bonus"),
+        ("region-cache", (query_x - 1) / 2, cache_label),
+        ("region-query", query_x + (grid.query_len - 1) / 2, "verify query"),
     ]
-    for x, label in regions:
-        if query_x == 0 and label.startswith("cache"):
+    for name, x, label in regions:
+        if query_x == 0 and name == "region-cache":
             continue
         fig.add_annotation(
-            x=x, y=1.0, yref="paper", yshift=28, text=f"<b>{label}</b>", showarrow=False, font={"size": 11}
+            x=x, y=1.0, yref="paper", yshift=24, text=f"<b>{label}</b>", showarrow=False, font={"size": 11}, name=name
         )
 
 

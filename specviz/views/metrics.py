@@ -19,7 +19,7 @@ SEQUENCE_COLUMNS = [
     "mean acceptance length",
     "output tokens",
     "verdict",
-    "first divergent token",
+    "first divergence (output position)",
 ]
 
 

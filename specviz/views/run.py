@@ -15,7 +15,15 @@ from specviz.analysis.report import Report
 from specviz.analysis.slots import FedHistory, StepSlots, fed_history, step_slots
 from specviz.trace.schema import Trace
 from specviz.views.faults import fault_markdown
-from specviz.views.grid import DEFAULT_WINDOW, NO_ROW, grid_figure, row_choices, row_details_markdown, step_markdown
+from specviz.views.grid import (
+    DEFAULT_WINDOW,
+    NO_ROW,
+    grid_figure,
+    legend_html,
+    row_choices,
+    row_details_markdown,
+    step_markdown,
+)
 from specviz.views.outputs import RunOutputs, outputs_html
 from specviz.views.safe_text import md_text
 from specviz.views.summary import compare_table, summary_markdown
@@ -84,6 +92,7 @@ class GridView:
     figure: go.Figure
     step_text: str
     row_text: str
+    legend: str = ""  # HTML under the plot: the kinds and marks this step shows
 
 
 def grid_view(loaded: LoadedRun | None, step_index: int | None, row: int | None, window: int | None) -> GridView:
@@ -95,19 +104,19 @@ def grid_view(loaded: LoadedRun | None, step_index: int | None, row: int | None,
     row = int(row) if row is not None and slots.find_row(int(row)) is not None else NO_ROW
     figure = grid_figure(slots, loaded.texts, window=int(window or DEFAULT_WINDOW), selected_row=row)
     row_text = row_details_markdown(slots, row, loaded.texts) if row != NO_ROW else NO_ROW_PICKED
-    return GridView(step_index, row, row_choices(slots), figure, step_markdown(slots), row_text)
+    legend = legend_html(slots, row if row != NO_ROW else None)
+    return GridView(step_index, row, row_choices(slots), figure, step_markdown(slots), row_text, legend)
 
 
 def slot_summary_markdown(loaded: LoadedRun | None, label: str) -> str:
     if loaded is None:
         return f"### Run {label}: empty\nLoad a bundled trace, upload a trace file, or start a live run."
     fault = fault_markdown(loaded.trace.header.fault)  # what the injected bug does, where it is named
-    fault_line = f"\n\n{fault}" if fault else ""
-    return (
-        summary_markdown(loaded.trace, loaded.report, label)
-        + fault_line
-        + f"\n\n<sub>source: {md_text(loaded.source)}</sub>"
-    )
+    # Small print under the verdict (the run's settings, its source, what the fault does): the
+    # header stays short, so the grid is on the first screen.
+    text = summary_markdown(loaded.trace, loaded.report, label)
+    text = text.removesuffix("</sub>") + f" · source: <span class='sv-nowrap'>{md_text(loaded.source)}</span></sub>"
+    return text + (f"\n\n<sub>{fault}</sub>" if fault else "")
 
 
 def slot_outputs_html(loaded: LoadedRun | None, other: LoadedRun | None, label: str, page: int, only: bool) -> str:

@@ -48,34 +48,54 @@ def desync_sentence(report: Report) -> str:
     )
 
 
-def summary_markdown(trace: Trace, report: Report, label: str = "") -> str:
-    h = trace.header
+def model_name(name: str) -> str:
+    """A model's name for display: a local path shows its last two parts, never the machine's folders."""
+    parts = [part for part in str(name).replace("\\", "/").split("/") if part]
+    if str(name).startswith(("/", "~", ".")) or (len(str(name)) > 2 and str(name)[1] == ":"):
+        return "…/" + "/".join(parts[-2:]) if len(parts) > 2 else "/".join(parts)
+    return str(name)
+
+
+def _nowrap(text: str) -> str:
+    """A name (model, file) that must not break at its hyphens or slashes; escaped."""
+    return f"<span class='sv-nowrap'>{md_text(text)}</span>"
+
+
+def stats_line(trace: Trace, report: Report) -> str:
+    """The run's numbers on one line that wraps between items, never inside one (no table: on a
+    phone or in a half-width panel a five-column table is wider than its panel)."""
     info = summary(trace)
     total, _ = acceptance(trace)
+    speed = info["tokens_per_second"]
+    items = [
+        f"exact match **{_exact(report)}**",
+        f"acceptance rate **{_rate(total.rate)}**",
+        f"mean acceptance length **{_rate(total.mean_length)}**",
+        f"**{f'{speed:.0f}' if speed else 'n/a'}** tokens/s",
+        f"**{report.violation_count}** violation{'s' if report.violation_count != 1 else ''}",
+    ]
+    return " · ".join(items)
+
+
+def summary_markdown(trace: Trace, report: Report, label: str = "") -> str:
+    h = trace.header
     prefix = f"Run {label}: " if label else ""
     lines = [f"### {prefix}{run_title(trace)} · {verdict_badge(report.verdict)}"]
     if not h.complete:
         lines.append("⚠️ **Incomplete run**: it was interrupted; steps and outputs hold only what finished.")
-    draft = f", draft {md_text(h.draft.name)}" if h.draft else ""
-    # One paragraph with a hard line break: the header should stay short above the fold.
-    lines.append(
-        f"*{VERDICT_MEANING.get(report.verdict, '')}*  \n"
-        f"target {md_text(h.target.name)} ({md_text(h.target.dtype)}, {md_text(h.target.device)}){draft}"
-        f" · k={h.draft_k} · batch {h.batch_size}"
-        f" · {len(trace.sequences)} prompts × {h.max_new_tokens} new tokens · {len(trace.steps)} steps"
-    )
-    speed = info["tokens_per_second"]
-    lines.append(
-        "| exact match | acceptance rate | mean acceptance length | tokens/s | violations |\n"
-        "|---|---|---|---|---|\n"
-        f"| {_exact(report)} | {_rate(total.rate)} | {_rate(total.mean_length)} | "
-        f"{f'{speed:.0f}' if speed else 'n/a'} | {report.violation_count} |"
-    )
+    # The verdict first, in words: what a stranger needs before any number.
+    lines.append(f"*{VERDICT_MEANING.get(report.verdict, '')}*  \n{stats_line(trace, report)}")
     sentence = desync_sentence(report)
     if sentence:
         lines.append(sentence)
     elif report.verdict == "numerical":
         lines.append("No invariant broke: divergences sit on near-ties of the reference's logits.")
+    draft = f", draft {_nowrap(model_name(h.draft.name))}" if h.draft else ""
+    lines.append(
+        f"<sub>target {_nowrap(model_name(h.target.name))} ({md_text(h.target.dtype)}, {md_text(h.target.device)})"
+        f"{draft} · k={h.draft_k} · batch {h.batch_size}"
+        f" · {len(trace.sequences)} prompts × {h.max_new_tokens} new tokens · {len(trace.steps)} steps</sub>"
+    )
     return "\n\n".join(lines)
 
 

@@ -175,7 +175,7 @@ def test_plot_updated_in_a_hidden_tab_fills_its_container(page: Any, tab: str, p
     settle(page)
     assert page.evaluate(FILL_JS, plot) >= 0.9
     if plot == "sv-grid":  # the legend sits under the rows, never on them
-        legend = page.locator("#sv-grid .legend").bounding_box()
+        legend = page.locator("#sv-grid-legend").bounding_box()
         rows = page.locator("#sv-grid .nsewdrag").first.bounding_box()
         assert legend["y"] >= rows["y"] + rows["height"] - 1
     page.screenshot(path=str(SHOTS / f"10-hidden-then-{plot}.png"))
@@ -223,6 +223,137 @@ def test_violation_click_opens_a_fitted_grid(page: Any) -> None:
     )
     settle(page)
     assert page.evaluate(FILL_JS, "sv-grid") >= 0.9
-    legend = page.locator("#sv-grid .legend").bounding_box()
+    legend = page.locator("#sv-grid-legend").bounding_box()
     rows = page.locator("#sv-grid .nsewdrag").first.bounding_box()
     assert legend["y"] >= rows["y"] + rows["height"] - 1  # the legend never covers the rows
+
+
+# ----------------------------------------------------------------------------- issue 25: three widths
+
+WIDTHS = [(1440, 900), (1024, 768), (390, 844)]
+# A word split over two lines in a table cell, the grid's legend or a slot's summary (a compound
+# may break after its hyphen, "column-|positions", as text does; never inside a part).
+SPLIT_WORDS_JS = """() => {
+  const broken = [];
+  document.querySelectorAll('th, td, #sv-grid-legend, .sv-summary').forEach((box) => {
+    if (box.offsetParent === null) return;
+    const walker = document.createTreeWalker(box, NodeFilter.SHOW_TEXT);
+    let node;
+    while ((node = walker.nextNode())) {
+      for (const match of node.textContent.matchAll(/[^\\s-]+/g)) {
+        const range = document.createRange();
+        range.setStart(node, match.index);
+        range.setEnd(node, match.index + match[0].length);
+        if (new Set([...range.getClientRects()].map((r) => Math.round(r.top))).size > 1) broken.push(match[0]);
+      }
+    }
+  });
+  return broken;
+}"""
+# A block whose content is wider than it (tables scroll inside their own wrapper: not counted).
+TOO_WIDE_JS = """() => [...document.querySelectorAll('.block, table')]
+  .filter((b) => b.offsetParent !== null && !b.closest('.table-wrap') && !b.querySelector('.js-plotly-plot'))
+  .filter((b) => {
+    if (b.tagName !== 'TABLE') return b.scrollWidth > b.clientWidth + 2;
+    const table = b.getBoundingClientRect(), panel = b.parentElement.closest('.block').getBoundingClientRect();
+    return table.right > panel.right + 1 || table.left < panel.left - 1;
+  })
+  .map((b) => `${(b.closest('[id]') || {}).id}:${b.tagName}:${Math.round(b.getBoundingClientRect().width)}`)"""
+GRID_BOXES_JS = """() => {
+  const box = (s) => { const r = document.querySelector(s).getBoundingClientRect();
+                       return { x: r.x, y: r.y + window.scrollY, width: r.width, height: r.height }; };
+  const title = document.querySelector('#sv-grid .gtitle').getBoundingClientRect();
+  const svg = document.querySelector('#sv-grid .main-svg').getBoundingClientRect();
+  return { plot: box('#sv-grid .main-svg'), cells: box('#sv-grid .nsewdrag'), title_right: title.right,
+           plot_right: svg.right };
+}"""
+STATUS_BADGES_JS = """() => [...document.querySelectorAll('.wrap .error, .block .error')]
+    .filter((el) => el.offsetParent !== null && el.textContent.trim() === 'Error')
+    .map((el) => (el.closest('[id]') || {}).id || '?')"""
+
+
+def fitted(page: Any, width: int) -> None:
+    """Wait until the page script has fitted the grid to this width (assets.GRID_FIT_JS)."""
+    mode = ":narrow" if width < 700 else ":wide"
+    page.wait_for_function(
+        "(mode) => { const gd = document.querySelector('#sv-grid .js-plotly-plot');"
+        " return gd && (gd.__svFit || '').endsWith(mode); }",
+        arg=mode,
+    )
+    settle(page)
+
+
+@pytest.mark.parametrize("width,height", WIDTHS)
+def test_layout_holds_at_every_width(page: Any, width: int, height: int) -> None:
+    page.set_viewport_size({"width": 1440, "height": 900})
+    pick_bundled(page, FAULTY)
+    page.get_by_role("tab", name="Ragged grid").click()
+    page.set_viewport_size({"width": width, "height": height})
+    page.evaluate("() => window.scrollTo(0, 0)")
+    fitted(page, width)
+    boxes = page.evaluate(GRID_BOXES_JS)
+    plot, cells = boxes["plot"], boxes["cells"]
+    assert page.evaluate(SPLIT_WORDS_JS) == [], f"words split at {width}px"
+    assert page.evaluate(TOO_WIDE_JS) == [], f"wider than its panel at {width}px"
+    assert page.evaluate("() => document.documentElement.scrollWidth") <= width
+    assert boxes["title_right"] <= boxes["plot_right"] + 1  # the step title is not cut
+    legend = page.locator("#sv-grid-legend").inner_text()
+    assert "fed ≠ expected" in legend and "desync begins here" in legend
+    if width < 700:  # a phone: the cells get most of the plot
+        assert cells["width"] >= 0.6 * plot["width"], (cells, plot)
+        assert cells["height"] >= 0.6 * plot["height"], (cells, plot)
+    if (width, height) == (1440, 900):  # the first screen shows the grid's rows, not only the verdict
+        assert cells["y"] + 3 * 30 <= height, cells  # its first three rows at least
+    page.screenshot(path=str(SHOTS / f"25-layout-{width}.png"))
+    page.set_viewport_size({"width": 1440, "height": 900})
+
+
+@pytest.mark.parametrize("width", [1024, 390])
+def test_tables_keep_their_words_in_every_tab(page: Any, width: int) -> None:
+    page.set_viewport_size({"width": width, "height": 900})
+    try:
+        for tab in ("Invariants", "Acceptance", "A vs B"):
+            button = page.get_by_role("tab", name=tab)
+            if not button.is_visible():  # a phone: Gradio folds the last tabs into its overflow menu
+                continue
+            button.click()
+            page.locator("button[role=tab][aria-selected=true]", has_text=tab).wait_for()
+            settle(page)
+            assert page.evaluate(SPLIT_WORDS_JS) == [], f"{tab} at {width}px"
+    finally:
+        page.set_viewport_size({"width": 1440, "height": 900})
+        page.get_by_role("tab", name="Ragged grid").click()
+
+
+def test_refused_live_run_leaves_no_error_badge(page: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from specviz.app import live
+    from specviz.errors import SpecvizError
+
+    release = threading.Event()
+
+    def held_pair(target: str, draft: str, with_draft: bool) -> Any:
+        release.wait(60)
+        raise SpecvizError("stopped by the test")
+
+    monkeypatch.setattr(live, "load_model_pair", held_pair)
+    page.set_viewport_size({"width": 1440, "height": 900})
+    try:
+        page.get_by_text("Live run into slot A").click()
+        page.get_by_role("button", name="Run live into A").click()
+        page.locator("#sv-summary-a .progress-text, #sv-summary-a .eta-bar").first.wait_for()
+        page.get_by_text("Live run into slot B").click()
+        page.get_by_role("button", name="Run live into B").click()
+        page.locator("#sv-status-b").get_by_text("live run not started").wait_for()
+        assert page.evaluate(STATUS_BADGES_JS) == []
+    finally:
+        release.set()
+    page.locator("#sv-status-a").get_by_text("stopped by the test").wait_for()
+    page.get_by_role("button", name="next step ▶").click()
+    settle(page)
+    assert page.evaluate(STATUS_BADGES_JS) == []
+    # A success in slot B clears slot A's error line too: it was not about B's run.
+    pick_bundled(page, "default-eqspec.json.gz", slot=1)
+    page.locator("#sv-status-a").wait_for(state="hidden")
+    page.locator("#sv-status-b").wait_for(state="hidden")

@@ -22,7 +22,7 @@ from specviz.trace import steps_frame
 from specviz.trace.io import load_trace, parse_trace_bytes, trace_to_json
 from specviz.trace.schema import Header, ModelInfo, RowRecord, SequenceRecord, StepRecord, Trace
 from specviz.views.faults import FAULT_DESCRIPTIONS, fault_markdown
-from specviz.views.grid import grid_figure
+from specviz.views.grid import grid_figure, legend_items
 from specviz.views.heatmaps import ROW_PX, acceptance_heatmap, kv_heatmap
 from specviz.views.outputs import RunOutputs, outputs_html
 from specviz.views.palette import FIRST_FLAG_COLOR
@@ -140,7 +140,7 @@ def test_first_violation_cell_is_dark_red_and_its_number_readable() -> None:
     assert numbers and numbers[0].text == "<b>2</b>" and numbers[0].font.color == "white"
     label = next(a for a in fig.layout.annotations if "desync" in (a.text or ""))
     assert label.x >= len(fig.data[0].z[0]) - 0.5  # the arrow ends at the row's edge, over no cell
-    names = [t.name for t in fig.data if t.name]
+    names = [label for _, label in legend_items(step_slots(trace, 0, report), 0)]  # the HTML legend's entries
     assert any("desync begins here" in n for n in names) and any("highlighted row" in n for n in names)
 
 
