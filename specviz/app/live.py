@@ -91,7 +91,7 @@ def live_run(request: LiveRequest, progress: gr.Progress, public: bool = False) 
         max_new_tokens=request.max_new_tokens,
     )
     config.validate()
-    progress(0, desc="loading models")
+    progress(None, desc="loading models")  # no fraction to show: no "0.0%" while they load
     target = request.target.strip() or DEFAULT_TARGET
     draft = request.draft.strip() or DEFAULT_DRAFT
     pair = load_model_pair(target, draft, config.k > 0)
@@ -101,6 +101,7 @@ def live_run(request: LiveRequest, progress: gr.Progress, public: bool = False) 
         if phase == "reference":
             progress((done, total), desc="reference (greedy, batch 1)", unit="prompts")
         else:
+            # `total` shrinks as sequences stop early (EOS): it counts what can still come.
             progress((done, total), desc=f"{config.method} decoding", unit="tokens")
 
     trace = run(pair, request.prompts(), config, progress=report)  # the trace carries its token text

@@ -93,7 +93,7 @@ def run(
     recorder = Recorder(header, sink=steps_to) if config.record_steps else NullRecorder(header)
     references, complete = _references(pair, prompt_ids, config, progress)
     seqs = [SeqState(seq_id=i, prompt_ids=ids) for i, ids in enumerate(prompt_ids)]
-    tokens = _TokenProgress(progress, len(seqs) * config.max_new_tokens)
+    tokens = _TokenProgress(progress, seqs, config.max_new_tokens)
     engine = Engine(_engine_config(pair, config, fault, eos), RunContext(recorder=recorder, on_tokens=tokens))
     failure: str | None = None
     started = engine.now()
@@ -141,14 +141,21 @@ def _references(
 
 
 class _TokenProgress:
-    """`on_tokens` for the run context: reports "decode" progress as tokens are emitted."""
+    """`on_tokens` for the run context: reports "decode" progress as tokens are emitted.
 
-    def __init__(self, progress: Progress | None, total: int) -> None:
-        self.progress, self.total, self.emitted = progress, total, 0
+    The total is what can still come: the tokens emitted so far plus each unfinished sequence's
+    remaining budget, so a sequence that stops early at EOS shrinks the total instead of leaving
+    the bar short until a jump to 100% at the end."""
+
+    def __init__(self, progress: Progress | None, seqs: list[SeqState], max_new_tokens: int) -> None:
+        self.progress, self.seqs, self.max_new = progress, seqs, max_new_tokens
+        self.total, self.emitted = len(seqs) * max_new_tokens, 0
 
     def __call__(self, count: int) -> None:
         self.emitted += count
         if self.progress is not None:
+            left = sum(self.max_new - len(s.output_ids) for s in self.seqs if not s.done)
+            self.total = self.emitted + left
             self.progress("decode", self.emitted, self.total)
 
     def close(self) -> None:
