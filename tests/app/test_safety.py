@@ -74,10 +74,8 @@ def test_a_huge_cache_builds_only_the_window() -> None:
     for step in data["steps"]:
         step["cache_len"] = 10**6
     trace = parse_trace_bytes(json.dumps(data).encode())
-    started = time.perf_counter()
     slots = step_slots(trace, 0)
-    assert time.perf_counter() - started < 2
-    row = slots.rows[0]
+    row = slots.rows[0]  # a window is built, not a million slots (the bound below, not a timing)
     assert len(row.slots) == slots.width and len(row.slots.built) <= 4096 + slots.query_len + 1
     assert row.slots[0].kind == "empty" and row.slots[slots.width - 1].col == slots.width - 1
 
@@ -187,10 +185,25 @@ def test_a_smaller_run_is_written_beside_a_complete_trace(tmp_path: Path) -> Non
     assert _keep_complete(out, bigger) == out
 
 
+def _wait_until_mapped(proc: subprocess.Popen, library: str, timeout_s: float = 60) -> None:
+    """Until the child has `library` mapped (it is importing it), read from /proc: a condition,
+    not a sleep."""
+    maps = Path(f"/proc/{proc.pid}/maps")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if library in maps.read_text():
+                return
+        except OSError:
+            pass
+        time.sleep(0.005)
+    raise AssertionError(f"the child never mapped {library}")
+
+
 def test_ctrl_c_while_starting_exits_130_quietly(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "specviz", "record", "--num-prompts", "1", "--out", str(tmp_path / "t.json")]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(0.8)  # importing torch and gradio-free specviz: well inside start-up
+    _wait_until_mapped(proc, "libtorch")  # mid start-up: torch is being imported
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-400:]
