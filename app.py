@@ -17,6 +17,7 @@ from specviz.app.assets import CSS, INTRO
 from specviz.app.detail import build_detail_tabs
 from specviz.app.live import LIVE_FOLDER, LIVE_GATE, PUBLIC, RUN_MEMORY, load_model_pair
 from specviz.app.loading import DEFAULT_A, DEFAULT_B, DOCS, MAX_UPLOAD_BYTES
+from specviz.app.probe_tab import ProbeSection, wire_probe
 from specviz.app.run_slots import build_inspect_switch, build_run_slot
 from specviz.views import LoadedRun
 
@@ -37,7 +38,9 @@ def build_app() -> gr.Blocks:
         inspect = build_inspect_switch()
         ui = build_detail_tabs()  # the A vs B comparison is its last tab
         compare = ui.compare
+        probe = ProbeSection.build()  # saved `specviz probe` reports: opened, never a server contacted
         events.wire(demo, slot_a, slot_b, inspect, compare, ui)
+        wire_probe(probe, events.user_errors)  # bound last: the page's other event numbers stay
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=INSPECT_CONCURRENCY)
     serve.install_gate(demo, LIVE_GATE)  # one live run per visitor, refused before it queues
     serve.install_fair_lanes(demo)  # every lane: one waiting job per visitor and kind, least served first
