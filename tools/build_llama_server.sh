@@ -6,7 +6,7 @@
 #   llama-server -m model.gguf --parallel 4 --port 8080 &
 #   python -m specviz probe http://127.0.0.1:8080/v1 --concurrency 4 --logprobs 5
 set -euo pipefail
-version="${1:-}"
+version="${1:-0.3.36}"  # pinned: the flags below are checked against this version
 cache="${SPECVIZ_CACHE:-$HOME/.cache/specviz}/llama.cpp"
 binary="$cache/build/bin/llama-server"
 if [ -x "$binary" ]; then
