@@ -84,7 +84,8 @@ class GridTab:
 
     def view_components(self) -> list[Any]:
         """What one drawn step sets (`view_values`)."""
-        return [self.row, self.figure, self.legend, self.step_text, self.row_text]
+        # The legend came later than the others: last, so API clients' positions stay as they were.
+        return [self.row, self.figure, self.step_text, self.row_text, self.legend]
 
     def view_values(self, view: GridView) -> dict[Any, Any]:
         return {
@@ -96,7 +97,8 @@ class GridTab:
         }
 
     def components(self) -> list[Any]:
-        return [self.step, self.first, *self.view_components()]
+        """What `show` sets, less the legend (`DetailUI.components` puts it last)."""
+        return [self.step, self.first, self.row, self.figure, self.step_text, self.row_text]
 
     def show(self, loaded: LoadedRun, window: int) -> dict[Any, Any]:
         """Open on the run's first violation (its step and row), or its first step."""
@@ -256,7 +258,8 @@ class DetailUI:
     def components(self) -> list[Any]:
         """Everything `details` sets. A list, not a set: the API returns values in this order."""
         parts = (self.grid, self.invariants, self.acceptance, self.kv, self.outputs)
-        return [component for part in parts for component in part.components()]
+        # Outputs added after the API was published go at the end: clients read by position.
+        return [component for part in parts for component in part.components()] + [self.grid.legend]
 
     def details(self, loaded: LoadedRun | None, other: LoadedRun | None, label: str, window: int, only: bool) -> dict:
         """Every detail output for the inspected run, opening on its first violation."""

@@ -182,7 +182,8 @@ def _landing(slot: RunSlot, other: RunSlot, inspect: Any, compare: Any, ui: Deta
 def wire_slot(slot: RunSlot, other: RunSlot, inspect: Any, compare: Any, ui: DetailUI) -> None:
     """A bundled pick, an upload or a live run lands in `slot`: shown, inspected, compared."""
     label = slot.label.lower()
-    outputs = [slot.state, slot.summary, slot.status, other.status, slot.bundled, inspect, compare, *ui.components()]
+    # `other.status` came later: last, so API clients' positions of the rest stay as they were.
+    outputs = [slot.state, slot.summary, slot.status, slot.bundled, inspect, compare, *ui.components(), other.status]
     finish = _landing(slot, other, inspect, compare, ui)
 
     @user_errors(slot.status)

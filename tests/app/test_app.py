@@ -239,6 +239,7 @@ def test_detail_outputs_keep_their_api_order(client: Any) -> None:
         "sv-acceptance-text", "sv-acceptance", "sv-acceptance-map", "sv-sequences",  # acceptance
         "sv-kv", "sv-drift",  # KV & positions
         "sv-page", "sv-outputs",  # outputs
+        "sv-grid-legend",  # added later: appended, so the positions above never move
     ]  # fmt: skip
 
 

@@ -387,10 +387,12 @@ def small(format_runs: dict[str, Trace]) -> dict[str, Any]:
     return as_json(format_runs["eqspec"])
 
 
-def assert_one_line_error(path: Path, must_contain: str | tuple[str, ...]) -> str:
-    """A hostile file, loaded with an upload's limits (a local load has no size cap)."""
+def assert_one_line_error(path: Path, must_contain: str | tuple[str, ...], upload: bool = False) -> str:
+    """A malformed file's one-line error; `upload`: loaded with an upload's limits (a local load
+    has no size cap and no budget, so a bomb is refused only there)."""
+    limits = {"max_bytes": MAX_JSON_BYTES, "budget": DEFAULT_BUDGET} if upload else {}
     with pytest.raises(TraceError) as info:
-        load_trace(path, max_bytes=MAX_JSON_BYTES, budget=DEFAULT_BUDGET)
+        load_trace(path, **limits)
     message = str(info.value)
     assert "\n" not in message and message.startswith(str(path)), message
     alternatives = (must_contain,) if isinstance(must_contain, str) else must_contain
@@ -467,7 +469,7 @@ def test_malformed_bytes_raise_trace_error(small: dict, tmp_path: Path, case: st
 def test_decompression_bomb_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "bomb.json.gz"
     path.write_bytes(gzip.compress(b" " * (65 * 1024 * 1024), compresslevel=1))
-    assert_one_line_error(path, "decompression bomb")
+    assert_one_line_error(path, "decompression bomb", upload=True)
 
 
 def test_missing_path_and_directory(tmp_path: Path) -> None:
