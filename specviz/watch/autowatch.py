@@ -11,9 +11,12 @@ What is inferred (see docs/watch.md, "Watching an unmodified script"):
   does not feed the first call's argmax as its pending token, the first call was a prefill of all
   but the last prompt token, and that pending token completes the prompt;
 - emits: for a target call followed by another, a row gained as many tokens as its attended
-  context grew (capped to the query, else the drafts agreeing with the target's argmax), ending
-  with the next call's pending token; after the last call, the drafts agreeing with the argmax
-  plus the argmax after them (greedy). A token in the EOS set ends the sequence.
+  context grew: read from the next call's query where it re-feeds them (recompute loops), else
+  the accepted drafts then the next call's pending token (the drafts agreeing with the target's
+  argmax when the growth does not fit); after the row's last call (the last call, or the next
+  one feeds it only padding), the drafts agreeing with the argmax plus the argmax after them
+  (greedy). A row whose query is all padding is idle; one fed again without growing has finished.
+  A token in the EOS set ends the sequence.
 """
 
 from __future__ import annotations
@@ -262,9 +265,12 @@ def infer(calls: list[CallRecord], eos: frozenset[int], notes: list[str]) -> tup
         call = calls[index]
         following = steps[j + 1] if j + 1 < len(steps) else None
         for r in range(call.batch_size):
-            if finished[r]:
-                continue
+            if finished[r] or not any(query_flags(call, r)):
+                continue  # finished, or idle in this call (its query is all padding)
             tokens = _gained(calls, read, index, following, r, committed[r])
+            if not tokens:  # fed again without growing: the engine keeps computing a finished row
+                finished[r] = True
+                continue
             cut = next((n + 1 for n, t in enumerate(tokens) if t in eos), None)
             tokens = tokens[:cut] if cut else tokens
             finished[r] = cut is not None
@@ -302,11 +308,13 @@ def _gained(
     rq = read(index, r)
     drafts, targets = row_tokens(call, r, rq)
     agreed = matched_prefix(drafts, targets) if targets else 0
-    if following is None:  # greedy: what verification allowed
+    if following is None or not any(query_flags(calls[following], r)):  # its last step: greedy
         return drafts[:agreed] + ([targets[agreed]] if targets else [])
     nxt, nq = calls[following], read(following, r)
     pending = nxt.input_ids[r][nq.pending]
     grown = context_before(nxt, r, nq.pending) + 1 - committed
+    if grown == 0:
+        return []
     fed = _attended_ids(nxt, r, nq.pending)
     if 1 <= grown <= len(fed):
         return fed[len(fed) - grown :]  # re-fed tokens (a recompute loop) show themselves

@@ -134,6 +134,9 @@ def test_injected_bug_through_the_cli(tmp_path: Path, name: str, capsys) -> None
     trace = run_cli(tmp_path, name, bug)
     events = eval(capsys.readouterr().out.split("EVENTS", 1)[1].strip())  # noqa: S307 - our own print
     v = check_trace(trace).first_violation
-    assert v is not None and (v.step, v.seq_id, v.invariant) == (*events[0], invariant)
+    # Without declared prompts, a mask that attends the padding makes the pads part of the prompt
+    # as the command reads it: the same (step, row) shows as positions that skip them.
+    allowed = {invariant, Invariant.POSITIONS} if name == "recompute" else {invariant}
+    assert v is not None and (v.step, v.seq_id) == events[0] and v.invariant in allowed
 
 
