@@ -138,5 +138,3 @@ def test_injected_bug_through_the_cli(tmp_path: Path, name: str, capsys) -> None
     # as the command reads it: the same (step, row) shows as positions that skip them.
     allowed = {invariant, Invariant.POSITIONS} if name == "recompute" else {invariant}
     assert v is not None and (v.step, v.seq_id) == events[0] and v.invariant in allowed
-
-
