@@ -138,3 +138,17 @@ def test_injected_bug_through_the_cli(tmp_path: Path, name: str, capsys) -> None
     # as the command reads it: the same (step, row) shows as positions that skip them.
     allowed = {invariant, Invariant.POSITIONS} if name == "recompute" else {invariant}
     assert v is not None and (v.step, v.seq_id) == events[0] and v.invariant in allowed
+
+
+def test_draft_checks_that_could_not_run_are_listed_with_their_steps(pair) -> None:
+    """Rows whose draft calls were not found: the draft checks are listed as skipped, with the count."""
+    trace, _, _ = run_api(pair, "adaptive")
+    for step in trace.steps[:2]:
+        for row in step.rows:
+            row.draft_kv_len = row.draft_kv_lens = row.draft_position_ids = None
+    report = check_trace(trace)
+    assert report.verdict == "clean"
+    (draft,) = [s for s in report.skipped_checks if s.check == "draft"]
+    assert (draft.steps, draft.of) == (2, len(trace.steps))
+    assert str(draft).startswith(f"draft checks skipped on 2 of {len(trace.steps)} steps")
+    assert report.to_dict()["skipped_checks"][0].keys() == {"check", "reason", "steps", "of"}
