@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from specviz.analysis.report import Violation
+from specviz.analysis.report import SkippedCheck, Violation
 from specviz.trace.invariants import Invariant
 from specviz.trace.schema import RowRecord, StepRecord
 
@@ -27,7 +27,9 @@ class Findings:
 
     violations: list[Violation] = field(default_factory=list)
     count: int = 0  # every violation found, reported or not
-    skipped: set[str] = field(default_factory=set)  # notes: checks that could not run, and why
+    # (check, reason) -> step indices where it could not run (RUN: the whole run)
+    skipped: dict[tuple[str, str], set[int]] = field(default_factory=dict)
+    seen: set[tuple[Any, ...]] = field(default_factory=set)  # each violation is reported once
     first_bad_step: dict[int, int] = field(default_factory=dict)  # seq_id -> first step index touching it
     recorded: set[str] = field(default_factory=set)  # optional state fields that some row records
 
@@ -42,7 +44,14 @@ class Findings:
         actual: Any,
         message: str,
     ) -> None:
-        """A violation at step index `si`, touching the row's own sequence and its write target."""
+        """A violation at step index `si`, touching the row's own sequence and its write target.
+
+        Two checks that reach the same conclusion (same row, invariant, field, values) report it once.
+        """
+        key = (si, row.row, row.seq_id, invariant, fld, repr(expected), repr(actual))
+        if key in self.seen:
+            return
+        self.seen.add(key)
         self.count += 1
         for seq_id in {row.seq_id, row.write_seq}:
             if seq_id not in self.first_bad_step:
@@ -60,8 +69,17 @@ class Findings:
             Violation(RUN, RUN, NO_ROW, seq_id, invariant, invariant.slug, fld, expected, actual, message)
         )
 
-    def skip(self, note: str) -> None:
-        self.skipped.add(note)
+    def skip(self, check: str, reason: str, si: int = RUN) -> None:
+        """`check` could not run at step index `si` (default: anywhere in the run) because `reason`."""
+        self.skipped.setdefault((check, reason), set()).add(si)
+
+    def skipped_checks(self, steps: int) -> list[SkippedCheck]:
+        """What could not run, with the number of steps it missed out of `steps`."""
+        out = []
+        for (check, reason), where in sorted(self.skipped.items()):
+            count = steps if RUN in where else len(where)
+            out.append(SkippedCheck(check, reason, count, steps))
+        return out
 
     def at(self, si: int, step: StepRecord, row: RowRecord) -> RowFlags:
         return RowFlags(self, si, step, row)
@@ -79,8 +97,9 @@ class RowFlags:
     def __call__(self, invariant: Invariant, fld: str, expected: Any, actual: Any, message: str) -> None:
         self.findings.flag(self.si, self.step, self.row, invariant, fld, expected, actual, message)
 
-    def skip(self, note: str) -> None:
-        self.findings.skip(note)
+    def skip(self, check: str, reason: str) -> None:
+        """`check` could not run on this row's step."""
+        self.findings.skip(check, reason, self.si)
 
 
 def stub_row(seq_id: int) -> RowRecord:

@@ -64,7 +64,7 @@ class FinishChecks:
             received.setdefault(row.write_seq, []).extend(row.emitted)
             check_nothing_after_eos(self.findings.at(si, step, row), self.history)
         if not self.records_finish:
-            self.findings.skip("row finish reasons: no row records finished / finish_reason")
+            self.findings.skip("row finish reasons", "no row records finished / finish_reason")
             return
         for row in step.rows:
             check_row_reason(self.findings.at(si, step, row), self.history, received.get(row.seq_id, []))

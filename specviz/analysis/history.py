@@ -41,6 +41,10 @@ class History:
         # Rectangular alignment is a rule of the left-padded layout only; other layouts get the
         # layout-free invariants (positions, attended slots, accounting).
         self.left_padded = h.layout == "left-padded"
+        # A declared layout (specviz's own engines) drafts k tokens per row and step; an unspecified
+        # one (watched engines) may draft d in 0..k, per row and per step (k is then the maximum).
+        self.declared_layout = h.layout != "unspecified"
+        self.ragged = not self.declared_layout
         self.max_new = h.max_new_tokens
         self.eos = frozenset(h.eos_token_ids)
         self.seqs = {

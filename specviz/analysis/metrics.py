@@ -43,11 +43,13 @@ class Acceptance:
             at_least.append(running / self.verify_steps)
         return list(reversed(at_least))
 
-    def add(self, accepted: int, k: int) -> None:
+    def add(self, accepted: int, k: int, drafted: int | None = None) -> None:
+        """One verify of `drafted` drafts (default k; engines may draft fewer), k the run's maximum."""
+        drafted = k if drafted is None else drafted
         if len(self.histogram) < k + 1:
             self.histogram.extend([0] * (k + 1 - len(self.histogram)))
         self.verify_steps += 1
-        self.drafted += k
+        self.drafted += drafted
         self.accepted += accepted
         self.histogram[min(accepted, k)] += 1
 
@@ -66,8 +68,11 @@ def acceptance(trace: Trace) -> tuple[Acceptance, dict[int, Acceptance]]:
         return total, per_seq
     for step in trace.steps:
         for row in step.rows:
-            total.add(row.accepted, k)
-            per_seq.setdefault(row.seq_id, Acceptance()).add(row.accepted, k)
+            drafted = min(len(row.draft_tokens), k)  # d: ragged where the engine drafts fewer
+            if not drafted:
+                continue  # nothing proposed: not a verify of drafts
+            total.add(row.accepted, k, drafted)
+            per_seq.setdefault(row.seq_id, Acceptance()).add(row.accepted, k, drafted)
     return total, per_seq
 
 

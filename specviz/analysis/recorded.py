@@ -19,10 +19,17 @@ from specviz.trace.invariants import Invariant
 # Field -> the skipped-check note when no row of the trace records it. `query_causal` is left
 # out: it only exists for engines that feed 4-D masks, so its absence is not a gap.
 OPTIONAL_STATE = {
-    "draft_position_ids": "draft position contiguity: no row records draft_position_ids",
-    "draft_kv_lens": "draft attended width per draft call: no row records draft_kv_lens",
-    "kv_content_checked": "KV content (layer-0 keys vs tokens and positions): no row records kv_content_checked",
+    "draft_position_ids": ("draft position contiguity", "no row records draft_position_ids"),
+    "draft_kv_lens": ("draft attended width per draft call", "no row records draft_kv_lens"),
+    "kv_content_checked": ("KV content (layer-0 keys vs tokens and positions)", "no row records kv_content_checked"),
 }
+# A row with drafts whose draft calls were not recorded (a watched engine whose proposals could
+# not be matched to the verify): its draft checks did not run on that step.
+DRAFT_UNMATCHED = (
+    "draft",
+    "the draft calls that proposed these drafts were not found (the draft batch held rows that could "
+    "not be matched, or the draft state was not recorded)",
+)
 
 
 def check_recorded_row(flag: RowFlags) -> None:
@@ -63,6 +70,8 @@ def check_recorded_row(flag: RowFlags) -> None:
                 row.draft_kv_lens,
                 f"draft calls attend {row.draft_kv_lens} earlier slots, expected {expected}",
             )
+    if row.draft_tokens and row.draft_kv_lens is None and row.draft_kv_len is None:
+        flag.skip(*DRAFT_UNMATCHED)
     if row.kv_content_checked or row.kv_mismatch_slot is not None:
         recorded.add("kv_content_checked")
     if row.kv_mismatch_slot is not None:
@@ -79,6 +88,8 @@ def check_recorded_row(flag: RowFlags) -> None:
 
 def note_unrecorded(findings: Findings) -> None:
     """Report the optional state checks that no row of the trace made possible."""
-    for name, note in OPTIONAL_STATE.items():
+    for name, (check, reason) in OPTIONAL_STATE.items():
         if name not in findings.recorded:
-            findings.skip(note)
+            findings.skip(check, reason)
+    if "draft_kv_lens" not in findings.recorded:  # said once, for the whole run, above
+        findings.skipped.pop(DRAFT_UNMATCHED, None)

@@ -45,6 +45,27 @@ class SequenceVerdict:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class SkippedCheck:
+    """A check that could not run on some steps (or on the whole run), and why."""
+
+    check: str  # "draft", "greedy acceptance", "KV content", ...
+    reason: str
+    steps: int  # steps where it could not run
+    of: int  # steps in the run
+
+    def __str__(self) -> str:
+        where = "the whole run" if self.steps >= self.of else f"{self.steps} of {self.of} steps"
+        return f"{self.check} checks skipped on {where}: {self.reason}"
+
+    def __contains__(self, text: str) -> bool:
+        """`"mask_rle" in skipped`: reads like its text line."""
+        return text in str(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 @dataclass
 class Report:
     verdict: str  # one of RUN_VERDICTS
@@ -52,7 +73,7 @@ class Report:
     sequences: list[SequenceVerdict]
     exact_match: float | None
     margin_threshold: float
-    skipped_checks: list[str]  # checks that could not run, and the field they need
+    skipped_checks: list[SkippedCheck]  # checks that could not run, on how many steps, and why
     violation_count: int = 0  # before truncation of `violations` (huge broken traces)
 
     @property
@@ -68,5 +89,5 @@ class Report:
             "violations": [v.to_dict() for v in self.violations],
             "sequences": [s.to_dict() for s in self.sequences],
             "margin_threshold": self.margin_threshold,
-            "skipped_checks": self.skipped_checks,
+            "skipped_checks": [s.to_dict() for s in self.skipped_checks],
         }

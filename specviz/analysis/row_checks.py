@@ -1,12 +1,14 @@
 """The checks of one batch row at one step: alignment, positions, KV lengths and masks, accounting.
 
 For a row with n = `committed_before` (the last committed token is pending, its KV not cached),
-C = `cache_len` and q = `query_len`, a correct engine feeds:
+d = len(`draft_tokens`) (0..k: engines shorten or adapt the draft per row and per step), the row's
+query q = d + 1 slots and C its context (`cache_len` in a declared layout; in an unspecified one,
+whatever the row's mask covers before its query: cached or re-fed, padded on either side):
   ALIGNMENT (left-padded layout only): mask row = 0^pad 1^(C-pad+q), `left_pad` == its leading zeros;
-  POSITIONS: position_ids == [n-1, n, ..., n-1+q-1];
-  KV: mask width == C + q; attended cache slots == kv_len == n - 1; every query slot attended;
-      the draft's attended cache == n - 1;
-  ACCOUNTING: len(drafts) == k, 0 <= accepted <= k, accepted == the agreeing prefix, emitted ==
+  POSITIONS: position_ids == [n-1, n, ..., n-1+d];
+  KV: mask width == C + q (declared layouts); attended context slots == kv_len == n - 1; every
+      query slot attended; the draft's attended cache == n - 1;
+  ACCOUNTING: d <= k, 0 <= accepted <= d, accepted == the agreeing prefix, emitted ==
       (drafts[:accepted] + [target[accepted]]) cut by the budget and EOS, written to the row's own
       sequence, whose pending token and length match the history; finished sequences never return.
 Each check is a function of the row's bound flags (`RowFlags`) and, for accounting, the `History`.
@@ -17,6 +19,7 @@ from __future__ import annotations
 from specviz.analysis.findings import RowFlags
 from specviz.analysis.history import History
 from specviz.trace.invariants import Invariant
+from specviz.trace.schema import RowRecord, StepRecord
 
 SHOWN_POSITIONS = 64  # expected position lists longer than this are reported by their ends
 
@@ -25,10 +28,10 @@ def check_alignment(flag: RowFlags, runs: list[list[int]], left_padded: bool) ->
     """The mask row is `0^pad 1^rest` and `left_pad` counts its leading zeros."""
     row = flag.row
     if not runs:
-        flag.skip("rectangular alignment and mask checks: rows have no mask_rle")
+        flag.skip("rectangular alignment and mask", "rows have no mask_rle")
         return
     if not left_padded:
-        flag.skip("rectangular alignment: the trace declares no left-padded layout")
+        flag.skip("rectangular alignment", "the trace declares no left-padded layout")
         return
     lead = runs[0][1] if runs[0][0] == 0 else 0
     holes = [i for i, run in enumerate(runs) if run[0] == 0 and i > 0]
@@ -51,12 +54,17 @@ def check_alignment(flag: RowFlags, runs: list[list[int]], left_padded: bool) ->
         )
 
 
+def row_query_len(step: StepRecord, row: RowRecord) -> int:
+    """The row's own query: its pending token and its d drafts (step.query_len if d is not shorter)."""
+    return min(len(row.draft_tokens) + 1, step.query_len)
+
+
 def check_positions(flag: RowFlags) -> None:
-    """The verify window is fed positions n-1 .. n-1+q-1."""
+    """The verify window is fed positions n-1 .. n-1+d."""
     row, step = flag.row, flag.step
     start = row.committed_before - 1
     # A range, not a list: query_len is declared by the file, only the row's list is real.
-    expected = range(start, start + step.query_len)
+    expected = range(start, start + row_query_len(step, row))
     fed = row.position_ids
     if len(fed) != len(expected) or any(p != e for p, e in zip(fed, expected)):
         flag(
@@ -69,7 +77,7 @@ def check_positions(flag: RowFlags) -> None:
         )
 
 
-def check_kv(flag: RowFlags, runs: list[list[int]], k: int) -> None:
+def check_kv(flag: RowFlags, runs: list[list[int]], k: int, declared_layout: bool = True) -> None:
     """The target and draft caches attend exactly the n - 1 committed tokens before the pending one."""
     row = flag.row
     expected = row.committed_before - 1
@@ -82,8 +90,9 @@ def check_kv(flag: RowFlags, runs: list[list[int]], k: int) -> None:
             f"cache holds {row.kv_len} attended slots, expected {expected}",
         )
     if runs:
-        _check_mask_counts(flag, runs)
-    if row.draft_kv_len is not None and k > 0 and row.draft_kv_len != expected:
+        _check_mask_counts(flag, runs, declared_layout)
+    # draft_kv_lens, where recorded, holds this value first and is checked in full (recorded.py).
+    if row.draft_kv_lens is None and row.draft_kv_len is not None and k > 0 and row.draft_kv_len != expected:
         flag(
             Invariant.KV,
             "draft_kv_len",
@@ -93,11 +102,17 @@ def check_kv(flag: RowFlags, runs: list[list[int]], k: int) -> None:
         )
 
 
-def _check_mask_counts(flag: RowFlags, runs: list[list[int]]) -> None:
-    """Mask width C + q; its attended cache slots == kv_len; every query slot attended."""
+def _check_mask_counts(flag: RowFlags, runs: list[list[int]], declared_layout: bool) -> None:
+    """Mask width C + q (declared layouts); attended context slots == kv_len; every query slot attended.
+
+    In an unspecified layout each row's mask is its own context then its own query (rows of one
+    step may differ: padding on either side, ragged drafts), so the width is the row's.
+    """
     row, step = flag.row, flag.step
     width = sum(run[1] for run in runs)
-    if width != step.cache_len + step.query_len:
+    query_len = row_query_len(step, row)
+    cache_len = step.cache_len if declared_layout else width - query_len
+    if declared_layout and width != step.cache_len + step.query_len:
         flag(
             Invariant.KV,
             "mask_rle",
@@ -106,7 +121,7 @@ def _check_mask_counts(flag: RowFlags, runs: list[list[int]]) -> None:
             f"mask width {width} != cache length {step.cache_len} + query length {step.query_len}",
         )
         return
-    attended_cache, attended_query = _split_attended(runs, step.cache_len)
+    attended_cache, attended_query = _split_attended(runs, cache_len)
     if attended_cache != row.kv_len:
         flag(
             Invariant.KV,
@@ -115,13 +130,13 @@ def _check_mask_counts(flag: RowFlags, runs: list[list[int]]) -> None:
             attended_cache,
             f"mask attends {attended_cache} cache slots but kv_len says {row.kv_len}",
         )
-    if attended_query != step.query_len:
+    if attended_query != query_len and (declared_layout or attended_query < query_len):
         flag(
             Invariant.KV,
             "mask_rle",
-            step.query_len,
+            query_len,
             attended_query,
-            f"only {attended_query} of {step.query_len} query slots attended",
+            f"only {attended_query} of {query_len} query slots attended",
         )
 
 
@@ -129,14 +144,15 @@ def check_accounting(flag: RowFlags, history: History) -> None:
     """The row's claims match its sequence's history; what it emitted, verification allowed."""
     _check_row_against_history(flag, history)
     row, k = flag.row, history.k
-    if len(row.draft_tokens) != k:
+    d = len(row.draft_tokens)
+    if d > k or (d < k and not history.ragged):
+        flag(Invariant.ACCOUNTING, "draft_tokens", k, d, f"{d} drafts for k={k}")
+    if not 0 <= row.accepted <= min(d, k):
         flag(
-            Invariant.ACCOUNTING, "draft_tokens", k, len(row.draft_tokens), f"{len(row.draft_tokens)} drafts for k={k}"
+            Invariant.ACCOUNTING, "accepted", f"0..{min(d, k)}", row.accepted, f"accepted {row.accepted} of {d} drafts"
         )
-    if not 0 <= row.accepted <= k:
-        flag(Invariant.ACCOUNTING, "accepted", f"0..{k}", row.accepted, f"accepted {row.accepted} drafts with k={k}")
         return
-    if len(row.draft_tokens) == k:  # else flagged above: the acceptance check needs k drafts
+    if d <= k:  # else flagged above
         _check_acceptance(flag, history)
     # The bonus field names the target token emitted after the accepted drafts, if one was.
     bonus = row.emitted[row.accepted] if len(row.emitted) == row.accepted + 1 else None
@@ -191,12 +207,13 @@ def _check_row_against_history(flag: RowFlags, history: History) -> None:
 
 def _check_acceptance(flag: RowFlags, history: History) -> None:
     """Greedy: accepted == the agreeing prefix; emitted is a prefix of the allowed tokens."""
-    row, step, k = flag.row, flag.step, history.k
-    if len(row.target_tokens) != step.query_len or step.query_len != k + 1:
-        flag.skip("greedy acceptance check: target_tokens missing or not k+1 long")
+    row = flag.row
+    d = len(row.draft_tokens)
+    if len(row.target_tokens) != d + 1:
+        flag.skip("greedy acceptance", "target_tokens missing or not d+1 long")
         return
     matched = 0
-    while matched < k and row.draft_tokens[matched] == row.target_tokens[matched]:
+    while matched < d and row.draft_tokens[matched] == row.target_tokens[matched]:
         matched += 1
     if row.accepted != matched:
         flag(

@@ -36,8 +36,8 @@ def render_report(trace: Trace, report: Report) -> str:
         lines.append(f"  field {v.field}: expected {v.expected}, actual {v.actual}")
         broken = sorted({(x.invariant, x.name) for x in report.violations})
         lines.append("  invariants broken: " + ", ".join(f"{i} {n}" for i, n in broken))
-    for note in report.skipped_checks:
-        lines.append(f"skipped: {note}")
+    for skipped in report.skipped_checks:
+        lines.append(f"skipped: {skipped}")
     diverged = [s for s in report.sequences if s.first_divergence is not None]
     texts = token_texts(trace)
     if diverged:

@@ -11,9 +11,12 @@ What is inferred (see docs/watch.md, "Watching an unmodified script"):
   does not feed the first call's argmax as its pending token, the first call was a prefill of all
   but the last prompt token, and that pending token completes the prompt;
 - emits: for a target call followed by another, a row gained as many tokens as its attended
-  context grew (capped to the query, else the drafts agreeing with the target's argmax), ending
-  with the next call's pending token; after the last call, the drafts agreeing with the argmax
-  plus the argmax after them (greedy). A token in the EOS set ends the sequence.
+  context grew: read from the next call's query where it re-feeds them (recompute loops), else
+  the accepted drafts then the next call's pending token (the drafts agreeing with the target's
+  argmax when the growth does not fit); after the row's last call (the last call, or the next
+  one feeds it only padding), the drafts agreeing with the argmax plus the argmax after them
+  (greedy). A row whose query is all padding is idle; one fed again without growing has finished.
+  A token in the EOS set ends the sequence.
 """
 
 from __future__ import annotations
@@ -23,7 +26,16 @@ from typing import Any
 from specviz.trace.schema import Trace
 from specviz.watch.hooks import CallRecord, ModelHooks, WatchError, check_causal_lm
 from specviz.watch.session import Watch, _eos_ids
-from specviz.watch.steps import Emit, mask_row, matched_prefix
+from specviz.watch.steps import (
+    CallReader,
+    Emit,
+    argmax_at,
+    context_before,
+    last_slot,
+    matched_prefix,
+    query_flags,
+    row_tokens,
+)
 
 
 class AutoWatch:
@@ -40,7 +52,7 @@ class AutoWatch:
 
     # ------------------------------------------------------------------ what ModelHooks calls
 
-    def current_rows(self) -> None:
+    def current_rows(self, role: str = "target") -> None:
         return None  # rows keep their order: row r is sequence r
 
     def add_call(self, call: CallRecord) -> None:
@@ -170,8 +182,6 @@ class AutoWatch:
                 call.role = "target"
             elif model is draft:
                 call.role = "draft"
-                if call.argmax is not None:
-                    call.argmax = call.argmax[:, -1:]
             else:
                 continue
             kept.append(call)
@@ -200,51 +210,67 @@ def _parameters(model: Any) -> int:
 # ----------------------------------------------------------------------------- inference
 
 
-def target_calls(calls: list[CallRecord], notes: list[str]) -> list[int]:
-    """Indices of the target calls of the first decode: same batch, until a fresh prefill."""
+def target_calls(calls: list[CallRecord], read: CallReader, notes: list[str]) -> list[int]:
+    """Indices of the target calls of the first decode: same batch, until a fresh prefill.
+
+    A call without a cache continues the decode when every row re-feeds its sequence (prompt
+    first, then more than the prompt before its pending token): a cacheless or recompute loop.
+    """
     indices = [i for i, c in enumerate(calls) if c.role == "target"]
     if not indices:
         return []
     batch = calls[indices[0]].batch_size
     kept = [indices[0]]
+    prompts = [_attended_ids(calls[indices[0]], r, read(indices[0], r).pending) for r in range(batch)]
     for i in indices[1:]:
         call = calls[i]
         if call.batch_size != batch:
-            notes.append(f"target batch changed from {batch} to {call.batch_size} at call {i}: later calls ignored")
+            notes.append(f"target call {i} has batch {call.batch_size}, not {batch}: later calls ignored")
             break
-        if call.cache_width == 0:
-            notes.append(f"target call {i} starts without a cache (a second decode?): later calls ignored")
+        if call.cache_width == 0 and not _refeeds(call, i, read, prompts):
+            notes.append(f"target call {i} starts a new decode (no cache, a fresh prompt): later calls ignored")
             break
         kept.append(i)
     return kept
+
+
+def _refeeds(call: CallRecord, index: int, read: CallReader, prompts: list[list[int]]) -> bool:
+    for r, prompt in enumerate(prompts):
+        fed = _attended_ids(call, r, read(index, r).pending)
+        if len(fed) < len(prompt) or fed[: len(prompt)] != prompt:
+            return False
+    return any(len(_attended_ids(call, r, read(index, r).pending)) > len(p) for r, p in enumerate(prompts))
 
 
 def infer(calls: list[CallRecord], eos: frozenset[int], notes: list[str]) -> tuple[list[list[int]], list[Emit]]:
     """Prompts (sequence r = row r) and the emits a correct-bookkeeping engine would have declared."""
     for call in calls:
         call.materialize()
-    steps = target_calls(calls, notes)
+    read = CallReader(calls)
+    steps = target_calls(calls, read, notes)
     if not steps:
         raise WatchError("the target ran no forward call with input_ids")
     first = calls[steps[0]]
-    prompts = [_attended_ids(first, r) for r in range(first.batch_size)]
-    k = calls[steps[1]].query_len - 1 if len(steps) > 1 else 0
-    if len(steps) > 1 and not _feeds_argmax(first, calls[steps[1]], k):
+    prompts = [_attended_ids(first, r, read(steps[0], r).pending) for r in range(first.batch_size)]
+    if len(steps) > 1 and not _feeds_argmax(first, steps[0], calls[steps[1]], steps[1], read):
         # The first call was a prefill of all but the last prompt token: not a step.
         second = calls[steps[1]]
         for r, prompt in enumerate(prompts):
-            prompt.append(second.input_ids[r][second.query_len - 1 - k])
+            prompt.append(second.input_ids[r][read(steps[1], r).pending])
         steps = steps[1:]
     committed = [len(p) for p in prompts]
     finished = [False] * len(prompts)
     emits: list[Emit] = []
     for j, index in enumerate(steps):
         call = calls[index]
-        following = calls[steps[j + 1]] if j + 1 < len(steps) else None
+        following = steps[j + 1] if j + 1 < len(steps) else None
         for r in range(call.batch_size):
-            if finished[r]:
+            if finished[r] or not any(query_flags(call, r)):
+                continue  # finished, or idle in this call (its query is all padding)
+            tokens = _gained(calls, read, index, following, r, committed[r])
+            if not tokens:  # fed again without growing: the engine keeps computing a finished row
+                finished[r] = True
                 continue
-            tokens = _gained(call, following, r, k, committed[r])
             cut = next((n + 1 for n, t in enumerate(tokens) if t in eos), None)
             tokens = tokens[:cut] if cut else tokens
             finished[r] = cut is not None
@@ -253,34 +279,44 @@ def infer(calls: list[CallRecord], eos: frozenset[int], notes: list[str]) -> tup
     return prompts, emits
 
 
-def _attended_ids(call: CallRecord, row: int) -> list[int]:
-    ids = list(call.input_ids[row])
-    if call.mask_kind == "2d":
-        flags = call.mask[row][-len(ids) :]
-        ids = [t for t, keep in zip(ids, flags) if keep]
+def _attended_ids(call: CallRecord, row: int, end: int | None = None) -> list[int]:
+    """The row's real query tokens up to query slot `end` (default: all of them)."""
+    flags = query_flags(call, row)
+    stop = len(flags) if end is None else end + 1
+    ids = [t for t, keep in zip(call.input_ids[row][:stop], flags[:stop]) if keep]
     return ids or [0]
 
 
-def _feeds_argmax(first: CallRecord, second: CallRecord, k: int) -> bool:
-    """Does the second call's pending token, in every row, equal the first call's last argmax?"""
+def _feeds_argmax(first: CallRecord, i: int, second: CallRecord, j: int, read: CallReader) -> bool:
+    """Is the first call a step: it verified drafts, or the second call feeds its last argmax as pending?"""
     if first.argmax is None:
         return True
-    slot = second.query_len - 1 - k
-    return all(second.input_ids[r][slot] == first.argmax[r][-1] for r in range(first.batch_size))
+    for r in range(first.batch_size):
+        if read(i, r).drafts:
+            return True
+        last = last_slot(first, r)
+        if argmax_at(first, r, last) != second.input_ids[r][read(j, r).pending]:
+            return False
+    return True
 
 
-def _gained(call: CallRecord, following: CallRecord | None, r: int, k: int, committed: int) -> list[int]:
-    """Tokens row r's sequence received in the step of `call`."""
-    slot = max(call.query_len - 1 - k, 0)
-    drafts = list(call.input_ids[r][slot + 1 :])
-    argmax = call.argmax[r] if call.argmax is not None else []
-    targets = argmax[-(len(drafts) + 1) :] if len(argmax) > len(drafts) else []
+def _gained(
+    calls: list[CallRecord], read: CallReader, index: int, following: int | None, r: int, committed: int
+) -> list[int]:
+    """Tokens row r's sequence received in the step of target call `index`."""
+    call = calls[index]
+    rq = read(index, r)
+    drafts, targets = row_tokens(call, r, rq)
     agreed = matched_prefix(drafts, targets) if targets else 0
-    if following is None:  # greedy: what verification allowed
+    if following is None or not any(query_flags(calls[following], r)):  # its last step: greedy
         return drafts[:agreed] + ([targets[agreed]] if targets else [])
-    next_slot = following.query_len - 1 - k
-    pending = following.input_ids[r][next_slot]
-    context = mask_row(following, r, next_slot)[1]
-    grown = context + 1 - committed if context >= 0 else -1
+    nxt, nq = calls[following], read(following, r)
+    pending = nxt.input_ids[r][nq.pending]
+    grown = context_before(nxt, r, nq.pending) + 1 - committed
+    if grown == 0:
+        return []
+    fed = _attended_ids(nxt, r, nq.pending)
+    if 1 <= grown <= len(fed):
+        return fed[len(fed) - grown :]  # re-fed tokens (a recompute loop) show themselves
     accepted = grown - 1 if 1 <= grown <= len(drafts) + 1 else (agreed or 0)
     return drafts[:accepted] + [pending]

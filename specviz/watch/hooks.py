@@ -7,7 +7,8 @@ Per call we keep, as small device tensors (no host sync on the hot path):
 - the attention mask: a 2-D mask as fed; a 4-D mask as a per-row boolean view of its last query rows;
 - the physical cache width before the call (`cache` or the older `past_key_values` keyword);
 - how many earlier slots the last query token attends (the draft's context width);
-- the argmax of the output logits (all query slots for the target, the last one for the draft).
+- the argmax of the output logits of the last query slots (up to QUERY_TAIL), for both roles: a
+  right-padded row's last real token is not in the last column.
 Everything is turned into plain lists only when the watch closes (`CallRecord.materialize`).
 """
 
@@ -45,7 +46,7 @@ class CallRecord:
     mask_kind: str  # "2d" | "4d" | "none" (everything attended) | "unknown"
     mask: Any  # 2d: [B, W] bool; 4d: [B, tail, W] bool (last query rows); else None
     context_last: Any  # [B]: earlier slots the last query token attends
-    argmax: Any = None  # target: [B, L] (logits of the last L slots); draft: [B, 1]
+    argmax: Any = None  # [B, L]: argmax of the logits of the last L query slots
     started: float = 0.0
     ended: float = 0.0
 
@@ -68,8 +69,8 @@ class CallRecord:
 class CallSink(Protocol):
     """Where `ModelHooks` sends what it captures (the `Watch`, or `AutoWatch` for the CLI)."""
 
-    def current_rows(self) -> tuple[int, ...] | None:
-        """The sequence each batch row holds now (None: row r holds sequence r)."""
+    def current_rows(self, role: str = "target") -> tuple[int, ...] | None:
+        """The sequence each batch row of `role`'s model holds now (None: undeclared)."""
         ...
 
     def add_call(self, call: CallRecord) -> None:
@@ -154,7 +155,7 @@ class ModelHooks:
         self.open.append(
             CallRecord(
                 role=self.role,
-                rows=self.sink.current_rows(),
+                rows=self.sink.current_rows(self.role),
                 input_ids=input_ids.detach().clone(),
                 positions=positions,
                 positions_fed=positions_fed,
@@ -175,8 +176,7 @@ class ModelHooks:
         if logits is None and isinstance(output, (tuple, list)) and output:
             logits = output[0]
         if isinstance(logits, torch.Tensor) and logits.dim() == 3:
-            tail = logits[:, -1:] if self.role == "draft" else logits[:, -QUERY_TAIL:]
-            record.argmax = tail.argmax(-1)
+            record.argmax = logits[:, -QUERY_TAIL:].argmax(-1)
         record.ended = time.perf_counter()
         self.sink.add_call(record)
 

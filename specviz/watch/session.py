@@ -59,7 +59,7 @@ class Watch:
         self.name = name or "watched"
         self.layout = layout
         self.created_at = now_iso()
-        self._rows: tuple[int, ...] | None = None
+        self._rows: dict[str, tuple[int, ...] | None] = {"target": None, "draft": None}
         self._calls: list[CallRecord] = []
         self._emits: list[Emit] = []
         self._closed = False
@@ -70,16 +70,23 @@ class Watch:
 
     # ------------------------------------------------------------------ what the hooks call
 
-    def current_rows(self) -> tuple[int, ...] | None:
-        return self._rows
+    def current_rows(self, role: str = "target") -> tuple[int, ...] | None:
+        return self._rows.get(role)
 
     def add_call(self, call: CallRecord) -> None:
         self._calls.append(call)
 
     # ------------------------------------------------------------------ the public API
 
-    def rows(self, seq_ids: Iterable[int]) -> None:
-        """Declare which sequence each batch row holds from now on, in row order."""
+    def rows(self, seq_ids: Iterable[int], *, model: str | None = None) -> None:
+        """Declare which sequence each batch row holds from now on, in row order.
+
+        `model="draft"` (or `"target"`) declares one side only, for engines whose draft batch holds
+        other rows than the target's; by default both. An undeclared draft side is matched to the
+        target rows by what its calls were fed and returned.
+        """
+        if model not in (None, "target", "draft"):
+            raise WatchError(f"rows: model must be None, 'target' or 'draft', got {model!r}")
         self._require_open("rows")
         ids = [_as_int(s, "rows") for s in seq_ids]
         if len(set(ids)) != len(ids):
@@ -87,7 +94,8 @@ class Watch:
             raise WatchError(f"rows: sequence {dup} appears twice; each row holds a different sequence")
         for seq_id in ids:
             self._require_known(seq_id, "rows")
-        self._rows = tuple(ids)
+        for role in ("target", "draft") if model is None else (model,):
+            self._rows[role] = tuple(ids)
 
     def emit(self, seq_id: int, token_ids: Iterable[int] | torch.Tensor, finish_reason: str | None = None) -> None:
         """Declare the tokens the engine appended to `seq_id` this step ("eos"/"length" when it ends)."""

@@ -1,26 +1,28 @@
 """From captured calls and declared emissions to the trace's step records.
 
-The step structure is inferred, never declared:
-- k (drafts per step) is the usual length of the *proposal chain* before a target call: walking
-  back over draft calls of the same batch size, draft call j from the end must output the verify
-  query's j-th token from the end and be fed the token before it. The chain's calls are the
-  step's proposals, whatever else the draft ran (prefills, catch-ups);
+The step structure is inferred from what the models were fed, never from a fixed k:
+- per row of a target call, the *query* is read from the mask: its last attended slot ends the
+  row's proposal (padding on either side, and prefills that also emit, read alike);
+- the row's draft length d (0..k, ragged within a step) is its *proposal chain*: walking back over
+  draft calls, draft call j from the end must output the row's j-th attended query token from the
+  end and be fed the one before it (its last attended slot). Draft rows are matched by declared
+  draft rows, else by the same index, else by any row whose tokens fit (a draft batch that holds
+  other rows than the target's). Target calls of other rows (re-prefills) do not end the walk;
+- the pending slot is the last attended slot minus d; the slots before it are context (cached or
+  re-fed: a cacheless loop re-feeds everything, and is judged on what each call attends);
 - a target call is a verify step when an emission is attributed to it: the latest target call
-  before the `emit` whose row for that sequence fed the sequence's pending token at the pending
-  slot (`q - 1 - k`). Matching on the pending token, not on time alone, keeps engines that
-  report tokens one call late (HF `generate` with deferred stop checks) attributed right;
-- in a verify call, query slots before the pending slot are context (a prefill that also
-  produces the first token): they count as cache slots, so every step has k + 1 query slots;
-- the row that produced an emission is the sequence's own row when the tokens are consistent with
-  its drafts and argmaxes, else the row they are consistent with: so a write-back to the wrong
-  sequence shows up as `write_seq != seq_id`, as it happened;
+  before the `emit` whose row for that sequence fed the sequence's pending token at its pending
+  slot. Matching on the pending token, not on time alone, keeps engines that report tokens one
+  call late (HF `generate` with deferred stop checks) attributed right;
+- k is the run's largest d; the row that produced an emission is the sequence's own row when the
+  tokens are consistent with its drafts and argmaxes, else the row they are consistent with: so a
+  write-back to the wrong sequence shows up as `write_seq != seq_id`, as it happened;
 - a row whose sequence has finished and that receives nothing is idle (engines that keep
   finished rows in the batch): it is left out.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 
 from specviz.trace.schema import RowRecord, StepRecord
@@ -63,51 +65,154 @@ class InferredSteps:
     last_event_at: float | None = None
 
 
+@dataclass(frozen=True)
+class RowQuery:
+    """One row of one target call as read: where its pending token sits, and its d drafts."""
+
+    pending: int  # query slot of the pending token
+    drafts: int  # d: draft tokens after it
+    chain: tuple[tuple[int, int], ...]  # (draft call index, draft row) per draft, in order
+
+
 def row_seq_ids(call: CallRecord) -> tuple[int, ...]:
     """The sequence each row of the call held (the default order when the engine declared none)."""
-    return call.rows if call.rows is not None else tuple(range(call.batch_size))
+    if call.rows is not None and len(call.rows) == call.batch_size:
+        return call.rows
+    return tuple(range(call.batch_size))
 
 
-# ----------------------------------------------------------------------------- proposal chains
+# ----------------------------------------------------------------------------- one row of a call
 
 
-def proposal_chain(calls: list[CallRecord], index: int) -> list[int]:
-    """Indices of the draft calls that proposed the query of target call `index`, in order."""
+def query_flags(call: CallRecord, row: int) -> list[int]:
+    """1 for each query slot of `row` that is attended (a real token), 0 for padding."""
+    q = call.query_len
+    if call.mask_kind == "2d":
+        values = call.mask[row]
+        if len(values) >= q:
+            return [int(v) for v in values[len(values) - q :]]
+    return [1] * q
+
+
+def last_slot(call: CallRecord, row: int) -> int:
+    """The row's last attended query slot (the last column unless the row is right-padded)."""
+    flags = query_flags(call, row)
+    for j in range(len(flags) - 1, -1, -1):
+        if flags[j]:
+            return j
+    return len(flags) - 1
+
+
+def argmax_at(call: CallRecord, row: int, slot: int) -> int | None:
+    """The model's argmax at query slot `slot` of `row`, if its logits were kept."""
+    if call.argmax is None:
+        return None
+    kept = call.argmax[row]
+    index = slot - (call.query_len - len(kept))
+    return kept[index] if 0 <= index < len(kept) else None
+
+
+def context_before(call: CallRecord, row: int, slot: int) -> int:
+    """Slots the query token at `slot` attends before itself (-1: a mask the hooks could not read)."""
+    if call.mask_kind == "none":
+        return call.cache_width + slot
+    if call.mask_kind == "2d":
+        values = call.mask[row]
+        return int(sum(values[: len(values) - call.query_len + slot]))
+    if call.mask_kind == "4d" and slot == call.query_len - 1:
+        return call.context_last[row]
+    return -1
+
+
+def _draft_row(call: CallRecord, seq: int, row: int, batch_size: int, fed: int, out: int) -> int | None:
+    """The row of draft call `call` that was fed `fed` and proposed `out` for sequence `seq` (in row
+    `row` of a target batch of `batch_size`): the declared row, else the same index in a batch of
+    the same size, else (a draft batch of other rows) the first row whose tokens fit."""
+    if call.argmax is None:
+        return None
+
+    def fits(r: int) -> bool:
+        last = last_slot(call, r)
+        return call.input_ids[r][last] == fed and argmax_at(call, r, last) == out
+
+    if call.rows is not None and len(call.rows) == call.batch_size:
+        if seq not in call.rows:
+            return None
+        r = call.rows.index(seq)
+        return r if fits(r) else None
+    if call.batch_size == batch_size:  # the same rows, undeclared: the same index
+        return row if fits(row) else None
+    return next((r for r in range(call.batch_size) if fits(r)), None)
+
+
+def read_row(calls: list[CallRecord], index: int, row: int, pass_reprefill: bool = True) -> RowQuery:
+    """The row's pending slot and proposal chain in target call `index` (see the module docstring).
+
+    The chain is the longest run of consecutive draft calls (of this row, since the sequence's
+    previous target call) that fed the query's slots p .. p+d-1 and proposed p+1 .. p+d, with p the
+    last attended slot minus d; of equal runs, the earliest (a draft that repeats itself proposes
+    the same token at several calls: the engine used the first ones).
+    """
     verify = calls[index]
-    q = verify.query_len
-    chain: list[int] = []
+    ids = verify.input_ids[row]
+    seq = row_seq_ids(verify)[row]
+    last = last_slot(verify, row)
+    flags = query_flags(verify, row)
+    proposals = _draft_calls(calls, index, seq, pass_reprefill)
+    for d in range(min(len(proposals), last), 0, -1):
+        p = last - d
+        if not all(flags[p : last + 1]):
+            continue
+        for start in range(len(proposals) - d + 1):
+            chain = []
+            for i in range(d):
+                hit = _draft_row(calls[proposals[start + i]], seq, row, verify.batch_size, ids[p + i], ids[p + 1 + i])
+                if hit is None:
+                    break
+                chain.append((proposals[start + i], hit))
+            if len(chain) == d:
+                return RowQuery(p, d, tuple(chain))
+    return RowQuery(last, 0, ())
+
+
+def _draft_calls(calls: list[CallRecord], index: int, seq: int, pass_reprefill: bool) -> list[int]:
+    """Draft calls since the sequence's previous target call, in order. A target call of this
+    sequence with no draft call after it and no drafts in its own query (a re-prefill between the
+    proposals and the verify) is passed over, once."""
+    found: list[int] = []
+    passed = not pass_reprefill
     for j in range(index - 1, -1, -1):
         call = calls[j]
-        if call.role == "target":
-            break
-        if call.batch_size != verify.batch_size or call.argmax is None:
+        if call.role != "target":
+            if call.argmax is not None:
+                found.append(j)
             continue
-        depth = len(chain) + 1  # this call must output query token q - depth, fed q - depth - 1
-        if q - depth - 1 >= 0 and _feeds_and_outputs(call, verify, q - depth):
-            chain.append(j)
-        elif chain:
-            break
-        # else: a draft call after the proposals (feeding d_k to fill its cache): skip it
-    return chain[::-1]
+        if seq in row_seq_ids(call):
+            if found or passed or read_row(calls, j, row_seq_ids(call).index(seq), False).drafts:
+                break
+            passed = True
+    return found[::-1]
 
 
-def _feeds_and_outputs(call: CallRecord, verify: CallRecord, slot: int) -> bool:
-    for r, ids in enumerate(verify.input_ids):
-        if call.argmax[r][-1] != ids[slot] or call.input_ids[r][-1] != ids[slot - 1]:
-            return False
-    return True
+class CallReader:
+    """`read_row` for every (call, row), computed once."""
 
+    def __init__(self, calls: list[CallRecord]) -> None:
+        self.calls = calls
+        self._rows: dict[tuple[int, int], RowQuery] = {}
 
-def infer_k(calls: list[CallRecord], chains: dict[int, list[int]]) -> int:
-    lengths = Counter(len(chain) for chain in chains.values() if chain)
-    return lengths.most_common(1)[0][0] if lengths else 0
+    def __call__(self, index: int, row: int) -> RowQuery:
+        key = (index, row)
+        if key not in self._rows:
+            self._rows[key] = read_row(self.calls, index, row)
+        return self._rows[key]
 
 
 # ----------------------------------------------------------------------------- attribution
 
 
 def attribute(
-    calls: list[CallRecord], emits: list[Emit], prompts: list[list[int]], k: int, notes: list[str]
+    calls: list[CallRecord], emits: list[Emit], prompts: list[list[int]], read: CallReader, notes: list[str]
 ) -> list[Group]:
     """Each emission to the target call whose row fed that sequence's pending token."""
     history = {seq_id: list(ids) for seq_id, ids in enumerate(prompts)}
@@ -126,7 +231,7 @@ def attribute(
             history[seq].extend(emit.tokens)
             continue
         floor = previous.call if previous is not None else -1
-        call = _pending_match(calls, featuring, floor, seq, history[seq][-1], k)
+        call = _pending_match(calls, featuring, floor, seq, history[seq][-1], read)
         if call is None:
             notes.append(f"emit for sequence {seq} matches no target call that fed its pending token; not a step")
             history[seq].extend(emit.tokens)
@@ -139,18 +244,15 @@ def attribute(
 
 
 def _pending_match(
-    calls: list[CallRecord], featuring: list[int], floor: int, seq: int, pending: int, k: int
+    calls: list[CallRecord], featuring: list[int], floor: int, seq: int, pending: int, read: CallReader
 ) -> int | None:
     fallback = None
     for i in reversed(featuring):
         if i <= floor:
             break
-        call = calls[i]
-        slot = call.query_len - 1 - k
-        if slot < 0:
-            continue
+        row = row_seq_ids(calls[i]).index(seq)
         fallback = i if fallback is None else fallback
-        if call.input_ids[row_seq_ids(call).index(seq)][slot] == pending:
+        if calls[i].input_ids[row][read(i, row).pending] == pending:
             return i
     return fallback
 
@@ -197,7 +299,7 @@ def accepted_and_bonus(tokens: list[int], drafts: list[int], targets: list[int])
 
 
 def assign_rows(
-    call: CallRecord, groups: list[Group], slot: int, finished: set[int], known: set[int]
+    call: CallRecord, index: int, groups: list[Group], read: CallReader, finished: set[int], known: set[int]
 ) -> dict[int, Group]:
     """Which row produced each group: its own row if consistent, else the row it is consistent with."""
     rows = row_seq_ids(call)
@@ -205,62 +307,65 @@ def assign_rows(
     pending_groups = []
     for group in groups:
         own = rows.index(group.seq_id)
-        if own not in taken and consistent(group.tokens, *_row_tokens(call, own, slot)):
+        if own not in taken and consistent(group.tokens, *row_tokens(call, own, read(index, own))):
             taken[own] = group
         else:
             pending_groups.append(group)
     for group in pending_groups:
         own = rows.index(group.seq_id)
         live = [r for r in range(len(rows)) if r not in taken and rows[r] in known and rows[r] not in finished]
-        others = [r for r in live if consistent(group.tokens, *_row_tokens(call, r, slot))]
+        others = [r for r in live if consistent(group.tokens, *row_tokens(call, r, read(index, r)))]
         row = others[0] if others else (own if own not in taken else None)
         if row is not None:
             taken[row] = group
     return taken
 
 
-def _row_tokens(call: CallRecord, row: int, slot: int) -> tuple[list[int], list[int]]:
-    drafts = call.input_ids[row][slot + 1 :]
-    q = call.query_len
-    argmax = call.argmax[row] if call.argmax is not None else []
-    wanted = q - slot
-    targets = argmax[-wanted:] if len(argmax) >= wanted else []
-    return drafts, targets
+def row_tokens(call: CallRecord, row: int, rq: RowQuery) -> tuple[list[int], list[int]]:
+    """(the row's d drafts, the target's argmax at its d + 1 query slots, or [] if not kept)."""
+    drafts = list(call.input_ids[row][rq.pending + 1 : rq.pending + 1 + rq.drafts])
+    targets = [argmax_at(call, row, rq.pending + i) for i in range(rq.drafts + 1)]
+    return drafts, ([] if None in targets else targets)
 
 
 # ----------------------------------------------------------------------------- masks
 
 
-def mask_row(call: CallRecord, row: int, slot: int) -> tuple[list[list[int]], int, bool | None]:
-    """(mask_rle, attended context slots of the pending token, query block causal or None)."""
-    cache_len = call.cache_width + slot
-    q = call.query_len - slot
+def mask_row(call: CallRecord, row: int, rq: RowQuery) -> tuple[list[list[int]], int, bool | None]:
+    """(mask_rle, attended context slots of the pending token, query block causal or None).
+
+    The row's mask covers its context (every slot before the pending one, cached or re-fed) and
+    its own d + 1 query slots; padding after its last real token is not part of it.
+    """
+    context_len = call.cache_width + rq.pending
+    q = rq.drafts + 1
     if call.mask_kind == "none":
-        return [[1, cache_len + q]], cache_len, None
+        return [[1, context_len + q]], context_len, None
     if call.mask_kind == "2d":
         values = call.mask[row]
-        return _rle(values), sum(values[:cache_len]), None
+        start = len(values) - call.query_len + rq.pending  # the pending slot's column
+        return _rle(values[: start + q]), int(sum(values[:start])), None
     if call.mask_kind == "4d":
-        return _mask4_row(call.mask[row], call.cache_width, call.query_len, slot)
+        return _mask4_row(call.mask[row], call.cache_width, call.query_len, rq)
     return [], -1, None
 
 
-def _mask4_row(block: list[list[bool]], width: int, q: int, slot: int) -> tuple[list[list[int]], int, bool | None]:
-    """The pending query's view of the cache, then the diagonal; causal if every later query
-    slot sees that same context plus exactly the query slots up to itself."""
-    tail = len(block)
-    first = tail - (q - slot)  # index of the pending slot's row inside the kept tail
+def _mask4_row(block: list[list[bool]], width: int, q: int, rq: RowQuery) -> tuple[list[list[int]], int, bool | None]:
+    """The pending query's view of the context, then the diagonal; causal if every later query
+    slot of the row sees that same context plus exactly the query slots up to itself."""
+    slot, n = rq.pending, rq.drafts + 1
+    first = len(block) - (q - slot)  # index of the pending slot's row inside the kept tail
     if first < 0:
         return [], -1, None
     context_len = width + slot
     view = [int(v) for v in block[first][:context_len]]
-    diagonal = [int(block[first + i][context_len + i]) for i in range(q - slot)]
+    diagonal = [int(block[first + i][context_len + i]) for i in range(n)]
     causal = True
-    for i in range(q - slot):
+    for i in range(n):
         line = block[first + i]
         if [int(v) for v in line[:context_len]] != view:
             causal = False
-        query_part = [int(v) for v in line[context_len : context_len + q - slot]]
+        query_part = [int(v) for v in line[context_len : context_len + n]]
         if query_part[: i + 1] != [1] * (i + 1) or any(query_part[i + 1 :]):
             causal = False
     return _rle(view + diagonal), sum(view), causal
@@ -288,11 +393,7 @@ class _SeqProgress:
 
 
 def build_steps(
-    calls: list[CallRecord],
-    groups: list[Group],
-    chains: dict[int, list[int]],
-    prompts: list[list[int]],
-    k: int,
+    calls: list[CallRecord], groups: list[Group], prompts: list[list[int]], read: CallReader
 ) -> list[StepRecord]:
     by_call: dict[int, list[Group]] = {}
     for group in groups:
@@ -301,29 +402,30 @@ def build_steps(
     steps: list[StepRecord] = []
     for index in sorted(by_call):
         call = calls[index]
-        slot = call.query_len - 1 - k
         finished = {s for s, p in progress.items() if p.finished}
-        produced = assign_rows(call, by_call[index], slot, finished, set(progress))
-        chain = chains.get(index, []) if len(chains.get(index, [])) == k else []
-        rows = []
+        produced = assign_rows(call, index, by_call[index], read, finished, set(progress))
+        rows, proposals = [], set()
         for r, seq_id in enumerate(row_seq_ids(call)):
             if r not in produced and (seq_id not in progress or progress[seq_id].finished):
                 continue  # idle: a finished sequence's row the engine still computes
-            rows.append(_row_record(call, r, seq_id, slot, produced.get(r), progress, calls, chain))
+            rq = read(index, r)
+            proposals.update(j for j, _ in rq.chain)
+            rows.append(_row_record(calls, index, r, seq_id, rq, produced.get(r), progress))
         for row in rows:
             target = progress[row.write_seq]
             target.committed.extend(row.emitted)
             if row.finish_reason is not None:
                 target.finished = True
-        started = calls[chain[0]].started if chain else call.started
+        started = calls[min(proposals)].started if proposals else call.started
+        shown = [read(index, r) for r in range(call.batch_size)]
         steps.append(
             StepRecord(
                 step=len(steps),
                 batch_id=0,
-                cache_len=call.cache_width + slot,
-                query_len=k + 1,
+                cache_len=call.cache_width + max(rq.pending for rq in shown),
+                query_len=max(rq.drafts for rq in shown) + 1,
                 grouped=None,
-                draft_ms=round(sum(calls[j].ended - calls[j].started for j in chain) * 1000, 4),
+                draft_ms=round(sum(calls[j].ended - calls[j].started for j in proposals) * 1000, 4),
                 verify_ms=round((call.ended - call.started) * 1000, 4),
                 align_ms=0.0,
                 total_ms=round((call.ended - started) * 1000, 4),
@@ -340,26 +442,28 @@ def _renumber(row: RowRecord, index: int) -> RowRecord:
 
 
 def _row_record(
-    call: CallRecord,
+    calls: list[CallRecord],
+    index: int,
     r: int,
     seq_id: int,
-    slot: int,
+    rq: RowQuery,
     group: Group | None,
     progress: dict[int, _SeqProgress],
-    calls: list[CallRecord],
-    chain: list[int],
 ) -> RowRecord:
+    call = calls[index]
     committed = len(progress[seq_id].committed)
-    drafts, targets = _row_tokens(call, r, slot)
+    drafts, targets = row_tokens(call, r, rq)
     tokens = group.tokens if group is not None else []
     accepted, bonus = accepted_and_bonus(tokens, drafts, targets)
-    runs, context, causal = mask_row(call, r, slot)
-    cache_len = call.cache_width + slot
+    runs, context, causal = mask_row(call, r, rq)
+    cache_len = call.cache_width + rq.pending
     lead = runs[0][1] if runs and runs[0][0] == 0 else 0
-    draft_positions = [calls[j].positions[r][-1] for j in chain] if chain else None
-    draft_context = [calls[j].context_last[r] for j in chain] if chain else None
-    if draft_context is not None and min(draft_context) < 0:
-        draft_context = None  # a mask the hooks could not read
+    draft_positions = draft_context = None
+    if rq.chain:
+        draft_positions = [calls[j].positions[dr][last_slot(calls[j], dr)] for j, dr in rq.chain]
+        draft_context = [context_before(calls[j], dr, last_slot(calls[j], dr)) for j, dr in rq.chain]
+        if min(draft_context) < 0:
+            draft_context = None  # a mask the hooks could not read
     reason = group.finish_reason if group is not None else None
     return RowRecord(
         row=r,
@@ -367,14 +471,14 @@ def _row_record(
         committed_before=committed,
         left_pad=min(lead, cache_len),
         left_pad_after=None,
-        pending_token=call.input_ids[r][slot],
+        pending_token=call.input_ids[r][rq.pending],
         draft_tokens=drafts,
         target_tokens=targets,
         accepted=accepted,
         bonus=bonus,
         emitted=list(tokens),
         write_seq=group.seq_id if group is not None else seq_id,
-        position_ids=call.positions[r][slot:],
+        position_ids=list(call.positions[r][rq.pending : rq.pending + rq.drafts + 1]),
         mask_rle=runs,
         kv_len=max(context, 0),
         kv_len_expected=committed - 1,
@@ -403,14 +507,14 @@ def infer_steps(
     """The whole inference, from captured calls and declared emits to steps and endings."""
     for call in calls:
         call.materialize()
-    chains = {i: proposal_chain(calls, i) for i, c in enumerate(calls) if c.role == "target"}
-    k = infer_k(calls, chains)
+    read = CallReader(calls)
     notes: list[str] = []
-    groups = attribute(calls, emits, prompts, k, notes)
+    groups = attribute(calls, emits, prompts, read, notes)
     outputs, reasons = _endings(groups, emits, prompts, eos)
     max_new = _budget(outputs, reasons)
     _close_by_length(groups, outputs, reasons, max_new)
-    steps = build_steps(calls, groups, chains, prompts, k)
+    steps = build_steps(calls, groups, prompts, read)
+    k = max((len(row.draft_tokens) for step in steps for row in step.rows), default=0)
     events = [c.started for c in calls] + [e.at for e in emits]
     return InferredSteps(
         steps=steps,

@@ -489,7 +489,7 @@ def test_recorded_state_fields_are_checked(fld: str, value, invariant: int) -> N
 
 
 def test_unrecorded_state_fields_are_reported_as_skipped() -> None:
-    skipped = " ".join(check_trace(clean_synth()).skipped_checks)
+    skipped = " ".join(map(str, check_trace(clean_synth()).skipped_checks))
     assert "draft_position_ids" in skipped and "kv_content_checked" in skipped
 
 

@@ -151,9 +151,18 @@ def test_own_engine_watched_matches_recorder(method: str, fault: str | None) -> 
     assert (got.verdict, first(got)) == (expected.verdict, first(expected))
     assert watched.header.draft_k == K and len(watched.steps) == len(recorded.steps)
     if clean:
-        assert got.exact_match == 1.0 and got.violation_count == 0
-    else:
-        assert recorded.header.fault_events, f"{fault} never fired with these prompts"
+        assert got.verdict == "clean" and got.exact_match == 1.0 and got.violation_count == 0
+        return
+    # Both seeing nothing would also agree: the fault must be found where it fired (issue 26).
+    events = recorded.header.fault_events
+    assert events, f"{fault} never fired with these prompts"
+    assert got.verdict == "desync"
+    v = got.first_violation
+    assert (v.step, v.row, v.seq_id) == (events[0]["step"], events[0]["row"], events[0]["seq_id"])
+    at_first = {x.invariant for x in got.violations if (x.step, x.row) == (v.step, v.row)}
+    from specviz.engine.faults import FAULTS  # transformers 5 only, like the engine
+
+    assert at_first & set(FAULTS[fault].invariants), f"{fault}: broke {at_first}"
 
 
 # ----------------------------------------------------------------------------- 2. independent engine

@@ -1,0 +1,127 @@
+"""Hugging Face's own decoding loops, watched: assisted generation (a draft cache cropped after
+rejections, a draft length that changes per step with the "heuristic" schedule and is cut near
+max_new_tokens) and batched greedy `generate` with left padding. Correct engines: clean, exact
+match 1.0, every step read, through the API and through `specviz watch --`.
+
+The tiny models emit token 0 often; HF's assistant masks every generated token equal to the pad
+id out of the draft's attention mask (the draft then really skips a committed token, which the
+watch reports as a draft KV violation), so the pad id here is one the models never emit.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from tiny import make_pair
+
+import specviz
+from specviz.analysis.check import check_trace
+from specviz.cli import main
+from specviz.trace.io import load_trace
+
+PAD = 95
+MAX_NEW = 40
+SCHEDULES = ("constant", "heuristic")
+
+
+@pytest.fixture(scope="module")
+def pair():
+    pair = make_pair("llama")
+    for model in (pair.target, pair.draft):
+        model.generation_config.pad_token_id = PAD
+    return pair
+
+
+def prompt() -> torch.Tensor:
+    return torch.randint(3, 90, (1, 25), generator=torch.Generator().manual_seed(0))
+
+
+def configure(draft, schedule: str) -> None:
+    draft.generation_config.num_assistant_tokens_schedule = schedule
+    draft.generation_config.num_assistant_tokens = 5
+    draft.generation_config.assistant_confidence_threshold = 0.0  # random models are never confident
+
+
+def assert_clean(trace, new_tokens: int) -> None:
+    report = check_trace(trace)
+    assert report.verdict == "clean" and report.exact_match == 1.0, report.violations[:3]
+    assert not trace.header.options.get("watch_notes")
+    assert not [s for s in report.skipped_checks if s.check in ("draft", "greedy acceptance")]
+    for seq in trace.sequences:
+        written = sum(len(r.emitted) for s in trace.steps for r in s.rows if r.write_seq == seq.seq_id)
+        assert written == len(seq.output_ids) == new_tokens
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_assisted_generation_api(pair, schedule: str) -> None:
+    configure(pair.draft, schedule)
+    ids = prompt()
+    with specviz.watch(pair.target, pair.draft, prompts=ids.tolist()) as w:
+        out = pair.target.generate(
+            ids, attention_mask=torch.ones_like(ids), assistant_model=pair.draft, do_sample=False,
+            max_new_tokens=MAX_NEW, streamer=w.streamer(),
+        )  # fmt: skip
+    trace = w.trace
+    assert trace.sequences[0].prompt_ids == ids[0].tolist()
+    assert trace.sequences[0].output_ids == out[0, ids.shape[1] :].tolist()
+    assert_clean(trace, MAX_NEW)
+    lengths = [len(r.draft_tokens) for s in trace.steps for r in s.rows]
+    assert max(lengths) == trace.header.draft_k and min(lengths) < 5  # k: the run's maximum; cut near the end
+    if schedule == "heuristic":
+        assert len(set(lengths)) > 2  # grows after a full acceptance, shrinks after a rejection
+    else:
+        assert trace.header.draft_k == 5
+
+
+SCRIPT = """
+import sys
+import torch
+import transformers as tf
+
+config = tf.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                        bos_token_id=2, eos_token_id=1, pad_token_id={pad})
+torch.manual_seed(0)
+target = tf.AutoModelForCausalLM.from_config(config).eval()
+mode = sys.argv[1]
+if mode == "batched":
+    rows = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17]]
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[{pad}] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12, min_new_tokens=12)
+    sys.exit(0)
+draft = tf.AutoModelForCausalLM.from_config(config).eval()
+draft.load_state_dict(target.state_dict())
+gen = torch.Generator().manual_seed(7)
+with torch.no_grad():
+    for p in draft.parameters():
+        if p.dim() >= 2:
+            p.add_(torch.randn(p.shape, generator=gen) * p.std() * 0.15)
+draft.generation_config.num_assistant_tokens_schedule = mode
+draft.generation_config.num_assistant_tokens = 5
+draft.generation_config.assistant_confidence_threshold = 0.0
+ids = torch.randint(3, 90, (1, 25), generator=torch.Generator().manual_seed(0))
+target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft, do_sample=False,
+                max_new_tokens={max_new}, min_new_tokens={max_new})
+"""
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("mode", [*SCHEDULES, "batched"])
+def test_generate_through_the_cli(tmp_path: Path, mode: str) -> None:
+    script = tmp_path / "hf.py"
+    script.write_text(SCRIPT.format(pad=PAD, max_new=MAX_NEW))
+    out = tmp_path / "hf.trace.json"
+    assert main(["watch", "--out", str(out), "--", "python", str(script), mode]) == 0
+    trace = load_trace(out)
+    if mode == "batched":
+        assert [s.prompt_ids for s in trace.sequences] == [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17]]
+        assert_clean(trace, 12)
+        return
+    assert len(trace.sequences) == 1 and len(trace.sequences[0].prompt_ids) == 25
+    assert trace.header.draft_k >= 5
+    assert_clean(trace, MAX_NEW)
