@@ -12,7 +12,7 @@ from typing import Any
 
 import gradio as gr
 
-from specviz.app import events, serve
+from specviz.app import events, files, lanes, memory, serve
 from specviz.app.assets import CSS, INTRO
 from specviz.app.detail import build_detail_tabs
 from specviz.app.live import LIVE_FOLDER, LIVE_GATE, PUBLIC, RUN_MEMORY, load_model_pair
@@ -43,9 +43,9 @@ def build_app() -> gr.Blocks:
         wire_probe(probe, events.user_errors)  # bound last: the page's other event numbers stay
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=INSPECT_CONCURRENCY)
     serve.install_gate(demo, LIVE_GATE)  # one live run per visitor, refused before it queues
-    serve.install_fair_lanes(demo)  # every lane: one waiting job per visitor and kind, least served first
-    serve.install_memory(demo, RUN_MEMORY, LoadedRun)  # the loaded runs' ceiling; an unloaded run says so
-    demo.unload(serve.release_memory)  # a closed tab's runs are freed by Gradio; give the memory back
+    lanes.install_fair_lanes(demo)  # every lane: one waiting job per visitor and kind, least served first
+    memory.install_memory(demo, RUN_MEMORY, LoadedRun)  # the loaded runs' ceiling; an unloaded run says so
+    demo.unload(memory.release_memory)  # a closed tab's runs are freed by Gradio; give the memory back
     return demo
 
 
@@ -57,16 +57,16 @@ def launch(demo: gr.Blocks, **kwargs: Any) -> Any:
 def main() -> None:
     # Gradio's cache in a folder of this process (before the app is built); an earlier crashed
     # process's folders go now, this one's on SIGTERM / SIGINT.
-    gradio_temp = serve.own_gradio_temp()
+    gradio_temp = files.own_gradio_temp()
     if PUBLIC:
         # Load the bundled pair before the first visitor: a first live run would otherwise import
         # transformers' model code under the import lock, and other visitors' requests wait on it.
         from specviz.engine.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
         load_model_pair(DEFAULT_TARGET, DEFAULT_DRAFT, True)
-    serve.start_sweeper()  # refused uploads leave empty temp files Gradio's cleanup misses
+    files.start_sweeper()  # refused uploads leave empty temp files Gradio's cleanup misses
     demo = build_app()
-    serve.on_shutdown([gradio_temp, LIVE_FOLDER.path], demo)
+    files.on_shutdown([gradio_temp, LIVE_FOLDER.path], demo)
     launch(demo)
 
 

@@ -9,7 +9,7 @@ thresholds keeps freed blocks in the heap, where the next step's allocation reus
 
 The cost is that the process keeps its peak memory until it exits, which suits a CLI run. The app
 does not call this: a public server hands memory back after each session
-(`serve.release_memory`). Other allocators (musl, jemalloc) have no `mallopt`; nothing happens.
+(`specviz/app/memory.py` `release_memory`). Other allocators (musl, jemalloc) have no `mallopt`; nothing happens.
 Set `SPECVIZ_KEEP_FREED_MEMORY=0` to leave the allocator alone (to measure the difference).
 """
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import gradio as gr
 
-from specviz.app import serve
+from specviz.app import files, memory, serve
 from specviz.errors import SpecvizError
 from specviz.trace.io import save_trace
 from specviz.trace.naming import run_slug
@@ -20,8 +20,8 @@ from specviz.views import LoadedRun, analyse
 
 PUBLIC = serve.public_mode()  # a Space (SPACE_ID) or `python app.py --public`
 LIVE_GATE = serve.LiveRunGate()
-LIVE_FOLDER = serve.LiveFolder()
-RUN_MEMORY = serve.RunMemory(serve.run_memory_ceiling(PUBLIC))  # every session's loaded runs, bounded
+LIVE_FOLDER = files.LiveFolder()
+RUN_MEMORY = memory.RunMemory(memory.run_memory_ceiling(PUBLIC))  # every session's loaded runs, bounded
 
 
 @functools.lru_cache(maxsize=2)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from specviz.app import serve
+from specviz.app import files, serve
 from specviz.errors import SpecvizError
 from specviz.trace.budget import DEFAULT_BUDGET, PUBLIC_BUDGET
 from specviz.trace.io import TraceError, load_trace, parse_trace_bytes
@@ -77,7 +77,7 @@ def load_upload(path: str | None) -> LoadedRun:
     except OSError:
         raise SpecvizError(UPLOAD_GONE) from None
     finally:  # read once, then gone: uploads never pile up in the Space's disk
-        serve.delete_upload(file)
+        files.delete_upload(file)
     # Strip Gradio's temp folder from messages: the user knows the file by its name.
     budget = PUBLIC_BUDGET if serve.public_mode() else DEFAULT_BUDGET  # a shared 2-core Space: tighter
     return analyse(parse_trace_bytes(raw, file.name, budget=budget), f"upload {file.name}")

@@ -15,7 +15,7 @@ from typing import Any
 
 import gradio as gr
 
-from specviz.app import serve
+from specviz.app import files
 from specviz.app.loading import DOCS, TRACES, UPLOAD_GONE
 from specviz.errors import SpecvizError
 from specviz.probe.report import ProbeReport, ReportError, parse_report
@@ -104,7 +104,7 @@ def load_uploaded_report(path: str | None) -> ProbeReport:
     except OSError:
         raise SpecvizError(UPLOAD_GONE) from None
     finally:
-        serve.delete_upload(file)
+        files.delete_upload(file)
     return _parse(raw, file.name)
 
 

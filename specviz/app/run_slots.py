@@ -11,7 +11,7 @@ from typing import Any
 
 import gradio as gr
 
-from specviz.app import serve
+from specviz.app import memory, serve
 from specviz.app.live import PUBLIC
 from specviz.app.loading import bundled_traces, first_bundled
 from specviz.views import slot_summary_markdown
@@ -88,7 +88,7 @@ def build_run_slot(label: str, defaults: tuple[str, ...]) -> RunSlot:
             slot_summary_markdown(None, label), elem_classes=["sv-summary"], elem_id=f"sv-summary-{slug}"
         )
     # A session's runs expire and their memory goes back to the system (tabs left open included).
-    state = gr.State(None, time_to_live=serve.SESSION_TTL_S, delete_callback=serve.release_memory)
+    state = gr.State(None, time_to_live=serve.SESSION_TTL_S, delete_callback=memory.release_memory)
     return RunSlot(
         label=label, state=state, bundled=bundled, upload=upload, live_inputs=live_inputs, run_button=button,
         download=download, summary=summary, status=status,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from specviz.app import probe_tab, serve
+from specviz.app import files, probe_tab
 from specviz.errors import SpecvizError
 
 
@@ -32,7 +32,7 @@ def test_bundled_report_opens_and_draws() -> None:
     ],
 )
 def test_bad_uploads_are_one_line_and_deleted(content: bytes, message: str) -> None:
-    folder = Path(tempfile.mkdtemp(dir=serve.gradio_temp_root()))  # where Gradio puts an upload
+    folder = Path(tempfile.mkdtemp(dir=files.gradio_temp_root()))  # where Gradio puts an upload
     upload = folder / "r.json"
     upload.write_bytes(content)
     with pytest.raises(SpecvizError) as info:

@@ -102,7 +102,7 @@ class _Event:
 
 
 def test_fair_lanes_serve_the_least_served_visitor_and_one_job_per_kind() -> None:
-    from specviz.app.serve import FairLanes
+    from specviz.app.lanes import FairLanes
 
     inspect, grid = object(), object()
     lanes = FairLanes(per_session=2)
@@ -125,7 +125,7 @@ class _Run:
 
 
 def test_memory_ceiling_unloads_least_recently_used_runs_of_idle_sessions() -> None:
-    from specviz.app.serve import RunMemory, unload_run
+    from specviz.app.memory import RunMemory, unload_run
 
     memory = RunMemory(ceiling=250, estimate=lambda run: 100)
     runs = [_Run() for _ in range(4)]
@@ -152,7 +152,7 @@ def test_memory_ceiling_unloads_least_recently_used_runs_of_idle_sessions() -> N
 def test_an_unloaded_run_reaches_handlers_as_an_empty_slot_with_a_note() -> None:
     import warnings
 
-    from specviz.app.serve import UNLOADED_MESSAGE, RunMemory, install_memory
+    from specviz.app.memory import UNLOADED_MESSAGE, RunMemory, install_memory
 
     seen = []
 
@@ -182,7 +182,7 @@ def test_start_up_removes_only_folders_of_dead_app_processes(tmp_path) -> None:
     import subprocess
     import sys
 
-    from specviz.app.serve import GRADIO_PREFIX, LIVE_PREFIX, OWNER_MARKER, owned_folder, sweep_dead_folders
+    from specviz.app.files import GRADIO_PREFIX, LIVE_PREFIX, OWNER_MARKER, owned_folder, sweep_dead_folders
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     crashed = tmp_path / f"{LIVE_PREFIX}old"

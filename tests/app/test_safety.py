@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from specviz.analysis.slots import mask_window, step_slots
-from specviz.app.serve import LiveRunGate, public_mode, public_models_only, sweep_abandoned_uploads
+from specviz.app.files import sweep_abandoned_uploads
+from specviz.app.serve import LiveRunGate, public_mode, public_models_only
 from specviz.cli import main
 from specviz.data import load_prompts_file
 from specviz.errors import PromptError, SpecvizError

@@ -1,0 +1,224 @@
+"""The app's memory: a ceiling over the loaded runs of every session (public mode), least recently
+used runs of idle sessions unloaded first, and freed heap handed back to the system.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+_LIBC: Any = None
+
+
+def release_memory(_value: Any = None) -> None:
+    """Collect, then hand freed heap back to the system (glibc keeps it otherwise: RSS never falls).
+
+    Usable as a `gr.State(delete_callback=...)`: it runs when a session's state expires.
+    """
+    global _LIBC
+    gc.collect()
+    if _LIBC is None:
+        name = ctypes.util.find_library("c")
+        _LIBC = ctypes.CDLL(name) if name else False
+    trim: Callable[[int], int] | None = getattr(_LIBC, "malloc_trim", None) if _LIBC else None
+    if trim is not None:
+        trim(0)
+
+
+UNLOADED_MESSAGE = "this run was unloaded to free memory; load it again"
+PUBLIC_RUN_MEMORY_MB = 4096  # loaded runs of every session together, public mode
+
+
+def run_memory_ceiling(public: bool, environ: dict[str, str] | None = None) -> int | None:
+    """Bytes of loaded runs the app keeps (public mode: 4 GB, or SPECVIZ_RUN_MEMORY_MB); None: no ceiling."""
+    environ = os.environ if environ is None else environ
+    value = environ.get("SPECVIZ_RUN_MEMORY_MB")
+    if value:
+        return int(float(value) * 2**20)
+    return PUBLIC_RUN_MEMORY_MB * 2**20 if public else None
+
+
+def estimate_run_bytes(loaded: Any) -> int:
+    """What a loaded run keeps, from what it holds (calibrated by tools/attack_suite.py: rows with
+    their analysis ~3 KB, a list item ~40 B, a piece-table entry twice over ~300 B, text 1 B a char)."""
+    trace = loaded.trace
+    rows = cells = 0
+    for step in trace.steps:
+        rows += len(step.rows)
+        for row in step.rows:
+            cells += len(row.draft_tokens) + len(row.target_tokens) + len(row.emitted) + len(row.position_ids)
+    chars = 0
+    for seq in trace.sequences:
+        cells += len(seq.prompt_ids) + len(seq.output_ids) + len(seq.reference_ids or ())
+        chars += len(seq.prompt or "") + len(seq.output_text or "")
+    pieces = len(getattr(loaded, "texts", None) or ()) + len(trace.header.token_text or ())
+    return 256 * 1024 + 3_000 * rows + 40 * cells + 150 * pieces + chars
+
+
+class RunMemory:
+    """Every loaded run of every session, with its estimated size; past the ceiling the least
+    recently used runs of idle sessions are unloaded in place (their handlers then see an empty
+    slot and a note, see `install_memory`). Runs shared by all sessions (bundled) are not counted."""
+
+    def __init__(self, ceiling: int | None, estimate: Callable[[Any], int] = estimate_run_bytes) -> None:
+        import weakref
+
+        self.ceiling = ceiling
+        self.estimate = estimate
+        self._weakref = weakref
+        self._runs: dict[int, dict[str, Any]] = {}  # id(run) -> {ref, session, size, used}
+        self._sessions: dict[str, float] = {}  # session -> last request
+        self._active: dict[str, int] = {}  # session -> handlers running now
+        self._lock = threading.RLock()
+        self.evicted = 0
+
+    def total(self) -> int:
+        with self._lock:
+            return sum(entry["size"] for entry in self._runs.values())
+
+    def begin(self, session: str | None) -> None:
+        if session is None:
+            return
+        with self._lock:
+            self._sessions[session] = time.monotonic()
+            self._active[session] = self._active.get(session, 0) + 1
+
+    def end(self, session: str | None) -> None:
+        if session is None:
+            return
+        with self._lock:
+            left = self._active.get(session, 1) - 1
+            if left > 0:
+                self._active[session] = left
+            else:
+                self._active.pop(session, None)
+            self._sessions[session] = time.monotonic()
+
+    def use(self, run: Any) -> None:
+        with self._lock:
+            entry = self._runs.get(id(run))
+            if entry is not None:
+                entry["used"] = time.monotonic()
+
+    def track(self, run: Any, session: str | None) -> None:
+        """A run landed in `session`'s state: count it, then make room by unloading others."""
+        if self.ceiling is None or run is None or getattr(run, "shared", False) or getattr(run, "evicted", False):
+            return
+        key = id(run)
+        with self._lock:
+            if key in self._runs:
+                self._runs[key]["used"] = time.monotonic()
+                return
+        size = self.estimate(run)
+
+        def forget(_ref: Any, key: int = key) -> None:
+            with self._lock:
+                self._runs.pop(key, None)
+
+        with self._lock:
+            self._runs[key] = {
+                "ref": self._weakref.ref(run, forget),
+                "session": session or "",
+                "size": size,
+                "used": time.monotonic(),
+            }
+        self.make_room(keep=session)
+
+    def make_room(self, keep: str | None = None) -> int:
+        """Unload least recently used runs of idle sessions (never `keep`'s) until under the ceiling."""
+        if self.ceiling is None:
+            return 0
+        victims = []
+        with self._lock:
+            total = sum(entry["size"] for entry in self._runs.values())
+            if total <= self.ceiling:
+                return 0
+            idle = [
+                (self._sessions.get(entry["session"], 0.0), entry["used"], key)
+                for key, entry in self._runs.items()
+                if entry["session"] != keep and not self._active.get(entry["session"])
+            ]
+            for _, _, key in sorted(idle):
+                if total <= self.ceiling:
+                    break
+                entry = self._runs.pop(key)
+                total -= entry["size"]
+                run = entry["ref"]()
+                if run is not None:
+                    victims.append(run)
+        for run in victims:
+            unload_run(run)
+        self.evicted += len(victims)
+        if victims:
+            release_memory()
+        return len(victims)
+
+
+def unload_run(run: Any) -> None:
+    """Empty a loaded run in place: the session's state keeps a husk that says it was unloaded."""
+    for name in ("trace", "report", "history"):
+        if hasattr(run, name):
+            object.__setattr__(run, name, None)
+    object.__setattr__(run, "texts", {})
+    object.__setattr__(run, "figures", {})
+    object.__setattr__(run, "evicted", True)
+
+
+def _request_session() -> str | None:
+    try:
+        from gradio.context import LocalContext
+
+        request = LocalContext.request.get(None)
+    except (ImportError, LookupError):
+        return None
+    return getattr(request, "session_hash", None)
+
+
+def install_memory(demo: Any, memory: RunMemory, run_type: type) -> int:
+    """Wrap every handler of `demo`: a run that was unloaded reaches it as an empty slot (with a
+    warning toast, never an error badge), and every run it puts in a state is counted by `memory`."""
+    import functools
+    import inspect
+
+    wrapped = 0
+    for block_fn in getattr(demo, "fns", {}).values():
+        fn = getattr(block_fn, "fn", None)
+        if fn is None or inspect.iscoroutinefunction(fn) or inspect.isgeneratorfunction(fn):
+            continue
+
+        def wrapper(*args: Any, __fn: Any = fn, **kwargs: Any) -> Any:
+            session = _request_session()
+            memory.begin(session)
+            try:
+                unloaded = False
+                fixed = []
+                for arg in args:
+                    if isinstance(arg, run_type):
+                        if getattr(arg, "evicted", False):
+                            unloaded, arg = True, None
+                        else:
+                            memory.use(arg)
+                    fixed.append(arg)
+                if unloaded:
+                    import gradio as gr
+
+                    gr.Warning(UNLOADED_MESSAGE)
+                result = __fn(*fixed, **kwargs)
+                values = result.values() if isinstance(result, dict) else result
+                for value in values if isinstance(values, (list, tuple, type({}.values()))) else [values]:
+                    if isinstance(value, run_type):
+                        memory.track(value, session)
+                return result
+            finally:
+                memory.end(session)
+
+        functools.update_wrapper(wrapper, fn)
+        block_fn.fn = wrapper
+        wrapped += 1
+    return wrapped
