@@ -24,18 +24,10 @@ from __future__ import annotations
 from typing import Any
 
 from specviz.trace.schema import Trace
+from specviz.watch.calls import CallReader, argmax_at, context_before, last_slot, query_flags
 from specviz.watch.hooks import CallRecord, ModelHooks, WatchError, check_causal_lm
 from specviz.watch.session import Watch, _eos_ids
-from specviz.watch.steps import (
-    CallReader,
-    Emit,
-    argmax_at,
-    context_before,
-    last_slot,
-    matched_prefix,
-    query_flags,
-    row_tokens,
-)
+from specviz.watch.steps import Emit, matched_prefix, row_tokens
 
 
 class AutoWatch:
