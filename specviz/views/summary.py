@@ -10,6 +10,7 @@ from specviz.trace import naming
 from specviz.trace.schema import Trace
 from specviz.views.palette import verdict_badge
 from specviz.views.safe_text import md_text
+from specviz.views.skipped import skipped_markdown
 
 VERDICT_MEANING = {
     "clean": "every invariant holds and every output equals the target's greedy reference",
@@ -90,6 +91,9 @@ def summary_markdown(trace: Trace, report: Report, label: str = "") -> str:
         lines.append(sentence)
     elif report.verdict == "numerical":
         lines.append("No invariant broke: divergences sit on near-ties of the reference's logits.")
+    skipped = skipped_markdown(report)  # a check that could not run is not a pass: said beside the verdict
+    if skipped:
+        lines.append(f"**Not checked:**\n{skipped}")
     draft = f", draft {_nowrap(model_name(h.draft.name))}" if h.draft else ""
     lines.append(
         f"<sub>target {_nowrap(model_name(h.target.name))} ({md_text(h.target.dtype)}, {md_text(h.target.device)})"
