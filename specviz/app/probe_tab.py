@@ -45,19 +45,19 @@ class ProbeSection:
     @classmethod
     def build(cls) -> ProbeSection:
         names = bundled_reports()
-        with gr.Accordion("Server probe: is a server's divergence a bug or floating point?", open=False):
+        with gr.Accordion("Server probe reports", open=False, elem_id="sv-probe"):
             gr.Markdown(
                 "Open a report written by `specviz probe URL [URL_B] --out report.json` "
                 f"([docs/probe.md]({PROBE_DOC_URL})): the same prompts sent alone and together, or to two "
                 "servers, compared token by token. The app only opens reports; it never contacts a server."
             )
-            with gr.Row():
+            with gr.Row(elem_id="sv-probe-open"):
                 bundled = gr.Dropdown(names, value=names[0] if names else None, label="bundled report")
                 open_bundled = gr.Button("open", variant="secondary")
                 upload = gr.File(label="or upload a report (.json)", file_types=[".json"], type="filepath")
             status = gr.Markdown(elem_id="sv-probe-status")
             summary = gr.Markdown(elem_id="sv-probe-summary")
-            with gr.Row():
+            with gr.Row(elem_id="sv-probe-plots"):
                 map_plot = gr.Plot(label="where the answers part")
                 noise_plot = gr.Plot(label="divergences against the noise")
             prompt = gr.Dropdown([], label="prompt", elem_id="sv-probe-prompt")

@@ -18,12 +18,18 @@ The median level catches a prompt perturbed throughout; the largest change one p
 few positions; both are judged against the least-disturbed quarter of the prompts, so the noise
 is bounded by what the spared prompts show even when most prompts are hit.
 
-Per diverged prompt, with swing = gap_A + gap_B at the divergent token (compare.py):
-    suspect       if the prompt stands out, or swing > noise;
+Per diverged prompt, with margin = gap_A, the reference's (side A's) logprob of its own token
+minus that of side B's token at the divergent position (its top-1 minus top-2 margin when B's
+token is A's second choice; compare.py), or the swing gap_A + gap_B where A has no logprobs there:
+    suspect       if the prompt stands out, or margin > noise: the reference preferred its token
+                  by more than any change the prompts' shared tokens show;
     unattributed  if there is no logprob evidence at the divergence (no logprobs and no --replay),
-                  or the other side's token is outside the listed top logprobs and the bound on
-                  the swing is within the noise (not provably numerical);
-    numerical     otherwise: a near-tie flipped by no more than the noise the prefixes show.
+                  or the other token is outside the listed top logprobs and the bound on the
+                  margin is within the noise (not provably numerical);
+    numerical     otherwise: a near-tie the noise can flip.
+The margin, not the swing, is compared: a flip happens where the noise was large, so the swing at
+a flip is biased upward (on llama.cpp's Q4 server at 4 slots the swing of a true near-tie flip
+came out 3% over the prefixes' largest change, while its reference margin was within it).
 Run verdict: suspect > unattributed > numerical > identical (the worst prompt's).
 """
 
@@ -92,20 +98,20 @@ def decide(ev: Evidence, noise: Noise) -> tuple[str, str]:
         if ev.index in noise.outliers:
             return "identical", f"same answer, but {_moved(ev, noise)}"
         return "identical", "same answer"
-    swing = ev.swing
+    margin, what = (ev.gap_a, "reference margin") if ev.gap_a is not None else (ev.swing, "swing")
     if ev.index in noise.outliers:
         return "suspect", f"{_moved(ev, noise)}: this prompt stands out"
-    if swing is None:
+    if margin is None:
         return "unattributed", "no logprobs at the divergence (ask with --logprobs, or pass --replay MODEL)"
-    if swing > noise.estimate:
+    if margin > noise.estimate:
         bound = " at least" if ev.lower_bound else ""
-        return "suspect", f"swing{bound} {swing:.3g} exceeds the noise {noise.estimate:.3g}"
+        return "suspect", f"{what}{bound} {margin:.3g} exceeds the noise {noise.estimate:.3g}"
     if ev.lower_bound:
         return (
             "unattributed",
-            f"the other token is outside the top logprobs; swing >= {swing:.3g}, noise {noise.estimate:.3g}",
+            f"the other token is outside the top logprobs; {what} >= {margin:.3g}, noise {noise.estimate:.3g}",
         )
-    return "numerical", f"swing {swing:.3g} within the noise {noise.estimate:.3g}"
+    return "numerical", f"{what} {margin:.3g} within the noise {noise.estimate:.3g}"
 
 
 def _moved(ev: Evidence, noise: Noise) -> str:

@@ -9,8 +9,8 @@ from specviz.analysis.report import Report
 from specviz.trace import naming
 from specviz.trace.schema import Trace
 from specviz.views.palette import verdict_badge
-from specviz.views.safe_text import md_text
-from specviz.views.skipped import skipped_markdown
+from specviz.views.safe_text import html_text, md_text
+from specviz.views.skipped import skipped_lines
 
 VERDICT_MEANING = {
     "clean": "every invariant holds and every output equals the target's greedy reference",
@@ -91,9 +91,7 @@ def summary_markdown(trace: Trace, report: Report, label: str = "") -> str:
         lines.append(sentence)
     elif report.verdict == "numerical":
         lines.append("No invariant broke: divergences sit on near-ties of the reference's logits.")
-    skipped = skipped_markdown(report)  # a check that could not run is not a pass: said beside the verdict
-    if skipped:
-        lines.append(f"**Not checked:**\n{skipped}")
+    lines.extend(_not_checked(report))
     draft = f", draft {_nowrap(model_name(h.draft.name))}" if h.draft else ""
     lines.append(
         f"<sub>target {_nowrap(model_name(h.target.name))} ({md_text(h.target.dtype)}, {md_text(h.target.device)})"
@@ -101,6 +99,17 @@ def summary_markdown(trace: Trace, report: Report, label: str = "") -> str:
         f" · {len(trace.sequences)} prompts × {h.max_new_tokens} new tokens · {len(trace.steps)} steps</sub>"
     )
     return "\n\n".join(lines)
+
+
+def _not_checked(report: Report) -> list[str]:
+    """The checks the trace gave no fields for, under the verdict (a check that could not run is
+    not a pass), folded to one line so the grid stays on the first screen."""
+    lines = skipped_lines(report)
+    if not lines:
+        return []
+    items = "".join(f"<li>{html_text(line, 300)}</li>" for line in lines)
+    noun = "check" if len(lines) == 1 else "checks"
+    return [f"<details><summary>{len(lines)} {noun} not run on some or all steps</summary><ul>{items}</ul></details>"]
 
 
 def _first_violation_cell(report: Report) -> str:
