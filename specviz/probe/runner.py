@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from specviz.probe import attribution
 from specviz.probe import report as rp
@@ -61,28 +62,9 @@ def run_probe(config: ProbeConfig, prompts: list[Prompt], api_key: str | None, p
     wall0, cpu0 = time.perf_counter(), time.process_time()
     clock = InFlightClock()
     two = config.url_b is not None
-    ends = Endpoint.parse(config.url_a), Endpoint.parse(config.url_b or config.url_a)
+    side_a, side_b = _open_sides(config, api_key, clock)
 
-    def client(end: Endpoint) -> Client:
-        return Client(
-            end, config.endpoint, config.model, config.max_tokens, config.logprobs, api_key, clock,
-            config.timeout_s, config.retries,
-        )  # fmt: skip
-
-    side_a, side_b = client(ends[0]), client(ends[1])
-    for side in (side_a, side_b) if two else (side_a,):
-        if side.model is None:
-            side.model = side.discover_model()  # also the reachability check, before any prompt
-    if not two:
-        side_b.model = side_a.model
-
-    replayer, replay_s = None, 0.0
-    if config.replay:
-        t = time.perf_counter()
-        from specviz.probe.replay import Replayer
-
-        replayer = Replayer(config.replay, config.replay_dtype, config.endpoint)
-        replay_s += time.perf_counter() - t
+    replayer, replay_s = _replayer(config)
 
     total = len(prompts) * (1 + config.repeats)
     done = 0
@@ -130,11 +112,59 @@ def run_probe(config: ProbeConfig, prompts: list[Prompt], api_key: str | None, p
         side_a.close()
         side_b.close()
 
-    noise = attribution.estimate_noise(evidence)  # 4)
+    wall = time.perf_counter() - wall0 - replay_s  # the local model's time is not the probe's overhead
+    cpu = time.process_time() - cpu0 - replay_s
+    return _report(config, (side_a, side_b), prompts, evidence, nondet, clock, (wall, cpu, replay_s))
+
+
+def _replayer(config: ProbeConfig) -> tuple[Any, float]:
+    """The local model for `--replay` (None without it), and the seconds loading it took."""
+    if not config.replay:
+        return None, 0.0
+    started = time.perf_counter()
+    from specviz.probe.replay import Replayer
+
+    return Replayer(config.replay, config.replay_dtype, config.endpoint), time.perf_counter() - started
+
+
+def _open_sides(config: ProbeConfig, api_key: str | None, clock: InFlightClock) -> tuple[Client, Client]:
+    """The two sides' clients (one server twice in batch mode), each model named or discovered:
+    discovery is also the reachability check, before any prompt is sent."""
+    ends = Endpoint.parse(config.url_a), Endpoint.parse(config.url_b or config.url_a)
+
+    def client(end: Endpoint) -> Client:
+        return Client(
+            end, config.endpoint, config.model, config.max_tokens, config.logprobs, api_key, clock,
+            config.timeout_s, config.retries,
+        )  # fmt: skip
+
+    side_a, side_b = client(ends[0]), client(ends[1])
+    two = config.url_b is not None
+    for side in (side_a, side_b) if two else (side_a,):
+        if side.model is None:
+            side.model = side.discover_model()
+    if not two:
+        side_b.model = side_a.model
+    return side_a, side_b
+
+
+def _report(
+    config: ProbeConfig,
+    sides: tuple[Client, Client],
+    prompts: list[Prompt],
+    evidence: list[Evidence],
+    nondet: dict[int, int],
+    clock: InFlightClock,
+    times: tuple[float, float, float],
+) -> rp.ProbeReport:
+    """4) The noise from every prompt's shared prefix, each prompt's verdict, the report."""
+    side_a, side_b = sides
+    wall, cpu, replay_s = times
+    two = config.url_b is not None
+    ends = side_a.endpoint, side_b.endpoint
+    noise = attribution.estimate_noise(evidence)
     results = [_result(ev, prompts[ev.index], noise, nondet.get(ev.index)) for ev in evidence]
     counts = {v: sum(r.verdict == v for r in results) for v in rp.VERDICTS}
-    wall = time.perf_counter() - wall0 - replay_s
-    cpu = time.process_time() - cpu0 - replay_s
     overhead = max(0.0, wall - clock.busy_s)
     sources = {ev.source for ev in evidence if ev.prefix_median is not None or ev.swing is not None}
     return rp.ProbeReport(
