@@ -61,19 +61,44 @@ class Acceptance:
 
 def acceptance(trace: Trace) -> tuple[Acceptance, dict[int, Acceptance]]:
     """Totals, and per sequence (token-averaged totals hide short prompts)."""
+    totals = step_totals(trace)
+    return totals.acceptance, totals.per_seq
+
+
+@dataclass
+class StepTotals:
+    """Everything the metrics sum over the steps, gathered in one pass (a Parquet trace's steps
+    are read from disk as they are walked: one walk, not one per metric)."""
+
+    acceptance: Acceptance = field(default_factory=Acceptance)
+    per_seq: dict[int, Acceptance] = field(default_factory=dict)
+    steps: int = 0
+    left_on_table: int = 0  # tokens verification allowed that the engine did not emit
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    align_ms: float = 0.0
+    total_ms: float = 0.0
+
+
+def step_totals(trace: Trace) -> StepTotals:
     k = trace.header.draft_k
-    total = Acceptance()
-    per_seq: dict[int, Acceptance] = {}
-    if k == 0:
-        return total, per_seq
+    prompt_len = {s.seq_id: len(s.prompt_ids) for s in trace.sequences}
+    eos = frozenset(trace.header.eos_token_ids)
+    totals = StepTotals()
     for step in trace.steps:
+        totals.steps += 1
+        totals.draft_ms += step.draft_ms
+        totals.verify_ms += step.verify_ms
+        totals.align_ms += step.align_ms
+        totals.total_ms += step.total_ms
         for row in step.rows:
+            totals.left_on_table += _left_on_row(row, trace.header.max_new_tokens, prompt_len, eos)
             drafted = min(len(row.draft_tokens), k)  # d: ragged where the engine drafts fewer
-            if not drafted:
+            if k == 0 or not drafted:
                 continue  # nothing proposed: not a verify of drafts
-            total.add(row.accepted, k, drafted)
-            per_seq.setdefault(row.seq_id, Acceptance()).add(row.accepted, k, drafted)
-    return total, per_seq
+            totals.acceptance.add(row.accepted, k, drafted)
+            totals.per_seq.setdefault(row.seq_id, Acceptance()).add(row.accepted, k, drafted)
+    return totals
 
 
 def first_divergence(output: list[int], reference: list[int] | None, finished: bool = True) -> int | None:
@@ -113,51 +138,45 @@ def tokens_per_second(trace: Trace) -> float | None:
     return tokens_emitted(trace) / seconds if seconds else None
 
 
-def tokens_left_on_table(trace: Trace) -> float | None:
+def tokens_left_on_table(trace: Trace, totals: StepTotals | None = None) -> float | None:
     """Tokens per step that verification allowed but the engine did not emit (no bonus, say).
 
     Speed lost, not exactness: a row that emits a prefix of what it could have emitted is correct.
     Allowed = the accepted drafts plus the bonus, cut at the sequence's remaining budget and
     after its first EOS. Rows whose target tokens are not recorded are left out.
     """
-    if not trace.steps:
-        return None
-    prompt_len = {s.seq_id: len(s.prompt_ids) for s in trace.sequences}
-    eos = frozenset(trace.header.eos_token_ids)
-    left = 0
-    for step in trace.steps:
-        for row in step.rows:
-            if len(row.target_tokens) <= row.accepted:
-                continue
-            allowed = row.draft_tokens[: row.accepted] + [row.target_tokens[row.accepted]]
-            budget = trace.header.max_new_tokens - (row.committed_before - prompt_len.get(row.seq_id, 0))
-            allowed = allowed[: max(0, budget)]
-            cut = next((i + 1 for i, t in enumerate(allowed) if t in eos), len(allowed))
-            if row.emitted == allowed[: len(row.emitted)]:
-                left += max(0, cut - len(row.emitted))
-    return left / len(trace.steps)
+    totals = totals or step_totals(trace)
+    return totals.left_on_table / totals.steps if totals.steps else None
 
 
-def phase_times(trace: Trace) -> dict[str, float]:
+def _left_on_row(row: Any, max_new: int, prompt_len: dict[int, int], eos: frozenset[int]) -> int:
+    if len(row.target_tokens) <= row.accepted:
+        return 0
+    allowed = row.draft_tokens[: row.accepted] + [row.target_tokens[row.accepted]]
+    budget = max_new - (row.committed_before - prompt_len.get(row.seq_id, 0))
+    allowed = allowed[: max(0, budget)]
+    cut = next((i + 1 for i, t in enumerate(allowed) if t in eos), len(allowed))
+    if row.emitted == allowed[: len(row.emitted)]:
+        return max(0, cut - len(row.emitted))
+    return 0
+
+
+def phase_times(trace: Trace, totals: StepTotals | None = None) -> dict[str, float]:
     """Milliseconds summed over steps: draft, verify, align, and the rest (bookkeeping)."""
-    draft = verify = align = total = 0.0
-    for s in trace.steps:  # one pass: the steps of a Parquet trace are read from disk as they go
-        draft += s.draft_ms
-        verify += s.verify_ms
-        align += s.align_ms
-        total += s.total_ms
+    t = totals or step_totals(trace)
     return {
-        "draft_ms": draft,
-        "verify_ms": verify,
-        "align_ms": align,
-        "bookkeeping_ms": max(0.0, total - draft - verify - align),
-        "total_ms": total,
+        "draft_ms": t.draft_ms,
+        "verify_ms": t.verify_ms,
+        "align_ms": t.align_ms,
+        "bookkeeping_ms": max(0.0, t.total_ms - t.draft_ms - t.verify_ms - t.align_ms),
+        "total_ms": t.total_ms,
     }
 
 
-def summary(trace: Trace) -> dict[str, Any]:
-    """The record command's summary: one flat JSON-able dict."""
-    total, _ = acceptance(trace)
+def summary(trace: Trace, totals: StepTotals | None = None) -> dict[str, Any]:
+    """The record command's summary: one flat JSON-able dict (`totals`: a walk already made)."""
+    totals = totals or step_totals(trace)
+    total = totals.acceptance
     h = trace.header
     return {
         "method": h.method,
@@ -174,9 +193,9 @@ def summary(trace: Trace) -> dict[str, Any]:
         "tokens_emitted": tokens_emitted(trace),
         "decode_seconds": h.decode_seconds,
         "tokens_per_second": tokens_per_second(trace),
-        "steps": len(trace.steps),
-        "tokens_left_on_table_per_step": tokens_left_on_table(trace),
+        "steps": totals.steps,
+        "tokens_left_on_table_per_step": tokens_left_on_table(trace, totals),
         "exspec_group_share": h.options.get("group_share"),
         "first_divergence": [sequence_divergence(s, h.complete) for s in trace.sequences],
-        **phase_times(trace),
+        **phase_times(trace, totals),
     }

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specviz.analysis.check import CONTEXT_TOKENS
-from specviz.analysis.metrics import acceptance, summary
+from specviz.analysis.metrics import step_totals, summary
 from specviz.analysis.report import Report
 from specviz.trace.naming import run_title
 from specviz.trace.schema import Trace
@@ -53,8 +53,9 @@ def render_report(trace: Trace, report: Report) -> str:
             lines.append(f"    reference: {context_text(texts, s.context_reference, at)}")
         if len(diverged) > MAX_SEQUENCES_SHOWN:
             lines.append(f"  ... and {len(diverged) - MAX_SEQUENCES_SHOWN} more (use --json)")
-    info = summary(trace)
-    total, per_seq = acceptance(trace)
+    totals = step_totals(trace)  # one walk over the steps for every metric
+    info = summary(trace, totals)
+    total, per_seq = totals.acceptance, totals.per_seq
     if total.rate is not None:
         pos = ", ".join(f"{p:.2f}" for p in total.per_position)
         lines.append(

@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from specviz.trace.schema import FORMAT_NAME, Header, RowRecord, SequenceRecord, StepRecord, Trace
-from specviz.trace.validate import TraceError, check_steps, header_and_sequences_from_dict
+from specviz.trace.validate import MAX_LENGTH, ROW_COUNTS, TraceError, check_steps, header_and_sequences_from_dict
 
 PARQUET_MAGIC = b"PAR1"
 CONTAINER = "parquet"
@@ -230,6 +230,7 @@ class ParquetTrace:
         self.num_row_groups = self._file.num_row_groups
         self.num_rows = self._file.metadata.num_rows
         self.seq_ids = {seq.seq_id for seq in self.sequences}
+        self._seq_id_array = np.array(sorted(self.seq_ids), dtype=np.int64)
         if group_steps is None or len(group_steps) != self.num_row_groups:
             group_steps = [len(self._decode(g)) for g in range(self.num_row_groups)]  # one scan
         self.group_starts = list(itertools.accumulate(group_steps, initial=0))  # step index of each group
@@ -244,12 +245,15 @@ class ParquetTrace:
         return int(stats.min), int(stats.max)
 
     def _decode(self, group: int) -> list[StepRecord]:
+        return self._decode_table(group)[0]
+
+    def _decode_table(self, group: int) -> tuple[list[StepRecord], pa.Table]:
         try:
             table = self._file.read_row_group(group)
         except (OSError, pa.ArrowException) as exc:
             raise ColumnarError(f"{self.path}: row group {group}: unreadable ({_first_line(exc)})") from None
         try:
-            return _steps_of({name: _pylist(table.column(name)) for name in table.column_names})
+            return _steps_of({name: _pylist(table.column(name)) for name in table.column_names}), table
         except ColumnarError as exc:
             raise ColumnarError(f"{self.path}: row group {group}: {exc}") from None
 
@@ -258,15 +262,16 @@ class ParquetTrace:
         number comes from its statistics, so groups can be read in any order)."""
         if self._cache is not None and self._cache[0] == group:
             return self._cache[1]
-        steps = self._decode(group)
+        steps, table = self._decode_table(group)
         previous = -1
         if group > 0:
             bounds = self.step_range(group - 1)
             previous = bounds[1] if bounds is not None else -1
-        try:
-            check_steps(steps, self.seq_ids, previous, first_index=self.group_starts[group])
-        except TraceError as exc:
-            raise ColumnarError(f"{self.path}: {exc}") from None
+        if not _columns_valid(table, self._seq_id_array, previous):
+            try:  # something is wrong: the row-by-row checks name the first bad field
+                check_steps(steps, self.seq_ids, previous, first_index=self.group_starts[group])
+            except TraceError as exc:
+                raise ColumnarError(f"{self.path}: {exc}") from None
         if group + 1 < len(self.group_starts) and len(steps) != self.group_starts[group + 1] - self.group_starts[group]:
             raise ColumnarError(f"{self.path}: row group {group}: holds {len(steps)} steps, the footer says otherwise")
         self._cache = (group, steps)
@@ -322,6 +327,59 @@ class ParquetSteps(collections.abc.Sequence):
         """Whether any row records a finish (the checker asks before its walk): two columns."""
         table = self._source._file.read(columns=["finished", "finish_reason"])
         return bool(pc.any(table["finished"]).as_py()) or table["finish_reason"].null_count < len(table)
+
+
+# What `validate.check_steps` checks row by row, checked a column at a time (C loops, not Python):
+# a row group that passes every one of these passes `check_steps`; one that fails is handed to
+# `check_steps`, whose message names the first bad field.
+_COUNT_COLUMNS = (*ROW_COUNTS, "cache_len", "query_len", "step")
+_TIME_COLUMNS = ("draft_ms", "verify_ms", "align_ms", "total_ms")
+
+
+def _columns_valid(table: pa.Table, seq_ids: np.ndarray, previous_step: int) -> bool:
+    for name in _COUNT_COLUMNS:
+        bounds = pc.min_max(table[name]).as_py()
+        if bounds["min"] is not None and not (0 <= bounds["min"] and bounds["max"] <= MAX_LENGTH):
+            return False
+    for name in _TIME_COLUMNS:
+        if not pc.all(pc.is_finite(table[name])).as_py():
+            return False
+    lists = pc.list_flatten(table["draft_kv_lens"])
+    if len(lists) and not 0 <= pc.min(lists).as_py() <= pc.max(lists).as_py() <= MAX_LENGTH:
+        return False
+    for name in ("seq_id", "write_seq"):  # np.isin: pc.is_in would import pandas (seconds of a check)
+        if not np.isin(_int64s(table[name]), seq_ids).all():
+            return False
+    if not _runs_valid(table["mask_rle"]) or not _reasons_valid(table["finish_reason"]):
+        return False
+    numbers = _int64s(table["step"])
+    return bool(numbers.size == 0 or (numbers[0] > previous_step and (np.diff(numbers) >= 0).all()))
+
+
+def _runs_valid(column: pa.ChunkedArray) -> bool:
+    """Every mask run is a [0 or 1, count] pair with count in 0..MAX_LENGTH."""
+    runs = pc.list_flatten(column)
+    if not len(runs):
+        return True
+    lengths = (
+        pc.list_value_length(runs).combine_chunks() if isinstance(runs, pa.ChunkedArray) else pc.list_value_length(runs)
+    )
+    if not (np.frombuffer(lengths.buffers()[1], dtype="<i4", count=len(lengths), offset=lengths.offset * 4) == 2).all():
+        return False
+    values = _int64s(pc.list_flatten(runs))
+    kinds, counts = values[0::2], values[1::2]
+    return bool(((kinds == 0) | (kinds == 1)).all() and (counts >= 0).all() and (counts <= MAX_LENGTH).all())
+
+
+def _int64s(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A null-free int64 column as a NumPy view of its buffer (no pandas import)."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    return np.frombuffer(array.buffers()[1], dtype="<i8", count=len(array), offset=array.offset * 8)
+
+
+def _reasons_valid(column: pa.ChunkedArray) -> bool:
+    # A set of at most a few values; comparing with a Python string would import pandas.
+    return set(pc.unique(pc.drop_null(column)).to_pylist()) <= {"eos", "length"}
 
 
 def _first_line(exc: BaseException) -> str:

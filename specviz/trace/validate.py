@@ -259,7 +259,7 @@ def _check_sequences(sequences: list[SequenceRecord]) -> set[int]:
     return seq_ids
 
 
-_ROW_COUNTS = (
+ROW_COUNTS = (  # the row fields that count slots or tokens: 0 .. MAX_LENGTH
     "committed_before",
     "left_pad",
     "left_pad_after",
@@ -299,7 +299,7 @@ def _check_row(row: RowRecord, rpath: str, seq_ids: set[int]) -> None:
         _fail(f"{rpath}.seq_id", f"no sequence with id {row.seq_id}")
     if row.write_seq not in seq_ids:
         _fail(f"{rpath}.write_seq", f"no sequence with id {row.write_seq}")
-    for name in _ROW_COUNTS:
+    for name in ROW_COUNTS:
         _nonneg(getattr(row, name), f"{rpath}.{name}")
     for j, count in enumerate(row.draft_kv_lens or ()):
         _nonneg(count, f"{rpath}.draft_kv_lens[{j}]")
