@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 from specviz.console import print_to_pipe
 from specviz.errors import SpecvizError
 from specviz.files import beside, check_output_path
+from specviz.recording import progress_bars, record_prompts, run_config
 from specviz.startup import EXIT_INTERRUPTED
 from specviz.trace.io import TraceError
 from specviz.trace.naming import run_slug, run_title
@@ -258,55 +259,6 @@ def _default_out(args: argparse.Namespace) -> Path:
     return Path("runs") / f"{run_slug(args.method, args.fault)}-{stamp}.json.gz"
 
 
-def _record_prompts(args: argparse.Namespace) -> list[str]:
-    from specviz.data import load_prompts_file, load_specbench
-
-    prompts = load_prompts_file(args.prompts) if args.prompts else load_specbench()
-    if args.num_prompts is not None:
-        if args.num_prompts < 1:
-            raise SpecvizError("--num-prompts must be at least 1")
-        prompts = prompts[: args.num_prompts]
-    return prompts
-
-
-def _run_config(args: argparse.Namespace) -> Any:
-    """`record`'s flags as the engine's RunConfig (validated by the caller)."""
-    from specviz.engine.config import RunConfig
-
-    return RunConfig(
-        method=args.method,
-        fault=args.fault,
-        batch_size=args.batch_size,
-        draft_k=args.draft_k,
-        max_new_tokens=args.max_new_tokens,
-        seed=args.seed,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        sampling=args.sampling,
-        exspec_window=args.window,
-        exspec_policy=args.policy,
-        reference=not args.no_reference,
-        kv_check_every=RunConfig.kv_check_every if args.kv_check_every is None else args.kv_check_every,
-    )
-
-
-def _progress_bars(bars: dict[str, Any]) -> Any:
-    """The run's progress callback: one tqdm bar per phase on stderr, kept in `bars` to close."""
-    from tqdm import tqdm
-
-    def progress(phase: str, done: int, total: int) -> None:
-        if phase not in bars:
-            unit = "prompts" if phase == "reference" else "tokens"  # what `done` counts (engine.run.Progress)
-            bars[phase] = tqdm(total=total, desc=phase, unit=unit, file=sys.stderr, leave=False)
-        bar = bars[phase]
-        if total != bar.total:  # the total shrinks as sequences stop early
-            bar.total = total
-        bar.update(done - bar.n)
-
-    return progress
-
-
 def cmd_record(args: argparse.Namespace) -> int:
 
     from specviz.allocator import keep_freed_memory
@@ -321,8 +273,8 @@ def cmd_record(args: argparse.Namespace) -> int:
     check_output_path(out, args.force)
     set_threads(args.threads)  # a run is never lost to a bad --out found afterwards
     keep_freed_memory()  # a short-lived process: reuse freed tensors instead of page-faulting them in
-    prompts = _record_prompts(args)
-    config = _run_config(args)
+    prompts = record_prompts(args)
+    config = run_config(args)
     config.validate()
     pair = load_pair(
         args.target,
@@ -333,7 +285,7 @@ def cmd_record(args: argparse.Namespace) -> int:
         trust_remote_code=args.trust_remote_code,
     )
     bars: dict[str, Any] = {}
-    progress = _progress_bars(bars)
+    progress = progress_bars(bars)
 
     # A Parquet trace is written as the run goes, a row group at a time: never whole in memory.
     sink = ParquetTraceWriter(out) if out.suffix == ".parquet" else None
