@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from specviz.files import umask_file_mode
 from specviz.trace.arrow import columns_valid, pylist
 from specviz.trace.schema import FORMAT_NAME, Header, RowRecord, SequenceRecord, StepRecord, Trace
 from specviz.trace.validate import TraceError, check_steps, header_and_sequences_from_dict
@@ -180,7 +181,7 @@ class ParquetTraceWriter:
             self.flush()
             self._writer.add_key_value_metadata(_footer(header, sequences, self.group_steps))
             self._writer.close()
-            os.chmod(self._tmp, 0o666 & ~_umask())
+            os.chmod(self._tmp, umask_file_mode())  # mkstemp makes 0600; a trace is a normal file
             os.replace(self._tmp, self.path)
         except BaseException:
             self.abort()
@@ -194,12 +195,6 @@ class ParquetTraceWriter:
         except Exception:  # noqa: BLE001 - already failing; the temp file goes either way
             pass
         self._tmp.unlink(missing_ok=True)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def save_parquet(trace: Trace, path: str | os.PathLike[str]) -> Path:
