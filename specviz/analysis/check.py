@@ -10,6 +10,9 @@ from the engine's `*_expected` fields, so an engine cannot vouch for itself.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from specviz.analysis.columnar import check_clean_steps
 from specviz.analysis.findings import Findings, stub_row
 from specviz.analysis.finish import FinishChecks
 from specviz.analysis.history import History
@@ -63,9 +66,8 @@ def check_trace(trace: Trace, margin_threshold: float | None = None) -> Report:
         # sample), so accounting still holds; agreement with an oracle cannot be asked.
         findings.skip(*REJECTION_NOTE)
     finish = FinishChecks(findings, history)
-    for si, step in enumerate(trace.steps):
-        check_step(findings, history, si, step)
-        finish.check_step(si, step)
+    _watch_tokens(history)
+    _walk(trace.steps, findings, history, finish)
     check_outputs(findings, history)
     finish.check_run()
     note_unrecorded(findings)
@@ -80,6 +82,44 @@ def check_trace(trace: Trace, margin_threshold: float | None = None) -> Report:
         skipped_checks=findings.skipped_checks(len(trace.steps)),
         violation_count=findings.count,
     )
+
+
+def _walk(steps: Sequence[StepRecord], findings: Findings, history: History, finish: FinishChecks) -> None:
+    """Every step in order, row by row; a Parquet trace's row groups a column at a time up to their
+    first step that some check would flag, the rest of the group row by row (`columnar`)."""
+    groups = getattr(steps, "column_groups", None)
+    if groups is None:
+        for si, step in enumerate(steps):
+            _check_step_and_finish(findings, history, finish, si, step)
+        return
+    for first, table, decode in groups():
+        clean, total = check_clean_steps(table, first, findings, history, finish)
+        if clean < total:
+            for si, step in enumerate(decode()[clean:], first + clean):
+                _check_step_and_finish(findings, history, finish, si, step)
+
+
+def _check_step_and_finish(
+    findings: Findings, history: History, finish: FinishChecks, si: int, step: StepRecord
+) -> None:
+    history.step_numbers.append(step.step)
+    check_step(findings, history, si, step)
+    finish.check_step(si, step)
+
+
+def _watch_tokens(history: History) -> None:
+    """The output tokens whose writing step the verdicts and `check_outputs` will ask for."""
+    max_new, complete = history.max_new, history.trace.header.complete
+    for seq in history.trace.sequences:
+        state = history.seqs[seq.seq_id]
+        if len(seq.output_ids) > max_new:
+            state.watch(max_new)
+        eos_at = next((i for i, t in enumerate(seq.output_ids[:-1]) if t in history.eos), None)
+        if eos_at is not None:
+            state.watch(eos_at + 1)
+        index = sequence_divergence(seq, complete)
+        if index is not None:
+            state.watch(index)
 
 
 def check_step(findings: Findings, history: History, si: int, step: StepRecord) -> None:
@@ -159,7 +199,7 @@ def _or(si: int | None, fallback: int) -> int:
 def _sequence_verdict(findings: Findings, history: History, seq: SequenceRecord, threshold: float) -> SequenceVerdict:
     trace = history.trace
     bad = findings.first_bad_step.get(seq.seq_id)
-    bad_step = trace.steps[bad].step if bad is not None and bad >= 0 else None  # -1: a run with no steps
+    bad_step = history.step_numbers[bad] if bad is not None and bad >= 0 else None  # -1: a run with no steps
     if seq.reference_ids is None:
         return SequenceVerdict(seq.seq_id, None, "no-reference", None, None, bad_step)
     index = sequence_divergence(seq, trace.header.complete)
@@ -179,7 +219,7 @@ def _sequence_verdict(findings: Findings, history: History, seq: SequenceRecord,
         seq_id=seq.seq_id,
         first_divergence=index,
         verdict=verdict,
-        divergence_step=trace.steps[si].step if si is not None else None,
+        divergence_step=history.step_numbers[si] if si is not None else None,
         margin=margin,
         first_violation_step=bad_step,
         context_output=seq.output_ids[lo : index + CONTEXT_TOKENS + 1],

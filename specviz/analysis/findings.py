@@ -9,6 +9,7 @@ A violation about a sequence that no row of the located step holds sits at a stu
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +73,12 @@ class Findings:
     def skip(self, check: str, reason: str, si: int = RUN) -> None:
         """`check` could not run at step index `si` (default: anywhere in the run) because `reason`."""
         self.skipped.setdefault((check, reason), set()).add(si)
+
+    def skip_steps(self, check: str, reason: str, step_indices: Iterable[int]) -> None:
+        """`check` could not run at these step indices (none: nothing noted)."""
+        indices = set(map(int, step_indices))
+        if indices:
+            self.skipped.setdefault((check, reason), set()).update(indices)
 
     def skipped_checks(self, steps: int) -> list[SkippedCheck]:
         """What could not run, with the number of steps it missed out of `steps`."""

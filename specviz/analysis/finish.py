@@ -24,6 +24,7 @@ from specviz.trace.schema import SequenceRecord, StepRecord
 
 # Endings are part of what a sequence was given: every finish violation is token accounting.
 ACCOUNTING = Invariant.ACCOUNTING
+NO_ROW_FINISH = ("row finish reasons", "no row records finished / finish_reason")
 
 
 def records_row_finish(steps: Sequence[StepRecord]) -> bool:
@@ -64,7 +65,7 @@ class FinishChecks:
             received.setdefault(row.write_seq, []).extend(row.emitted)
             check_nothing_after_eos(self.findings.at(si, step, row), self.history)
         if not self.records_finish:
-            self.findings.skip("row finish reasons", "no row records finished / finish_reason")
+            self.findings.skip(*NO_ROW_FINISH)
             return
         for row in step.rows:
             check_row_reason(self.findings.at(si, step, row), self.history, received.get(row.seq_id, []))
@@ -104,7 +105,7 @@ class FinishChecks:
         self, seq: SequenceRecord, state: SequenceHistory, last: int | None, complete: bool
     ) -> None:
         history = self.history
-        where = state.touched_steps[-1] if state.touched_steps else last
+        where = state.last_touched if state.last_touched is not None else last
         allowed = allowed_endings(seq.output_ids[-1:], len(seq.output_ids), history.max_new, history.eos)
         reason = seq.finish_reason
         if reason is None and complete:

@@ -7,6 +7,8 @@ Every expected value of the checks is derived from here.
 
 from __future__ import annotations
 
+import array
+import bisect
 from dataclasses import dataclass, field
 
 from specviz.trace.schema import RowRecord, Trace
@@ -14,21 +16,39 @@ from specviz.trace.schema import RowRecord, Trace
 
 @dataclass
 class SequenceHistory:
-    """What one sequence has been given so far, as the rows written to it show."""
+    """What one sequence has been given so far, as the rows written to it show.
+
+    Only O(1) per sequence, whatever the run's length: the steps that wrote particular output
+    tokens are kept for the token indices registered with `watch` before the walk (the checker's
+    verdicts ask for a few: the divergence, the budget, an early EOS), not for every step.
+    """
 
     prompt_len: int
     last_token: int  # the pending token: the last committed one
     written: int = 0  # output tokens written to it
     finished_at: int | None = None  # step index at which it finished
-    touched_steps: list[int] = field(default_factory=list)  # step indices writing to it
-    cumulative: list[int] = field(default_factory=list)  # tokens written after each of those
+    last_touched: int | None = None  # step index of the last step that wrote to it
+    watched: list[int] = field(default_factory=list)  # registered token indices not yet written, ascending
+    token_steps: dict[int, int] = field(default_factory=dict)  # registered token index -> step index writing it
+
+    def watch(self, index: int) -> None:
+        """Remember which step writes output token `index` (call before the walk)."""
+        if index not in self.watched and index not in self.token_steps:
+            bisect.insort(self.watched, index)
+
+    def wrote(self, si: int, written: int) -> None:
+        """Step index `si` wrote tokens up to `written` (exclusive) to this sequence."""
+        self.written = written
+        self.last_touched = si
+        while self.watched and self.watched[0] < written:
+            self.token_steps[self.watched.pop(0)] = si
 
     def step_of_token(self, index: int) -> int | None:
-        """Index of the step that wrote output token `index` (the last writing step past the end)."""
-        for si, written in zip(self.touched_steps, self.cumulative):
-            if written > index:
-                return si
-        return self.touched_steps[-1] if self.touched_steps else None
+        """Index of the step that wrote output token `index` (the last writing step past the end);
+        `index` must have been registered with `watch`."""
+        if index not in self.token_steps and index not in self.watched:
+            raise KeyError(f"token index {index} was not watched")
+        return self.token_steps.get(index, self.last_touched)
 
 
 class History:
@@ -47,6 +67,7 @@ class History:
         self.ragged = not self.declared_layout
         self.max_new = h.max_new_tokens
         self.eos = frozenset(h.eos_token_ids)
+        self.step_numbers = array.array("q")  # `step` of each step index walked so far
         self.seqs = {
             s.seq_id: SequenceHistory(prompt_len=len(s.prompt_ids), last_token=s.prompt_ids[-1])
             for s in trace.sequences
@@ -64,10 +85,8 @@ class History:
         """Advance the row's write target by its emitted tokens at step index `si`."""
         seq = self.seqs[row.write_seq]
         if row.emitted:
-            seq.written += len(row.emitted)
             seq.last_token = row.emitted[-1]
-            seq.touched_steps.append(si)
-            seq.cumulative.append(seq.written)
+            seq.wrote(si, seq.written + len(row.emitted))
         done = row.emitted and (row.emitted[-1] in self.eos) or seq.written >= self.max_new
         if done and seq.finished_at is None:
             seq.finished_at = si

@@ -22,16 +22,20 @@ from specviz.trace.invariants import Invariant
 from specviz.trace.schema import RowRecord, StepRecord
 
 SHOWN_POSITIONS = 64  # expected position lists longer than this are reported by their ends
+# Skipped-check notes (check, reason) of a row; the columnar walk leaves the same ones.
+NO_MASK = ("rectangular alignment and mask", "rows have no mask_rle")
+NOT_LEFT_PADDED = ("rectangular alignment", "the trace declares no left-padded layout")
+NO_TARGETS = ("greedy acceptance", "target_tokens missing or not d+1 long")
 
 
 def check_alignment(flag: RowFlags, runs: list[list[int]], left_padded: bool) -> None:
     """The mask row is `0^pad 1^rest` and `left_pad` counts its leading zeros."""
     row = flag.row
     if not runs:
-        flag.skip("rectangular alignment and mask", "rows have no mask_rle")
+        flag.skip(*NO_MASK)
         return
     if not left_padded:
-        flag.skip("rectangular alignment", "the trace declares no left-padded layout")
+        flag.skip(*NOT_LEFT_PADDED)
         return
     lead = runs[0][1] if runs[0][0] == 0 else 0
     holes = [i for i, run in enumerate(runs) if run[0] == 0 and i > 0]
@@ -184,7 +188,7 @@ def _check_row_against_history(flag: RowFlags, history: History) -> None:
             "seq_id",
             "finished sequences leave the batch",
             row.seq_id,
-            f"sequence {row.seq_id} finished at step {history.trace.steps[seq.finished_at].step} but is decoded again",
+            f"sequence {row.seq_id} finished at step {history.step_numbers[seq.finished_at]} but is decoded again",
         )
     expected_len = seq.prompt_len + seq.written
     if row.committed_before != expected_len:
@@ -210,7 +214,7 @@ def _check_acceptance(flag: RowFlags, history: History) -> None:
     row = flag.row
     d = len(row.draft_tokens)
     if len(row.target_tokens) != d + 1:
-        flag.skip("greedy acceptance", "target_tokens missing or not d+1 long")
+        flag.skip(*NO_TARGETS)
         return
     matched = 0
     while matched < d and row.draft_tokens[matched] == row.target_tokens[matched]:

@@ -107,3 +107,72 @@ def _int64s(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
 def _reasons_valid(column: pa.ChunkedArray) -> bool:
     # A set of at most a few values; comparing with a Python string would import pandas.
     return set(pc.unique(pc.drop_null(column)).to_pylist()) <= {"eos", "length"}
+
+
+# ----------------------------------------------------------------------------- NumPy views for the vectorised check
+# Null slots of a nullable column hold whatever the buffer holds: read them with `valid`.
+
+
+def one_chunk(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+
+
+def numbers(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """An int64 or boolean column as a NumPy array (int64 or bool), `[rows]`."""
+    array = one_chunk(column)
+    n, buffer = len(array), array.buffers()[1]
+    if pa.types.is_boolean(array.type):
+        if buffer is None:
+            return np.zeros(n, dtype=bool)
+        bits = np.unpackbits(np.frombuffer(buffer, dtype=np.uint8), bitorder="little")
+        return bits[array.offset : array.offset + n].astype(bool)
+    if buffer is None or n == 0:
+        return np.zeros(n, dtype=np.int64)
+    return np.frombuffer(buffer, dtype="<i8", count=n, offset=array.offset * 8)
+
+
+def valid(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """True where the column holds a value, `[rows]`."""
+    array = one_chunk(column)
+    if array.null_count == 0:
+        return np.ones(len(array), dtype=bool)
+    return numbers(pc.is_valid(array))
+
+
+def list_parts(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray] | None:
+    """A list<int64> column as (offsets `[rows + 1]`, flat values): row i is values[offsets[i]:offsets[i + 1]]
+    (null rows included, read them with `valid`). None if a list holds a null value."""
+    array = one_chunk(column)
+    offsets = np.frombuffer(array.buffers()[1], dtype="<i4", count=len(array) + 1, offset=array.offset * 4)
+    values = array.values
+    if values.null_count:
+        return None
+    return offsets.astype(np.int64), numbers(values)
+
+
+def run_parts(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """A mask_rle column (list of [value, count] pairs, checked by `columns_valid`) as (offsets into the
+    runs `[rows + 1]`, run values, run counts). None if a run or a pair is null."""
+    array = one_chunk(column)
+    if array.null_count:
+        return None
+    offsets = np.frombuffer(array.buffers()[1], dtype="<i4", count=len(array) + 1, offset=array.offset * 4)
+    pairs = list_parts(array.values)
+    if pairs is None or array.values.null_count:
+        return None
+    starts, flat = pairs
+    if len(starts) > 1 and not (np.diff(starts) == 2).all():
+        return None
+    first = starts[:-1]
+    return offsets.astype(np.int64), flat[first], flat[first + 1]
+
+
+def string_lengths(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """Characters of each string, 0 where null (`finish_reason`: "eos" 3, "length" 6), `[rows]`."""
+    array = one_chunk(column)
+    lengths = pc.utf8_length(array)
+    buffer = lengths.buffers()[1]
+    if buffer is None or not len(lengths):
+        return np.zeros(len(lengths), dtype=np.int64)
+    values = np.frombuffer(buffer, dtype="<i4", count=len(lengths), offset=lengths.offset * 4)
+    return np.where(valid(array), values, 0).astype(np.int64)

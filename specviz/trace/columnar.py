@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import collections.abc
 import dataclasses
+import functools
 import gzip
 import io
 import itertools
@@ -30,7 +31,7 @@ import tempfile
 import types
 import typing
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ import pyarrow.parquet as pq
 
 from specviz.files import umask_file_mode
 from specviz.trace.arrow import columns_valid, pylist
+from specviz.trace.arrow import numbers as numbers_of
 from specviz.trace.schema import FORMAT_NAME, Header, RowRecord, SequenceRecord, StepRecord, Trace
 from specviz.trace.validate import TraceError, check_steps, header_and_sequences_from_dict
 
@@ -241,37 +243,51 @@ class ParquetTrace:
         return int(stats.min), int(stats.max)
 
     def _decode(self, group: int) -> list[StepRecord]:
-        return self._decode_table(group)[0]
+        return _steps_of_table(self._read_table(group), self.path, group)
 
-    def _decode_table(self, group: int) -> tuple[list[StepRecord], pa.Table]:
+    def _read_table(self, group: int) -> pa.Table:
         try:
-            table = self._file.read_row_group(group)
+            return self._file.read_row_group(group)
         except (OSError, pa.ArrowException) as exc:
             raise ColumnarError(f"{self.path}: row group {group}: unreadable ({_first_line(exc)})") from None
-        try:
-            return _steps_of({name: pylist(table.column(name)) for name in table.column_names}), table
-        except ColumnarError as exc:
-            raise ColumnarError(f"{self.path}: row group {group}: {exc}") from None
 
     def read_group(self, group: int) -> list[StepRecord]:
         """One row group's steps, checked like a JSON trace's (the previous group's last step
         number comes from its statistics, so groups can be read in any order)."""
         if self._cache is not None and self._cache[0] == group:
             return self._cache[1]
-        steps, table = self._decode_table(group)
-        previous = -1
-        if group > 0:
-            bounds = self.step_range(group - 1)
-            previous = bounds[1] if bounds is not None else -1
-        if not columns_valid(table, self._seq_id_array, previous):
+        table = self._read_table(group)
+        steps = _steps_of_table(table, self.path, group)
+        if not columns_valid(table, self._seq_id_array, self._previous_step(group)):
             try:  # something is wrong: the row-by-row checks name the first bad field
-                check_steps(steps, self.seq_ids, previous, first_index=self.group_starts[group])
+                check_steps(steps, self.seq_ids, self._previous_step(group), first_index=self.group_starts[group])
             except TraceError as exc:
                 raise ColumnarError(f"{self.path}: {exc}") from None
-        if group + 1 < len(self.group_starts) and len(steps) != self.group_starts[group + 1] - self.group_starts[group]:
-            raise ColumnarError(f"{self.path}: row group {group}: holds {len(steps)} steps, the footer says otherwise")
+        self._check_step_count(group, len(steps))
         self._cache = (group, steps)
         return steps
+
+    def read_table(self, group: int) -> pa.Table:
+        """One row group as Arrow columns, validated as `read_group` validates its steps (a group
+        the column checks doubt is decoded and checked row by row, which names the bad field)."""
+        table = self._read_table(group)
+        nulls = any(table.column(name).null_count for name in _REQUIRED_ROW)
+        if nulls or not columns_valid(table, self._seq_id_array, self._previous_step(group)):
+            self.read_group(group)  # raises ColumnarError naming the problem, if there is one
+            return table
+        numbers = numbers_of(table.column("step"))
+        self._check_step_count(group, int(numbers.size and 1 + np.count_nonzero(numbers[1:] != numbers[:-1])))
+        return table
+
+    def _previous_step(self, group: int) -> int:
+        if group == 0:
+            return -1
+        bounds = self.step_range(group - 1)
+        return bounds[1] if bounds is not None else -1
+
+    def _check_step_count(self, group: int, steps: int) -> None:
+        if group + 1 < len(self.group_starts) and steps != self.group_starts[group + 1] - self.group_starts[group]:
+            raise ColumnarError(f"{self.path}: row group {group}: holds {steps} steps, the footer says otherwise")
 
     def iter_steps(self) -> Iterator[StepRecord]:
         """Every step in order, one row group in memory at a time."""
@@ -318,6 +334,13 @@ class ParquetSteps(collections.abc.Sequence):
 
     def __bool__(self) -> bool:
         return len(self) > 0
+
+    def column_groups(self) -> Iterator[tuple[int, pa.Table, Callable[[], list[StepRecord]]]]:
+        """Each row group in order, for checks that take whole columns: (index of its first step, its
+        validated Arrow columns, a function that returns its steps decoded as records)."""
+        source = self._source
+        for group in range(source.num_row_groups):
+            yield source.group_starts[group], source.read_table(group), functools.partial(source.read_group, group)
 
     def records_row_finish(self) -> bool:
         """Whether any row records a finish (the checker asks before its walk): two columns."""
@@ -378,6 +401,13 @@ def _check_columns(schema: pa.Schema, path: Path) -> None:
 
 
 _REQUIRED_ROW = [f.name for f in TABLE_SCHEMA if not f.nullable]
+
+
+def _steps_of_table(table: pa.Table, path: Path, group: int) -> list[StepRecord]:
+    try:
+        return _steps_of({name: pylist(table.column(name)) for name in table.column_names})
+    except ColumnarError as exc:
+        raise ColumnarError(f"{path}: row group {group}: {exc}") from None
 
 
 def _steps_of(columns: dict[str, list[Any]]) -> list[StepRecord]:
