@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from specviz.analysis.columnar import check_clean_steps
+from specviz.analysis.columnar import check_clean_steps, step_slices
 from specviz.analysis.findings import Findings, stub_row
 from specviz.analysis.finish import FinishChecks
 from specviz.analysis.history import History
@@ -93,10 +93,12 @@ def _walk(steps: Sequence[StepRecord], findings: Findings, history: History, fin
             _check_step_and_finish(findings, history, finish, si, step)
         return
     for first, table, decode in groups():
-        clean, total = check_clean_steps(table, first, findings, history, finish)
-        if clean < total:
-            for si, step in enumerate(decode()[clean:], first + clean):
-                _check_step_and_finish(findings, history, finish, si, step)
+        for offset, part in step_slices(table):
+            clean, total = check_clean_steps(part, first + offset, findings, history, finish)
+            if clean < total:  # the rest of the group row by row
+                for si, step in enumerate(decode()[offset + clean :], first + offset + clean):
+                    _check_step_and_finish(findings, history, finish, si, step)
+                break
 
 
 def _check_step_and_finish(
@@ -114,7 +116,7 @@ def _watch_tokens(history: History) -> None:
         state = history.seqs[seq.seq_id]
         if len(seq.output_ids) > max_new:
             state.watch(max_new)
-        eos_at = next((i for i, t in enumerate(seq.output_ids[:-1]) if t in history.eos), None)
+        eos_at = early_eos(seq.output_ids, history.eos)
         if eos_at is not None:
             state.watch(eos_at + 1)
         index = sequence_divergence(seq, complete)
@@ -167,7 +169,7 @@ def check_outputs(findings: Findings, history: History) -> None:
             si = _or(state.step_of_token(max_new), last_step)
             message = f"sequence {seq_id} has {length} tokens > max_new_tokens"
             _flag_output(findings, trace, si, seq_id, max_new, length, message)
-        eos_at = next((i for i, t in enumerate(seq.output_ids[:-1]) if t in history.eos), None)
+        eos_at = early_eos(seq.output_ids, history.eos)
         if eos_at is not None:
             si = _or(state.step_of_token(eos_at + 1), last_step)
             message = f"sequence {seq_id} continues after EOS"
@@ -176,6 +178,13 @@ def check_outputs(findings: Findings, history: History) -> None:
         if length != state.written and trace.steps and trace.header.complete:
             message = f"sequence {seq_id} output has {length} tokens but the steps wrote {state.written}"
             _flag_output(findings, trace, last_step, seq_id, state.written, length, message)
+
+
+def early_eos(output_ids: list[int], eos: frozenset[int]) -> int | None:
+    """Index of the first EOS before the last token (None: none; the common case, a set test in C)."""
+    if eos.isdisjoint(output_ids[:-1]):
+        return None
+    return next(i for i, t in enumerate(output_ids[:-1]) if t in eos)
 
 
 def _flag_output(

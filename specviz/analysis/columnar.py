@@ -15,6 +15,7 @@ exact histories (they depend only on earlier clean rows), so that first flag is 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,9 @@ from specviz.analysis.row_checks import NO_MASK, NO_TARGETS, NOT_LEFT_PADDED
 from specviz.trace.arrow import list_parts, numbers, run_parts, string_lengths, valid
 
 EOS_LENGTH, BUDGET_LENGTH = len("eos"), len("length")  # finish_reason told apart by its length
+
+
+SLICE_ROWS = 4096  # row-steps checked at once
 
 
 @dataclass
@@ -118,6 +122,19 @@ class Before:
     done: np.ndarray  # the row finishes its sequence (EOS last, or the budget reached)
     eos_any: np.ndarray  # the row emitted an EOS
     eos_inside: np.ndarray  # ... with tokens after it
+
+
+def step_slices(table: pa.Table, rows: int = SLICE_ROWS) -> Iterator[tuple[int, pa.Table]]:
+    """The row group in slices of whole steps, about `rows` row-steps each (zero-copy), as (steps
+    before the slice, the slice): NumPy temporaries stay a few MB whatever the group's size."""
+    step_numbers = numbers(table.column("step"))
+    starts = np.flatnonzero(np.concatenate([[True], step_numbers[1:] != step_numbers[:-1]]))
+    begin = 0
+    while begin < len(starts):
+        end = max(begin + 1, int(np.searchsorted(starts, starts[begin] + rows, side="right")) - 1)
+        stop = int(starts[end]) if end < len(starts) else len(step_numbers)
+        yield begin, table.slice(int(starts[begin]), stop - int(starts[begin]))
+        begin = end
 
 
 def check_clean_steps(

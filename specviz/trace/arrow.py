@@ -114,11 +114,13 @@ def _reasons_valid(column: pa.ChunkedArray) -> bool:
 
 
 def one_chunk(column: pa.ChunkedArray | pa.Array) -> pa.Array:
-    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if isinstance(column, pa.ChunkedArray):
+        return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    return column
 
 
 def numbers(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """An int64 or boolean column as a NumPy array (int64 or bool), `[rows]`."""
+    """An int64, float64 or boolean column as a NumPy array of that type, `[rows]`."""
     array = one_chunk(column)
     n, buffer = len(array), array.buffers()[1]
     if pa.types.is_boolean(array.type):
@@ -126,9 +128,10 @@ def numbers(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
             return np.zeros(n, dtype=bool)
         bits = np.unpackbits(np.frombuffer(buffer, dtype=np.uint8), bitorder="little")
         return bits[array.offset : array.offset + n].astype(bool)
+    dtype = "<f8" if pa.types.is_floating(array.type) else "<i8"
     if buffer is None or n == 0:
-        return np.zeros(n, dtype=np.int64)
-    return np.frombuffer(buffer, dtype="<i8", count=n, offset=array.offset * 8)
+        return np.zeros(n, dtype=dtype)
+    return np.frombuffer(buffer, dtype=dtype, count=n, offset=array.offset * 8)
 
 
 def valid(column: pa.ChunkedArray | pa.Array) -> np.ndarray:

@@ -247,7 +247,7 @@ class ParquetTrace:
 
     def _read_table(self, group: int) -> pa.Table:
         try:
-            return self._file.read_row_group(group)
+            return self._file.read_row_group(group, use_threads=False)
         except (OSError, pa.ArrowException) as exc:
             raise ColumnarError(f"{self.path}: row group {group}: unreadable ({_first_line(exc)})") from None
 
@@ -341,10 +341,11 @@ class ParquetSteps(collections.abc.Sequence):
         source = self._source
         for group in range(source.num_row_groups):
             yield source.group_starts[group], source.read_table(group), functools.partial(source.read_group, group)
+            pa.default_memory_pool().release_unused()  # mimalloc keeps freed pages otherwise: tens of MB
 
     def records_row_finish(self) -> bool:
         """Whether any row records a finish (the checker asks before its walk): two columns."""
-        table = self._source._file.read(columns=["finished", "finish_reason"])
+        table = self._source._file.read(columns=["finished", "finish_reason"], use_threads=False)
         return bool(pc.any(table["finished"]).as_py()) or table["finish_reason"].null_count < len(table)
 
 

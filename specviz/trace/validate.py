@@ -116,10 +116,19 @@ def _int_list(value: Any, path: str) -> list[int]:
     """Token lists dominate a trace: check them in bulk, per item only to name a bad one."""
     if type(value) is not list:
         _fail(path, f"expected array, got {_kind(value)}")
-    if value and (not all(type(v) is int for v in value) or max(value) > MAX_ABS_INT or min(value) < -MAX_ABS_INT):
+    if value and (set(map(type, value)) != {int} or max(value) > MAX_ABS_INT or min(value) < -MAX_ABS_INT):
         for i, v in enumerate(value):
             _int(v, f"{path}[{i}]")
     return value
+
+
+def _float_list(value: Any, path: str) -> list[float]:
+    """Margins lists are long too: all floats and all finite is checked in bulk (ints are converted)."""
+    if type(value) is not list:
+        _fail(path, f"expected array, got {_kind(value)}")
+    if set(map(type, value)) <= {float} and all(map(math.isfinite, value)):
+        return value
+    return [_float(v, f"{path}[{i}]") for i, v in enumerate(value)]
 
 
 def _simple(tp: type) -> Converter:
@@ -159,6 +168,8 @@ def _build(tp: Any) -> Converter:
 
     elif origin is list and args[0] is int:
         conv = _int_list
+    elif origin is list and args[0] is float:
+        conv = _float_list
     elif origin is list:
         item = _build(args[0])
 
