@@ -426,7 +426,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     report = check_trace(trace)
     if args.json:
         payload = report.to_dict()
-        payload["metrics"] = summary(trace)
+        payload["metrics"] = summary(trace, report.totals)  # the check's walk gathered the sums
         print_to_pipe(json.dumps(payload))
     else:
         print_to_pipe(render_report(trace, report))

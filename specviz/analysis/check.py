@@ -10,13 +10,11 @@ from the engine's `*_expected` fields, so an engine cannot vouch for itself.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from specviz.analysis.columnar import check_clean_steps, step_slices
+from specviz.analysis.columnar import Columns, check_clean_steps, step_slices
 from specviz.analysis.findings import Findings, stub_row
 from specviz.analysis.finish import FinishChecks
 from specviz.analysis.history import History
-from specviz.analysis.metrics import exact_match, sequence_divergence
+from specviz.analysis.metrics import StepTotals, TotalsRules, add_columns, add_step, exact_match, sequence_divergence
 from specviz.analysis.recorded import check_recorded_row, note_unrecorded
 from specviz.analysis.report import Report, SequenceVerdict, Violation
 from specviz.analysis.row_checks import check_accounting, check_alignment, check_kv, check_positions
@@ -67,7 +65,7 @@ def check_trace(trace: Trace, margin_threshold: float | None = None) -> Report:
         findings.skip(*REJECTION_NOTE)
     finish = FinishChecks(findings, history)
     _watch_tokens(history)
-    _walk(trace.steps, findings, history, finish)
+    totals = _walk(trace, findings, history, finish)
     check_outputs(findings, history)
     finish.check_run()
     note_unrecorded(findings)
@@ -81,24 +79,37 @@ def check_trace(trace: Trace, margin_threshold: float | None = None) -> Report:
         margin_threshold=threshold,
         skipped_checks=findings.skipped_checks(len(trace.steps)),
         violation_count=findings.count,
+        totals=totals,
     )
 
 
-def _walk(steps: Sequence[StepRecord], findings: Findings, history: History, finish: FinishChecks) -> None:
+def _walk(trace: Trace, findings: Findings, history: History, finish: FinishChecks) -> StepTotals:
     """Every step in order, row by row; a Parquet trace's row groups a column at a time up to their
-    first step that some check would flag, the rest of the group row by row (`columnar`)."""
-    groups = getattr(steps, "column_groups", None)
+    first step that some check would flag, the rest of the group row by row (`columnar`). The
+    metrics' sums are gathered on the way (one read of each row group for both)."""
+    rules, totals = TotalsRules.of(trace), StepTotals()
+    groups = getattr(trace.steps, "column_groups", None)
     if groups is None:
-        for si, step in enumerate(steps):
+        for si, step in enumerate(trace.steps):
             _check_step_and_finish(findings, history, finish, si, step)
-        return
+            add_step(totals, step, rules)
+        return totals
     for first, table, decode in groups():
         for offset, part in step_slices(table):
-            clean, total = check_clean_steps(part, first + offset, findings, history, finish)
-            if clean < total:  # the rest of the group row by row
-                for si, step in enumerate(decode()[offset + clean :], first + offset + clean):
-                    _check_step_and_finish(findings, history, finish, si, step)
-                break
+            columns = Columns.of(part)
+            clean, total = (
+                (0, -1) if columns is None else check_clean_steps(columns, first + offset, findings, history, finish)
+            )
+            if columns is not None and clean == total:
+                add_columns(totals, part, columns, rules)
+                continue
+            rest = decode()[offset:]  # the rest of the group row by row
+            for si, step in enumerate(rest[clean:], first + offset + clean):
+                _check_step_and_finish(findings, history, finish, si, step)
+            for step in rest:
+                add_step(totals, step, rules)
+            break
+    return totals
 
 
 def _check_step_and_finish(

@@ -138,16 +138,15 @@ def step_slices(table: pa.Table, rows: int = SLICE_ROWS) -> Iterator[tuple[int, 
 
 
 def check_clean_steps(
-    table: pa.Table, first: int, findings: Findings, history: History, finish: FinishChecks
+    columns: Columns, first: int, findings: Findings, history: History, finish: FinishChecks
 ) -> tuple[int, int]:
-    """Apply the group's leading steps that pass every check; returns (steps applied, steps in the group)."""
-    step_numbers = numbers(table.column("step"))
+    """Apply the slice's leading steps that pass every check; returns (steps applied, steps in the slice)."""
+    step_numbers = columns.step
     new_step = np.ones(len(step_numbers), dtype=bool)
     new_step[1:] = step_numbers[1:] != step_numbers[:-1]
     total = int(np.count_nonzero(new_step))
-    columns = Columns.of(table) if total else None
-    if columns is None:
-        return 0, total
+    if not total:
+        return 0, 0
     local = np.cumsum(new_step) - 1  # [rows] step of each row inside the group
     before = _before(columns, history)
     bad = _row_flags(columns, before, history, finish.records_finish)

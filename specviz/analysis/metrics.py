@@ -85,37 +85,61 @@ class StepTotals:
     total_ms: float = 0.0
 
 
+@dataclass
+class TotalsRules:
+    """What the sums need from the header and the sequences, looked up once per walk."""
+
+    k: int
+    max_new: int
+    eos: frozenset[int]
+    prompt_len: dict[int, int]
+    seq_ids: np.ndarray  # [sequences] sorted
+    prompt_lens: np.ndarray  # [sequences] prompt length of each of `seq_ids`
+
+    @classmethod
+    def of(cls, trace: Trace) -> TotalsRules:
+        prompt_len = {s.seq_id: len(s.prompt_ids) for s in trace.sequences}
+        seq_ids = sorted(prompt_len)
+        h = trace.header
+        return cls(
+            h.draft_k,
+            h.max_new_tokens,
+            frozenset(h.eos_token_ids),
+            prompt_len,
+            np.array(seq_ids, dtype=np.int64),
+            np.array([prompt_len[s] for s in seq_ids], dtype=np.int64),
+        )
+
+
 def step_totals(trace: Trace) -> StepTotals:
-    k = trace.header.draft_k
-    prompt_len = {s.seq_id: len(s.prompt_ids) for s in trace.sequences}
-    rules = (k, trace.header.max_new_tokens, prompt_len, frozenset(trace.header.eos_token_ids))
+    """The sums of every metric in one walk (`check_trace` gathers them in its own walk: `Report.totals`)."""
+    rules = TotalsRules.of(trace)
     totals = StepTotals()
     groups = getattr(trace.steps, "column_groups", None)  # a Parquet trace: a row group at a time
     if groups is None:
         for step in trace.steps:
-            _add_step(totals, step, *rules)
+            add_step(totals, step, rules)
         return totals
     for _, table, decode in groups():
         for offset, part in step_slices(table):
             columns = Columns.of(part)
             if columns is None:  # a shape the arrays do not take: the rest of the group row by row
                 for step in decode()[offset:]:
-                    _add_step(totals, step, *rules)
+                    add_step(totals, step, rules)
                 break
-            _add_columns(totals, part, columns, *rules)
+            add_columns(totals, part, columns, rules)
     return totals
 
 
-def _add_step(
-    totals: StepTotals, step: Any, k: int, max_new: int, prompt_len: dict[int, int], eos: frozenset[int]
-) -> None:
+def add_step(totals: StepTotals, step: Any, rules: TotalsRules) -> None:
+    k = rules.k
     totals.steps += 1
     totals.draft_ms += step.draft_ms
     totals.verify_ms += step.verify_ms
     totals.align_ms += step.align_ms
     totals.total_ms += step.total_ms
     for row in step.rows:
-        totals.left_on_table += _left_on_row(row, max_new, prompt_len, eos)
+        totals.left_on_table += _left_on_row(row, rules.max_new, rules.prompt_len, rules.eos)
         drafted = min(len(row.draft_tokens), k)  # d: ragged where the engine drafts fewer
         if k == 0 or not drafted:
             continue  # nothing proposed: not a verify of drafts
@@ -123,11 +147,10 @@ def _add_step(
         totals.per_seq.setdefault(row.seq_id, Acceptance()).add(row.accepted, k, drafted)
 
 
-def _add_columns(
-    totals: StepTotals, table: Any, c: Columns, k: int, max_new: int, prompt_len: dict[int, int], eos: frozenset[int]
-) -> None:
-    """`_add_step` over a whole row group's columns: the same sums, in the same order where it matters
-    (timings are added step by step, sequences enter `per_seq` in order of first appearance)."""
+def add_columns(totals: StepTotals, table: Any, c: Columns, rules: TotalsRules) -> None:
+    """`add_step` over a slice of a row group's columns: the same sums, in the same order where it
+    matters (timings are added step by step, sequences enter `per_seq` in order of first appearance)."""
+    k = rules.k
     first = np.ones(c.n, dtype=bool)
     first[1:] = c.step[1:] != c.step[:-1]  # each step's first row carries its timings
     totals.steps += int(np.count_nonzero(first))
@@ -136,44 +159,45 @@ def _add_columns(
         for ms in numbers(table.column(name))[first].tolist():
             value += ms
         setattr(totals, name, value)
-    totals.left_on_table += _left_on_columns(c, max_new, prompt_len, eos)
+    totals.left_on_table += _left_on_columns(c, rules)
     drafted = np.minimum(c.draft_tokens.lengths, k)
     verified = np.flatnonzero(drafted > 0) if k else np.zeros(0, dtype=np.int64)
     if not len(verified):
         return
     seq_ids, accepted, drafted = c.seq_id[verified], c.accepted[verified], drafted[verified]
     bins = np.minimum(accepted, k)
-    _add_counts(totals.acceptance, k, len(accepted), int(drafted.sum()), int(accepted.sum()), np.bincount(bins))
+    _add_counts(
+        totals.acceptance, k, len(accepted), int(drafted.sum()), int(accepted.sum()), np.bincount(bins).tolist()
+    )
     uniq, first_at, which = np.unique(seq_ids, return_index=True, return_inverse=True)
     verifies = np.bincount(which, minlength=len(uniq)).tolist()
     drafted_sums = np.bincount(which, weights=drafted, minlength=len(uniq)).astype(np.int64).tolist()
     accepted_sums = np.bincount(which, weights=accepted, minlength=len(uniq)).astype(np.int64).tolist()
-    histograms = np.bincount(which * (k + 1) + bins, minlength=len(uniq) * (k + 1)).reshape(len(uniq), k + 1)
+    histograms = np.bincount(which * (k + 1) + bins, minlength=len(uniq) * (k + 1)).reshape(len(uniq), k + 1).tolist()
     for u in np.argsort(first_at, kind="stable").tolist():  # first appearance order, as setdefault
         target = totals.per_seq.setdefault(int(uniq[u]), Acceptance())
         _add_counts(target, k, verifies[u], drafted_sums[u], accepted_sums[u], histograms[u])
 
 
-def _add_counts(target: Acceptance, k: int, verifies: int, drafted: int, accepted: int, histogram: np.ndarray) -> None:
+def _add_counts(target: Acceptance, k: int, verifies: int, drafted: int, accepted: int, histogram: list[int]) -> None:
     """`Acceptance.add` for `verifies` verifies of these totals (`histogram[j]`: verifies accepting j)."""
     if len(target.histogram) < k + 1:
         target.histogram.extend([0] * (k + 1 - len(target.histogram)))
     target.verify_steps += verifies
     target.drafted += drafted
     target.accepted += accepted
-    for j, count in enumerate(histogram.tolist()):
+    for j, count in enumerate(histogram):
         if count:
             target.histogram[j] += count
 
 
-def _left_on_columns(c: Columns, max_new: int, prompt_len: dict[int, int], eos: frozenset[int]) -> int:
+def _left_on_columns(c: Columns, rules: TotalsRules) -> int:
     """`_left_on_row` summed over a row group: a row that emitted at least what verification allows
     leaves nothing (most rows); the others are computed row by row."""
     d, t, e, acc = c.draft_tokens.lengths, c.target_tokens.lengths, c.emitted.lengths, c.accepted
-    known = np.array(sorted(prompt_len), dtype=np.int64)
-    lengths = np.array([prompt_len[s] for s in known.tolist()], dtype=np.int64)
+    known, max_new = rules.seq_ids, rules.max_new
     at = np.clip(np.searchsorted(known, c.seq_id), 0, max(len(known) - 1, 0))
-    starts = np.where(known[at] == c.seq_id, lengths[at], 0) if len(known) else np.zeros(c.n, dtype=np.int64)
+    starts = np.where(known[at] == c.seq_id, rules.prompt_lens[at], 0) if len(known) else np.zeros(c.n, dtype=np.int64)
     allowed = np.minimum(np.minimum(acc, d) + 1, np.maximum(0, max_new - (c.committed_before - starts)))
     left = 0
     for r in np.flatnonzero((t > acc) & (e < allowed)).tolist():
@@ -183,7 +207,7 @@ def _left_on_columns(c: Columns, max_new: int, prompt_len: dict[int, int], eos: 
             seq_id=int(c.seq_id[r]),
             **{name: _items(getattr(c, name), r) for name in ("draft_tokens", "target_tokens", "emitted")},
         )
-        left += _left_on_row(row, max_new, prompt_len, eos)
+        left += _left_on_row(row, max_new, rules.prompt_len, rules.eos)
     return left
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specviz.trace.invariants import Invariant
+
+if TYPE_CHECKING:
+    from specviz.analysis.metrics import StepTotals
 
 # Run verdicts, worst last. `desync` wins over `unexplained` because a broken invariant explains.
 RUN_VERDICTS = ("clean", "numerical", "unexplained", "desync")
@@ -75,6 +78,9 @@ class Report:
     margin_threshold: float
     skipped_checks: list[SkippedCheck]  # checks that could not run, on how many steps, and why
     violation_count: int = 0  # before truncation of `violations` (huge broken traces)
+    # The metrics' sums, gathered by the check's own walk (a Parquet trace is read once for both);
+    # not part of the report's JSON.
+    totals: StepTotals | None = field(default=None, repr=False, compare=False)
 
     @property
     def first_violation(self) -> Violation | None:

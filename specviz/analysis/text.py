@@ -53,7 +53,7 @@ def render_report(trace: Trace, report: Report) -> str:
             lines.append(f"    reference: {context_text(texts, s.context_reference, at)}")
         if len(diverged) > MAX_SEQUENCES_SHOWN:
             lines.append(f"  ... and {len(diverged) - MAX_SEQUENCES_SHOWN} more (use --json)")
-    totals = step_totals(trace)  # one walk over the steps for every metric
+    totals = report.totals if report.totals is not None else step_totals(trace)  # one walk for every metric
     info = summary(trace, totals)
     total, per_seq = totals.acceptance, totals.per_seq
     if total.rate is not None:

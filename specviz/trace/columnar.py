@@ -359,7 +359,8 @@ def _read_footer(file: pq.ParquetFile, path: Path) -> tuple[Header, list[Sequenc
     if raw is None:
         raise ColumnarError(f"{path}: Parquet file without a specviz footer (not a specviz trace)")
     try:
-        body = json.loads(_gunzip_footer(raw))
+        text = _gunzip_footer(raw).decode("utf-8")  # the bytes go before parsing: one copy, not two
+        body = json.loads(text, object_hook=_shared_tokens())
     except (ValueError, RecursionError, OSError, EOFError, zlib.error):
         raise ColumnarError(f"{path}: specviz footer is not valid JSON") from None
     if not isinstance(body, dict) or body.get("container") != CONTAINER:
@@ -376,6 +377,26 @@ def _read_footer(file: pq.ParquetFile, path: Path) -> tuple[Header, list[Sequenc
     counts = body.get("row_group_steps")
     valid = isinstance(counts, list) and all(type(c) is int and 0 < c <= 10_000_000 for c in counts)
     return header, sequences, counts if valid else None
+
+
+_TOKEN_LISTS = ("prompt_ids", "output_ids", "reference_ids")
+
+
+def _shared_tokens() -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A `json.loads` object hook that makes equal token ids of the sequences one int object: json
+    makes a new int for each number (36 bytes with its pointer, 8 when shared), and the footer holds
+    every sequence's prompt, output and reference (2.4 of 3.9 KB per 256-token sequence in memory)."""
+    ids: dict[int, int] = {}
+
+    def hook(obj: dict[str, Any]) -> dict[str, Any]:
+        for key in _TOKEN_LISTS:
+            tokens = obj.get(key)
+            # Only lists of plain ints: a bool is equal to 0 or 1 and must stay a bool (refused later).
+            if type(tokens) is list and tokens and set(map(type, tokens)) == {int}:
+                obj[key] = list(map(ids.setdefault, tokens, tokens))
+        return obj
+
+    return hook
 
 
 def _gunzip_footer(raw: bytes) -> bytes:

@@ -14,7 +14,7 @@ import pytest
 
 from specviz.analysis import check as check_module
 from specviz.analysis.check import check_trace
-from specviz.analysis.metrics import summary
+from specviz.analysis.metrics import step_totals, summary
 from specviz.analysis.text import render_report
 from specviz.trace.columnar import ParquetTraceWriter
 from specviz.trace.io import TraceError, load_trace, open_trace, parse_trace_bytes, trace_to_json
@@ -43,7 +43,8 @@ def _same_report(trace: Trace, path: Path, rows: int) -> None:
     columnar = open_trace(_parquet(trace, path, rows))
     columnar_report = check_trace(columnar)
     assert columnar_report.to_dict() == report.to_dict()
-    assert summary(columnar) == summary(trace)  # the metrics' walk is columnar too
+    assert summary(columnar) == summary(trace)  # the metrics' own walk is columnar too
+    assert columnar_report.totals == report.totals == step_totals(trace)  # and the check's walk gathers them
     assert render_report(columnar, columnar_report) == render_report(trace, report)
 
 
