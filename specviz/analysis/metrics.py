@@ -173,7 +173,14 @@ def add_columns(totals: StepTotals, table: Any, c: Columns, rules: TotalsRules) 
     verifies = np.bincount(which, minlength=len(uniq)).tolist()
     drafted_sums = np.bincount(which, weights=drafted, minlength=len(uniq)).astype(np.int64).tolist()
     accepted_sums = np.bincount(which, weights=accepted, minlength=len(uniq)).astype(np.int64).tolist()
-    histograms = np.bincount(which * (k + 1) + bins, minlength=len(uniq) * (k + 1)).reshape(len(uniq), k + 1).tolist()
+    # Per sequence, the (accepted, verifies) pairs that occur: no [sequences, k + 1] array (k is the file's).
+    pairs, counts = np.unique(which * (k + 1) + bins, return_counts=True)
+    histograms: dict[int, list[int]] = {}
+    for pair, count in zip(pairs.tolist(), counts.tolist()):
+        u, j = divmod(pair, k + 1)
+        histogram = histograms.setdefault(u, [0] * (j + 1))
+        histogram.extend([0] * (j + 1 - len(histogram)))
+        histogram[j] = count
     for u in np.argsort(first_at, kind="stable").tolist():  # first appearance order, as setdefault
         target = totals.per_seq.setdefault(int(uniq[u]), Acceptance())
         _add_counts(target, k, verifies[u], drafted_sums[u], accepted_sums[u], histograms[u])
