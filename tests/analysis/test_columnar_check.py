@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import random
 from pathlib import Path
 
@@ -17,7 +18,8 @@ from specviz.analysis.check import check_trace
 from specviz.analysis.metrics import step_totals, summary
 from specviz.analysis.text import render_report
 from specviz.trace.columnar import ParquetTraceWriter
-from specviz.trace.io import TraceError, load_trace, open_trace, parse_trace_bytes, trace_to_json
+from specviz.trace.fuzz import mutate_dict
+from specviz.trace.io import TraceError, load_trace, open_trace, parse_trace_bytes, trace_from_dict, trace_to_json
 from specviz.trace.schema import RowRecord, Trace
 from specviz.trace.synthetic import synthetic_trace
 
@@ -147,6 +149,19 @@ def test_edited_runs_match(seed: int, tmp_path: Path) -> None:
         for _ in range(rng.choice((1, 1, 1, 2, 3))):
             _edit(trace, rng)
         _same_report(trace, tmp_path / f"t{case}.parquet", rng.choice((1, 3, 8, 16_384)))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_fuzzed_runs_match(seed: int, tmp_path: Path) -> None:
+    """The loader fuzzer's mutations (`specviz.trace.fuzz`) of a run that still loads check alike."""
+    rng = random.Random(seed)
+    text = trace_to_json(BASES["synthetic"])
+    for case in range(40):  # most mutations are refused by the loader; a few in ten still load
+        try:
+            trace = trace_from_dict(mutate_dict(json.loads(text), rng, rng.randrange(1, 4)))
+        except TraceError:
+            continue
+        _same_report(trace, tmp_path / f"f{case}.parquet", rng.choice((1, 3, 16_384)))
 
 
 def test_clean_row_groups_take_the_columnar_walk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
