@@ -122,6 +122,74 @@ def test_a_complete_run_needs_every_sequence_reason() -> None:
     assert report.violations[0].message == "sequence 1 has no finish_reason in a run marked complete"
 
 
+def row_endings(report) -> list[tuple]:
+    return [
+        (where(v), v.expected, v.actual, v.message)
+        for v in report.violations
+        if v.field in ("finished", "finish_reason")
+    ]
+
+
+def test_a_row_that_ended_its_sequence_must_say_why() -> None:
+    trace = small()
+    last = trace.steps[1].rows[1]  # seq 1's 4th and 5th tokens: the budget
+    last.finished, last.finish_reason = False, None
+    assert row_endings(check_trace(trace)) == [
+        (
+            (1, 1, 1, "finish_reason"),
+            "length",
+            None,
+            "sequence 1 ended at this step (5 tokens, the budget) but the row records no finish",
+        )
+    ]
+    trace = small()
+    trace.header.eos_token_ids = [120]  # step 0, row 1 emits [343, 138, 120]: an EOS at its end
+    assert row_endings(check_trace(trace))[0] == (
+        (0, 1, 1, "finish_reason"),
+        "eos",
+        None,
+        "sequence 1 ended at this step (EOS) but the row records no finish",
+    )
+
+
+@pytest.mark.parametrize("finished,reason", [(False, "length"), (True, None)])
+def test_finished_flag_must_agree_with_the_reason(finished: bool, reason) -> None:
+    trace = small()
+    row = trace.steps[1].rows[1]
+    row.finished, row.finish_reason = finished, reason
+    flags = [e for e in row_endings(check_trace(trace)) if e[0][3] == "finished"]
+    assert flags == [
+        ((1, 1, 1, "finished"), not finished, finished, f"finished is {finished} but finish_reason is {reason!r}")
+    ]
+
+
+def test_a_wrong_eos_names_the_last_token_received() -> None:
+    trace = small()
+    trace.steps[1].rows[1].finish_reason = "eos"  # it received [73, 308]: the budget, no EOS
+    assert row_endings(check_trace(trace)) == [
+        (
+            (1, 1, 1, "finish_reason"),
+            ["length"],
+            "eos",
+            "finish_reason 'eos' for sequence 1, but its last token 308 is not an EOS id",
+        )
+    ]
+
+
+def test_an_ending_claimed_early_still_ends_the_sequence() -> None:
+    """Step 0, row 1 claims 'length' at 3 of 5 tokens: wrong there, and the sequence may not come
+    back at step 1 (that row is 'decoded again', its own ending not judged)."""
+    trace = small()
+    early = trace.steps[0].rows[1]
+    early.finished, early.finish_reason = True, "length"
+    report = check_trace(trace)
+    assert row_endings(report) == [
+        ((0, 1, 1, "finish_reason"), None, "length", "finish_reason 'length' for sequence 1 with 3 of 5 tokens")
+    ]
+    again = [v for v in report.violations if where(v) == (1, 1, 1, "seq_id")]
+    assert len(again) == 1 and "finished at step 0 but is decoded again" in again[0].message
+
+
 # ----------------------------------------------------------------------------- per sequence, end of run
 
 
@@ -179,3 +247,15 @@ def test_a_one_token_budget_sequence_never_scheduled_is_found_at_the_run() -> No
     report = check_trace(trace)
     never = [v for v in report.violations if v.seq_id == 2 and "never decoded" in v.message]
     assert [(v.step_index, v.row, v.field) for v in never] == [(0, -1, "seq_id")]
+
+
+def test_a_wrong_eos_of_a_one_token_output_names_that_token() -> None:
+    trace = synthetic_trace(3, 2, 2, 1)
+    seq = trace.sequences[0]
+    seq.finish_reason = "eos"
+    wrong = [v for v in check_trace(trace).violations if v.seq_id == 0]
+    assert [(v.field, v.expected, v.actual) for v in wrong] == [("finish_reason", ["length"], "eos")]
+    assert (
+        wrong[0].message
+        == f"finish_reason 'eos' for sequence 0, but its last token {seq.output_ids[0]} is not an EOS id"
+    )
