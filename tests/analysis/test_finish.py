@@ -99,6 +99,16 @@ def test_eos_inside_a_step_ends_the_sequence_at_that_step() -> None:
     assert len(again) == 1 and "finished at step 0 but is decoded again" in again[0].message
 
 
+def test_eos_inside_a_step_ends_the_sequence_where_rows_record_no_endings() -> None:
+    """As above, in a trace without row finish fields: the EOS alone ends seq 0 at step 0."""
+    trace = small()
+    trace.header.eos_token_ids = [994]
+    strip_row_finish(trace)
+    report = check_trace(trace)
+    again = [v for v in report.violations if where(v) == (1, 0, 0, "seq_id")]
+    assert len(again) == 1 and "finished at step 0 but is decoded again" in again[0].message
+
+
 def test_reason_eos_is_judged_by_the_last_token_only() -> None:
     """10 made an EOS id: seq 0's output [286, 994, 712, 10, 427] holds an EOS, but ends on 427,
     the 5th of 5 tokens, so only 'length' is right; the wrong 'eos' is located at the last step

@@ -175,6 +175,8 @@ def test_acceptance_edges() -> None:
     a.add(1, 4)  # a larger k widens the histogram
     assert a.histogram == [1, 1, 1, 0, 0]
     assert a.per_position == pytest.approx([2 / 3, 1 / 3, 0.0, 0.0])
+    # Built without a verify step (histogram of zeros, as a reader could): no rates, no division.
+    assert Acceptance(histogram=[0, 0, 0]).per_position == []
     b = Acceptance()
     b.add(0, 1)
     assert (b.rate, b.mean_length, b.per_position) == (0.0, 1.0, [0.0])
@@ -225,6 +227,11 @@ def test_tokens_left_on_table_by_hand() -> None:
     # EOS as the first allowed token: cut 1, emitted nothing: 1 left.
     eos_first = step(0, [row(0, 0, 3, [EOS, 5], [EOS, 5, 6], 1, [])], 0, 0, 0, 0)
     assert tokens_left_on_table(Trace(header(), [eos_first], SEQUENCES)) == 1.0
+    # A row of a sequence the trace does not list (an interrupted run keeps only what finished):
+    # its prompt length is unknown, so every committed token counts as output, the smallest budget.
+    # Committed 4: budget 6 - 4 = 2, allowed [5, 6, 7, 8] cut to [5, 6]; emitted [5]: 1 left.
+    unlisted = step(0, [row(0, 9, 4, [5, 6, 7], [5, 6, 7, 8], 3, [5])], 0, 0, 0, 0)
+    assert tokens_left_on_table(Trace(header(complete=False), [unlisted], SEQUENCES)) == 1.0
 
 
 def test_phase_times_by_hand() -> None:
