@@ -1,0 +1,80 @@
+"""The checks of one batch row (`specviz/analysis/row_checks.py`), on hand-built rows and on a
+trace small enough to read (issue 26, mutation survivors). Every expected value is worked out
+in a comment from the rules in the module's docstring.
+
+`small()` is `synthetic_trace(2, 2, 2, 5)`: two prompts (3 and 8 tokens), batch 2, k = 2, a
+budget of 5, two steps; step 0 has cache_len 7 and query_len 3:
+    row 0 seq 0: committed 3, left_pad 5, mask [[0, 5], [1, 5]], kv_len 2, emits [286, 994, 712]
+    row 1 seq 1: committed 8, left_pad 0, mask [[1, 10]],        kv_len 7, emits [343, 138, 120]
+"""
+
+from __future__ import annotations
+
+from specviz.analysis.check import check_trace
+from specviz.analysis.findings import Findings
+from specviz.analysis.row_checks import check_positions
+from specviz.trace.schema import RowRecord, StepRecord
+from specviz.trace.synthetic import synthetic_trace
+
+
+def small():
+    trace = synthetic_trace(2, 2, 2, 5)
+    assert [r.mask_rle for r in trace.steps[0].rows] == [[[0, 5], [1, 5]], [[1, 10]]]
+    return trace
+
+
+def where(v) -> tuple:
+    return (v.step_index, v.row, v.seq_id, v.field)
+
+
+def hand_row(committed_before: int, drafts: int, position_ids: list[int]) -> RowRecord:
+    return RowRecord(
+        row=0,
+        seq_id=0,
+        committed_before=committed_before,
+        left_pad=0,
+        left_pad_after=0,
+        pending_token=1,
+        draft_tokens=[2] * drafts,
+        target_tokens=[2] * (drafts + 1),
+        accepted=drafts,
+        bonus=2,
+        emitted=[2] * (drafts + 1),
+        write_seq=0,
+        position_ids=position_ids,
+        mask_rle=[],
+        kv_len=committed_before - 1,
+        kv_len_expected=committed_before - 1,
+    )
+
+
+def positions_violations(row: RowRecord, query_len: int) -> list:
+    step = StepRecord(0, 0, 200, query_len, None, 0.0, 0.0, 0.0, 0.0, [row])
+    findings = Findings()
+    check_positions(findings.at(0, step, row))
+    return findings.violations
+
+
+def test_expected_positions_are_listed_up_to_64_then_shown_by_their_ends() -> None:
+    # committed 100: the window starts at 99; 63 drafts: 64 positions 99..162, listed in full
+    listed = positions_violations(hand_row(100, 63, [0] * 64), query_len=64)
+    assert [(v.field, v.expected) for v in listed] == [("position_ids", list(range(99, 163)))]
+    # 64 drafts: 65 positions 99..163, too many to list
+    ends = positions_violations(hand_row(100, 64, [0] * 65), query_len=65)
+    assert [(v.field, v.expected) for v in ends] == [("position_ids", "99..163 (65 positions)")]
+    assert positions_violations(hand_row(100, 64, list(range(99, 164))), query_len=65) == []
+
+
+def test_alignment_is_a_rule_of_the_left_padded_layout_only() -> None:
+    """Row 1's left_pad says 3 where its mask starts with no padding: an alignment violation
+    when left-padded; an unspecified layout skips the check (and says so), nothing else fires."""
+    trace = small()
+    trace.steps[0].rows[1].left_pad = 3
+    assert [(where(v), v.invariant, v.expected, v.actual) for v in check_trace(trace).violations] == [
+        ((0, 1, 1, "left_pad"), 1, 0, 3)
+    ]
+    trace.header.layout = "unspecified"
+    report = check_trace(trace)
+    assert report.verdict == "clean", report.first_violation
+    skipped = [(s.check, s.reason, s.steps) for s in report.skipped_checks if s.check == "rectangular alignment"]
+    assert skipped == [("rectangular alignment", "the trace declares no left-padded layout", 2)]
