@@ -78,3 +78,19 @@ def test_alignment_is_a_rule_of_the_left_padded_layout_only() -> None:
     assert report.verdict == "clean", report.first_violation
     skipped = [(s.check, s.reason, s.steps) for s in report.skipped_checks if s.check == "rectangular alignment"]
     assert skipped == [("rectangular alignment", "the trace declares no left-padded layout", 2)]
+
+
+def test_a_masked_hole_right_after_the_first_run_is_counted() -> None:
+    """Row 1 (no padding) gets two masked slots inside its attended region: [[1, 6], [0, 2], [1, 2]]
+    (same width 10): the hole is run 1, two slots."""
+    trace = small()
+    trace.steps[0].rows[1].mask_rle = [[1, 6], [0, 2], [1, 2]]
+    holes = [v for v in check_trace(trace).violations if v.invariant == 1]
+    assert [(where(v), v.expected, v.actual, v.message) for v in holes] == [
+        (
+            (0, 1, 1, "mask_rle"),
+            "no masked slot after the first real slot",
+            "2 masked slot(s) inside the row",
+            "2 masked hole(s) inside the attended region",
+        )
+    ]
