@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from specviz.analysis.check import check_trace
 from specviz.analysis.findings import Findings
-from specviz.analysis.row_checks import check_positions
+from specviz.analysis.row_checks import check_kv, check_positions
 from specviz.trace.schema import RowRecord, StepRecord
 from specviz.trace.synthetic import synthetic_trace
 
@@ -59,6 +59,7 @@ def test_expected_positions_are_listed_up_to_64_then_shown_by_their_ends() -> No
     # committed 100: the window starts at 99; 63 drafts: 64 positions 99..162, listed in full
     listed = positions_violations(hand_row(100, 63, [0] * 64), query_len=64)
     assert [(v.field, v.expected) for v in listed] == [("position_ids", list(range(99, 163)))]
+    assert listed[0].message == "positions start at [0] for a row with 100 committed tokens (expected 99)"
     # 64 drafts: 65 positions 99..163, too many to list
     ends = positions_violations(hand_row(100, 64, [0] * 65), query_len=65)
     assert [(v.field, v.expected) for v in ends] == [("position_ids", "99..163 (65 positions)")]
@@ -94,3 +95,28 @@ def test_a_masked_hole_right_after_the_first_run_is_counted() -> None:
             "2 masked hole(s) inside the attended region",
         )
     ]
+
+
+def test_check_kv_defaults_to_a_declared_layout() -> None:
+    """Committed 5, two drafts, on a step of cache 6 and query 3: the mask must be 9 wide; this
+    one is 8 (no layout given: a declared one, where the width is the step's, not the row's)."""
+    row = hand_row(5, 2, [4, 5, 6])
+    row.mask_rle = [[0, 1], [1, 7]]
+    step = StepRecord(0, 0, 6, 3, None, 0.0, 0.0, 0.0, 0.0, [row])
+    findings = Findings()
+    check_kv(findings.at(0, step, row), row.mask_rle, k=2)
+    assert [(v.field, v.expected, v.actual) for v in findings.violations] == [("mask_rle", 9, 8)]
+
+
+def test_a_ragged_row_queries_its_own_drafts_only() -> None:
+    """Unspecified layout (watched engines draft d in 0..k per row): at step 1, seq 1's row drafts
+    one token instead of two, so its query is 2 slots: positions [10, 11], mask 10 cached + 2 = 12."""
+    trace = small()
+    trace.header.layout = "unspecified"
+    row = trace.steps[1].rows[1]
+    assert (row.draft_tokens, row.target_tokens, row.accepted, row.emitted) == ([73, 309], [73, 308, 831], 1, [73, 308])
+    row.draft_tokens, row.target_tokens, row.position_ids, row.mask_rle = [73], [73, 308], [10, 11], [[1, 12]]
+    report = check_trace(trace)
+    assert report.verdict == "clean", report.first_violation
+    row.position_ids = [10, 11, 12]  # fed one slot past its query
+    assert [(where(v), v.expected) for v in check_trace(trace).violations] == [((1, 1, 1, "position_ids"), [10, 11])]
