@@ -120,3 +120,25 @@ def test_a_ragged_row_queries_its_own_drafts_only() -> None:
     assert report.verdict == "clean", report.first_violation
     row.position_ids = [10, 11, 12]  # fed one slot past its query
     assert [(where(v), v.expected) for v in check_trace(trace).violations] == [((1, 1, 1, "position_ids"), [10, 11])]
+
+
+def kv_masks(trace) -> list[tuple]:
+    return [
+        (where(v), v.expected, v.actual)
+        for v in check_trace(trace).violations
+        if (v.invariant, v.field) == (3, "mask_rle")
+    ]
+
+
+def test_mask_counts_are_checked_against_the_step_and_kv_len() -> None:
+    """Step 0 (cache 7 + query 3 = width 10). Row 1 [[1, 11]]: width 11. Row 0 [[0, 6], [1, 4]]:
+    attends 1 of its cache slots where kv_len says 2. Row 1 [[1, 9], [0, 1]]: 2 of 3 query slots."""
+    trace = small()
+    trace.steps[0].rows[1].mask_rle = [[1, 11]]
+    assert kv_masks(trace) == [((0, 1, 1, "mask_rle"), 10, 11)]  # and nothing else about that mask
+    trace = small()
+    trace.steps[0].rows[0].mask_rle = [[0, 6], [1, 4]]
+    assert kv_masks(trace) == [((0, 0, 0, "mask_rle"), 2, 1)]
+    trace = small()
+    trace.steps[0].rows[1].mask_rle = [[1, 9], [0, 1]]
+    assert kv_masks(trace) == [((0, 1, 1, "mask_rle"), 3, 2)]
