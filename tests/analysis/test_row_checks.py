@@ -142,3 +142,15 @@ def test_mask_counts_are_checked_against_the_step_and_kv_len() -> None:
     trace = small()
     trace.steps[0].rows[1].mask_rle = [[1, 9], [0, 1]]
     assert kv_masks(trace) == [((0, 1, 1, "mask_rle"), 3, 2)]
+
+
+def test_the_draft_cache_is_checked_whenever_a_draft_runs() -> None:
+    """Committed 3 tokens: the draft cache must hold 2. With k = 1 a draft ran, so 0 is flagged;
+    with k = 0 (plain decoding) no draft ran and the recorded value means nothing."""
+    for k, flagged in ((1, [((0, 0, 0, "draft_kv_len"), 2, 0)]), (0, [])):
+        trace = synthetic_trace(2, 2, k, 5)
+        row = trace.steps[0].rows[0]
+        assert (row.committed_before, row.draft_kv_len) == (3, 2)
+        row.draft_kv_len = 0
+        found = [(where(v), v.expected, v.actual) for v in check_trace(trace).violations]
+        assert found == flagged, k
