@@ -12,6 +12,7 @@ once, then forks one child per mutant; the child imports `specviz` fresh from th
 
     python tools/mutation.py                      # every default target with its fast tests
     python tools/mutation.py --target rules       # one default target
+    python tools/mutation.py --target check       # check / finish / row_checks: the synthetic tests only
     python tools/mutation.py --module specviz/engine/rules.py --tests tests/engine/test_sampling.py
     python tools/mutation.py --target metrics --sample 20 --seed 1   # a random subset
     python tools/mutation.py --target sampling --list                # the mutants, no runs
@@ -39,6 +40,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
+_CHECK_TESTS = ["tests/analysis/test_check.py", "tests/analysis/test_finish.py", "tests/analysis/test_row_checks.py"]
+_CHECK_SLOW = (
+    "speed",
+    "correct_runs",
+    "each_fault",
+    "cli_json",
+    "reduced_precision",
+    "kv_content",
+    "a_model_the_kv",
+    "closed_pipe",
+)
 # name -> (module, fast test files that are meant to kill its mutants)
 TARGETS: dict[str, tuple[str, list[str]]] = {
     "rules": ("specviz/engine/rules.py", ["tests/engine/test_rejection_rule.py"]),
@@ -47,6 +59,14 @@ TARGETS: dict[str, tuple[str, list[str]]] = {
         ["tests/engine/test_sampling_oracle.py", "tests/engine/test_rejection_rule.py"],
     ),
     "metrics": ("specviz/analysis/metrics.py", ["tests/analysis/test_metrics.py"]),
+    "check": ("specviz/analysis/check.py", _CHECK_TESTS),
+    "finish": ("specviz/analysis/finish.py", _CHECK_TESTS),
+    "row_checks": ("specviz/analysis/row_checks.py", _CHECK_TESTS),
+}
+# Default pytest arguments of a target (`--pytest-args` overrides): the checker's test files
+# without their tiny-model runs (minutes per surviving mutant); the synthetic tests stay.
+TARGET_PYTEST_ARGS = {
+    name: "-k '" + " and ".join(f"not {k}" for k in _CHECK_SLOW) + "'" for name in ("check", "finish", "row_checks")
 }
 
 _CMP_SWAP = {
@@ -384,12 +404,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.module:
         if not args.tests:
             ap.error("--module needs --tests")
-        jobs = [(args.module, args.tests)]
+        jobs = [(args.module, args.tests, args.pytest_args)]
     else:
         names = args.target or list(TARGETS)
-        jobs = [(TARGETS[n][0], args.tests or TARGETS[n][1]) for n in names]
+        jobs = [
+            (TARGETS[n][0], args.tests or TARGETS[n][1], args.pytest_args or TARGET_PYTEST_ARGS.get(n, ""))
+            for n in names
+        ]
     only = {int(x) for x in args.only.split(",")} if args.only else None
-    extra = shlex.split(args.pytest_args)
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the temporary copy is removed
     results = []
@@ -420,13 +442,13 @@ def main(argv: list[str] | None = None) -> int:
                     __import__(heavy)
                 except ImportError:
                     pass
-        for module, tests in jobs:
+        for module, tests, pytest_args in jobs:
             results.append(
                 run_target(
                     module,
                     tests,
                     workdir,
-                    extra=extra,
+                    extra=shlex.split(pytest_args),
                     timeout=args.timeout,
                     sample=args.sample,
                     seed=args.seed,
