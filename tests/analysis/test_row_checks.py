@@ -154,3 +154,15 @@ def test_the_draft_cache_is_checked_whenever_a_draft_runs() -> None:
         row.draft_kv_len = 0
         found = [(where(v), v.expected, v.actual) for v in check_trace(trace).violations]
         assert found == flagged, k
+
+
+def test_a_short_draft_in_a_declared_layout_is_flagged_with_its_extra_query_slot() -> None:
+    """Left-padded (declared: k drafts per row), step 1, seq 1's row drafts one token for k = 2,
+    yet its mask attends all 3 query slots of the step: two violations, the draft count and the
+    query slots attended beyond its own query of 2."""
+    trace = small()
+    row = trace.steps[1].rows[1]
+    row.draft_tokens, row.target_tokens, row.position_ids = [73], [73, 308], [10, 11]
+    assert row.mask_rle == [[1, 13]]
+    found = [(where(v), v.invariant, v.expected, v.actual) for v in check_trace(trace).violations]
+    assert found == [((1, 1, 1, "mask_rle"), 3, 2, 3), ((1, 1, 1, "draft_tokens"), 4, 2, 1)]
