@@ -166,3 +166,23 @@ def test_a_short_draft_in_a_declared_layout_is_flagged_with_its_extra_query_slot
     assert row.mask_rle == [[1, 13]]
     found = [(where(v), v.invariant, v.expected, v.actual) for v in check_trace(trace).violations]
     assert found == [((1, 1, 1, "mask_rle"), 3, 2, 3), ((1, 1, 1, "draft_tokens"), 4, 2, 1)]
+
+
+def test_accepted_beyond_the_drafts_is_flagged_alone() -> None:
+    """Step 0, row 0 claims 3 accepted of its 2 drafts: one violation, and nothing derived from
+    the impossible count (no acceptance or bonus check runs on it)."""
+    trace = small()
+    trace.steps[0].rows[0].accepted = 3
+    found = [(where(v), v.expected, v.actual, v.message) for v in check_trace(trace).violations]
+    assert found == [((0, 0, 0, "accepted"), "0..2", 3, "accepted 3 of 2 drafts")]
+
+
+def test_accepted_is_bounded_by_a_ragged_row_own_drafts() -> None:
+    """Unspecified layout, step 1, seq 1's row drafts one token (k = 2) and claims 2 accepted."""
+    trace = small()
+    trace.header.layout = "unspecified"
+    row = trace.steps[1].rows[1]
+    row.draft_tokens, row.target_tokens, row.position_ids, row.mask_rle = [73], [73, 308], [10, 11], [[1, 12]]
+    row.accepted = 2
+    found = [(where(v), v.expected, v.actual, v.message) for v in check_trace(trace).violations]
+    assert found == [((1, 1, 1, "accepted"), "0..1", 2, "accepted 2 of 1 drafts")]
