@@ -186,3 +186,18 @@ def test_accepted_is_bounded_by_a_ragged_row_own_drafts() -> None:
     row.accepted = 2
     found = [(where(v), v.expected, v.actual, v.message) for v in check_trace(trace).violations]
     assert found == [((1, 1, 1, "accepted"), "0..1", 2, "accepted 2 of 1 drafts")]
+
+
+def test_a_row_claims_are_checked_against_its_sequence_history() -> None:
+    """Step 1, seq 1's row: its sequence has 8 prompt + 3 written = 11 tokens, the last 120."""
+    trace = small()
+    row = trace.steps[1].rows[1]
+    assert (row.committed_before, row.pending_token) == (11, 120)
+    row.pending_token = 121
+    found = [(where(v), v.expected, v.actual) for v in check_trace(trace).violations]
+    assert found == [((1, 1, 1, "pending_token"), 120, 121)]
+    row.pending_token, row.committed_before = 120, 12  # positions and caches then disagree too
+    history = [v for v in check_trace(trace).violations if v.field == "committed_before"]
+    assert [(where(v), v.expected, v.actual, v.message) for v in history] == [
+        ((1, 1, 1, "committed_before"), 11, 12, "row claims 12 committed tokens; its sequence has 11")
+    ]
