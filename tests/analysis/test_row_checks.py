@@ -201,3 +201,14 @@ def test_a_row_claims_are_checked_against_its_sequence_history() -> None:
     assert [(where(v), v.expected, v.actual, v.message) for v in history] == [
         ((1, 1, 1, "committed_before"), 11, 12, "row claims 12 committed tokens; its sequence has 11")
     ]
+
+
+def test_rows_without_target_tokens_skip_the_greedy_acceptance_check() -> None:
+    trace = small()
+    for step in trace.steps:
+        for row in step.rows:
+            row.target_tokens = []
+    report = check_trace(trace)
+    assert report.verdict == "clean", report.first_violation
+    skipped = [(s.check, s.reason, s.steps) for s in report.skipped_checks if s.check == "greedy acceptance"]
+    assert skipped == [("greedy acceptance", "target_tokens missing or not d+1 long", 2)]
