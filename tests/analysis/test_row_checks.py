@@ -212,3 +212,24 @@ def test_rows_without_target_tokens_skip_the_greedy_acceptance_check() -> None:
     assert report.verdict == "clean", report.first_violation
     skipped = [(s.check, s.reason, s.steps) for s in report.skipped_checks if s.check == "greedy acceptance"]
     assert skipped == [("greedy acceptance", "target_tokens missing or not d+1 long", 2)]
+
+
+def test_emitted_must_be_a_prefix_of_the_accepted_drafts_plus_the_bonus() -> None:
+    """Step 0, row 1 accepted both drafts [343, 138] and the target's bonus is 120; it emits 999
+    in the bonus's place (and names it the bonus)."""
+    trace = small()
+    row = trace.steps[0].rows[1]
+    assert (row.draft_tokens, row.target_tokens, row.accepted) == ([343, 138], [343, 138, 120], 2)
+    row.emitted[2] = row.bonus = 999
+    trace.sequences[1].output_ids[2] = 999
+    at_step_0 = [
+        (where(v), v.expected, v.actual, v.message) for v in check_trace(trace).violations if v.step_index == 0
+    ]
+    assert at_step_0 == [
+        (
+            (0, 1, 1, "emitted"),
+            [343, 138, 120],
+            [343, 138, 999],
+            "emitted tokens are not a prefix of the accepted drafts plus the bonus",
+        )
+    ]
