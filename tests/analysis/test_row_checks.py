@@ -132,7 +132,8 @@ def kv_masks(trace) -> list[tuple]:
 
 def test_mask_counts_are_checked_against_the_step_and_kv_len() -> None:
     """Step 0 (cache 7 + query 3 = width 10). Row 1 [[1, 11]]: width 11. Row 0 [[0, 6], [1, 4]]:
-    attends 1 of its cache slots where kv_len says 2. Row 1 [[1, 9], [0, 1]]: 2 of 3 query slots."""
+    attends 1 of its cache slots where kv_len says 2. Row 1 [[1, 9], [0, 1]]: 2 of 3 query slots.
+    Only the one count each defect breaks is reported."""
     trace = small()
     trace.steps[0].rows[1].mask_rle = [[1, 11]]
     assert kv_masks(trace) == [((0, 1, 1, "mask_rle"), 10, 11)]  # and nothing else about that mask
@@ -142,6 +143,10 @@ def test_mask_counts_are_checked_against_the_step_and_kv_len() -> None:
     trace = small()
     trace.steps[0].rows[1].mask_rle = [[1, 9], [0, 1]]
     assert kv_masks(trace) == [((0, 1, 1, "mask_rle"), 3, 2)]
+    # Row 1 [[1, 6], [0, 1], [1, 3]]: 6 of 7 cache slots, then a run starting exactly at the query
+    trace = small()
+    trace.steps[0].rows[1].mask_rle = [[1, 6], [0, 1], [1, 3]]
+    assert kv_masks(trace) == [((0, 1, 1, "mask_rle"), 7, 6)]
 
 
 def test_the_draft_cache_is_checked_whenever_a_draft_runs() -> None:
