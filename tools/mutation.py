@@ -12,6 +12,7 @@ once, then forks one child per mutant; the child imports `specviz` fresh from th
 
     python tools/mutation.py                      # every default target with its fast tests
     python tools/mutation.py --target rules       # one default target
+    python tools/mutation.py --target check       # check / finish / row_checks: the synthetic tests only
     python tools/mutation.py --module specviz/engine/rules.py --tests tests/engine/test_sampling.py
     python tools/mutation.py --target metrics --sample 20 --seed 1   # a random subset
     python tools/mutation.py --target sampling --list                # the mutants, no runs
@@ -39,6 +40,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
+_CHECK_TESTS = ["tests/analysis/test_check.py", "tests/analysis/test_finish.py", "tests/analysis/test_row_checks.py"]
+_CHECK_SLOW = (
+    "speed",
+    "correct_runs",
+    "each_fault",
+    "cli_json",
+    "reduced_precision",
+    "kv_content",
+    "a_model_the_kv",
+    "closed_pipe",
+)
 # name -> (module, fast test files that are meant to kill its mutants)
 TARGETS: dict[str, tuple[str, list[str]]] = {
     "rules": ("specviz/engine/rules.py", ["tests/engine/test_rejection_rule.py"]),
@@ -47,6 +59,14 @@ TARGETS: dict[str, tuple[str, list[str]]] = {
         ["tests/engine/test_sampling_oracle.py", "tests/engine/test_rejection_rule.py"],
     ),
     "metrics": ("specviz/analysis/metrics.py", ["tests/analysis/test_metrics.py"]),
+    "check": ("specviz/analysis/check.py", _CHECK_TESTS),
+    "finish": ("specviz/analysis/finish.py", _CHECK_TESTS),
+    "row_checks": ("specviz/analysis/row_checks.py", _CHECK_TESTS),
+}
+# Default pytest arguments of a target (`--pytest-args` overrides): the checker's test files
+# without their tiny-model runs (minutes per surviving mutant); the synthetic tests stay.
+TARGET_PYTEST_ARGS = {
+    name: "-k '" + " and ".join(f"not {k}" for k in _CHECK_SLOW) + "'" for name in ("check", "finish", "row_checks")
 }
 
 _CMP_SWAP = {
@@ -265,13 +285,19 @@ def _copy_repo(dest: Path) -> None:
             shutil.copytree(ROOT / needed, dest / needed, ignore=ignore)
 
 
-def _run_tests(workdir: Path, tests: list[str], extra: list[str], timeout: float) -> tuple[str, float]:
-    """Fork; the child runs pytest in-process against `workdir`. ('killed' | 'survived' | 'timeout', s)."""
+def _run_tests(
+    workdir: Path, tests: list[str], extra: list[str], timeout: float, *, write_bytecode: bool = False
+) -> tuple[str, float]:
+    """Fork; the child runs pytest in-process against `workdir`. ('killed' | 'survived' | 'timeout', s).
+
+    `write_bytecode` (the baseline run only): pytest caches its assertion-rewritten test modules,
+    which every later mutant then reads instead of rewriting them (~1 s a mutant)."""
     start = time.monotonic()
     pid = os.fork()
     if pid == 0:  # child
         code = 3
         try:
+            sys.dont_write_bytecode = not write_bytecode
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 1)
             os.dup2(devnull, 2)
@@ -329,9 +355,13 @@ def run_target(
         return result
     try:
         path.write_text(baseline)  # the unmutated code as the runner writes it must pass
-        status, seconds = _run_tests(workdir, tests, extra, timeout * 3)
+        status, seconds = _run_tests(workdir, tests, extra, timeout * 3, write_bytecode=True)
         if status != "survived":
             raise SystemExit(f"{module}: the tests fail on the unmutated module ({status}); fix that first")
+        # Keep the tests' cached bytecode, never the package's: a mutant written within the same
+        # second as the same size would otherwise be read from a stale .pyc.
+        for cache in (workdir / "specviz").rglob("__pycache__"):
+            shutil.rmtree(cache, ignore_errors=True)
         print(f"{module}: {len(mutants)} mutants, tests {' '.join(tests)} (baseline {seconds:.1f}s)", flush=True)
         for m in mutants:
             path.write_text(mutated_source(original, m))
@@ -374,12 +404,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.module:
         if not args.tests:
             ap.error("--module needs --tests")
-        jobs = [(args.module, args.tests)]
+        jobs = [(args.module, args.tests, args.pytest_args)]
     else:
         names = args.target or list(TARGETS)
-        jobs = [(TARGETS[n][0], args.tests or TARGETS[n][1]) for n in names]
+        jobs = [
+            (TARGETS[n][0], args.tests or TARGETS[n][1], args.pytest_args or TARGET_PYTEST_ARGS.get(n, ""))
+            for n in names
+        ]
     only = {int(x) for x in args.only.split(",")} if args.only else None
-    extra = shlex.split(args.pytest_args)
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the temporary copy is removed
     results = []
@@ -404,18 +436,19 @@ def main(argv: list[str] | None = None) -> int:
                 "pytest",
                 "transformers",
                 "transformers.generation.logits_process",
+                "hypothesis",  # pytest's hypothesis plugin imports it at session end: ~2 s a mutant
             ):  # once, not per mutant
                 try:
                     __import__(heavy)
                 except ImportError:
                     pass
-        for module, tests in jobs:
+        for module, tests, pytest_args in jobs:
             results.append(
                 run_target(
                     module,
                     tests,
                     workdir,
-                    extra=extra,
+                    extra=shlex.split(pytest_args),
                     timeout=args.timeout,
                     sample=args.sample,
                     seed=args.seed,

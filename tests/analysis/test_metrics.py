@@ -174,10 +174,40 @@ def test_acceptance_edges() -> None:
     assert a.histogram == [1, 0, 1] and a.accepted == 5 and a.drafted == 4 and a.verify_steps == 2
     a.add(1, 4)  # a larger k widens the histogram
     assert a.histogram == [1, 1, 1, 0, 0]
+    c = Acceptance()
+    c.add(2, 2)
+    c.add(3, 3)  # k one larger than before: one more bucket, for exactly 3 accepted
+    assert c.histogram == [0, 0, 1, 1]
     assert a.per_position == pytest.approx([2 / 3, 1 / 3, 0.0, 0.0])
+    # Built without a verify step (histogram of zeros, as a reader could): no rates, no division.
+    assert Acceptance(histogram=[0, 0, 0]).per_position == []
     b = Acceptance()
     b.add(0, 1)
     assert (b.rate, b.mean_length, b.per_position) == (0.0, 1.0, [0.0])
+
+
+def test_acceptance_of_ragged_drafts_by_hand() -> None:
+    # k = 3. Row 0 drafts 1 and accepts it; row 1 drafts nothing (not a verify of drafts); row 2
+    # drafts 4 > k (counted as k = 3) and accepts 2. Verify steps 2, drafted 1 + 3, accepted 1 + 2.
+    ragged = step(
+        0,
+        [
+            row(0, 0, 3, [5], [5, 6], 1, [5, 6]),
+            row(1, 1, 2, [], [7], 0, [7]),
+            row(2, 2, 4, [5, 3, 7, 9], [5, 3, 8, 1, 1], 2, [5, 3, 8]),
+        ],
+        0,
+        0,
+        0,
+        0,
+    )
+    total, per_seq = acceptance(Trace(header(), [ragged], SEQUENCES))
+    assert (total.verify_steps, total.drafted, total.accepted, total.histogram) == (2, 4, 3, [0, 1, 1, 0])
+    assert total.rate == pytest.approx(3 / 4) and sorted(per_seq) == [0, 2]
+    # k = 1: one draft, accepted: one verify step.
+    one = step(0, [row(0, 0, 3, [5], [5, 6], 1, [5, 6])], 0, 0, 0, 0)
+    total, _ = acceptance(Trace(header(draft_k=1), [one], SEQUENCES))
+    assert (total.verify_steps, total.drafted, total.accepted, total.histogram) == (1, 1, 1, [0, 1])
 
 
 def test_first_divergence_by_hand() -> None:
@@ -225,6 +255,11 @@ def test_tokens_left_on_table_by_hand() -> None:
     # EOS as the first allowed token: cut 1, emitted nothing: 1 left.
     eos_first = step(0, [row(0, 0, 3, [EOS, 5], [EOS, 5, 6], 1, [])], 0, 0, 0, 0)
     assert tokens_left_on_table(Trace(header(), [eos_first], SEQUENCES)) == 1.0
+    # A row of a sequence the trace does not list (an interrupted run keeps only what finished):
+    # its prompt length is unknown, so every committed token counts as output, the smallest budget.
+    # Committed 4: budget 6 - 4 = 2, allowed [5, 6, 7, 8] cut to [5, 6]; emitted [5]: 1 left.
+    unlisted = step(0, [row(0, 9, 4, [5, 6, 7], [5, 6, 7, 8], 3, [5])], 0, 0, 0, 0)
+    assert tokens_left_on_table(Trace(header(complete=False), [unlisted], SEQUENCES)) == 1.0
 
 
 def test_phase_times_by_hand() -> None:

@@ -101,6 +101,10 @@ def test_greedy_verify_and_select() -> None:
     assert tokens.tolist() == [[1, 0, 2], [0, 2, 1]]
     assert matched.tolist() == [2, 1]
     assert rules.select(target, None).tolist() == [[1, 0, 2], [0, 2, 1]]
+    # Above, argmax over the slots would happen to agree; with q = 2 slots over V = 4 tokens it cannot.
+    assert rules.select(torch.tensor([[[0.0, 3.0, 1.0, 2.0], [5.0, 0.0, 0.0, 1.0]]]), None).tolist() == [[1, 0]]
+    keys = SampleKeys(torch.tensor([0, 1]), torch.tensor([4, 9]))  # greedy ignores the sampling keys
+    assert rules.select(target, keys).tolist() == [[1, 0, 2], [0, 2, 1]]
 
 
 def test_coupled_verify_replays_the_definition() -> None:
