@@ -44,22 +44,25 @@ class Findings:
         expected: Any,
         actual: Any,
         message: str,
+        about: int | None = None,
     ) -> None:
         """A violation at step index `si`, touching the row's own sequence and its write target.
 
-        Two checks that reach the same conclusion (same row, invariant, field, values) report it once.
+        `about` names the sequence a sequence-level violation is about when it is located at
+        another sequence's row (the row that fed it); by default the row's own sequence. Two checks
+        that reach the same conclusion (same row, sequence, invariant, field, values) report it once.
         """
-        key = (si, row.row, row.seq_id, invariant, fld, repr(expected), repr(actual))
+        seq_id = row.seq_id if about is None else about
+        key = (si, row.row, seq_id, invariant, fld, repr(expected), repr(actual))
         if key in self.seen:
             return
         self.seen.add(key)
         self.count += 1
-        for seq_id in {row.seq_id, row.write_seq}:
-            if seq_id not in self.first_bad_step:
-                self.first_bad_step[seq_id] = si
+        for touched in (row.seq_id, row.write_seq, seq_id):
+            self.first_bad_step.setdefault(touched, si)
         if len(self.violations) < MAX_REPORTED_VIOLATIONS:
             self.violations.append(
-                Violation(step.step, si, row.row, row.seq_id, invariant, invariant.slug, fld, expected, actual, message)
+                Violation(step.step, si, row.row, seq_id, invariant, invariant.slug, fld, expected, actual, message)
             )
 
     def flag_run(self, seq_id: int, invariant: Invariant, fld: str, expected: Any, actual: Any, message: str) -> None:

@@ -138,7 +138,7 @@ class FinishChecks:
         step = steps[si]
         row = next((r for r in step.rows if r.seq_id == seq_id), None)
         row = row or next((r for r in step.rows if r.write_seq == seq_id), None)
-        self.findings.flag(si, step, row or stub_row(seq_id), ACCOUNTING, fld, expected, actual, message)
+        self.findings.flag(si, step, row or stub_row(seq_id), ACCOUNTING, fld, expected, actual, message, about=seq_id)
 
 
 def check_nothing_after_eos(flag: RowFlags, history: History) -> None:

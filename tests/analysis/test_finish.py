@@ -269,3 +269,13 @@ def test_a_wrong_eos_of_a_one_token_output_names_that_token() -> None:
         wrong[0].message
         == f"finish_reason 'eos' for sequence 0, but its last token {seq.output_ids[0]} is not an EOS id"
     )
+
+
+def test_two_sequences_unfinished_at_one_row_are_both_reported_each_under_its_own_id() -> None:
+    """Seq 0's row at step 1 holds seq 0 and feeds seq 1; both leave unfinished there. The two
+    violations have the same field and values and the same row: each is kept, named by its own
+    sequence (they were once merged into one under seq 0)."""
+    report = misrouted_last_step(eos=[0])
+    assert unfinished_at(report) == {"sequence 0": (1, 0), "sequence 1": (1, 0)}
+    about = {v.seq_id for v in report.violations if "left the batch unfinished" in v.message}
+    assert about == {0, 1}
