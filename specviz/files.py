@@ -10,6 +10,8 @@
 from __future__ import annotations
 
 import datetime as _dt
+import gzip
+import io
 import os
 import stat
 import tempfile
@@ -20,6 +22,26 @@ PROBE_BYTES = 64 * 1024  # written and synced once before a run: a full disk sho
 
 class FileRefused(ValueError):
     """A path that is not a readable regular file, or not a writable output; one-line message."""
+
+
+class InflatesTooFar(ValueError):
+    """Gzip bytes that inflate past a limit; `size` is how far they got before we stopped."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"gzip inflates past {limit} bytes")
+        self.size = size
+
+
+def inflate_bounded(raw: bytes, limit: int) -> bytes:
+    """Gunzip `raw` in 1 MiB chunks, stopping past `limit` bytes: a decompression bomb costs at
+    most `limit` of memory. Corrupt input raises what gzip raises (OSError, EOFError, zlib.error)."""
+    out = io.BytesIO()
+    with gzip.GzipFile(fileobj=io.BytesIO(raw)) as stream:
+        while chunk := stream.read(1 << 20):
+            out.write(chunk)
+            if out.tell() > limit:
+                raise InflatesTooFar(out.tell(), limit)
+    return out.getvalue()
 
 
 def read_regular_file(path: str | os.PathLike[str], limit: int, what: str = "file") -> bytes:

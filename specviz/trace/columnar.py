@@ -22,7 +22,6 @@ import collections.abc
 import dataclasses
 import functools
 import gzip
-import io
 import itertools
 import json
 import os
@@ -40,10 +39,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from specviz.files import umask_file_mode
+from specviz.files import inflate_bounded, umask_file_mode
 from specviz.trace.arrow import columns_valid, pylist
 from specviz.trace.arrow import numbers as numbers_of
-from specviz.trace.schema import FORMAT_NAME, Header, RowRecord, SequenceRecord, StepRecord, Trace
+from specviz.trace.schema import FORMAT_NAME, Header, RowRecord, SequenceRecord, StepRecord, Trace, json_fields
 from specviz.trace.validate import TraceError, check_steps, header_and_sequences_from_dict
 
 PARQUET_MAGIC = b"PAR1"
@@ -102,12 +101,6 @@ TABLE_SCHEMA = _table_schema()
 # ----------------------------------------------------------------------------- writing
 
 
-def _plain(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj):
-        return obj.__dict__
-    raise TypeError(f"cannot serialise {type(obj).__name__} in a trace")
-
-
 def _footer(header: Header, sequences: list[SequenceRecord], group_steps: list[int]) -> dict[bytes, bytes]:
     body = {
         "format": FORMAT_NAME,
@@ -117,7 +110,7 @@ def _footer(header: Header, sequences: list[SequenceRecord], group_steps: list[i
         "sequences": sequences,
         "row_group_steps": group_steps,  # steps in each row group, so step i is found without a scan
     }
-    text = json.dumps(body, separators=(",", ":"), allow_nan=False, default=_plain).encode()
+    text = json.dumps(body, separators=(",", ":"), allow_nan=False, default=json_fields).encode()
     # Footer metadata is not compressed by Parquet, and the sequences' token lists are a third
     # of a run's bytes: gzip them (the value is binary in Parquet's key-value metadata).
     return {METADATA_KEY: gzip.compress(text, compresslevel=6, mtime=0)}
@@ -401,12 +394,7 @@ def _shared_tokens() -> Callable[[dict[str, Any]], dict[str, Any]]:
 
 def _gunzip_footer(raw: bytes) -> bytes:
     """Inflate the footer with a bound: a crafted file's tiny footer must not inflate to gigabytes."""
-    limit = max(len(raw) * 200, 64 << 20)
-    with gzip.GzipFile(fileobj=io.BytesIO(raw)) as stream:
-        text = stream.read(limit + 1)
-    if len(text) > limit:
-        raise ValueError("footer inflates too far")
-    return text
+    return inflate_bounded(raw, max(len(raw) * 200, 64 << 20))
 
 
 def _check_columns(schema: pa.Schema, path: Path) -> None:

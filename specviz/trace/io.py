@@ -19,9 +19,7 @@ __all__ = [
     "trace_to_json",
 ]
 
-import dataclasses
 import gzip
-import io
 import json
 import os
 import tempfile
@@ -29,15 +27,18 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from specviz.files import FileRefused, read_regular_file, refuse_non_regular, umask_file_mode
+from specviz.files import (
+    FileRefused,
+    InflatesTooFar,
+    inflate_bounded,
+    read_regular_file,
+    refuse_non_regular,
+    umask_file_mode,
+)
 from specviz.trace.budget import DEFAULT_BUDGET, Budget, over_budget
 from specviz.trace.columnar import ColumnarError, ParquetTrace, ParquetTraceWriter, is_parquet, save_parquet
 from specviz.trace.jsonparse import loads_yielding, top_level_kind
-from specviz.trace.schema import (
-    FORMAT_NAME,
-    RowRecord,
-    Trace,
-)
+from specviz.trace.schema import FORMAT_NAME, Trace, json_fields
 from specviz.trace.validate import TraceError, build_trace, check_format
 
 # Parsed JSON costs up to ~23x its text in Python objects (`[{},{},...]`) and loading takes ~0.5 s
@@ -57,27 +58,10 @@ def trace_to_dict(trace: Trace) -> dict[str, Any]:
     return json.loads(trace_to_json(trace))
 
 
-# Optional row fields that most rows leave unrecorded: written only when recorded, so a run that
-# records them on a sampled few rows does not pay their bytes on every row (the loader restores
-# the defaults).
-_SPARSE_ROW_FIELDS = ("query_causal", "draft_position_ids", "draft_kv_lens", "kv_content_checked", "kv_mismatch_slot")
-
-
-def _fields_of(obj: Any) -> dict[str, Any]:
-    """json.dumps hook: our dataclasses hold only JSON values and other dataclasses."""
-    if type(obj) is RowRecord:
-        # Identity tests: slot 0 is a recorded value, and 0 == False.
-        fields = obj.__dict__
-        return {k: v for k, v in fields.items() if k not in _SPARSE_ROW_FIELDS or (v is not None and v is not False)}
-    if dataclasses.is_dataclass(obj):
-        return obj.__dict__
-    raise TypeError(f"cannot serialise {type(obj).__name__} in a trace")
-
-
 def trace_to_json(trace: Trace) -> str:
     # Much faster than dataclasses.asdict, which deep-copies every token list.
     body = {"format": FORMAT_NAME, "header": trace.header, "steps": trace.steps, "sequences": trace.sequences}
-    return json.dumps(body, separators=(",", ":"), allow_nan=False, default=_fields_of)
+    return json.dumps(body, separators=(",", ":"), allow_nan=False, default=json_fields)
 
 
 def save_trace(trace: Trace, path: str | os.PathLike[str]) -> Path:
@@ -145,18 +129,14 @@ def _gunzip_bounded(raw: bytes, path: Path, max_bytes: int | None = MAX_JSON_BYT
         limit = _memory_limit()
     else:
         limit = min(max_bytes, max(len(raw) * MAX_INFLATE_RATIO, 64 * 1024 * 1024))
-    out = io.BytesIO()
     try:
-        with gzip.GzipFile(fileobj=io.BytesIO(raw)) as stream:
-            while chunk := stream.read(1 << 20):
-                out.write(chunk)
-                if out.tell() > limit:
-                    if max_bytes is None:
-                        raise TraceError(_too_big_for_memory(path, out.tell()))
-                    raise TraceError(f"{path}: gzip inflates past {limit} bytes; refusing (decompression bomb?)")
+        return inflate_bounded(raw, limit)
+    except InflatesTooFar as exc:
+        if max_bytes is None:
+            raise TraceError(_too_big_for_memory(path, exc.size)) from None
+        raise TraceError(f"{path}: gzip inflates past {limit} bytes; refusing (decompression bomb?)") from None
     except (OSError, EOFError, zlib.error) as exc:
         raise TraceError(f"{path}: corrupt or truncated gzip ({exc})") from None
-    return out.getvalue()
 
 
 # Parsed JSON costs up to ~23x its text in Python objects; ~12x is typical of a trace.

@@ -10,6 +10,7 @@ attention mask row covers `cache_len` cached slots followed by `query_len` query
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,3 +151,20 @@ class Trace:
     header: Header
     steps: list[StepRecord]
     sequences: list[SequenceRecord]
+
+
+# Optional row fields that most rows leave unrecorded: written only when recorded, so a run that
+# records them on a sampled few rows does not pay their bytes on every row (the loader restores
+# the defaults).
+SPARSE_ROW_FIELDS = ("query_causal", "draft_position_ids", "draft_kv_lens", "kv_content_checked", "kv_mismatch_slot")
+
+
+def json_fields(obj: Any) -> dict[str, Any]:
+    """json.dumps hook: our dataclasses hold only JSON values and other dataclasses."""
+    if type(obj) is RowRecord:
+        # Identity tests: slot 0 is a recorded value, and 0 == False.
+        fields = obj.__dict__
+        return {k: v for k, v in fields.items() if k not in SPARSE_ROW_FIELDS or (v is not None and v is not False)}
+    if dataclasses.is_dataclass(obj):
+        return obj.__dict__
+    raise TypeError(f"cannot serialise {type(obj).__name__} in a trace")
