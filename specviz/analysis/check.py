@@ -10,7 +10,8 @@ from the engine's `*_expected` fields, so an engine cannot vouch for itself.
 
 from __future__ import annotations
 
-from specviz.analysis.columnar import Columns, check_clean_steps, step_slices
+from specviz.analysis.arrays import Columns, step_slices
+from specviz.analysis.columnar import check_clean_steps
 from specviz.analysis.findings import Findings, stub_row
 from specviz.analysis.finish import FinishChecks
 from specviz.analysis.history import History

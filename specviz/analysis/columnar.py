@@ -15,97 +15,18 @@ exact histories (they depend only on earlier clean rows), so that first flag is 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
-import pyarrow as pa
 
+from specviz.analysis.arrays import Columns, sums
 from specviz.analysis.findings import Findings
 from specviz.analysis.finish import NO_ROW_FINISH, FinishChecks
 from specviz.analysis.history import History
 from specviz.analysis.recorded import DRAFT_UNMATCHED
 from specviz.analysis.row_checks import NO_MASK, NO_TARGETS, NOT_LEFT_PADDED
-from specviz.trace.arrow import list_parts, numbers, run_parts, string_lengths, valid
 
 EOS_LENGTH, BUDGET_LENGTH = len("eos"), len("length")  # finish_reason told apart by its length
-
-
-SLICE_ROWS = 4096  # row-steps checked at once
-
-
-@dataclass
-class Lists:
-    """One list column of a row group, compacted: row r's items are values[start[r] : start[r] + lengths[r]]."""
-
-    values: np.ndarray  # [items]
-    lengths: np.ndarray  # [rows]
-    start: np.ndarray  # [rows]
-    row_of: np.ndarray  # [items] the row of each item
-    index: np.ndarray  # [items] its index inside its row
-
-    @classmethod
-    def of(cls, offsets: np.ndarray, flat: np.ndarray, present: np.ndarray | None = None) -> Lists:
-        lengths = np.diff(offsets)
-        if present is not None:  # a null row holds no items
-            lengths = np.where(present, lengths, 0)
-        start = np.cumsum(lengths) - lengths
-        row_of = np.repeat(np.arange(len(lengths)), lengths)
-        index = np.arange(len(row_of)) - start[row_of]
-        return cls(flat[offsets[:-1][row_of] + index], lengths, start, row_of, index)
-
-    def at(self, rows: np.ndarray, j: np.ndarray) -> np.ndarray:
-        """Item j of each row (the caller keeps j inside the row; clipped to the array otherwise)."""
-        if not len(self.values):
-            return np.full(len(rows), -1, dtype=np.int64)
-        return self.values[np.clip(self.start[rows] + j, 0, len(self.values) - 1)]
-
-    def all(self, items_ok: np.ndarray) -> np.ndarray:
-        """[rows]: every item of the row satisfies `items_ok` ([items])."""
-        return np.bincount(self.row_of[~items_ok], minlength=len(self.lengths)) == 0
-
-
-class Columns:
-    """A row group's columns as NumPy arrays `[rows]` (lists as `Lists`); None from `of` when a
-    column holds what these arrays do not take (a null inside a list), left to the row walk."""
-
-    def __init__(self, table: pa.Table) -> None:
-        col = table.column
-        for name in ("step", "cache_len", "query_len", "seq_id", "write_seq", "committed_before", "left_pad"):
-            setattr(self, name, numbers(col(name)))
-        for name in ("pending_token", "accepted", "kv_len", "bonus", "draft_kv_len", "finished", "query_causal"):
-            setattr(self, name, numbers(col(name)))
-        self.kv_content_checked = numbers(col("kv_content_checked"))
-        for name in (
-            "bonus",
-            "draft_kv_len",
-            "kv_mismatch_slot",
-            "query_causal",
-            "draft_position_ids",
-            "draft_kv_lens",
-        ):
-            setattr(self, f"{name}_valid", valid(col(name)))
-        self.reason = string_lengths(col("finish_reason"))
-        self.n = len(self.step)
-
-    @classmethod
-    def of(cls, table: pa.Table) -> Columns | None:
-        columns = cls(table)
-        for name in ("draft_tokens", "target_tokens", "emitted", "position_ids", "draft_position_ids", "draft_kv_lens"):
-            parts = list_parts(table.column(name))
-            if parts is None:
-                return None
-            present = getattr(columns, f"{name}_valid", None)
-            setattr(columns, name, Lists.of(*parts, present))
-        runs = run_parts(table.column("mask_rle"))
-        if runs is None:
-            return None
-        offsets, kinds, counts = runs
-        columns.run_kinds, columns.run_counts = Lists.of(offsets, kinds), Lists.of(offsets, counts)
-        row_of, sizes = columns.run_counts.row_of, columns.run_counts.values
-        columns.width = _sums(row_of, sizes, columns.n)  # [rows] mask width
-        columns.has_runs = np.bincount(row_of[sizes > 0], minlength=columns.n) > 0  # [rows] a run with slots
-        return columns
 
 
 @dataclass
@@ -122,19 +43,6 @@ class Before:
     done: np.ndarray  # the row finishes its sequence (EOS last, or the budget reached)
     eos_any: np.ndarray  # the row emitted an EOS
     eos_inside: np.ndarray  # ... with tokens after it
-
-
-def step_slices(table: pa.Table, rows: int = SLICE_ROWS) -> Iterator[tuple[int, pa.Table]]:
-    """The row group in slices of whole steps, about `rows` row-steps each (zero-copy), as (steps
-    before the slice, the slice): NumPy temporaries stay a few MB whatever the group's size."""
-    step_numbers = numbers(table.column("step"))
-    starts = np.flatnonzero(np.concatenate([[True], step_numbers[1:] != step_numbers[:-1]]))
-    begin = 0
-    while begin < len(starts):
-        end = max(begin + 1, int(np.searchsorted(starts, starts[begin] + rows, side="right")) - 1)
-        stop = int(starts[end]) if end < len(starts) else len(step_numbers)
-        yield begin, table.slice(int(starts[begin]), stop - int(starts[begin]))
-        begin = end
 
 
 def check_clean_steps(
@@ -261,7 +169,7 @@ def _mask_flags(c: Columns, history: History) -> np.ndarray:
     bad = np.zeros(n, dtype=bool)
     if history.left_padded:
         holes = np.bincount(row_of[positive & (kinds == 0) & (rank > 1)], minlength=n) > 0
-        lead = _sums(row_of, np.where(positive & (rank == 1) & (kinds == 0), sizes, 0), n)
+        lead = sums(row_of, np.where(positive & (rank == 1) & (kinds == 0), sizes, 0), n)
         bad |= holes | (c.left_pad != lead)
     query = np.minimum(c.draft_tokens.lengths + 1, c.query_len)
     if history.declared_layout:
@@ -272,8 +180,8 @@ def _mask_flags(c: Columns, history: History) -> np.ndarray:
     begin = begin - begin[first]  # [runs] slot where the run starts inside its row
     in_cache = np.clip(np.minimum(begin + sizes, cache_len[row_of]) - begin, 0, None)
     attended = kinds == 1
-    cache = _sums(row_of, np.where(attended, in_cache, 0), n)
-    query_attended = _sums(row_of, np.where(attended, sizes, 0), n) - cache
+    cache = sums(row_of, np.where(attended, in_cache, 0), n)
+    query_attended = sums(row_of, np.where(attended, sizes, 0), n) - cache
     query_bad = query_attended != query if history.declared_layout else query_attended < query
     bad |= wrong_width | (cache != c.kv_len) | query_bad
     return bad & c.has_runs
@@ -309,11 +217,6 @@ def _step_flags(c: Columns, b: Before, local: np.ndarray, left_padded: bool) -> 
         differ = np.minimum.reduceat(widths, starts) != np.maximum.reduceat(widths, starts)
         bad |= set(steps[starts][differ].tolist())
     return bad
-
-
-def _sums(row_of: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
-    """[rows] sum of each row's items (exact: slot counts are far below 2**53)."""
-    return np.bincount(row_of, weights=values, minlength=n).astype(np.int64)
 
 
 # ----------------------------------------------------------------------------- applying clean steps

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from specviz.analysis.columnar import Columns, Lists, step_slices
+from specviz.analysis.arrays import Columns, Lists, step_slices
 from specviz.trace.arrow import numbers
 from specviz.trace.schema import Trace
 
