@@ -97,14 +97,20 @@ def run_watched(pair: ModelPair, prompts: PromptSet, config: RunConfig) -> tuple
     original = run_module.Engine
 
     class WatchedEngine(original):  # type: ignore[misc, valid-type]
+        # A class is part of a reference cycle: a closure over `w` would keep the watch alive until
+        # a full garbage collection, which the next run (of either arm) would pay for. So the
+        # watch is a class attribute, cleared when the run ends.
+        watch: Any = None
+
         def step(self, batch: Any) -> Any:
-            w.rows([s.seq_id for s in batch.seqs])
+            self.watch.rows([s.seq_id for s in batch.seqs])
             before = [len(s.output_ids) for s in batch.seqs]
             outcome = super().step(batch)
             for seq, n in zip(batch.seqs, before):
-                w.emit(seq.seq_id, seq.output_ids[n:], seq.finish_reason)
+                self.watch.emit(seq.seq_id, seq.output_ids[n:], seq.finish_reason)
             return outcome
 
+    WatchedEngine.watch = w
     run_module.Engine = WatchedEngine
     try:
         started = time.perf_counter()
@@ -114,6 +120,7 @@ def run_watched(pair: ModelPair, prompts: PromptSet, config: RunConfig) -> tuple
         return trace, time.perf_counter() - started
     finally:
         run_module.Engine = original
+        WatchedEngine.watch = None
 
 
 def run_unwatched(pair: ModelPair, prompts: PromptSet, config: RunConfig) -> float:
