@@ -1,12 +1,14 @@
 """Reading one row of one captured call: its query (from the mask, padding on either side), its
 pending slot and draft chain (`RowQuery`), the argmax at a slot, and the mask row it was fed.
 
-`steps.py` builds the trace's steps from these readings; see its docstring for the rules.
+`steps.py` builds the trace's steps from these readings; see its docstring for the rules. Every
+reading is of a materialized call (`CallRecord.materialize`: lists, flags and last slots set).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import groupby
 
 from specviz.watch.hooks import CallRecord
 
@@ -32,21 +34,12 @@ def row_seq_ids(call: CallRecord) -> tuple[int, ...]:
 
 def query_flags(call: CallRecord, row: int) -> list[int]:
     """1 for each query slot of `row` that is attended (a real token), 0 for padding."""
-    q = call.query_len
-    if call.mask_kind == "2d":
-        values = call.mask[row]
-        if len(values) >= q:
-            return [int(v) for v in values[len(values) - q :]]
-    return [1] * q
+    return call.query_flags(row)
 
 
 def last_slot(call: CallRecord, row: int) -> int:
     """The row's last attended query slot (the last column unless the row is right-padded)."""
-    flags = query_flags(call, row)
-    for j in range(len(flags) - 1, -1, -1):
-        if flags[j]:
-            return j
-    return len(flags) - 1
+    return call.last_slots[row]
 
 
 def argmax_at(call: CallRecord, row: int, slot: int) -> int | None:
@@ -65,8 +58,8 @@ def context_before(call: CallRecord, row: int, slot: int) -> int:
     if call.mask_kind == "2d":
         values = call.mask[row]
         return int(sum(values[: len(values) - call.query_len + slot]))
-    if call.mask_kind == "4d" and slot == call.query_len - 1:
-        return call.context_last[row]
+    if call.mask_kind == "4d" and slot == call.query_len - 1:  # the kept tail ends with the last query row
+        return int(sum(call.mask[row][-1][: call.cache_width + slot]))
     return -1
 
 
@@ -199,11 +192,4 @@ def _mask4_row(block: list[list[bool]], width: int, q: int, rq: RowQuery) -> tup
 
 def _rle(values: list[int]) -> list[list[int]]:
     """[0, 0, 1, 1, 1] -> [[0, 2], [1, 3]], canonical like the recorder's."""
-    runs: list[list[int]] = []
-    for value in values:
-        value = int(value)
-        if runs and runs[-1][0] == value:
-            runs[-1][1] += 1
-        else:
-            runs.append([value, 1])
-    return runs
+    return [[int(value), len(list(run))] for value, run in groupby(values)]

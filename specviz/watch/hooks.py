@@ -4,12 +4,15 @@ Per call we keep, as small device tensors (no host sync on the hot path):
 - the input ids and the position ids, either fed or, when the engine passes none, the ones the
   model derives itself (for most HF models: `cache_position`, i.e. the physical slot index, which
   ignores left padding: exactly the bug many engines ship);
-- the attention mask: a 2-D mask as fed; a 4-D mask as a per-row boolean view of its last query rows;
+- the attention mask as "may attend" booleans: a 2-D mask as fed, a 4-D mask's last query rows;
 - the physical cache width before the call (`cache` or the older `past_key_values` keyword);
-- how many earlier slots the last query token attends (the draft's context width);
 - the argmax of the output logits of the last query slots (up to QUERY_TAIL), for both roles: a
   right-padded row's last real token is not in the last column.
-Everything is turned into plain lists only when the watch closes (`CallRecord.materialize`).
+A forward costs the watch one tensor op per fed tensor and one argmax, nothing more: on a small
+model every op is ~5-10 us, a share of a decode step worth counting, and the same holds at close
+(one `tolist` per kept tensor). Everything else (which query slots are real, how many earlier
+slots a query token attends) is read from the lists, in Python, when the watch closes
+(`CallRecord.materialize`), which is also where the only host syncs the watch adds happen.
 """
 
 from __future__ import annotations
@@ -44,26 +47,42 @@ class CallRecord:
     positions_fed: bool
     cache_width: int
     mask_kind: str  # "2d" | "4d" | "none" (everything attended) | "unknown"
-    mask: Any  # 2d: [B, W] bool; 4d: [B, tail, W] bool (last query rows); else None
-    context_last: Any  # [B]: earlier slots the last query token attends
+    mask: Any  # may attend: 2d [B, W]; 4d [B, tail, W] (the last query rows); else None
+    batch_size: int  # B
+    query_len: int  # q
     argmax: Any = None  # [B, L]: argmax of the logits of the last L query slots
     started: float = 0.0
     ended: float = 0.0
-
-    @property
-    def batch_size(self) -> int:
-        return len(self.input_ids)
-
-    @property
-    def query_len(self) -> int:
-        return len(self.input_ids[0]) if len(self.input_ids) else 0
+    last_slots: list[int] | None = None  # [B]: each row's last attended query slot, set by `materialize`
 
     def materialize(self) -> None:
         """Tensors to lists, once, at close: the only host syncs the watch adds."""
-        for name in ("input_ids", "positions", "mask", "context_last", "argmax"):
+        if self.last_slots is not None:
+            return
+        for name in ("input_ids", "positions", "mask", "argmax"):
             value = getattr(self, name)
             if isinstance(value, torch.Tensor):
                 setattr(self, name, value.tolist())
+        self.last_slots = [self._last_slot(row) for row in range(self.batch_size)]
+
+    def query_flags(self, row: int) -> list[int]:
+        """1 for each query slot of `row` that is attended (a real token), 0 for padding."""
+        q = self.query_len
+        if self.mask_kind == "2d":
+            values = self.mask[row]
+            if len(values) >= q:
+                return [int(v) for v in values[len(values) - q :]]
+        return [1] * q
+
+    def _last_slot(self, row: int) -> int:
+        """The row's last attended query slot (the last one when none is), read off the mask row."""
+        q = self.query_len
+        if self.mask_kind == "2d":
+            values = self.mask[row]
+            start = len(values) - q
+            if start >= 0:
+                return next((j for j in range(q - 1, -1, -1) if values[start + j]), q - 1)
+        return q - 1
 
 
 class CallSink(Protocol):
@@ -104,15 +123,6 @@ def cache_width(cache: Any) -> int:
     return 0
 
 
-def _attended(mask: torch.Tensor) -> torch.Tensor:
-    """Boolean 'may attend' from a bool, 0/1 or additive float mask."""
-    if mask.dtype == torch.bool:
-        return mask
-    if mask.is_floating_point():
-        return mask == 0  # additive: 0 attends, a large negative number blocks
-    return mask != 0
-
-
 class ModelHooks:
     """Pre- and post-forward hooks on one model, appending a CallRecord per call to `sink`."""
 
@@ -138,7 +148,8 @@ class ModelHooks:
             return kwargs
         return {**dict(zip(self.param_names, args)), **kwargs}
 
-    @torch.no_grad()
+    # No `torch.no_grad()` wrapper (a context switch per call): nothing here is differentiable,
+    # the copies are of integer and boolean tensors and the argmax of the logits is an index.
     def before(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         fed = self._arguments(args, kwargs)
         input_ids = fed.get("input_ids")
@@ -150,24 +161,24 @@ class ModelHooks:
         width = cache_width(cache)
         batch, q = input_ids.shape
         mask = fed.get("attention_mask")
-        kind, kept, context = self._mask(mask, batch, width, q)
+        kind, kept = _mask_copy(mask)
         positions, positions_fed = self._positions(fed, mask if kind == "2d" else None, batch, width, q)
         self.open.append(
             CallRecord(
                 role=self.role,
                 rows=self.sink.current_rows(self.role),
-                input_ids=input_ids.detach().clone(),
+                input_ids=input_ids.clone(),
                 positions=positions,
                 positions_fed=positions_fed,
                 cache_width=width,
                 mask_kind=kind,
                 mask=kept,
-                context_last=context,
+                batch_size=batch,
+                query_len=q,
                 started=started,
             )
         )
 
-    @torch.no_grad()
     def after(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         record = self.open.pop() if self.open else None
         if record is None:
@@ -176,42 +187,47 @@ class ModelHooks:
         if logits is None and isinstance(output, (tuple, list)) and output:
             logits = output[0]
         if isinstance(logits, torch.Tensor) and logits.dim() == 3:
-            record.argmax = logits[:, -QUERY_TAIL:].argmax(-1)
+            tail = logits if logits.shape[1] <= QUERY_TAIL else logits[:, -QUERY_TAIL:]
+            record.argmax = tail.argmax(-1)
         record.ended = time.perf_counter()
         self.sink.add_call(record)
 
     def _positions(
         self, fed: dict[str, Any], mask2d: torch.Tensor | None, batch: int, width: int, q: int
-    ) -> tuple[torch.Tensor, bool]:
+    ) -> tuple[Any, bool]:
         position_ids = fed.get("position_ids")
         if isinstance(position_ids, torch.Tensor):
-            return position_ids.detach().reshape(-1, q).expand(batch, q).clone(), True
+            if position_ids.shape == (batch, q):
+                return position_ids.clone(), True  # one op, the usual case
+            return position_ids.reshape(-1, q).expand(batch, q).clone(), True
         cache_position = fed.get("cache_position")
         if isinstance(cache_position, torch.Tensor):
-            return cache_position.detach().reshape(1, q).expand(batch, q).clone(), False
+            return cache_position.reshape(1, q).expand(batch, q).clone(), False
         if self.model_type == "opt" and mask2d is not None:
             # OPT's learned positions count the mask's ones (its own rule, padding-aware).
             ones = mask2d.long()
             return ((ones.cumsum(1) * ones) - 1)[:, -q:].clone(), False
-        device = fed["input_ids"].device
-        return torch.arange(width, width + q, device=device).expand(batch, q).clone(), False
+        return [list(range(width, width + q)) for _ in range(batch)], False  # no tensor op needed
 
-    def _mask(self, mask: Any, batch: int, width: int, q: int) -> tuple[str, Any, torch.Tensor]:
-        device = self.sink_device(mask)
-        if mask is None:
-            return "none", None, torch.full((batch,), width + q - 1, device=device)
-        if not isinstance(mask, torch.Tensor):
-            return "unknown", None, torch.full((batch,), -1, device=device)
-        if mask.dim() == 2:
-            seen = _attended(mask.detach())
-            return "2d", seen.clone(), seen[:, : max(seen.shape[1] - 1, 0)].sum(1)
-        if mask.dim() == 4:
-            seen = _attended(mask.detach()[:, 0])  # heads share the mask
-            last = width + q - 1  # the last query token's own slot
-            context = seen[:, -1, :last].sum(1)
-            return "4d", seen[:, -QUERY_TAIL:].clone(), context
-        return "unknown", None, torch.full((batch,), -1, device=device)
 
-    @staticmethod
-    def sink_device(mask: Any) -> torch.device | None:
-        return mask.device if isinstance(mask, torch.Tensor) else None
+def _mask_copy(mask: Any) -> tuple[str, torch.Tensor | None]:
+    """The mask's kind and its "may attend" booleans, one tensor op (a 4-D mask: head 0's last
+    query rows; heads share the mask)."""
+    if mask is None:
+        return "none", None
+    if not isinstance(mask, torch.Tensor):
+        return "unknown", None
+    if mask.dim() == 2:
+        return "2d", _attended_copy(mask)
+    if mask.dim() == 4:
+        return "4d", _attended_copy(mask[:, 0, -QUERY_TAIL:])
+    return "unknown", None
+
+
+def _attended_copy(mask: torch.Tensor) -> torch.Tensor:
+    """Boolean 'may attend' from a bool, 0/1 or additive float mask, never a view of the engine's."""
+    if mask.dtype == torch.bool:
+        return mask.clone()
+    if mask.is_floating_point():
+        return mask == 0  # additive: 0 attends, a large negative number blocks
+    return mask != 0

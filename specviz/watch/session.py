@@ -10,9 +10,11 @@ Declared: rows and emits (and, optionally, the layout). Captured: everything the
 
 from __future__ import annotations
 
+import gc
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -120,22 +122,38 @@ class Watch:
         """Remove the hooks, infer the steps, decode the references, write `out`; returns the trace."""
         self._require_open("close")
         self._closed = True
-        for hooks in self._hooks:
-            hooks.remove()
-        prompts = self.prompts if self.prompts is not None else _prompts_from_first_call(self._calls)
+        calls = self._release_hooks()
         eos = frozenset(_eos_ids(self.target, self.tokenizer))
-        assembly = infer_steps(self._calls, self._emits, prompts, eos)
-        header = self._header(assembly, eos, complete)
+        with collector_paused():
+            prompts = self.prompts if self.prompts is not None else _prompts_from_first_call(calls)
+            assembly = infer_steps(calls, self._emits, prompts, eos)
+            header = self._header(assembly, eos, complete)
+        del calls  # read: the reference decode below does not need them
         references = self._references(prompts, assembly.max_new_tokens, eos) if reference else None
-        trace = Trace(header=header, steps=assembly.steps, sequences=self._sequences(prompts, assembly, references))
-        if self.tokenizer is not None:  # the piece table: readers of the trace show text, not IDs
-            from specviz.trace.token_text import attach_token_text
+        with collector_paused():
+            trace = Trace(header=header, steps=assembly.steps, sequences=self._sequences(prompts, assembly, references))
+            if self.tokenizer is not None:  # the piece table: readers of the trace show text, not IDs
+                from specviz.trace.token_text import attach_token_text
 
-            attach_token_text(trace, self.tokenizer)
-        if self.out is not None:
-            save_trace(trace, self.out)
+                attach_token_text(trace, self.tokenizer)
+            if self.out is not None:
+                save_trace(trace, self.out)
         self.trace = trace
         return trace
+
+    def _release_hooks(self) -> list[CallRecord]:
+        """Remove the hooks; returns the captured calls, which the watch no longer holds.
+
+        The hooks point back at this watch (their sink): a reference cycle that only a full garbage
+        collection would free, with every captured call in it. Broken here, so the calls go with
+        the last reference to them, not with the next full collection (hundreds of ms once torch
+        and transformers are loaded, paid by whatever runs then).
+        """
+        for hooks in self._hooks:
+            hooks.remove()
+        self._hooks = []
+        calls, self._calls = self._calls, []
+        return calls
 
     def __enter__(self) -> Watch:
         return self
@@ -243,6 +261,23 @@ def watch(
 
 
 # ----------------------------------------------------------------------------- helpers
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """No automatic garbage collection inside: for the watch's close, which builds thousands of
+    short-lived lists (the calls as lists, then the step records) and no reference cycles.
+
+    Each collection the allocations would trigger costs milliseconds, and the lists alive at that
+    moment are promoted to older generations, which is what schedules a full collection (hundreds
+    of ms with torch and transformers loaded) later in the user's run. A collector the caller had
+    disabled stays disabled.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _as_int(value: Any, what: str) -> int:

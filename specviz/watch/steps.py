@@ -23,6 +23,7 @@ The step structure is inferred from what the models were fed, never from a fixed
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
 
 from specviz.trace.schema import RowRecord, StepRecord
@@ -74,12 +75,17 @@ def attribute(
 ) -> list[Group]:
     """Each emission to the target call whose row fed that sequence's pending token."""
     history = {seq_id: list(ids) for seq_id, ids in enumerate(prompts)}
-    targets = [i for i, c in enumerate(calls) if c.role == "target"]
+    featured: dict[int, list[int]] = {}  # sequence -> the target calls that held it, in order
+    for i, call in enumerate(calls):
+        if call.role == "target":
+            for seq in row_seq_ids(call):
+                featured.setdefault(seq, []).append(i)
     last_group: dict[int, Group] = {}
     groups: list[Group] = []
     for emit in emits:
         seq = emit.seq_id
-        featuring = [i for i in targets if i < emit.after and seq in row_seq_ids(calls[i])]
+        held = featured.get(seq, [])
+        featuring = held[: bisect_left(held, emit.after)]  # the calls before the emit
         previous = last_group.get(seq)
         newest = featuring[-1] if featuring else None
         if previous is not None and (not emit.tokens or newest is None or newest <= previous.call):
