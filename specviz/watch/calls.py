@@ -60,6 +60,8 @@ def context_before(call: CallRecord, row: int, slot: int) -> int:
         return int(sum(values[: len(values) - call.query_len + slot]))
     if call.mask_kind == "4d" and slot == call.query_len - 1:  # the kept tail ends with the last query row
         return int(sum(call.mask[row][-1][: call.cache_width + slot]))
+    if call.mask_kind == "4d-slots" and slot == call.query_len - 1:
+        return int(sum(call.mask[row][-1])) - 1  # every slot it attends but its own
     return -1
 
 
@@ -89,8 +91,11 @@ def read_row(calls: list[CallRecord], index: int, row: int, pass_reprefill: bool
 
     The chain is the longest run of consecutive draft calls (of this row, since the sequence's
     previous target call) that fed the query's slots p .. p+d-1 and proposed p+1 .. p+d, with p the
-    last attended slot minus d; of equal runs, the earliest (a draft that repeats itself proposes
-    the same token at several calls: the engine used the first ones).
+    last attended slot minus d. A draft that repeats itself proposes the same token at several
+    calls, so several runs can fit the tokens: the run fed the same positions as those query slots
+    wins (a catch-up call that re-feeds the last accepted draft comes before the proposals; drafts
+    past a row's own length come after them), else the earliest. Positions only break ties between
+    runs the tokens allow, so a position bug is still read from the first run and checked.
     """
     verify = calls[index]
     ids = verify.input_ids[row]
@@ -102,16 +107,35 @@ def read_row(calls: list[CallRecord], index: int, row: int, pass_reprefill: bool
         p = last - d
         if not all(flags[p : last + 1]):
             continue
+        first = None
         for start in range(len(proposals) - d + 1):
-            chain = []
-            for i in range(d):
-                hit = _draft_row(calls[proposals[start + i]], seq, row, verify.batch_size, ids[p + i], ids[p + 1 + i])
-                if hit is None:
-                    break
-                chain.append((proposals[start + i], hit))
-            if len(chain) == d:
-                return RowQuery(p, d, tuple(chain))
+            chain = _chain(calls, proposals[start : start + d], seq, row, verify.batch_size, ids[p : p + d + 1])
+            if chain is None:
+                continue
+            if fed_positions(calls, chain) == list(verify.positions[row][p : p + d]):
+                return RowQuery(p, d, chain)
+            first = first or chain
+        if first is not None:
+            return RowQuery(p, d, first)
     return RowQuery(last, 0, ())
+
+
+def _chain(
+    calls: list[CallRecord], run: list[int], seq: int, row: int, batch_size: int, tokens: list[int]
+) -> tuple[tuple[int, int], ...] | None:
+    """(call, draft row) for each call of `run` that was fed tokens[i] and proposed tokens[i + 1]."""
+    chain = []
+    for i, j in enumerate(run):
+        hit = _draft_row(calls[j], seq, row, batch_size, tokens[i], tokens[i + 1])
+        if hit is None:
+            return None
+        chain.append((j, hit))
+    return tuple(chain)
+
+
+def fed_positions(calls: list[CallRecord], chain: tuple[tuple[int, int], ...]) -> list[int]:
+    """The position each draft call of the chain fed at its row's last attended slot."""
+    return [calls[j].positions[dr][last_slot(calls[j], dr)] for j, dr in chain]
 
 
 def _draft_calls(calls: list[CallRecord], index: int, seq: int, pass_reprefill: bool) -> list[int]:
@@ -166,6 +190,8 @@ def mask_row(call: CallRecord, row: int, rq: RowQuery) -> tuple[list[list[int]],
         return _rle(values[: start + q]), int(sum(values[:start])), None
     if call.mask_kind == "4d":
         return _mask4_row(call.mask[row], call.cache_width, call.query_len, rq)
+    if call.mask_kind == "4d-slots":
+        return _mask4_slots_row(call.mask[row], call.query_len, rq)
     return [], -1, None
 
 
@@ -188,6 +214,22 @@ def _mask4_row(block: list[list[bool]], width: int, q: int, rq: RowQuery) -> tup
         if query_part[: i + 1] != [1] * (i + 1) or any(query_part[i + 1 :]):
             causal = False
     return _rle(view + diagonal), sum(view), causal
+
+
+def _mask4_slots_row(block: list[list[bool]], q: int, rq: RowQuery) -> tuple[list[list[int]], int, bool | None]:
+    """A static or in-place cache's mask, whose keys are slots, not [cache | query]: where each
+    query slot's own key sits is not known, so the row is read by counts. The pending slot attends
+    its context and itself; each later query slot attends what the one before it did plus one new
+    slot (its own). Returned in the canonical form (context, then one flag per query slot), so the
+    checks read it like any other row: a stale or missing slot changes a count, and is flagged."""
+    first = len(block) - (q - rq.pending)
+    if first < 0:
+        return [], -1, None
+    seen = [{j for j, v in enumerate(block[first + i]) if v} for i in range(rq.drafts + 1)]
+    context = max(len(seen[0]) - 1, 0)
+    diagonal = [int(bool(seen[0]))]
+    diagonal += [int(len(now) == len(before) + 1 and before < now) for before, now in zip(seen, seen[1:])]
+    return _rle([1] * context + diagonal), context, all(diagonal)
 
 
 def _rle(values: list[int]) -> list[list[int]]:

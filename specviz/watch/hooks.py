@@ -46,7 +46,9 @@ class CallRecord:
     positions: Any  # [B, q] fed, or derived by the model's own rule
     positions_fed: bool
     cache_width: int
-    mask_kind: str  # "2d" | "4d" | "none" (everything attended) | "unknown"
+    # "2d" | "4d" (keys: cache then query) | "4d-slots" (keys: a static or in-place cache's slots)
+    # | "none" (everything attended) | "unknown"
+    mask_kind: str
     mask: Any  # may attend: 2d [B, W]; 4d [B, tail, W] (the last query rows); else None
     batch_size: int  # B
     query_len: int  # q
@@ -162,6 +164,11 @@ class ModelHooks:
         batch, q = input_ids.shape
         mask = fed.get("attention_mask")
         kind, kept = _mask_copy(mask)
+        if kind == "4d" and mask.shape[-1] != width + q:
+            # Keys are not [cache | query]: a static or in-place cache writes the query's keys at
+            # slots inside the keys that the mask alone does not name, so only what each query
+            # slot attends is read, not where (`calls.mask_row`).
+            kind = "4d-slots"
         positions, positions_fed = self._positions(fed, mask if kind == "2d" else None, batch, width, q)
         self.open.append(
             CallRecord(

@@ -27,7 +27,16 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 
 from specviz.trace.schema import RowRecord, StepRecord
-from specviz.watch.calls import CallReader, RowQuery, argmax_at, context_before, last_slot, mask_row, row_seq_ids
+from specviz.watch.calls import (
+    CallReader,
+    RowQuery,
+    argmax_at,
+    context_before,
+    fed_positions,
+    last_slot,
+    mask_row,
+    row_seq_ids,
+)
 from specviz.watch.hooks import CallRecord
 
 
@@ -269,7 +278,7 @@ def _row_record(
     lead = runs[0][1] if runs and runs[0][0] == 0 else 0
     draft_positions = draft_context = None
     if rq.chain:
-        draft_positions = [calls[j].positions[dr][last_slot(calls[j], dr)] for j, dr in rq.chain]
+        draft_positions = fed_positions(calls, rq.chain)
         draft_context = [context_before(calls[j], dr, last_slot(calls[j], dr)) for j, dr in rq.chain]
         if min(draft_context) < 0:
             draft_context = None  # a mask the hooks could not read

@@ -112,12 +112,12 @@ def _config(method: str, fault: str | None, record: bool):
     return config
 
 
-def run_watched(method: str, fault: str | None, reference: bool):
+def run_watched(method: str, fault: str | None, reference: bool, texts: list[str] = TEXTS):
     """Our engine with its recorder off; two lines of instrumentation in a subclass of its Engine."""
     from specviz.engine import run as run_module
 
     pair = specviz_pair()
-    w = specviz.watch(pair.target, pair.draft, tokenizer=pair.tokenizer, prompts=TEXTS, layout="left-padded")
+    w = specviz.watch(pair.target, pair.draft, tokenizer=pair.tokenizer, prompts=texts, layout="left-padded")
 
     class WatchedEngine(run_module.Engine):
         def step(self, batch):
@@ -131,7 +131,7 @@ def run_watched(method: str, fault: str | None, reference: bool):
     original = run_module.Engine
     run_module.Engine = WatchedEngine
     try:
-        run_module.run(pair, TEXTS, _config(method, fault, record=False))
+        run_module.run(pair, texts, _config(method, fault, record=False))
     finally:
         run_module.Engine = original
     return w.close(reference=reference)
@@ -163,6 +163,29 @@ def test_own_engine_watched_matches_recorder(method: str, fault: str | None) -> 
     from specviz.engine.faults import FAULTS  # transformers 5 only, like the engine
 
     assert at_first & set(FAULTS[fault].invariants), f"{fault}: broke {at_first}"
+
+
+REPEATING = ["The ragged tensor problem is", "Hello", "A"]  # "A": one token, then one token repeated
+
+
+@pytest.mark.skipif(not NEW_ENGINE, reason="specviz's own engine needs transformers 5")
+def test_own_engine_with_a_repeating_draft_is_read_from_the_right_calls() -> None:
+    """A draft that proposes one token over and over makes several runs of draft calls fit the
+    verified tokens: after a step that accepts every draft, EQSPEC first re-feeds the last draft to
+    the draft model (a catch-up call), then proposes. The watch once took the catch-up call as the
+    first proposal and flagged a correct engine (draft positions one behind, on every later step)."""
+    from specviz.engine.run import run
+
+    recorded = run(specviz_pair(), REPEATING, _config("eqspec", None, record=True))
+    rows = [r for s in recorded.steps for r in s.rows]
+    ambiguous = [r for r in rows if r.accepted == K and len(set(r.draft_tokens)) == 1]
+    assert ambiguous, "no row accepted a run of one repeated draft token: the hazard is not exercised"
+    watched = run_watched("eqspec", None, reference=True, texts=REPEATING)
+    report = check_trace(watched)
+    assert (report.verdict, report.violation_count, report.exact_match) == ("clean", 0, 1.0)
+    by_seq = {(s.step, r.seq_id): r.draft_position_ids for s in recorded.steps for r in s.rows}
+    got = {(s.step, r.seq_id): r.draft_position_ids for s in watched.steps for r in s.rows}
+    assert got == by_seq
 
 
 # ----------------------------------------------------------------------------- 2. independent engine
