@@ -68,6 +68,8 @@ def main() -> None:
     files.start_sweeper()  # refused uploads leave empty temp files Gradio's cleanup misses
     demo = build_app()
     files.on_shutdown([gradio_temp, LIVE_FOLDER.path], demo)
+    files.start_reaper([gradio_temp, LIVE_FOLDER.path])  # and after the process, however it ends
+    memory.tune_gc_for_serving()  # last before serving: what start-up built is never walked again
     launch(demo)
 
 

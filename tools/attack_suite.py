@@ -26,6 +26,7 @@ import queue
 import random
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -350,6 +351,7 @@ class Result:
     kept_mb: float = 0.0
     seconds: float = 0.0
     probe_max_s: float = 0.0
+    probe_median_s: float = 0.0
     probe_failures: int = 0
     outcome: str = ""
     notes: dict[str, Any] = field(default_factory=dict)
@@ -409,6 +411,9 @@ class Suite:
         result.seconds = round(time.perf_counter() - started, 1)
         result.probe_max_s, result.probe_failures = self.probe.stop()
         result.probe_max_s = round(result.probe_max_s, 2)
+        result.probe_median_s = round(statistics.median(self.probe.latencies), 2) if self.probe.latencies else 0.0
+        if self.probe.failures:
+            result.notes["probe_failures_first"] = self.probe.failures[:3]
         result.peak_growth_mb = round(self.server.peak - base)
         time.sleep(1.0)
         result.kept_mb = round(self.server.rss() - base) if self.server.alive() else 0

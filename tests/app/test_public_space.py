@@ -105,6 +105,7 @@ class _Event:
 
 def test_fair_lanes_serve_the_least_served_visitor_and_one_job_per_kind() -> None:
     from specviz.app.lanes import FairLanes
+    from specviz.app.serve import LIVE_CONCURRENCY_ID
 
     inspect, grid = object(), object()
     lanes = FairLanes(per_session=2)
@@ -117,6 +118,13 @@ def test_fair_lanes_serve_the_least_served_visitor_and_one_job_per_kind() -> Non
     assert lanes.pick(flood, [_Event("attacker", inspect)]) is None
     assert lanes.pick(flood, [_Event("attacker", grid), _Event("attacker", object())]) is None
     assert lanes.pick(flood, []) is flood[0]
+    # The default: one running job a visitor, a live run (its own lane of one) not counted.
+    one = FairLanes()
+    live = _Event("attacker", object())
+    live.concurrency_id = LIVE_CONCURRENCY_ID
+    assert one.pick(flood, [live]) is flood[0]
+    assert one.pick([*flood, visitor], [_Event("attacker", grid)]) is visitor
+    assert one.pick(flood, [_Event("attacker", grid)]) is None
 
 
 # ----------------------------------------------------------------------------- memory ceiling
