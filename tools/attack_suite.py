@@ -669,12 +669,15 @@ def load_heavy(url: str, path: Path, slot: str = "a") -> tuple[Client, str]:
 
 
 def attack_inspect_flood(suite: Suite, folder: Path, path: Path, calls: int) -> None:
-    """Issue 23: one session queues `calls` inspects of its heaviest run; the probe times its own."""
+    """Issue 23: one session queues `calls` inspects, `calls` grid steps and 4 uploads of its
+    heaviest run at once; the probe, in its own process, times its own grid steps meanwhile."""
 
     def flood(result: Result) -> str:
         client, loaded = load_heavy(suite.server.url, path)
         cpu = _cpu_s(suite.server.proc.pid)
         jobs = [client.submit("A", 40, False, api_name="/inspect") for _ in range(calls)]
+        jobs += [client.submit("A", i % 50, -1, 40, api_name="/grid") for i in range(calls)]
+        jobs += [client.submit(handle_file(str(path)), 40, False, api_name="/load_upload_b") for _ in range(4)]
         outcomes = {"ok": 0, "replaced or refused": 0}
         for job in jobs:
             try:
@@ -685,7 +688,7 @@ def attack_inspect_flood(suite: Suite, folder: Path, path: Path, calls: int) -> 
         result.notes.update(upload=loaded, outcomes=outcomes, cpu_s=round(_cpu_s(suite.server.proc.pid) - cpu, 1))
         return f"{path.name} {loaded}; {outcomes}"
 
-    suite.run(f"{calls} inspects queued by one session [{path.name}]", flood)
+    suite.run(f"{calls} inspects, {calls} grid steps, 4 uploads queued by one session [{path.name}]", flood)
 
 
 def attack_sessions(suite: Suite, path: Path, sessions: int, ceiling_mb: float | None) -> None:
@@ -751,7 +754,8 @@ def main() -> int:
         if "models" in wanted:
             attack_models(suite)
         if "inspect" in wanted:
-            attack_inspect_flood(suite, folder, piece_table_file(folder, 600_000 if args.quick else 2_150_000), 12)
+            # The heaviest run a public upload may hold (the piece-table file of round one is refused now).
+            attack_inspect_flood(suite, folder, many_steps_file(folder, 3_000 if args.quick else 10_000), 12)
         if "sessions" in wanted:  # the heaviest a public upload may be: its rows and their analysis
             heavy = many_steps_file(folder, 3_000 if args.quick else 10_000)
             attack_sessions(suite, heavy, 6 if args.quick else 20, ceiling)
