@@ -12,7 +12,7 @@ from typing import Any
 
 import gradio as gr
 
-from specviz.app import events, files, lanes, memory, serve
+from specviz.app import events, files, lanes, memory, serve, uploads
 from specviz.app.assets import CSS, INTRO
 from specviz.app.detail import build_detail_tabs
 from specviz.app.live import LIVE_FOLDER, LIVE_GATE, PUBLIC, RUN_MEMORY, load_model_pair
@@ -44,6 +44,7 @@ def build_app() -> gr.Blocks:
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=INSPECT_CONCURRENCY)
     serve.install_gate(demo, LIVE_GATE)  # one live run per visitor, refused before it queues
     lanes.install_fair_lanes(demo)  # every lane: one waiting job per visitor and kind, least served first
+    uploads.install_upload_claims(demo)  # an upload is read only by the session that queued it first
     memory.install_memory(demo, RUN_MEMORY, LoadedRun)  # the loaded runs' ceiling; an unloaded run says so
     demo.unload(memory.release_memory)  # a closed tab's runs are freed by Gradio; give the memory back
     return demo
@@ -67,6 +68,8 @@ def main() -> None:
     files.start_sweeper()  # refused uploads leave empty temp files Gradio's cleanup misses
     demo = build_app()
     files.on_shutdown([gradio_temp, LIVE_FOLDER.path], demo)
+    files.start_reaper([gradio_temp, LIVE_FOLDER.path])  # and after the process, however it ends
+    memory.tune_gc_for_serving()  # last before serving: what start-up built is never walked again
     launch(demo)
 
 

@@ -26,6 +26,7 @@ import queue
 import random
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -350,6 +351,7 @@ class Result:
     kept_mb: float = 0.0
     seconds: float = 0.0
     probe_max_s: float = 0.0
+    probe_median_s: float = 0.0
     probe_failures: int = 0
     outcome: str = ""
     notes: dict[str, Any] = field(default_factory=dict)
@@ -409,6 +411,9 @@ class Suite:
         result.seconds = round(time.perf_counter() - started, 1)
         result.probe_max_s, result.probe_failures = self.probe.stop()
         result.probe_max_s = round(result.probe_max_s, 2)
+        result.probe_median_s = round(statistics.median(self.probe.latencies), 2) if self.probe.latencies else 0.0
+        if self.probe.failures:
+            result.notes["probe_failures_first"] = self.probe.failures[:3]
         result.peak_growth_mb = round(self.server.peak - base)
         time.sleep(1.0)
         result.kept_mb = round(self.server.rss() - base) if self.server.alive() else 0
@@ -449,6 +454,30 @@ def upload(url: str, path: Path, slot: str = "a") -> str:
     return "loaded: " + summary.splitlines()[0][:100] if summary else "loaded"
 
 
+def fn_index(url: str, api_name: str) -> int:
+    with urllib.request.urlopen(url + "config", timeout=30) as resp:
+        config = json.load(resp)
+    return next(d["id"] for d in config["dependencies"] if d.get("api_name") == api_name)
+
+
+def raw_event(url: str, api_name: str, data: list[Any], session: str, timeout: float = 60) -> dict[str, Any]:
+    """One event as a hand-written client sends it: any values (a file path nobody uploaded in this
+    session), no upload step. The completed message: {"success": ..., "output": {"data": [...]}}."""
+    import httpx
+
+    body = {"data": data, "fn_index": fn_index(url, api_name), "session_hash": session, "trigger_id": None}
+    joined = httpx.post(url + "gradio_api/queue/join", json=body, timeout=timeout)
+    joined.raise_for_status()
+    event_id = joined.json()["event_id"]
+    params = {"session_hash": session}
+    with httpx.stream("GET", url + "gradio_api/queue/data", params=params, timeout=timeout) as stream:
+        for line in stream.iter_lines():
+            message = json.loads(line[5:]) if line.startswith("data:") else {}
+            if message.get("msg") == "process_completed" and message.get("event_id") == event_id:
+                return message
+    raise RuntimeError(f"{api_name}: the event stream closed before the event completed")
+
+
 def attack_uploads(suite: Suite, folder: Path, quick: bool) -> None:
     inflated = 64 if quick else 402
     steps = 200_000 if quick else 10**6
@@ -469,6 +498,60 @@ def attack_uploads(suite: Suite, folder: Path, quick: bool) -> None:
             continue
         size = path.stat().st_size
         suite.run(f"{name} [{size // 1024} KB]", lambda r, path=path: upload(suite.server.url, path))
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 60) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def attack_foreign_upload(suite: Suite, folder: Path) -> None:
+    """Issue 23: a visitor who knows another visitor's upload path loads it while the owner's load
+    waits in the queue (behind the owner's previous load), and loads a file the app cached (a
+    download). Both must be refused as a missing file is, and nothing read away or deleted."""
+    from gradio_client.utils import Status
+
+    def steal(result: Result) -> str:
+        url = suite.server.url
+        victim = Client(url, verbose=False)
+        heavy = victim.submit(handle_file(str(many_steps_file(folder, 3_000))), 40, False, api_name="/load_upload_a")
+        wait_for(lambda: heavy.status().code in (Status.PROCESSING, Status.FINISHED))
+        name = f"victim-{random.randrange(16**8):08x}.json"
+        mine = victim.submit(
+            handle_file(str(write_json(folder / name, base_trace()))), 40, False, api_name="/load_upload_a"
+        )
+        queued = (Status.IN_QUEUE, Status.PROCESSING, Status.FINISHED)
+        wait_for(lambda: mine.status().code in queued and any(suite.server.temp.rglob(name)))
+        path = next(suite.server.temp.rglob(name), None)
+        # A file the app cached beside the uploads (as a live run's download), in the app's folder.
+        download = (path.parent.parent if path else suite.server.temp) / "d0wnl0ad" / "live-eqspec.json"
+        download.parent.mkdir(parents=True, exist_ok=True)
+        write_json(download, base_trace())
+        answers = {}
+        for label, target in (("upload", path), ("download", download), ("missing", download.with_name("x.json"))):
+            data = [{"path": str(target), "meta": {"_type": "gradio.FileData"}}, None, 40, False]
+            message = raw_event(url, "load_upload_b", data, f"thief-{label}", timeout=suite.timeout)
+            output = message.get("output") or {}
+            refused = None if message.get("success") else f"refused by Gradio: {output.get('error')}"
+            answers[label] = refused or app_error(output.get("data", [])) or "loaded"
+        owner = app_error(mine.result(timeout=suite.timeout)) or "loaded"
+        heavy.result(timeout=suite.timeout)
+        result.notes.update(answers=answers, owner=owner, download_kept=download.exists())
+        if answers["upload"] == "loaded" or answers["download"] == "loaded":
+            result.notes["problem_read"] = f"another session's file was loaded: {answers}"
+        if len(set(answers.values())) != 1:
+            result.notes["problem_oracle"] = f"the answers tell files apart: {answers}"
+        if owner != "loaded" or not download.exists():
+            result.notes["problem_deleted"] = (
+                f"the owner's file went: owner {owner[:80]}, download kept {download.exists()}"
+            )
+        return f"thief: {answers['upload'][:60]}; owner: {owner[:60]}"
+
+    suite.run("another session's upload and a cached download, by path", steal)
 
 
 def attack_session(suite: Suite, folder: Path, times: int) -> None:
@@ -586,12 +669,15 @@ def load_heavy(url: str, path: Path, slot: str = "a") -> tuple[Client, str]:
 
 
 def attack_inspect_flood(suite: Suite, folder: Path, path: Path, calls: int) -> None:
-    """Issue 23: one session queues `calls` inspects of its heaviest run; the probe times its own."""
+    """Issue 23: one session queues `calls` inspects, `calls` grid steps and 4 uploads of its
+    heaviest run at once; the probe, in its own process, times its own grid steps meanwhile."""
 
     def flood(result: Result) -> str:
         client, loaded = load_heavy(suite.server.url, path)
         cpu = _cpu_s(suite.server.proc.pid)
         jobs = [client.submit("A", 40, False, api_name="/inspect") for _ in range(calls)]
+        jobs += [client.submit("A", i % 50, -1, 40, api_name="/grid") for i in range(calls)]
+        jobs += [client.submit(handle_file(str(path)), 40, False, api_name="/load_upload_b") for _ in range(4)]
         outcomes = {"ok": 0, "replaced or refused": 0}
         for job in jobs:
             try:
@@ -602,7 +688,7 @@ def attack_inspect_flood(suite: Suite, folder: Path, path: Path, calls: int) -> 
         result.notes.update(upload=loaded, outcomes=outcomes, cpu_s=round(_cpu_s(suite.server.proc.pid) - cpu, 1))
         return f"{path.name} {loaded}; {outcomes}"
 
-    suite.run(f"{calls} inspects queued by one session [{path.name}]", flood)
+    suite.run(f"{calls} inspects, {calls} grid steps, 4 uploads queued by one session [{path.name}]", flood)
 
 
 def attack_sessions(suite: Suite, path: Path, sessions: int, ceiling_mb: float | None) -> None:
@@ -641,14 +727,16 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=None, help="seconds per attack")
     parser.add_argument("--no-assert", action="store_true", help="report only (for older checkouts)")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
-    parser.add_argument("--only", default=None, help="comma list: uploads,session,html,models,flood")
+    parser.add_argument(
+        "--only", default=None, help="comma list: uploads,session,html,foreign,models,inspect,sessions,flood"
+    )
     parser.add_argument("--match", default="", help="only the upload attacks whose name contains this")
     parser.add_argument("--run-memory-mb", type=float, default=None, help="the app's ceiling for loaded runs")
     args = parser.parse_args()
     global MATCH
     MATCH = args.match
     timeout = args.timeout or (40 if args.quick else 180)
-    wanted = set((args.only or "uploads,session,html,models,flood,inspect,sessions").split(","))
+    wanted = set((args.only or "uploads,session,html,foreign,models,flood,inspect,sessions").split(","))
     ceiling = args.run_memory_mb or (96 if args.quick else 512)
     folder = Path(tempfile.mkdtemp(prefix="specviz-attack-files-"))
     started = time.time()
@@ -661,10 +749,13 @@ def main() -> int:
             attack_session(suite, folder, 3 if args.quick else 6)
         if "html" in wanted:
             attack_html(suite, folder)
+        if "foreign" in wanted:
+            attack_foreign_upload(suite, folder)
         if "models" in wanted:
             attack_models(suite)
         if "inspect" in wanted:
-            attack_inspect_flood(suite, folder, piece_table_file(folder, 600_000 if args.quick else 2_150_000), 12)
+            # The heaviest run a public upload may hold (the piece-table file of round one is refused now).
+            attack_inspect_flood(suite, folder, many_steps_file(folder, 3_000 if args.quick else 10_000), 12)
         if "sessions" in wanted:  # the heaviest a public upload may be: its rows and their analysis
             heavy = many_steps_file(folder, 3_000 if args.quick else 10_000)
             attack_sessions(suite, heavy, 6 if args.quick else 20, ceiling)

@@ -191,8 +191,12 @@ def wire_slot(slot: RunSlot, other: RunSlot, inspect: Any, compare: Any, ui: Det
         return finish(load_bundled(name), other_run, window, only, bundled=True)
 
     @user_errors(slot.status)
-    def from_upload(path: str | None, other_run: LoadedRun | None, window: int, only: bool) -> dict:
-        return finish(load_upload(path), other_run, window, only, bundled=False)
+    def from_upload(
+        path: str | None, other_run: LoadedRun | None, window: int, only: bool, request: gr.Request
+    ) -> dict:
+        # Only this session's own upload is read (specviz.app.uploads): any other path is "gone".
+        session = getattr(request, "session_hash", None)
+        return finish(load_upload(path, session), other_run, window, only, bundled=False)
 
     @user_errors(slot.status)
     def from_live(

@@ -182,9 +182,51 @@ def remove_app_files(folders: Sequence[str | os.PathLike[str]], demo: Any = None
                 continue
 
 
+# The reaper: a small process started with the app that waits for the app to end, however it ends
+# (SIGTERM, SIGINT, a crash, SIGKILL), then removes its folders. Removing them from inside the
+# dying app races with its own threads: a live run saving its trace, Gradio caching a download or
+# an upload can write a file after the removal walked past, and leave it. Once the app is gone
+# nothing writes any more. It reads a pipe whose other end only the app holds: end of file = gone.
+_REAPER = """
+import os, shutil, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal reaches the whole group
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+fd = int(sys.argv[1])
+os.write(1, b"ready\\n")
+while os.read(fd, 4096):
+    pass
+for folder in sys.argv[2:]:
+    for _ in range(3):
+        shutil.rmtree(folder, ignore_errors=True)
+"""
+
+
+def start_reaper(folders: Sequence[str | os.PathLike[str]]) -> Any:
+    """Start the process that removes `folders` once this process has ended (see `_REAPER`); it
+    answers once it is listening. The app's end is the end of a pipe only this process writes."""
+    import subprocess
+    import sys
+
+    read_end, write_end = os.pipe()  # both close on exec: only the reaper gets the read end
+    try:
+        reaper = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _REAPER, str(read_end), *map(str, folders)],
+            pass_fds=(read_end,),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            start_new_session=True,  # not in the app's process group: a signal to the group spares it
+        )
+    finally:
+        os.close(read_end)
+    reaper.stdout.readline()  # "ready": it holds its end of the pipe
+    reaper.write_end = write_end  # kept open until this process ends
+    return reaper
+
+
 def on_shutdown(folders: Sequence[str | os.PathLike[str]], demo: Any = None) -> None:
     """On SIGTERM (how a Space is stopped at every restart) and SIGINT, remove the app's files, then
-    exit: atexit handlers do not run on a signal's default action."""
+    exit: atexit handlers do not run on a signal's default action. The reaper removes whatever a
+    thread still wrote meanwhile, after the exit."""
     import signal
 
     def stop(signum: int, _frame: Any) -> None:

@@ -1,14 +1,19 @@
 """Fair lanes: every event kind is fair across visitors (issue 23). Per visitor and kind at most one
-job waits (a newer request replaces the older one), at most two of a visitor's jobs run at once,
-and the visitor served least recently goes first.
+job waits (a newer request replaces the older one), one of a visitor's jobs runs at a time, and the
+visitor served least recently goes first.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from specviz.app.serve import LIVE_CONCURRENCY_ID
+
 REPLACED_MESSAGE = "replaced by your newer request of the same kind"
-MAX_RUNNING_PER_SESSION = 2  # of the shared workers: other visitors always find one free
+# Jobs share one GIL and 2 cores: every running job of a flooder slows everyone else's as much as
+# one more job. With one at a time, another visitor's answer shares the CPU with one of them.
+# A live run (its own lane of one, for everyone) is not counted: a visitor inspects while it runs.
+MAX_RUNNING_PER_SESSION = 1
 
 
 class FairLanes:
@@ -28,8 +33,9 @@ class FairLanes:
         busy: dict[str, int] = {}
         kinds: set[tuple[str, int]] = set()
         for event in running:
-            busy[event.session_hash] = busy.get(event.session_hash, 0) + 1
             kinds.add((event.session_hash, id(event.fn)))
+            if getattr(event, "concurrency_id", None) != LIVE_CONCURRENCY_ID:  # a live run has its own
+                busy[event.session_hash] = busy.get(event.session_hash, 0) + 1  # lane of one: not counted
         best, best_key = None, None
         for position, event in enumerate(waiting):
             session = event.session_hash

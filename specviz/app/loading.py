@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from specviz.app import files, serve
+from specviz.app import serve, uploads
 from specviz.errors import SpecvizError
 from specviz.trace.budget import DEFAULT_BUDGET, PUBLIC_BUDGET
 from specviz.trace.io import TraceError, load_trace, parse_trace_bytes
@@ -25,7 +25,7 @@ DEFAULT_A = ("gemma-eqspec-uniform-advance.json.gz", "default-eqspec-stale-kv.js
 DEFAULT_B = ("gemma-eqspec.json.gz", "default-eqspec.json.gz")
 
 
-UPLOAD_GONE = "this upload is not available any more; upload the file again"
+UPLOAD_GONE = uploads.UPLOAD_GONE
 
 
 def bundled_traces() -> list[str]:
@@ -62,22 +62,10 @@ def load_default(candidates: tuple[str, ...]) -> LoadedRun | None:
         return None
 
 
-def load_upload(path: str | None) -> LoadedRun:
-    if not path:
-        raise SpecvizError("no file uploaded")
-    file = Path(path)
-    try:
-        size = file.stat().st_size
-    except OSError:  # gone, or never there: one message, no server path, nothing said about which
-        raise SpecvizError(UPLOAD_GONE) from None
-    if size > MAX_UPLOAD_BYTES:
-        raise SpecvizError(f"{file.name}: {size / 1e6:.1f} MB is over the {MAX_UPLOAD_BYTES // 2**20} MiB upload limit")
-    try:
-        raw = file.read_bytes()
-    except OSError:
-        raise SpecvizError(UPLOAD_GONE) from None
-    finally:  # read once, then gone: uploads never pile up in the Space's disk
-        files.delete_upload(file)
-    # Strip Gradio's temp folder from messages: the user knows the file by its name.
+def load_upload(path: str | None, session: str | None) -> LoadedRun:
+    """`session`'s own upload at `path` (see `specviz.app.uploads`), read once and analysed."""
+    too_big = "{name}: {mb:.1f} MB is over the {limit} MiB upload limit"
+    raw = uploads.read_upload(path, session, MAX_UPLOAD_BYTES, too_big)
+    name = Path(path or "").name  # the user knows the file by its name, never by Gradio's folder
     budget = PUBLIC_BUDGET if serve.public_mode() else DEFAULT_BUDGET  # a shared 2-core Space: tighter
-    return analyse(parse_trace_bytes(raw, file.name, budget=budget), f"upload {file.name}")
+    return analyse(parse_trace_bytes(raw, name, budget=budget), f"upload {name}")

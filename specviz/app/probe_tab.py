@@ -15,8 +15,8 @@ from typing import Any
 
 import gradio as gr
 
-from specviz.app import files
-from specviz.app.loading import DOCS, TRACES, UPLOAD_GONE
+from specviz.app import uploads
+from specviz.app.loading import DOCS, TRACES
 from specviz.errors import SpecvizError
 from specviz.probe.report import ProbeReport, ReportError, parse_report
 from specviz.views.probe import answers_html, divergence_map, noise_vs_swing
@@ -93,19 +93,11 @@ def load_bundled_report(name: str | None) -> ProbeReport:
     return _parse((TRACES / name).read_bytes(), name)
 
 
-def load_uploaded_report(path: str | None) -> ProbeReport:
-    if not path:
-        raise SpecvizError("no file uploaded")
-    file = Path(path)
-    try:
-        if file.stat().st_size > MAX_REPORT_UPLOAD_BYTES:
-            raise SpecvizError(f"{file.name}: over the {MAX_REPORT_UPLOAD_BYTES // 2**20} MiB limit of a probe report")
-        raw = file.read_bytes()
-    except OSError:
-        raise SpecvizError(UPLOAD_GONE) from None
-    finally:
-        files.delete_upload(file)
-    return _parse(raw, file.name)
+def load_uploaded_report(path: str | None, session: str | None) -> ProbeReport:
+    """`session`'s own uploaded report (see `specviz.app.uploads`), read once with a byte cap."""
+    too_big = "{name}: over the {limit} MiB limit of a probe report"
+    raw = uploads.read_upload(path, session, MAX_REPORT_UPLOAD_BYTES, too_big)
+    return _parse(raw, Path(path or "").name)
 
 
 def _parse(raw: bytes, name: str) -> ProbeReport:
@@ -126,7 +118,11 @@ def wire_probe(section: ProbeSection, user_errors: Any) -> None:
     guard = user_errors(section.status)
 
     section.open_bundled.click(guard(lambda name: section.show(load_bundled_report(name))), section.bundled, outputs)
-    section.upload.upload(guard(lambda path: section.show(load_uploaded_report(path))), section.upload, outputs)
+
+    def open_upload(path: str | None, request: gr.Request) -> dict:
+        return section.show(load_uploaded_report(path, getattr(request, "session_hash", None)))
+
+    section.upload.upload(guard(open_upload), section.upload, outputs)
 
     def on_prompt(report: ProbeReport | None, index: int | None) -> dict:
         if report is None or index is None:

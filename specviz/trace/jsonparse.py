@@ -2,8 +2,8 @@
 
 `json.loads` holds the GIL for the whole document: 46 MiB of steps take ~2.5 s on a busy 2-core
 machine, during which every other visitor of the app waits. A trace is one object whose big
-members are arrays of small items (steps, sequences), so this parses the top-level object and
-those arrays item by item with `JSONDecoder.raw_decode`. Between items the interpreter can switch
+members are arrays of small items (steps, sequences) and the header's piece table (one small entry
+per token), so this parses those members by item with `JSONDecoder.raw_decode`. Between items the interpreter can switch
 threads; the result, and every error (message, line, column), is what `json.loads` gives.
 """
 
@@ -27,6 +27,25 @@ def _expect(text: str, pos: int, char: str, message: str) -> int:
     return pos + 1
 
 
+# Objects are parsed member by member down to this depth: the trace, its header, the header's piece
+# table (2M entries decoded in one C call held the GIL for 6.8 s on 2 busy cores). Arrays in them
+# (steps, sequences) go item by item, and each item (a step, a sequence) is decoded whole.
+YIELD_DEPTH = 3
+# A member whose key and value are plain strings (no escape, no control character: what a piece
+# table is made of), with the comma and the next key's quote after it, in one match; any other
+# member (and the last) goes the general way, with json's own errors.
+_PLAIN_MEMBER = re.compile(r'"([^"\\\x00-\x1f]*)"[ \t\n\r]*:[ \t\n\r]*"([^"\\\x00-\x1f]*)"[ \t\n\r]*,[ \t\n\r]*(?=")')
+
+
+def _value(decoder: json.JSONDecoder, text: str, pos: int, depth: int) -> tuple[Any, int]:
+    """The value starting at `pos`: containers member by member while `depth` lasts, else whole."""
+    if depth > 0 and text.startswith("[", pos):
+        return _array(decoder, text, pos)
+    if depth > 0 and text.startswith("{", pos):
+        return _object(decoder, text, pos, depth)
+    return decoder.raw_decode(text, pos)
+
+
 def _array(decoder: json.JSONDecoder, text: str, pos: int) -> tuple[list[Any], int]:
     """The array starting at `pos` (a `[`), item by item; returns it and the position after it."""
     items: list[Any] = []
@@ -42,31 +61,38 @@ def _array(decoder: json.JSONDecoder, text: str, pos: int) -> tuple[list[Any], i
         pos = _skip(text, _expect(text, pos, ",", "Expecting ',' delimiter"))
 
 
+def _object(decoder: json.JSONDecoder, text: str, pos: int, depth: int) -> tuple[dict[str, Any], int]:
+    """The object starting at `pos` (a `{`), member by member; returns it and the position after it."""
+    result: dict[str, Any] = {}
+    pos = _skip(text, pos + 1)
+    if text.startswith("}", pos):
+        return result, pos + 1
+    match = _PLAIN_MEMBER.match
+    while True:
+        plain = match(text, pos)
+        while plain:
+            key, value = plain.groups()
+            result[key] = value
+            pos = plain.end()
+            plain = match(text, pos)
+        if not text.startswith('"', pos):
+            raise json.JSONDecodeError("Expecting property name enclosed in double quotes", text, pos)
+        key, pos = decoder.raw_decode(text, pos)
+        pos = _skip(text, _expect(text, _skip(text, pos), ":", "Expecting ':' delimiter"))
+        result[key], pos = _value(decoder, text, pos, depth - 1)
+        pos = _skip(text, pos)
+        if text.startswith("}", pos):
+            return result, pos + 1
+        pos = _skip(text, _expect(text, pos, ",", "Expecting ',' delimiter"))
+
+
 def loads_yielding(text: str, parse_constant: Callable[[str], Any] | None = None) -> Any:
-    """`json.loads(text, parse_constant=...)`, parsing a top-level object's arrays item by item."""
+    """`json.loads(text, parse_constant=...)`, parsing a top-level object's members item by item."""
     decoder = json.JSONDecoder(parse_constant=parse_constant)
     pos = _skip(text, 0)
     if not text.startswith("{", pos):
         return decoder.decode(text)
-    result: dict[str, Any] = {}
-    pos = _skip(text, pos + 1)
-    if text.startswith("}", pos):
-        pos += 1
-    else:
-        while True:
-            if not text.startswith('"', pos):
-                raise json.JSONDecodeError("Expecting property name enclosed in double quotes", text, pos)
-            key, pos = decoder.raw_decode(text, pos)
-            pos = _skip(text, _expect(text, _skip(text, pos), ":", "Expecting ':' delimiter"))
-            if text.startswith("[", pos):
-                result[key], pos = _array(decoder, text, pos)
-            else:
-                result[key], pos = decoder.raw_decode(text, pos)
-            pos = _skip(text, pos)
-            if text.startswith("}", pos):
-                pos += 1
-                break
-            pos = _skip(text, _expect(text, pos, ",", "Expecting ',' delimiter"))
+    result, pos = _object(decoder, text, pos, YIELD_DEPTH)
     pos = _skip(text, pos)
     if pos != len(text):
         raise json.JSONDecodeError("Extra data", text, pos)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from specviz.app import files, probe_tab
+from specviz.app import files, probe_tab, uploads
 from specviz.errors import SpecvizError
 
 
@@ -35,8 +35,10 @@ def test_bad_uploads_are_one_line_and_deleted(content: bytes, message: str) -> N
     folder = Path(tempfile.mkdtemp(dir=files.gradio_temp_root()))  # where Gradio puts an upload
     upload = folder / "r.json"
     upload.write_bytes(content)
+    uploads.UPLOADS.uploaded([upload])  # as the app's /upload and the event that queued it record
+    uploads.UPLOADS.claim("visitor", [upload])
     with pytest.raises(SpecvizError) as info:
-        probe_tab.load_uploaded_report(str(upload))
+        probe_tab.load_uploaded_report(str(upload), "visitor")
     assert message in str(info.value) and "\n" not in str(info.value)
     assert not upload.exists()  # read once, then gone
 
@@ -45,8 +47,10 @@ def test_oversized_upload_is_refused_before_it_is_read(tmp_path: Path, monkeypat
     upload = tmp_path / "big.json"
     upload.write_bytes(b" " * 2048)
     monkeypatch.setattr(probe_tab, "MAX_REPORT_UPLOAD_BYTES", 1024)
+    uploads.UPLOADS.uploaded([upload])
+    uploads.UPLOADS.claim("visitor", [upload])
     with pytest.raises(SpecvizError, match="limit of a probe report"):
-        probe_tab.load_uploaded_report(str(upload))
+        probe_tab.load_uploaded_report(str(upload), "visitor")
 
 
 def test_no_component_of_the_page_takes_a_url(monkeypatch: pytest.MonkeyPatch) -> None:

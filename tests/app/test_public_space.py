@@ -66,7 +66,7 @@ def test_every_string_and_header_value_counts() -> None:
 
 
 def test_uploads_get_the_public_budget_in_public_mode(tmp_path, monkeypatch) -> None:
-    from specviz.app import loading
+    from specviz.app import loading, uploads
 
     data = small()
     data["steps"] = data["steps"][:1] * 20_001
@@ -75,8 +75,10 @@ def test_uploads_get_the_public_budget_in_public_mode(tmp_path, monkeypatch) -> 
     path = tmp_path / "steps.json"
     path.write_text(json.dumps(data))
     monkeypatch.setenv("SPACE_ID", "x/y")
+    uploads.UPLOADS.uploaded([path])  # as the app's /upload and the event that queued it record
+    uploads.UPLOADS.claim("visitor", [path])
     with pytest.raises(TraceError, match="step count"):
-        loading.load_upload(str(path))
+        loading.load_upload(str(path), "visitor")
     with pytest.raises(TraceError, match="step count"):  # the same file through the bytes reader
         parse_trace_bytes(json.dumps(data).encode(), "x.json", budget=PUBLIC_BUDGET)
 
@@ -103,6 +105,7 @@ class _Event:
 
 def test_fair_lanes_serve_the_least_served_visitor_and_one_job_per_kind() -> None:
     from specviz.app.lanes import FairLanes
+    from specviz.app.serve import LIVE_CONCURRENCY_ID
 
     inspect, grid = object(), object()
     lanes = FairLanes(per_session=2)
@@ -115,6 +118,13 @@ def test_fair_lanes_serve_the_least_served_visitor_and_one_job_per_kind() -> Non
     assert lanes.pick(flood, [_Event("attacker", inspect)]) is None
     assert lanes.pick(flood, [_Event("attacker", grid), _Event("attacker", object())]) is None
     assert lanes.pick(flood, []) is flood[0]
+    # The default: one running job a visitor, a live run (its own lane of one) not counted.
+    one = FairLanes()
+    live = _Event("attacker", object())
+    live.concurrency_id = LIVE_CONCURRENCY_ID
+    assert one.pick(flood, [live]) is flood[0]
+    assert one.pick([*flood, visitor], [_Event("attacker", grid)]) is visitor
+    assert one.pick(flood, [_Event("attacker", grid)]) is None
 
 
 # ----------------------------------------------------------------------------- memory ceiling
@@ -199,13 +209,16 @@ def test_start_up_removes_only_folders_of_dead_app_processes(tmp_path) -> None:
 
 
 def test_file_errors_never_show_server_paths(tmp_path) -> None:
-    from specviz.app import loading
+    from specviz.app import loading, uploads
     from specviz.app.serve import without_paths
     from specviz.errors import SpecvizError
 
     secret = tmp_path / "gradio" / "0123abcd" / "trace.json"
-    with pytest.raises(SpecvizError) as error:
-        loading.load_upload(str(secret))
-    assert str(tmp_path) not in str(error.value) and error.value.args[0] == loading.UPLOAD_GONE
+    uploads.UPLOADS.uploaded([secret])
+    uploads.UPLOADS.claim("visitor", [secret])
+    for session in ("visitor", "another visitor"):  # gone, or not this session's: one answer
+        with pytest.raises(SpecvizError) as error:
+            loading.load_upload(str(secret), session)
+        assert str(tmp_path) not in str(error.value) and error.value.args[0] == loading.UPLOAD_GONE
     message = without_paths(f"unexpected error: FileNotFoundError: [Errno 2] No such file: '{secret}'")
     assert str(tmp_path) not in message and "trace.json" in message

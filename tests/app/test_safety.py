@@ -98,7 +98,14 @@ def test_outputs_page_is_bounded() -> None:
 # ----------------------------------------------------------------------------- parsing and escaping
 
 
-@pytest.mark.parametrize("text", ['{"a":[1,{"b":[2]}],"c":"x"}', '{"a":[1,]}', '{"a" 1}', "[1]", '{"a":1} x', ""])
+@pytest.mark.parametrize(
+    "text",
+    ['{"a":[1,{"b":[2]}],"c":"x"}', '{"a":[1,]}', '{"a" 1}', "[1]", '{"a":1} x', ""]
+    # Objects member by member (the header, its piece table), plain members in one match.
+    + ['{"h":{"t":{"1":"x", "2" : "y","1":"z"}},"s":[1]}', '{"h":{"a":"b",}}', '{"h":{"a":"b" "c":"d"}}']
+    + ['{"h":{"a":"b\\n","c":"d"}}', '{"h":{"a":"b\x01","c":"d"}}', '{"h":{"a":"b\\q","c":"d"}}', '{"h":{"a":"b",']
+    + ['{"h":{"a":"b","c":{"d":"e","f":[1]}}}', '{"h":{"a":"b",1:"c"}}', '{"h":{"a":"b","c":NaN}}'],
+)
 def test_item_by_item_parse_is_json_loads(text: str) -> None:
     def outcome(parse):  # noqa: ANN001, ANN202
         try:

@@ -1,0 +1,187 @@
+"""Who may read an upload: the session that made it (issue 23).
+
+Gradio's upload request names no session: the browser and gradio_client post the file, get its path
+back, and at once queue the event that loads it. So every upload is a ticket. `/upload` records one
+per path it answers (`install_upload_claims` counts the paths it adds to the app's upload set), the
+first event queued with that path takes the ticket for its session (only the uploader knows the path
+then), and a handler reads a path only for a session holding a ticket for it. The file is deleted
+once every ticket taken for it is read. Any other path (another visitor's upload, a download the app
+cached, a file that never was) gets the one answer a missing file gets: nothing read, nothing
+deleted, nothing said about whether it exists.
+
+Two uploads of the same bytes under the same name share one path in Gradio's cache: each is a
+ticket of its own, and the file stays until both are read.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specviz.app import files
+from specviz.app.serve import FILE_MAX_AGE_S
+from specviz.errors import SpecvizError
+
+UPLOAD_GONE = "this upload is not available (gone, or not uploaded in this page); upload the file again"
+MAX_TRACKED_PATHS = 20_000  # uploads remembered at once; the oldest are forgotten first
+
+
+def _key(path: str | os.PathLike[str]) -> str:
+    return os.path.realpath(path)
+
+
+@dataclass
+class _Tickets:
+    unclaimed: int = 0  # uploads of this path no event has taken yet
+    claims: Counter[str] = field(default_factory=Counter)  # session -> tickets taken, not yet read
+    since: float = field(default_factory=time.monotonic)
+
+
+class UploadLedger:
+    """Per upload path: the tickets `/upload` handed out, and which sessions took them."""
+
+    def __init__(self, max_age_s: float = FILE_MAX_AGE_S, max_paths: int = MAX_TRACKED_PATHS) -> None:
+        self.max_age_s = max_age_s
+        self.max_paths = max_paths
+        self._paths: dict[str, _Tickets] = {}
+        self._lock = threading.Lock()
+        self.refused = 0
+
+    def uploaded(self, paths: Iterable[str | os.PathLike[str]]) -> None:
+        """`/upload` answered these paths: one ticket each."""
+        now = time.monotonic()
+        with self._lock:
+            for path in paths:
+                tickets = self._paths.setdefault(_key(path), _Tickets())
+                tickets.unclaimed += 1
+                tickets.since = now
+            self._forget_old(now)
+
+    def claim(self, session: str | None, paths: Iterable[str | os.PathLike[str]]) -> None:
+        """An event of `session` was queued with these paths: it takes a free ticket of each."""
+        if not session:
+            return
+        with self._lock:
+            for path in paths:
+                tickets = self._paths.get(_key(path))
+                if tickets is not None and tickets.unclaimed > 0:
+                    tickets.unclaimed -= 1
+                    tickets.claims[session] += 1
+
+    def owns(self, session: str | None, path: str | os.PathLike[str]) -> bool:
+        with self._lock:
+            tickets = self._paths.get(_key(path))
+            owned = bool(session) and tickets is not None and tickets.claims[session] > 0
+            self.refused += not owned
+            return owned
+
+    def release(self, session: str, path: str | os.PathLike[str]) -> bool:
+        """`session` read its upload: its ticket is spent. True when no ticket is left (delete it)."""
+        with self._lock:
+            key = _key(path)
+            tickets = self._paths.get(key)
+            if tickets is None:
+                return True
+            tickets.claims[session] -= 1
+            if tickets.claims[session] <= 0:
+                del tickets.claims[session]
+            if tickets.unclaimed or tickets.claims:
+                return False
+            del self._paths[key]
+            return True
+
+    def _forget_old(self, now: float) -> None:
+        """Tickets never read (a closed tab, a replaced event) go with the file's own age limit."""
+        old = [key for key, tickets in self._paths.items() if now - tickets.since > self.max_age_s]
+        for key in old:
+            del self._paths[key]
+        if len(self._paths) > self.max_paths:
+            for key in sorted(self._paths, key=lambda k: self._paths[k].since)[: len(self._paths) - self.max_paths]:
+                del self._paths[key]
+
+
+UPLOADS = UploadLedger()  # every session's uploads, this process
+
+
+def read_upload(path: str | None, session: str | None, max_bytes: int, too_big: str) -> bytes:
+    """The bytes of `session`'s own upload at `path`, read once, the file deleted when its last
+    ticket is spent. Anything else: `UPLOAD_GONE`, before the path is looked at."""
+    if not path:
+        raise SpecvizError("no file uploaded")
+    file = Path(path)
+    if not UPLOADS.owns(session, file):
+        raise SpecvizError(UPLOAD_GONE)
+    try:
+        try:
+            size = file.stat().st_size
+        except OSError:  # gone, or never there: one message, no server path
+            raise SpecvizError(UPLOAD_GONE) from None
+        if size > max_bytes:
+            raise SpecvizError(too_big.format(name=file.name, mb=size / 1e6, limit=max_bytes // 2**20))
+        try:
+            return file.read_bytes()
+        except OSError:
+            raise SpecvizError(UPLOAD_GONE) from None
+    finally:  # read once, then gone: uploads never pile up in the Space's disk
+        if UPLOADS.release(session or "", file):
+            files.delete_upload(file)
+
+
+# ----------------------------------------------------------------------------- wiring
+
+
+class _CountingSet(set):
+    """Gradio's set of uploaded files (`Blocks.upload_file_set`), also telling the ledger."""
+
+    def __init__(self, items: Iterable[Any], ledger: UploadLedger) -> None:
+        super().__init__(items)
+        self.ledger = ledger
+
+    def update(self, *others: Iterable[Any]) -> None:  # type: ignore[override]
+        for paths in others:
+            paths = list(paths)
+            self.ledger.uploaded(paths)
+            super().update(paths)
+
+
+def install_upload_claims(demo: Any, ledger: UploadLedger = UPLOADS) -> bool:
+    """Count `/upload`'s answers (it adds them to `demo.upload_file_set`) and let each queued event
+    claim the uploads it names (a wrap of the queue's `push`, as `serve.install_gate`). Gradio 6.x
+    internals; False if they are absent, and then every upload is refused: no file is readable."""
+    queue = getattr(demo, "_queue", None)
+    uploads = getattr(demo, "upload_file_set", None)
+    if queue is None or not hasattr(queue, "push") or not isinstance(uploads, set):
+        return False
+    counting = _CountingSet(uploads, ledger)
+    demo.temp_file_sets = [counting if s is uploads else s for s in getattr(demo, "temp_file_sets", [])]
+    demo.upload_file_set = counting
+    original = queue.push
+
+    async def push(body: Any, request: Any, username: str | None) -> Any:
+        ledger.claim(getattr(body, "session_hash", None), _file_paths(getattr(body, "data", None)))
+        return await original(body, request, username)
+
+    queue.push = push
+    return True
+
+
+def _file_paths(data: Any) -> list[str]:
+    """Every `FileData` path in an event's input values."""
+    found: list[str] = []
+    stack = [data]
+    while stack and len(found) < 64:
+        value = stack.pop()
+        if isinstance(value, dict):
+            if isinstance(value.get("path"), str):  # a FileData (its "meta" is the client's word, not checked)
+                found.append(value["path"])
+            else:
+                stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value[:64])
+    return found
