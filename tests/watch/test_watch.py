@@ -81,6 +81,9 @@ def first(report) -> tuple[int, int, int] | None:
 FAULT_CASES = [("eqspec", None), ("exspec", None)] + [
     ("exspec" if f == "row-mixup" else "eqspec", f) for f in ORIGINAL_FAULTS
 ]
+# INPLACE writes each row's query at its own slots of a fixed-width cache: its 4-D mask's keys are
+# those slots, not [cache | query], so the watch reads it by counts (`calls._mask4_slots_row`).
+FAULT_CASES += [("inplace", None)]  # faults model the left-padded layout: not on INPLACE
 
 
 @functools.cache
@@ -117,7 +120,8 @@ def run_watched(method: str, fault: str | None, reference: bool, texts: list[str
     from specviz.engine import run as run_module
 
     pair = specviz_pair()
-    w = specviz.watch(pair.target, pair.draft, tokenizer=pair.tokenizer, prompts=texts, layout="left-padded")
+    layout = "unspecified" if method == "inplace" else "left-padded"  # INPLACE keeps no left padding
+    w = specviz.watch(pair.target, pair.draft, tokenizer=pair.tokenizer, prompts=texts, layout=layout)
 
     class WatchedEngine(run_module.Engine):
         def step(self, batch):
@@ -367,3 +371,31 @@ def test_version_1_files_read_as_left_padded() -> None:
                 row.pop(name, None)
     old = parse_trace_bytes(json.dumps(data).encode())
     assert old.header.layout == "left-padded"
+
+
+def _slots_call(block: list[list[int]]):
+    """One verify call of a static-slot cache: 8 key slots, a query of 3 (pending + 2 drafts)."""
+    from specviz.watch.hooks import CallRecord
+
+    rows = [[bool(v) for v in line] for line in block]
+    return CallRecord("target", None, [[5, 6, 7]], [[4, 5, 6]], True, 8, "4d-slots", [rows], 1, 3)
+
+
+@pytest.mark.parametrize(
+    "block,expected",
+    [
+        # Slots 0-3 hold the context, the query writes 4, 5, 6: 4 context slots, causal.
+        ([[1, 1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 1, 0]], ([[1, 7]], 4, True)),
+        # A stale slot 7 attended by every query slot: 5 context slots (kv_len then disagrees).
+        ([[1, 1, 1, 1, 1, 0, 0, 1], [1, 1, 1, 1, 1, 1, 0, 1], [1, 1, 1, 1, 1, 1, 1, 1]], ([[1, 8]], 5, True)),
+        # The second draft does not see the first draft's slot: not causal, its flag is 0.
+        ([[1, 1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0, 1, 0]], ([[1, 6], [0, 1]], 4, False)),
+    ],
+    ids=["correct", "stale-slot", "not-causal"],
+)
+def test_static_slot_masks_are_read_by_counts(block, expected) -> None:
+    from specviz.watch.calls import RowQuery, context_before, mask_row
+
+    call = _slots_call(block)
+    assert mask_row(call, 0, RowQuery(0, 2, ())) == expected
+    assert context_before(call, 0, 2) == sum(block[2]) - 1
