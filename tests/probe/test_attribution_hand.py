@@ -106,3 +106,23 @@ def test_the_run_verdict_is_the_worst() -> None:
         assert run_verdict(order[: i + 1]) == worst
         assert run_verdict(reversed(order[: i + 1])) == worst
     assert run_verdict([]) == "identical"
+
+
+def test_one_and_two_prompts() -> None:
+    """One prompt: every quantile is its own level (no neighbour to interpolate with). Two, L = [-5, -3]:
+    base = -5 + 0.25 * 2 = -4.5; lower half (<= -4) [-5]: MAD 0.5, spread 0.7413;
+    cut = -4.5 + 4 * 0.7413."""
+    one = estimate_noise([shared(0, 1e-3, 1e-2)])
+    assert one.baseline == pytest.approx(1e-3, rel=1e-9) and one.cut == pytest.approx(1e-2, rel=1e-9)
+    two = estimate_noise([shared(0, 1e-5, 1e-5), shared(1, 1e-3, 1e-3)])
+    assert two.baseline == pytest.approx(10**-4.5, rel=1e-9)
+    assert two.cut == pytest.approx(10 ** (-4.5 + 4 * 1.4826 * 0.5), rel=1e-9)
+
+
+def test_a_median_at_the_cut_is_not_the_reason_a_prompt_stands_out() -> None:
+    """L = [-4, -4, -4, -4, -3]: prompt 4's median sits at the cut (-3), not above; its largest change
+    (1, X = 0 against cut_X = -2) is what makes it stand out, and its reason says so."""
+    evs = [shared(i, 1e-4, 1e-3) for i in range(4)] + [shared(4, 1e-3, 1.0)]
+    noise = estimate_noise(evs)
+    assert noise.outliers == frozenset({4}) and noise.cut == pytest.approx(1e-3, rel=1e-9)
+    assert "a shared token moved 1," in decide(evs[4], noise)[1]
