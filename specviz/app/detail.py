@@ -154,6 +154,14 @@ class InvariantsTab:
         return {self.timeline: empty, self.violations: pd.DataFrame()}
 
 
+def noted(fig: go.Figure, note: str) -> go.Figure:
+    """`fig` with `note` (which steps it shows, when not all) as a line under its title."""
+    if note:
+        title = fig.layout.title.text or ""
+        fig.update_layout(title={"text": f"{title}<br><sup>{note}</sup>"})
+    return fig
+
+
 @dataclass
 class AcceptanceTab:
     """Acceptance metrics, the sequence x step heatmap of accepted drafts, the per-sequence table."""
@@ -175,11 +183,12 @@ class AcceptanceTab:
         return [self.text, self.figure, self.heatmap, self.sequences]
 
     def show(self, loaded: LoadedRun) -> dict[Any, Any]:
-        trace = loaded.trace
+        trace, note = loaded.overview()  # a lazy run: the steps around the start step, named
+        text = acceptance_markdown(trace)
         return {
-            self.text: acceptance_markdown(trace),
-            self.figure: loaded.figure("acceptance", lambda: acceptance_figure(trace)),
-            self.heatmap: loaded.figure("acceptance_heatmap", lambda: acceptance_heatmap(trace)),
+            self.text: f"*{note}*\n\n{text}" if note else text,
+            self.figure: loaded.figure("acceptance", lambda: noted(acceptance_figure(trace), note)),
+            self.heatmap: loaded.figure("acceptance_heatmap", lambda: noted(acceptance_heatmap(trace), note)),
             self.sequences: sequence_table(trace, loaded.report),
         }
 
@@ -204,10 +213,10 @@ class KvTab:
         return [self.kv, self.drift]
 
     def show(self, loaded: LoadedRun) -> dict[Any, Any]:
-        trace = loaded.trace
+        trace, note = loaded.overview()
         return {
-            self.kv: loaded.figure("kv", lambda: kv_heatmap(trace)),
-            self.drift: loaded.figure("drift", lambda: drift_heatmap(trace)),
+            self.kv: loaded.figure("kv", lambda: noted(kv_heatmap(trace), note)),
+            self.drift: loaded.figure("drift", lambda: noted(drift_heatmap(trace), note)),
         }
 
     def clear(self, empty: go.Figure) -> dict[Any, Any]:

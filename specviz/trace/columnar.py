@@ -307,6 +307,10 @@ class ParquetSteps(collections.abc.Sequence):
     def __init__(self, source: ParquetTrace) -> None:
         self._source = source
 
+    @property
+    def source(self) -> ParquetTrace:
+        return self._source
+
     def __len__(self) -> int:
         return self._source.group_starts[-1]
 
