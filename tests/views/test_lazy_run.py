@@ -138,3 +138,25 @@ def test_local_trace_opens_in_slot_a_and_is_refused_in_public_mode(tmp_path: Pat
     assert str(exc.value) == f"app.py: {loading.PUBLIC_LOCAL_REFUSED}"
     assert loading.LOCAL_A == []
     assert app.parse_args(["--public", "--trace", "x.parquet"]).trace == "x.parquet"
+
+
+def test_the_page_opens_on_the_local_trace_in_slot_a(tmp_path: Path, monkeypatch) -> None:
+    import app
+    from specviz.app import loading
+
+    path = write(shifted_kv(synthetic_trace(12, 4, 3, 16)), tmp_path / "p.parquet", rows=6)
+    monkeypatch.setattr(loading, "LOCAL_A", [])
+    monkeypatch.setattr("specviz.app.events.LOCAL_A", loading.LOCAL_A)
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    monkeypatch.setattr(sys, "argv", ["app.py"])
+    app.open_trace_arg(str(path))
+    demo = app.build_app()
+    preload = next(f for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "preload")
+    values = preload.fn(64, False)
+    states = [v for k, v in values.items() if getattr(k, "elem_id", None) is None and v is loading.LOCAL_A[0]]
+    assert states, "slot A's state is the local run"
+    grid = next(v for k, v in values.items() if getattr(k, "elem_id", None) == "sv-grid")
+    lazy = loading.LOCAL_A[0]
+    first = lazy.report.first_violation  # the page opens on it: its step, its row
+    expected = grid_view(lazy, first.step_index, first.row, 64).figure
+    assert first.step_index > 0 and grid.to_plotly_json() == expected.to_plotly_json()
