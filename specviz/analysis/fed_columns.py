@@ -3,8 +3,8 @@
 `slots.fed_history` walks every step's records into one dict, O(row-steps) Python objects. Here
 one walk reads five columns a row group at a time (`step`, `seq_id`, `committed_before`,
 `accepted`, `position_ids`) into flat arrays, sorted by (sequence, token index); the grid then
-asks for the sequences of the step it draws and gets the same dict `fed_history` would hold for
-them (same entries, same order), built from those arrays alone: no row group is read for it.
+asks for the sequences of the step it draws and gets, from those arrays alone (no row group is
+read for it), each token's last entry before that step: all that `fed_position_before` reads.
 """
 
 from __future__ import annotations
@@ -46,18 +46,23 @@ class ColumnarFedHistory:
         order = np.lexsort((index, seq))  # stable: one token's entries keep their walk order
         return seq[order], index[order], step[order], position[order]
 
-    def for_sequences(self, seq_ids: set[int]) -> FedHistory:
-        """The `fed_history` entries of these sequences, as the dict `fed_history` builds."""
+    def before_step(self, seq_ids: set[int], step_index: int) -> FedHistory:
+        """What the slots of step `step_index` read from `fed_history` for these sequences: each
+        token's last entry before that step (`fed_position_before` gives the same answer)."""
         if self._arrays is None:
             self._arrays = self._build()
         seq, index, step, position = self._arrays
         wanted = np.array(sorted(seq_ids), dtype=np.int64)
         lo, hi = np.searchsorted(seq, wanted, "left"), np.searchsorted(seq, wanted, "right")
-        picked = np.concatenate([np.arange(a, b) for a, b in zip(lo, hi)]) if len(wanted) else np.zeros(0, np.int64)
-        history: FedHistory = {}
-        for s, i, si, p in zip(*(a[picked].tolist() for a in (seq, index, step, position))):
-            history.setdefault((s, i), []).append((si, p))
-        return history
+        picked = np.concatenate([np.arange(a, b) for a, b in zip(lo, hi)] + [np.zeros(0, np.int64)])
+        picked = picked[step[picked] < step_index]
+        s, i = seq[picked], index[picked]
+        # Entries of one token are adjacent, in step order: its last one is where the next differs.
+        last = np.ones(len(picked), dtype=bool)
+        last[:-1] = (s[1:] != s[:-1]) | (i[1:] != i[:-1])
+        picked = picked[last]
+        keys = zip(seq[picked].tolist(), index[picked].tolist())
+        return dict(zip(keys, ([entry] for entry in zip(step[picked].tolist(), position[picked].tolist()))))
 
 
 def _group_entries(table, first_step: int) -> tuple[np.ndarray, ...]:

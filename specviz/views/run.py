@@ -64,7 +64,7 @@ class LoadedRun:
     def step_slots(self, step_index: int) -> StepSlots:
         history = self.history
         if isinstance(history, ColumnarFedHistory):  # only the sequences this step draws
-            history = history.for_sequences({row.seq_id for row in self.trace.steps[step_index].rows})
+            history = history.before_step({row.seq_id for row in self.trace.steps[step_index].rows}, step_index)
         return step_slots(self.trace, step_index, self.report, history)
 
     def overview(self) -> tuple[Trace, str]:

@@ -160,3 +160,22 @@ def test_the_page_opens_on_the_local_trace_in_slot_a(tmp_path: Path, monkeypatch
     first = lazy.report.first_violation  # the page opens on it: its step, its row
     expected = grid_view(lazy, first.step_index, first.row, 64).figure
     assert first.step_index > 0 and grid.to_plotly_json() == expected.to_plotly_json()
+
+
+def test_columnar_history_answers_every_lookup_as_fed_history(tmp_path: Path) -> None:
+    from specviz.analysis.fed_columns import ColumnarFedHistory
+    from specviz.analysis.slots import fed_history, fed_position_before
+
+    trace = shifted_kv(synthetic_trace(10, 4, 3, 12))
+    trace.steps[5].rows[0].position_ids = trace.steps[5].rows[0].position_ids[:1]  # kept: capped by the list
+    path = write(trace, tmp_path / "h.parquet", rows=7)
+    eager = fed_history(ParquetTrace(path).read())
+    columnar = ColumnarFedHistory(ParquetTrace(path))
+    asked = 0
+    for si, step in enumerate(trace.steps):
+        seqs = {row.seq_id for row in step.rows}
+        lazy = columnar.before_step(seqs, si)
+        for s, i in [key for key in eager if key[0] in seqs] + [(min(seqs), 10**6)]:
+            assert fed_position_before(lazy, s, i, si) == fed_position_before(eager, s, i, si), (si, s, i)
+            asked += 1
+    assert asked > 500 and any(p != i for (s, i), entries in eager.items() for _, p in entries)
