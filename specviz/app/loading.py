@@ -12,8 +12,8 @@ from pathlib import Path
 from specviz.app import serve, uploads
 from specviz.errors import SpecvizError
 from specviz.trace.budget import DEFAULT_BUDGET, PUBLIC_BUDGET
-from specviz.trace.columnar import ColumnarError, ParquetTrace, is_parquet
-from specviz.trace.io import TraceError, load_trace, parse_trace_bytes
+from specviz.trace.columnar import ColumnarError
+from specviz.trace.io import TraceError, load_trace, open_trace, parse_trace_bytes
 from specviz.views import LoadedRun, analyse
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout (the Space's folder): app.py, traces/, docs/
@@ -82,9 +82,8 @@ def load_local(path: str | Path) -> LoadedRun:
         raise SpecvizError(PUBLIC_LOCAL_REFUSED)
     path = Path(path)
     try:
-        trace = ParquetTrace(path).open() if is_parquet(path) else load_trace(path)
-        return analyse(trace, f"local {path.name}")
-    except ColumnarError as exc:
+        return analyse(open_trace(path), f"local {path.name}")
+    except ColumnarError as exc:  # a row group the streaming check finds unreadable
         raise TraceError(str(exc)) from None
 
 
