@@ -9,6 +9,8 @@ read for it), each token's last entry before that step: all that `fed_position_b
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from specviz.analysis.slots import FedHistory
@@ -28,6 +30,9 @@ class ColumnarFedHistory:
     def __init__(self, source: ParquetTrace) -> None:
         self.source = source
         self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        # One reader of `source` at a time: a run opened with `app.py --trace` is every session's,
+        # and the app inspects on several threads (its row-group cache is one slot).
+        self.lock = threading.RLock()
 
     @property
     def nbytes(self) -> int:

@@ -63,15 +63,21 @@ class LoadedRun:
 
     def step_slots(self, step_index: int) -> StepSlots:
         history = self.history
-        if isinstance(history, ColumnarFedHistory):  # only the sequences this step draws
-            history = history.before_step({row.seq_id for row in self.trace.steps[step_index].rows}, step_index)
-        return step_slots(self.trace, step_index, self.report, history)
+        if not isinstance(history, ColumnarFedHistory):
+            return step_slots(self.trace, step_index, self.report, history)
+        with history.lock:  # only what this step draws: its row group, its sequences' history
+            seqs = {row.seq_id for row in self.trace.steps[step_index].rows}
+            return step_slots(self.trace, step_index, self.report, history.before_step(seqs, step_index))
 
     def overview(self) -> tuple[Trace, str]:
         """The trace the whole-run views walk, and the note they show: every step of an eager run
         (no note); of a lazy one, at most OVERVIEW_STEPS steps around the start step, named."""
         if not self.lazy:
             return self.trace, ""
+        with self.history.lock:
+            return self._lazy_overview()
+
+    def _lazy_overview(self) -> tuple[Trace, str]:
         if self._overview is None:
             n = self.step_count
             lo = min(max(self.start_step_index() - OVERVIEW_STEPS // 2, 0), max(n - OVERVIEW_STEPS, 0))
