@@ -95,6 +95,8 @@ def test_step_navigation_reads_one_row_group(tmp_path: Path, monkeypatch: pytest
         group = next(g for g in range(source.num_row_groups) if source.group_starts[g + 1] > step)
         assert reads in ([], [group])  # a step of the group last read costs no read at all
         assert len(reads) == (1 if source.group_starts[group] == step else 0)
+    whole = ParquetTrace(path).read().steps
+    assert [lazy.trace.steps[i] for i in reversed(range(len(whole)))] == whole[::-1]  # one step decoded = the same
 
 
 def test_whole_run_views_of_a_lazy_run_name_the_steps_they_show(tmp_path: Path, monkeypatch) -> None:
