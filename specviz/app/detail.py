@@ -183,13 +183,16 @@ class AcceptanceTab:
         return [self.text, self.figure, self.heatmap, self.sequences]
 
     def show(self, loaded: LoadedRun) -> dict[Any, Any]:
-        trace, note = loaded.overview()  # a lazy run: the steps around the start step, named
-        text = acceptance_markdown(trace)
+        trace, report = loaded.trace, loaded.report
+        # A lazy run: the metrics from the sums the check gathered in its one walk (every step);
+        # the sequence x step heatmap over the steps around the start step, named.
+        totals = report.totals if loaded.lazy else None
+        part, note = loaded.overview()
         return {
-            self.text: f"*{note}*\n\n{text}" if note else text,
-            self.figure: loaded.figure("acceptance", lambda: noted(acceptance_figure(trace), note)),
-            self.heatmap: loaded.figure("acceptance_heatmap", lambda: noted(acceptance_heatmap(trace), note)),
-            self.sequences: sequence_table(trace, loaded.report),
+            self.text: acceptance_markdown(trace, totals),
+            self.figure: loaded.figure("acceptance", lambda: acceptance_figure(trace, totals)),
+            self.heatmap: loaded.figure("acceptance_heatmap", lambda: noted(acceptance_heatmap(part), note)),
+            self.sequences: sequence_table(trace, report, totals),
         }
 
     def clear(self, empty: go.Figure) -> dict[Any, Any]:

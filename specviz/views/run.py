@@ -32,8 +32,9 @@ from specviz.views.summary import compare_table, summary_markdown
 from specviz.views.tokens import token_texts
 
 NO_ROW_PICKED = "Pick a row to see fed vs expected."
-# A Parquet trace read lazily: the whole-run views (acceptance, heatmaps) draw at most this many
-# steps around the start step, and say so; the verdict and the timeline cover every step.
+# A Parquet trace read lazily: the sequence x step heatmaps draw at most this many steps around
+# the start step, and say so; the verdict, the timeline and the acceptance metrics (the check's
+# sums) cover every step.
 OVERVIEW_STEPS = 500
 
 
