@@ -131,6 +131,8 @@ def test_local_trace_opens_in_slot_a_and_is_refused_in_public_mode(tmp_path: Pat
     monkeypatch.delenv("SPACE_ID", raising=False)
     app.open_trace_arg(str(path))
     assert loading.LOCAL_A[0].lazy and loading.LOCAL_A[0].source == "local a.parquet"
+    json_run = loading.load_local(TRACES / "default-eqspec.json.gz")  # JSON: loaded whole, as before
+    assert not json_run.lazy and isinstance(json_run.trace.steps, list)
 
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"PAR1 not really")
