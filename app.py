@@ -63,7 +63,7 @@ def launch(demo: gr.Blocks, **kwargs: Any) -> Any:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="app.py", description="Serve the specviz app.")
+    parser = argparse.ArgumentParser(prog="app.py", description="Serve the specviz app.", allow_abbrev=False)
     parser.add_argument("--public", action="store_true", help="serve as on a public Space (SPACE_ID does too)")
     parser.add_argument("--trace", metavar="PATH", help="local only: open this trace file in slot A")
     return parser.parse_known_args(argv)[0]  # Gradio's and the test runner's own flags pass through
