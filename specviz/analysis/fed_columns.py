@@ -67,7 +67,8 @@ class ColumnarFedHistory:
         last[:-1] = (s[1:] != s[:-1]) | (i[1:] != i[:-1])
         picked = picked[last]
         keys = zip(seq[picked].tolist(), index[picked].tolist())
-        return dict(zip(keys, ([entry] for entry in zip(step[picked].tolist(), position[picked].tolist()))))
+        # Each value a one-entry tuple, `((step, position),)`: built in C, read like fed_history's list.
+        return dict(zip(keys, zip(zip(step[picked].tolist(), position[picked].tolist()))))  # type: ignore[arg-type]
 
 
 def _group_entries(table, first_step: int) -> tuple[np.ndarray, ...]:
