@@ -1,13 +1,18 @@
 """specviz web app: see where batch speculative decoding desynchronises.
 
 `python app.py` serves it (GRADIO_SERVER_NAME / GRADIO_SERVER_PORT are honoured by Gradio;
-`--public` as on a Space). Tests import `build_app` and `launch`. This file only assembles the page
-from `specviz.app`: two run slots, A and B, each loaded from a bundled trace, an uploaded trace or
-a live run; the detail tabs inspect one slot at a time, the outputs tab shows the other beside it.
+`--public` as on a Space; `--trace PATH`, local only, opens a .parquet or .json(.gz) trace in
+slot A: a Parquet one is read a row group at a time). Tests import `build_app` and `launch`.
+This file only assembles the page from `specviz.app`: two run slots, A and B, each loaded from
+a bundled trace, an uploaded trace or a live run; the detail tabs inspect one slot at a time, the
+outputs tab shows the other beside it.
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
+from collections.abc import Sequence
 from typing import Any
 
 import gradio as gr
@@ -16,9 +21,11 @@ from specviz.app import events, files, lanes, memory, serve, uploads
 from specviz.app.assets import CSS, INTRO
 from specviz.app.detail import build_detail_tabs
 from specviz.app.live import LIVE_FOLDER, LIVE_GATE, PUBLIC, RUN_MEMORY, load_model_pair
-from specviz.app.loading import DEFAULT_A, DEFAULT_B, DOCS, MAX_UPLOAD_BYTES
+from specviz.app.loading import DEFAULT_A, DEFAULT_B, DOCS, MAX_UPLOAD_BYTES, open_local_a
 from specviz.app.probe_tab import ProbeSection, wire_probe
 from specviz.app.run_slots import build_inspect_switch, build_run_slot
+from specviz.errors import SpecvizError
+from specviz.trace.io import TraceError
 from specviz.views import LoadedRun
 
 # Bounded, so memory stays flat under a flood; live runs take at most serve.MAX_PENDING_LIVE of it
@@ -55,7 +62,25 @@ def launch(demo: gr.Blocks, **kwargs: Any) -> Any:
     return demo.launch(max_file_size=MAX_UPLOAD_BYTES, css=CSS, theme=gr.themes.Soft(), **kwargs)
 
 
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="app.py", description="Serve the specviz app.", allow_abbrev=False)
+    parser.add_argument("--public", action="store_true", help="serve as on a public Space (SPACE_ID does too)")
+    parser.add_argument("--trace", metavar="PATH", help="local only: open this trace file in slot A")
+    return parser.parse_known_args(argv)[0]  # Gradio's and the test runner's own flags pass through
+
+
+def open_trace_arg(path: str | None) -> None:
+    """`--trace PATH`: load it into slot A, or exit with one line (refused in public mode)."""
+    if path is None:
+        return
+    try:
+        open_local_a(path)
+    except (SpecvizError, TraceError, OSError) as exc:
+        sys.exit(f"app.py: {exc}")
+
+
 def main() -> None:
+    open_trace_arg(parse_args().trace)  # before anything starts: a bad file or public mode exits now
     # Gradio's cache in a folder of this process (before the app is built); an earlier crashed
     # process's folders go now, this one's on SIGTERM / SIGINT.
     gradio_temp = files.own_gradio_temp()

@@ -154,6 +154,14 @@ class InvariantsTab:
         return {self.timeline: empty, self.violations: pd.DataFrame()}
 
 
+def noted(fig: go.Figure, note: str) -> go.Figure:
+    """`fig` with `note` (which steps it shows, when not all) as a line under its title."""
+    if note:
+        title = fig.layout.title.text or ""
+        fig.update_layout(title={"text": f"{title}<br><sup>{note}</sup>"})
+    return fig
+
+
 @dataclass
 class AcceptanceTab:
     """Acceptance metrics, the sequence x step heatmap of accepted drafts, the per-sequence table."""
@@ -175,12 +183,16 @@ class AcceptanceTab:
         return [self.text, self.figure, self.heatmap, self.sequences]
 
     def show(self, loaded: LoadedRun) -> dict[Any, Any]:
-        trace = loaded.trace
+        trace, report = loaded.trace, loaded.report
+        # A lazy run: the metrics from the sums the check gathered in its one walk (every step);
+        # the sequence x step heatmap over the steps around the start step, named.
+        totals = report.totals if loaded.lazy else None
+        part, note = loaded.overview()
         return {
-            self.text: acceptance_markdown(trace),
-            self.figure: loaded.figure("acceptance", lambda: acceptance_figure(trace)),
-            self.heatmap: loaded.figure("acceptance_heatmap", lambda: acceptance_heatmap(trace)),
-            self.sequences: sequence_table(trace, loaded.report),
+            self.text: acceptance_markdown(trace, totals),
+            self.figure: loaded.figure("acceptance", lambda: acceptance_figure(trace, totals)),
+            self.heatmap: loaded.figure("acceptance_heatmap", lambda: noted(acceptance_heatmap(part), note)),
+            self.sequences: sequence_table(trace, report, totals),
         }
 
     def clear(self, empty: go.Figure) -> dict[Any, Any]:
@@ -204,10 +216,10 @@ class KvTab:
         return [self.kv, self.drift]
 
     def show(self, loaded: LoadedRun) -> dict[Any, Any]:
-        trace = loaded.trace
+        trace, note = loaded.overview()
         return {
-            self.kv: loaded.figure("kv", lambda: kv_heatmap(trace)),
-            self.drift: loaded.figure("drift", lambda: drift_heatmap(trace)),
+            self.kv: loaded.figure("kv", lambda: noted(kv_heatmap(trace), note)),
+            self.drift: loaded.figure("drift", lambda: noted(drift_heatmap(trace), note)),
         }
 
     def clear(self, empty: go.Figure) -> dict[Any, Any]:

@@ -17,7 +17,7 @@ from specviz.app import serve
 from specviz.app.assets import PAGE_JS, RESIZE_PLOTS_JS
 from specviz.app.detail import GRID_TAB, DetailUI
 from specviz.app.live import LIVE_GATE, PUBLIC, LiveRequest, live_run, save_for_download, whole
-from specviz.app.loading import DEFAULT_A, DEFAULT_B, load_bundled, load_default, load_upload
+from specviz.app.loading import DEFAULT_A, DEFAULT_B, LOCAL_A, load_bundled, load_default, load_upload
 from specviz.app.messages import plain_trace_message
 from specviz.app.run_slots import RunSlot
 from specviz.errors import SpecvizError
@@ -138,7 +138,8 @@ def wire_outputs_page(inspect: Any, states: list[Any], ui: DetailUI) -> None:
 def wire_preload(demo: gr.Blocks, slot_a: RunSlot, slot_b: RunSlot, compare: Any, ui: DetailUI) -> None:
     def preload(window: int, only: bool) -> dict:
         """Open on the default pair of examples, inspecting A; a missing bundle leaves the slot empty."""
-        run_a, run_b = load_default(DEFAULT_A), load_default(DEFAULT_B)
+        run_a = LOCAL_A[0] if LOCAL_A else load_default(DEFAULT_A)  # `python app.py --trace PATH`
+        run_b = load_default(DEFAULT_B)
         return {
             slot_a.state: run_a,
             slot_b.state: run_b,

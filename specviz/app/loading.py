@@ -12,7 +12,8 @@ from pathlib import Path
 from specviz.app import serve, uploads
 from specviz.errors import SpecvizError
 from specviz.trace.budget import DEFAULT_BUDGET, PUBLIC_BUDGET
-from specviz.trace.io import TraceError, load_trace, parse_trace_bytes
+from specviz.trace.columnar import ColumnarError
+from specviz.trace.io import TraceError, load_trace, open_trace, parse_trace_bytes
 from specviz.views import LoadedRun, analyse
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout (the Space's folder): app.py, traces/, docs/
@@ -26,6 +27,9 @@ DEFAULT_B = ("gemma-eqspec.json.gz", "default-eqspec.json.gz")
 
 
 UPLOAD_GONE = uploads.UPLOAD_GONE
+PUBLIC_LOCAL_REFUSED = "--trace opens a local file: refused in public mode (a Space reads no path a visitor chose)"
+# `python app.py --trace PATH` (local only): the trace slot A opens on instead of the bundled default.
+LOCAL_A: list[LoadedRun] = []
 
 
 def bundled_traces() -> list[str]:
@@ -69,3 +73,23 @@ def load_upload(path: str | None, session: str | None) -> LoadedRun:
     name = Path(path or "").name  # the user knows the file by its name, never by Gradio's folder
     budget = PUBLIC_BUDGET if serve.public_mode() else DEFAULT_BUDGET  # a shared 2-core Space: tighter
     return analyse(parse_trace_bytes(raw, name, budget=budget), f"upload {name}")
+
+
+def load_local(path: str | Path) -> LoadedRun:
+    """A local trace file, the user's own (no budget): a Parquet one is opened, not read, so the
+    check streams it and the grid reads the row group of the step it draws. Never in public mode."""
+    if serve.public_mode():
+        raise SpecvizError(PUBLIC_LOCAL_REFUSED)
+    path = Path(path)
+    try:
+        return analyse(open_trace(path), f"local {path.name}")
+    except ColumnarError as exc:  # a row group the streaming check finds unreadable
+        raise TraceError(str(exc)) from None
+
+
+def open_local_a(path: str | Path) -> LoadedRun:
+    """Load `path` (see `load_local`) as the run every new page opens in slot A."""
+    loaded = load_local(path)
+    loaded.shared = True  # one object for every session, like a bundled trace: never unloaded
+    LOCAL_A[:] = [loaded]
+    return loaded

@@ -68,7 +68,12 @@ def estimate_run_bytes(loaded: Any) -> int:
     their analysis ~3 KB, a list item ~40 B, a piece-table entry twice over ~300 B, text 1 B a char)."""
     trace = loaded.trace
     rows = cells = 0
-    for step in trace.steps:
+    overview = getattr(loaded, "overview", None)
+    # A lazy run keeps its history's arrays and the overview's steps; the rest stays on disk.
+    lazy = bool(getattr(loaded, "lazy", False))
+    steps = overview()[0].steps if lazy and overview is not None else trace.steps
+    extra = loaded.history.nbytes if lazy else 0
+    for step in steps:
         rows += len(step.rows)
         for row in step.rows:
             cells += len(row.draft_tokens) + len(row.target_tokens) + len(row.emitted) + len(row.position_ids)
@@ -77,7 +82,7 @@ def estimate_run_bytes(loaded: Any) -> int:
         cells += len(seq.prompt_ids) + len(seq.output_ids) + len(seq.reference_ids or ())
         chars += len(seq.prompt or "") + len(seq.output_text or "")
     pieces = len(getattr(loaded, "texts", None) or ()) + len(trace.header.token_text or ())
-    return 256 * 1024 + 3_000 * rows + 40 * cells + 150 * pieces + chars
+    return 256 * 1024 + 3_000 * rows + 40 * cells + 150 * pieces + chars + extra
 
 
 class RunMemory:

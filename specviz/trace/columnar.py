@@ -226,6 +226,8 @@ class ParquetTrace:
             group_steps = [len(self._decode(g)) for g in range(self.num_row_groups)]  # one scan
         self.group_starts = list(itertools.accumulate(group_steps, initial=0))  # step index of each group
         self._cache: tuple[int, list[StepRecord]] | None = None  # the last row group read
+        # The last row group `read_step` read: its validated columns and the first row of each step.
+        self._table_cache: tuple[int, pa.Table, np.ndarray] | None = None
 
     def step_range(self, group: int) -> tuple[int, int] | None:
         """(first, last) `step` number of one row group, from its statistics; None if absent."""
@@ -259,6 +261,22 @@ class ParquetTrace:
         self._check_step_count(group, len(steps))
         self._cache = (group, steps)
         return steps
+
+    def read_step(self, index: int) -> StepRecord:
+        """Step `index` alone: its row group's columns are read and validated as `read_table` does
+        (and kept, one group), and only the step's own rows are decoded into records."""
+        group = bisect.bisect_right(self.group_starts, index) - 1
+        k = index - self.group_starts[group]
+        if self._cache is not None and self._cache[0] == group:
+            return self._cache[1][k]
+        if self._table_cache is None or self._table_cache[0] != group:
+            table = self.read_table(group)
+            numbers = numbers_of(table.column("step"))
+            self._table_cache = (group, table, np.flatnonzero(np.r_[True, numbers[1:] != numbers[:-1]]))
+        _, table, starts = self._table_cache
+        end = int(starts[k + 1]) if k + 1 < len(starts) else table.num_rows
+        rows = table.take(pa.array(np.arange(int(starts[k]), end)))  # compact: only these rows' lists
+        return _steps_of_table(rows, self.path, group)[0]
 
     def read_table(self, group: int) -> pa.Table:
         """One row group as Arrow columns, validated as `read_group` validates its steps (a group
@@ -302,10 +320,15 @@ class ParquetTrace:
 
 class ParquetSteps(collections.abc.Sequence):
     """The steps of a Parquet trace as a read-only sequence: iterating streams the row groups,
-    indexing reads the one row group that holds the step (the last one read is kept)."""
+    indexing reads the one row group that holds the step (the last one read is kept) and decodes
+    that step only; a slice decodes the row groups it spans."""
 
     def __init__(self, source: ParquetTrace) -> None:
         self._source = source
+
+    @property
+    def source(self) -> ParquetTrace:
+        return self._source
 
     def __len__(self) -> int:
         return self._source.group_starts[-1]
@@ -314,16 +337,19 @@ class ParquetSteps(collections.abc.Sequence):
         return self._source.iter_steps()
 
     def __getitem__(self, index):  # type: ignore[override]
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
+        starts = self._source.group_starts
+        if isinstance(index, slice):  # whole row groups decoded, each once
+            return [
+                self._source.read_group(g)[i - starts[g]]
+                for i in range(*index.indices(len(self)))
+                for g in (bisect.bisect_right(starts, i) - 1,)
+            ]
         n = len(self)
         if index < 0:
             index += n
         if not 0 <= index < n:
             raise IndexError("step index out of range")
-        starts = self._source.group_starts
-        group = bisect.bisect_right(starts, index) - 1
-        return self._source.read_group(group)[index - starts[group]]
+        return self._source.read_step(index)  # one row group read, one step decoded
 
     def __bool__(self) -> bool:
         return len(self) > 0

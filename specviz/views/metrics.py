@@ -6,7 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from specviz.analysis.metrics import Acceptance, acceptance
+from specviz.analysis.metrics import Acceptance, StepTotals, acceptance
 from specviz.analysis.report import Report
 from specviz.trace.schema import Trace
 
@@ -27,9 +27,14 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
-def acceptance_markdown(trace: Trace) -> str:
+def _acceptance(trace: Trace, totals: StepTotals | None) -> tuple[Acceptance, dict[int, Acceptance]]:
+    """The run's acceptance: from `totals` when given (the check's walk gathered them), else a walk."""
+    return (totals.acceptance, totals.per_seq) if totals is not None else acceptance(trace)
+
+
+def acceptance_markdown(trace: Trace, totals: StepTotals | None = None) -> str:
     """Totals in words, with the definitions, so the numbers cannot be misread."""
-    total, per_seq = acceptance(trace)
+    total, per_seq = _acceptance(trace, totals)
     if trace.header.draft_k == 0 or total.verify_steps == 0:
         return "No drafts in this run (plain greedy decoding): acceptance metrics do not apply."
     rates = [a.rate for a in per_seq.values() if a.rate is not None]
@@ -44,9 +49,9 @@ def acceptance_markdown(trace: Trace) -> str:
     )
 
 
-def acceptance_figure(trace: Trace) -> go.Figure:
+def acceptance_figure(trace: Trace, totals: StepTotals | None = None) -> go.Figure:
     """Per-position acceptance and the acceptance-length histogram, side by side."""
-    total, _ = acceptance(trace)
+    total, _ = _acceptance(trace, totals)
     fig = make_subplots(
         rows=1,
         cols=2,
@@ -86,9 +91,9 @@ def acceptance_figure(trace: Trace) -> go.Figure:
     return fig
 
 
-def sequence_table(trace: Trace, report: Report) -> pd.DataFrame:
+def sequence_table(trace: Trace, report: Report, totals: StepTotals | None = None) -> pd.DataFrame:
     """Per prompt: token-averaged totals hide short prompts, so each one gets its own line."""
-    _, per_seq = acceptance(trace)
+    _, per_seq = _acceptance(trace, totals)
     verdicts = {s.seq_id: s for s in report.sequences}
     rows = []
     for seq in trace.sequences:

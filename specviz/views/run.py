@@ -11,8 +11,10 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from specviz.analysis.check import check_trace
+from specviz.analysis.fed_columns import ColumnarFedHistory
 from specviz.analysis.report import Report
 from specviz.analysis.slots import FedHistory, StepSlots, fed_history, step_slots
+from specviz.trace.columnar import ParquetSteps
 from specviz.trace.schema import Trace
 from specviz.views.faults import fault_markdown
 from specviz.views.grid import (
@@ -30,6 +32,10 @@ from specviz.views.summary import compare_table, summary_markdown
 from specviz.views.tokens import token_texts
 
 NO_ROW_PICKED = "Pick a row to see fed vs expected."
+# A Parquet trace read lazily: the sequence x step heatmaps draw at most this many steps around
+# the start step, and say so; the verdict, the timeline and the acceptance metrics (the check's
+# sums) cover every step.
+OVERVIEW_STEPS = 500
 
 
 @dataclass
@@ -37,9 +43,15 @@ class LoadedRun:
     trace: Trace
     report: Report
     source: str  # bundled file name, upload name or "live run"
-    history: FedHistory
+    history: FedHistory | ColumnarFedHistory  # columnar when the steps stay on disk (`lazy`)
     texts: dict[int, str]
     figures: dict[str, go.Figure] = field(default_factory=dict)  # whole-run figures, built on demand
+    _overview: tuple[Trace, str] | None = None
+
+    @property
+    def lazy(self) -> bool:
+        """Whether the steps stay on disk (a Parquet trace opened, not read): a step reads one row group."""
+        return isinstance(self.history, ColumnarFedHistory)
 
     @property
     def step_count(self) -> int:
@@ -51,7 +63,31 @@ class LoadedRun:
         return first.step_index if first is not None else 0
 
     def step_slots(self, step_index: int) -> StepSlots:
-        return step_slots(self.trace, step_index, self.report, self.history)
+        history = self.history
+        if not isinstance(history, ColumnarFedHistory):
+            return step_slots(self.trace, step_index, self.report, history)
+        with history.lock:  # only what this step draws: its row group, its sequences' history
+            seqs = {row.seq_id for row in self.trace.steps[step_index].rows}
+            return step_slots(self.trace, step_index, self.report, history.before_step(seqs, step_index))
+
+    def overview(self) -> tuple[Trace, str]:
+        """The trace the whole-run views walk, and the note they show: every step of an eager run
+        (no note); of a lazy one, at most OVERVIEW_STEPS steps around the start step, named."""
+        if not self.lazy:
+            return self.trace, ""
+        with self.history.lock:
+            return self._lazy_overview()
+
+    def _lazy_overview(self) -> tuple[Trace, str]:
+        if self._overview is None:
+            n = self.step_count
+            lo = min(max(self.start_step_index() - OVERVIEW_STEPS // 2, 0), max(n - OVERVIEW_STEPS, 0))
+            hi = min(lo + OVERVIEW_STEPS, n)
+            steps = self.trace.steps[lo:hi]
+            part = Trace(header=self.trace.header, steps=steps, sequences=self.trace.sequences)
+            note = "" if hi - lo == n else f"showing steps {lo}..{hi - 1} of {n} (indices; the rest stays on disk)"
+            self._overview = (part, note)
+        return self._overview
 
     def figure(self, key: str, build: Callable[[], go.Figure]) -> go.Figure:
         """A whole-run figure, built once per run: switching slots back and forth stays instant."""
@@ -61,14 +97,14 @@ class LoadedRun:
 
 
 def analyse(trace: Trace, source: str) -> LoadedRun:
-    """Check the trace and index it for the grid; the slow part of loading, done once."""
-    return LoadedRun(
-        trace=trace,
-        report=check_trace(trace),
-        source=source,
-        history=fed_history(trace),
-        texts=token_texts(trace),
-    )
+    """Check the trace and index it for the grid; the slow part of loading, done once.
+
+    A trace whose steps are a `ParquetSteps` (`ParquetTrace.open()`) stays on disk: the check
+    streams it, and the grid's history is read as columns on the first step drawn.
+    """
+    steps = trace.steps
+    history = ColumnarFedHistory(steps.source) if isinstance(steps, ParquetSteps) else fed_history(trace)
+    return LoadedRun(trace=trace, report=check_trace(trace), source=source, history=history, texts=token_texts(trace))
 
 
 # ----------------------------------------------------------------------------- a slot's views
