@@ -98,12 +98,12 @@ def _walk(trace: Trace, findings: Findings, history: History, finish: FinishChec
     for first, table, decode in groups():
         for offset, part in step_slices(table):
             columns = Columns.of(part)
-            clean, total = (
-                (0, -1) if columns is None else check_clean_steps(columns, first + offset, findings, history, finish)
-            )
-            if columns is not None and clean == total:
-                add_columns(totals, part, columns, rules)
-                continue
+            clean = 0  # columns the arrays cannot take: the whole slice row by row
+            if columns is not None:
+                clean, total = check_clean_steps(columns, first + offset, findings, history, finish)
+                if clean == total:
+                    add_columns(totals, part, columns, rules)
+                    continue
             rest = decode()[offset:]  # the rest of the group row by row
             for si, step in enumerate(rest[clean:], first + offset + clean):
                 _check_step_and_finish(findings, history, finish, si, step)
