@@ -45,7 +45,6 @@ MATCH = ""  # --match: run only the upload attacks whose name contains it
 GOAL_GROWTH_MB = 1536
 GOAL_SECONDS = 30
 GOAL_PROBE_S = 3.0
-HEAVIEST_STEPS = 6_000  # the heaviest public upload: PUBLIC_BUDGET's 12,000 rows at base_trace's 2 a step
 PROBE_TRACE = "default-eqspec.json.gz"
 
 # Schema version 1 fields: the files must load in older checkouts too (to measure "before").
@@ -144,14 +143,20 @@ def many_steps_file(folder: Path, steps: int) -> Path:
     return _stream_gzip(folder / f"steps-{steps}.json.gz", parts())
 
 
-def fitting_steps(json_bytes: int) -> int:
-    """Steps of `many_steps_file` whose JSON stays under `json_bytes` (the loader's limit is 32 MiB)."""
-    data = base_trace()
-    step = len(json.dumps(data["steps"][0], separators=(",", ":"))) + 4  # larger step numbers
-    from specviz.trace.budget import PUBLIC_BUDGET  # the checkout under test's (--root)
+def heaviest_steps() -> int:
+    """Steps of `many_steps_file` at the public budget's step and row caps (the checkout under
+    test's budget, `--root`)."""
+    from specviz.trace.budget import PUBLIC_BUDGET
 
-    rows = len(data["steps"][0]["rows"])
-    return min(PUBLIC_BUDGET.max_steps, PUBLIC_BUDGET.max_rows // rows, json_bytes // step)
+    rows = len(base_trace()["steps"][0]["rows"])
+    return min(PUBLIC_BUDGET.max_steps, PUBLIC_BUDGET.max_rows // rows)
+
+
+def fitting_steps(json_bytes: int) -> int:
+    """Steps of `many_steps_file` under the public caps whose JSON stays under `json_bytes` (the
+    loader's limit is 32 MiB)."""
+    step = len(json.dumps(base_trace()["steps"][0], separators=(",", ":"))) + 4  # larger step numbers
+    return min(heaviest_steps(), json_bytes // step)
 
 
 def piece_table_file(folder: Path, entries: int, used: int = 0) -> Path:
@@ -759,9 +764,9 @@ def main() -> int:
             attack_models(suite)
         if "inspect" in wanted:
             # The heaviest run a public upload may hold (the piece-table file of round one is refused now).
-            attack_inspect_flood(suite, folder, many_steps_file(folder, 3_000 if args.quick else HEAVIEST_STEPS), 12)
+            attack_inspect_flood(suite, folder, many_steps_file(folder, 3_000 if args.quick else heaviest_steps()), 12)
         if "sessions" in wanted:  # the heaviest a public upload may be: its rows and their analysis
-            heavy = many_steps_file(folder, 3_000 if args.quick else HEAVIEST_STEPS)
+            heavy = many_steps_file(folder, 3_000 if args.quick else heaviest_steps())
             attack_sessions(suite, heavy, 6 if args.quick else 20, ceiling)
         if "flood" in wanted:
             attack_flood(suite, 12 if args.quick else 65)
