@@ -20,6 +20,10 @@ from specviz.trace.schema import RowRecord, StepRecord
 MAX_REPORTED_VIOLATIONS = 10_000  # `violation_count` still counts them all
 NO_ROW = -1  # the violation is about a sequence that no row of that step holds
 RUN = -1  # step index of a violation located at a run with no steps at all
+# header.options key: why `specviz watch --` stopped following an unmodified engine's rows (the
+# target calls after that were not read); each reason is a check skipped on the run.
+UNFOLLOWED = "watch_unfollowed"
+UNFOLLOWED_CHECK = "rows not followed"
 
 
 @dataclass
@@ -82,6 +86,11 @@ class Findings:
         indices = set(map(int, step_indices))
         if indices:
             self.skipped.setdefault((check, reason), set()).update(indices)
+
+    def note_unfollowed(self, options: dict[str, Any]) -> None:
+        """The checks of the calls a watched run's reading stopped before (`UNFOLLOWED`)."""
+        for reason in options.get(UNFOLLOWED) or ():
+            self.skip(UNFOLLOWED_CHECK, str(reason))
 
     def skipped_checks(self, steps: int) -> list[SkippedCheck]:
         """What could not run, with the number of steps it missed out of `steps`."""

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from specviz.analysis.findings import UNFOLLOWED
 from specviz.trace.schema import Trace
-from specviz.watch.calls import CallReader, argmax_at, context_before, last_slot, query_flags
+from specviz.watch.follow import Follower
 from specviz.watch.hooks import CallRecord, ModelHooks, WatchError, check_causal_lm
 from specviz.watch.session import Watch, _eos_ids
-from specviz.watch.steps import Emit, matched_prefix, row_tokens
+from specviz.watch.steps import Emit
 
 
 class AutoWatch:
@@ -45,7 +46,7 @@ class AutoWatch:
     # ------------------------------------------------------------------ what ModelHooks calls
 
     def current_rows(self, role: str = "target") -> None:
-        return None  # rows keep their order: row r is sequence r
+        return None  # undeclared: `finish` follows the rows by their attended context
 
     def add_call(self, call: CallRecord) -> None:
         self.calls.append(call)
@@ -128,9 +129,10 @@ class AutoWatch:
         self.uninstall()
         target, draft = self.pick_roles()
         notes: list[str] = []
+        unfollowed: list[str] = []
         calls = self._relabel(target, draft)
         eos = frozenset(_eos_ids(target, None))
-        prompts, emits = infer(calls, eos, notes)
+        prompts, emits = infer(calls, eos, notes, unfollowed)
         # Notes so far say where reading stopped: what follows is unread, so sequences may be
         # unfinished without the engine being at fault; the trace says it is incomplete.
         read_all = not notes
@@ -146,6 +148,8 @@ class AutoWatch:
         if notes or tokenizer is not None:
             if notes:
                 trace.header.options.setdefault("watch_notes", []).extend(notes[:20])
+            if unfollowed:  # the report lists it among its skipped checks
+                trace.header.options[UNFOLLOWED] = unfollowed
             if w.out is not None:
                 from specviz.trace.io import save_trace
 
@@ -202,113 +206,18 @@ def _parameters(model: Any) -> int:
 # ----------------------------------------------------------------------------- inference
 
 
-def target_calls(calls: list[CallRecord], read: CallReader, notes: list[str]) -> list[int]:
-    """Indices of the target calls of the first decode: same batch, until a fresh prefill.
-
-    A call without a cache continues the decode when every row re-feeds its sequence (prompt
-    first, then more than the prompt before its pending token): a cacheless or recompute loop.
-    """
-    indices = [i for i, c in enumerate(calls) if c.role == "target"]
-    if not indices:
-        return []
-    batch = calls[indices[0]].batch_size
-    kept = [indices[0]]
-    prompts = [_attended_ids(calls[indices[0]], r, read(indices[0], r).pending) for r in range(batch)]
-    for i in indices[1:]:
-        call = calls[i]
-        if call.batch_size != batch:
-            notes.append(f"target call {i} has batch {call.batch_size}, not {batch}: later calls ignored")
-            break
-        if call.cache_width == 0 and not _refeeds(call, i, read, prompts):
-            notes.append(f"target call {i} starts a new decode (no cache, a fresh prompt): later calls ignored")
-            break
-        kept.append(i)
-    return kept
-
-
-def _refeeds(call: CallRecord, index: int, read: CallReader, prompts: list[list[int]]) -> bool:
-    for r, prompt in enumerate(prompts):
-        fed = _attended_ids(call, r, read(index, r).pending)
-        if len(fed) < len(prompt) or fed[: len(prompt)] != prompt:
-            return False
-    return any(len(_attended_ids(call, r, read(index, r).pending)) > len(p) for r, p in enumerate(prompts))
-
-
-def infer(calls: list[CallRecord], eos: frozenset[int], notes: list[str]) -> tuple[list[list[int]], list[Emit]]:
-    """Prompts (sequence r = row r) and the emits a correct-bookkeeping engine would have declared."""
+def infer(
+    calls: list[CallRecord], eos: frozenset[int], notes: list[str], unfollowed: list[str] | None = None
+) -> tuple[list[list[int]], list[Emit]]:
+    """Prompts (by sequence id) and the emits a correct-bookkeeping engine would have declared; each
+    target call's rows name the sequence they hold (`follow.Follower`). Where rows could not be
+    followed, why is appended to `notes` and to `unfollowed`."""
     for call in calls:
         call.materialize()
-    read = CallReader(calls)
-    steps = target_calls(calls, read, notes)
-    if not steps:
+    if not any(c.role == "target" for c in calls):
         raise WatchError("the target ran no forward call with input_ids")
-    first = calls[steps[0]]
-    prompts = [_attended_ids(first, r, read(steps[0], r).pending) for r in range(first.batch_size)]
-    if len(steps) > 1 and not _feeds_argmax(first, steps[0], calls[steps[1]], steps[1], read):
-        # The first call was a prefill of all but the last prompt token: not a step.
-        second = calls[steps[1]]
-        for r, prompt in enumerate(prompts):
-            prompt.append(second.input_ids[r][read(steps[1], r).pending])
-        steps = steps[1:]
-    committed = [len(p) for p in prompts]
-    finished = [False] * len(prompts)
-    emits: list[Emit] = []
-    for j, index in enumerate(steps):
-        call = calls[index]
-        following = steps[j + 1] if j + 1 < len(steps) else None
-        for r in range(call.batch_size):
-            if finished[r] or not any(query_flags(call, r)):
-                continue  # finished, or idle in this call (its query is all padding)
-            tokens = _gained(calls, read, index, following, r, committed[r])
-            if not tokens:  # fed again without growing: the engine keeps computing a finished row
-                finished[r] = True
-                continue
-            cut = next((n + 1 for n, t in enumerate(tokens) if t in eos), None)
-            tokens = tokens[:cut] if cut else tokens
-            finished[r] = cut is not None
-            committed[r] += len(tokens)
-            emits.append(Emit(r, tokens, "eos" if cut else None, after=index + 1, at=call.ended))
-    return prompts, emits
-
-
-def _attended_ids(call: CallRecord, row: int, end: int | None = None) -> list[int]:
-    """The row's real query tokens up to query slot `end` (default: all of them)."""
-    flags = query_flags(call, row)
-    stop = len(flags) if end is None else end + 1
-    ids = [t for t, keep in zip(call.input_ids[row][:stop], flags[:stop]) if keep]
-    return ids or [0]
-
-
-def _feeds_argmax(first: CallRecord, i: int, second: CallRecord, j: int, read: CallReader) -> bool:
-    """Is the first call a step: it verified drafts, or the second call feeds its last argmax as pending?"""
-    if first.argmax is None:
-        return True
-    for r in range(first.batch_size):
-        if read(i, r).drafts:
-            return True
-        last = last_slot(first, r)
-        if argmax_at(first, r, last) != second.input_ids[r][read(j, r).pending]:
-            return False
-    return True
-
-
-def _gained(
-    calls: list[CallRecord], read: CallReader, index: int, following: int | None, r: int, committed: int
-) -> list[int]:
-    """Tokens row r's sequence received in the step of target call `index`."""
-    call = calls[index]
-    rq = read(index, r)
-    drafts, targets = row_tokens(call, r, rq)
-    agreed = matched_prefix(drafts, targets) if targets else 0
-    if following is None or not any(query_flags(calls[following], r)):  # its last step: greedy
-        return drafts[:agreed] + ([targets[agreed]] if targets else [])
-    nxt, nq = calls[following], read(following, r)
-    pending = nxt.input_ids[r][nq.pending]
-    grown = context_before(nxt, r, nq.pending) + 1 - committed
-    if grown == 0:
-        return []
-    fed = _attended_ids(nxt, r, nq.pending)
-    if 1 <= grown <= len(fed):
-        return fed[len(fed) - grown :]  # re-fed tokens (a recompute loop) show themselves
-    accepted = grown - 1 if 1 <= grown <= len(drafts) + 1 else (agreed or 0)
-    return drafts[:accepted] + [pending]
+    follower = Follower(calls, eos, notes)
+    follower.run()
+    if unfollowed is not None:
+        unfollowed.extend(follower.unfollowed)
+    return follower.prompts, follower.emits

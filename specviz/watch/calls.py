@@ -86,8 +86,13 @@ def _draft_row(call: CallRecord, seq: int, row: int, batch_size: int, fed: int, 
     return next((r for r in range(call.batch_size) if fits(r)), None)
 
 
-def read_row(calls: list[CallRecord], index: int, row: int, pass_reprefill: bool = True) -> RowQuery:
+def read_row(
+    calls: list[CallRecord], index: int, row: int, pass_reprefill: bool = True, seq: int | None = None
+) -> RowQuery:
     """The row's pending slot and proposal chain in target call `index` (see the module docstring).
+
+    `seq`: the sequence the row is read as (default: the one the call's rows name); the draft
+    calls are searched back to that sequence's previous target call.
 
     The chain is the longest run of consecutive draft calls (of this row, since the sequence's
     previous target call) that fed the query's slots p .. p+d-1 and proposed p+1 .. p+d, with p the
@@ -99,7 +104,7 @@ def read_row(calls: list[CallRecord], index: int, row: int, pass_reprefill: bool
     """
     verify = calls[index]
     ids = verify.input_ids[row]
-    seq = row_seq_ids(verify)[row]
+    seq = row_seq_ids(verify)[row] if seq is None else seq
     last = last_slot(verify, row)
     flags = query_flags(verify, row)
     proposals = _draft_calls(calls, index, seq, pass_reprefill)
@@ -168,6 +173,21 @@ class CallReader:
         key = (index, row)
         if key not in self._rows:
             self._rows[key] = read_row(self.calls, index, row)
+        return self._rows[key]
+
+
+class SeqReader:
+    """`read_row` for every (call, row, sequence the row is read as), computed once: a row whose
+    sequence is not known yet is read once per candidate."""
+
+    def __init__(self, calls: list[CallRecord]) -> None:
+        self.calls = calls
+        self._rows: dict[tuple[int, int, int], RowQuery] = {}
+
+    def __call__(self, index: int, row: int, seq: int) -> RowQuery:
+        key = (index, row, seq)
+        if key not in self._rows:
+            self._rows[key] = read_row(self.calls, index, row, seq=seq)
         return self._rows[key]
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from specviz.analysis.check import check_trace
+from specviz.analysis.findings import UNFOLLOWED_CHECK
 from specviz.cli import main
 from specviz.trace.io import load_trace
 
@@ -97,18 +98,22 @@ generate(target, draft, prompts, 3, 10, frozenset([1]), 0, Bugs(no_position_ids=
 @pytest.mark.parametrize("bug", [False, True], ids=["clean", "no-position-ids"])
 def test_unmodified_speculative_engine(tmp_path: Path, bug: bool) -> None:
     """tests/support/watch_engine.py, uninstrumented: the larger model is the target, k is found; the engine
-    drops finished rows, so reading stops there and the trace is marked incomplete."""
+    drops finished rows (the batch shrinks), and the command follows the rows left to the end."""
     script = tmp_path / "spec.py"
     script.write_text(SPECULATIVE)
     out = tmp_path / "spec.trace.json"
     assert main(["watch", "--out", str(out), "--", "python", str(script)] + (["--bug"] if bug else [])) == 0
     trace = load_trace(out)
-    assert trace.header.draft_k == 3 and trace.header.draft is not None and not trace.header.complete
+    assert trace.header.draft_k == 3 and trace.header.draft is not None and trace.header.complete
     assert trace.header.target.num_parameters > trace.header.draft.num_parameters
-    assert [s.prompt_ids for s in trace.sequences][1] == [11, 12, 13]
+    assert [s.prompt_ids for s in trace.sequences] == [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17], [20, 21]]
+    assert len({len(s.rows) for s in trace.steps}) > 1  # the batch really shrank
     report = check_trace(trace)
     if not bug:
         assert report.verdict == "clean" and report.exact_match == 1.0, report.violations[:3]
+        assert not trace.header.options.get("watch_notes")
+        assert not [s for s in report.skipped_checks if s.check in ("draft", "greedy acceptance", UNFOLLOWED_CHECK)]
+        assert all(len(s.output_ids) == 10 or s.finish_reason == "eos" for s in trace.sequences)
         return
     assert report.verdict == "desync" and report.first_violation.step == 0
     assert report.first_violation.invariant == 2

@@ -1,0 +1,444 @@
+"""Following sequences through an unmodified engine's target calls (`specviz watch --`): which
+sequence each row of each target call holds, and what each sequence gained at each step.
+
+An engine that serves reorders its rows, drops finished ones (the batch shrinks) and takes in
+joining sequences (a re-prefill of the batch, or a prefill of the newcomer). A row is matched to a
+sequence by its attended context, the sequence's prompt plus the tokens committed so far:
+- a row that attends no cache slot shows its whole context (a prefill, a re-prefill, a cacheless or
+  recompute loop): it holds the sequence whose context it equals (re-fed, not grown) or extends (the
+  extension is what the sequence gained); a row that fits no sequence is a new one, its context the
+  prompt, as every row of the first target call is;
+- a row that attends a cache shows only its query, so it is matched by the chain: its pending token
+  must be one the sequence's last step could have committed last (the target's argmax after the
+  drafts it accepted, or a draft when no bonus is kept), and its context must have grown by what
+  that step could accept (1 .. d + 1 slots). A newcomer's first call was a step when every newcomer
+  of that call is fed its argmax next (or verified drafts), else a prefill of all but the last
+  prompt token, which the next call feeds;
+- rows keep their order when every row fits the sequence its row held in the previous target call
+  of the same batch size. Otherwise the assignment must be unique up to sequences identical so far
+  (same prompt, same tokens, same step read), which any assignment checks alike; an engine whose
+  rows fit no assignment or several is not followed from that call on (noted; the trace is
+  incomplete and the report names the skipped check). A batch of unchanged size that no
+  assignment explains keeps its order (the rule before rows were followed: a bug that breaks the
+  chain is then still read, and flagged, at its own row);
+- a sequence that a call leaves out while holding others of its last call has left the batch: its
+  last step gained what a greedy engine keeps (the drafts agreeing with the argmax, then the argmax).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import groupby
+from typing import Any
+
+from specviz.watch.calls import RowQuery, SeqReader, argmax_at, context_before, last_slot, query_flags
+from specviz.watch.hooks import CallRecord
+from specviz.watch.steps import Emit, matched_prefix, row_tokens
+
+MATCHINGS = 256  # assignments of one call enumerated at most; more is read as ambiguous
+NEW = -1  # the row starts a new sequence
+IDLE = -2  # the row holds a finished sequence fed again: no step for anyone
+
+
+@dataclass(frozen=True)
+class RowView:
+    """One row of one target call, read as a given sequence."""
+
+    rq: RowQuery
+    token: int  # the pending token
+    context: int  # slots the pending token attends before itself (-1: a mask the hooks could not read)
+    query: list[int]  # the row's attended query tokens up to the pending one
+    whole: bool  # the row attends no cache slot: `query` is its whole context
+
+
+@dataclass
+class Seq:
+    """One sequence as followed so far."""
+
+    id: int
+    context: list[int]  # prompt + committed tokens, as read
+    prompt_len: int
+    origin: tuple[int, int]  # (target call, row) where it first appeared
+    at: tuple[int, int]  # (target call, row) that last held it
+    step: tuple[int, int] | None = None  # (call, row) of its step whose gain is not read yet
+    opened: bool = True  # not yet known whether its first call was a step
+    refed: bool = False  # re-fed unchanged since `step`: read as finished if it never grows again
+    finished: bool = False
+
+
+class Follower:
+    """Walks the target calls in order; `prompts`, `emits` and each call's rows once `run` returns."""
+
+    def __init__(self, calls: list[CallRecord], eos: frozenset[int], notes: list[str]) -> None:
+        self.calls, self.eos, self.notes = calls, eos, notes
+        self.read = SeqReader(calls)
+        self.seqs: list[Seq] = []
+        self.emits: list[Emit] = []
+        self.rows: dict[int, tuple[int, ...]] = {}  # target call -> sequence per row (< 0: none)
+        self.was_step: dict[int, bool] = {}  # opening call -> it was a step for its newcomers
+        self.unfollowed: list[str] = []  # why reading stopped, for the report's skipped checks
+        self.prev: int | None = None
+        self._greedy_ends: list[tuple[Seq, Emit]] = []  # last steps read as greedy, no EOS
+        self._views: dict[tuple[int, int, int], RowView] = {}
+
+    @property
+    def prompts(self) -> list[list[int]]:
+        return [s.context[: s.prompt_len] for s in self.seqs]
+
+    def run(self) -> None:
+        targets = [i for i, c in enumerate(self.calls) if c.role == "target"]
+        for n, j in enumerate(targets):
+            why = self._call(j)
+            if why is not None:
+                self._stop(j, len(targets) - n, why)
+                break
+        for s in self.seqs:
+            if not s.finished:
+                self._close(s)
+        self._cut_to_budget()
+        self.emits.sort(key=lambda e: (e.after, e.seq_id))
+
+    # ------------------------------------------------------------------ one call
+
+    def _call(self, j: int) -> str | None:
+        """Assign call j's rows to sequences and read what the previous steps gained; else why not."""
+        call = self.calls[j]
+        active = [r for r in range(call.batch_size) if any(query_flags(call, r))]
+        if self.prev is None:
+            assigned: dict[int, tuple[int, str]] | str = {r: (NEW, "new") for r in active}
+        else:
+            assigned = self._assign(j, active)
+        if isinstance(assigned, str):
+            return assigned
+        before = {s.id: s.at[0] for s in self.seqs}
+        self._apply(j, assigned)
+        self._leave(j, assigned, before)
+        self.rows[j] = tuple(self._row_id(j, r, assigned) for r in range(call.batch_size))
+        call.rows = self.rows[j]  # later reads search draft calls back to each sequence's own calls
+        self.prev = j
+        return None
+
+    def _row_id(self, j: int, r: int, assigned: dict[int, tuple[int, str]]) -> int:
+        seq = assigned.get(r, (IDLE, ""))[0]
+        if seq >= 0:
+            return seq
+        held = self.rows.get(self.prev, ()) if self.prev is not None else ()
+        kept = held[r] if r < len(held) and self.calls[self.prev].batch_size == self.calls[j].batch_size else -1
+        # An idle row keeps its finished sequence, so its reads stop at that sequence's calls.
+        return kept if kept >= 0 and self.seqs[kept].finished else -1 - r
+
+    def _assign(self, j: int, active: list[int]) -> dict[int, tuple[int, str]] | str:
+        """Row -> (sequence or NEW or IDLE, how it fits) for the call's active rows, or why none."""
+        same = self.calls[j].batch_size == self.calls[self.prev].batch_size
+        if same:
+            kept = self._kept(j, active)
+            if kept is not None:
+                return kept
+        found = self._unique(j, active, {r: self._fits(j, r) for r in active})
+        if same and (isinstance(found, str) or any(s == NEW and not self._joins(j, r) for r, (s, _) in found.items())):
+            return self._legacy(active)
+        return found
+
+    def _joins(self, j: int, r: int) -> bool:
+        """A row that attends no slot of the call's cache: a newcomer prefilled among decoding rows."""
+        return self.calls[j].cache_width > 0 and self._view(j, r, NEW).whole
+
+    def _fits(self, j: int, r: int) -> dict[int, str]:
+        """Live sequence -> how row r of call j continues it ("grow", "same", "again", "open")."""
+        out = {}
+        for s in self.seqs:
+            if not s.finished:
+                how = self._fit(s, self._view(j, r, s.id))
+                if how is not None:
+                    out[s.id] = how
+        return out
+
+    def _kept(self, j: int, active: list[int]) -> dict[int, tuple[int, str]] | None:
+        """Every active row continues the sequence its row held before: rows kept their order."""
+        held = self.rows[self.prev]
+        out = {}
+        for r in active:
+            seq = held[r]
+            if seq >= 0 and self.seqs[seq].finished:
+                out[r] = (IDLE, "idle")
+                continue
+            how = self._fit(self.seqs[seq], self._view(j, r, seq)) if seq >= 0 else None
+            if how is None:
+                return None
+            out[r] = (seq, how)
+        return out
+
+    def _legacy(self, active: list[int]) -> dict[int, tuple[int, str]]:
+        """Rows keep their order, whatever they were fed: a batch of unchanged size that no
+        assignment explains (an engine bug that breaks the chain is then read, and flagged, at its row)."""
+        held = self.rows[self.prev]
+        out = {}
+        for r in active:
+            seq = held[r]
+            if seq < 0 or self.seqs[seq].finished:
+                out[r] = (IDLE, "idle")
+            else:
+                out[r] = (seq, "open" if self.seqs[seq].opened else "grow")
+        return out
+
+    # ------------------------------------------------------------------ reading a row
+
+    def _view(self, j: int, r: int, seq: int) -> RowView:
+        key = (j, r, seq)
+        if key not in self._views:
+            call = self.calls[j]
+            rq = self.read(j, r, seq if seq >= 0 else len(self.seqs) + r)
+            self._views[key] = RowView(
+                rq=rq,
+                token=call.input_ids[r][rq.pending],
+                context=context_before(call, r, rq.pending),
+                query=attended_ids(call, r, rq.pending),
+                whole=not attends_cache(call, r),
+            )
+        return self._views[key]
+
+    def _fit(self, s: Seq, v: RowView) -> str | None:
+        """How the row continues `s` (None: it cannot hold `s`); see the module docstring."""
+        if v.whole:
+            n = len(s.context)
+            if v.query == s.context:
+                return "same"
+            if len(v.query) > n and v.query[:n] == s.context:
+                return "open" if s.opened else "grow"
+            return None
+        if s.opened:
+            m, o = len(s.context), s.origin
+            return "open" if v.context < 0 or m <= v.context <= m + self.read(*o, s.id).drafts else None
+        assert s.step is not None
+        drafts, targets, pending = self._step_tokens(s)
+        if v.context < 0:  # no mask to count: the greedy continuation only
+            return "grow" if targets and v.token == targets[matched_prefix(drafts, targets) or 0] else None
+        grown = v.context + 1 - len(s.context)
+        if 1 <= grown <= len(drafts) + 1:
+            took = grown - 1
+            if not targets or v.token == targets[took] or (took < len(drafts) and v.token == drafts[took]):
+                return "grow"
+        # A finished row fed its last token again (with or without its cache growing).
+        return "again" if 0 <= grown <= 1 and v.token == pending else None
+
+    def _step_tokens(self, s: Seq) -> tuple[list[int], list[int], int]:
+        """(drafts, target argmax, pending token) of the sequence's open step."""
+        i, ri = s.step
+        rq = self.read(i, ri, s.id)
+        drafts, targets = row_tokens(self.calls[i], ri, rq)
+        return drafts, targets, self.calls[i].input_ids[ri][rq.pending]
+
+    # ------------------------------------------------------------------ unique assignments
+
+    def _unique(self, j: int, active: list[int], fits: dict[int, dict[int, str]]) -> dict[int, tuple[int, str]] | str:
+        """The one assignment of rows to sequences the fits allow, up to identical sequences; else why not."""
+        classes = self._classes()
+        of = {s: k for k, members in enumerate(classes) for s in members}
+        options = {r: sorted({of[s] for s in fits[r]}) for r in active}
+        found = _matchings([r for r in active if options[r]], options, [len(m) for m in classes])
+        if len(found) > 1:
+            rows = sorted({r for m in found for r in m if m[r] != found[0].get(r)})
+            return f"rows {rows} of target call {j} fit more than one sequence each, and those differ so far"
+        chosen = found[0] if found else {}
+        out: dict[int, tuple[int, str]] = {}
+        for k, members in enumerate(classes):
+            # Identical so far: any order checks alike; the order they held is kept.
+            free = sorted((self.seqs[s] for s in members), key=lambda s: s.at)
+            for r in sorted(r for r, c in chosen.items() if c == k):
+                s = next(m for m in free if m.id in fits[r])
+                free.remove(s)
+                out[r] = (s.id, fits[r][s.id])
+        for r in active:
+            if r in out:
+                continue
+            if self._view(j, r, NEW).whole:
+                out[r] = (NEW, "new")
+            elif self._again(j, r):
+                out[r] = (IDLE, "idle")
+            else:
+                return f"row {r} of target call {j} continues no sequence read so far"
+        return out
+
+    def _classes(self) -> list[list[int]]:
+        """Live sequences grouped by everything the checks read of them: identical so far."""
+        live = [s for s in self.seqs if not s.finished]
+        keyed = sorted(((self._likeness(s), s.id) for s in live), key=lambda x: (repr(x[0]), x[1]))
+        return [[s for _, s in group] for _, group in groupby(keyed, key=lambda x: repr(x[0]))]
+
+    def _likeness(self, s: Seq) -> tuple[Any, ...]:
+        step = None
+        if s.step is not None:
+            drafts, targets, pending = self._step_tokens(s)
+            step = (tuple(drafts), tuple(targets), pending)
+        return (tuple(s.context), s.prompt_len, s.opened, s.refed, step, s.origin[0] if s.opened else None)
+
+    def _again(self, j: int, r: int) -> bool:
+        """The row is a finished sequence fed its last token again."""
+        return any(s.finished and self._view(j, r, s.id).token == s.context[-1] for s in self.seqs)
+
+    # ------------------------------------------------------------------ applying
+
+    def _apply(self, j: int, assigned: dict[int, tuple[int, str]]) -> None:
+        opening = [(self.seqs[s], r) for r, (s, how) in sorted(assigned.items()) if how == "open"]
+        for o in sorted({s.origin[0] for s, _ in opening} - set(self.was_step)):
+            members = [(s, self._view(j, r, s.id)) for s, r in opening if s.origin[0] == o]
+            self.was_step[o] = self._opened_by_step(o, members)
+        for r, (seq, how) in sorted(assigned.items()):
+            if seq == NEW:
+                assigned[r] = (self._new(j, r), how)
+            elif seq >= 0:
+                self._continue(self.seqs[seq], j, r, how)
+
+    def _new(self, j: int, r: int) -> int:
+        seq = len(self.seqs)
+        query = self._view(j, r, NEW).query
+        self.seqs.append(Seq(seq, list(query), len(query), origin=(j, r), at=(j, r), step=(j, r)))
+        return seq
+
+    def _continue(self, s: Seq, j: int, r: int, how: str) -> None:
+        v = self._view(j, r, s.id)
+        s.at = (j, r)
+        if how == "same":
+            s.refed = s.step is not None and not s.opened
+            return
+        if how == "again":
+            s.finished = True  # fed again without growing: the engine keeps computing a finished row
+            return
+        if s.opened:
+            s.opened = False
+            if not self.was_step[s.origin[0]]:
+                # Its first call was a prefill of all but the last prompt token: this call feeds it.
+                s.context.append(v.token)
+                s.prompt_len += 1
+                s.step = (j, r)
+                return
+        self._commit(s, self._gained(s, v))
+        s.step, s.refed = (j, r), False
+
+    def _opened_by_step(self, o: int, members: list[tuple[Seq, RowView]]) -> bool:
+        """Was call o a step for its newcomers: it verified drafts, or the next call feeds its argmax?"""
+        call = self.calls[o]
+        if call.argmax is None:
+            return True
+        for s, v in sorted(members, key=lambda m: m[0].origin):
+            row = s.origin[1]
+            if self.read(o, row, s.id).drafts:
+                return True
+            if argmax_at(call, row, last_slot(call, row)) != v.token:
+                return False
+        return True
+
+    def _gained(self, s: Seq, v: RowView | None) -> list[int]:
+        """Tokens the sequence's open step committed, read from its next row `v` (None: its last step)."""
+        drafts, targets, _ = self._step_tokens(s)
+        agreed = matched_prefix(drafts, targets) if targets else 0
+        if v is None:  # its last step: what a greedy engine keeps
+            return drafts[:agreed] + ([targets[agreed]] if targets else [])
+        grown = v.context + 1 - len(s.context)
+        if grown == 0:
+            return []
+        if 1 <= grown <= len(v.query):
+            return v.query[len(v.query) - grown :]  # re-fed tokens (a recompute loop) show themselves
+        accepted = grown - 1 if 1 <= grown <= len(drafts) + 1 else (agreed or 0)
+        return drafts[:accepted] + [v.token]
+
+    def _commit(self, s: Seq, tokens: list[int]) -> Emit | None:
+        """The open step's tokens, up to the first EOS; none, or an EOS, finishes the sequence."""
+        i = s.step[0]
+        cut = next((n + 1 for n, t in enumerate(tokens) if t in self.eos), None)
+        tokens = tokens[:cut] if cut else tokens
+        s.finished = cut is not None or not tokens
+        if not tokens:
+            return None
+        s.context += tokens
+        emit = Emit(s.id, tokens, "eos" if cut else None, after=i + 1, at=self.calls[i].ended)
+        self.emits.append(emit)
+        return emit
+
+    def _close(self, s: Seq) -> None:
+        """A sequence no later call continues: its last step gained what a greedy engine keeps."""
+        if s.opened and self.was_step.get(s.origin[0], True):
+            s.opened, s.step = False, s.origin
+        if s.step is not None and not s.opened:
+            emit = self._commit(s, [] if s.refed else self._gained(s, None))
+            if emit is not None and emit.finish_reason is None:
+                self._greedy_ends.append((s, emit))
+        s.finished = True
+
+    def _cut_to_budget(self) -> None:
+        """Sequences whose last step was never fed back (they left the batch, or the run ended) and
+        did not end by EOS ended by length. An engine cuts that step's tokens at a budget shared by
+        all, so when one budget fits them all (above what each had before that step, at most what
+        greedy gives it, and no sequence read past it) it is the smallest of their greedy ends."""
+        if not self._greedy_ends:
+            return
+        before = [len(s.context) - s.prompt_len - len(e.tokens) for s, e in self._greedy_ends]
+        budget = min(b + len(e.tokens) for b, (_, e) in zip(before, self._greedy_ends))
+        ended = {id(s) for s, _ in self._greedy_ends}
+        longest = max((len(s.context) - s.prompt_len for s in self.seqs if id(s) not in ended), default=0)
+        if budget <= max(before) or budget < longest:
+            return  # no one budget: leave what greedy gives
+        for b, (s, emit) in zip(before, self._greedy_ends):
+            extra = b + len(emit.tokens) - budget
+            if extra > 0:
+                del emit.tokens[-extra:]
+                del s.context[-extra:]
+
+    def _leave(self, j: int, assigned: dict[int, tuple[int, str]], before: dict[int, int]) -> None:
+        """Sequences this call leaves out while holding others of their last call have left the batch."""
+        held = {seq for seq, _ in assigned.values() if seq >= 0}
+        calls_held = {before[seq] for seq in held if seq in before}
+        for s in self.seqs:
+            if s.id not in held and s.id in before and not s.finished and before[s.id] in calls_held:
+                self._close(s)
+
+    def _stop(self, j: int, unread: int, why: str) -> None:
+        message = f"{why}: {unread} target calls from call {j} on are not read (declare rows with w.rows)"
+        self.notes.append(message)
+        self.unfollowed.append(message)
+
+
+def _matchings(rows: list[int], options: dict[int, list[int]], capacity: list[int]) -> list[dict[int, int]]:
+    """Distinct assignments row -> class (each class holding at most its capacity) that assign the
+    most rows; a row whose classes are all full stays unassigned. Stops at MATCHINGS found."""
+    found: list[dict[int, int]] = []
+    left = list(capacity)
+    current: dict[int, int] = {}
+
+    def walk(k: int) -> None:
+        if len(found) >= MATCHINGS:
+            return
+        if k == len(rows):
+            found.append(dict(current))
+            return
+        free = [c for c in options[rows[k]] if left[c] > 0]
+        if not free:
+            walk(k + 1)
+            return
+        for c in free:
+            current[rows[k]], left[c] = c, left[c] - 1
+            walk(k + 1)
+            del current[rows[k]]
+            left[c] += 1
+
+    walk(0)
+    most = max((len(m) for m in found), default=0)
+    return [m for m in found if len(m) == most]
+
+
+def attended_ids(call: CallRecord, row: int, end: int | None = None) -> list[int]:
+    """The row's real query tokens up to query slot `end` (default: all of them)."""
+    flags = query_flags(call, row)
+    stop = len(flags) if end is None else end + 1
+    ids = [t for t, keep in zip(call.input_ids[row][:stop], flags[:stop]) if keep]
+    return ids or [0]
+
+
+def attends_cache(call: CallRecord, row: int) -> bool:
+    """Does the row attend any slot of the cache the call was given (a 2-D mask says; else assumed)?"""
+    if call.cache_width == 0:
+        return False
+    if call.mask_kind == "2d":
+        values = call.mask[row]
+        return any(values[: len(values) - call.query_len])
+    return True
