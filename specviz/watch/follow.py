@@ -79,6 +79,7 @@ class Follower:
         self.unfollowed: list[str] = []  # why reading stopped, for the report's skipped checks
         self.prev: int | None = None
         self._greedy_ends: list[tuple[Seq, Emit]] = []  # last steps read as greedy, no EOS
+        self._stopped: list[Seq] = []  # finished by being fed again without growing
         self._views: dict[tuple[int, int, int], RowView] = {}
 
     @property
@@ -231,23 +232,22 @@ class Follower:
     # ------------------------------------------------------------------ unique assignments
 
     def _unique(self, j: int, active: list[int], fits: dict[int, dict[int, str]]) -> dict[int, tuple[int, str]] | str:
-        """The one assignment of rows to sequences the fits allow, up to identical sequences; else why not."""
-        classes = self._classes()
-        of = {s: k for k, members in enumerate(classes) for s in members}
-        options = {r: sorted({of[s] for s in fits[r]}) for r in active}
-        found = _matchings([r for r in active if options[r]], options, [len(m) for m in classes])
-        if len(found) > 1:
-            rows = sorted({r for m in found for r in m if m[r] != found[0].get(r)})
-            return f"rows {rows} of target call {j} fit more than one sequence each, and those differ so far"
-        chosen = found[0] if found else {}
-        out: dict[int, tuple[int, str]] = {}
-        for k, members in enumerate(classes):
-            # Identical so far: any order checks alike; the order they held is kept.
-            free = sorted((self.seqs[s] for s in members), key=lambda s: s.at)
-            for r in sorted(r for r, c in chosen.items() if c == k):
-                s = next(m for m in free if m.id in fits[r])
-                free.remove(s)
-                out[r] = (s.id, fits[r][s.id])
+        """The one assignment of rows to sequences the fits allow, up to identical sequences; else why not.
+
+        Rows the chain (token and context length) matches to no sequence are then matched by token
+        alone to the sequences left: an engine that moves a row's tokens but not its cache or mask
+        (a bug) still has that row read as the sequence it fed, and the wrong context flagged there."""
+        out = self._one_assignment(j, active, fits, {s.id for s in self.seqs if not s.finished})
+        if isinstance(out, str):
+            return out
+        left = {s.id for s in self.seqs if not s.finished} - {s for s, _ in out.values()}
+        cached = [r for r in active if r not in out and not self._view(j, r, NEW).whole]
+        if cached and left:
+            weak = {r: {s: "weak" for s in left if self._weak(self.seqs[s], self._view(j, r, s))} for r in cached}
+            more = self._one_assignment(j, cached, weak, left)
+            if isinstance(more, str):
+                return more
+            out.update(more)
         for r in active:
             if r in out:
                 continue
@@ -259,9 +259,39 @@ class Follower:
                 return f"row {r} of target call {j} continues no sequence read so far"
         return out
 
-    def _classes(self) -> list[list[int]]:
-        """Live sequences grouped by everything the checks read of them: identical so far."""
-        live = [s for s in self.seqs if not s.finished]
+    def _one_assignment(
+        self, j: int, rows: list[int], fits: dict[int, dict[int, str]], allowed: set[int]
+    ) -> dict[int, tuple[int, str]] | str:
+        """Rows -> sequences of `allowed`, the one way the fits allow up to identical sequences; rows
+        no sequence fits are left out. Several ways: why not."""
+        classes = self._classes(allowed)
+        of = {s: k for k, members in enumerate(classes) for s in members}
+        options = {r: sorted({of[s] for s in fits[r] if s in of}) for r in rows}
+        found = _matchings([r for r in rows if options[r]], options, [len(m) for m in classes])
+        if len(found) > 1:
+            differ = sorted({r for m in found for r in m if m[r] != found[0].get(r)})
+            return f"rows {differ} of target call {j} fit more than one sequence each, and those differ so far"
+        chosen = found[0] if found else {}
+        out: dict[int, tuple[int, str]] = {}
+        for k, members in enumerate(classes):
+            # Identical so far: any order checks alike; the order they held is kept.
+            free = sorted((self.seqs[s] for s in members), key=lambda s: s.at)
+            for r in sorted(r for r, c in chosen.items() if c == k):
+                s = next(m for m in free if m.id in fits[r])
+                free.remove(s)
+                out[r] = (s.id, fits[r][s.id])
+        return out
+
+    def _weak(self, s: Seq, v: RowView) -> bool:
+        """The row's pending token is one the sequence's open step could have committed last."""
+        if s.opened or v.whole or s.step is None:
+            return False
+        drafts, targets, _ = self._step_tokens(s)
+        return v.token in targets or v.token in drafts
+
+    def _classes(self, allowed: set[int]) -> list[list[int]]:
+        """Sequences grouped by everything the checks read of them: identical so far."""
+        live = [self.seqs[s] for s in sorted(allowed)]
         keyed = sorted(((self._likeness(s), s.id) for s in live), key=lambda x: (repr(x[0]), x[1]))
         return [[s for _, s in group] for _, group in groupby(keyed, key=lambda x: repr(x[0]))]
 
@@ -303,6 +333,7 @@ class Follower:
             return
         if how == "again":
             s.finished = True  # fed again without growing: the engine keeps computing a finished row
+            self._stopped.append(s)
             return
         if s.opened:
             s.opened = False
@@ -312,7 +343,7 @@ class Follower:
                 s.prompt_len += 1
                 s.step = (j, r)
                 return
-        self._commit(s, self._gained(s, v))
+        self._commit(s, self._by_token(s, v) if how == "weak" else self._gained(s, v))
         s.step, s.refed = (j, r), False
 
     def _opened_by_step(self, o: int, members: list[tuple[Seq, RowView]]) -> bool:
@@ -342,6 +373,19 @@ class Follower:
         accepted = grown - 1 if 1 <= grown <= len(drafts) + 1 else (agreed or 0)
         return drafts[:accepted] + [v.token]
 
+    def _by_token(self, s: Seq, v: RowView) -> list[int]:
+        """Tokens of a step whose next row's context cannot be trusted: the drafts before the slot
+        whose argmax the row is fed (the greedy one if it is), then that token."""
+        drafts, targets, _ = self._step_tokens(s)
+        agreed = matched_prefix(drafts, targets) if targets else 0
+        if targets and targets[agreed or 0] == v.token:
+            took = agreed or 0
+        elif v.token in targets:
+            took = targets.index(v.token)
+        else:
+            took = drafts.index(v.token)  # no bonus kept: the last draft taken is fed
+        return drafts[:took] + [v.token]
+
     def _commit(self, s: Seq, tokens: list[int]) -> Emit | None:
         """The open step's tokens, up to the first EOS; none, or an EOS, finishes the sequence."""
         i = s.step[0]
@@ -361,28 +405,54 @@ class Follower:
             s.opened, s.step = False, s.origin
         if s.step is not None and not s.opened:
             emit = self._commit(s, [] if s.refed else self._gained(s, None))
-            if emit is not None and emit.finish_reason is None:
+            if s.refed:
+                self._stopped.append(s)
+            elif emit is not None and emit.finish_reason is None:
                 self._greedy_ends.append((s, emit))
         s.finished = True
 
     def _cut_to_budget(self) -> None:
-        """Sequences whose last step was never fed back (they left the batch, or the run ended) and
-        did not end by EOS ended by length. An engine cuts that step's tokens at a budget shared by
-        all, so when one budget fits them all (above what each had before that step, at most what
-        greedy gives it, and no sequence read past it) it is the smallest of their greedy ends."""
-        if not self._greedy_ends:
+        """Endings by length share one budget (`max_new_tokens`), which the engine never declares.
+        A sequence fed again without growing ended there (its length is the budget); one whose last
+        step was never fed back (it left the batch, or the run ended) ended within that step's
+        greedy tokens, which an engine cuts at the budget. When one budget fits them all, the
+        greedy ends are cut to it, and so is a finished row read past it: fed its last token again
+        while that token is also its argmax, it reads as growing (a repeat), which no correct
+        engine under that budget did. Several lengths: no one budget, nothing is cut."""
+        greedy = [(s, e, self._output(s) - len(e.tokens)) for s, e in self._greedy_ends]
+        stopped = {self._output(s) for s in self._stopped}
+        budget = shared_budget([(b + 1, b + len(e.tokens)) for _, e, b in greedy], stopped)
+        if budget is None:
             return
-        before = [len(s.context) - s.prompt_len - len(e.tokens) for s, e in self._greedy_ends]
-        budget = min(b + len(e.tokens) for b, (_, e) in zip(before, self._greedy_ends))
-        ended = {id(s) for s, _ in self._greedy_ends}
-        longest = max((len(s.context) - s.prompt_len for s in self.seqs if id(s) not in ended), default=0)
-        if budget <= max(before) or budget < longest:
-            return  # no one budget: leave what greedy gives
-        for b, (s, emit) in zip(before, self._greedy_ends):
-            extra = b + len(emit.tokens) - budget
-            if extra > 0:
-                del emit.tokens[-extra:]
-                del s.context[-extra:]
+        if not stopped and any(self._output(s) > budget for s in self.seqs if all(s is not g for g, _, _ in greedy)):
+            return  # read past the greedy ends' budget with nothing fed again to say it is one
+        for s in self.seqs:
+            self._trim(s, budget)
+
+    def _output(self, s: Seq) -> int:
+        return len(s.context) - s.prompt_len
+
+    def _trim(self, s: Seq, budget: int) -> None:
+        """Drop the sequence's tokens past `budget` (its last emits first), unless it ended by EOS
+        or more than its greedy end and repeats of its token at the budget lie past it (a finished
+        row fed its last token again reads as such repeats; anything else is left as read)."""
+        mine = [e for e in self.emits if e.seq_id == s.id]
+        extra = self._output(s) - budget
+        if extra <= 0 or any(e.finish_reason == "eos" for e in mine):
+            return
+        end = next((len(e.tokens) for g, e in self._greedy_ends if g is s), 0)
+        past = s.context[s.prompt_len + budget : len(s.context) - end]
+        if any(t != s.context[s.prompt_len + budget - 1] for t in past):
+            return
+        del s.context[-extra:]
+        for emit in reversed(mine):
+            cut = min(extra, len(emit.tokens))
+            del emit.tokens[len(emit.tokens) - cut :]
+            extra -= cut
+            if not emit.tokens:
+                self.emits.remove(emit)
+            if not extra:
+                return
 
     def _leave(self, j: int, assigned: dict[int, tuple[int, str]], before: dict[int, int]) -> None:
         """Sequences this call leaves out while holding others of their last call have left the batch."""
@@ -424,6 +494,21 @@ def _matchings(rows: list[int], options: dict[int, list[int]], capacity: list[in
     walk(0)
     most = max((len(m) for m in found), default=0)
     return [m for m in found if len(m) == most]
+
+
+def shared_budget(ranges: list[tuple[int, int]], lengths: set[int]) -> int | None:
+    """One output length equal to every length in `lengths` and within every (low, high) range
+    that starts at or below it (a range above it was read past it); the largest within every
+    range when `lengths` is empty. None when there is none."""
+    if len(lengths) > 1:
+        return None
+    if lengths:
+        budget = next(iter(lengths))
+        return budget if all(budget <= hi for lo, hi in ranges if lo <= budget) else None
+    if not ranges:
+        return None
+    budget = min(hi for _, hi in ranges)
+    return budget if all(lo <= budget for lo, _ in ranges) else None
 
 
 def attended_ids(call: CallRecord, row: int, end: int | None = None) -> list[int]:

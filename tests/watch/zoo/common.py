@@ -5,11 +5,14 @@ row (ragged queries right-padded, their padding masked out); the slots a row doe
 (rejected drafts) are masked out afterwards, so rows grow holes instead of being realigned.
 `draft_greedy`: n greedy proposals per row from a draft that keeps no cache (it re-reads each
 row's whole sequence, left-padded, at every call).
+`HoleCache.select` keeps some rows, in a new order (a compacted, reordered batch); `HoleCache.join`
+adds another HoleCache's rows (a newcomer prefilled on its own), left-padded to one width.
 """
 
 from __future__ import annotations
 
 import torch
+from transformers import DynamicCache
 
 PAD = 0
 
@@ -68,6 +71,23 @@ class HoleCache:
             self.mask[r, width - self.q + (n if attended is None else attended[r]) :] = 0
             self.lens[r] += n
 
+    def select(self, rows: list[int]) -> None:
+        """Keep these rows, in this order: cache rows, mask rows and lengths move together."""
+        self.cache.batch_select_indices(torch.tensor(rows, dtype=torch.long))
+        self.mask = self.mask[rows]
+        self.lens = [self.lens[r] for r in rows]
+
+    def join(self, other: HoleCache, at: int) -> None:
+        """Insert `other`'s rows before row `at`, both left-padded to the wider cache."""
+        width = max(self.mask.shape[1], other.mask.shape[1])
+        joined = DynamicCache()
+        for i, ((k1, v1), (k2, v2)) in enumerate(zip(kv_pairs(self.cache), kv_pairs(other.cache))):
+            k1, v1, k2, v2 = (_left_pad(t, width, 2) for t in (k1, v1, k2, v2))
+            joined.update(torch.cat([k1[:at], k2, k1[at:]]), torch.cat([v1[:at], v2, v1[at:]]), i)
+        m1, m2 = _left_pad(self.mask, width, 1), _left_pad(other.mask, width, 1)
+        self.cache, self.mask = joined, torch.cat([m1[:at], m2, m1[at:]])
+        self.lens = self.lens[:at] + other.lens + self.lens[at:]
+
 
 def verify(drafts: list[int], targets: list[int]) -> int:
     """Greedy acceptance: the drafts that agree with the target's argmax."""
@@ -75,3 +95,15 @@ def verify(drafts: list[int], targets: list[int]) -> int:
     while a < len(drafts) and drafts[a] == targets[a]:
         a += 1
     return a
+
+
+def kv_pairs(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    if hasattr(cache, "layers"):  # transformers 5.x
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return list(zip(cache.key_cache, cache.value_cache))
+
+
+def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    shape = list(t.shape)
+    shape[dim] = width - t.shape[dim]
+    return torch.cat([t.new_zeros(shape), t], dim)
