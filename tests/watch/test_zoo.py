@@ -2,7 +2,8 @@
 behaviour the watch must read from what the models were fed. Each correct engine checks clean
 with exact match 1.0 (through the API and, where its rows keep their order, `specviz watch --`);
 each with one injected bug is located at the (step, row) where the bug first shows, with the
-right invariant.
+right invariant. The command follows rows that change order, leave the batch or join it by their
+attended context, so every engine of the zoo runs through it too.
 """
 
 from __future__ import annotations
@@ -11,24 +12,29 @@ from pathlib import Path
 
 import pytest
 from tiny import make_pair
-from zoo import adaptive, draft_subset, length_cut, recompute, rejoin, right_pad
+from zoo import adaptive, compact, draft_subset, join, length_cut, recompute, rejoin, right_pad
 
 import specviz
 from specviz.analysis.check import check_trace
+from specviz.analysis.findings import UNFOLLOWED_CHECK
 from specviz.cli import main
 from specviz.trace.invariants import Invariant
 from specviz.trace.io import load_trace
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17], [20, 21]]
 MAX_NEW = 10
-ZOO = {  # engine: (module, its bug, the invariant the bug breaks, rows keep their order)
-    "right_pad": (right_pad, "positions", Invariant.POSITIONS, True),
-    "adaptive": (adaptive, "stale_kv", Invariant.KV, True),
-    "length_cut": (length_cut, "accounting", Invariant.ACCOUNTING, True),
-    "recompute": (recompute, "mask", Invariant.KV, True),
-    "draft_subset": (draft_subset, "draft_positions", Invariant.POSITIONS, True),
-    "rejoin": (rejoin, "stale_kv", Invariant.KV, False),
+ZOO = {  # engine: (module, its bug, the invariant the bug breaks, its rows change: order, size, newcomers)
+    "right_pad": (right_pad, "positions", Invariant.POSITIONS, False),
+    "adaptive": (adaptive, "stale_kv", Invariant.KV, False),
+    "length_cut": (length_cut, "accounting", Invariant.ACCOUNTING, False),
+    "recompute": (recompute, "mask", Invariant.KV, False),
+    "draft_subset": (draft_subset, "draft_positions", Invariant.POSITIONS, False),
+    "rejoin": (rejoin, "stale_kv", Invariant.KV, True),
+    "compact": (compact, "stale_kv", Invariant.KV, True),
+    "join": (join, "positions", Invariant.POSITIONS, True),
 }
+# More bugs of the engines whose rows change, each located through the API and the command.
+MORE_BUGS = [("compact", "positions", Invariant.POSITIONS)]
 
 
 @pytest.fixture(scope="module")
@@ -71,12 +77,19 @@ def test_undeclared_draft_rows_are_matched_by_tokens(pair) -> None:
     assert_clean(trace, outs)
 
 
-@pytest.mark.parametrize("name", list(ZOO))
-def test_injected_bug_located(pair, name: str) -> None:
-    _, bug, invariant, _ = ZOO[name]
+BUGS = [(name, spec[1], spec[2]) for name, spec in ZOO.items()] + MORE_BUGS
+
+
+@pytest.mark.parametrize(("name", "bug", "invariant"), BUGS)
+def test_injected_bug_located(pair, name: str, bug: str, invariant: Invariant) -> None:
     trace, _, events = run_api(pair, name, bug)
     assert events, f"{bug} never fired"
-    step, seq = events[0]
+    assert_located(trace, events[0], invariant)
+
+
+def assert_located(trace, event: tuple[int, int], invariant: Invariant) -> None:
+    """The first violation is the bug's (step, sequence), at that sequence's row, with its invariant."""
+    step, seq = event
     report = check_trace(trace)
     v = report.first_violation
     assert v is not None and (v.step, v.seq_id, v.invariant) == (step, seq, invariant), report.violations[:3]
@@ -120,11 +133,28 @@ def run_cli(tmp_path: Path, name: str, bug: str | None = None):
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")
-@pytest.mark.parametrize("name", [n for n, spec in ZOO.items() if spec[3]])
+@pytest.mark.parametrize("name", list(ZOO))
 def test_correct_engine_through_the_cli(tmp_path: Path, name: str) -> None:
     trace = run_cli(tmp_path, name)
     assert [s.prompt_ids for s in trace.sequences] == PROMPTS
     assert_clean(trace)
+    if ZOO[name][3]:  # the rows really changed, and were followed
+        held = [[r.seq_id for r in step.rows] for step in trace.steps]
+        assert len({len(h) for h in held}) > 1 or any(h != sorted(h) for h in held)
+        assert not [s for s in check_trace(trace).skipped_checks if s.check == UNFOLLOWED_CHECK]
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize(("name", "bug", "invariant"), [b for b in BUGS if ZOO[b[0]][3]])
+def test_injected_bug_located_through_the_cli(
+    tmp_path: Path, name: str, bug: str, invariant: Invariant, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rows that move, leave or join are followed by their context, so the bug is read at its own
+    (step, sequence): a row whose cache did not move with it is matched by its pending token."""
+    trace = run_cli(tmp_path, name, bug)
+    events = eval(capsys.readouterr().out.split("EVENTS", 1)[1].strip())  # noqa: S307 - our own print
+    assert events, f"{bug} never fired"
+    assert_located(trace, events[0], invariant)
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")
