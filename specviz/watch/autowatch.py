@@ -6,17 +6,12 @@ What is inferred (see docs/watch.md, "Watching an unmodified script"):
   (the first built wins a tie), the next largest the draft;
 - token text: the first tokenizer the script built whose vocabulary holds every token the trace
   uses gives the trace its piece table (`header.token_text`), so `check` and the app show text;
-- rows: row r holds sequence r for the whole run (rows keep their order, the batch never shrinks);
-- prompts: each row's attended input ids in the target's first call; when the second target call
-  does not feed the first call's argmax as its pending token, the first call was a prefill of all
-  but the last prompt token, and that pending token completes the prompt;
-- emits: for a target call followed by another, a row gained as many tokens as its attended
-  context grew: read from the next call's query where it re-feeds them (recompute loops), else
-  the accepted drafts then the next call's pending token (the drafts agreeing with the target's
-  argmax when the growth does not fit); after the row's last call (the last call, or the next
-  one feeds it only padding), the drafts agreeing with the argmax plus the argmax after them
-  (greedy). A row whose query is all padding is idle; one fed again without growing has finished.
-  A token in the EOS set ends the sequence.
+- rows, prompts and emits: `follow.Follower` (its docstring has the rules): each row of each
+  target call is matched to a sequence by its attended context (prompt + committed tokens), so
+  rows may change order, leave the batch or join it; a new row's attended ids are its prompt
+  (completed by the next call's pending token when that call was a prefill of all but the last);
+  a sequence gained as many tokens as its attended context grew by its next row, and after its
+  last step the greedy tokens. A token in the EOS set ends the sequence.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 The script runs in this process (`runpy`), with `sys.argv` set to its own arguments, while every
 causal LM it builds carries the watch's hooks (`autowatch`). When it ends, the target, draft,
 prompts and emitted tokens are inferred from the calls and the trace is written to `--out`.
-For engines whose rows keep their order, greedy; the limits are in docs/watch.md.
+Rows are followed by their attended context (they may reorder, leave or join the batch), greedy;
+the limits are in docs/watch.md.
 """
 
 from __future__ import annotations

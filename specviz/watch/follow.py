@@ -18,9 +18,9 @@ sequence by its attended context, the sequence's prompt plus the tokens committe
   of the same batch size. Otherwise the assignment must be unique up to sequences identical so far
   (same prompt, same tokens, same step read), which any assignment checks alike; an engine whose
   rows fit no assignment or several is not followed from that call on (noted; the trace is
-  incomplete and the report names the skipped check). A batch of unchanged size that no
-  assignment explains keeps its order (the rule before rows were followed: a bug that breaks the
-  chain is then still read, and flagged, at its own row);
+  incomplete and the report names the skipped check). A batch with a cache, of unchanged size,
+  that no assignment explains keeps its order (the rule before rows were followed: a bug that
+  breaks the chain is then still read, and flagged, at its own row);
 - a sequence that a call leaves out while holding others of its last call has left the batch: its
   last step gained what a greedy engine keeps (the drafts agreeing with the argmax, then the argmax).
 """
@@ -136,9 +136,17 @@ class Follower:
             if kept is not None:
                 return kept
         found = self._unique(j, active, {r: self._fits(j, r) for r in active})
-        if same and (isinstance(found, str) or any(s == NEW and not self._joins(j, r) for r, (s, _) in found.items())):
+        if not same or isinstance(found, dict) and self._fresh(j, found):
+            return found
+        if isinstance(found, str) or any(s == NEW and not self._joins(j, r) for r, (s, _) in found.items()):
             return self._legacy(active)
         return found
+
+    def _fresh(self, j: int, found: dict[int, tuple[int, str]]) -> bool:
+        """A call without a cache whose every row is a new sequence: a second decode of fresh prompts.
+        (Some rows new and some not, in a batch of unchanged size, is rather a context the engine
+        fed wrong, such as a mask that attends padding: that batch keeps its order.)"""
+        return self.calls[j].cache_width == 0 and all(s == NEW for s, _ in found.values())
 
     def _joins(self, j: int, r: int) -> bool:
         """A row that attends no slot of the call's cache: a newcomer prefilled among decoding rows."""
