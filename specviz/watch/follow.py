@@ -40,6 +40,10 @@ NEW = -1  # the row starts a new sequence
 IDLE = -2  # the row holds a finished sequence fed again: no step for anyone
 
 
+class Ambiguous(str):
+    """Why a call's rows are not followed: several assignments fit them."""
+
+
 @dataclass(frozen=True)
 class RowView:
     """One row of one target call, read as a given sequence."""
@@ -105,8 +109,8 @@ class Follower:
         """Assign call j's rows to sequences and read what the previous steps gained; else why not."""
         call = self.calls[j]
         active = [r for r in range(call.batch_size) if any(query_flags(call, r))]
-        if self.prev is None:
-            assigned: dict[int, tuple[int, str]] | str = {r: (NEW, "new") for r in active}
+        if self.prev is None:  # every row is new, even one with no token yet (a one-token prompt's prefill)
+            assigned: dict[int, tuple[int, str]] | str = {r: (NEW, "new") for r in range(call.batch_size)}
         else:
             assigned = self._assign(j, active)
         if isinstance(assigned, str):
@@ -136,8 +140,8 @@ class Follower:
             if kept is not None:
                 return kept
         found = self._unique(j, active, {r: self._fits(j, r) for r in active})
-        if not same or isinstance(found, dict) and self._fresh(j, found):
-            return found
+        if not same or isinstance(found, Ambiguous) or isinstance(found, dict) and self._fresh(j, found):
+            return found  # several assignments fit: never guessed, reading stops
         if isinstance(found, str) or any(s == NEW and not self._joins(j, r) for r, (s, _) in found.items()):
             return self._legacy(active)
         return found
@@ -215,6 +219,8 @@ class Follower:
             if len(v.query) > n and v.query[:n] == s.context:
                 return "open" if s.opened else "grow"
             return None
+        if not self._draft_reads(s, v):
+            return None
         if s.opened:
             m, o = len(s.context), s.origin
             return "open" if v.context < 0 or m <= v.context <= m + self.read(*o, s.id).drafts else None
@@ -229,6 +235,17 @@ class Follower:
                 return "grow"
         # A finished row fed its last token again (with or without its cache growing).
         return "again" if 0 <= grown <= 1 and v.token == pending else None
+
+    def _draft_reads(self, s: Seq, v: RowView) -> bool:
+        """A draft that keeps no cache re-reads the row's whole context at its first proposal: when
+        it did, that context must extend the sequence's (else the row cannot be the sequence)."""
+        if not v.rq.chain:
+            return True
+        call, row = v.rq.chain[0]
+        if attends_cache(self.calls[call], row):
+            return True
+        fed, n = attended_ids(self.calls[call], row), len(s.context)
+        return len(fed) >= n and fed[:n] == s.context
 
     def _step_tokens(self, s: Seq) -> tuple[list[int], list[int], int]:
         """(drafts, target argmax, pending token) of the sequence's open step."""
@@ -278,7 +295,8 @@ class Follower:
         found = _matchings([r for r in rows if options[r]], options, [len(m) for m in classes])
         if len(found) > 1:
             differ = sorted({r for m in found for r in m if m[r] != found[0].get(r)})
-            return f"rows {differ} of target call {j} fit more than one sequence each, and those differ so far"
+            why = f"rows {differ} of target call {j} fit more than one sequence each, and those differ so far"
+            return Ambiguous(why)
         chosen = found[0] if found else {}
         out: dict[int, tuple[int, str]] = {}
         for k, members in enumerate(classes):
@@ -329,7 +347,7 @@ class Follower:
 
     def _new(self, j: int, r: int) -> int:
         seq = len(self.seqs)
-        query = self._view(j, r, NEW).query
+        query = self._view(j, r, NEW).query if any(query_flags(self.calls[j], r)) else []
         self.seqs.append(Seq(seq, list(query), len(query), origin=(j, r), at=(j, r), step=(j, r)))
         return seq
 
@@ -345,7 +363,7 @@ class Follower:
             return
         if s.opened:
             s.opened = False
-            if not self.was_step[s.origin[0]]:
+            if not self.was_step[s.origin[0]] or not s.context:
                 # Its first call was a prefill of all but the last prompt token: this call feeds it.
                 s.context.append(v.token)
                 s.prompt_len += 1
@@ -423,17 +441,16 @@ class Follower:
         """Endings by length share one budget (`max_new_tokens`), which the engine never declares.
         A sequence fed again without growing ended there (its length is the budget); one whose last
         step was never fed back (it left the batch, or the run ended) ended within that step's
-        greedy tokens, which an engine cuts at the budget. When one budget fits them all, the
-        greedy ends are cut to it, and so is a finished row read past it: fed its last token again
-        while that token is also its argmax, it reads as growing (a repeat), which no correct
-        engine under that budget did. Several lengths: no one budget, nothing is cut."""
+        greedy tokens, which an engine cuts at the budget. When one budget fits them all (the
+        length of those fed again, else the shortest greedy end), the greedy ends are cut to it,
+        and so is a finished row read past it only as repeats of its last token: fed that token
+        again while it is also its argmax, it reads as growing, which no correct engine under that
+        budget did. Several lengths: no one budget, nothing is cut."""
         greedy = [(s, e, self._output(s) - len(e.tokens)) for s, e in self._greedy_ends]
         stopped = {self._output(s) for s in self._stopped}
         budget = shared_budget([(b + 1, b + len(e.tokens)) for _, e, b in greedy], stopped)
         if budget is None:
             return
-        if not stopped and any(self._output(s) > budget for s in self.seqs if all(s is not g for g, _, _ in greedy)):
-            return  # read past the greedy ends' budget with nothing fed again to say it is one
         for s in self.seqs:
             self._trim(s, budget)
 
@@ -505,18 +522,13 @@ def _matchings(rows: list[int], options: dict[int, list[int]], capacity: list[in
 
 
 def shared_budget(ranges: list[tuple[int, int]], lengths: set[int]) -> int | None:
-    """One output length equal to every length in `lengths` and within every (low, high) range
-    that starts at or below it (a range above it was read past it); the largest within every
-    range when `lengths` is empty. None when there is none."""
-    if len(lengths) > 1:
+    """The one output length every ending by length stopped at: equal to every length in `lengths`,
+    else the smallest range end; and within every (low, high) range that starts at or below it (a
+    range above it was read past it). None when there is none."""
+    if len(lengths) > 1 or not (lengths or ranges):
         return None
-    if lengths:
-        budget = next(iter(lengths))
-        return budget if all(budget <= hi for lo, hi in ranges if lo <= budget) else None
-    if not ranges:
-        return None
-    budget = min(hi for _, hi in ranges)
-    return budget if all(lo <= budget for lo, _ in ranges) else None
+    budget = next(iter(lengths)) if lengths else min(hi for _, hi in ranges)
+    return budget if all(budget <= hi for lo, hi in ranges if lo <= budget) else None
 
 
 def attended_ids(call: CallRecord, row: int, end: int | None = None) -> list[int]:
