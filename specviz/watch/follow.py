@@ -11,16 +11,19 @@ sequence by its attended context, the sequence's prompt plus the tokens committe
 - a row that attends a cache shows only its query, so it is matched by the chain: its pending token
   must be one the sequence's last step could have committed last (the target's argmax after the
   drafts it accepted, or a draft when no bonus is kept), and its context must have grown by what
-  that step could accept (1 .. d + 1 slots). A newcomer's first call was a step when every newcomer
-  of that call is fed its argmax next (or verified drafts), else a prefill of all but the last
-  prompt token, which the next call feeds;
+  that step could accept (1 .. d + 1 slots); when its first draft call re-read its whole context
+  (a draft without a cache), that context must extend the sequence's. Rows left unmatched are
+  matched by pending token alone to the sequences left (an engine that moved a row's tokens but
+  not its cache is read as the sequence it fed, and the wrong context flagged at that row);
+- a newcomer's first call was a step when every newcomer of that call is fed its argmax next (or
+  verified drafts), else a prefill of all but the last prompt token, which the next call feeds;
 - rows keep their order when every row fits the sequence its row held in the previous target call
   of the same batch size. Otherwise the assignment must be unique up to sequences identical so far
-  (same prompt, same tokens, same step read), which any assignment checks alike; an engine whose
-  rows fit no assignment or several is not followed from that call on (noted; the trace is
-  incomplete and the report names the skipped check). A batch with a cache, of unchanged size,
-  that no assignment explains keeps its order (the rule before rows were followed: a bug that
-  breaks the chain is then still read, and flagged, at its own row);
+  (same prompt, same tokens, same step read), which any assignment checks alike. Several that
+  differ are never guessed between: reading stops at that call (noted; the trace is incomplete and
+  the report names the skipped check), as it does when no assignment fits a batch that changed. A
+  batch with a cache, of unchanged size, that no assignment fits keeps its order (the rule before
+  rows were followed: a bug that breaks the chain is still read, and flagged, at its own row);
 - a sequence that a call leaves out while holding others of its last call has left the batch: its
   last step gained what a greedy engine keeps (the drafts agreeing with the argmax, then the argmax).
 """
@@ -443,34 +446,38 @@ class Follower:
         step was never fed back (it left the batch, or the run ended) ended within that step's
         greedy tokens, which an engine cuts at the budget. When one budget fits them all (the
         length of those fed again, else the shortest greedy end), the greedy ends are cut to it,
-        and so is a finished row read past it only as repeats of its last token: fed that token
-        again while it is also its argmax, it reads as growing, which no correct engine under that
-        budget did. Several lengths: no one budget, nothing is cut."""
+        and so is a row read past it only as repeats of its token at the budget: a finished row fed
+        that token again, where it is also its argmax, reads as growing, which no correct engine
+        under that budget did. Anything else read past it: no one budget, nothing is cut."""
         greedy = [(s, e, self._output(s) - len(e.tokens)) for s, e in self._greedy_ends]
         stopped = {self._output(s) for s in self._stopped}
         budget = shared_budget([(b + 1, b + len(e.tokens)) for _, e, b in greedy], stopped)
         if budget is None:
             return
-        for s in self.seqs:
-            self._trim(s, budget)
+        over = [s for s in self.seqs if self._output(s) > budget and not self._ended_by_eos(s)]
+        if all(self._cuttable(s, budget) for s in over):
+            for s in over:
+                self._trim(s, self._output(s) - budget)
 
     def _output(self, s: Seq) -> int:
         return len(s.context) - s.prompt_len
 
-    def _trim(self, s: Seq, budget: int) -> None:
-        """Drop the sequence's tokens past `budget` (its last emits first), unless it ended by EOS
-        or more than its greedy end and repeats of its token at the budget lie past it (a finished
-        row fed its last token again reads as such repeats; anything else is left as read)."""
-        mine = [e for e in self.emits if e.seq_id == s.id]
-        extra = self._output(s) - budget
-        if extra <= 0 or any(e.finish_reason == "eos" for e in mine):
-            return
+    def _ended_by_eos(self, s: Seq) -> bool:
+        return any(e.seq_id == s.id and e.finish_reason == "eos" for e in self.emits)
+
+    def _cuttable(self, s: Seq, budget: int) -> bool:
+        """Past `budget` lies only the sequence's greedy end, or repeats of its token at the budget
+        (then its greedy end, if any)."""
         end = next((len(e.tokens) for g, e in self._greedy_ends if g is s), 0)
-        past = s.context[s.prompt_len + budget : len(s.context) - end]
-        if any(t != s.context[s.prompt_len + budget - 1] for t in past):
-            return
+        read = s.context[s.prompt_len : len(s.context) - end]
+        if len(read) < budget:
+            return True
+        return 0 < budget < len(read) and all(t == read[budget - 1] for t in read[budget:])
+
+    def _trim(self, s: Seq, extra: int) -> None:
+        """Drop the sequence's last `extra` tokens, from its last emits."""
         del s.context[-extra:]
-        for emit in reversed(mine):
+        for emit in reversed([e for e in self.emits if e.seq_id == s.id]):
             cut = min(extra, len(emit.tokens))
             del emit.tokens[len(emit.tokens) - cut :]
             extra -= cut
