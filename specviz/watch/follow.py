@@ -91,7 +91,8 @@ class Follower:
 
     @property
     def prompts(self) -> list[list[int]]:
-        return [s.context[: s.prompt_len] for s in self.seqs]
+        # A row with no token in the first call that nothing continued: a placeholder prompt.
+        return [s.context[: s.prompt_len] or [0] for s in self.seqs]
 
     def run(self) -> None:
         targets = [i for i, c in enumerate(self.calls) if c.role == "target"]
@@ -446,16 +447,19 @@ class Follower:
         step was never fed back (it left the batch, or the run ended) ended within that step's
         greedy tokens, which an engine cuts at the budget. When one budget fits them all (the
         length of those fed again, else the shortest greedy end), the greedy ends are cut to it,
-        and so is a row read past it only as repeats of its token at the budget: a finished row fed
-        that token again, where it is also its argmax, reads as growing, which no correct engine
-        under that budget did. Anything else read past it: no one budget, nothing is cut."""
+        and, when the engine was seen feeding finished rows again, so is a row read past it only as
+        repeats of its token at the budget: a finished row fed that token again, where it is also
+        its argmax, reads as growing, which no correct engine under that budget did. Anything else
+        read past it, or reading stopped early: no one budget, nothing is cut."""
+        if self.unfollowed:
+            return  # reading stopped: the last steps read are not endings
         greedy = [(s, e, self._output(s) - len(e.tokens)) for s, e in self._greedy_ends]
         stopped = {self._output(s) for s in self._stopped}
         budget = shared_budget([(b + 1, b + len(e.tokens)) for _, e, b in greedy], stopped)
         if budget is None:
             return
         over = [s for s in self.seqs if self._output(s) > budget and not self._ended_by_eos(s)]
-        if all(self._cuttable(s, budget) for s in over):
+        if all(self._cuttable(s, budget, bool(stopped)) for s in over):
             for s in over:
                 self._trim(s, self._output(s) - budget)
 
@@ -465,14 +469,15 @@ class Follower:
     def _ended_by_eos(self, s: Seq) -> bool:
         return any(e.seq_id == s.id and e.finish_reason == "eos" for e in self.emits)
 
-    def _cuttable(self, s: Seq, budget: int) -> bool:
-        """Past `budget` lies only the sequence's greedy end, or repeats of its token at the budget
-        (then its greedy end, if any)."""
+    def _cuttable(self, s: Seq, budget: int, refed: bool) -> bool:
+        """Past `budget` lies only the sequence's greedy end, or (when the engine was seen feeding
+        finished rows again, `refed`) repeats of its token at the budget, then its greedy end. A
+        sequence that repeats one token while it decodes is not cut without that evidence."""
         end = next((len(e.tokens) for g, e in self._greedy_ends if g is s), 0)
         read = s.context[s.prompt_len : len(s.context) - end]
         if len(read) < budget:
             return True
-        return 0 < budget < len(read) and all(t == read[budget - 1] for t in read[budget:])
+        return refed and 0 < budget < len(read) and all(t == read[budget - 1] for t in read[budget:])
 
     def _trim(self, s: Seq, extra: int) -> None:
         """Drop the sequence's last `extra` tokens, from its last emits."""
