@@ -269,6 +269,9 @@ class Follower:
         out = self._one_assignment(j, active, fits, {s.id for s in self.seqs if not s.finished})
         if isinstance(out, str):
             return out
+        for r in active:  # a finished row fed again (idle) is a better reading than a token alone
+            if r not in out and not self._view(j, r, NEW).whole and self._again(j, r):
+                out[r] = (IDLE, "idle")
         left = {s.id for s in self.seqs if not s.finished} - {s for s, _ in out.values()}
         cached = [r for r in active if r not in out and not self._view(j, r, NEW).whole]
         if cached and left:
@@ -282,8 +285,6 @@ class Follower:
                 continue
             if self._view(j, r, NEW).whole:
                 out[r] = (NEW, "new")
-            elif self._again(j, r):
-                out[r] = (IDLE, "idle")
             else:
                 return f"row {r} of target call {j} continues no sequence read so far"
         return out
@@ -333,8 +334,12 @@ class Follower:
         return (tuple(s.context), s.prompt_len, s.opened, s.refed, step, s.origin[0] if s.opened else None)
 
     def _again(self, j: int, r: int) -> bool:
-        """The row is a finished sequence fed its last token again."""
-        return any(s.finished and self._view(j, r, s.id).token == s.context[-1] for s in self.seqs)
+        """The row is a finished sequence fed its last token again (its cache may have kept growing)."""
+        for s in self.seqs:
+            v = self._view(j, r, s.id) if s.finished and s.context else None
+            if v is not None and v.token == s.context[-1] and (v.context < 0 or v.context >= len(s.context) - 1):
+                return True
+        return False
 
     # ------------------------------------------------------------------ applying
 
