@@ -452,7 +452,7 @@ class Follower:
         step was never fed back (it left the batch, or the run ended) ended within that step's
         greedy tokens, which an engine cuts at the budget. When one budget fits them all (the
         length of those fed again, else the shortest greedy end), the greedy ends are cut to it,
-        and, when the engine was seen feeding finished rows again, so is a row read past it only as
+        and, when a sequence ended exactly at it, so is a row read past it only as
         repeats of its token at the budget: a finished row fed that token again, where it is also
         its argmax, reads as growing, which no correct engine under that budget did. Anything else
         read past it, or reading stopped early: no one budget, nothing is cut."""
@@ -460,11 +460,14 @@ class Follower:
             return  # reading stopped: the last steps read are not endings
         greedy = [(s, e, self._output(s) - len(e.tokens)) for s, e in self._greedy_ends]
         stopped = {self._output(s) for s in self._stopped}
-        budget = shared_budget([(b + 1, b + len(e.tokens)) for _, e, b in greedy], stopped)
+        ranges = [(b + 1, b + len(e.tokens)) for _, e, b in greedy]
+        budget = shared_budget(ranges, stopped)
         if budget is None:
             return
+        # Pinned: a sequence ended exactly there (fed again, or a last step of one token).
+        pinned = bool(stopped) or (budget, budget) in ranges
         over = [s for s in self.seqs if self._output(s) > budget and not self._ended_by_eos(s)]
-        if all(self._cuttable(s, budget, bool(stopped)) for s in over):
+        if all(self._cuttable(s, budget, pinned) for s in over):
             for s in over:
                 self._trim(s, self._output(s) - budget)
 
@@ -474,15 +477,15 @@ class Follower:
     def _ended_by_eos(self, s: Seq) -> bool:
         return any(e.seq_id == s.id and e.finish_reason == "eos" for e in self.emits)
 
-    def _cuttable(self, s: Seq, budget: int, refed: bool) -> bool:
-        """Past `budget` lies only the sequence's greedy end, or (when the engine was seen feeding
-        finished rows again, `refed`) repeats of its token at the budget, then its greedy end. A
-        sequence that repeats one token while it decodes is not cut without that evidence."""
+    def _cuttable(self, s: Seq, budget: int, pinned: bool) -> bool:
+        """Past `budget` lies only the sequence's greedy end, or (when a sequence ended exactly at
+        the budget, `pinned`) repeats of its token at the budget, then its greedy end. A sequence
+        that repeats one token while it decodes is not cut on a budget only bounded from above."""
         end = next((len(e.tokens) for g, e in self._greedy_ends if g is s), 0)
         read = s.context[s.prompt_len : len(s.context) - end]
         if len(read) < budget:
             return True
-        return refed and 0 < budget < len(read) and all(t == read[budget - 1] for t in read[budget:])
+        return pinned and 0 < budget < len(read) and all(t == read[budget - 1] for t in read[budget:])
 
     def _trim(self, s: Seq, extra: int) -> None:
         """Drop the sequence's last `extra` tokens, from its last emits."""
