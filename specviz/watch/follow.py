@@ -144,8 +144,10 @@ class Follower:
             if kept is not None:
                 return kept
         found = self._unique(j, active, {r: self._fits(j, r) for r in active})
-        if not same or isinstance(found, Ambiguous) or isinstance(found, dict) and self._fresh(j, found):
+        if isinstance(found, Ambiguous):
             return found  # several assignments fit: never guessed, reading stops
+        if not same or isinstance(found, dict) and self._fresh(j, found):
+            return found
         if isinstance(found, str) or any(s == NEW and not self._joins(j, r) for r, (s, _) in found.items()):
             return self._legacy(active)
         return found
@@ -173,16 +175,24 @@ class Follower:
     def _kept(self, j: int, active: list[int]) -> dict[int, tuple[int, str]] | None:
         """Every active row continues the sequence its row held before: rows kept their order."""
         held = self.rows[self.prev]
-        out = {}
+        out: dict[int, tuple[int, str]] = {}
         for r in active:
             seq = held[r]
             if seq >= 0 and self.seqs[seq].finished:
+                if self._joins(j, r):
+                    return None  # a newcomer prefilled in a finished row's place
                 out[r] = (IDLE, "idle")
                 continue
             how = self._fit(self.seqs[seq], self._view(j, r, seq)) if seq >= 0 else None
             if how is None:
                 return None
             out[r] = (seq, how)
+        # A finished row's place may hold a live sequence moved there: then the rows did move.
+        placed = {seq for seq, _ in out.values()}
+        moved = [s for s in self.seqs if not s.finished and s.id not in placed]
+        idle = [r for r, (seq, _) in out.items() if seq == IDLE]
+        if any(self._fit(s, self._view(j, r, s.id)) for r in idle for s in moved):
+            return None
         return out
 
     def _legacy(self, active: list[int]) -> dict[int, tuple[int, str]]:
@@ -308,7 +318,9 @@ class Follower:
             # Identical so far: any order checks alike; the order they held is kept.
             free = sorted((self.seqs[s] for s in members), key=lambda s: s.at)
             for r in sorted(r for r, c in chosen.items() if c == k):
-                s = next(m for m in free if m.id in fits[r])
+                s = next((m for m in free if m.id in fits[r]), None)
+                if s is None:  # alike so far, yet not read alike here: not guessed
+                    return Ambiguous(f"row {r} of target call {j} fits sequences alike so far, not alike here")
                 free.remove(s)
                 out[r] = (s.id, fits[r][s.id])
         return out
