@@ -155,3 +155,22 @@ def test_a_tokenizer_the_script_builds_gives_the_trace_its_text(script: Path, tm
     plain = tmp_path / "plain.trace.json"
     assert main(["watch", "--out", str(plain), "--", "python", str(script), "--positions"]) == 0
     assert not load_trace(plain).header.token_text, "no tokenizer built: IDs only"
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_a_second_decode_in_the_same_script_holds_new_sequences(tmp_path: Path) -> None:
+    """The loop runs again on fresh prompts: its first call (no cache) re-feeds no sequence read so
+    far, so its rows are new sequences, followed like the first ones (both decodes checked)."""
+    head, loop = SCRIPT.split("prompts = ", 1)
+    again = loop.replace(
+        "[[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17], [20]]", "[[30, 31], [32], [33, 34, 35], [36]]"
+    )
+    script = tmp_path / "twice.py"
+    script.write_text(head + "prompts = " + loop + "prompts = " + again)
+    out = tmp_path / "twice.trace.json"
+    assert main(["watch", "--out", str(out), "--", "python", str(script), "--positions"]) == 0
+    trace = load_trace(out)
+    assert [s.prompt_ids for s in trace.sequences][4:] == [[30, 31], [32], [33, 34, 35], [36]]
+    assert trace.header.complete and len(trace.steps) == 12 and all(len(s.output_ids) == 6 for s in trace.sequences)
+    report = check_trace(trace)
+    assert report.verdict == "clean" and report.exact_match == 1.0, report.violations[:3]
