@@ -466,8 +466,10 @@ class Follower:
         length of those fed again, else the shortest greedy end), the greedy ends are cut to it,
         and, when a sequence ended exactly at it, so is a row read past it only as
         repeats of its token at the budget: a finished row fed that token again, where it is also
-        its argmax, reads as growing, which no correct engine under that budget did. Anything else
-        read past it, or reading stopped early: no one budget, nothing is cut."""
+        its argmax, reads as growing, which no correct engine under that budget did; a row that
+        had reached it when a call made the last step of rows still below it was a finished row
+        fed along (its greedy end is dropped). Anything else read past it, or reading stopped
+        early: no one budget, nothing is cut."""
         if self.unfollowed:
             return  # reading stopped: the last steps read are not endings
         greedy = [(s, e, self._output(s) - len(e.tokens)) for s, e in self._greedy_ends]
@@ -493,11 +495,16 @@ class Follower:
         """Past `budget` lies only the sequence's greedy end, or (when a sequence ended exactly at
         the budget, `pinned`) repeats of its token at the budget, then its greedy end. A sequence
         that repeats one token while it decodes is not cut on a budget only bounded from above."""
-        end = next((len(e.tokens) for g, e in self._greedy_ends if g is s), 0)
-        read = s.context[s.prompt_len : len(s.context) - end]
-        if len(read) < budget:
+        end = next((e for g, e in self._greedy_ends if g is s), None)
+        read = s.context[s.prompt_len : len(s.context) - (len(end.tokens) if end else 0)]
+        if len(read) < budget or len(read) == budget and end is not None and self._fed_along(end, budget):
             return True
         return pinned and 0 < budget < len(read) and all(t == read[budget - 1] for t in read[budget:])
+
+    def _fed_along(self, end: Emit, budget: int) -> bool:
+        """The call of this greedy end also made the last step of a sequence below the budget: a
+        finished row fed along with the rows still decoding (a loop that re-feeds every row)."""
+        return any(e.after == end.after and self._output(g) - len(e.tokens) < budget for g, e in self._greedy_ends)
 
     def _trim(self, s: Seq, extra: int) -> None:
         """Drop the sequence's last `extra` tokens, from its last emits."""
