@@ -24,7 +24,15 @@ from __future__ import annotations
 from typing import Any
 
 from specviz.trace.schema import Trace
-from specviz.watch.calls import CallReader, argmax_at, context_before, last_slot, query_flags
+from specviz.watch.calls import (
+    CallReader,
+    RowQuery,
+    argmax_at,
+    context_before,
+    draft_free_query,
+    last_slot,
+    query_flags,
+)
 from specviz.watch.hooks import CallRecord, ModelHooks, WatchError, check_causal_lm
 from specviz.watch.session import Watch, _eos_ids
 from specviz.watch.steps import Emit, matched_prefix, row_tokens
@@ -250,7 +258,8 @@ def infer(calls: list[CallRecord], eos: frozenset[int], notes: list[str]) -> tup
         for r, prompt in enumerate(prompts):
             prompt.append(second.input_ids[r][read(steps[1], r).pending])
         steps = steps[1:]
-    committed = [len(p) for p in prompts]
+    committed = [list(p) for p in prompts]  # each row's tokens so far: prompt, then what it gained
+    draft_free = not any(c.role == "draft" for c in calls)
     finished = [False] * len(prompts)
     emits: list[Emit] = []
     for j, index in enumerate(steps):
@@ -259,16 +268,27 @@ def infer(calls: list[CallRecord], eos: frozenset[int], notes: list[str]) -> tup
         for r in range(call.batch_size):
             if finished[r] or not any(query_flags(call, r)):
                 continue  # finished, or idle in this call (its query is all padding)
-            tokens = _gained(calls, read, index, following, r, committed[r])
+            tokens = _gained(calls, read, index, following, r, committed[r], draft_free)
             if not tokens:  # fed again without growing: the engine keeps computing a finished row
                 finished[r] = True
                 continue
             cut = next((n + 1 for n, t in enumerate(tokens) if t in eos), None)
             tokens = tokens[:cut] if cut else tokens
             finished[r] = cut is not None
-            committed[r] += len(tokens)
+            committed[r] += tokens
             emits.append(Emit(r, tokens, "eos" if cut else None, after=index + 1, at=call.ended))
     return prompts, emits
+
+
+def _first_slot_query(call: CallRecord, row: int) -> RowQuery | None:
+    """A cached call's row with no draft model: its first real query slot is the pending token
+    (the cache holds the tokens before it), the rest are drafts."""
+    flags = query_flags(call, row)
+    first = next((j for j, keep in enumerate(flags) if keep), None)
+    last = last_slot(call, row)
+    if first is None or not all(flags[first : last + 1]):
+        return None
+    return RowQuery(first, last - first, ())
 
 
 def _attended_ids(call: CallRecord, row: int, end: int | None = None) -> list[int]:
@@ -293,16 +313,29 @@ def _feeds_argmax(first: CallRecord, i: int, second: CallRecord, j: int, read: C
 
 
 def _gained(
-    calls: list[CallRecord], read: CallReader, index: int, following: int | None, r: int, committed: int
+    calls: list[CallRecord],
+    read: CallReader,
+    index: int,
+    following: int | None,
+    r: int,
+    history: list[int],
+    draft_free: bool,
 ) -> list[int]:
-    """Tokens row r's sequence received in the step of target call `index`."""
+    """Tokens row r's sequence (`history` so far) received in the step of target call `index`."""
     call = calls[index]
+    committed = len(history)
     rq = read(index, r)
+    if draft_free and not rq.drafts:  # no draft model: the drafts are what follows the committed tokens
+        rq = draft_free_query(call, r, history) or rq
     drafts, targets = row_tokens(call, r, rq)
     agreed = matched_prefix(drafts, targets) if targets else 0
     if following is None or not any(query_flags(calls[following], r)):  # its last step: greedy
         return drafts[:agreed] + ([targets[agreed]] if targets else [])
     nxt, nq = calls[following], read(following, r)
+    if draft_free:
+        if nxt.cache_width == 0:  # re-fed with its own drafts, which only the greedy rule tells apart
+            return drafts[:agreed] + ([targets[agreed]] if targets else [])
+        nq = _first_slot_query(nxt, r) or nq
     pending = nxt.input_ids[r][nq.pending]
     grown = context_before(nxt, r, nq.pending) + 1 - committed
     if grown == 0:

@@ -120,6 +120,23 @@ def read_row(calls: list[CallRecord], index: int, row: int, pass_reprefill: bool
     return RowQuery(last, 0, ())
 
 
+def draft_free_query(call: CallRecord, row: int, committed: list[int]) -> RowQuery | None:
+    """The row's query in a run with no draft model (prompt lookup, n-gram or extra-head drafting):
+    no draft call proposed its drafts, so they are read from what a correct engine feeds, the
+    sequence's `committed` tokens (cached or re-fed) then d drafts: d is the row's attended tokens
+    at its last slot minus the committed ones, and the pending slot (d before the last) must hold
+    the last committed token. None when that reading does not fit (no drafts, or a row whose
+    context is not its committed tokens: read as no drafts, and checked as such)."""
+    last = last_slot(call, row)
+    d = context_before(call, row, last) + 1 - len(committed)
+    if not committed or d <= 0 or d > last:
+        return None
+    pending = last - d
+    if not all(query_flags(call, row)[pending : last + 1]) or call.input_ids[row][pending] != committed[-1]:
+        return None
+    return RowQuery(pending, d, ())
+
+
 def _chain(
     calls: list[CallRecord], run: list[int], seq: int, row: int, batch_size: int, tokens: list[int]
 ) -> tuple[tuple[int, int], ...] | None:

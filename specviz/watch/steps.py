@@ -32,6 +32,7 @@ from specviz.watch.calls import (
     RowQuery,
     argmax_at,
     context_before,
+    draft_free_query,
     fed_positions,
     last_slot,
     mask_row,
@@ -211,8 +212,10 @@ class _SeqProgress:
 
 
 def build_steps(
-    calls: list[CallRecord], groups: list[Group], prompts: list[list[int]], read: CallReader
+    calls: list[CallRecord], groups: list[Group], prompts: list[list[int]], read: CallReader, draft_free: bool = False
 ) -> list[StepRecord]:
+    """One step record per target call that emissions were attributed to. `draft_free`: the run
+    has no draft calls, so a row's drafts are read from its committed tokens (`draft_free_query`)."""
     by_call: dict[int, list[Group]] = {}
     for group in groups:
         by_call.setdefault(group.call, []).append(group)
@@ -223,10 +226,13 @@ def build_steps(
         finished = {s for s, p in progress.items() if p.finished}
         produced = assign_rows(call, index, by_call[index], read, finished, set(progress))
         rows, proposals = [], set()
+        shown = [read(index, r) for r in range(call.batch_size)]
         for r, seq_id in enumerate(row_seq_ids(call)):
             if r not in produced and (seq_id not in progress or progress[seq_id].finished):
                 continue  # idle: a finished sequence's row the engine still computes
-            rq = read(index, r)
+            rq = shown[r]
+            if draft_free and not rq.drafts and seq_id in progress:
+                rq = shown[r] = draft_free_query(call, r, progress[seq_id].committed) or rq
             proposals.update(j for j, _ in rq.chain)
             rows.append(_row_record(calls, index, r, seq_id, rq, produced.get(r), progress))
         for row in rows:
@@ -235,7 +241,6 @@ def build_steps(
             if row.finish_reason is not None:
                 target.finished = True
         started = calls[min(proposals)].started if proposals else call.started
-        shown = [read(index, r) for r in range(call.batch_size)]
         steps.append(
             StepRecord(
                 step=len(steps),
@@ -331,7 +336,7 @@ def infer_steps(
     outputs, reasons = _endings(groups, emits, prompts, eos)
     max_new = _budget(outputs, reasons)
     _close_by_length(groups, outputs, reasons, max_new)
-    steps = build_steps(calls, groups, prompts, read)
+    steps = build_steps(calls, groups, prompts, read, draft_free=not any(c.role == "draft" for c in calls))
     k = max((len(row.draft_tokens) for step in steps for row in step.rows), default=0)
     events = [c.started for c in calls] + [e.at for e in emits]
     return InferredSteps(

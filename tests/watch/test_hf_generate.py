@@ -76,6 +76,25 @@ def test_assisted_generation_api(pair, schedule: str) -> None:
         assert trace.header.draft_k == 5
 
 
+LOOKUP_PROMPT = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 10, 11, 5, 6, 7, 8, 9, 10, 11, 12]]
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_prompt_lookup_decoding_api(pair) -> None:
+    """Draft-free speculation (HF's prompt lookup): no draft model, drafts copied from the context.
+    Read from what the target was fed past each row's committed tokens (was: every drafted step
+    read as a 1-token query, and flagged)."""
+    ids = torch.tensor(LOOKUP_PROMPT)
+    with specviz.watch(pair.target, None, prompts=LOOKUP_PROMPT) as w:
+        out = pair.target.generate(
+            ids, attention_mask=torch.ones_like(ids), prompt_lookup_num_tokens=4, do_sample=False,
+            max_new_tokens=MAX_NEW, min_new_tokens=MAX_NEW, streamer=w.streamer(),
+        )  # fmt: skip
+    assert w.trace.sequences[0].output_ids == out[0, ids.shape[1] :].tolist()
+    assert_clean(w.trace, MAX_NEW)
+    assert w.trace.header.draft_k == 4  # some steps really verified copied drafts
+
+
 SCRIPT = """
 import sys
 import torch
@@ -94,6 +113,11 @@ if mode == "batched":
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
     target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12, min_new_tokens=12)
     sys.exit(0)
+if mode == "lookup":
+    ids = torch.tensor({lookup})
+    target.generate(ids, attention_mask=torch.ones_like(ids), prompt_lookup_num_tokens=4, do_sample=False,
+                    max_new_tokens={max_new}, min_new_tokens={max_new})
+    sys.exit(0)
 draft = tf.AutoModelForCausalLM.from_config(config).eval()
 draft.load_state_dict(target.state_dict())
 gen = torch.Generator().manual_seed(7)
@@ -111,16 +135,25 @@ target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft,
 
 
 @pytest.mark.filterwarnings("ignore")
-@pytest.mark.parametrize("mode", [*SCHEDULES, "batched"])
+@pytest.mark.parametrize("mode", [*SCHEDULES, "batched", "lookup"])
 def test_generate_through_the_cli(tmp_path: Path, mode: str) -> None:
     script = tmp_path / "hf.py"
-    script.write_text(SCRIPT.format(pad=PAD, max_new=MAX_NEW))
+    script.write_text(SCRIPT.format(pad=PAD, max_new=MAX_NEW, lookup=LOOKUP_PROMPT))
     out = tmp_path / "hf.trace.json"
     assert main(["watch", "--out", str(out), "--", "python", str(script), mode]) == 0
     trace = load_trace(out)
     if mode == "batched":
         assert [s.prompt_ids for s in trace.sequences] == [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17]]
         assert_clean(trace, 12)
+        return
+    if mode == "lookup":
+        assert [s.prompt_ids for s in trace.sequences] == LOOKUP_PROMPT and trace.header.draft_k == 4
+        # The command cannot see `generate` cut the last step's accepted drafts at max_new_tokens
+        # (no later call shows it): the last step keeps what greedy verification accepted, up to
+        # k more tokens, each checked against the reference (docs/watch.md, limits).
+        new_tokens = len(trace.sequences[0].output_ids)
+        assert MAX_NEW <= new_tokens <= MAX_NEW + 4
+        assert_clean(trace, new_tokens)
         return
     assert len(trace.sequences) == 1 and len(trace.sequences[0].prompt_ids) == 25
     assert trace.header.draft_k >= 5

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from tiny import make_pair
-from zoo import adaptive, draft_subset, length_cut, recompute, rejoin, right_pad
+from zoo import adaptive, draft_subset, length_cut, ngram, recompute, rejoin, right_pad
 
 import specviz
 from specviz.analysis.check import check_trace
@@ -28,6 +28,7 @@ ZOO = {  # engine: (module, its bug, the invariant the bug breaks, rows keep the
     "recompute": (recompute, "mask", Invariant.KV, True),
     "draft_subset": (draft_subset, "draft_positions", Invariant.POSITIONS, True),
     "rejoin": (rejoin, "stale_kv", Invariant.KV, False),
+    "ngram": (ngram, "positions", Invariant.POSITIONS, True),
 }
 
 
@@ -61,7 +62,7 @@ def assert_clean(trace, outs=None) -> None:
 def test_correct_engine_checks_clean(pair, name: str) -> None:
     trace, outs, _ = run_api(pair, name)
     assert_clean(trace, outs)
-    if name in ("adaptive", "length_cut", "draft_subset"):
+    if name in ("adaptive", "length_cut", "draft_subset", "ngram"):
         lengths = {len(r.draft_tokens) for s in trace.steps for r in s.rows}
         assert len(lengths) > 1  # the drafts really are ragged
 
