@@ -53,6 +53,9 @@ class CallRecord:
     batch_size: int  # B
     query_len: int  # q
     argmax: Any = None  # [B, L]: argmax of the logits of the last L query slots
+    # The engine samples from these logits (declared to the watch): the argmax is not its choice,
+    # so it is kept for nothing but the record, never to match or judge a token.
+    sampled: bool = False
     started: float = 0.0
     ended: float = 0.0
     last_slots: list[int] | None = None  # [B]: each row's last attended query slot, set by `materialize`

@@ -25,7 +25,7 @@ from specviz.engine.reference import greedy_reference
 from specviz.trace.io import save_trace
 from specviz.trace.naming import now_iso
 from specviz.trace.provenance import library_versions, model_info
-from specviz.trace.schema import LAYOUTS, SCHEMA_VERSION, Header, SequenceRecord, Trace
+from specviz.trace.schema import LAYOUTS, SCHEMA_VERSION, Header, SamplingInfo, SequenceRecord, Trace
 from specviz.watch.hooks import CallRecord, ModelHooks, WatchError, check_causal_lm
 from specviz.watch.steps import Emit, InferredSteps, infer_steps
 from specviz.watch.streamer import GenerateStreamer
@@ -46,6 +46,7 @@ class Watch:
         out: str | os.PathLike[str] | None = None,
         name: str | None = None,
         layout: str = "unspecified",
+        temperature: float = 0.0,
     ) -> None:
         check_causal_lm(target, "target")
         if draft is not None:
@@ -60,6 +61,7 @@ class Watch:
         self.out = Path(out) if out is not None else None
         self.name = name or "watched"
         self.layout = layout
+        self.temperature = _temperature(temperature)
         self.created_at = now_iso()
         self._rows: dict[str, tuple[int, ...] | None] = {"target": None, "draft": None}
         self._calls: list[CallRecord] = []
@@ -126,10 +128,12 @@ class Watch:
         eos = frozenset(_eos_ids(self.target, self.tokenizer))
         with collector_paused():
             prompts = self.prompts if self.prompts is not None else _prompts_from_first_call(calls)
-            assembly = infer_steps(calls, self._emits, prompts, eos)
+            assembly = infer_steps(calls, self._emits, prompts, eos, sampled=self.temperature > 0)
             header = self._header(assembly, eos, complete)
         del calls  # read: the reference decode below does not need them
-        references = self._references(prompts, assembly.max_new_tokens, eos) if reference else None
+        # A sampled run is not token-exact against any greedy oracle: no reference to decode.
+        wanted = reference and self.temperature == 0
+        references = self._references(prompts, assembly.max_new_tokens, eos) if wanted else None
         with collector_paused():
             trace = Trace(header=header, steps=assembly.steps, sequences=self._sequences(prompts, assembly, references))
             if self.tokenizer is not None:  # the piece table: readers of the trace show text, not IDs
@@ -203,6 +207,9 @@ class Watch:
             finished_at=now_iso(),
             decode_seconds=seconds,
             layout=self.layout,
+            # Declared sampling: speculative rejection sampling keeps the accounting (accepted
+            # drafts, then one sample) but asks no token equality with an oracle.
+            sampling=SamplingInfo(mode="rejection", temperature=self.temperature) if self.temperature > 0 else None,
         )
 
     def _references(
@@ -251,16 +258,28 @@ def watch(
     out: str | os.PathLike[str] | None = None,
     name: str | None = None,
     layout: str = "unspecified",
+    temperature: float = 0.0,
 ) -> Watch:
     """Watch `target` (and `draft`) decode; see `docs/watch.md`.
 
     `prompts`: token-id lists or strings (with `tokenizer`), in seq_id order. `layout`:
     "left-padded" if the engine keeps the left-padded contiguous layout and wants it checked.
+    `temperature`: > 0 when the engine samples (speculative rejection sampling at that
+    temperature): tokens are then matched by what was fed, not by the argmax, and the checks ask
+    accounting, positions and KV, not equality with a greedy oracle.
     """
-    return Watch(target, draft, tokenizer=tokenizer, prompts=prompts, out=out, name=name, layout=layout)
+    return Watch(
+        target, draft, tokenizer=tokenizer, prompts=prompts, out=out, name=name, layout=layout, temperature=temperature
+    )
 
 
 # ----------------------------------------------------------------------------- helpers
+def _temperature(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise WatchError(f"temperature must be a finite number >= 0 (0: greedy), got {value!r}")
+    return float(value)
+
+
 @contextmanager
 def collector_paused() -> Iterator[None]:
     """No automatic garbage collection inside: for the watch's close, which builds thousands of

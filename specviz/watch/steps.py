@@ -134,12 +134,13 @@ def _pending_match(
 # ----------------------------------------------------------------------------- rows
 
 
-def consistent(tokens: list[int], drafts: list[int], targets: list[int]) -> bool:
-    """Tokens read as some drafts, then (optionally) the target's own token at that slot."""
+def consistent(tokens: list[int], drafts: list[int], targets: list[int], sampled: bool = False) -> bool:
+    """Tokens read as some drafts, then (optionally) one more: the target's own token at that slot,
+    or, when the engine samples, whatever it sampled there (a residual or bonus sample)."""
     for i, token in enumerate(tokens):
         if i < len(drafts) and token == drafts[i]:
             continue
-        return i == len(tokens) - 1 and i < len(targets) and token == targets[i]
+        return i == len(tokens) - 1 and (sampled or (i < len(targets) and token == targets[i]))
     return True
 
 
@@ -181,14 +182,14 @@ def assign_rows(
     pending_groups = []
     for group in groups:
         own = rows.index(group.seq_id)
-        if own not in taken and consistent(group.tokens, *row_tokens(call, own, read(index, own))):
+        if own not in taken and consistent(group.tokens, *row_tokens(call, own, read(index, own)), call.sampled):
             taken[own] = group
         else:
             pending_groups.append(group)
     for group in pending_groups:
         own = rows.index(group.seq_id)
         live = [r for r in range(len(rows)) if r not in taken and rows[r] in known and rows[r] not in finished]
-        others = [r for r in live if consistent(group.tokens, *row_tokens(call, r, read(index, r)))]
+        others = [r for r in live if consistent(group.tokens, *row_tokens(call, r, read(index, r)), call.sampled)]
         row = others[0] if others else (own if own not in taken else None)
         if row is not None:
             taken[row] = group
@@ -325,11 +326,13 @@ def _fill_left_pad_after(steps: list[StepRecord]) -> None:
 
 
 def infer_steps(
-    calls: list[CallRecord], emits: list[Emit], prompts: list[list[int]], eos: frozenset[int]
+    calls: list[CallRecord], emits: list[Emit], prompts: list[list[int]], eos: frozenset[int], sampled: bool = False
 ) -> InferredSteps:
-    """The whole inference, from captured calls and declared emits to steps and endings."""
+    """The whole inference, from captured calls and declared emits to steps and endings.
+    `sampled`: the engine samples its tokens, so no argmax is taken for what it chose."""
     for call in calls:
         call.materialize()
+        call.sampled = sampled
     read = CallReader(calls)
     notes: list[str] = []
     groups = attribute(calls, emits, prompts, read, notes)

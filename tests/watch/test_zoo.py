@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from tiny import make_pair
-from zoo import adaptive, draft_subset, length_cut, ngram, recompute, rejoin, right_pad
+from zoo import adaptive, draft_subset, length_cut, ngram, recompute, rejoin, right_pad, sampled
 
 import specviz
 from specviz.analysis.check import check_trace
@@ -153,3 +153,33 @@ def test_draft_checks_that_could_not_run_are_listed_with_their_steps(pair) -> No
     assert (draft.steps, draft.of) == (2, len(trace.steps))
     assert str(draft).startswith(f"draft checks skipped on 2 of {len(trace.steps)} steps")
     assert report.to_dict()["skipped_checks"][0].keys() == {"check", "reason", "steps", "of"}
+
+
+def test_sampled_engine_is_checked_without_an_oracle(pair) -> None:
+    """Rejection sampling, declared: clean on accounting, positions and KV (no token equality
+    asked), every token placed; the same engine leaving rejected drafts attended is located at the
+    step and row where a stale slot is first attended. T is low because the tiny models' logits
+    are small: at T = 0.8 every draft is accepted and no residual is ever sampled."""
+    with specviz.watch(pair.target, pair.draft, prompts=PROMPTS, temperature=0.05) as w:
+        outs, _ = sampled.generate(pair.target, pair.draft, PROMPTS, MAX_NEW, w=w, temperature=0.05)
+    report = check_trace(w.trace)
+    assert report.verdict == "clean" and not report.violation_count, report.violations[:3]
+    assert [s.output_ids for s in w.trace.sequences] == outs
+    assert w.trace.header.sampling.temperature == 0.05 and w.trace.sequences[0].reference_ids is None
+    assert {s.check for s in report.skipped_checks} >= {"greedy acceptance", "output equivalence"}
+    assert "draft" not in {s.check for s in report.skipped_checks}  # the sampled drafts were matched
+    assert sum(len(r.emitted) for s in w.trace.steps for r in s.rows) == MAX_NEW * len(PROMPTS)
+    rows = [r for s in w.trace.steps for r in s.rows]
+    assert any(r.accepted for r in rows) and any(r.accepted < len(r.draft_tokens) for r in rows)
+
+    with specviz.watch(pair.target, pair.draft, prompts=PROMPTS, temperature=0.05) as w:
+        _, events = sampled.generate(pair.target, pair.draft, PROMPTS, MAX_NEW, bug="stale_kv", w=w, temperature=0.05)
+    v = check_trace(w.trace).first_violation
+    assert events and v is not None and (v.step, v.seq_id, v.invariant) == (*events[0], Invariant.KV)
+
+
+def test_sampled_engine_undeclared_is_not_called_clean(pair) -> None:
+    """Not told it samples, the watch reads tokens against the argmax: the run is not passed."""
+    with specviz.watch(pair.target, pair.draft, prompts=PROMPTS) as w:
+        sampled.generate(pair.target, pair.draft, PROMPTS, MAX_NEW, w=w, temperature=0.05)
+    assert check_trace(w.trace).verdict != "clean"
