@@ -58,10 +58,14 @@ def context_before(call: CallRecord, row: int, slot: int) -> int:
     if call.mask_kind == "2d":
         values = call.mask[row]
         return int(sum(values[: len(values) - call.query_len + slot]))
-    if call.mask_kind == "4d" and slot == call.query_len - 1:  # the kept tail ends with the last query row
-        return int(sum(call.mask[row][-1][: call.cache_width + slot]))
-    if call.mask_kind == "4d-slots" and slot == call.query_len - 1:
-        return int(sum(call.mask[row][-1])) - 1  # every slot it attends but its own
+    if call.mask_kind in ("4d", "4d-slots"):
+        tail = call.mask[row]  # the last query rows: slot s is row s - (q - len(tail))
+        t = slot - (call.query_len - len(tail))
+        if t < 0:
+            return -1
+        if call.mask_kind == "4d":
+            return int(sum(tail[t][: call.cache_width + slot]))
+        return int(sum(tail[t])) - 1  # every slot it attends but its own
     return -1
 
 

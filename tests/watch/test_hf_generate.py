@@ -128,12 +128,13 @@ config = tf.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, nu
 torch.manual_seed(0)
 target = tf.AutoModelForCausalLM.from_config(config).eval()
 mode = sys.argv[1]
-if mode == "batched":
+if mode in ("batched", "static"):
     rows = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17]]
     width = max(len(r) for r in rows)
     ids = torch.tensor([[{pad}] * (width - len(r)) + r for r in rows])
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12, min_new_tokens=12)
+    cache = dict(cache_implementation="static") if mode == "static" else {{}}
+    target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12, min_new_tokens=12, **cache)
     sys.exit(0)
 if mode == "lookup":
     ids = torch.tensor({lookup})
@@ -157,14 +158,16 @@ target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft,
 
 
 @pytest.mark.filterwarnings("ignore")
-@pytest.mark.parametrize("mode", [*SCHEDULES, "batched", "lookup"])
+@pytest.mark.parametrize("mode", [*SCHEDULES, "batched", "static", "lookup"])
 def test_generate_through_the_cli(tmp_path: Path, mode: str) -> None:
     script = tmp_path / "hf.py"
     script.write_text(SCRIPT.format(pad=PAD, max_new=MAX_NEW, lookup=LOOKUP_PROMPT))
     out = tmp_path / "hf.trace.json"
     assert main(["watch", "--out", str(out), "--", "python", str(script), mode]) == 0
     trace = load_trace(out)
-    if mode == "batched":
+    if mode in ("batched", "static"):
+        # static: a 4-D mask over the static cache's slots, whose padded query rows attend nothing
+        # (was: the pads read as prompt, 48 false violations and a wrong reference)
         assert [s.prompt_ids for s in trace.sequences] == [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17]]
         assert_clean(trace, 12)
         return
