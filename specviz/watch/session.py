@@ -125,6 +125,8 @@ class Watch:
         self._require_open("close")
         self._closed = True
         calls = self._release_hooks()
+        if complete:
+            _require_emits(calls, self._emits)
         eos = frozenset(_eos_ids(self.target, self.tokenizer))
         with collector_paused():
             prompts = self.prompts if self.prompts is not None else _prompts_from_first_call(calls)
@@ -332,6 +334,17 @@ def _prompt_ids(prompts: list[Any] | None, tokenizer: Any | None) -> list[list[i
             raise WatchError(f"prompts[{i}] is empty")
         out.append(ids)
     return out
+
+
+def _require_emits(calls: list[CallRecord], emits: list[Emit]) -> None:
+    """A finished run that decoded (two target calls or more) but declared no token has nothing the
+    steps could be built from: say what is missing rather than judge an empty run."""
+    decoded = sum(1 for c in calls if c.role == "target") >= 2
+    if decoded and not emits:
+        raise WatchError(
+            "the target ran but no tokens were declared: call w.emit(seq_id, tokens) after each step, "
+            "pass streamer=w.streamer() to generate, or watch the unmodified script with `specviz watch --`"
+        )
 
 
 def _prompts_from_first_call(calls: list[CallRecord]) -> list[list[int]]:

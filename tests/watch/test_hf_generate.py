@@ -20,6 +20,7 @@ import specviz
 from specviz.analysis.check import check_trace
 from specviz.cli import main
 from specviz.trace.io import load_trace
+from specviz.watch import WatchError
 
 PAD = 95
 MAX_NEW = 40
@@ -183,3 +184,12 @@ def test_generate_through_the_cli(tmp_path: Path, mode: str) -> None:
     assert len(trace.sequences) == 1 and len(trace.sequences[0].prompt_ids) == 25
     assert trace.header.draft_k >= 5
     assert_clean(trace, MAX_NEW)
+
+
+def test_a_run_with_no_declared_tokens_is_refused_with_the_fix(pair) -> None:
+    """Forgetting `emit` (or the streamer) used to give an empty trace flagged DESYNC ("no
+    finish_reason"): a verdict about the watch's use, not the engine. Now: one clear error."""
+    ids = prompt()
+    with pytest.raises(WatchError, match=r"w\.emit.*streamer=w\.streamer\(\)"):
+        with specviz.watch(pair.target, None, prompts=ids.tolist()):
+            pair.target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=4)
