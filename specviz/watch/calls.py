@@ -44,7 +44,7 @@ def last_slot(call: CallRecord, row: int) -> int:
 
 def argmax_at(call: CallRecord, row: int, slot: int) -> int | None:
     """The model's argmax at query slot `slot` of `row`, if its logits were kept."""
-    if call.argmax is None or call.sampled:
+    if call.argmax is None or not call.argmax_is_choice:
         return None
     kept = call.argmax[row]
     index = slot - (call.query_len - len(kept))
@@ -78,7 +78,7 @@ def _draft_row(call: CallRecord, seq: int, row: int, batch_size: int, fed: int, 
 
     def fits(r: int) -> bool:
         last = last_slot(call, r)
-        return call.input_ids[r][last] == fed and (call.sampled or argmax_at(call, r, last) == out)
+        return call.input_ids[r][last] == fed and (not call.argmax_is_choice or argmax_at(call, r, last) == out)
 
     if call.rows is not None and len(call.rows) == call.batch_size:
         if seq not in call.rows:

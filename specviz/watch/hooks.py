@@ -56,9 +56,9 @@ class CallRecord:
     # 4-D masks: [B, q], whether each query slot attends anything. A padded query slot attends
     # nothing (its row is all masked), so this is where a 4-D mask says which slots are padding.
     query_live: Any = None
-    # The engine samples from these logits (declared to the watch): the argmax is not its choice,
-    # so it is kept for nothing but the record, never to match or judge a token.
-    sampled: bool = False
+    # False when the engine's token is not the argmax of these logits (declared to the watch: it
+    # samples, or applies logits processors first): the argmax then never matches or judges a token.
+    argmax_is_choice: bool = True
     started: float = 0.0
     ended: float = 0.0
     last_slots: list[int] | None = None  # [B]: each row's last attended query slot, set by `materialize`

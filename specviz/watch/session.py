@@ -47,6 +47,7 @@ class Watch:
         name: str | None = None,
         layout: str = "unspecified",
         temperature: float = 0.0,
+        logits_processed: bool = False,
     ) -> None:
         check_causal_lm(target, "target")
         if draft is not None:
@@ -62,6 +63,12 @@ class Watch:
         self.name = name or "watched"
         self.layout = layout
         self.temperature = _temperature(temperature)
+        if not isinstance(logits_processed, bool):
+            raise WatchError(f"logits_processed must be True or False, got {logits_processed!r}")
+        self.logits_processed = logits_processed
+        # Greedy on the raw logits: the only case where the target's argmax is the engine's choice
+        # and a batch-1 greedy decode of the target is its oracle.
+        self.argmax_is_choice = self.temperature == 0 and not logits_processed
         self.created_at = now_iso()
         self._rows: dict[str, tuple[int, ...] | None] = {"target": None, "draft": None}
         self._calls: list[CallRecord] = []
@@ -130,11 +137,11 @@ class Watch:
         eos = frozenset(_eos_ids(self.target, self.tokenizer))
         with collector_paused():
             prompts = self.prompts if self.prompts is not None else _prompts_from_first_call(calls)
-            assembly = infer_steps(calls, self._emits, prompts, eos, sampled=self.temperature > 0)
+            assembly = infer_steps(calls, self._emits, prompts, eos, argmax_is_choice=self.argmax_is_choice)
             header = self._header(assembly, eos, complete)
         del calls  # read: the reference decode below does not need them
-        # A sampled run is not token-exact against any greedy oracle: no reference to decode.
-        wanted = reference and self.temperature == 0
+        # A sampled or processed run is not token-exact against the raw greedy oracle: none decoded.
+        wanted = reference and self.argmax_is_choice
         references = self._references(prompts, assembly.max_new_tokens, eos) if wanted else None
         with collector_paused():
             trace = Trace(header=header, steps=assembly.steps, sequences=self._sequences(prompts, assembly, references))
@@ -189,6 +196,8 @@ class Watch:
         if assembly.first_call_at is not None and assembly.last_event_at is not None:
             seconds = round(assembly.last_event_at - assembly.first_call_at, 6)
         options: dict[str, Any] = {"watch_notes": assembly.notes[:20]} if assembly.notes else {}
+        if self.logits_processed:
+            options["logits_processed"] = True  # declared: the engine chose on processed logits
         return Header(
             schema_version=SCHEMA_VERSION,
             method="baseline" if assembly.k == 0 else "speculative",
@@ -261,6 +270,7 @@ def watch(
     name: str | None = None,
     layout: str = "unspecified",
     temperature: float = 0.0,
+    logits_processed: bool = False,
 ) -> Watch:
     """Watch `target` (and `draft`) decode; see `docs/watch.md`.
 
@@ -268,10 +278,20 @@ def watch(
     "left-padded" if the engine keeps the left-padded contiguous layout and wants it checked.
     `temperature`: > 0 when the engine samples (speculative rejection sampling at that
     temperature): tokens are then matched by what was fed, not by the argmax, and the checks ask
-    accounting, positions and KV, not equality with a greedy oracle.
+    accounting, positions and KV, not equality with a greedy oracle. `logits_processed`: True when
+    the engine takes the argmax of processed logits (HF `min_new_tokens`, `repetition_penalty`,
+    `suppress_tokens`...): checked like a sampled run, the raw argmax being nobody's choice.
     """
     return Watch(
-        target, draft, tokenizer=tokenizer, prompts=prompts, out=out, name=name, layout=layout, temperature=temperature
+        target,
+        draft,
+        tokenizer=tokenizer,
+        prompts=prompts,
+        out=out,
+        name=name,
+        layout=layout,
+        temperature=temperature,
+        logits_processed=logits_processed,
     )
 
 

@@ -134,13 +134,14 @@ def _pending_match(
 # ----------------------------------------------------------------------------- rows
 
 
-def consistent(tokens: list[int], drafts: list[int], targets: list[int], sampled: bool = False) -> bool:
+def consistent(tokens: list[int], drafts: list[int], targets: list[int], free_last: bool = False) -> bool:
     """Tokens read as some drafts, then (optionally) one more: the target's own token at that slot,
-    or, when the engine samples, whatever it sampled there (a residual or bonus sample)."""
+    or any token when the argmax is not the engine's choice (`free_last`: a sample, or a choice
+    made on processed logits)."""
     for i, token in enumerate(tokens):
         if i < len(drafts) and token == drafts[i]:
             continue
-        return i == len(tokens) - 1 and (sampled or (i < len(targets) and token == targets[i]))
+        return i == len(tokens) - 1 and (free_last or (i < len(targets) and token == targets[i]))
     return True
 
 
@@ -178,18 +179,23 @@ def assign_rows(
 ) -> dict[int, Group]:
     """Which row produced each group: its own row if consistent, else the row it is consistent with."""
     rows = row_seq_ids(call)
+    free_last = not call.argmax_is_choice
+
+    def fits(group: Group, r: int) -> bool:
+        return consistent(group.tokens, *row_tokens(call, r, read(index, r)), free_last)
+
     taken: dict[int, Group] = {}
     pending_groups = []
     for group in groups:
         own = rows.index(group.seq_id)
-        if own not in taken and consistent(group.tokens, *row_tokens(call, own, read(index, own)), call.sampled):
+        if own not in taken and fits(group, own):
             taken[own] = group
         else:
             pending_groups.append(group)
     for group in pending_groups:
         own = rows.index(group.seq_id)
         live = [r for r in range(len(rows)) if r not in taken and rows[r] in known and rows[r] not in finished]
-        others = [r for r in live if consistent(group.tokens, *row_tokens(call, r, read(index, r)), call.sampled)]
+        others = [r for r in live if fits(group, r)]
         row = others[0] if others else (own if own not in taken else None)
         if row is not None:
             taken[row] = group
@@ -326,13 +332,18 @@ def _fill_left_pad_after(steps: list[StepRecord]) -> None:
 
 
 def infer_steps(
-    calls: list[CallRecord], emits: list[Emit], prompts: list[list[int]], eos: frozenset[int], sampled: bool = False
+    calls: list[CallRecord],
+    emits: list[Emit],
+    prompts: list[list[int]],
+    eos: frozenset[int],
+    argmax_is_choice: bool = True,
 ) -> InferredSteps:
     """The whole inference, from captured calls and declared emits to steps and endings.
-    `sampled`: the engine samples its tokens, so no argmax is taken for what it chose."""
+    `argmax_is_choice`: False when the engine samples or processes its logits, so no argmax is
+    taken for what it chose."""
     for call in calls:
         call.materialize()
-        call.sampled = sampled
+        call.argmax_is_choice = argmax_is_choice
     read = CallReader(calls)
     notes: list[str] = []
     groups = attribute(calls, emits, prompts, read, notes)

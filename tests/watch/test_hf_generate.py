@@ -193,3 +193,29 @@ def test_a_run_with_no_declared_tokens_is_refused_with_the_fix(pair) -> None:
     with pytest.raises(WatchError, match=r"w\.emit.*streamer=w\.streamer\(\)"):
         with specviz.watch(pair.target, None, prompts=ids.tolist()):
             pair.target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=4)
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_a_greedy_choice_on_processed_logits_is_checked_when_declared(pair) -> None:
+    """HF generate with a logits processor (`suppress_tokens`, here the token raw greedy decoding
+    picks first) chooses another token than the raw argmax. Undeclared, that disagreement is
+    flagged at step 0; declared (`logits_processed=True`), the run is checked clean on positions,
+    KV and accounting, with no greedy oracle asked."""
+    configure(pair.draft, "constant")
+    ids = prompt()
+    plain = pair.target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=1)
+    banned = int(plain[0, -1])
+    for declared in (False, True):
+        with specviz.watch(pair.target, pair.draft, prompts=ids.tolist(), logits_processed=declared) as w:
+            out = pair.target.generate(
+                ids, attention_mask=torch.ones_like(ids), assistant_model=pair.draft, do_sample=False,
+                suppress_tokens=[banned], max_new_tokens=MAX_NEW, streamer=w.streamer(),
+            )  # fmt: skip
+        assert banned not in out[0, ids.shape[1] :].tolist()
+        report = check_trace(w.trace)
+        if not declared:
+            assert report.verdict != "clean" and report.first_violation.step == 0
+            continue
+        assert report.verdict == "clean" and not report.violation_count, report.violations[:3]
+        assert w.trace.header.options["logits_processed"] is True and w.trace.sequences[0].reference_ids is None
+        assert sum(len(r.emitted) for s in w.trace.steps for r in s.rows) == len(out[0]) - ids.shape[1]
