@@ -45,6 +45,10 @@ MATCH = ""  # --match: run only the upload attacks whose name contains it
 GOAL_GROWTH_MB = 1536
 GOAL_SECONDS = 30
 GOAL_PROBE_S = 3.0
+# Issue 23: any accepted public upload costs at most this much server CPU (its first render
+# included, the probe's requests meanwhile not) and keeps at most this much memory.
+GOAL_UPLOAD_CPU_S = 3.0
+GOAL_UPLOAD_KEPT_MB = 300
 PROBE_TRACE = "default-eqspec.json.gz"
 
 # Schema version 1 fields: the files must load in older checkouts too (to measure "before").
@@ -300,12 +304,19 @@ class Probe:
         self._process: Any = None
         self._stop: Any = None
         self._results: Any = None
+        self._answered: Any = self._context.Value("l", 0)  # requests answered so far, for `answered`
+
+    @property
+    def answered(self) -> int:
+        """The probe's answered requests so far: an attack that measures the server's CPU takes
+        the probe's own share out (`attack_sessions`)."""
+        return int(self._answered.value)
 
     def start(self) -> None:
         self.latencies, self.failures = [], []
         self._stop, ready, self._results = self._context.Event(), self._context.Event(), self._context.Queue()
         self._process = self._context.Process(
-            target=_probe_loop, args=(self.url, self._stop, ready, self._results), daemon=True
+            target=_probe_loop, args=(self.url, self._stop, ready, self._results, self._answered), daemon=True
         )
         self._process.start()
         if not ready.wait(timeout=120):  # it loaded its trace: from here on every answer is timed
@@ -326,7 +337,7 @@ class Probe:
         return (max(self.latencies) if self.latencies else float("inf")), len(self.failures)
 
 
-def _probe_loop(url: str, stop: Any, ready: Any, results: Any) -> None:
+def _probe_loop(url: str, stop: Any, ready: Any, results: Any, answered: Any) -> None:
     """The probe process: load a bundled trace once, then time grid requests until told to stop."""
     client = Client(url, verbose=False)
     latencies: list[float] = []
@@ -342,6 +353,8 @@ def _probe_loop(url: str, stop: Any, ready: Any, results: Any) -> None:
         try:
             client.predict("B", step % 3, -1, 40, api_name="/grid")
             latencies.append(time.perf_counter() - started)
+            with answered.get_lock():
+                answered.value += 1
         except Exception as exc:  # noqa: BLE001 - every failure is counted
             failures.append(f"{type(exc).__name__}: {str(exc)[:120]}")
             time.sleep(0.2)
@@ -364,13 +377,17 @@ class Result:
     probe_failures: int = 0
     outcome: str = ""
     notes: dict[str, Any] = field(default_factory=dict)
+    # The attack's wall-time goal; None where it states per-request goals instead (`attack_sessions`).
+    goal_seconds: float | None = GOAL_SECONDS
 
     def problems(self) -> list[str]:
         found = []
         if self.peak_growth_mb > GOAL_GROWTH_MB:
             found.append(f"memory growth {self.peak_growth_mb:.0f} MB > {GOAL_GROWTH_MB}")
-        if self.seconds > GOAL_SECONDS:
-            found.append(f"{self.seconds:.1f} s > {GOAL_SECONDS}")
+        if self.goal_seconds is not None and self.seconds > self.goal_seconds:
+            found.append(f"{self.seconds:.1f} s > {self.goal_seconds:g}")
+        if self.outcome.startswith("no answer within"):
+            found.append(self.outcome)
         if self.probe_max_s > GOAL_PROBE_S:
             found.append(f"second visitor waited {self.probe_max_s:.1f} s > {GOAL_PROBE_S}")
         if self.probe_failures:
@@ -701,17 +718,35 @@ def attack_inspect_flood(suite: Suite, folder: Path, path: Path, calls: int) -> 
 
 
 def attack_sessions(suite: Suite, path: Path, sessions: int, ceiling_mb: float | None) -> None:
-    """Issue 23: fresh API sessions (no tab to close) each upload the same file; memory must stay
-    under the ceiling, and the first session, its run unloaded, still gets an answer."""
+    """Issue 23: fresh API sessions (no tab to close) each upload the same file, one after another;
+    memory must stay under the ceiling, and the first session, its run unloaded, still gets an answer.
+
+    The goals are per upload, as the issue states them, not for the whole attack (20 uploads one
+    after another take 20 uploads' time on any machine): each accepted upload costs at most
+    GOAL_UPLOAD_CPU_S of server CPU, its first render included, and keeps at most
+    GOAL_UPLOAD_KEPT_MB; the second visitor is answered within GOAL_PROBE_S meanwhile. The probe's
+    own requests are the server's work too: their CPU, measured per request while nothing else
+    runs, is taken out of each upload's."""
 
     def many(result: Result) -> str:
-        cpu = _cpu_s(suite.server.proc.pid)
-        clients, after, loads = [], [], []
+        result.goal_seconds = None  # per upload instead: CPU and memory here, the probe's latency
+        pid = suite.server.proc.pid
+        per_probe = _probe_cpu_per_request(suite, pid)
+        before_all = cpu = _cpu_s(pid)
+        clients, after, loads, raw, net, walls = [], [], [], [], [], []
+        kept = []
         for _ in range(sessions):
+            rss, answered = suite.server.rss(), suite.probe.answered
+            cpu, started = _cpu_s(pid), time.perf_counter()
             client, loaded = load_heavy(suite.server.url, path)
+            spent = _cpu_s(pid) - cpu
+            walls.append(round(time.perf_counter() - started, 2))
+            raw.append(round(spent, 2))
+            net.append(round(max(spent - per_probe * (suite.probe.answered - answered), 0.0), 2))
             clients.append(client)
             loads.append(loaded)
             after.append(round(suite.server.rss()))
+            kept.append(round(after[-1] - rss))
         first = "answered"
         try:
             out = clients[0].predict("A", 40, False, api_name="/inspect")
@@ -719,13 +754,33 @@ def attack_sessions(suite: Suite, path: Path, sessions: int, ceiling_mb: float |
         except Exception as exc:  # noqa: BLE001 - an error badge would show here
             first = f"error: {str(exc)[:120]}"
             result.notes["problem_unloaded"] = f"the first session's inspect failed: {first}"
+        accepted = [i for i, loaded in enumerate(loads) if loaded == "accepted"]
+        worst_cpu = max((net[i] for i in accepted), default=0.0)
+        worst_kept = max((kept[i] for i in accepted), default=0)
         result.notes.update(
-            rss_after_each_mb=after, accepted=loads.count("accepted"), first_session=first,
-            cpu_s=round(_cpu_s(suite.server.proc.pid) - cpu, 1), ceiling_mb=ceiling_mb,
+            rss_after_each_mb=after, accepted=len(accepted), first_session=first,
+            cpu_s=round(_cpu_s(pid) - before_all, 1), ceiling_mb=ceiling_mb,
+            upload_cpu_s=net, upload_cpu_with_probe_s=raw, probe_cpu_per_request_s=round(per_probe, 3),
+            upload_wall_s=walls, upload_kept_mb=kept,
+            upload_cpu_median_s=round(statistics.median(net), 2) if net else 0.0,
         )  # fmt: skip
-        return f"{sessions} sessions, {loads.count('accepted')} accepted; first session {first}"
+        if worst_cpu > GOAL_UPLOAD_CPU_S:
+            result.notes["problem_upload_cpu"] = f"an upload cost {worst_cpu:.2f} s of server CPU > {GOAL_UPLOAD_CPU_S}"
+        if worst_kept > GOAL_UPLOAD_KEPT_MB:
+            result.notes["problem_upload_kept"] = f"an upload kept {worst_kept} MB > {GOAL_UPLOAD_KEPT_MB}"
+        return (
+            f"{sessions} sessions, {len(accepted)} accepted, server CPU per upload <= {worst_cpu:.2f} s"
+            f" (median {result.notes['upload_cpu_median_s']:.2f}), kept <= {worst_kept} MB; first session {first}"
+        )
 
     suite.run(f"{sessions} API sessions upload {path.name}", many)
+
+
+def _probe_cpu_per_request(suite: Suite, pid: int, seconds: float = 3.0) -> float:
+    """The server's CPU per probe request while the probe alone asks (its grid step, drawn)."""
+    cpu, answered = _cpu_s(pid), suite.probe.answered
+    time.sleep(seconds)
+    return (_cpu_s(pid) - cpu) / max(suite.probe.answered - answered, 1)
 
 
 def main() -> int:
