@@ -10,7 +10,7 @@ from pathlib import Path
 from gradio_client import Client, handle_file
 
 from tools.attacks.server import _cpu_s
-from tools.attacks.settings import GOAL_UPLOAD_CPU_S, GOAL_UPLOAD_KEPT_MB, PROBE_TRACE
+from tools.attacks.settings import GOAL_UPLOAD_CPU_S, GOAL_UPLOAD_KEPT_MB, PROBE_TRACE, UPLOAD_WALL_GUARD_S
 from tools.attacks.suite import Result, Suite, app_error, load_heavy
 
 
@@ -137,10 +137,13 @@ def attack_sessions(suite: Suite, path: Path, sessions: int, ceiling_mb: float |
             f" (median {result.notes['upload_cpu_median_s']:.2f}), kept <= {worst_kept} MB; first session {first}"
         )
 
-    suite.run(f"{sessions} API sessions upload {path.name}", many)
+    # Its time is the uploads' one after another: the guard against a hang grows with them (a loaded
+    # 2-core machine took up to 11 s of wall for one), the goals above are per upload.
+    guard = suite.timeout + sessions * UPLOAD_WALL_GUARD_S
+    suite.run(f"{sessions} API sessions upload {path.name}", many, timeout=guard)
 
 
-def _probe_cpu_per_request(suite: Suite, pid: int, seconds: float = 3.0) -> float:
+def _probe_cpu_per_request(suite: Suite, pid: int, seconds: float = 2.0) -> float:
     """The server's CPU per probe request while the probe alone asks (its grid step, drawn)."""
     cpu, answered = _cpu_s(pid), suite.probe.answered
     time.sleep(seconds)

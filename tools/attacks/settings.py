@@ -13,3 +13,4 @@ GOAL_PROBE_S = 3.0
 GOAL_UPLOAD_CPU_S = 3.0
 GOAL_UPLOAD_KEPT_MB = 300
 PROBE_TRACE = "default-eqspec.json.gz"
+UPLOAD_WALL_GUARD_S = 15  # not a goal: how long an attack of N uploads one after another may take, per upload

@@ -67,7 +67,9 @@ class Suite:
         self.server.wait_up()
         self.probe = Probe(self.server.url)
 
-    def run(self, name: str, attack: Callable[[Result], str]) -> Result:
+    def run(self, name: str, attack: Callable[[Result], str], timeout: float | None = None) -> Result:
+        """Run `attack` with the probe asking meanwhile; `timeout` (default the suite's) guards a hang."""
+        timeout = self.timeout if timeout is None else timeout
         result = Result(name)
         if self.server.killed or not self.server.alive():
             self.server.proc.wait(timeout=60)
@@ -86,7 +88,7 @@ class Suite:
 
         worker = threading.Thread(target=body, daemon=True)
         worker.start()
-        worker.join(timeout=self.timeout)
+        worker.join(timeout=timeout)
         result.seconds = round(time.perf_counter() - started, 1)
         result.probe_max_s, result.probe_failures = self.probe.stop()
         result.probe_max_s = round(result.probe_max_s, 2)
@@ -99,7 +101,7 @@ class Suite:
         if self.server.killed:
             result.outcome = f"killed at the {self.server.kill_mb / 1024:.0f} GB cap"
         elif not done:
-            result.outcome = f"no answer within {self.timeout:.0f} s"
+            result.outcome = f"no answer within {timeout:.0f} s"
         else:
             result.outcome = done[0]
         self.results.append(result)
