@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from specviz.analysis.metrics import acceptance, summary
+from specviz.analysis.metrics import step_totals, summary
 from specviz.analysis.report import Report
 from specviz.trace import naming
 from specviz.trace.schema import Trace
@@ -65,8 +65,10 @@ def _nowrap(text: str) -> str:
 def stats_line(trace: Trace, report: Report) -> str:
     """The run's numbers on one line that wraps between items, never inside one (no table: on a
     phone or in a half-width panel a five-column table is wider than its panel)."""
-    info = summary(trace)
-    total, _ = acceptance(trace)
+    # The check summed every metric in its walk (`Report.totals`): no second walk of the steps.
+    totals = report.totals or step_totals(trace)
+    info = summary(trace, totals)
+    total = totals.acceptance
     speed = info["tokens_per_second"]
     items = [
         f"exact match **{_exact(report)}**",
@@ -121,7 +123,7 @@ def compare_table(runs: list[tuple[str, Trace, Report]]) -> pd.DataFrame:
     """Metric per column run. Throughput is per run; a speedup is only meaningful within one run."""
     metrics: dict[str, list[str]] = {}
     for _, trace, report in runs:
-        info = summary(trace)
+        info = summary(trace, report.totals)  # the check's sums: no walk per run and per redraw
         values = {
             "run": naming.run_title(trace.header.method, trace.header.fault),  # a table cell: plain text
             "verdict": report.verdict,
