@@ -39,11 +39,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-try:
-    import orjson as _orjson
-except ImportError:  # a CLI-only install without Gradio: the standard library parses the footer
-    _orjson = None
-
 from specviz.files import inflate_bounded, umask_file_mode
 from specviz.trace.arrow import columns_valid, pylist
 from specviz.trace.arrow import numbers as numbers_of
@@ -384,7 +379,7 @@ def _read_footer(file: pq.ParquetFile, path: Path) -> tuple[Header, list[Sequenc
         raise ColumnarError(f"{path}: Parquet file without a specviz footer (not a specviz trace)")
     try:
         text = _gunzip_footer(raw).decode("utf-8")  # the bytes go before parsing: one copy, not two
-        body = _parse_footer(text)
+        body = json.loads(text, object_hook=_shared_tokens())
     except (ValueError, RecursionError, OSError, EOFError, zlib.error):
         raise ColumnarError(f"{path}: specviz footer is not valid JSON") from None
     if not isinstance(body, dict) or body.get("container") != CONTAINER:
@@ -404,25 +399,6 @@ def _read_footer(file: pq.ParquetFile, path: Path) -> tuple[Header, list[Sequenc
 
 
 _TOKEN_LISTS = ("prompt_ids", "output_ids", "reference_ids")
-
-
-def _parse_footer(text: str) -> Any:
-    """The footer's JSON: orjson (Gradio's dependency) parses 33 MB of token lists in half the time,
-    and its tokens are shared afterwards; anything it refuses (NaN, ints over 64 bits, lone
-    surrogates, deep nesting) goes to `json`, which accepts or refuses it as it always did."""
-    if _orjson is not None:
-        try:
-            body = _orjson.loads(text)
-        except Exception:  # noqa: BLE001 - json decides what orjson would not parse
-            pass
-        else:
-            sequences = body.get("sequences") if type(body) is dict else None
-            hook = _shared_tokens()
-            for seq in sequences if type(sequences) is list else []:
-                if type(seq) is dict:
-                    hook(seq)
-            return body
-    return json.loads(text, object_hook=_shared_tokens())
 
 
 def _shared_tokens() -> Callable[[dict[str, Any]], dict[str, Any]]:

@@ -268,35 +268,3 @@ def test_check_of_parquet_equals_check_of_json_on_every_bundled_fault(tmp_path: 
         trace = load_trace(path)
         out = save_trace(trace, tmp_path / f"{path.name}.parquet")
         assert check_trace(open_trace(out)).to_dict() == check_trace(trace).to_dict(), path.name
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        '{"sequences": [{"prompt_ids": [70000, 3], "output_ids": [70000]}, {"reference_ids": [70000, true]}]}',
-        '{"a": NaN, "b": Infinity}',  # json takes these, orjson does not
-        '{"big": 1180591620717411303424, "tiny": 1e400}',  # past 64 bits and float range
-        '{"s": "\\ud800", "dup": 1, "dup": 2}',  # a lone surrogate; a duplicate key (the last wins)
-        "[" * 2000 + "]" * 2000,  # nested past orjson's limit
-        "[1, 2, 3]",
-    ],
-)
-def test_footer_parses_as_the_standard_library_parses_it(text: str) -> None:
-    from specviz.trace import columnar
-
-    def outcome(parse) -> str:  # the value, or the exception the loader catches
-        try:
-            return repr(parse())
-        except (ValueError, RecursionError) as exc:
-            return type(exc).__name__
-
-    expected = outcome(lambda: json.loads(text, object_hook=columnar._shared_tokens()))
-    assert outcome(lambda: columnar._parse_footer(text)) == expected
-
-
-def test_footer_token_ids_are_shared_between_sequences() -> None:
-    from specviz.trace.columnar import _parse_footer
-
-    body = _parse_footer('{"sequences": [{"prompt_ids": [70000]}, {"output_ids": [70000], "reference_ids": [70000]}]}')
-    first, second = body["sequences"]
-    assert first["prompt_ids"][0] is second["output_ids"][0] is second["reference_ids"][0]
