@@ -11,6 +11,11 @@ events call, without a browser, in this one process (imports warm, as in a servi
 - step move: `grid_view` of step i+1 after step i, from the start step on; moves into a new row
   group (one row group read) are reported apart from moves inside the group already read.
 
+Between the verdict and the first page the collector is tuned as `app.py` tunes it before serving
+(`memory.tune_gc_for_serving`: what is loaded is frozen, collections rarer), so pages and moves run
+as they do in the app; `--no-serving-gc` keeps Python's defaults (each move then pays full
+collections over the loaded run's objects).
+
 Wall and CPU time (user + system of this process) each; medians of `--repeats` opens and of
 `--moves` moves.
 
@@ -44,10 +49,12 @@ def main() -> None:
     parser.add_argument("--folder", default="bench-out/app-scale")
     parser.add_argument("--repeats", type=int, default=3, help="opens timed (median)")
     parser.add_argument("--moves", type=int, default=40, help="step moves timed (median)")
+    parser.add_argument("--no-serving-gc", action="store_true", help="pages and moves under Python's default gc")
     args = parser.parse_args()
 
     from specviz.app.detail import AcceptanceTab, InvariantsTab, KvTab
     from specviz.app.loading import load_local
+    from specviz.app.memory import tune_gc_for_serving
     from specviz.trace.synthetic import write_synthetic_parquet
     from specviz.views import grid_view, slot_summary_markdown
 
@@ -65,6 +72,8 @@ def main() -> None:
         loaded = load_local(path)
         summary = slot_summary_markdown(loaded, "A")
         verdicts.append(since(start))
+        if not args.no_serving_gc:
+            tune_gc_for_serving()  # as app.py does before it serves the page (not timed)
         start = clock()
         step = loaded.start_step_index()
         grid_view(loaded, step, None, 64)

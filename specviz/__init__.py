@@ -55,17 +55,33 @@ def watch(
     out: str | os.PathLike[str] | None = None,
     name: str | None = None,
     layout: str = "unspecified",
+    temperature: float = 0.0,
+    logits_processed: bool = False,
 ) -> Watch:
     """Watch `target` (and `draft`) decode: forward hooks that trace any engine on HF models.
 
     `prompts`: token-id lists or strings (with `tokenizer`), in seq_id order. `layout`:
     "left-padded" if the engine keeps the left-padded contiguous layout and wants it checked.
+    `temperature`: > 0 when the engine samples (speculative rejection sampling): accounting,
+    positions and KV are checked, equality with a greedy oracle is not asked. `logits_processed`:
+    True when the engine's greedy choice is made on processed logits (HF `min_new_tokens`,
+    `repetition_penalty`, ...); checked the same way.
     Use it as a context manager and declare each sequence's tokens with `w.emit(seq_id, tokens)`;
     see docs/watch.md. The same function as `specviz.watch.session.watch`.
     """
     from specviz.watch.session import watch as watch_models
 
-    return watch_models(target, draft, tokenizer=tokenizer, prompts=prompts, out=out, name=name, layout=layout)
+    return watch_models(
+        target,
+        draft,
+        tokenizer=tokenizer,
+        prompts=prompts,
+        out=out,
+        name=name,
+        layout=layout,
+        temperature=temperature,
+        logits_processed=logits_processed,
+    )
 
 
 def __getattr__(name: str) -> Any:

@@ -15,7 +15,15 @@ from specviz.analysis.columnar import check_clean_steps
 from specviz.analysis.findings import Findings, stub_row
 from specviz.analysis.finish import FinishChecks
 from specviz.analysis.history import History
-from specviz.analysis.metrics import StepTotals, TotalsRules, add_columns, add_step, exact_match, sequence_divergence
+from specviz.analysis.metrics import (
+    StepTotals,
+    TotalsRules,
+    add_columns,
+    add_step,
+    exact_match,
+    sequence_divergence,
+    settle,
+)
 from specviz.analysis.recorded import check_recorded_row, note_unrecorded
 from specviz.analysis.report import Report, SequenceVerdict, Violation
 from specviz.analysis.row_checks import check_accounting, check_alignment, check_kv, check_positions
@@ -111,6 +119,7 @@ def _walk(trace: Trace, findings: Findings, history: History, finish: FinishChec
             for step in rest:
                 add_step(totals, step, rules)
             break
+    settle(totals)
     return totals
 
 

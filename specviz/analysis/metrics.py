@@ -11,6 +11,7 @@ Definitions match vLLM and llama.cpp:
 
 from __future__ import annotations
 
+import functools
 import types
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -83,6 +84,63 @@ class StepTotals:
     verify_ms: float = 0.0
     align_ms: float = 0.0
     total_ms: float = 0.0
+    # `add_columns`' per-sequence sums not yet in `per_seq`: a walk ends with `settle` (both walks do).
+    pending: SequenceSums | None = field(default=None, repr=False, compare=False)
+
+
+# Per-sequence histograms as one [sequences, k + 1] array up to this many cells (32 MB); a file
+# declaring a larger k or more sequences sums per slice into `per_seq` directly.
+MAX_DENSE_CELLS = 1 << 22
+
+
+@dataclass
+class SequenceSums:
+    """Per-sequence acceptance sums of the slices `add_columns` saw, as arrays over the run's
+    sequences (`TotalsRules.seq_ids`): a slice adds a few `bincount`s, not a Python call per
+    sequence (tens of thousands of them over a million row-steps). `settle` moves them into
+    `StepTotals.per_seq` in order of first appearance, the order `setdefault` gives row by row."""
+
+    seq_ids: np.ndarray  # [sequences] sorted
+    k: int
+    verifies: np.ndarray  # [sequences]
+    drafted: np.ndarray
+    accepted: np.ndarray
+    histogram: np.ndarray  # [sequences, k + 1]
+    seen: np.ndarray  # [sequences] bool
+    order: list[np.ndarray] = field(default_factory=list)  # sequence indices, first appearance first
+
+    @classmethod
+    def of(cls, rules: TotalsRules) -> SequenceSums | None:
+        n, k = len(rules.seq_ids), rules.k
+        if n * (k + 1) > MAX_DENSE_CELLS:
+            return None
+        zeros = functools.partial(np.zeros, n, dtype=np.int64)
+        return cls(rules.seq_ids, k, zeros(), zeros(), zeros(), np.zeros((n, k + 1), np.int64), np.zeros(n, bool))
+
+    def add(self, which: np.ndarray, drafted: np.ndarray, accepted: np.ndarray, bins: np.ndarray) -> None:
+        """One slice's verifies: `which` the sequence index of each (all known), in row order."""
+        n = len(self.seq_ids)
+        self.verifies += np.bincount(which, minlength=n)
+        self.drafted += np.bincount(which, weights=drafted, minlength=n).astype(np.int64)
+        self.accepted += np.bincount(which, weights=accepted, minlength=n).astype(np.int64)
+        np.add.at(self.histogram, (which, bins), 1)
+        uniq, first_at = np.unique(which, return_index=True)
+        new = ~self.seen[uniq]
+        self.order.append(uniq[new][np.argsort(first_at[new], kind="stable")])
+        self.seen[uniq] = True
+
+
+def settle(totals: StepTotals) -> None:
+    """Move the pending per-sequence sums of `add_columns` into `per_seq` (before a row's own sums)."""
+    sums, totals.pending = totals.pending, None
+    if sums is None:
+        return
+    order = np.concatenate([*sums.order, np.zeros(0, dtype=np.int64)]).tolist()
+    ids, verifies = sums.seq_ids.tolist(), sums.verifies.tolist()
+    drafted, accepted, histogram = sums.drafted.tolist(), sums.accepted.tolist(), sums.histogram.tolist()
+    for u in order:
+        target = totals.per_seq.setdefault(ids[u], Acceptance())
+        _add_counts(target, sums.k, verifies[u], drafted[u], accepted[u], histogram[u])
 
 
 @dataclass
@@ -128,10 +186,12 @@ def step_totals(trace: Trace) -> StepTotals:
                     add_step(totals, step, rules)
                 break
             add_columns(totals, part, columns, rules)
+    settle(totals)
     return totals
 
 
 def add_step(totals: StepTotals, step: Any, rules: TotalsRules) -> None:
+    settle(totals)  # the slices before this step enter `per_seq` first
     k = rules.k
     totals.steps += 1
     totals.draft_ms += step.draft_ms
@@ -169,6 +229,14 @@ def add_columns(totals: StepTotals, table: Any, c: Columns, rules: TotalsRules) 
     _add_counts(
         totals.acceptance, k, len(accepted), int(drafted.sum()), int(accepted.sum()), np.bincount(bins).tolist()
     )
+    known = rules.seq_ids
+    at = np.clip(np.searchsorted(known, seq_ids), 0, max(len(known) - 1, 0))
+    if len(known) and (known[at] == seq_ids).all():
+        totals.pending = totals.pending or SequenceSums.of(rules)
+        if totals.pending is not None:
+            totals.pending.add(at, drafted, accepted, bins)
+            return
+    settle(totals)  # a sequence the footer lacks, or too many cells: this slice's sums go in directly
     uniq, first_at, which = np.unique(seq_ids, return_index=True, return_inverse=True)
     verifies = np.bincount(which, minlength=len(uniq)).tolist()
     drafted_sums = np.bincount(which, weights=drafted, minlength=len(uniq)).astype(np.int64).tolist()

@@ -237,8 +237,22 @@ def _check_acceptance(flag: RowFlags, history: History) -> None:
             "emitted",
             expected_out,
             row.emitted,
-            "emitted tokens are not a prefix of the accepted drafts plus the bonus",
+            "emitted tokens are not a prefix of the accepted drafts plus the bonus" + _eos_hint(row, history),
         )
+
+
+def _eos_hint(row: RowRecord, history: History) -> str:
+    """Where the target's own token was EOS and the engine emitted something else, the usual cause
+    is an EOS-suppressing rule (HF `min_new_tokens`), not a desync: say so in the message."""
+    at = row.accepted
+    if not (0 <= at < min(len(row.target_tokens), len(row.emitted))):
+        return ""
+    if row.target_tokens[at] not in history.eos or row.emitted[at] == row.target_tokens[at]:
+        return ""
+    return (
+        " (the target's token there is EOS: if the engine suppresses EOS, e.g. HF min_new_tokens, "
+        "its choice is not the raw argmax; watch it with logits_processed=True)"
+    )
 
 
 def _shown_range(expected: range) -> list[int] | str:

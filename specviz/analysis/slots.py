@@ -262,17 +262,17 @@ class _SequenceTokens:
 
     prompt: list[int]
     output: list[int]
+    # A field, not a property: read for every cache slot drawn (tens of thousands per step move).
+    prompt_len: int = field(init=False)
 
-    @property
-    def prompt_len(self) -> int:
-        return len(self.prompt)
+    def __post_init__(self) -> None:
+        self.prompt_len = len(self.prompt)
 
     def token(self, index: int) -> int | None:
-        if 0 <= index < len(self.prompt):
+        if 0 <= index < self.prompt_len:
             return self.prompt[index]
-        if 0 <= index - len(self.prompt) < len(self.output):
-            return self.output[index - len(self.prompt)]
-        return None
+        index -= self.prompt_len
+        return self.output[index] if 0 <= index < len(self.output) else None
 
 
 def _cache_slots(

@@ -83,14 +83,29 @@ def decode(
     """
     config = arm.config(batch_size, draft_k, settings, record_steps)
     if arm.watched:
-        return run_watched(pair, prompts, config)[0]
+        return run_watched(pair, prompts, config).trace
     return run(pair, prompts.texts, config)
 
 
-def run_watched(pair: ModelPair, prompts: PromptSet, config: RunConfig) -> tuple[Trace, float]:
+@dataclass
+class WatchedRun:
+    """One run under `specviz.watch`: its trace, and the time of each part (seconds)."""
+
+    trace: Trace
+    decode_wall: float  # the engine's run under the hooks, `rows` and `emit`: what the decode costs
+    decode_cpu: float
+    close_wall: float  # `close(reference=False)`: step assembly, once after the decode
+    close_cpu: float
+
+    @property
+    def wall(self) -> float:
+        return self.decode_wall + self.close_wall
+
+
+def run_watched(pair: ModelPair, prompts: PromptSet, config: RunConfig) -> WatchedRun:
     """The engine (its recorder off) under `specviz.watch`, instrumented as docs/watch.md says:
-    `rows` before each step, `emit` after it. Returns the watch's trace and the wall seconds of the
-    run plus the watch's `close` (step assembly included, no reference decode)."""
+    `rows` before each step, `emit` after it; the decode and the watch's `close` (step assembly, no
+    reference decode) timed apart."""
     import specviz.engine.run as run_module
     from specviz.watch import watch
 
@@ -114,11 +129,18 @@ def run_watched(pair: ModelPair, prompts: PromptSet, config: RunConfig) -> tuple
     WatchedEngine.watch = w
     run_module.Engine = WatchedEngine
     try:
-        started = time.perf_counter()
+        wall, cpu = time.perf_counter(), time.process_time()
         run_module.run(pair, prompts.texts, config)
-        trace = w.close(reference=False)
         synchronize(pair.device)
-        return trace, time.perf_counter() - started
+        decoded_wall, decoded_cpu = time.perf_counter(), time.process_time()
+        trace = w.close(reference=False)
+        return WatchedRun(
+            trace,
+            decode_wall=decoded_wall - wall,
+            decode_cpu=decoded_cpu - cpu,
+            close_wall=time.perf_counter() - decoded_wall,
+            close_cpu=time.process_time() - decoded_cpu,
+        )
     finally:
         run_module.Engine = original
         WatchedEngine.watch = None
@@ -245,7 +267,7 @@ def measure_watch(
             # collection (hundreds of ms here) pays for the garbage of every run before it.
             gc.collect()
             if watched:
-                result.seconds_on.append(run_watched(pair, prompts, config)[1])
+                result.seconds_on.append(run_watched(pair, prompts, config).wall)
             else:
                 result.seconds_off.append(run_unwatched(pair, prompts, config))
             if tick is not None:

@@ -52,10 +52,12 @@ class Budget:
 
 DEFAULT_BUDGET = Budget()
 
-# A public Space's uploads: what a 2-core machine loads in about 3 s of CPU and 300 MB kept
-# (`tools/attack_suite.py` measures it). Bundled traces and local files are the user's own.
-# Rows (row-steps) set the CPU: parse + analyse cost ~0.2 ms each (20,000 took 3.8-4.5 s of CPU
-# on 1 December 2026), so 12,000 stays near 2.5 s.
+# A public Space's uploads: what a 2-core machine loads in at most 3 s of CPU and 300 MB kept, the
+# upload event's first render included (`tools/attack_suite.py --only sessions` measures each
+# upload's server CPU). Bundled traces and local files are the user's own. Rows (row-steps) set the
+# CPU: at 12,000 the heaviest accepted upload's event took 1.3-2.9 s of server CPU (median 1.6-2.0:
+# parse ~0.8, check ~0.5, first render ~0.3) and kept at most 41 MB, on 1 December 2026 (2 cores
+# shared, load 5-7); 20,000 rows took 3.8-4.5 s before the views stopped re-walking the steps.
 PUBLIC_BUDGET = Budget(
     max_steps=12_000,
     max_rows=12_000,

@@ -44,7 +44,7 @@ def last_slot(call: CallRecord, row: int) -> int:
 
 def argmax_at(call: CallRecord, row: int, slot: int) -> int | None:
     """The model's argmax at query slot `slot` of `row`, if its logits were kept."""
-    if call.argmax is None:
+    if call.argmax is None or not call.argmax_is_choice:
         return None
     kept = call.argmax[row]
     index = slot - (call.query_len - len(kept))
@@ -58,10 +58,14 @@ def context_before(call: CallRecord, row: int, slot: int) -> int:
     if call.mask_kind == "2d":
         values = call.mask[row]
         return int(sum(values[: len(values) - call.query_len + slot]))
-    if call.mask_kind == "4d" and slot == call.query_len - 1:  # the kept tail ends with the last query row
-        return int(sum(call.mask[row][-1][: call.cache_width + slot]))
-    if call.mask_kind == "4d-slots" and slot == call.query_len - 1:
-        return int(sum(call.mask[row][-1])) - 1  # every slot it attends but its own
+    if call.mask_kind in ("4d", "4d-slots"):
+        tail = call.mask[row]  # the last query rows: slot s is row s - (q - len(tail))
+        t = slot - (call.query_len - len(tail))
+        if t < 0:
+            return -1
+        if call.mask_kind == "4d":
+            return int(sum(tail[t][: call.cache_width + slot]))
+        return int(sum(tail[t])) - 1  # every slot it attends but its own
     return -1
 
 
@@ -74,7 +78,7 @@ def _draft_row(call: CallRecord, seq: int, row: int, batch_size: int, fed: int, 
 
     def fits(r: int) -> bool:
         last = last_slot(call, r)
-        return call.input_ids[r][last] == fed and argmax_at(call, r, last) == out
+        return call.input_ids[r][last] == fed and (not call.argmax_is_choice or argmax_at(call, r, last) == out)
 
     if call.rows is not None and len(call.rows) == call.batch_size:
         if seq not in call.rows:
@@ -123,6 +127,23 @@ def read_row(
         if first is not None:
             return RowQuery(p, d, first)
     return RowQuery(last, 0, ())
+
+
+def draft_free_query(call: CallRecord, row: int, committed: list[int]) -> RowQuery | None:
+    """The row's query in a run with no draft model (prompt lookup, n-gram or extra-head drafting):
+    no draft call proposed its drafts, so they are read from what a correct engine feeds, the
+    sequence's `committed` tokens (cached or re-fed) then d drafts: d is the row's attended tokens
+    at its last slot minus the committed ones, and the pending slot (d before the last) must hold
+    the last committed token. None when that reading does not fit (no drafts, or a row whose
+    context is not its committed tokens: read as no drafts, and checked as such)."""
+    last = last_slot(call, row)
+    d = context_before(call, row, last) + 1 - len(committed)
+    if not committed or d <= 0 or d > last:
+        return None
+    pending = last - d
+    if not all(query_flags(call, row)[pending : last + 1]) or call.input_ids[row][pending] != committed[-1]:
+        return None
+    return RowQuery(pending, d, ())
 
 
 def _chain(

@@ -34,7 +34,15 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import Any
 
-from specviz.watch.calls import RowQuery, SeqReader, argmax_at, context_before, last_slot, query_flags
+from specviz.watch.calls import (
+    RowQuery,
+    SeqReader,
+    argmax_at,
+    context_before,
+    draft_free_query,
+    last_slot,
+    query_flags,
+)
 from specviz.watch.hooks import CallRecord
 from specviz.watch.steps import Emit, matched_prefix, row_tokens
 
@@ -79,6 +87,9 @@ class Follower:
     def __init__(self, calls: list[CallRecord], eos: frozenset[int], notes: list[str]) -> None:
         self.calls, self.eos, self.notes = calls, eos, notes
         self.read = SeqReader(calls)
+        # No draft model (prompt lookup, n-gram or extra-head drafting): drafts are read from what
+        # follows the committed tokens (`calls.draft_free_query`), not from draft calls.
+        self.draft_free = not any(c.role == "draft" for c in calls)
         self.seqs: list[Seq] = []
         self.emits: list[Emit] = []
         self.rows: dict[int, tuple[int, ...]] = {}  # target call -> sequence per row (< 0: none)
@@ -215,6 +226,8 @@ class Follower:
         if key not in self._views:
             call = self.calls[j]
             rq = self.read(j, r, seq if seq >= 0 else len(self.seqs) + r)
+            if self.draft_free and attends_cache(call, r):  # its first real slot is the pending token
+                rq = first_slot_query(call, r) or rq
             self._views[key] = RowView(
                 rq=rq,
                 token=call.input_ids[r][rq.pending],
@@ -265,6 +278,8 @@ class Follower:
         """(drafts, target argmax, pending token) of the sequence's open step."""
         i, ri = s.step
         rq = self.read(i, ri, s.id)
+        if self.draft_free and not rq.drafts:  # the drafts are what follows the committed tokens
+            rq = draft_free_query(self.calls[i], ri, s.context) or rq
         drafts, targets = row_tokens(self.calls[i], ri, rq)
         return drafts, targets, self.calls[i].input_ids[ri][rq.pending]
 
@@ -410,7 +425,9 @@ class Follower:
         """Tokens the sequence's open step committed, read from its next row `v` (None: its last step)."""
         drafts, targets, _ = self._step_tokens(s)
         agreed = matched_prefix(drafts, targets) if targets else 0
-        if v is None:  # its last step: what a greedy engine keeps
+        if v is None or self.draft_free and v.whole:
+            # Its last step, or a row re-fed with its own drafts, which only the greedy rule tells
+            # apart (no draft model): what a greedy engine keeps.
             return drafts[:agreed] + ([targets[agreed]] if targets else [])
         grown = v.context + 1 - len(s.context)
         if grown == 0:
@@ -568,6 +585,17 @@ def shared_budget(ranges: list[tuple[int, int]], lengths: set[int]) -> int | Non
         return None
     budget = next(iter(lengths)) if lengths else min(hi for _, hi in ranges)
     return budget if all(budget <= hi for lo, hi in ranges if lo <= budget) else None
+
+
+def first_slot_query(call: CallRecord, row: int) -> RowQuery | None:
+    """A cached call's row with no draft model: its first real query slot is the pending token
+    (the cache holds the tokens before it), the rest are drafts."""
+    flags = query_flags(call, row)
+    first = next((j for j, keep in enumerate(flags) if keep), None)
+    last = last_slot(call, row)
+    if first is None or not all(flags[first : last + 1]):
+        return None
+    return RowQuery(first, last - first, ())
 
 
 def attended_ids(call: CallRecord, row: int, end: int | None = None) -> list[int]:

@@ -53,6 +53,12 @@ class CallRecord:
     batch_size: int  # B
     query_len: int  # q
     argmax: Any = None  # [B, L]: argmax of the logits of the last L query slots
+    # 4-D masks: [B, q], whether each query slot attends anything. A padded query slot attends
+    # nothing (its row is all masked), so this is where a 4-D mask says which slots are padding.
+    query_live: Any = None
+    # False when the engine's token is not the argmax of these logits (declared to the watch: it
+    # samples, or applies logits processors first): the argmax then never matches or judges a token.
+    argmax_is_choice: bool = True
     started: float = 0.0
     ended: float = 0.0
     last_slots: list[int] | None = None  # [B]: each row's last attended query slot, set by `materialize`
@@ -61,7 +67,7 @@ class CallRecord:
         """Tensors to lists, once, at close: the only host syncs the watch adds."""
         if self.last_slots is not None:
             return
-        for name in ("input_ids", "positions", "mask", "argmax"):
+        for name in ("input_ids", "positions", "mask", "argmax", "query_live"):
             value = getattr(self, name)
             if isinstance(value, torch.Tensor):
                 setattr(self, name, value.tolist())
@@ -74,6 +80,8 @@ class CallRecord:
             values = self.mask[row]
             if len(values) >= q:
                 return [int(v) for v in values[len(values) - q :]]
+        if self.query_live is not None and any(self.query_live[row]):
+            return [int(v) for v in self.query_live[row]]
         return [1] * q
 
     def _last_slot(self, row: int) -> int:
@@ -84,6 +92,8 @@ class CallRecord:
             start = len(values) - q
             if start >= 0:
                 return next((j for j in range(q - 1, -1, -1) if values[start + j]), q - 1)
+        if self.query_live is not None:
+            return next((j for j in range(q - 1, -1, -1) if self.query_live[row][j]), q - 1)
         return q - 1
 
 
@@ -164,6 +174,7 @@ class ModelHooks:
         batch, q = input_ids.shape
         mask = fed.get("attention_mask")
         kind, kept = _mask_copy(mask)
+        live = _attended_copy(mask[:, 0]).any(-1) if kind == "4d" else None
         if kind == "4d" and mask.shape[-1] != width + q:
             # Keys are not [cache | query]: a static or in-place cache writes the query's keys at
             # slots inside the keys that the mask alone does not name, so only what each query
@@ -180,6 +191,7 @@ class ModelHooks:
                 cache_width=width,
                 mask_kind=kind,
                 mask=kept,
+                query_live=live,
                 batch_size=batch,
                 query_len=q,
                 started=started,

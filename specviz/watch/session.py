@@ -25,7 +25,7 @@ from specviz.engine.reference import greedy_reference
 from specviz.trace.io import save_trace
 from specviz.trace.naming import now_iso
 from specviz.trace.provenance import library_versions, model_info
-from specviz.trace.schema import LAYOUTS, SCHEMA_VERSION, Header, SequenceRecord, Trace
+from specviz.trace.schema import LAYOUTS, SCHEMA_VERSION, Header, SamplingInfo, SequenceRecord, Trace
 from specviz.watch.hooks import CallRecord, ModelHooks, WatchError, check_causal_lm
 from specviz.watch.steps import Emit, InferredSteps, infer_steps
 from specviz.watch.streamer import GenerateStreamer
@@ -46,6 +46,8 @@ class Watch:
         out: str | os.PathLike[str] | None = None,
         name: str | None = None,
         layout: str = "unspecified",
+        temperature: float = 0.0,
+        logits_processed: bool = False,
     ) -> None:
         check_causal_lm(target, "target")
         if draft is not None:
@@ -60,6 +62,13 @@ class Watch:
         self.out = Path(out) if out is not None else None
         self.name = name or "watched"
         self.layout = layout
+        self.temperature = _temperature(temperature)
+        if not isinstance(logits_processed, bool):
+            raise WatchError(f"logits_processed must be True or False, got {logits_processed!r}")
+        self.logits_processed = logits_processed
+        # Greedy on the raw logits: the only case where the target's argmax is the engine's choice
+        # and a batch-1 greedy decode of the target is its oracle.
+        self.argmax_is_choice = self.temperature == 0 and not logits_processed
         self.created_at = now_iso()
         self._rows: dict[str, tuple[int, ...] | None] = {"target": None, "draft": None}
         self._calls: list[CallRecord] = []
@@ -123,13 +132,17 @@ class Watch:
         self._require_open("close")
         self._closed = True
         calls = self._release_hooks()
+        if complete:
+            _require_emits(calls, self._emits)
         eos = frozenset(_eos_ids(self.target, self.tokenizer))
         with collector_paused():
             prompts = self.prompts if self.prompts is not None else _prompts_from_first_call(calls)
-            assembly = infer_steps(calls, self._emits, prompts, eos)
+            assembly = infer_steps(calls, self._emits, prompts, eos, argmax_is_choice=self.argmax_is_choice)
             header = self._header(assembly, eos, complete)
         del calls  # read: the reference decode below does not need them
-        references = self._references(prompts, assembly.max_new_tokens, eos) if reference else None
+        # A sampled or processed run is not token-exact against the raw greedy oracle: none decoded.
+        wanted = reference and self.argmax_is_choice
+        references = self._references(prompts, assembly.max_new_tokens, eos) if wanted else None
         with collector_paused():
             trace = Trace(header=header, steps=assembly.steps, sequences=self._sequences(prompts, assembly, references))
             if self.tokenizer is not None:  # the piece table: readers of the trace show text, not IDs
@@ -183,6 +196,8 @@ class Watch:
         if assembly.first_call_at is not None and assembly.last_event_at is not None:
             seconds = round(assembly.last_event_at - assembly.first_call_at, 6)
         options: dict[str, Any] = {"watch_notes": assembly.notes[:20]} if assembly.notes else {}
+        if self.logits_processed:
+            options["logits_processed"] = True  # declared: the engine chose on processed logits
         return Header(
             schema_version=SCHEMA_VERSION,
             method="baseline" if assembly.k == 0 else "speculative",
@@ -203,6 +218,9 @@ class Watch:
             finished_at=now_iso(),
             decode_seconds=seconds,
             layout=self.layout,
+            # Declared sampling: speculative rejection sampling keeps the accounting (accepted
+            # drafts, then one sample) but asks no token equality with an oracle.
+            sampling=SamplingInfo(mode="rejection", temperature=self.temperature) if self.temperature > 0 else None,
         )
 
     def _references(
@@ -251,16 +269,39 @@ def watch(
     out: str | os.PathLike[str] | None = None,
     name: str | None = None,
     layout: str = "unspecified",
+    temperature: float = 0.0,
+    logits_processed: bool = False,
 ) -> Watch:
     """Watch `target` (and `draft`) decode; see `docs/watch.md`.
 
     `prompts`: token-id lists or strings (with `tokenizer`), in seq_id order. `layout`:
     "left-padded" if the engine keeps the left-padded contiguous layout and wants it checked.
+    `temperature`: > 0 when the engine samples (speculative rejection sampling at that
+    temperature): tokens are then matched by what was fed, not by the argmax, and the checks ask
+    accounting, positions and KV, not equality with a greedy oracle. `logits_processed`: True when
+    the engine takes the argmax of processed logits (HF `min_new_tokens`, `repetition_penalty`,
+    `suppress_tokens`...): checked like a sampled run, the raw argmax being nobody's choice.
     """
-    return Watch(target, draft, tokenizer=tokenizer, prompts=prompts, out=out, name=name, layout=layout)
+    return Watch(
+        target,
+        draft,
+        tokenizer=tokenizer,
+        prompts=prompts,
+        out=out,
+        name=name,
+        layout=layout,
+        temperature=temperature,
+        logits_processed=logits_processed,
+    )
 
 
 # ----------------------------------------------------------------------------- helpers
+def _temperature(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise WatchError(f"temperature must be a finite number >= 0 (0: greedy), got {value!r}")
+    return float(value)
+
+
 @contextmanager
 def collector_paused() -> Iterator[None]:
     """No automatic garbage collection inside: for the watch's close, which builds thousands of
@@ -313,6 +354,17 @@ def _prompt_ids(prompts: list[Any] | None, tokenizer: Any | None) -> list[list[i
             raise WatchError(f"prompts[{i}] is empty")
         out.append(ids)
     return out
+
+
+def _require_emits(calls: list[CallRecord], emits: list[Emit]) -> None:
+    """A finished run that decoded (two target calls or more) but declared no token has nothing the
+    steps could be built from: say what is missing rather than judge an empty run."""
+    decoded = sum(1 for c in calls if c.role == "target") >= 2
+    if decoded and not emits:
+        raise WatchError(
+            "the target ran but no tokens were declared: call w.emit(seq_id, tokens) after each step, "
+            "pass streamer=w.streamer() to generate, or watch the unmodified script with `specviz watch --`"
+        )
 
 
 def _prompts_from_first_call(calls: list[CallRecord]) -> list[list[int]]:

@@ -32,6 +32,7 @@ from specviz.watch.calls import (
     RowQuery,
     argmax_at,
     context_before,
+    draft_free_query,
     fed_positions,
     last_slot,
     mask_row,
@@ -133,12 +134,14 @@ def _pending_match(
 # ----------------------------------------------------------------------------- rows
 
 
-def consistent(tokens: list[int], drafts: list[int], targets: list[int]) -> bool:
-    """Tokens read as some drafts, then (optionally) the target's own token at that slot."""
+def consistent(tokens: list[int], drafts: list[int], targets: list[int], free_last: bool = False) -> bool:
+    """Tokens read as some drafts, then (optionally) one more: the target's own token at that slot,
+    or any token when the argmax is not the engine's choice (`free_last`: a sample, or a choice
+    made on processed logits)."""
     for i, token in enumerate(tokens):
         if i < len(drafts) and token == drafts[i]:
             continue
-        return i == len(tokens) - 1 and i < len(targets) and token == targets[i]
+        return i == len(tokens) - 1 and (free_last or (i < len(targets) and token == targets[i]))
     return True
 
 
@@ -176,18 +179,23 @@ def assign_rows(
 ) -> dict[int, Group]:
     """Which row produced each group: its own row if consistent, else the row it is consistent with."""
     rows = row_seq_ids(call)
+    free_last = not call.argmax_is_choice
+
+    def fits(group: Group, r: int) -> bool:
+        return consistent(group.tokens, *row_tokens(call, r, read(index, r)), free_last)
+
     taken: dict[int, Group] = {}
     pending_groups = []
     for group in groups:
         own = rows.index(group.seq_id)
-        if own not in taken and consistent(group.tokens, *row_tokens(call, own, read(index, own))):
+        if own not in taken and fits(group, own):
             taken[own] = group
         else:
             pending_groups.append(group)
     for group in pending_groups:
         own = rows.index(group.seq_id)
         live = [r for r in range(len(rows)) if r not in taken and rows[r] in known and rows[r] not in finished]
-        others = [r for r in live if consistent(group.tokens, *row_tokens(call, r, read(index, r)))]
+        others = [r for r in live if fits(group, r)]
         row = others[0] if others else (own if own not in taken else None)
         if row is not None:
             taken[row] = group
@@ -211,8 +219,10 @@ class _SeqProgress:
 
 
 def build_steps(
-    calls: list[CallRecord], groups: list[Group], prompts: list[list[int]], read: CallReader
+    calls: list[CallRecord], groups: list[Group], prompts: list[list[int]], read: CallReader, draft_free: bool = False
 ) -> list[StepRecord]:
+    """One step record per target call that emissions were attributed to. `draft_free`: the run
+    has no draft calls, so a row's drafts are read from its committed tokens (`draft_free_query`)."""
     by_call: dict[int, list[Group]] = {}
     for group in groups:
         by_call.setdefault(group.call, []).append(group)
@@ -223,10 +233,13 @@ def build_steps(
         finished = {s for s, p in progress.items() if p.finished}
         produced = assign_rows(call, index, by_call[index], read, finished, set(progress))
         rows, proposals = [], set()
+        shown = [read(index, r) for r in range(call.batch_size)]
         for r, seq_id in enumerate(row_seq_ids(call)):
             if r not in produced and (seq_id not in progress or progress[seq_id].finished):
                 continue  # idle: a finished sequence's row the engine still computes
-            rq = read(index, r)
+            rq = shown[r]
+            if draft_free and not rq.drafts and seq_id in progress:
+                rq = shown[r] = draft_free_query(call, r, progress[seq_id].committed) or rq
             proposals.update(j for j, _ in rq.chain)
             rows.append(_row_record(calls, index, r, seq_id, rq, produced.get(r), progress))
         for row in rows:
@@ -235,7 +248,6 @@ def build_steps(
             if row.finish_reason is not None:
                 target.finished = True
         started = calls[min(proposals)].started if proposals else call.started
-        shown = [read(index, r) for r in range(call.batch_size)]
         steps.append(
             StepRecord(
                 step=len(steps),
@@ -320,18 +332,25 @@ def _fill_left_pad_after(steps: list[StepRecord]) -> None:
 
 
 def infer_steps(
-    calls: list[CallRecord], emits: list[Emit], prompts: list[list[int]], eos: frozenset[int]
+    calls: list[CallRecord],
+    emits: list[Emit],
+    prompts: list[list[int]],
+    eos: frozenset[int],
+    argmax_is_choice: bool = True,
 ) -> InferredSteps:
-    """The whole inference, from captured calls and declared emits to steps and endings."""
+    """The whole inference, from captured calls and declared emits to steps and endings.
+    `argmax_is_choice`: False when the engine samples or processes its logits, so no argmax is
+    taken for what it chose."""
     for call in calls:
         call.materialize()
+        call.argmax_is_choice = argmax_is_choice
     read = CallReader(calls)
     notes: list[str] = []
     groups = attribute(calls, emits, prompts, read, notes)
     outputs, reasons = _endings(groups, emits, prompts, eos)
     max_new = _budget(outputs, reasons)
     _close_by_length(groups, outputs, reasons, max_new)
-    steps = build_steps(calls, groups, prompts, read)
+    steps = build_steps(calls, groups, prompts, read, draft_free=not any(c.role == "draft" for c in calls))
     k = max((len(row.draft_tokens) for step in steps for row in step.rows), default=0)
     events = [c.started for c in calls] + [e.at for e in emits]
     return InferredSteps(

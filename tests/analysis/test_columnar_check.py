@@ -47,6 +47,8 @@ def _same_report(trace: Trace, path: Path, rows: int) -> None:
     assert columnar_report.to_dict() == report.to_dict()
     assert summary(columnar) == summary(trace)  # the metrics' own walk is columnar too
     assert columnar_report.totals == report.totals == step_totals(trace)  # and the check's walk gathers them
+    # Sequences enter the per-sequence sums in order of first appearance, whichever walk summed them.
+    assert list(columnar_report.totals.per_seq) == list(report.totals.per_seq) == list(step_totals(columnar).per_seq)
     assert render_report(columnar, columnar_report) == render_report(trace, report)
 
 
@@ -171,3 +173,17 @@ def test_clean_row_groups_take_the_columnar_walk(tmp_path: Path, monkeypatch: py
     path = _parquet(BASES["synthetic"], tmp_path / "t.parquet", 4)
     assert check_trace(open_trace(path)).verdict == "clean"
     assert walked == []
+
+
+@pytest.mark.parametrize("cells", [0, 1 << 22])
+def test_per_sequence_sums_as_arrays_or_per_slice_are_the_row_walks(cells: int, tmp_path: Path, monkeypatch) -> None:
+    """`add_columns` sums sequences as arrays over the run (`SequenceSums`) unless [sequences, k + 1]
+    is too many cells; both give the row-by-row walk's sums, in its order, with row groups that
+    start mid-batch and a row group walked row by row in between (a flagged step)."""
+    from specviz.analysis import metrics
+
+    monkeypatch.setattr(metrics, "MAX_DENSE_CELLS", cells)
+    trace = synthetic_trace(9, 4, 3, 12)
+    random.Random(7).shuffle(trace.sequences)  # the footer's order is not the order rows appear in
+    trace.steps[5].rows[1].accepted += 1  # one flagged step: its row group goes row by row
+    _same_report(trace, tmp_path / "s.parquet", rows=5)

@@ -238,3 +238,21 @@ def test_emitted_must_be_a_prefix_of_the_accepted_drafts_plus_the_bonus() -> Non
             "emitted tokens are not a prefix of the accepted drafts plus the bonus",
         )
     ]
+
+
+def test_an_emitted_token_in_place_of_the_targets_eos_names_the_likely_cause() -> None:
+    """The same row, with the target's bonus being EOS (the header's eos ids): the violation stays
+    (the raw argmax was EOS), and the message names EOS suppression and the declaration that fits."""
+    trace = small()
+    eos = trace.header.eos_token_ids[0]
+    row = trace.steps[0].rows[1]
+    row.target_tokens[2] = eos  # the target's own token after the two accepted drafts: EOS
+    row.emitted[2] = row.bonus = 999  # the engine emitted 999 there (as min_new_tokens would)
+    trace.sequences[1].output_ids[2] = 999
+    (v,) = [v for v in check_trace(trace).violations if v.step_index == 0]
+    assert (where(v), v.expected, v.actual) == ((0, 1, 1, "emitted"), [343, 138, eos], [343, 138, 999])
+    assert v.message == (
+        "emitted tokens are not a prefix of the accepted drafts plus the bonus (the target's token there is "
+        "EOS: if the engine suppresses EOS, e.g. HF min_new_tokens, its choice is not the raw argmax; "
+        "watch it with logits_processed=True)"
+    )

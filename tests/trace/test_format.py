@@ -344,6 +344,11 @@ STRUCTURAL = {
     "float for int": (_set(_row, "kv_len", 4.5), "steps[0].rows[0].kv_len: expected int, got float", True),
     "bool for int": (_set(_seq, "seq_id", True), "sequences[0].seq_id: expected int, got bool", True),
     "null for str": (_set(_seq, "prompt", None), "sequences[0].prompt: expected str, got null", True),
+    # A row's plain fields are taken as is when already right (validate's fast path): wrong ones still get named.
+    "int for bool": (_set(_row, "finished", 1), "steps[0].rows[0].finished: expected bool, got int", True),
+    "null for int": (_set(_row, "accepted", None), "steps[0].rows[0].accepted: expected int, got null", True),
+    "bool for optional int": (_set(_row, "bonus", False), "steps[0].rows[0].bonus: expected int, got bool", True),
+    "absurd int in a row": (_set(_row, "pending_token", 10**13), "steps[0].rows[0].pending_token: absurd value", True),
     "str in token list": (lambda d: _row(d)["emitted"].append("x"), "steps[0].rows[0].emitted[", True),
     "object for array": (_set(lambda d: d, "steps", {}), "steps: expected array, got object", True),
     "str for float": (_set(lambda d: d["steps"][0], "verify_ms", "1"), "steps[0].verify_ms", True),

@@ -188,3 +188,29 @@ def test_columnar_history_answers_every_lookup_as_fed_history(tmp_path: Path) ->
             assert fed_position_before(lazy, s, i, si) == fed_position_before(eager, s, i, si), (si, s, i)
             asked += 1
     assert asked > 500 and any(p != i for (s, i), entries in eager.items() for _, p in entries)
+
+
+def test_local_trace_is_checked_with_the_collector_paused_then_resumed(tmp_path: Path, monkeypatch) -> None:
+    import gc
+
+    from specviz.app import loading
+
+    path = write(synthetic_trace(8, 4, 3, 8), tmp_path / "g.parquet", rows=8)
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    seen: list[bool] = []
+    real = loading.analyse
+    monkeypatch.setattr(loading, "analyse", lambda trace, source: seen.append(gc.isenabled()) or real(trace, source))
+    assert gc.isenabled()
+    loaded = loading.load_local(path)
+    assert seen == [False] and gc.isenabled() and loaded.lazy
+    gc.disable()  # a caller that paused it keeps its pause
+    try:
+        loading.load_local(path)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"PAR1 not really")
+    with pytest.raises(loading.TraceError):
+        loading.load_local(bad)
+    assert gc.isenabled()  # resumed when the file is refused too

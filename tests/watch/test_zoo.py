@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from tiny import make_pair
-from zoo import adaptive, compact, draft_subset, join, length_cut, recompute, rejoin, right_pad
+from zoo import adaptive, compact, draft_subset, join, length_cut, ngram, recompute, rejoin, right_pad, sampled
 
 import specviz
 from specviz.analysis.check import check_trace
@@ -29,6 +29,7 @@ ZOO = {  # engine: (module, its bug, the invariant the bug breaks, its rows chan
     "length_cut": (length_cut, "accounting", Invariant.ACCOUNTING, False),
     "recompute": (recompute, "mask", Invariant.KV, False),
     "draft_subset": (draft_subset, "draft_positions", Invariant.POSITIONS, False),
+    "ngram": (ngram, "positions", Invariant.POSITIONS, False),
     "rejoin": (rejoin, "stale_kv", Invariant.KV, True),
     "compact": (compact, "stale_kv", Invariant.KV, True),
     "join": (join, "positions", Invariant.POSITIONS, True),
@@ -67,7 +68,7 @@ def assert_clean(trace, outs=None) -> None:
 def test_correct_engine_checks_clean(pair, name: str) -> None:
     trace, outs, _ = run_api(pair, name)
     assert_clean(trace, outs)
-    if name in ("adaptive", "length_cut", "draft_subset"):
+    if name in ("adaptive", "length_cut", "draft_subset", "ngram"):
         lengths = {len(r.draft_tokens) for s in trace.steps for r in s.rows}
         assert len(lengths) > 1  # the drafts really are ragged
 
@@ -194,3 +195,33 @@ def test_a_re_prefill_that_caches_the_pending_token_is_found_at_its_step(tmp_pat
     (step, _), *_ = eval(capsys.readouterr().out.split("EVENTS", 1)[1].strip())  # noqa: S307 - our own print
     report = check_trace(trace)
     assert report.verdict == "desync" and report.first_violation.step == step
+
+
+def test_sampled_engine_is_checked_without_an_oracle(pair) -> None:
+    """Rejection sampling, declared: clean on accounting, positions and KV (no token equality
+    asked), every token placed; the same engine leaving rejected drafts attended is located at the
+    step and row where a stale slot is first attended. T is low because the tiny models' logits
+    are small: at T = 0.8 every draft is accepted and no residual is ever sampled."""
+    with specviz.watch(pair.target, pair.draft, prompts=PROMPTS, temperature=0.05) as w:
+        outs, _ = sampled.generate(pair.target, pair.draft, PROMPTS, MAX_NEW, w=w, temperature=0.05)
+    report = check_trace(w.trace)
+    assert report.verdict == "clean" and not report.violation_count, report.violations[:3]
+    assert [s.output_ids for s in w.trace.sequences] == outs
+    assert w.trace.header.sampling.temperature == 0.05 and w.trace.sequences[0].reference_ids is None
+    assert {s.check for s in report.skipped_checks} >= {"greedy acceptance", "output equivalence"}
+    assert "draft" not in {s.check for s in report.skipped_checks}  # the sampled drafts were matched
+    assert sum(len(r.emitted) for s in w.trace.steps for r in s.rows) == MAX_NEW * len(PROMPTS)
+    rows = [r for s in w.trace.steps for r in s.rows]
+    assert any(r.accepted for r in rows) and any(r.accepted < len(r.draft_tokens) for r in rows)
+
+    with specviz.watch(pair.target, pair.draft, prompts=PROMPTS, temperature=0.05) as w:
+        _, events = sampled.generate(pair.target, pair.draft, PROMPTS, MAX_NEW, bug="stale_kv", w=w, temperature=0.05)
+    v = check_trace(w.trace).first_violation
+    assert events and v is not None and (v.step, v.seq_id, v.invariant) == (*events[0], Invariant.KV)
+
+
+def test_sampled_engine_undeclared_is_not_called_clean(pair) -> None:
+    """Not told it samples, the watch reads tokens against the argmax: the run is not passed."""
+    with specviz.watch(pair.target, pair.draft, prompts=PROMPTS) as w:
+        sampled.generate(pair.target, pair.draft, PROMPTS, MAX_NEW, w=w, temperature=0.05)
+    assert check_trace(w.trace).verdict != "clean"

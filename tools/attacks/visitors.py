@@ -1,0 +1,141 @@
+"""What one visitor sends: hostile uploads, another session's files, repeated uploads, HTML in a
+header, model paths."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from gradio_client import Client, handle_file
+
+from tools.attacks.files import (
+    base_trace,
+    fitting_steps,
+    html_method_file,
+    many_steps_file,
+    mask_runs_file,
+    piece_table_file,
+    session_file,
+    token_bomb_file,
+    width_file,
+    write_json,
+)
+from tools.attacks.suite import Result, Suite, _texts, app_error, raw_event, upload, wait_for
+
+
+def attack_uploads(suite: Suite, folder: Path, quick: bool, match: str = "") -> None:
+    """The hostile files of issue 12 and 23, each uploaded once (`match`: only those whose name has it)."""
+    inflated = 64 if quick else 402
+    steps = 200_000 if quick else 10**6
+    # The heaviest file that passes every cap: as many steps as fit under the JSON limit.
+    fitting = fitting_steps((8 if quick else 31) * 2**20)
+    pieces = 600_000 if quick else 2_150_000  # issue 23: 2.15M entries is 33 MB of JSON, 5.6 MB gzip
+    files = {  # made before the clock starts: the attack is the upload
+        "mask_rle: 200 runs of 10^7 per row": mask_runs_file(folder),
+        "query_len = 10^6": width_file(folder, "query_len", 10**6),
+        "cache_len = 10^6": width_file(folder, "cache_len", 10**6),
+        f"gzip inflating to {inflated} MiB of tokens": token_bomb_file(folder, inflated),
+        f"{steps} steps (gzip)": many_steps_file(folder, steps),
+        f"{fitting} steps" + ("" if quick else ", the most under the caps"): many_steps_file(folder, fitting),
+        f"piece table of {pieces} entries": piece_table_file(folder, pieces),
+    }
+    for name, path in files.items():
+        if match not in name:
+            continue
+        size = path.stat().st_size
+        suite.run(f"{name} [{size // 1024} KB]", lambda r, path=path: upload(suite.server.url, path))
+
+
+def attack_foreign_upload(suite: Suite, folder: Path) -> None:
+    """Issue 23: a visitor who knows another visitor's upload path loads it while the owner's load
+    waits in the queue (behind the owner's previous load), and loads a file the app cached (a
+    download). Both must be refused as a missing file is, and nothing read away or deleted."""
+    from gradio_client.utils import Status
+
+    def steal(result: Result) -> str:
+        url = suite.server.url
+        victim = Client(url, verbose=False)
+        heavy = victim.submit(handle_file(str(many_steps_file(folder, 3_000))), 40, False, api_name="/load_upload_a")
+        wait_for(lambda: heavy.status().code in (Status.PROCESSING, Status.FINISHED))
+        name = f"victim-{random.randrange(16**8):08x}.json"
+        mine = victim.submit(
+            handle_file(str(write_json(folder / name, base_trace()))), 40, False, api_name="/load_upload_a"
+        )
+        queued = (Status.IN_QUEUE, Status.PROCESSING, Status.FINISHED)
+        wait_for(lambda: mine.status().code in queued and any(suite.server.temp.rglob(name)))
+        path = next(suite.server.temp.rglob(name), None)
+        # A file the app cached beside the uploads (as a live run's download), in the app's folder.
+        download = (path.parent.parent if path else suite.server.temp) / "d0wnl0ad" / "live-eqspec.json"
+        download.parent.mkdir(parents=True, exist_ok=True)
+        write_json(download, base_trace())
+        answers = {}
+        for label, target in (("upload", path), ("download", download), ("missing", download.with_name("x.json"))):
+            data = [{"path": str(target), "meta": {"_type": "gradio.FileData"}}, None, 40, False]
+            message = raw_event(url, "load_upload_b", data, f"thief-{label}", timeout=suite.timeout)
+            output = message.get("output") or {}
+            refused = None if message.get("success") else f"refused by Gradio: {output.get('error')}"
+            answers[label] = refused or app_error(output.get("data", [])) or "loaded"
+        owner = app_error(mine.result(timeout=suite.timeout)) or "loaded"
+        heavy.result(timeout=suite.timeout)
+        result.notes.update(answers=answers, owner=owner, download_kept=download.exists())
+        if answers["upload"] == "loaded" or answers["download"] == "loaded":
+            result.notes["problem_read"] = f"another session's file was loaded: {answers}"
+        if len(set(answers.values())) != 1:
+            result.notes["problem_oracle"] = f"the answers tell files apart: {answers}"
+        if owner != "loaded" or not download.exists():
+            result.notes["problem_deleted"] = (
+                f"the owner's file went: owner {owner[:80]}, download kept {download.exists()}"
+            )
+        return f"thief: {answers['upload'][:60]}; owner: {owner[:60]}"
+
+    suite.run("another session's upload and a cached download, by path", steal)
+
+
+def attack_session(suite: Suite, folder: Path, times: int) -> None:
+    path = session_file(folder)
+
+    def same_upload(result: Result) -> str:
+        client = Client(suite.server.url, verbose=False)
+        after = []
+        for _ in range(times):
+            client.predict(handle_file(str(path)), 40, False, api_name="/load_upload_a")
+            after.append(round(suite.server.rss()))
+        result.notes["rss_after_each_mb"] = after
+        growth = after[-1] - after[0]
+        result.notes["growth_after_first_mb"] = growth
+        if growth > 150:
+            result.notes["problem_session"] = f"RSS grew {growth} MB over {times - 1} repeated uploads"
+        return f"{times} uploads"
+
+    suite.run(f"same {path.stat().st_size // 1024} KB upload x{times}, one session", same_upload)
+
+
+def attack_html(suite: Suite, folder: Path) -> None:
+    def method(result: Result) -> str:
+        client = Client(suite.server.url, verbose=False)
+        out = client.predict(handle_file(str(html_method_file(folder))), 40, False, api_name="/load_upload_a")
+        text = " ".join(_texts(out))
+        if "<img" in text:
+            result.notes["problem_html"] = "the summary carries a raw <img> tag"
+        return "raw <img> in the summary" if "<img" in text else "escaped"
+
+    suite.run("header.method = <img src=x>", method)
+
+
+def attack_models(suite: Suite) -> None:
+    def probe_paths(result: Result) -> str:
+        client = Client(suite.server.url, verbose=False)  # each answer is compared, not timed
+        messages = []
+        for target in ("/etc", "/nonexistent/model", "gpt2"):
+            args = ("eqspec", "none", 2, 2, 4, 1, "hi", target, target, 40, False)
+            try:
+                out = client.predict(*args, api_name="/live_run_a")
+                messages.append(app_error(out) or "ran")
+            except Exception as exc:  # noqa: BLE001 - the message is what we compare
+                messages.append(str(exc)[:200])
+        result.notes["messages"] = messages
+        if len(set(messages)) != 1 or "ran" in messages:
+            result.notes["problem_models"] = "model paths load or the answers differ by path"
+        return "refused alike" if len(set(messages)) == 1 and "ran" not in messages else "paths probed"
+
+    suite.run("live-run model fields: /etc, a missing path, a hub id", probe_paths)
