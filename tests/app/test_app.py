@@ -181,13 +181,27 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_python_app_py_serves_on_the_configured_port() -> None:
+@pytest.fixture(scope="module", autouse=True)
+def app_py() -> Any:
+    """`python app.py` on a port of its own, started with the module: it boots (imports, a few
+    seconds) on the other core while the in-process tests run, and is stopped by its test once it
+    has answered (here too, should that test not run)."""
     port = _free_port()
     env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port)}
     env["GRADIO_ANALYTICS_ENABLED"] = "False"
     proc = subprocess.Popen(
         [sys.executable, "app.py"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
+    try:
+        yield proc, port
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        proc.wait(timeout=20)
+
+
+def test_python_app_py_serves_on_the_configured_port(app_py: Any) -> None:
+    proc, port = app_py
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:

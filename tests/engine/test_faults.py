@@ -12,7 +12,8 @@ from specviz.analysis.check import check_trace
 from specviz.data import load_specbench
 from specviz.engine.faults import FAULTS
 from specviz.engine.models import load_pair
-from specviz.engine.run import RunConfig, run
+from specviz.engine.run import RunConfig, greedy_references, run, tokenize_prompts
+from specviz.trace.token_text import attach_token_text
 
 # Held-out prompts (never seen in training) of very different lengths.
 PROMPTS = [p for p in load_specbench("heldout") if len(p) < 1500][:16]
@@ -27,6 +28,14 @@ def pair():
 
 
 @functools.cache
+def references() -> tuple[tuple[tuple[int, ...], tuple[float, ...]], ...]:
+    """The batch-1 greedy oracle (tokens, margins) of every prompt, decoded once by the function
+    `run` decodes it with: every run below would decode the same 16 x 24 tokens again (27 runs)."""
+    ids = tokenize_prompts(pair(), PROMPTS, MAX_NEW)
+    return tuple((tuple(t), tuple(m)) for t, m in greedy_references(pair(), ids, MAX_NEW))
+
+
+@functools.cache
 def record(method: str, fault: str | None, batch: int, num_prompts: int = len(PROMPTS), kv_check_every: int = 1):
     cfg = RunConfig(
         method=method,
@@ -35,8 +44,12 @@ def record(method: str, fault: str | None, batch: int, num_prompts: int = len(PR
         draft_k=4,
         max_new_tokens=MAX_NEW,
         kv_check_every=kv_check_every,  # tests check the KV content at every step
+        reference=False,  # the shared oracle is attached below: the trace `reference=True` writes
     )
-    return run(pair(), PROMPTS[:num_prompts], cfg)
+    trace = run(pair(), PROMPTS[:num_prompts], cfg)
+    for seq in trace.sequences:  # sequence i is prompt i (a greedy oracle does not depend on the run)
+        seq.reference_ids, seq.reference_margins = map(list, references()[seq.seq_id])
+    return attach_token_text(trace, pair().tokenizer)  # the references' tokens too, as `run` attaches them
 
 
 def test_fault_lists_cover_the_catalogue() -> None:

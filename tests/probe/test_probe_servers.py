@@ -179,8 +179,12 @@ def _llama_server_and_model() -> tuple[str, Path]:
 
 
 def _llama(binary: str, model: Path, port: int, *extra: str) -> list[str]:
+    # One thread (-t 1, both phases): llama.cpp's threads spin at every barrier, so two of them on a
+    # shared 2-core machine (the test process, a second server, other jobs) slowed each token 6x
+    # (218 s against 36 s for the same 8 x 24 tokens under load). Both sides of each comparison run
+    # with the same count, so it is not what the tests compare.
     return [binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-np", "4", "-c", "4096",
-            "-t", "2", "--seed", "0", "--no-webui", *extra]  # fmt: skip
+            "-t", "1", "-tb", "1", "--seed", "0", "--no-webui", *extra]  # fmt: skip
 
 
 @LLAMA_SKIP
@@ -188,7 +192,7 @@ def test_llama_server_batch_vs_alone(tmp_path, capsys):
     """4 parallel slots vs one request at a time: only batch-dependent quantized kernels differ."""
     binary, model = _llama_server_and_model()
     port = _free_port()
-    env = dict(os.environ, OMP_NUM_THREADS="2")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
     with serve(_llama(binary, model, port), port, "/health", tmp_path / "llama.log", 120, env) as url:
         status, report = probe(
             capsys, url, "--concurrency", "4", "--logprobs", "5", "--num-prompts", "8", "--max-tokens", "24"
