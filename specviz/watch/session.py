@@ -10,17 +10,16 @@ Declared: rows and emits (and, optionally, the layout). Captured: everything the
 
 from __future__ import annotations
 
-import gc
 import os
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import torch
 
+from specviz.collector import collector_paused
 from specviz.engine.reference import greedy_reference
 from specviz.trace.io import save_trace
 from specviz.trace.naming import now_iso
@@ -300,25 +299,6 @@ def _temperature(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
         raise WatchError(f"temperature must be a finite number >= 0 (0: greedy), got {value!r}")
     return float(value)
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """No automatic garbage collection inside: for the watch's close, which builds thousands of
-    short-lived lists (the calls as lists, then the step records) and no reference cycles.
-
-    Each collection the allocations would trigger costs milliseconds, and the lists alive at that
-    moment are promoted to older generations, which is what schedules a full collection (hundreds
-    of ms with torch and transformers loaded) later in the user's run. A collector the caller had
-    disabled stays disabled.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _as_int(value: Any, what: str) -> int:
