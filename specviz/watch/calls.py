@@ -146,6 +146,35 @@ def draft_free_query(call: CallRecord, row: int, committed: list[int]) -> RowQue
     return RowQuery(pending, d, ())
 
 
+def first_slot_query(call: CallRecord, row: int) -> RowQuery | None:
+    """A cached call's row with no draft model: its first real query slot is the pending token
+    (the cache holds the tokens before it), the rest are drafts."""
+    flags = query_flags(call, row)
+    first = next((j for j, keep in enumerate(flags) if keep), None)
+    last = last_slot(call, row)
+    if first is None or not all(flags[first : last + 1]):
+        return None
+    return RowQuery(first, last - first, ())
+
+
+def attended_ids(call: CallRecord, row: int, end: int | None = None) -> list[int]:
+    """The row's real query tokens up to query slot `end` (default: all of them)."""
+    flags = query_flags(call, row)
+    stop = len(flags) if end is None else end + 1
+    ids = [t for t, keep in zip(call.input_ids[row][:stop], flags[:stop]) if keep]
+    return ids or [0]
+
+
+def attends_cache(call: CallRecord, row: int) -> bool:
+    """Does the row attend any slot of the cache the call was given (a 2-D mask says; else assumed)?"""
+    if call.cache_width == 0:
+        return False
+    if call.mask_kind == "2d":
+        values = call.mask[row]
+        return any(values[: len(values) - call.query_len])
+    return True
+
+
 def _chain(
     calls: list[CallRecord], run: list[int], seq: int, row: int, batch_size: int, tokens: list[int]
 ) -> tuple[tuple[int, int], ...] | None:
@@ -184,28 +213,15 @@ def _draft_calls(calls: list[CallRecord], index: int, seq: int, pass_reprefill: 
 
 
 class CallReader:
-    """`read_row` for every (call, row), computed once."""
+    """`read_row` for every (call, row), and the sequence the row is read as, computed once. `seq`
+    None reads the row as the sequence the call's rows name; the command's row following reads a
+    row whose sequence is not known yet once per candidate."""
 
     def __init__(self, calls: list[CallRecord]) -> None:
         self.calls = calls
-        self._rows: dict[tuple[int, int], RowQuery] = {}
+        self._rows: dict[tuple[int, int, int | None], RowQuery] = {}
 
-    def __call__(self, index: int, row: int) -> RowQuery:
-        key = (index, row)
-        if key not in self._rows:
-            self._rows[key] = read_row(self.calls, index, row)
-        return self._rows[key]
-
-
-class SeqReader:
-    """`read_row` for every (call, row, sequence the row is read as), computed once: a row whose
-    sequence is not known yet is read once per candidate."""
-
-    def __init__(self, calls: list[CallRecord]) -> None:
-        self.calls = calls
-        self._rows: dict[tuple[int, int, int], RowQuery] = {}
-
-    def __call__(self, index: int, row: int, seq: int) -> RowQuery:
+    def __call__(self, index: int, row: int, seq: int | None = None) -> RowQuery:
         key = (index, row, seq)
         if key not in self._rows:
             self._rows[key] = read_row(self.calls, index, row, seq=seq)

@@ -35,11 +35,14 @@ from itertools import groupby
 from typing import Any
 
 from specviz.watch.calls import (
+    CallReader,
     RowQuery,
-    SeqReader,
     argmax_at,
+    attended_ids,
+    attends_cache,
     context_before,
     draft_free_query,
+    first_slot_query,
     last_slot,
     query_flags,
 )
@@ -86,7 +89,7 @@ class Follower:
 
     def __init__(self, calls: list[CallRecord], eos: frozenset[int], notes: list[str]) -> None:
         self.calls, self.eos, self.notes = calls, eos, notes
-        self.read = SeqReader(calls)
+        self.read = CallReader(calls)
         # No draft model (prompt lookup, n-gram or extra-head drafting): drafts are read from what
         # follows the committed tokens (`calls.draft_free_query`), not from draft calls.
         self.draft_free = not any(c.role == "draft" for c in calls)
@@ -585,32 +588,3 @@ def shared_budget(ranges: list[tuple[int, int]], lengths: set[int]) -> int | Non
         return None
     budget = next(iter(lengths)) if lengths else min(hi for _, hi in ranges)
     return budget if all(budget <= hi for lo, hi in ranges if lo <= budget) else None
-
-
-def first_slot_query(call: CallRecord, row: int) -> RowQuery | None:
-    """A cached call's row with no draft model: its first real query slot is the pending token
-    (the cache holds the tokens before it), the rest are drafts."""
-    flags = query_flags(call, row)
-    first = next((j for j, keep in enumerate(flags) if keep), None)
-    last = last_slot(call, row)
-    if first is None or not all(flags[first : last + 1]):
-        return None
-    return RowQuery(first, last - first, ())
-
-
-def attended_ids(call: CallRecord, row: int, end: int | None = None) -> list[int]:
-    """The row's real query tokens up to query slot `end` (default: all of them)."""
-    flags = query_flags(call, row)
-    stop = len(flags) if end is None else end + 1
-    ids = [t for t, keep in zip(call.input_ids[row][:stop], flags[:stop]) if keep]
-    return ids or [0]
-
-
-def attends_cache(call: CallRecord, row: int) -> bool:
-    """Does the row attend any slot of the cache the call was given (a 2-D mask says; else assumed)?"""
-    if call.cache_width == 0:
-        return False
-    if call.mask_kind == "2d":
-        values = call.mask[row]
-        return any(values[: len(values) - call.query_len])
-    return True

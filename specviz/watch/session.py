@@ -25,6 +25,7 @@ from specviz.trace.io import save_trace
 from specviz.trace.naming import now_iso
 from specviz.trace.provenance import library_versions, model_info
 from specviz.trace.schema import LAYOUTS, SCHEMA_VERSION, Header, SamplingInfo, SequenceRecord, Trace
+from specviz.watch.calls import attended_ids
 from specviz.watch.hooks import CallRecord, ModelHooks, WatchError, check_causal_lm
 from specviz.watch.steps import Emit, InferredSteps, infer_steps
 from specviz.watch.streamer import GenerateStreamer
@@ -353,13 +354,7 @@ def _prompts_from_first_call(calls: list[CallRecord]) -> list[list[int]]:
     if first is None:
         return []
     first.materialize()
-    prompts = []
-    for r, ids in enumerate(first.input_ids):
-        if first.mask_kind == "2d":
-            flags = first.mask[r][-len(ids) :]
-            ids = [t for t, keep in zip(ids, flags) if keep]
-        prompts.append(list(ids) or [0])
-    return prompts
+    return [attended_ids(first, r) for r in range(first.batch_size)]
 
 
 def _eos_ids(model: Any, tokenizer: Any | None) -> list[int]:
