@@ -173,8 +173,7 @@ class ModelHooks:
         width = cache_width(cache)
         batch, q = input_ids.shape
         mask = fed.get("attention_mask")
-        kind, kept = _mask_copy(mask)
-        live = _attended_copy(mask[:, 0]).any(-1) if kind == "4d" else None
+        kind, kept, live = _mask_copy(mask)
         if kind == "4d" and mask.shape[-1] != width + q:
             # Keys are not [cache | query]: a static or in-place cache writes the query's keys at
             # slots inside the keys that the mask alone does not name, so only what each query
@@ -229,24 +228,27 @@ class ModelHooks:
         return [list(range(width, width + q)) for _ in range(batch)], False  # no tensor op needed
 
 
-def _mask_copy(mask: Any) -> tuple[str, torch.Tensor | None]:
-    """The mask's kind and its "may attend" booleans, one tensor op (a 4-D mask: head 0's last
-    query rows; heads share the mask)."""
+def _mask_copy(mask: Any) -> tuple[str, torch.Tensor | None, torch.Tensor | None]:
+    """The mask's kind, its "may attend" booleans (a copy, never a view of the engine's; a 4-D
+    mask: head 0's last query rows, heads share the mask) and, for a 4-D mask, whether each query
+    slot attends anything ([B, q]). One pass over the mask for each."""
     if mask is None:
-        return "none", None
+        return "none", None, None
     if not isinstance(mask, torch.Tensor):
-        return "unknown", None
+        return "unknown", None, None
     if mask.dim() == 2:
-        return "2d", _attended_copy(mask)
+        seen = _attended(mask)
+        return "2d", seen.clone() if seen is mask else seen, None
     if mask.dim() == 4:
-        return "4d", _attended_copy(mask[:, 0, -QUERY_TAIL:])
-    return "unknown", None
+        seen = _attended(mask[:, 0])
+        return "4d", seen[:, -QUERY_TAIL:].clone(), seen.any(-1)
+    return "unknown", None, None
 
 
-def _attended_copy(mask: torch.Tensor) -> torch.Tensor:
-    """Boolean 'may attend' from a bool, 0/1 or additive float mask, never a view of the engine's."""
+def _attended(mask: torch.Tensor) -> torch.Tensor:
+    """Boolean 'may attend' from a bool (returned as is), 0/1 or additive float mask."""
     if mask.dtype == torch.bool:
-        return mask.clone()
+        return mask
     if mask.is_floating_point():
         return mask == 0  # additive: 0 attends, a large negative number blocks
     return mask != 0
