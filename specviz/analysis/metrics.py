@@ -190,6 +190,11 @@ def step_totals(trace: Trace) -> StepTotals:
     return totals
 
 
+def totals_of(trace: Trace, totals: StepTotals | None) -> StepTotals:
+    """`totals` when a walk already gathered them (the check's `Report.totals`), else one walk."""
+    return totals if totals is not None else step_totals(trace)
+
+
 def add_step(totals: StepTotals, step: Any, rules: TotalsRules) -> None:
     settle(totals)  # the slices before this step enter `per_seq` first
     k = rules.k
@@ -334,7 +339,7 @@ def tokens_left_on_table(trace: Trace, totals: StepTotals | None = None) -> floa
     Allowed = the accepted drafts plus the bonus, cut at the sequence's remaining budget and
     after its first EOS. Rows whose target tokens are not recorded are left out.
     """
-    totals = totals or step_totals(trace)
+    totals = totals_of(trace, totals)
     return totals.left_on_table / totals.steps if totals.steps else None
 
 
@@ -352,7 +357,7 @@ def _left_on_row(row: Any, max_new: int, prompt_len: dict[int, int], eos: frozen
 
 def phase_times(trace: Trace, totals: StepTotals | None = None) -> dict[str, float]:
     """Milliseconds summed over steps: draft, verify, align, and the rest (bookkeeping)."""
-    t = totals or step_totals(trace)
+    t = totals_of(trace, totals)
     return {
         "draft_ms": t.draft_ms,
         "verify_ms": t.verify_ms,
@@ -364,7 +369,7 @@ def phase_times(trace: Trace, totals: StepTotals | None = None) -> dict[str, flo
 
 def summary(trace: Trace, totals: StepTotals | None = None) -> dict[str, Any]:
     """The record command's summary: one flat JSON-able dict (`totals`: a walk already made)."""
-    totals = totals or step_totals(trace)
+    totals = totals_of(trace, totals)
     total = totals.acceptance
     h = trace.header
     return {

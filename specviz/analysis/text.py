@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specviz.analysis.check import CONTEXT_TOKENS
-from specviz.analysis.metrics import step_totals, summary
+from specviz.analysis.metrics import summary, totals_of
 from specviz.analysis.report import Report
 from specviz.trace.naming import run_title
 from specviz.trace.schema import Trace
@@ -53,7 +53,7 @@ def render_report(trace: Trace, report: Report) -> str:
             lines.append(f"    reference: {context_text(texts, s.context_reference, at)}")
         if len(diverged) > MAX_SEQUENCES_SHOWN:
             lines.append(f"  ... and {len(diverged) - MAX_SEQUENCES_SHOWN} more (use --json)")
-    totals = report.totals if report.totals is not None else step_totals(trace)  # one walk for every metric
+    totals = totals_of(trace, report.totals)  # one walk for every metric, if the check made none
     info = summary(trace, totals)
     total, per_seq = totals.acceptance, totals.per_seq
     if total.rate is not None:

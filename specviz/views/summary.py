@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from specviz.analysis.metrics import StepTotals, step_totals, summary
+from specviz.analysis.metrics import summary, totals_of
 from specviz.analysis.report import Report
 from specviz.trace import naming
 from specviz.trace.schema import Trace
@@ -62,17 +62,12 @@ def _nowrap(text: str) -> str:
     return f"<span class='sv-nowrap'>{md_text(text)}</span>"
 
 
-def _totals(trace: Trace, report: Report) -> StepTotals:
-    """The metrics' sums: those the check gathered, else one walk (a report built by hand)."""
-    return report.totals if report.totals is not None else step_totals(trace)
-
-
 def stats_line(trace: Trace, report: Report) -> str:
     """The run's numbers on one line that wraps between items, never inside one (no table: on a
     phone or in a half-width panel a five-column table is wider than its panel)."""
     # The check's walk gathered the sums (`report.totals`): no second walk of the steps, which for
     # a Parquet trace opened lazily is every row group read again (seconds at a million row-steps).
-    totals = _totals(trace, report)
+    totals = totals_of(trace, report.totals)
     info = summary(trace, totals)
     total = totals.acceptance
     speed = info["tokens_per_second"]
@@ -129,7 +124,7 @@ def compare_table(runs: list[tuple[str, Trace, Report]]) -> pd.DataFrame:
     """Metric per column run. Throughput is per run; a speedup is only meaningful within one run."""
     metrics: dict[str, list[str]] = {}
     for _, trace, report in runs:
-        info = summary(trace, _totals(trace, report))
+        info = summary(trace, totals_of(trace, report.totals))
         values = {
             "run": naming.run_title(trace.header.method, trace.header.fault),  # a table cell: plain text
             "verdict": report.verdict,
