@@ -5,6 +5,8 @@ import it (seconds of a short `check`), so values go through NumPy views of the 
 
 from __future__ import annotations
 
+import types
+import typing
 from typing import Any
 
 import numpy as np
@@ -12,6 +14,25 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from specviz.trace.validate import MAX_LENGTH, ROW_COUNTS
+
+
+def arrow_type(hint: Any) -> tuple[pa.DataType, bool]:
+    """(arrow type, nullable) of one dataclass field's type hint."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return arrow_type(inner[0])[0], True
+    if hint is bool:
+        return pa.bool_(), False
+    if hint is int:
+        return pa.int64(), False
+    if hint is float:
+        return pa.float64(), False
+    if hint is str:
+        return pa.string(), False
+    if origin is list:
+        return pa.list_(arrow_type(args[0])[0]), False
+    raise TypeError(f"no column type for {hint}")
 
 
 def pylist(column: pa.ChunkedArray) -> list[Any]:

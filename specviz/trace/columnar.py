@@ -27,7 +27,6 @@ import json
 import os
 import stat
 import tempfile
-import types
 import typing
 import zlib
 from collections.abc import Callable, Iterator
@@ -40,15 +39,28 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from specviz.files import inflate_bounded, umask_file_mode
-from specviz.trace.arrow import columns_valid, pylist
+from specviz.trace.arrow import arrow_type, columns_valid, pylist
 from specviz.trace.arrow import numbers as numbers_of
 from specviz.trace.schema import FORMAT_NAME, Header, RowRecord, SequenceRecord, StepRecord, Trace, json_fields
-from specviz.trace.validate import TraceError, check_steps, header_and_sequences_from_dict
+from specviz.trace.seqtable import sequences_from_ipc, sequences_ipc
+from specviz.trace.validate import (
+    TraceError,
+    check_sequences,
+    check_steps,
+    header_and_sequences_from_dict,
+    header_from_dict,
+)
 
 PARQUET_MAGIC = b"PAR1"
 CONTAINER = "parquet"
-CONTAINER_VERSION = 1
+# 1: sequences as JSON in the footer (still read); 2: sequences as an Arrow table beside it.
+CONTAINER_VERSION = 2
+READABLE_CONTAINER_VERSIONS = (1, 2)
 METADATA_KEY = b"specviz"
+SEQUENCES_KEY = b"specviz.sequences"
+# A crafted footer must not claim gigabytes of sequences; real ones compress 2-20x (token ids,
+# margins), a synthetic run's constant margins far more.
+MAX_SEQUENCES_RATIO = 2_000
 # Row-steps per row group: about 1-4 MB of columns, a few steps of a batch-256 run. A row group
 # holds whole steps, so one can be larger by at most one step.
 ROW_GROUP_ROWS = 16_384
@@ -66,31 +78,12 @@ class ColumnarError(ValueError):
 # ----------------------------------------------------------------------------- the table schema
 
 
-def _arrow_type(hint: Any) -> tuple[pa.DataType, bool]:
-    """(arrow type, nullable) of one dataclass field's type hint."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        inner = [a for a in args if a is not type(None)]
-        return _arrow_type(inner[0])[0], True
-    if hint is bool:
-        return pa.bool_(), False
-    if hint is int:
-        return pa.int64(), False
-    if hint is float:
-        return pa.float64(), False
-    if hint is str:
-        return pa.string(), False
-    if origin is list:
-        return pa.list_(_arrow_type(args[0])[0]), False
-    raise TypeError(f"no column type for {hint}")
-
-
 def _table_schema() -> pa.Schema:
     fields = []
     for cls, names in ((StepRecord, STEP_FIELDS), (RowRecord, ROW_FIELDS)):
         hints = typing.get_type_hints(cls)
         for name in names:
-            arrow, nullable = _arrow_type(hints[name])
+            arrow, nullable = arrow_type(hints[name])
             fields.append(pa.field(name, arrow, nullable=nullable))
     return pa.schema(fields)
 
@@ -102,18 +95,22 @@ TABLE_SCHEMA = _table_schema()
 
 
 def _footer(header: Header, sequences: list[SequenceRecord], group_steps: list[int]) -> dict[bytes, bytes]:
+    ipc = sequences_ipc(sequences)
     body = {
         "format": FORMAT_NAME,
         "container": CONTAINER,
         "container_version": CONTAINER_VERSION,
         "header": header,
-        "sequences": sequences,
         "row_group_steps": group_steps,  # steps in each row group, so step i is found without a scan
+        "sequences_bytes": len(ipc),  # the Arrow stream's size, so inflating it allocates that and no more
     }
     text = json.dumps(body, separators=(",", ":"), allow_nan=False, default=json_fields).encode()
-    # Footer metadata is not compressed by Parquet, and the sequences' token lists are a third
-    # of a run's bytes: gzip them (the value is binary in Parquet's key-value metadata).
-    return {METADATA_KEY: gzip.compress(text, compresslevel=6, mtime=0)}
+    # Footer metadata is not compressed by Parquet, and the sequences' token lists are a third of
+    # a run's bytes: compress both (a value is binary in Parquet's key-value metadata).
+    return {
+        METADATA_KEY: gzip.compress(text, compresslevel=6, mtime=0),
+        SEQUENCES_KEY: pa.compress(ipc, codec="zstd", asbytes=True),
+    }
 
 
 class ParquetTraceWriter:
@@ -374,7 +371,8 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _read_footer(file: pq.ParquetFile, path: Path) -> tuple[Header, list[SequenceRecord], list[int] | None]:
-    raw = (file.metadata.metadata or {}).get(METADATA_KEY)
+    metadata = file.metadata.metadata or {}
+    raw = metadata.get(METADATA_KEY)
     if raw is None:
         raise ColumnarError(f"{path}: Parquet file without a specviz footer (not a specviz trace)")
     try:
@@ -385,17 +383,35 @@ def _read_footer(file: pq.ParquetFile, path: Path) -> tuple[Header, list[Sequenc
     if not isinstance(body, dict) or body.get("container") != CONTAINER:
         raise ColumnarError(f"{path}: specviz footer: expected container 'parquet'")
     version = body.get("container_version")
-    if version != CONTAINER_VERSION:
-        raise ColumnarError(
-            f"{path}: container_version {version!r}; this specviz reads Parquet container {CONTAINER_VERSION}"
-        )
+    if version not in READABLE_CONTAINER_VERSIONS or type(version) is not int:
+        readable = " and ".join(map(str, READABLE_CONTAINER_VERSIONS))
+        raise ColumnarError(f"{path}: container_version {version!r}; this specviz reads Parquet containers {readable}")
+    fields = {k: body.get(k) for k in ("format", "header", "sequences")}
     try:
-        header, sequences = header_and_sequences_from_dict({k: body.get(k) for k in ("format", "header", "sequences")})
+        if version == 1:
+            header, sequences = header_and_sequences_from_dict(fields)
+        else:
+            header = header_from_dict(fields)
+            sequences = sequences_from_ipc(_inflate_sequences(metadata.get(SEQUENCES_KEY), body.get("sequences_bytes")))
+            check_sequences(sequences)
     except TraceError as exc:
         raise ColumnarError(f"{path}: {exc}") from None
     counts = body.get("row_group_steps")
     valid = isinstance(counts, list) and all(type(c) is int and 0 < c <= 10_000_000 for c in counts)
     return header, sequences, counts if valid else None
+
+
+def _inflate_sequences(raw: bytes | None, size: Any) -> pa.Buffer:
+    """The sequences' Arrow stream, inflated to the size the footer declares, checked first."""
+    if raw is None:
+        raise TraceError("sequences: missing from the footer (key 'specviz.sequences')")
+    if type(size) is not int or not 0 < size <= max(len(raw) * MAX_SEQUENCES_RATIO, 1 << 20):
+        raise TraceError(f"sequences_bytes: {size!r} is not a size {len(raw):,} compressed bytes can hold")
+    try:
+        data = pa.decompress(raw, decompressed_size=size, codec="zstd", asbytes=False)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise TraceError(f"sequences: not zstd-compressed data of {size:,} bytes ({_first_line(exc)})") from None
+    return data
 
 
 _TOKEN_LISTS = ("prompt_ids", "output_ids", "reference_ids")

@@ -64,13 +64,19 @@ def build_trace(body: dict[str, Any]) -> Trace:
     return trace
 
 
-def header_and_sequences_from_dict(data: Any) -> tuple[Header, list[SequenceRecord]]:
-    """The header and sequences of a trace whose steps are stored elsewhere (the Parquet footer)."""
+def header_from_dict(data: Any) -> Header:
+    """The header of a trace whose steps and sequences are stored elsewhere (the Parquet footer)."""
     check_format(data)
     header = _CONVERTERS[Header](data.get("header"), "header")
-    sequences = _build(list[SequenceRecord])(data.get("sequences"), "sequences")
     _check_header(header)
-    _check_sequences(sequences)
+    return header
+
+
+def header_and_sequences_from_dict(data: Any) -> tuple[Header, list[SequenceRecord]]:
+    """The header and JSON sequences of a trace whose steps are stored elsewhere (Parquet container 1)."""
+    header = header_from_dict(data)
+    sequences = _build(list[SequenceRecord])(data.get("sequences"), "sequences")
+    check_sequences(sequences)
     return header, sequences
 
 
@@ -258,7 +264,7 @@ def _nonneg(value: int | None, path: str) -> None:
 def _check_references(trace: Trace) -> None:
     """Structural sanity the checks need to even run; engine mistakes are left to forensics."""
     _check_header(trace.header)
-    check_steps(trace.steps, _check_sequences(trace.sequences), -1)
+    check_steps(trace.steps, check_sequences(trace.sequences), -1)
 
 
 def _check_header(h: Header) -> None:
@@ -272,7 +278,7 @@ def _check_header(h: Header) -> None:
         _fail("header.batch_size", f"must be at least 1, got {h.batch_size}")
 
 
-def _check_sequences(sequences: list[SequenceRecord]) -> set[int]:
+def check_sequences(sequences: list[SequenceRecord]) -> set[int]:
     """The sequence ids, after checking each sequence; a duplicate id is refused."""
     seq_ids: set[int] = set()
     for i, seq in enumerate(sequences):

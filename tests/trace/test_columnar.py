@@ -17,6 +17,7 @@ from specviz.cli import main
 from specviz.trace import io as trace_io
 from specviz.trace.columnar import (
     METADATA_KEY,
+    SEQUENCES_KEY,
     TABLE_SCHEMA,
     ColumnarError,
     ParquetTrace,
@@ -144,6 +145,8 @@ def _with_footer(body: dict) -> dict:
 def test_crafted_parquet_is_refused_in_one_line(small_parquet: Path, tmp_path: Path, craft, message: str) -> None:
     table = pq.read_table(str(small_parquet)).replace_schema_metadata(None)
     crafted_table, meta = craft(table, _footer(small_parquet))
+    # The sequences (container 2) sit beside the footer; the crafts above change other things.
+    meta = {SEQUENCES_KEY: pq.ParquetFile(str(small_parquet)).metadata.metadata[SEQUENCES_KEY], **meta}
     bad = _rewrite(small_parquet, tmp_path / "bad.parquet", crafted_table, meta)
     with pytest.raises(TraceError) as info:
         load_trace(bad)
