@@ -307,7 +307,9 @@ def render_runs(rows: Sequence[RunRow]) -> str:
     """An aligned text table, one line per run ("-": unknown); columns of no row are left out."""
     shown = [(head, cell) for head, cell in TEXT_COLUMNS if head != "error" or any(r.error for r in rows)]
     table = [[head for head, _ in shown]]
-    table += [[_text(cell(r)) for _, cell in shown] for r in rows]
+    # The error is the last column: nothing after it to align, so it is cut only where it runs on.
+    limits = [4 * MAX_CELL if head == "error" else MAX_CELL for head, _ in shown]
+    table += [[_text(cell(r), limit) for (_, cell), limit in zip(shown, limits)] for r in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(shown))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip() for line in table]
     return "\n".join(lines)
@@ -323,6 +325,13 @@ def _number(value: float | None, digits: int) -> str | None:
     return None if value is None else f"{value:.{digits}f}"
 
 
-def _text(value: Any) -> str:
-    # One line per run whatever a header holds: a model name is the trace writer's free text.
-    return "-" if value is None or value == "" else " ".join(str(value).split())
+MAX_CELL = 64  # a cell longer than this is cut ("..."), so one odd header cannot widen every line
+
+
+def _text(value: Any, limit: int = MAX_CELL) -> str:
+    """One line of printable text: a model name is the trace writer's free text, and a terminal
+    must not receive its control characters (escape sequences) or its line breaks."""
+    if value is None or value == "":
+        return "-"
+    text = "".join(c if c.isprintable() else "?" for c in " ".join(str(value).split()))
+    return text if len(text) <= limit else text[: limit - 3] + "..."

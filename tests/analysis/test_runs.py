@@ -210,3 +210,10 @@ def test_a_cache_inside_the_folder_is_not_a_run(folder: Path, tmp_path: Path) ->
 
 def test_columns_are_the_row_fields() -> None:
     assert COLUMNS[0] == "file" and COLUMNS[-1] == "error" and len(set(COLUMNS)) == len(COLUMNS)
+
+
+def test_a_header_cannot_break_the_table() -> None:
+    """A model name is free text of whoever wrote the trace: no line breaks or escapes reach the terminal."""
+    odd = RunRow(file="x.json", method="eqspec", target="evil\x1b[2J\nname" + "x" * 500, draft="d", verdict="clean")
+    text = render_runs([odd])
+    assert len(text.splitlines()) == 2 and "\x1b" not in text and "..." in text
