@@ -117,7 +117,7 @@ def find_traces(folder: str | os.PathLike[str], recursive: bool = False, skip: S
 def _walk(folder: Path, root: Path, real_root: str, recursive: bool) -> Iterator[Found]:
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
-    except OSError as exc:  # the top folder was readable (checked); a subfolder may not be
+    except OSError as exc:  # an unreadable folder (no permission) is one row saying so, not the end
         yield Found(folder, _relative(folder, root), f"cannot list this folder ({exc.strerror or exc})")
         return
     for entry in entries:
