@@ -72,6 +72,7 @@ COMMANDS = {
     "watch": "run a script with every causal LM it loads watched; write a trace",
     "probe": "A/B an OpenAI-compatible server: batch dependence, bug or floating point",
     "convert": "convert a trace between JSON (.json, .json.gz) and Parquet (.parquet)",
+    "runs": "one table of the runs in a folder of traces (a CI history, a sweep)",
 }
 
 
@@ -190,6 +191,32 @@ def _add_convert(conv: argparse.ArgumentParser) -> None:
     conv.add_argument("--force", action="store_true", help="overwrite an existing output file")
 
 
+def _add_runs(runs: argparse.ArgumentParser) -> None:
+    runs.description = (
+        "Check every trace in a folder (.json, .json.gz by name; Parquet by content) as `check` does and "
+        "print one line per run: method, models, verdict, first violation, exact match, acceptance. A file "
+        "that cannot be read or checked is a line with its one-line error. Exit 0 when the table is "
+        "printed, 2 for a missing folder or bad options."
+    )
+    runs.add_argument("folder", metavar="DIR", help="folder of traces")
+    runs.add_argument("--recursive", action="store_true", help="also the traces in its subfolders")
+    out = runs.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print every column as one JSON object")
+    out.add_argument("--csv", metavar="FILE", help="write every column to FILE as CSV")
+    runs.add_argument("--force", action="store_true", help="overwrite an existing --csv file")
+    runs.add_argument("--sort", metavar="COLUMN", default="file", help="sort by this column (JSON names)")
+    runs.add_argument("--reverse", action="store_true", help="sort in descending order (unknowns stay last)")
+    runs.add_argument(
+        "--cache", metavar="FILE", help="keep rows in FILE; unchanged files (path, size, mtime) are not re-checked"
+    )
+    runs.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="files done / total on stderr (default: only when stderr is a terminal)",
+    )
+
+
 ADD_ARGUMENTS = {
     "record": _add_record,
     "check": _add_check,
@@ -197,6 +224,7 @@ ADD_ARGUMENTS = {
     "watch": _add_watch,
     "probe": _add_probe,
     "convert": _add_convert,
+    "runs": _add_runs,
 }
 
 
@@ -245,6 +273,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return cmd_probe(args)
         if args.command == "convert":
             return cmd_convert(args)
+        if args.command == "runs":
+            return cmd_runs(args)
     except (SpecvizError, TraceError) as exc:
         print(f"specviz: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -442,6 +472,34 @@ def cmd_convert(args: argparse.Namespace) -> int:
     check_output_path(dst, args.force)
     steps = convert_trace(src, dst)
     print(f"{src} -> {dst}: {steps} steps, {dst.stat().st_size} bytes")
+    return 0
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from specviz.analysis.runs import check_column, render_runs, runs_frame, scan_runs, sort_rows
+    from specviz.analysis.runs_cache import RunsCache
+
+    check_column(args.sort)  # before any file is checked
+    if args.csv:
+        check_output_path(Path(args.csv), args.force)
+    cache = RunsCache(args.cache) if args.cache else None
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    with tqdm(desc="runs", unit="file", file=sys.stderr, disable=not show, leave=False) as bar:
+
+        def progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        rows = sort_rows(scan_runs(args.folder, args.recursive, cache, progress), args.sort, args.reverse)
+    if args.csv:
+        runs_frame(rows).to_csv(args.csv, index=False)
+        print(f"{args.folder}: {len(rows)} runs -> {args.csv}")
+    elif args.json:
+        print_to_pipe(json.dumps({"folder": str(args.folder), "runs": [r.to_dict() for r in rows]}))
+    else:
+        print_to_pipe(render_runs(rows) if rows else f"{args.folder}: no trace files")
     return 0
 
 
