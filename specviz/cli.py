@@ -486,7 +486,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
         check_output_path(Path(args.csv), args.force)
     cache = RunsCache(args.cache) if args.cache else None
     show = sys.stderr.isatty() if args.progress is None else args.progress
-    with tqdm(desc="runs", unit="file", file=sys.stderr, disable=not show, leave=False) as bar:
+    # A file can take seconds or milliseconds: draw every count (tqdm's default skips updates less
+    # than 0.1 s apart, so a quick folder would show no count at all).
+    with tqdm(desc="runs", unit="file", file=sys.stderr, disable=not show, leave=False, mininterval=0) as bar:
 
         def progress(done: int, total: int) -> None:
             bar.total = total
