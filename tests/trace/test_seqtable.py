@@ -158,3 +158,26 @@ def test_container_1_files_are_still_read(small: Path, tmp_path: Path) -> None:
     pq.write_table(file.read().replace_schema_metadata(meta), str(old))
     assert trace_to_json(load_trace(old)) == trace_to_json(trace)
     assert ParquetTrace(old).sequences == trace.sequences
+    # `specviz convert` rewrites it in the current container.
+    from specviz.cli import main
+
+    assert main(["convert", str(old), str(tmp_path / "v2.parquet")]) == 0
+    meta = pq.ParquetFile(str(tmp_path / "v2.parquet")).metadata.metadata
+    assert json.loads(gzip.decompress(meta[METADATA_KEY]))["container_version"] == 2 and SEQUENCES_KEY in meta
+    assert trace_to_json(load_trace(tmp_path / "v2.parquet")) == trace_to_json(trace)
+
+
+def test_footer_validates_against_the_documented_schema(small: Path, tmp_path: Path) -> None:
+    """docs/trace.schema.json's ParquetFooter describes what the writer puts in the footer, both
+    containers; the Arrow table's columns are the SequenceRecord fields it documents."""
+    import jsonschema
+
+    schema = json.loads((Path(__file__).resolve().parents[2] / "docs" / "trace.schema.json").read_text())
+    footer = jsonschema.Draft202012Validator({"$defs": schema["$defs"], "$ref": "#/$defs/ParquetFooter"})
+    body = json.loads(gzip.decompress(pq.ParquetFile(str(small)).metadata.metadata[METADATA_KEY]))
+    footer.validate(body)
+    assert body["container_version"] == 2 and "sequences" not in body
+    old = {**{k: v for k, v in body.items() if k != "sequences_bytes"}, "container_version": 1}
+    assert not footer.is_valid(old)  # container 1 needs its sequences
+    footer.validate({**old, "sequences": [dataclasses.asdict(s) for s in load_trace(small).sequences]})
+    assert set(schema["$defs"]["SequenceRecord"]["properties"]) == set(SEQUENCE_SCHEMA.names)
