@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from specviz.analysis.metrics import summary, totals_of
+from specviz.analysis.metrics import summary, tokens_per_second, totals_of
 from specviz.analysis.report import Report
 from specviz.trace import naming
 from specviz.trace.schema import Trace
@@ -68,9 +68,8 @@ def stats_line(trace: Trace, report: Report) -> str:
     # The check's walk gathered the sums (`report.totals`): no second walk of the steps, which for
     # a Parquet trace opened lazily is every row group read again (seconds at a million row-steps).
     totals = totals_of(trace, report.totals)
-    info = summary(trace, totals)
     total = totals.acceptance
-    speed = info["tokens_per_second"]
+    speed = tokens_per_second(trace)  # not `summary`: its per-sequence divergences are not shown here
     items = [
         f"exact match **{_exact(report)}**",
         f"acceptance rate **{_rate(total.rate)}**",
