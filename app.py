@@ -2,7 +2,8 @@
 
 `python app.py` serves it (GRADIO_SERVER_NAME / GRADIO_SERVER_PORT are honoured by Gradio;
 `--public` as on a Space; `--trace PATH`, local only, opens a .parquet or .json(.gz) trace in
-slot A: a Parquet one is read a row group at a time). Tests import `build_app` and `launch`.
+slot A: a Parquet one is read a row group at a time; `--runs DIR`, local only, lists a folder's
+traces, each openable in A or B). Tests import `build_app` and `launch`.
 This file only assembles the page from `specviz.app`: two run slots, A and B, each loaded from
 a bundled trace, an uploaded trace or a live run; the detail tabs inspect one slot at a time, the
 outputs tab shows the other beside it.
@@ -24,6 +25,7 @@ from specviz.app.live import LIVE_FOLDER, LIVE_GATE, PUBLIC, RUN_MEMORY, load_mo
 from specviz.app.loading import DEFAULT_A, DEFAULT_B, DOCS, MAX_UPLOAD_BYTES, open_local_a
 from specviz.app.probe_tab import ProbeSection, wire_probe
 from specviz.app.run_slots import build_inspect_switch, build_run_slot
+from specviz.app.runs_tab import FOLDER, RunsSection, open_runs_folder
 from specviz.errors import SpecvizError
 from specviz.trace.io import TraceError
 from specviz.views import LoadedRun
@@ -39,6 +41,7 @@ def build_app() -> gr.Blocks:
     # delete_cache: Gradio's own copies (uploads, downloads) go after FILE_MAX_AGE_S, checked every 5 min.
     with gr.Blocks(title="specviz", delete_cache=(300, serve.FILE_MAX_AGE_S)) as demo:
         gr.Markdown(INTRO, elem_id="sv-intro")
+        runs = RunsSection.build(FOLDER[0]) if FOLDER else None  # `--runs DIR`, local only
         with gr.Row(equal_height=False):
             slot_a = build_run_slot("A", DEFAULT_A)
             slot_b = build_run_slot("B", DEFAULT_B)
@@ -47,7 +50,9 @@ def build_app() -> gr.Blocks:
         compare = ui.compare
         probe = ProbeSection.build()  # saved `specviz probe` reports: opened, never a server contacted
         events.wire(demo, slot_a, slot_b, inspect, compare, ui)
-        wire_probe(probe, events.user_errors)  # bound last: the page's other event numbers stay
+        wire_probe(probe, events.user_errors)  # bound after the rest: the page's other event numbers stay
+        if runs is not None:
+            events.wire_runs(runs, slot_a, slot_b, inspect, compare, ui)  # only with --runs: bound last
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=INSPECT_CONCURRENCY)
     serve.install_gate(demo, LIVE_GATE)  # one live run per visitor, refused before it queues
     lanes.install_fair_lanes(demo)  # every lane: one waiting job per visitor and kind, least served first
@@ -66,6 +71,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="app.py", description="Serve the specviz app.", allow_abbrev=False)
     parser.add_argument("--public", action="store_true", help="serve as on a public Space (SPACE_ID does too)")
     parser.add_argument("--trace", metavar="PATH", help="local only: open this trace file in slot A")
+    parser.add_argument("--runs", metavar="DIR", help="local only: list this folder's traces (specviz runs DIR)")
     return parser.parse_known_args(argv)[0]  # Gradio's and the test runner's own flags pass through
 
 
@@ -79,8 +85,20 @@ def open_trace_arg(path: str | None) -> None:
         sys.exit(f"app.py: {exc}")
 
 
+def open_runs_arg(folder: str | None) -> None:
+    """`--runs DIR`: check the folder's traces for the page, or exit with one line."""
+    if folder is None:
+        return
+    try:
+        open_runs_folder(folder)
+    except (SpecvizError, OSError) as exc:
+        sys.exit(f"app.py: {exc}")
+
+
 def main() -> None:
-    open_trace_arg(parse_args().trace)  # before anything starts: a bad file or public mode exits now
+    args = parse_args()
+    open_trace_arg(args.trace)  # before anything starts: a bad file or public mode exits now
+    open_runs_arg(args.runs)
     # Gradio's cache in a folder of this process (before the app is built); an earlier crashed
     # process's folders go now, this one's on SIGTERM / SIGINT.
     gradio_temp = files.own_gradio_temp()

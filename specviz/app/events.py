@@ -20,6 +20,7 @@ from specviz.app.live import LIVE_GATE, PUBLIC, LiveRequest, live_run, save_for_
 from specviz.app.loading import DEFAULT_A, DEFAULT_B, LOCAL_A, load_bundled, load_default, load_upload
 from specviz.app.messages import plain_trace_message
 from specviz.app.run_slots import RunSlot
+from specviz.app.runs_tab import FOLDER, RunsSection, load_listed
 from specviz.errors import SpecvizError
 from specviz.trace.io import TraceError
 from specviz.views import LoadedRun, grid_view, slot_outputs_html, slot_summary_markdown, slots_compare_table
@@ -180,11 +181,16 @@ def _landing(slot: RunSlot, other: RunSlot, inspect: Any, compare: Any, ui: Deta
     return finish
 
 
+def _landing_outputs(slot: RunSlot, other: RunSlot, inspect: Any, compare: Any, ui: DetailUI) -> list[Any]:
+    """What a run landing in `slot` sets, in the API's order."""
+    # `other.status` came later: last, so API clients' positions of the rest stay as they were.
+    return [slot.state, slot.summary, slot.status, slot.bundled, inspect, compare, *ui.components(), other.status]
+
+
 def wire_slot(slot: RunSlot, other: RunSlot, inspect: Any, compare: Any, ui: DetailUI) -> None:
     """A bundled pick, an upload or a live run lands in `slot`: shown, inspected, compared."""
     label = slot.label.lower()
-    # `other.status` came later: last, so API clients' positions of the rest stay as they were.
-    outputs = [slot.state, slot.summary, slot.status, slot.bundled, inspect, compare, *ui.components(), other.status]
+    outputs = _landing_outputs(slot, other, inspect, compare, ui)
     finish = _landing(slot, other, inspect, compare, ui)
 
     @user_errors(slot.status)
@@ -245,6 +251,30 @@ def wire_slot(slot: RunSlot, other: RunSlot, inspect: Any, compare: Any, ui: Det
         show_progress="hidden",
         api_visibility="private",
     )
+
+
+def wire_runs(section: RunsSection, slot_a: RunSlot, slot_b: RunSlot, inspect: Any, compare: Any, ui: DetailUI) -> None:
+    """`--runs DIR`: a run picked from the folder's table lands in A or B like an upload; a click
+    on a table row picks its run."""
+    for slot, other, button in ((slot_a, slot_b, section.open_a), (slot_b, slot_a, section.open_b)):
+        finish = _landing(slot, other, inspect, compare, ui)
+
+        @user_errors(slot.status)
+        def from_folder(name: str, other_run: LoadedRun | None, window: int, only: bool, finish: Any = finish) -> dict:
+            return finish(load_listed(name), other_run, window, only, bundled=False)
+
+        inputs = [section.pick, other.state, ui.grid.window, ui.outputs.only_diverged]
+        outputs = _landing_outputs(slot, other, inspect, compare, ui)
+        button.click(from_folder, inputs, outputs, api_name=f"open_listed_{slot.label.lower()}")
+
+    def pick_row(evt: gr.SelectData) -> Any:
+        row = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
+        rows = FOLDER[0].rows if FOLDER else []
+        if not isinstance(row, int) or not 0 <= row < len(rows) or rows[row].error is not None:
+            return gr.skip()  # an unreadable file has nothing to open: the pick stays
+        return rows[row].file
+
+    section.table.select(pick_row, None, [section.pick], api_visibility="private")
 
 
 def wire_navigation(inspect: Any, states: list[Any], ui: DetailUI) -> None:
