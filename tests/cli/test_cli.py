@@ -209,13 +209,15 @@ def test_check_refuses_every_malformed_file_with_one_line(tmp_path, capsys) -> N
 
 
 def test_check_and_import_stay_light_without_torch() -> None:
-    """`import specviz` and `specviz check` on a trace import no torch (a second, not 200 MB, per check)."""
+    """`import specviz`, `specviz check` on a trace and `specviz runs` on a folder of them import
+    no torch (a second, not 200 MB, per call)."""
     probe = (
         "import sys, specviz\n"
         "assert 'torch' not in sys.modules, 'import specviz pulled in torch'\n"
         "assert callable(specviz.watch)\n"
         "from specviz.cli import main\n"
         f"status = main(['check', {str(ROOT / 'traces' / 'default-eqspec.json.gz')!r}])\n"
+        f"status += main(['runs', {str(ROOT / 'traces')!r}])\n"
         "print('torch' in sys.modules, status)\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120)

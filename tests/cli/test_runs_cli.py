@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -89,16 +87,3 @@ def test_bad_input_is_one_line_exit_2(args: list[str], needle: str, capsys: pyte
     assert main(["runs", *args]) == 2
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1 and err.startswith("specviz: error:")
-
-
-def test_runs_imports_no_torch(folder: Path) -> None:
-    """Like `check`: a table of traces needs no model code (a second, not 200 MB, per call)."""
-    probe = (
-        "import sys\n"
-        "from specviz.cli import main\n"
-        f"status = main(['runs', {str(folder)!r}, '--json'])\n"
-        "print('torch' in sys.modules, status, file=sys.stderr)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stderr.strip().splitlines()[-1] == "False 0"
