@@ -15,9 +15,10 @@ from __future__ import annotations
 __version__ = "0.2.0"
 
 # First, before the imports below pull in torch: Ctrl-C while `specviz` starts exits quietly.
-from specviz.startup import quiet_interrupt_while_starting  # noqa: E402
+from specviz.startup import lazy_arrow_arenas, quiet_interrupt_while_starting  # noqa: E402
 
 quiet_interrupt_while_starting()
+lazy_arrow_arenas()  # before pyarrow is imported: its allocator reads the setting once
 
 import os  # noqa: E402
 from typing import TYPE_CHECKING, Any  # noqa: E402
