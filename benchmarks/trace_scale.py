@@ -2,7 +2,8 @@
 
 Writes synthetic EQSPEC runs (`specviz/trace/synthetic.py`: batch 128, k = 4, 256 new tokens) at
 about 10k, 100k and 1M row-steps (or the issue's 114k and 1.1M), as gzip JSON (written whole) and
-as Parquet (written a row group at a time), then times `specviz check` on each in a fresh process
+as Parquet (written a row group at a time; `--reuse` keeps the files an earlier run wrote), then
+times `specviz check` on each in a fresh process
 (wall time, CPU time and peak RSS from the kernel), alternating the two containers, `--repeats`
 times. JSON at the 1M sizes is skipped unless `--json-at-1m` (it needs GBs to parse).
 
@@ -26,19 +27,23 @@ ROOT = Path(__file__).resolve().parents[1]
 SIZES = {"10k": 96, "100k": 900, "114k": 1_024, "1M": 9_000, "1.1M": 10_240}
 
 
-def write(prompts: int, folder: Path, json_too: bool) -> dict[str, object]:
+def write(prompts: int, folder: Path, json_too: bool, reuse: bool = False) -> dict[str, object]:
+    from specviz.trace.columnar import ParquetTrace
     from specviz.trace.io import save_trace
     from specviz.trace.synthetic import synthetic_trace, write_synthetic_parquet
 
     parquet = folder / f"synthetic-{prompts}.parquet"
+    json_path = folder / f"synthetic-{prompts}.json.gz"
+    if reuse and parquet.exists() and (json_path.exists() or not json_too):
+        info: dict[str, object] = {"rows": ParquetTrace(parquet).num_rows, "parquet": parquet, "parquet_write_s": None}
+        return {**info, "json": json_path, "json_write_s": None} if json_too else info
     started = time.perf_counter()
     rows = write_synthetic_parquet(parquet, prompts, 128, 4, 256)
-    info: dict[str, object] = {"rows": rows, "parquet": parquet, "parquet_write_s": time.perf_counter() - started}
+    info = {"rows": rows, "parquet": parquet, "parquet_write_s": time.perf_counter() - started}
     if json_too:
-        path = folder / f"synthetic-{prompts}.json.gz"
         started = time.perf_counter()
-        save_trace(synthetic_trace(prompts, 128, 4, 256), path)
-        info.update(json=path, json_write_s=time.perf_counter() - started)
+        save_trace(synthetic_trace(prompts, 128, 4, 256), json_path)
+        info.update(json=json_path, json_write_s=time.perf_counter() - started)
     return info
 
 
@@ -62,6 +67,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json-at-1m", action="store_true")
     parser.add_argument("--out", default=None, help="markdown table to write")
+    parser.add_argument("--reuse", action="store_true", help="check the files a run before wrote (write s: -)")
     args = parser.parse_args()
     folder = Path(args.folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -72,7 +78,7 @@ def main() -> None:
     results = []
     for size in args.sizes.split(","):
         prompts = SIZES[size]
-        info = write(prompts, folder, json_too=not size.endswith("M") or args.json_at_1m)
+        info = write(prompts, folder, json_too=not size.endswith("M") or args.json_at_1m, reuse=args.reuse)
         arms = [("parquet", info["parquet"], info["parquet_write_s"])]
         if "json" in info:
             arms.append(("json.gz", info["json"], info["json_write_s"]))
@@ -100,7 +106,7 @@ def main() -> None:
             }
             results.append(row)
             lines.append(
-                f"| {row['row_steps']:,} | {name} | {row['file_mb']:.1f} | {write_s:.1f} | "
+                f"| {row['row_steps']:,} | {name} | {row['file_mb']:.1f} | {_seconds(write_s)} | "
                 f"{row['check_s']:.2f} | {row['check_cpu_s']:.2f} | {row['peak_rss_mb']:.0f} |"
             )
             print(lines[-1], flush=True)
@@ -111,6 +117,10 @@ def main() -> None:
             f"# Trace scale\n\n`python benchmarks/trace_scale.py {' '.join(sys.argv[1:])}`\n\n{text}\n\n"
             f"```json\n{json.dumps(results, indent=1, default=str)}\n```\n"
         )
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
 def _peak_rss(path: Path) -> float:
