@@ -58,9 +58,12 @@ CONTAINER_VERSION = 2
 READABLE_CONTAINER_VERSIONS = (1, 2)
 METADATA_KEY = b"specviz"
 SEQUENCES_KEY = b"specviz.sequences"
-# A crafted footer must not claim gigabytes of sequences; real ones compress 2-20x (token ids,
-# margins), a synthetic run's constant margins far more.
+# A crafted footer must not inflate to gigabytes: the sequences' stream may be at most
+# max(MIN_SEQUENCES_BOUND, MAX_SEQUENCES_RATIO x its compressed size). Real ones compress 2-20x
+# (token ids, margins; 13x for a synthetic run's constant margins), and a degenerate run (one
+# token repeated) stays under the floor unless it is hundreds of MB of sequences.
 MAX_SEQUENCES_RATIO = 2_000
+MIN_SEQUENCES_BOUND = 256 << 20
 # Row-steps per row group: about 1-4 MB of columns, a few steps of a batch-256 run. A row group
 # holds whole steps, so one can be larger by at most one step.
 ROW_GROUP_ROWS = 16_384
@@ -405,7 +408,7 @@ def _inflate_sequences(raw: bytes | None, size: Any) -> pa.Buffer:
     """The sequences' Arrow stream, inflated to the size the footer declares, checked first."""
     if raw is None:
         raise TraceError("sequences: missing from the footer (key 'specviz.sequences')")
-    if type(size) is not int or not 0 < size <= max(len(raw) * MAX_SEQUENCES_RATIO, 1 << 20):
+    if type(size) is not int or not 0 < size <= max(len(raw) * MAX_SEQUENCES_RATIO, MIN_SEQUENCES_BOUND):
         raise TraceError(f"sequences_bytes: {size!r} is not a size {len(raw):,} compressed bytes can hold")
     try:
         data = pa.decompress(raw, decompressed_size=size, codec="zstd", asbytes=False)
