@@ -122,8 +122,10 @@ def _values(array: pa.ListArray, name: str, dtype: str) -> tuple[np.ndarray, np.
     values = array.values
     if values.null_count:
         raise TraceError(f"sequences.{name}: null inside a list")
-    offsets = np.frombuffer(array.buffers()[1], dtype="<i4", count=len(array) + 1, offset=array.offset * 4)
     item = np.dtype(dtype)
+    if len(array) == 0:  # a writer may leave a table without rows without an offsets buffer
+        return np.zeros(1, dtype="<i4"), np.zeros(0, dtype=item)
+    offsets = np.frombuffer(array.buffers()[1], dtype="<i4", count=len(array) + 1, offset=array.offset * 4)
     if len(values) == 0:
         return offsets, np.zeros(0, dtype=item)
     flat = np.frombuffer(values.buffers()[1], dtype=item, count=len(values), offset=values.offset * item.itemsize)
