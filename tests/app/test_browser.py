@@ -208,14 +208,14 @@ def test_timeline_markers_open_their_steps(page: Any) -> None:
         box = target.bounding_box()  # plotly's drag layer takes the pointer: click where the marker is drawn
         x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
         page.mouse.move(x, y)
-        page.wait_for_selector("#sv-timeline .hoverlayer .hovertext")  # plotly knows the point under the pointer
+        # plotly knows the point under the pointer: its label names this marker's step (not a label
+        # left from the marker before)
+        page.locator("#sv-timeline .hoverlayer .hovertext", has_text=f"step {step} ").wait_for()
         page.mouse.click(x, y)
         page.wait_for_function(
             "(step) => document.querySelector('#sv-step input[type=number]').value == String(step)", arg=step
         )
         assert page.get_by_role("tab", name="Ragged grid").get_attribute("aria-selected") == "true", which
-        page.mouse.move(0, 0)  # off the plot: its hover label goes before the next marker is pointed at
-        page.wait_for_selector("#sv-timeline .hoverlayer .hovertext", state="detached")
 
 
 def test_violation_click_opens_a_fitted_grid(page: Any) -> None:
