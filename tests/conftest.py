@@ -46,11 +46,15 @@ def traces() -> dict:
     from tiny import make_pair
 
     from specviz.engine.config import RunConfig
-    from specviz.engine.run import run
+    from specviz.engine.run import greedy_references, run, tokenize_prompts
     from specviz.views.tokens import attach_token_text
 
     pair = make_pair("llama")
-    common = {"batch_size": 4, "draft_k": RAGGED_K, "max_new_tokens": 12}
+    new = 12
+    # The batch-1 greedy oracle, decoded once by the function `run` decodes it with (not once per
+    # run: the six runs share pair, prompts and budget), attached as `reference=True` writes it.
+    references = greedy_references(pair, tokenize_prompts(pair, RAGGED_PROMPTS, new), new)
+    common = {"batch_size": 4, "draft_k": RAGGED_K, "max_new_tokens": new, "reference": False}
     out = {
         "eqspec": run(pair, RAGGED_PROMPTS, RunConfig(method="eqspec", **common)),
         "exspec": run(pair, RAGGED_PROMPTS, RunConfig(method="exspec", exspec_window=6, **common)),
@@ -58,5 +62,7 @@ def traces() -> dict:
     for fault in RAGGED_FAULTS:
         out[fault] = run(pair, RAGGED_PROMPTS, RunConfig(method="eqspec", fault=fault, **common))
     for trace in out.values():
-        attach_token_text(trace, pair.tokenizer)
+        for seq in trace.sequences:  # sequence i is prompt i
+            seq.reference_ids, seq.reference_margins = map(list, references[seq.seq_id])
+        attach_token_text(trace, pair.tokenizer)  # the references' tokens too
     return out

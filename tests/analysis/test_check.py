@@ -12,10 +12,11 @@ from tiny import make_pair
 
 from specviz.analysis.check import MARGIN_THRESHOLDS, check_trace
 from specviz.engine.faults import FAULTS
-from specviz.engine.run import RunConfig, run
+from specviz.engine.run import RunConfig, greedy_references, run, tokenize_prompts
 from specviz.trace.io import save_trace
 from specviz.trace.schema import SamplingInfo
 from specviz.trace.synthetic import synthetic_trace
+from specviz.trace.token_text import attach_token_text
 
 PROMPTS = [
     "hello world",
@@ -155,9 +156,34 @@ def test_checker_handles_trace_without_masks() -> None:
     assert any("mask_rle" in s for s in report.skipped_checks)
 
 
+TINY_NEW = 16  # new tokens per sequence in the tiny-model runs below
+
+
+@functools.cache
+def tiny_pair():
+    return make_pair("llama")
+
+
+@functools.cache
+def tiny_references() -> tuple[tuple[tuple[int, ...], tuple[float, ...]], ...]:
+    """The batch-1 greedy oracle (tokens, margins) of PROMPTS, decoded once by the function `run`
+    decodes it with: each of the 15 runs below would decode the same 10 x 16 tokens again."""
+    ids = tokenize_prompts(tiny_pair(), PROMPTS, TINY_NEW)
+    return tuple((tuple(t), tuple(m)) for t, m in greedy_references(tiny_pair(), ids, TINY_NEW))
+
+
+@functools.cache
 def tiny_run(method: str, batch: int, k: int, fault: str | None = None):
-    cfg = RunConfig(method=method, fault=fault, batch_size=batch, draft_k=k, max_new_tokens=16, kv_check_every=1)
-    return run(make_pair("llama"), PROMPTS, cfg)
+    """One run per setting (the CLI test reads two of them again), with the shared oracle attached
+    as `reference=True` would write it. Callers do not edit the trace."""
+    cfg = RunConfig(
+        method=method, fault=fault, batch_size=batch, draft_k=k, max_new_tokens=TINY_NEW, kv_check_every=1,
+        reference=False,
+    )  # fmt: skip
+    trace = run(tiny_pair(), PROMPTS, cfg)
+    for seq in trace.sequences:  # sequence i is prompt i (a greedy oracle does not depend on the run)
+        seq.reference_ids, seq.reference_margins = map(list, tiny_references()[seq.seq_id])
+    return attach_token_text(trace, tiny_pair().tokenizer)  # the references' tokens too, as `run` attaches them
 
 
 @pytest.mark.parametrize(

@@ -191,27 +191,31 @@ def test_table_headers_do_not_wrap(page: Any, width: int) -> None:
     page.set_viewport_size({"width": 1440, "height": 900})
 
 
-@pytest.mark.parametrize("which", ["middle", "last"])
-def test_timeline_marker_opens_its_step(page: Any, which: str) -> None:
-    """Any marker, the last one too (it sits half a step from the plot's right edge)."""
+def test_timeline_markers_open_their_steps(page: Any) -> None:
+    """Any marker, the last one too (it sits half a step from the plot's right edge): the middle
+    marker, then the last, of one pick of the faulty run (was one test and one pick for each)."""
     pick_bundled(page, FAULTY)
-    page.get_by_role("tab", name="Invariants").click()
-    page.wait_for_selector("#sv-timeline .scatterlayer .point")
-    settle(page)
-    points = page.locator("#sv-timeline .scatterlayer .trace").first.locator(".point")
-    index = points.count() // 2 if which == "middle" else points.count() - 1
-    target = points.nth(index)
-    step = page.evaluate("(i) => document.querySelector('#sv-timeline .js-plotly-plot').data[0].x[i]", index)
-    target.scroll_into_view_if_needed()
-    box = target.bounding_box()  # plotly's drag layer takes the pointer: click where the marker is drawn
-    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
-    page.mouse.move(x, y)
-    page.wait_for_selector("#sv-timeline .hoverlayer .hovertext")  # plotly knows the point under the pointer
-    page.mouse.click(x, y)
-    page.wait_for_function(
-        "(step) => document.querySelector('#sv-step input[type=number]').value == String(step)", arg=step
-    )
-    assert page.get_by_role("tab", name="Ragged grid").get_attribute("aria-selected") == "true"
+    for which in ("middle", "last"):
+        page.get_by_role("tab", name="Invariants").click()
+        page.wait_for_selector("#sv-timeline .scatterlayer .point")
+        settle(page)
+        points = page.locator("#sv-timeline .scatterlayer .trace").first.locator(".point")
+        index = points.count() // 2 if which == "middle" else points.count() - 1
+        target = points.nth(index)
+        step = page.evaluate("(i) => document.querySelector('#sv-timeline .js-plotly-plot').data[0].x[i]", index)
+        assert page.locator("#sv-step input[type=number]").input_value() != str(step), which  # a move to see
+        target.scroll_into_view_if_needed()
+        box = target.bounding_box()  # plotly's drag layer takes the pointer: click where the marker is drawn
+        x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+        page.mouse.move(x, y)
+        # plotly knows the point under the pointer: its label names this marker's step (not a label
+        # left from the marker before)
+        page.locator("#sv-timeline .hoverlayer .hovertext", has_text=f"step {step} ").wait_for()
+        page.mouse.click(x, y)
+        page.wait_for_function(
+            "(step) => document.querySelector('#sv-step input[type=number]').value == String(step)", arg=step
+        )
+        assert page.get_by_role("tab", name="Ragged grid").get_attribute("aria-selected") == "true", which
 
 
 def test_violation_click_opens_a_fitted_grid(page: Any) -> None:
@@ -283,29 +287,49 @@ def fitted(page: Any, width: int) -> None:
     settle(page)
 
 
-@pytest.mark.parametrize("width,height", WIDTHS)
-def test_layout_holds_at_every_width(page: Any, width: int, height: int) -> None:
+@pytest.fixture(scope="module")
+def layouts(page: Any) -> dict[tuple[int, int], dict[str, Any]]:
+    """What each width's test reads, measured with one pick of the faulty run (was one pick per
+    width): the page at 1440 px, the grid's tab, then the width, as each test did after its pick."""
     page.set_viewport_size({"width": 1440, "height": 900})
     pick_bundled(page, FAULTY)
-    page.get_by_role("tab", name="Ragged grid").click()
-    page.set_viewport_size({"width": width, "height": height})
-    page.evaluate("() => window.scrollTo(0, 0)")
-    fitted(page, width)
-    boxes = page.evaluate(GRID_BOXES_JS)
+    seen: dict[tuple[int, int], dict[str, Any]] = {}
+    try:
+        for width, height in WIDTHS:
+            page.set_viewport_size({"width": 1440, "height": 900})
+            page.get_by_role("tab", name="Ragged grid").click()
+            page.set_viewport_size({"width": width, "height": height})
+            page.evaluate("() => window.scrollTo(0, 0)")
+            fitted(page, width)
+            seen[(width, height)] = {
+                "boxes": page.evaluate(GRID_BOXES_JS),
+                "split": page.evaluate(SPLIT_WORDS_JS),
+                "too_wide": page.evaluate(TOO_WIDE_JS),
+                "scroll_width": page.evaluate("() => document.documentElement.scrollWidth"),
+                "legend": page.locator("#sv-grid-legend").inner_text(),
+            }
+            page.screenshot(path=str(SHOTS / f"25-layout-{width}.png"))
+    finally:
+        page.set_viewport_size({"width": 1440, "height": 900})
+    return seen
+
+
+@pytest.mark.parametrize("width,height", WIDTHS)
+def test_layout_holds_at_every_width(layouts: dict, width: int, height: int) -> None:
+    seen = layouts[(width, height)]
+    boxes = seen["boxes"]
     plot, cells = boxes["plot"], boxes["cells"]
-    assert page.evaluate(SPLIT_WORDS_JS) == [], f"words split at {width}px"
-    assert page.evaluate(TOO_WIDE_JS) == [], f"wider than its panel at {width}px"
-    assert page.evaluate("() => document.documentElement.scrollWidth") <= width
+    assert seen["split"] == [], f"words split at {width}px"
+    assert seen["too_wide"] == [], f"wider than its panel at {width}px"
+    assert seen["scroll_width"] <= width
     assert boxes["title_right"] <= boxes["plot_right"] + 1  # the step title is not cut
-    legend = page.locator("#sv-grid-legend").inner_text()
+    legend = seen["legend"]
     assert "fed ≠ expected" in legend and "desync begins here" in legend
     if width < 700:  # a phone: the cells get most of the plot
         assert cells["width"] >= 0.6 * plot["width"], (cells, plot)
         assert cells["height"] >= 0.6 * plot["height"], (cells, plot)
     if (width, height) == (1440, 900):  # the first screen shows the grid's rows, not only the verdict
         assert cells["y"] + 3 * 30 <= height, cells  # its first three rows at least
-    page.screenshot(path=str(SHOTS / f"25-layout-{width}.png"))
-    page.set_viewport_size({"width": 1440, "height": 900})
 
 
 @pytest.mark.parametrize("width", [1024, 390])

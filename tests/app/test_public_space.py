@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from specviz.trace.budget import PUBLIC_BUDGET, over_budget
+from specviz.trace.budget import DEFAULT_BUDGET, PUBLIC_BUDGET, over_budget
 from specviz.trace.io import TraceError, parse_trace_bytes, trace_to_dict
 from specviz.trace.synthetic import synthetic_trace
 from specviz.trace.token_text import trace_token_ids
@@ -69,18 +69,21 @@ def test_uploads_get_the_public_budget_in_public_mode(tmp_path, monkeypatch) -> 
     from specviz.app import loading, uploads
 
     data = small()
-    data["steps"] = data["steps"][:1] * 20_001
+    # One step over the public budget's count (12,001, was 20,001), far under the default budget's.
+    data["steps"] = data["steps"][:1] * (PUBLIC_BUDGET.max_steps + 1)
     for i, step in enumerate(data["steps"]):
         data["steps"][i] = {**step, "step": i}
+    assert PUBLIC_BUDGET.max_steps < DEFAULT_BUDGET.max_steps  # so only the public budget refuses it
+    text = json.dumps(data)
     path = tmp_path / "steps.json"
-    path.write_text(json.dumps(data))
+    path.write_text(text)
     monkeypatch.setenv("SPACE_ID", "x/y")
     uploads.UPLOADS.uploaded([path])  # as the app's /upload and the event that queued it record
     uploads.UPLOADS.claim("visitor", [path])
     with pytest.raises(TraceError, match="step count"):
         loading.load_upload(str(path), "visitor")
     with pytest.raises(TraceError, match="step count"):  # the same file through the bytes reader
-        parse_trace_bytes(json.dumps(data).encode(), "x.json", budget=PUBLIC_BUDGET)
+        parse_trace_bytes(text.encode(), "x.json", budget=PUBLIC_BUDGET)
 
 
 def test_outputs_read_the_piece_table_once_per_loaded_run(monkeypatch) -> None:
