@@ -4,7 +4,8 @@ Writes synthetic EQSPEC runs (`specviz/trace/synthetic.py`: batch 128, k = 4, 25
 about 10k, 100k and 1M row-steps (or the issue's 114k and 1.1M), as gzip JSON (written whole) and
 as Parquet (written a row group at a time; `--reuse` keeps the files an earlier run wrote), then
 times `specviz check` on each in a fresh process (wall time, CPU time and peak RSS from the
-kernel), alternating the two containers, `--repeats` times. JSON at the 1M sizes is skipped unless `--json-at-1m` (it needs GBs to parse).
+kernel), alternating the two containers, `--repeats` times. JSON at the 1M sizes is skipped unless
+`--json-at-1m` (it needs GBs to parse).
 
     python benchmarks/trace_scale.py --out benchmarks/results/trace-scale-2026-12-01.md
 """
