@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser import ARGS, CHROMIUM, SHOTS, settle
+from browser import CHROMIUM, SHOTS, served_page, settle
 
 import app
 from specviz.app.loading import TRACES, bundled_traces
@@ -25,19 +25,8 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (ap
 def page() -> Any:
     if FAULTY not in bundled_traces():
         pytest.skip(f"{FAULTY} is not bundled (run tools/make_traces.py)")
-    demo = app.build_app()
-    _, url, _ = app.launch(demo, prevent_thread_lock=True, server_name="127.0.0.1", quiet=True)
-    SHOTS.mkdir(exist_ok=True)
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
-        try:
-            tab = browser.new_page(viewport={"width": 1400, "height": 1000})
-            tab.set_default_timeout(60_000)
-            tab.goto(url)
-            yield tab
-        finally:
-            browser.close()
-            demo.close()
+    with served_page(app.build_app()) as tab:
+        yield tab
 
 
 def test_new_user_finds_where_desync_begins(page: Any) -> None:

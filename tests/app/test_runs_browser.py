@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser import ARGS, CHROMIUM, SHOTS, settle
+from browser import CHROMIUM, SHOTS, served_page, settle
+from runs_folder import make_runs_folder
 
 import app
 from specviz.analysis.check import check_trace
 from specviz.app import runs_tab
-from specviz.trace.io import open_trace, save_trace
-from specviz.trace.synthetic import synthetic_trace
+from specviz.trace.io import open_trace
 
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (apt-get install chromium)")
@@ -21,33 +21,16 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (ap
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("runs")
-    save_trace(synthetic_trace(6, 3, 3, 8), folder / "clean.json.gz")
-    broken = synthetic_trace(5, 2, 2, 6)
-    broken.steps[1].rows[-1].position_ids[0] += 1  # a position one past its token: a desync
-    save_trace(broken, folder / "desync.parquet")
-    (folder / "corrupt.json").write_text('{"format": "specviz-trace", "hea')
-    return folder
+    return make_runs_folder(tmp_path_factory.mktemp("runs"))
 
 
 @pytest.fixture(scope="module")
 def page(folder: Path) -> Any:
     runs_tab.open_runs_folder(folder, progress=False)
-    demo = app.build_app()
-    _, url, _ = app.launch(demo, prevent_thread_lock=True, server_name="127.0.0.1", quiet=True)
-    SHOTS.mkdir(exist_ok=True)
     try:
-        with playwright.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
-            try:
-                tab = browser.new_page(viewport={"width": 1400, "height": 1000})
-                tab.set_default_timeout(60_000)
-                tab.goto(url)
-                yield tab
-            finally:
-                browser.close()
+        with served_page(app.build_app()) as tab:
+            yield tab
     finally:
-        demo.close()
         runs_tab.FOLDER.clear()
 
 

@@ -8,23 +8,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from runs_folder import make_runs_folder
 
 import app as app_module
 from specviz.analysis.check import check_trace
 from specviz.app import runs_tab
 from specviz.errors import SpecvizError
-from specviz.trace.io import open_trace, save_trace
-from specviz.trace.synthetic import synthetic_trace
+from specviz.trace.io import open_trace
 
 
 @pytest.fixture
 def folder(tmp_path: Path) -> Path:
-    save_trace(synthetic_trace(6, 3, 3, 8), tmp_path / "clean.json.gz")
-    broken = synthetic_trace(5, 2, 2, 6)
-    broken.steps[1].rows[-1].position_ids[0] += 1  # a position one past its token: a desync
-    save_trace(broken, tmp_path / "desync.parquet")
-    (tmp_path / "corrupt.json").write_text('{"format": "specviz-trace", "hea')
-    return tmp_path
+    return make_runs_folder(tmp_path)
 
 
 @pytest.fixture(autouse=True)

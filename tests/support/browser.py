@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,3 +36,27 @@ def settle(page: Any) -> None:
     layout has stopped moving (a condition, not a duration: issue 26)."""
     page.wait_for_function("() => !document.querySelector('.eta-bar, .progress-text, .generating')")
     page.wait_for_function(STABLE_JS, polling="raf")
+
+
+@contextlib.contextmanager
+def served_page(demo: Any) -> Iterator[Any]:
+    """`demo` served on a free local port and opened in headless Chromium (1400 x 1000, 60 s
+    timeouts); the page is yielded, and the browser and the server are closed after, either way."""
+    from playwright.sync_api import sync_playwright
+
+    import app
+
+    _, url, _ = app.launch(demo, prevent_thread_lock=True, server_name="127.0.0.1", quiet=True)
+    SHOTS.mkdir(exist_ok=True)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+            try:
+                tab = browser.new_page(viewport={"width": 1400, "height": 1000})
+                tab.set_default_timeout(60_000)
+                tab.goto(url)
+                yield tab
+            finally:
+                browser.close()
+    finally:
+        demo.close()
