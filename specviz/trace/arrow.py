@@ -164,13 +164,16 @@ def valid(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
 
 
 def list_parts(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray] | None:
-    """A list<int64> column as (offsets `[rows + 1]`, flat values): row i is values[offsets[i]:offsets[i + 1]]
-    (null rows included, read them with `valid`). None if a list holds a null value."""
+    """A list<int64> or list<double> column as (offsets `[rows + 1]`, flat values): row i is
+    values[offsets[i]:offsets[i + 1]] (null rows included, read them with `valid`). None if a list
+    holds a null value."""
     array = one_chunk(column)
-    offsets = np.frombuffer(array.buffers()[1], dtype="<i4", count=len(array) + 1, offset=array.offset * 4)
     values = array.values
     if values.null_count:
         return None
+    if len(array) == 0:  # a writer may leave a column without rows without an offsets buffer
+        return np.zeros(1, dtype=np.int64), numbers(values)
+    offsets = np.frombuffer(array.buffers()[1], dtype="<i4", count=len(array) + 1, offset=array.offset * 4)
     return offsets.astype(np.int64), numbers(values)
 
 

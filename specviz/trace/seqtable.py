@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from specviz.trace.arrow import arrow_type
+from specviz.trace.arrow import arrow_type, list_parts, one_chunk
 from specviz.trace.schema import SequenceRecord
 from specviz.trace.validate import MAX_ABS_INT, TraceError
 
@@ -75,7 +75,7 @@ def sequences_from_ipc(data: pa.Buffer | bytes) -> list[SequenceRecord]:
     if problem:
         raise TraceError(f"sequences: {problem}")
     columns: dict[str, list[Any]] = {}
-    arrays = {name: _one_array(table.column(name)) for name in SEQUENCE_FIELDS}
+    arrays = {name: one_chunk(table.column(name)) for name in SEQUENCE_FIELDS}
     for field in SEQUENCE_SCHEMA:
         if not field.nullable and arrays[field.name].null_count:
             raise TraceError(f"sequences.{field.name}: null value")
@@ -90,11 +90,6 @@ def sequences_from_ipc(data: pa.Buffer | bytes) -> list[SequenceRecord]:
     del table, arrays, reader, data  # the stream: 65 MB at 1M row-steps
     pa.default_memory_pool().release_unused()  # mimalloc keeps the freed stream otherwise: tens of MB
     return list(map(SequenceRecord, *(columns[name] for name in SEQUENCE_FIELDS)))
-
-
-def _one_array(column: pa.ChunkedArray) -> pa.Array:
-    """The column as one array: its only chunk as is (what `sequences_ipc` writes), else joined."""
-    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
 def _first_line(exc: BaseException) -> str:
@@ -117,19 +112,12 @@ def _schema_difference(schema: pa.Schema) -> str | None:
     return f"unknown column {extra[0]!r}" if extra else None
 
 
-def _values(array: pa.ListArray, name: str, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+def _values(array: pa.ListArray, name: str) -> tuple[np.ndarray, np.ndarray]:
     """(offsets, flat values) of a list column, as NumPy views of its buffers (no pandas)."""
-    values = array.values
-    if values.null_count:
+    parts = list_parts(array)
+    if parts is None:
         raise TraceError(f"sequences.{name}: null inside a list")
-    item = np.dtype(dtype)
-    if len(array) == 0:  # a writer may leave a table without rows without an offsets buffer
-        return np.zeros(1, dtype="<i4"), np.zeros(0, dtype=item)
-    offsets = np.frombuffer(array.buffers()[1], dtype="<i4", count=len(array) + 1, offset=array.offset * 4)
-    if len(values) == 0:
-        return offsets, np.zeros(0, dtype=item)
-    flat = np.frombuffer(values.buffers()[1], dtype=item, count=len(values), offset=values.offset * item.itemsize)
-    return offsets, flat
+    return parts
 
 
 def _rows(array: pa.ListArray, offsets: np.ndarray, objects: np.ndarray) -> list[list[Any] | None]:
@@ -145,7 +133,7 @@ def _rows(array: pa.ListArray, offsets: np.ndarray, objects: np.ndarray) -> list
 
 def _int_lists(arrays: dict[str, pa.ListArray]) -> dict[str, list[list[int] | None]]:
     """The token list columns, equal ids one shared int object across all of them."""
-    parts = {name: _values(array, name, "<i8") for name, array in arrays.items()}
+    parts = {name: _values(array, name) for name, array in arrays.items()}
     for name, (_, flat) in parts.items():
         if flat.size and (flat.max() > MAX_ABS_INT or flat.min() < -MAX_ABS_INT):
             raise TraceError(f"sequences.{name}: absurd token id {int(flat[np.abs(flat) > MAX_ABS_INT][0])}")
@@ -170,7 +158,7 @@ def _shared_ints(columns: list[np.ndarray]) -> Callable[[np.ndarray], np.ndarray
 
 
 def _float_list_column(array: pa.ListArray, name: str) -> list[list[float] | None]:
-    offsets, flat = _values(array, name, "<f8")
+    offsets, flat = _values(array, name)
     finite = np.isfinite(flat)
     if not finite.all():
         raise TraceError(f"sequences.{name}: number is not finite")
