@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type's name if it has none): what a one-line
+    error quotes of a library's multi-line message."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
 class SpecvizError(Exception):
     """A problem with the user's input or environment, explained in one line."""
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from specviz.analysis.check import check_trace
 from specviz.analysis.metrics import totals_of
 from specviz.analysis.report import Report
-from specviz.errors import SpecvizError
+from specviz.errors import SpecvizError, first_line
 from specviz.trace.columnar import ColumnarError, is_parquet
 from specviz.trace.io import TraceError, open_trace
 from specviz.trace.schema import Trace
@@ -214,8 +214,7 @@ def row_steps(trace: Trace) -> int:
 
 def one_line(exc: BaseException, path: Path | None = None) -> str:
     """The message's first line, without the path the `file` column already names."""
-    lines = str(exc).strip().splitlines()
-    text = lines[0] if lines else type(exc).__name__
+    text = first_line(exc)
     if path is not None:
         text = text.removeprefix(f"{path}: ")
     return text

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from specviz.errors import ModelLoadError
+from specviz.errors import ModelLoadError, first_line
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_TARGET = str(ASSETS / "default-target")
@@ -69,12 +69,7 @@ def load_tokenizer(name: str, trust_remote_code: bool = False) -> Any:
     try:
         return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
     except Exception as exc:  # transformers raises many types; the user needs one line
-        raise ModelLoadError(f"{name}: cannot load tokenizer ({_first_line(exc)})") from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+        raise ModelLoadError(f"{name}: cannot load tokenizer ({first_line(exc)})") from None
 
 
 def check_same_vocabulary(target_tok: Any, draft_tok: Any, target: str, draft: str) -> None:
@@ -100,15 +95,15 @@ def load_causal_lm(name: str, device: torch.device, dtype: torch.dtype, trust_re
     try:
         config = AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code)
     except Exception as exc:
-        raise ModelLoadError(f"{name}: cannot read model config ({_first_line(exc)})") from None
+        raise ModelLoadError(f"{name}: cannot read model config ({first_line(exc)})") from None
     try:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, trust_remote_code=trust_remote_code)
     except ValueError as exc:
         if "Unrecognized configuration" in str(exc) or "AutoModelForCausalLM" in str(exc):
             raise ModelLoadError(f"{name}: {config.model_type!r} is not a causal language model") from None
-        raise ModelLoadError(f"{name}: cannot load model ({_first_line(exc)})") from None
+        raise ModelLoadError(f"{name}: cannot load model ({first_line(exc)})") from None
     except Exception as exc:
-        raise ModelLoadError(f"{name}: cannot load model ({_first_line(exc)})") from None
+        raise ModelLoadError(f"{name}: cannot load model ({first_line(exc)})") from None
     try:
         model.to(device)
     except torch.OutOfMemoryError:

@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from specviz.errors import first_line
 from specviz.files import inflate_bounded, umask_file_mode
 from specviz.trace.arrow import arrow_type, columns_valid, pylist
 from specviz.trace.arrow import numbers as numbers_of
@@ -215,7 +216,7 @@ class ParquetTrace:
         try:
             self._file = pq.ParquetFile(str(self.path))
         except (OSError, pa.ArrowException) as exc:
-            raise ColumnarError(f"{self.path}: not a readable Parquet file ({_first_line(exc)})") from None
+            raise ColumnarError(f"{self.path}: not a readable Parquet file ({first_line(exc)})") from None
         self.header, self.sequences, group_steps = _read_footer(self._file, self.path)
         _check_columns(self._file.schema_arrow, self.path)
         self.num_row_groups = self._file.num_row_groups
@@ -244,7 +245,7 @@ class ParquetTrace:
         try:
             return self._file.read_row_group(group, use_threads=False)
         except (OSError, pa.ArrowException) as exc:
-            raise ColumnarError(f"{self.path}: row group {group}: unreadable ({_first_line(exc)})") from None
+            raise ColumnarError(f"{self.path}: row group {group}: unreadable ({first_line(exc)})") from None
 
     def read_group(self, group: int) -> list[StepRecord]:
         """One row group's steps, checked like a JSON trace's (the previous group's last step
@@ -368,11 +369,6 @@ class ParquetSteps(collections.abc.Sequence):
         return bool(pc.any(table["finished"]).as_py()) or table["finish_reason"].null_count < len(table)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-
-
 def _read_footer(file: pq.ParquetFile, path: Path) -> tuple[Header, list[SequenceRecord], list[int] | None]:
     metadata = file.metadata.metadata or {}
     raw = metadata.get(METADATA_KEY)
@@ -413,7 +409,7 @@ def _inflate_sequences(raw: bytes | None, size: Any) -> pa.Buffer:
     try:
         data = pa.decompress(raw, decompressed_size=size, codec="zstd", asbytes=False)
     except (pa.ArrowException, OSError, ValueError) as exc:
-        raise TraceError(f"sequences: not zstd-compressed data of {size:,} bytes ({_first_line(exc)})") from None
+        raise TraceError(f"sequences: not zstd-compressed data of {size:,} bytes ({first_line(exc)})") from None
     return data
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from specviz.errors import first_line
 from specviz.trace.arrow import arrow_type, list_parts, one_chunk
 from specviz.trace.schema import SequenceRecord
 from specviz.trace.validate import MAX_ABS_INT, TraceError
@@ -70,7 +71,7 @@ def sequences_from_ipc(data: pa.Buffer | bytes) -> list[SequenceRecord]:
         table = reader.read_all()
         table.validate(full=True)  # offsets inside their buffers, before NumPy reads through them
     except (pa.ArrowException, OSError, ValueError) as exc:
-        raise TraceError(f"sequences: not a readable Arrow table ({_first_line(exc)})") from None
+        raise TraceError(f"sequences: not a readable Arrow table ({first_line(exc)})") from None
     problem = _schema_difference(table.schema)
     if problem:
         raise TraceError(f"sequences: {problem}")
@@ -90,11 +91,6 @@ def sequences_from_ipc(data: pa.Buffer | bytes) -> list[SequenceRecord]:
     del table, arrays, reader, data  # the stream: 65 MB at 1M row-steps
     pa.default_memory_pool().release_unused()  # mimalloc keeps the freed stream otherwise: tens of MB
     return list(map(SequenceRecord, *(columns[name] for name in SEQUENCE_FIELDS)))
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 def _schema_difference(schema: pa.Schema) -> str | None:
