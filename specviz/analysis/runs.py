@@ -287,16 +287,16 @@ def runs_frame(rows: Sequence[RunRow]) -> pd.DataFrame:
 # (heading, how a row shows it): the columns a terminal has room for; --json and --csv have all.
 TEXT_COLUMNS: tuple[tuple[str, Callable[[RunRow], Any]], ...] = (
     ("file", lambda r: r.file),
-    ("method", lambda r: r.method if not r.fault else f"{r.method}+{r.fault}"),
+    ("method", lambda r: method_label(r)),
     ("target / draft", lambda r: r.target and f"{r.target} / {r.draft or '-'}"),
     ("batch", lambda r: r.batch_size),
     ("k", lambda r: r.draft_k),
     ("prompts", lambda r: r.prompts),
     ("row-steps", lambda r: r.row_steps),
     ("verdict", lambda r: "ERROR" if r.error else r.verdict),
-    ("first violation", lambda r: _first_violation(r)),
-    ("exact", lambda r: _number(r.exact_match, 3)),
-    ("accept", lambda r: _number(r.acceptance_rate, 3)),
+    ("first violation", lambda r: first_violation_text(r)),
+    ("exact", lambda r: share_text(r.exact_match)),
+    ("accept", lambda r: share_text(r.acceptance_rate)),
     ("modified (UTC)", lambda r: r.mtime and r.mtime[:16].replace("T", " ")),
     ("error", lambda r: r.error),
 )
@@ -314,14 +314,20 @@ def render_runs(rows: Sequence[RunRow]) -> str:
     return "\n".join(lines)
 
 
-def _first_violation(r: RunRow) -> str | None:
+def method_label(r: RunRow) -> str | None:
+    """The method, with its fault when it has one (`eqspec+stale-kv`)."""
+    return r.method if not r.fault else f"{r.method}+{r.fault}"
+
+
+def first_violation_text(r: RunRow) -> str | None:
     if r.first_violation_step is None:
         return None
-    return f"step {r.first_violation_step} row {r.first_violation_row} {r.first_violation_name}"
+    return f"step {r.first_violation_step}, row {r.first_violation_row}: {r.first_violation_name}"
 
 
-def _number(value: float | None, digits: int) -> str | None:
-    return None if value is None else f"{value:.{digits}f}"
+def share_text(value: float | None) -> str | None:
+    """A share (exact match, acceptance) to three places."""
+    return None if value is None else f"{value:.3f}"
 
 
 MAX_CELL = 64  # a cell longer than this is cut ("..."), so one odd header cannot widen every line

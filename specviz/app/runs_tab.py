@@ -17,7 +17,7 @@ from typing import Any
 
 import gradio as gr
 
-from specviz.analysis.runs import RunRow, scan_runs
+from specviz.analysis.runs import RunRow, first_violation_text, method_label, scan_runs, share_text
 from specviz.app import serve
 from specviz.app.loading import load_local
 from specviz.errors import SpecvizError
@@ -25,18 +25,19 @@ from specviz.views import LoadedRun
 
 PUBLIC_RUNS_REFUSED = "--runs lists a local folder: refused in public mode (a Space reads no path a visitor chose)"
 
-# (heading, how a row shows it): what a reader picks a run by; `specviz runs --json` has every column.
+# (heading, how a row shows it), cells as `specviz runs` prints them: what a reader picks a run by;
+# `specviz runs --json` has every column.
 SHOWN: tuple[tuple[str, Any], ...] = (
     ("file", lambda r: r.file),
-    ("method", lambda r: r.method if not r.fault else f"{r.method}+{r.fault}"),
+    ("method", method_label),
     ("batch", lambda r: r.batch_size),
     ("k", lambda r: r.draft_k),
     ("prompts", lambda r: r.prompts),
     ("verdict", lambda r: "error" if r.error else r.verdict),
-    ("first violation", lambda r: _first_violation(r)),
-    ("exact", lambda r: _share(r.exact_match)),
-    ("acceptance", lambda r: _share(r.acceptance_rate)),
-    ("error", lambda r: r.error or ""),
+    ("first violation", first_violation_text),
+    ("exact", lambda r: share_text(r.exact_match)),
+    ("acceptance", lambda r: share_text(r.acceptance_rate)),
+    ("error", lambda r: r.error),
 )
 
 
@@ -86,17 +87,8 @@ def load_listed(name: str | None) -> LoadedRun:
 
 
 def table_rows(rows: list[RunRow]) -> list[list[Any]]:
-    return [[cell(r) if cell(r) is not None else "" for _, cell in SHOWN] for r in rows]
-
-
-def _first_violation(r: RunRow) -> str:
-    if r.first_violation_step is None:
-        return ""
-    return f"step {r.first_violation_step}, row {r.first_violation_row}: {r.first_violation_name}"
-
-
-def _share(value: float | None) -> str:
-    return "" if value is None else f"{value:.3f}"
+    """The table's cells, "" where a value is unknown (the page shows nothing there)."""
+    return [["" if (value := cell(r)) is None else value for _, cell in SHOWN] for r in rows]
 
 
 @dataclass
