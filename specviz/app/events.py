@@ -274,7 +274,10 @@ def wire_runs(section: RunsSection, slot_a: RunSlot, slot_b: RunSlot, inspect: A
             return gr.skip()  # an unreadable file has nothing to open: the pick stays
         return rows[row].file
 
-    section.table.select(pick_row, None, [section.pick], api_visibility="private")
+    # "multiple": a row clicked while the last click is in flight is the reader's pick. The default
+    # "once" drops that click, and Gradio 6.31's "always_last" reruns with the first click's row.
+    # The queue runs a listener's events in order, so the last click's row is what stays.
+    section.table.select(pick_row, None, [section.pick], trigger_mode="multiple", api_visibility="private")
 
 
 def wire_navigation(inspect: Any, states: list[Any], ui: DetailUI) -> None:
@@ -340,7 +343,10 @@ def wire_jumps(inspect: Any, states: list[Any], ui: DetailUI) -> None:
     # Each jump switches to the grid tab, so the grid is refitted to its now visible container.
     refit = {"js": RESIZE_PLOTS_JS, "show_progress": "hidden", "api_visibility": "private"}
     grid.first.click(jump_first, jump_inputs, jump_outputs, api_name="jump_first_violation").then(None, **refit)
-    invariants.violations.select(jump_selected, jump_inputs, jump_outputs, api_visibility="private").then(None, **refit)
+    # "multiple", as for the runs table: a second row clicked during a jump is where the reader goes.
+    invariants.violations.select(
+        jump_selected, jump_inputs, jump_outputs, trigger_mode="multiple", api_visibility="private"
+    ).then(None, **refit)
     # change, not input: the click script sets the value, nobody types it.
     invariants.pick.change(jump_picked, [*jump_inputs, invariants.pick], jump_outputs, api_visibility="private").then(
         None, **refit

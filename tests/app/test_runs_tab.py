@@ -83,3 +83,15 @@ def test_without_runs_the_page_has_no_section() -> None:
     demo = app_module.build_app()
     assert not any(getattr(b, "elem_id", None) == "sv-runs" for b in demo.blocks.values())
     assert not any(f.api_name and f.api_name.startswith("open_listed") for f in demo.fns.values())
+
+
+def test_every_table_click_runs_with_its_own_row(listed: Any) -> None:
+    """A select handler reads the clicked row from the event, so a click made while the last one is
+    in flight must still run with its own row. Gradio's default trigger mode ("once") drops that
+    click and "always_last" reruns with the first click's row; only "multiple" keeps it. The browser
+    test clicks two rows in a row; this holds the setting where the machine is too fast to race."""
+    backend_selects = [
+        d for d in listed.config["dependencies"] if d["backend_fn"] and any(t[1] == "select" for t in d["targets"])
+    ]
+    assert len(backend_selects) == 2  # the runs table's pick and the violations table's jump
+    assert {d["trigger_mode"] for d in backend_selects} == {"multiple"}
