@@ -9,7 +9,8 @@ from typing import Any
 
 from specviz.app.serve import LIVE_CONCURRENCY_ID
 
-REPLACED_MESSAGE = "replaced by your newer request of the same kind"
+# gr.skip(): an output given this keeps what it shows.
+NO_CHANGE = {"__type__": "update"}
 # Jobs share one GIL and 2 cores: every running job of a flooder slows everyone else's as much as
 # one more job. With one at a time, another visitor's answer shares the CPU with one of them.
 # A live run (its own lane of one, for everyone) is not counted: a visitor inspects while it runs.
@@ -89,6 +90,15 @@ def install_fair_lanes(demo: Any, lanes: FairLanes | None = None) -> bool:
     return True
 
 
+def replaced_output(event: Any) -> dict[str, Any]:
+    """What a replaced job answers: a success that changes none of its outputs. Not an error: the
+    page marks every output of a failed job with an "Error" badge and a toast, and a visitor who
+    clicked again while the server was busy did nothing wrong (seen in the browser test on a loaded
+    machine). The newer job draws what they asked for; an API client gets one `NO_CHANGE` per output."""
+    outputs = len(getattr(event.fn, "outputs", None) or [])
+    return {"data": [dict(NO_CHANGE) for _ in range(outputs)], "is_generating": False}
+
+
 async def _drop_replaced(queue: Any, event_id: str | None, lanes: FairLanes) -> None:
     from gradio.server_messages import ProcessCompletedMessage
 
@@ -105,6 +115,5 @@ async def _drop_replaced(queue: Any, event_id: str | None, lanes: FairLanes) -> 
             pending = queue.pending_event_ids_session.get(event.session_hash)
             if pending is not None:
                 pending.discard(event._id)
-            message = {"error": REPLACED_MESSAGE, "duration": 5, "visible": True, "title": "Replaced"}
-            queue.send_message(event, ProcessCompletedMessage(output=message, success=False, title="Replaced"))
+            queue.send_message(event, ProcessCompletedMessage(output=replaced_output(event), success=True))
             lanes.replaced += 1

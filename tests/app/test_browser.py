@@ -78,6 +78,13 @@ FILL_JS = """(id) => {
     const svg = box && box.querySelector('.main-svg');
     return svg ? svg.getBoundingClientRect().width / box.getBoundingClientRect().width : 0;
 }"""
+# Where each visible badge is (the nearest element id) and the toasts shown: a failure says why.
+BADGE_PLACES_JS = """() => ({
+    badges: [...document.querySelectorAll('.error')]
+        .filter((el) => el.offsetParent !== null && el.textContent.trim() === 'Error')
+        .map((el) => { let p = el; while (p && !p.id) p = p.parentElement; return p ? p.id : null; }),
+    toasts: [...document.querySelectorAll('.toast-body')].map((el) => el.innerText.slice(0, 200)),
+})"""
 # Words of table headers split over two lines ("violatio ns"): a header may wrap between words only.
 BROKEN_WORDS_JS = """() => [...document.querySelectorAll('th')]
   .filter((th) => th.offsetParent !== null).flatMap((th) => {
@@ -105,16 +112,18 @@ def pick_bundled(page: Any, name: str, slot: int = 0) -> None:
 
 def test_error_is_one_line_and_leaves_no_badge(page: Any, tmp_path: Path) -> None:
     page.set_viewport_size({"width": 1440, "height": 900})
+    page.wait_for_selector("#sv-grid .js-plotly-plot", state="attached")  # the opening run is drawn
+    settle(page)
     bad = tmp_path / "broken.json"
     bad.write_text('{"format": "specviz-trace", "header": 3}')
     page.locator("input[type=file]").first.set_input_files(str(bad))
     page.locator("#sv-status-a").get_by_text("broken.json").wait_for()
     settle(page)
-    assert page.evaluate(BADGES_JS) == 0
+    assert page.evaluate(BADGES_JS) == 0, page.evaluate(BADGE_PLACES_JS)
     assert page.locator("#sv-grid .js-plotly-plot").count() == 1  # the run stays drawn
     pick_bundled(page, "default-eqspec-stale-kv.json.gz")
     page.locator("#sv-status-a").wait_for(state="hidden")
-    assert page.evaluate(BADGES_JS) == 0
+    assert page.evaluate(BADGES_JS) == 0, page.evaluate(BADGE_PLACES_JS)
 
 
 def test_upload_clears_the_bundled_name(page: Any, tmp_path: Path) -> None:

@@ -130,6 +130,52 @@ def test_fair_lanes_serve_the_least_served_visitor_and_one_job_per_kind() -> Non
     assert one.pick(flood, [_Event("attacker", grid)]) is None
 
 
+def test_a_replaced_job_ends_as_a_success_that_changes_nothing() -> None:
+    """A visitor's newer job of a kind replaces their queued one. The old one must not end as an
+    error: the page would badge each of its outputs "Error" (seen in the browser test on a loaded
+    machine) though the visitor only clicked again. It ends as a success whose every output is
+    `NO_CHANGE`; another visitor's job and another kind stay queued."""
+    import asyncio
+    import types
+
+    from gradio.server_messages import ProcessCompletedMessage
+
+    import app as app_module
+    from specviz.app import lanes as lanes_module
+
+    grid_fn = next(fn for fn in app_module.build_app().fns.values() if fn.api_name == "grid")
+    other_fn = object()
+
+    def event(session: str, fn: object, name: str) -> _Event:
+        e = _Event(session, fn)
+        e._id, e.concurrency_id = name, "lane"  # type: ignore[attr-defined]
+        return e
+
+    older, newer = event("visitor", grid_fn, "older"), event("visitor", grid_fn, "newer")
+    kept = [event("other", grid_fn, "other visitor"), event("visitor", other_fn, "other kind")]
+    lane = types.SimpleNamespace(queue=[older, *kept, newer])
+    sent: list[tuple[str, object]] = []
+    queue = types.SimpleNamespace(
+        event_ids_to_events={e._id: e for e in lane.queue},
+        event_queue_per_concurrency_id={"lane": lane},
+        pending_event_ids_session={"visitor": {"older", "newer", "other kind"}},
+        delete_lock=asyncio.Lock(),
+        send_message=lambda e, message: sent.append((e._id, message)),
+    )
+    lanes = lanes_module.FairLanes()
+    asyncio.run(lanes_module._drop_replaced(queue, "newer", lanes))
+
+    assert lane.queue == [*kept, newer] and lanes.replaced == 1
+    assert "older" not in queue.event_ids_to_events and queue.pending_event_ids_session["visitor"] == {
+        "newer",
+        "other kind",
+    }
+    [(replaced, message)] = sent
+    assert isinstance(message, ProcessCompletedMessage)
+    assert replaced == "older" and message.success and "error" not in message.output
+    assert message.output["data"] == [lanes_module.NO_CHANGE] * len(grid_fn.outputs) and len(grid_fn.outputs) > 0
+
+
 # ----------------------------------------------------------------------------- memory ceiling
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from gradio_client import Client, handle_file
 
+from specviz.app.lanes import NO_CHANGE
 from tools.attacks.server import _cpu_s
 from tools.attacks.settings import GOAL_UPLOAD_CPU_S, GOAL_UPLOAD_KEPT_MB, PROBE_TRACE, UPLOAD_WALL_GUARD_S
 from tools.attacks.suite import Result, Suite, app_error, load_heavy
@@ -68,13 +69,16 @@ def attack_inspect_flood(suite: Suite, folder: Path, path: Path, calls: int) -> 
         jobs = [client.submit("A", 40, False, api_name="/inspect") for _ in range(calls)]
         jobs += [client.submit("A", i % 50, -1, 40, api_name="/grid") for i in range(calls)]
         jobs += [client.submit(handle_file(str(path)), 40, False, api_name="/load_upload_b") for _ in range(4)]
-        outcomes = {"ok": 0, "replaced or refused": 0}
+        outcomes = {"ok": 0, "replaced": 0, "refused": 0}
         for job in jobs:
             try:
-                job.result(timeout=suite.timeout)
-                outcomes["ok"] += 1
-            except Exception:  # noqa: BLE001 - a replaced job answers with an error
-                outcomes["replaced or refused"] += 1
+                answer = job.result(timeout=suite.timeout)
+            except Exception:  # noqa: BLE001 - a refused job answers with an error
+                outcomes["refused"] += 1
+                continue
+            answers = answer if isinstance(answer, (list, tuple)) else [answer]
+            replaced = all(a == NO_CHANGE for a in answers)  # a replaced job changes none of its outputs
+            outcomes["replaced" if replaced else "ok"] += 1
         result.notes.update(upload=loaded, outcomes=outcomes, cpu_s=round(_cpu_s(suite.server.proc.pid) - cpu, 1))
         return f"{path.name} {loaded}; {outcomes}"
 
