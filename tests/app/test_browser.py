@@ -71,20 +71,19 @@ def test_new_user_finds_where_desync_begins(page: Any) -> None:
 
 # ----------------------------------------------------------------------------- issue 13: UI states
 
-BADGES_JS = """() => [...document.querySelectorAll('.error')]
-    .filter((el) => el.offsetParent !== null && el.textContent.trim() === 'Error').length"""
-FILL_JS = """(id) => {
-    const box = document.querySelector(`#${id}`);
-    const svg = box && box.querySelector('.main-svg');
-    return svg ? svg.getBoundingClientRect().width / box.getBoundingClientRect().width : 0;
-}"""
-# Where each visible badge is (the nearest element id) and the toasts shown: a failure says why.
-BADGE_PLACES_JS = """() => ({
+# The visible "Error" badges, each by its nearest element id, and the toasts shown: a test asserts
+# no badges, and its failure message says where they are and why (a toast names the cause).
+BADGES_JS = """() => ({
     badges: [...document.querySelectorAll('.error')]
         .filter((el) => el.offsetParent !== null && el.textContent.trim() === 'Error')
         .map((el) => { let p = el; while (p && !p.id) p = p.parentElement; return p ? p.id : null; }),
     toasts: [...document.querySelectorAll('.toast-body')].map((el) => el.innerText.slice(0, 200)),
 })"""
+FILL_JS = """(id) => {
+    const box = document.querySelector(`#${id}`);
+    const svg = box && box.querySelector('.main-svg');
+    return svg ? svg.getBoundingClientRect().width / box.getBoundingClientRect().width : 0;
+}"""
 # Words of table headers split over two lines ("violatio ns"): a header may wrap between words only.
 BROKEN_WORDS_JS = """() => [...document.querySelectorAll('th')]
   .filter((th) => th.offsetParent !== null).flatMap((th) => {
@@ -119,11 +118,13 @@ def test_error_is_one_line_and_leaves_no_badge(page: Any, tmp_path: Path) -> Non
     page.locator("input[type=file]").first.set_input_files(str(bad))
     page.locator("#sv-status-a").get_by_text("broken.json").wait_for()
     settle(page)
-    assert page.evaluate(BADGES_JS) == 0, page.evaluate(BADGE_PLACES_JS)
+    shown = page.evaluate(BADGES_JS)
+    assert shown["badges"] == [], shown
     assert page.locator("#sv-grid .js-plotly-plot").count() == 1  # the run stays drawn
     pick_bundled(page, "default-eqspec-stale-kv.json.gz")
     page.locator("#sv-status-a").wait_for(state="hidden")
-    assert page.evaluate(BADGES_JS) == 0, page.evaluate(BADGE_PLACES_JS)
+    shown = page.evaluate(BADGES_JS)
+    assert shown["badges"] == [], shown
 
 
 def test_upload_clears_the_bundled_name(page: Any, tmp_path: Path) -> None:
