@@ -7,9 +7,12 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import itertools
 import os
+import sys
 import threading
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -50,7 +53,7 @@ def tune_gc_for_serving() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-UNLOADED_MESSAGE = "this run was unloaded to free memory; load it again"
+UNLOADED_MESSAGE = "this run or report was unloaded to free memory; load it again"
 PUBLIC_RUN_MEMORY_MB = 4096  # loaded runs of every session together, public mode
 
 
@@ -64,25 +67,141 @@ def run_memory_ceiling(public: bool, environ: dict[str, str] | None = None) -> i
 
 
 def estimate_run_bytes(loaded: Any) -> int:
-    """What a loaded run keeps, from what it holds (calibrated by tools/attack_suite.py: rows with
-    their analysis ~3 KB, a list item ~40 B, a piece-table entry twice over ~300 B, text 1 B a char)."""
-    trace = loaded.trace
-    rows = cells = 0
-    overview = getattr(loaded, "overview", None)
-    # A lazy run keeps its history's arrays and the overview's steps; the rest stays on disk.
-    lazy = bool(getattr(loaded, "lazy", False))
-    steps = overview()[0].steps if lazy and overview is not None else trace.steps
-    extra = loaded.history.nbytes if lazy else 0
-    for step in steps:
-        rows += len(step.rows)
-        for row in step.rows:
-            cells += len(row.draft_tokens) + len(row.target_tokens) + len(row.emitted) + len(row.position_ids)
-    chars = 0
-    for seq in trace.sequences:
-        cells += len(seq.prompt_ids) + len(seq.output_ids) + len(seq.reference_ids or ())
-        chars += len(seq.prompt or "") + len(seq.output_text or "")
-    pieces = len(getattr(loaded, "texts", None) or ()) + len(trace.header.token_text or ())
-    return 256 * 1024 + 3_000 * rows + 40 * cells + 150 * pieces + chars + extra
+    """What a loaded run (or an opened probe report) keeps: every object it holds, in bytes
+    (`kept_bytes`). A lazy run's steps stay on disk: its overview's steps are counted instead."""
+    if bool(getattr(loaded, "lazy", False)):
+        overview = getattr(loaded, "overview", None)
+        steps = overview()[0].steps if overview is not None else []
+        parts = [loaded.trace.header, loaded.trace.sequences, steps, loaded.report, loaded.texts, loaded.figures]
+        return RUN_OVERHEAD_BYTES + int(ALLOCATOR_SLACK * kept_bytes(parts)) + loaded.history.nbytes
+    return RUN_OVERHEAD_BYTES + int(ALLOCATOR_SLACK * kept_bytes(loaded))
+
+
+RUN_OVERHEAD_BYTES = 64 * 1024  # a session's state and its run's entry here
+# Python's allocator keeps a freed block's arena while a kept object shares it: the parse's own
+# dicts, freed, leave holes among a run's objects. Per run kept, RSS grew 0.95-1.2x the objects'
+# bytes (a hostile trace 78.3 MB for 74.2, the heaviest public trace 23.6 for 23.3, a 9,000-prompt
+# probe report 12.6 for 10.4; tests/app/test_kept_memory.py checks it within 20%).
+ALLOCATOR_SLACK = 1.1
+
+
+# The objects Python shares rather than allocates per use: counting them would count nothing kept.
+_CACHED = {value: sys.getsizeof(value) for value in range(-5, 257)}
+_CACHED.update({None: sys.getsizeof(None), True: sys.getsizeof(True), False: sys.getsizeof(False)})
+_SCALARS = frozenset({int, float, bool, type(None), complex})
+_LEAVES = _SCALARS | {str, bytes}
+_NOT_KEPT = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.CodeType)
+
+
+def kept_bytes(root: Any) -> int:
+    """The bytes every object reachable from `root` takes (`sys.getsizeof`, each object once), as
+    allocated: strings by their stored width (an emoji is 4 bytes, as in UTF-8), lists and dicts with
+    their tables, mask runs and token lists item by item, arrays with their data. Shared objects
+    (classes, modules, functions, small ints, None) are not what a run keeps and are skipped.
+
+    Containers of scalars, and of tuples or lists of scalars (token lists, mask runs, the grid's
+    history), are summed with C-level maps: a run at the public budget is counted in ~0.1 s."""
+    seen: set[int] = set()
+    stack: list[Any] = [root]
+    total = 0
+    while stack:
+        obj = stack.pop()
+        kind = type(obj)
+        if kind in _LEAVES:
+            total += _leaf(obj, seen)
+            continue
+        key = id(obj)
+        if key in seen:
+            continue
+        seen.add(key)
+        if kind is list or kind is tuple or kind is set or kind is frozenset:
+            total += sys.getsizeof(obj) + _items(obj, stack, seen)
+        elif kind is dict:
+            total += sys.getsizeof(obj) + _keys(obj, stack, seen) + _items(obj.values(), stack, seen)
+        elif isinstance(obj, _NOT_KEPT):
+            continue
+        elif _is_array(obj):
+            total += sys.getsizeof(obj)  # with its data when it owns it
+            if getattr(obj, "base", None) is not None:
+                stack.append(obj.base)
+        else:  # an instance: its own size, then what it refers to (not its class: shared)
+            refs = [ref for ref in gc.get_referents(obj) if not isinstance(ref, type)]
+            # Attribute values stored in the object (no `__dict__` made: asking for it would make one).
+            inline = 0 if any(type(ref) is dict for ref in refs) else 8 * len(refs) + 16
+            total += sys.getsizeof(obj) + inline + _items(refs, stack, seen)
+    return total
+
+
+def _leaf(value: Any, seen: set[int]) -> int:
+    """One scalar (its own object unless Python caches it) or string (counted once: may be shared)."""
+    kind = type(value)
+    if kind is float:
+        return _FLOAT_BYTES
+    if kind is str or kind is bytes:
+        if id(value) in seen:
+            return 0
+        seen.add(id(value))
+        return _allocated(sys.getsizeof(value))
+    if kind is int and value in _CACHED or value is None or kind is bool:
+        return 0
+    return _allocated(sys.getsizeof(value))
+
+
+_FLOAT_BYTES = sys.getsizeof(0.0)
+
+
+def _allocated(size: int) -> int:
+    """What the allocator hands out for `size` bytes: 8-byte blocks up to 512, then malloc's."""
+    return (size + 7) & ~7 if size <= 512 else size + 16
+
+
+def _leaves(items: list[Any] | tuple[Any, ...], kinds: set[type], seen: set[int]) -> int:
+    """Scalars and strings, summed with C-level maps where they are only numbers."""
+    if kinds == {float}:
+        return _FLOAT_BYTES * len(items)
+    if kinds <= {int, bool, type(None)}:  # token IDs, positions, mask runs: 28-byte ints take 32
+        cached = sum(map(_CACHED.__contains__, items))
+        own = sum(map(sys.getsizeof, items)) - sum(map(_CACHED.get, items, itertools.repeat(0)))
+        return own + 4 * (len(items) - cached)
+    return sum(_leaf(value, seen) for value in items)
+
+
+def _items(container: Any, stack: list[Any], seen: set[int]) -> int:
+    """The items of a container: leaves summed at once (and small tuples or lists of numbers, as
+    mask runs and the grid's history), anything else pushed for the walk."""
+    items = container if type(container) in (list, tuple) else list(container)
+    kinds = set(map(type, items))
+    if kinds <= _LEAVES:
+        return _leaves(items, kinds, seen)
+    if kinds <= {tuple, list}:
+        inner = list(itertools.chain.from_iterable(items))
+        inner_kinds = set(map(type, inner))
+        if inner_kinds <= _SCALARS:
+            return sum(map(_allocated, map(sys.getsizeof, items))) + _leaves(inner, inner_kinds, seen)
+    total = 0
+    for value in items:
+        if type(value) in _LEAVES:
+            total += _leaf(value, seen)
+        else:
+            stack.append(value)
+    return total
+
+
+def _keys(mapping: dict[Any, Any], stack: list[Any], seen: set[int]) -> int:
+    """A dict's keys: strings are often shared between dicts (JSON keys, attribute names): once each."""
+    total = 0
+    for key in mapping:
+        if type(key) is str:
+            if id(key) not in seen:
+                seen.add(id(key))
+                total += _allocated(sys.getsizeof(key))
+        else:
+            stack.append(key)
+    return total
+
+
+def _is_array(obj: Any) -> bool:
+    return type(obj).__module__ == "numpy" and hasattr(obj, "nbytes") and hasattr(obj, "base")
 
 
 class RunMemory:
@@ -130,6 +249,23 @@ class RunMemory:
             if entry is not None:
                 entry["used"] = time.monotonic()
 
+    def grew(self, run: Any, session: str | None) -> None:
+        """A handler drew whole-run figures of `run` (kept in `run.figures`): count them too."""
+        figures = getattr(run, "figures", None)
+        with self._lock:
+            entry = self._runs.get(id(run))
+            if entry is None or not figures or len(figures) == entry.get("figures", 0):
+                return
+            entry["figures"] = len(figures)
+        size = int(ALLOCATOR_SLACK * kept_bytes(list(figures.values())))
+        with self._lock:
+            entry = self._runs.get(id(run))
+            if entry is None:
+                return
+            entry["size"] += size - entry.get("figure_bytes", 0)
+            entry["figure_bytes"] = size
+        self.make_room(keep=session)
+
     def track(self, run: Any, session: str | None) -> None:
         """A run landed in `session`'s state: count it, then make room by unloading others."""
         if self.ceiling is None or run is None or getattr(run, "shared", False) or getattr(run, "evicted", False):
@@ -151,6 +287,8 @@ class RunMemory:
                 "session": session or "",
                 "size": size,
                 "used": time.monotonic(),
+                "figures": len(getattr(run, "figures", None) or ()),  # counted in `size` already
+                "figure_bytes": 0,
             }
         self.make_room(keep=session)
 
@@ -185,12 +323,14 @@ class RunMemory:
 
 
 def unload_run(run: Any) -> None:
-    """Empty a loaded run in place: the session's state keeps a husk that says it was unloaded."""
+    """Empty a loaded run (or probe report) in place: the session's state keeps a husk that says it
+    was unloaded."""
     for name in ("trace", "report", "history"):
         if hasattr(run, name):
             object.__setattr__(run, name, None)
-    object.__setattr__(run, "texts", {})
-    object.__setattr__(run, "figures", {})
+    for name, empty in (("texts", {}), ("figures", {}), ("prompts", ())):
+        if hasattr(run, name):
+            object.__setattr__(run, name, empty)
     object.__setattr__(run, "evicted", True)
 
 
@@ -204,11 +344,22 @@ def _request_session() -> str | None:
     return getattr(request, "session_hash", None)
 
 
-def install_memory(demo: Any, memory: RunMemory, run_type: type) -> int:
-    """Wrap every handler of `demo`: a run that was unloaded reaches it as an empty slot (with a
-    warning toast, never an error badge), and every run it puts in a state is counted by `memory`."""
+def _kept_types(run_type: type | tuple[type, ...]) -> tuple[type, ...]:
+    """What the ceiling counts: loaded runs and opened probe reports (each session's own)."""
+    from specviz.probe.report import ProbeReport
+
+    kinds = run_type if isinstance(run_type, tuple) else (run_type,)
+    return (*kinds, ProbeReport)
+
+
+def install_memory(demo: Any, memory: RunMemory, run_type: type | tuple[type, ...]) -> int:
+    """Wrap every handler of `demo`: a run (or probe report) that was unloaded reaches it as an
+    empty slot (with a warning toast, never an error badge), and every run or report it puts in a
+    state is counted by `memory`, the figures it draws of a run too."""
     import functools
     import inspect
+
+    run_type = _kept_types(run_type)
 
     wrapped = 0
     for block_fn in getattr(demo, "fns", {}).values():
@@ -234,6 +385,9 @@ def install_memory(demo: Any, memory: RunMemory, run_type: type) -> int:
 
                     gr.Warning(UNLOADED_MESSAGE)
                 result = __fn(*fixed, **kwargs)
+                for arg in fixed:
+                    if isinstance(arg, run_type):
+                        memory.grew(arg, session)
                 values = result.values() if isinstance(result, dict) else result
                 for value in values if isinstance(values, (list, tuple, type({}.values()))) else [values]:
                     if isinstance(value, run_type):

@@ -148,3 +148,48 @@ def html_method_file(folder: Path) -> Path:
     data = base_trace()
     data["header"]["method"] = "<img src=x onerror=alert(1)>"
     return write_json(folder / "html-method.json", data)
+
+
+EMOJI = "\U0001f600"  # 4 bytes in UTF-8 and 4 in a Python string: text a character count underrates
+
+
+def hidden_memory_file(
+    folder: Path,
+    runs: int = 500_000,
+    options: int = 16_000,
+    option_chars: int = 160,
+    piece_chars: int = 1_000_000,
+    level: int = 9,
+) -> Path:
+    """Issue 34: a ~100 KB gzip inside the public budget that keeps ~100 MB once loaded, in what an
+    estimate of rows and tokens leaves out: `runs` mask runs, `options` header options of long emoji
+    strings, and a piece table of 4 entries of `piece_chars` emoji each (IDs the trace uses)."""
+    data = base_trace()
+    data["header"]["schema_version"] = 2
+    step = data["steps"][0]
+    rows = 128  # at most 4,096 runs a row: 128 rows carry 500,000
+    data["steps"] = [{**step, "step": i, "rows": step["rows"]} for i in range(rows // len(step["rows"]))]
+    per_row = runs // rows
+    for s in data["steps"]:
+        s["cache_len"] = per_row * 2 - s["query_len"]
+        s["rows"] = [{**row, "mask_rle": [[1, 1], [0, 1]] * (per_row // 2)} for row in s["rows"]]
+    data["header"]["options"] = {f"o{i:05d}": EMOJI * option_chars for i in range(options)}
+    used = sorted({t for seq in data["sequences"] for t in seq["output_ids"]})[:4]
+    data["header"]["token_text"] = {str(t): EMOJI * piece_chars for t in used}
+    path = folder / "hidden-memory.json.gz"
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    path.write_bytes(gzip.compress(text.encode(), level))  # 9: ~100 KB; 1 (tests): faster, larger
+    return path
+
+
+def probe_report_file(folder: Path, prompts: int) -> Path:
+    """The bundled probe report with its prompts repeated to `prompts` (counts kept consistent)."""
+    from specviz.app.loading import TRACES
+
+    data = json.loads((TRACES / "probe-example.json").read_text())
+    base = data["prompts"]
+    data["prompts"] = [{**json.loads(json.dumps(base[i % len(base)])), "index": i} for i in range(prompts)]
+    data["counts"] = {key: 0 for key in data["counts"]}
+    for prompt in data["prompts"]:
+        data["counts"][prompt["verdict"]] = data["counts"].get(prompt["verdict"], 0) + 1
+    return write_json(folder / f"probe-{prompts}.json", data)
