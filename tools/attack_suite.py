@@ -33,7 +33,14 @@ from tools.attacks.load import attack_flood, attack_inspect_flood, attack_sessio
 from tools.attacks.server import Server, free_port
 from tools.attacks.settings import ROOT
 from tools.attacks.suite import Suite, raw_event
-from tools.attacks.visitors import attack_foreign_upload, attack_html, attack_models, attack_session, attack_uploads
+from tools.attacks.visitors import (
+    attack_addresses,
+    attack_foreign_upload,
+    attack_html,
+    attack_models,
+    attack_session,
+    attack_uploads,
+)
 
 __all__ = ["free_port", "many_steps_file", "raw_event"]  # what tests import from here
 
@@ -47,13 +54,13 @@ def main() -> int:
     parser.add_argument("--no-assert", action="store_true", help="report only (for older checkouts)")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     parser.add_argument(
-        "--only", default=None, help="comma list: uploads,session,html,foreign,models,inspect,sessions,flood"
+        "--only", default=None, help="comma list: uploads,session,html,foreign,addresses,models,inspect,sessions,flood"
     )
     parser.add_argument("--match", default="", help="only the upload attacks whose name contains this")
     parser.add_argument("--run-memory-mb", type=float, default=None, help="the app's ceiling for loaded runs")
     args = parser.parse_args()
     timeout = args.timeout or (40 if args.quick else 180)
-    wanted = set((args.only or "uploads,session,html,foreign,models,flood,inspect,sessions").split(","))
+    wanted = set((args.only or "uploads,session,html,foreign,addresses,models,flood,inspect,sessions").split(","))
     ceiling = args.run_memory_mb or (96 if args.quick else 512)
     folder = Path(tempfile.mkdtemp(prefix="specviz-attack-files-"))
     started = time.time()
@@ -68,6 +75,8 @@ def main() -> int:
             attack_html(suite, folder)
         if "foreign" in wanted:
             attack_foreign_upload(suite, folder)
+        if "addresses" in wanted:
+            attack_addresses(suite)
         if "models" in wanted:
             attack_models(suite)
         if "inspect" in wanted:

@@ -16,6 +16,7 @@ ticket of its own, and the file stays until both are read.
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections import Counter
@@ -29,6 +30,7 @@ from specviz.app.serve import FILE_MAX_AGE_S
 from specviz.errors import SpecvizError
 
 UPLOAD_GONE = "this upload is not available (gone, or not uploaded in this page); upload the file again"
+URL_REFUSED = "files are read only from an upload in this page; an address (http://, any link) is never fetched"
 MAX_TRACKED_PATHS = 20_000  # uploads remembered at once; the oldest are forgotten first
 
 
@@ -152,8 +154,11 @@ class _CountingSet(set):
 
 def install_upload_claims(demo: Any, ledger: UploadLedger = UPLOADS) -> bool:
     """Count `/upload`'s answers (it adds them to `demo.upload_file_set`) and let each queued event
-    claim the uploads it names (a wrap of the queue's `push`, as `serve.install_gate`). Gradio 6.x
-    internals; False if they are absent, and then every upload is refused: no file is readable."""
+    claim the uploads it names (a wrap of the queue's `push`, as `serve.install_gate`). An event
+    whose file arguments name an address instead of an upload is refused there, before Gradio
+    would fetch it (`refuse_remote_files`). Gradio 6.x internals; False if they are absent, and
+    then every upload is refused: no file is readable."""
+    refuse_remote_files(demo)
     queue = getattr(demo, "_queue", None)
     uploads = getattr(demo, "upload_file_set", None)
     if queue is None or not hasattr(queue, "push") or not isinstance(uploads, set):
@@ -164,11 +169,88 @@ def install_upload_claims(demo: Any, ledger: UploadLedger = UPLOADS) -> bool:
     original = queue.push
 
     async def push(body: Any, request: Any, username: str | None) -> Any:
-        ledger.claim(getattr(body, "session_hash", None), _file_paths(getattr(body, "data", None)))
+        paths = _file_paths(getattr(body, "data", None))
+        if any(map(is_address, paths)):
+            return False, URL_REFUSED, "error"
+        ledger.claim(getattr(body, "session_hash", None), paths)
         return await original(body, request, username)
 
     queue.push = push
     return True
+
+
+# ----------------------------------------------------------------------------- no outbound fetch
+
+# A scheme (`http:`, `ftp:`, `file:`, `data:`...) or a network path (`//host`, `\\host`): what a
+# file argument may carry instead of an upload's path. Uploads are absolute paths in Gradio's cache.
+_ADDRESS = re.compile(r"\s*(?:[A-Za-z][A-Za-z0-9+.\-]*:|//|\\\\)")
+
+
+def is_address(path: Any) -> bool:
+    """Whether a file argument names an address (a URL of any scheme) rather than a file."""
+    return isinstance(path, str) and _ADDRESS.match(path) is not None and not _windows_drive(path)
+
+
+def _windows_drive(path: str) -> bool:
+    return len(path) > 2 and path[1] == ":" and path[0].isalpha() and path[2] in "\\/"
+
+
+def refuse_remote_files(demo: Any, public: bool | None = None) -> None:
+    """No file argument makes the server connect anywhere (issue 34). Gradio downloads a file
+    argument whose path is an `http(s)://` URL (`Block.async_move_resource_to_block_cache`, with a
+    guard that only spares private and loopback addresses) before any handler runs: every
+    component's cache step refuses an address instead, for every route (queued or not). In public
+    mode Gradio's fetch itself (`processing_utils.async_ssrf_protected_get`, also behind image,
+    audio and run-history assets) is replaced by the same refusal: nothing a visitor sends reaches
+    the network."""
+    from gradio import processing_utils
+    from gradio.blocks import Block
+
+    for method in ("async_move_resource_to_block_cache", "move_resource_to_block_cache"):
+        original = getattr(Block, method, None)
+        if original is None or getattr(original, "refuses_addresses", False):
+            continue
+        setattr(Block, method, _refusing(original, method.startswith("async")))
+    if public if public is not None else _public():
+        for name in ("async_ssrf_protected_get", "async_ssrf_protected_download", "ssrf_protected_download"):
+            if hasattr(processing_utils, name):
+                setattr(processing_utils, name, _no_fetch)
+        processing_utils.save_url_to_cache = _no_fetch
+
+
+def _refusing(original: Any, is_async: bool) -> Any:
+    from gradio.exceptions import Error
+
+    if is_async:
+
+        async def guarded(self: Any, url_or_file_path: Any) -> Any:
+            if is_address(str(url_or_file_path) if url_or_file_path is not None else None):
+                raise Error(URL_REFUSED, print_exception=False)
+            return await original(self, url_or_file_path)
+
+    else:
+
+        def guarded(self: Any, url_or_file_path: Any) -> Any:  # type: ignore[misc]
+            if is_address(str(url_or_file_path) if url_or_file_path is not None else None):
+                raise Error(URL_REFUSED, print_exception=False)
+            return original(self, url_or_file_path)
+
+    guarded.refuses_addresses = True  # type: ignore[attr-defined]
+    guarded.__doc__ = original.__doc__
+    return guarded
+
+
+def _no_fetch(*_args: Any, **_kwargs: Any) -> Any:
+    """Gradio's URL fetch, in public mode: refused before any connection."""
+    from gradio.exceptions import Error
+
+    raise Error(URL_REFUSED, print_exception=False)
+
+
+def _public() -> bool:
+    from specviz.app.serve import public_mode
+
+    return public_mode()
 
 
 def _file_paths(data: Any) -> list[str]:

@@ -20,6 +20,8 @@ from gradio_client import Client
 
 from tools.attacks.settings import PROBE_TRACE
 
+CONNECT_LOG_DIR = Path(__file__).resolve().parent / "connect_log"
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -64,6 +66,12 @@ class Server:
             OMP_NUM_THREADS="1",
             HF_HUB_OFFLINE="1",  # a hub id must not make the server wait on the network here
         )
+        # Every connection the server opens to another address is logged and refused (`connect_log`).
+        handle, log = tempfile.mkstemp(prefix="specviz-attack-connects-", suffix=".log")  # not in the app's temp
+        os.close(handle)
+        self.connect_log = Path(log)
+        env["SPECVIZ_CONNECT_LOG"] = str(self.connect_log)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CONNECT_LOG_DIR), os.environ.get("PYTHONPATH", "")]))
         if public:
             env["SPACE_ID"] = "specviz/attack-suite"
         if run_memory_mb:
@@ -84,6 +92,13 @@ class Server:
                 self.killed = True
                 self.proc.kill()
             time.sleep(0.05)
+
+    def connects(self) -> list[str]:
+        """The connections to other addresses the server tried so far (each refused)."""
+        try:
+            return self.connect_log.read_text().splitlines()
+        except OSError:
+            return []
 
     def rss(self) -> float:
         return rss_mb(self.proc.pid)
@@ -114,6 +129,7 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         self.left_after_stop = sorted(str(p.relative_to(self.temp)) for p in self.temp.rglob("*") if p.is_file())
+        self.connect_log.unlink(missing_ok=True)
         shutil.rmtree(self.temp, ignore_errors=True)
 
     def leftover_files(self) -> int:

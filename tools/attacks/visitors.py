@@ -139,3 +139,31 @@ def attack_models(suite: Suite) -> None:
         return "refused alike" if len(set(messages)) == 1 and "ran" not in messages else "paths probed"
 
     suite.run("live-run model fields: /etc, a missing path, a hub id", probe_paths)
+
+
+def attack_addresses(suite: Suite) -> None:
+    """Issue 34: file arguments naming an address (a public one: Gradio's guard spares only private
+    and loopback ones), sent through the call API to both trace slots and the probe-report upload by
+    sessions that uploaded nothing. The server must refuse them without one `connect()` (the
+    server's connections are logged and refused by `connect_log/sitecustomize.py`)."""
+    addresses = ["http://93.184.215.14/x.json", "https://93.184.215.14/r.json.gz", "ftp://93.184.215.14/x.json"]
+
+    def fetch(result: Result) -> str:
+        before = len(suite.server.connects())
+        answers = []
+        for address in addresses:
+            file = {"path": address, "url": address, "orig_name": "x.json", "meta": {"_type": "gradio.FileData"}}
+            for api, data in (("load_upload_a", [file, None, 40, False]), ("open_upload", [file])):
+                try:
+                    message = raw_event(suite.server.url, api, data, f"fetch-{random.randrange(16**8):08x}")
+                    output = message.get("output") or {}
+                    answers.append(str(output.get("error") or app_error(output.get("data", [])) or "loaded"))
+                except Exception as exc:  # noqa: BLE001 - a refused join is an HTTP error
+                    answers.append(str(getattr(getattr(exc, "response", None), "text", exc))[:160])
+        connects = suite.server.connects()[before:]
+        result.notes.update(connects=len(connects), first_connects=connects[:3], answers=sorted(set(answers))[:3])
+        if connects:
+            result.notes["problem_outbound"] = f"the server connected {len(connects)} time(s): {connects[:3]}"
+        return f"{len(addresses) * 2} requests, {len(connects)} outbound connect() call(s)"
+
+    suite.run("file arguments naming a public address (any scheme), both uploads", fetch)
