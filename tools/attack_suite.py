@@ -39,8 +39,12 @@ from tools.attacks.visitors import (
     attack_html,
     attack_models,
     attack_session,
+    attack_ticket_flood,
     attack_uploads,
 )
+
+ATTACKS = ("uploads", "memory", "session", "html", "foreign", "addresses", "tickets", "models", "inspect")
+ATTACKS += ("sessions", "flood")
 
 __all__ = ["free_port", "many_steps_file", "raw_event"]  # what tests import from here
 
@@ -53,14 +57,12 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=None, help="seconds per attack")
     parser.add_argument("--no-assert", action="store_true", help="report only (for older checkouts)")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
-    parser.add_argument(
-        "--only", default=None, help="comma list: uploads,session,html,foreign,addresses,models,inspect,sessions,flood"
-    )
+    parser.add_argument("--only", default=None, help=f"comma list of: {','.join(ATTACKS)}")
     parser.add_argument("--match", default="", help="only the upload attacks whose name contains this")
     parser.add_argument("--run-memory-mb", type=float, default=None, help="the app's ceiling for loaded runs")
     args = parser.parse_args()
     timeout = args.timeout or (40 if args.quick else 180)
-    wanted = set((args.only or "uploads,session,html,foreign,addresses,models,flood,inspect,sessions").split(","))
+    wanted = set((args.only or ",".join(ATTACKS)).split(","))
     ceiling = args.run_memory_mb or (96 if args.quick else 512)
     folder = Path(tempfile.mkdtemp(prefix="specviz-attack-files-"))
     started = time.time()
@@ -77,6 +79,8 @@ def main() -> int:
             attack_foreign_upload(suite, folder)
         if "addresses" in wanted:
             attack_addresses(suite)
+        if "tickets" in wanted and not args.quick:  # past the ledger's 20,000 free tickets (CI: a unit test)
+            attack_ticket_flood(suite, folder, 40_000)
         if "models" in wanted:
             attack_models(suite)
         if "inspect" in wanted:

@@ -19,9 +19,8 @@ import os
 import re
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,27 +30,40 @@ from specviz.errors import SpecvizError
 
 UPLOAD_GONE = "this upload is not available (gone, or not uploaded in this page); upload the file again"
 URL_REFUSED = "files are read only from an upload in this page; an address (http://, any link) is never fetched"
-MAX_TRACKED_PATHS = 20_000  # uploads remembered at once; the oldest are forgotten first
+MAX_TRACKED_PATHS = 20_000  # uploads no event has claimed yet, remembered at once; the oldest go first
+MAX_CLAIMS_PER_SESSION = 64  # claimed, unread uploads of one session; past it, its own oldest go
+MAX_CLAIMED = 100_000  # claimed, unread uploads of every session: past it, a new claim is not taken
 
 
 def _key(path: str | os.PathLike[str]) -> str:
     return os.path.realpath(path)
 
 
-@dataclass
-class _Tickets:
-    unclaimed: int = 0  # uploads of this path no event has taken yet
-    claims: Counter[str] = field(default_factory=Counter)  # session -> tickets taken, not yet read
-    since: float = field(default_factory=time.monotonic)
-
-
 class UploadLedger:
-    """Per upload path: the tickets `/upload` handed out, and which sessions took them."""
+    """Per upload path: the tickets `/upload` handed out, and which sessions took them.
 
-    def __init__(self, max_age_s: float = FILE_MAX_AGE_S, max_paths: int = MAX_TRACKED_PATHS) -> None:
+    Free tickets (uploaded, no event queued with them yet) are bounded by count and age, the oldest
+    forgotten first. A claimed ticket is a queued visitor's: it is kept until read, until its
+    session ends (`session_ended`: the tab closed), or until the file's own age limit. No flood of
+    newer uploads pushes it out (issue 34): one session keeps at most `MAX_CLAIMS_PER_SESSION`
+    (its own oldest go), and past `MAX_CLAIMED` in all a new claim is not taken."""
+
+    def __init__(
+        self,
+        max_age_s: float = FILE_MAX_AGE_S,
+        max_paths: int = MAX_TRACKED_PATHS,
+        per_session: int = MAX_CLAIMS_PER_SESSION,
+        max_claimed: int = MAX_CLAIMED,
+    ) -> None:
         self.max_age_s = max_age_s
         self.max_paths = max_paths
-        self._paths: dict[str, _Tickets] = {}
+        self.per_session = per_session
+        self.max_claimed = max_claimed
+        self._free: OrderedDict[str, list[float]] = OrderedDict()  # path -> [free tickets, last upload]
+        self._held: dict[str, Counter[str]] = {}  # path -> session -> tickets taken, not yet read
+        self._sessions: dict[str, OrderedDict[str, float]] = {}  # session -> its claimed paths, oldest first
+        self._claimed = 0
+        self._swept = time.monotonic()
         self._lock = threading.Lock()
         self.refused = 0
 
@@ -60,26 +72,39 @@ class UploadLedger:
         now = time.monotonic()
         with self._lock:
             for path in paths:
-                tickets = self._paths.setdefault(_key(path), _Tickets())
-                tickets.unclaimed += 1
-                tickets.since = now
-            self._forget_old(now)
+                key = _key(path)
+                free = self._free.pop(key, None) or [0, now]
+                self._free[key] = [free[0] + 1, now]  # newest last
+            self._forget_free(now)
+            if now - self._swept > 60:
+                self._forget_old_claims(now)
 
     def claim(self, session: str | None, paths: Iterable[str | os.PathLike[str]]) -> None:
         """An event of `session` was queued with these paths: it takes a free ticket of each."""
         if not session:
             return
+        now = time.monotonic()
         with self._lock:
             for path in paths:
-                tickets = self._paths.get(_key(path))
-                if tickets is not None and tickets.unclaimed > 0:
-                    tickets.unclaimed -= 1
-                    tickets.claims[session] += 1
+                key = _key(path)
+                free = self._free.get(key)
+                if free is None or free[0] <= 0 or self._claimed >= self.max_claimed:
+                    continue
+                free[0] -= 1
+                if free[0] <= 0:
+                    del self._free[key]
+                self._held.setdefault(key, Counter())[session] += 1
+                self._claimed += 1
+                mine = self._sessions.setdefault(session, OrderedDict())
+                mine[key] = now
+                mine.move_to_end(key)
+                while len(mine) > self.per_session:  # a session flooding itself loses its own oldest
+                    self._drop(session, next(iter(mine)))
 
     def owns(self, session: str | None, path: str | os.PathLike[str]) -> bool:
         with self._lock:
-            tickets = self._paths.get(_key(path))
-            owned = bool(session) and tickets is not None and tickets.claims[session] > 0
+            held = self._held.get(_key(path))
+            owned = bool(session) and held is not None and held.get(session or "", 0) > 0
             self.refused += not owned
             return owned
 
@@ -87,25 +112,63 @@ class UploadLedger:
         """`session` read its upload: its ticket is spent. True when no ticket is left (delete it)."""
         with self._lock:
             key = _key(path)
-            tickets = self._paths.get(key)
-            if tickets is None:
-                return True
-            tickets.claims[session] -= 1
-            if tickets.claims[session] <= 0:
-                del tickets.claims[session]
-            if tickets.unclaimed or tickets.claims:
-                return False
-            del self._paths[key]
-            return True
+            held = self._held.get(key)
+            if held is not None and held.get(session, 0) > 0:
+                held[session] -= 1
+                self._claimed -= 1
+                if held[session] <= 0:
+                    self._forget_claim(session, key)
+            return self._unticketed(key)
 
-    def _forget_old(self, now: float) -> None:
-        """Tickets never read (a closed tab, a replaced event) go with the file's own age limit."""
-        old = [key for key, tickets in self._paths.items() if now - tickets.since > self.max_age_s]
-        for key in old:
-            del self._paths[key]
-        if len(self._paths) > self.max_paths:
-            for key in sorted(self._paths, key=lambda k: self._paths[k].since)[: len(self._paths) - self.max_paths]:
-                del self._paths[key]
+    def session_ended(self, session: str | None) -> list[str]:
+        """`session`'s tab closed: its unread tickets go. The paths no ticket is left for."""
+        if not session:
+            return []
+        with self._lock:
+            keys = list(self._sessions.get(session, ()))
+            for key in keys:
+                self._drop(session, key)
+            return [key for key in keys if self._unticketed(key)]
+
+    def _drop(self, session: str, key: str) -> None:
+        held = self._held.get(key)
+        if held is not None:
+            self._claimed -= held.get(session, 0)
+            held[session] = 0
+        self._forget_claim(session, key)
+
+    def _forget_claim(self, session: str, key: str) -> None:
+        held = self._held.get(key)
+        if held is not None:
+            held.pop(session, None)
+            if not held:
+                del self._held[key]
+        mine = self._sessions.get(session)
+        if mine is not None:
+            mine.pop(key, None)
+            if not mine:
+                del self._sessions[session]
+
+    def _unticketed(self, key: str) -> bool:
+        return key not in self._held and key not in self._free
+
+    def _forget_free(self, now: float) -> None:
+        """Free tickets never claimed (a closed tab, an upload never used): oldest first, by age
+        (the file's own limit) and by count."""
+        while self._free:
+            key, (_count, since) = next(iter(self._free.items()))
+            if now - since <= self.max_age_s and len(self._free) <= self.max_paths:
+                break
+            del self._free[key]
+
+    def _forget_old_claims(self, now: float) -> None:
+        """Claims never read (a replaced event, a client gone without closing a tab) go with the
+        file's own age limit: Gradio deletes the file then."""
+        self._swept = now
+        for session, mine in list(self._sessions.items()):
+            for key, since in list(mine.items()):
+                if now - since > self.max_age_s:
+                    self._drop(session, key)
 
 
 UPLOADS = UploadLedger()  # every session's uploads, this process
@@ -176,7 +239,18 @@ def install_upload_claims(demo: Any, ledger: UploadLedger = UPLOADS) -> bool:
         return await original(body, request, username)
 
     queue.push = push
+    demo.unload(_session_end_handler(ledger))  # a closed tab's unread tickets go, and their files
     return True
+
+
+def _session_end_handler(ledger: UploadLedger) -> Any:
+    import gradio as gr
+
+    def session_ended(request: gr.Request) -> None:
+        for key in ledger.session_ended(getattr(request, "session_hash", None)):
+            files.delete_upload(key)
+
+    return session_ended
 
 
 # ----------------------------------------------------------------------------- no outbound fetch

@@ -5,6 +5,7 @@ the other visitor, who gets the answer a missing file gets while the upload stay
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 from pathlib import Path
@@ -97,3 +98,37 @@ def test_tickets_of_one_path_and_their_release(tmp_path: Path) -> None:
     assert ledger.release("b", path) is True
     ledger.claim(None, [path])
     assert not ledger.owns(None, path)
+
+
+def test_a_claimed_ticket_outlives_any_flood_of_newer_uploads(tmp_path: Path) -> None:
+    """Issue 34: 20,000 newer upload paths made the ledger forget a queued visitor's claimed ticket."""
+    ledger = uploads.UploadLedger(max_paths=1_000)
+    mine = tmp_path / "mine" / "t.json"
+    ledger.uploaded([mine])
+    ledger.claim("victim", [mine])
+    flood = [tmp_path / f"f{i}" / "x.json" for i in range(30_000)]
+    for start in range(0, len(flood), 100):  # the flooder's uploads, and its own claims of each
+        ledger.uploaded(flood[start : start + 100])
+        ledger.claim("flooder", flood[start : start + 100])
+    assert ledger.owns("victim", mine)
+    assert len(ledger._free) <= 1_000 and len(ledger._sessions["flooder"]) <= uploads.MAX_CLAIMS_PER_SESSION
+    unclaimed = tmp_path / "late" / "t.json"
+    ledger.uploaded([unclaimed])
+    ledger.uploaded(flood[:1_500])  # free tickets are what a flood pushes out, oldest first
+    ledger.claim("late", [unclaimed])
+    assert not ledger.owns("late", unclaimed)
+    assert ledger.session_ended("victim") == [os.path.realpath(mine)]  # the tab closed: its file may go
+    assert not ledger.owns("victim", mine)
+
+
+def test_claims_past_the_total_cap_are_not_taken_from_others(tmp_path: Path) -> None:
+    ledger = uploads.UploadLedger(max_claimed=3)
+    paths = [tmp_path / f"p{i}" / "t.json" for i in range(5)]
+    ledger.uploaded(paths)
+    for i, path in enumerate(paths):
+        ledger.claim(f"s{i}", [path])
+    assert [ledger.owns(f"s{i}", p) for i, p in enumerate(paths)] == [True, True, True, False, False]
+    assert ledger.release("s0", paths[0]) is True
+    ledger.uploaded([paths[4]])
+    ledger.claim("s4", [paths[4]])
+    assert ledger.owns("s4", paths[4])

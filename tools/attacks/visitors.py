@@ -167,3 +167,34 @@ def attack_addresses(suite: Suite) -> None:
         return f"{len(addresses) * 2} requests, {len(connects)} outbound connect() call(s)"
 
     suite.run("file arguments naming a public address (any scheme), both uploads", fetch)
+
+
+def attack_ticket_flood(suite: Suite, folder: Path, paths: int) -> None:
+    """Issue 34: while a visitor's upload waits in the queue (claimed, behind its own heavier load),
+    another client floods `/upload` with `paths` tiny files, more than the ledger remembers free
+    tickets of. The visitor's upload must still load: a claimed ticket is kept until read."""
+    import httpx
+    from gradio_client.utils import Status
+
+    def flood(result: Result) -> str:
+        url = suite.server.url
+        victim = Client(url, verbose=False)
+        heavy = victim.submit(handle_file(str(many_steps_file(folder, 3_000))), 40, False, api_name="/load_upload_a")
+        wait_for(lambda: heavy.status().code in (Status.PROCESSING, Status.FINISHED))
+        mine = victim.submit(handle_file(str(write_json(folder / "queued.json", base_trace()))), 40, False,
+                             api_name="/load_upload_b")  # fmt: skip
+        wait_for(lambda: mine.status().code in (Status.IN_QUEUE, Status.PROCESSING, Status.FINISHED))
+        sent, batch = 0, 1_000
+        with httpx.Client(timeout=suite.timeout) as client:
+            while sent < paths:
+                files = [("files", (f"f{sent + i}.json", b"{}")) for i in range(min(batch, paths - sent))]
+                client.post(url + "gradio_api/upload", files=files).raise_for_status()
+                sent += len(files)
+        owner = app_error(mine.result(timeout=suite.timeout)) or "loaded"
+        heavy.result(timeout=suite.timeout)
+        result.notes.update(flood_paths=sent, owner=owner)
+        if owner != "loaded":
+            result.notes["problem_ticket"] = f"the queued upload was lost to the flood: {owner[:120]}"
+        return f"{sent} flooded paths; the queued upload: {owner[:60]}"
+
+    suite.run(f"{paths} uploaded paths while a visitor's upload waits in the queue", flood)
