@@ -28,7 +28,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: tools/ is on sys.path, the repository root is not
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tools.attacks.files import heaviest_steps, many_steps_file
+from tools.attacks.files import heaviest_steps, hidden_memory_file, many_steps_file
 from tools.attacks.load import attack_flood, attack_inspect_flood, attack_sessions
 from tools.attacks.server import Server, free_port
 from tools.attacks.settings import ROOT
@@ -86,6 +86,8 @@ def main() -> int:
         if "inspect" in wanted:
             # The heaviest run a public upload may hold (the piece-table file of round one is refused now).
             attack_inspect_flood(suite, folder, many_steps_file(folder, 3_000 if args.quick else heaviest_steps()), 12)
+        if "memory" in wanted:  # issue 34: a 100 KB gzip keeping ~80 MB a run, one run a session
+            attack_sessions(suite, hidden_memory_file(folder), 4 if args.quick else 8, ceiling)
         if "sessions" in wanted:  # the heaviest a public upload may be: its rows and their analysis
             heavy = many_steps_file(folder, 3_000 if args.quick else heaviest_steps())
             attack_sessions(suite, heavy, 6 if args.quick else 20, ceiling)

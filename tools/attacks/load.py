@@ -101,6 +101,7 @@ def attack_sessions(suite: Suite, path: Path, sessions: int, ceiling_mb: float |
         pid = suite.server.proc.pid
         per_probe = _probe_cpu_per_request(suite, pid)
         before_all = cpu = _cpu_s(pid)
+        start_rss = suite.server.rss()
         clients, after, loads, raw, net, walls = [], [], [], [], [], []
         kept = []
         for _ in range(sessions):
@@ -134,6 +135,13 @@ def attack_sessions(suite: Suite, path: Path, sessions: int, ceiling_mb: float |
         )  # fmt: skip
         if worst_cpu > GOAL_UPLOAD_CPU_S:
             result.notes["problem_upload_cpu"] = f"an upload cost {worst_cpu:.2f} s of server CPU > {GOAL_UPLOAD_CPU_S}"
+        # Issue 34: the ceiling holds across sessions: what all of them keep is at most the ceiling,
+        # with the allocator's first-run growth (~15 MB) and the runs' count's 20% as slack.
+        growth = after[-1] - start_rss
+        result.notes["growth_over_all_sessions_mb"] = round(growth)
+        if ceiling_mb is not None and growth > 1.2 * ceiling_mb + 64:
+            kept_all = f"{sessions} sessions kept {growth:.0f} MB"
+            result.notes["problem_ceiling"] = f"{kept_all} under a {ceiling_mb:.0f} MB ceiling"
         if worst_kept > GOAL_UPLOAD_KEPT_MB:
             result.notes["problem_upload_kept"] = f"an upload kept {worst_kept} MB > {GOAL_UPLOAD_KEPT_MB}"
         return (
