@@ -160,6 +160,7 @@ def _add_check(chk: argparse.ArgumentParser) -> None:
     chk.formatter_class = argparse.RawDescriptionHelpFormatter
     chk.add_argument("trace", help="trace file (.json or .json.gz), e.g. runs/<name>.json.gz from `record`")
     chk.add_argument("--json", action="store_true", help="print the report and metrics as one JSON object")
+    _add_no_limits(chk)
 
 
 def _add_bench(bench: argparse.ArgumentParser) -> None:
@@ -189,6 +190,7 @@ def _add_convert(conv: argparse.ArgumentParser) -> None:
     conv.add_argument("input", help="trace to read (.json, .json.gz or .parquet)")
     conv.add_argument("output", help="trace to write (.json, .json.gz or .parquet)")
     conv.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    _add_no_limits(conv)
 
 
 def _add_runs(runs: argparse.ArgumentParser) -> None:
@@ -206,6 +208,7 @@ def _add_runs(runs: argparse.ArgumentParser) -> None:
     runs.add_argument("--force", action="store_true", help="overwrite an existing --csv file")
     runs.add_argument("--sort", metavar="COLUMN", default="file", help="sort by this column (JSON names)")
     runs.add_argument("--reverse", action="store_true", help="sort in descending order (unknowns stay last)")
+    _add_no_limits(runs)
     runs.add_argument(
         "--cache", metavar="FILE", help="keep rows in FILE; unchanged files (path, size, mtime) are not re-checked"
     )
@@ -214,6 +217,15 @@ def _add_runs(runs: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="files done / total on stderr (default: only when stderr is a terminal)",
+    )
+
+
+def _add_no_limits(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-limits",
+        action="store_true",
+        help="read a trusted big trace whose parts decode past the limits a file may declare "
+        "(see docs/space.md: a crafted file is refused in one line otherwise)",
     )
 
 
@@ -256,6 +268,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(command_word(argv) or "").parse_args(argv)  # "": no options built
+    if not getattr(args, "no_limits", False):
+        return _run(args)
+    from specviz.trace.budget import file_limits, set_file_limits
+
+    limits = file_limits()
+    set_file_limits(None)  # a trusted big run: its parts may decode past FileLimits, for this command
+    try:
+        return _run(args)
+    finally:
+        set_file_limits(limits)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         if args.command == "record":
             return cmd_record(args)

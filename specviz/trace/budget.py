@@ -277,3 +277,47 @@ def over_budget(data: Any, budget: Budget = DEFAULT_BUDGET) -> str | None:
     except _Over as exc:
         return str(exc)
     return None
+
+
+# ----------------------------------------------------------------------------- local files
+
+
+@dataclass(frozen=True)
+class FileLimits:
+    """What a local trace file may make of itself once read, from its own declared sizes (issue 34).
+
+    `specviz check` is a CI gate that reads artifacts other jobs wrote: a 75 KB Parquet file may
+    declare one 1 MB dictionary string for 20,000 rows (20 GB read), a footer may inflate to 20M
+    empty JSON objects (1.5 GB parsed), a 3 MB gzip to 400 MB of JSON (2.5 GB). Each is refused in
+    one line before it is built. The largest run the project records (480 x 128 tokens) is 12 MB
+    of JSON and row groups of 1-4 MB: far inside. `--no-limits` lifts them for a trusted big run
+    (the free-memory check still applies).
+    """
+
+    decode_floor: int = 64 << 20  # any file's part (a row group, the footer) may decode to this...
+    decode_ratio: int = 20  # ...or to this many times the file's own size, if more
+    json_bytes: int = 64 << 20  # JSON text of a local trace, after gzip (parsed: ~12x, at most ~23x)
+    parse_bytes: int = 1 << 30  # Python objects a JSON text may parse into (`json_parse_bytes`)
+
+    def decoded_bound(self, file_bytes: int) -> int:
+        return max(self.decode_floor, self.decode_ratio * file_bytes)
+
+
+FILE_LIMITS = FileLimits()
+NO_LIMITS_HINT = "pass --no-limits for a trusted big run"
+_limits: list[FileLimits | None] = [FILE_LIMITS]  # the process's setting (`--no-limits`: None)
+
+
+def file_limits() -> FileLimits | None:
+    """The limits local reads apply now; None after `set_file_limits(None)` (`--no-limits`)."""
+    return _limits[0]
+
+
+def set_file_limits(limits: FileLimits | None) -> None:
+    _limits[0] = limits
+
+
+def json_parse_bytes(text: str) -> int:
+    """At most what `json.loads(text)` allocates, from the punctuation alone (a C-speed count, no
+    parse): every object or array ~64 bytes, every further item ~40 (a pointer and an int)."""
+    return len(text) + 64 * (text.count("{") + text.count("[")) + 40 * text.count(",")

@@ -39,9 +39,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from specviz.errors import first_line
-from specviz.files import inflate_bounded, umask_file_mode
+from specviz.files import InflatesTooFar, inflate_bounded, umask_file_mode
 from specviz.trace.arrow import arrow_type, columns_valid, pylist
 from specviz.trace.arrow import numbers as numbers_of
+from specviz.trace.budget import NO_LIMITS_HINT, FileLimits, file_limits, json_parse_bytes
 from specviz.trace.schema import FORMAT_NAME, Header, RowRecord, SequenceRecord, StepRecord, Trace, json_fields
 from specviz.trace.seqtable import sequences_from_ipc, sequences_ipc
 from specviz.trace.validate import (
@@ -215,10 +216,14 @@ class ParquetTrace:
         self.path = Path(path)
         try:
             self._file = pq.ParquetFile(str(self.path))
+            size = self.path.stat().st_size
         except (OSError, pa.ArrowException) as exc:
-            raise ColumnarError(f"{self.path}: not a readable Parquet file ({first_line(exc)})") from None
-        self.header, self.sequences, group_steps = _read_footer(self._file, self.path)
+            raise ColumnarError(f"{self.path.name}: not a readable Parquet file ({_quoted(exc, self.path)})") from None
+        limits = file_limits()
+        self.header, self.sequences, group_steps = _read_footer(self._file, self.path, limits, size)
         _check_columns(self._file.schema_arrow, self.path)
+        if limits is not None:
+            _check_declared_sizes(self._file, self.path, limits.decoded_bound(size))
         self.num_row_groups = self._file.num_row_groups
         self.num_rows = self._file.metadata.num_rows
         self.seq_ids = {seq.seq_id for seq in self.sequences}
@@ -245,7 +250,8 @@ class ParquetTrace:
         try:
             return self._file.read_row_group(group, use_threads=False)
         except (OSError, pa.ArrowException) as exc:
-            raise ColumnarError(f"{self.path}: row group {group}: unreadable ({first_line(exc)})") from None
+            reason = _quoted(exc, self.path)
+            raise ColumnarError(f"{self.path.name}: row group {group}: unreadable ({reason})") from None
 
     def read_group(self, group: int) -> list[StepRecord]:
         """One row group's steps, checked like a JSON trace's (the previous group's last step
@@ -369,15 +375,25 @@ class ParquetSteps(collections.abc.Sequence):
         return bool(pc.any(table["finished"]).as_py()) or table["finish_reason"].null_count < len(table)
 
 
-def _read_footer(file: pq.ParquetFile, path: Path) -> tuple[Header, list[SequenceRecord], list[int] | None]:
+def _read_footer(
+    file: pq.ParquetFile, path: Path, limits: FileLimits | None = None, size: int = 0
+) -> tuple[Header, list[SequenceRecord], list[int] | None]:
     metadata = file.metadata.metadata or {}
     raw = metadata.get(METADATA_KEY)
     if raw is None:
         raise ColumnarError(f"{path}: Parquet file without a specviz footer (not a specviz trace)")
+    bound = limits.decoded_bound(size) if limits is not None else None
     try:
-        text = _gunzip_footer(raw).decode("utf-8")  # the bytes go before parsing: one copy, not two
+        text = _gunzip_footer(raw, bound).decode("utf-8")  # the bytes go before parsing: one copy, not two
+    except InflatesTooFar:
+        raise ColumnarError(_too_big(path, "its specviz footer inflates", bound or 0)) from None
+    except (ValueError, OSError, EOFError, zlib.error):
+        raise ColumnarError(f"{path}: specviz footer is not valid JSON") from None
+    if bound is not None and (cost := json_parse_bytes(text)) > bound:
+        raise ColumnarError(_too_big(path, f"its specviz footer would parse into ~{cost >> 20} MiB", bound))
+    try:
         body = json.loads(text, object_hook=_shared_tokens())
-    except (ValueError, RecursionError, OSError, EOFError, zlib.error):
+    except (ValueError, RecursionError):
         raise ColumnarError(f"{path}: specviz footer is not valid JSON") from None
     if not isinstance(body, dict) or body.get("container") != CONTAINER:
         raise ColumnarError(f"{path}: specviz footer: expected container 'parquet'")
@@ -433,9 +449,62 @@ def _shared_tokens() -> Callable[[dict[str, Any]], dict[str, Any]]:
     return hook
 
 
-def _gunzip_footer(raw: bytes) -> bytes:
+def _gunzip_footer(raw: bytes, bound: int | None = None) -> bytes:
     """Inflate the footer with a bound: a crafted file's tiny footer must not inflate to gigabytes."""
-    return inflate_bounded(raw, max(len(raw) * 200, 64 << 20))
+    limit = max(len(raw) * 200, 64 << 20)
+    return inflate_bounded(raw, limit if bound is None else min(limit, bound))
+
+
+def _too_big(path: Path, what: str, bound: int) -> str:
+    """One line, the file named (not its folders): a part of a local file over `FileLimits`."""
+    return f"{path.name}: {what}, more than the {bound >> 20} MiB this file may decode to; {NO_LIMITS_HINT}"
+
+
+def _quoted(exc: BaseException, path: Path) -> str:
+    """A library's message about `path`, its folders cut (Arrow names the full path it opened)."""
+    text = first_line(exc)
+    for spelled in {str(path.resolve()), str(path.absolute()), str(path)}:
+        text = text.replace(spelled, path.name)
+    return text
+
+
+def _check_declared_sizes(file: pq.ParquetFile, path: Path, bound: int) -> None:
+    """Every row group decodes to at most `bound` bytes, by what the file itself declares: its
+    columns' uncompressed sizes, and a dictionary-encoded string column's values as the rows use
+    them (a 1 MB string in the dictionary, used by 20,000 rows, is 20 GB of strings once read).
+    The dictionaries are read as dictionaries (indices and values, nothing expanded)."""
+    metadata = file.metadata
+    dictionary_strings: set[str] = set()
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        if row_group.total_byte_size > bound:
+            what = f"row group {group} declares {row_group.total_byte_size >> 20} MiB of columns"
+            raise ColumnarError(_too_big(path, what, bound))
+        for index in range(row_group.num_columns):
+            column = row_group.column(index)
+            if column.physical_type == "BYTE_ARRAY" and column.has_dictionary_page:
+                dictionary_strings.add(column.path_in_schema)
+    if not dictionary_strings:
+        return
+    names = sorted(dictionary_strings)
+    try:
+        encoded = pq.ParquetFile(str(path), read_dictionary=names)
+        for group in range(metadata.num_row_groups):
+            table = encoded.read_row_group(group, columns=names, use_threads=False)
+            expanded = sum(_expanded_bytes(chunk) for name in names for chunk in table.column(name).chunks)
+            if metadata.row_group(group).total_byte_size + expanded > bound:
+                what = f"row group {group}'s strings expand to {expanded >> 20} MiB"
+                raise ColumnarError(_too_big(path, what, bound))
+    except (OSError, pa.ArrowException) as exc:
+        raise ColumnarError(f"{path.name}: not a readable Parquet file ({_quoted(exc, path)})") from None
+
+
+def _expanded_bytes(chunk: pa.Array) -> int:
+    """The bytes a (dictionary-encoded) string array takes once every row holds its value."""
+    if not pa.types.is_dictionary(chunk.type):
+        return chunk.nbytes
+    lengths = pc.binary_length(chunk.dictionary).take(chunk.indices)
+    return int(pc.sum(lengths).as_py() or 0)
 
 
 def _check_columns(schema: pa.Schema, path: Path) -> None:

@@ -35,7 +35,14 @@ from specviz.files import (
     refuse_non_regular,
     umask_file_mode,
 )
-from specviz.trace.budget import DEFAULT_BUDGET, Budget, over_budget
+from specviz.trace.budget import (
+    DEFAULT_BUDGET,
+    NO_LIMITS_HINT,
+    Budget,
+    file_limits,
+    json_parse_bytes,
+    over_budget,
+)
 from specviz.trace.columnar import ColumnarError, ParquetTrace, ParquetTraceWriter, is_parquet, save_parquet
 from specviz.trace.jsonparse import loads_yielding, top_level_kind
 from specviz.trace.schema import FORMAT_NAME, Trace, json_fields
@@ -102,13 +109,17 @@ def save_trace(trace: Trace, path: str | os.PathLike[str]) -> Path:
 
 def _read_bytes(path: Path, max_bytes: int | None) -> bytes:
     limit = max_bytes
-    if limit is None:  # a local file: as big as it is, if it fits in memory parsed
+    if limit is None:  # a local file: as big as it is, if it fits in memory parsed (and the limits)
         try:
             size = path.stat().st_size
         except OSError:
             size = 0  # read_regular_file names the problem
         if size > _memory_limit():
             raise TraceError(_too_big_for_memory(path, size))
+        limits = file_limits()
+        if limits is not None and size > limits.json_bytes and not _is_gzip(path):
+            what = f"{size >> 20} MiB of JSON, more than the {limits.json_bytes >> 20} MiB a local trace may hold"
+            raise TraceError(_over_local_limit(path, what))
         limit = max(size, 1)
     try:  # regular files only: a FIFO, a device or /proc/kmsg would block or never end
         raw = read_regular_file(path, limit, "trace file")
@@ -125,13 +136,17 @@ def _gunzip_bounded(raw: bytes, path: Path, max_bytes: int | None = MAX_JSON_BYT
     `max_bytes=None` (a local file, the user's own): no cap, but a file too big for this
     machine's memory is refused with one line before it is half inflated.
     """
+    limits = file_limits()
     if max_bytes is None:
-        limit = _memory_limit()
+        limit = _memory_limit() if limits is None else min(_memory_limit(), limits.json_bytes)
     else:
         limit = min(max_bytes, max(len(raw) * MAX_INFLATE_RATIO, 64 * 1024 * 1024))
     try:
         return inflate_bounded(raw, limit)
     except InflatesTooFar as exc:
+        if max_bytes is None and limits is not None and limit == limits.json_bytes:
+            what = f"gzip inflating past the {limit >> 20} MiB of JSON a local trace may hold"
+            raise TraceError(_over_local_limit(path, what)) from None
         if max_bytes is None:
             raise TraceError(_too_big_for_memory(path, exc.size)) from None
         raise TraceError(f"{path}: gzip inflates past {limit} bytes; refusing (decompression bomb?)") from None
@@ -159,15 +174,33 @@ def _too_big_for_memory(source: Path | str, size: int) -> str:
     )
 
 
+def _over_local_limit(path: Path | str, what: str) -> str:
+    """One line, the file named (not its folders): a local read refused by `FileLimits`."""
+    return f"{Path(path).name}: {what}; {NO_LIMITS_HINT}"
+
+
+def _is_gzip(path: Path) -> bool:
+    try:
+        with open(path, "rb") as file:
+            return file.read(2) == GZIP_MAGIC
+    except OSError:
+        return False
+
+
 def _refuse_constant(name: str) -> Any:
     raise TraceError(f"JSON contains {name}, which is not a valid number in a trace")
 
 
 def parse_trace_bytes(
-    raw: bytes, source: str = "<bytes>", max_bytes: int | None = MAX_JSON_BYTES, budget: Budget | None = DEFAULT_BUDGET
+    raw: bytes,
+    source: str = "<bytes>",
+    max_bytes: int | None = MAX_JSON_BYTES,
+    budget: Budget | None = DEFAULT_BUDGET,
+    parse_limit: int | None = None,
 ) -> Trace:
     """Parse a JSON trace held in memory. The defaults are an untrusted upload's limits: at most
-    `max_bytes` of JSON after decompression and the semantic `budget` (None: no limit)."""
+    `max_bytes` of JSON after decompression and the semantic `budget` (None: no limit); with
+    `parse_limit`, text whose parse would take more (`json_parse_bytes`) is refused unparsed."""
     if raw[:2] == GZIP_MAGIC:
         raw = _gunzip_bounded(raw, Path(source), max_bytes)
     elif max_bytes is not None and len(raw) > max_bytes:  # bytes from memory get the file limit too
@@ -178,6 +211,9 @@ def parse_trace_bytes(
         raise TraceError(f"{source}: not UTF-8 text at byte {exc.start}") from None
     if len(text) > 1 << 20 and top_level_kind(text) != "object":  # a big array of [] parses for seconds
         raise TraceError(f"{source}: top level: expected a JSON object, got {top_level_kind(text)}")
+    if parse_limit is not None and (cost := json_parse_bytes(text)) > parse_limit:
+        what = f"JSON whose parse would take ~{cost >> 20} MiB, more than the {parse_limit >> 20} MiB allowed"
+        raise TraceError(_over_local_limit(source, what))
     try:
         # Item by item: a big upload must not hold the GIL (and every other visitor) for seconds.
         data = loads_yielding(text, parse_constant=_refuse_constant)
@@ -228,7 +264,8 @@ def load_trace(path: str | os.PathLike[str], max_bytes: int | None = None, budge
         raw = _read_bytes(path, max_bytes)
     except OSError as exc:
         raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    return parse_trace_bytes(raw, str(path), max_bytes, budget)
+    limits = file_limits() if max_bytes is None else None
+    return parse_trace_bytes(raw, str(path), max_bytes, budget, limits.parse_bytes if limits else None)
 
 
 def trace_from_dict(data: Any, budget: Budget | None = DEFAULT_BUDGET) -> Trace:

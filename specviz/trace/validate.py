@@ -295,7 +295,7 @@ def check_sequences(sequences: list[SequenceRecord]) -> set[int]:
             # Margins are indexed by reference token; without the tokens they mean nothing.
             _fail(f"{path}.reference_margins", "present but reference_ids is null")
         if seq.finish_reason not in FINISH_REASONS:
-            _fail(f"{path}.finish_reason", f"unknown reason {seq.finish_reason!r}")
+            _fail(f"{path}.finish_reason", f"unknown reason {_short(seq.finish_reason)}")
     return seq_ids
 
 
@@ -351,4 +351,10 @@ def _check_row(row: RowRecord, step_path: str, r: int, seq_ids: set[int]) -> Non
         if len(run) != 2 or run[0] not in (0, 1) or not 0 <= run[1] <= MAX_LENGTH:
             _fail(f"{rpath}.mask_rle[{j}]", "expected [0 or 1, count >= 0]")
     if row.finish_reason not in FINISH_REASONS:
-        _fail(f"{rpath}.finish_reason", f"unknown reason {row.finish_reason!r}")
+        _fail(f"{rpath}.finish_reason", f"unknown reason {_short(row.finish_reason)}")
+
+
+def _short(value: object, limit: int = 40) -> str:
+    """A value as a message quotes it: its repr, cut (a crafted file's string may be megabytes)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
