@@ -201,19 +201,31 @@ def parse_trace_bytes(
     """Parse a JSON trace held in memory. The defaults are an untrusted upload's limits: at most
     `max_bytes` of JSON after decompression and the semantic `budget` (None: no limit); with
     `parse_limit`, text whose parse would take more (`json_parse_bytes`) is refused unparsed."""
+    return _parse_text(_json_text(raw, source, max_bytes), source, budget, parse_limit)
+
+
+def _json_text(raw: bytes, source: str, max_bytes: int | None) -> str:
+    """The JSON text of a trace's bytes (gzip or not), within `max_bytes`."""
     if raw[:2] == GZIP_MAGIC:
         raw = _gunzip_bounded(raw, Path(source), max_bytes)
     elif max_bytes is not None and len(raw) > max_bytes:  # bytes from memory get the file limit too
         raise TraceError(f"{source}: {len(raw)} bytes of JSON, over the {max_bytes} byte limit")
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise TraceError(f"{source}: not UTF-8 text at byte {exc.start}") from None
+
+
+def _parse_text(text: str, source: str, budget: Budget | None, parse_limit: int | None) -> Trace:
+    """Parse, then let the text go before the trace is built from the parse: the text, its parse
+    and the trace are never all held at once (called with a temporary, this is the text's only
+    reference)."""
     if len(text) > 1 << 20 and top_level_kind(text) != "object":  # a big array of [] parses for seconds
         raise TraceError(f"{source}: top level: expected a JSON object, got {top_level_kind(text)}")
     if parse_limit is not None and (cost := json_parse_bytes(text)) > parse_limit:
         what = f"JSON whose parse would take ~{cost >> 20} MiB, more than the {parse_limit >> 20} MiB allowed"
         raise TraceError(_over_local_limit(source, what))
+    size = len(text)
     try:
         # Item by item: a big upload must not hold the GIL (and every other visitor) for seconds.
         data = loads_yielding(text, parse_constant=_refuse_constant)
@@ -226,7 +238,8 @@ def parse_trace_bytes(
     except ValueError as exc:  # e.g. an integer literal over Python's 4300-digit limit
         raise TraceError(f"{source}: unreadable JSON number ({exc})") from None
     except MemoryError:
-        raise TraceError(_too_big_for_memory(source, len(text))) from None
+        raise TraceError(_too_big_for_memory(source, size)) from None
+    del text
     try:
         return trace_from_dict(data, budget)
     except TraceError as exc:
@@ -260,12 +273,18 @@ def load_trace(path: str | os.PathLike[str], max_bytes: int | None = None, budge
             return ParquetTrace(path).read()
         except ColumnarError as exc:
             raise TraceError(str(exc)) from None
+    limits = file_limits() if max_bytes is None else None
+    parse_limit = limits.parse_bytes if limits else None
+    # The bytes go once decoded and the text once parsed: at most two of bytes, text, parse, trace.
+    return _parse_text(_file_text(path, max_bytes), str(path), budget, parse_limit)
+
+
+def _file_text(path: Path, max_bytes: int | None) -> str:
     try:
         raw = _read_bytes(path, max_bytes)
     except OSError as exc:
         raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    limits = file_limits() if max_bytes is None else None
-    return parse_trace_bytes(raw, str(path), max_bytes, budget, limits.parse_bytes if limits else None)
+    return _json_text(raw, str(path), max_bytes)
 
 
 def trace_from_dict(data: Any, budget: Budget | None = DEFAULT_BUDGET) -> Trace:
