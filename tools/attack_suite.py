@@ -37,6 +37,7 @@ from tools.attacks.visitors import (
     attack_addresses,
     attack_foreign_upload,
     attack_html,
+    attack_local_readers,
     attack_models,
     attack_session,
     attack_ticket_flood,
@@ -44,7 +45,7 @@ from tools.attacks.visitors import (
 )
 
 ATTACKS = ("uploads", "memory", "session", "html", "foreign", "addresses", "tickets", "models", "inspect")
-ATTACKS += ("sessions", "flood")
+ATTACKS += ("sessions", "flood", "local")
 
 __all__ = ["free_port", "many_steps_file", "raw_event"]  # what tests import from here
 
@@ -91,6 +92,8 @@ def main() -> int:
         if "sessions" in wanted:  # the heaviest a public upload may be: its rows and their analysis
             heavy = many_steps_file(folder, 3_000 if args.quick else heaviest_steps())
             attack_sessions(suite, heavy, 6 if args.quick else 20, ceiling)
+        if "local" in wanted:  # issue 34: `specviz check` of the checkout on hostile local files
+            attack_local_readers(suite, folder, args.root.resolve(), args.quick)
         if "flood" in wanted:
             attack_flood(suite, 12 if args.quick else 65)
         server = suite.server

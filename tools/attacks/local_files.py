@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -73,9 +74,60 @@ def json_bomb_file(folder: Path, inflated_mib: int = 400) -> Path:
     return token_bomb_file(folder, inflated_mib)
 
 
-LOCAL_FILES = {
-    "dictionary page of a 1 MB string x 20,000 rows": dictionary_bomb_file,
-    "footer of 20M empty JSON objects": footer_bomb_file,
-    "gzip JSON inflating to 400 MiB": json_bomb_file,
-    "damaged row group": bad_row_group_file,
-}
+def local_files(quick: bool = False) -> dict[str, Callable[[Path], Path]]:
+    """The hostile local files by name (quick: the gzip inflates to 128 MiB, past the limit too)."""
+    inflated = 128 if quick else 400
+    return {
+        "dictionary page of a 1 MB string x 20,000 rows": dictionary_bomb_file,
+        "footer of 20M empty JSON objects": footer_bomb_file,
+        f"gzip JSON inflating to {inflated} MiB": lambda folder: json_bomb_file(folder, inflated),
+        "damaged row group": bad_row_group_file,
+    }
+
+
+LOCAL_GOAL_PEAK_MB = 2048  # issue 34: a hostile file is refused (or read) within 2 GB
+LOCAL_KILL_MB = 4096  # an older checkout's reader is stopped here: the machine must survive it
+
+
+def check_peak(root: Path, path: Path, timeout: float) -> tuple[int, str, float]:
+    """`specviz check FILE` of the checkout at `root`, in a process of its own: exit status, last
+    line of stderr, and peak RSS in MB (its address space capped at LOCAL_KILL_MB)."""
+    import os
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    # A small Python caps its address space, then becomes the check: a child forked from this big
+    # process would start its peak RSS at ours.
+    start = (
+        "import os, resource, sys; limit = int(sys.argv[1]) << 20; "
+        "resource.setrlimit(resource.RLIMIT_AS, (limit, limit)); os.execv(sys.executable, sys.argv[2:])"
+    )
+    command = [sys.executable, "-I", "-S", "-c", start, str(LOCAL_KILL_MB), sys.executable, "-m", "specviz"]
+    env = dict(os.environ, PYTHONPATH=str(root))
+    proc = subprocess.Popen(
+        [*command, "check", str(path)], cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    peak = [0.0]
+
+    def watch() -> None:  # the check's own high-water mark (VmHWM starts again at exec)
+        while proc.poll() is None:
+            try:
+                status = Path(f"/proc/{proc.pid}/status").read_text()
+                if "\nName:\tpython" in "\n" + status and "VmHWM:" in status:
+                    peak[0] = max(peak[0], int(status.split("VmHWM:")[1].split()[0]) / 1024)
+            except (OSError, ValueError, IndexError):
+                pass
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    watcher.join()
+    lines = err.decode(errors="replace").strip().splitlines()
+    return proc.returncode, (lines[-1] if lines else ""), peak[0]

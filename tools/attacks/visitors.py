@@ -198,3 +198,23 @@ def attack_ticket_flood(suite: Suite, folder: Path, paths: int) -> None:
         return f"{sent} flooded paths; the queued upload: {owner[:60]}"
 
     suite.run(f"{paths} uploaded paths while a visitor's upload waits in the queue", flood)
+
+
+def attack_local_readers(suite: Suite, folder: Path, root: Path, quick: bool) -> None:
+    """Issue 34: `specviz check` (a CI gate reading other jobs' artifacts) on each hostile local
+    file: refused in one line that names no folder, within 2 GB (each in a process of its own)."""
+    from tools.attacks.local_files import LOCAL_GOAL_PEAK_MB, check_peak, local_files
+
+    made = {name: make(folder) for name, make in local_files(quick).items()}
+    for name, path in made.items():
+
+        def check(result: Result, path: Path = path) -> str:
+            status, line, peak = check_peak(root, path, suite.timeout)
+            result.notes.update(exit=status, peak_rss_mb=round(peak), message=line[:200])
+            if peak > LOCAL_GOAL_PEAK_MB:
+                result.notes["problem_local_rss"] = f"peak RSS {peak:.0f} MB > {LOCAL_GOAL_PEAK_MB}"
+            if status != 2 or not line.startswith("specviz: error:") or str(path.parent) in line:
+                result.notes["problem_local_refusal"] = f"exit {status}, not a one-line refusal: {line[:160]}"
+            return f"exit {status}, peak {peak:.0f} MB: {line[:100]}"
+
+        suite.run(f"local check: {name} [{path.stat().st_size // 1024} KB]", check)
