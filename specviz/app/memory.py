@@ -8,6 +8,7 @@ import ctypes
 import ctypes.util
 import gc
 import itertools
+import operator
 import os
 import sys
 import threading
@@ -166,18 +167,23 @@ def _leaves(items: list[Any] | tuple[Any, ...], kinds: set[type], seen: set[int]
     return sum(_leaf(value, seen) for value in items)
 
 
-def _items(container: Any, stack: list[Any], seen: set[int]) -> int:
+_NESTING = 32  # containers summed at once this deep; deeper ones go on the walk's stack (no recursion limit)
+
+
+def _items(container: Any, stack: list[Any], seen: set[int], depth: int = 0) -> int:
     """The items of a container: leaves summed at once (and small tuples or lists of numbers, as
     mask runs and the grid's history), anything else pushed for the walk."""
     items = container if type(container) in (list, tuple) else list(container)
     kinds = set(map(type, items))
     if kinds <= _LEAVES:
         return _leaves(items, kinds, seen)
-    if kinds <= {tuple, list}:
+    if kinds <= {tuple, list} and depth < _NESTING:  # token lists, mask runs, the history, steps' rows
         inner = list(itertools.chain.from_iterable(items))
-        inner_kinds = set(map(type, inner))
-        if inner_kinds <= _SCALARS:
-            return sum(map(_allocated, map(sys.getsizeof, items))) + _leaves(inner, inner_kinds, seen)
+        return sum(map(_allocated, map(sys.getsizeof, items))) + _items(inner, stack, seen, depth + 1)
+    if len(kinds) == 1 and len(items) >= 8 and depth < _NESTING:
+        fields = getattr(next(iter(kinds)), "__dataclass_fields__", None)
+        if fields is not None:
+            return _records(items, list(fields), stack, seen, depth + 1)
     total = 0
     for value in items:
         if type(value) in _LEAVES:
@@ -187,16 +193,30 @@ def _items(container: Any, stack: list[Any], seen: set[int]) -> int:
     return total
 
 
+def _records(items: Any, names: list[str], stack: list[Any], seen: set[int], depth: int) -> int:
+    """Many instances of one dataclass (rows, steps, violations): each field taken as a column, so
+    a column of numbers or of token lists is summed at once instead of walked object by object."""
+    fresh = [item for item in items if id(item) not in seen]
+    if not fresh:
+        return 0
+    seen.update(map(id, fresh))
+    # The objects, and the attribute values each stores beside it (no `__dict__` is made).
+    total = sum(map(sys.getsizeof, fresh)) + len(fresh) * (8 * len(names) + 16)
+    for name in names:
+        column = list(map(operator.attrgetter(name), fresh))
+        total += _items(column, stack, seen, depth)
+    return total
+
+
 def _keys(mapping: dict[Any, Any], stack: list[Any], seen: set[int]) -> int:
     """A dict's keys: strings are often shared between dicts (JSON keys, attribute names): once each."""
+    if not all(type(key) is str for key in mapping):
+        return _items(mapping.keys(), stack, seen)  # e.g. the history's (sequence, index) tuples
     total = 0
     for key in mapping:
-        if type(key) is str:
-            if id(key) not in seen:
-                seen.add(id(key))
-                total += _allocated(sys.getsizeof(key))
-        else:
-            stack.append(key)
+        if id(key) not in seen:
+            seen.add(id(key))
+            total += _allocated(sys.getsizeof(key))
     return total
 
 

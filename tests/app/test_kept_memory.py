@@ -97,6 +97,10 @@ def test_strings_count_their_bytes_and_shared_objects_count_once() -> None:
     assert kept_bytes([text, text, {"k": text}]) < 4_100_000  # one string, held three times
     assert kept_bytes(list(range(1000, 101_000))) >= 100_000 * (8 + 28)  # a list's slots and its ints
     assert kept_bytes([[1, 5]] * 10) < kept_bytes([[1, 5] for _ in range(10)])  # one mask run, or ten
+    nested: list = []
+    for _ in range(5_000):  # deeper than Python's recursion limit: the walk uses its own stack
+        nested = [nested]
+    assert kept_bytes(nested) >= 5_000 * 56
 
 
 def test_the_ceiling_evicts_on_the_count_across_sessions() -> None:
