@@ -88,7 +88,7 @@ def main() -> int:
             # The heaviest run a public upload may hold (the piece-table file of round one is refused now).
             attack_inspect_flood(suite, folder, many_steps_file(folder, 3_000 if args.quick else heaviest_steps()), 12)
         if "memory" in wanted:  # issue 34: a 100 KB gzip keeping ~80 MB a run, one run a session
-            attack_sessions(suite, hidden_memory_file(folder), 4 if args.quick else 8, ceiling)
+            attack_sessions(suite, hidden_memory_file(folder), 3 if args.quick else 8, ceiling)
         if "sessions" in wanted:  # the heaviest a public upload may be: its rows and their analysis
             heavy = many_steps_file(folder, 3_000 if args.quick else heaviest_steps())
             attack_sessions(suite, heavy, 6 if args.quick else 20, ceiling)
