@@ -114,3 +114,20 @@ def test_the_ceiling_evicts_on_the_count_across_sessions() -> None:
         memory.end(f"s{i}")
     assert [getattr(r, "evicted", False) for r in runs] == [True, True, True, False]
     assert memory.total() <= 10 * 2**20
+
+
+def test_figures_drawn_later_are_counted_and_can_make_room() -> None:
+    from specviz.app.memory import estimate_run_bytes
+
+    memory = RunMemory(ceiling=8 * 2**20, estimate=estimate_run_bytes)
+    old, new = _Held(400_000), _Held(400_000)
+    new.figures = {}
+    for session, run in (("s0", old), ("s1", new)):
+        memory.begin(session)
+        memory.track(run, session)
+        memory.end(session)
+    assert memory.total() < 8 * 2**20 and not getattr(old, "evicted", False)  # both fit
+    new.figures["heatmap"] = {"z": [[float(i)] * 100 for i in range(20_000)]}  # ~17 MB as drawn
+    memory.grew(new, "s1")
+    assert memory.total() > 10 * 2**20  # the figure is counted (the drawing session keeps its run)...
+    assert getattr(old, "evicted", False) and not getattr(new, "evicted", False)  # ...and the idle one goes
