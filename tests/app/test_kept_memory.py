@@ -131,3 +131,35 @@ def test_figures_drawn_later_are_counted_and_can_make_room() -> None:
     memory.grew(new, "s1")
     assert memory.total() > 10 * 2**20  # the figure is counted (the drawing session keeps its run)...
     assert getattr(old, "evicted", False) and not getattr(new, "evicted", False)  # ...and the idle one goes
+
+
+def test_an_opened_probe_report_is_counted_and_unloaded_like_a_run() -> None:
+    import warnings
+
+    from specviz.app.loading import TRACES
+    from specviz.app.memory import UNLOADED_MESSAGE, estimate_run_bytes, install_memory, unload_run
+    from specviz.app.probe_tab import _parse
+
+    report = _parse((TRACES / "probe-example.json").read_bytes(), "probe-example.json")
+    seen = []
+
+    class Fn:
+        def __init__(self, fn):
+            self.fn = fn
+
+    class Demo:
+        fns = {0: Fn(lambda state: seen.append(state) or {"state": report})}
+
+    class Run:  # the app's run type: a report is counted besides it
+        shared = False
+
+    memory = RunMemory(ceiling=2**30, estimate=estimate_run_bytes)
+    install_memory(Demo, memory, Run)
+    Demo.fns[0].fn(None)
+    assert memory.total() >= kept_bytes(report) > 10_000  # the report this handler put in a state
+    unload_run(report)
+    assert report.prompts == () and report.evicted
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Demo.fns[0].fn(report)
+    assert seen[-1] is None and any(UNLOADED_MESSAGE in str(w.message) for w in caught)
