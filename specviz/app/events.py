@@ -231,7 +231,7 @@ def wire_slot(slot: RunSlot, other: RunSlot, inspect: Any, compare: Any, ui: Det
             LIVE_GATE.done(getattr(request, "session_hash", None))
 
     common = [other.state, ui.grid.window, ui.outputs.only_diverged]
-    slot.bundled.input(from_bundle, [slot.bundled, *common], outputs, api_name=f"load_bundled_{label}")
+    slot.bundled.select(from_bundle, [slot.bundled, *common], outputs, api_name=f"load_bundled_{label}")
     slot.upload.upload(from_upload, [slot.upload, *common], outputs, api_name=f"load_upload_{label}")
     slot.run_button.click(
         from_live,

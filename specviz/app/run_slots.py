@@ -13,7 +13,7 @@ import gradio as gr
 
 from specviz.app import memory, serve
 from specviz.app.live import PUBLIC
-from specviz.app.loading import bundled_traces, first_bundled
+from specviz.app.loading import LOCAL_CHOICE, first_bundled, local_choice, slot_choices
 from specviz.views import slot_summary_markdown
 from specviz.views.faults import faults_markdown
 
@@ -71,9 +71,11 @@ def build_run_slot(label: str, defaults: tuple[str, ...]) -> RunSlot:
     slug = label.lower()
     with gr.Column(variant="panel"):
         with gr.Row(equal_height=True):
+            # With `python app.py --trace PATH`, slot A's picker names that run (it is what A shows).
+            local = label == "A" and local_choice() is not None
             bundled = gr.Dropdown(
-                bundled_traces(),
-                value=first_bundled(defaults),
+                slot_choices(label),
+                value=LOCAL_CHOICE if local else first_bundled(defaults),
                 label=f"run {label}: bundled example trace",
                 interactive=True,
                 elem_id=f"sv-bundled-{slug}",

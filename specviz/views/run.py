@@ -46,6 +46,7 @@ class LoadedRun:
     history: FedHistory | ColumnarFedHistory  # columnar when the steps stay on disk (`lazy`)
     texts: dict[int, str]
     figures: dict[str, go.Figure] = field(default_factory=dict)  # whole-run figures, built on demand
+    example: bool = False  # a bundled example trace, not the user's own run: the summary says so
     _overview: tuple[Trace, str] | None = None
 
     @property
@@ -150,7 +151,8 @@ def slot_summary_markdown(loaded: LoadedRun | None, label: str) -> str:
     fault = fault_markdown(loaded.trace.header.fault)  # what the injected bug does, where it is named
     # Small print under the verdict (the run's settings, its source, what the fault does): the
     # header stays short, so the grid is on the first screen.
-    text = summary_markdown(loaded.trace, loaded.report, label)
+    # A bundled example beside the user's own run must not read as theirs.
+    text = summary_markdown(loaded.trace, loaded.report, f"{label} (bundled example)" if loaded.example else label)
     text = text.removesuffix("</sub>") + f" · source: <span class='sv-nowrap'>{md_text(loaded.source)}</span></sub>"
     return text + (f"\n\n<sub>{fault}</sub>" if fault else "")
 
