@@ -45,6 +45,7 @@ def _analysed_bundle(name: str, mtime: float) -> LoadedRun:
     loaded = analyse(load_trace(TRACES / name), name)
     loaded.shared = True  # one object for every session: never counted or unloaded per session
     loaded.example = True
+    loaded.link = name
     return loaded
 
 
@@ -111,6 +112,7 @@ def load_local(path: str | Path) -> LoadedRun:
 def open_local_a(path: str | Path) -> LoadedRun:
     """Load `path` (see `load_local`) as the run every new page opens in slot A."""
     loaded = load_local(path)
+    loaded.link = LOCAL_CHOICE  # a link names "the file this app opened", never its path
     loaded.shared = True  # one object for every session, like a bundled trace: never unloaded
     LOCAL_A[:] = [loaded]
     return loaded

@@ -3,10 +3,23 @@ the Perfetto export, the link state, the cell details and the messages."""
 
 from __future__ import annotations
 
+import html
+import json
+from html.parser import HTMLParser
+from pathlib import Path
+
 import pytest
 
-from specviz.app import loading
-from specviz.views import slot_summary_markdown
+from specviz import cli
+from specviz.analysis.check import check_trace
+from specviz.app import loading, share
+from specviz.errors import SpecvizError
+from specviz.trace.io import load_trace
+from specviz.trace.schema import Trace
+from specviz.views import analyse, slot_summary_markdown
+from specviz.views.grid import NO_ROW
+from specviz.views.perfetto import export_perfetto
+from specviz.views.report import report_html
 from specviz.views.summary import compare_table
 
 CLEAN = "default-eqspec.json.gz"
@@ -40,3 +53,170 @@ def test_a_vs_b_says_when_the_runs_share_no_prompts() -> None:
     count = len(runs[CLEAN].trace.sequences)
     assert prompts_row(CLEAN, FAULTY) == [f"{count} of {count}"] * 2
     assert all(cell.startswith("none: different prompts") for cell in prompts_row(FAULTY, GEMMA))
+
+
+# ----------------------------------------------------------------------------- the report and the export
+
+HOSTILE = "<img src=https://evil.example/x.png onerror=alert(1)>"
+
+
+class _Resources(HTMLParser):
+    """Every tag and attribute of an HTML page: what a browser could fetch or run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[str] = []
+        self.attrs: list[tuple[str, str]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append(tag)
+        self.attrs += [(name, value or "") for name, value in attrs]
+
+
+def hostile_trace(name: str = FAULTY) -> Trace:
+    """A bundled trace with markup in every string a report shows (a trace is untrusted)."""
+    trace = load_trace(loading.TRACES / name)
+    trace.header.fault = HOSTILE
+    trace.header.target.name = f"/home/me/models/{HOSTILE}"
+    trace.sequences[0].prompt = "see https://evil.example and </pre><script>alert(1)</script>"
+    token = trace.steps[0].rows[0].pending_token
+    trace.header.token_text = {**trace.header.token_text, str(token): HOSTILE}
+    return trace
+
+
+def test_report_is_self_contained_and_escapes_the_trace(tmp_path: Path) -> None:
+    trace = hostile_trace()
+    loaded = analyse(trace, "hostile.json.gz")
+    page = report_html(loaded, "hostile.json.gz")
+    parsed = _Resources()
+    parsed.feed(page)
+    # Nothing to fetch or run: no external element, no URL in any attribute, no CSS url().
+    assert not {"img", "link", "iframe", "object", "embed", "script", "a"} & set(parsed.tags), parsed.tags
+    assert not [value for _, value in parsed.attrs if "http" in value.lower() or "javascript:" in value.lower()]
+    assert not [name for name, _ in parsed.attrs if name.startswith("on")]  # no event handler survived
+    assert "url(" not in page and "@import" not in page
+    assert HOSTILE not in page and html.escape(HOSTILE) in page  # shown, as text
+    # The findings are there: first violation, the grid's cells, fed vs expected, the outputs, the JSON.
+    first = loaded.report.first_violation
+    assert f"Desync begins at step {first.step}, row {first.row}" in page
+    assert page.count("<rect") >= len(trace.steps[first.step_index].rows)
+    assert "fed vs expected" in page and "data-divergent='true'" in page
+    embedded = json.loads(html.unescape(page.split("id='check-json'>", 1)[1].split("</pre>", 1)[0]))
+    assert embedded["verdict"] == loaded.report.verdict == "desync"
+    assert embedded["first_violation"] == first.to_dict()
+
+
+def test_report_and_export_commands(tmp_path: Path) -> None:
+    source = loading.TRACES / "default-eqspec-stale-kv.json.gz"
+    out = tmp_path / "finding.html"
+    assert cli.main(["report", str(source), "-o", str(out)]) == 0
+    assert "Desync begins at step" in out.read_text()
+    assert cli.main(["report", str(source), "-o", str(out)]) == 2  # exists: --force to replace it
+    assert cli.main(["export", "--perfetto", str(source), "-o", str(tmp_path / "p.json")]) == 0
+    assert cli.main(["export", "--perfetto", str(tmp_path / "missing.json"), "-o", str(tmp_path / "q.json")]) == 2
+
+
+def test_perfetto_export_is_trace_event_json(tmp_path: Path) -> None:
+    """The Chrome trace-event format's rules (what Perfetto's JSON importer reads), checked on the
+    file; the values checked against the trace and the check, which computed them independently."""
+    trace = load_trace(loading.TRACES / "default-eqspec-stale-kv.json.gz")
+    report = check_trace(trace)
+    path = tmp_path / "out.json"
+    count = export_perfetto(trace, report, path)
+    data = json.loads(path.read_text())
+    events = data["traceEvents"]
+    assert len(events) == count and data["displayTimeUnit"] == "ms"
+    named = {(e["pid"], e["tid"]) for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    slices = [e for e in events if e["ph"] == "X"]
+    for e in slices:  # a complete event: a name, a start and a duration in µs, on a named track
+        assert isinstance(e["name"], str) and e["ts"] >= 0 and e["dur"] >= 0, e
+        assert (e["pid"], e["tid"]) in named, e
+    rows = {(s.batch_id, r.row) for s in trace.steps for r in s.rows}
+    assert {(pid, tid - 1) for pid, tid in named if tid > 0} == rows  # a track per batch row
+    verify = [e for e in slices if e["name"] == "verify"]
+    assert len(verify) == sum(len(s.rows) for s in trace.steps)
+    step0 = trace.steps[0]
+    first = next(e for e in verify if e["tid"] == step0.rows[0].row + 1)
+    assert first["dur"] == pytest.approx(step0.verify_ms * 1000)
+    assert first["args"]["accepted"] == step0.rows[0].accepted
+    assert first["args"]["kv_len"] == step0.rows[0].kv_len
+    assert first["args"]["positions"] == step0.rows[0].position_ids
+    flagged = sum(len(e["args"]["violations"]) for e in verify)
+    assert flagged == len(report.violations) == sum(e["ph"] == "i" for e in events)
+    # Steps follow one another: each step's slices start where the previous step ended.
+    starts = [e["ts"] for e in slices if e["cat"] == "step"]
+    assert starts == sorted(starts) and len(starts) == len(trace.steps)
+
+
+def test_app_takes_host_and_port_flags() -> None:
+    import app
+
+    assert app.server_address(app.parse_args(["--port", "8123", "--host", "0.0.0.0"])) == {
+        "server_name": "0.0.0.0",
+        "server_port": 8123,
+    }
+    assert app.server_address(app.parse_args([])) == {}  # Gradio's defaults and its environment decide
+
+
+# ----------------------------------------------------------------------------- links, keys, details
+
+
+def test_a_link_is_checked_and_never_opens_a_path(local_a: object) -> None:
+    state = share.LinkState.from_params({"slot": "b", "trace": FAULTY, "step": "3", "row": "x", "tab": "kv"})
+    assert (state.slot, state.trace, state.step, state.row, state.tab) == ("B", FAULTY, 3, None, "kv")
+    junk = share.LinkState.from_params({"slot": "C", "step": "1e9x", "tab": "<script>", "trace": "a" * 400})
+    assert (junk.slot, junk.step, junk.tab, junk.trace) == ("A", None, None, None)
+    assert share.LinkState.from_params(None).empty
+    assert share.load_linked(loading.LOCAL_CHOICE) is local_a  # "--trace": the file this app opened
+    assert share.load_linked(FAULTY).example
+    for path in ("/etc/passwd", "../traces/" + FAULTY, str(loading.TRACES / FAULTY), "runs:x.json"):
+        with pytest.raises(SpecvizError):
+            share.load_linked(path)
+
+
+def test_a_link_without_the_trace_flag_names_no_file() -> None:
+    assert not loading.LOCAL_A  # as in public mode, where --trace is refused
+    with pytest.raises(SpecvizError, match="opened none"):
+        share.load_linked(loading.LOCAL_CHOICE)
+
+
+def test_keys_walk_steps_violations_and_rows() -> None:
+    loaded = loading.load_bundled(FAULTY)
+    last = loaded.step_count - 1
+    assert share.key_target(loaded, ".", 0, 0) == (1, 0)
+    assert share.key_target(loaded, ",", 0, 0) is None  # nowhere before the first step
+    assert share.key_target(loaded, ".", last, 0) is None
+    # n / N: every violation's place in the report's order, forward then back, from before the first.
+    places = sorted({(v.step_index, v.row) for v in loaded.report.violations})
+    here, seen = (0, -1), []
+    while (target := share.key_target(loaded, "n", *here)) is not None:
+        seen.append(target)
+        here = target
+    assert seen == places
+    back = []
+    while (target := share.key_target(loaded, "N", *here)) is not None:
+        back.append(target)
+        here = target
+    assert back == places[-2::-1]
+    rows = [r.row for r in loaded.step_slots(2).rows]
+    assert share.key_target(loaded, "j", 2, NO_ROW) == (2, rows[0])
+    assert share.key_target(loaded, "j", 2, rows[0]) == (2, rows[1])
+    assert share.key_target(loaded, "k", 2, rows[0]) is None
+    assert share.key_target(loaded, "x", 2, rows[0]) is None
+    assert share.parse_pick("n:1733") == ("n", []) and share.parse_pick("cell:3:41:99") == ("cell", [3, 41])
+    assert share.parse_pick("") == ("", []) and share.parse_pick("x" * 200) == ("", [])
+
+
+def test_cell_details_say_fed_expected_and_the_invariant() -> None:
+    loaded = loading.load_bundled(FAULTY)
+    first = loaded.report.first_violation
+    panel = share.cell_details(loaded, first.step_index, first.row, None)  # Enter: the row's first differing cell
+    grid = loaded.step_slots(first.step_index)
+    cell = next(c for c in grid.find_row(first.row).slots if c.flagged)
+    assert f"data-col='{cell.col}'" in panel
+    assert "position fed</th><td style='color:#dc2626'>" not in panel  # only "differs" lines are red
+    assert f"<th>position fed</th><td>{cell.fed_position}</td>" in panel
+    assert f"<th>position expected</th><td>{cell.expected_position}</td>" in panel
+    assert f"invariant {int(first.invariant)} {first.name}" in panel and "logical index j" in panel
+    assert share.cell_details(loaded, first.step_index, first.row, 10**6) == ""  # no such cell: nothing
+    assert share.cell_details(None, 0, 0, 0) == ""
