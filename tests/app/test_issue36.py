@@ -14,7 +14,7 @@ from specviz import cli
 from specviz.analysis.check import check_trace
 from specviz.app import loading, share
 from specviz.errors import SpecvizError
-from specviz.trace.io import load_trace
+from specviz.trace.io import load_trace, save_trace
 from specviz.trace.schema import Trace
 from specviz.views import analyse, slot_summary_markdown
 from specviz.views.grid import NO_ROW
@@ -220,3 +220,32 @@ def test_cell_details_say_fed_expected_and_the_invariant() -> None:
     assert f"invariant {int(first.invariant)} {first.name}" in panel and "logical index j" in panel
     assert share.cell_details(loaded, first.step_index, first.row, 10**6) == ""  # no such cell: nothing
     assert share.cell_details(None, 0, 0, 0) == ""
+
+
+# ----------------------------------------------------------------------------- messages
+
+
+def test_positions_of_the_physical_slot_name_the_missing_position_ids() -> None:
+    """The column-positions fault feeds each query its column in the padded tensor, as a model does
+    for itself when `position_ids` is not passed under left padding: the finding names that cause.
+    A positions bug of another shape (uniform-advance) does not get the hint."""
+    hint = "positions follow the physical slot, not the row's logical index: is `position_ids` passed?"
+    column = loading.load_bundled(FAULTY).report.first_violation
+    assert column.name == "position-contiguity" and column.message.endswith(hint)
+    other = loading.load_bundled("default-eqspec-uniform-advance.json.gz").report
+    assert other.violation_count and not any(hint in v.message for v in other.violations)
+
+
+def test_human_output_names_a_local_model_by_its_folder(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    trace = load_trace(loading.TRACES / CLEAN)
+    trace.header.target.name = "/home/someone/private/models/qwen-0.5b"
+    path = tmp_path / "t.json.gz"
+    save_trace(trace, path)
+    assert cli.main(["check", str(path)]) == 0
+    human = capsys.readouterr().out
+    assert "target qwen-0.5b (" in human and "/home/someone" not in human
+    assert cli.main(["runs", str(tmp_path)]) == 0
+    table = capsys.readouterr().out
+    assert "qwen-0.5b" in table and "/home/someone" not in table
+    assert cli.main(["runs", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["runs"][0]["target"] == "/home/someone/private/models/qwen-0.5b"

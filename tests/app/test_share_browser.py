@@ -70,6 +70,16 @@ def wait_where(page: Any, **expected: str) -> None:
     )
 
 
+def shot(page: Any, name: str, top: str, bottom: str) -> None:
+    """A screenshot of the page from element `top` to element `bottom` (test-output/, for the docs)."""
+    a = page.locator(top).first.bounding_box()
+    b = page.locator(bottom).first.bounding_box()
+    scroll = page.evaluate("() => window.scrollY")
+    y = a["y"] + scroll - 8
+    clip = {"x": 0, "y": y, "width": page.viewport_size["width"], "height": b["y"] + scroll + b["height"] + 8 - y}
+    page.screenshot(path=str(SHOTS / name), full_page=True, clip=clip)
+
+
 def unfocus(page: Any) -> None:
     """Nothing focused: a key goes to the page (as after a click on the page's background)."""
     page.evaluate("() => document.activeElement && document.activeElement.blur()")
@@ -119,7 +129,7 @@ def test_keys_details_link_and_report_at_1440(page: Any, tmp_path: Any) -> None:
     page.keyboard.press("l")
     page.wait_for_function(f"() => document.querySelector('#sv-details .sv-cell')?.dataset.col === '{col + 1}'")
     settle(page)
-    page.screenshot(path=str(SHOTS / "36-details-1440.png"), full_page=True)
+    shot(page, "36-details-1440.png", "#sv-grid", "#sv-details")
 
     # The link to this cell, copied, reopens it in a new page (another visitor's session).
     page.locator("#sv-copy-link").click()
@@ -127,8 +137,7 @@ def test_keys_details_link_and_report_at_1440(page: Any, tmp_path: Any) -> None:
     box.wait_for()
     page.wait_for_function("() => (document.querySelector('#sv-link textarea, #sv-link input') || {}).value")
     link = box.input_value()
-    box.scroll_into_view_if_needed()
-    page.screenshot(path=str(SHOTS / "36-shared-link-1440.png"))
+    shot(page, "36-shared-link-1440.png", "#sv-grid", "#sv-link")
     assert "trace=--trace" in link and f"step={first.step_index}" in link and "/" not in link.split("?")[1]
     other = page.context.browser.new_page(viewport={"width": 1440, "height": 900})
     try:
@@ -136,7 +145,7 @@ def test_keys_details_link_and_report_at_1440(page: Any, tmp_path: Any) -> None:
         wait_where(other, trace="--trace", step=str(first.step_index), row=str(first.row))
         assert inspected(other) == "A"
         settle(other)
-        other.screenshot(path=str(SHOTS / "36-link-opened-1440.png"))
+        other.screenshot(path=str(SHOTS / "36-link-opened-1440.png"))  # the first screen, as a colleague sees it
         # A link into slot B, on another tab: B's run, B inspected, its picker naming it, that tab open.
         name = "default-eqspec-stale-kv.json.gz"
         other.goto(link.split("?")[0] + f"?slot=B&trace={name}&step=3&row=2&tab=invariants")
