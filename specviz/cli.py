@@ -234,7 +234,7 @@ def _add_report(rep: argparse.ArgumentParser) -> None:
 def _add_export(exp: argparse.ArgumentParser) -> None:
     exp.description = (
         "Export a trace for another viewer. --perfetto writes Chrome trace-event JSON that Perfetto's UI "
-        "(ui.perfetto.dev, opened from a file: nothing is uploaded) and chrome://tracing open: a track per "
+        "(ui.perfetto.dev, opened from a file: nothing is uploaded) opens: a track per "
         "batch row, a slice per step phase (draft, verify, align) with its recorded duration, and the row's "
         "accepted count, positions, KV length and violations as the verify slice's args (docs/app.md)."
     )
@@ -575,7 +575,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     check_output_path(out, args.force)
     trace = open_trace(args.trace)  # a Parquet trace streams, and so does the JSON written
     count = export_perfetto(trace, check_trace(trace), out)
-    print(f"{out}: {count} trace events (open it in ui.perfetto.dev or chrome://tracing)")
+    print(f"{out}: {count} trace events (open it in Perfetto's UI: ui.perfetto.dev, Open trace file)")
     return 0
 
 

@@ -244,5 +244,5 @@ body:not(.sv-keys-open) #sv-keys-help, body.sv-details-closed #sv-details { disp
 INTRO = """
 # specviz: where does batch speculative decoding go wrong?
 Load runs into slots **A** and **B**; the **ragged grid** shows what the engine fed and where it first went wrong
-(the **dark red cell**).
+(the **dark red cell**). Click a cell for its details; press **?** for the keys.
 """

@@ -1,4 +1,4 @@
-"""A trace as Chrome trace-event JSON, the format Perfetto's UI (ui.perfetto.dev) and chrome://tracing open.
+"""A trace as Chrome trace-event JSON, the format Perfetto's UI (ui.perfetto.dev) opens.
 
 One process per batch (`batch_id`), one track (thread) per batch row, and on each row's track one
 slice per phase of every verify step: `draft`, `verify`, `align`, with the durations the trace
