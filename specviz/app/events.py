@@ -447,11 +447,14 @@ def wire_share(inspect: Any, states: list[Any], ui: DetailUI) -> None:
             return gr.skip()
         if key in (".", ","):  # the step's own change event draws it, with the row kept
             return {grid.step: target[0]}
-        return {grid.step: target[0], **grid.view_values(grid_view(loaded, target[0], target[1], window))}
+        moved = {grid.step: target[0], **grid.view_values(grid_view(loaded, target[0], target[1], window))}
+        if key in ("n", "N"):  # a violation is seen in the grid, as a jump from the Invariants tab shows it
+            moved[ui.tabs] = gr.Tabs(selected=GRID_TAB)
+        return moved
 
     # "multiple": every key pressed is a move, in order (a held key walks step after step).
     tools.key.change(
         on_key, [inspect, *states, grid.step, grid.row, grid.window, tools.key],
-        [grid.step, *grid.view_components(), tools.details], api_visibility="private", trigger_mode="multiple",
-        show_progress="hidden",
-    )  # fmt: skip
+        [grid.step, *grid.view_components(), tools.details, ui.tabs], api_visibility="private",
+        trigger_mode="multiple", show_progress="hidden",
+    ).then(None, js=RESIZE_PLOTS_JS, show_progress="hidden", api_visibility="private")  # fmt: skip

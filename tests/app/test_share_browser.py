@@ -108,7 +108,12 @@ def test_keys_details_link_and_report_at_1440(page: Any, tmp_path: Any) -> None:
     press(page, ".", step=str(first.step_index + 1))
     press(page, ",", step=str(first.step_index))
     later = next(v for v in loaded.report.violations if (v.step_index, v.row) > (first.step_index, first.row))
+    page.get_by_role("tab", name="Acceptance").focus()
+    page.keyboard.press("Enter")  # another tab open: `n` brings the grid back with the violation
+    page.locator("button[role=tab][aria-selected=true]", has_text="Acceptance").wait_for()
+    unfocus(page)
     press(page, "n", step=str(later.step_index), row=str(later.row))
+    page.locator("button[role=tab][aria-selected=true]", has_text="Ragged grid").wait_for()
     press(page, "N", step=str(first.step_index), row=str(first.row))
     rows = [r.row for r in loaded.step_slots(first.step_index).rows]
     press(page, "j", row=str(rows[rows.index(first.row) + 1]))
@@ -131,8 +136,9 @@ def test_keys_details_link_and_report_at_1440(page: Any, tmp_path: Any) -> None:
     settle(page)
     shot(page, "36-details-1440.png", "#sv-grid", "#sv-details")
 
-    # The link to this cell, copied, reopens it in a new page (another visitor's session).
-    page.locator("#sv-copy-link").click()
+    # The link to this cell, copied (the button pressed from the keyboard), reopens it in a new page.
+    page.locator("#sv-copy-link").focus()
+    page.keyboard.press("Enter")
     box = page.locator("#sv-link textarea, #sv-link input").first
     box.wait_for()
     page.wait_for_function("() => (document.querySelector('#sv-link textarea, #sv-link input') || {}).value")
@@ -157,9 +163,11 @@ def test_keys_details_link_and_report_at_1440(page: Any, tmp_path: Any) -> None:
         other.close()
 
     # The report: one file, opened with the network off, asking for nothing.
+    page.locator("#sv-report").focus()
+    page.keyboard.press("Enter")
     with page.expect_download() as download:
-        page.locator("#sv-report").click()
-        page.locator("#sv-report-file a").first.click()
+        page.locator("#sv-report-file a").first.focus()
+        page.keyboard.press("Enter")
     saved = tmp_path / "finding.html"
     download.value.save_as(saved)
     context = page.context.browser.new_context(offline=True)
