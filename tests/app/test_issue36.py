@@ -7,6 +7,8 @@ import html
 import json
 from html.parser import HTMLParser
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -249,3 +251,28 @@ def test_human_output_names_a_local_model_by_its_folder(tmp_path: Path, capsys: 
     assert "qwen-0.5b" in table and "/home/someone" not in table
     assert cli.main(["runs", str(tmp_path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["runs"][0]["target"] == "/home/someone/private/models/qwen-0.5b"
+
+
+def test_opening_a_link_restores_the_view_and_refuses_paths() -> None:
+    """The page's load handler, given a link's query: the slot, run, step, row and tab it names; a
+    link naming a path opens the defaults and says so, naming no path."""
+    import app
+
+    demo = app.build_app()
+    preload = next(f for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "preload")
+
+    def opened(**query: str) -> dict[str, Any]:
+        values = preload.fn(40, False, SimpleNamespace(query_params=query))
+        return {getattr(k, "elem_id", None) or type(k).__name__: v for k, v in values.items()}
+
+    stale = "default-eqspec-stale-kv.json.gz"
+    view = opened(slot="B", trace=stale, step="3", row="2", tab="kv")
+    assert view["sv-inspect"] == "B" and view["sv-bundled-b"]["value"] == stale
+    assert view["sv-step"]["value"] == 3 and view["sv-row"]["value"] == 2
+    assert view["Tabs"].selected == "kv"
+    assert f"data-trace='{stale}' data-step='3' data-row='2'" in view["sv-grid-legend"]
+    refused = opened(slot="A", trace="/etc/passwd", step="1")
+    status = refused["sv-status-a"]
+    assert status["visible"] and "not a trace this app can open" in status["value"]
+    assert "/etc" not in status["value"]  # the server path a link named is never echoed
+    assert refused["sv-step"]["value"] == 1  # the rest of the link still applies
