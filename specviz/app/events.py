@@ -242,6 +242,13 @@ def wire_slot(slot: RunSlot, other: RunSlot, inspect: Any, compare: Any, ui: Det
     def from_bundle(name: str, other_run: LoadedRun | None, window: int, only: bool) -> dict:
         return finish(load_bundled(name), other_run, window, only, bundled=True)
 
+    def from_picker(name: str, own: LoadedRun | None, other_run: LoadedRun | None, window: int, only: bool) -> Any:
+        # Focus and blur fire the picker's input event with the value it shows: the run the slot
+        # already holds (or none, after an upload). That is no pick: the slot keeps its run and view.
+        if not name or (own is not None and own.link == name):
+            return gr.skip()
+        return from_bundle(name, other_run, window, only)
+
     @user_errors(slot.status)
     def from_upload(
         path: str | None, other_run: LoadedRun | None, window: int, only: bool, request: gr.Request
@@ -276,12 +283,10 @@ def wire_slot(slot: RunSlot, other: RunSlot, inspect: Any, compare: Any, ui: Det
             LIVE_GATE.done(getattr(request, "session_hash", None))
 
     common = [other.state, ui.grid.window, ui.outputs.only_diverged]
-    # select, not input or change: only a pick loads. Focus and blur fire the dropdown's input event
-    # (tabbing past it reloaded the bundled trace over the user's run). "always_last": a second pick
-    # during a load is not dropped; it reads the picker's value, so the last pick is what lands.
-    slot.bundled.select(
-        from_bundle, [slot.bundled, *common], outputs, api_name=f"load_bundled_{label}", trigger_mode="always_last"
-    )
+    # input, not select: a pick from the keyboard (type, arrow, Enter) fires input only. The API
+    # endpoint has its own hidden trigger, so its arguments and answers stay as they were.
+    slot.bundled.input(from_picker, [slot.bundled, slot.state, *common], outputs, api_visibility="private")
+    slot.api_trigger.click(from_bundle, [slot.bundled, *common], outputs, api_name=f"load_bundled_{label}")
     slot.upload.upload(from_upload, [slot.upload, *common], outputs, api_name=f"load_upload_{label}")
     slot.run_button.click(
         from_live,

@@ -34,6 +34,9 @@ class RunSlot:
     download: Any
     summary: Any
     status: Any  # one line: why the last load or run failed; hidden when it did not
+    # The `load_bundled_<slot>` API endpoint's trigger, never shown: an API call always loads the
+    # name it sends, while the picker's own event skips a focus or blur that picks nothing.
+    api_trigger: Any = None
 
 
 def build_live_controls(label: str) -> tuple[list[Any], Any, Any]:
@@ -91,9 +94,10 @@ def build_run_slot(label: str, defaults: tuple[str, ...]) -> RunSlot:
         )
     # A session's runs expire and their memory goes back to the system (tabs left open included).
     state = gr.State(None, time_to_live=serve.SESSION_TTL_S, delete_callback=memory.release_memory)
+    api_trigger = gr.Button(visible=False, elem_id=f"sv-load-bundled-{slug}")
     return RunSlot(
         label=label, state=state, bundled=bundled, upload=upload, live_inputs=live_inputs, run_button=button,
-        download=download, summary=summary, status=status,
+        download=download, summary=summary, status=status, api_trigger=api_trigger,
     )  # fmt: skip
 
 

@@ -53,6 +53,16 @@ def test_focus_never_drops_the_users_run(page: Any) -> None:
     assert inspected(page) == "A"
     assert MINE in page.locator("#sv-bundled-a input").input_value()  # the picker names the run shown
     assert "bundled example" in page.locator("#sv-summary-b").inner_text()  # B is not the user's run
+    # A pick made from the keyboard still loads: type to filter B's picker, Enter takes the entry.
+    page.locator("#sv-bundled-b input").focus()
+    page.keyboard.press("Control+a")  # the picker shows its entry: replace it with the filter
+    page.keyboard.type("stale-kv")
+    page.keyboard.press("ArrowDown")
+    page.keyboard.press("Enter")
+    page.locator("#sv-summary-b h3", has_text="fault stale-kv").wait_for()
+    assert inspected(page) == "B" and "fault column-positions" in summary_a.inner_text()
+    page.locator("#sv-inspect input[value=A]").check()  # back to the user's run for the next test
+    wait_where(page, trace="--trace")
 
 
 WHERE_JS = "() => { const w = document.querySelector('#sv-grid-legend .sv-where'); return w && {...w.dataset}; }"
