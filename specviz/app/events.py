@@ -157,6 +157,8 @@ def wire_preload(demo: gr.Blocks, slot_a: RunSlot, slot_b: RunSlot, inspect: Any
             "B": load_default(DEFAULT_B),
         }
         message = ""
+        if link.trace is None and link.step is not None:  # an upload's or a live run's link
+            message = share.UNNAMED_LINK.format(slot=link.slot)
         if link.trace is not None:
             try:
                 runs[link.slot] = share.load_linked(link.trace)

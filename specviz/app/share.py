@@ -30,6 +30,11 @@ from specviz.views.grid import NO_ROW
 from specviz.views.report import report_html
 
 TABS = ("grid", "invariants", "acceptance", "kv", "outputs", "compare")  # detail.build_detail_tabs' ids
+# A link with a step but no trace came from an uploaded or live run: the page says what it shows.
+UNNAMED_LINK = (
+    "this link names no run (an uploaded or live run stays in its browser session): its step and row "
+    "are shown on slot {slot}'s example; load the same trace file into slot {slot} to see them in yours"
+)
 MAX_PARAM_CHARS = 300  # a query parameter is a name or a number: anything longer is not ours
 
 

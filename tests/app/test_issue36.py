@@ -276,3 +276,6 @@ def test_opening_a_link_restores_the_view_and_refuses_paths() -> None:
     assert status["visible"] and "not a trace this app can open" in status["value"]
     assert "/etc" not in status["value"]  # the server path a link named is never echoed
     assert refused["sv-step"]["value"] == 1  # the rest of the link still applies
+    unnamed = opened(slot="B", step="2", row="1")  # an upload's link: the page says it shows an example
+    assert unnamed["sv-inspect"] == "B" and "names no run" in unnamed["sv-status-b"]["value"]
+    assert not opened()["sv-status-a"]["visible"]  # a plain visit says nothing
