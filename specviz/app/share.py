@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from specviz.analysis.report import Violation
@@ -147,11 +148,15 @@ def cell_details(loaded: LoadedRun | None, step: int, row: int, col: int | None)
 
 
 def write_report(loaded: LoadedRun | None) -> str:
-    """The run's report as a file in the app's live folder (pruned by age); its path."""
+    """The run's report as a file in the app's live folder (pruned by age); its path. One file per
+    run while it lasts: a button pressed again (or by every visitor of a bundled run) writes nothing."""
     if loaded is None:
         raise SpecvizError("no run in this slot: load one first")
+    if loaded.report_file is not None and Path(loaded.report_file).is_file():
+        return loaded.report_file
     # The method and fault come from the file: only safe characters reach a file name.
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", run_slug(loaded.trace.header.method, loaded.trace.header.fault))[:60]
     path = LIVE_FOLDER.new_file(f"finding-{name}.html")
     path.write_text(report_html(loaded, loaded.source), encoding="utf-8")
-    return str(path)
+    loaded.report_file = str(path)
+    return loaded.report_file

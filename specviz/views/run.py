@@ -50,6 +50,7 @@ class LoadedRun:
     # What a link to this run names (a bundled trace's name, "--trace", "runs:<file>"); None: the
     # run cannot be named in a link (an upload or a live run lives only in its visitor's session).
     link: str | None = None
+    report_file: str | None = None  # the app's report of this run, written once (specviz.app.share)
     _overview: tuple[Trace, str] | None = None
 
     @property

@@ -279,3 +279,21 @@ def test_opening_a_link_restores_the_view_and_refuses_paths() -> None:
     unnamed = opened(slot="B", step="2", row="1")  # an upload's link: the page says it shows an example
     assert unnamed["sv-inspect"] == "B" and "names no run" in unnamed["sv-status-b"]["value"]
     assert not opened()["sv-status-a"]["visible"]  # a plain visit says nothing
+
+
+def test_the_report_button_writes_one_file_per_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A button pressed again (or by every visitor of a bundled run) reuses the file while it lasts:
+    a public Space's disk does not grow with clicks."""
+    from specviz.app import live
+
+    written: list[str] = []
+    monkeypatch.setattr(live.LIVE_FOLDER, "new_file", lambda name: written.append(name) or tmp_path / name)
+    loaded = analyse(load_trace(loading.TRACES / FAULTY), "mine")
+    monkeypatch.setattr(share, "LIVE_FOLDER", live.LIVE_FOLDER)
+    first = share.write_report(loaded)
+    assert share.write_report(loaded) == first and len(written) == 1
+    Path(first).unlink()  # pruned by age: the next press writes it again
+    assert share.write_report(loaded) == first and len(written) == 2
+    assert "Desync begins at step" in Path(first).read_text()
+    with pytest.raises(SpecvizError):
+        share.write_report(None)
