@@ -148,7 +148,13 @@ SHARE_JS = """
   };
   setInterval(hookCells, 400);
   // Open or closed is a class of <body>: Gradio redraws its own elements' classes, never the body's.
-  const toggleKeys = (show) => document.body.classList.toggle('sv-keys-open', show);
+  const toggleKeys = (show) => {
+    document.body.classList.toggle('sv-keys-open', show);
+    // The list sits under the grid: from another tab, `?` opens the grid's tab to show it.
+    const gridTab = [...document.querySelectorAll('button[role=tab]')]
+      .find((b) => b.textContent.trim() === 'Ragged grid');
+    if (show && gridTab && gridTab.getAttribute('aria-selected') !== 'true') gridTab.click();
+  };
   window.svToggleKeys = () => toggleKeys(!document.body.classList.contains('sv-keys-open'));
   const showDetails = (show) => document.body.classList.toggle('sv-details-closed', !show);
   document.addEventListener('keydown', (e) => {

@@ -105,8 +105,10 @@ def test_keys_details_link_and_report_at_1440(page: Any, tmp_path: Any) -> None:
     link reopens the same cell in a new page, the report opens in a browser with the network off."""
     loaded = loading.LOCAL_A[0]
     page.set_viewport_size({"width": 1440, "height": 900})
+    page.get_by_role("tab", name="Outputs").click()  # `?` from another tab: the grid's tab opens with the list
     unfocus(page)
     page.keyboard.press("?")
+    page.locator("button[role=tab][aria-selected=true]", has_text="Ragged grid").wait_for()
     help_box = page.locator("#sv-keys-help")
     help_box.get_by_text("next / previous violation").wait_for()
     assert help_box.is_visible()
