@@ -45,7 +45,7 @@ def desync_sentence(report: Report) -> str:
         return ""
     return (
         f"**Desync begins at step {v.step}, row {v.row} (sequence {v.seq_id})**: invariant {v.invariant} "
-        f"*{v.name}*: {v.message}."
+        f"*{v.name}*: {v.message}" + ("" if v.message.endswith((".", "?")) else ".")
     )
 
 
