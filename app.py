@@ -1,6 +1,6 @@
 """specviz web app: see where batch speculative decoding desynchronises.
 
-`python app.py` serves it (GRADIO_SERVER_NAME / GRADIO_SERVER_PORT are honoured by Gradio;
+`python app.py` serves it (`--host` / `--port`, or GRADIO_SERVER_NAME / GRADIO_SERVER_PORT;
 `--public` as on a Space; `--trace PATH`, local only, opens a .parquet or .json(.gz) trace in
 slot A: a Parquet one is read a row group at a time; `--runs DIR`, local only, lists a folder's
 traces, each openable in A or B). Tests import `build_app` and `launch`.
@@ -72,6 +72,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--public", action="store_true", help="serve as on a public Space (SPACE_ID does too)")
     parser.add_argument("--trace", metavar="PATH", help="local only: open this trace file in slot A")
     parser.add_argument("--runs", metavar="DIR", help="local only: list this folder's traces (specviz runs DIR)")
+    parser.add_argument("--port", type=int, default=None, help="port to serve on (default 7860, or GRADIO_SERVER_PORT)")
+    parser.add_argument(
+        "--host", default=None, help="address to listen on (default 127.0.0.1, or GRADIO_SERVER_NAME; 0.0.0.0: all)"
+    )
     return parser.parse_known_args(argv)[0]  # Gradio's and the test runner's own flags pass through
 
 
@@ -113,7 +117,14 @@ def main() -> None:
     files.on_shutdown([gradio_temp, LIVE_FOLDER.path], demo)
     files.start_reaper([gradio_temp, LIVE_FOLDER.path])  # and after the process, however it ends
     memory.tune_gc_for_serving()  # last before serving: what start-up built is never walked again
-    launch(demo)
+    launch(demo, **server_address(args))
+
+
+def server_address(args: argparse.Namespace) -> dict[str, Any]:
+    """`--host` / `--port` as Gradio's launch arguments; unset ones leave Gradio's own defaults and
+    its GRADIO_SERVER_NAME / GRADIO_SERVER_PORT in charge."""
+    given = {"server_name": args.host, "server_port": args.port}
+    return {key: value for key, value in given.items() if value is not None}
 
 
 if __name__ == "__main__":

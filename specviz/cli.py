@@ -73,6 +73,8 @@ COMMANDS = {
     "probe": "A/B an OpenAI-compatible server: batch dependence, bug or floating point",
     "convert": "convert a trace between JSON (.json, .json.gz) and Parquet (.parquet)",
     "runs": "one table of the runs in a folder of traces (a CI history, a sweep)",
+    "report": "write a trace's finding as one self-contained HTML file (for a bug ticket)",
+    "export": "export a trace for another viewer (--perfetto: Chrome trace-event JSON)",
 }
 
 
@@ -229,6 +231,33 @@ def _add_no_limits(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_report(rep: argparse.ArgumentParser) -> None:
+    rep.description = (
+        "Check a trace and write its finding as one HTML file that opens with no server and no network: "
+        "the verdict, the first violation, the ragged grid at that step, the violating row's fed vs expected, "
+        "the divergent outputs beside the reference, and the check's JSON. Exit 0 when written (whatever "
+        "the verdict), 2 for bad input."
+    )
+    rep.add_argument("trace", help="trace file (.json, .json.gz or .parquet)")
+    rep.add_argument("-o", "--out", default=None, help="HTML file to write (default: the trace's name + .html)")
+    rep.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    _add_no_limits(rep)
+
+
+def _add_export(exp: argparse.ArgumentParser) -> None:
+    exp.description = (
+        "Export a trace for another viewer. --perfetto writes Chrome trace-event JSON that Perfetto's UI "
+        "(ui.perfetto.dev, opened from a file: nothing is uploaded) opens: a track per "
+        "batch row, a slice per step phase (draft, verify, align) with its recorded duration, and the row's "
+        "accepted count, positions, KV length and violations as the verify slice's args (docs/app.md)."
+    )
+    exp.add_argument("trace", help="trace file (.json, .json.gz or .parquet)")
+    exp.add_argument("--perfetto", action="store_true", required=True, help="Chrome trace-event JSON (the only format)")
+    exp.add_argument("-o", "--out", default=None, help="file to write (default: the trace's name + .perfetto.json)")
+    exp.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    _add_no_limits(exp)
+
+
 ADD_ARGUMENTS = {
     "record": _add_record,
     "check": _add_check,
@@ -237,6 +266,8 @@ ADD_ARGUMENTS = {
     "probe": _add_probe,
     "convert": _add_convert,
     "runs": _add_runs,
+    "report": _add_report,
+    "export": _add_export,
 }
 
 
@@ -300,6 +331,10 @@ def _run(args: argparse.Namespace) -> int:
             return cmd_convert(args)
         if args.command == "runs":
             return cmd_runs(args)
+        if args.command == "report":
+            return cmd_report(args)
+        if args.command == "export":
+            return cmd_export(args)
     except (SpecvizError, TraceError) as exc:
         print(f"specviz: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -527,6 +562,47 @@ def cmd_runs(args: argparse.Namespace) -> int:
         print_to_pipe(json.dumps({"folder": str(args.folder), "runs": [r.to_dict() for r in rows]}))
     else:
         print_to_pipe(render_runs(rows) if rows else f"{args.folder}: no trace files")
+    return 0
+
+
+def _derived_out(trace: str, given: str | None, suffix: str) -> Path:
+    """`given`, or the trace's path with its trace suffixes replaced by `suffix`."""
+    if given:
+        return Path(given)
+    path = Path(trace)
+    name = path.name
+    for ending in (".json.gz", ".json", ".parquet", ".gz"):
+        if name.endswith(ending):
+            name = name[: -len(ending)]
+            break
+    return path.with_name(name + suffix)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from specviz.trace.io import open_trace
+    from specviz.views import analyse
+    from specviz.views.report import report_html
+
+    out = _derived_out(args.trace, args.out, ".html")
+    check_output_path(out, args.force)  # before the check: a bad output path fails now
+    loaded = analyse(open_trace(args.trace), Path(args.trace).name)
+    out.write_text(report_html(loaded, Path(args.trace).name), encoding="utf-8")
+    first = loaded.report.first_violation
+    where = f"; first violation at step {first.step}, row {first.row}" if first else ""
+    print(f"{out}: {loaded.report.verdict}{where}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from specviz.analysis.check import check_trace
+    from specviz.trace.io import open_trace
+    from specviz.views.perfetto import export_perfetto
+
+    out = _derived_out(args.trace, args.out, ".perfetto.json")
+    check_output_path(out, args.force)
+    trace = open_trace(args.trace)  # a Parquet trace streams, and so does the JSON written
+    count = export_perfetto(trace, check_trace(trace), out)
+    print(f"{out}: {count} trace events (open it in Perfetto's UI: ui.perfetto.dev, Open trace file)")
     return 0
 
 

@@ -77,8 +77,20 @@ def check_positions(flag: RowFlags) -> None:
             _shown_range(expected),
             fed,
             f"positions start at {row.position_ids[:1]} for a row with "
-            f"{row.committed_before} committed tokens (expected {start})",
+            f"{row.committed_before} committed tokens (expected {start})" + _physical_hint(step, row),
         )
+
+
+# Positions equal to the query's physical columns in the padded tensor: what a model computes for
+# itself (from the cache position) when the engine does not pass `position_ids` under padding.
+PHYSICAL_POSITIONS = ": positions follow the physical slot, not the row's logical index: is `position_ids` passed?"
+
+
+def _physical_hint(step: StepRecord, row: RowRecord) -> str:
+    """The likely cause when a padded row is fed the query's physical slots (cache_len + j) as positions."""
+    fed = row.position_ids
+    physical = fed == list(range(step.cache_len, step.cache_len + len(fed)))
+    return PHYSICAL_POSITIONS if fed and physical and row.left_pad > 0 else ""
 
 
 def check_kv(flag: RowFlags, runs: list[list[int]], k: int, declared_layout: bool = True) -> None:

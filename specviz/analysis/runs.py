@@ -27,6 +27,7 @@ from specviz.analysis.report import Report
 from specviz.errors import SpecvizError, first_line
 from specviz.trace.columnar import ColumnarError, is_parquet
 from specviz.trace.io import TraceError, open_trace
+from specviz.trace.naming import model_label
 from specviz.trace.schema import Trace
 
 if TYPE_CHECKING:
@@ -288,7 +289,7 @@ def runs_frame(rows: Sequence[RunRow]) -> pd.DataFrame:
 TEXT_COLUMNS: tuple[tuple[str, Callable[[RunRow], Any]], ...] = (
     ("file", lambda r: r.file),
     ("method", lambda r: method_label(r)),
-    ("target / draft", lambda r: r.target and f"{r.target} / {r.draft or '-'}"),
+    ("target / draft", lambda r: r.target and f"{model_label(r.target)} / {model_label(r.draft) or '-'}"),
     ("batch", lambda r: r.batch_size),
     ("k", lambda r: r.draft_k),
     ("prompts", lambda r: r.prompts),

@@ -293,6 +293,9 @@ def _cache_slots(
     # Token index held by the first attended slot; > 0 when the KV of old tokens is missing.
     first_index = expected_kv - held
     first_attended = step.cache_len if first_attended is None else first_attended
+    # Surplus slots inside the row's declared left padding are that padding, attended (a mask not
+    # passed, or pads absorbed): drawn where they are, on the left. The rest sit next to the query.
+    pads = min(extra, _attended_before(row.mask_rle, min(max(row.left_pad, 0), step.cache_len))[0])
     rank = _attended_before(row.mask_rle, lo)[0]  # attended slots left of the window
     notes = []
     if first_index > 0:
@@ -304,11 +307,14 @@ def _cache_slots(
             slots.append(Slot(j, "empty", reasons=["the fed mask is shorter than cache + query"]))
         elif value == 0:
             slots.append(_masked_slot(j, j > first_attended))
-        elif rank >= held:
+        elif rank < pads:
+            slots.append(_attended_pad_slot(j, row.left_pad))
+            rank += 1
+        elif rank - pads >= held:
             slots.append(_extra_slot(j, attended, expected_kv))
             rank += 1
         else:
-            slots.append(_cached_token_slot(j, first_index + rank, sequence, row.seq_id, history, step_index))
+            slots.append(_cached_token_slot(j, first_index + rank - pads, sequence, row.seq_id, history, step_index))
             rank += 1
     return slots, notes
 
@@ -327,6 +333,17 @@ def _extra_slot(col: int, attended: int, expected: int) -> Slot:
             f"the row attends {attended} cache slots but holds {expected} committed tokens: "
             f"{attended - expected} extra (stale KV or absorbed padding). The count is exact; which slots "
             "they are is not recorded, so they are drawn next to the query"
+        ],
+    )
+
+
+def _attended_pad_slot(col: int, left_pad: int) -> Slot:
+    return Slot(
+        col,
+        "extra",
+        reasons=[
+            f"padding attended: slot {col} is inside the row's {left_pad} padding slots, yet the mask lets the "
+            "row attend it (is `attention_mask` passed?)"
         ],
     )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from specviz.analysis.check import CONTEXT_TOKENS
 from specviz.analysis.metrics import summary, totals_of
 from specviz.analysis.report import Report
-from specviz.trace.naming import run_title
+from specviz.trace.naming import model_label, run_title
 from specviz.trace.schema import Trace
 from specviz.trace.token_text import token_label, token_texts
 
@@ -17,7 +17,8 @@ def render_report(trace: Trace, report: Report) -> str:
     lines = [
         f"verdict: {report.verdict.upper()}",
         f"run: {run_title(h.method, h.fault)}, {len(trace.sequences)} prompts, "
-        f"batch {h.batch_size}, k={h.draft_k}, target {h.target.name} ({h.target.dtype}, {h.target.device})"
+        f"batch {h.batch_size}, k={h.draft_k}, "
+        f"target {model_label(h.target.name)} ({h.target.dtype}, {h.target.device})"
         + ("" if h.complete else "  [INCOMPLETE: run was interrupted]"),
     ]
     if report.exact_match is not None:

@@ -89,7 +89,113 @@ GRID_FIT_JS = """
   };
   setInterval(fitGrid, 300);
 """
-PAGE_JS = TIMELINE_CLICK_JS.rstrip()[:-1] + GRID_FIT_JS + "}"  # what the page runs once, on load
+# Share and move like a trace viewer (see specviz.app.share): the address bar follows what the grid
+# shows (slot, trace, step, row, tab: read from the legend's hidden `.sv-where` and the page), keys
+# move the grid (written into the hidden #sv-key box; ignored while typing in a field), a click or
+# tap on a cell, or Enter, asks for its details (#sv-cell-pick), and an open details panel follows
+# the grid to each new step. `window.svLink()` is the link, for the copy button.
+SHARE_JS = """
+  const TABS = { 'Ragged grid': 'grid', 'Invariants': 'invariants', 'Acceptance': 'acceptance',
+                 'KV & positions': 'kv', 'Outputs': 'outputs', 'A vs B': 'compare' };
+  const sendBox = (id, value) => {
+    const box = document.querySelector(`#${id} textarea, #${id} input`);
+    if (!box) return;
+    box.value = `${value}:${Date.now()}`;  // a new value each time: the same key twice moves twice
+    box.dispatchEvent(new Event('input', { bubbles: true }));
+  };
+  const where = () => document.querySelector('#sv-grid-legend .sv-where');
+  window.svLink = () => {
+    const w = where();
+    const params = new URLSearchParams();
+    const slot = document.querySelector('#sv-inspect input:checked');
+    params.set('slot', slot ? slot.value : 'A');
+    if (w && w.dataset.trace) params.set('trace', w.dataset.trace);
+    if (w) params.set('step', w.dataset.step);
+    if (w && w.dataset.row !== '-1') params.set('row', w.dataset.row);
+    const tab = document.querySelector('button[role=tab][aria-selected=true]');
+    const id = tab && TABS[tab.textContent.trim()];
+    if (id) params.set('tab', id);
+    return `${location.origin}${location.pathname}?${params.toString()}`;
+  };
+  let opened = null;  // the trace and step the details panel was asked for (null: closed)
+  const askCell = (row, col) => {
+    const w = where();
+    if (!w) return;
+    opened = `${w.dataset.trace}|${w.dataset.step}`;
+    showDetails(true);
+    sendBox('sv-cell-pick', `cell:${row}:${col}`);
+  };
+  const syncUrl = () => {
+    if (!where()) return;
+    const link = window.svLink();
+    if (link !== location.href) history.replaceState(null, '', link);
+    const w = where(), panel = document.querySelector('#sv-details .sv-cell');
+    const now = `${w.dataset.trace}|${w.dataset.step}`;
+    if (opened && panel && now !== opened) askCell(panel.dataset.row, panel.dataset.col);
+  };
+  setInterval(syncUrl, 300);
+  const hookCells = () => {
+    const gd = document.querySelector('#sv-grid .js-plotly-plot');
+    if (!gd || !gd.on || gd.__svCells) return;
+    gd.__svCells = true;
+    gd.on('plotly_click', (data) => {
+      const meta = gd.layout && gd.layout.meta && gd.layout.meta.sv_grid;
+      const point = data && data.points && data.points[0];
+      if (!meta || !point || point.curveNumber !== 0) return;
+      const col = meta.cols[Math.round(point.x)], row = meta.rows[Math.round(point.y)];
+      if (col !== undefined && row !== undefined) askCell(row, col);
+    });
+  };
+  setInterval(hookCells, 400);
+  // Open or closed is a class of <body>: Gradio redraws its own elements' classes, never the body's.
+  const toggleKeys = (show) => {
+    document.body.classList.toggle('sv-keys-open', show);
+    // The list sits under the grid: from another tab, `?` opens the grid's tab to show it.
+    const gridTab = [...document.querySelectorAll('button[role=tab]')]
+      .find((b) => b.textContent.trim() === 'Ragged grid');
+    if (show && gridTab && gridTab.getAttribute('aria-selected') !== 'true') gridTab.click();
+  };
+  window.svToggleKeys = () => toggleKeys(!document.body.classList.contains('sv-keys-open'));
+  const showDetails = (show) => document.body.classList.toggle('sv-details-closed', !show);
+  document.addEventListener('keydown', (e) => {
+    if (e.ctrlKey || e.metaKey || e.altKey || e.defaultPrevented) return;
+    const t = e.target;
+    if (t && t.closest && t.closest('input, textarea, select, [contenteditable=""], [contenteditable=true]')) return;
+    const key = e.key;
+    if (key === '?') { window.svToggleKeys(); e.preventDefault(); return; }
+    if (key === 'Escape') {
+      toggleKeys(false);
+      opened = null;
+      showDetails(false);
+      return;
+    }
+    if (['.', ',', 'n', 'N', 'j', 'k'].includes(key)) { sendBox('sv-key', key); e.preventDefault(); return; }
+    const panel = document.querySelector('#sv-details .sv-cell');
+    if ((key === 'h' || key === 'l') && panel && opened) {
+      askCell(panel.dataset.row, Number(panel.dataset.col) + (key === 'l' ? 1 : -1));
+      e.preventDefault();
+      return;
+    }
+    // Enter opens a cell's details only from the page or the grid: on a button or a tab it is theirs.
+    const free = !t || t === document.body || (t.closest && t.closest('#sv-grid'));
+    if (key === 'Enter' && free) {
+      const w = where();
+      if (!w) return;
+      opened = `${w.dataset.trace}|${w.dataset.step}`;
+      showDetails(true);
+      sendBox('sv-key', 'enter');
+      e.preventDefault();
+    }
+  });
+"""
+# The copy button: the link in its box (shown), and on the clipboard where the page may write it.
+COPY_LINK_JS = """() => {
+  const link = window.svLink ? window.svLink() : location.href;
+  if (navigator.clipboard && window.isSecureContext) navigator.clipboard.writeText(link).catch(() => {});
+  return link;
+}"""
+TOGGLE_KEYS_JS = "() => { if (window.svToggleKeys) window.svToggleKeys(); }"
+PAGE_JS = TIMELINE_CLICK_JS.rstrip()[:-1] + GRID_FIT_JS + SHARE_JS + "}"  # what the page runs once, on load
 
 CSS = (
     OUTPUTS_CSS
@@ -126,11 +232,23 @@ td, td span, .prose { word-break: normal !important; overflow-wrap: normal !impo
 }
 /* A plotly click on the timeline is sent through this box; nobody types in it. */
 #sv-timeline-pick { display: none !important; }
+/* The page's script writes keys and cell clicks into these boxes; shown only when asked for. */
+.sv-hidden-box { display: none !important; }
+body:not(.sv-keys-open) #sv-keys-help, body.sv-details-closed #sv-details { display: none !important; }
+#sv-grid { outline-offset: 2px; }
+.sv-cell { border: 1px solid #cbd5e1; border-radius: 8px; padding: 6px 10px; margin: 4px 0; font-size: 13px; }
+.sv-cell table { border-collapse: collapse; margin: 4px 0; }
+.sv-cell th, .sv-cell td { border: 1px solid #e2e8f0; padding: 2px 8px; text-align: left; vertical-align: top; }
+.sv-cell th { white-space: nowrap; }
+.sv-keys-help { border: 1px solid #cbd5e1; border-radius: 8px; padding: 6px 10px; font-size: 13px; }
+.sv-keys-help td { padding: 1px 10px 1px 0; }
+.sv-keys-help kbd { border: 1px solid #94a3b8; border-radius: 3px; padding: 0 4px;
+  font-family: ui-monospace, monospace; }
 """
 )
 
 INTRO = """
 # specviz: where does batch speculative decoding go wrong?
 Load runs into slots **A** and **B**; the **ragged grid** shows what the engine fed and where it first went wrong
-(the **dark red cell**).
+(the **dark red cell**). Click a cell for its details; press **?** for the keys.
 """

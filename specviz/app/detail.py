@@ -38,6 +38,59 @@ GRID_TAB = "grid"  # the tab a jump to a violation opens
 PLAY_SECONDS = 0.8
 
 
+KEYS_HELP = """<div class='sv-keys-help' role='dialog' aria-label='keyboard shortcuts'>
+<b>Keys</b> (not while typing in a field; ? shows or hides this list)
+<table>
+<tr><td><kbd>.</kbd> / <kbd>,</kbd></td><td>next / previous step</td></tr>
+<tr><td><kbd>n</kbd> / <kbd>N</kbd></td><td>next / previous violation (its step and row)</td></tr>
+<tr><td><kbd>j</kbd> / <kbd>k</kbd></td><td>highlight the row below / above</td></tr>
+<tr><td><kbd>Enter</kbd></td><td>details of the highlighted row's first differing cell (or click a cell)</td></tr>
+<tr><td><kbd>h</kbd> / <kbd>l</kbd></td><td>details of the cell to the left / right</td></tr>
+<tr><td><kbd>Esc</kbd></td><td>close the details or this list</td></tr>
+<tr><td><kbd>?</kbd></td><td>this list</td></tr>
+</table></div>"""
+
+
+@dataclass
+class GridTools:
+    """Beside the grid: a link to this cell, the finding as an HTML report, the keys, a cell's details.
+
+    `cell` and `key` are hidden boxes the page's script writes into (assets.SHARE_JS): a click on a
+    cell, a key pressed; the server answers in `details` or moves the grid.
+    """
+
+    copy_link: Any
+    link: Any
+    report: Any
+    report_file: Any
+    keys: Any
+    keys_help: Any
+    details: Any
+    cell: Any
+    key: Any
+
+    @classmethod
+    def build(cls) -> GridTools:
+        with gr.Row(elem_id="sv-tools"):
+            copy_link = gr.Button("copy link to this cell", size="md", min_width=60, elem_id="sv-copy-link")
+            report = gr.Button("report (.html)", size="md", min_width=60, elem_id="sv-report")
+            keys = gr.Button("keys (?)", size="md", min_width=60, elem_id="sv-keys")
+        link = gr.Textbox(
+            label="link to this cell", visible=False, interactive=False, elem_id="sv-link", buttons=["copy"]
+        )
+        report_file = gr.File(
+            label="the finding as one HTML file", visible=False, interactive=False, elem_id="sv-report-file"
+        )
+        keys_help = gr.HTML(KEYS_HELP, elem_id="sv-keys-help", padding=False)
+        details = gr.HTML(elem_id="sv-details", padding=False)
+        cell = gr.Textbox(show_label=False, container=False, elem_id="sv-cell-pick", elem_classes=["sv-hidden-box"])
+        key = gr.Textbox(show_label=False, container=False, elem_id="sv-key", elem_classes=["sv-hidden-box"])
+        return cls(
+            copy_link=copy_link, link=link, report=report, report_file=report_file, keys=keys,
+            keys_help=keys_help, details=details, cell=cell, key=key,
+        )  # fmt: skip
+
+
 @dataclass
 class GridTab:
     """Ragged grid: one verify step, the controls that move through steps, the highlighted row."""
@@ -55,6 +108,7 @@ class GridTab:
     step_text: Any
     row_text: Any
     legend: Any
+    tools: GridTools | None = None  # the shareable parts: link, report, keys, the cell's details
 
     @classmethod
     def build(cls) -> GridTab:
@@ -72,6 +126,7 @@ class GridTab:
         timer = gr.Timer(PLAY_SECONDS, active=False)
         figure = gr.Plot(show_label=False, elem_id="sv-grid")
         legend = gr.HTML(elem_id="sv-grid-legend", padding=False)
+        tools = GridTools.build()
         with gr.Row():
             row = gr.Dropdown([("none", NO_ROW)], value=NO_ROW, label="highlight row", scale=1, elem_id="sv-row")
             window = gr.Slider(8, 512, value=DEFAULT_WINDOW, step=8, label="cache slots shown", scale=2)
@@ -79,7 +134,7 @@ class GridTab:
         row_text = gr.Markdown(elem_id="sv-row-text")
         return cls(
             step=step, row=row, window=window, prev=prev, next=nxt, play=play, pause=pause, first=first,
-            timer=timer, figure=figure, step_text=step_text, row_text=row_text, legend=legend,
+            timer=timer, figure=figure, step_text=step_text, row_text=row_text, legend=legend, tools=tools,
         )  # fmt: skip
 
     def view_components(self) -> list[Any]:

@@ -13,17 +13,27 @@ from typing import Any
 
 import gradio as gr
 
-from specviz.app import serve
-from specviz.app.assets import PAGE_JS, RESIZE_PLOTS_JS
+from specviz.app import serve, share
+from specviz.app.assets import COPY_LINK_JS, PAGE_JS, RESIZE_PLOTS_JS, TOGGLE_KEYS_JS
 from specviz.app.detail import GRID_TAB, DetailUI
 from specviz.app.live import LIVE_GATE, PUBLIC, LiveRequest, live_run, save_for_download, whole
-from specviz.app.loading import DEFAULT_A, DEFAULT_B, LOCAL_A, load_bundled, load_default, load_upload
+from specviz.app.loading import (
+    DEFAULT_A,
+    DEFAULT_B,
+    LOCAL_A,
+    LOCAL_CHOICE,
+    bundled_traces,
+    load_bundled,
+    load_default,
+    load_upload,
+)
 from specviz.app.messages import plain_trace_message
 from specviz.app.run_slots import RunSlot
 from specviz.app.runs_tab import FOLDER, RunsSection, load_listed
 from specviz.errors import SpecvizError
 from specviz.trace.io import TraceError
 from specviz.views import LoadedRun, grid_view, slot_outputs_html, slot_summary_markdown, slots_compare_table
+from specviz.views.grid import NO_ROW
 from specviz.views.safe_text import md_text
 
 # ----------------------------------------------------------------------------- failures
@@ -92,7 +102,8 @@ def wire(demo: gr.Blocks, slot_a: RunSlot, slot_b: RunSlot, inspect: Any, compar
     wire_inspect(inspect, states, ui)
     wire_navigation(inspect, states, ui)
     wire_outputs_page(inspect, states, ui)
-    wire_preload(demo, slot_a, slot_b, compare, ui)
+    wire_preload(demo, slot_a, slot_b, inspect, compare, ui)
+    wire_share(inspect, states, ui)
 
 
 def wire_inspect(inspect: Any, states: list[Any], ui: DetailUI) -> None:
@@ -136,27 +147,63 @@ def wire_outputs_page(inspect: Any, states: list[Any], ui: DetailUI) -> None:
     )
 
 
-def wire_preload(demo: gr.Blocks, slot_a: RunSlot, slot_b: RunSlot, compare: Any, ui: DetailUI) -> None:
-    def preload(window: int, only: bool) -> dict:
-        """Open on the default pair of examples, inspecting A; a missing bundle leaves the slot empty."""
-        run_a = LOCAL_A[0] if LOCAL_A else load_default(DEFAULT_A)  # `python app.py --trace PATH`
-        run_b = load_default(DEFAULT_B)
-        return {
-            slot_a.state: run_a,
-            slot_b.state: run_b,
-            slot_a.summary: slot_summary_markdown(run_a, "A"),
-            slot_b.summary: slot_summary_markdown(run_b, "B"),
-            compare: slots_compare_table(run_a, run_b),
-            **ui.details(run_a, run_b, "A", window, only),
+def wire_preload(demo: gr.Blocks, slot_a: RunSlot, slot_b: RunSlot, inspect: Any, compare: Any, ui: DetailUI) -> None:
+    def preload(window: int, only: bool, request: gr.Request | None = None) -> dict:
+        """Open on the default pair of examples, inspecting A, or on what the page's link names
+        (`specviz.app.share`); a missing bundle leaves the slot empty."""
+        link = share.LinkState.from_params(getattr(request, "query_params", None))
+        runs = {
+            "A": LOCAL_A[0] if LOCAL_A else load_default(DEFAULT_A),  # `python app.py --trace PATH`
+            "B": load_default(DEFAULT_B),
         }
+        message = ""
+        if link.trace is None and link.step is not None:  # an upload's or a live run's link
+            message = share.UNNAMED_LINK.format(slot=link.slot)
+        if link.trace is not None:
+            try:
+                runs[link.slot] = share.load_linked(link.trace)
+            except (SpecvizError, TraceError, OSError) as exc:  # an old or foreign link: say so, open the rest
+                message = serve.without_paths(str(exc))
+        label = link.slot
+        loaded, other = _pick(label, runs["A"], runs["B"])
+        values = {
+            slot_a.state: runs["A"],
+            slot_b.state: runs["B"],
+            slot_a.summary: slot_summary_markdown(runs["A"], "A"),
+            slot_b.summary: slot_summary_markdown(runs["B"], "B"),
+            compare: slots_compare_table(runs["A"], runs["B"]),
+            inspect: label,
+            (slot_a if label == "A" else slot_b).status: status_update(message),
+            **ui.details(loaded, other, label, window, only),
+        }
+        if link.trace is not None and not message:  # the picker names the linked run when it is one of its own
+            picked = link.trace if link.trace in bundled_traces() or link.trace == LOCAL_CHOICE else None
+            values[(slot_a if label == "A" else slot_b).bundled] = gr.update(value=picked)
+        if loaded is not None and (link.step is not None or link.row is not None):
+            values.update(_linked_cell(loaded, link, window, ui))
+        if link.tab is not None:
+            values[ui.tabs] = gr.Tabs(selected=link.tab)
+        return values
 
     demo.load(None, js=PAGE_JS, api_visibility="private")
     demo.load(
         preload,
         [ui.grid.window, ui.outputs.only_diverged],
-        [slot_a.state, slot_b.state, slot_a.summary, slot_b.summary, compare, *ui.components()],
+        [
+            slot_a.state, slot_b.state, slot_a.summary, slot_b.summary, compare, *ui.components(),
+            inspect, ui.tabs, slot_a.bundled, slot_b.bundled, slot_a.status, slot_b.status,
+        ],
         api_visibility="private",
-    )
+    )  # fmt: skip
+
+
+def _linked_cell(loaded: LoadedRun, link: share.LinkState, window: int, ui: DetailUI) -> dict:
+    """The grid at the link's step and row (clamped to the run; a row the step lacks is none)."""
+    grid = ui.grid
+    step = link.step if link.step is not None else loaded.start_step_index()
+    view = grid_view(loaded, step, link.row, window)
+    top = max(loaded.step_count - 1, 1)
+    return {grid.step: gr.update(minimum=0, maximum=top, value=view.step_index), **grid.view_values(view)}
 
 
 def _landing(slot: RunSlot, other: RunSlot, inspect: Any, compare: Any, ui: DetailUI) -> Any:
@@ -197,6 +244,13 @@ def wire_slot(slot: RunSlot, other: RunSlot, inspect: Any, compare: Any, ui: Det
     def from_bundle(name: str, other_run: LoadedRun | None, window: int, only: bool) -> dict:
         return finish(load_bundled(name), other_run, window, only, bundled=True)
 
+    def from_picker(name: str, own: LoadedRun | None, other_run: LoadedRun | None, window: int, only: bool) -> Any:
+        # Focus and blur fire the picker's input event with the value it shows: the run the slot
+        # already holds (or none, after an upload). That is no pick: the slot keeps its run and view.
+        if not name or (own is not None and own.link == name):
+            return gr.skip()
+        return from_bundle(name, other_run, window, only)
+
     @user_errors(slot.status)
     def from_upload(
         path: str | None, other_run: LoadedRun | None, window: int, only: bool, request: gr.Request
@@ -231,7 +285,10 @@ def wire_slot(slot: RunSlot, other: RunSlot, inspect: Any, compare: Any, ui: Det
             LIVE_GATE.done(getattr(request, "session_hash", None))
 
     common = [other.state, ui.grid.window, ui.outputs.only_diverged]
-    slot.bundled.input(from_bundle, [slot.bundled, *common], outputs, api_name=f"load_bundled_{label}")
+    # input, not select: a pick from the keyboard (type, arrow, Enter) fires input only. The API
+    # endpoint has its own hidden trigger, so its arguments and answers stay as they were.
+    slot.bundled.input(from_picker, [slot.bundled, slot.state, *common], outputs, api_visibility="private")
+    slot.api_trigger.click(from_bundle, [slot.bundled, *common], outputs, api_name=f"load_bundled_{label}")
     slot.upload.upload(from_upload, [slot.upload, *common], outputs, api_name=f"load_upload_{label}")
     slot.run_button.click(
         from_live,
@@ -351,3 +408,60 @@ def wire_jumps(inspect: Any, states: list[Any], ui: DetailUI) -> None:
     invariants.pick.change(jump_picked, [*jump_inputs, invariants.pick], jump_outputs, api_visibility="private").then(
         None, **refit
     )
+
+
+def wire_share(inspect: Any, states: list[Any], ui: DetailUI) -> None:
+    """The link, the report, the keys and a cell's details (`specviz.app.share`, assets.SHARE_JS)."""
+    grid = ui.grid
+    tools = grid.tools
+
+    tools.copy_link.click(
+        lambda link: gr.update(value=link, visible=True), [tools.link], [tools.link], js=COPY_LINK_JS,
+        api_visibility="private",
+    )  # fmt: skip
+    tools.keys.click(None, js=TOGGLE_KEYS_JS, api_visibility="private")
+
+    def make_report(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None) -> Any:
+        try:
+            return gr.update(value=share.write_report(_inspected(label, run_a, run_b)), visible=True)
+        except (SpecvizError, OSError) as exc:  # no run, or a full disk: a toast, the page stays
+            gr.Warning(serve.without_paths(str(exc)))
+            return gr.skip()
+
+    tools.report.click(make_report, [inspect, *states], [tools.report_file], api_name="report")
+
+    def on_cell(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, step: int, picked: str) -> Any:
+        what, numbers = share.parse_pick(picked)
+        if what != "cell" or len(numbers) != 2:
+            return gr.skip()
+        return share.cell_details(_inspected(label, run_a, run_b), int(step or 0), numbers[0], numbers[1])
+
+    tools.cell.change(
+        on_cell, [inspect, *states, grid.step, tools.cell], [tools.details], api_visibility="private",
+        show_progress="hidden", trigger_mode="always_last",
+    )  # fmt: skip
+
+    def on_key(label: str, run_a: Any, run_b: Any, step: int, row: int, window: int, pressed: str) -> Any:
+        key, _ = share.parse_pick(pressed)
+        loaded = _inspected(label, run_a, run_b)
+        if loaded is None or not loaded.trace.steps:
+            return gr.skip()
+        step, row = int(step or 0), int(row if row is not None else NO_ROW)
+        if key == "enter":
+            return {tools.details: share.cell_details(loaded, step, row, None)}
+        target = share.key_target(loaded, key, step, row)
+        if target is None:
+            return gr.skip()
+        if key in (".", ","):  # the step's own change event draws it, with the row kept
+            return {grid.step: target[0]}
+        moved = {grid.step: target[0], **grid.view_values(grid_view(loaded, target[0], target[1], window))}
+        if key in ("n", "N"):  # a violation is seen in the grid, as a jump from the Invariants tab shows it
+            moved[ui.tabs] = gr.Tabs(selected=GRID_TAB)
+        return moved
+
+    # "multiple": every key pressed is a move, in order (a held key walks step after step).
+    tools.key.change(
+        on_key, [inspect, *states, grid.step, grid.row, grid.window, tools.key],
+        [grid.step, *grid.view_components(), tools.details, ui.tabs], api_visibility="private",
+        trigger_mode="multiple", show_progress="hidden",
+    ).then(None, js=RESIZE_PLOTS_JS, show_progress="hidden", api_visibility="private")  # fmt: skip

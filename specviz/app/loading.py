@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Any
 
 from specviz.app import serve, uploads
 from specviz.collector import collector_paused
@@ -31,6 +32,7 @@ UPLOAD_GONE = uploads.UPLOAD_GONE
 PUBLIC_LOCAL_REFUSED = "--trace opens a local file: refused in public mode (a Space reads no path a visitor chose)"
 # `python app.py --trace PATH` (local only): the trace slot A opens on instead of the bundled default.
 LOCAL_A: list[LoadedRun] = []
+LOCAL_CHOICE = "--trace"  # the picker's value for it: no bundled name starts with "--"
 
 
 def bundled_traces() -> list[str]:
@@ -42,6 +44,8 @@ def _analysed_bundle(name: str, mtime: float) -> LoadedRun:
     """Bundled traces are shared by every session; analyse each once (mtime busts the cache)."""
     loaded = analyse(load_trace(TRACES / name), name)
     loaded.shared = True  # one object for every session: never counted or unloaded per session
+    loaded.example = True
+    loaded.link = name
     return loaded
 
 
@@ -50,9 +54,25 @@ def first_bundled(candidates: tuple[str, ...]) -> str | None:
     return next((name for name in candidates if name in names), None)
 
 
+def local_choice() -> tuple[str, str] | None:
+    """(label, value) of the `--trace` run in slot A's picker, so the picker names the run shown."""
+    if not LOCAL_A:
+        return None
+    name = LOCAL_A[0].source.removeprefix("local ")
+    return (f"{name} (your --trace file)", LOCAL_CHOICE)
+
+
+def slot_choices(label: str) -> list[Any]:
+    """Slot `label`'s picker: the bundled traces, and for A the `--trace` run first when there is one."""
+    local = local_choice() if label == "A" else None
+    return ([local] if local else []) + bundled_traces()
+
+
 def load_bundled(name: str | None) -> LoadedRun:
     if not name:
         raise SpecvizError("pick a bundled trace first")
+    if name == LOCAL_CHOICE and LOCAL_A:  # slot A's `--trace` run, picked back
+        return LOCAL_A[0]
     if name not in bundled_traces():  # only names from the list: no paths from the client
         raise SpecvizError(f"{name}: not a bundled trace")
     path = TRACES / name
@@ -92,6 +112,7 @@ def load_local(path: str | Path) -> LoadedRun:
 def open_local_a(path: str | Path) -> LoadedRun:
     """Load `path` (see `load_local`) as the run every new page opens in slot A."""
     loaded = load_local(path)
+    loaded.link = LOCAL_CHOICE  # a link names "the file this app opened", never its path
     loaded.shared = True  # one object for every session, like a bundled trace: never unloaded
     LOCAL_A[:] = [loaded]
     return loaded

@@ -13,7 +13,7 @@ import gradio as gr
 
 from specviz.app import memory, serve
 from specviz.app.live import PUBLIC
-from specviz.app.loading import bundled_traces, first_bundled
+from specviz.app.loading import LOCAL_CHOICE, first_bundled, local_choice, slot_choices
 from specviz.views import slot_summary_markdown
 from specviz.views.faults import faults_markdown
 
@@ -34,6 +34,9 @@ class RunSlot:
     download: Any
     summary: Any
     status: Any  # one line: why the last load or run failed; hidden when it did not
+    # The `load_bundled_<slot>` API endpoint's trigger, never shown: an API call always loads the
+    # name it sends, while the picker's own event skips a focus or blur that picks nothing.
+    api_trigger: Any = None
 
 
 def build_live_controls(label: str) -> tuple[list[Any], Any, Any]:
@@ -71,9 +74,11 @@ def build_run_slot(label: str, defaults: tuple[str, ...]) -> RunSlot:
     slug = label.lower()
     with gr.Column(variant="panel"):
         with gr.Row(equal_height=True):
+            # With `python app.py --trace PATH`, slot A's picker names that run (it is what A shows).
+            local = label == "A" and local_choice() is not None
             bundled = gr.Dropdown(
-                bundled_traces(),
-                value=first_bundled(defaults),
+                slot_choices(label),
+                value=LOCAL_CHOICE if local else first_bundled(defaults),
                 label=f"run {label}: bundled example trace",
                 interactive=True,
                 elem_id=f"sv-bundled-{slug}",
@@ -89,9 +94,10 @@ def build_run_slot(label: str, defaults: tuple[str, ...]) -> RunSlot:
         )
     # A session's runs expire and their memory goes back to the system (tabs left open included).
     state = gr.State(None, time_to_live=serve.SESSION_TTL_S, delete_callback=memory.release_memory)
+    api_trigger = gr.Button(visible=False, elem_id=f"sv-load-bundled-{slug}")
     return RunSlot(
         label=label, state=state, bundled=bundled, upload=upload, live_inputs=live_inputs, run_button=button,
-        download=download, summary=summary, status=status,
+        download=download, summary=summary, status=status, api_trigger=api_trigger,
     )  # fmt: skip
 
 

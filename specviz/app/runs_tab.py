@@ -60,6 +60,7 @@ class FolderRuns:
         return self.folder / name
 
 
+RUNS_LINK = "runs:"  # a link to a run of the listed folder: "runs:<file name>"
 # The folder of `python app.py --runs DIR`, scanned once before the app is built (empty: no section).
 FOLDER: list[FolderRuns] = []
 
@@ -83,7 +84,9 @@ def load_listed(name: str | None) -> LoadedRun:
     """The run `name` of the listed folder, opened like `--trace` (never in public mode)."""
     if not FOLDER:
         raise SpecvizError("no folder is listed (start the app with --runs DIR)")
-    return load_local(FOLDER[0].path_of(name))
+    loaded = load_local(FOLDER[0].path_of(name))
+    loaded.link = f"{RUNS_LINK}{name}"  # the file's name in the listed folder, never its path
+    return loaded
 
 
 def table_rows(rows: list[RunRow]) -> list[list[Any]]:

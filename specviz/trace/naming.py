@@ -5,6 +5,16 @@ from __future__ import annotations
 import datetime as _dt
 
 
+def model_label(name: str | None) -> str | None:
+    """A model as human output names it: a local path by its folder's name (`/home/me/models/qwen`
+    -> `qwen`), a hub id (`org/model`) as it is. JSON output keeps the name whole."""
+    if not name:
+        return name
+    text = str(name).replace("\\", "/")
+    local = text.startswith(("/", "~", "./", "../")) or (len(text) > 2 and text[1] == ":") or text.count("/") > 1
+    return text.rstrip("/").rsplit("/", 1)[-1] if local else text
+
+
 def run_title(method: str, fault: str | None) -> str:
     """How a run is named to a person: `eqspec` or `eqspec + fault stale-kv`."""
     return method + (f" + fault {fault}" if fault else "")

@@ -208,6 +208,8 @@ def _fit_meta(
     query_x = grid.cache_len - columns[0] if columns else 0
     return {
         "columns": len(columns),
+        "cols": columns,  # a click's x index -> the slot it shows (the details panel asks for it)
+        "rows": [grid_row.row for grid_row in grid.rows],  # a click's y index -> the batch row
         "query_x": query_x,
         "focus_x": focus_x,
         "narrow": {

@@ -183,7 +183,8 @@ def _sequence_card(seq: SequenceRecord, runs: list[RunOutputs]) -> str:
         other_seq = _find(run.trace, seq.seq_id)
         if other_seq is None:
             continue
-        title = f"run {html.escape(run.label)}: {html.escape(_run_name(run.trace))}"
+        title = f"run {html.escape(run.label)}: " if run.label else "run: "  # a report's one run has no slot
+        title += html.escape(_run_name(run.trace))
         if run is not base and verdict is not None:
             title += " " + verdict_badge(verdict.verdict)
         divergence = verdict.first_divergence if verdict else None

@@ -27,7 +27,7 @@ from specviz.views.grid import (
     step_markdown,
 )
 from specviz.views.outputs import RunOutputs, outputs_html
-from specviz.views.safe_text import md_text
+from specviz.views.safe_text import html_text, md_text
 from specviz.views.summary import compare_table, summary_markdown
 from specviz.views.tokens import token_texts
 
@@ -46,6 +46,11 @@ class LoadedRun:
     history: FedHistory | ColumnarFedHistory  # columnar when the steps stay on disk (`lazy`)
     texts: dict[int, str]
     figures: dict[str, go.Figure] = field(default_factory=dict)  # whole-run figures, built on demand
+    example: bool = False  # a bundled example trace, not the user's own run: the summary says so
+    # What a link to this run names (a bundled trace's name, "--trace", "runs:<file>"); None: the
+    # run cannot be named in a link (an upload or a live run lives only in its visitor's session).
+    link: str | None = None
+    report_file: str | None = None  # the app's report of this run, written once (specviz.app.share)
     _overview: tuple[Trace, str] | None = None
 
     @property
@@ -140,8 +145,15 @@ def grid_view(loaded: LoadedRun | None, step_index: int | None, row: int | None,
     row = int(row) if row is not None and slots.find_row(int(row)) is not None else NO_ROW
     figure = grid_figure(slots, loaded.texts, window=int(window or DEFAULT_WINDOW), selected_row=row)
     row_text = row_details_markdown(slots, row, loaded.texts) if row != NO_ROW else NO_ROW_PICKED
-    legend = legend_html(slots, row if row != NO_ROW else None)
+    legend = where_html(loaded, step_index, row) + legend_html(slots, row if row != NO_ROW else None)
     return GridView(step_index, row, row_choices(slots), figure, step_markdown(slots), row_text, legend)
+
+
+def where_html(loaded: LoadedRun, step_index: int, row: int) -> str:
+    """What the grid shows, for the page's script: the link to this cell and the keys start here."""
+    link = html_text(loaded.link or "", 300)
+    where = f"data-trace='{link}' data-step='{int(step_index)}' data-row='{int(row)}'"
+    return f"<span class='sv-where' hidden {where}></span>"
 
 
 def slot_summary_markdown(loaded: LoadedRun | None, label: str) -> str:
@@ -150,7 +162,8 @@ def slot_summary_markdown(loaded: LoadedRun | None, label: str) -> str:
     fault = fault_markdown(loaded.trace.header.fault)  # what the injected bug does, where it is named
     # Small print under the verdict (the run's settings, its source, what the fault does): the
     # header stays short, so the grid is on the first screen.
-    text = summary_markdown(loaded.trace, loaded.report, label)
+    # A bundled example beside the user's own run must not read as theirs.
+    text = summary_markdown(loaded.trace, loaded.report, f"{label} (bundled example)" if loaded.example else label)
     text = text.removesuffix("</sub>") + f" · source: <span class='sv-nowrap'>{md_text(loaded.source)}</span></sub>"
     return text + (f"\n\n<sub>{fault}</sub>" if fault else "")
 

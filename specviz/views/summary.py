@@ -45,7 +45,7 @@ def desync_sentence(report: Report) -> str:
         return ""
     return (
         f"**Desync begins at step {v.step}, row {v.row} (sequence {v.seq_id})**: invariant {v.invariant} "
-        f"*{v.name}*: {v.message}."
+        f"*{v.name}*: {v.message}" + ("" if v.message.endswith((".", "?")) else ".")
     )
 
 
@@ -140,4 +140,19 @@ def compare_table(runs: list[tuple[str, Trace, Report]]) -> pd.DataFrame:
         for key, value in values.items():
             metrics.setdefault(key, []).append(value)
     columns = ["metric"] + [f"run {label}" for label, _, _ in runs]
-    return pd.DataFrame([[key, *values] for key, values in metrics.items()], columns=columns)
+    rows = [[key, *values] for key, values in metrics.items()]
+    if len(runs) == 2:  # first: whether the two can be compared output by output at all
+        rows.insert(0, ["prompts in common", *shared_prompts_cells(runs[0][1], runs[1][1])])
+    return pd.DataFrame(rows, columns=columns)
+
+
+def shared_prompts_cells(a: Trace, b: Trace) -> list[str]:
+    """How many of each run's prompts the other decoded too; says so when they share none (their
+    outputs cannot be set side by side, only their numbers)."""
+    prompts_a = {s.prompt for s in a.sequences}
+    prompts_b = {s.prompt for s in b.sequences}
+    common = len(prompts_a & prompts_b)
+    if not common:
+        none = "none: different prompts (compare these numbers only, not outputs)"
+        return [none, none]
+    return [f"{common} of {len(prompts_a)}", f"{common} of {len(prompts_b)}"]

@@ -236,3 +236,13 @@ def test_stale_kv_extra_slots_count_matches_kv_error(traces: dict[str, Trace]) -
         for row in step.rows:
             surplus = max(0, row.record.kv_len - (row.committed_before - 1))
             assert row.kinds().count("extra") == surplus
+
+
+def test_attended_padding_is_drawn_on_the_left_where_it_is() -> None:
+    # Two pads then two prompt tokens, the mask attending all four (as when no mask is passed): the
+    # two extra slots are the pads, on the left; the tokens keep their own slots, next to the query.
+    row = step_slots(make_trace(make_row(mask_rle=[[1, 4 + K + 1]], left_pad=2, kv_len=4), cache_len=4), 0).row(0)
+    assert row.kinds()[:4] == ["extra", "extra", "prompt", "prompt"]
+    assert [s.token for s in row.slots[:4]] == [None, None, 11, 12]
+    assert all("padding attended" in s.reasons[0] for s in row.slots[:2])
+    assert not row.slots[2].flagged and not row.slots[3].flagged

@@ -187,11 +187,12 @@ def app_py() -> Any:
     seconds) on the other core while the in-process tests run, and is stopped by its test once it
     has answered (here too, should that test not run)."""
     port = _free_port()
-    env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port)}
+    env = {k: v for k, v in os.environ.items() if k not in ("GRADIO_SERVER_NAME", "GRADIO_SERVER_PORT")}
     env["GRADIO_ANALYTICS_ENABLED"] = "False"
     proc = subprocess.Popen(
-        [sys.executable, "app.py"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
+        [sys.executable, "app.py", "--host", "127.0.0.1", "--port", str(port)],  # `python app.py --help` shows both
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
     try:
         yield proc, port
     finally:

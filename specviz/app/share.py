@@ -1,0 +1,162 @@
+"""Sharing and moving like a trace viewer: the page's URL, the keys, a cell's details, the report.
+
+- A link: `?slot=A&trace=NAME&step=I&row=R&tab=grid`. The page's script (assets.SHARE_JS) keeps
+  the address bar on what the grid shows; opening the link restores it (`LinkState`, read when
+  the page loads). A trace is named, never given as a path: a bundled trace's name, "--trace"
+  (the file `python app.py --trace` opened), "runs:<file>" (a run of `--runs DIR`'s table). An
+  upload or a live run has no name a link could carry: its link opens the step and row only.
+  In public mode only bundled names resolve (the other two are refused at start-up there).
+- Keys: the script writes the key into a hidden box; `key_move` answers with the grid's new step
+  and row. A cell's details: the script writes "row:col" (a click, a tap, Enter); `cell_details`
+  answers with the panel.
+- The report: the inspected run's finding as one HTML file (`specviz.views.report`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specviz.analysis.report import Violation
+from specviz.app.live import LIVE_FOLDER
+from specviz.app.loading import LOCAL_A, LOCAL_CHOICE, bundled_traces, load_bundled
+from specviz.app.runs_tab import FOLDER, RUNS_LINK, load_listed
+from specviz.errors import SpecvizError
+from specviz.trace.naming import run_slug
+from specviz.views import LoadedRun
+from specviz.views.details import cell_details_html, focus_col
+from specviz.views.grid import NO_ROW
+from specviz.views.report import report_html
+
+TABS = ("grid", "invariants", "acceptance", "kv", "outputs", "compare")  # detail.build_detail_tabs' ids
+# A link with a step but no trace came from an uploaded or live run: the page says what it shows.
+UNNAMED_LINK = (
+    "this link names no run (an uploaded or live run stays in its browser session): its step and row "
+    "are shown on slot {slot}'s example; load the same trace file into slot {slot} to see them in yours"
+)
+MAX_PARAM_CHARS = 300  # a query parameter is a name or a number: anything longer is not ours
+
+
+@dataclass
+class LinkState:
+    """What a link asks the page to open; every field checked, none trusted."""
+
+    slot: str = "A"
+    trace: str | None = None
+    step: int | None = None
+    row: int | None = None
+    tab: str | None = None
+
+    @classmethod
+    def from_params(cls, params: Any) -> LinkState:
+        """From the URL's query parameters (a mapping); a malformed value is ignored, never an error."""
+
+        def get(name: str) -> str | None:
+            value = params.get(name) if params is not None else None
+            return value if isinstance(value, str) and 0 < len(value) <= MAX_PARAM_CHARS else None
+
+        def number(name: str) -> int | None:
+            value = get(name)
+            return int(value) if value is not None and value.lstrip("-").isdigit() else None
+
+        slot = (get("slot") or "A").upper()
+        tab = get("tab")
+        return cls(
+            slot="B" if slot == "B" else "A",
+            trace=get("trace"),
+            step=number("step"),
+            row=number("row"),
+            tab=tab if tab in TABS else None,
+        )
+
+    @property
+    def empty(self) -> bool:
+        return self.trace is None and self.step is None and self.row is None and self.tab is None
+
+
+def load_linked(name: str) -> LoadedRun:
+    """The run a link names: a bundled trace, the `--trace` file, or a run of the `--runs` table."""
+    if name == LOCAL_CHOICE:
+        if not LOCAL_A:
+            raise SpecvizError("the link names the file its app was started with (--trace); this app opened none")
+        return LOCAL_A[0]
+    if name.startswith(RUNS_LINK):
+        if not FOLDER:
+            raise SpecvizError("the link names a run of a listed folder (--runs); this app lists none")
+        return load_listed(name[len(RUNS_LINK) :])
+    if name not in bundled_traces():
+        raise SpecvizError(f"the link names {name!r}: not a trace this app can open (uploads are not shared)")
+    return load_bundled(name)
+
+
+# ----------------------------------------------------------------------------- keys
+
+
+def _violation_after(violations: list[Violation], step: int, row: int, forward: bool) -> Violation | None:
+    """The next (or previous) violation in the report's order after (step, row), each place once."""
+    here = (step, row)
+    places = [v for v in violations if v.step_index >= 0]
+    if forward:
+        return next((v for v in places if (v.step_index, v.row) > here), None)
+    return next((v for v in reversed(places) if (v.step_index, v.row) < here), None)
+
+
+def key_target(loaded: LoadedRun, key: str, step: int, row: int) -> tuple[int, int] | None:
+    """(step, row) the grid moves to for `key`; None when it has nowhere to go (the grid stays)."""
+    last = max(loaded.step_count - 1, 0)
+    if key in (".", ","):
+        target = min(max(step + (1 if key == "." else -1), 0), last)
+        return (target, row) if target != step else None
+    if key in ("n", "N"):
+        found = _violation_after(loaded.report.violations, step, row, forward=key == "n")
+        return (found.step_index, found.row) if found is not None else None
+    if key in ("j", "k"):
+        rows = [r.row for r in loaded.step_slots(step).rows]
+        if not rows:
+            return None
+        if row not in rows:
+            return step, rows[0] if key == "j" else rows[-1]
+        i = rows.index(row) + (1 if key == "j" else -1)
+        return (step, rows[i]) if 0 <= i < len(rows) else None
+    return None
+
+
+def parse_pick(value: str | None) -> tuple[str, list[int]]:
+    """ "<what>:<n>:<n>...:<nonce>" as the script writes it -> (what, numbers); ("", []) if malformed."""
+    parts = (value or "").split(":")[:-1]  # the last part is a nonce: the same key twice fires twice
+    if not parts or len(value or "") > 80:
+        return "", []
+    numbers = [int(p) for p in parts[1:] if p.lstrip("-").isdigit()]
+    return parts[0], numbers
+
+
+def cell_details(loaded: LoadedRun | None, step: int, row: int, col: int | None) -> str:
+    """The details panel of (row, col) at `step`; col None: the row's first differing cell."""
+    if loaded is None or not loaded.trace.steps:
+        return ""
+    step = min(max(int(step), 0), loaded.step_count - 1)
+    grid = loaded.step_slots(step)
+    if row == NO_ROW or grid.find_row(row) is None:
+        if not grid.rows:
+            return ""
+        row = grid.rows[0].row
+    if col is None:
+        col = focus_col(grid.find_row(row), grid)
+    return cell_details_html(grid, row, col, loaded.texts)
+
+
+def write_report(loaded: LoadedRun | None) -> str:
+    """The run's report as a file in the app's live folder (pruned by age); its path. One file per
+    run while it lasts: a button pressed again (or by every visitor of a bundled run) writes nothing."""
+    if loaded is None:
+        raise SpecvizError("no run in this slot: load one first")
+    if loaded.report_file is not None and Path(loaded.report_file).is_file():
+        return loaded.report_file
+    # The method and fault come from the file: only safe characters reach a file name.
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", run_slug(loaded.trace.header.method, loaded.trace.header.fault))[:60]
+    path = LIVE_FOLDER.new_file(f"finding-{name}.html")
+    path.write_text(report_html(loaded, loaded.source), encoding="utf-8")
+    loaded.report_file = str(path)
+    return loaded.report_file
