@@ -1,7 +1,8 @@
 """A small OpenAI-compatible HTTP client: stdlib `http.client`, one kept-alive connection per
 worker thread, timeouts and retries, and a clock of the time the server kept us waiting.
 
-Only the URL the user gave is contacted (its scheme, host, port and path prefix); the API key is
+Only the URL the user gave is contacted (its scheme, host, port and path prefix, plus `/metrics`
+beside its `/v1` unless --metrics off); the API key is
 sent as a Bearer header and never stored anywhere else.
 """
 
@@ -82,10 +83,10 @@ class InFlightClock:
                 self._since = time.perf_counter()
             self._outstanding += 1
 
-    def stop(self) -> None:
+    def stop(self, counted: bool = True) -> None:
         with self._lock:
             self._outstanding -= 1
-            self.requests += 1
+            self.requests += counted
             if self._outstanding == 0:
                 self.busy_s += time.perf_counter() - self._since
 
@@ -128,6 +129,26 @@ class Client:
             if isinstance(item, dict) and isinstance(item.get("id"), str):
                 return item["id"]
         return None
+
+    def scrape_metrics(self) -> str | None:
+        """The server's Prometheus text at `<root>/metrics` (the URL's path without `/v1`: where
+        vLLM and SGLang serve it); None when there is none or it cannot be read. Its wait is
+        server time, but it is not counted as a request (it is not a completion)."""
+        path = self.endpoint.base_path.removesuffix("/v1") + "/metrics"
+        self.clock.start()
+        try:
+            status, raw = self._send("GET", path, None)
+        except (OSError, http.client.HTTPException, ServerError):
+            self._drop_connection()
+            return None
+        finally:
+            self.clock.stop(counted=False)
+        if status != 200:
+            return None
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
 
     def complete(self, prompt: Prompt) -> Answer:
         body = self._body(prompt, with_logprobs=self.logprobs > 0 and not self.logprobs_refused)

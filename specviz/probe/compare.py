@@ -9,6 +9,9 @@ Terms, pinned once:
 - at the divergent token (A chose a, B chose b) the gap on A is logprob_A(a) - logprob_A(b), the
   gap on B is logprob_B(b) - logprob_B(a), and the swing is their sum: how far the a-vs-b
   difference moved between the sides. A top-1 minus top-2 margin is the smallest gap a flip needs.
+Placeholder tokens (responses.py: drafted tokens a speculative server sends without a logprob)
+still count as tokens for where the answers part, but give no margin change and no gap: they are
+left out of the noise and of the attribution, and counted.
 Only per-prompt summaries leave this module (no token lists), so a run of 10,000 prompts keeps
 O(prompts) numbers, not responses.
 """
@@ -19,6 +22,7 @@ import statistics
 from dataclasses import dataclass
 
 from specviz.probe.responses import Answer, Token
+from specviz.probe.scans import scan
 
 END = "<end of answer>"  # the token text shown where one side stopped
 # How servers spell end-of-sequence in top logprobs: where one side stopped, the other side's gap
@@ -59,6 +63,13 @@ class Evidence:
     top_margin_a: float | None = None  # A's top-1 minus top-2 at the divergent token
     lower_bound: bool = False  # a gap is a bound: the other token is not in that side's top list
     source: str = "server"  # where the logprob evidence comes from: "server", "replay" or "none"
+    placeholders_a: int = 0  # tokens of each answer that carry a placeholder, not a logprob
+    placeholders_b: int = 0
+    placeholder_at_divergence: bool = False  # a side's token there is a placeholder
+    path: str = "plain"  # the path the server reports it took (see `path_of`)
+    findings: tuple[tuple[str, str], ...] = ()  # scans.scan of side B against side A
+    round: int = 0  # the round (--rounds) this comparison is from
+    resolution: float = 0.0  # the smallest margin change the evidence can show (replay: a dtype step)
 
     @property
     def swing(self) -> float | None:
@@ -110,7 +121,16 @@ def gap(side: Token, mine: str, other: str | None) -> tuple[float | None, bool]:
     return own - side.top[-1][1], True
 
 
-def compare(index: int, a: Answer, b: Answer, tokenize=None) -> Evidence:
+def path_of(a: Answer, b: Answer) -> str:
+    """The computational path the server reports for this prompt, as a group key for the noise:
+    "drafted" when either side drafted (telemetry counts drafts, or placeholders show accepted
+    ones), else "plain". Prompts on another path have another noise level; each is judged
+    against prompts on its own path (attribution.py)."""
+    drafted = any((x.drafting is not None and (x.drafting.drafted or 0) > 0) or x.placeholders for x in (a, b))
+    return "drafted" if drafted else "plain"
+
+
+def compare(index: int, a: Answer, b: Answer, tokenize=None, prompt: str = "") -> Evidence:
     """The evidence for one prompt; `tokenize` maps text to tokens when a side gave none."""
     ua, kind_a = units(a, tokenize)
     ub, kind_b = units(b, tokenize)
@@ -123,6 +143,8 @@ def compare(index: int, a: Answer, b: Answer, tokenize=None) -> Evidence:
     if d is None and len(ua) != len(ub):
         d = n
     ev = Evidence(index, len(ua), len(ub), unit)
+    ev.placeholders_a, ev.placeholders_b, ev.path = a.placeholders, b.placeholders, path_of(a, b)
+    ev.findings = scan(prompt, a.text, b.text)
     deltas = [c for c in (margin_change(ua[j], ub[j]) for j in range(n if d is None else d)) if c is not None]
     if deltas:
         ev.prefix_tokens = len(deltas)
@@ -140,6 +162,7 @@ def compare(index: int, a: Answer, b: Answer, tokenize=None) -> Evidence:
     ev.token_a = _shown(ta, ta, tb)
     ev.token_b = _shown(tb, ta, tb)
     ev.source = "server" if gap_a is not None or gap_b is not None else "none"
+    ev.placeholder_at_divergence = bool((ta and ta.placeholder) or (tb and tb.placeholder))
     return ev
 
 

@@ -74,7 +74,7 @@ def test_identical_server_with_repeats(server, capsys, key_env, tmp_path):
     text = out.read_text()
     assert KEY not in text and KEY not in json.dumps(report)
     assert load_report(out).verdict == "identical"
-    assert report["timing"]["requests"] == 8 * 3 + 1  # + the /v1/models look-up
+    assert report["timing"]["requests"] == 8 * 4 + 1  # A, A again (the calibration), B twice, /v1/models
     assert report["timing"]["overhead_fraction"] < 0.05
 
 
