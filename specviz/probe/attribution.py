@@ -194,6 +194,8 @@ def decide(ev: Evidence, noise: Noise) -> tuple[str, str]:
             return "identical", f"same answer, but {_moved(ev, path or noise)}"
         return "identical", "same answer"
     margin, what = (ev.gap_a, "reference margin") if ev.gap_a is not None else (ev.swing, "swing")
+    if ev.rescored:
+        what = "reference margin (the shared prefix sent again alone: the divergent tokens were placeholders)"
     if stands_out:
         return "suspect", f"{_moved(ev, path or noise)}: this prompt stands out"
     if margin is None:

@@ -150,13 +150,16 @@ class Client:
         except UnicodeDecodeError:
             return None
 
-    def complete(self, prompt: Prompt) -> Answer:
+    def complete(self, prompt: Prompt, max_tokens: int | None = None) -> Answer:
         body = self._body(prompt, with_logprobs=self.logprobs > 0 and not self.logprobs_refused)
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
         path = "/chat/completions" if self.kind == "chat" else "/completions"
         status, payload = self._request("POST", path, body)
         if status in (400, 422) and "logprobs" in body:  # e.g. `transformers serve` on chat
             self.logprobs_refused = True
-            status, payload = self._request("POST", path, self._body(prompt, with_logprobs=False))
+            body = {**self._body(prompt, with_logprobs=False), "max_tokens": body["max_tokens"]}
+            status, payload = self._request("POST", path, body)
         if status != 200:
             raise ServerError(f"{self.endpoint.url}{path}: HTTP {status} ({_error_message(payload)})")
         try:

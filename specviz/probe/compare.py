@@ -70,6 +70,8 @@ class Evidence:
     findings: tuple[tuple[str, str], ...] = ()  # scans.scan of side B against side A
     round: int = 0  # the round (--rounds) this comparison is from
     resolution: float = 0.0  # the smallest margin change the evidence can show (replay: a dtype step)
+    rescored: bool = False  # the gap on A comes from the shared prefix sent again, alone (`rescore`)
+    prefix_text: str | None = None  # the whole shared text, kept only until it is rescored
 
     @property
     def swing(self) -> float | None:
@@ -163,7 +165,32 @@ def compare(index: int, a: Answer, b: Answer, tokenize=None, prompt: str = "") -
     ev.token_b = _shown(tb, ta, tb)
     ev.source = "server" if gap_a is not None or gap_b is not None else "none"
     ev.placeholder_at_divergence = bool((ta and ta.placeholder) or (tb and tb.placeholder))
+    if ev.placeholder_at_divergence and gap_a is None:
+        ev.prefix_text = "".join(t.text for t in ua[:d])
     return ev
+
+
+def rescore(ev: Evidence, first: Token) -> None:
+    """Fill the gap on A from `first`, the first token the server answered when sent the prompt
+    plus the shared prefix alone: a completion's first token is sampled by the target itself,
+    never a placeholder, so its logprobs are the reference's at the divergent position."""
+    ev.prefix_text = None
+    if first.placeholder or first.top is None or ev.token_a is None:
+        return
+    a = ev.token_a.text
+    b = None if ev.token_b is None or ev.token_b.text == END else ev.token_b.text
+    own = first.logprob if first.text == a else first.logprob_of(a)
+    if a == END:
+        own = next((lp for t, lp in first.top if t in EOS_TEXTS), None)
+    if own is None or b == a:
+        return
+    candidates = EOS_TEXTS if b is None else (b,)
+    theirs = next((lp for t, lp in first.top if t in candidates), None)
+    if theirs is None:
+        if len(first.top) < 2:
+            return
+        theirs, ev.lower_bound = first.top[-1][1], True
+    ev.gap_a, ev.rescored, ev.source = own - theirs, True, "server"
 
 
 def _shown(token: Token | None, ta: Token | None, tb: Token | None) -> Shown:

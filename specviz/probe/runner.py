@@ -30,7 +30,7 @@ from specviz.probe import attribution, telemetry
 from specviz.probe import report as rp
 from specviz.probe.advice import next_steps
 from specviz.probe.client import Client, Endpoint, InFlightClock, redact
-from specviz.probe.compare import Evidence, compare
+from specviz.probe.compare import Evidence, compare, rescore
 from specviz.probe.prompts import Prompt
 from specviz.probe.responses import Answer
 
@@ -245,6 +245,9 @@ def run_probe(config: ProbeConfig, prompts: list[Prompt], api_key: str | None, p
                             d = compare(start + k, b, again[k]).divergence
                             if d is not None:
                                 nondet[level][start + k] = min(d, nondet[level].get(start + k, d))
+                    rescue = [ev for ev in found if ev.prefix_text is not None]
+                    if rescue and config.endpoint == "completions" and config.logprobs > 0 and replayer is None:
+                        _rescore(pool_a, side_a, batch, start, rescue)
                     if level == 1 and not two:
                         calibration.extend(found)
                     evidence[level].extend(found)
@@ -272,6 +275,21 @@ def run_probe(config: ProbeConfig, prompts: list[Prompt], api_key: str | None, p
         tally.scrape_error = tally.scrape_error or m.error
     run = _Run(config, (side_a, side_b), prompts, evidence, calibration, nondet, tally_a, tallies)
     return run.report(clock, (wall, cpu, replay_s))
+
+
+def _rescore(pool: ThreadPoolExecutor, side: Client, batch: list[Prompt], start: int, items: list[Evidence]) -> None:
+    """Divergences whose tokens are placeholders: the prompt plus the shared prefix sent again,
+    alone, for one token; its logprobs give the gap on A (compare.rescore). On the completions
+    endpoint only (a chat answer cannot be continued portably)."""
+
+    def one(ev: Evidence) -> Answer:
+        prompt = batch[ev.index - start]
+        return side.complete(Prompt(text=prompt.as_text() + (ev.prefix_text or "")), max_tokens=1)
+
+    for ev, answer in zip(items, pool.map(one, items)):
+        if answer.tokens:
+            rescore(ev, answer.tokens[0])
+        ev.prefix_text = None
 
 
 def _replayer(config: ProbeConfig) -> tuple[Any, float]:
