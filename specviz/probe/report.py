@@ -274,8 +274,8 @@ def parse_report(payload: Any, where: str = "report") -> ProbeReport:
 
 
 def _one_of(value: str, allowed: tuple[str, ...], where: str) -> None:
-    if value not in allowed:
-        raise ReportError(f"{where}: {value[:40]!r} is not one of {', '.join(allowed)}")
+    if value not in allowed:  # the value is not quoted: report text never reaches a message
+        raise ReportError(f"{where}: not one of {', '.join(allowed)}")
 
 
 def _check(report: ProbeReport, where: str) -> None:
@@ -338,7 +338,7 @@ def _value(hint: Any, value: Any, where: str, lenient: bool = False) -> Any:
     if origin is dict:
         if not isinstance(value, dict) or len(value) > 64:
             raise ReportError(f"{where}: expected an object (at most 64 keys)")
-        return {str(k)[:64]: _value(args[1], v, f"{where}.{k}") for k, v in value.items()}
+        return {str(k)[:64]: _value(args[1], v, f"{where}[{n}]") for n, (k, v) in enumerate(value.items())}
     if hint is bool:
         if not isinstance(value, bool):
             raise ReportError(f"{where}: expected true or false")
