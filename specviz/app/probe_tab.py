@@ -136,7 +136,7 @@ def summary_html(report: ProbeReport) -> str:
     if n.calibration is not None:
         lines.append(
             f"calibration ({html_text(n.calibration.source)}): largest change {n.calibration.largest:.2g} "
-            f"over {n.calibration.prompts} prompts"
+            f"over {n.calibration.prompts} comparisons"
         )
     if report.collapse is not None:
         lines.insert(1, f"<b>acceptance collapse</b>: {html_text(report.collapse.detail, 400)}")

@@ -171,7 +171,7 @@ def render(report: rp.ProbeReport, out: Path | None = None, shown: int = 10) -> 
     if n.calibration is not None:
         c = n.calibration
         lines.append(
-            f"  calibration, {c.source}: {c.prompts} prompts, largest change {_num(c.largest)}, "
+            f"  calibration, {c.source}: {c.prompts} comparisons, largest change {_num(c.largest)}, "
             f"largest median {_num(c.typical)} (no prompt stands out by less)"
         )
     for side, name in ((a, "A"), (b, "B")):
