@@ -126,10 +126,11 @@ def gap(side: Token, mine: str, other: str | None) -> tuple[float | None, bool]:
 def path_of(a: Answer, b: Answer) -> str:
     """The computational path the server reports for this prompt, as a group key for the noise:
     "drafted" when either side drafted (telemetry counts drafts, or placeholders show accepted
-    ones), else "plain". Prompts on another path have another noise level; each is judged
-    against prompts on its own path (attribution.py)."""
+    ones), else "plain"; "+cached" when either side says it reused a cached prefix. Prompts on
+    another path have another noise level; each is judged against prompts on its own path
+    (attribution.py)."""
     drafted = any((x.drafting is not None and (x.drafting.drafted or 0) > 0) or x.placeholders for x in (a, b))
-    return "drafted" if drafted else "plain"
+    return ("drafted" if drafted else "plain") + ("+cached" if a.cached or b.cached else "")
 
 
 def compare(index: int, a: Answer, b: Answer, tokenize=None, prompt: str = "") -> Evidence:

@@ -60,6 +60,7 @@ class Answer:
     telemetry: str | None = None  # the adapter that read drafting counters (telemetry.ADAPTERS)
     drafting: telemetry.Drafting | None = None
     telemetry_error: str | None = None  # counters present but unbelievable (one line)
+    cached: bool = False  # the server says it reused a cached prefix of the prompt (`cached_tokens`)
 
     @property
     def has_logprobs(self) -> bool:
@@ -92,7 +93,8 @@ def parse_answer(payload: Any, endpoint: str) -> Answer:
         tokens = tuple(Token(t.text, int(i), t.logprob, t.top) for t, i in zip(tokens, ids))
     finish = choice.get("finish_reason")
     adapter, drafting, error = telemetry.read_response(payload)
-    return Answer(text, tokens, finish if isinstance(finish, str) else None, adapter, drafting, error)
+    finish = finish if isinstance(finish, str) else None
+    return Answer(text, tokens, finish, adapter, drafting, error, telemetry.cached_tokens(payload) > 0)
 
 
 def _is_int(value: Any) -> bool:

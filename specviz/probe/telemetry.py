@@ -149,6 +149,22 @@ def read_response(payload: Any) -> tuple[str | None, Drafting | None, str | None
     return None, None, None
 
 
+def cached_tokens(payload: Mapping[str, Any]) -> int:
+    """Prompt tokens the server says it took from its prefix cache (0 when it does not say, or
+    says something unbelievable): OpenAI/vLLM `usage.prompt_tokens_details.cached_tokens`,
+    llama.cpp `timings.cache_n`, SGLang `meta_info.cached_tokens`."""
+    usage = payload.get("usage")
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    timings, meta = payload.get("timings"), payload.get("meta_info")
+    for holder, key in ((details, "cached_tokens"), (timings, "cache_n"), (meta, "cached_tokens")):
+        if isinstance(holder, dict) and holder.get(key) is not None:
+            try:
+                return _count(holder[key], key)
+            except TelemetryError:
+                return 0
+    return 0
+
+
 # -----------------------------------------------------------------------------------------------
 # Prometheus counters (vLLM's /metrics), read around a pass: the pass's drafting is the delta.
 

@@ -84,6 +84,19 @@ def test_unbelievable_telemetry_is_one_line(payload: dict, message: str) -> None
     assert drafting is None and message in error and "\n" not in error
 
 
+def test_paths_the_server_reports() -> None:
+    from specviz.probe.compare import path_of
+
+    plain = parse_answer({"choices": [{"text": "a"}]}, "completions")
+    cached = parse_answer({"choices": [{"text": "a"}], "usage": {"prompt_tokens_details": {"cached_tokens": 12}}},
+                          "completions")  # fmt: skip
+    drafted = parse_answer({"choices": [{"text": "a"}], "timings": {"draft_n": 4, "draft_n_accepted": 3,
+                                                                     "cache_n": 0}}, "completions")  # fmt: skip
+    junk = parse_answer({"choices": [{"text": "a"}], "timings": {"cache_n": "lots"}}, "completions")
+    assert path_of(plain, plain) == "plain" and path_of(plain, cached) == "plain+cached"
+    assert path_of(drafted, plain) == "drafted" and path_of(junk, plain) == "plain"
+
+
 def test_prometheus_deltas_and_their_refusals() -> None:
     text = (
         '# HELP x\nvllm:spec_decode_num_draft_tokens_total{model_name="m",engine="0"} 100.0\n'
