@@ -138,6 +138,11 @@ def summary_html(report: ProbeReport) -> str:
             f"calibration ({html_text(n.calibration.source)}): largest change {n.calibration.largest:.2g} "
             f"over {n.calibration.prompts} comparisons"
         )
+    if n.batch_cut is not None and n.batch_cut_max is not None:
+        lines.append(
+            f"batch calibration (prompts as batches of copies of themselves): stands out above {n.batch_cut:.2g} "
+            f"(median) or {n.batch_cut_max:.2g} (largest)"
+        )
     if report.collapse is not None:
         lines.insert(1, f"<b>acceptance collapse</b>: {html_text(report.collapse.detail, 400)}")
     for side, name in ((a, "A"), (b, "B")):

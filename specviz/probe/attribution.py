@@ -45,6 +45,11 @@ Two calibrations keep a mix of prompts from fooling the rule (docs/probe.md, "No
   state, drafting, scheduling). No prompt stands out by less than that, and the noise is at
   least its largest change. A request sent alone is never batched, so no batching bug can hide
   in this calibration.
+- batches of copies: a few prompts are also sent as a batch of copies of themselves (the largest
+  level's size): the server's batched kernels with nothing a batch's composition could change
+  (every row the same length and tokens), so no position, padding or row-order bug acts. No
+  prompt needs a level above their cuts (batch_cuts) to stand out, so a bug that moves every row
+  a little (which the least-disturbed quarter would otherwise take for the noise) still shows.
 Placeholder logprobs (drafted tokens) never enter: compare.py measures no change at them.
 Resolution: a replay in half precision moves margins in steps of the logits' dtype; a prompt's
 changes count as at least its resolution (compare.Evidence.resolution), so a one-step move is not
@@ -65,6 +70,7 @@ FLOOR = 1e-5  # margin changes below this are the rounding of float32 logprobs a
 MIN_DECADES = 1.0  # a prompt stands out only when its level is 10x the baseline or more
 MAD_SIGMAS = 4.0
 MIN_PATH_PROMPTS = 8  # a path with fewer measured prompts is judged with the pooled cuts
+MIN_BATCH_PROMPTS = 4  # prompts sent as batches of copies needed for their cuts to count
 VERDICTS = ("identical", "numerical", "unattributed", "suspect")  # worst last
 
 
@@ -101,6 +107,7 @@ class Noise:
     outliers: frozenset[tuple[int, int]]  # (prompt index, round) that stand out
     paths: tuple[PathNoise, ...] = ()
     calibration: Calibration | None = None
+    batch: tuple[float, float] | None = None  # batch_cuts (log10), where measured
 
     def on(self, path: str) -> PathNoise | None:
         return next((p for p in self.paths if p.path == path), None)
@@ -143,18 +150,39 @@ def calibrate(evidence: Iterable[Evidence], source: str) -> Calibration | None:
     return Calibration(source, len(measured), typical, largest)
 
 
-def estimate_noise(evidence: Iterable[Evidence], calibration: Calibration | None = None) -> Noise:
+def _levels(e: Evidence) -> tuple[float, float]:
+    return _log(_at_least(e.prefix_median, e.resolution)), _log(_at_least(e.prefix_max, e.resolution))
+
+
+def batch_cuts(evidence: Iterable[Evidence]) -> tuple[float, float] | None:
+    """(median cut, largest cut) from side A against batches of copies of one prompt: the
+    server's batched kernels with nothing a batch's composition could change (every row the same
+    length, same tokens), so no position, padding or row-order bug can act. None with fewer than
+    MIN_BATCH_PROMPTS measured prompts."""
+    by_prompt: dict[int, tuple[float, float]] = {}
+    for e in evidence:
+        if e.prefix_median is not None:
+            m, x = _levels(e)
+            old = by_prompt.get(e.index, (-math.inf, -math.inf))
+            by_prompt[e.index] = max(old[0], m), max(old[1], x)  # a prompt's copies: its worst
+    if len(by_prompt) < MIN_BATCH_PROMPTS:
+        return None
+    _, cut = _robust_cut([m for m, _ in by_prompt.values()])
+    _, cut_max = _robust_cut([x for _, x in by_prompt.values()])
+    top = max(m for m, _ in by_prompt.values()), max(x for _, x in by_prompt.values())
+    return max(cut, top[0]), max(cut_max, top[1])  # never below what a copy itself showed
+
+
+def estimate_noise(
+    evidence: Iterable[Evidence], calibration: Calibration | None = None, batch: tuple[float, float] | None = None
+) -> Noise:
+    """`batch`: batch_cuts of copies of a prompt; a prompt above them stands out even when most
+    prompts are hit (a bug that moves every row a little looks like more noise otherwise)."""
     items = [e for e in evidence if e.prefix_median is not None]
     if not items:
         floor = max(FLOOR, calibration.largest) if calibration else FLOOR
         return Noise(floor, None, None, None, None, 0, frozenset(), (), calibration)
-    levels = {
-        (e.index, e.round): (
-            _log(_at_least(e.prefix_median, e.resolution)),
-            _log(_at_least(e.prefix_max, e.resolution)),
-        )
-        for e in items
-    }
+    levels = {(e.index, e.round): _levels(e) for e in items}
     pooled = _robust_cut([m for m, _ in levels.values()]), _robust_cut([x for _, x in levels.values()])
     self_m = _log(calibration.typical) if calibration else -math.inf
     self_x = _log(calibration.largest) if calibration else -math.inf
@@ -166,6 +194,8 @@ def estimate_noise(evidence: Iterable[Evidence], calibration: Calibration | None
         (base, cut), (_, cut_max) = (
             (_robust_cut([levels[k][0] for k in keys]), _robust_cut([levels[k][1] for k in keys])) if own else pooled
         )
+        if batch is not None:
+            cut, cut_max = min(cut, batch[0]), min(cut_max, batch[1])
         out = {k for k in keys if (levels[k][0] > max(cut, self_m)) or (levels[k][1] > max(cut_max, self_x))}
         outliers |= out
         inliers = [levels[k] for k in keys if k not in out]
@@ -175,9 +205,11 @@ def estimate_noise(evidence: Iterable[Evidence], calibration: Calibration | None
     inliers = [v for k, v in levels.items() if k not in outliers]
     typical = 10 ** statistics.median(m for m, _ in inliers) if inliers else None
     (base, cut), (_, cut_max) = pooled
+    if batch is not None:
+        cut, cut_max = min(cut, batch[0]), min(cut_max, batch[1])
     return Noise(
         max(p.estimate for p in paths), typical, 10**base, 10**cut, 10**cut_max, len(levels),
-        frozenset(outliers), tuple(paths), calibration,
+        frozenset(outliers), tuple(paths), calibration, batch,
     )  # fmt: skip
 
 

@@ -174,6 +174,11 @@ def render(report: rp.ProbeReport, out: Path | None = None, shown: int = 10) -> 
             f"  calibration, {c.source}: {c.prompts} comparisons, largest change {_num(c.largest)}, "
             f"largest median {_num(c.typical)} (no prompt stands out by less)"
         )
+    if n.batch_cut is not None:
+        lines.append(
+            f"  batch calibration, prompts sent as batches of copies of themselves: no prompt needs more than a "
+            f"median change of {_num(n.batch_cut)} or a largest of {_num(n.batch_cut_max)} to stand out"
+        )
     for side, name in ((a, "A"), (b, "B")):
         line = placeholder_line(side, name)
         if line:

@@ -144,6 +144,8 @@ class Noise:
     cut_max: float | None = None  # ... or whose largest change is above this
     paths: tuple[PathNoise, ...] = ()
     calibration: Calibration | None = None
+    batch_cut: float | None = None  # from batches of copies of one prompt: no prompt needs more to stand out
+    batch_cut_max: float | None = None
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ Progress = Callable[[int, int], None]  # (requests done, requests in all)
 MAX_COMPARISONS = 2_000_000  # prompts x rounds x levels: each keeps an Evidence (~1 KB)
 MAX_LEVELS = 16
 MAX_ROUNDS = 1000
+BATCH_PROMPTS = 6  # prompts sent as a batch of copies of themselves (the batch calibration)
 
 
 @dataclass
@@ -191,7 +192,10 @@ def run_probe(config: ProbeConfig, prompts: list[Prompt], api_key: str | None, p
     # an extra alone pass calibrates the noise when nothing else sends side A again
     extra_a = not two and 1 not in levels and config.rounds == 1 and config.repeats >= 2
     passes = 1 + sum(1 if (n == 1 and not two) else config.repeats for n in levels) + extra_a
-    total = len(prompts) * config.rounds * passes
+    top = max(levels)
+    copies = [] if two or top == 1 else list(range(min(BATCH_PROMPTS, len(prompts))))
+    total = len(prompts) * config.rounds * passes + len(copies) * top
+    batch_evidence: list[Evidence] = []
     done = 0
     evidence: dict[int, list[Evidence]] = {n: [] for n in levels}
     calibration: list[Evidence] = []
@@ -226,6 +230,9 @@ def run_probe(config: ProbeConfig, prompts: list[Prompt], api_key: str | None, p
                 answers_a = send(pool_a, side_a, batch, tally_a)  # 1) side A
                 if rnd == 0:
                     first_a = answers_a
+                    for k in (k for k in copies if start <= k < start + len(batch)):  # the batch calibration
+                        same = send(pools[top], side_b, [batch[k - start]] * top, _Tally())
+                        batch_evidence.extend(compare(k, answers_a[k - start], b) for b in same)
                 else:  # the server against itself, a round apart
                     calibration.extend(compare(start + k, x, y) for k, (x, y) in enumerate(zip(first_a, answers_a)))
                 if extra_a:
@@ -273,7 +280,7 @@ def run_probe(config: ProbeConfig, prompts: list[Prompt], api_key: str | None, p
     cpu = time.process_time() - cpu0 - replay_s
     for tally, m in ((tally_a, metrics_a), *((t, metrics_b) for t in tallies.values())):
         tally.scrape_error = tally.scrape_error or m.error
-    run = _Run(config, (side_a, side_b), prompts, evidence, calibration, nondet, tally_a, tallies)
+    run = _Run(config, (side_a, side_b), prompts, evidence, calibration, nondet, tally_a, tallies, batch_evidence)
     return run.report(clock, (wall, cpu, replay_s))
 
 
@@ -339,16 +346,19 @@ class _Run:
     nondet: dict[int, dict[int, int]]
     tally_a: _Tally
     tallies: dict[int, _Tally]
+    batch_evidence: list[Evidence]
 
     def report(self, clock: InFlightClock, times: tuple[float, float, float]) -> rp.ProbeReport:
         config, (side_a, side_b) = self.config, self.sides
         wall, cpu, replay_s = times
         two = config.url_b is not None
         calib = attribution.calibrate(self.calibration_evidence, self._calibration_source())
+        batch = attribution.batch_cuts(self.batch_evidence)
         acceptance_a, rate_a = self.tally_a.acceptance()
         levels, decided, noises = [], {}, {}
         for n, evs in self.evidence.items():
-            noise = attribution.estimate_noise(evs, None if (n == 1 and not two) else calib)
+            alone = n == 1 and not two
+            noise = attribution.estimate_noise(evs, None if alone else calib, None if alone else batch)
             noises[n] = noise
             decided[n] = [(ev, *attribution.decide(ev, noise)) for ev in evs]
             acceptance, rate = self.tallies[n].acceptance()
@@ -484,9 +494,10 @@ def _noise_view(noise: attribution.Noise, source: str) -> rp.Noise:
     )
     c = noise.calibration
     calibration = rp.Calibration(c.source, c.prompts, c.typical, c.largest) if c else None
+    batch = (10 ** noise.batch[0], 10 ** noise.batch[1]) if noise.batch else (None, None)
     return rp.Noise(
         noise.estimate, noise.typical, noise.baseline, noise.cut, noise.prompts, source, noise.cut_max, paths,
-        calibration,
+        calibration, *batch,
     )  # fmt: skip
 
 

@@ -38,7 +38,8 @@ def test_identical_server_with_repeats(server, capsys, key_env, tmp_path):
     text = out.read_text()
     assert KEY not in text and KEY not in json.dumps(report)
     assert load_report(out).verdict == "identical"
-    assert report["timing"]["requests"] == 8 * 4 + 1  # A, A again (the calibration), B twice, /v1/models
+    # A, A again (the calibration), B twice, 6 prompts as batches of 4 copies, /v1/models
+    assert report["timing"]["requests"] == 8 * 4 + 6 * 4 + 1
     assert report["timing"]["overhead_fraction"] < 0.05
 
 

@@ -58,7 +58,7 @@ def test_placeholders_taken_as_logprobs_fool_the_noise(server, capsys, monkeypat
     assert status == 1 and report["verdict"] == "suspect"
 
 
-@pytest.mark.parametrize("mode", ["bug", "bug+spec+ph", "order", "order+spec+ph"])
+@pytest.mark.parametrize("mode", ["bug", "bug+spec+ph", "order", "order+spec+ph", "mask", "mask+spec+ph"])
 def test_position_and_batch_order_bugs_stay_suspect(server, capsys, mode):
     status, report, _ = probe(capsys, f"{server}/{mode}/content/v1", *FAST, "--concurrency", "4")
     assert status == 1 and report["verdict"] == "suspect", report["counts"]
@@ -66,6 +66,16 @@ def test_position_and_batch_order_bugs_stay_suspect(server, capsys, mode):
     if "ph" in mode:
         assert report["side_b"]["placeholders"] > 0
         assert any("placeholders" in p["reason"] for p in report["prompts"] if p["verdict"] == "suspect")
+
+
+def test_a_bug_that_moves_every_row_is_missed_without_the_batch_calibration(server, capsys, monkeypatch):
+    """`mask` hits every row a little: the least-disturbed quarter takes it for the noise. Only the
+    prompts sent as batches of copies of themselves (where no composition bug acts) show it."""
+    from specviz.probe import runner
+
+    monkeypatch.setattr(runner, "BATCH_PROMPTS", 0)
+    status, report, _ = probe(capsys, f"{server}/mask/content/v1", *FAST, "--concurrency", "4")
+    assert status == 0 and report["verdict"] == "numerical" and report["noise"]["batch_cut"] is None
 
 
 @pytest.mark.parametrize("style", ["llama", "vllmreq", "vllm", "sglang"])

@@ -15,6 +15,9 @@ One process serves every behaviour, chosen by the URL's first two path parts,
 - mode `order`: `numerical`, plus a batch-order bug: from the third decode step on, the token fed
   back to each row is the previous row's (a slot mapping off by one after a reorder); each row
   still emits from its own logits, so its answer reads on, conditioned on a token it never chose;
+- mode `mask`: `numerical`, plus a mild batch-order bug: at every decode step each row attends
+  with the previous row's attention mask (a row of another length sees padding, or misses part
+  of its prompt): every row is hit a little;
 - layout `legacy` (`tokens` / `token_logprobs` / `top_logprobs`), `content`
   (`content[].top_logprobs`, also on completions) or `none` (logprobs ignored, as
   `transformers serve` does on completions).
@@ -59,7 +62,7 @@ from specviz.engine.models import DEFAULT_TARGET  # noqa: E402
 
 BATCH_WINDOW_S = 0.05  # requests arriving within this window of the first form one batch
 MAX_BATCH = 16
-MODES = ("identical", "numerical", "bug", "order")
+MODES = ("identical", "numerical", "bug", "order", "mask")
 LAYOUTS = ("legacy", "content", "none")
 OPTIONS = ("spec", "ph", "collapse", "llama", "vllm", "vllmreq", "sglang", "badtel", "rare")
 RARE_AT = 30  # with `rare`, the 30th request answered in a batch (per URL mode) is corrupted
@@ -99,6 +102,7 @@ class Decoder:
         model = self.bf16 if batched and mode != "identical" else self.f32
         shift_bug = batched and mode == "bug"
         order_bug = batched and mode == "order"
+        mask_bug = batched and mode == "mask"
         lengths = [len(p) for p in prompts]
         width = max(lengths)
         # input_ids, mask: (B, width), left-padded
@@ -134,7 +138,8 @@ class Decoder:
             else:
                 step_pos = torch.tensor([[n + step] for n in lengths])
             fed = chosen.roll(1, dims=0) if order_bug and step >= 2 else chosen  # the bug: another row's token
-            logits = model(fed.view(-1, 1), mask, step_pos, cache)[:, -1, :]
+            seen = mask.roll(1, dims=0) if mask_bug else mask  # the bug: the previous row's attention mask
+            logits = model(fed.view(-1, 1), seen, step_pos, cache)[:, -1, :]
         return rows
 
 
