@@ -68,6 +68,24 @@ def test_no_component_of_the_page_takes_a_url(monkeypatch: pytest.MonkeyPatch) -
     assert not any("url" in label or "server address" in label for label in labels)
 
 
+def test_the_sweep_report_draws_its_levels_rounds_and_collapse() -> None:
+    """traces/probe-sweep.json (tools/make_probe_example.sh): 4 levels, 3 rounds, a collapse."""
+    report = probe_tab.load_bundled_report("probe-sweep.json")
+    sweep = views.sweep_plot(report)
+    rate, acceptance = sweep.data
+    assert list(rate.x) == [v.concurrency for v in report.levels] == [1, 2, 4, 8]
+    assert list(rate.y) == [v.rate for v in report.levels]
+    assert list(acceptance.marker.symbol) == ["circle", "x", "x", "x"]  # collapsed levels marked
+    assert f"collapses at {report.collapse.concurrency}" in sweep.layout.title.text
+    bars = views.rounds_plot(report).data[0]
+    assert len(bars.x) == sum(1 for p in report.prompts if p.diverged_rounds)
+    assert all(0 < y <= 1 for y in bars.y)
+    summary = probe_tab.summary_html(report)
+    assert "acceptance collapse" in summary and "carry no logprob" in summary and "next:" in summary
+    plain = probe_tab.load_bundled_report("probe-example.json")
+    assert "no concurrency sweep" in views.sweep_plot(plain).layout.title.text
+
+
 EVIL = [
     "![](http://198.51.100.7/beacon.png)",
     "[click](javascript:alert(1))",
