@@ -133,8 +133,9 @@ def path_of(a: Answer, b: Answer) -> str:
     return ("drafted" if drafted else "plain") + ("+cached" if a.cached or b.cached else "")
 
 
-def compare(index: int, a: Answer, b: Answer, tokenize=None, prompt: str = "") -> Evidence:
-    """The evidence for one prompt; `tokenize` maps text to tokens when a side gave none."""
+def compare(index: int, a: Answer, b: Answer, tokenize=None, prompt: str = "", rescorable: bool = False) -> Evidence:
+    """The evidence for one prompt; `tokenize` maps text to tokens when a side gave none;
+    `rescorable` keeps the shared text of a divergence on placeholders for `rescore`."""
     ua, kind_a = units(a, tokenize)
     ub, kind_b = units(b, tokenize)
     unit = "token" if kind_a == kind_b == "token" else "char"
@@ -166,7 +167,7 @@ def compare(index: int, a: Answer, b: Answer, tokenize=None, prompt: str = "") -
     ev.token_b = _shown(tb, ta, tb)
     ev.source = "server" if gap_a is not None or gap_b is not None else "none"
     ev.placeholder_at_divergence = bool((ta and ta.placeholder) or (tb and tb.placeholder))
-    if ev.placeholder_at_divergence and gap_a is None:
+    if rescorable and ev.placeholder_at_divergence and gap_a is None:
         ev.prefix_text = "".join(t.text for t in ua[:d])
     return ev
 

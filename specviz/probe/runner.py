@@ -244,8 +244,9 @@ def run_probe(config: ProbeConfig, prompts: list[Prompt], api_key: str | None, p
                     else:
                         repeats = [send(pools[level], side_b, batch, tallies[level]) for _ in range(config.repeats)]
                     found = []
+                    rescorable = config.endpoint == "completions" and config.logprobs > 0 and replayer is None
                     for k, (a, b) in enumerate(zip(answers_a, repeats[0])):  # 3)
-                        ev = compare(start + k, a, b, prompt=texts[k])
+                        ev = compare(start + k, a, b, prompt=texts[k], rescorable=rescorable)
                         ev.round = rnd
                         found.append(ev)
                         for again in repeats[1:]:
@@ -253,7 +254,7 @@ def run_probe(config: ProbeConfig, prompts: list[Prompt], api_key: str | None, p
                             if d is not None:
                                 nondet[level][start + k] = min(d, nondet[level].get(start + k, d))
                     rescue = [ev for ev in found if ev.prefix_text is not None]
-                    if rescue and config.endpoint == "completions" and config.logprobs > 0 and replayer is None:
+                    if rescue:
                         _rescore(pool_a, side_a, batch, start, rescue)
                     if level == 1 and not two:
                         calibration.extend(found)
