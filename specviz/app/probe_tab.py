@@ -135,7 +135,7 @@ def summary_html(report: ProbeReport) -> str:
     ]
     if n.calibration is not None:
         lines.append(
-            f"calibration ({html_text(n.calibration.source)}): largest change {n.calibration.largest:.2g} "
+            f"calibration, {html_text(n.calibration.source)}: largest change {n.calibration.largest:.2g} "
             f"over {n.calibration.prompts} comparisons"
         )
     if n.batch_cut is not None and n.batch_cut_max is not None:
