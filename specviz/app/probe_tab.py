@@ -2,8 +2,12 @@
 
 The app never probes anything itself: a visitor opens a bundled report (`traces/probe-*.json`) or
 uploads one, so no URL reaches the server in any mode (a public Space must never connect to an
-address a visitor chose). A report is untrusted input: read once with a byte cap, validated by
-`specviz.probe.report.parse_report`, drawn by `specviz.views.probe` (escaped, bounded).
+address a visitor chose). A report is untrusted input: read once with a byte cap (in public mode
+also a prompt cap, checked before the report is built), validated by
+`specviz.probe.report.parse_report`, drawn by `specviz.views.probe` (escaped, bounded: at most
+`MAX_MAP_PROMPTS` rows, points, bars or dropdown entries, worst first). Every string a report
+carries reaches the page as escaped HTML text: no Markdown is made from it, so no image, link or
+tag of its own can load anything into a visitor's page.
 """
 
 from __future__ import annotations
@@ -15,13 +19,26 @@ from typing import Any
 
 import gradio as gr
 
-from specviz.app import uploads
+from specviz.app import serve, uploads
 from specviz.app.loading import DOCS, TRACES
 from specviz.errors import SpecvizError
-from specviz.probe.report import ProbeReport, ReportError, parse_report
-from specviz.views.probe import answers_html, divergence_map, noise_vs_swing
+from specviz.probe.advice import placeholder_line
+from specviz.probe.report import VERDICTS, Acceptance, ProbeReport, ReportError, parse_report
+from specviz.views.probe import (
+    MAX_MAP_PROMPTS,
+    answers_html,
+    divergence_map,
+    noise_vs_swing,
+    rounds_plot,
+    sweep_plot,
+    worst_first,
+)
+from specviz.views.safe_text import html_text
 
 MAX_REPORT_UPLOAD_BYTES = 8 * 1024 * 1024  # a report of 10,000 prompts is a few MB
+# Public mode: a report of more prompts is refused before it is built (its parse and first
+# render stay within the 3 s of CPU an upload may cost; docs/probe.md has the measurement).
+PUBLIC_MAX_PROMPTS = 5_000
 PROBE_DOC_URL = f"/gradio_api/file={DOCS / 'probe.md'}"  # docs/ is a static path of the app
 
 
@@ -38,6 +55,8 @@ class ProbeSection:
     summary: Any
     map: Any
     noise: Any
+    sweep: Any
+    rounds: Any
     prompt: Any
     answers: Any
     state: Any
@@ -56,35 +75,86 @@ class ProbeSection:
                 open_bundled = gr.Button("open", variant="secondary")
                 upload = gr.File(label="or upload a report (.json)", file_types=[".json"], type="filepath")
             status = gr.Markdown(elem_id="sv-probe-status")
-            summary = gr.Markdown(elem_id="sv-probe-summary")
+            summary = gr.HTML(elem_id="sv-probe-summary")
             with gr.Row(elem_id="sv-probe-plots"):
                 map_plot = gr.Plot(label="where the answers part")
                 noise_plot = gr.Plot(label="divergences against the noise")
-            prompt = gr.Dropdown([], label="prompt", elem_id="sv-probe-prompt")
+            with gr.Row(elem_id="sv-probe-sweep"):
+                sweep = gr.Plot(label="divergence and acceptance against concurrency")
+                rounds = gr.Plot(label="divergence over the rounds")
+            prompt = gr.Dropdown([], label="prompt (worst first)", elem_id="sv-probe-prompt")
             answers = gr.HTML(elem_id="sv-probe-answers")
-        return cls(bundled, open_bundled, upload, status, summary, map_plot, noise_plot, prompt, answers, gr.State())
+        return cls(
+            bundled, open_bundled, upload, status, summary, map_plot, noise_plot, sweep, rounds, prompt, answers,
+            gr.State(),
+        )  # fmt: skip
 
     def show(self, report: ProbeReport) -> dict:
-        diverged = [p.index for p in report.prompts if p.divergence is not None]
-        first = diverged[0] if diverged else (report.prompts[0].index if report.prompts else None)
+        choices = prompt_choices(report)
+        first = choices[0][1] if choices else (report.prompts[0].index if report.prompts else None)
         return {
             self.state: report,
             self.status: "",
-            self.summary: summary_markdown(report),
+            self.summary: summary_html(report),
             self.map: divergence_map(report),
             self.noise: noise_vs_swing(report),
-            self.prompt: gr.update(choices=[(f"#{i}", i) for i in diverged] or [], value=first),
+            self.sweep: sweep_plot(report),
+            self.rounds: rounds_plot(report),
+            self.prompt: gr.update(choices=choices, value=first),
             self.answers: answers_html(report, first) if first is not None else "",
         }
 
 
-def summary_markdown(report: ProbeReport) -> str:
-    counts = ", ".join(f"{report.counts.get(v, 0)} {v}" for v in ("identical", "numerical", "unattributed", "suspect"))
-    return (
-        f"**verdict: {report.verdict}** ({len(report.prompts)} prompts: {counts}); "
-        f"{report.side_a.label} against {report.side_b.label}; noise estimate {report.noise.estimate:.2g} "
-        f"({report.noise.source})"
-    )
+def prompt_choices(report: ProbeReport) -> list[tuple[str, int]]:
+    """The dropdown: diverged or flagged prompts, worst first, at most MAX_MAP_PROMPTS."""
+    flagged = [p for p in report.prompts if p.divergence is not None or p.findings or p.diverged_rounds]
+    return [(f"#{p.index} {p.verdict}", p.index) for p in worst_first(flagged, MAX_MAP_PROMPTS)]
+
+
+def _acceptance(a: Acceptance | None) -> str:
+    if a is None:
+        return "not reported"
+    if a.rate is None:
+        return "mean acceptance length " + (f"{a.mean_length:.2f}" if a.mean_length is not None else "n/a")
+    return f"{a.rate:.2f} [{a.low or 0:.2f}, {a.high or 0:.2f}] of {a.drafted} drafted ({a.source})"
+
+
+def summary_html(report: ProbeReport) -> str:
+    """The report's summary as escaped HTML text (every string from the report through html_text):
+    the verdict, what was compared, placeholders, acceptance, a collapse, the noise, next steps."""
+    counts = ", ".join(f"{report.counts.get(v, 0)} {v}" for v in VERDICTS)
+    a, b, n = report.side_a, report.side_b, report.noise
+    lines = [
+        f"<b>verdict: {html_text(report.verdict)}</b> ({len(report.prompts)} prompts: {counts}"
+        + (f", {report.rounds} rounds" if report.rounds > 1 else "")
+        + f"); {html_text(a.label)} against {html_text(b.label)} at concurrency {b.concurrency}",
+        f"noise estimate {n.estimate:.2g} ({html_text(n.source)}): the largest shared-token margin change on prompts "
+        "that do not stand out"
+        + (f"; a prompt stands out when its median change exceeds {n.cut:.2g}" if n.cut is not None else "")
+        + (f" or its largest {n.cut_max:.2g}" if n.cut_max is not None else ""),
+    ]
+    if n.calibration is not None:
+        lines.append(
+            f"calibration, {html_text(n.calibration.source)}: largest change {n.calibration.largest:.2g} "
+            f"over {n.calibration.prompts} comparisons"
+        )
+    if n.batch_cut is not None and n.batch_cut_max is not None:
+        lines.append(
+            f"batch calibration (prompts as batches of copies of themselves): stands out above {n.batch_cut:.2g} "
+            f"(median) or {n.batch_cut_max:.2g} (largest)"
+        )
+    if report.collapse is not None:
+        lines.insert(1, f"<b>acceptance collapse</b>: {html_text(report.collapse.detail, 400)}")
+    for side, name in ((a, "A"), (b, "B")):
+        line = placeholder_line(side, name)
+        if line:
+            lines.append(html_text(line, 400))
+    if a.acceptance is not None or b.acceptance is not None:
+        lines.append(
+            f"acceptance: side A {html_text(_acceptance(a.acceptance))}; side B {html_text(_acceptance(b.acceptance))}"
+        )
+    lines += [f"next: {html_text(step, 600)}" for step in report.next_steps[:8]]
+    return "".join(f"<p>{line}</p>" for line in lines)
 
 
 def load_bundled_report(name: str | None) -> ProbeReport:
@@ -97,14 +167,20 @@ def load_uploaded_report(path: str | None, session: str | None) -> ProbeReport:
     """`session`'s own uploaded report (see `specviz.app.uploads`), read once with a byte cap."""
     too_big = "{name}: over the {limit} MiB limit of a probe report"
     raw = uploads.read_upload(path, session, MAX_REPORT_UPLOAD_BYTES, too_big)
-    return _parse(raw, Path(path or "").name)
+    return _parse(raw, Path(path or "").name, public=serve.public_mode())
 
 
-def _parse(raw: bytes, name: str) -> ProbeReport:
+def _parse(raw: bytes, name: str, public: bool = False) -> ProbeReport:
     try:
         payload = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise SpecvizError(f"{name}: not a JSON file, so not a probe report") from None
+    prompts = payload.get("prompts") if isinstance(payload, dict) else None
+    if public and isinstance(prompts, list) and len(prompts) > PUBLIC_MAX_PROMPTS:
+        raise SpecvizError(
+            f"{name}: {len(prompts):,} prompts; this public app opens reports of at most {PUBLIC_MAX_PROMPTS:,} "
+            "(open it in a local app: python app.py)"
+        )
     try:
         return parse_report(payload, name)
     except ReportError as exc:
@@ -113,8 +189,8 @@ def _parse(raw: bytes, name: str) -> ProbeReport:
 
 def wire_probe(section: ProbeSection, user_errors: Any) -> None:
     """Open (bundled or uploaded) draws everything; picking a prompt redraws its answers."""
-    outputs = [section.state, section.status, section.summary, section.map, section.noise, section.prompt]
-    outputs.append(section.answers)
+    outputs = [section.state, section.status, section.summary, section.map, section.noise, section.sweep]
+    outputs += [section.rounds, section.prompt, section.answers]
     guard = user_errors(section.status)
 
     section.open_bundled.click(guard(lambda name: section.show(load_bundled_report(name))), section.bundled, outputs)

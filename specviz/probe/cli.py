@@ -15,14 +15,18 @@ DESCRIPTION = """\
 Black-box A/B of OpenAI-compatible servers (vLLM, SGLang, llama.cpp, transformers serve, ...),
 greedy (temperature 0), token by token. One URL: each prompt alone (concurrency 1) against the
 prompts sent together (--concurrency N, so the server batches them). Two URLs: server A against
-server B at --concurrency. Each divergence is numerical (the reference's margin at the divergent
-token is within the noise the shared prefixes show, and the prompt does not stand out), suspect,
-or unattributed (no logprobs: pass --logprobs, or --replay MODEL). See docs/probe.md."""
+server B at --concurrency. --concurrency 1,2,4,8,16 sweeps levels, each against level 1;
+--rounds R repeats the workload to find rare corruption. Each divergence is numerical (the
+reference's margin at the divergent token is within the noise the shared prefixes show, and the
+prompt does not stand out), suspect, or unattributed (no logprobs: pass --logprobs, or --replay
+MODEL). Drafted tokens a speculative server returns without a logprob are counted and left out;
+the acceptance the server reports is compared across levels. See docs/probe.md."""
 
 EPILOG = """\
 exit status:
-  0    identical or numerical: no prompt is suspect or unattributed
-  1    suspect (some divergence exceeds the noise, or a prompt stands out), or unattributed
+  0    identical or numerical: no prompt is suspect or unattributed, acceptance held
+  1    suspect (some divergence exceeds the noise, or a prompt stands out), or unattributed,
+       or acceptance collapsed under concurrency (even with every answer identical)
   2    bad input or an unreachable server (one line on stderr)"""
 
 
@@ -37,7 +41,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     prompts.add_argument("--prompts", default=None, help='JSONL: {"prompt": ...} or {"messages": [...]} per line')
     prompts.add_argument("--num-prompts", type=int, default=None, help="first N SpecBench prompts (default 32)")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per answer at most (default 64)")
-    parser.add_argument("--concurrency", type=int, default=8, help="requests in flight together (default 8)")
+    parser.add_argument(
+        "--concurrency", type=_levels, default=(8,), metavar="N[,N...]",
+        help="requests in flight together (default 8); a list (1,2,4,8,16) sweeps each level against level 1",
+    )  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=1, help="repeat the whole workload R times (default 1)")
+    parser.add_argument(
+        "--metrics", choices=["auto", "on", "off"], default="auto",
+        help="read the server's /metrics spec-decode counters around each pass (default auto: when it has them)",
+    )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=1, help="repeats of the concurrent pass (default 1)")
     parser.add_argument("--logprobs", type=int, default=5, help="top logprobs asked per token, 0: none (default 5)")
     parser.add_argument("--replay", default=None, metavar="MODEL_PATH", help="recompute logprobs locally at batch 1")
@@ -49,6 +61,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="write the report (JSON) to this file")
     parser.add_argument("--force", action="store_true", help="overwrite an existing --out file")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _levels(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a number or a list such as 1,2,4,8,16") from None
+    return levels
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
@@ -69,7 +89,10 @@ def cmd_probe(args: argparse.Namespace) -> int:
         endpoint=args.endpoint,
         model=args.model,
         max_tokens=args.max_tokens,
-        concurrency=args.concurrency,
+        concurrency=max(args.concurrency),
+        levels=args.concurrency if len(args.concurrency) > 1 else None,
+        rounds=args.rounds,
+        metrics=args.metrics,
         repeats=args.repeats,
         logprobs=args.logprobs,
         replay=args.replay,
@@ -79,10 +102,11 @@ def cmd_probe(args: argparse.Namespace) -> int:
     )
     config.validate()
     api_key = os.environ.get(args.api_key_env) or None
-    bar = None if args.quiet else tqdm(total=len(prompts) * (1 + args.repeats), unit="req", file=sys.stderr)
+    bar = None if args.quiet else tqdm(total=0, unit="req", file=sys.stderr)
 
     def progress(done: int, total: int) -> None:
         if bar is not None:
+            bar.total = total
             bar.update(done - bar.n)
 
     try:
@@ -95,34 +119,92 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from specviz.console import print_to_pipe
 
     print_to_pipe(json.dumps(rp.to_dict(report)) if args.json else render(report, out))
-    return 0 if report.verdict in ("identical", "numerical") else 1
+    return 1 if report.failed else 0
 
 
 def _num(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3g}"
 
 
+def _acceptance(a: rp.Acceptance | None) -> str:
+    if a is None:
+        return "not reported"
+    if a.unreadable and a.rate is None:
+        return f"unreadable ({a.unreadable})"
+    bad = f", unreadable: {a.unreadable}" if a.unreadable else ""
+    length = "" if a.mean_length is None else f"mean acceptance length {a.mean_length:.2f}"
+    if a.rate is None:
+        return f"{length or 'nothing drafted'} ({a.source}; drafted tokens not reported){bad}"
+    rate = f"{a.rate:.2f} [{a.low:.2f}, {a.high:.2f}] of {a.drafted} drafted"
+    return f"{rate} ({a.source})" + (f", {length}" if length else "") + bad
+
+
 def render(report: rp.ProbeReport, out: Path | None = None, shown: int = 10) -> str:
+    from specviz.probe.advice import placeholder_line
+
     a, b = report.side_a, report.side_b
+    n = report.noise
     lines = [
         f"probe: {a.label} ({a.url}, concurrency {a.concurrency}) vs {b.label} "
-        f"({b.url}, concurrency {b.concurrency}), {len(report.prompts)} prompts, {report.endpoint}",
+        f"({b.url}, concurrency {b.concurrency}), {len(report.prompts)} prompts, {report.endpoint}"
+        + (f", {report.rounds} rounds" if report.rounds > 1 else ""),
         f"verdict: {report.verdict.upper()}   "
         + "  ".join(f"{k} {v}" for k, v in report.counts.items())
         + (f"   nondeterministic {report.nondeterministic}" if report.repeats > 1 else ""),
-        f"noise ({report.noise.source}): {_num(report.noise.estimate)} (largest margin change on the shared "
-        f"prefix of a prompt that does not stand out; typical {_num(report.noise.typical)}, "
-        f"a prompt stands out above {_num(report.noise.cut)}, {report.noise.prompts} prompts measured)",
     ]
+    if report.collapse is not None:
+        lines.append(f"ACCEPTANCE COLLAPSE at concurrency {report.collapse.concurrency}: {report.collapse.detail}")
+    lines.append(
+        f"noise ({n.source}): {_num(n.estimate)}, the largest shared-token margin change on prompts that do not "
+        f"stand out (typical {_num(n.typical)}; a prompt stands out when its median change exceeds {_num(n.cut)}"
+        + (f" or its largest {_num(n.cut_max)}" if n.cut_max is not None else "")
+        + f"; {n.prompts} measured)"
+    )
+    if len(n.paths) > 1:
+        lines.append(
+            "  by path: "
+            + "; ".join(
+                f"{p.path} {p.prompts} prompts, noise {_num(p.estimate)}" + (" (pooled cuts)" if p.pooled else "")
+                for p in n.paths
+            )
+        )
+    if n.calibration is not None:
+        c = n.calibration
+        lines.append(
+            f"  calibration, {c.source}: {c.prompts} comparisons, largest change {_num(c.largest)}, "
+            f"largest median {_num(c.typical)} (no prompt stands out by less)"
+        )
+    if n.batch_cut is not None:
+        lines.append(
+            f"  batch calibration, prompts sent as batches of copies of themselves: no prompt needs more than a "
+            f"median change of {_num(n.batch_cut)} or a largest of {_num(n.batch_cut_max)} to stand out"
+        )
+    for side, name in ((a, "A"), (b, "B")):
+        line = placeholder_line(side, name)
+        if line:
+            lines.append(line)
+    if a.acceptance is not None or b.acceptance is not None:
+        lines.append(f"acceptance: side A {_acceptance(a.acceptance)}; side B {_acceptance(b.acceptance)}")
+    if report.levels:
+        lines.append("concurrency  diverged (95% interval)   identical/numerical/unattributed/suspect   acceptance")
+        for v in report.levels:
+            counts = "/".join(str(v.counts.get(k, 0)) for k in rp.VERDICTS)
+            flag = "  COLLAPSE" if v.collapse else ""
+            lines.append(
+                f"  {v.concurrency:<10} {v.diverged}/{v.comparisons} [{v.low:.2f}, {v.high:.2f}]".ljust(40)
+                + f" {counts:<20} {_acceptance(v.acceptance)}{flag}"
+            )
     worst = sorted(
-        (p for p in report.prompts if p.verdict != "identical" or p.stands_out),
+        (p for p in report.prompts if p.verdict != "identical" or p.stands_out or p.findings),
         key=lambda p: (-rp.VERDICTS.index(p.verdict), p.index),
     )
     for p in worst[:shown]:
         where = f"{p.unit} {p.divergence}" if p.divergence is not None else "-"
         ta = repr(p.token_a.text) if p.token_a else "-"
         tb = repr(p.token_b.text) if p.token_b else "-"
-        lines.append(f"  #{p.index:<5} {p.verdict:<12} at {where}: {ta} vs {tb}; {p.reason}")
+        rounds = f" (diverged in {p.diverged_rounds} of {p.rounds} rounds)" if p.rounds > 1 else ""
+        lines.append(f"  #{p.index:<5} {p.verdict:<12} at {where}: {ta} vs {tb}; {p.reason}{rounds}")
+        lines.extend(f"         {f.kind}: {f.detail}" for f in p.findings)
     if len(worst) > shown:
         lines.append(f"  ... {len(worst) - shown} more (--json or --out for all)")
     t = report.timing
@@ -131,6 +213,7 @@ def render(report: rp.ProbeReport, out: Path | None = None, shown: int = 10) -> 
         f"({100 * t.overhead_fraction:.1f}%), {t.requests} requests"
         + (f", replay {t.replay_s:.2f} s" if report.replay else "")
     )
+    lines.extend(f"next: {step}" for step in report.next_steps)
     if out is not None:
         lines.append(f"report: {out}")
     return "\n".join(lines)

@@ -1,7 +1,8 @@
 """A small OpenAI-compatible HTTP client: stdlib `http.client`, one kept-alive connection per
 worker thread, timeouts and retries, and a clock of the time the server kept us waiting.
 
-Only the URL the user gave is contacted (its scheme, host, port and path prefix); the API key is
+Only the URL the user gave is contacted (its scheme, host, port and path prefix, plus `/metrics`
+beside its `/v1` unless --metrics off); the API key is
 sent as a Bearer header and never stored anywhere else.
 """
 
@@ -82,10 +83,10 @@ class InFlightClock:
                 self._since = time.perf_counter()
             self._outstanding += 1
 
-    def stop(self) -> None:
+    def stop(self, counted: bool = True) -> None:
         with self._lock:
             self._outstanding -= 1
-            self.requests += 1
+            self.requests += counted
             if self._outstanding == 0:
                 self.busy_s += time.perf_counter() - self._since
 
@@ -129,13 +130,36 @@ class Client:
                 return item["id"]
         return None
 
-    def complete(self, prompt: Prompt) -> Answer:
+    def scrape_metrics(self) -> str | None:
+        """The server's Prometheus text at `<root>/metrics` (the URL's path without `/v1`: where
+        vLLM and SGLang serve it); None when there is none or it cannot be read. Its wait is
+        server time, but it is not counted as a request (it is not a completion)."""
+        path = self.endpoint.base_path.removesuffix("/v1") + "/metrics"
+        self.clock.start()
+        try:
+            status, raw = self._send("GET", path, None)
+        except (OSError, http.client.HTTPException, ServerError):
+            self._drop_connection()
+            return None
+        finally:
+            self.clock.stop(counted=False)
+        if status != 200:
+            return None
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+
+    def complete(self, prompt: Prompt, max_tokens: int | None = None) -> Answer:
         body = self._body(prompt, with_logprobs=self.logprobs > 0 and not self.logprobs_refused)
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
         path = "/chat/completions" if self.kind == "chat" else "/completions"
         status, payload = self._request("POST", path, body)
         if status in (400, 422) and "logprobs" in body:  # e.g. `transformers serve` on chat
             self.logprobs_refused = True
-            status, payload = self._request("POST", path, self._body(prompt, with_logprobs=False))
+            body = {**self._body(prompt, with_logprobs=False), "max_tokens": body["max_tokens"]}
+            status, payload = self._request("POST", path, body)
         if status != 200:
             raise ServerError(f"{self.endpoint.url}{path}: HTTP {status} ({_error_message(payload)})")
         try:

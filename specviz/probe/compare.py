@@ -9,6 +9,9 @@ Terms, pinned once:
 - at the divergent token (A chose a, B chose b) the gap on A is logprob_A(a) - logprob_A(b), the
   gap on B is logprob_B(b) - logprob_B(a), and the swing is their sum: how far the a-vs-b
   difference moved between the sides. A top-1 minus top-2 margin is the smallest gap a flip needs.
+Placeholder tokens (responses.py: drafted tokens a speculative server sends without a logprob)
+still count as tokens for where the answers part, but give no margin change and no gap: they are
+left out of the noise and of the attribution, and counted.
 Only per-prompt summaries leave this module (no token lists), so a run of 10,000 prompts keeps
 O(prompts) numbers, not responses.
 """
@@ -19,6 +22,7 @@ import statistics
 from dataclasses import dataclass
 
 from specviz.probe.responses import Answer, Token
+from specviz.probe.scans import scan
 
 END = "<end of answer>"  # the token text shown where one side stopped
 # How servers spell end-of-sequence in top logprobs: where one side stopped, the other side's gap
@@ -59,6 +63,15 @@ class Evidence:
     top_margin_a: float | None = None  # A's top-1 minus top-2 at the divergent token
     lower_bound: bool = False  # a gap is a bound: the other token is not in that side's top list
     source: str = "server"  # where the logprob evidence comes from: "server", "replay" or "none"
+    placeholders_a: int = 0  # tokens of each answer that carry a placeholder, not a logprob
+    placeholders_b: int = 0
+    placeholder_at_divergence: bool = False  # a side's token there is a placeholder
+    path: str = "plain"  # the path the server reports it took (see `path_of`)
+    findings: tuple[tuple[str, str], ...] = ()  # scans.scan of side B against side A
+    round: int = 0  # the round (--rounds) this comparison is from
+    resolution: float = 0.0  # the smallest margin change the evidence can show (replay: a dtype step)
+    rescored: bool = False  # the gap on A comes from the shared prefix sent again, alone (`rescore`)
+    prefix_text: str | None = None  # the whole shared text, kept only until it is rescored
 
     @property
     def swing(self) -> float | None:
@@ -110,8 +123,19 @@ def gap(side: Token, mine: str, other: str | None) -> tuple[float | None, bool]:
     return own - side.top[-1][1], True
 
 
-def compare(index: int, a: Answer, b: Answer, tokenize=None) -> Evidence:
-    """The evidence for one prompt; `tokenize` maps text to tokens when a side gave none."""
+def path_of(a: Answer, b: Answer) -> str:
+    """The computational path the server reports for this prompt, as a group key for the noise:
+    "drafted" when either side drafted (telemetry counts drafts, or placeholders show accepted
+    ones), else "plain"; "+cached" when either side says it reused a cached prefix. Prompts on
+    another path have another noise level; each is judged against prompts on its own path
+    (attribution.py)."""
+    drafted = any((x.drafting is not None and (x.drafting.drafted or 0) > 0) or x.placeholders for x in (a, b))
+    return ("drafted" if drafted else "plain") + ("+cached" if a.cached or b.cached else "")
+
+
+def compare(index: int, a: Answer, b: Answer, tokenize=None, prompt: str = "", rescorable: bool = False) -> Evidence:
+    """The evidence for one prompt; `tokenize` maps text to tokens when a side gave none;
+    `rescorable` keeps the shared text of a divergence on placeholders for `rescore`."""
     ua, kind_a = units(a, tokenize)
     ub, kind_b = units(b, tokenize)
     unit = "token" if kind_a == kind_b == "token" else "char"
@@ -123,6 +147,8 @@ def compare(index: int, a: Answer, b: Answer, tokenize=None) -> Evidence:
     if d is None and len(ua) != len(ub):
         d = n
     ev = Evidence(index, len(ua), len(ub), unit)
+    ev.placeholders_a, ev.placeholders_b, ev.path = a.placeholders, b.placeholders, path_of(a, b)
+    ev.findings = scan(prompt, a.text, b.text)
     deltas = [c for c in (margin_change(ua[j], ub[j]) for j in range(n if d is None else d)) if c is not None]
     if deltas:
         ev.prefix_tokens = len(deltas)
@@ -140,7 +166,33 @@ def compare(index: int, a: Answer, b: Answer, tokenize=None) -> Evidence:
     ev.token_a = _shown(ta, ta, tb)
     ev.token_b = _shown(tb, ta, tb)
     ev.source = "server" if gap_a is not None or gap_b is not None else "none"
+    ev.placeholder_at_divergence = bool((ta and ta.placeholder) or (tb and tb.placeholder))
+    if rescorable and ev.placeholder_at_divergence and gap_a is None:
+        ev.prefix_text = "".join(t.text for t in ua[:d])
     return ev
+
+
+def rescore(ev: Evidence, first: Token) -> None:
+    """Fill the gap on A from `first`, the first token the server answered when sent the prompt
+    plus the shared prefix alone: a completion's first token is sampled by the target itself,
+    never a placeholder, so its logprobs are the reference's at the divergent position."""
+    ev.prefix_text = None
+    if first.placeholder or first.top is None or ev.token_a is None:
+        return
+    a = ev.token_a.text
+    b = None if ev.token_b is None or ev.token_b.text == END else ev.token_b.text
+    own = first.logprob if first.text == a else first.logprob_of(a)
+    if a == END:
+        own = next((lp for t, lp in first.top if t in EOS_TEXTS), None)
+    if own is None or b == a:
+        return
+    candidates = EOS_TEXTS if b is None else (b,)
+    theirs = next((lp for t, lp in first.top if t in candidates), None)
+    if theirs is None:
+        if len(first.top) < 2:
+            return
+        theirs, ev.lower_bound = first.top[-1][1], True
+    ev.gap_a, ev.rescored, ev.source = own - theirs, True, "server"
 
 
 def _shown(token: Token | None, ta: Token | None, tb: Token | None) -> Shown:

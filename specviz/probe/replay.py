@@ -4,7 +4,9 @@ The model decodes nothing: it scores each prompt's side-A answer (teacher forcin
 batch 1 and in a left-padded batch of the run's concurrency, both in --replay-dtype. The batch-1
 pass gives the reference gap at the divergent token (logprob(a) - logprob(b), exact: the whole
 distribution is there); the batched pass gives the margin changes on the shared prefix that the
-noise estimate needs. So the noise is this model's batch-shape noise at that dtype: pick the
+noise estimate needs. In half precision those changes are quantized (0, or at least one step of
+the logits' dtype): each prompt carries that step as its resolution, below which the noise rule
+measures nothing (attribution.py). So the noise is this model's batch-shape noise at that dtype: pick the
 server's dtype. The server's tokens are mapped to IDs with the model's tokenizer (IDs the server
 gave are used as they are; a text token that encodes to one ID is that ID; otherwise the answer
 text is re-tokenized).
@@ -12,6 +14,7 @@ text is re-tokenized).
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -40,6 +43,7 @@ class Replayer:
         self.eos = eos_ids(self.model, self.tokenizer)
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos[0]
         self.endpoint = endpoint
+        self.resolution = 0.0  # of the last forward's logits (_ulp)
 
     # -- tokens -------------------------------------------------------------------------------
 
@@ -95,13 +99,18 @@ class Replayer:
         mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in sequences])
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+        self.resolution = _ulp(logits)
         lp = torch.log_softmax(logits.float(), dim=-1)
         return [lp[r, width - len(s) :] for r, s in enumerate(sequences)]
 
     def _score(self, rows: list[_Row]) -> None:
         sequences = [r.prompt_ids + r.answer_ids for r in rows]
-        single = [self._logprobs([s])[0] for s in sequences]
+        single, resolution = [], 0.0
+        for s in sequences:
+            single.append(self._logprobs([s])[0])
+            resolution = max(resolution, self.resolution)
         batched = self._logprobs(sequences) if len(sequences) > 1 else single
+        resolution = max(resolution, self.resolution)
         for row, lp1, lpb in zip(rows, single, batched):
             ev, n = row.evidence, len(row.prompt_ids)
             d = ev.divergence if ev.divergence is not None else len(row.answer_ids)
@@ -113,6 +122,7 @@ class Replayer:
             ev.prefix_median = statistics.median(changes) if changes else None
             ev.prefix_max = max(changes) if changes else None
             ev.source = "replay"
+            ev.resolution = resolution
             if ev.divergence is None:
                 continue
             dist = lp1[n - 1 + d]  # (vocab,)
@@ -128,3 +138,13 @@ class Replayer:
     def _shown(self, token: int, dist: torch.Tensor, ended: bool) -> Shown:
         text = END if ended else self.tokenizer.decode([token])
         return Shown(text, None if ended else token, float(dist[token]), None)
+
+
+def _ulp(logits: torch.Tensor) -> float:
+    """The spacing of the logits' dtype at their largest magnitude: margins computed from them
+    move in steps of this, so a change of one step is not a measurable difference (float32: tiny;
+    bfloat16 logits near 5: 0.03125)."""
+    largest = float(logits.detach().abs().max()) if logits.numel() else 0.0
+    if largest == 0.0 or not math.isfinite(largest):
+        return 0.0
+    return float(torch.finfo(logits.dtype).eps) * 2.0 ** math.floor(math.log2(largest))

@@ -21,11 +21,13 @@ from specviz.errors import SpecvizError
 from specviz.files import FileRefused, read_regular_file
 
 FORMAT = "specviz-probe"
-VERSION = 1
+VERSION = 2  # 2: placeholders, acceptance, paths and calibration, levels, rounds, findings, next steps
+READS = (1, 2)  # a version-1 report reads with the version-2 fields at their defaults
 MAX_REPORT_BYTES = 128 * 1024 * 1024
 MAX_PROMPTS = 100_000
 MAX_TEXT = 100_000  # characters in any one string field
 VERDICTS = ("identical", "numerical", "unattributed", "suspect")
+SOURCES = ("server", "replay", "none")
 # divergence_matrix cell codes
 PAST_END, SHARED, DIVERGED, AFTER = -1, 0, 1, 2
 
@@ -40,6 +42,12 @@ class TokenView:
     id: int | None
     logprob_a: float | None  # this token's logprob on side A (None: not in A's top list)
     logprob_b: float | None
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str  # special | script | loop (specviz.probe.scans)
+    detail: str
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,30 @@ class PromptResult:
     stands_out: bool
     evidence: str  # server | replay | none
     nondeterministic_at: int | None  # first index where a repeat of the concurrent pass differed
+    # version 2
+    placeholders_a: int = 0  # tokens carrying a placeholder instead of a logprob (drafted tokens)
+    placeholders_b: int = 0
+    path: str = "plain"  # drafted | plain: the path the server reports it took
+    concurrency: int | None = None  # the level this result is from (a sweep shows the worst)
+    round: int = 0  # the round this result is from (the first with the worst verdict)
+    rounds: int = 1  # rounds this prompt was compared in, at this level
+    diverged_rounds: int = 0  # of them, rounds in which the answers differed
+    findings: tuple[Finding, ...] = ()
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """Speculative drafting of one pass, as the server reported it (specviz.probe.telemetry)."""
+
+    source: str  # the adapter: llama.cpp | vllm | sglang | prometheus
+    requests: int  # requests with telemetry (0: one aggregate from /metrics)
+    drafted: int
+    accepted: int
+    rate: float | None  # accepted / drafted
+    low: float | None  # its 95% interval
+    high: float | None
+    mean_length: float | None  # tokens per verify step
+    unreadable: str | None = None  # telemetry present but not believable: why
 
 
 @dataclass(frozen=True)
@@ -74,6 +106,30 @@ class Side:
     url: str  # credentials and query removed
     model: str | None
     concurrency: int
+    # version 2
+    tokens: int = 0  # tokens in this side's answers (where the server listed tokens)
+    placeholders: int = 0  # of them, tokens with a placeholder, not a logprob
+    acceptance: Acceptance | None = None
+
+
+@dataclass(frozen=True)
+class PathNoise:
+    path: str
+    prompts: int
+    estimate: float
+    typical: float | None
+    baseline: float | None
+    cut: float | None  # a prompt whose median change is above this stands out
+    cut_max: float | None  # ... or whose largest change is above this
+    pooled: bool  # too few prompts on this path: the pooled cuts were used
+
+
+@dataclass(frozen=True)
+class Calibration:
+    source: str  # what was compared with what
+    prompts: int
+    typical: float  # the largest median change of a prompt, side A against side A again
+    largest: float  # the largest change at any shared token
 
 
 @dataclass(frozen=True)
@@ -81,9 +137,15 @@ class Noise:
     estimate: float  # the tolerance: largest margin change on a non-outlier prompt's shared prefix
     typical: float | None
     baseline: float | None
-    cut: float | None
+    cut: float | None  # a prompt whose median change is above this stands out
     prompts: int
     source: str  # server | replay | none
+    # version 2
+    cut_max: float | None = None  # ... or whose largest change is above this
+    paths: tuple[PathNoise, ...] = ()
+    calibration: Calibration | None = None
+    batch_cut: float | None = None  # from batches of copies of one prompt: no prompt needs more to stand out
+    batch_cut_max: float | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +157,33 @@ class Timing:
     client_cpu_s: float
     replay_s: float  # local model time (--replay), not counted as overhead
     requests: int
+
+
+@dataclass(frozen=True)
+class Level:
+    """One concurrency level of a sweep against level 1 (every round)."""
+
+    concurrency: int
+    comparisons: int  # prompts x rounds
+    diverged: int
+    rate: float  # diverged / comparisons
+    low: float  # its 95% interval (Wilson)
+    high: float
+    counts: dict[str, int]  # verdicts of the comparisons
+    verdict: str
+    noise: float
+    placeholders: int
+    tokens: int
+    acceptance: Acceptance | None
+    collapse: bool  # acceptance clearly below level 1's
+
+
+@dataclass(frozen=True)
+class Collapse:
+    concurrency: int  # the first level where acceptance collapsed
+    rate_1: float  # acceptance at level 1
+    rate: float  # acceptance there
+    detail: str
 
 
 @dataclass(frozen=True)
@@ -116,6 +205,16 @@ class ProbeReport:
     noise: Noise
     timing: Timing
     prompts: tuple[PromptResult, ...]
+    # version 2
+    rounds: int = 1
+    levels: tuple[Level, ...] = ()  # one per concurrency level (batch mode)
+    collapse: Collapse | None = None  # acceptance collapsed under concurrency: exit 1
+    next_steps: tuple[str, ...] = ()
+
+    @property
+    def failed(self) -> bool:
+        """Exit 1: a suspect or unattributed prompt, or an acceptance collapse."""
+        return self.verdict in ("suspect", "unattributed") or self.collapse is not None
 
 
 # -----------------------------------------------------------------------------------------------
@@ -166,21 +265,30 @@ def load_report(path: str | os.PathLike[str]) -> ProbeReport:
 def parse_report(payload: Any, where: str = "report") -> ProbeReport:
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ReportError(f"{where}: not a specviz probe report (format must be {FORMAT!r})")
-    if payload.get("version") != VERSION:
-        raise ReportError(f"{where}: probe report version {payload.get('version')!r}; this specviz reads {VERSION}")
+    version = payload.get("version")
+    if isinstance(version, bool) or version not in READS:
+        raise ReportError(f"{where}: probe report version {version!r}; this specviz reads {', '.join(map(str, READS))}")
     if isinstance(payload.get("prompts"), list) and len(payload["prompts"]) > MAX_PROMPTS:
         raise ReportError(f"{where}: more than {MAX_PROMPTS} prompts")
-    report = _build(ProbeReport, payload, where)
+    report = _build(ProbeReport, payload, where, lenient=version < VERSION)
     _check(report, where)
     return report
 
 
+def _one_of(value: str, allowed: tuple[str, ...], where: str) -> None:
+    if value not in allowed:  # the value is not quoted: report text never reaches a message
+        raise ReportError(f"{where}: not one of {', '.join(allowed)}")
+
+
 def _check(report: ProbeReport, where: str) -> None:
-    if report.verdict not in VERDICTS:
-        raise ReportError(f"{where}: verdict: {report.verdict!r} is not one of {', '.join(VERDICTS)}")
+    _one_of(report.verdict, VERDICTS, f"{where}: verdict")
+    _one_of(report.noise.source, SOURCES, f"{where}: noise.source")
+    for n, level in enumerate(report.levels):
+        _one_of(level.verdict, VERDICTS, f"{where}: levels[{n}].verdict")
     for n, p in enumerate(report.prompts):
-        if p.verdict not in VERDICTS:
-            raise ReportError(f"{where}: prompts[{n}].verdict: {p.verdict!r} is not one of {', '.join(VERDICTS)}")
+        _one_of(p.verdict, VERDICTS, f"{where}: prompts[{n}].verdict")
+        _one_of(p.unit, ("token", "char"), f"{where}: prompts[{n}].unit")
+        _one_of(p.evidence, SOURCES, f"{where}: prompts[{n}].evidence")
         if p.divergence is not None and not 0 <= p.divergence <= max(p.length_a, p.length_b):
             raise ReportError(f"{where}: prompts[{n}].divergence: {p.divergence} outside the answers")
         if min(p.length_a, p.length_b, p.prefix_tokens) < 0:
@@ -189,35 +297,50 @@ def _check(report: ProbeReport, where: str) -> None:
         raise ReportError(f"{where}: mode: {report.mode!r} is not batch or ab")
 
 
-def _build(cls: type, obj: Any, where: str) -> Any:
+_FIELDS: dict[type, list[tuple[str, Any, bool]]] = {}
+
+
+def _fields(cls: type) -> list[tuple[str, Any, bool]]:
+    """(name, type hint, has a default) per field; cached: type hints cost more than a prompt."""
+    if cls not in _FIELDS:
+        hints = typing.get_type_hints(cls)
+        _FIELDS[cls] = [(f.name, hints[f.name], f.default is not dataclasses.MISSING) for f in dataclasses.fields(cls)]
+    return _FIELDS[cls]
+
+
+def _build(cls: type, obj: Any, where: str, lenient: bool = False) -> Any:
+    """`cls` from a JSON object; `lenient` (an older version) lets fields with defaults be absent."""
     if not isinstance(obj, dict):
         raise ReportError(f"{where}: expected an object")
-    hints = typing.get_type_hints(cls)
     values = {}
-    for f in dataclasses.fields(cls):
-        if f.name not in obj:
-            raise ReportError(f"{where}.{f.name}: missing")
-        values[f.name] = _value(hints[f.name], obj[f.name], f"{where}.{f.name}")
+    for name, hint, optional in _fields(cls):
+        if name not in obj:
+            if lenient and optional:
+                continue
+            raise ReportError(f"{where}.{name}: missing")
+        values[name] = _value(hint, obj[name], f"{where}.{name}", lenient)
     return cls(**values)
 
 
-def _value(hint: Any, value: Any, where: str) -> Any:
+def _value(hint: Any, value: Any, where: str, lenient: bool = False) -> Any:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
         (inner,) = [a for a in args if a is not type(None)]
-        return _value(inner, value, where)
+        return _value(inner, value, where, lenient)
     if dataclasses.is_dataclass(hint):
-        return _build(hint, value, where)
+        return _build(hint, value, where, lenient)  # type: ignore[arg-type]
     if origin is tuple:
         if not isinstance(value, list):
             raise ReportError(f"{where}: expected a list")
-        return tuple(_value(args[0], v, f"{where}[{n}]") for n, v in enumerate(value))
+        if len(value) > MAX_PROMPTS:
+            raise ReportError(f"{where}: more than {MAX_PROMPTS} items")
+        return tuple(_value(args[0], v, f"{where}[{n}]", lenient) for n, v in enumerate(value))
     if origin is dict:
         if not isinstance(value, dict) or len(value) > 64:
             raise ReportError(f"{where}: expected an object (at most 64 keys)")
-        return {str(k)[:64]: _value(args[1], v, f"{where}.{k}") for k, v in value.items()}
+        return {str(k)[:64]: _value(args[1], v, f"{where}[{n}]") for n, (k, v) in enumerate(value.items())}
     if hint is bool:
         if not isinstance(value, bool):
             raise ReportError(f"{where}: expected true or false")
@@ -263,3 +386,62 @@ def divergence_matrix(report: ProbeReport, width: int | None = None) -> list[lis
 def verdict_codes(report: ProbeReport) -> list[int]:
     """Each prompt's verdict as its index in VERDICTS (0 identical ... 3 suspect)."""
     return [VERDICTS.index(p.verdict) for p in report.prompts]
+
+
+# -----------------------------------------------------------------------------------------------
+# The JSON Schema (docs/probe.schema.json is this, written by `python -m specviz.probe.report`)
+
+
+def json_schema() -> dict[str, Any]:
+    """The report's JSON Schema, from the dataclasses: a field with a default (a version-2
+    addition) is optional, so version-1 reports validate too."""
+    defs: dict[str, Any] = {}
+
+    def of(hint: Any) -> dict[str, Any]:
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+        if origin in (typing.Union, types.UnionType):
+            (inner,) = [a for a in args if a is not type(None)]
+            return {"anyOf": [of(inner), {"type": "null"}]}
+        if dataclasses.is_dataclass(hint):
+            name = hint.__name__
+            if name not in defs:
+                defs[name] = {}
+                defs[name] = obj(hint)
+            return {"$ref": f"#/$defs/{name}"}
+        if origin is tuple:
+            return {"type": "array", "items": of(args[0])}
+        if origin is dict:
+            return {"type": "object", "additionalProperties": of(args[1]), "maxProperties": 64}
+        simple = {bool: "boolean", int: "integer", float: "number"}
+        if hint in simple:
+            return {"type": simple[hint]}
+        return {"type": "string", "maxLength": MAX_TEXT}
+
+    def obj(cls: Any) -> dict[str, Any]:
+        fields = _fields(cls)
+        return {
+            "type": "object",
+            "required": [name for name, _, optional in fields if not optional],
+            "properties": {name: of(hint) for name, hint, _ in fields},
+        }
+
+    schema = obj(ProbeReport)
+    props = schema["properties"]
+    props["format"] = {"const": FORMAT}
+    props["version"] = {"enum": list(READS)}
+    props["verdict"] = {"enum": list(VERDICTS)}
+    props["mode"] = {"enum": ["batch", "ab"]}
+    props["endpoint"] = {"enum": ["completions", "chat"]}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://specviz/docs/probe.schema.json",
+        "title": "specviz probe report",
+        "description": "Written by `specviz probe --out`; see docs/probe.md. Readers ignore unknown fields.",
+        **schema,
+        "$defs": defs,
+    }
+
+
+if __name__ == "__main__":  # regenerates docs/probe.schema.json
+    out = Path(__file__).resolve().parents[2] / "docs" / "probe.schema.json"
+    out.write_text(json.dumps(json_schema(), indent=2) + "\n", encoding="utf-8")

@@ -7,6 +7,14 @@ Two logprob layouts are in use, on both endpoints:
   [{"token": ..., "logprob": ..., "top_logprobs": [{"token": ..., "logprob": ...}, ...]}, ...]}`.
 A token written `token_id:123` (vLLM's `return_tokens_as_token_ids`) or a `token_ids` list beside
 the text gives the token's ID, which the comparison prefers to its text.
+
+Placeholders: a speculative llama-server returns `"logprob": 0.0` with an empty top list for every
+token that came from an accepted draft (the target never computed a distribution it kept for
+it). A token whose logprob is exactly 0.0 with no alternatives listed (an empty or absent top
+list, or one holding only the token itself), or that a server marks (`PLACEHOLDER_MARKERS`), is
+kept as a token (its text still counts for the comparison) with no logprob evidence: logprob and
+top list None, `placeholder` True. A real certain token has alternatives below it in any top
+list of two or more, so nothing real is lost when K >= 2 is asked.
 """
 
 from __future__ import annotations
@@ -16,8 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from specviz.errors import SpecvizError
+from specviz.probe import telemetry
 
 MAX_TOP = 64  # top logprobs kept per token at most
+# Keys a server may set on a content-layout token to say its logprob is not a real one.
+PLACEHOLDER_MARKERS = ("placeholder", "draft", "drafted", "is_draft", "speculative")
 
 
 class ResponseError(SpecvizError):
@@ -30,6 +41,7 @@ class Token:
     id: int | None = None
     logprob: float | None = None
     top: tuple[tuple[str, float], ...] | None = None  # best first: (text, logprob)
+    placeholder: bool = False  # the server sent a stand-in, not a logprob (see the module doc)
 
     def key(self, by_id: bool) -> int | str:
         return self.id if by_id and self.id is not None else self.text
@@ -45,10 +57,18 @@ class Answer:
     text: str
     tokens: tuple[Token, ...] | None  # None: the server gave no per-token data
     finish_reason: str | None = None
+    telemetry: str | None = None  # the adapter that read drafting counters (telemetry.ADAPTERS)
+    drafting: telemetry.Drafting | None = None
+    telemetry_error: str | None = None  # counters present but unbelievable (one line)
+    cached: bool = False  # the server says it reused a cached prefix of the prompt (`cached_tokens`)
 
     @property
     def has_logprobs(self) -> bool:
-        return bool(self.tokens) and self.tokens[0].logprob is not None  # type: ignore[index]
+        return bool(self.tokens) and any(t.logprob is not None for t in self.tokens)  # type: ignore[union-attr]
+
+    @property
+    def placeholders(self) -> int:
+        return sum(t.placeholder for t in self.tokens or ())
 
 
 def parse_answer(payload: Any, endpoint: str) -> Answer:
@@ -72,7 +92,9 @@ def parse_answer(payload: Any, endpoint: str) -> Answer:
     if isinstance(ids, list) and tokens is not None and len(ids) == len(tokens) and all(_is_int(i) for i in ids):
         tokens = tuple(Token(t.text, int(i), t.logprob, t.top) for t, i in zip(tokens, ids))
     finish = choice.get("finish_reason")
-    return Answer(text, tokens, finish if isinstance(finish, str) else None)
+    adapter, drafting, error = telemetry.read_response(payload)
+    finish = finish if isinstance(finish, str) else None
+    return Answer(text, tokens, finish, adapter, drafting, error, telemetry.cached_tokens(payload) > 0)
 
 
 def _is_int(value: Any) -> bool:
@@ -87,13 +109,16 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def _token(text: Any, logprob: Any, top: tuple[tuple[str, float], ...] | None) -> Token:
+def _token(text: Any, logprob: Any, top: tuple[tuple[str, float], ...] | None, marked: bool = False) -> Token:
     if not isinstance(text, str):
         raise ResponseError("logprobs token is not a string")
     token_id = None
     if text.startswith("token_id:") and text[9:].isdigit():
         token_id = int(text[9:])
-    return Token(text, token_id, _number(logprob), top)
+    value = _number(logprob)
+    if marked or (value == 0.0 and not any(t != text for t, _ in top or ())):
+        return Token(text, token_id, None, None, placeholder=True)
+    return Token(text, token_id, value, top)
 
 
 def _top_pairs(items: list[tuple[Any, Any]]) -> tuple[tuple[str, float], ...]:
@@ -114,7 +139,8 @@ def _tokens(logprobs: Any) -> tuple[Token, ...] | None:
             top = None
             if isinstance(tops, list):
                 top = _top_pairs([(t.get("token"), t.get("logprob")) for t in tops if isinstance(t, dict)])
-            out.append(_token(item.get("token"), item.get("logprob"), top))
+            marked = any(item.get(k) is True for k in PLACEHOLDER_MARKERS)
+            out.append(_token(item.get("token"), item.get("logprob"), top, marked))
         return tuple(out)
     if isinstance(logprobs.get("tokens"), list):  # legacy layout
         texts = logprobs["tokens"]

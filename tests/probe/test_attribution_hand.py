@@ -34,7 +34,7 @@ def test_a_prompt_perturbed_throughout_stands_out_by_its_median() -> None:
     factor: 1e-1 / 1e-4 = 1000x. Noise from the inliers only: their largest change, 1e-3."""
     evs = [shared(i, 1e-4, 1e-3) for i in range(4)] + [shared(4, 1e-1, 1e-1)]
     noise = estimate_noise(evs)
-    assert noise.outliers == frozenset({4})
+    assert noise.outliers == frozenset({(4, 0)})
     assert noise.estimate == pytest.approx(1e-3, rel=1e-9)
     assert noise.cut == pytest.approx(1e-3, rel=1e-9)
     assert decide(evs[4], noise) == ("identical", "same answer, but its shared tokens moved 1000x the baseline")
@@ -48,9 +48,10 @@ def test_a_prompt_perturbed_at_one_token_stands_out_by_its_largest_change() -> N
     prompt 4 (0) stands out, and its reason names that one change."""
     evs = [shared(i, 1e-4, 1e-3) for i in range(4)] + [shared(4, 1e-4, 1.0)]
     noise = estimate_noise(evs)
-    assert noise.outliers == frozenset({4})
+    assert noise.outliers == frozenset({(4, 0)})
     assert decide(evs[4], noise)[1] == (
         "same answer, but a shared token moved 1, far beyond the other prompts' largest changes"
+        " (prompts stand out above 0.01)"
     )
 
 
@@ -124,5 +125,5 @@ def test_a_median_at_the_cut_is_not_the_reason_a_prompt_stands_out() -> None:
     (1, X = 0 against cut_X = -2) is what makes it stand out, and its reason says so."""
     evs = [shared(i, 1e-4, 1e-3) for i in range(4)] + [shared(4, 1e-3, 1.0)]
     noise = estimate_noise(evs)
-    assert noise.outliers == frozenset({4}) and noise.cut == pytest.approx(1e-3, rel=1e-9)
+    assert noise.outliers == frozenset({(4, 0)}) and noise.cut == pytest.approx(1e-3, rel=1e-9)
     assert "a shared token moved 1," in decide(evs[4], noise)[1]

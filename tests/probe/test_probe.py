@@ -3,52 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
-import threading
-from pathlib import Path
 
 import pytest
 
 from specviz.cli import main
 from specviz.engine.models import DEFAULT_TARGET
-from specviz.probe.replay import Replayer
 from specviz.probe.report import load_report
 
-SERVER = Path(__file__).resolve().parents[1] / "support" / "probe_server.py"
 KEY = "sk-test-0123456789-never-written"
 FAST = ["--num-prompts", "8", "--max-tokens", "12", "--concurrency", "4", "--quiet", "--retries", "0"]
-
-
-@pytest.fixture(scope="module")
-def server():
-    """The test server's base URL; started once, ready when it prints READY <port>.
-
-    While it starts (a process of its own, torch without transformers: a few seconds), this
-    process imports transformers and loads the replay model once, which the replay test needs
-    anyway: the two overlap instead of adding up (the test builds its own Replayer, fast then).
-    """
-    env = dict(os.environ, PROBE_SERVER_KEY=KEY, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen(
-        [sys.executable, str(SERVER)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
-    )
-    line: list[str] = []
-    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)
-    reader.start()
-    try:
-        Replayer(DEFAULT_TARGET, "bfloat16", "completions")  # warm-up: imports and file caches
-    finally:
-        reader.join(timeout=120)
-    if not line or not line[0].startswith("READY "):
-        proc.kill()
-        pytest.fail("probe test server did not start")
-    try:
-        yield f"http://127.0.0.1:{int(line[0].split()[1])}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 @pytest.fixture
@@ -74,7 +38,8 @@ def test_identical_server_with_repeats(server, capsys, key_env, tmp_path):
     text = out.read_text()
     assert KEY not in text and KEY not in json.dumps(report)
     assert load_report(out).verdict == "identical"
-    assert report["timing"]["requests"] == 8 * 3 + 1  # + the /v1/models look-up
+    # A, A again (the calibration), B twice, 6 prompts as batches of 4 copies, /v1/models
+    assert report["timing"]["requests"] == 8 * 4 + 6 * 4 + 1
     assert report["timing"]["overhead_fraction"] < 0.05
 
 

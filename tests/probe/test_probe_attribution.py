@@ -109,7 +109,7 @@ def test_a_perturbed_subpopulation_stands_out(hit):
         evs.append(_evidence(i, 1.0 if bug else 1e-2, rng, diverged_swing=0.03 if bug else None))
     noise = estimate_noise(evs)
     assert noise.estimate < 0.1
-    assert {e.index for e in evs if e.prefix_median > 0.5} == set(noise.outliers)
+    assert {e.index for e in evs if e.prefix_median > 0.5} == {i for i, _ in noise.outliers}
     for e in evs:
         verdict, reason = decide(e, noise)
         assert verdict == ("suspect" if e.index < int(hit * 40) else "identical")

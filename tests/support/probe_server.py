@@ -3,17 +3,41 @@
     python tests/support/probe_server.py            # prints "READY <port>" on stdout once it listens
 
 One process serves every behaviour, chosen by the URL's first two path parts,
-`/<mode>/<layout>/v1/completions` (and `/v1/chat/completions`, `/v1/models`):
+`/<mode>/<layout>/v1/completions` (and `/v1/chat/completions`, `/v1/models`, and `/<mode>/<layout>/metrics`):
 
-- mode `identical`: every request decoded alone in float32 (answers never depend on the batch);
+- mode `identical`: every request decoded alone in float32 (answers never depend on the batch,
+  though requests that arrive together are scheduled together: `collapse` sees the batch);
 - mode `numerical`: requests that arrive together (within BATCH_WINDOW_S) are decoded as one
   left-padded batch in bfloat16, a lone request alone in float32: a batch changes the answers
   only through floating point;
 - mode `bug`: `numerical`, plus a real batching bug: after the prompt, every row of a batch is fed
   the positions of the longest row (padded rows get positions shifted by their padding);
+- mode `order`: `numerical`, plus a batch-order bug: from the third decode step on, the token fed
+  back to each row is the previous row's (a slot mapping off by one after a reorder); each row
+  still emits from its own logits, so its answer reads on, conditioned on a token it never chose;
+- mode `mask`: `numerical`, plus a mild batch-order bug: at every decode step each row attends
+  with the previous row's attention mask (a row of another length sees padding, or misses part
+  of its prompt): every row is hit a little;
 - layout `legacy` (`tokens` / `token_logprobs` / `top_logprobs`), `content`
   (`content[].top_logprobs`, also on completions) or `none` (logprobs ignored, as
   `transformers serve` does on completions).
+
+Speculative serving is modelled on top of any mode by options joined with `+`
+(`/numerical+spec+ph+llama/content/v1`):
+- `spec`: the server drafts DRAFT_K tokens a step, each accepted with probability ACCEPT
+  (decided by a seeded draw per prompt and position, so the same tokens draft the same way alone
+  or batched), and reports it. The answers are the target's greedy tokens either way.
+- `ph`: tokens that came from an accepted draft get placeholder logprobs (`0.0`, empty top
+  list), as llama-server does.
+- `collapse`: a row decoded in a batch of two or more accepts with probability COLLAPSED: the
+  answers stay right, the acceptance falls (a batching bug in drafting).
+- telemetry style: `llama` (`timings.draft_n` / `draft_n_accepted` / `predicted_n`, the default),
+  `vllmreq` (`metrics.speculative_decoding` per request), `vllm` (only the Prometheus counters
+  at `/metrics`), `sglang` (`meta_info.spec_verify_ct` / `completion_tokens`), `badtel`
+  (llama style with more accepted than drafted: untrusted telemetry).
+- `rare`: rare corruption: the RARE_AT-th request this URL mode answers in a batch of two or
+  more gets the end-of-sequence token's text in place of its third token (a leaked special
+  token), once per server process.
 
 With PROBE_SERVER_KEY set, requests must carry `Authorization: Bearer <key>`.
 """
@@ -23,6 +47,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import random
 import sys
 import threading
 import time
@@ -37,8 +62,13 @@ from specviz.engine.models import DEFAULT_TARGET  # noqa: E402
 
 BATCH_WINDOW_S = 0.05  # requests arriving within this window of the first form one batch
 MAX_BATCH = 16
-MODES = ("identical", "numerical", "bug")
+MODES = ("identical", "numerical", "bug", "order", "mask")
 LAYOUTS = ("legacy", "content", "none")
+OPTIONS = ("spec", "ph", "collapse", "llama", "vllm", "vllmreq", "sglang", "badtel", "rare")
+RARE_AT = 30  # with `rare`, the 30th request answered in a batch (per URL mode) is corrupted
+DRAFT_K = 4  # tokens drafted per step
+ACCEPT = 0.9  # a draft token's acceptance, alone or batched
+COLLAPSED = 0.1  # ... in a batch, with `collapse`
 
 
 # ---------------------------------------------------------------------------------------------
@@ -71,6 +101,8 @@ class Decoder:
         batched = len(prompts) > 1
         model = self.bf16 if batched and mode != "identical" else self.f32
         shift_bug = batched and mode == "bug"
+        order_bug = batched and mode == "order"
+        mask_bug = batched and mode == "mask"
         lengths = [len(p) for p in prompts]
         width = max(lengths)
         # input_ids, mask: (B, width), left-padded
@@ -105,7 +137,9 @@ class Decoder:
                 step_pos = torch.full((len(prompts), 1), width + step)
             else:
                 step_pos = torch.tensor([[n + step] for n in lengths])
-            logits = model(chosen.view(-1, 1), mask, step_pos, cache)[:, -1, :]
+            fed = chosen.roll(1, dims=0) if order_bug and step >= 2 else chosen  # the bug: another row's token
+            seen = mask.roll(1, dims=0) if mask_bug else mask  # the bug: the previous row's attention mask
+            logits = model(fed.view(-1, 1), seen, step_pos, cache)[:, -1, :]
         return rows
 
 
@@ -206,39 +240,90 @@ class Batcher:
     def _loop(self) -> None:
         while True:
             batch = [self.jobs.get()]
-            if self.mode != "identical":
-                deadline = time.monotonic() + BATCH_WINDOW_S
-                while len(batch) < MAX_BATCH:
-                    try:
-                        batch.append(self.jobs.get(timeout=max(0.0, deadline - time.monotonic())))
-                    except queue.Empty:
-                        break
-            with self.lock:  # one forward at a time across modes: the tests share two cores
-                rows = self.decoder.generate(
-                    [j.prompt_ids for j in batch],
-                    [j.max_tokens for j in batch],
-                    self.mode,
-                    max(j.top_k for j in batch),
-                )
+            deadline = time.monotonic() + BATCH_WINDOW_S
+            while len(batch) < MAX_BATCH:
+                try:
+                    batch.append(self.jobs.get(timeout=max(0.0, deadline - time.monotonic())))
+                except queue.Empty:
+                    break
+            # `identical` schedules requests together (its drafting sees the batch) but decodes
+            # each row alone: the answers never depend on the batch
+            groups = [[j] for j in batch] if self.mode == "identical" else [batch]
+            rows = []
+            for group in groups:
+                with self.lock:  # one forward at a time across modes: the tests share two cores
+                    rows += self.decoder.generate(
+                        [j.prompt_ids for j in group],
+                        [j.max_tokens for j in group],
+                        self.mode,
+                        max(j.top_k for j in group),
+                    )
+            for row in rows:
+                row["batch"] = len(batch)
             for job, row in zip(batch, rows):
                 job.result = row
                 job.done.set()
 
 
 # ---------------------------------------------------------------------------------------------
+# Speculative drafting, simulated on the target's own tokens
+
+
+def simulate_drafting(prompt_ids: list[int], ids: list[int], accept: float) -> tuple[list[bool], dict]:
+    """Which output tokens came from an accepted draft, and the counters a server would report.
+
+    Token 0 comes from the prefill; then each step drafts DRAFT_K tokens, keeps the leading ones
+    its seeded draws accept, and emits one token of the target's own."""
+    drafted_flags = [False] * len(ids)
+    drafted = accepted = steps = 0
+    pos = 1
+    while pos < len(ids):
+        k = min(DRAFT_K, len(ids) - pos)
+        rng = random.Random(hash((tuple(prompt_ids), tuple(ids[:pos]))))
+        m = 0
+        while m < k and rng.random() < accept:
+            m += 1
+        for j in range(pos, pos + m):
+            drafted_flags[j] = True
+        drafted, accepted, steps = drafted + k, accepted + m, steps + 1
+        pos += m + 1
+    return drafted_flags, {"drafted": drafted, "accepted": accepted, "steps": steps, "tokens": len(ids)}
+
+
+def telemetry_fields(style: str, counts: dict) -> dict:
+    """The response fields in which a server of `style` reports its drafting."""
+    if style in ("llama", "badtel"):
+        accepted = counts["drafted"] + 1 if style == "badtel" else counts["accepted"]
+        timings = {"draft_n": counts["drafted"], "draft_n_accepted": accepted, "predicted_n": counts["tokens"]}
+        return {"timings": timings}
+    if style == "vllmreq":
+        return {"metrics": {"speculative_decoding": {
+            "num_draft_tokens": counts["drafted"], "num_accepted_draft_tokens": counts["accepted"],
+            "num_spec_steps": counts["steps"]}}}  # fmt: skip
+    if style == "sglang":
+        return {"meta_info": {"spec_verify_ct": counts["steps"], "completion_tokens": counts["tokens"]}}
+    return {}  # vllm: only the Prometheus counters
+
+
+# ---------------------------------------------------------------------------------------------
 # OpenAI-compatible HTTP
 
 
-def _logprobs_payload(decoder: Decoder, row: dict, top_k: int, layout: str) -> dict | None:
+def _logprobs_payload(
+    decoder: Decoder, row: dict, top_k: int, layout: str, placeholders: list[bool] | None = None
+) -> dict | None:
     if layout == "none" or top_k <= 0:
         return None
     text = [decoder.tokenizer.decode([i]) for i in row["ids"]]
     tops = [[(decoder.tokenizer.decode([i]), v) for i, v in top[:top_k]] for top in row["top"]]
+    if placeholders:  # llama-server's stand-in for a drafted token: logprob 0.0, no alternatives
+        row = dict(row, logprobs=[0.0 if ph else lp for lp, ph in zip(row["logprobs"], placeholders)])
+        tops = [[] if ph else top for top, ph in zip(tops, placeholders)]
     if layout == "legacy":
         return {
             "tokens": text,
             "token_logprobs": row["logprobs"],
-            "top_logprobs": [dict(t) for t in tops],
+            "top_logprobs": [dict(t) if t else None for t in tops],
             "text_offset": [],
         }
     return {
@@ -271,20 +356,39 @@ class Handler(BaseHTTPRequestHandler):
 
     def _route(self) -> tuple[str, str, str] | None:
         parts = self.path.strip("/").split("/")
-        if len(parts) < 4 or parts[0] not in MODES or parts[1] not in LAYOUTS or parts[2] != "v1":
+        base, *options = parts[0].split("+")
+        metrics = len(parts) == 3 and parts[2] == "metrics"
+        if (
+            not (metrics or (len(parts) >= 4 and parts[2] == "v1"))
+            or base not in MODES
+            or parts[1] not in LAYOUTS
+            or not set(options) <= set(OPTIONS)
+        ):
             self._send(404, {"error": {"message": f"no route {self.path}"}})
             return None
         key = os.environ.get("PROBE_SERVER_KEY")
         if key and self.headers.get("Authorization") != f"Bearer {key}":
             self._send(401, {"error": {"message": "bad api key"}})
             return None
-        return parts[0], parts[1], "/".join(parts[3:])
+        return parts[0], parts[1], "metrics" if metrics else "/".join(parts[3:])
 
     def do_GET(self) -> None:
         route = self._route()
         if route is None:
             return
-        if route[2] == "models":
+        if route[2] == "metrics":
+            counts = self.server.counters.get(route[0], {"drafted": 0, "accepted": 0, "steps": 0})
+            body = "".join(
+                f"# TYPE vllm:spec_decode_num_{name}_total counter\n"
+                f'vllm:spec_decode_num_{name}_total{{model_name="tiny-target"}} {float(counts[key])}\n'
+                for name, key in (("draft_tokens", "drafted"), ("accepted_tokens", "accepted"), ("drafts", "steps"))
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        elif route[2] == "models":
             self._send(200, {"object": "list", "data": [{"id": "tiny-target", "object": "model"}]})
         else:
             self._send(404, {"error": {"message": "not found"}})
@@ -306,17 +410,35 @@ class Handler(BaseHTTPRequestHandler):
             self._send(404, {"error": {"message": "not found"}})
             return
         decoder = self.server.decoder
+        base, *options = mode.split("+")
         prompt_ids = decoder.tokenizer(prompt)["input_ids"]
-        row = self.server.batchers[mode].submit(Job(prompt_ids, int(request.get("max_tokens", 16)), top_k))
+        row = self.server.batchers[base].submit(Job(prompt_ids, int(request.get("max_tokens", 16)), top_k))
+        if "rare" in options and row["batch"] > 1 and self.server.count(mode + "/rare") == RARE_AT:
+            ids = list(row["ids"])
+            ids[min(2, len(ids) - 1)] = decoder.eos
+            row = dict(row, ids=ids)
         text = decoder.tokenizer.decode(row["ids"])
-        logprobs = _logprobs_payload(decoder, row, top_k, layout)
+        extra: dict = {}
+        placeholders = None
+        if "spec" in options:
+            accept = COLLAPSED if "collapse" in options and row["batch"] > 1 else ACCEPT
+            flags, counts = simulate_drafting(prompt_ids, row["ids"], accept)
+            placeholders = flags if "ph" in options else None
+            style = next((o for o in options if o in ("llama", "vllm", "vllmreq", "sglang", "badtel")), "llama")
+            extra = telemetry_fields(style, counts)
+            with self.server.lock:
+                total = self.server.counters.setdefault(mode, {"drafted": 0, "accepted": 0, "steps": 0})
+                for key in total:
+                    total[key] += counts[key]
+        logprobs = _logprobs_payload(decoder, row, top_k, layout, placeholders)
         finish = "length" if len(row["ids"]) >= int(request.get("max_tokens", 16)) else "stop"
         if endpoint == "completions":
             choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
         else:
             choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs}
             choice["finish_reason"] = finish
-        self._send(200, {"id": "cmpl-0", "object": "text_completion", "model": "tiny-target", "choices": [choice]})
+        payload = {"id": "cmpl-0", "object": "text_completion", "model": "tiny-target", "choices": [choice]}
+        self._send(200, {**payload, **extra})
 
 
 class Server(ThreadingHTTPServer):
@@ -327,6 +449,15 @@ class Server(ThreadingHTTPServer):
         self.decoder = decoder
         lock = threading.Lock()
         self.batchers = {mode: Batcher(decoder, mode, lock) for mode in MODES}
+        self.counters: dict[str, dict[str, int]] = {}  # per URL mode: the Prometheus counters
+        self.lock = threading.Lock()
+        self.seen: dict[str, int] = {}
+
+    def count(self, key: str) -> int:
+        """How many times `key` was counted, this one included."""
+        with self.lock:
+            self.seen[key] = self.seen.get(key, 0) + 1
+            return self.seen[key]
 
 
 def main() -> None:
