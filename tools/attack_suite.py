@@ -39,13 +39,14 @@ from tools.attacks.visitors import (
     attack_html,
     attack_local_readers,
     attack_models,
+    attack_probe_reports,
     attack_session,
     attack_ticket_flood,
     attack_uploads,
 )
 
 ATTACKS = ("uploads", "memory", "session", "html", "foreign", "addresses", "tickets", "models", "inspect")
-ATTACKS += ("sessions", "flood", "local")
+ATTACKS += ("sessions", "flood", "local", "reports")
 
 __all__ = ["free_port", "many_steps_file", "raw_event"]  # what tests import from here
 
@@ -82,6 +83,8 @@ def main() -> int:
             attack_addresses(suite)
         if "tickets" in wanted and not args.quick:  # past the ledger's 20,000 free tickets (CI: a unit test)
             attack_ticket_flood(suite, folder, 40_000)
+        if "reports" in wanted:  # issue 34: probe reports under the upload budget, their text escaped
+            attack_probe_reports(suite, folder, args.quick)
         if "models" in wanted:
             attack_models(suite)
         if "inspect" in wanted:

@@ -193,3 +193,24 @@ def probe_report_file(folder: Path, prompts: int) -> Path:
     for prompt in data["prompts"]:
         data["counts"][prompt["verdict"]] = data["counts"].get(prompt["verdict"], 0) + 1
     return write_json(folder / f"probe-{prompts}.json", data)
+
+
+HOSTILE_REPORT_TEXT = (
+    "![x](http://93.184.215.14/pixel.png) [click](javascript:alert(1)) <img src=x onerror=alert(1)>"
+    " <a href=http://93.184.215.14/>a</a>"
+)
+
+
+def hostile_probe_report_file(folder: Path, prompts: int) -> Path:
+    """Issue 34: a probe report of `prompts` prompts whose free-text fields (side labels, models,
+    prompt texts and reasons; the noise source is an enumeration, refused if not one of it) carry
+    a Markdown image, a `javascript:` link and raw HTML: none of it may load anything into a
+    visitor's page."""
+    path = probe_report_file(folder, prompts)
+    data = json.loads(path.read_text())
+    for side in ("side_a", "side_b"):
+        data[side]["label"] = data[side]["model"] = HOSTILE_REPORT_TEXT
+    for prompt in data["prompts"]:
+        prompt["prompt"] = HOSTILE_REPORT_TEXT + " " + str(prompt["prompt"])
+        prompt["reason"] = HOSTILE_REPORT_TEXT
+    return write_json(folder / f"probe-hostile-{prompts}.json", data)

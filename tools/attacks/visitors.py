@@ -11,10 +11,12 @@ from gradio_client import Client, handle_file
 from tools.attacks.files import (
     base_trace,
     fitting_steps,
+    hostile_probe_report_file,
     html_method_file,
     many_steps_file,
     mask_runs_file,
     piece_table_file,
+    probe_report_file,
     session_file,
     token_bomb_file,
     width_file,
@@ -225,3 +227,58 @@ def attack_local_readers(suite: Suite, folder: Path, root: Path, quick: bool) ->
         return "; ".join(outcomes)
 
     suite.run(f"local check of {len(made)} hostile files: {', '.join(made)}", check, timeout=suite.timeout * len(made))
+
+
+# What report text must never become in the page: a tag of its own in the HTML parts (escaped text
+# like `&lt;img` or a literal `](http` is inert there), and no Markdown image or link in the status
+# line, the one Markdown part (it is empty on success, and errors never quote a report).
+_HTML_LOADS = ("<img", "<a ", "<script", "<iframe", "<svg", "url(", "javascript:alert(1)>")
+_MARKDOWN_LOADS = ("](", "<img", "<a ")
+
+
+def attack_probe_reports(suite: Suite, folder: Path, quick: bool) -> None:
+    """Issue 34: the largest probe report a public upload accepts (the prompt cap), every text field
+    hostile, costs at most GOAL_UPLOAD_CPU_S of server CPU and puts no image, link or tag of its own
+    into the answer; one over the cap is refused in one line before the report is built."""
+    from specviz.app.probe_tab import PUBLIC_MAX_PROMPTS
+    from tools.attacks.server import _cpu_s
+    from tools.attacks.settings import GOAL_UPLOAD_CPU_S
+
+    largest = hostile_probe_report_file(folder, PUBLIC_MAX_PROMPTS if not quick else 2_000)
+    over = probe_report_file(folder, PUBLIC_MAX_PROMPTS + 1_000)  # under the 8 MiB upload cap
+
+    def open_report(path: Path) -> tuple[list[str], list[str], float]:
+        """The HTML parts and the Markdown status line of the answer, and the server CPU it cost."""
+        client = Client(suite.server.url, verbose=False)
+        cpu = _cpu_s(suite.server.proc.pid)
+        out = client.predict(handle_file(str(path)), api_name="/open_upload")
+        # The API leaves the session state out: the status line first, then the summary, plots, answers.
+        status = _texts(out[:1]) if isinstance(out, (list, tuple)) else []
+        html = _texts(out[1:]) if isinstance(out, (list, tuple)) else _texts(out)
+        return html, status, _cpu_s(suite.server.proc.pid) - cpu
+
+    def largest_report(result: Result) -> str:
+        html, status, cpu = open_report(largest)
+        page = " ".join(html)
+        loads = sorted({mark for mark in _HTML_LOADS if mark in page})
+        loads += sorted({mark for mark in _MARKDOWN_LOADS if mark in " ".join(status)})
+        result.notes.update(cpu_s=round(cpu, 2), answer_kb=len(page) // 1024)
+        if loads:
+            result.notes["problem_report_text"] = f"report text reached the page as {loads}"
+        if cpu > GOAL_UPLOAD_CPU_S:
+            result.notes["problem_upload_cpu"] = f"the report cost {cpu:.2f} s of server CPU > {GOAL_UPLOAD_CPU_S}"
+        error = next((t for t in status if t.startswith("⚠️")), None)
+        if error:
+            result.notes["problem_refused"] = f"the largest accepted report was refused: {error[:120]}"
+        return f"refused: {error[:120]}" if error else f"opened, {cpu:.2f} s CPU, {len(page) // 1024} KB, loads {loads}"
+
+    def over_cap(result: Result) -> str:
+        _, status, cpu = open_report(over)
+        error = next((t for t in status if t.startswith("⚠️") and "prompts" in t), None)
+        result.notes["cpu_s"] = round(cpu, 2)
+        if error is None:
+            result.notes["problem_over_cap"] = "a report over the public prompt cap was opened"
+        return f"refused in one line ({cpu:.2f} s CPU)" if error else "opened"
+
+    suite.run(f"probe report of {largest.stat().st_size // 1024} KB, every text field hostile", largest_report)
+    suite.run(f"probe report of {PUBLIC_MAX_PROMPTS + 1_000} prompts [{over.stat().st_size // 1024} KB]", over_cap)
