@@ -8,6 +8,7 @@ move when others finish (`regions.new_order`) are the short, cheap ones.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -74,15 +75,17 @@ def prefill_regions(engine: Engine, model: Any, seqs: list[SeqState], width: int
         query_slots = torch.arange(longest, device=device)[None, :].expand(len(group), -1)
         slots.rows = torch.tensor(group, device=device)
         try:
-            model(
-                input_ids=ids,
-                attention_mask=block_mask(query_slots, longest, model.dtype),  # the block's own slots only
-                position_ids=query_slots,  # logical indices: slot i holds token i
-                cache=slots,
-                use_cache=True,
-            )
+            with engine.capture_hidden() if model is engine.target else nullcontext(None) as tap:
+                model(
+                    input_ids=ids,
+                    attention_mask=block_mask(query_slots, longest, model.dtype),  # the block's own slots only
+                    position_ids=query_slots,  # logical indices: slot i holds token i
+                    cache=slots,
+                    use_cache=True,
+                )
         finally:
             slots.rows = None
+        engine.target_prefilled([seqs[r] for r in group], tap, [len(contexts[r]) - 1 for r in group])
     return settled(slots, lengths, lengths.clone(), longest=max((len(c) for c in contexts), default=0))
 
 

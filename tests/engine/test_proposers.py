@@ -1,0 +1,81 @@
+"""Every method runs with every proposer, as a chain and as a tree, token-identical to batch-1
+greedy decoding of the target (the oracle shares no code with the engine), and `check` finds
+nothing wrong in those runs (no false alarm on the schema-3 tree and head fields)."""
+
+from __future__ import annotations
+
+import pytest
+from drafting import MANY, decode, oracle, outputs, tiny_pair, with_oracle
+
+from specviz.analysis.check import check_trace
+from specviz.engine.proposers import TreeShape, accepted_path
+from specviz.engine.proposers.ngram import lookup
+
+METHODS = ("eqspec", "exspec", "inplace")
+PROPOSERS = ("draft-model", "head", "ngram")
+FEW = MANY[:12]
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("proposer", PROPOSERS)
+@pytest.mark.parametrize("tree", [0, 2])
+def test_every_method_with_every_proposer_is_exact_and_checks_clean(method: str, proposer: str, tree: int) -> None:
+    trace = with_oracle(decode(method, proposer, 5, tree, prompts=FEW), FEW)
+    assert outputs(trace) == oracle(tuple(FEW))
+    report = check_trace(trace)
+    assert report.violation_count == 0, report.violations[:3]
+    assert report.verdict == "clean"
+    rows = [r for s in trace.steps for r in s.rows]
+    assert trace.header.proposer == proposer and trace.header.tree_branches == tree
+    if tree:
+        assert all(r.tree_parents == list(TreeShape(3, 2).parents) for r in rows)
+        assert all(r.kept_nodes == [0, *r.tree_path] for r in rows if not r.finished)
+    if proposer == "head":
+        assert all(r.head_source is not None for r in rows)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_tree_decoding_is_exact_at_batch_sizes_1_to_32(method: str) -> None:
+    """Ragged prompts (1 to 90 tokens), batch sizes that split them evenly, unevenly and not at all."""
+    expected = oracle()
+    for batch in (1, 3, 7, 32):
+        assert outputs(decode(method, "draft-model", batch, tree=2)) == expected, f"batch {batch}"
+
+
+def test_tree_paths_use_alternatives_and_stay_ragged() -> None:
+    """The test pair must exercise what the tree adds: paths through an alternative, rows of
+    different acceptance in one step."""
+    trace = decode("eqspec", "draft-model", 8, tree=3)
+    paths = [r.tree_path for s in trace.steps for r in s.rows]
+    assert any(p and p[-1] > 3 for p in paths), "no accepted path ends on an alternative"
+    assert any(len({r.accepted for r in s.rows}) > 1 for s in trace.steps)
+
+
+def test_accepted_path_is_the_longest_agreeing_chain() -> None:
+    tree = TreeShape(k=3, branches=2)  # nodes: 0 root, 1-2-3 main chain, 4 (parent 0), 5 (parent 1)
+    assert tree.parents == (-1, 0, 1, 2, 0, 1) and tree.depths == (0, 1, 2, 3, 1, 2)
+    nodes = [9, 10, 11, 12, 20, 21]
+    # The target agrees with node 1, then picks 21 (node 5, the alternative at depth 2).
+    targets = [10, 21, 0, 0, 0, 7]
+    assert accepted_path(tree, nodes, targets) == [1, 5]
+    assert accepted_path(tree, nodes, [20, 0, 0, 0, 0, 0]) == [4]
+    assert accepted_path(tree, nodes, [5, 0, 0, 0, 0, 0]) == []
+    ancestors = tree.ancestors()
+    assert ancestors[5].nonzero().flatten().tolist() == [0, 1, 5]
+
+
+def test_ngram_lookup_copies_what_followed_the_latest_match() -> None:
+    assert lookup([1, 2, 3, 9, 1, 2, 3, 7, 1, 2, 3], 2) == [[7, 1], [9, 1]]
+    assert lookup([5, 6, 7], 2) == []
+
+
+def test_a_head_that_does_not_fit_the_target_is_refused_in_one_line(tmp_path) -> None:
+    from specviz.engine.proposers import EagleHead, load_head
+    from specviz.errors import ModelLoadError
+
+    pair = tiny_pair()
+    EagleHead(hidden=7, embed=7, inner=4).save(tmp_path)
+    with pytest.raises(ModelLoadError, match="head made for hidden 7"):
+        load_head(tmp_path, pair.target)
+    with pytest.raises(ModelLoadError, match="cannot load draft head"):
+        load_head(tmp_path / "missing", pair.target)
