@@ -181,3 +181,27 @@ def check_head_row(flag: RowFlags) -> None:
             f"draft head fed {source}; expected its own sequence at index {n - 2} "
             "(a drafting fault: outputs may stay exact while acceptance falls)",
         )
+
+
+def first_broken_node(row: RowRecord) -> int | None:
+    """The lowest tree node the row's own fields show broken (fed the wrong position, attending a
+    non-ancestor, accepted against the target, or kept off the path), for the tree picture; None
+    when none is (or the fields do not describe a tree)."""
+    if row.tree_parents is None or tree_shape_error(row) is not None:
+        return None
+    parents = row.tree_parents
+    start = row.committed_before - 1
+    broken = [i for i, (p, d) in enumerate(zip(row.position_ids, depths_of(parents))) if p != start + d]
+    for node, seen in enumerate(row.node_attends or []):
+        if sorted(seen) != ancestors_of(parents, node):
+            broken.append(node)
+    nodes = [row.pending_token, *row.draft_tokens]
+    at = 0
+    for node in row.tree_path or []:
+        if not 0 < node < len(parents) or parents[node] != at or nodes[node] != row.target_tokens[at]:
+            broken.append(node if 0 < node < len(parents) else at)
+            break
+        at = node
+    if row.kept_nodes is not None and row.tree_path is not None and not row.finished:
+        broken.extend(set(row.kept_nodes) ^ {0, *row.tree_path})
+    return min(broken) if broken else None
