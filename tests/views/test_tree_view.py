@@ -7,7 +7,7 @@ from __future__ import annotations
 from drafting import MANY, decode
 
 from specviz.analysis.tree_checks import first_broken_node
-from specviz.views.run import grid_view, analyse
+from specviz.views.run import analyse, grid_view
 from specviz.views.tree import BROKEN, MAX_ROWS, PATH, tree_figure
 
 PROMPTS = MANY[:6]
