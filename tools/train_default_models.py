@@ -530,13 +530,17 @@ def run(cfg: RunConfig, out: Path) -> dict[str, object]:
 
 @dataclass(frozen=True)
 class HeadConfig:
-    """The head's size and training; steps sized for a few minutes on 2 shared cores."""
+    """The head's size and training; sized for a few minutes on 2 shared cores."""
 
     seed: int = 1234
     inner: int = 512
-    seq_len: int = 256
-    batch: int = 8
-    steps: int = 900
+    # Training data: the target's own greedy continuations of train-prompt prefixes (what the head
+    # must predict to be accepted), as for the draft; the target's hidden states are computed once.
+    prefixes: int = 768
+    new_tokens: int = 80
+    window: int = 96  # positions per sequence kept for training: the continuation and a little context
+    batch: int = 24
+    steps: int = 500
     lr: float = 2e-3
     unroll: int = 3  # the head runs k steps on its own outputs: train it on 3 chained steps
     feature_weight: float = 0.1  # next-hidden-state regression, beside the next-token loss
@@ -548,16 +552,38 @@ class HeadConfig:
 
 
 @torch.no_grad()
-def target_features(target: PreTrainedModel, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(last hidden states [B, T, H], the target's greedy next token at each position [B, T])."""
-    hidden = target.model(input_ids=ids).last_hidden_state  # after the final norm: the LM head's input
-    return hidden, target.lm_head(hidden).argmax(-1)
+def head_dataset(
+    target: PreTrainedModel, docs: list[list[int]], cfg: HeadConfig, rng: random.Random
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(token ids [M, W], the target's last hidden states there [M, W, H], its greedy choice [M, W])
+    over the last W positions of prefix + greedy continuation, for `cfg.prefixes` train prefixes."""
+    usable = [d for d in docs if len(d) > 2]
+    cuts = usable + [d[: rng.randint(2, len(d) - 1)] for d in usable]  # whole documents and a random cut of each
+    cuts = rng.sample(cuts, min(cfg.prefixes, len(cuts)))
+    distill = replace(RunConfig(), distill_new_tokens=cfg.new_tokens)
+    pairs = build_distill_set(target, [c[-distill.distill_max_prefix :] for c in cuts], distill)
+    by_length: dict[int, list[list[int]]] = {}
+    for tokens, _ in pairs:
+        by_length.setdefault(len(tokens), []).append(tokens)
+    ids, hidden, choice = [], [], []
+    for length, group in sorted(by_length.items()):
+        if length < cfg.window:
+            continue
+        for start in range(0, len(group), 16):
+            batch = torch.tensor(group[start : start + 16])
+            states = target.model(input_ids=batch).last_hidden_state[:, -cfg.window :]  # the LM head's input
+            ids.append(batch[:, -cfg.window :])
+            hidden.append(states)
+            choice.append(target.lm_head(states).argmax(-1))
+    return torch.cat(ids), torch.cat(hidden), torch.cat(choice)
 
 
-def head_loss(head: torch.nn.Module, target: PreTrainedModel, ids: torch.Tensor, cfg: HeadConfig) -> torch.Tensor:
-    """Teacher-forced, unrolled: from h_t and the embedding of x_(t+1) predict h_(t+1) and the
-    target's next token there; then chain the prediction for `unroll` steps, as decoding does."""
-    hidden, choice = target_features(target, ids)
+def head_loss(
+    head: torch.nn.Module, target: PreTrainedModel, data: tuple[torch.Tensor, ...], rows: torch.Tensor, cfg: HeadConfig
+) -> torch.Tensor:
+    """From h_t and the embedding of x_(t+1) predict h_(t+1) and the target's next token there;
+    then chain the prediction for `unroll` steps, as decoding does."""
+    ids, hidden, choice = (t[rows] for t in data)
     embed = target.get_input_embeddings()
     steps = ids.shape[1] - cfg.unroll
     state = hidden[:, :steps]
@@ -608,7 +634,8 @@ def run_head(cfg: HeadConfig, out: Path) -> dict[str, object]:
     for p in target.parameters():
         p.requires_grad_(False)
     train_texts, held_out = load_split()
-    windows = packed_batches(encode(tokenizer, train_texts), tokenizer.eos_token_id, cfg.seq_len, cfg.batch, rng)
+    data = head_dataset(target, encode(tokenizer, train_texts), cfg, rng)
+    timer.lap("head_data")
     head = EagleHead.for_target(target, inner=cfg.inner, seed=cfg.seed).train()
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
     tail: list[float] = []
@@ -616,7 +643,8 @@ def run_head(cfg: HeadConfig, out: Path) -> dict[str, object]:
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg.steps, cfg.lr)
-        loss = head_loss(head, target, next(windows), cfg)
+        rows = torch.randint(0, data[0].shape[0], (cfg.batch,))
+        loss = head_loss(head, target, data, rows, cfg)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -635,6 +663,7 @@ def run_head(cfg: HeadConfig, out: Path) -> dict[str, object]:
     report: dict[str, object] = {
         "head_train_loss": round(sum(tail) / len(tail), 4),
         "head_params": sum(p.numel() for p in head.parameters()),
+        "head_train_sequences": data[0].shape[0],
         "head_bytes": (out / "default-head" / "head.safetensors").stat().st_size,
         "heldout_prompts": len(prompts),
         "head": engine_acceptance(out, "head", prompts, cfg),

@@ -79,3 +79,16 @@ def test_a_head_that_does_not_fit_the_target_is_refused_in_one_line(tmp_path) ->
         load_head(tmp_path, pair.target)
     with pytest.raises(ModelLoadError, match="cannot load draft head"):
         load_head(tmp_path / "missing", pair.target)
+
+
+def test_bench_arms_cover_chain_tree_head_and_draft_for_every_method() -> None:
+    from specviz.bench.settings import DRAFTING_ARMS, BenchSettings, resolve_arm
+
+    settings = BenchSettings(arms=("baseline", *DRAFTING_ARMS))
+    settings.validate()
+    configs = {name: resolve_arm(name).config(8, 4, settings) for name in DRAFTING_ARMS}
+    assert {(c.method, c.proposer, c.tree_branches) for c in configs.values()} == {
+        (m, p, t) for m in METHODS for p in ("draft-model", "head") for t in (0, 2)
+    }
+    for config in configs.values():
+        config.validate()
