@@ -553,13 +553,14 @@ class HeadConfig:
 
 @torch.no_grad()
 def head_dataset(
-    target: PreTrainedModel, docs: list[list[int]], cfg: HeadConfig, rng: random.Random
+    target: PreTrainedModel, docs: list[list[int]], answers: list[list[int]], cfg: HeadConfig, rng: random.Random
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(token ids [M, W], the target's last hidden states there [M, W, H], its greedy choice [M, W])
-    over the last W positions of prefix + greedy continuation, for `cfg.prefixes` train prefixes."""
+    over the last W positions of prefix + greedy continuation, for `cfg.prefixes` train prefixes and
+    every `answers` prefix (a train question followed by the separator the app puts after it)."""
     usable = [d for d in docs if len(d) > 2]
     cuts = usable + [d[: rng.randint(2, len(d) - 1)] for d in usable]  # whole documents and a random cut of each
-    cuts = rng.sample(cuts, min(cfg.prefixes, len(cuts)))
+    cuts = rng.sample(cuts, min(cfg.prefixes, len(cuts))) + answers  # and every question as the app asks it
     distill = replace(RunConfig(), distill_new_tokens=cfg.new_tokens)
     pairs = build_distill_set(target, [c[-distill.distill_max_prefix :] for c in cuts], distill)
     by_length: dict[int, list[list[int]]] = {}
@@ -624,6 +625,7 @@ def run_head(cfg: HeadConfig, out: Path) -> dict[str, object]:
     import sys
 
     sys.path.insert(0, str(REPO_ROOT))
+    from specviz.data import load_specbench
     from specviz.engine.proposers.head import EagleHead, load_head
 
     torch.set_num_threads(cfg.threads)
@@ -633,8 +635,9 @@ def run_head(cfg: HeadConfig, out: Path) -> dict[str, object]:
     tokenizer, target, _ = load_pair(out)
     for p in target.parameters():
         p.requires_grad_(False)
-    train_texts, held_out = load_split()
-    data = head_dataset(target, encode(tokenizer, train_texts), cfg, rng)
+    train_texts, _ = load_split()
+    questions = encode(tokenizer, load_specbench("train"))  # first turns, each followed by the separator
+    data = head_dataset(target, encode(tokenizer, train_texts), questions, cfg, rng)
     timer.lap("head_data")
     head = EagleHead.for_target(target, inner=cfg.inner, seed=cfg.seed).train()
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
@@ -658,8 +661,9 @@ def run_head(cfg: HeadConfig, out: Path) -> dict[str, object]:
     )
     load_head(out / "default-head", target)  # it reloads
     timer.lap("save_reload")
-    step = max(1, len(held_out) // cfg.eval_prompts)
-    prompts = held_out[::step][: cfg.eval_prompts]
+    heldout = load_specbench("heldout")  # the vendored prompts as the app and `record` send them
+    step = max(1, len(heldout) // cfg.eval_prompts)
+    prompts = heldout[::step][: cfg.eval_prompts]
     report: dict[str, object] = {
         "head_train_loss": round(sum(tail) / len(tail), 4),
         "head_params": sum(p.numel() for p in head.parameters()),

@@ -92,3 +92,22 @@ def test_bench_arms_cover_chain_tree_head_and_draft_for_every_method() -> None:
     }
     for config in configs.values():
         config.validate()
+
+
+def test_default_head_ships_beside_the_default_pair_small_and_drafting() -> None:
+    """The embedded head (tools/train_default_models.py --head) fits the default target, is small,
+    and drafts well enough to be worth it: above a third of its drafts accepted on held-out prompts."""
+    from pathlib import Path
+
+    from specviz.data import load_specbench
+    from specviz.engine.config import RunConfig
+    from specviz.engine.models import DEFAULT_HEAD, load_pair
+    from specviz.engine.run import run
+
+    assert sum(f.stat().st_size for f in Path(DEFAULT_HEAD).iterdir()) < 2_000_000
+    pair = load_pair(device="cpu")
+    config = RunConfig(method="eqspec", batch_size=4, draft_k=4, max_new_tokens=24, proposer="head")
+    trace = run(pair, load_specbench("heldout")[:4], config)
+    assert all(s.output_ids == s.reference_ids for s in trace.sequences)
+    rows = [r for s in trace.steps for r in s.rows]
+    assert sum(r.accepted for r in rows) > len(rows) * 4 / 3
