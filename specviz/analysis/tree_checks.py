@@ -102,9 +102,13 @@ def _check_attends(flag: RowFlags, parents: list[int]) -> None:
     if len(row.node_attends) != len(parents):
         flag(Invariant.KV, "node_attends", len(parents), len(row.node_attends), "one attended set per tree node")
         return
+    depths = depths_of(parents)
     for node, seen in enumerate(row.node_attends):
-        expected = ancestors_of(parents, node)
-        if sorted(seen) != expected:
+        # A node has depth + 1 ancestors (itself included): compare the lengths first, so a crafted
+        # file costs what it holds, not its node count times its depth.
+        expected = ancestors_of(parents, node) if len(seen) == depths[node] + 1 else None
+        if expected is None or sorted(seen) != expected:
+            expected = expected or ancestors_of(parents, node)
             extra = sorted(set(seen) - set(expected))
             missing = sorted(set(expected) - set(seen))
             what = f"sees non-ancestor nodes {extra}" if extra else f"misses its ancestors {missing}"
@@ -191,10 +195,12 @@ def first_broken_node(row: RowRecord) -> int | None:
         return None
     parents = row.tree_parents
     start = row.committed_before - 1
-    broken = [i for i, (p, d) in enumerate(zip(row.position_ids, depths_of(parents))) if p != start + d]
+    broken = [i for i, (p, d) in enumerate(zip(row.position_ids, depths_of(parents))) if p != start + d][:1]
+    depths = depths_of(parents)
     for node, seen in enumerate(row.node_attends or []):
-        if sorted(seen) != ancestors_of(parents, node):
+        if len(seen) != depths[node] + 1 or sorted(seen) != ancestors_of(parents, node):
             broken.append(node)
+            break
     nodes = [row.pending_token, *row.draft_tokens]
     at = 0
     for node in row.tree_path or []:

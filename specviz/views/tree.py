@@ -11,6 +11,7 @@ from specviz.trace.schema import RowRecord, StepRecord
 from specviz.views.safe_text import md_text
 
 MAX_ROWS = 12  # rows drawn at once: a batch of 32 would make each tree unreadably small
+MAX_NODES = 64  # a larger tree (only a crafted or foreign file) is not drawn: its row is left out
 ROW_HEIGHT = 40  # pixels per lane of a drawn row
 PATH = "#16a34a"  # accepted path (and root)
 OTHER = "#cbd5e1"  # a candidate the target did not take
@@ -24,7 +25,11 @@ def is_tree_step(step: StepRecord) -> bool:
 
 def shown_rows(step: StepRecord, selected_row: int | None = None) -> list[RowRecord]:
     """At most MAX_ROWS rows with a tree: from the selected row on when one is picked."""
-    rows = [r for r in step.rows if r.tree_parents is not None and tree_shape_error(r) is None]
+    rows = [
+        r
+        for r in step.rows
+        if r.tree_parents is not None and len(r.tree_parents) <= MAX_NODES and tree_shape_error(r) is None
+    ]
     if selected_row is not None:
         at = next((i for i, r in enumerate(rows) if r.row == selected_row), 0)
         rows = rows[at:] + rows[:at]
@@ -39,19 +44,19 @@ def _layout(parents: list[int]) -> list[float]:
         children.setdefault(parent, []).append(node)
     lane: dict[int, float] = {}
     next_lane = 0
-
-    def place(node: int) -> float:
-        nonlocal next_lane
-        kids = children.get(node, [])
-        if not kids:
+    stack = [0]
+    order = []  # depth first, children in order
+    while stack:
+        node = stack.pop()
+        order.append(node)
+        stack.extend(reversed(children.get(node, [])))
+    for node in order:  # leaves take lanes in depth-first order
+        if node not in children:
             lane[node] = next_lane
             next_lane += 1
-            return lane[node]
-        lanes = [place(kid) for kid in kids]
-        lane[node] = lanes[0]
-        return lane[node]
-
-    place(0)
+    for node in reversed(order):  # a parent sits on its first child's lane (children come after it)
+        if node in children:
+            lane[node] = lane[children[node][0]]
     return [lane[node] for node in range(len(parents))]
 
 
