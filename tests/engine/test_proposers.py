@@ -111,3 +111,12 @@ def test_default_head_ships_beside_the_default_pair_small_and_drafting() -> None
     assert all(s.output_ids == s.reference_ids for s in trace.sequences)
     rows = [r for s in trace.steps for r in s.rows]
     assert sum(r.accepted for r in rows) > len(rows) * 4 / 3
+
+
+@pytest.mark.parametrize("proposer", ["draft-model", "ngram"])
+def test_inplace_tree_blocks_fit_their_regions_up_to_the_last_token(proposer: str) -> None:
+    """A row one token short of its budget still writes a whole tree block (k + 1 + branches slots)."""
+    prompts = FEW[:6]
+    for max_new in range(1, 10):
+        trace = decode("inplace", proposer, 3, tree=3, prompts=prompts, max_new_tokens=max_new)
+        assert outputs(trace) == oracle(tuple(prompts), max_new), f"max_new_tokens {max_new}"

@@ -35,11 +35,11 @@ def oracle(prompts: tuple[str, ...] = tuple(MANY), max_new: int = MAX_NEW) -> tu
 
 
 def decode(method: str, proposer: str, batch: int, tree: int = 0, prompts: list[str] = MANY, **extra):
+    extra.setdefault("max_new_tokens", MAX_NEW)
     config = RunConfig(
         method=method,
         batch_size=batch,
         draft_k=3,
-        max_new_tokens=MAX_NEW,
         reference=False,
         proposer=proposer,
         tree_branches=tree,

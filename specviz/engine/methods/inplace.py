@@ -89,9 +89,10 @@ def prefill_regions(engine: Engine, model: Any, seqs: list[SeqState], width: int
     return settled(slots, lengths, lengths.clone(), longest=max((len(c) for c in contexts), default=0))
 
 
-def region_width(seqs: list[SeqState], max_new_tokens: int, k: int) -> int:
-    """RegionCache per row: the longest prompt, every new token, and one query block past the last length."""
-    return max(len(s.prompt_ids) for s in seqs) + max_new_tokens + k + 1
+def region_width(seqs: list[SeqState], max_new_tokens: int, k: int, branches: int = 0) -> int:
+    """RegionCache per row: the longest prompt, every new token, and one query block past the last
+    length (k + 1 slots; a tree's adds its `branches` alternatives)."""
+    return max(len(s.prompt_ids) for s in seqs) + max_new_tokens + k + 1 + branches
 
 
 def longest_first(chunk: list[SeqState]) -> list[SeqState]:
@@ -104,7 +105,7 @@ def longest_first(chunk: list[SeqState]) -> list[SeqState]:
 def prefill(engine: Engine, chunk: list[SeqState], batch_id: int) -> Batch:
     """Longest prompt first; each model's caches prefilled into fixed regions."""
     chunk = longest_first(chunk)
-    width = region_width(chunk, engine.max_new_tokens, engine.k)
+    width = region_width(chunk, engine.max_new_tokens, engine.k, engine.config.tree_branches)
     target = prefill_regions(engine, engine.target, chunk, width)
     draft = prefill_regions(engine, engine.draft, chunk, width) if engine.draft is not None else None
     return Batch(chunk, target, draft, batch_id)
