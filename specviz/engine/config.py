@@ -48,7 +48,10 @@ class RunConfig:
             raise SpecvizError("faults corrupt speculative methods; use --method eqspec or exspec")
         fault = FAULTS.get(self.fault or "none")
         if fault is not None and self.method == "inplace" and not fault.any_layout:
-            raise SpecvizError("this fault models a bug of the left-padded layout; use --method eqspec or exspec")
+            raise SpecvizError(
+                f"fault {self.fault} is not modelled for --method inplace (its fixed regions cannot hold the "
+                "lengths it desyncs); use --method eqspec or exspec"
+            )
         if self.batch_size < 1:
             raise SpecvizError(f"--batch-size must be at least 1, got {self.batch_size}")
         if self.method != "baseline" and not 1 <= self.draft_k <= 64:

@@ -315,8 +315,7 @@ class RequestOrder(Fault):
     invariants = (Invariant.ACCOUNTING,)
     seen_in = "vLLM V1 spec decode: tokens of other requests in large mixed batches"
     summary = "results are scattered back in request order (a dict's), not the batch's row order"
-    default_method = "inplace"
-    any_layout = True
+    default_method = "exspec"  # its converge policy batches by length, not in request order
 
     def write_back(self, regrouped: bool, batch_size: int) -> list[int]:
         seqs = self.log.seqs
