@@ -61,8 +61,13 @@ def _layout(parents: list[int]) -> list[float]:
 
 
 def _label(token: int, texts: dict[int, str]) -> str:
+    """The token's text, short; a whitespace token as a visible mark; no text: its ID."""
     text = texts.get(token)
-    return md_text(text.strip()[:6]) if text and text.strip() else f"#{token}"
+    if text is None:
+        return f"#{token}"
+    if not text.strip():
+        return "⏎" if "\n" in text else "␣"
+    return md_text(text.strip()[:6])
 
 
 def tree_figure(step: StepRecord, texts: dict[int, str], selected_row: int | None = None) -> go.Figure:
