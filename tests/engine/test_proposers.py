@@ -120,3 +120,16 @@ def test_inplace_tree_blocks_fit_their_regions_up_to_the_last_token(proposer: st
     for max_new in range(1, 10):
         trace = decode("inplace", proposer, 3, tree=3, prompts=prompts, max_new_tokens=max_new)
         assert outputs(trace) == oracle(tuple(prompts), max_new), f"max_new_tokens {max_new}"
+
+
+@pytest.mark.parametrize("proposer", PROPOSERS)
+def test_coupled_sampling_stays_token_exact_with_every_proposer(proposer: str) -> None:
+    """At temperature > 0 the target's keyed samples decide; any proposer only moves acceptance."""
+    from specviz.engine.config import RunConfig
+    from specviz.engine.run import run
+
+    config = RunConfig(
+        method="exspec", batch_size=3, draft_k=3, max_new_tokens=8, temperature=0.8, seed=3, proposer=proposer
+    )
+    report = check_trace(run(tiny_pair(), FEW[:8], config))
+    assert report.verdict == "clean" and report.exact_match == 1.0
