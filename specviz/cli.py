@@ -433,6 +433,7 @@ def _print_summary(trace: Any, out: Path, as_json: bool) -> None:
         }
     )
     info["trace"] = str(out)
+    info["proposer"], info["tree_branches"] = trace.header.proposer, trace.header.tree_branches
     if as_json:
         print_to_pipe(json.dumps(info))
         return
@@ -440,7 +441,9 @@ def _print_summary(trace: Any, out: Path, as_json: bool) -> None:
     exact = info["exact_match"]
     lines = [
         f"{run_title(info['method'], info['fault'])}: "
-        f"{info['num_prompts']} prompts, batch {info['batch_size']}, k={info['draft_k']}",
+        f"{info['num_prompts']} prompts, batch {info['batch_size']}, k={info['draft_k']}"
+        + (f", {info['proposer']}" if info["draft_k"] and info["proposer"] != "draft-model" else "")
+        + (f", tree {info['tree_branches']}" if info["tree_branches"] else ""),
         f"  verdict            {report.verdict.upper()} ({report.violation_count} violations)",
     ]
     if first is not None:
