@@ -52,3 +52,17 @@ def test_a_parquet_file_without_the_version_3_columns_still_reads(tmp_path: Path
     again = load_trace(tmp_path / "old.parquet")
     assert [[r.accepted for r in s.rows] for s in again.steps] == [[r.accepted for r in s.rows] for s in trace.steps]
     assert check_trace(again).violation_count == 0
+
+
+def test_an_oversized_node_attends_is_refused_in_one_line(tmp_path: Path) -> None:
+    import pytest
+
+    from specviz.trace.budget import Budget
+    from specviz.trace.validate import TraceError
+
+    trace = decode("eqspec", "draft-model", 4, tree=2, prompts=MANY[:2], max_new_tokens=2)
+    trace.steps[0].rows[0].node_attends = [list(range(100))] * 100  # 10,000 items in one row
+    path = save_trace(trace, tmp_path / "big.json.gz")
+    with pytest.raises(TraceError, match="node_attends") as caught:
+        load_trace(path, budget=Budget(max_row_tokens=16, max_query_len=16))
+    assert "\n" not in str(caught.value)
