@@ -3,10 +3,12 @@
 A step reads as four beats, in the order gpt-fast's `speculative_decode` reads, each a method
 with a small typed result:
 
-1. `propose` -> `Proposals`: the draft proposes k tokens per row, one forward of one token each
-   on its own cache. The baseline (plain batched greedy) has no draft: `Proposals.none`.
+1. `propose` -> `Proposals`: the proposer (`proposers/`: a draft model, a head on the target's
+   hidden states, n-gram lookup) proposes k tokens per row, plus, for a tree, an alternative at
+   each of the first depths. The baseline (plain batched greedy) has none: `Proposals.none`.
 2. `verify` -> `Verification`: the target scores [pending, d1..dk] in one forward; the accept
-   rule keeps the longest prefix of drafts that agrees with the target's own choices.
+   rule keeps the longest prefix of drafts that agrees with the target's own choices. A tree is
+   verified in one forward with a tree mask; the accepted path is its longest agreeing chain.
 3. `commit` -> `Commit`: the accepted drafts plus one target token (the bonus) are appended to
    the sequences.
 4. `plan_cache` -> `CachePlan`, once per cache: which slots each continuing row keeps and where
@@ -230,12 +232,7 @@ class Engine:
         verification = self.verify(batch.target, pending, proposals, keys)
         # 3. Commit: each row's accepted drafts plus the bonus go to its sequence.
         commit = self.commit(batch, proposals, verification)
-        if verification.hidden is not None:  # head drafting: each row's next carry
-            depths = proposals.tree.depths if proposals.tree is not None else None
-            slots = [verification.last_node(r) for r in range(len(seqs))]
-            self.proposer.verified(
-                self, seqs, committed, verification.hidden, slots, [depths[s] if depths else s for s in slots]
-            )
+        self._hand_hidden_states(seqs, committed, proposals, verification)
         # 4. Plan the caches. The target's holds [old | pending, nodes]; the draft's [old | pending,
         # d1..d(k-1)] (+ the KV it lacks once filled). No draft cache: nothing to fill or plan.
         target_order = _path_first(verification, proposals.tree)
@@ -421,6 +418,17 @@ class Engine:
         )
 
     # ------------------------------------------------------------------ bookkeeping
+
+    def _hand_hidden_states(
+        self, seqs: list[SeqState], committed: list[int], proposals: Proposals, verification: Verification
+    ) -> None:
+        """Head drafting: each row's next carry is the target's hidden state at its last accepted node."""
+        if verification.hidden is None:
+            return
+        depths = proposals.tree.depths if proposals.tree is not None else None
+        slots = [verification.last_node(r) for r in range(len(seqs))]
+        node_depths = [depths[s] if depths else s for s in slots]  # a chain's slot is its depth
+        self.proposer.verified(self, seqs, committed, verification.hidden, slots, node_depths)
 
     def _committed(self, seqs: list[SeqState], commit: Commit) -> None:
         """Progress, and the KV check's memory: finished sequences no longer need their expected keys."""
