@@ -133,3 +133,23 @@ def test_coupled_sampling_stays_token_exact_with_every_proposer(proposer: str) -
     )
     report = check_trace(run(tiny_pair(), FEW[:8], config))
     assert report.verdict == "clean" and report.exact_match == 1.0
+
+
+@pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "opt", "qwen3"])
+def test_tree_is_exact_on_other_families(family: str) -> None:
+    """The 4-D tree mask reaches every attention implementation: biases, partial rotary, learned
+    positions, query/key norms."""
+    from exactness import PROMPTS, pair_for
+
+    from specviz.engine.config import RunConfig
+    from specviz.engine.reference import greedy_reference
+    from specviz.engine.run import run
+
+    pair, prompts = pair_for(family), PROMPTS[:8]
+    expected = [
+        greedy_reference(pair.target, pair.tokenizer(p)["input_ids"], 8, frozenset([1]), pair.device)[0]
+        for p in prompts
+    ]  # noqa: E501
+    for method in ("eqspec", "inplace"):
+        config = RunConfig(method=method, batch_size=3, draft_k=3, max_new_tokens=8, tree_branches=2, reference=False)
+        assert [s.output_ids for s in run(pair, prompts, config).sequences] == expected, method
