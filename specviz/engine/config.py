@@ -49,8 +49,8 @@ class RunConfig:
         fault = FAULTS.get(self.fault or "none")
         if fault is not None and self.method == "inplace" and not fault.any_layout:
             raise SpecvizError(
-                f"fault {self.fault} is not modelled for --method inplace (its fixed regions cannot hold the "
-                "lengths it desyncs); use --method eqspec or exspec"
+                f"fault {self.fault} models a bug of the left-padded layout (or desyncs lengths a fixed region "
+                "cannot hold); use --method eqspec or exspec"
             )
         if self.batch_size < 1:
             raise SpecvizError(f"--batch-size must be at least 1, got {self.batch_size}")
