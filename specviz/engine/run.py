@@ -188,6 +188,8 @@ def _header(pair: ModelPair, config: RunConfig, fault: Fault, eos: frozenset[int
     header.layout = method.layout  # inplace: per-row regions, no rectangular alignment to check
     if config.k > 0:
         header.proposer, header.tree_branches = config.proposer, config.tree_branches
+    if config.k > 0 and config.proposer == "head":  # which head drafted (the header has no ModelInfo for it)
+        header.options["head"] = config.head_path or "specviz/assets/default-head"
     return header
 
 
