@@ -189,7 +189,8 @@ def _header(pair: ModelPair, config: RunConfig, fault: Fault, eos: frozenset[int
     if config.k > 0:
         header.proposer, header.tree_branches = config.proposer, config.tree_branches
     if config.k > 0 and config.proposer == "head":  # which head drafted (the header has no ModelInfo for it)
-        header.options["head"] = config.head_path or "specviz/assets/default-head"
+        default = "the pair's own head" if pair.head is not None else "specviz/assets/default-head"
+        header.options["head"] = config.head_path or default
     return header
 
 
