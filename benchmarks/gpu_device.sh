@@ -19,3 +19,8 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:-bench-out}"
 mkdir -p "$OUT"
 python3 benchmarks/gpu_bench.py --out "$OUT/gpu-h200.md" "$@" 2>&1 | tee "$OUT/gpu-h200.log"
+# Chain vs tree, head vs draft model, per method (issue 35), on the default pair and its head
+# (12 arms + baseline, 2 batch sizes, 3 repeats: a few minutes on the H200). Not with --tiny.
+if [[ " $* " != *" --tiny "* ]]; then
+  python3 benchmarks/drafting.py --batch-sizes 1 32 --out "$OUT/drafting-h200.md" 2>&1 | tee "$OUT/drafting-h200.log"
+fi

@@ -116,6 +116,22 @@ def _add_record(rec: argparse.ArgumentParser) -> None:
     rec.add_argument("--draft", default=None, help="draft model: local path or hub id (default: embedded)")
     rec.add_argument("--batch-size", type=int, default=8, help="rows decoded together")
     rec.add_argument("--draft-k", type=int, default=4, help="draft tokens proposed per verify step")
+    rec.add_argument(
+        "--proposer",
+        choices=["draft-model", "head", "ngram"],
+        default="draft-model",
+        help="what drafts: the draft model, an EAGLE-style head on the target's hidden states, "
+        "or n-gram prompt lookup (docs/architecture.md)",
+    )
+    rec.add_argument("--head", default=None, help="--proposer head: the head's folder (default: embedded)")
+    rec.add_argument(
+        "--tree",
+        type=int,
+        default=0,
+        metavar="B",
+        help="tree verification: one alternative draft at each of the first B depths, verified in one "
+        "forward with a tree mask (0: a chain; greedy only)",
+    )
     rec.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt at most")
     prompts = rec.add_mutually_exclusive_group()
     prompts.add_argument("--num-prompts", type=int, default=None, help="first N SpecBench prompts (None: all)")
@@ -371,7 +387,7 @@ def cmd_record(args: argparse.Namespace) -> int:
         args.draft,
         device=args.device,
         dtype=args.dtype,
-        with_draft=config.k > 0,
+        with_draft=config.k > 0 and config.proposer == "draft-model",
         trust_remote_code=args.trust_remote_code,
     )
     bars: dict[str, Any] = {}
@@ -477,6 +493,7 @@ def _print_summary(trace: Any, out: Path, as_json: bool) -> None:
         }
     )
     info["trace"] = str(out)
+    info["proposer"], info["tree_branches"] = trace.header.proposer, trace.header.tree_branches
     if as_json:
         print_to_pipe(json.dumps(info))
         return
@@ -484,7 +501,9 @@ def _print_summary(trace: Any, out: Path, as_json: bool) -> None:
     exact = info["exact_match"]
     lines = [
         f"{run_title(info['method'], info['fault'])}: "
-        f"{info['num_prompts']} prompts, batch {info['batch_size']}, k={info['draft_k']}",
+        f"{info['num_prompts']} prompts, batch {info['batch_size']}, k={info['draft_k']}"
+        + (f", {info['proposer']}" if info["draft_k"] and info["proposer"] != "draft-model" else "")
+        + (f", tree {info['tree_branches']}" if info["tree_branches"] else ""),
         f"  verdict            {report.verdict.upper()} ({report.violation_count} violations)",
     ]
     if first is not None:

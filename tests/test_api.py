@@ -53,6 +53,7 @@ def test_invariant_numbers_and_slugs_are_the_reports() -> None:
         (3, "kv-consistency"),
         (4, "token-accounting"),
         (5, "output-equivalence"),
+        (6, "head-input"),  # schema 3: head drafting
     ]
     seen = set()
     for path in sorted((ROOT / "traces").glob("*.json.gz")):

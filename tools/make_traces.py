@@ -45,21 +45,56 @@ class MisleadingTrace(Exception):
     """A run whose verdict contradicts its name (a fault that never fired, a correct run that is not)."""
 
 
-def record(pair: ModelPair, prefix: str, method: str, fault: str | None, settings: dict[str, int]) -> Path:
+TREE_BRANCHES = 2  # the tree runs: one alternative at each of the first two depths
+# Correct runs of the other proposers and of tree verification: (method, proposer, tree).
+DRAFTING_RUNS = (("eqspec", "draft-model", TREE_BRANCHES), ("exspec", "head", 0), ("inplace", "head", TREE_BRANCHES))
+
+
+def drafting_of(fault: str | None, proposer: str, tree: int) -> tuple[str, int]:
+    """The proposer and tree a run needs: a head or tree fault brings its own."""
+    cls = FAULTS.get(fault or "")
+    if cls is not None and cls.needs_proposer:
+        proposer = cls.needs_proposer
+    if cls is not None and cls.needs_tree:
+        tree = tree or TREE_BRANCHES
+    return proposer, tree
+
+
+def slug(method: str, fault: str | None, proposer: str = "draft-model", tree: int = 0) -> str:
+    """The run's file-name part: `eqspec`, `eqspec-stale-kv`, `exspec-head`, `eqspec-tree2`. A fault
+    that needs a head or a tree is named by the fault alone (it implies them)."""
+    if fault:
+        return run_slug(method, fault)
+    extra = ("" if proposer == "draft-model" else f"-{proposer}") + (f"-tree{tree}" if tree else "")
+    return run_slug(method, None) + extra
+
+
+def record(
+    pair: ModelPair,
+    prefix: str,
+    method: str,
+    fault: str | None,
+    settings: dict[str, int],
+    proposer: str = "draft-model",
+    tree: int = 0,
+) -> Path:
     """Run one configuration, check it says what its name claims, and save it with token text."""
     prompts = load_specbench("heldout")[: settings["prompts"]]
+    name = f"{prefix}-{slug(method, fault, proposer, tree)}"
+    proposer, tree = drafting_of(fault, proposer, tree)
     config = RunConfig(
         method=method,
         fault=fault,
         batch_size=settings["batch_size"],
         draft_k=settings["draft_k"],
         max_new_tokens=settings["max_new_tokens"],
+        proposer=proposer,
+        tree_branches=tree,
     )
     started = time.perf_counter()
     trace = run(pair, prompts, config)
     report = check_trace(trace)
     wanted = CORRECT_VERDICTS if fault is None else ("desync",)
-    name = f"{prefix}-{run_slug(method, fault)}"
     if report.verdict not in wanted:
         raise MisleadingTrace(f"{name}: verdict {report.verdict}, expected {' or '.join(wanted)}; not written")
     attach_token_text(trace, pair.tokenizer)
@@ -73,22 +108,26 @@ def record(pair: ModelPair, prefix: str, method: str, fault: str | None, setting
     return path
 
 
-def record_all(pair: ModelPair, prefix: str, settings: dict[str, int], runs: list[tuple[str, str | None]]) -> list[str]:
-    """Record every (method, fault); return the problems instead of stopping at the first."""
+Run = tuple[str, str | None, str, int]  # method, fault, proposer, tree
+
+
+def record_all(pair: ModelPair, prefix: str, settings: dict[str, int], runs: list[Run]) -> list[str]:
+    """Record every (method, fault, proposer, tree); return the problems instead of stopping at the first."""
     problems = []
-    for method, fault in runs:
+    for method, fault, proposer, tree in runs:
         try:
-            record(pair, prefix, method, fault, settings)
+            record(pair, prefix, method, fault, settings, proposer, tree)
         except MisleadingTrace as exc:
             print(f"SKIPPED {exc}", file=sys.stderr)
             problems.append(str(exc))
     return problems
 
 
-def default_runs() -> list[tuple[str, str | None]]:
-    """The correct methods, then each fault on the method its bug lives in."""
-    correct: list[tuple[str, str | None]] = [("eqspec", None), ("exspec", None), ("inplace", None)]
-    return correct + [(FAULTS[f].default_method, f) for f in sorted(FAULTS)]
+def default_runs() -> list[Run]:
+    """The correct methods, tree and head runs, then each fault on the method its bug lives in."""
+    correct: list[Run] = [(m, None, "draft-model", 0) for m in ("eqspec", "exspec", "inplace")]
+    drafting: list[Run] = [(m, None, p, t) for m, p, t in DRAFTING_RUNS]
+    return correct + drafting + [(FAULTS[f].default_method, f, "draft-model", 0) for f in sorted(FAULTS)]
 
 
 def default_pair() -> ModelPair:
@@ -137,16 +176,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--real", action="store_true", help="also record Gemma-3-270M traces (slow, optional deps)")
     parser.add_argument("--only-real", action="store_true", help="record only the Gemma-3-270M traces")
-    parser.add_argument("--only", default=None, help="record only this run of the default pair (e.g. inplace)")
+    parser.add_argument(
+        "--only", default=None, help="record only these default-pair runs, a comma list (e.g. inplace,exspec-head)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)  # small models on a shared CPU: threads only add contention
     OUT.mkdir(exist_ok=True)
     problems = []
     if not args.only_real:
-        runs = [r for r in default_runs() if args.only in (None, run_slug(*r))]
+        runs = [r for r in default_runs() if args.only is None or slug(*r) in args.only.split(",")]
         problems += record_all(default_pair(), "default", DEFAULT_SETTINGS, runs)
     if args.real or args.only_real:
-        problems += record_all(gemma_pair(), "gemma", REAL_SETTINGS, [("eqspec", None), ("eqspec", REAL_FAULT)])
+        gemma_runs: list[Run] = [("eqspec", None, "draft-model", 0), ("eqspec", REAL_FAULT, "draft-model", 0)]
+        problems += record_all(gemma_pair(), "gemma", REAL_SETTINGS, gemma_runs)
     if problems:
         raise SystemExit(f"{len(problems)} trace(s) not written: " + "; ".join(problems))
 

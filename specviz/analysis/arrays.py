@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from specviz.trace.arrow import list_parts, numbers, run_parts, string_lengths, valid
+from specviz.trace.schema import TREE_ROW_FIELDS
 
 # Row-steps checked at once: a whole row group as the writer cuts them (ROW_GROUP_ROWS, 16,384, plus
 # at most one step). Each slice costs Python per sequence it holds (histories advanced, sums): slices
@@ -75,6 +76,9 @@ class Columns:
 
     @classmethod
     def of(cls, table: pa.Table) -> Columns | None:
+        # Tree and head fields (schema 3) have row checks only: rows recording them go row by row.
+        if any(name in table.column_names and table.column(name).null_count < len(table) for name in TREE_ROW_FIELDS):
+            return None
         columns = cls(table)
         for name in ("draft_tokens", "target_tokens", "emitted", "position_ids", "draft_position_ids", "draft_kv_lens"):
             parts = list_parts(table.column(name))

@@ -27,6 +27,7 @@ from specviz.analysis.metrics import (
 from specviz.analysis.recorded import check_recorded_row, note_unrecorded
 from specviz.analysis.report import Report, SequenceVerdict, Violation
 from specviz.analysis.row_checks import check_accounting, check_alignment, check_kv, check_positions
+from specviz.analysis.tree_checks import check_head_row, check_tree_row
 from specviz.trace.invariants import Invariant
 from specviz.trace.schema import SequenceRecord, StepRecord, Trace
 
@@ -165,9 +166,13 @@ def check_step(findings: Findings, history: History, si: int, step: StepRecord) 
         if row.mask_rle:  # empty: not recorded, so no width to compare
             widths.add(sum(run[1] for run in runs))
         check_alignment(flag, runs, history.left_padded)
-        check_positions(flag)
         check_kv(flag, runs, history.k, history.declared_layout)
-        check_accounting(flag, history)
+        if row.tree_parents is None:
+            check_positions(flag)
+            check_accounting(flag, history)
+        else:  # a tree's positions and acceptance (schema 3)
+            check_tree_row(flag, history)
+        check_head_row(flag)
         check_recorded_row(flag)
     if len(widths) > 1 and history.left_padded:
         findings.at(si, step, step.rows[0])(

@@ -158,7 +158,7 @@ def _check_mask_counts(flag: RowFlags, runs: list[list[int]], declared_layout: b
 
 def check_accounting(flag: RowFlags, history: History) -> None:
     """The row's claims match its sequence's history; what it emitted, verification allowed."""
-    _check_row_against_history(flag, history)
+    check_against_history(flag, history)
     row, k = flag.row, history.k
     d = len(row.draft_tokens)
     if d > k or (d < k and not history.ragged):
@@ -170,6 +170,12 @@ def check_accounting(flag: RowFlags, history: History) -> None:
         return
     if d <= k:  # else flagged above
         _check_acceptance(flag, history)
+    check_bonus_and_destination(flag)
+
+
+def check_bonus_and_destination(flag: RowFlags) -> None:
+    """The bonus field matches what was emitted; the tokens went to the row's own sequence."""
+    row = flag.row
     # The bonus field names the target token emitted after the accepted drafts, if one was.
     bonus = row.emitted[row.accepted] if len(row.emitted) == row.accepted + 1 else None
     if row.bonus != bonus:
@@ -190,7 +196,7 @@ def check_accounting(flag: RowFlags, history: History) -> None:
         )
 
 
-def _check_row_against_history(flag: RowFlags, history: History) -> None:
+def check_against_history(flag: RowFlags, history: History) -> None:
     """Not finished yet; `committed_before` and `pending_token` are what was written to it so far."""
     row = flag.row
     seq = history.seqs[row.seq_id]

@@ -108,6 +108,7 @@ class GridTab:
     step_text: Any
     row_text: Any
     legend: Any
+    tree: Any  # tree verification: each row's candidate tree, beside the grid (hidden for chains)
     tools: GridTools | None = None  # the shareable parts: link, report, keys, the cell's details
 
     @classmethod
@@ -126,6 +127,7 @@ class GridTab:
         timer = gr.Timer(PLAY_SECONDS, active=False)
         figure = gr.Plot(show_label=False, elem_id="sv-grid")
         legend = gr.HTML(elem_id="sv-grid-legend", padding=False)
+        tree = gr.Plot(show_label=False, elem_id="sv-tree", visible=False)
         tools = GridTools.build()
         with gr.Row():
             row = gr.Dropdown([("none", NO_ROW)], value=NO_ROW, label="highlight row", scale=1, elem_id="sv-row")
@@ -134,13 +136,13 @@ class GridTab:
         row_text = gr.Markdown(elem_id="sv-row-text")
         return cls(
             step=step, row=row, window=window, prev=prev, next=nxt, play=play, pause=pause, first=first,
-            timer=timer, figure=figure, step_text=step_text, row_text=row_text, legend=legend, tools=tools,
+            timer=timer, figure=figure, step_text=step_text, row_text=row_text, legend=legend, tree=tree, tools=tools,
         )  # fmt: skip
 
     def view_components(self) -> list[Any]:
         """What one drawn step sets (`view_values`)."""
         # The legend came later than the others: last, so API clients' positions stay as they were.
-        return [self.row, self.figure, self.step_text, self.row_text, self.legend]
+        return [self.row, self.figure, self.step_text, self.row_text, self.legend, self.tree]
 
     def view_values(self, view: GridView) -> dict[Any, Any]:
         return {
@@ -149,6 +151,7 @@ class GridTab:
             self.step_text: view.step_text,
             self.row_text: view.row_text,
             self.legend: view.legend,
+            self.tree: gr.update(value=view.tree, visible=view.tree is not None),
         }
 
     def components(self) -> list[Any]:
@@ -327,7 +330,7 @@ class DetailUI:
         """Everything `details` sets. A list, not a set: the API returns values in this order."""
         parts = (self.grid, self.invariants, self.acceptance, self.kv, self.outputs)
         # Outputs added after the API was published go at the end: clients read by position.
-        return [component for part in parts for component in part.components()] + [self.grid.legend]
+        return [component for part in parts for component in part.components()] + [self.grid.legend, self.grid.tree]
 
     def details(self, loaded: LoadedRun | None, other: LoadedRun | None, label: str, window: int, only: bool) -> dict:
         """Every detail output for the inspected run, opening on its first violation."""

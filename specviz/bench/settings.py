@@ -28,6 +28,8 @@ class Arm:
     policy: str | None = None  # EXSPEC grouping policy
     fault: str | None = None
     watched: bool = False  # run under `specviz.watch` with the engine's recorder off (issue 10's overhead)
+    proposer: str = "draft-model"  # what drafts (engine/proposers): draft-model, head, ngram
+    tree: int = 0  # tree verification: alternatives at the first `tree` depths (0: a chain)
 
     def config(self, batch_size: int, draft_k: int, settings: BenchSettings, record_steps: bool = True) -> RunConfig:
         """The engine's run configuration for this arm in one cell."""
@@ -43,6 +45,8 @@ class Arm:
             reference=False,  # the oracle is decoded once per prompt set, not once per cell
             record_steps=record_steps and not self.watched,  # watched: the watch writes the trace
             per_row_loop_move=self.per_row_loop,
+            proposer=self.proposer if self.method != "baseline" else "draft-model",
+            tree_branches=min(self.tree, max(draft_k, 1)) if self.method != "baseline" else 0,
         )
 
 
@@ -55,6 +59,23 @@ ARMS: dict[str, Arm] = {
     WATCH_ARM: Arm(WATCH_ARM, "eqspec", watched=True),
     **{f"exspec-{p}": Arm(f"exspec-{p}", "exspec", policy=p) for p in POLICIES if p != EXSPEC_POLICY},
 }
+TREE_BRANCHES = 2  # the `-tree` arms: one alternative at each of the first two depths
+DRAFTING = (("", "draft-model", 0), ("-tree", "draft-model", TREE_BRANCHES), ("-head", "head", 0),
+            ("-head-tree", "head", TREE_BRANCHES))  # fmt: skip
+
+
+def _drafting_arms() -> dict[str, Arm]:
+    """Chain vs tree, head vs draft model, per method: `METHOD-tree`, `METHOD-head`, `METHOD-head-tree`."""
+    arms = {}
+    for method in ("eqspec", "exspec", "inplace"):
+        policy = EXSPEC_POLICY if method == "exspec" else None
+        for suffix, proposer, tree in DRAFTING[1:]:
+            arms[method + suffix] = Arm(method + suffix, method, policy=policy, proposer=proposer, tree=tree)
+    return arms
+
+
+ARMS.update(_drafting_arms())
+DRAFTING_ARMS = tuple(m + suffix for m in ("eqspec", "exspec", "inplace") for suffix, _, _ in DRAFTING)
 
 
 def resolve_arm(name: str) -> Arm:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from specviz.engine.faults import FAULTS
 from specviz.engine.methods.grouping import POLICIES
+from specviz.engine.proposers import PROPOSERS
 from specviz.engine.sampling import SamplingParams
 from specviz.errors import SpecvizError
 from specviz.trace.schema import METHODS
@@ -34,6 +35,9 @@ class RunConfig:
     top_p: float = 1.0
     top_k: int = 0  # 0: no top-k filter
     sampling: str = "coupled"  # at temperature > 0: "coupled" (token-exact) or "rejection"
+    proposer: str = "draft-model"  # what drafts: "draft-model", "head" (EAGLE-style), "ngram"
+    head_path: str | None = None  # the head's folder (default: the embedded default head)
+    tree_branches: int = 0  # 0: a chain of k drafts; b: plus one alternative at each of the first b depths
 
     def validate(self) -> None:
         if self.method not in METHODS:
@@ -42,8 +46,12 @@ class RunConfig:
             raise SpecvizError(f"unknown fault {self.fault!r}; choose from {', '.join(FAULTS)}")
         if self.fault not in (None, "none") and self.method == "baseline":
             raise SpecvizError("faults corrupt speculative methods; use --method eqspec or exspec")
-        if self.fault not in (None, "none") and self.method == "inplace":
-            raise SpecvizError("the faults model bugs of the left-padded layout; use --method eqspec or exspec")
+        fault = FAULTS.get(self.fault or "none")
+        if fault is not None and self.method == "inplace" and not fault.any_layout:
+            raise SpecvizError(
+                f"fault {self.fault} models a bug of the left-padded layout (or desyncs lengths a fixed region "
+                "cannot hold); use --method eqspec or exspec"
+            )
         if self.batch_size < 1:
             raise SpecvizError(f"--batch-size must be at least 1, got {self.batch_size}")
         if self.method != "baseline" and not 1 <= self.draft_k <= 64:
@@ -57,6 +65,21 @@ class RunConfig:
         if self.exspec_window is not None and self.exspec_window < self.batch_size:
             raise SpecvizError("--window must be at least the batch size")
         self._validate_sampling()
+        self._validate_drafting(fault)
+
+    def _validate_drafting(self, fault: type | None) -> None:
+        if self.proposer not in PROPOSERS:
+            raise SpecvizError(f"unknown proposer {self.proposer!r}; choose from {', '.join(PROPOSERS)}")
+        if not 0 <= self.tree_branches <= (self.draft_k if self.method != "baseline" else 0):
+            raise SpecvizError(f"--tree must be between 0 and --draft-k ({self.draft_k}), got {self.tree_branches}")
+        if self.tree_branches and self.temperature > 0:
+            raise SpecvizError("tree verification is greedy only; use --temperature 0 or --tree 0")
+        if self.proposer == "ngram" and self.sampling == "rejection" and self.temperature > 0:
+            raise SpecvizError("--sampling rejection needs the proposer's probabilities; n-gram lookup has none")
+        if fault is not None and fault.needs_proposer and fault.needs_proposer != self.proposer:
+            raise SpecvizError(f"fault {self.fault} corrupts head drafting; use --proposer {fault.needs_proposer}")
+        if fault is not None and fault.needs_tree and not self.tree_branches:
+            raise SpecvizError(f"fault {self.fault} corrupts tree verification; use --tree 1 or more")
 
     def _validate_sampling(self) -> None:
         if self.sampling not in ("coupled", "rejection"):

@@ -8,7 +8,11 @@ inside one phase of the step (`step.py`):
 - whether the draft catches up on its last draft token (`draft_catch_up`; fill_draft_cache),
 - how the cache is rebuilt after verification (`plan`; plan_cache, for each cache),
 - which positions each draft call is fed (`draft_positions`; propose),
-- whether the target's cache is tampered with before the step (`tamper_cache`; step start).
+- whether the target's cache is tampered with before the step (`tamper_cache`; step start),
+- which row's hidden state becomes each row's head carry (`head_source_rows`; after verify),
+- which row's carry each row's head reads (`carry_rows`; propose, head drafting),
+- what each tree node may attend in the query block (`tree_attend`; verify, tree drafting),
+- which position each tree node is fed (`tree_positions`; verify, tree drafting).
 The base class is the correct engine, so the fixed and faulty paths share all other code.
 Faults are deterministic: same inputs, same corruption.
 
@@ -70,6 +74,10 @@ class FaultLog:
             {"step": self.step, "row": row, "seq_id": self.seqs[row].seq_id, "fault": self.fault, "what": what}
         )
 
+    def taint_seq(self, seq_id: int, what: str) -> None:
+        """Sequence `seq_id` was handed a wrong state (a head carry): reported at its next step."""
+        self.taints.setdefault(seq_id, what)
+
     def rows(self, deviating: torch.Tensor, what: str) -> None:
         """Log every row where `deviating` [B] bool is set (one host read)."""
         for row in deviating.nonzero().flatten().tolist():
@@ -101,6 +109,9 @@ class Fault:
     seen_in = ""
     summary = "no fault: the correct engine"
     default_method = "eqspec"
+    any_layout = False  # True: the fault's decision exists in every layout (inplace accepts it)
+    needs_proposer: str | None = None  # the proposer whose decision it overrides ("head"), if any
+    needs_tree = False  # True: it overrides a tree decision (a run needs --tree)
 
     def __init__(self) -> None:
         self.log = FaultLog(self.name)
@@ -135,6 +146,22 @@ class Fault:
 
     def tamper_cache(self, state: KVState) -> None:
         """Leave the target's cache alone (before the step)."""
+
+    def head_source_rows(self, batch_size: int) -> list[int]:
+        """Row r's next head carry is taken from row sources[r]'s hidden states: its own."""
+        return list(range(batch_size))
+
+    def carry_rows(self, batch_size: int) -> list[int]:
+        """Row r's head reads the carry of the sequence in row readers[r]: its own."""
+        return list(range(batch_size))
+
+    def tree_attend(self, ancestors: torch.Tensor) -> torch.Tensor:
+        """[N, N] bool: what each node of the query block attends: itself and its ancestors."""
+        return ancestors
+
+    def tree_positions(self, next_pos: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
+        """[B, N] position of each tree node: the row's next position plus the node's depth."""
+        return next_pos[:, None] + depths[None, :]
 
 
 class UniformAdvance(Fault):
@@ -283,6 +310,85 @@ class KVRowCopy(Fault):
         self.log.row(0, "KV slots overwritten from row 1")
 
 
+class RequestOrder(Fault):
+    name = "request-order"
+    invariants = (Invariant.ACCOUNTING,)
+    seen_in = "vLLM V1 spec decode: tokens of other requests in large mixed batches"
+    summary = "results are scattered back in request order (a dict's), not the batch's row order"
+    default_method = "exspec"  # its converge policy batches by length, not in request order
+
+    def write_back(self, regrouped: bool, batch_size: int) -> list[int]:
+        seqs = self.log.seqs
+        by_request = sorted(range(batch_size), key=lambda row: seqs[row].seq_id)  # arrival order
+        for row, dest in enumerate(by_request):
+            if dest != row:
+                self.log.row(row, f"results written to sequence {seqs[dest].seq_id}")
+        return by_request
+
+
+class HeadSourceIndex(Fault):
+    name = "head-source-index"
+    invariants = (Invariant.HEAD,)
+    seen_in = "vllm-ascend EAGLE-3 proposer: wrong source indices under concurrency"
+    summary = "each row's head carry is gathered from the next row's hidden states (an index off by one row)"
+    default_method = "exspec"
+    any_layout = True
+    needs_proposer = "head"
+
+    def head_source_rows(self, batch_size: int) -> list[int]:
+        return [(row + 1) % batch_size for row in range(batch_size)]
+
+
+class SharedCarry(Fault):
+    name = "shared-carry"
+    invariants = (Invariant.HEAD,)
+    seen_in = "llama.cpp-fork MTP drafting: sequence 0 hard-coded, carry-over state shared across slots"
+    summary = "every row's head reads row 0's carry-over hidden state"
+    default_method = "eqspec"
+    any_layout = True
+    needs_proposer = "head"
+
+    def carry_rows(self, batch_size: int) -> list[int]:
+        return [0] * batch_size
+
+
+class TreeSiblingMask(Fault):
+    name = "tree-sibling-mask"
+    invariants = (Invariant.KV,)
+    seen_in = "tree attention masks built causally over the flattened tree (siblings visible)"
+    summary = "the tree mask lets each node see its siblings listed before it, not only its ancestors"
+    default_method = "eqspec"
+    any_layout = True
+    needs_tree = True
+
+    def tree_attend(self, ancestors: torch.Tensor) -> torch.Tensor:
+        size = ancestors.shape[0]
+        # A node sees the flattened block causally: every node listed before it, siblings included.
+        causal = torch.ones(size, size, dtype=torch.bool, device=ancestors.device).tril()
+        fed = ancestors | causal
+        if bool((fed != ancestors).any()):
+            for row in range(len(self.log.seqs)):
+                self.log.row(row, "tree node attends nodes that are not its ancestors")
+        return fed
+
+
+class TreeNodePositions(Fault):
+    name = "tree-node-positions"
+    invariants = (Invariant.POSITIONS,)
+    seen_in = "tree verification fed positions by node index instead of depth"
+    summary = "each tree node's position is the row's next position plus its node index, not its depth"
+    default_method = "eqspec"
+    any_layout = True
+    needs_tree = True
+
+    def tree_positions(self, next_pos: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
+        index = torch.arange(depths.shape[0], device=next_pos.device)
+        if bool((index != depths).any()):
+            for row in range(next_pos.shape[0]):
+                self.log.row(row, POSITIONS_OFF["verify"])
+        return next_pos[:, None] + index[None, :]
+
+
 def _trim_to_longest(
     log: FaultLog, accepted: torch.Tensor, available: int, cache: CacheName, positions_follow_cache: bool
 ) -> SlotPlan:
@@ -316,6 +422,11 @@ FAULTS: dict[str, type[Fault]] = {
         MissingBonusKV,
         DraftPositions,
         KVRowCopy,
+        RequestOrder,
+        HeadSourceIndex,
+        SharedCarry,
+        TreeSiblingMask,
+        TreeNodePositions,
     )
 }
 

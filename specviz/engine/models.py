@@ -13,6 +13,7 @@ from specviz.errors import ModelLoadError, first_line
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_TARGET = str(ASSETS / "default-target")
 DEFAULT_DRAFT = str(ASSETS / "default-draft")
+DEFAULT_HEAD = str(ASSETS / "default-head")  # an EAGLE-style head for the default target (proposers/head.py)
 
 DTYPES = {
     "float32": torch.float32,
@@ -36,6 +37,7 @@ class ModelPair:
     pad_token_id: int
     device: torch.device
     dtype: torch.dtype
+    head: Any | None = None  # a draft head on the target's hidden states (`EagleHead`); loaded on demand
 
 
 def resolve_device(device: str = "auto") -> torch.device:

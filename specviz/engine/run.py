@@ -16,7 +16,8 @@ from specviz.engine.faults import Fault, make_fault
 from specviz.engine.kv.window import refusal as window_refusal
 from specviz.engine.kv.window import window_spec
 from specviz.engine.methods import METHODS
-from specviz.engine.models import ModelPair
+from specviz.engine.models import DEFAULT_HEAD, ModelPair
+from specviz.engine.proposers import DraftModelProposer, HeadProposer, NgramProposer, Proposer, load_head
 from specviz.engine.reference import sampled_reference
 from specviz.engine.rules import TokenRules
 from specviz.engine.sampling import SamplingParams
@@ -81,20 +82,21 @@ def run(
     returned then has no steps in memory, and the caller closes the sink with its header and
     sequences."""
     config.validate()
-    if config.k > 0 and pair.draft is None:
-        raise SpecvizError(f"method {config.method} needs a draft model")
+    if config.k > 0 and config.proposer == "draft-model" and pair.draft is None:
+        raise SpecvizError(f"method {config.method} needs a draft model (or --proposer head / ngram)")
     torch.manual_seed(config.seed)
     prompt_ids = tokenize_prompts(pair, prompts, config.max_new_tokens)
     refuse_unmaskable_windows(pair, prompt_ids, config)
     eos = frozenset(pair.eos_token_ids)
     fault = make_fault(config.fault)
     method = METHODS[config.method]
+    proposer = make_proposer(pair, config)
     header = _header(pair, config, fault, eos)
     recorder = Recorder(header, sink=steps_to) if config.record_steps else NullRecorder(header)
     references, complete = _references(pair, prompt_ids, config, progress)
     seqs = [SeqState(seq_id=i, prompt_ids=ids) for i, ids in enumerate(prompt_ids)]
     tokens = _TokenProgress(progress, seqs, config.max_new_tokens)
-    engine = Engine(_engine_config(pair, config, fault, eos), RunContext(recorder=recorder, on_tokens=tokens))
+    engine = Engine(_engine_config(pair, config, fault, eos, proposer), RunContext(recorder=recorder, on_tokens=tokens))
     failure: str | None = None
     started = engine.now()
     try:
@@ -170,7 +172,9 @@ def _header(pair: ModelPair, config: RunConfig, fault: Fault, eos: frozenset[int
         method=config.method,
         fault=None if fault.name == "none" else fault.name,
         target=model_info(pair.target, pair.target_name, pair.device, pair.dtype),
-        draft=model_info(pair.draft, pair.draft_name or "", pair.device, pair.dtype) if config.k > 0 else None,
+        draft=model_info(pair.draft, pair.draft_name or "", pair.device, pair.dtype)
+        if config.k > 0 and config.proposer == "draft-model"
+        else None,
         draft_k=config.k,
         batch_size=config.batch_size,
         max_new_tokens=config.max_new_tokens,
@@ -182,13 +186,37 @@ def _header(pair: ModelPair, config: RunConfig, fault: Fault, eos: frozenset[int
         sampling=_sampling_info(config.sampling_params),
     )
     header.layout = method.layout  # inplace: per-row regions, no rectangular alignment to check
+    if config.k > 0:
+        header.proposer, header.tree_branches = config.proposer, config.tree_branches
+    if config.k > 0 and config.proposer == "head":  # which head drafted (the header has no ModelInfo for it)
+        default = "the pair's own head" if pair.head is not None else "specviz/assets/default-head"
+        header.options["head"] = config.head_path or default
     return header
 
 
-def _engine_config(pair: ModelPair, config: RunConfig, fault: Fault, eos: frozenset[int]) -> EngineConfig:
+def make_proposer(pair: ModelPair, config: RunConfig) -> Proposer | None:
+    """The run's proposer: None for the baseline; the head is the pair's, else loaded from
+    `config.head_path` (default: the embedded default head)."""
+    if config.k == 0:
+        return None
+    if config.proposer == "ngram":
+        return NgramProposer()
+    if config.proposer == "head":
+        head = pair.head if pair.head is not None and config.head_path is None else None
+        if head is None:
+            head = load_head(config.head_path or DEFAULT_HEAD, pair.target)
+        return HeadProposer(head, pair.target)
+    return DraftModelProposer(pair.draft)
+
+
+def _engine_config(
+    pair: ModelPair, config: RunConfig, fault: Fault, eos: frozenset[int], proposer: Proposer | None
+) -> EngineConfig:
     return EngineConfig(
         target=pair.target,
-        draft=pair.draft if config.k > 0 else None,
+        draft=None,  # set from the proposer: the draft model's, or none
+        proposer=proposer,
+        tree_branches=config.tree_branches,
         k=config.k,
         max_new_tokens=config.max_new_tokens,
         eos_ids=eos,
@@ -221,7 +249,11 @@ def refuse_unmaskable_windows(pair: ModelPair, prompt_ids: list[list[int]], conf
     could reach its window (longest prompt + new tokens + drafts in one row), is refused in one line."""
     longest = max((len(ids) for ids in prompt_ids), default=0) + config.max_new_tokens + config.k
     models = [(pair.target, pair.target_name)]
-    if config.k > 0 and pair.draft is not None:
+    if config.tree_branches and window_spec(pair.target).windowed:
+        raise SpecvizError(
+            f"{pair.target_name}: tree verification does not support sliding-window models yet (use --tree 0)"
+        )
+    if config.k > 0 and config.proposer == "draft-model" and pair.draft is not None:
         models.append((pair.draft, pair.draft_name or "draft"))
     for model, name in models:
         line = window_refusal(model, name, longest)

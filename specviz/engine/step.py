@@ -3,10 +3,12 @@
 A step reads as four beats, in the order gpt-fast's `speculative_decode` reads, each a method
 with a small typed result:
 
-1. `propose` -> `Proposals`: the draft proposes k tokens per row, one forward of one token each
-   on its own cache. The baseline (plain batched greedy) has no draft: `Proposals.none`.
+1. `propose` -> `Proposals`: the proposer (`proposers/`: a draft model, a head on the target's
+   hidden states, n-gram lookup) proposes k tokens per row, plus, for a tree, an alternative at
+   each of the first depths. The baseline (plain batched greedy) has none: `Proposals.none`.
 2. `verify` -> `Verification`: the target scores [pending, d1..dk] in one forward; the accept
-   rule keeps the longest prefix of drafts that agrees with the target's own choices.
+   rule keeps the longest prefix of drafts that agrees with the target's own choices. A tree is
+   verified in one forward with a tree mask; the accepted path is its longest agreeing chain.
 3. `commit` -> `Commit`: the accepted drafts plus one target token (the bonus) are appended to
    the sequences.
 4. `plan_cache` -> `CachePlan`, once per cache: which slots each continuing row keeps and where
@@ -24,6 +26,7 @@ by both the draft and the target, so verification compares like with like. Fault
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,36 +38,17 @@ from specviz.engine.faults import CacheName, Fault, SlotPlan
 from specviz.engine.kv.content import KVContentChecker
 from specviz.engine.kv.headroom import with_headroom
 from specviz.engine.kv.state import CachePlan, KVState, feed, leading_zeros
+from specviz.engine.proposers.base import Proposals, Proposer, TreeShape, accepted_path
+from specviz.engine.proposers.draft_model import DraftModelProposer
+from specviz.engine.proposers.head import HiddenTap
 from specviz.engine.rules import SampleKeys, TokenRules, agreeing_prefix
 from specviz.trace.recorder import NullRecorder, Recorder, StepObservation
 
-__all__ = ["agreeing_prefix"]  # re-exported: the accept rule of greedy and coupled verification
+# re-exported: the accept rule of greedy and coupled verification; the proposer's result
+__all__ = ["Proposals", "agreeing_prefix"]
 
 
 # ---------------------------------------------------------------------- phase results
-
-
-@dataclass(frozen=True)
-class Proposals:
-    """What the draft proposed (vLLM's `SpeculativeProposals`)."""
-
-    tokens: torch.Tensor  # [B, k] draft tokens; k = 0 without a draft
-    positions: torch.Tensor  # [B, k] position ID fed at each draft call (column j: call j)
-    kv_len: torch.Tensor | None  # [B] attended draft slots at the first draft call; None: no draft
-    cache_width: int  # draft cache slots before the first draft call
-    seconds: float
-    logits: torch.Tensor | None = None  # [B, k, V] the draft's logits, kept only for rejection sampling
-    call_kv_lens: torch.Tensor | None = None  # [B, k] attended draft slots before each draft call
-
-    @property
-    def k(self) -> int:
-        return self.tokens.shape[1]
-
-    @classmethod
-    def none(cls, pending: torch.Tensor) -> Proposals:
-        """The baseline's: no draft, nothing proposed, the target decodes one token per row."""
-        empty = pending.new_zeros(pending.shape[0], 0)
-        return cls(tokens=empty, positions=empty, kv_len=None, cache_width=0, seconds=0.0)
 
 
 @dataclass(frozen=True)
@@ -78,6 +62,16 @@ class Verification:
     matched: torch.Tensor  # [B] leading drafts that agree with the target
     accepted: torch.Tensor  # [B] drafts kept (a correct engine keeps exactly `matched`)
     seconds: float
+    paths: list[list[int]] | None = None  # tree: per row the accepted nodes, root excluded
+    node_attends: torch.Tensor | None = None  # tree: [B, N, N] query-block nodes each node attended
+    hidden: torch.Tensor | None = None  # [B, q, H] the target's last hidden states (head drafting)
+
+    def last_node(self, row: int) -> int:
+        """The query slot of the row's last accepted node (its bonus is the target's choice there)."""
+        if self.paths is None:
+            return int(self.accepted[row])
+        path = self.paths[row]
+        return path[-1] if path else 0
 
 
 @dataclass(frozen=True)
@@ -115,7 +109,7 @@ class EngineConfig:
     """What a run decodes with: fixed for the run."""
 
     target: Any
-    draft: Any | None  # None: the baseline (then k = 0)
+    draft: Any | None  # the model whose KV cache methods keep beside the target's (set from the proposer)
     k: int
     max_new_tokens: int
     eos_ids: frozenset[int]
@@ -124,16 +118,24 @@ class EngineConfig:
     fault: Fault = field(default_factory=Fault)
     rules: TokenRules = field(default_factory=TokenRules)
     kv_check_every: int = 0  # check the target's KV content every N steps (0: never)
+    proposer: Proposer | None = None  # None with a draft model: that model drafts (today's default)
+    tree_branches: int = 0  # 0: a chain; b: one alternative at each of the first b depths (TreeShape)
 
     def __post_init__(self) -> None:
-        if (self.draft is None) != (self.k == 0):
-            raise ValueError(f"a draft model needs k >= 1 and k >= 1 needs a draft model (k={self.k})")
+        if self.proposer is None and self.draft is not None:
+            object.__setattr__(self, "proposer", DraftModelProposer(self.draft))
+        if self.proposer is not None:
+            object.__setattr__(self, "draft", self.proposer.cache_model)
+        if (self.proposer is None) != (self.k == 0):
+            raise ValueError(f"a proposer needs k >= 1 and k >= 1 needs a proposer (k={self.k})")
+        if not 0 <= self.tree_branches <= self.k:
+            raise ValueError(f"tree branches must be between 0 and k={self.k}, got {self.tree_branches}")
 
     @property
     def cache_headroom(self) -> int:
         """Headroom a cache keeps past its width (kv/headroom.py): a step feeds each cache at most
-        k + 1 slots (the draft's catch-up token plus its proposals; the verify block)."""
-        return self.k + 2
+        k + 1 + branches slots (the draft's catch-up token plus its proposals; the verify block)."""
+        return self.k + 2 + self.tree_branches
 
 
 @dataclass
@@ -157,7 +159,18 @@ class Engine:
         self.config = config
         self.context = context if context is not None else RunContext()
         self.target, self.draft, self.k, self.device = config.target, config.draft, config.k, config.device
-        self.fault, self.rules = config.fault, config.rules
+        self.fault, self.rules, self.proposer = config.fault, config.rules, config.proposer
+        needs_hidden = self.proposer is not None and self.proposer.needs_hidden
+        self.hidden_tap = HiddenTap(self.target) if needs_hidden else None
+
+    def capture_hidden(self) -> Any:
+        """A context capturing the target's last hidden states when the proposer reads them."""
+        return self.hidden_tap.capture() if self.hidden_tap is not None else nullcontext(None)
+
+    def target_prefilled(self, seqs: list[SeqState], tap: HiddenTap | None, last: list[int]) -> None:
+        """Hand the proposer the hidden states of a target prefill (`last[r]`: row r's last column, -1: none)."""
+        if tap is not None and tap.hidden is not None:
+            self.proposer.prefilled(self, seqs, tap.hidden, last)
 
     @property
     def max_new_tokens(self) -> int:
@@ -193,7 +206,9 @@ class Engine:
                 ids[row, width - len(context) :] = torch.tensor(context, device=device)
                 mask[row, width - len(context) :] = 1
         positions = (mask.cumsum(1) - 1).clamp(min=0)  # [B, W]
-        feed(model, state, ids, positions, query_mask=mask)
+        with self.capture_hidden() if model is self.target else nullcontext(None) as tap:
+            feed(model, state, ids, positions, query_mask=mask)
+        self.target_prefilled(seqs, tap, [width - 1 if c else -1 for c in contexts])
         state.cache = with_headroom(state.cache, self.cache_headroom)
         return state
 
@@ -211,22 +226,30 @@ class Engine:
             seq_ids=torch.tensor([s.seq_id for s in seqs], device=device), first=torch.tensor(committed, device=device)
         )
 
-        # 1. Propose: k draft tokens per row (none for the baseline).
-        proposals = Proposals.none(pending) if batch.draft is None else self.propose(batch.draft, pending, keys)
-        # 2. Verify: one target forward over [pending, d1..dk]; keep the agreeing prefix.
+        # 1. Propose: k draft tokens per row, a chain or a tree (none for the baseline).
+        proposals = self.propose(batch, pending, keys)
+        # 2. Verify: one target forward over [pending, nodes]; keep the agreeing path.
         verification = self.verify(batch.target, pending, proposals, keys)
         # 3. Commit: each row's accepted drafts plus the bonus go to its sequence.
-        commit = self.commit(batch, proposals.tokens, verification)
-        # 4. Plan the caches. The target's holds [old | pending, d1..dk]; the draft's [old | d1..dk]
-        # (+ the last draft's KV once filled). The baseline has no draft cache to fill or plan.
-        target_plan = self.plan_cache(batch.target, verification.cache_len, verification.accepted, "target")
+        commit = self.commit(batch, proposals, verification)
+        self._hand_hidden_states(seqs, committed, proposals, verification)
+        # 4. Plan the caches. The target's holds [old | pending, nodes]; the draft's [old | pending,
+        # d1..d(k-1)] (+ the KV it lacks once filled). No draft cache: nothing to fill or plan.
+        target_order = _path_first(verification, proposals.tree)
+        target_plan = self.plan_cache(
+            batch.target, verification.cache_len, verification.accepted, "target", target_order
+        )
         draft_plan, fill_s = None, 0.0
         if batch.draft is not None:
-            fill_s = self.fill_draft_cache(batch.draft, proposals, verification.accepted)
-            draft_plan = self.plan_cache(batch.draft, proposals.cache_width, verification.accepted, "draft")
+            fill_s, draft_order = self.fill_draft_cache(batch.draft, proposals, verification)
+            draft_plan = self.plan_cache(
+                batch.draft, proposals.cache_width, verification.accepted, "draft", draft_order
+            )
 
         self._committed(seqs, commit)
         observation = self._observe(batch, committed, pending, proposals, verification, commit, fill_s, kv_mismatch)
+        if proposals.tree is not None:
+            observation.kept_nodes = _kept_nodes(target_plan, verification.cache_len)
         return StepOutcome(observation, commit.active_rows, target_plan, draft_plan, started, self.now())
 
     def finish_step(self, outcome: StepOutcome, left_pad_after: list[int | None], align_before_s: float = 0.0) -> None:
@@ -245,44 +268,27 @@ class Engine:
 
     # ------------------------------------------------------------------ the beats
 
-    def propose(self, state: KVState, pending: torch.Tensor, keys: SampleKeys | None = None) -> Proposals:
-        """k draft tokens per row, one forward each on the draft's own cache.
+    def propose(self, batch: Batch, pending: torch.Tensor, keys: SampleKeys | None = None) -> Proposals:
+        """The proposer's k drafts per row (plus a tree's alternatives); none for the baseline.
 
         `keys` name each row's sequence and next logical index, for keyed sampling (greedy ignores them).
         """
-        started = self.now()
-        kv_len, cache_width = state.mask.sum(1), state.width
-        tokens = pending[:, None]  # [B, 1]
-        drafted, fed_positions, kept_logits, call_kv_lens = [], [], [], []
-        for j in range(self.k):
-            positions = self.fault.forward_positions(state.next_pos + j, state.width, 1, "draft")  # [B, 1]
-            positions = self.fault.draft_positions(positions)
-            call_kv_lens.append(state.mask.sum(1, keepdim=True))  # the call's one query attends these
-            logits = feed(self.draft, state, tokens, positions)[:, -1:]  # [B, 1, V]
-            tokens = self.rules.select(logits, keys, offset=j)
-            drafted.append(tokens)
-            fed_positions.append(positions)
-            if self.rules.keeps_draft_logits:
-                kept_logits.append(logits)
-        return Proposals(
-            tokens=torch.cat(drafted, dim=1),
-            positions=torch.cat(fed_positions, dim=1),
-            kv_len=kv_len,
-            cache_width=cache_width,
-            seconds=self.now() - started,
-            logits=torch.cat(kept_logits, dim=1) if kept_logits else None,
-            call_kv_lens=torch.cat(call_kv_lens, dim=1),
-        )
+        if self.proposer is None:
+            return Proposals.none(pending)
+        return self.proposer.propose(self, batch, pending, keys, self.config.tree_branches)
 
     def verify(
         self, state: KVState, pending: torch.Tensor, proposals: Proposals, keys: SampleKeys | None = None
     ) -> Verification:
         """One target forward over [pending, d1..dk]; accept the drafts the token rules accept."""
+        if proposals.tree is not None:
+            return self.verify_tree(state, pending, proposals)
         started = self.now()
         k, cache_len = proposals.k, state.width
         positions = self.fault.forward_positions(state.next_pos, cache_len, k + 1, "verify")  # [B, k+1]
         query = torch.cat([pending[:, None], proposals.tokens], dim=1)  # [B, k+1]
-        target_logits = feed(self.target, state, query, positions)  # [B, k+1, V]
+        with self.capture_hidden() as tap:
+            target_logits = feed(self.target, state, query, positions)  # [B, k+1, V]
         matched, target_tokens = self.rules.verify(proposals.tokens, proposals.logits, target_logits, keys)
         return Verification(
             positions=positions,
@@ -292,20 +298,55 @@ class Engine:
             matched=matched,
             accepted=self.fault.accept(matched, k),
             seconds=self.now() - started,
+            hidden=tap.hidden if tap is not None else None,
         )
 
-    def commit(self, batch: Batch, drafts: torch.Tensor, verification: Verification) -> Commit:
-        """Each row's accepted drafts plus the target's token after them go to its sequence."""
+    def verify_tree(self, state: KVState, pending: torch.Tensor, proposals: Proposals) -> Verification:
+        """One target forward over the tree [root = pending, nodes...] with a tree mask: each node
+        attends the row's committed slots and its own ancestors, at position next_pos + depth.
+        The accepted path is the longest root-to-leaf path agreeing with the target (greedy)."""
+        started = self.now()
+        tree, cache_len = proposals.tree, state.width
+        depths = torch.tensor(tree.depths, device=pending.device)
+        positions = self.fault.tree_positions(state.next_pos, depths)  # [B, N]
+        attend = self.fault.tree_attend(tree.ancestors(pending.device))  # [N, N]
+        query = torch.cat([pending[:, None], proposals.node_tokens], dim=1)  # [B, N]
+        with self.capture_hidden() as tap:
+            target_logits = feed(self.target, state, query, positions, query_attend=attend)  # [B, N, V]
+        target_tokens = self.rules.select(target_logits, None)  # greedy: tree verification refuses sampling
+        nodes_l, targets_l = query.tolist(), target_tokens.tolist()
+        paths = [accepted_path(tree, nodes_l[r], targets_l[r]) for r in range(len(nodes_l))]
+        accepted = torch.tensor([len(p) for p in paths], device=pending.device)
+        return Verification(
+            positions=positions,
+            fed_mask=state.mask,
+            cache_len=cache_len,
+            target_tokens=target_tokens,
+            matched=accepted,
+            accepted=accepted,
+            seconds=self.now() - started,
+            paths=paths,
+            node_attends=state.query_attends,
+            hidden=tap.hidden if tap is not None else None,
+        )
+
+    def commit(self, batch: Batch, proposals: Proposals, verification: Verification) -> Commit:
+        """Each row's accepted drafts (its path's tokens, in a tree) plus the target's token after
+        them go to its sequence."""
         seqs = batch.seqs
         perm = self.fault.write_back(batch.regrouped, len(seqs))
-        drafts_l, targets_l = drafts.tolist(), verification.target_tokens.tolist()
+        drafts_l, targets_l = proposals.node_tokens.tolist(), verification.target_tokens.tolist()
         emitted: list[list[int]] = []
         bonus: list[int | None] = []
         for row, (dest, accepted) in enumerate(zip(perm, verification.accepted.tolist())):
-            proposal = drafts_l[row][:accepted] + [targets_l[row][accepted]]
+            if verification.paths is None:
+                proposal = drafts_l[row][:accepted] + [targets_l[row][accepted]]
+            else:
+                path = verification.paths[row]
+                proposal = [drafts_l[row][node - 1] for node in path] + [targets_l[row][verification.last_node(row)]]
             out = seqs[dest].append(proposal, self.config.max_new_tokens, self.config.eos_ids)
             emitted.append(out)
-            bonus.append(targets_l[row][accepted] if len(out) == len(proposal) else None)
+            bonus.append(proposal[-1] if len(out) == len(proposal) else None)
         return Commit(
             emitted=emitted,
             bonus=bonus,
@@ -314,32 +355,80 @@ class Engine:
             active=torch.tensor([not s.done for s in seqs], device=self.device),
         )
 
-    def fill_draft_cache(self, state: KVState, proposals: Proposals, accepted: torch.Tensor) -> float:
-        """After an all-accepted step the draft lacks KV for its last draft: compute it.
+    def fill_draft_cache(
+        self, state: KVState, proposals: Proposals, verification: Verification
+    ) -> tuple[float, torch.Tensor | None]:
+        """Compute the draft KV the accepted path lacks, in one forward for the batch.
 
-        The draft never fed its own last token, so a row that accepted every draft would resume
-        one slot short. One forward for the batch; rows that accepted less drop the slot in
-        their plan. Returns the seconds spent (draft time).
+        The draft fed [pending, d1..d(k-1)]: a row that accepted every draft lacks d_k's KV, and in
+        a tree a row whose path ends on an alternative lacks that alternative's. Rows that need
+        nothing drop the filled slot in their plan. Returns the seconds spent (draft time) and, in a
+        tree, each row's slot order for the plan (path slots first), else None (the plan keeps a prefix).
         """
-        if not (self.fault.draft_catch_up() and bool((accepted == proposals.k).any())):
-            return 0.0
-        started = self.now()
-        positions = self.fault.forward_positions(state.next_pos + proposals.k, state.width, 1, "fill")  # [B, 1]
-        feed(self.draft, state, proposals.tokens[:, -1:], positions)
-        return self.now() - started
+        accepted, k = verification.accepted, proposals.k
+        if verification.paths is None:
+            if not (self.fault.draft_catch_up() and bool((accepted == k).any())):
+                return 0.0, None
+            started = self.now()
+            positions = self.fault.forward_positions(state.next_pos + k, state.width, 1, "fill")  # [B, 1]
+            feed(self.draft, state, proposals.tokens[:, -1:], positions)
+            return self.now() - started, None
+        ends_alt = torch.tensor([bool(p) and p[-1] > k for p in verification.paths], device=accepted.device)
+        lacking = ends_alt | (accepted == k)
+        fill = self.fault.draft_catch_up() and bool(lacking.any())
+        if fill:
+            started = self.now()
+            alt_index = (accepted - 1).clamp(min=0, max=proposals.tree.branches - 1)
+            alternative = proposals.alternatives.gather(1, alt_index[:, None])[:, 0]
+            token = torch.where(ends_alt, alternative, proposals.tokens[:, -1])
+            positions = self.fault.forward_positions(state.next_pos + accepted, state.width, 1, "fill")  # [B, 1]
+            feed(self.draft, state, token[:, None], positions)
+            seconds = self.now() - started
+        else:
+            seconds = 0.0
+        written = k + int(fill)
+        # Path slots first: pending and the main drafts up to the path's last main node, then the fill.
+        order = []
+        for row, path in enumerate(verification.paths):
+            main = 1 + sum(1 for node in path if node <= k)  # pending + main-chain nodes kept
+            front = list(range(min(main, k))) + ([k] if fill and bool(lacking[row]) else [])
+            order.append(front + [s for s in range(written) if s not in front])
+        return seconds, torch.tensor(order, dtype=torch.long, device=accepted.device)
 
-    def plan_cache(self, state: KVState, old_width: int, accepted: torch.Tensor, cache: CacheName) -> CachePlan:
+    def plan_cache(
+        self,
+        state: KVState,
+        old_width: int,
+        accepted: torch.Tensor,
+        cache: CacheName,
+        order: torch.Tensor | None = None,
+    ) -> CachePlan:
         """How to rebuild one cache of [old slots | slots written this step], for every row.
 
         The new slots hold the KV of what this step fed; the fault's `plan` decides how many a
-        row keeps and attends (correct: accepted + 1) and how far its positions advance.
+        row keeps and attends (correct: accepted + 1) and how far its positions advance. `order`
+        [B, written] (a tree): the new slots in the order they are kept, the accepted path's
+        first; None: the written order (a chain keeps a prefix).
         """
-        written = state.width - old_width  # target: k + 1; draft: k, or k + 1 once filled
+        written = state.width - old_width  # target: k + 1 (tree: N); draft: k, or k + 1 once filled
         slots = self.fault.plan(accepted, written, leading_zeros(state.mask[:, :old_width]), cache)
-        retain, attend = _keep_masks(state.mask, old_width, slots)
-        return CachePlan(retain=retain, attend=attend, next_pos=state.next_pos + slots.advance)
+        retain, attend = _keep_masks(state.mask, old_width, slots, order)
+        return CachePlan(
+            retain=retain, attend=attend, next_pos=state.next_pos + slots.advance, scattered=order is not None
+        )
 
     # ------------------------------------------------------------------ bookkeeping
+
+    def _hand_hidden_states(
+        self, seqs: list[SeqState], committed: list[int], proposals: Proposals, verification: Verification
+    ) -> None:
+        """Head drafting: each row's next carry is the target's hidden state at its last accepted node."""
+        if verification.hidden is None:
+            return
+        depths = proposals.tree.depths if proposals.tree is not None else None
+        slots = [verification.last_node(r) for r in range(len(seqs))]
+        node_depths = [depths[s] if depths else s for s in slots]  # a chain's slot is its depth
+        self.proposer.verified(self, seqs, committed, verification.hidden, slots, node_depths)
 
     def _committed(self, seqs: list[SeqState], commit: Commit) -> None:
         """Progress, and the KV check's memory: finished sequences no longer need their expected keys."""
@@ -368,7 +457,7 @@ class Engine:
             write_seqs=commit.write_seqs,
             committed_before=committed,
             pending=pending,
-            drafts=proposals.tokens,
+            drafts=proposals.node_tokens,
             target_tokens=verification.target_tokens,
             accepted=verification.accepted,
             bonus=commit.bonus,
@@ -384,10 +473,14 @@ class Engine:
             verify_ms=verification.seconds * 1000,
             align_ms=0.0,  # closed by finish_step, after the caller applied the plans
             total_ms=0.0,
-            draft_positions=proposals.positions if batch.draft is not None else None,
+            draft_positions=proposals.positions if proposals.kv_len is not None else None,
             draft_call_kv_lens=proposals.call_kv_lens,
             kv_mismatch=kv_mismatch,
-            query_causal=getattr(batch.target, "query_causal", None),  # engines that feed a 4-D mask
+            query_causal=None if proposals.tree is not None else getattr(batch.target, "query_causal", None),
+            tree_parents=list(proposals.tree.parents) if proposals.tree is not None else None,
+            node_attends=verification.node_attends,
+            tree_paths=verification.paths,
+            head_sources=proposals.head_sources,
         )
 
     def check_kv_content(self, state: KVState, seqs: list[SeqState]) -> list[int | None] | None:
@@ -414,8 +507,27 @@ class Engine:
         return mismatches
 
 
-def _keep_masks(mask_after: torch.Tensor, old_width: int, plan: SlotPlan) -> tuple[torch.Tensor, torch.Tensor]:
-    """Which slots of [old | new] survive the rebuild, and which of those stay attended."""
+def _path_first(verification: Verification, tree: TreeShape | None) -> torch.Tensor | None:
+    """[B, N] a tree's query slots in keeping order: the root, the accepted path, then the rest."""
+    if tree is None or verification.paths is None:
+        return None
+    order = []
+    for path in verification.paths:
+        front = [0, *path]
+        order.append(front + [s for s in range(tree.size) if s not in front])
+    return torch.tensor(order, dtype=torch.long, device=verification.accepted.device)
+
+
+def _kept_nodes(plan: CachePlan, old_width: int) -> list[list[int]]:
+    """Per row, the query-block nodes whose KV the target plan keeps attended."""
+    return [row.nonzero().flatten().tolist() for row in plan.attend[:, old_width:]]
+
+
+def _keep_masks(
+    mask_after: torch.Tensor, old_width: int, plan: SlotPlan, order: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which slots of [old | new] survive the rebuild, and which of those stay attended. The plan
+    counts new slots in `order` (default: as written)."""
     old = mask_after[:, :old_width]
     new_width = mask_after.shape[1] - old_width
     if plan.absorb_old_pad:
@@ -425,6 +537,7 @@ def _keep_masks(mask_after: torch.Tensor, old_width: int, plan: SlotPlan) -> tup
         retain_old = old.cumsum(1) > 0  # strip leading padding, keep any holes after it
         attend_old = old.bool()
     slots = torch.arange(new_width, device=mask_after.device)[None, :]
-    retain_new = slots < plan.keep_new[:, None]
-    attend_new = slots < plan.attend_new[:, None]
+    rank = slots if order is None else order.argsort(1)  # each new slot's place in the keeping order
+    retain_new = rank < plan.keep_new[:, None]
+    attend_new = rank < plan.attend_new[:, None]
     return torch.cat([retain_old, retain_new], 1), torch.cat([attend_old, attend_new], 1)

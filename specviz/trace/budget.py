@@ -72,7 +72,21 @@ PUBLIC_BUDGET = Budget(
 )
 
 # Per-row lists, schema version 2 optional ones included (an absent or null one counts 0).
-ROW_TOKEN_FIELDS = ("draft_tokens", "target_tokens", "emitted", "position_ids", "draft_position_ids", "draft_kv_lens")
+ROW_TOKEN_FIELDS = (
+    "draft_tokens",
+    "target_tokens",
+    "emitted",
+    "position_ids",
+    "draft_position_ids",
+    "draft_kv_lens",
+    # schema version 3: the tree and head-input fields
+    "tree_parents",
+    "tree_depths",
+    "tree_path",
+    "kept_nodes",
+    "head_source",
+)
+ROW_NESTED_FIELDS = ("node_attends",)  # schema 3: a list per tree node, counted by all its items
 SEQUENCE_TOKEN_FIELDS = ("prompt_ids", "output_ids", "reference_ids", "reference_margins")
 ROW_ID_FIELDS = ("draft_tokens", "target_tokens", "emitted")  # token IDs a reader may show
 SEQUENCE_ID_FIELDS = ("prompt_ids", "output_ids", "reference_ids")
@@ -222,6 +236,12 @@ class _Walk:
         for name in ROW_TOKEN_FIELDS:
             count = _length(row.get(name))
             self.over(f"{path}.{name}", "length", count, b.max_row_tokens)
+            self.add_cells(f"{path}.{name}", count)
+        for name in ROW_NESTED_FIELDS:
+            value = row.get(name)
+            count = _length(value) + sum(map(_length, value)) if isinstance(value, list) else 0
+            # Node i attends depth(i) + 1 nodes: a chain of q nodes holds about q * q / 2 of them.
+            self.over(f"{path}.{name}", "length", count, b.max_row_tokens * b.max_query_len)
             self.add_cells(f"{path}.{name}", count)
         if self.used is not None:
             for name in ROW_ID_FIELDS:

@@ -43,7 +43,16 @@ from specviz.files import InflatesTooFar, inflate_bounded, umask_file_mode
 from specviz.trace.arrow import arrow_type, columns_valid, pylist
 from specviz.trace.arrow import numbers as numbers_of
 from specviz.trace.budget import NO_LIMITS_HINT, FileLimits, file_limits, json_parse_bytes
-from specviz.trace.schema import FORMAT_NAME, Header, RowRecord, SequenceRecord, StepRecord, Trace, json_fields
+from specviz.trace.schema import (
+    FORMAT_NAME,
+    TREE_ROW_FIELDS,
+    Header,
+    RowRecord,
+    SequenceRecord,
+    StepRecord,
+    Trace,
+    json_fields,
+)
 from specviz.trace.seqtable import sequences_from_ipc, sequences_ipc
 from specviz.trace.validate import (
     TraceError,
@@ -248,7 +257,7 @@ class ParquetTrace:
 
     def _read_table(self, group: int) -> pa.Table:
         try:
-            return self._file.read_row_group(group, use_threads=False)
+            return _with_optional_columns(self._file.read_row_group(group, use_threads=False))
         except (OSError, pa.ArrowException) as exc:
             reason = _quoted(exc, self.path)
             raise ColumnarError(f"{self.path.name}: row group {group}: unreadable ({reason})") from None
@@ -507,9 +516,22 @@ def _expanded_bytes(chunk: pa.Array) -> int:
     return int(pc.sum(lengths).as_py() or 0)
 
 
+# Columns added by schema version 3: a file written before them lacks them, read as nulls.
+OPTIONAL_COLUMNS = frozenset(TREE_ROW_FIELDS)
+
+
+def _with_optional_columns(table: pa.Table) -> pa.Table:
+    """`table` with every optional column it lacks appended as nulls (an older file)."""
+    for name in sorted(OPTIONAL_COLUMNS - set(table.column_names)):
+        table = table.append_column(TABLE_SCHEMA.field(name), pa.nulls(len(table), TABLE_SCHEMA.field(name).type))
+    return table
+
+
 def _check_columns(schema: pa.Schema, path: Path) -> None:
     names = set(schema.names)
     for field in TABLE_SCHEMA:
+        if field.name not in names and field.name in OPTIONAL_COLUMNS:
+            continue
         if field.name not in names:
             raise ColumnarError(f"{path}: column {field.name!r} missing")
         actual = schema.field(field.name).type

@@ -67,6 +67,13 @@ COLUMNS = [
     "draft_kv_lens",
     "kv_content_checked",
     "kv_mismatch_slot",
+    # schema version 3, optional tree and head fields
+    "tree_parents",
+    "tree_depths",
+    "node_attends",
+    "tree_path",
+    "kept_nodes",
+    "head_source",
     # token text from the trace's piece table
     "pending_text",
     "draft_text",

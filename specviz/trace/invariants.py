@@ -23,6 +23,10 @@ class Invariant(IntEnum):
     ACCOUNTING = 4
     # Each sequence's output equals batch-1 greedy decoding of the target.
     OUTPUT = 5
+    # Head drafting (schema 3): each row's draft head is fed the target's hidden state of that
+    # row's own sequence at its last cached token (logical index n-2). A drafting rule: breaking
+    # it may keep outputs exact and only cost acceptance.
+    HEAD = 6
 
     @property
     def slug(self) -> str:
@@ -36,8 +40,9 @@ _SLUGS = {
     Invariant.KV: "kv-consistency",
     Invariant.ACCOUNTING: "token-accounting",
     Invariant.OUTPUT: "output-equivalence",
+    Invariant.HEAD: "head-input",
 }
 
 # The invariants checked on the recorded state: every `Violation` names one of these. OUTPUT is
 # judged per sequence against the reference, by the verdicts (docs/forensics.md).
-STATE_INVARIANTS = (Invariant.ALIGNMENT, Invariant.POSITIONS, Invariant.KV, Invariant.ACCOUNTING)
+STATE_INVARIANTS = (Invariant.ALIGNMENT, Invariant.POSITIONS, Invariant.KV, Invariant.ACCOUNTING, Invariant.HEAD)

@@ -52,6 +52,11 @@ class StepObservation:
     draft_call_kv_lens: torch.Tensor | None = None  # [B, k] attended draft slots before each draft call
     kv_mismatch: list[int | None] | None = None  # per row: first bad target slot; None: not checked
     query_causal: torch.Tensor | None = None  # [B] bool, when the verify block was fed as a 4-D mask
+    tree_parents: list[int] | None = None  # tree verification: parent of each query node (-1: root)
+    node_attends: torch.Tensor | None = None  # [B, N, N] bool: query nodes each node attended
+    tree_paths: list[list[int]] | None = None  # per row: accepted nodes, root excluded
+    kept_nodes: list[list[int]] | None = None  # per row: query nodes whose KV the commit kept
+    head_sources: list[list[int]] | None = None  # per row: [seq_id, logical index] fed to the head; []: none
 
 
 def mask_rle(mask: torch.Tensor) -> list[list[list[int]]]:
@@ -100,6 +105,7 @@ class Recorder:
         call_kv = obs.draft_call_kv_lens.tolist() if obs.draft_call_kv_lens is not None else None
         checked = obs.kv_mismatch is not None
         causal = obs.query_causal.tolist() if obs.query_causal is not None else None
+        tree = _tree_fields(obs)
         rows = []
         for r, seq_id in enumerate(obs.seq_ids):
             n = obs.committed_before[r]
@@ -130,6 +136,8 @@ class Recorder:
                     kv_content_checked=checked,
                     kv_mismatch_slot=obs.kv_mismatch[r] if checked else None,
                     query_causal=causal[r] if causal is not None else None,
+                    head_source=obs.head_sources[r] if obs.head_sources is not None else None,
+                    **tree[r],
                 )
             )
         self._keep(
@@ -172,6 +180,30 @@ class NullRecorder(Recorder):
 
     def record_step(self, obs: StepObservation) -> None:
         return None
+
+
+def _tree_fields(obs: StepObservation) -> list[dict[str, Any]]:
+    """Per row, the tree fields of a tree step (none of a chain step)."""
+    rows = len(obs.seq_ids)
+    if obs.tree_parents is None:
+        return [{} for _ in range(rows)]
+    parents = obs.tree_parents
+    depths = []
+    for parent in parents:
+        depths.append(0 if parent < 0 else depths[parent] + 1)  # parents precede children
+    attends = None
+    if obs.node_attends is not None:
+        attends = [[row.nonzero().flatten().tolist() for row in nodes] for nodes in obs.node_attends.cpu()]
+    return [
+        {
+            "tree_parents": list(parents),
+            "tree_depths": depths,
+            "node_attends": attends[r] if attends is not None else None,
+            "tree_path": obs.tree_paths[r] if obs.tree_paths is not None else None,
+            "kept_nodes": obs.kept_nodes[r] if obs.kept_nodes is not None else None,
+        }
+        for r in range(rows)
+    ]
 
 
 def _leading_run_of_zeros(runs: list[list[int]]) -> int:

@@ -14,8 +14,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEMA_VERSION = 2
-OLDEST_READABLE_VERSION = 1  # version-1 files lack only optional fields
+SCHEMA_VERSION = 3
+OLDEST_READABLE_VERSION = 1  # version-1 and -2 files lack only optional fields
 FORMAT_NAME = "specviz-trace"
 
 METHODS = ("baseline", "eqspec", "exspec", "inplace")
@@ -51,6 +51,17 @@ class RowRecord:
     draft_kv_lens: list[int] | None = None  # per draft call: slots that token attends before itself
     kv_content_checked: bool = False  # layer-0 keys of the attended slots were recomputed
     kv_mismatch_slot: int | None = None  # first attended cache slot whose key did not match
+    # Schema version 3, all optional (None: not recorded). Tree verification: the query block is a
+    # tree of N nodes, node 0 the pending token; draft_tokens, target_tokens and position_ids then
+    # hold nodes 1..N-1, 0..N-1 and 0..N-1 (node order).
+    tree_parents: list[int] | None = None  # parent node of each node (-1 for node 0)
+    tree_depths: list[int] | None = None  # depth of each node (node 0: 0)
+    node_attends: list[list[int]] | None = None  # per node: the query-block nodes it attended
+    tree_path: list[int] | None = None  # the accepted nodes, root excluded, root to leaf
+    kept_nodes: list[int] | None = None  # query-block nodes whose KV the commit kept attended
+    # Head drafting: [seq_id, logical index] of the target hidden state fed to the row's head this
+    # step; [] when none was (a one-token prompt's first step).
+    head_source: list[int] | None = None
 
 
 @dataclass
@@ -141,6 +152,10 @@ class Header:
     # text without it. Empty (and absent): IDs only. Version-2 files of an earlier draft kept it
     # in `options["token_text"]`, which readers still accept.
     token_text: dict[str, str] = field(default_factory=dict)
+    # Schema version 3, optional: what proposed the drafts ("draft-model", "head", "ngram"; absent:
+    # a draft model, as in every earlier file) and the tree's alternatives per step (0: a chain).
+    proposer: str = "draft-model"
+    tree_branches: int = 0
 
 
 LAYOUTS = ("left-padded", "fixed-slots", "unspecified")  # fixed-slots: per-row regions (inplace)
@@ -156,7 +171,15 @@ class Trace:
 # Optional row fields that most rows leave unrecorded: written only when recorded, so a run that
 # records them on a sampled few rows does not pay their bytes on every row (the loader restores
 # the defaults).
-SPARSE_ROW_FIELDS = ("query_causal", "draft_position_ids", "draft_kv_lens", "kv_content_checked", "kv_mismatch_slot")
+TREE_ROW_FIELDS = ("tree_parents", "tree_depths", "node_attends", "tree_path", "kept_nodes", "head_source")
+SPARSE_ROW_FIELDS = (
+    "query_causal",
+    "draft_position_ids",
+    "draft_kv_lens",
+    "kv_content_checked",
+    "kv_mismatch_slot",
+    *TREE_ROW_FIELDS,
+)
 
 
 def json_fields(obj: Any) -> dict[str, Any]:

@@ -35,6 +35,16 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "so outputs stay exact while acceptance drops.",
     "kv-row-copy": "once, row 0's cached keys and values are overwritten with row 1's; masks and "
     "counts look right, only the cache content is wrong.",
+    "request-order": "results are scattered back in request order, not the batch's row order: a row's "
+    "tokens land in another request (vLLM V1 spec decode, 2025).",
+    "head-source-index": "each row's draft head is fed the next row's hidden state: outputs stay exact, "
+    "acceptance collapses (vllm-ascend EAGLE-3, 2025).",
+    "shared-carry": "every row's draft head reads row 0's carry-over state: outputs stay exact, "
+    "acceptance collapses (a llama.cpp fork's MTP, 2026).",
+    "tree-sibling-mask": "the tree mask is causal over the flattened tree, so a node also sees its "
+    "siblings: alternatives are scored in the wrong context.",
+    "tree-node-positions": "each tree node is fed its node index as position offset instead of its "
+    "depth: alternatives sit at the wrong position.",
 }
 
 

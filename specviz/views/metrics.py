@@ -44,7 +44,8 @@ def acceptance_markdown(trace: Trace, totals: StepTotals | None = None) -> str:
         f"**acceptance rate** {_fmt(total.rate)} (accepted / drafted = {total.accepted} / {total.drafted}{spread})  \n"
         f"**mean acceptance length** {_fmt(total.mean_length, 2)} tokens per verify step (1 + accepted / verify "
         f"steps, the 1 is the bonus token)  \n"
-        f"**per-position acceptance** [{positions}] (share of verify steps accepting at least i+1 drafts)  \n"
+        f"**acceptance per depth** [{positions}] (share of verify steps accepting at least i+1 drafts: a tree's "
+        f"path reaching depth i+1; a head fed the wrong state collapses from depth 1)  \n"
         f"**histogram** {total.histogram} (verify steps accepting exactly 0..{trace.header.draft_k} drafts)"
     )
 
@@ -56,7 +57,7 @@ def acceptance_figure(trace: Trace, totals: StepTotals | None = None) -> go.Figu
         rows=1,
         cols=2,
         subplot_titles=(
-            "Per-position acceptance (≥ i+1 drafts accepted)",
+            "Acceptance per depth (≥ i drafts accepted)",
             "Histogram: drafts accepted per verify step",
         ),
     )
@@ -68,7 +69,7 @@ def acceptance_figure(trace: Trace, totals: StepTotals | None = None) -> go.Figu
                 y=total.per_position,
                 marker_color="#4ade80",
                 name="per position",
-                hovertemplate="draft %{x}: %{y:.3f}<extra></extra>",
+                hovertemplate="depth %{x}: %{y:.3f}<extra></extra>",
             ),
             row=1,
             col=1,
@@ -85,7 +86,7 @@ def acceptance_figure(trace: Trace, totals: StepTotals | None = None) -> go.Figu
             col=2,
         )
     fig.update_yaxes(range=[0, 1], row=1, col=1)
-    fig.update_xaxes(title_text="draft position i", dtick=1, row=1, col=1)
+    fig.update_xaxes(title_text="depth i (draft position)", dtick=1, row=1, col=1)
     fig.update_xaxes(title_text="accepted drafts", dtick=1, row=1, col=2)
     fig.update_layout(height=300, margin={"l": 10, "r": 10, "t": 50, "b": 40}, showlegend=False, plot_bgcolor="white")
     return fig

@@ -30,6 +30,7 @@ from specviz.views.outputs import RunOutputs, outputs_html
 from specviz.views.safe_text import html_text, md_text
 from specviz.views.summary import compare_table, summary_markdown
 from specviz.views.tokens import token_texts
+from specviz.views.tree import is_tree_step, tree_figure
 
 NO_ROW_PICKED = "Pick a row to see fed vs expected."
 # A Parquet trace read lazily: the sequence x step heatmaps draw at most this many steps around
@@ -134,6 +135,7 @@ class GridView:
     step_text: str
     row_text: str
     legend: str = ""  # HTML under the plot: the kinds and marks this step shows
+    tree: go.Figure | None = None  # tree verification (schema 3): each row's candidate tree; None: a chain
 
 
 def grid_view(loaded: LoadedRun | None, step_index: int | None, row: int | None, window: int | None) -> GridView:
@@ -146,7 +148,9 @@ def grid_view(loaded: LoadedRun | None, step_index: int | None, row: int | None,
     figure = grid_figure(slots, loaded.texts, window=int(window or DEFAULT_WINDOW), selected_row=row)
     row_text = row_details_markdown(slots, row, loaded.texts) if row != NO_ROW else NO_ROW_PICKED
     legend = where_html(loaded, step_index, row) + legend_html(slots, row if row != NO_ROW else None)
-    return GridView(step_index, row, row_choices(slots), figure, step_markdown(slots), row_text, legend)
+    step = loaded.trace.steps[step_index]
+    tree = tree_figure(step, loaded.texts, row if row != NO_ROW else None) if is_tree_step(step) else None
+    return GridView(step_index, row, row_choices(slots), figure, step_markdown(slots), row_text, legend, tree)
 
 
 def where_html(loaded: LoadedRun, step_index: int, row: int) -> str:

@@ -95,6 +95,10 @@ def summary_markdown(trace: Trace, report: Report, label: str = "") -> str:
         lines.append("No invariant broke: divergences sit on near-ties of the reference's logits.")
     lines.extend(_not_checked(report))
     draft = f", draft {_nowrap(model_name(h.draft.name))}" if h.draft else ""
+    if h.draft_k and h.proposer != "draft-model":  # schema 3: a head or n-gram lookup drafted
+        draft += f", drafts by {md_text(h.proposer)}"
+    if h.tree_branches:
+        draft += f", tree ({h.tree_branches} alternatives)"
     lines.append(
         f"<sub>target {_nowrap(model_name(h.target.name))} ({md_text(h.target.dtype)}, {md_text(h.target.device)})"
         f"{draft} · k={h.draft_k} · batch {h.batch_size}"

@@ -255,6 +255,7 @@ def test_detail_outputs_keep_their_api_order(client: Any) -> None:
         "sv-kv", "sv-drift",  # KV & positions
         "sv-page", "sv-outputs",  # outputs
         "sv-grid-legend",  # added later: appended, so the positions above never move
+        "sv-tree",  # tree verification's candidate trees (schema 3), appended likewise
     ]  # fmt: skip
 
 

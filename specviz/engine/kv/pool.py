@@ -94,7 +94,8 @@ class KVPool:
         pool_rows = self.row_indices(seq_ids)
         lengths = self.lengths.index_select(0, pool_rows)
         retain, attend = plan.retain.index_select(0, rows), plan.attend.index_select(0, rows)
-        if whole_rows or not bool((retain[:, :old_width].sum(1) == lengths).all()):  # old slots rewritten
+        # Old slots rewritten, or kept new slots not a prefix of the written ones (a tree): whole rows.
+        if whole_rows or plan.scattered or not bool((retain[:, :old_width].sum(1) == lengths).all()):
             rebuilt = rebuild(state, rows, plan)
             self._store_rows(seq_ids, rebuilt, retain.sum(1))
             return

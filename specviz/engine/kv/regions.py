@@ -142,7 +142,12 @@ class RegionState(KVState):
     query_causal: torch.Tensor | None = None
 
     def feed_own(
-        self, model: Any, input_ids: torch.Tensor, positions: torch.Tensor, query_mask: torch.Tensor | None = None
+        self,
+        model: Any,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        query_mask: torch.Tensor | None = None,
+        query_attend: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Write the query block at each row's length (plus what this step already fed), attend up to it."""
         batch, q = input_ids.shape
@@ -155,8 +160,9 @@ class RegionState(KVState):
             raise SpecvizError(f"inplace: a row outgrew its {slots.width} slots (engine bug)")
         slots.write_at = query_slots
         slots.span = min(slots.width, -(-(last + 1) // SPAN_STEP) * SPAN_STEP)
-        mask = block_mask(query_slots, slots.span, model.dtype)
+        mask = block_mask(query_slots, slots.span, model.dtype, query_attend)
         self.query_causal = query_block_causal(mask, query_slots)
+        self.query_attends = None if query_attend is None else query_block_attends(mask, query_slots)
         out = model(
             input_ids=input_ids,
             attention_mask=mask,
@@ -170,12 +176,22 @@ class RegionState(KVState):
         return out.logits
 
 
-def block_mask(query_slots: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
+def block_mask(
+    query_slots: torch.Tensor, width: int, dtype: torch.dtype, query_attend: torch.Tensor | None = None
+) -> torch.Tensor:
     """Additive 4-D mask [B, 1, q, width]: query j sees slots 0 .. query_slots[:, j] (0 or -inf).
 
     Additive rather than boolean so eager attention (which adds the mask) and SDPA read it alike.
+    `query_attend` [q, q] bool (a tree): query i sees the slots before its block and the block's
+    query slots j it allows, not the block causally.
     """
     visible = torch.arange(width, device=query_slots.device)[None, None, :] <= query_slots[:, :, None]
+    if query_attend is not None:
+        visible = torch.arange(width, device=query_slots.device)[None, None, :] < query_slots[:, :1, None]
+        visible = visible.expand(-1, query_slots.shape[1], -1).clone()  # [B, q, width]: the committed slots
+        q = query_slots.shape[1]
+        index = query_slots[:, None, :].expand(-1, q, -1)  # [B, q, q]
+        visible.scatter_(2, index, query_attend[None].expand(query_slots.shape[0], q, q))
     mask = torch.zeros(visible.shape, dtype=dtype, device=query_slots.device)
     mask.masked_fill_(~visible, torch.finfo(dtype).min)
     return mask[:, None]
@@ -188,6 +204,13 @@ def query_block_causal(mask: torch.Tensor, query_slots: torch.Tensor) -> torch.T
     sees = mask[:, 0].gather(2, index) == 0  # additive mask: 0 = visible
     causal = torch.ones(q, q, dtype=torch.bool, device=mask.device).tril()
     return (sees == causal).all(2).all(1)
+
+
+def query_block_attends(mask: torch.Tensor, query_slots: torch.Tensor) -> torch.Tensor:
+    """[B, q, q] bool: query i of each row sees query slot j (read off the mask fed)."""
+    q = query_slots.shape[1]
+    index = query_slots[:, None, :].expand(-1, q, -1)
+    return mask[:, 0].gather(2, index) == 0
 
 
 def region_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
@@ -235,6 +258,8 @@ def apply_plan(
     """
     width = state.cache.width
     old, region, next_pos = state.lengths, state.region, plan.next_pos
+    if plan.scattered:
+        gather_block(state.cache, old, plan.attend[:, width:])
     grown = old + plan.attend[:, width:].sum(1)
     finished = len(order) != state.batch_size  # rows finished: keep `order`, fill the holes it leaves
     if finished:
@@ -245,6 +270,24 @@ def apply_plan(
         state.cache.fill_holes(holes, movers, [lengths[h] for h in holes], len(order))
     mark_attended(region, old, grown, plan.attend.shape[1] - width)
     return settled(state.cache, grown, next_pos, max(lengths, default=0), region)
+
+
+def gather_block(slots: RegionCache, start: torch.Tensor, keep: torch.Tensor) -> None:
+    """Move each row's kept block slots (`keep` [B, block] bool, from slot `start`) to the front of
+    its block, in order: a tree's accepted path was written among rejected nodes."""
+    block = keep.shape[1]
+    order = (~keep).long().argsort(dim=1, stable=True)  # kept slots first, in slot order
+    src = start[:, None] + order  # [B, block]
+    dst = start[:, None] + torch.arange(block, device=start.device)[None, :]
+    rows = keep.shape[0]
+    for layer in slots.layers:
+        if not layer.is_initialized:
+            continue
+        for tensor in (layer.keys, layer.values):
+            view = tensor[:rows]
+            index = src[:, None, :, None].expand(-1, view.shape[1], -1, view.shape[3])
+            moved = view.gather(2, index)
+            view.scatter_(2, dst[:, None, :, None].expand_as(index), moved)
 
 
 def mark_attended(region: torch.Tensor, start: torch.Tensor, end: torch.Tensor, block: int) -> None:

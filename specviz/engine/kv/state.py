@@ -25,6 +25,9 @@ class KVState:
     cache: Any | None  # transformers Cache (DynamicCache); None while no slot has been written
     mask: torch.Tensor  # [B, W] long
     next_pos: torch.Tensor  # [B] long
+    # [B, q, q] bool, after a forward fed a tree mask: which query slots each query slot attended
+    # (read off the mask built, for the recorder); None after any other forward.
+    query_attends: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -42,6 +45,9 @@ class CachePlan:
     retain: torch.Tensor  # [B, W] bool: slots that survive, in order
     attend: torch.Tensor  # [B, W] bool: of those, the ones the mask marks real
     next_pos: torch.Tensor  # [B] the position ID each row's next fed token gets
+    # The kept new slots are not a prefix of the written ones (a tree's accepted path): layouts
+    # that keep new slots in place (regions, the pool's fast store) must move them first.
+    scattered: bool = False
 
 
 def leading_zeros(mask: torch.Tensor) -> torch.Tensor:
@@ -86,8 +92,12 @@ def feed(
     input_ids: torch.Tensor,
     positions: torch.Tensor,
     query_mask: torch.Tensor | None = None,
+    query_attend: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Run `model` on `input_ids` [B, q] at explicit `positions`; the cache and mask grow by q.
+
+    `query_attend` [q, q] bool (tree verification): query i attends query j where set, instead of
+    causally; the mask fed is then 4-D (`tree_mask`), and `state.query_attends` records it.
 
     The 2-D mask we pass covers cache slots plus query slots; HF adds causality from the
     physical slot order, which is right for a contiguous left-padded layout. `query_mask`
@@ -96,13 +106,18 @@ def feed(
     """
     own_feed = getattr(state, "feed_own", None)
     if own_feed is not None:
-        return own_feed(model, input_ids, positions, query_mask)
+        return own_feed(model, input_ids, positions, query_mask, query_attend)
     batch, q = input_ids.shape
     if query_mask is None:
         query_mask = torch.ones(batch, q, dtype=state.mask.dtype, device=state.mask.device)
     fed_mask = torch.cat([state.mask, query_mask], dim=1)
     attention: Any = fed_mask
-    if uses_window_masks(model):  # sliding windows counted per row in logical tokens, on a full cache
+    state.query_attends = None
+    if query_attend is not None:
+        if uses_window_masks(model):
+            raise SpecvizError("tree verification does not support sliding-window models yet (use a chain)")
+        attention, state.query_attends = tree_mask(state.mask, query_attend, model.dtype)
+    elif uses_window_masks(model):  # sliding windows counted per row in logical tokens, on a full cache
         attention = window_masks(model, fed_mask, q)
         if state.cache is None:
             state.cache = full_cache()
@@ -118,3 +133,18 @@ def feed(
     _sync_sliding(state.cache, fed_mask.shape[1])  # a prefill longer than the window is caught here
     state.mask = fed_mask
     return out.logits
+
+
+def tree_mask(
+    cache_mask: torch.Tensor, query_attend: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Additive 4-D mask [B, 1, q, W + q] for a tree query block after a cache of W slots: every
+    query slot sees the row's attended cache slots and the query slots `query_attend` [q, q] allows;
+    plus what it lets each query slot see of the block, [B, q, q] bool."""
+    batch, width = cache_mask.shape
+    q = query_attend.shape[0]
+    block = query_attend[None].expand(batch, q, q)
+    visible = torch.cat([cache_mask.bool()[:, None, :].expand(batch, q, width), block], dim=2)
+    mask = torch.zeros(visible.shape, dtype=dtype, device=cache_mask.device)
+    mask.masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask[:, None], block

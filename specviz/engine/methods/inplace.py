@@ -8,6 +8,7 @@ move when others finish (`regions.new_order`) are the short, cheap ones.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -74,21 +75,24 @@ def prefill_regions(engine: Engine, model: Any, seqs: list[SeqState], width: int
         query_slots = torch.arange(longest, device=device)[None, :].expand(len(group), -1)
         slots.rows = torch.tensor(group, device=device)
         try:
-            model(
-                input_ids=ids,
-                attention_mask=block_mask(query_slots, longest, model.dtype),  # the block's own slots only
-                position_ids=query_slots,  # logical indices: slot i holds token i
-                cache=slots,
-                use_cache=True,
-            )
+            with engine.capture_hidden() if model is engine.target else nullcontext(None) as tap:
+                model(
+                    input_ids=ids,
+                    attention_mask=block_mask(query_slots, longest, model.dtype),  # the block's own slots only
+                    position_ids=query_slots,  # logical indices: slot i holds token i
+                    cache=slots,
+                    use_cache=True,
+                )
         finally:
             slots.rows = None
+        engine.target_prefilled([seqs[r] for r in group], tap, [len(contexts[r]) - 1 for r in group])
     return settled(slots, lengths, lengths.clone(), longest=max((len(c) for c in contexts), default=0))
 
 
-def region_width(seqs: list[SeqState], max_new_tokens: int, k: int) -> int:
-    """RegionCache per row: the longest prompt, every new token, and one query block past the last length."""
-    return max(len(s.prompt_ids) for s in seqs) + max_new_tokens + k + 1
+def region_width(seqs: list[SeqState], max_new_tokens: int, k: int, branches: int = 0) -> int:
+    """RegionCache per row: the longest prompt, every new token, and one query block past the last
+    length (k + 1 slots; a tree's adds its `branches` alternatives)."""
+    return max(len(s.prompt_ids) for s in seqs) + max_new_tokens + k + 1 + branches
 
 
 def longest_first(chunk: list[SeqState]) -> list[SeqState]:
@@ -101,7 +105,7 @@ def longest_first(chunk: list[SeqState]) -> list[SeqState]:
 def prefill(engine: Engine, chunk: list[SeqState], batch_id: int) -> Batch:
     """Longest prompt first; each model's caches prefilled into fixed regions."""
     chunk = longest_first(chunk)
-    width = region_width(chunk, engine.max_new_tokens, engine.k)
+    width = region_width(chunk, engine.max_new_tokens, engine.k, engine.config.tree_branches)
     target = prefill_regions(engine, engine.target, chunk, width)
     draft = prefill_regions(engine, engine.draft, chunk, width) if engine.draft is not None else None
     return Batch(chunk, target, draft, batch_id)

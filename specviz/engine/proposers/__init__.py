@@ -1,0 +1,29 @@
+"""Proposers: what drafts a step's candidates (`base.Proposer`, one small protocol).
+
+- `draft-model`: a separate small LM on its own KV cache (`draft_model.py`);
+- `head`: an EAGLE-style head on the target's last hidden states (`head.py`);
+- `ngram`: prompt lookup in the row's own text (`ngram.py`).
+Every method (EQSPEC, EXSPEC, INPLACE) runs with every proposer, chain or tree.
+"""
+
+from __future__ import annotations
+
+from specviz.engine.proposers.base import Proposals, Proposer, TreeShape, accepted_path
+from specviz.engine.proposers.draft_model import DraftModelProposer
+from specviz.engine.proposers.head import EagleHead, HeadProposer, load_head
+from specviz.engine.proposers.ngram import NgramProposer
+
+PROPOSERS = ("draft-model", "head", "ngram")
+
+__all__ = [
+    "PROPOSERS",
+    "DraftModelProposer",
+    "EagleHead",
+    "HeadProposer",
+    "NgramProposer",
+    "Proposals",
+    "Proposer",
+    "TreeShape",
+    "accepted_path",
+    "load_head",
+]
