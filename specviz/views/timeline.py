@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections import Counter
 
 import numpy as np
@@ -47,7 +48,7 @@ def timeline_figure(trace: Trace, report: Report) -> go.Figure:
     messages: dict[tuple[int, int], str] = {}
     firsts: dict[tuple[int, int], int] = {}  # index of each marker's first violation: a click opens it
     for i, v in enumerate(report.violations):
-        messages.setdefault((v.step, v.invariant), f"row {v.row}, seq {v.seq_id}: {v.message}")
+        messages.setdefault((v.step, v.invariant), _wrapped(f"row {v.row}, seq {v.seq_id}: {v.message}"))
         firsts.setdefault((v.step, v.invariant), i)
     if counts:
         keys = sorted(counts)
@@ -90,6 +91,16 @@ def timeline_figure(trace: Trace, report: Report) -> go.Figure:
 
 
 Marker = tuple[int, int]  # (step, invariant)
+
+
+HOVER_LINE_CHARS = 90
+
+
+def _wrapped(message: str) -> str:
+    """A hover label's message in lines of at most HOVER_LINE_CHARS: plotly draws a label on one
+    line as wide as its text, and a label wider than the plot (a message that names its cause)
+    was not drawn at all beside the last marker."""
+    return "<br>".join(textwrap.wrap(message, HOVER_LINE_CHARS, break_long_words=False)) or message
 
 
 def _customdata(

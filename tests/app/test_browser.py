@@ -178,10 +178,20 @@ def test_timeline_markers_open_their_steps(page: Any) -> None:
         target.scroll_into_view_if_needed()
         box = target.bounding_box()  # plotly's drag layer takes the pointer: click where the marker is drawn
         x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
-        page.mouse.move(x, y)
         # plotly knows the point under the pointer: its label names this marker's step (not a label
-        # left from the marker before)
-        page.locator("#sv-timeline .hoverlayer .hovertext", has_text=f"step {step} ").wait_for()
+        # left from the marker before). The pointer arrives as a hand does, over a few moves: a
+        # single jump onto the last marker, right after the tab redrew its plot, was sometimes
+        # not taken as a hover at all (no label, with or without the marker's own).
+        label = page.locator("#sv-timeline .hoverlayer .hovertext", has_text=f"step {step} ")
+        for attempt in range(3):
+            page.mouse.move(x - 12, y)
+            page.mouse.move(x, y, steps=4)
+            try:
+                label.wait_for(timeout=5_000 if attempt < 2 else 60_000)
+                break
+            except Exception:  # noqa: BLE001 - a missed hover: move in again (the last try raises)
+                if attempt == 2:
+                    raise
         page.mouse.click(x, y)
         page.wait_for_function(
             "(step) => document.querySelector('#sv-step input[type=number]').value == String(step)", arg=step
