@@ -1,0 +1,206 @@
+"""Production-shaped engines (`tests/watch/zoo/`: `packed`, `queued`, `paged`, `head`), written
+without specviz, watched through the API (`with specviz.watch(...) as w`) and through the command
+(`specviz watch -- python tests/watch/zoo/scripts/run_engine.py ...`, run in-process as the
+command runs it). The truth is independent of specviz: each correct engine equals batch-1 greedy
+decoding of the target on every prompt, each to its own budget (`shapes.reference`, no hooks).
+
+(a) every correct run checks clean, with 0 violations and exact match 1.0;
+(b) every injected bug's first violation is at the (step, sequence) the engine reports, with the
+    invariant it breaks;
+(c) no wrong output is called clean: a run whose output differs from the reference is desync or
+    unreadable, whatever was or was not read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+from tiny import make_pair
+from zoo import head, packed, paged, queued, shapes
+
+import specviz
+from specviz.analysis.check import check_trace
+from specviz.cli import main
+from specviz.trace.invariants import Invariant
+from specviz.trace.io import load_trace
+
+PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17], [20, 21], [30, 31, 32, 33, 34]]
+BUDGETS = [10, 4, 10, 7, 9]  # each request's own max_new_tokens: rows finish early
+ONE_BUDGET = 10
+SCRIPT = Path(__file__).parent / "zoo" / "scripts" / "run_engine.py"
+# case: (module, budgets). `paged_batch` is `model.generate_batch` itself (one budget for all);
+# `paged` drives the same manager with a budget per request.
+CASES = {
+    "packed": (packed, BUDGETS),
+    "queued": (queued, BUDGETS),
+    "paged": (paged, BUDGETS),
+    "paged_batch": (paged, ONE_BUDGET),
+    "head": (head, BUDGETS),
+}
+BUGS = [
+    ("packed", "positions", Invariant.POSITIONS),
+    ("packed", "kv_leak", Invariant.KV),
+    ("packed", "stale_kv", Invariant.KV),
+    ("queued", "kv_mixup", Invariant.KV),
+    ("queued", "positions", Invariant.POSITIONS),
+    ("paged", "positions", Invariant.POSITIONS),
+    ("paged", "kv_leak", Invariant.KV),
+    ("paged_batch", "kv_leak", Invariant.KV),
+    ("head", "stale_kv", Invariant.KV),
+    ("head", "positions", Invariant.POSITIONS),
+    # The head is fed another row's hidden state: the outputs stay right (the target verifies),
+    # only a watch that checks where the head's input came from can see it, so API only.
+    ("head", "head_row", Invariant.KV),
+]
+API_ONLY = {("head", "head_row")}
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return make_pair("llama")
+
+
+@pytest.fixture(scope="module")
+def drafter(pair):
+    return head.DraftHead(pair.target)
+
+
+@pytest.fixture(scope="module")
+def references(pair):
+    """Batch-1 greedy of the target, per prompt, to each case's budgets (computed once, unwatched)."""
+    per_prompt = shapes.reference(pair.target, PROMPTS, BUDGETS)
+    longest = shapes.reference(pair.target, PROMPTS, ONE_BUDGET)
+    return {name: per_prompt if budgets is BUDGETS else longest for name, (_, budgets) in CASES.items()}
+
+
+class Runs:
+    """Each (case, bug, mode) run once for the module: (trace, outputs, events)."""
+
+    def __init__(self, pair, drafter, tmp: Path) -> None:
+        self.pair, self.drafter, self.tmp, self.done = pair, drafter, tmp, {}
+
+    def get(self, name: str, bug: str | None, mode: str):
+        key = (name, bug, mode)
+        if key not in self.done:
+            self.done[key] = self._api(name, bug) if mode == "api" else self._command(name, bug)
+        return self.done[key]
+
+    def _api(self, name: str, bug: str | None):
+        module, budgets = CASES[name]
+        target = self.pair.target
+        if module is head:
+            second, watched = self.drafter, specviz.watch(target, drafter=self.drafter, prompts=PROMPTS, name=name)
+        elif module is paged:
+            second, watched = None, specviz.watch(target, prompts=PROMPTS, name=name)
+        else:
+            second, watched = self.pair.draft, specviz.watch(target, self.pair.draft, prompts=PROMPTS, name=name)
+        with watched as w:
+            outs, events = module.generate(target, second, PROMPTS, budgets, bug=bug, w=w)
+        return w.trace, outs, [tuple(e) for e in events]
+
+    def _command(self, name: str, bug: str | None):
+        module, budgets = CASES[name]
+        out = self.tmp / f"{name}-{bug}.trace.json"
+        argv = ["watch", "--out", str(out), "--", "python", str(SCRIPT), module.__name__.rsplit(".", 1)[-1]]
+        argv += ["--prompts", json.dumps(PROMPTS), "--budgets", ",".join(map(str, shapes.budgets(budgets, 1)))]
+        argv += ["--bug", bug] if bug else []
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            assert main(argv) == 0
+        said = [line.split(" ", 1) for line in printed.getvalue().splitlines()]
+        lines = {words[0]: words[1] for words in said if words[0] in ("OUTS", "EVENTS")}
+        return load_trace(out), json.loads(lines["OUTS"]), [tuple(e) for e in json.loads(lines["EVENTS"])]
+
+
+@pytest.fixture(scope="module")
+def runs(pair, drafter, tmp_path_factory):
+    return Runs(pair, drafter, tmp_path_factory.mktemp("production"))
+
+
+MODES = ["api", "command"]
+
+
+def test_correct_engines_equal_batch1_greedy_and_mix_acceptance(pair, drafter, references) -> None:
+    """The oracle, without specviz: every correct engine's output is batch-1 greedy, each prompt to
+    its own budget; the speculative ones have rows that accept everything and rows that accept
+    nothing (a step that emits k + 1 tokens, one that emits a single token before the row's end,
+    where it had drafts)."""
+    for name, (module, budgets) in CASES.items():
+        emitted = Recorder()
+        second = drafter if module is head else None if module is paged else pair.draft
+        outs, events = module.generate(pair.target, second, PROMPTS, budgets, w=emitted)
+        assert outs == references[name] and not events, name
+        assert [len(o) for o in outs] == shapes.budgets(budgets, len(PROMPTS)), name
+        assert [emitted.tokens.get(s, []) for s in range(len(PROMPTS))] == outs, name
+        if module is not paged:
+            k = 3 if module is packed else 2
+            assert any(len(tokens) == k + 1 for tokens, _ in emitted.steps), name  # every draft accepted
+            assert any(len(tokens) == 1 and not end for tokens, end in emitted.steps), name  # none accepted
+
+
+class Recorder:
+    """A stand-in for the watch's two calls, to see what an engine emits (no specviz)."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[list[int], str | None]] = []  # each emit: its tokens, its ending
+        self.tokens: dict[int, list[int]] = {}
+
+    def rows(self, seq_ids, model=None) -> None:
+        pass
+
+    def emit(self, seq: int, tokens, finish_reason=None) -> None:
+        self.steps.append((list(tokens), finish_reason))
+        self.tokens.setdefault(seq, []).extend(tokens)
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", list(CASES))
+def test_correct_engine_checks_clean(runs, references, name: str, mode: str) -> None:
+    trace, outs, _ = runs.get(name, None, mode)
+    assert outs == references[name]
+    report = check_trace(trace)
+    assert report.verdict == "clean", (report.verdict, report.violations[:3])
+    assert not report.violation_count and report.exact_match == 1.0
+    assert [s.prompt_ids for s in trace.sequences] == PROMPTS
+    assert [s.output_ids for s in trace.sequences] == outs
+    written = {s.seq_id: 0 for s in trace.sequences}
+    for step in trace.steps:
+        for row in step.rows:
+            written[row.write_seq] += len(row.emitted)
+    assert list(written.values()) == [len(o) for o in outs]  # every step read, every token placed
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("name", "bug", "invariant"), BUGS)
+def test_injected_bug_is_located(runs, name: str, bug: str, invariant: Invariant, mode: str) -> None:
+    if mode == "command" and (name, bug) in API_ONLY:
+        pytest.skip("the command is not told which module is the head")
+    trace, _, events = runs.get(name, bug, mode)
+    assert events, f"{bug} never fired"
+    step, seq = events[0]
+    seq_id = {tuple(s.prompt_ids): s.seq_id for s in trace.sequences}.get(tuple(PROMPTS[seq]))
+    report = check_trace(trace)
+    v = report.first_violation
+    assert v is not None, (report.verdict, report.skipped_checks)
+    assert (v.step, v.seq_id, v.invariant) == (step, seq_id, invariant), report.violations[:3]
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("name", "bug"), [(n, None) for n in CASES] + [(n, b) for n, b, _ in BUGS])
+def test_no_wrong_output_is_called_clean(runs, references, name: str, bug: str | None, mode: str) -> None:
+    if mode == "command" and (name, bug) in API_ONLY:
+        pytest.skip("the command is not told which module is the head")
+    trace, outs, _ = runs.get(name, bug, mode)
+    report = check_trace(trace)
+    wrong = [s for s, (out, ref) in enumerate(zip(outs, references[name])) if out != ref]
+    if wrong:
+        assert report.verdict in ("desync", "unreadable"), (wrong, report.verdict)
+    if report.verdict == "clean":
+        assert outs == references[name]

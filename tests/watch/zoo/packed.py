@@ -1,0 +1,95 @@
+"""Packed varlen speculative decoding, the way vLLM and transformers' continuous batching feed a
+model: every forward is ONE 1 x T row holding all live sequences' query tokens back to back, with
+per-token `position_ids` restarting per sequence and a block-diagonal additive 4-D mask over a
+shared cache whose slots never move (`shapes.SharedKV`). The draft model proposes the same packed
+way: draft call j packs the sequences still drafting (call 1 re-feeds what its cache lacks: the
+pending token, after a fully accepted step also the last draft), so the drafts are ragged. The
+target verifies each sequence's pending token and drafts in one packed call; a rejected draft's
+slot is dropped from the mask (a hole). Each prompt has its own budget; finished sequences leave
+the packed row. Nothing is declared but the emitted tokens (`w.emit`).
+
+Bugs, each breaking one invariant at (step, sequence) = events[0]:
+- "positions": after the first partial accept, that sequence's position counter advances by its
+  drafts, not by what it kept: its next step is fed positions too far (POSITIONS);
+- "kv_leak": at step 1 the second packed sequence's query also attends the first one's earliest
+  slot (the mask lets a neighbour in; KV);
+- "stale_kv": the first partially accepted sequence's rejected target slots stay attended from
+  its next step on (KV).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .shapes import SharedKV, accepted, budgets
+
+
+@torch.no_grad()
+def generate(target, draft, prompts, max_new, k=3, bug=None, w=None):
+    n = len(prompts)
+    limit = budgets(max_new, n)
+    seqs = [list(p) for p in prompts]
+    outs: list[list[int]] = [[] for _ in prompts]
+    tkv, dkv = SharedKV(target), SharedKV(draft)
+    prefill = [(s, seqs[s][:-1], 0) for s in range(n)]  # all but each pending token
+    tkv.forward(prefill)
+    dkv.forward(prefill)
+    draft_has = [len(p) - 1 for p in prompts]  # committed tokens in the draft's cache
+    pos = [len(p) - 1 for p in prompts]  # the pending token's position, as the engine counts it
+    events: list[tuple[int, int]] = []
+    step = 0
+    while live := [s for s in range(n) if len(outs[s]) < limit[s]]:
+        d = {s: min(k, limit[s] - len(outs[s]) - 1) for s in live}
+        drafts, draft_slots = _propose(dkv, seqs, pos, draft_has, d, live)
+        leak = None
+        if bug == "kv_leak" and step == 1 and len(live) > 1:
+            leak = (live[1], live[0])
+            events.append((step, live[1]))
+        chunks = [(s, [seqs[s][-1]] + drafts[s], pos[s]) for s in live]
+        out, slots = tkv.forward(chunks, leak=leak)
+        logits, at = out.logits[0], 0
+        for (s, tokens, _), mine in zip(chunks, slots):
+            choices = logits[at : at + len(tokens)].argmax(-1).tolist()
+            at += len(tokens)
+            a = accepted(drafts[s], choices)
+            emitted = drafts[s][:a] + [choices[a]]
+            first_partial = a < d[s] and not events and len(outs[s]) + len(emitted) < limit[s]
+            if bug == "stale_kv" and first_partial:
+                events.append((step + 1, s))  # its rejected slots are never dropped
+            else:
+                tkv.drop(mine[1 + a :])
+            dkv.drop(draft_slots[s][a:])  # the fed drafts the target rejected
+            draft_has[s] = len(seqs[s]) + min(a, max(d[s] - 1, 0)) if d[s] else draft_has[s]
+            pos[s] += len(emitted)
+            if bug == "positions" and first_partial:
+                pos[s] += d[s] - a  # counts every draft it verified as kept
+                events.append((step + 1, s))
+            seqs[s] += emitted
+            outs[s] += emitted
+            if w is not None:
+                w.emit(s, emitted, "length" if len(outs[s]) >= limit[s] else None)
+        step += 1
+    return outs, events
+
+
+def _propose(dkv: SharedKV, seqs, pos, draft_has, d, live):
+    """Draft calls j = 0 .. max(d) - 1, each one packed row of the sequences with d > j.
+
+    Returns each sequence's drafts and the draft-cache slots of the drafts it fed (draft j - 1 is
+    fed at call j; the last draft is never fed)."""
+    drafts = {s: [] for s in live}
+    fed = {s: [] for s in live}
+    for j in range(max(d.values())):
+        chunks = []
+        for s in live:
+            if d[s] > j:
+                tokens = seqs[s][draft_has[s] :] if j == 0 else [drafts[s][-1]]
+                chunks.append((s, tokens, pos[s] + j - len(tokens) + 1))
+        out, slots = dkv.forward(chunks)
+        logits, at = out.logits[0], 0
+        for (s, tokens, _), mine in zip(chunks, slots):
+            at += len(tokens)
+            drafts[s].append(int(logits[at - 1].argmax()))
+            if j > 0:
+                fed[s] += mine
+    return drafts, fed

@@ -1,0 +1,100 @@
+"""Pieces the production-shaped engines share (`packed`, `queue`, `paged`, `head`), written with
+plain Hugging Face forwards (nothing from specviz).
+
+`budgets`: each prompt's own `max_new_tokens` (an int is one budget for all).
+`reference`: batch-1 greedy decoding of the target, with a cache, to each prompt's own budget: the
+oracle the tests hold every correct engine to, computed outside any watch.
+`SharedKV`: one 1-row cache that every sequence appends its slots to (a vLLM-like shared pool,
+slots never move); `forward` feeds a packed 1 x T row, each sequence's query tokens back to back
+with their own positions, and a block-diagonal additive 4-D mask that lets each query token see
+its own sequence's live slots plus the tokens before it in its own query.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+NEG = torch.finfo(torch.float32).min
+
+
+def budgets(max_new: int | list[int], n: int) -> list[int]:
+    return list(max_new) if isinstance(max_new, (list, tuple)) else [max_new] * n
+
+
+@torch.no_grad()
+def reference(target, prompts: list[list[int]], max_new: int | list[int]) -> list[list[int]]:
+    """Batch-1 greedy continuations, one prompt at a time (no padding, no packing)."""
+    outs = []
+    for prompt, n in zip(prompts, budgets(max_new, len(prompts))):
+        ids, cache, out = torch.tensor([prompt]), DynamicCache(), []
+        for _ in range(n):
+            logits = target(input_ids=ids, cache=cache, use_cache=True).logits
+            out.append(int(logits[0, -1].argmax()))
+            ids = torch.tensor([[out[-1]]])
+        outs.append(out)
+    return outs
+
+
+class SharedKV:
+    """A model's cache as one shared row of slots: `owner[i]` is the sequence slot i belongs to,
+    `live[i]` whether it is still attended (a rejected draft's slot is dropped, never reused)."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.cache = DynamicCache()
+        self.owner: list[int] = []
+        self.live: list[bool] = []
+
+    @torch.no_grad()
+    def forward(
+        self,
+        chunks: list[tuple[int, list[int], int]],
+        leak: tuple[int, int] | None = None,
+        hidden: bool = False,
+    ):
+        """Feed `chunks` (sequence, tokens, position of its first token) packed in one row.
+
+        Returns the output (logits [1, T, V]) and each chunk's slots. `leak=(seq, other)`: seq's
+        query also attends other's earliest live slot (a mask that lets a neighbour in).
+        """
+        ids, positions, owners = [], [], []
+        for seq, tokens, start in chunks:
+            ids += tokens
+            positions += range(start, start + len(tokens))
+            owners += [seq] * len(tokens)
+        past, t = len(self.owner), len(ids)
+        mask = torch.full((1, 1, t, past + t), NEG)
+        for i, seq in enumerate(owners):
+            own = [j for j in range(past) if self.owner[j] == seq and self.live[j]]
+            own += [past + j for j in range(i + 1) if owners[j] == seq]  # causal inside its own query
+            if leak is not None and leak[0] == seq:
+                own += [j for j in range(past) if self.owner[j] == leak[1] and self.live[j]][:1]
+            mask[0, 0, i, own] = 0.0
+        out = self.model(
+            input_ids=torch.tensor([ids]),
+            position_ids=torch.tensor([positions]),
+            attention_mask=mask,
+            cache=self.cache,
+            use_cache=True,
+            output_hidden_states=hidden,
+        )
+        slots, at = [], past
+        for _, tokens, _ in chunks:
+            slots.append(list(range(at, at + len(tokens))))
+            at += len(tokens)
+        self.owner += owners
+        self.live += [True] * t
+        return out, slots
+
+    def drop(self, slots: list[int]) -> None:
+        for j in slots:
+            self.live[j] = False
+
+
+def accepted(drafts: list[int], choices: list[int]) -> int:
+    """Greedy acceptance: how many drafts agree with the target's argmax, in order."""
+    a = 0
+    while a < len(drafts) and drafts[a] == choices[a]:
+        a += 1
+    return a
