@@ -54,7 +54,7 @@ def argmax_at(call: CallRecord, row: int, slot: int) -> int | None:
 def context_before(call: CallRecord, row: int, slot: int) -> int:
     """Slots the query token at `slot` attends before itself (-1: a mask the hooks could not read)."""
     if call.mask_kind == "none":
-        return call.cache_width + slot
+        return call.cache_of(row) + slot
     if call.mask_kind == "2d":
         values = call.mask[row]
         return int(sum(values[: len(values) - call.query_len + slot]))
@@ -167,7 +167,7 @@ def attended_ids(call: CallRecord, row: int, end: int | None = None) -> list[int
 
 def attends_cache(call: CallRecord, row: int) -> bool:
     """Does the row attend any slot of the cache the call was given (a 2-D mask says; else assumed)?"""
-    if call.cache_width == 0:
+    if call.cache_of(row) == 0:
         return False
     if call.mask_kind == "2d":
         values = call.mask[row]
@@ -202,7 +202,7 @@ def _draft_calls(calls: list[CallRecord], index: int, seq: int, pass_reprefill: 
     for j in range(index - 1, -1, -1):
         call = calls[j]
         if call.role != "target":
-            if call.argmax is not None:
+            if call.argmax is not None and not call.drafter:  # a head's proposals are read from the verify
                 found.append(j)
             continue
         if seq in row_seq_ids(call):
@@ -237,7 +237,7 @@ def mask_row(call: CallRecord, row: int, rq: RowQuery) -> tuple[list[list[int]],
     The row's mask covers its context (every slot before the pending one, cached or re-fed) and
     its own d + 1 query slots; padding after its last real token is not part of it.
     """
-    context_len = call.cache_width + rq.pending
+    context_len = call.cache_of(row) + rq.pending
     q = rq.drafts + 1
     if call.mask_kind == "none":
         return [[1, context_len + q]], context_len, None

@@ -497,13 +497,24 @@ class Follower:
         ranges = [(b + 1, b + len(e.tokens)) for _, e, b in greedy]
         budget = shared_budget(ranges, stopped)
         if budget is None:
+            self._own_budgets()
             return
         # Pinned: a sequence ended exactly there (fed again, or a last step of one token).
         pinned = bool(stopped) or (budget, budget) in ranges
         over = [s for s in self.seqs if self._output(s) > budget and not self._ended_by_eos(s)]
-        if all(self._cuttable(s, budget, pinned) for s in over):
-            for s in over:
-                self._trim(s, self._output(s) - budget)
+        if not all(self._cuttable(s, budget, pinned) for s in over):
+            self._own_budgets()
+            return
+        for s in over:
+            self._trim(s, self._output(s) - budget)
+
+    def _own_budgets(self) -> None:
+        """No one budget fits the endings: each sequence the engine stopped feeding without an EOS
+        ended at its own budget, where it stopped (an engine with a budget per request)."""
+        for s in self.seqs:
+            ends = [e for e in self.emits if e.seq_id == s.id]
+            if ends and not self._ended_by_eos(s):
+                ends[-1].finish_reason = "length"
 
     def _output(self, s: Seq) -> int:
         return len(s.context) - s.prompt_len
@@ -588,3 +599,28 @@ def shared_budget(ranges: list[tuple[int, int]], lengths: set[int]) -> int | Non
         return None
     budget = next(iter(lengths)) if lengths else min(hi for _, hi in ranges)
     return budget if all(budget <= hi for lo, hi in ranges if lo <= budget) else None
+
+
+def follow_rows(calls: list[CallRecord], prompts: list[list[int]], eos: frozenset[int]) -> None:
+    """The inferred producer for an API run that declared no rows while its batch changed (a packed
+    engine's sequences leave the row): each target call's rows are followed as the command follows
+    them, and named by the declared prompt each followed sequence starts with. A call the reading
+    did not reach, or a row whose prompt is none of the declared ones, is unreadable."""
+    follower = Follower(calls, eos, [])
+    follower.run()
+    taken: dict[int, int] = {}
+    for f, prompt in enumerate(follower.prompts):
+        p = next((i for i, q in enumerate(prompts) if q == prompt and i not in taken.values()), None)
+        if p is not None:
+            taken[f] = p
+    why = follower.unfollowed[0] if follower.unfollowed else "rows not followed"
+    for j, call in enumerate(calls):
+        if call.role != "target":
+            continue
+        held = follower.rows.get(j)
+        if held is None:
+            call.rows, call.unreadable = None, call.unreadable or why
+        elif any(s >= 0 and s not in taken for s in held):
+            call.unreadable = call.unreadable or f"a row of target call {j} starts with no declared prompt"
+        else:
+            call.rows = tuple(taken[s] if s >= 0 else s for s in held)

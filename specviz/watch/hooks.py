@@ -62,16 +62,38 @@ class CallRecord:
     started: float = 0.0
     ended: float = 0.0
     last_slots: list[int] | None = None  # [B]: each row's last attended query slot, set by `materialize`
+    # What a packed call carries to say who is where (`batchmap`): one row holding several
+    # sequences. `packed`: B == 1 and something may cut it (its mask and argmax kept whole).
+    packed: bool = False
+    cu_q: Any = None  # [S + 1] cu_seq_lens_q: query start of each sequence
+    cu_k: Any = None  # [S + 1] cu_seq_lens_k: key start of each sequence in a shared KV
+    query_lens: list[int] | None = None  # [S] declared with w.batch(..., query_lens=...)
+    logit_slots: Any = None  # [L] query column of each kept argmax (logits_to_keep); None: the last L
+    source: str | None = None  # the producer of its map (`batchmap.BatchMap.source`)
+    contexts: list[int] | None = None  # [B] a packed call's rows: slots attended before the first query slot
+    unreadable: str | None = None  # why no producer could map it (set by `materialize`)
+    drafter: bool = False  # a draft head's call (`watch(..., drafter=head)`): fed hidden states, not ids
 
     def materialize(self) -> None:
-        """Tensors to lists, once, at close: the only host syncs the watch adds."""
+        """Tensors to lists, once, at close: the only host syncs the watch adds. Then the call's
+        batch map (`batchmap`): a packed call becomes one row per sequence."""
         if self.last_slots is not None:
             return
-        for name in ("input_ids", "positions", "mask", "argmax", "query_live"):
+        for name in ("input_ids", "positions", "mask", "argmax", "query_live", "cu_q", "cu_k", "logit_slots"):
             value = getattr(self, name)
             if isinstance(value, torch.Tensor):
                 setattr(self, name, value.tolist())
         self.last_slots = [self._last_slot(row) for row in range(self.batch_size)]
+        from specviz.watch import batchmap
+
+        try:
+            batchmap.apply(self, batchmap.read_map(self))
+        except batchmap.Unreadable as why:
+            self.unreadable = str(why)
+
+    def cache_of(self, row: int) -> int:
+        """Slots in the row's cache before the call (a packed call's rows each have their own)."""
+        return self.contexts[row] if self.contexts is not None else self.cache_width
 
     def query_flags(self, row: int) -> list[int]:
         """1 for each query slot of `row` that is attended (a real token), 0 for padding."""
@@ -129,7 +151,10 @@ def cache_width(cache: Any) -> int:
     if cache is None:
         return 0
     if hasattr(cache, "get_seq_length"):
-        return int(cache.get_seq_length())
+        try:
+            return int(cache.get_seq_length())
+        except (TypeError, ValueError, AttributeError, NotImplementedError):
+            return 0  # a cache that does not count (transformers' paged cache): the keys are read from the mask
     if isinstance(cache, (tuple, list)) and cache and cache[0] is not None:  # legacy tuple-of-tuples
         return int(cache[0][0].shape[-2])
     return 0
@@ -138,12 +163,14 @@ def cache_width(cache: Any) -> int:
 class ModelHooks:
     """Pre- and post-forward hooks on one model, appending a CallRecord per call to `sink`."""
 
-    def __init__(self, model: Any, role: str, sink: CallSink) -> None:
+    def __init__(self, model: Any, role: str, sink: CallSink, drafter: bool = False) -> None:
         self.model = model
         self.role = role
+        self.drafter = drafter
         self.sink = sink
         self.model_type = getattr(getattr(model, "config", None), "model_type", "")
-        self.param_names = [p for p in inspect.signature(model.forward).parameters if p != "self"]
+        forward = getattr(model, "forward", None)
+        self.param_names = [p for p in inspect.signature(forward).parameters if p != "self"] if forward else []
         self.open: list[CallRecord] = []
         self.handles = [
             model.register_forward_pre_hook(self.before, with_kwargs=True),
@@ -165,6 +192,9 @@ class ModelHooks:
     def before(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         fed = self._arguments(args, kwargs)
         input_ids = fed.get("input_ids")
+        if self.drafter:
+            self.open.append(self._head_call(args, fed))
+            return
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
             self.open.append(None)  # inputs_embeds or odd shapes: nothing to attribute
             return
@@ -173,13 +203,19 @@ class ModelHooks:
         width = cache_width(cache)
         batch, q = input_ids.shape
         mask = fed.get("attention_mask")
-        kind, kept, live = _mask_copy(mask)
+        # Declared query lengths of a packed call (`w.batch`); a sink without them declares none.
+        declared = self.sink.query_lens(self.role) if hasattr(self.sink, "query_lens") else None
+        cu_q, cu_k = fed.get("cu_seq_lens_q"), _one_tensor(fed.get("cu_seq_lens_k"))
+        # One row that may hold several sequences: its mask and argmax are kept whole (`batchmap`).
+        packed = batch == 1 and q > 1
+        kind, kept, live = _mask_copy(mask, None if packed else QUERY_TAIL)
         if kind == "4d" and mask.shape[-1] != width + q:
             # Keys are not [cache | query]: a static or in-place cache writes the query's keys at
             # slots inside the keys that the mask alone does not name, so only what each query
             # slot attends is read, not where (`calls.mask_row`).
             kind = "4d-slots"
         positions, positions_fed = self._positions(fed, mask if kind == "2d" else None, batch, width, q)
+        keep = fed.get("logits_to_keep")
         self.open.append(
             CallRecord(
                 role=self.role,
@@ -194,7 +230,35 @@ class ModelHooks:
                 batch_size=batch,
                 query_len=q,
                 started=started,
+                packed=packed,
+                cu_q=cu_q.clone() if isinstance(cu_q, torch.Tensor) else None,
+                cu_k=cu_k.clone() if isinstance(cu_k, torch.Tensor) else None,
+                query_lens=declared,
+                logit_slots=keep.clone() if isinstance(keep, torch.Tensor) and keep.dim() == 1 else None,
             )
+        )
+
+    def _head_call(self, args: tuple[Any, ...], fed: dict[str, Any]) -> CallRecord | None:
+        """A draft head's call (EAGLE, MTP, Medusa: fed hidden states or embeddings, not ids): kept
+        as a draft call for its time and proposals; which row it served is read from the verify."""
+        first = next((v for v in (*args, *fed.values()) if isinstance(v, torch.Tensor) and v.dim() >= 2), None)
+        if first is None:
+            return None
+        batch, q = first.shape[0], first.shape[1] if first.dim() >= 3 else 1
+        empty = [[0] * q for _ in range(batch)]
+        return CallRecord(
+            role="draft",
+            rows=None,
+            input_ids=empty,
+            positions=empty,
+            positions_fed=False,
+            cache_width=0,
+            mask_kind="unknown",
+            mask=None,
+            batch_size=batch,
+            query_len=q,
+            started=time.perf_counter(),
+            drafter=True,
         )
 
     def after(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
@@ -204,9 +268,14 @@ class ModelHooks:
         logits = getattr(output, "logits", None)
         if logits is None and isinstance(output, (tuple, list)) and output:
             logits = output[0]
+        if logits is None and isinstance(output, torch.Tensor):
+            logits = output  # a bare head returns its logits
         if isinstance(logits, torch.Tensor) and logits.dim() == 3:
-            tail = logits if logits.shape[1] <= QUERY_TAIL else logits[:, -QUERY_TAIL:]
+            whole = record.packed or record.logit_slots is not None
+            tail = logits if whole or logits.shape[1] <= QUERY_TAIL else logits[:, -QUERY_TAIL:]
             record.argmax = tail.argmax(-1)
+            if record.logit_slots is not None and logits.shape[1] != len(record.logit_slots):
+                record.logit_slots = None  # the model ignored logits_to_keep: every column's logits
         record.ended = time.perf_counter()
         self.sink.add_call(record)
 
@@ -228,10 +297,18 @@ class ModelHooks:
         return [list(range(width, width + q)) for _ in range(batch)], False  # no tensor op needed
 
 
-def _mask_copy(mask: Any) -> tuple[str, torch.Tensor | None, torch.Tensor | None]:
+def _one_tensor(value: Any) -> Any:
+    """`cu_seq_lens_k` is a tensor, or (transformers' paged attention) a dict by layer type: the
+    full-attention one."""
+    if isinstance(value, dict):
+        return value.get("full_attention", next(iter(value.values()), None))
+    return value
+
+
+def _mask_copy(mask: Any, tail: int | None = QUERY_TAIL) -> tuple[str, torch.Tensor | None, torch.Tensor | None]:
     """The mask's kind, its "may attend" booleans (a copy, never a view of the engine's; a 4-D
-    mask: head 0's last query rows, heads share the mask) and, for a 4-D mask, whether each query
-    slot attends anything ([B, q]). One pass over the mask for each."""
+    mask: head 0's last `tail` query rows, all of them for None, heads share the mask) and, for a
+    4-D mask, whether each query slot attends anything ([B, q]). One pass over the mask for each."""
     if mask is None:
         return "none", None, None
     if not isinstance(mask, torch.Tensor):
@@ -241,7 +318,7 @@ def _mask_copy(mask: Any) -> tuple[str, torch.Tensor | None, torch.Tensor | None
         return "2d", seen.clone() if seen is mask else seen, None
     if mask.dim() == 4:
         seen = _attended(mask[:, 0])
-        return "4d", seen[:, -QUERY_TAIL:].clone(), seen.any(-1)
+        return "4d", (seen if tail is None else seen[:, -tail:]).clone(), seen.any(-1)
     return "unknown", None, None
 
 
