@@ -7,10 +7,11 @@ decoding. With one budget for all, `generate_batch` itself runs; with a budget p
 list), the same manager is driven directly (`add_request(..., max_new_tokens=n)`). No draft
 model: one new token per request per step (transformers has no speculative decoding here).
 
-`emit`: how an API run declares the tokens. "step": after each forward, inside the manager's own
-update (`ContinuousBatchProcessor.update_batch`), each request's new token is emitted, as an
-engine that reports per step would; "end": each request's tokens in one emit after the run (all
-a `generate_batch` caller has); None: nothing (the watch must read them itself).
+`emit`: how an API run declares the tokens. None (the default): nothing, as a plain
+`generate_batch` caller has no per-step point to emit from (the watch reads the manager itself);
+"step": after each forward, inside the manager's own update (`ContinuousBatchProcessor.
+update_batch`), each request's new token is emitted, as an engine that reports per step would;
+"end": each request's tokens in one emit after the run.
 
 Bugs, injected between the manager and the model (`ModelRunner._forward_process_and_sample`
 gets a corrupted copy of the kwargs, so the model is fed exactly what the watch sees), each at
@@ -44,7 +45,7 @@ def settings(rows: int) -> ContinuousBatchingConfig:
 
 
 @torch.no_grad()
-def generate(target, draft, prompts, max_new, bug=None, w=None, rows=3, emit="step"):
+def generate(target, draft, prompts, max_new, bug=None, w=None, rows=3, emit=None):
     limit = budgets(max_new, len(prompts))
     config = GenerationConfig(max_new_tokens=max(limit), do_sample=False, eos_token_id=1, pad_token_id=0)
     events: list[tuple[int, int]] = []
