@@ -5,14 +5,17 @@ shared cache whose slots never move (`shapes.SharedKV`). The draft model propose
 way: draft call j packs the sequences still drafting (call 1 re-feeds what its cache lacks: the
 pending token, after a fully accepted step also the last draft), so the drafts are ragged. The
 target verifies each sequence's pending token and drafts in one packed call; a rejected draft's
-slot is dropped from the mask (a hole). Each prompt has its own budget; finished sequences leave
-the packed row. Nothing is declared but the emitted tokens (`w.emit`).
+slot is dropped from the mask (a hole). The sequences are packed in a new order every step (a
+rotation), and the last prompt arrives late (at step `late`): its prefill rides behind the others'
+tokens in that step's verify call and first draft call, emitting nothing, as vLLM mixes prefills
+into decoding batches. Each prompt has its own budget; finished sequences leave the packed row.
+Nothing is declared but the emitted tokens (`w.emit`).
 
 Bugs, each breaking one invariant at (step, sequence) = events[0]:
 - "positions": after the first partial accept, that sequence's position counter advances by its
   drafts, not by what it kept: its next step is fed positions too far (POSITIONS);
 - "kv_leak": at step 1 the second packed sequence's query also attends the first one's earliest
-  slot (the mask lets a neighbour in; KV);
+  slot (the mask lets its neighbour in; KV);
 - "stale_kv": the first partially accepted sequence's rejected target slots stay attended from
   its next step on (KV).
 """
@@ -25,28 +28,31 @@ from .shapes import SharedKV, accepted, budgets
 
 
 @torch.no_grad()
-def generate(target, draft, prompts, max_new, k=3, bug=None, w=None):
+def generate(target, draft, prompts, max_new, k=3, bug=None, w=None, late=2):
     n = len(prompts)
     limit = budgets(max_new, n)
     seqs = [list(p) for p in prompts]
     outs: list[list[int]] = [[] for _ in prompts]
     tkv, dkv = SharedKV(target), SharedKV(draft)
-    prefill = [(s, seqs[s][:-1], 0) for s in range(n)]  # all but each pending token
+    waiting = {n - 1: late} if late else {}  # sequence -> the step it arrives at
+    prefill = [(s, seqs[s][:-1], 0) for s in range(n) if s not in waiting]  # all but each pending token
     tkv.forward(prefill)
     dkv.forward(prefill)
     draft_has = [len(p) - 1 for p in prompts]  # committed tokens in the draft's cache
     pos = [len(p) - 1 for p in prompts]  # the pending token's position, as the engine counts it
     events: list[tuple[int, int]] = []
     step = 0
-    while live := [s for s in range(n) if len(outs[s]) < limit[s]]:
+    while live := [s for s in range(n) if s not in waiting and len(outs[s]) < limit[s]]:
+        live = live[step % len(live) :] + live[: step % len(live)]  # packed in a new order each step
+        joining = [(s, seqs[s][:-1], 0) for s, at in waiting.items() if at == step]  # prefilled behind the rest
         d = {s: min(k, limit[s] - len(outs[s]) - 1) for s in live}
-        drafts, draft_slots = _propose(dkv, seqs, pos, draft_has, d, live)
+        drafts, draft_slots = _propose(dkv, seqs, pos, draft_has, d, live, joining)
         leak = None
         if bug == "kv_leak" and step == 1 and len(live) > 1:
             leak = (live[1], live[0])
             events.append((step, live[1]))
         chunks = [(s, [seqs[s][-1]] + drafts[s], pos[s]) for s in live]
-        out, slots = tkv.forward(chunks, leak=leak)
+        out, slots = tkv.forward(chunks + joining, leak=leak)
         logits, at = out.logits[0], 0
         for (s, tokens, _), mine in zip(chunks, slots):
             choices = logits[at : at + len(tokens)].argmax(-1).tolist()
@@ -68,24 +74,29 @@ def generate(target, draft, prompts, max_new, k=3, bug=None, w=None):
             outs[s] += emitted
             if w is not None:
                 w.emit(s, emitted, "length" if len(outs[s]) >= limit[s] else None)
+        for s, _, _ in joining:
+            del waiting[s]
         step += 1
     return outs, events
 
 
-def _propose(dkv: SharedKV, seqs, pos, draft_has, d, live):
-    """Draft calls j = 0 .. max(d) - 1, each one packed row of the sequences with d > j.
+def _propose(dkv: SharedKV, seqs, pos, draft_has, d, live, joining):
+    """Draft calls j = 0 .. max(d) - 1, each one packed row of the sequences with d > j; call 0
+    also prefills the newcomers (`joining`), behind the rest (a call of its own if none drafts).
 
     Returns each sequence's drafts and the draft-cache slots of the drafts it fed (draft j - 1 is
     fed at call j; the last draft is never fed)."""
     drafts = {s: [] for s in live}
     fed = {s: [] for s in live}
+    if joining and not any(d.values()):
+        dkv.forward(joining)
     for j in range(max(d.values())):
         chunks = []
         for s in live:
             if d[s] > j:
                 tokens = seqs[s][draft_has[s] :] if j == 0 else [drafts[s][-1]]
                 chunks.append((s, tokens, pos[s] + j - len(tokens) + 1))
-        out, slots = dkv.forward(chunks)
+        out, slots = dkv.forward(chunks + (joining if j == 0 else []))
         logits, at = out.logits[0], 0
         for (s, tokens, _), mine in zip(chunks, slots):
             at += len(tokens)
