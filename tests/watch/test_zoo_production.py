@@ -32,14 +32,16 @@ PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17], [20, 21], [30, 3
 BUDGETS = [10, 4, 10, 7, 9]  # each request's own max_new_tokens: rows finish early
 ONE_BUDGET = 10
 SCRIPT = Path(__file__).parent / "zoo" / "scripts" / "run_engine.py"
-# case: (module, budgets). `paged_batch` is `model.generate_batch` itself (one budget for all);
-# `paged` drives the same manager with a budget per request.
+# case: (module, budgets, engine options). `paged_batch` is `model.generate_batch` itself (one
+# budget for all); `paged` drives the same manager with a budget per request; `paged_chunked` lets
+# 5 query tokens into a forward, so prefills are cut into chunks (forwards that give no token).
 CASES = {
-    "packed": (packed, BUDGETS),
-    "queued": (queued, BUDGETS),
-    "paged": (paged, BUDGETS),
-    "paged_batch": (paged, ONE_BUDGET),
-    "head": (head, BUDGETS),
+    "packed": (packed, BUDGETS, {}),
+    "queued": (queued, BUDGETS, {}),
+    "paged": (paged, BUDGETS, {}),
+    "paged_batch": (paged, ONE_BUDGET, {}),
+    "paged_chunked": (paged, BUDGETS, {"tokens": 5}),
+    "head": (head, BUDGETS, {}),
 }
 BUGS = [
     ("packed", "positions", Invariant.POSITIONS),
@@ -50,6 +52,8 @@ BUGS = [
     ("paged", "positions", Invariant.POSITIONS),
     ("paged", "kv_leak", Invariant.KV),
     ("paged_batch", "kv_leak", Invariant.KV),
+    ("paged_chunked", "positions", Invariant.POSITIONS),
+    ("paged_chunked", "kv_leak", Invariant.KV),
     ("head", "stale_kv", Invariant.KV),
     ("head", "positions", Invariant.POSITIONS),
     # The head is fed another row's hidden state: the outputs stay right (the target verifies),
@@ -74,7 +78,7 @@ def references(pair):
     """Batch-1 greedy of the target, per prompt, to each case's budgets (computed once, unwatched)."""
     per_prompt = shapes.reference(pair.target, PROMPTS, BUDGETS)
     longest = shapes.reference(pair.target, PROMPTS, ONE_BUDGET)
-    return {name: per_prompt if budgets is BUDGETS else longest for name, (_, budgets) in CASES.items()}
+    return {name: per_prompt if budgets is BUDGETS else longest for name, (_, budgets, _) in CASES.items()}
 
 
 class Runs:
@@ -90,7 +94,7 @@ class Runs:
         return self.done[key]
 
     def _api(self, name: str, bug: str | None):
-        module, budgets = CASES[name]
+        module, budgets, options = CASES[name]
         target = self.pair.target
         if module is head:
             second, watched = self.drafter, specviz.watch(target, drafter=self.drafter, prompts=PROMPTS, name=name)
@@ -99,15 +103,16 @@ class Runs:
         else:
             second, watched = self.pair.draft, specviz.watch(target, self.pair.draft, prompts=PROMPTS, name=name)
         with watched as w:
-            outs, events = module.generate(target, second, PROMPTS, budgets, bug=bug, w=w)
+            outs, events = module.generate(target, second, PROMPTS, budgets, bug=bug, w=w, **options)
         return w.trace, outs, [tuple(e) for e in events]
 
     def _command(self, name: str, bug: str | None):
-        module, budgets = CASES[name]
+        module, budgets, options = CASES[name]
         out = self.tmp / f"{name}-{bug}.trace.json"
         argv = ["watch", "--out", str(out), "--", "python", str(SCRIPT), module.__name__.rsplit(".", 1)[-1]]
         argv += ["--prompts", json.dumps(PROMPTS), "--budgets", ",".join(map(str, shapes.budgets(budgets, 1)))]
         argv += ["--bug", bug] if bug else []
+        argv += [arg for name, value in options.items() for arg in ("--set", f"{name}={value}")]
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):
             assert main(argv) == 0
@@ -129,10 +134,11 @@ def test_correct_engines_equal_batch1_greedy_and_mix_acceptance(pair, drafter, r
     its own budget; the speculative ones have rows that accept everything and rows that accept
     nothing (a step that emits k + 1 tokens, one that emits a single token before the row's end,
     where it had drafts)."""
-    for name, (module, budgets) in CASES.items():
+    for name, (module, budgets, options) in CASES.items():
         emitted = Recorder()
         second = drafter if module is head else None if module is paged else pair.draft
-        options = {"emit": "step"} if module is paged else {}  # its own per-step report, from the manager
+        if module is paged:
+            options = {**options, "emit": "step"}  # its own per-step report, from the manager
         outs, events = module.generate(pair.target, second, PROMPTS, budgets, w=emitted, **options)
         assert outs == references[name] and not events, name
         assert [len(o) for o in outs] == shapes.budgets(budgets, len(PROMPTS)), name

@@ -15,11 +15,13 @@ update_batch`), each request's new token is emitted, as an engine that reports p
 
 Bugs, injected between the manager and the model (`ModelRunner._forward_process_and_sample`
 gets a corrupted copy of the kwargs, so the model is fed exactly what the watch sees), each at
-(step, request) = events[0], the step being the forward's index:
-- "positions": at forward 2 the second request of the batch is fed positions one too far
-  (POSITIONS);
-- "kv_leak": at forward 2 the second request's query also attends the first request's first
-  key (the mask lets a neighbour in; KV).
+(step, request) = events[0]:
+- "positions": at forward 2 the second request that gets a token there is fed positions one
+  too far (POSITIONS);
+- "kv_leak": at forward 2 that request's query also attends its neighbour's first key (the mask
+  lets a neighbour in; KV).
+`tokens` below the longest prompt makes the manager cut prefills into chunks (forwards where a
+request gets no token, and forwards of chunks only).
 """
 
 from __future__ import annotations
@@ -37,15 +39,16 @@ from .shapes import budgets
 BUG_FORWARD = 2
 
 
-def settings(rows: int) -> ContinuousBatchingConfig:
-    """A small paged cache (16 pages of 16 slots), no CUDA graphs, at most `rows` requests a forward."""
+def settings(rows: int, tokens: int) -> ContinuousBatchingConfig:
+    """A small paged cache (16 pages of 16 slots), no CUDA graphs, at most `rows` requests and
+    `tokens` query tokens a forward (fewer than a prompt: its prefill is cut into chunks)."""
     return ContinuousBatchingConfig(
-        page_size=16, num_blocks=16, max_batch_tokens=64, max_requests_per_batch=rows, use_cuda_graph=False
+        page_size=16, num_blocks=16, max_batch_tokens=tokens, max_requests_per_batch=rows, use_cuda_graph=False
     )
 
 
 @torch.no_grad()
-def generate(target, draft, prompts, max_new, bug=None, w=None, rows=3, emit=None):
+def generate(target, draft, prompts, max_new, bug=None, w=None, rows=3, emit=None, tokens=64):
     limit = budgets(max_new, len(prompts))
     config = GenerationConfig(max_new_tokens=max(limit), do_sample=False, eos_token_id=1, pad_token_id=0)
     events: list[tuple[int, int]] = []
@@ -54,23 +57,24 @@ def generate(target, draft, prompts, max_new, bug=None, w=None, rows=3, emit=Non
         if w is not None and emit == "step":
             stack.enter_context(_emit_each_step(w, limit, config.eos_token_id))
         if len(set(limit)) == 1:
+            cb_config = settings(rows, tokens)
             results = target.generate_batch(
-                inputs=prompts, generation_config=config, continuous_batching_config=settings(rows), warmup=False
+                inputs=prompts, generation_config=config, continuous_batching_config=cb_config, warmup=False
             )
             outs = [list(r.generated_tokens) for r in results.values()]
         else:
-            outs = _manager_run(target, prompts, limit, config, rows)
+            outs = _manager_run(target, prompts, limit, config, settings(rows, tokens))
     if w is not None and emit == "end":
         for s, out in enumerate(outs):
             w.emit(s, out, "eos" if out and out[-1] == config.eos_token_id else "length")
     return outs, events
 
 
-def _manager_run(target, prompts, limit, config, rows) -> list[list[int]]:
+def _manager_run(target, prompts, limit, config, cb_config) -> list[list[int]]:
     """generate_batch's loop, with each request's own max_new_tokens."""
     done: dict[str, list[int]] = {}
     with target.continuous_batching_context_manager(
-        generation_config=config, continuous_batching_config=settings(rows), block=True, timeout=5, warmup=False
+        generation_config=config, continuous_batching_config=cb_config, block=True, timeout=5, warmup=False
     ) as manager:
         for s, (prompt, n) in enumerate(zip(prompts, limit)):
             manager.add_request(prompt, request_id=f"req_{s}", max_new_tokens=n)
@@ -89,31 +93,36 @@ def seq_of(request_id: str) -> int:
 
 @contextlib.contextmanager
 def _inject(bug: str | None, events: list[tuple[int, int]]):
-    """Corrupt the kwargs of forward BUG_FORWARD for the batch's second request."""
+    """Corrupt the kwargs of forward BUG_FORWARD for the second request that gets a token there
+    (the first if it is alone). The step is the count of earlier forwards that gave any request a
+    token: a forward of prefill chunks only is no step."""
     if bug is None:
         yield
         return
     original = ModelRunner._forward_process_and_sample
-    calls = [0]
+    calls, steps = [0], [0]
 
     def corrupted(self, model, batch_data, *args):
+        states = self.inputs_and_outputs.requests_in_batch
         if calls[0] == BUG_FORWARD:
-            states = self.inputs_and_outputs.requests_in_batch
+            (i,) = [i for i, f in enumerate(states) if f.has_new_token][1:2] or [0]
             cu_q = batch_data["cu_seq_lens_q"].tolist()
             cu_k = batch_data["cu_seq_lens_k"]["full_attention"].tolist()
+            neighbour = 1 if i == 0 else 0
             batch_data = dict(batch_data)
             if bug == "positions":
                 positions = batch_data["position_ids"].clone()
-                positions[0, cu_q[1] : cu_q[2]] += 1
+                positions[0, cu_q[i] : cu_q[i + 1]] += 1
                 batch_data["position_ids"] = positions
             elif bug == "kv_leak":
                 mask = batch_data["attention_mask"].clone()
-                mask[..., cu_q[1] : cu_q[2], cu_k[0]] = 0.0
+                mask[..., cu_q[i] : cu_q[i + 1], cu_k[neighbour]] = 0.0
                 batch_data["attention_mask"] = mask
             else:
                 raise ValueError(f"unknown bug {bug!r}")
-            events.append((calls[0], seq_of(states[1].state.request_id)))
+            events.append((steps[0], seq_of(states[i].state.request_id)))
         calls[0] += 1
+        steps[0] += any(f.has_new_token for f in states)
         return original(self, model, batch_data, *args)
 
     ModelRunner._forward_process_and_sample = corrupted

@@ -59,7 +59,9 @@ def main() -> None:
     parser.add_argument("--bug")
     parser.add_argument("--prompts", required=True, help="JSON list of token-id lists")
     parser.add_argument("--budgets", required=True, help="one max_new_tokens, or one per prompt, comma-separated")
+    parser.add_argument("--set", action="append", default=[], help="NAME=INT: an engine option (e.g. tokens=5)")
     args = parser.parse_args()
+    options = {name: int(value) for name, value in (item.split("=", 1) for item in args.set)}
     prompts = json.loads(args.prompts)
     budgets = [int(n) for n in args.budgets.split(",")]
     max_new = budgets[0] if len(budgets) == 1 else budgets
@@ -71,7 +73,7 @@ def main() -> None:
         second = head.DraftHead(target)
     else:
         second = None
-    outs, events = ENGINES[args.engine].generate(target, second, prompts, max_new, bug=args.bug)
+    outs, events = ENGINES[args.engine].generate(target, second, prompts, max_new, bug=args.bug, **options)
     print("OUTS", json.dumps(outs))
     print("EVENTS", json.dumps(events))
 
