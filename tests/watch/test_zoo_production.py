@@ -42,7 +42,11 @@ CASES = {
     "paged_batch": (paged, ONE_BUDGET, {}),
     "paged_chunked": (paged, BUDGETS, {"tokens": 5}),
     "head": (head, BUDGETS, {}),
+    # Both models fed `inputs_embeds`, no token ids: read (clean) or unreadable, never a false alarm.
+    "packed_embeds": (packed, BUDGETS, {"embeds": 1}),
 }
+READ_OR_UNREADABLE = {"packed_embeds"}
+EMBEDS_BUGS = [("packed_embeds", "kv_leak", Invariant.KV), ("packed_embeds", "stale_kv", Invariant.KV)]
 BUGS = [
     ("packed", "positions", Invariant.POSITIONS),
     ("packed", "kv_leak", Invariant.KV),
@@ -166,7 +170,7 @@ class Recorder:
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", [name for name in CASES if name not in READ_OR_UNREADABLE])
 def test_correct_engine_checks_clean(runs, references, name: str, mode: str) -> None:
     trace, outs, _ = runs.get(name, None, mode)
     assert outs == references[name]
@@ -205,7 +209,7 @@ def test_injected_bug_is_located(runs, name: str, bug: str, invariant: Invariant
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize(("name", "bug"), [(n, None) for n in CASES] + [(n, b) for n, b, _ in BUGS])
+@pytest.mark.parametrize(("name", "bug"), [(n, None) for n in CASES] + [(n, b) for n, b, _ in BUGS + EMBEDS_BUGS])
 def test_no_wrong_output_is_called_clean(runs, references, name: str, bug: str | None, mode: str) -> None:
     if mode == "command" and (name, bug) in API_ONLY:
         pytest.skip("the command is not told which module is the head")
@@ -216,3 +220,28 @@ def test_no_wrong_output_is_called_clean(runs, references, name: str, bug: str |
         assert report.verdict in ("desync", "unreadable"), (wrong, report.verdict)
     if report.verdict == "clean":
         assert outs == references[name]
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("name", "bug", "invariant"), [("packed_embeds", None, None), *EMBEDS_BUGS])
+def test_tokens_fed_as_embeddings_are_read_or_unreadable(
+    runs, references, name: str, bug: str | None, invariant: Invariant | None, mode: str
+) -> None:
+    """The packed engine feeding `inputs_embeds`: the watch reads the tokens (the correct run clean
+    and exact, each bug at its place) or says unreadable from some step S, having checked the
+    steps before S as usual (a bug before S is still located). Never desync on the correct run."""
+    trace, outs, events = runs.get(name, bug, mode)
+    assert outs == references[name] if bug is None else events
+    report = check_trace(trace)
+    v = report.first_violation
+    if report.verdict == "unreadable":
+        assert report.unreadable and report.unreadable.get("why")
+        if bug is None or report.unreadable["step"] <= events[0][0]:
+            return
+    elif bug is None:
+        assert report.verdict == "clean" and not report.violation_count and report.exact_match == 1.0, v
+        return
+    step, seq = events[0]
+    seq_id = {tuple(s.prompt_ids): s.seq_id for s in trace.sequences}.get(tuple(PROMPTS[seq]))
+    assert v is not None and (v.step, v.seq_id, v.invariant) == (step, seq_id, invariant), report.violations[:3]

@@ -40,8 +40,9 @@ class SharedKV:
     """A model's cache as one shared row of slots: `owner[i]` is the sequence slot i belongs to,
     `live[i]` whether it is still attended (a rejected draft's slot is dropped, never reused)."""
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, embeds: bool = False) -> None:
         self.model = model
+        self.embeds = embeds  # feed `inputs_embeds` (the model's own embedding rows), not `input_ids`
         self.cache = DynamicCache()
         self.owner: list[int] = []
         self.live: list[bool] = []
@@ -71,8 +72,10 @@ class SharedKV:
             if leak is not None and leak[0] == seq:
                 own += [j for j in range(past) if self.owner[j] == leak[1] and self.live[j]][:1]
             mask[0, 0, i, own] = 0.0
+        fed = torch.tensor([ids])
+        tokens = {"inputs_embeds": self.model.get_input_embeddings()(fed)} if self.embeds else {"input_ids": fed}
         out = self.model(
-            input_ids=torch.tensor([ids]),
+            **tokens,
             position_ids=torch.tensor([positions]),
             attention_mask=mask,
             cache=self.cache,
