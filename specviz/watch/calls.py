@@ -130,20 +130,27 @@ def read_row(
 
 
 def draft_free_query(call: CallRecord, row: int, committed: list[int]) -> RowQuery | None:
-    """The row's query in a run with no draft model (prompt lookup, n-gram or extra-head drafting):
-    no draft call proposed its drafts, so they are read from what a correct engine feeds, the
-    sequence's `committed` tokens (cached or re-fed) then d drafts: d is the row's attended tokens
-    at its last slot minus the committed ones, and the pending slot (d before the last) must hold
-    the last committed token. None when that reading does not fit (no drafts, or a row whose
-    context is not its committed tokens: read as no drafts, and checked as such)."""
-    last = last_slot(call, row)
-    d = context_before(call, row, last) + 1 - len(committed)
-    if not committed or d <= 0 or d > last:
+    """The row's query in a run with no draft model (prompt lookup, n-gram or head drafting): no
+    draft model proposed its drafts, so they are read from where a correct engine feeds them, after
+    the pending token (the last committed one): the row's first real query slot when it attends a
+    cache (the cache holds the tokens before it), else the slot after its re-fed context
+    (`committed` tokens from its first real slot). Read from the layout, not from the attended
+    count, so a stale or missing slot does not move the reading (the KV check flags it); the
+    count is the fallback: d is then the attended tokens at its last slot minus the committed ones.
+    None when neither fits (no drafts, or a pending slot that does not hold the last committed
+    token: read as no drafts, and checked as such)."""
+    if not committed:
         return None
-    pending = last - d
-    if not all(query_flags(call, row)[pending : last + 1]) or call.input_ids[row][pending] != committed[-1]:
+    flags, last = query_flags(call, row), last_slot(call, row)
+    first = next((j for j, keep in enumerate(flags) if keep), None)
+    if first is None:
         return None
-    return RowQuery(pending, d, ())
+    by_layout = first if attends_cache(call, row) else first + len(committed) - 1
+    by_count = last - (context_before(call, row, last) + 1 - len(committed))
+    for pending in (by_layout, by_count):
+        if first <= pending < last and all(flags[pending : last + 1]) and call.input_ids[row][pending] == committed[-1]:
+            return RowQuery(pending, last - pending, ())
+    return None
 
 
 def first_slot_query(call: CallRecord, row: int) -> RowQuery | None:

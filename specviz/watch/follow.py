@@ -438,6 +438,11 @@ class Follower:
         if 1 <= grown <= len(v.query):
             return v.query[len(v.query) - grown :]  # re-fed tokens (a recompute loop) show themselves
         accepted = grown - 1 if 1 <= grown <= len(drafts) + 1 else (agreed or 0)
+        if targets and accepted > (agreed or 0) and v.token == targets[agreed or 0]:
+            # Fed the greedy continuation, yet the context grew past what greedy acceptance
+            # allows: the tokens say what was committed, the KV check judges the context (a
+            # rejected slot left attended, another row's slot).
+            accepted = agreed or 0
         return drafts[:accepted] + [v.token]
 
     def _by_token(self, s: Seq, v: RowView) -> list[int]:

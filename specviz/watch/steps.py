@@ -31,6 +31,7 @@ from specviz.watch.calls import (
     CallReader,
     RowQuery,
     argmax_at,
+    attended_ids,
     context_before,
     draft_free_query,
     fed_positions,
@@ -244,6 +245,8 @@ def build_steps(
         for r, seq_id in enumerate(row_seq_ids(call)):
             if r not in produced and (seq_id not in progress or progress[seq_id].finished):
                 continue  # idle: a finished sequence's row the engine still computes
+            if r not in produced and _prefilling(call, r, progress[seq_id].committed):
+                continue  # a newcomer's prefill riding in another's step (vLLM mixes them in)
             rq = shown[r]
             proposals.update(j for j, _ in rq.chain)
             rows.append(_row_record(calls, index, r, seq_id, rq, produced.get(r), progress))
@@ -269,6 +272,15 @@ def build_steps(
         )
     _fill_left_pad_after(steps)
     return steps
+
+
+def _prefilling(call: CallRecord, row: int, committed: list[int]) -> bool:
+    """The row attends no cache and feeds a proper prefix of the sequence's tokens: a prefill of
+    all but its pending token, not a step of that sequence."""
+    if call.cache_of(row) or not any(call.query_flags(row)):
+        return False
+    fed = attended_ids(call, row)
+    return len(fed) < len(committed) and fed == committed[: len(fed)]
 
 
 def _head_calls(calls: list[CallRecord], index: int) -> list[int]:
