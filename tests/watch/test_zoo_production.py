@@ -42,6 +42,8 @@ CASES = {
     "paged_batch": (paged, ONE_BUDGET, {}),
     "paged_chunked": (paged, BUDGETS, {"tokens": 5}),
     "head": (head, BUDGETS, {}),
+    # A boolean mask and flash attention's varlen metadata (cu_seq_lens_q/k) on every call.
+    "packed_flash": (packed, BUDGETS, {"flash": 1}),
     # Both models fed `inputs_embeds`, no token ids: read (clean) or unreadable, never a false alarm.
     "packed_embeds": (packed, BUDGETS, {"embeds": 1}),
 }
@@ -51,6 +53,7 @@ BUGS = [
     ("packed", "positions", Invariant.POSITIONS),
     ("packed", "kv_leak", Invariant.KV),
     ("packed", "stale_kv", Invariant.KV),
+    ("packed_flash", "kv_leak", Invariant.KV),
     ("queued", "kv_mixup", Invariant.KV),
     ("queued", "positions", Invariant.POSITIONS),
     ("paged", "positions", Invariant.POSITIONS),

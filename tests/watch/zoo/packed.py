@@ -10,7 +10,9 @@ rotation), and the last prompt arrives late (at step `late`): its prefill rides 
 tokens in that step's verify call and first draft call, emitting nothing, as vLLM mixes prefills
 into decoding batches. Each prompt has its own budget; finished sequences leave the packed row.
 Nothing is declared but the emitted tokens (`w.emit`). With `embeds`, both models are fed
-`inputs_embeds` (their own embedding rows) instead of token ids, as multimodal servers do.
+`inputs_embeds` (their own embedding rows) instead of token ids, as multimodal servers do. With
+`flash`, the mask is boolean and each call also carries flash attention's varlen metadata
+(`cu_seq_lens_q/k`, `max_length_q/k`).
 
 Bugs, each breaking one invariant at (step, sequence) = events[0]:
 - "positions": after the first partial accept, that sequence's position counter advances by its
@@ -29,12 +31,12 @@ from .shapes import SharedKV, accepted, budgets
 
 
 @torch.no_grad()
-def generate(target, draft, prompts, max_new, k=3, bug=None, w=None, late=2, embeds=0):
+def generate(target, draft, prompts, max_new, k=3, bug=None, w=None, late=2, embeds=0, flash=0):
     n = len(prompts)
     limit = budgets(max_new, n)
     seqs = [list(p) for p in prompts]
     outs: list[list[int]] = [[] for _ in prompts]
-    tkv, dkv = SharedKV(target, bool(embeds)), SharedKV(draft, bool(embeds))
+    tkv, dkv = SharedKV(target, bool(embeds), bool(flash)), SharedKV(draft, bool(embeds), bool(flash))
     waiting = {n - 1: late} if late else {}  # sequence -> the step it arrives at
     prefill = [(s, seqs[s][:-1], 0) for s in range(n) if s not in waiting]  # all but each pending token
     tkv.forward(prefill)

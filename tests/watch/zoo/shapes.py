@@ -40,9 +40,12 @@ class SharedKV:
     """A model's cache as one shared row of slots: `owner[i]` is the sequence slot i belongs to,
     `live[i]` whether it is still attended (a rejected draft's slot is dropped, never reused)."""
 
-    def __init__(self, model, embeds: bool = False) -> None:
+    def __init__(self, model, embeds: bool = False, flash: bool = False) -> None:
         self.model = model
         self.embeds = embeds  # feed `inputs_embeds` (the model's own embedding rows), not `input_ids`
+        # flash: a boolean mask (True: attended) plus the varlen metadata flash attention takes
+        # (`cu_seq_lens_q/k`, `max_length_q/k`; sdpa ignores them), as transformers' CB passes.
+        self.flash = flash
         self.cache = DynamicCache()
         self.owner: list[int] = []
         self.live: list[bool] = []
@@ -73,9 +76,12 @@ class SharedKV:
                 own += [j for j in range(past) if self.owner[j] == leak[1] and self.live[j]][:1]
             mask[0, 0, i, own] = 0.0
         fed = torch.tensor([ids])
-        tokens = {"inputs_embeds": self.model.get_input_embeddings()(fed)} if self.embeds else {"input_ids": fed}
+        extra = {"inputs_embeds": self.model.get_input_embeddings()(fed)} if self.embeds else {"input_ids": fed}
+        if self.flash:
+            extra.update(self._varlen(chunks, mask))
+            mask = mask == 0.0
         out = self.model(
-            **tokens,
+            **extra,
             position_ids=torch.tensor([positions]),
             attention_mask=mask,
             cache=self.cache,
@@ -93,6 +99,23 @@ class SharedKV:
     def drop(self, slots: list[int]) -> None:
         for j in slots:
             self.live[j] = False
+
+    @staticmethod
+    def _varlen(chunks, mask: torch.Tensor) -> dict:
+        """Query and key offsets per sequence: its query tokens, and the keys its last one attends."""
+        cu_q, cu_k, at = [0], [0], 0
+        for _, tokens, _ in chunks:
+            at += len(tokens)
+            cu_q.append(at)
+            cu_k.append(cu_k[-1] + int((mask[0, 0, at - 1] == 0.0).sum()))
+        lengths_q = [b - a for a, b in zip(cu_q, cu_q[1:])]
+        lengths_k = [b - a for a, b in zip(cu_k, cu_k[1:])]
+        return {
+            "cu_seq_lens_q": torch.tensor(cu_q, dtype=torch.int32),
+            "cu_seq_lens_k": torch.tensor(cu_k, dtype=torch.int32),
+            "max_length_q": max(lengths_q),
+            "max_length_k": max(lengths_k),
+        }
 
 
 def accepted(drafts: list[int], choices: list[int]) -> int:
