@@ -42,6 +42,8 @@ CASES = {
     "paged_batch": (paged, ONE_BUDGET, {}),
     "paged_chunked": (paged, BUDGETS, {"tokens": 5}),
     "head": (head, BUDGETS, {}),
+    # Both caches are 48-slot pools written through a slot mapping; given-back slots are reused.
+    "packed_pool": (packed, BUDGETS, {"pool": 48}),
     # A boolean mask and flash attention's varlen metadata (cu_seq_lens_q/k) on every call.
     "packed_flash": (packed, BUDGETS, {"flash": 1}),
     # Both models fed `inputs_embeds`, no token ids: read (clean) or unreadable, never a false alarm.
@@ -54,6 +56,7 @@ BUGS = [
     ("packed", "kv_leak", Invariant.KV),
     ("packed", "stale_kv", Invariant.KV),
     ("packed_flash", "kv_leak", Invariant.KV),
+    ("packed_pool", "reuse", Invariant.KV),
     ("queued", "kv_mixup", Invariant.KV),
     ("queued", "positions", Invariant.POSITIONS),
     ("paged", "positions", Invariant.POSITIONS),

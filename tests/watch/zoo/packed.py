@@ -12,7 +12,9 @@ into decoding batches. Each prompt has its own budget; finished sequences leave 
 Nothing is declared but the emitted tokens (`w.emit`). With `embeds`, both models are fed
 `inputs_embeds` (their own embedding rows) instead of token ids, as multimodal servers do. With
 `flash`, the mask is boolean and each call also carries flash attention's varlen metadata
-(`cu_seq_lens_q/k`, `max_length_q/k`).
+(`cu_seq_lens_q/k`, `max_length_q/k`). With `pool=N`, both caches are N-slot pools written through
+a slot mapping (`shapes.SlotKV`, vLLM's layout): a slot given back (a rejected draft, a finished
+sequence) is reused by the next call, and the mask's keys are the pool's slots.
 
 Bugs, each breaking one invariant at (step, sequence) = events[0]:
 - "positions": after the first partial accept, that sequence's position counter advances by its
@@ -20,23 +22,30 @@ Bugs, each breaking one invariant at (step, sequence) = events[0]:
 - "kv_leak": at step 1 the second packed sequence's query also attends the first one's earliest
   slot (the mask lets its neighbour in; KV);
 - "stale_kv": the first partially accepted sequence's rejected target slots stay attended from
-  its next step on (KV).
+  its next step on (KV);
+- "reuse" (with `pool`): the first partially accepted sequence gives its rejected slots back to
+  the pool but keeps attending them; events[0] is the first step where one of them holds another
+  sequence's token or is free (KV).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .shapes import SharedKV, accepted, budgets
+from .shapes import SharedKV, SlotKV, accepted, budgets
 
 
 @torch.no_grad()
-def generate(target, draft, prompts, max_new, k=3, bug=None, w=None, late=2, embeds=0, flash=0):
+def generate(target, draft, prompts, max_new, k=3, bug=None, w=None, late=2, embeds=0, flash=0, pool=0):
     n = len(prompts)
     limit = budgets(max_new, n)
     seqs = [list(p) for p in prompts]
     outs: list[list[int]] = [[] for _ in prompts]
-    tkv, dkv = SharedKV(target, bool(embeds), bool(flash)), SharedKV(draft, bool(embeds), bool(flash))
+    if pool:
+        tkv, dkv = SlotKV(target, pool, bool(embeds), bool(flash)), SlotKV(draft, pool, bool(embeds), bool(flash))
+    else:
+        tkv, dkv = SharedKV(target, bool(embeds), bool(flash)), SharedKV(draft, bool(embeds), bool(flash))
+    reused = None  # bug "reuse": the sequence that still attends the slots it gave back
     waiting = {n - 1: late} if late else {}  # sequence -> the step it arrives at
     prefill = [(s, seqs[s][:-1], 0) for s in range(n) if s not in waiting]  # all but each pending token
     tkv.forward(prefill)
@@ -56,6 +65,8 @@ def generate(target, draft, prompts, max_new, k=3, bug=None, w=None, late=2, emb
             events.append((step, live[1]))
         chunks = [(s, [seqs[s][-1]] + drafts[s], pos[s]) for s in live]
         out, slots = tkv.forward(chunks + joining, leak=leak)
+        if reused is not None and not events and reused in tkv.foreign:
+            events.append((step, reused))
         logits, at = out.logits[0], 0
         for (s, tokens, _), mine in zip(chunks, slots):
             choices = logits[at : at + len(tokens)].argmax(-1).tolist()
@@ -65,6 +76,9 @@ def generate(target, draft, prompts, max_new, k=3, bug=None, w=None, late=2, emb
             first_partial = a < d[s] and not events and len(outs[s]) + len(emitted) < limit[s]
             if bug == "stale_kv" and first_partial:
                 events.append((step + 1, s))  # its rejected slots are never dropped
+            elif bug == "reuse" and first_partial and reused is None:
+                tkv.drop(mine[1 + a :], forget=False)  # back to the pool, still in its view
+                reused = s
             else:
                 tkv.drop(mine[1 + a :])
             dkv.drop(draft_slots[s][a:])  # the fed drafts the target rejected
@@ -77,6 +91,9 @@ def generate(target, draft, prompts, max_new, k=3, bug=None, w=None, late=2, emb
             outs[s] += emitted
             if w is not None:
                 w.emit(s, emitted, "length" if len(outs[s]) >= limit[s] else None)
+            if len(outs[s]) >= limit[s]:
+                tkv.release(s)
+                dkv.release(s)
         for s, _, _ in joining:
             del waiting[s]
         step += 1

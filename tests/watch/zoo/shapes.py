@@ -4,10 +4,13 @@ plain Hugging Face forwards (nothing from specviz).
 `budgets`: each prompt's own `max_new_tokens` (an int is one budget for all).
 `reference`: batch-1 greedy decoding of the target, with a cache, to each prompt's own budget: the
 oracle the tests hold every correct engine to, computed outside any watch.
-`SharedKV`: one 1-row cache that every sequence appends its slots to (a vLLM-like shared pool,
-slots never move); `forward` feeds a packed 1 x T row, each sequence's query tokens back to back
-with their own positions, and a block-diagonal additive 4-D mask that lets each query token see
-its own sequence's live slots plus the tokens before it in its own query.
+`SharedKV`: one 1-row cache that every sequence appends its slots to (slots never move, never
+reused); `forward` feeds a packed 1 x T row, each sequence's query tokens back to back with their
+own positions, and a block-diagonal additive 4-D mask that lets each query token see its own
+sequence's live slots plus the tokens before it in its own query.
+`SlotKV`: the same over a fixed pool of slots, as vLLM's slot mapping: each fed token is written
+to the lowest free slot (`slot_mapping`, read by `SlotPool.update`), a freed slot (a rejected
+draft, a finished sequence) is reused by the next call, and the mask's keys are the pool's slots.
 """
 
 from __future__ import annotations
@@ -96,9 +99,13 @@ class SharedKV:
         self.live += [True] * t
         return out, slots
 
-    def drop(self, slots: list[int]) -> None:
+    def drop(self, slots: list[int], forget: bool = True) -> None:
         for j in slots:
             self.live[j] = False
+
+    def release(self, seq: int) -> None:
+        """A finished sequence: none of its slots is attended again."""
+        self.drop([j for j, owner in enumerate(self.owner) if owner == seq])
 
     @staticmethod
     def _varlen(chunks, mask: torch.Tensor) -> dict:
@@ -124,3 +131,87 @@ def accepted(drafts: list[int], choices: list[int]) -> int:
     while a < len(drafts) and drafts[a] == choices[a]:
         a += 1
     return a
+
+
+class SlotPool:
+    """A fixed pool of KV slots per layer, written where `slot_mapping` (a forward keyword the
+    attention passes on) says; every call sees all of the pool's slots as keys."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.keys: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, kwargs=None, **_):
+        where = kwargs["slot_mapping"]
+        if layer_idx not in self.keys:
+            shape = (*keys.shape[:2], self.slots, keys.shape[3])
+            self.keys[layer_idx], self.values[layer_idx] = keys.new_zeros(shape), values.new_zeros(shape)
+        self.keys[layer_idx][:, :, where] = keys
+        self.values[layer_idx][:, :, where] = values
+        return self.keys[layer_idx], self.values[layer_idx]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.slots
+
+
+class SlotKV(SharedKV):
+    """`SharedKV` over a `SlotPool`: `owner[j]` is the sequence slot j holds (None: free)."""
+
+    def __init__(self, model, slots: int, embeds: bool = False, flash: bool = False) -> None:
+        super().__init__(model, embeds, flash)
+        self.cache = SlotPool(slots)
+        self.owner = [None] * slots
+        self.live = [False] * slots
+        self.attends: dict[int, set[int]] = {}  # the slots each sequence's queries attend
+
+    @torch.no_grad()
+    def forward(self, chunks, leak=None, hidden=False):
+        free = [j for j, owner in enumerate(self.owner) if owner is None]
+        need = sum(len(tokens) for _, tokens, _ in chunks)
+        if need > len(free):
+            raise RuntimeError(f"the KV pool is full: {need} slots wanted, {len(free)} free")
+        slots, ids, positions, owners, mapping = [], [], [], [], []
+        for seq, tokens, start in chunks:
+            slots.append(free[len(mapping) : len(mapping) + len(tokens)])
+            mapping += slots[-1]
+            ids += tokens
+            positions += range(start, start + len(tokens))
+            owners += [seq] * len(tokens)
+        mask = torch.full((1, 1, len(ids), self.cache.slots), NEG)
+        for i, seq in enumerate(owners):
+            own = sorted(self.attends.get(seq, ()))
+            own += [mapping[j] for j in range(i + 1) if owners[j] == seq]  # causal inside its own query
+            if leak is not None and leak[0] == seq:
+                own += sorted(self.attends.get(leak[1], ()))[:1]
+            mask[0, 0, i, own] = 0.0
+        fed = torch.tensor([ids])
+        extra = {"inputs_embeds": self.model.get_input_embeddings()(fed)} if self.embeds else {"input_ids": fed}
+        if self.flash:
+            extra.update(self._varlen(chunks, mask))
+            mask = mask == 0.0
+        out = self.model(
+            **extra,
+            position_ids=torch.tensor([positions]),
+            attention_mask=mask,
+            cache=self.cache,
+            use_cache=True,
+            slot_mapping=torch.tensor(mapping),
+            output_hidden_states=hidden,
+        )
+        for j, seq in zip(mapping, owners):
+            self.owner[j] = seq
+            self.attends.setdefault(seq, set()).add(j)
+        # The sequences of this call that attended a slot no longer theirs (reused or freed).
+        self.foreign = [seq for seq, _, _ in chunks if any(self.owner[j] != seq for j in self.attends[seq])]
+        return out, slots
+
+    def drop(self, slots: list[int], forget: bool = True) -> None:
+        """Free the slots for reuse; `forget=False`: their old owner keeps attending them."""
+        for j in slots:
+            if forget:
+                self.attends[self.owner[j]].discard(j)
+            self.owner[j] = None
+
+    def release(self, seq: int) -> None:
+        self.drop([j for j, owner in enumerate(self.owner) if owner == seq])
