@@ -42,6 +42,7 @@ CASES = {
     "paged_batch": (paged, ONE_BUDGET, {}),
     "paged_chunked": (paged, BUDGETS, {"tokens": 5}),
     "head": (head, BUDGETS, {}),
+    "head_packed": (head, BUDGETS, {"packed": 1}),  # the head over a packed target (vLLM's EAGLE)
     # Both caches are 48-slot pools written through a slot mapping; given-back slots are reused.
     "packed_pool": (packed, BUDGETS, {"pool": 48}),
     # A boolean mask and flash attention's varlen metadata (cu_seq_lens_q/k) on every call.
@@ -66,6 +67,8 @@ BUGS = [
     ("paged_chunked", "kv_leak", Invariant.KV),
     ("head", "stale_kv", Invariant.KV),
     ("head", "positions", Invariant.POSITIONS),
+    ("head_packed", "stale_kv", Invariant.KV),
+    ("head_packed", "positions", Invariant.POSITIONS),
     # The head is fed another row's hidden state: the outputs stay right (the target verifies),
     # only a watch that checks where the head's input came from can see it, so API only.
     ("head", "head_row", Invariant.KV),

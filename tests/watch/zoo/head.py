@@ -7,6 +7,7 @@ random tokens, so it agrees with the target about half the time: rows accept eve
 rows that accept nothing. The target verifies the drafts with a padded cache that keeps holes
 (`common.HoleCache`) and returns its hidden states; finished rows are dropped (each prompt has
 its own budget). Pass `drafter=head` to the watch; the rows are declared each step (`w.rows`).
+With `packed`, the target is packed instead (`generate_packed`, vLLM's EAGLE layout).
 
 Bugs, each at (step, sequence) = events[0]:
 - "stale_kv": the first partially accepted row's rejected slots stay attended from its next
@@ -24,7 +25,7 @@ from torch import nn
 from transformers.modeling_outputs import CausalLMOutput
 
 from .common import HoleCache, left_padded, verify
-from .shapes import budgets
+from .shapes import SharedKV, accepted, budgets
 
 
 class DraftHead(nn.Module):
@@ -109,7 +110,9 @@ def propose(head: DraftHead, target, last: torch.Tensor, pending: list[int], n: 
 
 
 @torch.no_grad()
-def generate(target, head, prompts, max_new, k=2, bug=None, w=None):
+def generate(target, head, prompts, max_new, k=2, bug=None, w=None, packed=0):
+    if packed:
+        return generate_packed(target, head, prompts, max_new, k, bug, w)
     limit = budgets(max_new, len(prompts))
     seqs = [list(p) for p in prompts]
     outs: list[list[int]] = [[] for _ in prompts]
@@ -154,5 +157,54 @@ def generate(target, head, prompts, max_new, k=2, bug=None, w=None):
         if live and len(live) < len(batch):
             cache.select(live)
         batch = [batch[r] for r in live]
+        step += 1
+    return outs, events
+
+
+@torch.no_grad()
+def generate_packed(target, head, prompts, max_new, k=2, bug=None, w=None):
+    """The same head over a packed target (`shapes.SharedKV`, vLLM's EAGLE layout): one 1 x T verify
+    row per step, the head fed one row per live sequence in packed order; nothing declared but
+    the emits. Same bugs, same (step, sequence) rules."""
+    n = len(prompts)
+    limit = budgets(max_new, n)
+    seqs = [list(p) for p in prompts]
+    outs: list[list[int]] = [[] for _ in prompts]
+    kv = SharedKV(target)
+    out, slots = kv.forward([(s, seqs[s][:-1], 0) for s in range(n)], hidden=True)
+    last = {s: out.hidden_states[-1][0, mine[-1]] for s, mine in enumerate(slots)}  # slots start at 0
+    events: list[tuple[int, int]] = []
+    step = 0
+    while live := [s for s in range(n) if len(outs[s]) < limit[s]]:
+        d = {s: min(k, limit[s] - len(outs[s]) - 1) for s in live}
+        fed = torch.stack([last[s] for s in live])
+        if bug == "head_row" and step == 1 and len(live) > 1:
+            fed = fed.roll(-1, 0)
+            events.append((step, live[0]))
+        proposed = propose(head, target, fed, [seqs[s][-1] for s in live], max(d.values()))
+        drafts = {s: p[: d[s]] for s, p in zip(live, proposed)}
+        shift = {s: 0 for s in live}
+        if bug == "positions" and step == 2:
+            s = next(s for s in live if drafts[s])
+            shift[s] = 1
+            events.append((step, s))
+        chunks = [(s, [seqs[s][-1]] + drafts[s], len(seqs[s]) - 1 + shift[s]) for s in live]
+        out, slots = kv.forward(chunks, hidden=True)
+        logits, hidden, at = out.logits[0], out.hidden_states[-1][0], 0
+        for (s, tokens, _), mine in zip(chunks, slots):
+            choices = logits[at : at + len(tokens)].argmax(-1).tolist()
+            a = accepted(drafts[s], choices)
+            last[s] = hidden[at + a]  # it predicted the new pending token
+            at += len(tokens)
+            emitted = drafts[s][:a] + [choices[a]]
+            stale = bug == "stale_kv" and not events and a < d[s] and len(outs[s]) + len(emitted) < limit[s]
+            if stale:
+                events.append((step + 1, s))
+            else:
+                kv.drop(mine[1 + a :])
+            seqs[s] += emitted
+            outs[s] += emitted
+            if w is not None:
+                w.emit(s, emitted, "length" if len(outs[s]) >= limit[s] else None)
         step += 1
     return outs, events
