@@ -432,6 +432,9 @@ class Follower:
             # Its last step, or a row re-fed with its own drafts, which only the greedy rule tells
             # apart (no draft model): what a greedy engine keeps.
             return drafts[:agreed] + ([targets[agreed]] if targets else [])
+        reread = self._reread(s, v)
+        if reread is not None:
+            return reread
         grown = v.context + 1 - len(s.context)
         if grown == 0:
             return []
@@ -440,10 +443,24 @@ class Follower:
         accepted = grown - 1 if 1 <= grown <= len(drafts) + 1 else (agreed or 0)
         if targets and accepted > (agreed or 0) and v.token == targets[agreed or 0]:
             # Fed the greedy continuation, yet the context grew past what greedy acceptance
-            # allows: the tokens say what was committed, the KV check judges the context (a
-            # rejected slot left attended, another row's slot).
+            # allows: the tokens say what was committed (the command reads greedy engines), the
+            # KV check judges the context (a rejected slot left attended, another row's slot).
             accepted = agreed or 0
         return drafts[:accepted] + [v.token]
+
+    def _reread(self, s: Seq, v: RowView) -> list[int] | None:
+        """The tokens gained, as the row's first draft call re-read them: a draft without a cache
+        is fed the whole sequence up to the pending token, which says what was committed whatever
+        the target's context (a stale, lost or foreign slot) counts."""
+        if v.whole or not v.rq.chain:
+            return None  # a row that re-feeds its context shows its tokens itself
+        call, row = v.rq.chain[0]
+        if attends_cache(self.calls[call], row):
+            return None
+        fed, n = attended_ids(self.calls[call], row), len(s.context)
+        if len(fed) > n and fed[:n] == s.context and fed[-1] == v.token:
+            return fed[n:]
+        return None
 
     def _by_token(self, s: Seq, v: RowView) -> list[int]:
         """Tokens of a step whose next row's context cannot be trusted: the drafts before the slot

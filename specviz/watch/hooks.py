@@ -172,6 +172,7 @@ class ModelHooks:
         forward = getattr(model, "forward", None)
         self.param_names = [p for p in inspect.signature(forward).parameters if p != "self"] if forward else []
         self.open: list[CallRecord] = []
+        self._unit: torch.Tensor | None = None  # the embedding table, rows normalized (inputs_embeds)
         self.handles = [
             model.register_forward_pre_hook(self.before, with_kwargs=True),
             model.register_forward_hook(self.after, with_kwargs=True),
@@ -195,8 +196,10 @@ class ModelHooks:
         if self.drafter:
             self.open.append(self._head_call(args, fed))
             return
+        if input_ids is None and isinstance(fed.get("inputs_embeds"), torch.Tensor):
+            input_ids = self._ids_of_embeddings(fed["inputs_embeds"])
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-            self.open.append(None)  # inputs_embeds or odd shapes: nothing to attribute
+            self.open.append(None)  # odd shapes: nothing to attribute
             return
         started = time.perf_counter()
         cache = next((fed[k] for k in CACHE_KEYWORDS if fed.get(k) is not None), None)
@@ -237,6 +240,21 @@ class ModelHooks:
                 logit_slots=keep.clone() if isinstance(keep, torch.Tensor) and keep.dim() == 1 else None,
             )
         )
+
+    def _ids_of_embeddings(self, embeds: torch.Tensor) -> torch.Tensor | None:
+        """The token ids whose embedding rows these are ([B, T, H] -> [B, T]): the nearest row of the
+        model's embedding table by direction, kept only where the model's own embedding of it equals
+        the vector fed (-1 elsewhere: an image feature, a soft prompt, anything not a token)."""
+        table = getattr(self.model, "get_input_embeddings", lambda: None)()
+        weight = getattr(table, "weight", None)
+        if not isinstance(weight, torch.Tensor) or embeds.dim() != 3 or embeds.shape[-1] != weight.shape[-1]:
+            return None
+        if self._unit is None or self._unit.shape != weight.shape:
+            self._unit = torch.nn.functional.normalize(weight.detach().float(), dim=-1)
+        vectors = embeds.detach().float()
+        ids = (torch.nn.functional.normalize(vectors, dim=-1) @ self._unit.T).argmax(-1)
+        same = torch.isclose(table(ids).float(), vectors, rtol=1e-3, atol=1e-5).all(-1)
+        return torch.where(same, ids, torch.full_like(ids, -1))
 
     def _head_call(self, args: tuple[Any, ...], fed: dict[str, Any]) -> CallRecord | None:
         """A draft head's call (EAGLE, MTP, Medusa: fed hidden states or embeddings, not ids): kept

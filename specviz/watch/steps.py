@@ -245,7 +245,7 @@ def build_steps(
         for r, seq_id in enumerate(row_seq_ids(call)):
             if r not in produced and (seq_id not in progress or progress[seq_id].finished):
                 continue  # idle: a finished sequence's row the engine still computes
-            if r not in produced and _prefilling(call, r, progress[seq_id].committed):
+            if r not in produced and _prefilling(call, r, progress[seq_id].committed, len(prompts[seq_id])):
                 continue  # a newcomer's prefill riding in another's step (vLLM mixes them in)
             rq = shown[r]
             proposals.update(j for j, _ in rq.chain)
@@ -274,11 +274,15 @@ def build_steps(
     return steps
 
 
-def _prefilling(call: CallRecord, row: int, committed: list[int]) -> bool:
-    """The row attends no cache and feeds a proper prefix of the sequence's tokens: a prefill of
-    all but its pending token, not a step of that sequence."""
-    if call.cache_of(row) or not any(call.query_flags(row)):
+def _prefilling(call: CallRecord, row: int, committed: list[int], prompt_len: int) -> bool:
+    """A sequence not yet stepped whose row attends no cache, in a call whose other rows decode
+    from theirs, and feeds a proper prefix of its prompt: a newcomer's prefill of all but its
+    pending token riding in the others' step, not a step of it. (A re-prefill of the batch is read
+    row by row, where its bugs show.)"""
+    if len(committed) != prompt_len or call.cache_of(row) or not any(call.query_flags(row)):
         return False
+    if not any(call.cache_of(r) for r in range(call.batch_size)):
+        return False  # a re-prefill of the whole batch (or a cacheless loop): every row is read
     fed = attended_ids(call, row)
     return len(fed) < len(committed) and fed == committed[: len(fed)]
 
