@@ -125,7 +125,7 @@ class Runs:
         argv = ["watch", "--out", str(out), "--", "python", str(SCRIPT), module.__name__.rsplit(".", 1)[-1]]
         argv += ["--prompts", json.dumps(PROMPTS), "--budgets", ",".join(map(str, shapes.budgets(budgets, 1)))]
         argv += ["--bug", bug] if bug else []
-        argv += [arg for name, value in options.items() for arg in ("--set", f"{name}={value}")]
+        argv += [arg for key, value in options.items() for arg in ("--set", f"{key}={value}")]
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):
             assert main(argv) == 0

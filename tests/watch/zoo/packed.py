@@ -41,6 +41,8 @@ def generate(target, draft, prompts, max_new, k=3, bug=None, w=None, late=2, emb
     limit = budgets(max_new, n)
     seqs = [list(p) for p in prompts]
     outs: list[list[int]] = [[] for _ in prompts]
+    if bug == "reuse" and not pool:
+        raise ValueError("bug 'reuse' needs a slot pool (pool=N)")
     if pool:
         tkv, dkv = SlotKV(target, pool, bool(embeds), bool(flash)), SlotKV(draft, pool, bool(embeds), bool(flash))
     else:

@@ -63,20 +63,20 @@ class SharedKV:
         """Feed `chunks` (sequence, tokens, position of its first token) packed in one row.
 
         Returns the output (logits [1, T, V]) and each chunk's slots. `leak=(seq, other)`: seq's
-        query also attends other's earliest live slot (a mask that lets a neighbour in).
+        query also attends other's earliest attended slot (a mask that lets a neighbour in).
         """
-        ids, positions, owners = [], [], []
-        for seq, tokens, start in chunks:
+        slots = self._place(chunks)
+        ids, positions, owners, mapping = [], [], [], []
+        for (seq, tokens, start), mine in zip(chunks, slots):
             ids += tokens
             positions += range(start, start + len(tokens))
             owners += [seq] * len(tokens)
-        past, t = len(self.owner), len(ids)
-        mask = torch.full((1, 1, t, past + t), NEG)
+            mapping += mine
+        mask = torch.full((1, 1, len(ids), self._width(len(ids))), NEG)
         for i, seq in enumerate(owners):
-            own = [j for j in range(past) if self.owner[j] == seq and self.live[j]]
-            own += [past + j for j in range(i + 1) if owners[j] == seq]  # causal inside its own query
+            own = self._view(seq) + [mapping[j] for j in range(i + 1) if owners[j] == seq]  # causal in its query
             if leak is not None and leak[0] == seq:
-                own += [j for j in range(past) if self.owner[j] == leak[1] and self.live[j]][:1]
+                own += self._view(leak[1])[:1]
             mask[0, 0, i, own] = 0.0
         fed = torch.tensor([ids])
         extra = {"inputs_embeds": self.model.get_input_embeddings()(fed)} if self.embeds else {"input_ids": fed}
@@ -85,19 +85,36 @@ class SharedKV:
             mask = mask == 0.0
         out = self.model(
             **extra,
+            **self._where(mapping),
             position_ids=torch.tensor([positions]),
             attention_mask=mask,
             cache=self.cache,
             use_cache=True,
             output_hidden_states=hidden,
         )
-        slots, at = [], past
+        self._commit(mapping, owners)
+        return out, slots
+
+    def _place(self, chunks) -> list[list[int]]:
+        """Each chunk's new slots: appended after every slot so far."""
+        slots, at = [], len(self.owner)
         for _, tokens, _ in chunks:
             slots.append(list(range(at, at + len(tokens))))
             at += len(tokens)
+        return slots
+
+    def _width(self, fed: int) -> int:
+        return len(self.owner) + fed  # the keys: the cache so far plus this call's tokens
+
+    def _view(self, seq: int) -> list[int]:
+        return [j for j, owner in enumerate(self.owner) if owner == seq and self.live[j]]
+
+    def _where(self, mapping: list[int]) -> dict:
+        return {}  # an appended cache needs no slot mapping
+
+    def _commit(self, mapping: list[int], owners: list[int]) -> None:
         self.owner += owners
-        self.live += [True] * t
-        return out, slots
+        self.live += [True] * len(owners)
 
     def drop(self, slots: list[int], forget: bool = True) -> None:
         for j in slots:
@@ -165,46 +182,33 @@ class SlotKV(SharedKV):
         self.live = [False] * slots
         self.attends: dict[int, set[int]] = {}  # the slots each sequence's queries attend
 
-    @torch.no_grad()
-    def forward(self, chunks, leak=None, hidden=False):
+    def _place(self, chunks) -> list[list[int]]:
+        """Each chunk's new slots: the lowest free ones, in order."""
         free = [j for j, owner in enumerate(self.owner) if owner is None]
         need = sum(len(tokens) for _, tokens, _ in chunks)
         if need > len(free):
             raise RuntimeError(f"the KV pool is full: {need} slots wanted, {len(free)} free")
-        slots, ids, positions, owners, mapping = [], [], [], [], []
-        for seq, tokens, start in chunks:
-            slots.append(free[len(mapping) : len(mapping) + len(tokens)])
-            mapping += slots[-1]
-            ids += tokens
-            positions += range(start, start + len(tokens))
-            owners += [seq] * len(tokens)
-        mask = torch.full((1, 1, len(ids), self.cache.slots), NEG)
-        for i, seq in enumerate(owners):
-            own = sorted(self.attends.get(seq, ()))
-            own += [mapping[j] for j in range(i + 1) if owners[j] == seq]  # causal inside its own query
-            if leak is not None and leak[0] == seq:
-                own += sorted(self.attends.get(leak[1], ()))[:1]
-            mask[0, 0, i, own] = 0.0
-        fed = torch.tensor([ids])
-        extra = {"inputs_embeds": self.model.get_input_embeddings()(fed)} if self.embeds else {"input_ids": fed}
-        if self.flash:
-            extra.update(self._varlen(chunks, mask))
-            mask = mask == 0.0
-        out = self.model(
-            **extra,
-            position_ids=torch.tensor([positions]),
-            attention_mask=mask,
-            cache=self.cache,
-            use_cache=True,
-            slot_mapping=torch.tensor(mapping),
-            output_hidden_states=hidden,
-        )
+        slots, at = [], 0
+        for _, tokens, _ in chunks:
+            slots.append(free[at : at + len(tokens)])
+            at += len(tokens)
+        return slots
+
+    def _width(self, fed: int) -> int:
+        return self.cache.slots  # the keys: the whole pool
+
+    def _view(self, seq: int) -> list[int]:
+        return sorted(self.attends.get(seq, ()))
+
+    def _where(self, mapping: list[int]) -> dict:
+        return {"slot_mapping": torch.tensor(mapping)}
+
+    def _commit(self, mapping: list[int], owners: list[int]) -> None:
         for j, seq in zip(mapping, owners):
             self.owner[j] = seq
             self.attends.setdefault(seq, set()).add(j)
         # The sequences of this call that attended a slot no longer theirs (reused or freed).
-        self.foreign = [seq for seq, _, _ in chunks if any(self.owner[j] != seq for j in self.attends[seq])]
-        return out, slots
+        self.foreign = [seq for seq in dict.fromkeys(owners) if any(self.owner[j] != seq for j in self.attends[seq])]
 
     def drop(self, slots: list[int], forget: bool = True) -> None:
         """Free the slots for reuse; `forget=False`: their old owner keeps attending them."""
