@@ -92,7 +92,7 @@ class Follower:
         self.read = CallReader(calls)
         # No draft model (prompt lookup, n-gram or extra-head drafting): drafts are read from what
         # follows the committed tokens (`calls.draft_free_query`), not from draft calls.
-        self.draft_free = not any(c.role == "draft" for c in calls)
+        self.draft_free = not any(c.role == "draft" and not c.drafter for c in calls)
         self.seqs: list[Seq] = []
         self.emits: list[Emit] = []
         self.rows: dict[int, tuple[int, ...]] = {}  # target call -> sequence per row (< 0: none)
