@@ -38,6 +38,7 @@ SCRIPT = Path(__file__).parent / "zoo" / "scripts" / "run_engine.py"
 CASES = {
     "packed": (packed, BUDGETS, {}),
     "queued": (queued, BUDGETS, {}),
+    "queued_draft_cache": (queued, BUDGETS, {"draft_cache": 1}),  # the draft keeps its own cache rows
     "paged": (paged, BUDGETS, {}),
     "paged_batch": (paged, ONE_BUDGET, {}),
     "paged_chunked": (paged, BUDGETS, {"tokens": 5}),
@@ -60,6 +61,7 @@ BUGS = [
     ("packed_pool", "reuse", Invariant.KV),
     ("queued", "kv_mixup", Invariant.KV),
     ("queued", "positions", Invariant.POSITIONS),
+    ("queued_draft_cache", "draft_mixup", Invariant.KV),
     ("paged", "positions", Invariant.POSITIONS),
     ("paged", "kv_leak", Invariant.KV),
     ("paged_batch", "kv_leak", Invariant.KV),
