@@ -21,7 +21,8 @@ gets a corrupted copy of the kwargs, so the model is fed exactly what the watch 
 - "kv_leak": at forward 2 that request's query also attends its neighbour's first key (the mask
   lets a neighbour in; KV).
 `tokens` below the longest prompt makes the manager cut prefills into chunks (forwards where a
-request gets no token, and forwards of chunks only).
+request gets no token, and forwards of chunks only). `eos` is the stop token of every request
+(the generation config's, not the model's): a request that emits it ends there.
 """
 
 from __future__ import annotations
@@ -48,9 +49,9 @@ def settings(rows: int, tokens: int) -> ContinuousBatchingConfig:
 
 
 @torch.no_grad()
-def generate(target, draft, prompts, max_new, bug=None, w=None, rows=3, emit=None, tokens=64):
+def generate(target, draft, prompts, max_new, bug=None, w=None, rows=3, emit=None, tokens=64, eos=1):
     limit = budgets(max_new, len(prompts))
-    config = GenerationConfig(max_new_tokens=max(limit), do_sample=False, eos_token_id=1, pad_token_id=0)
+    config = GenerationConfig(max_new_tokens=max(limit), do_sample=False, eos_token_id=eos, pad_token_id=0)
     events: list[tuple[int, int]] = []
     with contextlib.ExitStack() as stack:
         stack.enter_context(_inject(bug, events))

@@ -26,12 +26,13 @@ def budgets(max_new: int | list[int], n: int) -> list[int]:
 
 
 @torch.no_grad()
-def reference(target, prompts: list[list[int]], max_new: int | list[int]) -> list[list[int]]:
-    """Batch-1 greedy continuations, one prompt at a time (no padding, no packing)."""
+def reference(target, prompts: list[list[int]], max_new: int | list[int], eos: int | None = None) -> list[list[int]]:
+    """Batch-1 greedy continuations, one prompt at a time (no padding, no packing), each to its
+    budget or through its first `eos` token."""
     outs = []
     for prompt, n in zip(prompts, budgets(max_new, len(prompts))):
         ids, cache, out = torch.tensor([prompt]), DynamicCache(), []
-        for _ in range(n):
+        while len(out) < n and (not out or out[-1] != eos):
             logits = target(input_ids=ids, cache=cache, use_cache=True).logits
             out.append(int(logits[0, -1].argmax()))
             ids = torch.tensor([[out[-1]]])
