@@ -118,7 +118,7 @@ def _packed_segments(call: Any) -> tuple[str, list[tuple[int, int, tuple[int, in
         keys = list(call.cu_k) if call.cu_k is not None else None
         return "cu_seq_lens", _from_lengths(lengths, call.query_len, keys)
     if call.mask_kind in ("4d", "4d-slots") and call.mask is not None:
-        cut = _block_segments(call.mask[0])
+        cut = _block_segments(call.mask[0], call.positions[0])
         return ("block-mask", cut) if len(cut) > 1 else None
     if call.mask_kind == "none" and call.cache_width == 0 and call.positions_fed:
         cut = _position_segments(call.positions[0])
@@ -139,13 +139,14 @@ def _from_lengths(
     return out
 
 
-def _block_segments(block: list[list[bool]]) -> list[tuple[int, int, None]]:
+def _block_segments(block: list[list[bool]], positions: list[int]) -> list[tuple[int, int, None]]:
     """A block-diagonal mask's sequences: a query token that does not attend every slot the token
-    before it attended starts a new one."""
+    before it attended starts a new one, when its position does not follow that token's or it
+    shares no slot with it (a sliding window drops old slots too, with positions that follow)."""
     cuts, before = [0], None
     for t, line in enumerate(block):
         seen = {j for j, v in enumerate(line) if v}
-        if before is not None and not before <= seen:
+        if before is not None and not before <= seen and (positions[t] != positions[t - 1] + 1 or not before & seen):
             cuts.append(t)
         before = seen
     cuts.append(len(block))
