@@ -262,3 +262,23 @@ def test_tokens_fed_as_embeddings_are_read_or_unreadable(
     step, seq = events[0]
     seq_id = {tuple(s.prompt_ids): s.seq_id for s in trace.sequences}.get(tuple(PROMPTS[seq]))
     assert v is not None and (v.step, v.seq_id, v.invariant) == (step, seq_id, invariant), report.violations[:3]
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("family", ["gpt2", "gpt_neox"])
+def test_packed_engine_on_other_model_families(family: str) -> None:
+    """The packed engine over GPT-2 (learned absolute positions) and GPT-NeoX (partial rotary)
+    tiny pairs, through the API: the correct run clean and exact, the neighbour leak located."""
+    other = make_pair(family)
+    expected = shapes.reference(other.target, PROMPTS, BUDGETS)
+    for bug in (None, "kv_leak"):
+        with specviz.watch(other.target, other.draft, prompts=PROMPTS, name=f"packed-{family}") as w:
+            outs, events = packed.generate(other.target, other.draft, PROMPTS, BUDGETS, bug=bug, w=w)
+        report = check_trace(w.trace)
+        v = report.first_violation
+        if bug is None:
+            assert outs == expected
+            assert report.verdict == "clean" and report.exact_match == 1.0, (report.verdict, v, report.unreadable)
+        else:
+            assert events and v is not None, (report.verdict, report.unreadable)
+            assert (v.step, v.seq_id, v.invariant) == (*events[0], Invariant.KV), report.violations[:3]

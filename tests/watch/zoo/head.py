@@ -25,7 +25,7 @@ from torch import nn
 from transformers.modeling_outputs import CausalLMOutput
 
 from .common import HoleCache, left_padded, verify
-from .shapes import SharedKV, accepted, budgets
+from .shapes import SharedKV, accepted, budgets, eos_ids, settle
 
 
 class DraftHead(nn.Module):
@@ -118,6 +118,7 @@ def generate(target, head, prompts, max_new, k=2, bug=None, w=None, packed=0):
     outs: list[list[int]] = [[] for _ in prompts]
     batch = list(range(len(prompts)))
     cache = HiddenCache(target, seqs)
+    eos, done = eos_ids(target), set()
     events: list[tuple[int, int]] = []
     step = 0
     while batch:
@@ -140,9 +141,9 @@ def generate(target, head, prompts, max_new, k=2, bug=None, w=None, packed=0):
         kept, attended, last = [], [], cache.last.clone()
         for r, s in enumerate(batch):
             a = verify(drafts[r], choices[r])
-            tokens = drafts[r][:a] + [choices[r][a]]
+            tokens, finish = settle(outs[s], drafts[r][:a] + [choices[r][a]], limit[s], eos)
             kept.append(1 + a)
-            stale = bug == "stale_kv" and not events and a < d[r] and len(outs[s]) + len(tokens) < limit[s]
+            stale = bug == "stale_kv" and not events and a < d[r] and finish is None
             attended.append(cache.q if stale else 1 + a)
             if stale:
                 events.append((step + 1, s))
@@ -150,10 +151,12 @@ def generate(target, head, prompts, max_new, k=2, bug=None, w=None, packed=0):
             seqs[s] += tokens
             outs[s] += tokens
             if w is not None:
-                w.emit(s, tokens, "length" if len(outs[s]) >= limit[s] else None)
+                w.emit(s, tokens, finish)
+            if finish:
+                done.add(s)
         cache.keep(kept, attended)
         cache.last = last
-        live = [r for r, s in enumerate(batch) if len(outs[s]) < limit[s]]
+        live = [r for r, s in enumerate(batch) if s not in done]
         if live and len(live) < len(batch):
             cache.select(live)
         batch = [batch[r] for r in live]
@@ -173,9 +176,10 @@ def generate_packed(target, head, prompts, max_new, k=2, bug=None, w=None):
     kv = SharedKV(target)
     out, slots = kv.forward([(s, seqs[s][:-1], 0) for s in range(n)], hidden=True)
     last = {s: out.hidden_states[-1][0, mine[-1]] for s, mine in enumerate(slots)}  # slots start at 0
+    eos, done = eos_ids(target), set()
     events: list[tuple[int, int]] = []
     step = 0
-    while live := [s for s in range(n) if len(outs[s]) < limit[s]]:
+    while live := [s for s in range(n) if s not in done]:
         d = {s: min(k, limit[s] - len(outs[s]) - 1) for s in live}
         fed = torch.stack([last[s] for s in live])
         if bug == "head_row" and step == 1 and len(live) > 1:
@@ -196,8 +200,8 @@ def generate_packed(target, head, prompts, max_new, k=2, bug=None, w=None):
             a = accepted(drafts[s], choices)
             last[s] = hidden[at + a]  # it predicted the new pending token
             at += len(tokens)
-            emitted = drafts[s][:a] + [choices[a]]
-            stale = bug == "stale_kv" and not events and a < d[s] and len(outs[s]) + len(emitted) < limit[s]
+            emitted, finish = settle(outs[s], drafts[s][:a] + [choices[a]], limit[s], eos)
+            stale = bug == "stale_kv" and not events and a < d[s] and finish is None
             if stale:
                 events.append((step + 1, s))
             else:
@@ -205,6 +209,8 @@ def generate_packed(target, head, prompts, max_new, k=2, bug=None, w=None):
             seqs[s] += emitted
             outs[s] += emitted
             if w is not None:
-                w.emit(s, emitted, "length" if len(outs[s]) >= limit[s] else None)
+                w.emit(s, emitted, finish)
+            if finish:
+                done.add(s)
         step += 1
     return outs, events

@@ -8,7 +8,8 @@ target verifies each sequence's pending token and drafts in one packed call; a r
 slot is dropped from the mask (a hole). The sequences are packed in a new order every step (a
 rotation), and the last prompt arrives late (at step `late`): its prefill rides behind the others'
 tokens in that step's verify call and first draft call, emitting nothing, as vLLM mixes prefills
-into decoding batches. Each prompt has its own budget; finished sequences leave the packed row.
+into decoding batches. Each prompt has its own budget and ends there or at the model's EOS
+(`shapes.settle`); finished sequences leave the packed row and give their slots back.
 Nothing is declared but the emitted tokens (`w.emit`). With `embeds`, both models are fed
 `inputs_embeds` (their own embedding rows) instead of token ids, as multimodal servers do. With
 `flash`, the mask is boolean and each call also carries flash attention's varlen metadata
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from .shapes import SharedKV, SlotKV, accepted, budgets
+from .shapes import SharedKV, SlotKV, accepted, budgets, eos_ids, settle
 
 
 @torch.no_grad()
@@ -48,6 +49,7 @@ def generate(target, draft, prompts, max_new, k=3, bug=None, w=None, late=2, emb
     else:
         tkv, dkv = SharedKV(target, bool(embeds), bool(flash)), SharedKV(draft, bool(embeds), bool(flash))
     reused = None  # bug "reuse": the sequence that still attends the slots it gave back
+    eos, done = eos_ids(target), set()
     waiting = {n - 1: late} if late else {}  # sequence -> the step it arrives at
     prefill = [(s, seqs[s][:-1], 0) for s in range(n) if s not in waiting]  # all but each pending token
     tkv.forward(prefill)
@@ -56,7 +58,7 @@ def generate(target, draft, prompts, max_new, k=3, bug=None, w=None, late=2, emb
     pos = [len(p) - 1 for p in prompts]  # the pending token's position, as the engine counts it
     events: list[tuple[int, int]] = []
     step = 0
-    while live := [s for s in range(n) if s not in waiting and len(outs[s]) < limit[s]]:
+    while live := [s for s in range(n) if s not in waiting and s not in done]:
         live = live[step % len(live) :] + live[: step % len(live)]  # packed in a new order each step
         joining = [(s, seqs[s][:-1], 0) for s, at in waiting.items() if at == step]  # prefilled behind the rest
         d = {s: min(k, limit[s] - len(outs[s]) - 1) for s in live}
@@ -74,8 +76,8 @@ def generate(target, draft, prompts, max_new, k=3, bug=None, w=None, late=2, emb
             choices = logits[at : at + len(tokens)].argmax(-1).tolist()
             at += len(tokens)
             a = accepted(drafts[s], choices)
-            emitted = drafts[s][:a] + [choices[a]]
-            first_partial = a < d[s] and not events and len(outs[s]) + len(emitted) < limit[s]
+            emitted, finish = settle(outs[s], drafts[s][:a] + [choices[a]], limit[s], eos)
+            first_partial = a < d[s] and not events and finish is None
             if bug == "stale_kv" and first_partial:
                 events.append((step + 1, s))  # its rejected slots are never dropped
             elif bug == "reuse" and first_partial and reused is None:
@@ -92,8 +94,9 @@ def generate(target, draft, prompts, max_new, k=3, bug=None, w=None, late=2, emb
             seqs[s] += emitted
             outs[s] += emitted
             if w is not None:
-                w.emit(s, emitted, "length" if len(outs[s]) >= limit[s] else None)
-            if len(outs[s]) >= limit[s]:
+                w.emit(s, emitted, finish)
+            if finish:
+                done.add(s)
                 tkv.release(s)
                 dkv.release(s)
         for s, _, _ in joining:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from .common import HoleCache, draft_greedy, verify
-from .shapes import budgets
+from .shapes import budgets, eos_ids, settle
 
 
 class DraftRows:
@@ -81,6 +81,7 @@ def generate(target, draft, prompts, max_new, k=2, bug=None, w=None, rows=3, dra
     batch: list[int] = []  # the sequence each row holds
     cache: HoleCache | None = None
     drafter: DraftRows | None = None
+    eos, done = eos_ids(target), set()
     events: list[tuple[int, int]] = []
     step = 0
     while waiting or batch:
@@ -117,16 +118,18 @@ def generate(target, draft, prompts, max_new, k=2, bug=None, w=None, rows=3, dra
         kept = []
         for r, s in enumerate(batch):
             a = verify(drafts[r], choices[r])
-            tokens = drafts[r][:a] + [choices[r][a]]
+            tokens, finish = settle(outs[s], drafts[r][:a] + [choices[r][a]], limit[s], eos)
             kept.append(1 + a)
             if drafter is not None:
                 drafter.settle(r, len(seqs[s]), a, d[r], columns[r])
             seqs[s] += tokens
             outs[s] += tokens
             if w is not None:
-                w.emit(s, tokens, "length" if len(outs[s]) >= limit[s] else None)
+                w.emit(s, tokens, finish)
+            if finish:
+                done.add(s)
         cache.keep(kept)
-        live = [r for r, s in enumerate(batch) if len(outs[s]) < limit[s]]
+        live = [r for r, s in enumerate(batch) if s not in done]
         if len(live) < len(batch):
             if live:
                 cache.select(live)

@@ -2,8 +2,9 @@
 plain Hugging Face forwards (nothing from specviz).
 
 `budgets`: each prompt's own `max_new_tokens` (an int is one budget for all).
-`reference`: batch-1 greedy decoding of the target, with a cache, to each prompt's own budget: the
-oracle the tests hold every correct engine to, computed outside any watch.
+`reference`: batch-1 greedy decoding of the target, with a cache, to each prompt's own budget or
+its end-of-sequence token: the oracle the tests hold every correct engine to, computed outside any
+watch. `until_eos` cuts an engine's accepted tokens there, as every engine here does.
 `SharedKV`: one 1-row cache that every sequence appends its slots to (slots never move, never
 reused); `forward` feeds a packed 1 x T row, each sequence's query tokens back to back with their
 own positions, and a block-diagonal additive 4-D mask that lets each query token see its own
@@ -25,14 +26,41 @@ def budgets(max_new: int | list[int], n: int) -> list[int]:
     return list(max_new) if isinstance(max_new, (list, tuple)) else [max_new] * n
 
 
+def eos_ids(model) -> set[int]:
+    """The model's end-of-sequence ids (its generation config's, else its config's)."""
+    for source in (getattr(model, "generation_config", None), model.config):
+        raw = getattr(source, "eos_token_id", None)
+        if raw is not None:
+            return {raw} if isinstance(raw, int) else set(raw)
+    return set()
+
+
+def until_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    """The tokens up to and including the first end-of-sequence id (an engine stops there)."""
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return tokens[: i + 1]
+    return tokens
+
+
+def settle(out: list[int], accepted: list[int], limit: int, eos: set[int]) -> tuple[list[int], str | None]:
+    """What an engine appends to `out` of the tokens its verify accepted (cut after an
+    end-of-sequence id), and the sequence's finish reason, if this ends it."""
+    tokens = until_eos(accepted, eos)
+    if tokens[-1] in eos:
+        return tokens, "eos"
+    return tokens, "length" if len(out) + len(tokens) >= limit else None
+
+
 @torch.no_grad()
 def reference(target, prompts: list[list[int]], max_new: int | list[int], eos: int | None = None) -> list[list[int]]:
     """Batch-1 greedy continuations, one prompt at a time (no padding, no packing), each to its
-    budget or through its first `eos` token."""
+    budget or through its first end-of-sequence token (`eos`, else the model's)."""
+    stop = {eos} if eos is not None else eos_ids(target)
     outs = []
     for prompt, n in zip(prompts, budgets(max_new, len(prompts))):
         ids, cache, out = torch.tensor([prompt]), DynamicCache(), []
-        while len(out) < n and (not out or out[-1] != eos):
+        while len(out) < n and (not out or out[-1] not in stop):
             logits = target(input_ids=ids, cache=cache, use_cache=True).logits
             out.append(int(logits[0, -1].argmax()))
             ids = torch.tensor([[out[-1]]])
