@@ -154,6 +154,8 @@ class AutoWatch:
         # unfinished without the engine being at fault; the trace says it is incomplete.
         read_all = not notes
         w = Watch(target, draft, prompts=prompts, out=out, name=name, layout=layout)
+        if w._paged is not None:  # the manager's EOS ids, as the script's manager saw them
+            w._paged.eos_ids |= self.paged.eos_ids
         # The inferred calls and emits stand in for what the hooks and `emit` would have collected.
         w._calls, w._emits = calls, emits
         trace = w.close(reference=reference and complete, complete=complete and read_all)

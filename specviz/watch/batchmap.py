@@ -117,8 +117,8 @@ def _packed_segments(call: Any) -> tuple[str, list[tuple[int, int, tuple[int, in
         lengths = [b - a for a, b in zip(starts, starts[1:]) if b > a]
         keys = list(call.cu_k) if call.cu_k is not None else None
         return "cu_seq_lens", _from_lengths(lengths, call.query_len, keys)
-    if call.mask_kind in ("4d", "4d-slots") and call.mask is not None:
-        cut = _block_segments(call.mask[0], call.positions[0])
+    if call.lines is not None:
+        cut = _block_segments(call.lines, call.positions[0])
         return ("block-mask", cut) if len(cut) > 1 else None
     if call.mask_kind == "none" and call.cache_width == 0 and call.positions_fed:
         cut = _position_segments(call.positions[0])
@@ -139,17 +139,18 @@ def _from_lengths(
     return out
 
 
-def _block_segments(block: list[list[bool]], positions: list[int]) -> list[tuple[int, int, None]]:
-    """A block-diagonal mask's sequences: a query token that does not attend every slot the token
-    before it attended starts a new one, when its position does not follow that token's or it
-    shares no slot with it (a sliding window drops old slots too, with positions that follow)."""
-    cuts, before = [0], None
-    for t, line in enumerate(block):
-        seen = {j for j, v in enumerate(line) if v}
-        if before is not None and not before <= seen and (positions[t] != positions[t - 1] + 1 or not before & seen):
+def _block_segments(
+    lines: list[tuple[int, bool, bool, bool, int]], positions: list[int]
+) -> list[tuple[int, int, None]]:
+    """A block-diagonal mask's sequences: a query token that drops a slot the token before it
+    attended starts a new one, when its position does not follow that token's or it shares no slot
+    with it (a sliding window drops old slots too, with positions that follow)."""
+    cuts = [0]
+    for t in range(1, len(lines)):
+        _, dropped, shares, _, _ = lines[t]
+        if dropped and (positions[t] != positions[t - 1] + 1 or not shares):
             cuts.append(t)
-        before = seen
-    cuts.append(len(block))
+    cuts.append(len(lines))
     return [(a, b - a, None) for a, b in zip(cuts, cuts[1:])]
 
 
@@ -162,17 +163,19 @@ def _position_segments(positions: list[int]) -> list[tuple[int, int, None]]:
 # ----------------------------------------------------------------------------- one row per sequence
 
 
-def apply(call: Any, bmap: BatchMap) -> None:
-    """Rewrite a materialized packed call as one right-padded row per segment (in place).
+def apply(call: Any, bmap: BatchMap) -> bool:
+    """Rewrite a materialized packed call as one right-padded row per segment (in place); True
+    when it did (the call was packed).
 
-    Each row's mask is the key slots each of its query tokens attends ("4d-slots": read by counts,
-    so a slot of a neighbour's attended, or one of its own missed, changes a count and is flagged);
-    its context is what its first query token attends before itself.
+    Each row's mask is, per query slot, the number of key slots it attends and whether it attends
+    exactly one more than the slot before ("counts", read like a static cache's mask: a slot of a
+    neighbour attended, or one of its own missed, changes a count and is flagged); its context is
+    what its first query token attends before itself.
     """
     call.rows = tuple(s.seq for s in bmap.segments) if all(s.seq is not None for s in bmap.segments) else None
     call.source = bmap.source
     if not bmap.packed:
-        return
+        return False
     width = max(s.length for s in bmap.segments)
     argmax = _argmax_by_column(call)
     lines = _key_lines(call, bmap)
@@ -185,17 +188,18 @@ def apply(call: Any, bmap: BatchMap) -> None:
         am.append([argmax.get((s.row, c)) for c in cols] + [None] * pad)
         live.append([True] * s.length + [False] * pad)
         if lines is not None:
-            rows = [lines[c] for c in cols]
-            block.append(rows + [[False] * len(rows[0])] * pad)
-            contexts.append(max(sum(rows[0]) - 1, 0))
+            block.append([lines[c] for c in cols] + [(0, False)] * pad)
+            contexts.append(max(lines[s.start][0] - 1, 0))
         else:
             contexts.append(0)
     call.input_ids, call.positions, call.argmax, call.query_live = ids, pos, am, live
-    call.mask, call.mask_kind = (block, "4d-slots") if lines is not None else (None, "unknown")
+    call.mask, call.mask_kind = (block, "counts") if lines is not None else (None, "unknown")
     call.batch_size, call.query_len, call.contexts = len(bmap.segments), width, contexts
     call.cache_width = max(contexts, default=0)
-    call.logit_slots = None
+    call.anchors = [call.lines[s.start][4] for s in bmap.segments] if call.lines is not None else None
+    call.logit_slots, call.lines = None, None
     call.last_slots = [s.length - 1 for s in bmap.segments]
+    return True
 
 
 def _argmax_by_column(call: Any) -> dict[tuple[int, int], int]:
@@ -212,23 +216,20 @@ def _argmax_by_column(call: Any) -> dict[tuple[int, int], int]:
     return out
 
 
-def _key_lines(call: Any, bmap: BatchMap) -> list[list[bool]] | None:
-    """Per query column of row 0, the key slots it attends: the 4-D mask's line, else what
-    `cu_seq_lens_k` gives each sequence (its own keys, causal), else (no cache, positions cut)
-    its own segment, causal. None: nothing says (the mask checks are skipped)."""
-    if call.mask_kind in ("4d", "4d-slots") and call.mask is not None and len(call.mask[0]) == call.query_len:
-        return [[bool(v) for v in line] for line in call.mask[0]]
-    spans = [(s.keys if s.keys is not None else None) for s in bmap.segments]
-    if all(k is not None for k in spans):
-        total = max(hi for _, hi in spans)
-    elif call.mask_kind == "none" and call.cache_width == 0:
+def _key_lines(call: Any, bmap: BatchMap) -> list[tuple[int, bool]] | None:
+    """Per query column of row 0: (key slots it attends, attends exactly one more than the column
+    before). From the 4-D mask's summary, else what `cu_seq_lens_k` gives each sequence (its own
+    keys, causal), else (no cache, cut by positions) its own segment, causal. None: nothing says
+    (the mask checks are skipped)."""
+    if call.lines is not None:
+        return [(count, one_more) for count, _, _, one_more, _ in call.lines]
+    spans = [s.keys for s in bmap.segments]
+    if any(k is None for k in spans):
+        if call.mask_kind != "none" or call.cache_width:
+            return None
         spans = [(s.start, s.start + s.length) for s in bmap.segments]
-        total = call.query_len
-    else:
-        return None
-    lines: list[list[bool]] = [[False] * total for _ in range(call.query_len)]
+    lines: list[tuple[int, bool]] = [(0, False)] * call.query_len
     for s, (lo, hi) in zip(bmap.segments, spans):
         for t in range(s.length):
-            last = hi - s.length + t  # causal: up to its own key
-            lines[s.start + t] = [lo <= j <= last for j in range(total)]
+            lines[s.start + t] = (hi - s.length + t + 1 - lo, t > 0)  # causal: up to its own key
     return lines

@@ -58,6 +58,8 @@ def context_before(call: CallRecord, row: int, slot: int) -> int:
     if call.mask_kind == "2d":
         values = call.mask[row]
         return int(sum(values[: len(values) - call.query_len + slot]))
+    if call.mask_kind == "counts":  # a packed call's row (batchmap): slots attended per query slot
+        return call.mask[row][slot][0] - 1
     if call.mask_kind in ("4d", "4d-slots"):
         tail = call.mask[row]  # the last query rows: slot s is row s - (q - len(tail))
         t = slot - (call.query_len - len(tail))
@@ -256,6 +258,8 @@ def mask_row(call: CallRecord, row: int, rq: RowQuery) -> tuple[list[list[int]],
         return _mask4_row(call.mask[row], call.cache_width, call.query_len, rq)
     if call.mask_kind == "4d-slots":
         return _mask4_slots_row(call.mask[row], call.query_len, rq)
+    if call.mask_kind == "counts":
+        return _counts_row(call.mask[row], rq)
     return [], -1, None
 
 
@@ -293,6 +297,16 @@ def _mask4_slots_row(block: list[list[bool]], q: int, rq: RowQuery) -> tuple[lis
     context = max(len(seen[0]) - 1, 0)
     diagonal = [int(bool(seen[0]))]
     diagonal += [int(len(now) == len(before) + 1 and before < now) for before, now in zip(seen, seen[1:])]
+    return _rle([1] * context + diagonal), context, all(diagonal)
+
+
+def _counts_row(counts: list[tuple[int, bool]], rq: RowQuery) -> tuple[list[list[int]], int, bool | None]:
+    """A packed call's row (`batchmap.apply`): per query slot, the slots it attends and whether it
+    attends exactly one more than the slot before. Read like `_mask4_slots_row`: the pending slot
+    attends its context and itself, each later slot one slot more (its own)."""
+    first = counts[rq.pending][0]
+    context = max(first - 1, 0)
+    diagonal = [int(first > 0)] + [int(counts[rq.pending + i][1]) for i in range(1, rq.drafts + 1)]
     return _rle([1] * context + diagonal), context, all(diagonal)
 
 

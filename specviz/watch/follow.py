@@ -140,14 +140,22 @@ class Follower(Assignments, Gains):
         return self.calls[j].cache_width > 0 and self._view(j, r, NEW).whole
 
     def _fits(self, j: int, r: int) -> dict[int, str]:
-        """Live sequence -> how row r of call j continues it ("grow", "same", "again", "open")."""
+        """Live sequence -> how row r of call j continues it ("grow", "same", "again", "open"). In a
+        shared cache (a packed call's rows), the sequences whose last row attended the same first
+        slot, when any of them fits: slots never move there, so that slot says which one it is."""
         out = {}
         for s in self.seqs:
             if not s.finished:
                 how = self._fit(s, self._view(j, r, s.id))
                 if how is not None:
                     out[s.id] = how
-        return out
+        anchored = {s: how for s, how in out.items() if self._anchor(*self.seqs[s].at) == self._anchor(j, r) != -1}
+        return anchored or out
+
+    def _anchor(self, j: int, r: int) -> int:
+        """The first shared-cache slot row r of call j attends; -1 where unknown."""
+        anchors = self.calls[j].anchors
+        return anchors[r] if anchors is not None and r < len(anchors) else -1
 
     def _kept(self, j: int, active: list[int]) -> dict[int, tuple[int, str]] | None:
         """Every active row continues the sequence its row held before: rows kept their order."""

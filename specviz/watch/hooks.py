@@ -72,6 +72,13 @@ class CallRecord:
     source: str | None = None  # the producer of its map (`batchmap.BatchMap.source`)
     contexts: list[int] | None = None  # [B] a packed call's rows: slots attended before the first query slot
     unreadable: str | None = None  # why no producer could map it (set by `materialize`)
+    # A packed call's 4-D mask per query token: (attended count, drops a slot the token before it
+    # attended, shares one with it, attends exactly one slot more, its first attended slot), from
+    # `_line_summary`.
+    lines: list[tuple[int, bool, bool, bool, int]] | None = None
+    # A packed call's rows: the first slot of a shared cache each attends. Slots never move in a
+    # shared cache, so a sequence keeps its first slot from call to call (`Follower._fits`).
+    anchors: list[int] | None = None
     drafter: bool = False  # a draft head's call (`watch(..., drafter=head)`): fed hidden states, not ids
 
     def materialize(self) -> None:
@@ -79,6 +86,9 @@ class CallRecord:
         batch map (`batchmap`): a packed call becomes one row per sequence."""
         if self.last_slots is not None:
             return
+        whole = self.mask if self.packed and self.mask_kind != "2d" and isinstance(self.mask, torch.Tensor) else None
+        if whole is not None:  # a packed row's mask, read as a summary per query token (batchmap.lines)
+            self.lines, self.mask = _line_summary(whole[0]), None
         for name in ("input_ids", "positions", "mask", "argmax", "query_live", "cu_q", "cu_k", "logit_slots"):
             value = getattr(self, name)
             if isinstance(value, torch.Tensor):
@@ -87,9 +97,12 @@ class CallRecord:
         from specviz.watch import batchmap
 
         try:
-            batchmap.apply(self, batchmap.read_map(self))
+            packed = batchmap.apply(self, batchmap.read_map(self))
         except batchmap.Unreadable as why:
-            self.unreadable = str(why)
+            self.unreadable, packed = str(why), False
+        if whole is not None and not packed:  # one sequence after all: read as any 4-D mask
+            self.mask = whole.tolist()
+            self.last_slots = [self._last_slot(row) for row in range(self.batch_size)]
 
     def cache_of(self, row: int) -> int:
         """Slots in the row's cache before the call (a packed call's rows each have their own)."""
@@ -313,6 +326,23 @@ class ModelHooks:
             ones = mask2d.long()
             return ((ones.cumsum(1) * ones) - 1)[:, -q:].clone(), False
         return [list(range(width, width + q)) for _ in range(batch)], False  # no tensor op needed
+
+
+def _line_summary(mask: torch.Tensor) -> list[tuple[int, bool, bool, bool, int]]:
+    """Per query token of a packed row's [T, keys] mask: how many slots it attends, whether it drops
+    one the token before attended, shares one with it, attends exactly one slot more (its own), and
+    the first slot it attends (-1: none).
+    Four tensor ops in place of a T x keys list: all that cutting and counting read."""
+    seen = mask.bool()
+    counts = seen.sum(-1)
+    before, now = seen[:-1], seen[1:]
+    dropped = (before & ~now).any(-1)
+    shares = (before & now).any(-1)
+    one_more = ~dropped & ((now & ~before).sum(-1) == 1)
+    lowest = torch.where(counts > 0, seen.int().argmax(-1), -1).tolist()  # its first attended slot
+    first = [(int(counts[0]), False, True, bool(counts[0] > 0), lowest[0])] if len(counts) else []
+    rest = zip(counts[1:].tolist(), dropped.tolist(), shares.tolist(), one_more.tolist(), lowest[1:])
+    return first + [(c, d, sh, o, low) for c, d, sh, o, low in rest]
 
 
 def _one_tensor(value: Any) -> Any:

@@ -38,6 +38,7 @@ class PagedCapture:
         self.seq_of: dict[str, int] = {}  # request id -> sequence id
         self.batch: list[Any] = []  # the request states of the forward in flight
         self.seen: dict[str, int] = {}  # request id -> tokens already emitted
+        self.eos_ids: set[int] = set()  # every request's own EOS ids (a generation config's)
         self._saved: list[tuple[Any, str, Any]] = []
 
     # ------------------------------------------------------------------ installing
@@ -89,8 +90,9 @@ class PagedCapture:
             if not new and not done:
                 continue  # a prefill chunk: no token yet
             reason = None
+            eos = getattr(state, "_eos_token_ids", set()) or set()
+            self.eos_ids.update(int(t) for t in eos)
             if done:
-                eos = getattr(state, "_eos_token_ids", set()) or set()
                 reason = "eos" if tokens and tokens[-1] in eos else "length"
             self.sink.emit(self.seq_of[state.request_id], new, reason)
         self.batch = []

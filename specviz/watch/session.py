@@ -187,6 +187,8 @@ class Watch:
         if complete:
             _require_emits(calls, self._emits)
         eos = frozenset(_eos_ids(self.target, self.tokenizer))
+        if self._paged is not None:  # the manager's requests may stop on EOS ids of their own
+            eos |= self._paged.eos_ids
         with collector_paused():
             prompts = self.prompts if self.prompts is not None else self._found_prompts(calls)
             if self._rows_to_follow(calls, prompts):

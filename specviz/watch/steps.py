@@ -386,7 +386,9 @@ def infer_steps(
     outputs, reasons = _endings(groups, emits, prompts, eos)
     max_new = _budget(outputs, reasons)
     budgets = {s: len(outputs[s]) for s, reason in reasons.items() if reason == "length"}
-    _close_by_length(groups, outputs, reasons, max_new)
+    # Unread from the cut on: an ending declared after it is not the ending of the last step read.
+    ended_unread = {e.seq_id for e in emits[len(read_emits) :]} if cut is not None else set()
+    _close_by_length([g for g in groups if g.seq_id not in ended_unread], outputs, reasons, max_new)
     draft_free = not any(c.role == "draft" and not c.drafter for c in calls)
     steps = build_steps(read_calls, groups, prompts, read, draft_free=draft_free)
     k = max((len(row.draft_tokens) for step in steps for row in step.rows), default=0)
