@@ -48,6 +48,8 @@ CASES = {
     "head_packed": (head, BUDGETS, {"packed": 1}),  # the head over a packed target (vLLM's EAGLE)
     # Both caches are 48-slot pools written through a slot mapping; given-back slots are reused.
     "packed_pool": (packed, BUDGETS, {"pool": 48}),
+    # The draft calls pack the sequences in the reverse of the verify's order.
+    "packed_flip": (packed, BUDGETS, {"flip": 1}),
     # A boolean mask and flash attention's varlen metadata (cu_seq_lens_q/k) on every call.
     "packed_flash": (packed, BUDGETS, {"flash": 1}),
     # Both models fed `inputs_embeds`, no token ids: read (clean) or unreadable, never a false alarm.
@@ -60,6 +62,7 @@ BUGS = [
     ("packed", "kv_leak", Invariant.KV),
     ("packed", "stale_kv", Invariant.KV),
     ("packed_flash", "kv_leak", Invariant.KV),
+    ("packed_flip", "kv_leak", Invariant.KV),
     ("packed_pool", "reuse", Invariant.KV),
     ("queued", "kv_mixup", Invariant.KV),
     ("queued", "positions", Invariant.POSITIONS),

@@ -15,7 +15,8 @@ Nothing is declared but the emitted tokens (`w.emit`). With `embeds`, both model
 `flash`, the mask is boolean and each call also carries flash attention's varlen metadata
 (`cu_seq_lens_q/k`, `max_length_q/k`). With `pool=N`, both caches are N-slot pools written through
 a slot mapping (`shapes.SlotKV`, vLLM's layout): a slot given back (a rejected draft, a finished
-sequence) is reused by the next call, and the mask's keys are the pool's slots.
+sequence) is reused by the next call, and the mask's keys are the pool's slots. With `flip`, the
+draft calls pack the sequences in the reverse of the verify's order.
 
 Bugs, each breaking one invariant at (step, sequence) = events[0]:
 - "positions": after the first partial accept, that sequence's position counter advances by its
@@ -37,7 +38,7 @@ from .shapes import SharedKV, SlotKV, accepted, budgets, eos_ids, settle
 
 
 @torch.no_grad()
-def generate(target, draft, prompts, max_new, k=3, bug=None, w=None, late=2, embeds=0, flash=0, pool=0):
+def generate(target, draft, prompts, max_new, k=3, bug=None, w=None, late=2, embeds=0, flash=0, pool=0, flip=0):
     n = len(prompts)
     limit = budgets(max_new, n)
     seqs = [list(p) for p in prompts]
@@ -62,7 +63,7 @@ def generate(target, draft, prompts, max_new, k=3, bug=None, w=None, late=2, emb
         live = live[step % len(live) :] + live[: step % len(live)]  # packed in a new order each step
         joining = [(s, seqs[s][:-1], 0) for s, at in waiting.items() if at == step]  # prefilled behind the rest
         d = {s: min(k, limit[s] - len(outs[s]) - 1) for s in live}
-        drafts, draft_slots = _propose(dkv, seqs, pos, draft_has, d, live, joining)
+        drafts, draft_slots = _propose(dkv, seqs, pos, draft_has, d, live[::-1] if flip else live, joining)
         leak = None
         if bug == "kv_leak" and step == 1 and len(live) > 1:
             leak = (live[1], live[0])
