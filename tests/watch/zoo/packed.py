@@ -16,7 +16,9 @@ Nothing is declared but the emitted tokens (`w.emit`). With `embeds`, both model
 (`cu_seq_lens_q/k`, `max_length_q/k`). With `pool=N`, both caches are N-slot pools written through
 a slot mapping (`shapes.SlotKV`, vLLM's layout): a slot given back (a rejected draft, a finished
 sequence) is reused by the next call, and the mask's keys are the pool's slots. With `flip`, the
-draft calls pack the sequences in the reverse of the verify's order.
+draft calls pack the sequences in the reverse of the verify's order. With `declare`, each forward's
+segments are declared before it (`w.batch(seq_ids, query_lens=...)`, `model="draft"` for the
+draft's), the watch's declared producer.
 
 Bugs, each breaking one invariant at (step, sequence) = events[0]:
 - "positions": after the first partial accept, that sequence's position counter advances by its
@@ -38,7 +40,9 @@ from .shapes import SharedKV, SlotKV, accepted, budgets, eos_ids, settle
 
 
 @torch.no_grad()
-def generate(target, draft, prompts, max_new, k=3, bug=None, w=None, late=2, embeds=0, flash=0, pool=0, flip=0):
+def generate(
+    target, draft, prompts, max_new, k=3, bug=None, w=None, late=2, embeds=0, flash=0, pool=0, flip=0, declare=0
+):
     n = len(prompts)
     limit = budgets(max_new, n)
     seqs = [list(p) for p in prompts]
@@ -49,6 +53,11 @@ def generate(target, draft, prompts, max_new, k=3, bug=None, w=None, late=2, emb
         tkv, dkv = SlotKV(target, pool, bool(embeds), bool(flash)), SlotKV(draft, pool, bool(embeds), bool(flash))
     else:
         tkv, dkv = SharedKV(target, bool(embeds), bool(flash)), SharedKV(draft, bool(embeds), bool(flash))
+    if w is not None and declare:  # each forward's packed segments, declared before it
+        tkv.before = lambda chunks: w.batch([c[0] for c in chunks], query_lens=[len(c[1]) for c in chunks])
+        dkv.before = lambda chunks: w.batch(
+            [c[0] for c in chunks], query_lens=[len(c[1]) for c in chunks], model="draft"
+        )
     reused = None  # bug "reuse": the sequence that still attends the slots it gave back
     eos, done = eos_ids(target), set()
     waiting = {n - 1: late} if late else {}  # sequence -> the step it arrives at

@@ -78,6 +78,7 @@ class SharedKV:
         # flash: a boolean mask (True: attended) plus the varlen metadata flash attention takes
         # (`cu_seq_lens_q/k`, `max_length_q/k`; sdpa ignores them), as transformers' CB passes.
         self.flash = flash
+        self.before = None  # called with the chunks before each forward (an engine that declares them)
         self.cache = DynamicCache()
         self.owner: list[int] = []
         self.live: list[bool] = []
@@ -107,6 +108,8 @@ class SharedKV:
             if leak is not None and leak[0] == seq:
                 own += self._view(leak[1])[:1]
             mask[0, 0, i, own] = 0.0
+        if self.before is not None:
+            self.before(chunks)
         fed = torch.tensor([ids])
         extra = {"inputs_embeds": self.model.get_input_embeddings()(fed)} if self.embeds else {"input_ids": fed}
         if self.flash:
