@@ -87,9 +87,12 @@ def _draft_row(call: CallRecord, seq: int, row: int, batch_size: int, fed: int, 
             return None
         r = call.rows.index(seq)
         return r if fits(r) else None
-    if call.batch_size == batch_size:  # the same rows, undeclared: the same index
-        return row if fits(row) else None
-    return next((r for r in range(call.batch_size) if fits(r)), None)
+    if call.batch_size == batch_size and fits(row):  # the same rows, undeclared: the same index
+        return row
+    # Another order (a packed draft call packs its rows its own way) or other rows: the row whose
+    # tokens fit, when one does.
+    found = [r for r in range(call.batch_size) if fits(r)]
+    return found[0] if len(found) == 1 or found and call.batch_size != batch_size else None
 
 
 def read_row(

@@ -366,7 +366,11 @@ def _mask_copy(mask: Any, tail: int | None = QUERY_TAIL) -> tuple[str, torch.Ten
         return "2d", seen.clone() if seen is mask else seen, None
     if mask.dim() == 4:
         seen = _attended(mask[:, 0])
-        return "4d", (seen if tail is None else seen[:, -tail:]).clone(), seen.any(-1)
+        # Whole (a packed row): a bool mask's `seen` is a view of the engine's, copied; any other is
+        # a new tensor already. A tail is copied, so the rest of the rows are not kept alive.
+        if tail is None:
+            return "4d", seen.clone() if mask.dtype == torch.bool else seen, seen.any(-1)
+        return "4d", seen[:, -tail:].clone(), seen.any(-1)
     return "unknown", None, None
 
 

@@ -98,14 +98,13 @@ class Watch:
 
     def current_rows(self, role: str = "target") -> tuple[int, ...] | None:
         if role in self._once:  # declared for this forward only
-            self._query_lens_now = self._once_lens.pop(role, None)
             return self._once.pop(role)
-        self._query_lens_now = None
         return self._rows.get(role)
 
     def query_lens(self, role: str = "target") -> list[int] | None:
-        """The query length of each sequence of the forward being captured, if `batch` declared them."""
-        return getattr(self, "_query_lens_now", None)
+        """The query length of each sequence of the forward being captured, if `batch` declared them
+        (asked before `current_rows`, once per forward)."""
+        return self._once_lens.pop(role, None) if role in self._once else None
 
     def declare_forward(self, seq_ids: tuple[int, ...]) -> None:
         """The paged manager's requests of the next target forward (`paged.PagedCapture`)."""

@@ -126,3 +126,23 @@ def test_each_sequence_has_its_own_budget() -> None:
     assert report.verdict == "clean" and not report.violation_count and report.exact_match == 1.0
     del trace.header.options[BUDGETS]
     assert check_trace(trace).violation_count  # one budget for all: the short one's ending is wrong
+
+
+def test_a_packed_engine_is_drawn_one_sequence_per_grid_row() -> None:
+    """The zoo's packed engine (one 1 x T row per forward): the app's grid of its first violation's
+    step (a neighbour's slot attended) has one row per sequence of that step, as a padded one."""
+    from zoo import packed
+
+    from specviz.analysis.slots import step_slots
+    from specviz.views.grid import grid_figure
+
+    pair = make_pair("llama")
+    prompts = [[5, 6, 7, 8], [11, 12, 13], [20, 21, 22]]
+    with specviz.watch(pair.target, pair.draft, prompts=prompts) as w:
+        packed.generate(pair.target, pair.draft, prompts, [6, 4, 5], bug="kv_leak", w=w)
+    report = check_trace(w.trace)
+    v = report.first_violation
+    grid = step_slots(w.trace, v.step_index, report)
+    held = [row.seq_id for row in w.trace.steps[v.step_index].rows]
+    assert [row.seq_id for row in grid.rows] == held and len(set(held)) == len(held) > 1
+    assert len(grid_figure(grid).data[0].z) == len(held)
