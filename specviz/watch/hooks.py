@@ -103,6 +103,13 @@ class CallRecord:
         if whole is not None and not packed:  # one sequence after all: read as any 4-D mask
             self.mask = whole.tolist()
             self.last_slots = [self._last_slot(row) for row in range(self.batch_size)]
+        if not packed and self.logit_slots is not None and self.argmax is not None:
+            # Argmax kept at some columns only: spread over the query, None elsewhere (`argmax_at`).
+            spread = [[None] * self.query_len for _ in self.argmax]
+            for r, kept in enumerate(self.argmax):
+                for c, token in zip(self.logit_slots, kept):
+                    spread[r][c] = token
+            self.argmax, self.logit_slots = spread, None
 
     def cache_of(self, row: int) -> int:
         """Slots in the row's cache before the call (a packed call's rows each have their own)."""
@@ -302,11 +309,15 @@ class ModelHooks:
         if logits is None and isinstance(output, torch.Tensor):
             logits = output  # a bare head returns its logits
         if isinstance(logits, torch.Tensor) and logits.dim() == 3:
-            whole = record.packed or record.logit_slots is not None
-            tail = logits if whole or logits.shape[1] <= QUERY_TAIL else logits[:, -QUERY_TAIL:]
-            record.argmax = tail.argmax(-1)
             if record.logit_slots is not None and logits.shape[1] != len(record.logit_slots):
                 record.logit_slots = None  # the model ignored logits_to_keep: every column's logits
+            if record.logit_slots is not None or logits.shape[1] <= QUERY_TAIL:
+                record.argmax = logits.argmax(-1)
+            elif record.packed:  # a long packed row (prefills): the last slots of each sequence in it
+                columns = _segment_tails(record, logits.shape[1])
+                record.argmax, record.logit_slots = logits[:, columns].argmax(-1), columns
+            else:
+                record.argmax = logits[:, -QUERY_TAIL:].argmax(-1)
         record.ended = time.perf_counter()
         self.sink.add_call(record)
 
@@ -326,6 +337,26 @@ class ModelHooks:
             ones = mask2d.long()
             return ((ones.cumsum(1) * ones) - 1)[:, -q:].clone(), False
         return [list(range(width, width + q)) for _ in range(batch)], False  # no tensor op needed
+
+
+SEGMENT_TAIL = 16  # a long packed row keeps the argmax of each sequence's last slots (drafts, pending)
+
+
+def _segment_tails(record: CallRecord, width: int) -> torch.Tensor:
+    """The query columns of a long packed row whose argmax is kept: the last SEGMENT_TAIL before
+    every place a sequence may end (`cu_seq_lens_q`, else every token whose mask drops a slot the
+    token before attended: a superset of the cut `batchmap` makes), and the row's end."""
+    if isinstance(record.cu_q, torch.Tensor):
+        ends = record.cu_q[1:].long()
+    elif isinstance(record.mask, torch.Tensor) and record.mask.dim() == 3 and record.mask.shape[1] == width:
+        seen = record.mask[0]
+        starts = torch.nonzero((seen[:-1] & ~seen[1:]).any(-1)).flatten() + 1
+        ends = torch.cat([starts, torch.tensor([width], device=starts.device)])
+    else:
+        return torch.arange(width)
+    offsets = torch.arange(-SEGMENT_TAIL, 0, device=ends.device)
+    columns = (ends.to(offsets.device)[:, None] + offsets[None, :]).flatten()
+    return torch.unique(columns[(columns >= 0) & (columns < width)])
 
 
 def _line_summary(mask: torch.Tensor) -> list[tuple[int, bool, bool, bool, int]]:
