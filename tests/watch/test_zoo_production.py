@@ -49,6 +49,8 @@ CASES = {
     "head_packed": (head, BUDGETS, {"packed": 1}),  # the head over a packed target (vLLM's EAGLE)
     # Both caches are 48-slot pools written through a slot mapping; given-back slots are reused.
     "packed_pool": (packed, BUDGETS, {"pool": 48}),
+    # No draft model: prompt lookup proposes (some steps verify no drafts); watched with draft=None.
+    "packed_lookup": (packed, BUDGETS, {"lookup": 1}),
     # Each forward's segments declared before it (`w.batch(seq_ids, query_lens=...)`): API only.
     "packed_declared": (packed, BUDGETS, {"declare": 1}),
     # The draft calls pack the sequences in the reverse of the verify's order.
@@ -67,6 +69,8 @@ BUGS = [
     ("packed_flash", "kv_leak", Invariant.KV),
     ("packed_flip", "kv_leak", Invariant.KV),
     ("packed_declared", "kv_leak", Invariant.KV),
+    ("packed_lookup", "kv_leak", Invariant.KV),
+    ("packed_lookup", "stale_kv", Invariant.KV),
     ("packed_declared", "stale_kv", Invariant.KV),
     ("packed_pool", "reuse", Invariant.KV),
     ("queued", "kv_mixup", Invariant.KV),
@@ -148,7 +152,7 @@ class Runs:
         target = self.pair.target
         if module is head:
             second, watched = self.drafter, specviz.watch(target, drafter=self.drafter, prompts=PROMPTS, name=name)
-        elif module is paged:
+        elif module is paged or options.get("lookup"):
             second, watched = None, specviz.watch(target, prompts=PROMPTS, name=name)
         else:
             second, watched = self.pair.draft, specviz.watch(target, self.pair.draft, prompts=PROMPTS, name=name)

@@ -18,7 +18,9 @@ a slot mapping (`shapes.SlotKV`, vLLM's layout): a slot given back (a rejected d
 sequence) is reused by the next call, and the mask's keys are the pool's slots. With `flip`, the
 draft calls pack the sequences in the reverse of the verify's order. With `declare`, each forward's
 segments are declared before it (`w.batch(seq_ids, query_lens=...)`, `model="draft"` for the
-draft's), the watch's declared producer.
+draft's), the watch's declared producer. With `lookup`, there is no draft model: each sequence
+proposes the tokens that followed the latest earlier occurrence of its last token (prompt
+lookup, `ngram.lookup`), so some steps verify no drafts at all.
 
 Bugs, each breaking one invariant at (step, sequence) = events[0]:
 - "positions": after the first partial accept, that sequence's position counter advances by its
@@ -36,13 +38,19 @@ from __future__ import annotations
 
 import torch
 
+from .ngram import lookup as prompt_lookup
 from .shapes import SharedKV, SlotKV, accepted, budgets, eos_ids, settle
 
 
 @torch.no_grad()
-def generate(
-    target, draft, prompts, max_new, k=3, bug=None, w=None, late=2, embeds=0, flash=0, pool=0, flip=0, declare=0
-):
+def generate(target, draft, prompts, max_new, k=3, bug=None, w=None, late=2, **variant):
+    """`variant`: embeds, flash, pool, flip, declare, lookup (module docstring), each 0 when absent."""
+    unknown = set(variant) - {"embeds", "flash", "pool", "flip", "declare", "lookup"}
+    if unknown:
+        raise TypeError(f"unknown packed options: {sorted(unknown)}")
+    embeds, flash, pool, flip, declare, lookup = (
+        variant.get(name, 0) for name in ("embeds", "flash", "pool", "flip", "declare", "lookup")
+    )
     n = len(prompts)
     limit = budgets(max_new, n)
     seqs = [list(p) for p in prompts]
@@ -63,7 +71,8 @@ def generate(
     waiting = {n - 1: late} if late else {}  # sequence -> the step it arrives at
     prefill = [(s, seqs[s][:-1], 0) for s in range(n) if s not in waiting]  # all but each pending token
     tkv.forward(prefill)
-    dkv.forward(prefill)
+    if not lookup:
+        dkv.forward(prefill)
     draft_has = [len(p) - 1 for p in prompts]  # committed tokens in the draft's cache
     pos = [len(p) - 1 for p in prompts]  # the pending token's position, as the engine counts it
     events: list[tuple[int, int]] = []
@@ -72,7 +81,10 @@ def generate(
         live = live[step % len(live) :] + live[: step % len(live)]  # packed in a new order each step
         joining = [(s, seqs[s][:-1], 0) for s, at in waiting.items() if at == step]  # prefilled behind the rest
         d = {s: min(k, limit[s] - len(outs[s]) - 1) for s in live}
-        drafts, draft_slots = _propose(dkv, seqs, pos, draft_has, d, live[::-1] if flip else live, joining)
+        if lookup:  # prompt lookup: no draft model, nothing to prefill for a newcomer
+            drafts, draft_slots = {s: prompt_lookup(seqs[s], d[s]) for s in live}, {s: [] for s in live}
+        else:
+            drafts, draft_slots = _propose(dkv, seqs, pos, draft_has, d, live[::-1] if flip else live, joining)
         leak = None
         if bug == "kv_leak" and step == 1 and len(live) > 1:
             leak = (live[1], live[0])
@@ -87,7 +99,7 @@ def generate(
             at += len(tokens)
             a = accepted(drafts[s], choices)
             emitted, finish = settle(outs[s], drafts[s][:a] + [choices[a]], limit[s], eos)
-            first_partial = a < d[s] and not events and finish is None
+            first_partial = a < len(drafts[s]) and not events and finish is None
             if bug == "stale_kv" and first_partial:
                 events.append((step + 1, s))  # its rejected slots are never dropped
             elif bug == "reuse" and first_partial and reused is None:
@@ -99,7 +111,7 @@ def generate(
             draft_has[s] = len(seqs[s]) + min(a, max(d[s] - 1, 0)) if d[s] else draft_has[s]
             pos[s] += len(emitted)
             if bug == "positions" and first_partial:
-                pos[s] += d[s] - a  # counts every draft it verified as kept
+                pos[s] += len(drafts[s]) - a  # counts every draft it verified as kept
                 events.append((step + 1, s))
             seqs[s] += emitted
             outs[s] += emitted
