@@ -9,6 +9,10 @@ decoding of the target on every prompt, each to its own budget (`shapes.referenc
     invariant it breaks;
 (c) no wrong output is called clean: a run whose output differs from the reference is desync or
     unreadable, whatever was or was not read.
+The cases (CASES) vary each shape the way other engines do: slot pools, boolean masks with varlen
+metadata, inputs_embeds, draft calls in another order, declared segments, prompt lookup, chunked
+prefills, per-request stop tokens, a draft with its own cache rows, a head over a packed target,
+and other model families. One known gap is a strict xfail (NOT_CHECKED).
 """
 
 from __future__ import annotations
