@@ -25,7 +25,7 @@ from torch import nn
 from transformers.modeling_outputs import CausalLMOutput
 
 from .common import HoleCache, left_padded, verify
-from .shapes import SharedKV, accepted, budgets, eos_ids, settle
+from .shapes import SharedKV, accepted, budgets, commit, eos_ids, settle
 
 
 class DraftHead(nn.Module):
@@ -148,12 +148,7 @@ def generate(target, head, prompts, max_new, k=2, bug=None, w=None, packed=0):
             if stale:
                 events.append((step + 1, s))
             last[r] = hidden[r, a]  # it predicted the new pending token
-            seqs[s] += tokens
-            outs[s] += tokens
-            if w is not None:
-                w.emit(s, tokens, finish)
-            if finish:
-                done.add(s)
+            commit(s, tokens, finish, seqs, outs, done, w)
         cache.keep(kept, attended)
         cache.last = last
         live = [r for r, s in enumerate(batch) if s not in done]
@@ -206,11 +201,6 @@ def generate_packed(target, head, prompts, max_new, k=2, bug=None, w=None):
                 events.append((step + 1, s))
             else:
                 kv.drop(mine[1 + a :])
-            seqs[s] += emitted
-            outs[s] += emitted
-            if w is not None:
-                w.emit(s, emitted, finish)
-            if finish:
-                done.add(s)
+            commit(s, emitted, finish, seqs, outs, done, w)
         step += 1
     return outs, events

@@ -39,7 +39,7 @@ from __future__ import annotations
 import torch
 
 from .ngram import lookup as prompt_lookup
-from .shapes import SharedKV, SlotKV, accepted, budgets, eos_ids, settle
+from .shapes import SharedKV, SlotKV, accepted, budgets, commit, eos_ids, settle
 
 
 @torch.no_grad()
@@ -113,12 +113,8 @@ def generate(target, draft, prompts, max_new, k=3, bug=None, w=None, late=2, **v
             if bug == "positions" and first_partial:
                 pos[s] += len(drafts[s]) - a  # counts every draft it verified as kept
                 events.append((step + 1, s))
-            seqs[s] += emitted
-            outs[s] += emitted
-            if w is not None:
-                w.emit(s, emitted, finish)
+            commit(s, emitted, finish, seqs, outs, done, w)
             if finish:
-                done.add(s)
                 tkv.release(s)
                 dkv.release(s)
         for s, _, _ in joining:

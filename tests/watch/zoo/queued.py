@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from .common import HoleCache, draft_greedy, verify
-from .shapes import budgets, eos_ids, settle
+from .shapes import budgets, commit, eos_ids, settle
 
 
 class DraftRows:
@@ -122,12 +122,7 @@ def generate(target, draft, prompts, max_new, k=2, bug=None, w=None, rows=3, dra
             kept.append(1 + a)
             if drafter is not None:
                 drafter.settle(r, len(seqs[s]), a, d[r], columns[r])
-            seqs[s] += tokens
-            outs[s] += tokens
-            if w is not None:
-                w.emit(s, tokens, finish)
-            if finish:
-                done.add(s)
+            commit(s, tokens, finish, seqs, outs, done, w)
         cache.keep(kept)
         live = [r for r, s in enumerate(batch) if s not in done]
         if len(live) < len(batch):

@@ -52,6 +52,17 @@ def settle(out: list[int], accepted: list[int], limit: int, eos: set[int]) -> tu
     return tokens, "length" if len(out) + len(tokens) >= limit else None
 
 
+def commit(seq: int, tokens: list[int], finish: str | None, seqs, outs, done: set[int], w) -> None:
+    """Append what the step gave `seq` to its sequence and output, tell the watch (when watched),
+    and mark it done when it ended."""
+    seqs[seq] += tokens
+    outs[seq] += tokens
+    if w is not None:
+        w.emit(seq, tokens, finish)
+    if finish:
+        done.add(seq)
+
+
 @torch.no_grad()
 def reference(target, prompts: list[list[int]], max_new: int | list[int], eos: int | None = None) -> list[list[int]]:
     """Batch-1 greedy continuations, one prompt at a time (no padding, no packing), each to its
