@@ -21,6 +21,11 @@ against the unwatched arm's CPU time; those runs are not part of the pairs.
 
     python benchmarks/watch_overhead.py --threads 1 --repeats 9 --batch-size 8 --inside
     python benchmarks/watch_overhead.py --device cuda --batch-size 8 --num-prompts 32
+
+`--engine packed` times the zoo's packed varlen engine instead (`tests/watch/zoo/packed.py`: one
+1 x T row per forward, a block-diagonal 4-D mask over a shared cache, the late prompt prefilled in
+a decoding step, a budget per prompt), on the same pair and prompts, `--num-prompts` sequences
+packed at once; the watched arm declares nothing but its emits, as that engine does.
 """
 
 from __future__ import annotations
@@ -29,9 +34,11 @@ import argparse
 import gc
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -48,6 +55,9 @@ ARMS = ("unwatched", "watched decode", "watched decode + close")
 def decode(pair: ModelPair, prompts: PromptSet, config: RunConfig, watched: bool, times: Times) -> None:
     """Time one run from a collected heap; appends (wall, CPU) to its arms in `times`."""
     gc.collect()
+    if config.method == "packed":
+        decode_packed(pair, prompts, config, watched, times)
+        return
     if not watched:
         cpu = time.process_time()
         wall = run_unwatched(pair, prompts, config)
@@ -56,6 +66,27 @@ def decode(pair: ModelPair, prompts: PromptSet, config: RunConfig, watched: bool
     run = run_watched(pair, prompts, config)
     times["watched decode"].append((run.decode_wall, run.decode_cpu))
     times["watched decode + close"].append((run.wall, run.decode_cpu + run.close_cpu))
+
+
+def decode_packed(pair: ModelPair, prompts: PromptSet, config: RunConfig, watched: bool, times: Times) -> None:
+    """The zoo's packed engine, unwatched or under `specviz.watch` (then `close(reference=False)`)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "watch"))
+    from zoo import packed  # the test zoo's engine, written without specviz
+
+    import specviz
+
+    budgets = [config.max_new_tokens - 4 * (i % 3) for i in range(len(prompts.ids))]  # one per prompt
+    wall, cpu = time.perf_counter(), time.process_time()
+    if not watched:
+        packed.generate(pair.target, pair.draft, prompts.ids, budgets)
+        times["unwatched"].append((time.perf_counter() - wall, time.process_time() - cpu))
+        return
+    w = specviz.watch(pair.target, pair.draft, prompts=prompts.ids)
+    packed.generate(pair.target, pair.draft, prompts.ids, budgets, w=w)
+    decode_wall, decode_cpu = time.perf_counter() - wall, time.process_time() - cpu
+    w.close(reference=False)
+    times["watched decode"].append((decode_wall, decode_cpu))
+    times["watched decode + close"].append((time.perf_counter() - wall, time.process_time() - cpu))
 
 
 @contextmanager
@@ -134,6 +165,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--method", default="eqspec", choices=["baseline", "eqspec", "exspec"])
+    parser.add_argument(
+        "--engine", default="specviz", choices=["specviz", "packed"], help="packed: the zoo's packed engine"
+    )
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=48)
@@ -146,6 +180,8 @@ def main() -> None:
     prompts = select_prompts(pair, texts, args.num_prompts, args.max_new_tokens)
     config = RunConfig(method=args.method, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens)
     config.reference, config.record_steps = False, False
+    if args.engine == "packed":
+        config.method = "packed"  # `decode` runs the zoo's packed engine
     for watched in (False, True):  # warm-up: first-call costs (and the prompts' shapes) out of both arms
         decode(pair, prompts, config, watched, {arm: [] for arm in ARMS})
     load = os.getloadavg()

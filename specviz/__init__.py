@@ -58,6 +58,7 @@ def watch(
     layout: str = "unspecified",
     temperature: float = 0.0,
     logits_processed: bool = False,
+    drafter: Any | None = None,
 ) -> Watch:
     """Watch `target` (and `draft`) decode: forward hooks that trace any engine on HF models.
 
@@ -66,7 +67,8 @@ def watch(
     `temperature`: > 0 when the engine samples (speculative rejection sampling): accounting,
     positions and KV are checked, equality with a greedy oracle is not asked. `logits_processed`:
     True when the engine's greedy choice is made on processed logits (HF `min_new_tokens`,
-    `repetition_penalty`, ...); checked the same way.
+    `repetition_penalty`, ...); checked the same way. `drafter`: a draft head (a module fed the
+    target's hidden states: EAGLE, MTP, Medusa) whose calls are captured as draft calls.
     Use it as a context manager and declare each sequence's tokens with `w.emit(seq_id, tokens)`;
     see docs/watch.md. The same function as `specviz.watch.session.watch`.
     """
@@ -82,6 +84,7 @@ def watch(
         layout=layout,
         temperature=temperature,
         logits_processed=logits_processed,
+        drafter=drafter,
     )
 
 

@@ -26,6 +26,7 @@ from specviz.trace.io import TraceError
 from specviz.trace.naming import run_slug, run_title
 
 EXIT_BAD_INPUT = 2
+EXIT_UNREADABLE = 3  # `check`: a watched run not read to the end, with no violation before that
 
 CHECK_DESCRIPTION = """\
 Check a trace: replay the ragged state of every verify step and report where it first differs
@@ -42,7 +43,9 @@ CHECK_EPILOG = """\
 exit status:
   0    clean or numerical: every invariant holds (outputs equal, or differ only at near-ties)
   1    desync or unexplained: an invariant broke, or an output differs with no near-tie
-  2    bad input: missing or malformed trace (one line on stderr)"""
+  2    bad input: missing or malformed trace (one line on stderr)
+  3    unreadable: a watched run the watch could not map from some step on (no invariant broke
+       before it); --json says where and why in its "unreadable" field"""
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
@@ -525,7 +528,7 @@ def _print_summary(trace: Any, out: Path, as_json: bool) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Exit 0 for clean/numerical, 1 for desync/unexplained; a TraceError propagates (exit 2)."""
+    """Exit 0 for clean/numerical, 1 for desync/unexplained, 3 for unreadable; a TraceError propagates (exit 2)."""
     from specviz.analysis.check import check_trace
     from specviz.analysis.metrics import summary
     from specviz.analysis.text import render_report
@@ -539,6 +542,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         print_to_pipe(json.dumps(payload))
     else:
         print_to_pipe(render_report(trace, report))
+    if report.verdict == "unreadable":
+        return EXIT_UNREADABLE
     return 0 if report.verdict in ("clean", "numerical") else 1
 
 

@@ -62,6 +62,9 @@ TARGETS: dict[str, tuple[str, list[str]]] = {
     "check": ("specviz/analysis/check.py", _CHECK_TESTS),
     "finish": ("specviz/analysis/finish.py", _CHECK_TESTS),
     "row_checks": ("specviz/analysis/row_checks.py", _CHECK_TESTS),
+    # The watch's batch map (its producers): the map's own cases. (The production-shaped engines,
+    # tests/watch/test_zoo_production.py, do not pass in the tool's copy of the tree yet.)
+    "batchmap": ("specviz/watch/batchmap.py", ["tests/watch/test_batch_map.py"]),
 }
 # Default pytest arguments of a target (`--pytest-args` overrides): the checker's test files
 # without their tiny-model runs (minutes per surviving mutant); the synthetic tests stay.

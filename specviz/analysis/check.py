@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from specviz.analysis.arrays import Columns, step_slices
 from specviz.analysis.columnar import check_clean_steps
-from specviz.analysis.findings import Findings, stub_row
+from specviz.analysis.findings import Findings, stub_row, unreadable_from
 from specviz.analysis.finish import FinishChecks
 from specviz.analysis.history import History
 from specviz.analysis.metrics import (
@@ -82,8 +82,9 @@ def check_trace(trace: Trace, margin_threshold: float | None = None) -> Report:
     findings.note_unfollowed(trace.header.options)
     violations = sorted(findings.violations, key=lambda v: (v.step_index, v.row, v.invariant))
     sequences = [_sequence_verdict(findings, history, seq, threshold) for seq in trace.sequences]
+    unreadable = unreadable_from(trace.header.options, len(trace.steps))
     return Report(
-        verdict=_run_verdict(violations, sequences),
+        verdict=_run_verdict(violations, sequences, unreadable is not None),
         violations=violations,
         sequences=sequences,
         exact_match=exact_match(trace),
@@ -91,6 +92,7 @@ def check_trace(trace: Trace, margin_threshold: float | None = None) -> Report:
         skipped_checks=findings.skipped_checks(len(trace.steps)),
         violation_count=findings.count,
         totals=totals,
+        unreadable=unreadable,
     )
 
 
@@ -134,11 +136,11 @@ def _check_step_and_finish(
 
 def _watch_tokens(history: History) -> None:
     """The output tokens whose writing step the verdicts and `check_outputs` will ask for."""
-    max_new, complete = history.max_new, history.trace.header.complete
+    complete = history.trace.header.complete
     for seq in history.trace.sequences:
         state = history.seqs[seq.seq_id]
-        if len(seq.output_ids) > max_new:
-            state.watch(max_new)
+        if len(seq.output_ids) > state.budget:
+            state.watch(state.budget)
         eos_at = early_eos(seq.output_ids, history.eos)
         if eos_at is not None:
             state.watch(eos_at + 1)
@@ -188,10 +190,11 @@ def check_step(findings: Findings, history: History, si: int, step: StepRecord) 
 
 def check_outputs(findings: Findings, history: History) -> None:
     """Each sequence's output: within the budget, nothing after EOS, what the steps wrote."""
-    trace, max_new = history.trace, history.max_new
+    trace = history.trace
     last_step = len(trace.steps) - 1
     for seq in trace.sequences:
         state, seq_id, length = history.seqs[seq.seq_id], seq.seq_id, len(seq.output_ids)
+        max_new = state.budget
         if length > max_new:
             si = _or(state.step_of_token(max_new), last_step)
             message = f"sequence {seq_id} has {length} tokens > max_new_tokens"
@@ -263,10 +266,14 @@ def _sequence_verdict(findings: Findings, history: History, seq: SequenceRecord,
     )
 
 
-def _run_verdict(violations: list[Violation], sequences: list[SequenceVerdict]) -> str:
-    """Any broken invariant makes the run a desync, even if the outputs happen to survive."""
+def _run_verdict(violations: list[Violation], sequences: list[SequenceVerdict], unreadable: bool = False) -> str:
+    """Any broken invariant makes the run a desync, even if the outputs happen to survive. A run the
+    watch could not read to the end is unreadable, whatever its outputs: what was not read is
+    neither clean nor explained."""
     if violations:
         return "desync"
+    if unreadable:
+        return "unreadable"
     verdicts = {s.verdict for s in sequences}
     if "unexplained" in verdicts:
         return "unexplained"

@@ -95,7 +95,7 @@ class FinishChecks:
                     "finish_reason",
                     "eos or length",
                     "unfinished",
-                    f"sequence {seq.seq_id} left the batch unfinished ({state.written} of {history.max_new} "
+                    f"sequence {seq.seq_id} left the batch unfinished ({state.written} of {state.budget} "
                     "tokens, no EOS) in a run marked complete",
                 )
                 continue
@@ -106,7 +106,7 @@ class FinishChecks:
     ) -> None:
         history = self.history
         where = state.last_touched if state.last_touched is not None else last
-        allowed = allowed_endings(seq.output_ids[-1:], len(seq.output_ids), history.max_new, history.eos)
+        allowed = allowed_endings(seq.output_ids[-1:], len(seq.output_ids), state.budget, history.eos)
         reason = seq.finish_reason
         if reason is None and complete:
             self._flag(
@@ -124,7 +124,7 @@ class FinishChecks:
                 "finish_reason",
                 sorted(allowed) or None,
                 reason,
-                _wrong_reason(reason, seq.seq_id, seq.output_ids[-1:], len(seq.output_ids), history.max_new),
+                _wrong_reason(reason, seq.seq_id, seq.output_ids[-1:], len(seq.output_ids), state.budget),
             )
 
     def _flag(self, si: int | None, seq_id: int, fld: str, expected: Any, actual: Any, message: str) -> None:
@@ -168,7 +168,7 @@ def check_row_reason(flag: RowFlags, history: History, received: list[int]) -> N
     seq = history.seqs[row.seq_id]
     if seq.finished_at is not None and seq.finished_at < si:
         return  # decoded after it finished: token accounting already says so
-    allowed = allowed_endings(received, seq.written, history.max_new, history.eos) if received else set()
+    allowed = allowed_endings(received, seq.written, seq.budget, history.eos) if received else set()
     reason = row.finish_reason
     if row.finished != (reason is not None):
         flag(
@@ -193,7 +193,7 @@ def check_row_reason(flag: RowFlags, history: History, received: list[int]) -> N
             "finish_reason",
             sorted(allowed) or None,
             reason,
-            _wrong_reason(reason, row.seq_id, received, seq.written, history.max_new),
+            _wrong_reason(reason, row.seq_id, received, seq.written, seq.budget),
         )
     if (reason is not None or allowed) and seq.finished_at is None:
         seq.finished_at = si  # a claimed ending too: the sequence must not come back

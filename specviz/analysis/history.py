@@ -11,6 +11,7 @@ import array
 import bisect
 from dataclasses import dataclass, field
 
+from specviz.analysis.findings import BUDGETS
 from specviz.trace.schema import RowRecord, Trace
 
 
@@ -25,6 +26,7 @@ class SequenceHistory:
 
     prompt_len: int
     last_token: int  # the pending token: the last committed one
+    budget: int = 0  # its max_new_tokens: the run's, or its own (a watched engine with one per sequence)
     written: int = 0  # output tokens written to it
     finished_at: int | None = None  # step index at which it finished
     last_touched: int | None = None  # step index of the last step that wrote to it
@@ -66,16 +68,21 @@ class History:
         self.declared_layout = h.layout != "unspecified"
         self.ragged = not self.declared_layout
         self.max_new = h.max_new_tokens
+        own = h.options.get(BUDGETS) or {}  # a budget per sequence (watched engines), by seq_id
         self.eos = frozenset(h.eos_token_ids)
         self.step_numbers = array.array("q")  # `step` of each step index walked so far
         self.seqs = {
-            s.seq_id: SequenceHistory(prompt_len=len(s.prompt_ids), last_token=s.prompt_ids[-1])
+            s.seq_id: SequenceHistory(
+                prompt_len=len(s.prompt_ids),
+                last_token=s.prompt_ids[-1],
+                budget=int(own.get(str(s.seq_id), self.max_new)),
+            )
             for s in trace.sequences
         }
 
     def cut(self, proposal: list[int], seq: SequenceHistory) -> list[int]:
         """The proposal as the sequence may take it: within the budget, nothing after an EOS."""
-        out = proposal[: max(0, self.max_new - seq.written)]
+        out = proposal[: max(0, seq.budget - seq.written)]
         for i, token in enumerate(out):
             if token in self.eos:
                 return out[: i + 1]
@@ -87,6 +94,6 @@ class History:
         if row.emitted:
             seq.last_token = row.emitted[-1]
             seq.wrote(si, seq.written + len(row.emitted))
-        done = row.emitted and (row.emitted[-1] in self.eos) or seq.written >= self.max_new
+        done = row.emitted and (row.emitted[-1] in self.eos) or seq.written >= seq.budget
         if done and seq.finished_at is None:
             seq.finished_at = si

@@ -11,7 +11,9 @@ if TYPE_CHECKING:
     from specviz.analysis.metrics import StepTotals
 
 # Run verdicts, worst last. `desync` wins over `unexplained` because a broken invariant explains.
-RUN_VERDICTS = ("clean", "numerical", "unexplained", "desync")
+# `unreadable`: a watched run whose calls could not be mapped from some step on; never clean, and
+# a violation in the steps before it still makes the run a desync.
+RUN_VERDICTS = ("clean", "numerical", "unreadable", "unexplained", "desync")
 
 
 @dataclass
@@ -78,6 +80,8 @@ class Report:
     margin_threshold: float
     skipped_checks: list[SkippedCheck]  # checks that could not run, on how many steps, and why
     violation_count: int = 0  # before truncation of `violations` (huge broken traces)
+    # {"step": S, "why": ...}: the watch read no call from step S on (`findings.unreadable_from`)
+    unreadable: dict[str, Any] | None = None
     # The metrics' sums, gathered by the check's own walk (a Parquet trace is read once for both);
     # not part of the report's JSON.
     totals: StepTotals | None = field(default=None, repr=False, compare=False)
@@ -96,4 +100,5 @@ class Report:
             "sequences": [s.to_dict() for s in self.sequences],
             "margin_threshold": self.margin_threshold,
             "skipped_checks": [s.to_dict() for s in self.skipped_checks],
+            "unreadable": self.unreadable,
         }

@@ -14,8 +14,10 @@ MAX_SEQUENCES_SHOWN = 20
 
 def render_report(trace: Trace, report: Report) -> str:
     h = trace.header
+    unread = report.unreadable
     lines = [
-        f"verdict: {report.verdict.upper()}",
+        f"verdict: {report.verdict.upper()}"
+        + (f" (unreadable from step {unread['step']}: {unread['why']})" if unread is not None else ""),
         f"run: {run_title(h.method, h.fault)}, {len(trace.sequences)} prompts, "
         f"batch {h.batch_size}, k={h.draft_k}, "
         f"target {model_label(h.target.name)} ({h.target.dtype}, {h.target.device})"
@@ -28,7 +30,7 @@ def render_report(trace: Trace, report: Report) -> str:
         lines.append("exact match: n/a (trace has no reference outputs)")
     v = report.first_violation
     if v is None:
-        lines.append("invariants: all hold")
+        lines.append("invariants: all hold" + (f" on steps 0..{unread['step'] - 1}" if unread is not None else ""))
     else:
         lines.append(
             f"invariants: {report.violation_count} violation(s); first at step {v.step}, row {v.row}, "

@@ -49,6 +49,7 @@ VERDICT_COLORS: dict[str, tuple[str, str]] = {
     "numerical": ("#fef9c3", "#854d0e"),
     "unexplained": ("#ffedd5", "#9a3412"),
     "desync": ("#fee2e2", "#991b1b"),
+    "unreadable": ("#e0e7ff", "#3730a3"),  # the watch could not map the run from some step on
     "no-reference": ("#f1f5f9", "#334155"),
 }
 

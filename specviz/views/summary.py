@@ -17,6 +17,7 @@ VERDICT_MEANING = {
     "numerical": "no invariant broke; outputs differ only at floating-point near-ties",
     "unexplained": "an output differs, with no broken invariant and no near-tie to explain it",
     "desync": "the engine fed a state that differs from the correct one",
+    "unreadable": "the watch could not tell which sequence the engine's rows held from some step on: not judged there",
 }
 
 
@@ -93,6 +94,9 @@ def summary_markdown(trace: Trace, report: Report, label: str = "") -> str:
         lines.append(sentence)
     elif report.verdict == "numerical":
         lines.append("No invariant broke: divergences sit on near-ties of the reference's logits.")
+    if report.unreadable is not None:
+        where = report.unreadable["step"]
+        lines.append(f"**Unreadable from step {where}**: {html_text(report.unreadable['why'], 300)}")
     lines.extend(_not_checked(report))
     draft = f", draft {_nowrap(model_name(h.draft.name))}" if h.draft else ""
     if h.draft_k and h.proposer != "draft-model":  # schema 3: a head or n-gram lookup drafted

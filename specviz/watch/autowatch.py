@@ -16,12 +16,14 @@ What is inferred (see docs/watch.md, "Watching an unmodified script"):
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from specviz.analysis.findings import UNFOLLOWED
+from specviz.analysis.findings import UNREADABLE
 from specviz.trace.schema import Trace
 from specviz.watch.follow import Follower
 from specviz.watch.hooks import CallRecord, ModelHooks, WatchError, check_causal_lm
+from specviz.watch.paged import PagedCapture
 from specviz.watch.session import Watch, _eos_ids
 from specviz.watch.steps import Emit
 
@@ -37,14 +39,29 @@ class AutoWatch:
         self.tokenizers: list[Any] = []  # every tokenizer built while installed, in order
         self._original: Any = None
         self._original_tokenizer_init: Any = None
+        self.paged = PagedCapture(self, None)  # transformers' continuous batching: its manager says
+        self.paged_emits: list[Emit] = []
+        self._declared: tuple[int, ...] | None = None
 
     # ------------------------------------------------------------------ what ModelHooks calls
 
-    def current_rows(self, role: str = "target") -> None:
-        return None  # undeclared: `finish` follows the rows by their attended context
+    def current_rows(self, role: str = "target") -> tuple[int, ...] | None:
+        """Undeclared (`finish` follows the rows by their attended context), except the requests the
+        paged manager named for the next forward."""
+        declared, self._declared = self._declared, None
+        return declared
 
     def add_call(self, call: CallRecord) -> None:
         self.calls.append(call)
+
+    # ------------------------------------------------------------------ what PagedCapture calls
+
+    def declare_forward(self, seq_ids: tuple[int, ...]) -> None:
+        self._declared = seq_ids
+
+    def emit(self, seq_id: int, token_ids: list[int], finish_reason: str | None = None) -> None:
+        at = time.perf_counter()
+        self.paged_emits.append(Emit(seq_id, list(token_ids), finish_reason, after=len(self.calls), at=at))
 
     # ------------------------------------------------------------------ installing
 
@@ -64,6 +81,7 @@ class AutoWatch:
         self._original = original
         PreTrainedModel.post_init = post_init
         self._install_tokenizer_capture()
+        self.paged.install()
 
     def _install_tokenizer_capture(self) -> None:
         """Patch `PreTrainedTokenizerBase.__init__`: every HF tokenizer runs it, however it is built.
@@ -94,6 +112,7 @@ class AutoWatch:
             self._original_tokenizer_init = None
         for hooks in self.hooks:
             hooks.remove()
+        self.paged.uninstall()
 
     def adopt(self, model: Any) -> None:
         """Hook `model` if it is a causal LM (base models and encoders are skipped silently)."""
@@ -127,11 +146,16 @@ class AutoWatch:
         unfollowed: list[str] = []
         calls = self._relabel(target, draft)
         eos = frozenset(_eos_ids(target, None))
-        prompts, emits = infer(calls, eos, notes, unfollowed)
+        if self.paged.seq_of:  # the paged manager named every request and its tokens: nothing to infer
+            prompts, emits = self.paged.prompts, self.paged_emits
+        else:
+            prompts, emits = infer(calls, eos, notes, unfollowed)
         # Notes so far say where reading stopped: what follows is unread, so sequences may be
         # unfinished without the engine being at fault; the trace says it is incomplete.
         read_all = not notes
         w = Watch(target, draft, prompts=prompts, out=out, name=name, layout=layout)
+        if w._paged is not None:  # the manager's EOS ids, as the script's manager saw them
+            w._paged.eos_ids |= self.paged.eos_ids
         # The inferred calls and emits stand in for what the hooks and `emit` would have collected.
         w._calls, w._emits = calls, emits
         trace = w.close(reference=reference and complete, complete=complete and read_all)
@@ -143,8 +167,9 @@ class AutoWatch:
         if notes or tokenizer is not None:
             if notes:
                 trace.header.options.setdefault("watch_notes", []).extend(notes[:20])
-            if unfollowed:  # the report lists it among its skipped checks
-                trace.header.options[UNFOLLOWED] = unfollowed
+            if unfollowed:  # the run is unreadable from there: `check` says so, with its own exit code
+                why = "; ".join(unfollowed)
+                trace.header.options[UNREADABLE] = {"step": len(trace.steps), "why": why}
             if w.out is not None:
                 from specviz.trace.io import save_trace
 

@@ -54,10 +54,12 @@ def argmax_at(call: CallRecord, row: int, slot: int) -> int | None:
 def context_before(call: CallRecord, row: int, slot: int) -> int:
     """Slots the query token at `slot` attends before itself (-1: a mask the hooks could not read)."""
     if call.mask_kind == "none":
-        return call.cache_width + slot
+        return call.cache_of(row) + slot
     if call.mask_kind == "2d":
         values = call.mask[row]
         return int(sum(values[: len(values) - call.query_len + slot]))
+    if call.mask_kind == "counts":  # a packed call's row (batchmap): slots attended per query slot
+        return call.mask[row][slot][0] - 1
     if call.mask_kind in ("4d", "4d-slots"):
         tail = call.mask[row]  # the last query rows: slot s is row s - (q - len(tail))
         t = slot - (call.query_len - len(tail))
@@ -85,9 +87,12 @@ def _draft_row(call: CallRecord, seq: int, row: int, batch_size: int, fed: int, 
             return None
         r = call.rows.index(seq)
         return r if fits(r) else None
-    if call.batch_size == batch_size:  # the same rows, undeclared: the same index
-        return row if fits(row) else None
-    return next((r for r in range(call.batch_size) if fits(r)), None)
+    if call.batch_size == batch_size and fits(row):  # the same rows, undeclared: the same index
+        return row
+    # Another order (a packed draft call packs its rows its own way) or other rows: the row whose
+    # tokens fit, when one does.
+    found = [r for r in range(call.batch_size) if fits(r)]
+    return found[0] if len(found) == 1 or found and call.batch_size != batch_size else None
 
 
 def read_row(
@@ -130,20 +135,27 @@ def read_row(
 
 
 def draft_free_query(call: CallRecord, row: int, committed: list[int]) -> RowQuery | None:
-    """The row's query in a run with no draft model (prompt lookup, n-gram or extra-head drafting):
-    no draft call proposed its drafts, so they are read from what a correct engine feeds, the
-    sequence's `committed` tokens (cached or re-fed) then d drafts: d is the row's attended tokens
-    at its last slot minus the committed ones, and the pending slot (d before the last) must hold
-    the last committed token. None when that reading does not fit (no drafts, or a row whose
-    context is not its committed tokens: read as no drafts, and checked as such)."""
-    last = last_slot(call, row)
-    d = context_before(call, row, last) + 1 - len(committed)
-    if not committed or d <= 0 or d > last:
+    """The row's query in a run with no draft model (prompt lookup, n-gram or head drafting): no
+    draft model proposed its drafts, so they are read from where a correct engine feeds them, after
+    the pending token (the last committed one): the row's first real query slot when it attends a
+    cache (the cache holds the tokens before it), else the slot after its re-fed context
+    (`committed` tokens from its first real slot). Read from the layout, not from the attended
+    count, so a stale or missing slot does not move the reading (the KV check flags it); the
+    count is the fallback: d is then the attended tokens at its last slot minus the committed ones.
+    None when neither fits (no drafts, or a pending slot that does not hold the last committed
+    token: read as no drafts, and checked as such)."""
+    if not committed:
         return None
-    pending = last - d
-    if not all(query_flags(call, row)[pending : last + 1]) or call.input_ids[row][pending] != committed[-1]:
+    flags, last = query_flags(call, row), last_slot(call, row)
+    first = next((j for j, keep in enumerate(flags) if keep), None)
+    if first is None:
         return None
-    return RowQuery(pending, d, ())
+    by_layout = first if attends_cache(call, row) else first + len(committed) - 1
+    by_count = last - (context_before(call, row, last) + 1 - len(committed))
+    for pending in (by_layout, by_count):
+        if first <= pending < last and all(flags[pending : last + 1]) and call.input_ids[row][pending] == committed[-1]:
+            return RowQuery(pending, last - pending, ())
+    return None
 
 
 def first_slot_query(call: CallRecord, row: int) -> RowQuery | None:
@@ -167,7 +179,7 @@ def attended_ids(call: CallRecord, row: int, end: int | None = None) -> list[int
 
 def attends_cache(call: CallRecord, row: int) -> bool:
     """Does the row attend any slot of the cache the call was given (a 2-D mask says; else assumed)?"""
-    if call.cache_width == 0:
+    if call.cache_of(row) == 0:
         return False
     if call.mask_kind == "2d":
         values = call.mask[row]
@@ -202,7 +214,7 @@ def _draft_calls(calls: list[CallRecord], index: int, seq: int, pass_reprefill: 
     for j in range(index - 1, -1, -1):
         call = calls[j]
         if call.role != "target":
-            if call.argmax is not None:
+            if call.argmax is not None and not call.drafter:  # a head's proposals are read from the verify
                 found.append(j)
             continue
         if seq in row_seq_ids(call):
@@ -237,7 +249,7 @@ def mask_row(call: CallRecord, row: int, rq: RowQuery) -> tuple[list[list[int]],
     The row's mask covers its context (every slot before the pending one, cached or re-fed) and
     its own d + 1 query slots; padding after its last real token is not part of it.
     """
-    context_len = call.cache_width + rq.pending
+    context_len = call.cache_of(row) + rq.pending
     q = rq.drafts + 1
     if call.mask_kind == "none":
         return [[1, context_len + q]], context_len, None
@@ -249,6 +261,8 @@ def mask_row(call: CallRecord, row: int, rq: RowQuery) -> tuple[list[list[int]],
         return _mask4_row(call.mask[row], call.cache_width, call.query_len, rq)
     if call.mask_kind == "4d-slots":
         return _mask4_slots_row(call.mask[row], call.query_len, rq)
+    if call.mask_kind == "counts":
+        return _counts_row(call.mask[row], rq)
     return [], -1, None
 
 
@@ -286,6 +300,16 @@ def _mask4_slots_row(block: list[list[bool]], q: int, rq: RowQuery) -> tuple[lis
     context = max(len(seen[0]) - 1, 0)
     diagonal = [int(bool(seen[0]))]
     diagonal += [int(len(now) == len(before) + 1 and before < now) for before, now in zip(seen, seen[1:])]
+    return _rle([1] * context + diagonal), context, all(diagonal)
+
+
+def _counts_row(counts: list[tuple[int, bool]], rq: RowQuery) -> tuple[list[list[int]], int, bool | None]:
+    """A packed call's row (`batchmap.apply`): per query slot, the slots it attends and whether it
+    attends exactly one more than the slot before. Read like `_mask4_slots_row`: the pending slot
+    attends its context and itself, each later slot one slot more (its own)."""
+    first = counts[rq.pending][0]
+    context = max(first - 1, 0)
+    diagonal = [int(first > 0)] + [int(counts[rq.pending + i][1]) for i in range(1, rq.drafts + 1)]
     return _rle([1] * context + diagonal), context, all(diagonal)
 
 

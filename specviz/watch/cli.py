@@ -87,11 +87,16 @@ def cmd_watch(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"specviz watch: note: {note}", file=sys.stderr)
     h = trace.header
-    draft = f", draft {h.draft.name}" if h.draft else ""
+    draft = f", draft {_short(h.draft.name)}" if h.draft else ""
     print(
-        f"specviz watch: target {h.target.name}{draft}, k={h.draft_k}, {len(trace.sequences)} sequences, "
+        f"specviz watch: target {_short(h.target.name)}{draft}, k={h.draft_k}, {len(trace.sequences)} sequences, "
         f"{len(trace.steps)} steps{'' if h.complete else ' (incomplete)'}; trace {out} "
         f"(next: python -m specviz check {out})",
         file=sys.stderr,
     )
     return status
+
+
+def _short(name: str) -> str:
+    """A model path as its folder's name (the trace keeps it whole): one line stays readable."""
+    return Path(name.rstrip("/\\")).name or name

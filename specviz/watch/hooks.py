@@ -62,16 +62,58 @@ class CallRecord:
     started: float = 0.0
     ended: float = 0.0
     last_slots: list[int] | None = None  # [B]: each row's last attended query slot, set by `materialize`
+    # What a packed call carries to say who is where (`batchmap`): one row holding several
+    # sequences. `packed`: B == 1 and something may cut it (its mask and argmax kept whole).
+    packed: bool = False
+    cu_q: Any = None  # [S + 1] cu_seq_lens_q: query start of each sequence
+    cu_k: Any = None  # [S + 1] cu_seq_lens_k: key start of each sequence in a shared KV
+    query_lens: list[int] | None = None  # [S] declared with w.batch(..., query_lens=...)
+    logit_slots: Any = None  # [L] query column of each kept argmax (logits_to_keep); None: the last L
+    source: str | None = None  # the producer of its map (`batchmap.BatchMap.source`)
+    contexts: list[int] | None = None  # [B] a packed call's rows: slots attended before the first query slot
+    unreadable: str | None = None  # why no producer could map it (set by `materialize`)
+    # A packed call's 4-D mask per query token: (attended count, drops a slot the token before it
+    # attended, shares one with it, attends exactly one slot more, its first attended slot), from
+    # `_line_summary`.
+    lines: list[tuple[int, bool, bool, bool, int]] | None = None
+    # A packed call's rows: the first slot of a shared cache each attends. Slots never move in a
+    # shared cache, so a sequence keeps its first slot from call to call (`Follower._fits`).
+    anchors: list[int] | None = None
+    drafter: bool = False  # a draft head's call (`watch(..., drafter=head)`): fed hidden states, not ids
 
     def materialize(self) -> None:
-        """Tensors to lists, once, at close: the only host syncs the watch adds."""
+        """Tensors to lists, once, at close: the only host syncs the watch adds. Then the call's
+        batch map (`batchmap`): a packed call becomes one row per sequence."""
         if self.last_slots is not None:
             return
-        for name in ("input_ids", "positions", "mask", "argmax", "query_live"):
+        whole = self.mask if self.packed and self.mask_kind != "2d" and isinstance(self.mask, torch.Tensor) else None
+        if whole is not None:  # a packed row's mask, read as a summary per query token (batchmap.lines)
+            self.lines, self.mask = _line_summary(whole[0]), None
+        for name in ("input_ids", "positions", "mask", "argmax", "query_live", "cu_q", "cu_k", "logit_slots"):
             value = getattr(self, name)
             if isinstance(value, torch.Tensor):
                 setattr(self, name, value.tolist())
         self.last_slots = [self._last_slot(row) for row in range(self.batch_size)]
+        from specviz.watch import batchmap
+
+        try:
+            packed = batchmap.apply(self, batchmap.read_map(self))
+        except batchmap.Unreadable as why:
+            self.unreadable, packed = str(why), False
+        if whole is not None and not packed:  # one sequence after all: read as any 4-D mask
+            self.mask = whole.tolist()
+            self.last_slots = [self._last_slot(row) for row in range(self.batch_size)]
+        if not packed and self.logit_slots is not None and self.argmax is not None:
+            # Argmax kept at some columns only: spread over the query, None elsewhere (`argmax_at`).
+            spread = [[None] * self.query_len for _ in self.argmax]
+            for r, kept in enumerate(self.argmax):
+                for c, token in zip(self.logit_slots, kept):
+                    spread[r][c] = token
+            self.argmax, self.logit_slots = spread, None
+
+    def cache_of(self, row: int) -> int:
+        """Slots in the row's cache before the call (a packed call's rows each have their own)."""
+        return self.contexts[row] if self.contexts is not None else self.cache_width
 
     def query_flags(self, row: int) -> list[int]:
         """1 for each query slot of `row` that is attended (a real token), 0 for padding."""
@@ -129,7 +171,10 @@ def cache_width(cache: Any) -> int:
     if cache is None:
         return 0
     if hasattr(cache, "get_seq_length"):
-        return int(cache.get_seq_length())
+        try:
+            return int(cache.get_seq_length())
+        except (TypeError, ValueError, AttributeError, NotImplementedError):
+            return 0  # a cache that does not count (transformers' paged cache): the keys are read from the mask
     if isinstance(cache, (tuple, list)) and cache and cache[0] is not None:  # legacy tuple-of-tuples
         return int(cache[0][0].shape[-2])
     return 0
@@ -138,13 +183,16 @@ def cache_width(cache: Any) -> int:
 class ModelHooks:
     """Pre- and post-forward hooks on one model, appending a CallRecord per call to `sink`."""
 
-    def __init__(self, model: Any, role: str, sink: CallSink) -> None:
+    def __init__(self, model: Any, role: str, sink: CallSink, drafter: bool = False) -> None:
         self.model = model
         self.role = role
+        self.drafter = drafter
         self.sink = sink
         self.model_type = getattr(getattr(model, "config", None), "model_type", "")
-        self.param_names = [p for p in inspect.signature(model.forward).parameters if p != "self"]
+        forward = getattr(model, "forward", None)
+        self.param_names = [p for p in inspect.signature(forward).parameters if p != "self"] if forward else []
         self.open: list[CallRecord] = []
+        self._unit: torch.Tensor | None = None  # the embedding table, rows normalized (inputs_embeds)
         self.handles = [
             model.register_forward_pre_hook(self.before, with_kwargs=True),
             model.register_forward_hook(self.after, with_kwargs=True),
@@ -165,21 +213,32 @@ class ModelHooks:
     def before(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         fed = self._arguments(args, kwargs)
         input_ids = fed.get("input_ids")
+        if self.drafter:
+            self.open.append(self._head_call(args, fed))
+            return
+        if input_ids is None and isinstance(fed.get("inputs_embeds"), torch.Tensor):
+            input_ids = self._ids_of_embeddings(fed["inputs_embeds"])
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-            self.open.append(None)  # inputs_embeds or odd shapes: nothing to attribute
+            self.open.append(None)  # odd shapes: nothing to attribute
             return
         started = time.perf_counter()
         cache = next((fed[k] for k in CACHE_KEYWORDS if fed.get(k) is not None), None)
         width = cache_width(cache)
         batch, q = input_ids.shape
         mask = fed.get("attention_mask")
-        kind, kept, live = _mask_copy(mask)
+        # Declared query lengths of a packed call (`w.batch`); a sink without them declares none.
+        declared = self.sink.query_lens(self.role) if hasattr(self.sink, "query_lens") else None
+        cu_q, cu_k = fed.get("cu_seq_lens_q"), _one_tensor(fed.get("cu_seq_lens_k"))
+        # One row that may hold several sequences: its mask and argmax are kept whole (`batchmap`).
+        packed = batch == 1 and q > 1
+        kind, kept, live = _mask_copy(mask, None if packed else QUERY_TAIL)
         if kind == "4d" and mask.shape[-1] != width + q:
             # Keys are not [cache | query]: a static or in-place cache writes the query's keys at
             # slots inside the keys that the mask alone does not name, so only what each query
             # slot attends is read, not where (`calls.mask_row`).
             kind = "4d-slots"
         positions, positions_fed = self._positions(fed, mask if kind == "2d" else None, batch, width, q)
+        keep = fed.get("logits_to_keep")
         self.open.append(
             CallRecord(
                 role=self.role,
@@ -194,7 +253,50 @@ class ModelHooks:
                 batch_size=batch,
                 query_len=q,
                 started=started,
+                packed=packed,
+                cu_q=cu_q.clone() if isinstance(cu_q, torch.Tensor) else None,
+                cu_k=cu_k.clone() if isinstance(cu_k, torch.Tensor) else None,
+                query_lens=declared,
+                logit_slots=keep.clone() if isinstance(keep, torch.Tensor) and keep.dim() == 1 else None,
             )
+        )
+
+    def _ids_of_embeddings(self, embeds: torch.Tensor) -> torch.Tensor | None:
+        """The token ids whose embedding rows these are ([B, T, H] -> [B, T]): the nearest row of the
+        model's embedding table by direction, kept only where the model's own embedding of it equals
+        the vector fed (-1 elsewhere: an image feature, a soft prompt, anything not a token)."""
+        table = getattr(self.model, "get_input_embeddings", lambda: None)()
+        weight = getattr(table, "weight", None)
+        if not isinstance(weight, torch.Tensor) or embeds.dim() != 3 or embeds.shape[-1] != weight.shape[-1]:
+            return None
+        if self._unit is None or self._unit.shape != weight.shape:
+            self._unit = torch.nn.functional.normalize(weight.detach().float(), dim=-1)
+        vectors = embeds.detach().float()
+        ids = (torch.nn.functional.normalize(vectors, dim=-1) @ self._unit.T).argmax(-1)
+        same = torch.isclose(table(ids).float(), vectors, rtol=1e-3, atol=1e-5).all(-1)
+        return torch.where(same, ids, torch.full_like(ids, -1))
+
+    def _head_call(self, args: tuple[Any, ...], fed: dict[str, Any]) -> CallRecord | None:
+        """A draft head's call (EAGLE, MTP, Medusa: fed hidden states or embeddings, not ids): kept
+        as a draft call for its time and proposals; which row it served is read from the verify."""
+        first = next((v for v in (*args, *fed.values()) if isinstance(v, torch.Tensor) and v.dim() >= 2), None)
+        if first is None:
+            return None
+        batch, q = first.shape[0], first.shape[1] if first.dim() >= 3 else 1
+        empty = [[0] * q for _ in range(batch)]
+        return CallRecord(
+            role="draft",
+            rows=None,
+            input_ids=empty,
+            positions=empty,
+            positions_fed=False,
+            cache_width=0,
+            mask_kind="unknown",
+            mask=None,
+            batch_size=batch,
+            query_len=q,
+            started=time.perf_counter(),
+            drafter=True,
         )
 
     def after(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
@@ -204,9 +306,18 @@ class ModelHooks:
         logits = getattr(output, "logits", None)
         if logits is None and isinstance(output, (tuple, list)) and output:
             logits = output[0]
+        if logits is None and isinstance(output, torch.Tensor):
+            logits = output  # a bare head returns its logits
         if isinstance(logits, torch.Tensor) and logits.dim() == 3:
-            tail = logits if logits.shape[1] <= QUERY_TAIL else logits[:, -QUERY_TAIL:]
-            record.argmax = tail.argmax(-1)
+            if record.logit_slots is not None and logits.shape[1] != len(record.logit_slots):
+                record.logit_slots = None  # the model ignored logits_to_keep: every column's logits
+            if record.logit_slots is not None or logits.shape[1] <= QUERY_TAIL:
+                record.argmax = logits.argmax(-1)
+            elif record.packed:  # a long packed row (prefills): the last slots of each sequence in it
+                columns = _segment_tails(record, logits.shape[1])
+                record.argmax, record.logit_slots = logits[:, columns].argmax(-1), columns
+            else:
+                record.argmax = logits[:, -QUERY_TAIL:].argmax(-1)
         record.ended = time.perf_counter()
         self.sink.add_call(record)
 
@@ -228,10 +339,55 @@ class ModelHooks:
         return [list(range(width, width + q)) for _ in range(batch)], False  # no tensor op needed
 
 
-def _mask_copy(mask: Any) -> tuple[str, torch.Tensor | None, torch.Tensor | None]:
+SEGMENT_TAIL = 16  # a long packed row keeps the argmax of each sequence's last slots (drafts, pending)
+
+
+def _segment_tails(record: CallRecord, width: int) -> torch.Tensor:
+    """The query columns of a long packed row whose argmax is kept: the last SEGMENT_TAIL before
+    every place a sequence may end (`cu_seq_lens_q`, else every token whose mask drops a slot the
+    token before attended: a superset of the cut `batchmap` makes), and the row's end."""
+    if isinstance(record.cu_q, torch.Tensor):
+        ends = record.cu_q[1:].long()
+    elif isinstance(record.mask, torch.Tensor) and record.mask.dim() == 3 and record.mask.shape[1] == width:
+        seen = record.mask[0]
+        starts = torch.nonzero((seen[:-1] & ~seen[1:]).any(-1)).flatten() + 1
+        ends = torch.cat([starts, torch.tensor([width], device=starts.device)])
+    else:
+        return torch.arange(width)
+    offsets = torch.arange(-SEGMENT_TAIL, 0, device=ends.device)
+    columns = (ends.to(offsets.device)[:, None] + offsets[None, :]).flatten()
+    return torch.unique(columns[(columns >= 0) & (columns < width)])
+
+
+def _line_summary(mask: torch.Tensor) -> list[tuple[int, bool, bool, bool, int]]:
+    """Per query token of a packed row's [T, keys] mask: how many slots it attends, whether it drops
+    one the token before attended, shares one with it, attends exactly one slot more (its own), and
+    the first slot it attends (-1: none).
+    Four tensor ops in place of a T x keys list: all that cutting and counting read."""
+    seen = mask.bool()
+    counts = seen.sum(-1)
+    before, now = seen[:-1], seen[1:]
+    dropped = (before & ~now).any(-1)
+    shares = (before & now).any(-1)
+    one_more = ~dropped & ((now & ~before).sum(-1) == 1)
+    lowest = torch.where(counts > 0, seen.int().argmax(-1), -1).tolist()  # its first attended slot
+    first = [(int(counts[0]), False, True, bool(counts[0] > 0), lowest[0])] if len(counts) else []
+    rest = zip(counts[1:].tolist(), dropped.tolist(), shares.tolist(), one_more.tolist(), lowest[1:])
+    return first + [(c, d, sh, o, low) for c, d, sh, o, low in rest]
+
+
+def _one_tensor(value: Any) -> Any:
+    """`cu_seq_lens_k` is a tensor, or (transformers' paged attention) a dict by layer type: the
+    full-attention one."""
+    if isinstance(value, dict):
+        return value.get("full_attention", next(iter(value.values()), None))
+    return value
+
+
+def _mask_copy(mask: Any, tail: int | None = QUERY_TAIL) -> tuple[str, torch.Tensor | None, torch.Tensor | None]:
     """The mask's kind, its "may attend" booleans (a copy, never a view of the engine's; a 4-D
-    mask: head 0's last query rows, heads share the mask) and, for a 4-D mask, whether each query
-    slot attends anything ([B, q]). One pass over the mask for each."""
+    mask: head 0's last `tail` query rows, all of them for None, heads share the mask) and, for a
+    4-D mask, whether each query slot attends anything ([B, q]). One pass over the mask for each."""
     if mask is None:
         return "none", None, None
     if not isinstance(mask, torch.Tensor):
@@ -241,7 +397,11 @@ def _mask_copy(mask: Any) -> tuple[str, torch.Tensor | None, torch.Tensor | None
         return "2d", seen.clone() if seen is mask else seen, None
     if mask.dim() == 4:
         seen = _attended(mask[:, 0])
-        return "4d", seen[:, -QUERY_TAIL:].clone(), seen.any(-1)
+        # Whole (a packed row): a bool mask's `seen` is a view of the engine's, copied; any other is
+        # a new tensor already. A tail is copied, so the rest of the rows are not kept alive.
+        if tail is None:
+            return "4d", seen.clone() if mask.dtype == torch.bool else seen, seen.any(-1)
+        return "4d", seen[:, -tail:].clone(), seen.any(-1)
     return "unknown", None, None
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from specviz.analysis.findings import BUDGETS, UNREADABLE
 from specviz.collector import collector_paused
 from specviz.engine.reference import greedy_reference
 from specviz.trace.io import save_trace
@@ -26,7 +27,9 @@ from specviz.trace.naming import now_iso
 from specviz.trace.provenance import library_versions, model_info
 from specviz.trace.schema import LAYOUTS, SCHEMA_VERSION, Header, SamplingInfo, SequenceRecord, Trace
 from specviz.watch.calls import attended_ids
+from specviz.watch.follow import follow_rows
 from specviz.watch.hooks import CallRecord, ModelHooks, WatchError, check_causal_lm
+from specviz.watch.paged import PagedCapture
 from specviz.watch.steps import Emit, InferredSteps, infer_steps
 from specviz.watch.streamer import GenerateStreamer
 
@@ -48,6 +51,7 @@ class Watch:
         layout: str = "unspecified",
         temperature: float = 0.0,
         logits_processed: bool = False,
+        drafter: Any | None = None,
     ) -> None:
         check_causal_lm(target, "target")
         if draft is not None:
@@ -71,6 +75,10 @@ class Watch:
         self.argmax_is_choice = self.temperature == 0 and not logits_processed
         self.created_at = now_iso()
         self._rows: dict[str, tuple[int, ...] | None] = {"target": None, "draft": None}
+        # Declared for the next forward of a model only (`batch`, or the paged manager's requests).
+        self._once: dict[str, tuple[int, ...]] = {}
+        self._once_lens: dict[str, list[int]] = {}
+        self._ever_declared = False  # rows or batch called: the engine names its rows
         self._calls: list[CallRecord] = []
         self._emits: list[Emit] = []
         self._closed = False
@@ -78,11 +86,29 @@ class Watch:
         self._hooks = [ModelHooks(target, "target", self)]
         if draft is not None:
             self._hooks.append(ModelHooks(draft, "draft", self))
+        if drafter is not None:  # a draft head (EAGLE, MTP, Medusa): any module, fed hidden states
+            if not isinstance(drafter, torch.nn.Module) or drafter is target or drafter is draft:
+                raise WatchError("drafter must be a torch module other than the target and the draft (the draft head)")
+            self._hooks.append(ModelHooks(drafter, "draft", self, drafter=True))
+        self._paged = PagedCapture(self, self.prompts)
+        if not self._paged.install():
+            self._paged = None
 
     # ------------------------------------------------------------------ what the hooks call
 
     def current_rows(self, role: str = "target") -> tuple[int, ...] | None:
+        if role in self._once:  # declared for this forward only
+            return self._once.pop(role)
         return self._rows.get(role)
+
+    def query_lens(self, role: str = "target") -> list[int] | None:
+        """The query length of each sequence of the forward being captured, if `batch` declared them
+        (asked before `current_rows`, once per forward)."""
+        return self._once_lens.pop(role, None) if role in self._once else None
+
+    def declare_forward(self, seq_ids: tuple[int, ...]) -> None:
+        """The paged manager's requests of the next target forward (`paged.PagedCapture`)."""
+        self._once["target"] = tuple(seq_ids)
 
     def add_call(self, call: CallRecord) -> None:
         self._calls.append(call)
@@ -99,14 +125,39 @@ class Watch:
         if model not in (None, "target", "draft"):
             raise WatchError(f"rows: model must be None, 'target' or 'draft', got {model!r}")
         self._require_open("rows")
-        ids = [_as_int(s, "rows") for s in seq_ids]
-        if len(set(ids)) != len(ids):
-            dup = next(s for s in ids if ids.count(s) > 1)
-            raise WatchError(f"rows: sequence {dup} appears twice; each row holds a different sequence")
-        for seq_id in ids:
-            self._require_known(seq_id, "rows")
+        ids = self._checked_ids(seq_ids, "rows")
+        self._ever_declared = True
         for role in ("target", "draft") if model is None else (model,):
             self._rows[role] = tuple(ids)
+
+    def batch(self, seq_ids: Iterable[int], *, query_lens: Iterable[int] | None = None, model: str = "target") -> None:
+        """Declare the next forward of `model` only: the sequence of each row (a padded batch) or,
+        with `query_lens`, of each packed segment in order (a 1 x T call: sequence i holds the next
+        query_lens[i] tokens). The one call per forward of an engine whose batch changes every
+        step; `rows` stays the short form for a padded batch that keeps its rows."""
+        if model not in ("target", "draft"):
+            raise WatchError(f"batch: model must be 'target' or 'draft', got {model!r}")
+        self._require_open("batch")
+        ids = self._checked_ids(seq_ids, "batch")
+        lens = None
+        if query_lens is not None:
+            lens = [_as_int(n, "batch") for n in query_lens]
+            if len(lens) != len(ids) or any(n <= 0 for n in lens):
+                raise WatchError(f"batch: {len(ids)} sequences need {len(ids)} query lengths > 0, got {lens}")
+            self._once_lens[model] = lens
+        else:
+            self._once_lens.pop(model, None)
+        self._once[model] = tuple(ids)
+        self._ever_declared = True
+
+    def _checked_ids(self, seq_ids: Iterable[int], what: str) -> list[int]:
+        ids = [_as_int(s, what) for s in seq_ids]
+        if len(set(ids)) != len(ids):
+            dup = next(s for s in ids if ids.count(s) > 1)
+            raise WatchError(f"{what}: sequence {dup} appears twice; each row holds a different sequence")
+        for seq_id in ids:
+            self._require_known(seq_id, what)
+        return ids
 
     def emit(self, seq_id: int, token_ids: Iterable[int] | torch.Tensor, finish_reason: str | None = None) -> None:
         """Declare the tokens the engine appended to `seq_id` this step ("eos"/"length" when it ends)."""
@@ -135,14 +186,18 @@ class Watch:
         if complete:
             _require_emits(calls, self._emits)
         eos = frozenset(_eos_ids(self.target, self.tokenizer))
+        if self._paged is not None:  # the manager's requests may stop on EOS ids of their own
+            eos |= self._paged.eos_ids
         with collector_paused():
-            prompts = self.prompts if self.prompts is not None else _prompts_from_first_call(calls)
+            prompts = self.prompts if self.prompts is not None else self._found_prompts(calls)
+            if self._rows_to_follow(calls, prompts):
+                follow_rows(calls, prompts, eos)
             assembly = infer_steps(calls, self._emits, prompts, eos, argmax_is_choice=self.argmax_is_choice)
-            header = self._header(assembly, eos, complete)
+            header = self._header(assembly, eos, complete and assembly.unreadable is None)
         del calls  # read: the reference decode below does not need them
         # A sampled or processed run is not token-exact against the raw greedy oracle: none decoded.
         wanted = reference and self.argmax_is_choice
-        references = self._references(prompts, assembly.max_new_tokens, eos) if wanted else None
+        references = self._references(prompts, assembly, eos) if wanted else None
         with collector_paused():
             trace = Trace(header=header, steps=assembly.steps, sequences=self._sequences(prompts, assembly, references))
             if self.tokenizer is not None:  # the piece table: readers of the trace show text, not IDs
@@ -165,6 +220,8 @@ class Watch:
         for hooks in self._hooks:
             hooks.remove()
         self._hooks = []
+        if self._paged is not None:
+            self._paged.uninstall()
         calls, self._calls = self._calls, []
         return calls
 
@@ -196,6 +253,11 @@ class Watch:
         if assembly.first_call_at is not None and assembly.last_event_at is not None:
             seconds = round(assembly.last_event_at - assembly.first_call_at, 6)
         options: dict[str, Any] = {"watch_notes": assembly.notes[:20]} if assembly.notes else {}
+        if assembly.unreadable is not None:  # the check's verdict: unreadable from step S
+            options[UNREADABLE] = {"step": assembly.unreadable[0], "why": assembly.unreadable[1]}
+        own = {str(s): n for s, n in assembly.budgets.items() if n != assembly.max_new_tokens}
+        if own:  # a budget per sequence: the check judges each "length" ending against its own
+            options[BUDGETS] = own
         if self.logits_processed:
             options["logits_processed"] = True  # declared: the engine chose on processed logits
         return Header(
@@ -223,13 +285,36 @@ class Watch:
             sampling=SamplingInfo(mode="rejection", temperature=self.temperature) if self.temperature > 0 else None,
         )
 
+    def _rows_to_follow(self, calls: list[CallRecord], prompts: list[list[int]]) -> bool:
+        """No row was ever declared (not by `rows`, `batch` or the paged manager), yet some target
+        call holds another number of sequences than there are prompts: the default order (row r
+        holds sequence r) cannot be right there, so the rows are followed (`follow.follow_rows`)."""
+        for call in calls:
+            call.materialize()
+        targets = [c for c in calls if c.role == "target"]
+        if any(c.rows is not None for c in targets) or self._ever_declared:
+            return False
+        return any(c.batch_size != len(prompts) for c in targets[1:])
+
+    def _found_prompts(self, calls: list[CallRecord]) -> list[list[int]]:
+        """Undeclared prompts: the paged manager's requests, else the first target call's rows."""
+        if self._paged is not None and self._paged.prompts:
+            return self._paged.prompts
+        return _prompts_from_first_call(calls)
+
     def _references(
-        self, prompts: list[list[int]], max_new: int, eos: frozenset[int]
+        self, prompts: list[list[int]], assembly: InferredSteps, eos: frozenset[int]
     ) -> list[tuple[list[int], list[float]]]:
+        """Each sequence's batch-1 greedy reference, to its own budget (its length where it ended
+        by "length", else the run's)."""
         was_training = self.target.training
         self.target.eval()
+        budget = assembly.budgets.get
         try:
-            return [greedy_reference(self.target, ids, max_new, eos) for ids in prompts]
+            return [
+                greedy_reference(self.target, ids, budget(s, assembly.max_new_tokens), eos)
+                for s, ids in enumerate(prompts)
+            ]
         finally:
             self.target.train(was_training)
 
@@ -271,6 +356,7 @@ def watch(
     layout: str = "unspecified",
     temperature: float = 0.0,
     logits_processed: bool = False,
+    drafter: Any | None = None,
 ) -> Watch:
     """Watch `target` (and `draft`) decode; see `docs/watch.md`.
 
@@ -281,6 +367,8 @@ def watch(
     accounting, positions and KV, not equality with a greedy oracle. `logits_processed`: True when
     the engine takes the argmax of processed logits (HF `min_new_tokens`, `repetition_penalty`,
     `suppress_tokens`...): checked like a sampled run, the raw argmax being nobody's choice.
+    `drafter`: a draft head (any module fed the target's hidden states: EAGLE, MTP, Medusa), whose
+    calls are captured as draft calls; the drafts are read at each row's pending slot of the verify.
     """
     return Watch(
         target,
@@ -292,6 +380,7 @@ def watch(
         layout=layout,
         temperature=temperature,
         logits_processed=logits_processed,
+        drafter=drafter,
     )
 
 

@@ -31,6 +31,7 @@ from specviz.watch.calls import (
     CallReader,
     RowQuery,
     argmax_at,
+    attended_ids,
     context_before,
     draft_free_query,
     fed_positions,
@@ -75,6 +76,8 @@ class InferredSteps:
     notes: list[str] = field(default_factory=list)
     first_call_at: float | None = None
     last_event_at: float | None = None
+    unreadable: tuple[int, str] | None = None  # (step S, why): the calls from there on were not read
+    budgets: dict[int, int] = field(default_factory=dict)  # seq -> its own budget (ended by "length")
 
 
 # ----------------------------------------------------------------------------- attribution
@@ -175,14 +178,15 @@ def accepted_and_bonus(tokens: list[int], drafts: list[int], targets: list[int])
 
 
 def assign_rows(
-    call: CallRecord, index: int, groups: list[Group], read: CallReader, finished: set[int], known: set[int]
+    call: CallRecord, groups: list[Group], shown: list[RowQuery], finished: set[int], known: set[int]
 ) -> dict[int, Group]:
-    """Which row produced each group: its own row if consistent, else the row it is consistent with."""
+    """Which row produced each group: its own row if consistent, else the row it is consistent with
+    (each row read as `shown`: with its drafts, wherever they were read from)."""
     rows = row_seq_ids(call)
     free_last = not call.argmax_is_choice
 
     def fits(group: Group, r: int) -> bool:
-        return consistent(group.tokens, *row_tokens(call, r, read(index, r)), free_last)
+        return consistent(group.tokens, *row_tokens(call, r, shown[r]), free_last)
 
     taken: dict[int, Group] = {}
     pending_groups = []
@@ -231,15 +235,19 @@ def build_steps(
     for index in sorted(by_call):
         call = calls[index]
         finished = {s for s, p in progress.items() if p.finished}
-        produced = assign_rows(call, index, by_call[index], read, finished, set(progress))
-        rows, proposals = [], set()
         shown = [read(index, r) for r in range(call.batch_size)]
+        if draft_free:  # each row's drafts at its own pending slot, before any row is credited
+            for r, seq_id in enumerate(row_seq_ids(call)):
+                if not shown[r].drafts and seq_id in progress:
+                    shown[r] = draft_free_query(call, r, progress[seq_id].committed) or shown[r]
+        produced = assign_rows(call, by_call[index], shown, finished, set(progress))
+        rows, proposals = [], set(_head_calls(calls, index))
         for r, seq_id in enumerate(row_seq_ids(call)):
             if r not in produced and (seq_id not in progress or progress[seq_id].finished):
                 continue  # idle: a finished sequence's row the engine still computes
+            if r not in produced and _prefilling(call, r, progress[seq_id].committed, len(prompts[seq_id])):
+                continue  # a newcomer's prefill riding in another's step (vLLM mixes them in)
             rq = shown[r]
-            if draft_free and not rq.drafts and seq_id in progress:
-                rq = shown[r] = draft_free_query(call, r, progress[seq_id].committed) or rq
             proposals.update(j for j, _ in rq.chain)
             rows.append(_row_record(calls, index, r, seq_id, rq, produced.get(r), progress))
         for row in rows:
@@ -252,7 +260,7 @@ def build_steps(
             StepRecord(
                 step=len(steps),
                 batch_id=0,
-                cache_len=call.cache_width + max(rq.pending for rq in shown),
+                cache_len=max(call.cache_of(r) + rq.pending for r, rq in enumerate(shown)),
                 query_len=max(rq.drafts for rq in shown) + 1,
                 grouped=None,
                 draft_ms=round(sum(calls[j].ended - calls[j].started for j in proposals) * 1000, 4),
@@ -264,6 +272,30 @@ def build_steps(
         )
     _fill_left_pad_after(steps)
     return steps
+
+
+def _prefilling(call: CallRecord, row: int, committed: list[int], prompt_len: int) -> bool:
+    """A sequence not yet stepped whose row attends no cache, in a call whose other rows decode
+    from theirs, and feeds a proper prefix of its prompt: a newcomer's prefill of all but its
+    pending token riding in the others' step, not a step of it. (A re-prefill of the batch is read
+    row by row, where its bugs show.)"""
+    if len(committed) != prompt_len or call.cache_of(row) or not any(call.query_flags(row)):
+        return False
+    if not any(call.cache_of(r) for r in range(call.batch_size)):
+        return False  # a re-prefill of the whole batch (or a cacheless loop): every row is read
+    fed = attended_ids(call, row)
+    return len(fed) < len(committed) and fed == committed[: len(fed)]
+
+
+def _head_calls(calls: list[CallRecord], index: int) -> list[int]:
+    """A draft head's calls since the target call before this one: the step's proposals (timed)."""
+    found = []
+    for j in range(index - 1, -1, -1):
+        if calls[j].role == "target":
+            break
+        if calls[j].drafter:
+            found.append(j)
+    return found
 
 
 def _renumber(row: RowRecord, index: int) -> RowRecord:
@@ -286,7 +318,7 @@ def _row_record(
     tokens = group.tokens if group is not None else []
     accepted, bonus = accepted_and_bonus(tokens, drafts, targets)
     runs, context, causal = mask_row(call, r, rq)
-    cache_len = call.cache_width + rq.pending
+    cache_len = call.cache_of(r) + rq.pending
     lead = runs[0][1] if runs and runs[0][0] == 0 else 0
     draft_positions = draft_context = None
     if rq.chain:
@@ -340,17 +372,25 @@ def infer_steps(
 ) -> InferredSteps:
     """The whole inference, from captured calls and declared emits to steps and endings.
     `argmax_is_choice`: False when the engine samples or processes its logits, so no argmax is
-    taken for what it chose."""
+    taken for what it chose. Steps stop before the first target call that no producer could map
+    and that a step would be read from (`InferredSteps.unreadable`)."""
     for call in calls:
         call.materialize()
         call.argmax_is_choice = argmax_is_choice
-    read = CallReader(calls)
     notes: list[str] = []
-    groups = attribute(calls, emits, prompts, read, notes)
+    cut = first_unreadable(calls, emits)
+    read_calls = calls if cut is None else calls[: cut[0]]
+    read_emits = emits if cut is None else [e for e in emits if e.after <= cut[0]]
+    read = CallReader(read_calls)
+    groups = attribute(read_calls, read_emits, prompts, read, notes)
     outputs, reasons = _endings(groups, emits, prompts, eos)
     max_new = _budget(outputs, reasons)
-    _close_by_length(groups, outputs, reasons, max_new)
-    steps = build_steps(calls, groups, prompts, read, draft_free=not any(c.role == "draft" for c in calls))
+    budgets = {s: len(outputs[s]) for s, reason in reasons.items() if reason == "length"}
+    # Unread from the cut on: an ending declared after it is not the ending of the last step read.
+    ended_unread = {e.seq_id for e in emits[len(read_emits) :]} if cut is not None else set()
+    _close_by_length([g for g in groups if g.seq_id not in ended_unread], outputs, reasons, max_new)
+    draft_free = not any(c.role == "draft" and not c.drafter for c in calls)
+    steps = build_steps(read_calls, groups, prompts, read, draft_free=draft_free)
     k = max((len(row.draft_tokens) for step in steps for row in step.rows), default=0)
     events = [c.started for c in calls] + [e.at for e in emits]
     return InferredSteps(
@@ -362,7 +402,24 @@ def infer_steps(
         notes=notes,
         first_call_at=min((c.started for c in calls), default=None),
         last_event_at=max(events, default=None),
+        unreadable=None if cut is None else (len(steps), cut[1]),
+        budgets=budgets,
     )
+
+
+def first_unreadable(calls: list[CallRecord], emits: list[Emit]) -> tuple[int, str] | None:
+    """(index, why) of the first target call that no producer could map and that an emission
+    follows (the call a step would be read from); None when every such call was read."""
+    targets = [i for i, c in enumerate(calls) if c.role == "target"]
+    found = None
+    for emit in emits:
+        before = targets[: bisect_left(targets, emit.after)]
+        if before and calls[before[-1]].unreadable is not None:
+            j = before[-1]
+            found = j if found is None else min(found, j)
+    if found is None:
+        return None
+    return found, f"target call {found}: {calls[found].unreadable}"
 
 
 def _endings(

@@ -1,0 +1,235 @@
+"""The batch map: who is where in one forward call, and the producers that read it.
+
+Every captured call gets one `BatchMap` at close, from the first producer that can say it:
+1. **declared**: the engine said so through the API (`w.batch(...)`, or `w.rows(...)` for a
+   padded batch), or transformers' continuous batching manager named the request in each place
+   (`paged.PagedCapture`);
+2. **read from the forward's own arguments** (layout adapters): a padded [B, T] batch is one
+   sequence per row (2-D or 4-D mask, padding on either side); a packed 1 x T call is cut into its
+   sequences by `cu_seq_lens_q` (flash-attention varlen, transformers' `PagedAttentionArgs`), else
+   by its block-diagonal 4-D mask (a query token that does not attend what the token before it
+   attended starts another sequence), else, with no mask and no cache, by its `position_ids`
+   restarting (transformers' own packed-sequence rule, `find_packed_sequence_indices`);
+3. **inferred**: nothing was declared and no adapter applies (a padded batch without `w.rows`,
+   `specviz watch --`): the sequence in each row is left to `follow.Follower` (the command) or to
+   the default order (row r holds sequence r).
+
+A call that no producer can read (declared rows that fit no reading of its layout, say) is
+*unreadable*: the steps stop before it and the trace says why (`infer_steps`).
+
+`apply` turns a packed call into one padded row per sequence (right-padded, a mask of the key
+slots each query token attends), so the step builder and the checks read packed, paged and padded
+engines alike, and the app draws one sequence per grid row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+ROLES = ("context", "pending", "draft")  # a query token re-fed (a prefill), the last committed one, a draft
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One sequence's query tokens in one forward: `length` tokens from column `start` of `row`."""
+
+    seq: int | None  # sequence id; None: not declared (the default order, or followed by the command)
+    row: int  # row of the forward's [B, T] input
+    start: int  # first query column in that row
+    length: int  # query tokens
+    keys: tuple[int, int] | None = None  # [lo, hi): its own key slots in a shared KV (`cu_seq_lens_k`)
+    drafts: int | None = None  # declared draft tokens at its end (None: read from the draft calls)
+
+    def roles(self) -> list[str]:
+        """Per query token: context (re-fed), then the pending token, then the drafts (when declared)."""
+        if self.drafts is None:
+            return []
+        before = self.length - self.drafts - 1
+        return ["context"] * before + ["pending"] + ["draft"] * self.drafts
+
+
+@dataclass(frozen=True)
+class BatchMap:
+    """Who is where in one forward call. B rows x T columns in; S segments out, in forward order.
+
+    Per query token: its sequence (`segments[i].seq`), its index in that sequence's query (logical
+    index = the sequence's KV length before the segment + that index) and its role (`Segment.roles`);
+    per sequence: the key slots it attends, read from the mask (`apply`) or its own `keys`.
+    """
+
+    segments: tuple[Segment, ...]  # [S]
+    source: str  # "declared" | "paged" | "padded" | "cu_seq_lens" | "block-mask" | "positions"
+
+    @property
+    def packed(self) -> bool:
+        """More than one sequence in a row: the call is cut into one row per sequence."""
+        rows = [s.row for s in self.segments]
+        return len(set(rows)) != len(rows) or any(s.start for s in self.segments)
+
+
+class Unreadable(Exception):
+    """No producer can say which sequence a row or token of this call belongs to."""
+
+
+# ----------------------------------------------------------------------------- producers
+
+
+def read_map(call: Any) -> BatchMap:
+    """The call's map from the first producer that can read it (see the module docstring), with
+    the declared sequence ids. Raises `Unreadable` when a target call's declaration names more
+    sequences than any reading of its layout holds."""
+    segments = _packed_segments(call)
+    count = call.batch_size if segments is None else len(segments[1])
+    ids = _declared_ids(call, count, segments[0] if segments else None)
+    if segments is None:  # one sequence per row: padded, declared or not
+        q = call.query_len
+        return BatchMap(tuple(Segment(s, r, 0, q) for r, s in enumerate(ids)), call.source or "padded")
+    source, cut = segments
+    return BatchMap(tuple(Segment(s, 0, a, n, keys) for s, (a, n, keys) in zip(ids, cut)), call.source or source)
+
+
+def _declared_ids(call: Any, count: int, source: str | None) -> tuple[int | None, ...]:
+    """The declared sequence of each of the call's `count` sequences; None where undeclared. A
+    declaration of another length is the default order (a padded batch declared before it changed,
+    as before maps), except where it names several sequences for what reads as one row."""
+    declared = call.rows
+    if declared is not None and len(declared) == count:
+        return tuple(declared)
+    if declared is not None and call.role == "target" and len(declared) > count and (source or count == 1):
+        layout = (
+            f"its {source} holds {count}"
+            if source
+            else "its one row is not packed (no cu_seq_lens_q, block-diagonal mask or restarting positions)"
+        )
+        raise Unreadable(f"rows declares {len(declared)} sequences; {layout}")
+    return (None,) * count
+
+
+def _packed_segments(call: Any) -> tuple[str, list[tuple[int, int, tuple[int, int] | None]]] | None:
+    """(source, [(start, length, own keys)]) of a packed 1 x T call; None: one sequence per row."""
+    if call.batch_size != 1 or not call.packed:
+        return None
+    if call.query_lens is not None:  # declared with w.batch(..., query_lens=...)
+        return "declared", _from_lengths(call.query_lens, call.query_len, None)
+    if call.cu_q is not None:
+        starts = list(call.cu_q)
+        lengths = [b - a for a, b in zip(starts, starts[1:]) if b > a]
+        keys = list(call.cu_k) if call.cu_k is not None else None
+        return "cu_seq_lens", _from_lengths(lengths, call.query_len, keys)
+    if call.lines is not None:
+        cut = _block_segments(call.lines, call.positions[0])
+        return ("block-mask", cut) if len(cut) > 1 else None
+    if call.mask_kind == "none" and call.cache_width == 0 and call.positions_fed:
+        cut = _position_segments(call.positions[0])
+        return ("positions", cut) if len(cut) > 1 else None
+    return None
+
+
+def _from_lengths(
+    lengths: list[int], width: int, cu_k: list[int] | None
+) -> list[tuple[int, int, tuple[int, int] | None]]:
+    if sum(lengths) > width or any(n <= 0 for n in lengths):
+        raise Unreadable(f"query lengths {lengths} do not fit the call's {width} query tokens")
+    out, start = [], 0
+    for i, n in enumerate(lengths):
+        keys = (cu_k[i], cu_k[i + 1]) if cu_k is not None and i + 1 < len(cu_k) else None
+        out.append((start, n, keys))
+        start += n
+    return out
+
+
+def _block_segments(
+    lines: list[tuple[int, bool, bool, bool, int]], positions: list[int]
+) -> list[tuple[int, int, None]]:
+    """A block-diagonal mask's sequences: a query token that drops a slot the token before it
+    attended starts a new one, when its position does not follow that token's or it shares no slot
+    with it (a sliding window drops old slots too, with positions that follow)."""
+    cuts = [0]
+    for t in range(1, len(lines)):
+        _, dropped, shares, _, _ = lines[t]
+        if dropped and (positions[t] != positions[t - 1] + 1 or not shares):
+            cuts.append(t)
+    cuts.append(len(lines))
+    return [(a, b - a, None) for a, b in zip(cuts, cuts[1:])]
+
+
+def _position_segments(positions: list[int]) -> list[tuple[int, int, None]]:
+    """transformers' packed-sequence rule: a position that is not the one before plus one starts a sequence."""
+    cuts = [0] + [t for t in range(1, len(positions)) if positions[t] != positions[t - 1] + 1] + [len(positions)]
+    return [(a, b - a, None) for a, b in zip(cuts, cuts[1:])]
+
+
+# ----------------------------------------------------------------------------- one row per sequence
+
+
+def apply(call: Any, bmap: BatchMap) -> bool:
+    """Rewrite a materialized packed call as one right-padded row per segment (in place); True
+    when it did (the call was packed).
+
+    Each row's mask is, per query slot, the number of key slots it attends and whether it attends
+    exactly one more than the slot before ("counts", read like a static cache's mask: a slot of a
+    neighbour attended, or one of its own missed, changes a count and is flagged); its context is
+    what its first query token attends before itself.
+    """
+    call.rows = tuple(s.seq for s in bmap.segments) if all(s.seq is not None for s in bmap.segments) else None
+    call.source = bmap.source
+    if not bmap.packed:
+        return False
+    width = max(s.length for s in bmap.segments)
+    argmax = _argmax_by_column(call)
+    lines = _key_lines(call, bmap)
+    ids, pos, am, block, live, contexts = [], [], [], [], [], []
+    for s in bmap.segments:
+        cols = range(s.start, s.start + s.length)
+        pad = width - s.length
+        ids.append([call.input_ids[s.row][c] for c in cols] + [0] * pad)
+        pos.append([call.positions[s.row][c] for c in cols] + [0] * pad)
+        am.append([argmax.get((s.row, c)) for c in cols] + [None] * pad)
+        live.append([True] * s.length + [False] * pad)
+        if lines is not None:
+            block.append([lines[c] for c in cols] + [(0, False)] * pad)
+            contexts.append(max(lines[s.start][0] - 1, 0))
+        else:
+            contexts.append(0)
+    call.input_ids, call.positions, call.argmax, call.query_live = ids, pos, am, live
+    call.mask, call.mask_kind = (block, "counts") if lines is not None else (None, "unknown")
+    call.batch_size, call.query_len, call.contexts = len(bmap.segments), width, contexts
+    call.cache_width = max(contexts, default=0)
+    call.anchors = [call.lines[s.start][4] for s in bmap.segments] if call.lines is not None else None
+    call.logit_slots, call.lines = None, None
+    call.last_slots = [s.length - 1 for s in bmap.segments]
+    return True
+
+
+def _argmax_by_column(call: Any) -> dict[tuple[int, int], int]:
+    """(row, query column) -> the argmax kept there (logits of the last columns, or of
+    `logits_to_keep`'s columns)."""
+    out: dict[tuple[int, int], int] = {}
+    if call.argmax is None:
+        return out
+    q = call.query_len
+    for r, kept in enumerate(call.argmax):
+        columns = call.logit_slots if call.logit_slots is not None else range(q - len(kept), q)
+        for c, token in zip(columns, kept):
+            out[(r, c)] = token
+    return out
+
+
+def _key_lines(call: Any, bmap: BatchMap) -> list[tuple[int, bool]] | None:
+    """Per query column of row 0: (key slots it attends, attends exactly one more than the column
+    before). From the 4-D mask's summary, else what `cu_seq_lens_k` gives each sequence (its own
+    keys, causal), else (no cache, cut by positions) its own segment, causal. None: nothing says
+    (the mask checks are skipped)."""
+    if call.lines is not None:
+        return [(count, one_more) for count, _, _, one_more, _ in call.lines]
+    spans = [s.keys for s in bmap.segments]
+    if any(k is None for k in spans):
+        if call.mask_kind != "none" or call.cache_width:
+            return None
+        spans = [(s.start, s.start + s.length) for s in bmap.segments]
+    lines: list[tuple[int, bool]] = [(0, False)] * call.query_len
+    for s, (lo, hi) in zip(bmap.segments, spans):
+        for t in range(s.length):
+            lines[s.start + t] = (hi - s.length + t + 1 - lo, t > 0)  # causal: up to its own key
+    return lines

@@ -1,0 +1,179 @@
+"""`follow.Follower`'s reading of what each step gave a sequence (its next row's context, the
+tokens a cacheless draft re-reads, or the greedy rule at its last step), and of how sequences end
+(EOS, a shared budget, or each its own where the engine stopped feeding it)."""
+
+from __future__ import annotations
+
+from specviz.watch.calls import attended_ids, attends_cache, draft_free_query
+from specviz.watch.followed import RowView, Seq
+from specviz.watch.steps import Emit, matched_prefix, row_tokens
+
+
+class Gains:
+    """Mixed into `Follower` (its calls, sequences, emits and reader)."""
+
+    def _step_tokens(self, s: Seq) -> tuple[list[int], list[int], int]:
+        """(drafts, target argmax, pending token) of the sequence's open step."""
+        i, ri = s.step
+        rq = self.read(i, ri, s.id)
+        if self.draft_free and not rq.drafts:  # the drafts are what follows the committed tokens
+            rq = draft_free_query(self.calls[i], ri, s.context) or rq
+        drafts, targets = row_tokens(self.calls[i], ri, rq)
+        return drafts, targets, self.calls[i].input_ids[ri][rq.pending]
+
+    def _gained(self, s: Seq, v: RowView | None) -> list[int]:
+        """Tokens the sequence's open step committed, read from its next row `v` (None: its last step)."""
+        drafts, targets, _ = self._step_tokens(s)
+        agreed = matched_prefix(drafts, targets) if targets else 0
+        if v is None or self.draft_free and v.whole:
+            # Its last step, or a row re-fed with its own drafts, which only the greedy rule tells
+            # apart (no draft model): what a greedy engine keeps.
+            return drafts[:agreed] + ([targets[agreed]] if targets else [])
+        reread = self._reread(s, v)
+        if reread is not None:
+            return reread
+        grown = v.context + 1 - len(s.context)
+        if grown == 0:
+            return []
+        if 1 <= grown <= len(v.query):
+            return v.query[len(v.query) - grown :]  # re-fed tokens (a recompute loop) show themselves
+        accepted = grown - 1 if 1 <= grown <= len(drafts) + 1 else (agreed or 0)
+        if targets and accepted > (agreed or 0) and v.token == targets[agreed or 0]:
+            # Fed the greedy continuation, yet the context grew past what greedy acceptance
+            # allows: the tokens say what was committed (the command reads greedy engines), the
+            # KV check judges the context (a rejected slot left attended, another row's slot).
+            accepted = agreed or 0
+        return drafts[:accepted] + [v.token]
+
+    def _reread(self, s: Seq, v: RowView) -> list[int] | None:
+        """The tokens gained, as the row's first draft call re-read them: a draft without a cache
+        is fed the whole sequence up to the pending token, which says what was committed whatever
+        the target's context (a stale, lost or foreign slot) counts."""
+        if v.whole or not v.rq.chain:
+            return None  # a row that re-feeds its context shows its tokens itself
+        call, row = v.rq.chain[0]
+        if attends_cache(self.calls[call], row):
+            return None
+        fed, n = attended_ids(self.calls[call], row), len(s.context)
+        if len(fed) > n and fed[:n] == s.context and fed[-1] == v.token:
+            return fed[n:]
+        return None
+
+    def _by_token(self, s: Seq, v: RowView) -> list[int]:
+        """Tokens of a step whose next row's context cannot be trusted: the drafts before the slot
+        whose argmax the row is fed (the greedy one if it is), then that token."""
+        drafts, targets, _ = self._step_tokens(s)
+        agreed = matched_prefix(drafts, targets) if targets else 0
+        if targets and targets[agreed or 0] == v.token:
+            took = agreed or 0
+        elif v.token in targets:
+            took = targets.index(v.token)
+        else:
+            took = drafts.index(v.token)  # no bonus kept: the last draft taken is fed
+        return drafts[:took] + [v.token]
+
+    def _commit(self, s: Seq, tokens: list[int]) -> Emit | None:
+        """The open step's tokens, up to the first EOS; none, or an EOS, finishes the sequence."""
+        i = s.step[0]
+        cut = next((n + 1 for n, t in enumerate(tokens) if t in self.eos), None)
+        tokens = tokens[:cut] if cut else tokens
+        s.finished = cut is not None or not tokens
+        if not tokens:
+            return None
+        s.context += tokens
+        emit = Emit(s.id, tokens, "eos" if cut else None, after=i + 1, at=self.calls[i].ended)
+        self.emits.append(emit)
+        return emit
+
+    def _close(self, s: Seq) -> None:
+        """A sequence no later call continues: its last step gained what a greedy engine keeps."""
+        if s.opened and self.was_step.get(s.origin[0], True):
+            s.opened, s.step = False, s.origin
+        if s.step is not None and not s.opened:
+            emit = self._commit(s, [] if s.refed else self._gained(s, None))
+            if s.refed:
+                self._stopped.append(s)
+            elif emit is not None and emit.finish_reason is None:
+                self._greedy_ends.append((s, emit))
+        s.finished = True
+
+    def _cut_to_budget(self) -> None:
+        """Endings by length share one budget (`max_new_tokens`), which the engine never declares.
+        A sequence fed again without growing ended there (its length is the budget); one whose last
+        step was never fed back (it left the batch, or the run ended) ended within that step's
+        greedy tokens, which an engine cuts at the budget. When one budget fits them all (the
+        length of those fed again, else the shortest greedy end), the greedy ends are cut to it,
+        and, when a sequence ended exactly at it, so is a row read past it only as
+        repeats of its token at the budget: a finished row fed that token again, where it is also
+        its argmax, reads as growing, which no correct engine under that budget did; a row that
+        had reached it when a call made the last step of rows still below it was a finished row
+        fed along (its greedy end is dropped). Anything else read past it, or reading stopped
+        early: no one budget, nothing is cut."""
+        if self.unfollowed:
+            return  # reading stopped: the last steps read are not endings
+        greedy = [(s, e, self._output(s) - len(e.tokens)) for s, e in self._greedy_ends]
+        stopped = {self._output(s) for s in self._stopped}
+        ranges = [(b + 1, b + len(e.tokens)) for _, e, b in greedy]
+        budget = shared_budget(ranges, stopped)
+        if budget is None:
+            self._own_budgets()
+            return
+        # Pinned: a sequence ended exactly there (fed again, or a last step of one token).
+        pinned = bool(stopped) or (budget, budget) in ranges
+        over = [s for s in self.seqs if self._output(s) > budget and not self._ended_by_eos(s)]
+        if not all(self._cuttable(s, budget, pinned) for s in over):
+            self._own_budgets()
+            return
+        for s in over:
+            self._trim(s, self._output(s) - budget)
+
+    def _own_budgets(self) -> None:
+        """No one budget fits the endings: each sequence the engine stopped feeding without an EOS
+        ended at its own budget, where it stopped (an engine with a budget per request)."""
+        for s in self.seqs:
+            ends = [e for e in self.emits if e.seq_id == s.id]
+            if ends and not self._ended_by_eos(s):
+                ends[-1].finish_reason = "length"
+
+    def _output(self, s: Seq) -> int:
+        return len(s.context) - s.prompt_len
+
+    def _ended_by_eos(self, s: Seq) -> bool:
+        return any(e.seq_id == s.id and e.finish_reason == "eos" for e in self.emits)
+
+    def _cuttable(self, s: Seq, budget: int, pinned: bool) -> bool:
+        """Past `budget` lies only the sequence's greedy end, or (when a sequence ended exactly at
+        the budget, `pinned`) repeats of its token at the budget, then its greedy end. A sequence
+        that repeats one token while it decodes is not cut on a budget only bounded from above."""
+        end = next((e for g, e in self._greedy_ends if g is s), None)
+        read = s.context[s.prompt_len : len(s.context) - (len(end.tokens) if end else 0)]
+        if len(read) < budget or len(read) == budget and end is not None and self._fed_along(end, budget):
+            return True
+        return pinned and 0 < budget < len(read) and all(t == read[budget - 1] for t in read[budget:])
+
+    def _fed_along(self, end: Emit, budget: int) -> bool:
+        """The call of this greedy end also made the last step of a sequence below the budget: a
+        finished row fed along with the rows still decoding (a loop that re-feeds every row)."""
+        return any(e.after == end.after and self._output(g) - len(e.tokens) < budget for g, e in self._greedy_ends)
+
+    def _trim(self, s: Seq, extra: int) -> None:
+        """Drop the sequence's last `extra` tokens, from its last emits."""
+        del s.context[-extra:]
+        for emit in reversed([e for e in self.emits if e.seq_id == s.id]):
+            cut = min(extra, len(emit.tokens))
+            del emit.tokens[len(emit.tokens) - cut :]
+            extra -= cut
+            if not emit.tokens:
+                self.emits.remove(emit)
+            if not extra:
+                return
+
+
+def shared_budget(ranges: list[tuple[int, int]], lengths: set[int]) -> int | None:
+    """The one output length every ending by length stopped at: equal to every length in `lengths`,
+    else the smallest range end; and within every (low, high) range that starts at or below it (a
+    range above it was read past it). None when there is none."""
+    if len(lengths) > 1 or not (lengths or ranges):
+        return None
+    budget = next(iter(lengths)) if lengths else min(hi for _, hi in ranges)
+    return budget if all(budget <= hi for lo, hi in ranges if lo <= budget) else None

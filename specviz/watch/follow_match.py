@@ -1,0 +1,122 @@
+"""`follow.Follower`'s unique assignments: which sequence each row of a call holds, the one way
+the rows' fits allow up to sequences identical so far, or why not (`Ambiguous`)."""
+
+from __future__ import annotations
+
+from itertools import groupby
+from typing import Any
+
+from specviz.watch.followed import IDLE, NEW, RowView, Seq
+
+MATCHINGS = 256  # assignments of one call enumerated at most; more is read as ambiguous
+
+
+class Ambiguous(str):
+    """Why a call's rows are not followed: several assignments fit them."""
+
+
+class Assignments:
+    """Mixed into `Follower` (its calls, sequences and row views)."""
+
+    def _unique(self, j: int, active: list[int], fits: dict[int, dict[int, str]]) -> dict[int, tuple[int, str]] | str:
+        """The one assignment of rows to sequences the fits allow, up to identical sequences; else why not.
+
+        Rows the chain (token and context length) matches to no sequence are then matched by token
+        alone to the sequences left: an engine that moves a row's tokens but not its cache or mask
+        (a bug) still has that row read as the sequence it fed, and the wrong context flagged there."""
+        out = self._one_assignment(j, active, fits, {s.id for s in self.seqs if not s.finished})
+        if isinstance(out, str):
+            return out
+        for r in active:  # a finished row fed again (idle) is a better reading than a token alone
+            if r not in out and not self._view(j, r, NEW).whole and self._again(j, r):
+                out[r] = (IDLE, "idle")
+        left = {s.id for s in self.seqs if not s.finished} - {s for s, _ in out.values()}
+        cached = [r for r in active if r not in out and not self._view(j, r, NEW).whole]
+        if cached and left:
+            weak = {r: {s: "weak" for s in left if self._weak(self.seqs[s], self._view(j, r, s))} for r in cached}
+            more = self._one_assignment(j, cached, weak, left)
+            if isinstance(more, str):
+                return more
+            out.update(more)
+        for r in active:
+            if r in out:
+                continue
+            if self._view(j, r, NEW).whole:
+                out[r] = (NEW, "new")
+            else:
+                return f"row {r} of target call {j} continues no sequence read so far"
+        return out
+
+    def _one_assignment(
+        self, j: int, rows: list[int], fits: dict[int, dict[int, str]], allowed: set[int]
+    ) -> dict[int, tuple[int, str]] | str:
+        """Rows -> sequences of `allowed`, the one way the fits allow up to identical sequences; rows
+        no sequence fits are left out. Several ways: why not."""
+        classes = self._classes(allowed)
+        of = {s: k for k, members in enumerate(classes) for s in members}
+        options = {r: sorted({of[s] for s in fits[r] if s in of}) for r in rows}
+        found = _matchings([r for r in rows if options[r]], options, [len(m) for m in classes])
+        if len(found) > 1:
+            differ = sorted({r for m in found for r in m if m[r] != found[0].get(r)})
+            why = f"rows {differ} of target call {j} fit more than one sequence each, and those differ so far"
+            return Ambiguous(why)
+        chosen = found[0] if found else {}
+        out: dict[int, tuple[int, str]] = {}
+        for k, members in enumerate(classes):
+            # Identical so far: any order checks alike; the order they held is kept.
+            free = sorted((self.seqs[s] for s in members), key=lambda s: s.at)
+            for r in sorted(r for r, c in chosen.items() if c == k):
+                s = next((m for m in free if m.id in fits[r]), None)
+                if s is None:  # alike so far, yet not read alike here: not guessed
+                    return Ambiguous(f"row {r} of target call {j} fits sequences alike so far, not alike here")
+                free.remove(s)
+                out[r] = (s.id, fits[r][s.id])
+        return out
+
+    def _weak(self, s: Seq, v: RowView) -> bool:
+        """The row's pending token is one the sequence's open step could have committed last."""
+        if s.opened or v.whole or s.step is None:
+            return False
+        drafts, targets, _ = self._step_tokens(s)
+        return v.token in targets or v.token in drafts
+
+    def _classes(self, allowed: set[int]) -> list[list[int]]:
+        """Sequences grouped by everything the checks read of them: identical so far."""
+        live = [self.seqs[s] for s in sorted(allowed)]
+        keyed = sorted(((self._likeness(s), s.id) for s in live), key=lambda x: (repr(x[0]), x[1]))
+        return [[s for _, s in group] for _, group in groupby(keyed, key=lambda x: repr(x[0]))]
+
+    def _likeness(self, s: Seq) -> tuple[Any, ...]:
+        step = None
+        if s.step is not None:
+            drafts, targets, pending = self._step_tokens(s)
+            step = (tuple(drafts), tuple(targets), pending)
+        return (tuple(s.context), s.prompt_len, s.opened, s.refed, step, s.origin[0] if s.opened else None)
+
+
+def _matchings(rows: list[int], options: dict[int, list[int]], capacity: list[int]) -> list[dict[int, int]]:
+    """Distinct assignments row -> class (each class holding at most its capacity) that assign the
+    most rows; a row whose classes are all full stays unassigned. Stops at MATCHINGS found."""
+    found: list[dict[int, int]] = []
+    left = list(capacity)
+    current: dict[int, int] = {}
+
+    def walk(k: int) -> None:
+        if len(found) >= MATCHINGS:
+            return
+        if k == len(rows):
+            found.append(dict(current))
+            return
+        free = [c for c in options[rows[k]] if left[c] > 0]
+        if not free:
+            walk(k + 1)
+            return
+        for c in free:
+            current[rows[k]], left[c] = c, left[c] - 1
+            walk(k + 1)
+            del current[rows[k]]
+            left[c] += 1
+
+    walk(0)
+    most = max((len(m) for m in found), default=0)
+    return [m for m in found if len(m) == most]

@@ -1,0 +1,116 @@
+"""transformers' continuous batching (`generate_batch`, `ContinuousBatchingManager`) read from its manager.
+
+Its model forward is packed (`PagedAttentionArgs`: input_ids [1, T], position_ids, cu_seq_lens_q/k,
+read/write indices into a paged cache, logits_indices), so `batchmap` cuts every call into its
+requests by `cu_seq_lens_q`; which request sits in each place, and what each received, only the
+manager knows. While a watch is open this module wraps two of its methods (restored at close):
+- `ContinuousBatchingIOs.prepare_batch_tensors`: the requests of the next forward, in order,
+  become that forward's declared rows (a request is a sequence: the declared prompt equal to its
+  prompt tokens, else a new sequence in order of appearance);
+- `ContinuousBatchProcessor.update_batch`: the tokens each request gained become its `emit`,
+  with "eos" or "length" when the manager finished it (its own `max_new_tokens`: a budget per
+  sequence).
+Synchronous batching only, CUDA graphs off (a replayed graph runs no hooks; the async manager
+feeds placeholder ids that it fills on the device). Nothing here imports transformers until a
+watch opens with it installed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class PagedSink(Protocol):
+    """What the capture tells the watch (`Watch` or `AutoWatch`)."""
+
+    def declare_forward(self, seq_ids: tuple[int, ...]) -> None: ...
+
+    def emit(self, seq_id: int, token_ids: list[int], finish_reason: str | None = None) -> None: ...
+
+
+class PagedCapture:
+    """Requests to sequences, per forward and per update; `install` / `uninstall` wrap the manager."""
+
+    def __init__(self, sink: PagedSink, prompts: list[list[int]] | None) -> None:
+        self.sink = sink
+        self.declared = prompts  # the watch's prompts, if it has any
+        self.prompts: list[list[int]] = []  # by sequence id, as the requests arrived (no declared prompts)
+        self.seq_of: dict[str, int] = {}  # request id -> sequence id
+        self.batch: list[Any] = []  # the request states of the forward in flight
+        self.seen: dict[str, int] = {}  # request id -> tokens already emitted
+        self.eos_ids: set[int] = set()  # every request's own EOS ids (a generation config's)
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    # ------------------------------------------------------------------ installing
+
+    def install(self) -> bool:
+        """Wrap the manager's methods; False when this transformers has no continuous batching."""
+        try:
+            from transformers.generation.continuous_batching import continuous_api, input_outputs
+        except ImportError:
+            return False
+        capture = self
+        io_class, processor = input_outputs.ContinuousBatchingIOs, continuous_api.ContinuousBatchProcessor
+        prepare, update = io_class.prepare_batch_tensors, processor.update_batch
+
+        def prepare_batch_tensors(io: Any, requests_in_batch: list[Any], *args: Any, **kwargs: Any) -> Any:
+            result = prepare(io, requests_in_batch, *args, **kwargs)
+            capture.forward([f.state for f in requests_in_batch])
+            return result
+
+        def update_batch(proc: Any, *args: Any, **kwargs: Any) -> Any:
+            result = update(proc, *args, **kwargs)
+            capture.updated()
+            return result
+
+        self._saved = [(io_class, "prepare_batch_tensors", prepare), (processor, "update_batch", update)]
+        io_class.prepare_batch_tensors = prepare_batch_tensors
+        processor.update_batch = update_batch
+        return True
+
+    def uninstall(self) -> None:
+        for owner, name, original in self._saved:
+            setattr(owner, name, original)
+        self._saved = []
+
+    # ------------------------------------------------------------------ what the manager says
+
+    def forward(self, states: list[Any]) -> None:
+        """The next forward holds these requests, in this order."""
+        self.batch = list(states)
+        self.sink.declare_forward(tuple(self._seq(s) for s in states))
+
+    def updated(self) -> None:
+        """Each request of the forward gained its new tokens (and ended, when the manager finished it)."""
+        for state in self.batch:
+            tokens = list(state.generated_tokens)
+            new = tokens[self.seen.get(state.request_id, 0) :]
+            self.seen[state.request_id] = len(tokens)
+            done = getattr(getattr(state, "status", None), "name", "") == "FINISHED"
+            if not new and not done:
+                continue  # a prefill chunk: no token yet
+            reason = None
+            eos = getattr(state, "_eos_token_ids", set()) or set()
+            self.eos_ids.update(int(t) for t in eos)
+            if done:
+                reason = "eos" if tokens and tokens[-1] in eos else "length"
+            self.sink.emit(self.seq_of[state.request_id], new, reason)
+        self.batch = []
+
+    def _seq(self, state: Any) -> int:
+        """The sequence a request is: the first declared prompt equal to its prompt not yet taken,
+        else the next new one."""
+        rid = state.request_id
+        if rid in self.seq_of:
+            return self.seq_of[rid]
+        prompt = list(getattr(state, "initial_tokens", []) or [])
+        taken = set(self.seq_of.values())
+        if self.declared is not None:
+            seq = next((i for i, p in enumerate(self.declared) if p == prompt and i not in taken), None)
+            if seq is None:
+                seq = next(i for i in range(len(self.declared) + len(taken) + 1) if i not in taken)
+        else:
+            seq = len(self.prompts)
+            self.prompts.append(prompt)
+        self.seq_of[rid] = seq
+        return seq

@@ -1,0 +1,82 @@
+"""Run one production-shaped zoo engine as an unmodified script, for `specviz watch --`:
+
+    python -m specviz watch --out run.trace.json -- python tests/watch/zoo/scripts/run_engine.py \
+        packed --bug kv_leak --prompts '[[5, 6, 7], [11, 12]]' --budgets 10,4
+
+It builds the tiny Llama target (and, for the engines that use one, its noisy draft) with
+`from_config`, as `tests/support/tiny.make_pair` does, so the command's hooks see them; the head
+engine builds its head (no draft model). It prints `OUTS <outputs>` and `EVENTS <bug locations>`
+for the tests to read. Nothing in it knows about specviz.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import transformers as tf
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/watch: the zoo package
+from zoo import head, packed, paged, queued  # noqa: E402
+
+ENGINES = {"packed": packed, "queued": queued, "paged": paged, "head": head}
+USES_DRAFT = {"packed", "queued"}
+
+
+def tiny_llama() -> torch.nn.Module:
+    config = tf.LlamaConfig(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=2,
+        eos_token_id=1,
+        pad_token_id=0,
+    )
+    return tf.AutoModelForCausalLM.from_config(config).float().eval()
+
+
+def noisy_copy(target: torch.nn.Module) -> torch.nn.Module:
+    draft = tiny_llama()
+    draft.load_state_dict(target.state_dict())
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for param in draft.parameters():
+            if param.dim() >= 2:
+                param.add_(torch.randn(param.shape, generator=gen) * param.std() * 0.15)
+    return draft
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("engine", choices=sorted(ENGINES))
+    parser.add_argument("--bug")
+    parser.add_argument("--prompts", required=True, help="JSON list of token-id lists")
+    parser.add_argument("--budgets", required=True, help="one max_new_tokens, or one per prompt, comma-separated")
+    parser.add_argument("--set", action="append", default=[], help="NAME=INT: an engine option (e.g. tokens=5)")
+    args = parser.parse_args()
+    options = {name: int(value) for name, value in (item.split("=", 1) for item in args.set)}
+    prompts = json.loads(args.prompts)
+    budgets = [int(n) for n in args.budgets.split(",")]
+    max_new = budgets[0] if len(budgets) == 1 else budgets
+    torch.manual_seed(0)
+    target = tiny_llama()
+    if args.engine in USES_DRAFT:
+        second = noisy_copy(target)
+    elif args.engine == "head":
+        second = head.DraftHead(target)
+    else:
+        second = None
+    outs, events = ENGINES[args.engine].generate(target, second, prompts, max_new, bug=args.bug, **options)
+    print("OUTS", json.dumps(outs))
+    print("EVENTS", json.dumps(events))
+
+
+if __name__ == "__main__":
+    main()
