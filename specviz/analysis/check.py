@@ -168,7 +168,7 @@ def check_step(findings: Findings, history: History, si: int, step: StepRecord) 
         if row.mask_rle:  # empty: not recorded, so no width to compare
             widths.add(sum(run[1] for run in runs))
         check_alignment(flag, runs, history.left_padded)
-        check_kv(flag, runs, history.k, history.declared_layout)
+        check_kv(flag, runs, history.k, history.declared_layout, history)
         if row.tree_parents is None:
             check_positions(flag)
             check_accounting(flag, history)

@@ -71,6 +71,9 @@ class History:
         own = h.options.get(BUDGETS) or {}  # a budget per sequence (watched engines), by seq_id
         self.eos = frozenset(h.eos_token_ids)
         self.step_numbers = array.array("q")  # `step` of each step index walked so far
+        # Steps from the first on that pad their rows and mask no slot: an engine that passes no
+        # mask (`row_checks._padding_hint`); computed once, on the first row that needs it.
+        self.unmasked_padded_steps: int | None = None
         self.seqs = {
             s.seq_id: SequenceHistory(
                 prompt_len=len(s.prompt_ids),

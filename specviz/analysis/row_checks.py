@@ -93,8 +93,11 @@ def _physical_hint(step: StepRecord, row: RowRecord) -> str:
     return PHYSICAL_POSITIONS if fed and physical and row.left_pad > 0 else ""
 
 
-def check_kv(flag: RowFlags, runs: list[list[int]], k: int, declared_layout: bool = True) -> None:
-    """The target and draft caches attend exactly the n - 1 committed tokens before the pending one."""
+def check_kv(
+    flag: RowFlags, runs: list[list[int]], k: int, declared_layout: bool = True, history: History | None = None
+) -> None:
+    """The target and draft caches attend exactly the n - 1 committed tokens before the pending one
+    (`history`, where given, lets the message name a mask never passed)."""
     row = flag.row
     expected = row.committed_before - 1
     if row.kv_len != expected:
@@ -103,7 +106,8 @@ def check_kv(flag: RowFlags, runs: list[list[int]], k: int, declared_layout: boo
             "kv_len",
             expected,
             row.kv_len,
-            f"cache holds {row.kv_len} attended slots, expected {expected}",
+            f"cache holds {row.kv_len} attended slots, expected {expected}"
+            + _padding_hint(flag, runs, expected, history),
         )
     if runs:
         _check_mask_counts(flag, runs, declared_layout)
@@ -116,6 +120,42 @@ def check_kv(flag: RowFlags, runs: list[list[int]], k: int, declared_layout: boo
             row.draft_kv_len,
             f"draft cache holds {row.draft_kv_len} attended slots, expected {expected}",
         )
+
+
+ATTENDS_PADDING = ": row {row} attends its padding ({extra} slot(s) before its context): is `attention_mask` passed?"
+
+
+def _padding_hint(flag: RowFlags, runs: list[list[int]], expected: int, history: History | None) -> str:
+    """The likely cause when a row attends more slots than its context and every step so far,
+    from the first, held contexts of different lengths in one rectangular tensor (one mask width)
+    yet masked no slot: the batch is padded, so an engine that passed its mask would mask some.
+    (An engine that masked a slot once passes a mask: its later excess is another fault, such as
+    padding it re-packed as content; rows of one length at the first step have nothing to pad.)"""
+    row = flag.row
+    if history is None or row.kv_len <= expected or not _unmasked(runs):
+        return ""
+    if history.unmasked_padded_steps is None:
+        steps = history.trace.steps
+        count = 0
+        while count < len(steps) and _padded_unmasked(steps[count]):
+            count += 1
+        history.unmasked_padded_steps = count
+    if flag.si >= history.unmasked_padded_steps:
+        return ""
+    return ATTENDS_PADDING.format(row=row.row, extra=row.kv_len - expected)
+
+
+def _padded_unmasked(step: StepRecord) -> bool:
+    """Rows of different contexts in one mask width, none masking a slot (a mask never passed)."""
+    rows = [[run for run in r.mask_rle if run[1] > 0] for r in step.rows]
+    widths = {sum(run[1] for run in runs) for runs in rows}
+    contexts = {r.committed_before for r in step.rows}
+    return len(widths) == 1 and len(contexts) > 1 and all(_unmasked(runs) for runs in rows)
+
+
+def _unmasked(runs: list[list[int]]) -> bool:
+    """A recorded mask row that attends every slot."""
+    return bool(runs) and all(value for value, _ in runs)
 
 
 def _check_mask_counts(flag: RowFlags, runs: list[list[int]], declared_layout: bool) -> None:

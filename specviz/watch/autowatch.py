@@ -24,7 +24,7 @@ from specviz.trace.schema import Trace
 from specviz.watch.follow import Follower
 from specviz.watch.hooks import CallRecord, ModelHooks, WatchError, check_causal_lm
 from specviz.watch.paged import PagedCapture
-from specviz.watch.session import Watch, _eos_ids
+from specviz.watch.session import Watch, _eos_ids, _pad_id
 from specviz.watch.steps import Emit
 
 
@@ -150,6 +150,7 @@ class AutoWatch:
             prompts, emits = self.paged.prompts, self.paged_emits
         else:
             prompts, emits = infer(calls, eos, notes, unfollowed)
+            prompts = unpadded_prompts(prompts, calls, _pad_id(target, None))
         # Notes so far say where reading stopped: what follows is unread, so sequences may be
         # unfinished without the engine being at fault; the trace says it is incomplete.
         read_all = not notes
@@ -241,3 +242,23 @@ def infer(
     if unfollowed is not None:
         unfollowed.extend(follower.unfollowed)
     return follower.prompts, follower.emits
+
+
+def unpadded_prompts(prompts: list[list[int]], calls: list[CallRecord], pad: int | None) -> list[list[int]]:
+    """The first target call's prompts without their left padding, when it was fed no mask.
+
+    With no mask, every slot reads as attended, so a left-padded batch's prompts would start with
+    their pad tokens and the engine's fault would show as positions that skip them. The `specviz.watch`
+    API is given the prompts, so the trace it writes has the unpadded ones and flags the row for
+    attending its padding: stripping the pads here gives both the same trace and the same
+    diagnosis. Only a rectangular batch is stripped whose rows start with pad runs of different
+    lengths, one of them none (left padding to the longest row); anything else is kept as read.
+    """
+    first = next((c for c in calls if c.role == "target"), None)
+    if pad is None or first is None or first.mask_kind != "none" or first.batch_size < 2:
+        return prompts
+    opened = prompts[: first.batch_size]
+    leads = [next((i for i, t in enumerate(p) if t != pad), len(p)) for p in opened]
+    if len({len(p) for p in opened}) != 1 or min(leads) != 0 or max(leads) == 0:
+        return prompts
+    return [p[lead:] or p for p, lead in zip(opened, leads)] + prompts[first.batch_size :]
