@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import watch_engine
 from tiny import make_pair
 
 import specviz
@@ -87,6 +88,47 @@ def test_a_missing_mask_gets_one_diagnosis_from_the_command_and_the_api(tmp_path
         at_step0 = {x.row for x in report.violations if x.step == 0 and HINT in x.message}
         assert at_step0 == padded  # every padded row is named, the unpadded one never
     assert firsts[0] == firsts[1] == (0, min(padded), Invariant.KV)
+
+
+SPEC_PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17], [20, 21]]
+
+
+def forward_without_mask(model, ids, mask, cache, positions):
+    """watch_engine.forward, less the mask: positions right, every slot attended."""
+    kwargs = {watch_engine.cache_kw(model): cache} if cache is not None else {}
+    return model(input_ids=ids, use_cache=True, position_ids=positions, **kwargs)
+
+
+SPEC_SCRIPT = """
+import watch_engine
+from tiny import make_pair
+from test_mask_diagnosis import SPEC_PROMPTS, forward_without_mask
+
+pair, kept = make_pair("llama"), watch_engine.forward
+watch_engine.forward = forward_without_mask
+try:
+    watch_engine.generate(pair.target, pair.draft, SPEC_PROMPTS, 3, 6, frozenset([1]), 0)
+finally:
+    watch_engine.forward = kept
+"""
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_a_speculative_engine_without_its_mask_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tests/support/watch_engine.py (draft and target), its mask dropped: the same agreement."""
+    script = tmp_path / "spec.py"
+    script.write_text(SPEC_SCRIPT)
+    out = tmp_path / "spec.trace.json"
+    assert main(["watch", "--out", str(out), "--", "python", str(script)]) == 0
+    by_cmd = check_trace(load_trace(out))
+    pair = make_pair("llama")
+    w = specviz.watch(pair.target, pair.draft, prompts=SPEC_PROMPTS)
+    monkeypatch.setattr(watch_engine, "forward", forward_without_mask)
+    watch_engine.generate(pair.target, pair.draft, SPEC_PROMPTS, 3, 6, frozenset([1]), 0, watch=w)
+    by_api = check_trace(w.close())
+    firsts = {(r.first_violation.step, r.first_violation.row, r.first_violation.invariant) for r in (by_cmd, by_api)}
+    assert firsts == {(0, 1, Invariant.KV)}  # row 0 holds the longest prompt: nothing to pad
+    assert all(HINT in r.first_violation.message for r in (by_cmd, by_api))
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")
