@@ -28,6 +28,7 @@ from specviz.trace.provenance import library_versions, model_info
 from specviz.trace.schema import LAYOUTS, SCHEMA_VERSION, Header, SamplingInfo, SequenceRecord, Trace
 from specviz.watch.calls import attended_ids
 from specviz.watch.follow import follow_rows
+from specviz.watch.headinput import HiddenTap
 from specviz.watch.hooks import CallRecord, ModelHooks, WatchError, check_causal_lm
 from specviz.watch.paged import PagedCapture
 from specviz.watch.steps import Emit, InferredSteps, infer_steps
@@ -83,13 +84,15 @@ class Watch:
         self._emits: list[Emit] = []
         self._closed = False
         self.trace: Trace | None = None  # set by close(): the context manager's result
-        self._hooks = [ModelHooks(target, "target", self)]
+        if drafter is not None and (not isinstance(drafter, torch.nn.Module) or drafter is target or drafter is draft):
+            raise WatchError("drafter must be a torch module other than the target and the draft (the draft head)")
+        # The target's last hidden states, to see where the head's input came from: only with a head.
+        self._tap = HiddenTap(target) if drafter is not None else None
+        self._hooks = [ModelHooks(target, "target", self, tap=self._tap)]
         if draft is not None:
             self._hooks.append(ModelHooks(draft, "draft", self))
         if drafter is not None:  # a draft head (EAGLE, MTP, Medusa): any module, fed hidden states
-            if not isinstance(drafter, torch.nn.Module) or drafter is target or drafter is draft:
-                raise WatchError("drafter must be a torch module other than the target and the draft (the draft head)")
-            self._hooks.append(ModelHooks(drafter, "draft", self, drafter=True))
+            self._hooks.append(ModelHooks(drafter, "draft", self, drafter=True, tap=self._tap))
         self._paged = PagedCapture(self, self.prompts)
         if not self._paged.install():
             self._paged = None
@@ -220,6 +223,9 @@ class Watch:
         for hooks in self._hooks:
             hooks.remove()
         self._hooks = []
+        if self._tap is not None:
+            self._tap.remove()
+            self._tap = None  # and the last hidden states it kept
         if self._paged is not None:
             self._paged.uninstall()
         calls, self._calls = self._calls, []

@@ -39,6 +39,7 @@ from specviz.watch.calls import (
     mask_row,
     row_seq_ids,
 )
+from specviz.watch.headinput import head_source
 from specviz.watch.hooks import CallRecord
 
 
@@ -351,6 +352,7 @@ def _row_record(
         query_causal=causal,
         draft_position_ids=draft_positions,
         draft_kv_lens=draft_context,
+        head_source=head_source(calls, index, _head_calls(calls, index), r, drafts, seq_id, committed),
     )
 
 

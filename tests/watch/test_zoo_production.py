@@ -88,9 +88,10 @@ BUGS = [
     ("head", "positions", Invariant.POSITIONS),
     ("head_packed", "stale_kv", Invariant.KV),
     ("head_packed", "positions", Invariant.POSITIONS),
-    # The head is fed another row's hidden state: the outputs stay right (the target verifies),
-    # only a watch that checks where the head's input came from can see it, so API only.
-    ("head", "head_row", Invariant.KV),
+    # The head is fed another row's hidden state: the outputs stay right (the target verifies);
+    # the watch matches the vector the head was fed with the target's last hidden states
+    # (`watch.headinput`). API only: the command is not told which module is the head.
+    ("head", "head_row", Invariant.HEAD),
 ]
 # The command declares nothing and is not told which module is the head: these run through the API only.
 API_ONLY = {
@@ -99,10 +100,7 @@ API_ONLY = {
     ("packed_declared", "kv_leak"),
     ("packed_declared", "stale_kv"),
 }
-# Not done on the watch side (issue 32, item 5 in part): which row's hidden state a head was fed is
-# not compared with the target's hidden states, so a head fed another row's state is not seen.
 NOT_CHECKED = {
-    ("head", "head_row"): "the watch does not check which row's hidden state a head is fed",
     # docs/watch.md, the shared-cache anchor's known misread: with no draft model to tell them
     # apart, a row whose first attended slot is its neighbour's is read as the neighbour.
     ("packed_lookup", "kv_leak"): "a neighbour's slot let into a draft-model-free row reads as the neighbour's row",
