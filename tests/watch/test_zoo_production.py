@@ -92,10 +92,12 @@ BUGS = [
     # the watch matches the vector the head was fed with the target's last hidden states
     # (`watch.headinput`). API only: the command is not told which module is the head.
     ("head", "head_row", Invariant.HEAD),
+    ("head_packed", "head_row", Invariant.HEAD),
 ]
 # The command declares nothing and is not told which module is the head: these run through the API only.
 API_ONLY = {
     ("head", "head_row"),
+    ("head_packed", "head_row"),
     ("packed_declared", None),
     ("packed_declared", "kv_leak"),
     ("packed_declared", "stale_kv"),
@@ -315,3 +317,31 @@ def test_packed_engine_on_other_model_families(family: str) -> None:
         else:
             assert events and v is not None, (report.verdict, report.unreadable)
             assert (v.step, v.seq_id, v.invariant) == (*events[0], Invariant.KV), report.violations[:3]
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("name", ["head", "head_packed"])
+def test_head_input_source_is_recorded(runs, name: str) -> None:
+    """The correct head run records each drafting row's head input as its own sequence's hidden
+    state at its last cached token (matched with the target's hidden states, not assumed): the
+    check's clean verdict on it is a checked one."""
+    trace, _, _ = runs.get(name, None, "api")
+    drafting = [row for step in trace.steps for row in step.rows if row.draft_tokens]
+    assert drafting
+    assert all(row.head_source == [row.seq_id, row.committed_before - 2] for row in drafting)
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_head_fed_no_target_hidden_state_is_left_unchecked(pair, drafter, references, monkeypatch) -> None:
+    """A head fed a vector that is no target hidden state of the previous call (here: each one
+    shifted) has no source to name: its rows are left unrecorded, never guessed, so the run's
+    right outputs are not called wrong."""
+    propose = head.propose
+    monkeypatch.setattr(head, "propose", lambda h, t, last, *a: propose(h, t, last + 0.5, *a))
+    _, budgets, options = CASES["head"]
+    with specviz.watch(pair.target, drafter=drafter, prompts=PROMPTS, name="shifted") as w:
+        outs, _ = head.generate(pair.target, drafter, PROMPTS, budgets, w=w, **options)
+    assert outs == references["head"]
+    assert all(row.head_source is None for step in w.trace.steps for row in step.rows)
+    report = check_trace(w.trace)
+    assert report.verdict == "clean" and not report.violation_count, report.violations[:3]
