@@ -88,6 +88,7 @@ class Watch:
             raise WatchError("drafter must be a torch module other than the target and the draft (the draft head)")
         # The target's last hidden states, to see where the head's input came from: only with a head.
         self._tap = HiddenTap(target) if drafter is not None else None
+        self._head_named = drafter is not None
         self._hooks = [ModelHooks(target, "target", self, tap=self._tap)]
         if draft is not None:
             self._hooks.append(ModelHooks(draft, "draft", self))
@@ -272,6 +273,8 @@ class Watch:
             fault=None,
             target=model_info(self.target),
             draft=model_info(self.draft) if self.draft is not None and assembly.k > 0 else None,
+            # A named head drafted (rows record `head_source` where its input was found).
+            proposer="head" if self._head_named and assembly.k > 0 and self.draft is None else "draft-model",
             draft_k=assembly.k,
             batch_size=max((len(s.rows) for s in assembly.steps), default=1) or 1,
             max_new_tokens=assembly.max_new_tokens,

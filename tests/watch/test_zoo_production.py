@@ -326,6 +326,7 @@ def test_head_input_source_is_recorded(runs, name: str) -> None:
     state at its last cached token (matched with the target's hidden states, not assumed): the
     check's clean verdict on it is a checked one."""
     trace, _, _ = runs.get(name, None, "api")
+    assert trace.header.proposer == "head"
     drafting = [row for step in trace.steps for row in step.rows if row.draft_tokens]
     assert drafting
     assert all(row.head_source == [row.seq_id, row.committed_before - 2] for row in drafting)
