@@ -123,3 +123,18 @@ def _unpacked(call: Any, row: int, column: int) -> tuple[int, int] | None:
         if r == row and start <= column < start + length:
             return i, column - start
     return None  # padding between sequences
+
+
+def unfound_note(steps: list[Any]) -> list[str]:
+    """A watch note (unreadable, with the reason) for the drafting rows of a named head's run whose
+    head input was not found among the target's hidden states: head-input is not checked there."""
+    drafting = [row for step in steps for row in step.rows if row.draft_tokens]
+    missing = [row for row in drafting if row.head_source is None]
+    if not missing:
+        return []
+    first = next(step.step for step in steps if any(row in missing for row in step.rows))
+    return [
+        f"draft head input unreadable for {len(missing)} of {len(drafting)} drafting rows (first at step "
+        f"{first}): the vector fed matched no last hidden state of the target's previous call; "
+        "head-input not checked there"
+    ]

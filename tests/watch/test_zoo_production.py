@@ -330,6 +330,7 @@ def test_head_input_source_is_recorded(runs, name: str) -> None:
     drafting = [row for step in trace.steps for row in step.rows if row.draft_tokens]
     assert drafting
     assert all(row.head_source == [row.seq_id, row.committed_before - 2] for row in drafting)
+    assert not any("draft head" in note for note in trace.header.options.get("watch_notes", []))
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")
@@ -344,5 +345,6 @@ def test_head_fed_no_target_hidden_state_is_left_unchecked(pair, drafter, refere
         outs, _ = head.generate(pair.target, drafter, PROMPTS, budgets, w=w, **options)
     assert outs == references["head"]
     assert all(row.head_source is None for step in w.trace.steps for row in step.rows)
+    assert any("draft head input unreadable" in note for note in w.trace.header.options["watch_notes"])
     report = check_trace(w.trace)
     assert report.verdict == "clean" and not report.violation_count, report.violations[:3]
