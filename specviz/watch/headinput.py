@@ -42,7 +42,7 @@ class HiddenTap:
     def _capture(self, module: Any, args: tuple[Any, ...]) -> None:
         # Only inside a target call: a head that shares the target's LM head calls it too.
         if self.open and args and isinstance(args[0], torch.Tensor) and args[0].dim() == 3:
-            self.last = args[0].detach()
+            self.last = args[0].detach().clone()  # an engine may reuse the buffer before the head reads it
 
     def match_rows(self, fed: dict[str, Any], args: tuple[Any, ...]) -> list[list[tuple[int, int]]] | None:
         """Per head row: the (target row, query column) of the last target call whose hidden state
@@ -67,11 +67,13 @@ class HiddenTap:
         d2 = norms + (flat * flat).sum(-1) - 2 * fed_rows @ flat.T
         scale = 1e-3 * norms + 1e-6
         offset = max(self.query_len - columns, 0)  # logits_to_keep: the last columns only
-        found = []
-        for r in range(fed_rows.shape[0]):
-            near = torch.nonzero(d2[r] <= scale[r]).flatten().tolist()
-            same = [n for n in near if torch.allclose(flat[n], fed_rows[r], rtol=RTOL, atol=ATOL)]
-            found.append([(n // columns, offset + n % columns) for n in same[:MAX_CANDIDATES]])
+        rows, near = torch.nonzero(d2 <= scale, as_tuple=True)
+        # `allclose` on the near pairs at once: two host syncs per head call, not one per row.
+        same = ((flat[near] - fed_rows[rows]).abs() <= ATOL + RTOL * fed_rows[rows].abs()).all(-1)
+        found: list[list[tuple[int, int]]] = [[] for _ in range(fed_rows.shape[0])]
+        for r, n in zip(rows[same].tolist(), near[same].tolist()):
+            if len(found[r]) < MAX_CANDIDATES:
+                found[r].append((n // columns, offset + n % columns))
         return found
 
 
