@@ -199,6 +199,7 @@ def apply(call: Any, bmap: BatchMap) -> bool:
     call.anchors = [call.lines[s.start][4] for s in bmap.segments] if call.lines is not None else None
     call.logit_slots, call.lines = None, None
     call.last_slots = [s.length - 1 for s in bmap.segments]
+    call.segments = [(s.row, s.start, s.length) for s in bmap.segments]  # raw columns, for `headinput`
     return True
 
 

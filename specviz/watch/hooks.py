@@ -80,6 +80,10 @@ class CallRecord:
     # shared cache, so a sequence keeps its first slot from call to call (`Follower._fits`).
     anchors: list[int] | None = None
     drafter: bool = False  # a draft head's call (`watch(..., drafter=head)`): fed hidden states, not ids
+    # A head call's rows: the (target row, query column) of the previous target call whose last
+    # hidden state each was fed (`headinput`); [] none matched; None: not compared.
+    head_fed: list[list[tuple[int, int]]] | None = None
+    segments: list[tuple[int, int, int]] | None = None  # a packed call's (row, start, length) per sequence
 
     def materialize(self) -> None:
         """Tensors to lists, once, at close: the only host syncs the watch adds. Then the call's
@@ -183,10 +187,11 @@ def cache_width(cache: Any) -> int:
 class ModelHooks:
     """Pre- and post-forward hooks on one model, appending a CallRecord per call to `sink`."""
 
-    def __init__(self, model: Any, role: str, sink: CallSink, drafter: bool = False) -> None:
+    def __init__(self, model: Any, role: str, sink: CallSink, drafter: bool = False, tap: Any = None) -> None:
         self.model = model
         self.role = role
         self.drafter = drafter
+        self.tap = tap  # `headinput.HiddenTap`: the target's, shared with the head's hooks
         self.sink = sink
         self.model_type = getattr(getattr(model, "config", None), "model_type", "")
         forward = getattr(model, "forward", None)
@@ -216,6 +221,9 @@ class ModelHooks:
         if self.drafter:
             self.open.append(self._head_call(args, fed))
             return
+        if self.tap is not None and self.role == "target":
+            fed_as = input_ids if isinstance(input_ids, torch.Tensor) else fed.get("inputs_embeds")
+            self.tap.start(fed_as.shape[1] if isinstance(fed_as, torch.Tensor) and fed_as.dim() >= 2 else 0)
         if input_ids is None and isinstance(fed.get("inputs_embeds"), torch.Tensor):
             input_ids = self._ids_of_embeddings(fed["inputs_embeds"])
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
@@ -297,9 +305,12 @@ class ModelHooks:
             query_len=q,
             started=time.perf_counter(),
             drafter=True,
+            head_fed=self.tap.match_rows(fed, args) if self.tap is not None else None,
         )
 
     def after(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        if self.tap is not None and not self.drafter:
+            self.tap.end()
         record = self.open.pop() if self.open else None
         if record is None:
             return

@@ -28,6 +28,7 @@ from specviz.trace.provenance import library_versions, model_info
 from specviz.trace.schema import LAYOUTS, SCHEMA_VERSION, Header, SamplingInfo, SequenceRecord, Trace
 from specviz.watch.calls import attended_ids
 from specviz.watch.follow import follow_rows
+from specviz.watch.headinput import HiddenTap
 from specviz.watch.hooks import CallRecord, ModelHooks, WatchError, check_causal_lm
 from specviz.watch.paged import PagedCapture
 from specviz.watch.steps import Emit, InferredSteps, infer_steps
@@ -83,13 +84,16 @@ class Watch:
         self._emits: list[Emit] = []
         self._closed = False
         self.trace: Trace | None = None  # set by close(): the context manager's result
-        self._hooks = [ModelHooks(target, "target", self)]
+        if drafter is not None and (not isinstance(drafter, torch.nn.Module) or drafter is target or drafter is draft):
+            raise WatchError("drafter must be a torch module other than the target and the draft (the draft head)")
+        # The target's last hidden states, to see where the head's input came from: only with a head.
+        self._tap = HiddenTap(target) if drafter is not None else None
+        self._head_named = drafter is not None
+        self._hooks = [ModelHooks(target, "target", self, tap=self._tap)]
         if draft is not None:
             self._hooks.append(ModelHooks(draft, "draft", self))
         if drafter is not None:  # a draft head (EAGLE, MTP, Medusa): any module, fed hidden states
-            if not isinstance(drafter, torch.nn.Module) or drafter is target or drafter is draft:
-                raise WatchError("drafter must be a torch module other than the target and the draft (the draft head)")
-            self._hooks.append(ModelHooks(drafter, "draft", self, drafter=True))
+            self._hooks.append(ModelHooks(drafter, "draft", self, drafter=True, tap=self._tap))
         self._paged = PagedCapture(self, self.prompts)
         if not self._paged.install():
             self._paged = None
@@ -220,6 +224,9 @@ class Watch:
         for hooks in self._hooks:
             hooks.remove()
         self._hooks = []
+        if self._tap is not None:
+            self._tap.remove()
+            self._tap = None  # and the last hidden states it kept
         if self._paged is not None:
             self._paged.uninstall()
         calls, self._calls = self._calls, []
@@ -266,6 +273,8 @@ class Watch:
             fault=None,
             target=model_info(self.target),
             draft=model_info(self.draft) if self.draft is not None and assembly.k > 0 else None,
+            # A named head drafted (rows record `head_source` where its input was found).
+            proposer="head" if self._head_named and assembly.k > 0 and self.draft is None else "draft-model",
             draft_k=assembly.k,
             batch_size=max((len(s.rows) for s in assembly.steps), default=1) or 1,
             max_new_tokens=assembly.max_new_tokens,

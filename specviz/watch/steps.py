@@ -39,6 +39,7 @@ from specviz.watch.calls import (
     mask_row,
     row_seq_ids,
 )
+from specviz.watch.headinput import head_source, unfound_note
 from specviz.watch.hooks import CallRecord
 
 
@@ -351,6 +352,7 @@ def _row_record(
         query_causal=causal,
         draft_position_ids=draft_positions,
         draft_kv_lens=draft_context,
+        head_source=head_source(calls, index, _head_calls(calls, index), r, drafts, seq_id, committed),
     )
 
 
@@ -391,6 +393,8 @@ def infer_steps(
     _close_by_length([g for g in groups if g.seq_id not in ended_unread], outputs, reasons, max_new)
     draft_free = not any(c.role == "draft" and not c.drafter for c in calls)
     steps = build_steps(read_calls, groups, prompts, read, draft_free=draft_free)
+    if any(c.drafter for c in read_calls):
+        notes.extend(unfound_note(steps))
     k = max((len(row.draft_tokens) for step in steps for row in step.rows), default=0)
     events = [c.started for c in calls] + [e.at for e in emits]
     return InferredSteps(

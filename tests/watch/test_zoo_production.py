@@ -88,21 +88,21 @@ BUGS = [
     ("head", "positions", Invariant.POSITIONS),
     ("head_packed", "stale_kv", Invariant.KV),
     ("head_packed", "positions", Invariant.POSITIONS),
-    # The head is fed another row's hidden state: the outputs stay right (the target verifies),
-    # only a watch that checks where the head's input came from can see it, so API only.
-    ("head", "head_row", Invariant.KV),
+    # The head is fed another row's hidden state: the outputs stay right (the target verifies);
+    # the watch matches the vector the head was fed with the target's last hidden states
+    # (`watch.headinput`). API only: the command is not told which module is the head.
+    ("head", "head_row", Invariant.HEAD),
+    ("head_packed", "head_row", Invariant.HEAD),
 ]
 # The command declares nothing and is not told which module is the head: these run through the API only.
 API_ONLY = {
     ("head", "head_row"),
+    ("head_packed", "head_row"),
     ("packed_declared", None),
     ("packed_declared", "kv_leak"),
     ("packed_declared", "stale_kv"),
 }
-# Not done on the watch side (issue 32, item 5 in part): which row's hidden state a head was fed is
-# not compared with the target's hidden states, so a head fed another row's state is not seen.
 NOT_CHECKED = {
-    ("head", "head_row"): "the watch does not check which row's hidden state a head is fed",
     # docs/watch.md, the shared-cache anchor's known misread: with no draft model to tell them
     # apart, a row whose first attended slot is its neighbour's is read as the neighbour.
     ("packed_lookup", "kv_leak"): "a neighbour's slot let into a draft-model-free row reads as the neighbour's row",
@@ -317,3 +317,34 @@ def test_packed_engine_on_other_model_families(family: str) -> None:
         else:
             assert events and v is not None, (report.verdict, report.unreadable)
             assert (v.step, v.seq_id, v.invariant) == (*events[0], Invariant.KV), report.violations[:3]
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("name", ["head", "head_packed"])
+def test_head_input_source_is_recorded(runs, name: str) -> None:
+    """The correct head run records each drafting row's head input as its own sequence's hidden
+    state at its last cached token (matched with the target's hidden states, not assumed): the
+    check's clean verdict on it is a checked one."""
+    trace, _, _ = runs.get(name, None, "api")
+    assert trace.header.proposer == "head"
+    drafting = [row for step in trace.steps for row in step.rows if row.draft_tokens]
+    assert drafting
+    assert all(row.head_source == [row.seq_id, row.committed_before - 2] for row in drafting)
+    assert not any("draft head" in note for note in trace.header.options.get("watch_notes", []))
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_head_fed_no_target_hidden_state_is_left_unchecked(pair, drafter, references, monkeypatch) -> None:
+    """A head fed a vector that is no target hidden state of the previous call (here: each one
+    shifted) has no source to name: its rows are left unrecorded, never guessed, so the run's
+    right outputs are not called wrong."""
+    propose = head.propose
+    monkeypatch.setattr(head, "propose", lambda h, t, last, *a: propose(h, t, last + 0.5, *a))
+    _, budgets, options = CASES["head"]
+    with specviz.watch(pair.target, drafter=drafter, prompts=PROMPTS, name="shifted") as w:
+        outs, _ = head.generate(pair.target, drafter, PROMPTS, budgets, w=w, **options)
+    assert outs == references["head"]
+    assert all(row.head_source is None for step in w.trace.steps for row in step.rows)
+    assert any("draft head input unreadable" in note for note in w.trace.header.options["watch_notes"])
+    report = check_trace(w.trace)
+    assert report.verdict == "clean" and not report.violation_count, report.violations[:3]

@@ -1,0 +1,142 @@
+"""Where a draft head's input came from (`watch(target, drafter=head)`; invariant 6, head-input).
+
+A head (EAGLE, MTP) is fed the target's last hidden state: the input of its LM head (the final
+norm's output) at the slot that predicted the row's pending token. The watch keeps the target's
+last hidden states of its latest call only (`HiddenTap`, a pre-hook on the LM head, installed only
+when a drafter is named), and for each row of a head call the (target row, query column) whose
+vector is the one the head was fed (`match_rows`). `steps` turns that into the row's
+`head_source`, [sequence, logical index], as the engine records it; a row whose vector matches
+no target hidden state of the previous call is left unrecorded (not found), never guessed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+MAX_CANDIDATES = 4  # rows holding the same vector (equal prompts): any of them is the same input
+RTOL, ATOL = 1e-4, 1e-5  # a copy or a dtype round trip of the vector, not another vector
+
+
+class HiddenTap:
+    """The target's last hidden states, [B, T, H], of its latest call; None between calls."""
+
+    def __init__(self, target: Any) -> None:
+        self.last: torch.Tensor | None = None
+        self.query_len = 0  # the call's query length: the hidden states may be its last columns only
+        self.open = False
+        head = target.get_output_embeddings()
+        self.handle = head.register_forward_pre_hook(self._capture)
+
+    def start(self, query_len: int) -> None:
+        """A target call begins: what the previous one left is no longer the head's source."""
+        self.last, self.query_len, self.open = None, query_len, True
+
+    def end(self) -> None:
+        self.open = False
+
+    def remove(self) -> None:
+        self.handle.remove()
+
+    def _capture(self, module: Any, args: tuple[Any, ...]) -> None:
+        # Only inside a target call: a head that shares the target's LM head calls it too.
+        if self.open and args and isinstance(args[0], torch.Tensor) and args[0].dim() == 3:
+            self.last = args[0].detach().clone()  # an engine may reuse the buffer before the head reads it
+
+    def match_rows(self, fed: dict[str, Any], args: tuple[Any, ...]) -> list[list[tuple[int, int]]] | None:
+        """Per head row: the (target row, query column) of the last target call whose hidden state
+        is the vector the head was fed at the row's last slot ([] where none is); None when no
+        target hidden states are kept or the head was fed no vector of their width."""
+        if self.last is None:
+            return None
+        width = self.last.shape[-1]
+        named = fed.get("hidden_states")
+        tensors = [named] if isinstance(named, torch.Tensor) else []
+        tensors += [v for v in (*args, *fed.values()) if isinstance(v, torch.Tensor) and v.is_floating_point()]
+        vector = next((t for t in tensors if t.dim() in (2, 3) and t.shape[-1] == width), None)
+        if vector is None:
+            return None
+        fed_rows = (vector[:, -1] if vector.dim() == 3 else vector).detach().float()
+        kept = self.last.float()
+        columns = kept.shape[1]
+        flat = kept.reshape(-1, width)
+        # Squared distances by one product ([B, N], not [B, N, H]); the near ones are then confirmed.
+        # Loose (the expansion cancels in float32): it only picks whom `allclose` then compares.
+        norms = (fed_rows * fed_rows).sum(-1, keepdim=True)
+        d2 = norms + (flat * flat).sum(-1) - 2 * fed_rows @ flat.T
+        scale = 1e-3 * norms + 1e-6
+        offset = max(self.query_len - columns, 0)  # logits_to_keep: the last columns only
+        rows, near = torch.nonzero(d2 <= scale, as_tuple=True)
+        # `allclose` on the near pairs at once: two host syncs per head call, not one per row.
+        same = ((flat[near] - fed_rows[rows]).abs() <= ATOL + RTOL * fed_rows[rows].abs()).all(-1)
+        found: list[list[tuple[int, int]]] = [[] for _ in range(fed_rows.shape[0])]
+        for r, n in zip(rows[same].tolist(), near[same].tolist()):
+            if len(found[r]) < MAX_CANDIDATES:
+                found[r].append((n // columns, offset + n % columns))
+        return found
+
+
+def head_source(
+    calls: list[Any], index: int, heads: list[int], row: int, drafts: list[int], seq_id: int, committed: int
+) -> list[int] | None:
+    """Row `row` of target call `index`: [sequence, logical index] of the target hidden state its
+    head was fed, read off the step's first head call (`heads`: the head calls since the target
+    call before, latest first; the first one is fed the target's hidden states;
+    later ones are fed the head's own features) through the target call before it (its rows'
+    sequences and positions). None: no head call was compared, or none of its rows can be told to
+    have served this one, or the vector fed matched no hidden state (not found: left unchecked).
+    The expected source wins when several rows of the target call hold that same vector."""
+    from specviz.watch.calls import row_seq_ids
+
+    if not heads or not drafts:
+        return None
+    j = heads[-1]
+    head_row = _served(calls[j], row, drafts[0], calls[index].batch_size)
+    source = next((i for i in range(j - 1, -1, -1) if calls[i].role == "target"), None)
+    if head_row is None or calls[j].head_fed is None or source is None:
+        return None
+    call = calls[source]
+    found = []
+    for r, column in calls[j].head_fed[head_row]:
+        place = _unpacked(call, r, column)
+        if place is not None and place[0] < call.batch_size and place[1] < len(call.positions[place[0]]):
+            found.append([row_seq_ids(call)[place[0]], int(call.positions[place[0]][place[1]])])
+    expected = [seq_id, committed - 2] if committed >= 2 else []
+    return expected if expected in found else (found[0] if found else None)
+
+
+def _served(head: Any, row: int, first_draft: int, batch_size: int) -> int | None:
+    """The head call's row that proposed the verify row's first draft: the row's own index when
+    the head ran the verify's batch in its order, else the one row that proposed that token."""
+    if not isinstance(head.argmax, list) or head.head_fed is None or len(head.argmax) != len(head.head_fed):
+        return None
+    proposed = [r for r, tokens in enumerate(head.argmax) if tokens and tokens[-1] == first_draft]
+    if head.batch_size == batch_size and row in proposed:
+        return row
+    return proposed[0] if len(proposed) == 1 else None
+
+
+def _unpacked(call: Any, row: int, column: int) -> tuple[int, int] | None:
+    """A raw (row, column) of the call as its (row, column) after `batchmap.apply` unpacked it."""
+    if call.segments is None:
+        return row, column
+    for i, (r, start, length) in enumerate(call.segments):
+        if r == row and start <= column < start + length:
+            return i, column - start
+    return None  # padding between sequences
+
+
+def unfound_note(steps: list[Any]) -> list[str]:
+    """A watch note (unreadable, with the reason) for the drafting rows of a named head's run whose
+    head input was not found among the target's hidden states: head-input is not checked there."""
+    drafting = [row for step in steps for row in step.rows if row.draft_tokens]
+    missing = [row for row in drafting if row.head_source is None]
+    if not missing:
+        return []
+    first = next(step.step for step in steps if any(row in missing for row in step.rows))
+    return [
+        f"draft head input unreadable for {len(missing)} of {len(drafting)} drafting rows (first at step "
+        f"{first}): the vector fed matched no last hidden state of the target's previous call; "
+        "head-input not checked there"
+    ]

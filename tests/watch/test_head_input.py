@@ -1,0 +1,33 @@
+"""`watch.headinput.HiddenTap`: the target's last hidden states (its LM head's input) of its
+latest call, and which (row, column) holds the vector a head was fed. The oracle is the target's
+base model run on the same ids (its last hidden state is the LM head's input)."""
+
+from __future__ import annotations
+
+import torch
+from tiny import make_pair
+
+from specviz.watch.headinput import HiddenTap
+
+
+def test_tap_names_the_row_and_column_of_the_vector_fed() -> None:
+    target = make_pair("llama").target
+    ids = torch.tensor([[5, 9, 14, 3], [7, 7, 21, 30]])
+    hidden = target.model(input_ids=ids).last_hidden_state  # independent of the tap
+    tap = HiddenTap(target)
+    try:
+        fed = torch.stack([hidden[1, 3], hidden[0, 1], hidden[0, 3] + 0.5])[:, None]
+        tap.start(ids.shape[1])
+        target(input_ids=ids)
+        tap.end()
+        assert tap.match_rows({"hidden_states": fed}, ()) == [[(1, 3)], [(0, 1)], []]  # shifted: none
+        target.lm_head(hidden + 1)  # outside a target call (a head sharing the LM head): not kept
+        assert tap.match_rows({"hidden_states": fed}, ()) == [[(1, 3)], [(0, 1)], []]
+        tap.start(ids.shape[1])  # logits_to_keep=1: the last column only, still named by its column
+        target(input_ids=ids, logits_to_keep=1)
+        tap.end()
+        assert tap.match_rows({"hidden_states": fed}, ()) == [[(1, 3)], [], []]
+        tap.start(ids.shape[1])  # a new call forgets the last one's states until its LM head runs
+        assert tap.match_rows({"hidden_states": fed}, ()) is None
+    finally:
+        tap.remove()
