@@ -286,17 +286,18 @@ def _check_acceptance(flag: RowFlags, history: History) -> None:
             f"accepted {row.accepted} drafts but only {matched} agree with the target",
         )
     proposal = row.draft_tokens[: row.accepted] + [row.target_tokens[row.accepted]]
+    what = "emitted tokens are not a prefix of the accepted drafts plus the bonus" + _eos_hint(row, history)
+    check_emitted(flag, history, proposal, what)
+
+
+def check_emitted(flag: RowFlags, history: History, proposal: list[int], what: str) -> None:
+    """The row emitted a prefix of what verification allows: `proposal` (the accepted tokens and
+    the bonus) cut at the sequence's end. Emitting fewer (no bonus, say) is slower, not wrong: it
+    is the `tokens_left_on_table` metric. Only tokens verification did not allow are a violation."""
+    row = flag.row
     expected_out = history.cut(proposal, history.seqs[row.write_seq])
-    # Emitting fewer than verification allows (no bonus, say) is slower, not wrong: it is the
-    # `tokens_left_on_table` metric. Only tokens verification did not allow are a violation.
     if row.emitted != expected_out[: len(row.emitted)]:
-        flag(
-            Invariant.ACCOUNTING,
-            "emitted",
-            expected_out,
-            row.emitted,
-            "emitted tokens are not a prefix of the accepted drafts plus the bonus" + _eos_hint(row, history),
-        )
+        flag(Invariant.ACCOUNTING, "emitted", expected_out, row.emitted, what)
 
 
 def _eos_hint(row: RowRecord, history: History) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from specviz.analysis.findings import RowFlags
 from specviz.analysis.history import History
-from specviz.analysis.row_checks import check_against_history, check_bonus_and_destination
+from specviz.analysis.row_checks import check_against_history, check_bonus_and_destination, check_emitted
 from specviz.trace.invariants import Invariant
 from specviz.trace.schema import RowRecord
 
@@ -152,15 +152,7 @@ def _check_path(flag: RowFlags, history: History, parents: list[int]) -> list[in
     if row.accepted != len(path):
         flag(Invariant.ACCOUNTING, "accepted", len(path), row.accepted, "accepted differs from the path's length")
     proposal = [nodes[node] for node in path] + [row.target_tokens[at]]
-    expected_out = history.cut(proposal, history.seqs[row.write_seq])
-    if row.emitted != expected_out[: len(row.emitted)]:
-        flag(
-            Invariant.ACCOUNTING,
-            "emitted",
-            expected_out,
-            row.emitted,
-            "emitted tokens are not the accepted path's tokens plus the bonus",
-        )
+    check_emitted(flag, history, proposal, "emitted tokens are not the accepted path's tokens plus the bonus")
     return path
 
 
