@@ -25,20 +25,23 @@ against the unwatched arm's CPU time; those runs are not part of the pairs.
 `--engine packed` times the zoo's packed varlen engine instead (`tests/watch/zoo/packed.py`: one
 1 x T row per forward, a block-diagonal 4-D mask over a shared cache, the late prompt prefilled in
 a decoding step, a budget per prompt), on the same pair and prompts, `--num-prompts` sequences
-packed at once; the watched arm declares nothing but its emits, as that engine does.
+packed at once; the watched arm declares nothing but its emits, as that engine does. The zoo is
+test code, not part of the package: put its folder on the path,
+
+    PYTHONPATH=tests/watch python benchmarks/watch_overhead.py --engine packed --threads 1 --inside
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import os
 import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -70,8 +73,7 @@ def decode(pair: ModelPair, prompts: PromptSet, config: RunConfig, watched: bool
 
 def decode_packed(pair: ModelPair, prompts: PromptSet, config: RunConfig, watched: bool, times: Times) -> None:
     """The zoo's packed engine, unwatched or under `specviz.watch` (then `close(reference=False)`)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "watch"))
-    from zoo import packed  # the test zoo's engine, written without specviz
+    from zoo import packed  # the test zoo's engine, written without specviz (PYTHONPATH=tests/watch)
 
     import specviz
 
@@ -181,6 +183,8 @@ def main() -> None:
     config = RunConfig(method=args.method, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens)
     config.reference, config.record_steps = False, False
     if args.engine == "packed":
+        if importlib.util.find_spec("zoo") is None:
+            sys.exit("watch_overhead: --engine packed needs the test zoo: PYTHONPATH=tests/watch")
         config.method = "packed"  # `decode` runs the zoo's packed engine
     for watched in (False, True):  # warm-up: first-call costs (and the prompts' shapes) out of both arms
         decode(pair, prompts, config, watched, {arm: [] for arm in ARMS})

@@ -1,6 +1,7 @@
 """Run one production-shaped zoo engine as an unmodified script, for `specviz watch --`:
 
-    python -m specviz watch --out run.trace.json -- python tests/watch/zoo/scripts/run_engine.py \
+    PYTHONPATH=tests/watch python -m specviz watch --out run.trace.json -- \
+        python tests/watch/zoo/scripts/run_engine.py \
         packed --bug kv_leak --prompts '[[5, 6, 7], [11, 12]]' --budgets 10,4
 
 It builds the tiny Llama target (and, for the engines that use one, its noisy draft) with
@@ -13,14 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
 import torch
 import transformers as tf
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/watch: the zoo package
-from zoo import head, packed, paged, queued  # noqa: E402
+from zoo import head, packed, paged, queued  # tests/watch on the path (its conftest, or PYTHONPATH)
 
 ENGINES = {"packed": packed, "queued": queued, "paged": paged, "head": head}
 USES_DRAFT = {"packed", "queued"}
