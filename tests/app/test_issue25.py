@@ -70,7 +70,7 @@ def test_live_run_offers_every_method() -> None:
 
 
 def _summary(as_json: bool, capsys: pytest.CaptureFixture[str]) -> str:
-    from specviz.cli import _print_summary
+    from specviz.recording import _print_summary
     from specviz.trace.io import load_trace
 
     _print_summary(load_trace(TRACES / "default-eqspec-stale-kv.json.gz"), Path("run.json.gz"), as_json)
@@ -86,7 +86,8 @@ def test_record_summary_says_the_verdict_and_first_violation(capsys: pytest.Capt
 
 def test_record_summary_into_a_closed_pipe_is_quiet() -> None:
     code = (
-        "from pathlib import Path; from specviz.cli import _print_summary; from specviz.trace.io import load_trace;"
+        "from pathlib import Path; from specviz.recording import _print_summary;"
+        "from specviz.trace.io import load_trace;"
         f"t = load_trace({str(TRACES / 'default-eqspec-stale-kv.json.gz')!r});"
         "[_print_summary(t, Path('x'), True) for _ in range(30)]"
     )

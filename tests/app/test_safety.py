@@ -181,7 +181,7 @@ def test_saved_traces_follow_the_umask_and_never_replace_devices(tmp_path: Path)
 
 
 def test_a_smaller_run_is_written_beside_a_complete_trace(tmp_path: Path) -> None:
-    from specviz.cli import _keep_complete
+    from specviz.recording import _keep_complete
 
     out = save_trace(synthetic_trace(4, 2, 2, 8), tmp_path / "run.json.gz")
     partial = synthetic_trace(2, 2, 2, 2)
