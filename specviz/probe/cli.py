@@ -75,8 +75,9 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from specviz.files import check_output_path
+    from specviz.probe.config import ProbeConfig
     from specviz.probe.prompts import load_prompts
-    from specviz.probe.runner import ProbeConfig, run_probe
+    from specviz.probe.runner import run_probe
 
     out = Path(args.out) if args.out else None
     if out is not None:
