@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from specviz.analysis.report import Report, Violation
+from specviz.trace.mask_runs import attended_before, mask_window
 from specviz.trace.schema import RowRecord, SequenceRecord, StepRecord, Trace
 
 # What a physical slot holds, in the order a legend lists them.
@@ -159,43 +160,6 @@ def fed_position_before(history: FedHistory, seq_id: int, index: int, step_index
     return entries[at - 1][1] if at > 0 else None
 
 
-def expand_mask(mask_rle: list[list[int]], width: int) -> list[int | None]:
-    """The fed mask row as a list of `width` entries; None where the mask is too short."""
-    return mask_window(mask_rle, 0, width)
-
-
-def mask_window(mask_rle: list[list[int]], lo: int, hi: int) -> list[int | None]:
-    """Mask entries of columns lo..hi-1 (None past the mask's end), clipped before expanding.
-
-    A run's count is what the file declares (a row may claim 10^7 slots): only the overlap of
-    each run with the window is ever materialised.
-    """
-    values: list[int | None] = []
-    pos = 0
-    for value, count in mask_rle:
-        start, end = max(pos, lo), min(pos + count, hi)
-        if start < end:
-            values.extend([value] * (end - start))
-        pos += count
-        if pos >= hi:
-            break
-    values.extend([None] * (hi - lo - len(values)))
-    return values
-
-
-def _attended_before(mask_rle: list[list[int]], col: int) -> tuple[int, int | None]:
-    """(attended slots before column `col`, first attended column or None), from the runs."""
-    attended, first, pos = 0, None, 0
-    for value, count in mask_rle:
-        if pos >= col:
-            break
-        if value == 1 and count > 0:
-            first = pos if first is None else first
-            attended += min(pos + count, col) - pos
-        pos += count
-    return attended, first
-
-
 # Cache columns built per row: the grid shows at most 512 (its slider), the rest is never drawn.
 MAX_BUILT_CACHE = 4096
 MAX_STEP_CELLS = 1 << 18  # cache slots built for one step, all rows together
@@ -286,7 +250,7 @@ def _cache_slots(
 ) -> tuple[list[Slot], list[str]]:
     """Cache slots of columns lo..cache_len-1; `mask` holds the mask from column `lo` on."""
     expected_kv = max(row.committed_before - 1, 0)
-    before, first_attended = _attended_before(row.mask_rle, step.cache_len)
+    before, first_attended = attended_before(row.mask_rle, step.cache_len)
     attended = before  # attended cache slots in all, counted from the runs
     extra = max(0, attended - expected_kv)
     held = attended - extra  # attended slots that hold committed tokens
@@ -295,8 +259,8 @@ def _cache_slots(
     first_attended = step.cache_len if first_attended is None else first_attended
     # Surplus slots inside the row's declared left padding are that padding, attended (a mask not
     # passed, or pads absorbed): drawn where they are, on the left. The rest sit next to the query.
-    pads = min(extra, _attended_before(row.mask_rle, min(max(row.left_pad, 0), step.cache_len))[0])
-    rank = _attended_before(row.mask_rle, lo)[0]  # attended slots left of the window
+    pads = min(extra, attended_before(row.mask_rle, min(max(row.left_pad, 0), step.cache_len))[0])
+    rank = attended_before(row.mask_rle, lo)[0]  # attended slots left of the window
     notes = []
     if first_index > 0:
         notes.append(f"the cache lacks the KV of {first_index} committed token(s)")

@@ -16,12 +16,12 @@ from specviz.analysis.slots import (
     SLOT_KINDS,
     StepSlots,
     anchor_col,
-    expand_mask,
     expected_row,
     fed_history,
     fed_position_before,
     step_slots,
 )
+from specviz.trace.mask_runs import expand_mask
 from specviz.trace.schema import Header, ModelInfo, RowRecord, SequenceRecord, StepRecord, Trace
 from specviz.views.palette import KINDS
 

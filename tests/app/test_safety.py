@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from specviz.analysis.slots import mask_window, step_slots
+from specviz.analysis.slots import step_slots
 from specviz.app.files import sweep_abandoned_uploads
 from specviz.app.serve import LiveRunGate, public_mode, public_models_only
 from specviz.cli import main
@@ -25,6 +25,7 @@ from specviz.files import beside, check_output_path, umask_file_mode
 from specviz.trace.budget import Budget, over_budget
 from specviz.trace.io import TraceError, load_trace, parse_trace_bytes, save_trace, trace_to_dict
 from specviz.trace.jsonparse import loads_yielding
+from specviz.trace.mask_runs import mask_window
 from specviz.trace.synthetic import synthetic_trace
 from specviz.views.outputs import MAX_TOKENS_SHOWN, RunOutputs, outputs_html
 from specviz.views.safe_text import html_text, md_text
