@@ -92,7 +92,7 @@ def head_source(
     if not heads or not drafts:
         return None
     j = heads[-1]
-    head_row = _served(calls[j], row, drafts[0], calls[index].batch_size)
+    head_row = _served(calls[j], row, drafts, calls[index].batch_size)
     source = next((i for i in range(j - 1, -1, -1) if calls[i].role == "target"), None)
     if head_row is None or calls[j].head_fed is None or source is None:
         return None
@@ -106,15 +106,26 @@ def head_source(
     return expected if expected in found else (found[0] if found else None)
 
 
-def _served(head: Any, row: int, first_draft: int, batch_size: int) -> int | None:
-    """The head call's row that proposed the verify row's first draft: the row's own index when
-    the head ran the verify's batch in its order, else the one row that proposed that token."""
+def _served(head: Any, row: int, drafts: list[int], batch_size: int) -> int | None:
+    """The head call's row that proposed the verify row's drafts: the row's own index when the head
+    ran the verify's batch (same size) and that row proposed them; in a head batch of another size
+    (only the rows still drafting, say), the one row that did. A same-size batch whose own row
+    proposed something else is not read (never another row whose token happens to match)."""
     if not isinstance(head.argmax, list) or head.head_fed is None or len(head.argmax) != len(head.head_fed):
         return None
-    proposed = [r for r, tokens in enumerate(head.argmax) if tokens and tokens[-1] == first_draft]
-    if head.batch_size == batch_size and row in proposed:
-        return row
-    return proposed[0] if len(proposed) == 1 else None
+
+    def proposed(tokens: list[int]) -> bool:
+        if not tokens:
+            return False
+        if len(tokens) > head.query_len:  # Medusa: one input slot, one logits column per head
+            n = min(len(tokens), len(drafts))
+            return list(tokens[:n]) == list(drafts[:n])
+        return tokens[-1] == drafts[0]  # EAGLE, MTP: the last slot's logits propose the next draft
+
+    if head.batch_size == batch_size:
+        return row if proposed(head.argmax[row]) else None
+    found = [r for r, tokens in enumerate(head.argmax) if proposed(tokens)]
+    return found[0] if len(found) == 1 else None
 
 
 def _unpacked(call: Any, row: int, column: int) -> tuple[int, int] | None:

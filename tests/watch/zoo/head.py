@@ -7,7 +7,9 @@ random tokens, so it agrees with the target about half the time: rows accept eve
 rows that accept nothing. The target verifies the drafts with a padded cache that keeps holes
 (`common.HoleCache`) and returns its hidden states; finished rows are dropped (each prompt has
 its own budget). Pass `drafter=head` to the watch; the rows are declared each step (`w.rows`).
-With `packed`, the target is packed instead (`generate_packed`, vLLM's EAGLE layout).
+With `packed`, the target is packed instead (`generate_packed`, vLLM's EAGLE layout). With a
+`MedusaHeads` drafter, all of a step's drafts come from ONE head call per step (Medusa: one head per
+draft depth, all fed the same hidden state and the pending token's id; logits [B, heads, V]).
 
 Bugs, each at (step, sequence) = events[0]:
 - "stale_kv": the first partially accepted row's rejected slots stay attended from its next
@@ -59,6 +61,27 @@ class DraftHead(nn.Module):
         return CausalLMOutput(logits=self.lm_head(feature), hidden_states=(feature,))
 
 
+class MedusaHeads(nn.Module):
+    """Medusa-shaped: one call, fed the target's hidden state [B, 1, H] and the pending token's ids
+    [B, 1], returns logits [B, n, V], column i proposing draft i + 1. Its heads chain a `DraftHead`
+    inside the call (each depth fed the depth before), so it drafts as well as the EAGLE-like head
+    while the watch sees one call with more logits columns than query slots."""
+
+    def __init__(self, target, n: int = 2) -> None:
+        super().__init__()
+        self.inner = DraftHead(target)
+        self.embed = target.get_input_embeddings()
+        self.n = n
+
+    def forward(self, hidden_states: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        hidden, tokens, logits = hidden_states, input_ids, []
+        for _ in range(self.n):
+            out = self.inner(hidden_states=hidden, inputs_embeds=self.embed(tokens))
+            logits.append(out.logits[:, -1])
+            hidden, tokens = out.hidden_states[-1], out.logits[:, -1:].argmax(-1)
+        return torch.stack(logits, 1)
+
+
 class HiddenCache(HoleCache):
     """`HoleCache` whose calls also return the target's last hidden states; `last[r]` is the
     hidden state at the slot that predicted row r's pending token."""
@@ -98,8 +121,14 @@ class HiddenCache(HoleCache):
 
 
 @torch.no_grad()
-def propose(head: DraftHead, target, last: torch.Tensor, pending: list[int], n: int) -> list[list[int]]:
-    """n drafts per row: head call j is fed the feature before and the token it proposed last."""
+def propose(head: DraftHead | MedusaHeads, target, last: torch.Tensor, pending: list[int], n: int) -> list[list[int]]:
+    """n drafts per row: head call j is fed the feature before and the token it proposed last
+    (a `MedusaHeads` drafter: one call gives them all)."""
+    if isinstance(head, MedusaHeads):
+        if n == 0:
+            return [[] for _ in pending]
+        logits = head(hidden_states=last[:, None], input_ids=torch.tensor(pending)[:, None])
+        return logits[:, :n].argmax(-1).tolist()
     hidden, tokens, out = last[:, None], torch.tensor(pending)[:, None], []
     for _ in range(n):
         step = head(hidden_states=hidden, inputs_embeds=target.get_input_embeddings()(tokens))

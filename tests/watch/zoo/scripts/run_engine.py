@@ -6,8 +6,8 @@
 
 It builds the tiny Llama target (and, for the engines that use one, its noisy draft) with
 `from_config`, as `tests/support/tiny.make_pair` does, so the command's hooks see them; the head
-engine builds its head (no draft model). It prints `OUTS <outputs>` and `EVENTS <bug locations>`
-for the tests to read. Nothing in it knows about specviz.
+engine builds its head (no draft model; `--set medusa=1`: Medusa-shaped heads). It prints
+`OUTS <outputs>` and `EVENTS <bug locations>` for the tests to read. Nothing in it knows about specviz.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def main() -> None:
     if args.engine in USES_DRAFT:
         second = noisy_copy(target)
     elif args.engine == "head":
-        second = head.DraftHead(target)
+        second = head.MedusaHeads(target) if options.pop("medusa", 0) else head.DraftHead(target)
     else:
         second = None
     outs, events = ENGINES[args.engine].generate(target, second, prompts, max_new, bug=args.bug, **options)
