@@ -70,7 +70,10 @@ TARGETS: dict[str, tuple[str, list[str]]] = {
         ["tests/watch/test_batch_map_rules.py", "tests/watch/test_batch_map.py", _ZOO_PRODUCTION],
     ),
     "paged": ("specviz/watch/paged.py", [_ZOO_PRODUCTION]),
-    "headinput": ("specviz/watch/headinput.py", ["tests/watch/test_head_input.py", _ZOO_PRODUCTION]),
+    "headinput": (
+        "specviz/watch/headinput.py",
+        ["tests/watch/test_head_source.py", "tests/watch/test_head_input.py", _ZOO_PRODUCTION],
+    ),
 }
 # Default pytest arguments of a target (`--pytest-args` overrides): the checker's test files
 # without their tiny-model runs (minutes per surviving mutant); the synthetic tests stay.
