@@ -11,8 +11,15 @@ from types import SimpleNamespace
 import torch
 from tiny import make_pair
 
+from specviz.watch import headinput
 from specviz.watch.headinput import MAX_CANDIDATES, HiddenTap, head_source, unfound_note
 from specviz.watch.hooks import CallRecord
+
+
+def at(row: int, column: int) -> tuple[int, ...]:
+    """One match of a head row: (target row, query column) of the latest target call; where the
+    tap keeps several calls (`headinput.HISTORY`), led by the call's age (0: the latest)."""
+    return (0, row, column) if hasattr(headinput, "HISTORY") else (row, column)
 
 
 def target_call(rows: tuple[int, ...], positions: list[list[int]], **fields) -> CallRecord:
@@ -44,7 +51,7 @@ def source_of(head: CallRecord, row: int, drafts: list[int], seq_id: int, commit
 def test_the_expected_source_is_named_when_the_head_was_fed_it() -> None:
     """Row 0 (sequence 5, 7 tokens committed): its head input is the hidden state at logical index
     5 (committed - 2, the slot that predicted its pending token): (row 0, column 2) of the source."""
-    head = head_call([[40], [41]], [[(0, 2)], [(1, 2)]])
+    head = head_call([[40], [41]], [[at(0, 2)], [at(1, 2)]])
     assert source_of(head, 0, [40, 9], 5, 7) == [5, 5]
     assert source_of(head, 1, [41], 7, 10) == [7, 8]
 
@@ -52,35 +59,35 @@ def test_the_expected_source_is_named_when_the_head_was_fed_it() -> None:
 def test_another_rows_state_is_named_as_such() -> None:
     """Row 0 fed row 1's state (the zoo's head_row bug): the source names sequence 7, index 8, not
     the expected one; several candidates (equal vectors) keep the expected one when it is among them."""
-    head = head_call([[40], [41]], [[(1, 2)], [(0, 2)]])
+    head = head_call([[40], [41]], [[at(1, 2)], [at(0, 2)]])
     assert source_of(head, 0, [40], 5, 7) == [7, 8]
-    tied = head_call([[40], [41]], [[(1, 2), (0, 2)], [(1, 2)]])
+    tied = head_call([[40], [41]], [[at(1, 2), at(0, 2)], [at(1, 2)]])
     assert source_of(tied, 0, [40], 5, 7) == [5, 5]
     assert source_of(tied, 0, [40], 5, 8) == [7, 8]  # expected [5, 6] is not among them: the first
 
 
 def test_no_source_where_nothing_can_be_told() -> None:
-    head = head_call([[40], [41]], [[(0, 2)], [(1, 2)]])
+    head = head_call([[40], [41]], [[at(0, 2)], [at(1, 2)]])
     assert source_of(head, 0, [], 5, 7) is None  # no drafts: the head served nothing
     assert head_source([SOURCE, head, SOURCE], 2, [], 0, [40], 5, 7) is None  # no head call
     assert source_of(head_call([[40], [41]], None), 0, [40], 5, 7) is None  # not compared
-    assert source_of(head_call([[40], [41]], [[], [(1, 2)]]), 0, [40], 5, 7) is None  # matched nothing
+    assert source_of(head_call([[40], [41]], [[], [at(1, 2)]]), 0, [40], 5, 7) is None  # matched nothing
     assert source_of(head, 0, [42], 5, 7) is None  # no head row proposed the row's first draft
     assert head_source([head, SOURCE], 1, [0], 0, [40], 5, 7) is None  # no target call before the head
-    beyond = head_call([[40], [41]], [[(0, 5)], [(2, 0)]])  # places outside the source call
+    beyond = head_call([[40], [41]], [[at(0, 5)], [at(2, 0)]])  # places outside the source call
     assert source_of(beyond, 0, [40], 5, 7) is None and source_of(beyond, 1, [41], 7, 10) is None
-    assert source_of(head_call([[40]], [[(0, 2)], [(1, 2)]]), 0, [40], 5, 7) is None  # argmax per row missing
+    assert source_of(head_call([[40]], [[at(0, 2)], [at(1, 2)]]), 0, [40], 5, 7) is None  # argmax per row missing
 
 
 def test_a_head_in_another_order_is_read_by_the_token_it_proposed() -> None:
     """The head ran the rows reversed (or fewer of them): the row that proposed the verify row's
     first draft served it; two rows proposing that same token tell nothing."""
-    reversed_head = head_call([[41], [40]], [[(1, 2)], [(0, 2)]])
+    reversed_head = head_call([[41], [40]], [[at(1, 2)], [at(0, 2)]])
     assert source_of(reversed_head, 0, [40], 5, 7) == [5, 5]
     assert source_of(reversed_head, 1, [41], 7, 10) == [7, 8]
-    one = head_call([[40]], [[(0, 2)]])
+    one = head_call([[40]], [[at(0, 2)]])
     assert source_of(one, 0, [40], 5, 7) == [5, 5]
-    ambiguous = head_call([[40], [40], [40]], [[(0, 2)], [(1, 2)], [(0, 1)]])
+    ambiguous = head_call([[40], [40], [40]], [[at(0, 2)], [at(1, 2)], [at(0, 1)]])
     assert source_of(ambiguous, 1, [40], 7, 10) is None
 
 
@@ -88,10 +95,10 @@ def test_a_packed_source_is_read_through_its_segments() -> None:
     """The source call was packed (1 x 7: sequence 5 in columns 0-2, then a padding column, then
     sequence 7 in columns 4-6) and unpacked into two rows; the head was fed raw (row, column)s."""
     packed = target_call((5, 7), [[3, 4, 5], [6, 7, 8]], segments=[(0, 0, 3), (0, 4, 3)])
-    head = head_call([[40], [41]], [[(0, 2)], [(0, 6)]])
+    head = head_call([[40], [41]], [[at(0, 2)], [at(0, 6)]])
     assert source_of(head, 0, [40], 5, 7, before=packed) == [5, 5]
     assert source_of(head, 1, [41], 7, 10, before=packed) == [7, 8]
-    padding = head_call([[40], [41]], [[(0, 3)], [(0, 6)]])  # column 3 is nobody's
+    padding = head_call([[40], [41]], [[at(0, 3)], [at(0, 6)]])  # column 3 is nobody's
     assert source_of(padding, 0, [40], 5, 7, before=packed) is None
 
 
@@ -122,7 +129,7 @@ def test_tap_reads_the_vector_fed_however_the_head_takes_it() -> None:
         target(input_ids=ids)
         tap.end()
         last = len(ids) - 1
-        wanted = [[(last, 1)], [(r, 2) for r in range(MAX_CANDIDATES)]]
+        wanted = [[at(last, 1)], [at(r, 2) for r in range(MAX_CANDIDATES)]]
         fed = torch.stack([hidden[last, 1], hidden[0, 2]])
         assert tap.match_rows({}, (fed,)) == wanted
         assert tap.match_rows({"features": fed[:, None]}, ()) == wanted
