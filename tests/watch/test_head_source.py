@@ -117,24 +117,29 @@ def test_unfound_note_counts_the_drafting_rows_left_unchecked() -> None:
 
 
 def test_tap_reads_the_vector_fed_however_the_head_takes_it() -> None:
-    """Positional or keyword, [B, H] or [B, T, H] (its last column), capped at MAX_CANDIDATES equal
-    rows; no floating tensor of the hidden width fed: None (not compared)."""
+    """Positional or keyword, [B, H] or [B, T, H] (its last column), capped at four equal rows
+    (MAX_CANDIDATES); no floating tensor of the hidden width fed: None (not compared)."""
     target = make_pair("llama").target
-    ids = torch.tensor([[5, 9, 14]] * (MAX_CANDIDATES + 2) + [[7, 8, 21]])
+    ids = torch.tensor([[5, 9, 14]] * 6 + [[7, 8, 21]])  # six equal rows: four are named
     hidden = target.model(input_ids=ids).last_hidden_state  # the oracle, without the tap
     tap = HiddenTap(target)
     try:
+        target.lm_head(hidden)  # a head sharing the LM head, before any target call: not kept
         assert tap.match_rows({"hidden_states": hidden[:, -1]}, ()) is None  # no target call yet
         tap.start(ids.shape[1])
         target(input_ids=ids)
         tap.end()
         last = len(ids) - 1
-        wanted = [[at(last, 1)], [at(r, 2) for r in range(MAX_CANDIDATES)]]
+        wanted = [[at(last, 1)], [at(r, 2) for r in range(4)]]
+        assert MAX_CANDIDATES == 4
         fed = torch.stack([hidden[last, 1], hidden[0, 2]])
         assert tap.match_rows({}, (fed,)) == wanted
         assert tap.match_rows({"features": fed[:, None]}, ()) == wanted
         assert tap.match_rows({"hidden_states": torch.cat([fed[:, None], fed[:, None] + 3], 1)}, ()) == [[], []]
         assert tap.match_rows({"input_ids": ids}, ()) is None
+        # 1% off is another vector, not a copy (within 1e-4 relative, RTOL)
+        assert tap.match_rows({"hidden_states": fed * 1.01}, ()) == [[], []]
+        assert tap.match_rows({"hidden_states": fed * (1 + 2e-5)}, ()) == wanted
         assert tap.match_rows({"hidden_states": torch.zeros(2, fed.shape[-1] + 1)}, ()) is None
     finally:
         tap.remove()
