@@ -52,6 +52,7 @@ _CHECK_SLOW = (
     "closed_pipe",
 )
 _ZOO_PRODUCTION = "tests/watch/test_zoo_production.py"
+_WATCH_RUNS = ["tests/watch/test_watch.py", "tests/watch/test_batch_map.py", _ZOO_PRODUCTION]
 # name -> (module, fast test files that are meant to kill its mutants)
 TARGETS: dict[str, tuple[str, list[str]]] = {
     "rules": ("specviz/engine/rules.py", ["tests/engine/test_rejection_rule.py"]),
@@ -74,6 +75,13 @@ TARGETS: dict[str, tuple[str, list[str]]] = {
         "specviz/watch/headinput.py",
         ["tests/watch/test_head_source.py", "tests/watch/test_head_input.py", _ZOO_PRODUCTION],
     ),
+    # The readers every watched run goes through (API), and the command's row following.
+    "calls": ("specviz/watch/calls.py", _WATCH_RUNS),
+    "steps": ("specviz/watch/steps.py", _WATCH_RUNS),
+    "follow_match": (
+        "specviz/watch/follow_match.py",
+        ["tests/watch/test_follow.py", "tests/watch/test_zoo.py", _ZOO_PRODUCTION],
+    ),
 }
 # Default pytest arguments of a target (`--pytest-args` overrides): the checker's test files
 # without their tiny-model runs (minutes per surviving mutant); the synthetic tests stay.
@@ -81,7 +89,8 @@ TARGET_PYTEST_ARGS = {
     name: "-k '" + " and ".join(f"not {k}" for k in _CHECK_SLOW) + "'" for name in ("check", "finish", "row_checks")
 }
 # The production zoo through the API only (the command's runs read the same maps, at twice the cost).
-TARGET_PYTEST_ARGS.update(batchmap="-k 'not command'", headinput="-k 'not command'", paged="-k 'not command'")
+# (follow_match keeps the command's runs: it is what they read rows with.)
+TARGET_PYTEST_ARGS.update({name: "-k 'not command'" for name in ("batchmap", "headinput", "paged", "calls", "steps")})
 
 _CMP_SWAP = {
     ast.Lt: ast.LtE,
