@@ -51,6 +51,8 @@ _CHECK_SLOW = (
     "a_model_the_kv",
     "closed_pipe",
 )
+_ZOO_PRODUCTION = "tests/watch/test_zoo_production.py"
+_WATCH_RUNS = ["tests/watch/test_watch.py", "tests/watch/test_batch_map.py", _ZOO_PRODUCTION]
 # name -> (module, fast test files that are meant to kill its mutants)
 TARGETS: dict[str, tuple[str, list[str]]] = {
     "rules": ("specviz/engine/rules.py", ["tests/engine/test_rejection_rule.py"]),
@@ -62,15 +64,33 @@ TARGETS: dict[str, tuple[str, list[str]]] = {
     "check": ("specviz/analysis/check.py", _CHECK_TESTS),
     "finish": ("specviz/analysis/finish.py", _CHECK_TESTS),
     "row_checks": ("specviz/analysis/row_checks.py", _CHECK_TESTS),
-    # The watch's batch map (its producers): the map's own cases. (The production-shaped engines,
-    # tests/watch/test_zoo_production.py, do not pass in the tool's copy of the tree yet.)
-    "batchmap": ("specviz/watch/batchmap.py", ["tests/watch/test_batch_map.py"]),
+    # The watch: each module with the map's own cases first (quick to fail), then the
+    # production-shaped engines that stand on it (tests/watch/test_zoo_production.py).
+    "batchmap": (
+        "specviz/watch/batchmap.py",
+        ["tests/watch/test_batch_map_rules.py", "tests/watch/test_batch_map.py", _ZOO_PRODUCTION],
+    ),
+    "paged": ("specviz/watch/paged.py", ["tests/watch/test_paged_capture.py", _ZOO_PRODUCTION]),
+    "headinput": (
+        "specviz/watch/headinput.py",
+        ["tests/watch/test_head_source.py", "tests/watch/test_head_input.py", _ZOO_PRODUCTION],
+    ),
+    # The readers every watched run goes through (API), and the command's row following.
+    "calls": ("specviz/watch/calls.py", _WATCH_RUNS),
+    "steps": ("specviz/watch/steps.py", _WATCH_RUNS),
+    "follow_match": (
+        "specviz/watch/follow_match.py",
+        ["tests/watch/test_follow.py", "tests/watch/test_zoo.py", _ZOO_PRODUCTION],
+    ),
 }
 # Default pytest arguments of a target (`--pytest-args` overrides): the checker's test files
 # without their tiny-model runs (minutes per surviving mutant); the synthetic tests stay.
 TARGET_PYTEST_ARGS = {
     name: "-k '" + " and ".join(f"not {k}" for k in _CHECK_SLOW) + "'" for name in ("check", "finish", "row_checks")
 }
+# The production zoo through the API only (the command's runs read the same maps, at twice the cost).
+# (follow_match keeps the command's runs: it is what they read rows with.)
+TARGET_PYTEST_ARGS.update({name: "-k 'not command'" for name in ("batchmap", "headinput", "paged", "calls", "steps")})
 
 _CMP_SWAP = {
     ast.Lt: ast.LtE,
@@ -135,7 +155,7 @@ class Result:
 
 
 def _skipped_ids(tree: ast.AST) -> set[int]:
-    """Nodes never mutated: docstrings, annotations, `from __future__` and `__all__`."""
+    """Nodes never mutated: docstrings, annotations, imports, `TypeVar`s and `...` bodies."""
     skip: set[int] = set()
 
     def mark(node: ast.AST | None) -> None:
@@ -158,6 +178,8 @@ def _skipped_ids(tree: ast.AST) -> set[int]:
             mark(node.annotation)
         if isinstance(node, (ast.ImportFrom, ast.Import)):
             mark(node)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and node.value.value is Ellipsis:
+            mark(node)  # a Protocol's or stub's `...` body: `pass` instead is the same program
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "TypeVar":
             mark(node)
     return skip
@@ -288,22 +310,28 @@ def _copy_repo(dest: Path) -> None:
             shutil.copytree(ROOT / needed, dest / needed, ignore=ignore)
 
 
+def _log_path(workdir: Path) -> Path:
+    """The last child's pytest output (inside the temporary copy, so it goes with it)."""
+    return workdir / ".mutation-child.log"
+
+
 def _run_tests(
     workdir: Path, tests: list[str], extra: list[str], timeout: float, *, write_bytecode: bool = False
 ) -> tuple[str, float]:
     """Fork; the child runs pytest in-process against `workdir`. ('killed' | 'survived' | 'timeout', s).
 
-    `write_bytecode` (the baseline run only): pytest caches its assertion-rewritten test modules,
-    which every later mutant then reads instead of rewriting them (~1 s a mutant)."""
+    The child's output goes to `_log_path(workdir)` (overwritten each run), so a failing baseline
+    can say why. `write_bytecode` (the baseline run only): pytest caches its assertion-rewritten
+    test modules, which every later mutant then reads instead of rewriting them (~1 s a mutant)."""
     start = time.monotonic()
     pid = os.fork()
     if pid == 0:  # child
         code = 3
         try:
             sys.dont_write_bytecode = not write_bytecode
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 1)
-            os.dup2(devnull, 2)
+            log = os.open(_log_path(workdir), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
             signal.alarm(int(timeout))
             import pytest
 
@@ -361,7 +389,8 @@ def run_target(
         path.write_text(baseline)  # the unmutated code as the runner writes it must pass
         status, seconds = _run_tests(workdir, tests, extra, timeout * 3, write_bytecode=True)
         if status != "survived":
-            raise SystemExit(f"{module}: the tests fail on the unmutated module ({status}); fix that first")
+            tail = "\n".join(_log_path(workdir).read_text(errors="replace").splitlines()[-40:])
+            raise SystemExit(f"{tail}\n{module}: the tests fail on the unmutated module ({status}); fix that first")
         # Keep the tests' cached bytecode, never the package's: a mutant written within the same
         # second as the same size would otherwise be read from a stale .pyc.
         for cache in (workdir / "specviz").rglob("__pycache__"):

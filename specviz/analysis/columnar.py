@@ -39,6 +39,7 @@ class Before:
     last_token: np.ndarray
     finished: np.ndarray  # finished before the row (a row of a finished sequence is flagged)
     prompt_len: np.ndarray
+    budget: np.ndarray  # the sequence's own max_new_tokens (`History`: the run's, or its own)
     last_emitted: np.ndarray  # the row's own last emitted token (-1: emitted nothing)
     done: np.ndarray  # the row finishes its sequence (EOS last, or the budget reached)
     eos_any: np.ndarray  # the row emitted an EOS
@@ -75,6 +76,7 @@ def _before(c: Columns, history: History) -> Before:
     last0 = np.array([s.last_token for s in states], dtype=np.int64)
     finished0 = np.array([s.finished_at is not None for s in states], dtype=bool)
     prompt_len = np.array([s.prompt_len for s in states], dtype=np.int64)
+    budget = np.array([s.budget for s in states], dtype=np.int64)[which]
     e = c.emitted.lengths
     last_emitted = np.where(e > 0, c.emitted.at(np.arange(c.n), e - 1), -1)
     order = np.argsort(which, kind="stable")  # each sequence's rows together, in trace order
@@ -91,10 +93,12 @@ def _before(c: Columns, history: History) -> Before:
     last = np.empty(c.n, dtype=np.int64)
     last[order] = np.where(from_group, last_emitted[order][np.maximum(previous, 0)], last0[g])
     eos_any, eos_inside = _eos_inside(c, np.array(sorted(history.eos), dtype=np.int64))
-    done = (eos_any & ~eos_inside) | (written + e >= history.max_new)  # EOS last, or the budget
+    done = (eos_any & ~eos_inside) | (written + e >= budget)  # EOS last, or the sequence's budget
     finished = np.empty(c.n, dtype=bool)  # a row after its sequence's done row is "decoded again"
     finished[order] = finished0[g] | (np.concatenate([[False], done[order][:-1]]) & ~seg_start)
-    return Before(seqs, which, written, last, finished, prompt_len[which], last_emitted, done, eos_any, eos_inside)
+    return Before(
+        seqs, which, written, last, finished, prompt_len[which], budget, last_emitted, done, eos_any, eos_inside
+    )
 
 
 def _row_flags(c: Columns, b: Before, history: History, records_finish: bool) -> np.ndarray:
@@ -106,7 +110,7 @@ def _row_flags(c: Columns, b: Before, history: History, records_finish: bool) ->
     bad |= ~_positions_ok(c, n1) | _kv_flags(c, n1, history) | _recorded_flags(c, n1)
     bad |= _mask_flags(c, history) | b.eos_inside
     if records_finish:
-        bad |= _reason_flags(c, b, history)
+        bad |= _reason_flags(c, b)
     return bad
 
 
@@ -130,7 +134,7 @@ def _accounting_flags(c: Columns, b: Before, history: History) -> np.ndarray:
     proposal = np.where(
         je < acc_e, drafts.at(emitted.row_of, je), c.target_tokens.at(emitted.row_of, acc_e)
     )  # items past acc + 1 fail the length test below
-    allowed = np.minimum(acc + 1, np.maximum(0, history.max_new - b.written))
+    allowed = np.minimum(acc + 1, np.maximum(0, b.budget - b.written))
     bad |= greedy & ((e > allowed) | ~emitted.all(emitted.values == proposal))
     has_bonus = e == acc + 1
     bonus = emitted.at(rows, acc)
@@ -196,11 +200,11 @@ def _eos_inside(c: Columns, eos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return any_eos, np.bincount(emitted.row_of[inside], minlength=c.n) > 0
 
 
-def _reason_flags(c: Columns, b: Before, history: History) -> np.ndarray:
+def _reason_flags(c: Columns, b: Before) -> np.ndarray:
     """`finished` / `finish_reason` against what the row gave its sequence (finish.check_row_reason)."""
     e = c.emitted.lengths
     by_eos = (e > 0) & b.eos_any
-    by_budget = (e > 0) & (b.written + e >= history.max_new)
+    by_budget = (e > 0) & (b.written + e >= b.budget)
     reason = c.reason > 0
     bad = (c.finished != reason) | (reason != (by_eos | by_budget))
     return bad | ((c.reason == EOS_LENGTH) & ~by_eos) | ((c.reason == BUDGET_LENGTH) & ~by_budget)
