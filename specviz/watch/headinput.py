@@ -77,6 +77,33 @@ class HiddenTap:
         return found
 
 
+class TapSet:
+    """The command's taps (`specviz watch --drafter NAME`): which causal LM is the target is only
+    known once the script has ended, so every watched causal LM keeps its last hidden states and a
+    head call is matched with each; `finish` keeps the target's (`resolve`)."""
+
+    def __init__(self) -> None:
+        self.taps: dict[int, HiddenTap] = {}  # model index -> its tap
+
+    def add(self, index: int, model: Any) -> HiddenTap:
+        self.taps[index] = HiddenTap(model)
+        return self.taps[index]
+
+    def match_rows(self, fed: dict[str, Any], args: tuple[Any, ...]) -> dict[int, Any]:
+        """`HiddenTap.match_rows` by model index, for the models that kept hidden states."""
+        return {i: tap.match_rows(fed, args) for i, tap in self.taps.items() if tap.last is not None}
+
+    def remove(self) -> None:
+        for tap in self.taps.values():
+            tap.remove()
+        self.taps = {}
+
+
+def resolve(matches: Any, target: int) -> list[list[tuple[int, int]]] | None:
+    """A head call's matches as the target's alone (a dict by model index from `TapSet`)."""
+    return matches.get(target) if isinstance(matches, dict) else matches
+
+
 def head_source(
     calls: list[Any], index: int, heads: list[int], row: int, drafts: list[int], seq_id: int, committed: int
 ) -> list[int] | None:
