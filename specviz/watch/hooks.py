@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy
 import torch
 
 from specviz.errors import SpecvizError
@@ -93,6 +94,8 @@ class CallRecord:
         whole = self.mask if self.packed and self.mask_kind != "2d" and isinstance(self.mask, torch.Tensor) else None
         if whole is not None:  # a packed row's mask, read as a summary per query token (batchmap.lines)
             self.lines, self.mask = _line_summary(whole[0]), None
+            if self.query_live is None:  # the slots that attend anything: those that count any
+                self.query_live = [[line[0] > 0 for line in self.lines]]
         for name in ("input_ids", "positions", "mask", "argmax", "query_live", "cu_q", "cu_k", "logit_slots"):
             value = getattr(self, name)
             if isinstance(value, torch.Tensor):
@@ -323,12 +326,12 @@ class ModelHooks:
             if record.logit_slots is not None and logits.shape[1] != len(record.logit_slots):
                 record.logit_slots = None  # the model ignored logits_to_keep: every column's logits
             if record.logit_slots is not None or logits.shape[1] <= QUERY_TAIL:
-                record.argmax = logits.argmax(-1)
+                record.argmax = _argmax(logits)
             elif record.packed:  # a long packed row (prefills): the last slots of each sequence in it
                 columns = _segment_tails(record, logits.shape[1])
-                record.argmax, record.logit_slots = logits[:, columns].argmax(-1), columns
+                record.argmax, record.logit_slots = _argmax(logits[:, columns]), columns
             else:
-                record.argmax = logits[:, -QUERY_TAIL:].argmax(-1)
+                record.argmax = _argmax(logits[:, -QUERY_TAIL:])
         record.ended = time.perf_counter()
         self.sink.add_call(record)
 
@@ -360,8 +363,11 @@ def _segment_tails(record: CallRecord, width: int) -> torch.Tensor:
     if isinstance(record.cu_q, torch.Tensor):
         ends = record.cu_q[1:].long()
     elif isinstance(record.mask, torch.Tensor) and record.mask.dim() == 3 and record.mask.shape[1] == width:
-        seen = record.mask[0]
-        starts = torch.nonzero((seen[:-1] & ~seen[1:]).any(-1)).flatten() + 1
+        seen, host = record.mask[0], _on_host(record.mask[0])
+        if host is not None:  # numpy on the CPU (`_on_host`)
+            starts = torch.from_numpy(numpy.flatnonzero((host[:-1] & ~host[1:]).any(-1)) + 1)
+        else:
+            starts = torch.nonzero((seen[:-1] & ~seen[1:]).any(-1)).flatten() + 1
         ends = torch.cat([starts, torch.tensor([width], device=starts.device)])
     else:
         return torch.arange(width)
@@ -374,17 +380,34 @@ def _line_summary(mask: torch.Tensor) -> list[tuple[int, bool, bool, bool, int]]
     """Per query token of a packed row's [T, keys] mask: how many slots it attends, whether it drops
     one the token before attended, shares one with it, attends exactly one slot more (its own), and
     the first slot it attends (-1: none).
-    Four tensor ops in place of a T x keys list: all that cutting and counting read."""
-    seen = mask.bool()
-    counts = seen.sum(-1)
-    before, now = seen[:-1], seen[1:]
-    dropped = (before & ~now).any(-1)
-    shares = (before & now).any(-1)
-    one_more = ~dropped & ((now & ~before).sum(-1) == 1)
-    lowest = torch.where(counts > 0, seen.int().argmax(-1), -1).tolist()  # its first attended slot
-    first = [(int(counts[0]), False, True, bool(counts[0] > 0), lowest[0])] if len(counts) else []
-    rest = zip(counts[1:].tolist(), dropped.tolist(), shares.tolist(), one_more.tolist(), lowest[1:])
-    return first + [(c, d, sh, o, low) for c, d, sh, o, low in rest]
+
+    All of it from two counts per token (`_line_counts`): `count`, the slots it attends, and `both`,
+    the slots it shares with the token before. It drops a slot iff both < the count before, shares
+    one iff both > 0, and, dropping none (a superset), attends exactly one more iff count - count
+    before == 1."""
+    counts, both, first = _line_counts(mask.bool())
+    lowest = [f if c > 0 else -1 for c, f in zip(counts, first)]
+    lines = [(counts[0], False, True, counts[0] > 0, lowest[0])] if counts else []
+    for i in range(1, len(counts)):
+        dropped = both[i - 1] < counts[i - 1]
+        lines.append((counts[i], dropped, both[i - 1] > 0, not dropped and counts[i] - counts[i - 1] == 1, lowest[i]))
+    return lines
+
+
+def _line_counts(seen: torch.Tensor, host: bool | None = None) -> tuple[list[int], list[int], list[int]]:
+    """Per line of a [T, keys] boolean mask: slots attended, slots shared with the line before (T - 1
+    of them), first slot attended (0 where none is). On the host through numpy: torch's CPU
+    reductions of a boolean widen it to int64 and its argmax scans every slot, three to a hundred
+    times numpy's cost here (a packed prefill's mask is T x T); on a device, three ops and one
+    transfer (`host` forces the one or the other)."""
+    if seen.device.type == "cpu" if host is None else host:
+        lines = seen.numpy()
+        counts = lines.view(numpy.uint8).sum(-1, dtype=numpy.int32)
+        both = (lines[:-1] & lines[1:]).view(numpy.uint8).sum(-1, dtype=numpy.int32)
+        return counts.tolist(), both.tolist(), lines.argmax(-1).tolist()
+    t = seen.shape[0]
+    read = torch.cat([seen.sum(-1), (seen[:-1] & seen[1:]).sum(-1), seen.to(torch.uint8).argmax(-1)]).tolist()
+    return read[:t], read[t : 2 * t - 1], read[2 * t - 1 :]
 
 
 def _one_tensor(value: Any) -> Any:
@@ -409,17 +432,49 @@ def _mask_copy(mask: Any, tail: int | None = QUERY_TAIL) -> tuple[str, torch.Ten
     if mask.dim() == 4:
         seen = _attended(mask[:, 0])
         # Whole (a packed row): a bool mask's `seen` is a view of the engine's, copied; any other is
-        # a new tensor already. A tail is copied, so the rest of the rows are not kept alive.
+        # a new tensor already. Which query slots attend anything is then read at close, from the
+        # summary of its lines (`CallRecord.materialize`). A tail is copied, so the rest of the
+        # rows are not kept alive.
         if tail is None:
-            return "4d", seen.clone() if mask.dtype == torch.bool else seen, seen.any(-1)
-        return "4d", seen[:, -tail:].clone(), seen.any(-1)
+            return "4d", seen.clone() if mask.dtype == torch.bool else seen, None
+        return "4d", seen[:, -tail:].clone(), _any_last(seen)
     return "unknown", None, None
+
+
+# Host dtypes numpy reads in place. On the CPU, numpy's elementwise compare and `any` over a mask
+# cost a fifth of torch's single-threaded ones (a packed prefill's mask is T x T): the hook's
+# largest cost before this.
+_NUMPY_DTYPES = {torch.bool, torch.float16, torch.float32, torch.float64}
+_NUMPY_DTYPES |= {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
+
+
+def _on_host(tensor: torch.Tensor) -> Any:
+    """The tensor as a numpy array (a view, no copy) when it is on the CPU in a dtype numpy has."""
+    if tensor.device.type == "cpu" and tensor.dtype in _NUMPY_DTYPES:
+        return tensor.detach().numpy()
+    return None
 
 
 def _attended(mask: torch.Tensor) -> torch.Tensor:
     """Boolean 'may attend' from a bool (returned as is), 0/1 or additive float mask."""
     if mask.dtype == torch.bool:
         return mask
+    host = _on_host(mask)
+    if host is not None:  # a new array: never a view of the engine's mask
+        return torch.from_numpy(host == 0 if mask.is_floating_point() else host != 0)
     if mask.is_floating_point():
         return mask == 0  # additive: 0 attends, a large negative number blocks
     return mask != 0
+
+
+def _argmax(logits: torch.Tensor) -> torch.Tensor:
+    """`logits.argmax(-1)` (the first maximum), through numpy on the CPU: a tenth of torch's
+    single-threaded cost over a vocabulary, the after-hook's one op."""
+    host = _on_host(logits)
+    return torch.from_numpy(host.argmax(-1)) if host is not None else logits.argmax(-1)
+
+
+def _any_last(seen: torch.Tensor) -> torch.Tensor:
+    """`seen.any(-1)`, through numpy on the CPU."""
+    host = _on_host(seen)
+    return torch.from_numpy(host.any(-1)) if host is not None else seen.any(-1)
