@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy
@@ -85,6 +85,9 @@ class CallRecord:
     # hidden state each was fed (`headinput`); [] none matched; None: not compared.
     head_fed: list[list[tuple[int, int]]] | None = None
     segments: list[tuple[int, int, int]] | None = None  # a packed call's (row, start, length) per sequence
+    # `query_flags` per row, once materialized: the readers ask for each row's flags hundreds of
+    # times a run (each candidate sequence, each chain), and they never change after `materialize`.
+    flags: dict[int, list[int]] = field(default_factory=dict, repr=False)
 
     def materialize(self) -> None:
         """Tensors to lists, once, at close: the only host syncs the watch adds. Then the call's
@@ -117,13 +120,20 @@ class CallRecord:
                 for c, token in zip(self.logit_slots, kept):
                     spread[r][c] = token
             self.argmax, self.logit_slots = spread, None
+        self.flags.clear()  # any read while the map was applied saw the call before it
 
     def cache_of(self, row: int) -> int:
         """Slots in the row's cache before the call (a packed call's rows each have their own)."""
         return self.contexts[row] if self.contexts is not None else self.cache_width
 
     def query_flags(self, row: int) -> list[int]:
-        """1 for each query slot of `row` that is attended (a real token), 0 for padding."""
+        """1 for each query slot of `row` that is attended (a real token), 0 for padding. Shared:
+        callers read it, never change it."""
+        if row not in self.flags:
+            self.flags[row] = self._query_flags(row)
+        return self.flags[row]
+
+    def _query_flags(self, row: int) -> list[int]:
         q = self.query_len
         if self.mask_kind == "2d":
             values = self.mask[row]
