@@ -81,9 +81,10 @@ class CallRecord:
     # shared cache, so a sequence keeps its first slot from call to call (`Follower._fits`).
     anchors: list[int] | None = None
     drafter: bool = False  # a draft head's call (`watch(..., drafter=head)`): fed hidden states, not ids
-    # A head call's rows: the (target row, query column) of the previous target call whose last
-    # hidden state each was fed (`headinput`); [] none matched; None: not compared.
-    head_fed: list[list[tuple[int, int]]] | None = None
+    # A head call's rows: the (age, target row, query column) of the recent target calls (age 0:
+    # the latest) whose last hidden state each was fed (`headinput`); [] none matched; None: not
+    # compared (the command: a dict by model index until `finish` keeps the target's).
+    head_fed: list[list[tuple[int, int, int]]] | None = None
     segments: list[tuple[int, int, int]] | None = None  # a packed call's (row, start, length) per sequence
     # `query_flags` per row, once materialized: the readers ask for each row's flags hundreds of
     # times a run (each candidate sequence, each chain), and they never change after `materialize`.
@@ -234,14 +235,13 @@ class ModelHooks:
         if self.drafter:
             self.open.append(self._head_call(args, fed))
             return
-        if self.tap is not None and self.role == "target":
-            fed_as = input_ids if isinstance(input_ids, torch.Tensor) else fed.get("inputs_embeds")
-            self.tap.start(fed_as.shape[1] if isinstance(fed_as, torch.Tensor) and fed_as.dim() >= 2 else 0)
         if input_ids is None and isinstance(fed.get("inputs_embeds"), torch.Tensor):
             input_ids = self._ids_of_embeddings(fed["inputs_embeds"])
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
             self.open.append(None)  # odd shapes: nothing to attribute
             return
+        if self.tap is not None and self.role == "target":  # recorded calls only: the tap's ages count them
+            self.tap.start(input_ids.shape[1])
         started = time.perf_counter()
         cache = next((fed[k] for k in CACHE_KEYWORDS if fed.get(k) is not None), None)
         width = cache_width(cache)
