@@ -458,9 +458,10 @@ _NUMPY_DTYPES = {torch.bool, torch.float16, torch.float32, torch.float64}
 _NUMPY_DTYPES |= {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
 
 
-def _on_host(tensor: torch.Tensor) -> Any:
-    """The tensor as a numpy array (a view, no copy) when it is on the CPU in a dtype numpy has."""
-    if tensor.device.type == "cpu" and tensor.dtype in _NUMPY_DTYPES:
+def _on_host(tensor: torch.Tensor, least: int = 0) -> Any:
+    """The tensor as a numpy array (a view, no copy) when it is on the CPU in a dtype numpy has
+    (and has `least` elements or more: below, the conversions cost what the op saves)."""
+    if tensor.device.type == "cpu" and tensor.dtype in _NUMPY_DTYPES and tensor.numel() >= least:
         return tensor.detach().numpy()
     return None
 
@@ -469,7 +470,7 @@ def _attended(mask: torch.Tensor) -> torch.Tensor:
     """Boolean 'may attend' from a bool (returned as is), 0/1 or additive float mask."""
     if mask.dtype == torch.bool:
         return mask
-    host = _on_host(mask)
+    host = _on_host(mask, least=4096)
     if host is not None:  # a new array: never a view of the engine's mask
         return torch.from_numpy(host == 0 if mask.is_floating_point() else host != 0)
     if mask.is_floating_point():
