@@ -6,6 +6,9 @@ What is inferred (see docs/watch.md, "Watching an unmodified script"):
   (the first built wins a tie), the next largest the draft;
 - token text: the first tokenizer the script built whose vocabulary holds every token the trace
   uses gives the trace its piece table (`header.token_text`), so `check` and the app show text;
+- the draft head, when named (`--drafter NAME`): the first module of that class called outside
+  the watched causal LMs, found by a global forward hook that removes itself then; its calls are
+  draft calls and its input is checked as `watch(target, drafter=head)` checks it;
 - rows, prompts and emits: `follow.Follower` (its docstring has the rules): each row of each
   target call is matched to a sequence by its attended context (prompt + committed tokens), so
   rows may change order, leave the batch or join it; a new row's attended ids are its prompt
@@ -19,9 +22,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import torch
+
 from specviz.analysis.findings import UNREADABLE
 from specviz.trace.schema import Trace
 from specviz.watch.follow import Follower
+from specviz.watch.headinput import TapSet, resolve
 from specviz.watch.hooks import CallRecord, ModelHooks, WatchError, check_causal_lm
 from specviz.watch.paged import PagedCapture
 from specviz.watch.session import Watch, _eos_ids, _pad_id
@@ -31,7 +37,7 @@ from specviz.watch.steps import Emit
 class AutoWatch:
     """Hooks every causal LM built while installed; `finish` turns what they saw into a trace."""
 
-    def __init__(self) -> None:
+    def __init__(self, drafter: str | None = None) -> None:
         self.models: list[Any] = []
         self.hooks: list[ModelHooks] = []
         self.calls: list[CallRecord] = []
@@ -42,6 +48,15 @@ class AutoWatch:
         self.paged = PagedCapture(self, None)  # transformers' continuous batching: its manager says
         self.paged_emits: list[Emit] = []
         self._declared: tuple[int, ...] | None = None
+        # The draft head named by class (`--drafter`): searched for by a global forward hook until
+        # its first call; every causal LM keeps its last hidden states meanwhile (only when named).
+        self.drafter = drafter
+        self.head: Any = None
+        self.head_hooks: ModelHooks | None = None
+        self.taps = TapSet() if drafter else None
+        self._head_class = drafter.rsplit(".", 1)[-1] if drafter else None  # the class's own name
+        self._search: Any = None  # the global hook's handle while searching
+        self._inside: set[int] | None = None  # ids of the causal LMs' modules (built when a name matches)
 
     # ------------------------------------------------------------------ what ModelHooks calls
 
@@ -82,6 +97,8 @@ class AutoWatch:
         PreTrainedModel.post_init = post_init
         self._install_tokenizer_capture()
         self.paged.install()
+        if self.drafter:
+            self._search = torch.nn.modules.module.register_module_forward_hook(self._find_head, with_kwargs=True)
 
     def _install_tokenizer_capture(self) -> None:
         """Patch `PreTrainedTokenizerBase.__init__`: every HF tokenizer runs it, however it is built.
@@ -110,28 +127,64 @@ class AutoWatch:
 
             PreTrainedTokenizerBase.__init__ = self._original_tokenizer_init
             self._original_tokenizer_init = None
+        if self._search is not None:
+            self._search.remove()
+            self._search = None
         for hooks in self.hooks:
             hooks.remove()
+        if self.head_hooks is not None:
+            self.head_hooks.remove()
+        if self.taps is not None:
+            self.taps.remove()
         self.paged.uninstall()
 
     def adopt(self, model: Any) -> None:
         """Hook `model` if it is a causal LM (base models and encoders are skipped silently)."""
-        if any(m is model for m in self.models):
-            return
+        if any(m is model for m in self.models) or self._is_head_class(model):
+            return  # a causal LM of the head's class is left to the search: it is the head
         try:
             check_causal_lm(model, "model")
         except WatchError:
             return
         index = len(self.models)
         self.models.append(model)
+        self._inside = None
+        tap = self.taps.add(index, model) if self.taps is not None else None
         # Every model records as a target (argmax of all query slots); draft calls are trimmed later.
-        self.hooks.append(_IndexedHooks(model, self, index))
+        self.hooks.append(_IndexedHooks(model, self, index, tap))
+
+    # ------------------------------------------------------------------ the draft head
+
+    def _is_head_class(self, module: Any) -> bool:
+        if not self.drafter:
+            return False
+        kind = type(module)
+        if "." not in self.drafter:
+            return kind.__name__ == self.drafter
+        return f"{kind.__module__}.{kind.__qualname__}".endswith(self.drafter)
+
+    def _find_head(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        """Global forward hook while searching: the first module of the named class called outside
+        the causal LMs is the head. Its hooks go on, this call is captured as its first (the global
+        pre-hook sees no keywords, so the search runs after the call), and the search ends."""
+        if type(module).__name__ != self._head_class or not self._is_head_class(module):
+            return  # the one test every module call pays until the head is found
+        if self._inside is None:
+            self._inside = {id(m) for model in self.models for m in model.modules()}
+        if id(module) in self._inside:
+            return  # part of the target or the draft (a layer of that name), not a head
+        self._search.remove()
+        self._search = None
+        self.head = module
+        self.head_hooks = ModelHooks(module, "draft", self, drafter=True, tap=self.taps)
+        self.head_hooks.before(module, args, kwargs)
+        self.head_hooks.after(module, args, kwargs, output)
 
     # ------------------------------------------------------------------ finishing
 
     def pick_roles(self) -> tuple[Any, Any | None]:
         """Target: the largest causal LM that ran; draft: the next largest, if any."""
-        ran = sorted({self.roles[id(c)] for c in self.calls})
+        ran = sorted({self.roles[id(c)] for c in self.calls if not c.drafter})
         if not ran:
             raise WatchError("the script ran no forward call of a causal LM built while it ran")
         ranked = sorted(ran, key=lambda i: (-_parameters(self.models[i]), i))
@@ -154,7 +207,13 @@ class AutoWatch:
         # Notes so far say where reading stopped: what follows is unread, so sequences may be
         # unfinished without the engine being at fault; the trace says it is incomplete.
         read_all = not notes
+        if self.drafter and self.head is None:  # never silent: the head-input check did not run
+            notes.append(
+                f"--drafter {self.drafter}: no module of that class was called outside the causal LMs; "
+                "drafts were read from the verify, the head's input was not checked"
+            )
         w = Watch(target, draft, prompts=prompts, out=out, name=name, layout=layout)
+        w._head_named = self.head is not None  # its calls are in `calls`: the header says "head"
         if w._paged is not None:  # the manager's EOS ids, as the script's manager saw them
             w._paged.eos_ids |= self.paged.eos_ids
         # The inferred calls and emits stand in for what the hooks and `emit` would have collected.
@@ -193,7 +252,12 @@ class AutoWatch:
     def _relabel(self, target: Any, draft: Any | None) -> list[CallRecord]:
         """Only the two models' calls, with roles; a draft keeps the argmax of its last slot."""
         kept = []
+        index = next(i for i, m in enumerate(self.models) if m is target)
         for call in self.calls:
+            if call.drafter:  # the head's: matched with every model's hidden states, the target's kept
+                call.head_fed = resolve(call.head_fed, index)
+                kept.append(call)
+                continue
             model = self.models[self.roles[id(call)]]
             if model is target:
                 call.role = "target"
@@ -208,8 +272,8 @@ class AutoWatch:
 class _IndexedHooks(ModelHooks):
     """ModelHooks that also remember which model made each call."""
 
-    def __init__(self, model: Any, watcher: AutoWatch, index: int) -> None:
-        super().__init__(model, "target", watcher)
+    def __init__(self, model: Any, watcher: AutoWatch, index: int, tap: Any = None) -> None:
+        super().__init__(model, "target", watcher, tap=tap)
         self.index = index
         self.watcher = watcher
 

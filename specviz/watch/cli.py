@@ -29,6 +29,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", default=None, help="the engine's name in the trace (default: the script's)")
     parser.add_argument("--layout", choices=LAYOUTS, default="unspecified", help="left-padded: also check it")
     parser.add_argument("--no-reference", action="store_true", help="skip the batch-1 greedy oracle")
+    parser.add_argument(
+        "--drafter",
+        metavar="CLASS",
+        default=None,
+        help="the draft head's class (EAGLE, MTP, Medusa: a module fed the target's hidden states), "
+        "e.g. DraftHead or mypkg.heads.DraftHead: its calls are draft calls and its input is checked",
+    )
     parser.add_argument("script", nargs=argparse.REMAINDER, help="-- python their_script.py [args]")
 
 
@@ -74,7 +81,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     """Run the script under the hooks, write the trace; the script's exit status (or 2 for bad use)."""
     target, argv, is_module = script_argv(list(args.script))
     out = Path(args.out)
-    watcher = AutoWatch()
+    watcher = AutoWatch(drafter=_class_name(args.drafter))
     watcher.install()
     try:
         status = run_script(target, argv, is_module)
@@ -88,6 +95,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
         print(f"specviz watch: note: {note}", file=sys.stderr)
     h = trace.header
     draft = f", draft {_short(h.draft.name)}" if h.draft else ""
+    draft += f", head {type(watcher.head).__name__}" if watcher.head is not None else ""
     print(
         f"specviz watch: target {_short(h.target.name)}{draft}, k={h.draft_k}, {len(trace.sequences)} sequences, "
         f"{len(trace.steps)} steps{'' if h.complete else ' (incomplete)'}; trace {out} "
@@ -95,6 +103,15 @@ def cmd_watch(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return status
+
+
+def _class_name(name: str | None) -> str | None:
+    """`--drafter`: a class name, optionally with its module path (`pkg.mod.Class`)."""
+    if name is None:
+        return None
+    if not all(part.isidentifier() for part in name.split(".")):
+        raise SpecvizError(f"watch: --drafter takes a class name such as DraftHead or pkg.mod.DraftHead, got {name!r}")
+    return name
 
 
 def _short(name: str) -> str:

@@ -2,36 +2,52 @@
 
 A head (EAGLE, MTP) is fed the target's last hidden state: the input of its LM head (the final
 norm's output) at the slot that predicted the row's pending token. The watch keeps the target's
-last hidden states of its latest call only (`HiddenTap`, a pre-hook on the LM head, installed only
-when a drafter is named), and for each row of a head call the (target row, query column) whose
-vector is the one the head was fed (`match_rows`). `steps` turns that into the row's
-`head_source`, [sequence, logical index], as the engine records it; a row whose vector matches
-no target hidden state of the previous call is left unrecorded (not found), never guessed.
+last hidden states of its latest HISTORY calls (`HiddenTap`, a pre-hook on the LM head, installed
+only when a drafter is named), and for each row of a head call the (call age, target row, query
+column) whose vector is the one the head was fed (`match_rows`; age 0 is the latest target call).
+`steps` turns that into the row's `head_source`, [sequence, logical index], as the engine records
+it: a head fed a hidden state of an older call than the latest (a stale one) is named too, and
+flagged by the check; a row whose vector matches no kept hidden state is left unrecorded (not
+found), never guessed.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import torch
 
-MAX_CANDIDATES = 4  # rows holding the same vector (equal prompts): any of them is the same input
+MAX_CANDIDATES = 4  # rows of one call holding the same vector (equal prompts): any is the same input
+# Target calls whose hidden states are kept: the latest (a correct head's source) and the two before
+# it (a stale source, or a sequence absent from the latest call, a newcomer's prefill between).
+HISTORY = 3
 RTOL, ATOL = 1e-4, 1e-5  # a copy or a dtype round trip of the vector, not another vector
 
 
 class HiddenTap:
-    """The target's last hidden states, [B, T, H], of its latest call; None between calls."""
+    """The target's last hidden states, [B, T, H], of each of its latest HISTORY recorded calls."""
 
     def __init__(self, target: Any) -> None:
-        self.last: torch.Tensor | None = None
-        self.query_len = 0  # the call's query length: the hidden states may be its last columns only
+        # [hidden states or None (its LM head has not run), the call's query length], latest last:
+        # the hidden states may be the query's last columns only (logits_to_keep).
+        self.calls: deque[list[Any]] = deque(maxlen=HISTORY)
         self.open = False
         head = target.get_output_embeddings()
         self.handle = head.register_forward_pre_hook(self._capture)
 
+    @property
+    def last(self) -> torch.Tensor | None:
+        """The latest call's hidden states (None until its LM head runs)."""
+        return self.calls[-1][0] if self.calls else None
+
+    def kept(self) -> bool:
+        return any(hidden is not None for hidden, _ in self.calls)
+
     def start(self, query_len: int) -> None:
-        """A target call begins: what the previous one left is no longer the head's source."""
-        self.last, self.query_len, self.open = None, query_len, True
+        """A recorded target call begins: it is age 0 from now, the oldest kept one is dropped."""
+        self.calls.append([None, query_len])
+        self.open = True
 
     def end(self) -> None:
         self.open = False
@@ -41,16 +57,18 @@ class HiddenTap:
 
     def _capture(self, module: Any, args: tuple[Any, ...]) -> None:
         # Only inside a target call: a head that shares the target's LM head calls it too.
-        if self.open and args and isinstance(args[0], torch.Tensor) and args[0].dim() == 3:
-            self.last = args[0].detach().clone()  # an engine may reuse the buffer before the head reads it
+        if self.open and args and isinstance(args[0], torch.Tensor) and args[0].dim() == 3 and self.calls:
+            self.calls[-1][0] = args[0].detach().clone()  # an engine may reuse the buffer before the head reads it
 
-    def match_rows(self, fed: dict[str, Any], args: tuple[Any, ...]) -> list[list[tuple[int, int]]] | None:
-        """Per head row: the (target row, query column) of the last target call whose hidden state
-        is the vector the head was fed at the row's last slot ([] where none is); None when no
-        target hidden states are kept or the head was fed no vector of their width."""
-        if self.last is None:
+    def match_rows(self, fed: dict[str, Any], args: tuple[Any, ...]) -> list[list[tuple[int, int, int]]] | None:
+        """Per head row: the (age, target row, query column) of the kept target calls (age 0 the
+        latest) whose hidden state is the vector the head was fed at the row's last slot, latest
+        first ([] where none is); None when no target hidden states are kept or the head was fed
+        no vector of their width."""
+        ages = [(age, hidden, q) for age, (hidden, q) in enumerate(reversed(self.calls)) if hidden is not None]
+        if not ages:
             return None
-        width = self.last.shape[-1]
+        width = ages[0][1].shape[-1]
         named = fed.get("hidden_states")
         tensors = [named] if isinstance(named, torch.Tensor) else []
         tensors += [v for v in (*args, *fed.values()) if isinstance(v, torch.Tensor) and v.is_floating_point()]
@@ -58,23 +76,57 @@ class HiddenTap:
         if vector is None:
             return None
         fed_rows = (vector[:, -1] if vector.dim() == 3 else vector).detach().float()
-        kept = self.last.float()
-        columns = kept.shape[1]
-        flat = kept.reshape(-1, width)
-        # Squared distances by one product ([B, N], not [B, N, H]); the near ones are then confirmed.
-        # Loose (the expansion cancels in float32): it only picks whom `allclose` then compares.
-        norms = (fed_rows * fed_rows).sum(-1, keepdim=True)
-        d2 = norms + (flat * flat).sum(-1) - 2 * fed_rows @ flat.T
-        scale = 1e-3 * norms + 1e-6
-        offset = max(self.query_len - columns, 0)  # logits_to_keep: the last columns only
-        rows, near = torch.nonzero(d2 <= scale, as_tuple=True)
-        # `allclose` on the near pairs at once: two host syncs per head call, not one per row.
-        same = ((flat[near] - fed_rows[rows]).abs() <= ATOL + RTOL * fed_rows[rows].abs()).all(-1)
-        found: list[list[tuple[int, int]]] = [[] for _ in range(fed_rows.shape[0])]
-        for r, n in zip(rows[same].tolist(), near[same].tolist()):
-            if len(found[r]) < MAX_CANDIDATES:
-                found[r].append((n // columns, offset + n % columns))
+        found: list[list[tuple[int, int, int]]] = [[] for _ in range(fed_rows.shape[0])]
+        for age, hidden, query_len in ages:
+            if hidden.shape[-1] == width:
+                for r, row, column in _matches(fed_rows, hidden.float(), query_len):
+                    if sum(1 for a, _, _ in found[r] if a == age) < MAX_CANDIDATES:
+                        found[r].append((age, row, column))
         return found
+
+
+def _matches(fed_rows: torch.Tensor, kept: torch.Tensor, query_len: int) -> list[tuple[int, int, int]]:
+    """(head row, target row, query column) of each kept hidden state ([B, T, H]) equal to a fed
+    row's vector (allclose, RTOL and ATOL)."""
+    columns, width = kept.shape[1], kept.shape[-1]
+    flat = kept.reshape(-1, width)
+    # Squared distances by one product ([B, N], not [B, N, H]); the near ones are then confirmed.
+    # Loose (the expansion cancels in float32): it only picks whom `allclose` then compares.
+    norms = (fed_rows * fed_rows).sum(-1, keepdim=True)
+    d2 = norms + (flat * flat).sum(-1) - 2 * fed_rows @ flat.T
+    scale = 1e-3 * norms + 1e-6
+    offset = max(query_len - columns, 0)  # logits_to_keep: the last columns only
+    rows, near = torch.nonzero(d2 <= scale, as_tuple=True)
+    # `allclose` on the near pairs at once: two host syncs per kept call, not one per row.
+    same = ((flat[near] - fed_rows[rows]).abs() <= ATOL + RTOL * fed_rows[rows].abs()).all(-1)
+    return [(r, n // columns, offset + n % columns) for r, n in zip(rows[same].tolist(), near[same].tolist())]
+
+
+class TapSet:
+    """The command's taps (`specviz watch --drafter NAME`): which causal LM is the target is only
+    known once the script has ended, so every watched causal LM keeps its last hidden states and a
+    head call is matched with each; `finish` keeps the target's (`resolve`)."""
+
+    def __init__(self) -> None:
+        self.taps: dict[int, HiddenTap] = {}  # model index -> its tap
+
+    def add(self, index: int, model: Any) -> HiddenTap:
+        self.taps[index] = HiddenTap(model)
+        return self.taps[index]
+
+    def match_rows(self, fed: dict[str, Any], args: tuple[Any, ...]) -> dict[int, Any]:
+        """`HiddenTap.match_rows` by model index, for the models that kept hidden states."""
+        return {i: tap.match_rows(fed, args) for i, tap in self.taps.items() if tap.kept()}
+
+    def remove(self) -> None:
+        for tap in self.taps.values():
+            tap.remove()
+        self.taps = {}
+
+
+def resolve(matches: Any, target: int) -> list[list[tuple[int, int, int]]] | None:
+    """A head call's matches as the target's alone (a dict by model index from `TapSet`)."""
+    return matches.get(target) if isinstance(matches, dict) else matches
 
 
 def head_source(
@@ -83,23 +135,24 @@ def head_source(
     """Row `row` of target call `index`: [sequence, logical index] of the target hidden state its
     head was fed, read off the step's first head call (`heads`: the head calls since the target
     call before, latest first; the first one is fed the target's hidden states;
-    later ones are fed the head's own features) through the target call before it (its rows'
-    sequences and positions). None: no head call was compared, or none of its rows can be told to
-    have served this one, or the vector fed matched no hidden state (not found: left unchecked).
-    The expected source wins when several rows of the target call hold that same vector."""
+    later ones are fed the head's own features) through the target calls before it (the match's
+    age counts them back: their rows' sequences and positions). None: no head call was compared,
+    or none of its rows can be told to have served this one, or the vector fed matched no kept
+    hidden state (not found: left unchecked). The expected source wins when several rows or calls
+    hold that same vector; else the latest call's match."""
     from specviz.watch.calls import row_seq_ids
 
     if not heads or not drafts:
         return None
     j = heads[-1]
     head_row = _served(calls[j], row, drafts, calls[index].batch_size)
-    source = next((i for i in range(j - 1, -1, -1) if calls[i].role == "target"), None)
-    if head_row is None or calls[j].head_fed is None or source is None:
+    sources = [i for i in range(j - 1, -1, -1) if calls[i].role == "target"][:HISTORY]  # by age
+    if head_row is None or calls[j].head_fed is None or not sources:
         return None
-    call = calls[source]
     found = []
-    for r, column in calls[j].head_fed[head_row]:
-        place = _unpacked(call, r, column)
+    for age, r, column in calls[j].head_fed[head_row]:
+        call = calls[sources[age]] if age < len(sources) else None
+        place = _unpacked(call, r, column) if call is not None else None
         if place is not None and place[0] < call.batch_size and place[1] < len(call.positions[place[0]]):
             found.append([row_seq_ids(call)[place[0]], int(call.positions[place[0]][place[1]])])
     expected = [seq_id, committed - 2] if committed >= 2 else []
@@ -148,6 +201,6 @@ def unfound_note(steps: list[Any]) -> list[str]:
     first = next(step.step for step in steps if any(row in missing for row in step.rows))
     return [
         f"draft head input unreadable for {len(missing)} of {len(drafting)} drafting rows (first at step "
-        f"{first}): the vector fed matched no last hidden state of the target's previous call; "
+        f"{first}): the vector fed matched no last hidden state of the target's last {HISTORY} calls; "
         "head-input not checked there"
     ]

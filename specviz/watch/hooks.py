@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import inspect
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy
 import torch
 
 from specviz.errors import SpecvizError
@@ -80,10 +81,14 @@ class CallRecord:
     # shared cache, so a sequence keeps its first slot from call to call (`Follower._fits`).
     anchors: list[int] | None = None
     drafter: bool = False  # a draft head's call (`watch(..., drafter=head)`): fed hidden states, not ids
-    # A head call's rows: the (target row, query column) of the previous target call whose last
-    # hidden state each was fed (`headinput`); [] none matched; None: not compared.
-    head_fed: list[list[tuple[int, int]]] | None = None
+    # A head call's rows: the (age, target row, query column) of the recent target calls (age 0:
+    # the latest) whose last hidden state each was fed (`headinput`); [] none matched; None: not
+    # compared (the command: a dict by model index until `finish` keeps the target's).
+    head_fed: list[list[tuple[int, int, int]]] | None = None
     segments: list[tuple[int, int, int]] | None = None  # a packed call's (row, start, length) per sequence
+    # `query_flags` per row, once materialized: the readers ask for each row's flags hundreds of
+    # times a run (each candidate sequence, each chain), and they never change after `materialize`.
+    flags: dict[int, list[int]] = field(default_factory=dict, repr=False)
 
     def materialize(self) -> None:
         """Tensors to lists, once, at close: the only host syncs the watch adds. Then the call's
@@ -93,6 +98,8 @@ class CallRecord:
         whole = self.mask if self.packed and self.mask_kind != "2d" and isinstance(self.mask, torch.Tensor) else None
         if whole is not None:  # a packed row's mask, read as a summary per query token (batchmap.lines)
             self.lines, self.mask = _line_summary(whole[0]), None
+            if self.query_live is None:  # the slots that attend anything: those that count any
+                self.query_live = [[line[0] > 0 for line in self.lines]]
         for name in ("input_ids", "positions", "mask", "argmax", "query_live", "cu_q", "cu_k", "logit_slots"):
             value = getattr(self, name)
             if isinstance(value, torch.Tensor):
@@ -114,13 +121,20 @@ class CallRecord:
                 for c, token in zip(self.logit_slots, kept):
                     spread[r][c] = token
             self.argmax, self.logit_slots = spread, None
+        self.flags.clear()  # any read while the map was applied saw the call before it
 
     def cache_of(self, row: int) -> int:
         """Slots in the row's cache before the call (a packed call's rows each have their own)."""
         return self.contexts[row] if self.contexts is not None else self.cache_width
 
     def query_flags(self, row: int) -> list[int]:
-        """1 for each query slot of `row` that is attended (a real token), 0 for padding."""
+        """1 for each query slot of `row` that is attended (a real token), 0 for padding. Shared:
+        callers read it, never change it."""
+        if row not in self.flags:
+            self.flags[row] = self._query_flags(row)
+        return self.flags[row]
+
+    def _query_flags(self, row: int) -> list[int]:
         q = self.query_len
         if self.mask_kind == "2d":
             values = self.mask[row]
@@ -221,14 +235,13 @@ class ModelHooks:
         if self.drafter:
             self.open.append(self._head_call(args, fed))
             return
-        if self.tap is not None and self.role == "target":
-            fed_as = input_ids if isinstance(input_ids, torch.Tensor) else fed.get("inputs_embeds")
-            self.tap.start(fed_as.shape[1] if isinstance(fed_as, torch.Tensor) and fed_as.dim() >= 2 else 0)
         if input_ids is None and isinstance(fed.get("inputs_embeds"), torch.Tensor):
             input_ids = self._ids_of_embeddings(fed["inputs_embeds"])
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
             self.open.append(None)  # odd shapes: nothing to attribute
             return
+        if self.tap is not None and self.role == "target":  # recorded calls only: the tap's ages count them
+            self.tap.start(input_ids.shape[1])
         started = time.perf_counter()
         cache = next((fed[k] for k in CACHE_KEYWORDS if fed.get(k) is not None), None)
         width = cache_width(cache)
@@ -323,12 +336,12 @@ class ModelHooks:
             if record.logit_slots is not None and logits.shape[1] != len(record.logit_slots):
                 record.logit_slots = None  # the model ignored logits_to_keep: every column's logits
             if record.logit_slots is not None or logits.shape[1] <= QUERY_TAIL:
-                record.argmax = logits.argmax(-1)
+                record.argmax = _argmax(logits)
             elif record.packed:  # a long packed row (prefills): the last slots of each sequence in it
                 columns = _segment_tails(record, logits.shape[1])
-                record.argmax, record.logit_slots = logits[:, columns].argmax(-1), columns
+                record.argmax, record.logit_slots = _argmax(logits[:, columns]), columns
             else:
-                record.argmax = logits[:, -QUERY_TAIL:].argmax(-1)
+                record.argmax = _argmax(logits[:, -QUERY_TAIL:])
         record.ended = time.perf_counter()
         self.sink.add_call(record)
 
@@ -360,8 +373,11 @@ def _segment_tails(record: CallRecord, width: int) -> torch.Tensor:
     if isinstance(record.cu_q, torch.Tensor):
         ends = record.cu_q[1:].long()
     elif isinstance(record.mask, torch.Tensor) and record.mask.dim() == 3 and record.mask.shape[1] == width:
-        seen = record.mask[0]
-        starts = torch.nonzero((seen[:-1] & ~seen[1:]).any(-1)).flatten() + 1
+        seen, host = record.mask[0], _on_host(record.mask[0])
+        if host is not None:  # numpy on the CPU (`_on_host`)
+            starts = torch.from_numpy(numpy.flatnonzero((host[:-1] & ~host[1:]).any(-1)) + 1)
+        else:
+            starts = torch.nonzero((seen[:-1] & ~seen[1:]).any(-1)).flatten() + 1
         ends = torch.cat([starts, torch.tensor([width], device=starts.device)])
     else:
         return torch.arange(width)
@@ -374,17 +390,34 @@ def _line_summary(mask: torch.Tensor) -> list[tuple[int, bool, bool, bool, int]]
     """Per query token of a packed row's [T, keys] mask: how many slots it attends, whether it drops
     one the token before attended, shares one with it, attends exactly one slot more (its own), and
     the first slot it attends (-1: none).
-    Four tensor ops in place of a T x keys list: all that cutting and counting read."""
-    seen = mask.bool()
-    counts = seen.sum(-1)
-    before, now = seen[:-1], seen[1:]
-    dropped = (before & ~now).any(-1)
-    shares = (before & now).any(-1)
-    one_more = ~dropped & ((now & ~before).sum(-1) == 1)
-    lowest = torch.where(counts > 0, seen.int().argmax(-1), -1).tolist()  # its first attended slot
-    first = [(int(counts[0]), False, True, bool(counts[0] > 0), lowest[0])] if len(counts) else []
-    rest = zip(counts[1:].tolist(), dropped.tolist(), shares.tolist(), one_more.tolist(), lowest[1:])
-    return first + [(c, d, sh, o, low) for c, d, sh, o, low in rest]
+
+    All of it from two counts per token (`_line_counts`): `count`, the slots it attends, and `both`,
+    the slots it shares with the token before. It drops a slot iff both < the count before, shares
+    one iff both > 0, and, dropping none (a superset), attends exactly one more iff count - count
+    before == 1."""
+    counts, both, first = _line_counts(mask.bool())
+    lowest = [f if c > 0 else -1 for c, f in zip(counts, first)]
+    lines = [(counts[0], False, True, counts[0] > 0, lowest[0])] if counts else []
+    for i in range(1, len(counts)):
+        dropped = both[i - 1] < counts[i - 1]
+        lines.append((counts[i], dropped, both[i - 1] > 0, not dropped and counts[i] - counts[i - 1] == 1, lowest[i]))
+    return lines
+
+
+def _line_counts(seen: torch.Tensor, host: bool | None = None) -> tuple[list[int], list[int], list[int]]:
+    """Per line of a [T, keys] boolean mask: slots attended, slots shared with the line before (T - 1
+    of them), first slot attended (0 where none is). On the host through numpy: torch's CPU
+    reductions of a boolean widen it to int64 and its argmax scans every slot, three to a hundred
+    times numpy's cost here (a packed prefill's mask is T x T); on a device, three ops and one
+    transfer (`host` forces the one or the other)."""
+    if seen.device.type == "cpu" if host is None else host:
+        lines = seen.numpy()
+        counts = lines.view(numpy.uint8).sum(-1, dtype=numpy.int32)
+        both = (lines[:-1] & lines[1:]).view(numpy.uint8).sum(-1, dtype=numpy.int32)
+        return counts.tolist(), both.tolist(), lines.argmax(-1).tolist()
+    t = seen.shape[0]
+    read = torch.cat([seen.sum(-1), (seen[:-1] & seen[1:]).sum(-1), seen.to(torch.uint8).argmax(-1)]).tolist()
+    return read[:t], read[t : 2 * t - 1], read[2 * t - 1 :]
 
 
 def _one_tensor(value: Any) -> Any:
@@ -409,17 +442,50 @@ def _mask_copy(mask: Any, tail: int | None = QUERY_TAIL) -> tuple[str, torch.Ten
     if mask.dim() == 4:
         seen = _attended(mask[:, 0])
         # Whole (a packed row): a bool mask's `seen` is a view of the engine's, copied; any other is
-        # a new tensor already. A tail is copied, so the rest of the rows are not kept alive.
+        # a new tensor already. Which query slots attend anything is then read at close, from the
+        # summary of its lines (`CallRecord.materialize`). A tail is copied, so the rest of the
+        # rows are not kept alive.
         if tail is None:
-            return "4d", seen.clone() if mask.dtype == torch.bool else seen, seen.any(-1)
-        return "4d", seen[:, -tail:].clone(), seen.any(-1)
+            return "4d", seen.clone() if mask.dtype == torch.bool else seen, None
+        return "4d", seen[:, -tail:].clone(), _any_last(seen)
     return "unknown", None, None
+
+
+# Host dtypes numpy reads in place. On the CPU, numpy's elementwise compare and `any` over a mask
+# cost a fifth of torch's single-threaded ones (a packed prefill's mask is T x T): the hook's
+# largest cost before this.
+_NUMPY_DTYPES = {torch.bool, torch.float16, torch.float32, torch.float64}
+_NUMPY_DTYPES |= {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
+
+
+def _on_host(tensor: torch.Tensor, least: int = 0) -> Any:
+    """The tensor as a numpy array (a view, no copy) when it is on the CPU in a dtype numpy has
+    (and has `least` elements or more: below, the conversions cost what the op saves)."""
+    if tensor.device.type == "cpu" and tensor.dtype in _NUMPY_DTYPES and tensor.numel() >= least:
+        return tensor.detach().numpy()
+    return None
 
 
 def _attended(mask: torch.Tensor) -> torch.Tensor:
     """Boolean 'may attend' from a bool (returned as is), 0/1 or additive float mask."""
     if mask.dtype == torch.bool:
         return mask
+    host = _on_host(mask, least=4096)
+    if host is not None:  # a new array: never a view of the engine's mask
+        return torch.from_numpy(host == 0 if mask.is_floating_point() else host != 0)
     if mask.is_floating_point():
         return mask == 0  # additive: 0 attends, a large negative number blocks
     return mask != 0
+
+
+def _argmax(logits: torch.Tensor) -> torch.Tensor:
+    """`logits.argmax(-1)` (the first maximum), through numpy on the CPU: a tenth of torch's
+    single-threaded cost over a vocabulary, the after-hook's one op."""
+    host = _on_host(logits)
+    return torch.from_numpy(host.argmax(-1)) if host is not None else logits.argmax(-1)
+
+
+def _any_last(seen: torch.Tensor) -> torch.Tensor:
+    """`seen.any(-1)`, through numpy on the CPU."""
+    host = _on_host(seen)
+    return torch.from_numpy(host.any(-1)) if host is not None else seen.any(-1)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from tiny import make_pair
 
-from specviz.watch.headinput import HiddenTap
+from specviz.watch.headinput import HISTORY, HiddenTap
 
 
 def test_tap_names_the_row_and_column_of_the_vector_fed() -> None:
@@ -20,14 +20,19 @@ def test_tap_names_the_row_and_column_of_the_vector_fed() -> None:
         tap.start(ids.shape[1])
         target(input_ids=ids)
         tap.end()
-        assert tap.match_rows({"hidden_states": fed}, ()) == [[(1, 3)], [(0, 1)], []]  # shifted: none
+        # (age, row, column): age 0 is the latest call; the shifted vector matches none
+        assert tap.match_rows({"hidden_states": fed}, ()) == [[(0, 1, 3)], [(0, 0, 1)], []]
         target.lm_head(hidden + 1)  # outside a target call (a head sharing the LM head): not kept
-        assert tap.match_rows({"hidden_states": fed}, ()) == [[(1, 3)], [(0, 1)], []]
+        assert tap.match_rows({"hidden_states": fed}, ()) == [[(0, 1, 3)], [(0, 0, 1)], []]
         tap.start(ids.shape[1])  # logits_to_keep=1: the last column only, still named by its column
         target(input_ids=ids, logits_to_keep=1)
         tap.end()
-        assert tap.match_rows({"hidden_states": fed}, ()) == [[(1, 3)], [], []]
-        tap.start(ids.shape[1])  # a new call forgets the last one's states until its LM head runs
+        # The latest call kept the last column; the call before it (age 1) every column.
+        assert tap.match_rows({"hidden_states": fed}, ()) == [[(0, 1, 3), (1, 1, 3)], [(1, 0, 1)], []]
+        for _ in range(HISTORY - 1):  # calls whose LM head has not run keep nothing; the oldest ages out
+            tap.start(ids.shape[1])
+        assert tap.match_rows({"hidden_states": fed}, ()) == [[(HISTORY - 1, 1, 3)], [], []]
+        tap.start(ids.shape[1])
         assert tap.match_rows({"hidden_states": fed}, ()) is None
     finally:
         tap.remove()

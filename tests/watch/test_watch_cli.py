@@ -14,6 +14,7 @@ import pytest
 from specviz.analysis.check import check_trace
 from specviz.analysis.findings import UNFOLLOWED_CHECK
 from specviz.cli import main
+from specviz.trace.invariants import Invariant
 from specviz.trace.io import load_trace
 
 SCRIPT = """
@@ -174,3 +175,63 @@ def test_a_second_decode_in_the_same_script_holds_new_sequences(tmp_path: Path) 
     assert trace.header.complete and len(trace.steps) == 12 and all(len(s.output_ids) == 6 for s in trace.sequences)
     report = check_trace(trace)
     assert report.verdict == "clean" and report.exact_match == 1.0, report.violations[:3]
+
+
+HEAD_SCRIPT = Path(__file__).parent / "zoo" / "scripts" / "run_engine.py"
+HEAD_ARGS = ["head", "--prompts", "[[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17]]", "--budgets", "6"]
+
+
+def _watch_head(tmp_path: Path, drafter: str | None, bug: str | None = None) -> tuple[int, object]:
+    """The zoo's head engine (an EAGLE-like `DraftHead`, no draft model) under the command."""
+    out = tmp_path / f"head-{drafter}-{bug}.trace.json"
+    argv = ["watch", "--out", str(out), *(["--drafter", drafter] if drafter else [])]
+    argv += ["--", "python", str(HEAD_SCRIPT), *HEAD_ARGS, *(["--bug", bug] if bug else [])]
+    return main(argv), load_trace(out)
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_drafter_names_the_head_so_its_input_is_checked(tmp_path: Path) -> None:
+    """`--drafter DraftHead`: the head (a plain nn.Module, never a causal LM) is found at its first
+    call and its input checked: a head fed the row below's hidden state is a head-input violation
+    at the bug's step, where the same run without the flag reads clean (outputs stay exact: the
+    target verifies). The search's global hook is gone afterwards."""
+    from torch.nn.modules import module as torch_module
+
+    status, named = _watch_head(tmp_path, "DraftHead", bug="head_row")
+    assert status == 0 and named.header.proposer == "head"
+    assert not torch_module._global_forward_hooks, "the head search left its global hook behind"
+    report = check_trace(named)
+    v = report.first_violation
+    assert report.exact_match == 1.0 and v is not None
+    assert (v.step, v.seq_id, v.invariant) == (1, 0, Invariant.HEAD), report.violations[:3]
+    status, unnamed = _watch_head(tmp_path, None, bug="head_row")
+    assert status == 0 and unnamed.header.proposer != "head"
+    assert check_trace(unnamed).verdict == "clean"  # what the flag is for: nothing else sees this bug
+    status, dotted = _watch_head(tmp_path, "zoo.head.DraftHead")  # the class with its module path
+    assert status == 0 and dotted.header.proposer == "head"
+    drafting = [row for step in dotted.steps for row in step.rows if row.draft_tokens]
+    assert drafting and all(row.head_source == [row.seq_id, row.committed_before - 2] for row in drafting)
+    assert check_trace(dotted).verdict == "clean"
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("name", ["NoSuchHead", "LlamaMLP"], ids=["never-built", "a-layer-of-the-target"])
+def test_drafter_never_called_is_said(tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str) -> None:
+    """A class never called outside the causal LMs (not in the script, or a layer of the target) is
+    said in one line, on stderr and in the trace: never a silent clean with the head unchecked."""
+    from torch.nn.modules import module as torch_module
+
+    status, trace = _watch_head(tmp_path, name)
+    assert status == 0 and trace.header.proposer != "head"
+    assert not torch_module._global_forward_hooks
+    said = f"--drafter {name}: no module of that class was called outside the causal LMs"
+    assert said in capsys.readouterr().err
+    assert any(said in note for note in trace.header.options["watch_notes"])
+    assert trace.header.complete  # the run itself was read to the end
+
+
+def test_drafter_takes_a_class_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["watch", "--out", str(tmp_path / "t.json"), "--drafter", "my head", "--", str(HEAD_SCRIPT)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--drafter takes a class name" in err[0]

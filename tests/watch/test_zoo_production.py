@@ -90,14 +90,16 @@ BUGS = [
     ("head_packed", "positions", Invariant.POSITIONS),
     # The head is fed another row's hidden state: the outputs stay right (the target verifies);
     # the watch matches the vector the head was fed with the target's last hidden states
-    # (`watch.headinput`). API only: the command is not told which module is the head.
+    # (`watch.headinput`); the command is told which module is the head (`--drafter DraftHead`).
     ("head", "head_row", Invariant.HEAD),
     ("head_packed", "head_row", Invariant.HEAD),
+    # The head is fed the hidden states of the step before (a target call older than the latest):
+    # found among the target calls the watch keeps (`headinput.HISTORY`).
+    ("head", "head_stale", Invariant.HEAD),
+    ("head_packed", "head_stale", Invariant.HEAD),
 ]
-# The command declares nothing and is not told which module is the head: these run through the API only.
+# The command declares nothing: these run through the API only.
 API_ONLY = {
-    ("head", "head_row"),
-    ("head_packed", "head_row"),
     ("packed_declared", None),
     ("packed_declared", "kv_leak"),
     ("packed_declared", "stale_kv"),
@@ -172,7 +174,8 @@ class Runs:
     def _command(self, name: str, bug: str | None):
         module, budgets, options = CASES[name]
         out = self.tmp / f"{name}-{bug}.trace.json"
-        argv = ["watch", "--out", str(out), "--", "python", str(SCRIPT), module.__name__.rsplit(".", 1)[-1]]
+        argv = ["watch", "--out", str(out), *(["--drafter", "DraftHead"] if module is head else [])]
+        argv += ["--", "python", str(SCRIPT), module.__name__.rsplit(".", 1)[-1]]
         argv += ["--prompts", json.dumps(PROMPTS), "--budgets", ",".join(map(str, shapes.budgets(budgets, 1)))]
         argv += ["--bug", bug] if bug else []
         argv += [arg for key, value in options.items() for arg in ("--set", f"{key}={value}")]
@@ -320,12 +323,13 @@ def test_packed_engine_on_other_model_families(family: str) -> None:
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("name", ["head", "head_packed"])
-def test_head_input_source_is_recorded(runs, name: str) -> None:
+def test_head_input_source_is_recorded(runs, name: str, mode: str) -> None:
     """The correct head run records each drafting row's head input as its own sequence's hidden
     state at its last cached token (matched with the target's hidden states, not assumed): the
-    check's clean verdict on it is a checked one."""
-    trace, _, _ = runs.get(name, None, "api")
+    check's clean verdict on it is a checked one, through the API and the command alike."""
+    trace, _, _ = runs.get(name, None, mode)
     assert trace.header.proposer == "head"
     drafting = [row for step in trace.steps for row in step.rows if row.draft_tokens]
     assert drafting

@@ -17,7 +17,9 @@ Bugs, each at (step, sequence) = events[0]:
 - "positions": at step 2 the first row with drafts is fed positions one too far (POSITIONS);
 - "head_row": at step 1 the head is fed each row's hidden state from the row below (the last
   row's from row 0). The drafts change, the outputs do not (the target verifies them): only a
-  watch that checks which row's hidden state the head was fed can see it (events[0] is row 0).
+  watch that checks which row's hidden state the head was fed can see it (events[0] is row 0);
+- "head_stale": at step 1 the head is fed every row's hidden state of the step before (the
+  prefill's, one target call older than the latest): outputs stay right, as for "head_row".
 """
 
 from __future__ import annotations
@@ -149,7 +151,7 @@ def generate(target, head, prompts, max_new, k=2, bug=None, w=None, packed=0):
     cache = HiddenCache(target, seqs)
     eos, done = eos_ids(target), set()
     events: list[tuple[int, int]] = []
-    step = 0
+    step, previous = 0, None  # previous: the head's input of the step before
     while batch:
         if w is not None:
             w.rows(batch)
@@ -158,6 +160,10 @@ def generate(target, head, prompts, max_new, k=2, bug=None, w=None, packed=0):
         if bug == "head_row" and step == 1 and len(batch) > 1:
             last = last.roll(-1, 0)
             events.append((step, batch[0]))
+        if bug == "head_stale" and step == 1 and previous is not None and previous.shape == last.shape:
+            last = previous
+            events.append((step, batch[0]))
+        previous = cache.last
         proposed = propose(head, target, last, [seqs[s][-1] for s in batch], max(d))
         drafts = [p[:n] for p, n in zip(proposed, d)]
         shift = [0] * len(batch)
@@ -202,13 +208,17 @@ def generate_packed(target, head, prompts, max_new, k=2, bug=None, w=None):
     last = {s: out.hidden_states[-1][0, mine[-1]] for s, mine in enumerate(slots)}  # slots start at 0
     eos, done = eos_ids(target), set()
     events: list[tuple[int, int]] = []
-    step = 0
+    step, previous = 0, {}  # previous: the head's input of the step before, by sequence
     while live := [s for s in range(n) if s not in done]:
         d = {s: min(k, limit[s] - len(outs[s]) - 1) for s in live}
         fed = torch.stack([last[s] for s in live])
         if bug == "head_row" and step == 1 and len(live) > 1:
             fed = fed.roll(-1, 0)
             events.append((step, live[0]))
+        if bug == "head_stale" and step == 1 and all(s in previous for s in live):
+            fed = torch.stack([previous[s] for s in live])
+            events.append((step, live[0]))
+        previous = dict(last)
         proposed = propose(head, target, fed, [seqs[s][-1] for s in live], max(d.values()))
         drafts = {s: p[: d[s]] for s, p in zip(live, proposed)}
         shift = {s: 0 for s in live}

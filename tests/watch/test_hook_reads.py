@@ -1,0 +1,71 @@
+"""What the hooks read off a forward's tensors (`specviz/watch/hooks.py`), on the host through numpy
+where that is cheaper: the same values as the torch ops they replace, checked against plain
+Python loops over the tensors (the oracle) on random and block-diagonal masks."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from specviz.watch.hooks import _argmax, _attended, _line_counts, _line_summary, _mask_copy
+
+
+def _oracle(mask: torch.Tensor) -> list[tuple[int, bool, bool, bool, int]]:
+    """Per line: attended count, drops a slot of the line before, shares one, exactly one slot
+    more (a superset), first attended slot (-1: none); by sets, one line at a time."""
+    rows = [{k for k, v in enumerate(line) if v} for line in mask.tolist()]
+    out = []
+    for i, now in enumerate(rows):
+        before = rows[i - 1] if i else None
+        first = min(now) if now else -1
+        if before is None:
+            out.append((len(now), False, True, bool(now), first))
+        else:
+            gained = len(now - before) == 1
+            out.append((len(now), bool(before - now), bool(before & now), not before - now and gained, first))
+    return out
+
+
+def _masks(count: int) -> list[torch.Tensor]:
+    rng = random.Random(0)
+    gen = torch.Generator().manual_seed(0)
+    masks = []
+    for i in range(count):
+        t, keys = rng.randint(1, 24), rng.randint(1, 40)
+        if i % 2:
+            masks.append(torch.rand(t, keys, generator=gen) < rng.random())
+            continue
+        mask = torch.zeros(t, keys, dtype=torch.bool)  # packed: causal blocks, some slots let in or out
+        start = 0
+        while start < t:
+            length = rng.randint(1, t - start)
+            lo = rng.randint(0, keys - 1)
+            for j in range(length):
+                mask[start + j, lo : min(keys, lo + j + 1)] = True
+            start += length
+        mask[rng.randrange(t), rng.randrange(keys)] ^= True
+        masks.append(mask)
+    return masks
+
+
+def test_line_summary_equals_the_set_oracle_on_host_and_device_paths() -> None:
+    for mask in _masks(300):
+        assert _line_summary(mask) == _oracle(mask)
+        assert _line_counts(mask, host=True) == _line_counts(mask, host=False)
+
+
+def test_numpy_reads_equal_torch_ops_and_copy_the_engines_tensors() -> None:
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 5, 97, generator=gen)
+    logits[0, 0, 7] = logits[0, 0, 9] = 50.0  # a tie: the first maximum, as torch
+    assert torch.equal(_argmax(logits), logits.argmax(-1)) and _argmax(logits)[0, 0] == 7
+    half = logits.to(torch.bfloat16)  # a dtype numpy lacks: torch's own op
+    assert torch.equal(_argmax(half), half.argmax(-1))
+    additive = torch.where(torch.rand(2, 1, 4, 6, generator=gen) < 0.5, 0.0, torch.finfo(torch.float32).min)
+    kind, kept, live = _mask_copy(additive)
+    assert kind == "4d" and torch.equal(kept, additive[:, 0] == 0) and torch.equal(live, (additive[:, 0] == 0).any(-1))
+    ones = (additive[:, 0, -1] == 0).long()
+    assert torch.equal(_attended(ones), ones != 0)
+    additive.fill_(torch.finfo(torch.float32).min)  # the engine reuses its buffer: the copy keeps what was fed
+    assert kept.any()
