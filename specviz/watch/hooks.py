@@ -73,12 +73,13 @@ class CallRecord:
     contexts: list[int] | None = None  # [B] a packed call's rows: slots attended before the first query slot
     unreadable: str | None = None  # why no producer could map it (set by `materialize`)
     # A packed call's 4-D mask per query token: (attended count, drops a slot the token before it
-    # attended, shares one with it, attends exactly one slot more, its first attended slot), from
-    # `_line_summary`.
-    lines: list[tuple[int, bool, bool, bool, int]] | None = None
-    # A packed call's rows: the first slot of a shared cache each attends. Slots never move in a
-    # shared cache, so a sequence keeps its first slot from call to call (`Follower._fits`).
-    anchors: list[int] | None = None
+    # attended, continues it: shares a slot with it and gains exactly one, attends exactly one slot
+    # more), from `_line_summary`.
+    lines: list[tuple[int, bool, bool, bool]] | None = None
+    # A packed call's rows: the key slots its first query token attends and those its last one
+    # attends (what the sequence holds after the call). A sequence's slots stay its own in a shared
+    # cache, so a row holds the sequence whose slots it mostly attends (`Follower._fits`).
+    held: list[tuple[frozenset[int], frozenset[int]]] | None = None
     drafter: bool = False  # a draft head's call (`watch(..., drafter=head)`): fed hidden states, not ids
     # A head call's rows: the (target row, query column) of the previous target call whose last
     # hidden state each was fed (`headinput`); [] none matched; None: not compared.
@@ -104,6 +105,8 @@ class CallRecord:
             packed = batchmap.apply(self, batchmap.read_map(self))
         except batchmap.Unreadable as why:
             self.unreadable, packed = str(why), False
+        if whole is not None and packed:
+            self.held = _segment_slots(whole[0], self.segments)
         if whole is not None and not packed:  # one sequence after all: read as any 4-D mask
             self.mask = whole.tolist()
             self.last_slots = [self._last_slot(row) for row in range(self.batch_size)]
@@ -370,21 +373,34 @@ def _segment_tails(record: CallRecord, width: int) -> torch.Tensor:
     return torch.unique(columns[(columns >= 0) & (columns < width)])
 
 
-def _line_summary(mask: torch.Tensor) -> list[tuple[int, bool, bool, bool, int]]:
+def _line_summary(mask: torch.Tensor) -> list[tuple[int, bool, bool, bool]]:
     """Per query token of a packed row's [T, keys] mask: how many slots it attends, whether it drops
-    one the token before attended, shares one with it, attends exactly one slot more (its own), and
-    the first slot it attends (-1: none).
-    Four tensor ops in place of a T x keys list: all that cutting and counting read."""
+    one the token before attended, whether it continues that token (shares a slot with it and gains
+    exactly one: its own key, as a causal query or a sliding window does; a neighbour's first token
+    gains its whole context even where a leaked slot is shared), and whether it attends exactly
+    one slot more. Four tensor ops in place of a T x keys list: all that cutting and counting read."""
     seen = mask.bool()
     counts = seen.sum(-1)
     before, now = seen[:-1], seen[1:]
     dropped = (before & ~now).any(-1)
-    shares = (before & now).any(-1)
-    one_more = ~dropped & ((now & ~before).sum(-1) == 1)
-    lowest = torch.where(counts > 0, seen.int().argmax(-1), -1).tolist()  # its first attended slot
-    first = [(int(counts[0]), False, True, bool(counts[0] > 0), lowest[0])] if len(counts) else []
-    rest = zip(counts[1:].tolist(), dropped.tolist(), shares.tolist(), one_more.tolist(), lowest[1:])
-    return first + [(c, d, sh, o, low) for c, d, sh, o, low in rest]
+    gained = (now & ~before).sum(-1)
+    continues = (before & now).any(-1) & (gained == 1)
+    one_more = ~dropped & (gained == 1)
+    first = [(int(counts[0]), False, True, bool(counts[0] > 0))] if len(counts) else []
+    rest = zip(counts[1:].tolist(), dropped.tolist(), continues.tolist(), one_more.tolist())
+    return first + [(c, d, co, o) for c, d, co, o in rest]
+
+
+def _segment_slots(
+    mask: torch.Tensor, segments: list[tuple[int, int, int]]
+) -> list[tuple[frozenset[int], frozenset[int]]]:
+    """Per sequence of a packed row's [T, keys] mask: the key slots its first query token attends
+    and those its last one attends (one gather and one nonzero for the whole call)."""
+    ends = [t for _, start, length in segments for t in (start, start + length - 1)]
+    found: list[set[int]] = [set() for _ in ends]
+    for i, slot in mask[torch.tensor(ends, device=mask.device)].bool().nonzero().tolist():
+        found[i].add(slot)
+    return [(frozenset(found[2 * i]), frozenset(found[2 * i + 1])) for i in range(len(segments))]
 
 
 def _one_tensor(value: Any) -> Any:
