@@ -139,16 +139,15 @@ def _from_lengths(
     return out
 
 
-def _block_segments(
-    lines: list[tuple[int, bool, bool, bool, int]], positions: list[int]
-) -> list[tuple[int, int, None]]:
+def _block_segments(lines: list[tuple[int, bool, bool, bool]], positions: list[int]) -> list[tuple[int, int, None]]:
     """A block-diagonal mask's sequences: a query token that drops a slot the token before it
-    attended starts a new one, when its position does not follow that token's or it shares no slot
-    with it (a sliding window drops old slots too, with positions that follow)."""
+    attended starts a new one, when its position does not follow that token's or it does not
+    continue it (a sliding window drops old slots too, with positions that follow, and gains only
+    its own key; a neighbour's first token gains its context, even where a slot is shared)."""
     cuts = [0]
     for t in range(1, len(lines)):
-        _, dropped, shares, _, _ = lines[t]
-        if dropped and (positions[t] != positions[t - 1] + 1 or not shares):
+        _, dropped, continues, _ = lines[t]
+        if dropped and (positions[t] != positions[t - 1] + 1 or not continues):
             cuts.append(t)
     cuts.append(len(lines))
     return [(a, b - a, None) for a, b in zip(cuts, cuts[1:])]
@@ -196,7 +195,6 @@ def apply(call: Any, bmap: BatchMap) -> bool:
     call.mask, call.mask_kind = (block, "counts") if lines is not None else (None, "unknown")
     call.batch_size, call.query_len, call.contexts = len(bmap.segments), width, contexts
     call.cache_width = max(contexts, default=0)
-    call.anchors = [call.lines[s.start][4] for s in bmap.segments] if call.lines is not None else None
     call.logit_slots, call.lines = None, None
     call.last_slots = [s.length - 1 for s in bmap.segments]
     call.segments = [(s.row, s.start, s.length) for s in bmap.segments]  # raw columns, for `headinput`
@@ -223,7 +221,7 @@ def _key_lines(call: Any, bmap: BatchMap) -> list[tuple[int, bool]] | None:
     keys, causal), else (no cache, cut by positions) its own segment, causal. None: nothing says
     (the mask checks are skipped)."""
     if call.lines is not None:
-        return [(count, one_more) for count, _, _, one_more, _ in call.lines]
+        return [(count, one_more) for count, _, _, one_more in call.lines]
     spans = [s.keys for s in bmap.segments]
     if any(k is None for k in spans):
         if call.mask_kind != "none" or call.cache_width:

@@ -15,6 +15,9 @@ sequence by its attended context, the sequence's prompt plus the tokens committe
   (a draft without a cache), that context must extend the sequence's. Rows left unmatched are
   matched by pending token alone to the sequences left (an engine that moved a row's tokens but
   not its cache is read as the sequence it fed, and the wrong context flagged at that row);
+- in a shared cache (a packed call's rows, whose slots stay their sequence's), a row holds the
+  sequence whose slots it attends most, the chain deciding only between sequences tied there: a
+  slot of a neighbour let in (a KV leak) is flagged at the row, never read as the neighbour;
 - a newcomer's first call was a step when every newcomer of that call is fed its argmax next (or
   verified drafts), else a prefill of all but the last prompt token, which the next call feeds;
 - rows keep their order when every row fits the sequence its row held in the previous target call
@@ -141,21 +144,38 @@ class Follower(Assignments, Gains):
 
     def _fits(self, j: int, r: int) -> dict[int, str]:
         """Live sequence -> how row r of call j continues it ("grow", "same", "again", "open"). In a
-        shared cache (a packed call's rows), the sequences whose last row attended the same first
-        slot, when any of them fits: slots never move there, so that slot says which one it is."""
+        shared cache (a packed call's rows), the sequences whose slots the row attends most, when
+        any of them fits: a sequence's slots stay its own there, so a slot or two of another one
+        let in (a KV leak) does not change which sequence the row is. When the one it attends most
+        fits by its chain neither, its pending token still names what it gained ("weak")."""
         out = {}
         for s in self.seqs:
             if not s.finished:
                 how = self._fit(s, self._view(j, r, s.id))
                 if how is not None:
                     out[s.id] = how
-        anchored = {s: how for s, how in out.items() if self._anchor(*self.seqs[s].at) == self._anchor(j, r) != -1}
-        return anchored or out
+        mine = self._most_attended(j, r)
+        if len(mine) == 1 and not mine & out.keys():
+            (s,) = mine
+            seq = self.seqs[s]
+            if seq.opened or self._weak(seq, self._view(j, r, s)):
+                return {s: "open" if seq.opened else "weak"}
+        return {s: how for s, how in out.items() if s in mine} or out
 
-    def _anchor(self, j: int, r: int) -> int:
-        """The first shared-cache slot row r of call j attends; -1 where unknown."""
-        anchors = self.calls[j].anchors
-        return anchors[r] if anchors is not None and r < len(anchors) else -1
+    def _most_attended(self, j: int, r: int) -> set[int]:
+        """The live sequences whose slots (as their last row held them) row r of call j attends
+        most, none where the call's rows hold no slots (not a shared cache) or it attends none."""
+        held = self.calls[j].held
+        if held is None or r >= len(held):
+            return set()
+        seen = held[r][0]
+        overlap = {}
+        for s in self.seqs:
+            before = self.calls[s.at[0]].held
+            if not s.finished and before is not None and s.at[1] < len(before):
+                overlap[s.id] = len(seen & before[s.at[1]][1])
+        most = max(overlap.values(), default=0)
+        return {s for s, n in overlap.items() if n == most} if most else set()
 
     def _kept(self, j: int, active: list[int]) -> dict[int, tuple[int, str]] | None:
         """Every active row continues the sequence its row held before: rows kept their order."""
@@ -169,8 +189,9 @@ class Follower(Assignments, Gains):
                 out[r] = (IDLE, "idle")
                 continue
             how = self._fit(self.seqs[seq], self._view(j, r, seq)) if seq >= 0 else None
-            if how is None:
-                return None
+            mine = self._most_attended(j, r)
+            if how is None or mine and seq not in mine:
+                return None  # not its chain, or (a shared cache) other sequences' slots
             out[r] = (seq, how)
         # A finished row's place may hold a live sequence moved there: then the rows did move.
         placed = {seq for seq, _ in out.values()}

@@ -74,12 +74,13 @@ class CallRecord:
     contexts: list[int] | None = None  # [B] a packed call's rows: slots attended before the first query slot
     unreadable: str | None = None  # why no producer could map it (set by `materialize`)
     # A packed call's 4-D mask per query token: (attended count, drops a slot the token before it
-    # attended, shares one with it, attends exactly one slot more, its first attended slot), from
-    # `_line_summary`.
-    lines: list[tuple[int, bool, bool, bool, int]] | None = None
-    # A packed call's rows: the first slot of a shared cache each attends. Slots never move in a
-    # shared cache, so a sequence keeps its first slot from call to call (`Follower._fits`).
-    anchors: list[int] | None = None
+    # attended, continues it: shares a slot with it and gains exactly one, attends exactly one slot
+    # more), from `_line_summary`.
+    lines: list[tuple[int, bool, bool, bool]] | None = None
+    # A packed call's rows: the key slots its first query token attends and those its last one
+    # attends (what the sequence holds after the call). A sequence's slots stay its own in a shared
+    # cache, so a row holds the sequence whose slots it mostly attends (`Follower._fits`).
+    held: list[tuple[frozenset[int], frozenset[int]]] | None = None
     drafter: bool = False  # a draft head's call (`watch(..., drafter=head)`): fed hidden states, not ids
     # A head call's rows: the (age, target row, query column) of the recent target calls (age 0:
     # the latest) whose last hidden state each was fed (`headinput`); [] none matched; None: not
@@ -111,6 +112,8 @@ class CallRecord:
             packed = batchmap.apply(self, batchmap.read_map(self))
         except batchmap.Unreadable as why:
             self.unreadable, packed = str(why), False
+        if whole is not None and packed:
+            self.held = _segment_slots(whole[0], self.segments)
         if whole is not None and not packed:  # one sequence after all: read as any 4-D mask
             self.mask = whole.tolist()
             self.last_slots = [self._last_slot(row) for row in range(self.batch_size)]
@@ -386,38 +389,51 @@ def _segment_tails(record: CallRecord, width: int) -> torch.Tensor:
     return torch.unique(columns[(columns >= 0) & (columns < width)])
 
 
-def _line_summary(mask: torch.Tensor) -> list[tuple[int, bool, bool, bool, int]]:
+def _line_summary(mask: torch.Tensor) -> list[tuple[int, bool, bool, bool]]:
     """Per query token of a packed row's [T, keys] mask: how many slots it attends, whether it drops
-    one the token before attended, shares one with it, attends exactly one slot more (its own), and
-    the first slot it attends (-1: none).
+    one the token before attended, whether it continues that token (shares a slot with it and gains
+    exactly one: its own key, as a causal query or a sliding window does; a neighbour's first token
+    gains its whole context even where a leaked slot is shared), and whether it attends exactly
+    one slot more.
 
     All of it from two counts per token (`_line_counts`): `count`, the slots it attends, and `both`,
-    the slots it shares with the token before. It drops a slot iff both < the count before, shares
-    one iff both > 0, and, dropping none (a superset), attends exactly one more iff count - count
-    before == 1."""
-    counts, both, first = _line_counts(mask.bool())
-    lowest = [f if c > 0 else -1 for c, f in zip(counts, first)]
-    lines = [(counts[0], False, True, counts[0] > 0, lowest[0])] if counts else []
+    the slots it shares with the token before. It drops a slot iff both < the count before, gains
+    count - both slots, continues iff both > 0 and it gains one, and attends exactly one more iff it
+    drops none and gains one."""
+    counts, both = _line_counts(mask.bool())
+    lines = [(counts[0], False, True, counts[0] > 0)] if counts else []
     for i in range(1, len(counts)):
-        dropped = both[i - 1] < counts[i - 1]
-        lines.append((counts[i], dropped, both[i - 1] > 0, not dropped and counts[i] - counts[i - 1] == 1, lowest[i]))
+        shared = both[i - 1]
+        dropped, gained = shared < counts[i - 1], counts[i] - shared
+        lines.append((counts[i], dropped, shared > 0 and gained == 1, not dropped and gained == 1))
     return lines
 
 
-def _line_counts(seen: torch.Tensor, host: bool | None = None) -> tuple[list[int], list[int], list[int]]:
-    """Per line of a [T, keys] boolean mask: slots attended, slots shared with the line before (T - 1
-    of them), first slot attended (0 where none is). On the host through numpy: torch's CPU
-    reductions of a boolean widen it to int64 and its argmax scans every slot, three to a hundred
-    times numpy's cost here (a packed prefill's mask is T x T); on a device, three ops and one
-    transfer (`host` forces the one or the other)."""
+def _line_counts(seen: torch.Tensor, host: bool | None = None) -> tuple[list[int], list[int]]:
+    """Per line of a [T, keys] boolean mask: slots attended, and slots shared with the line before
+    (T - 1 of them). On the host through numpy: torch's CPU reductions of a boolean widen it to
+    int64, several times numpy's cost here (a packed prefill's mask is T x T); on a device, two
+    ops and one transfer (`host` forces the one or the other)."""
     if seen.device.type == "cpu" if host is None else host:
         lines = seen.numpy()
         counts = lines.view(numpy.uint8).sum(-1, dtype=numpy.int32)
         both = (lines[:-1] & lines[1:]).view(numpy.uint8).sum(-1, dtype=numpy.int32)
-        return counts.tolist(), both.tolist(), lines.argmax(-1).tolist()
+        return counts.tolist(), both.tolist()
     t = seen.shape[0]
-    read = torch.cat([seen.sum(-1), (seen[:-1] & seen[1:]).sum(-1), seen.to(torch.uint8).argmax(-1)]).tolist()
-    return read[:t], read[t : 2 * t - 1], read[2 * t - 1 :]
+    read = torch.cat([seen.sum(-1), (seen[:-1] & seen[1:]).sum(-1)]).tolist()
+    return read[:t], read[t:]
+
+
+def _segment_slots(
+    mask: torch.Tensor, segments: list[tuple[int, int, int]]
+) -> list[tuple[frozenset[int], frozenset[int]]]:
+    """Per sequence of a packed row's [T, keys] mask: the key slots its first query token attends
+    and those its last one attends (one gather and one nonzero for the whole call)."""
+    ends = [t for _, start, length in segments for t in (start, start + length - 1)]
+    found: list[set[int]] = [set() for _ in ends]
+    for i, slot in mask[torch.tensor(ends, device=mask.device)].bool().nonzero().tolist():
+        found[i].add(slot)
+    return [(frozenset(found[2 * i]), frozenset(found[2 * i + 1])) for i in range(len(segments))]
 
 
 def _one_tensor(value: Any) -> Any:

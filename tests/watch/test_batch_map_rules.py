@@ -156,4 +156,4 @@ def test_apply_without_keys_or_a_readable_mask_leaves_the_mask_unread() -> None:
     call = call_of([[5, 6, 7]], [[4, 2, 3]], cu_q=[0, 1, 3], cache_width=6, argmax=[[7, 8, 9]])
     assert apply(call, read_map(call))
     assert call.mask is None and call.mask_kind == "unknown" and call.contexts == [0, 0]
-    assert call.argmax == [[7, None], [8, 9]] and call.anchors is None
+    assert call.argmax == [[7, None], [8, 9]] and call.held is None

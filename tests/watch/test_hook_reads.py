@@ -11,19 +11,18 @@ import torch
 from specviz.watch.hooks import _argmax, _attended, _line_counts, _line_summary, _mask_copy
 
 
-def _oracle(mask: torch.Tensor) -> list[tuple[int, bool, bool, bool, int]]:
-    """Per line: attended count, drops a slot of the line before, shares one, exactly one slot
-    more (a superset), first attended slot (-1: none); by sets, one line at a time."""
+def _oracle(mask: torch.Tensor) -> list[tuple[int, bool, bool, bool]]:
+    """Per line: attended count, drops a slot of the line before, continues it (shares a slot and
+    gains exactly one), exactly one slot more (a superset); by sets, one line at a time."""
     rows = [{k for k, v in enumerate(line) if v} for line in mask.tolist()]
     out = []
     for i, now in enumerate(rows):
         before = rows[i - 1] if i else None
-        first = min(now) if now else -1
         if before is None:
-            out.append((len(now), False, True, bool(now), first))
+            out.append((len(now), False, True, bool(now)))
         else:
             gained = len(now - before) == 1
-            out.append((len(now), bool(before - now), bool(before & now), not before - now and gained, first))
+            out.append((len(now), bool(before - now), bool(before & now) and gained, not before - now and gained))
     return out
 
 

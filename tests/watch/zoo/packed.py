@@ -27,6 +27,14 @@ Bugs, each breaking one invariant at (step, sequence) = events[0]:
   drafts, not by what it kept: its next step is fed positions too far (POSITIONS);
 - "kv_leak": at step 1 the second packed sequence's query also attends the first one's earliest
   slot (the mask lets its neighbour in; KV);
+- "kv_leak_zero": at step 1 the shortest sequence but the first also attends slot 0, the first
+  sequence's first slot (the lowest slot of the cache: read by "the first slot a row attends", it
+  is the first sequence's row; KV);
+- "kv_leak_join": the late sequence's first decoding row (step late + 1) also attends slot 0:
+  its context is read one slot longer than its prefill left it (KV);
+- "kv_leak_last": a sequence at its last step (one token left to its budget, no drafts) also
+  attends the earliest slot of the sequence prefilled first of the others (lower than any of its
+  own): no later row of it tells the two apart (KV);
 - "stale_kv": the first partially accepted sequence's rejected target slots stay attended from
   its next step on (KV);
 - "reuse" (with `pool`): the first partially accepted sequence gives its rejected slots back to
@@ -85,10 +93,9 @@ def generate(target, draft, prompts, max_new, k=3, bug=None, w=None, late=2, **v
             drafts, draft_slots = {s: prompt_lookup(seqs[s], d[s]) for s in live}, {s: [] for s in live}
         else:
             drafts, draft_slots = _propose(dkv, seqs, pos, draft_has, d, live[::-1] if flip else live, joining)
-        leak = None
-        if bug == "kv_leak" and step == 1 and len(live) > 1:
-            leak = (live[1], live[0])
-            events.append((step, live[1]))
+        leak = _leak(bug, step, live, seqs, outs, limit, late) if not events else None
+        if leak is not None:
+            events.append((step, leak[0]))
         chunks = [(s, [seqs[s][-1]] + drafts[s], pos[s]) for s in live]
         out, slots = tkv.forward(chunks + joining, leak=leak)
         if reused is not None and not events and reused in tkv.foreign:
@@ -121,6 +128,23 @@ def generate(target, draft, prompts, max_new, k=3, bug=None, w=None, late=2, **v
             del waiting[s]
         step += 1
     return outs, events
+
+
+def _leak(bug, step, live, seqs, outs, limit, late) -> tuple[int, int] | None:
+    """(sequence, neighbour whose earliest slot it also attends) for the leak bugs, at this step."""
+    if len(live) < 2:
+        return None
+    if bug == "kv_leak" and step == 1:
+        return live[1], live[0]
+    if bug == "kv_leak_zero" and step == 1 and 0 in live:
+        return min((s for s in live if s != 0), key=lambda s: len(seqs[s])), 0
+    if bug == "kv_leak_join" and late and step == late + 1 and {0, len(seqs) - 1} <= set(live):
+        return len(seqs) - 1, 0  # the late sequence's first decoding row
+    if bug == "kv_leak_last":
+        last = [s for s in live if limit[s] - len(outs[s]) == 1]
+        if last:  # into the sequence prefilled first of the others: its slots are the cache's lowest
+            return last[0], min(s for s in live if s != last[0])
+    return None
 
 
 def _propose(dkv: SharedKV, seqs, pos, draft_has, d, live, joining):
