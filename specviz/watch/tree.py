@@ -182,6 +182,16 @@ def accepted_path(
     return walked, tokens[len(walked)] if len(tokens) == len(walked) + 1 else None
 
 
+def greedy_chain(parents: list[int], nodes: list[int], targets: list[int]) -> tuple[list[int], list[int]]:
+    """A tree row as the chain a greedy engine verified along it: (the greedy path's draft tokens,
+    the target's choice at the root and at each of them). The command reads a step's gains by the
+    chain rules (`follow_gains`); an engine that kept another path is judged by the step rows."""
+    if not targets:
+        return [], []
+    path = _greedy_path(parents, nodes, targets)
+    return [nodes[i] for i in path], [targets[i] for i in [0, *path]]
+
+
 def _child(parents: list[int], nodes: list[int], at: int, token: int) -> int | None:
     return next((c for c, p in enumerate(parents) if p == at and nodes[c] == token), None)
 
@@ -243,6 +253,25 @@ def kept_nodes(call: Any, row: int, rq: Any, later: Any, later_row: int, later_r
     line = tail[later_rq.pending - (later.query_len - len(tail))]
     start = call.cache_width + rq.pending
     return [i for i in range(len(call.trees[row])) if line[start + i]]
+
+
+def kept_path_tokens(
+    calls: list[Any], step: tuple[int, int], at: tuple[int, int], rq: Any, later_rq: Any
+) -> list[int] | None:
+    """What a tree step gave its sequence, as the next call it is fed in shows it (the command):
+    the nodes that call still attends, when they are the root and a chain of the tree (KV kept by
+    index), then the pending token it is fed. None when the step is no tree row or the next call
+    does not show its kept nodes as such a chain (the chain rules read it then)."""
+    (i, ri), (j, rj) = step, at
+    call = calls[i]
+    if not getattr(call, "trees", None) or call.trees[ri] is None:
+        return None
+    kept = kept_nodes(call, ri, rq, calls[j], rj, later_rq)
+    parents = call.trees[ri]
+    if not kept or kept[0] != 0 or any(parents[b] != a for a, b in zip(kept, kept[1:])):
+        return None
+    nodes = call.input_ids[ri][rq.pending : rq.pending + len(parents)]
+    return [nodes[n] for n in kept[1:]] + [calls[j].input_ids[rj][later_rq.pending]]
 
 
 def draft_calls_before(calls: list[Any], index: int) -> list[int]:

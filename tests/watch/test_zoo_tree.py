@@ -33,7 +33,7 @@ from specviz.watch.tree import parents_of_block
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17], [20, 21], [30, 31, 32, 33, 34]]
 BUDGETS = [10, 4, 10, 7, 9]
 SCRIPT = Path(__file__).parent / "zoo" / "scripts" / "run_engine.py"
-MODES = ["declared", "rows"]
+MODES = ["declared", "rows", "command"]
 BUGS = {
     # declared trees: the sibling a node sees is no ancestor (KV). Read from the mask, the row's
     # block is causal, read as a chain-shaped tree whose depths the positions do not follow.
@@ -43,7 +43,11 @@ BUGS = {
     ("positions", "rows"): Invariant.POSITIONS,
     ("stale_branch", "declared"): Invariant.KV,
     ("stale_branch", "rows"): Invariant.KV,
+    ("off_path", "declared"): Invariant.ACCOUNTING,
+    ("off_path", "rows"): Invariant.ACCOUNTING,
 }
+WRONG_OUTPUT = "off_path"  # the target's choice not kept: a wrong output, never called clean
+BUGS.update({(bug, "command"): invariant for (bug, mode), invariant in list(BUGS.items()) if mode == "rows"})
 
 
 @pytest.fixture(scope="module")
@@ -170,3 +174,11 @@ def test_one_row_tree_is_not_read_as_packed_sequences(pair, declare: int) -> Non
     assert outs == shapes.reference(pair.target, prompts, 8)
     assert report.verdict == "clean" and report.exact_match == 1.0, report.violations[:3]
     assert all(row.tree_parents for step in w.trace.steps for row in step.rows)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_wrong_output_is_never_clean(pair, runs, mode: str) -> None:
+    trace, outs, events = runs(WRONG_OUTPUT, mode)
+    assert events and outs != shapes.reference(pair.target, PROMPTS, BUDGETS)
+    report = check_trace(trace)
+    assert report.verdict != "clean" and report.exact_match < 1.0

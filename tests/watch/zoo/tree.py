@@ -23,6 +23,9 @@ Bugs, each breaking one invariant at (step, sequence) = events[0], from step 1 o
   its ancestors (KV; read from an undeclared mask, the tree it then shows disagrees with the
   positions: POSITIONS);
 - "positions" (the same row): nodes fed committed length - 1 + node index, not + depth (POSITIONS);
+- "off_path" (the same row, once): the commit keeps the first node of the branch the target did
+  not choose (the second branch's, or the first's when the target chose the second): a wrong
+  output (ACCOUNTING);
 - "stale_branch": the commit keeps a rejected node's slot attended, once, in the first row from
   step 1 on that goes on after its step (KV; its next step then attends one slot too many).
 """
@@ -34,7 +37,7 @@ from transformers import DynamicCache
 
 from .shapes import NEG, budgets, commit, eos_ids, settle
 
-BUGS = ("sibling", "positions", "stale_branch")
+BUGS = ("sibling", "positions", "stale_branch", "off_path")
 
 
 def tree_parents(depth: int) -> list[int]:
@@ -84,7 +87,7 @@ def generate(target, draft, prompts, max_new, depth=3, bug=None, w=None, declare
                 positions[r] = [len(seqs[buggy]) - 1 + i for i in range(len(parents))]
             elif bug == "sibling":
                 attends[r] = [list(range(i + 1)) for i in range(len(parents))]
-            if bug != "stale_branch" and not events:
+            if bug in ("positions", "sibling") and not events:
                 events.append((step, buggy))
         if w is not None and declare:
             w.batch(active, parents=[parents] * len(active))
@@ -93,6 +96,9 @@ def generate(target, draft, prompts, max_new, depth=3, bug=None, w=None, declare
         keep_rows = []
         for r, s in enumerate(active):
             path = _path(parents, query[r], choices[r])
+            if bug == "off_path" and s == buggy and not events:
+                path = [1] if path[:1] == [2] else [2]  # the other branch's first node: not the target's choice
+                events.append((step, s))
             tokens = [query[r][i] for i in path] + [choices[r][path[-1] if path else 0]]
             emitted, finish = settle(outs[s], tokens[: limit[s] - len(outs[s])], limit[s], eos)
             kept = {0, *path}
