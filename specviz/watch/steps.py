@@ -355,8 +355,9 @@ def _row_record(
     if call.trees and call.trees[r] is not None:  # a tree row (schema 3): its own path and mask reading
         shape = tree.tree_fields(call, r, rq, tokens, targets)
         accepted, bonus = shape.pop("accepted"), shape.pop("bonus")
-        if call.mask_kind == "4d":
-            runs, context = tree.mask_row(call, r, rq)
+        read = tree.mask_row(call, r, rq)
+        if read is not None:
+            runs, context = read
         causal = None
     return RowRecord(
         row=r,

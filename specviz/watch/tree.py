@@ -79,7 +79,7 @@ def read_trees(call: Any) -> None:
         call.trees = [list(p) for p in call.parents[: call.batch_size]] + [None] * (call.batch_size - len(call.parents))
         call.tree_source = "declared"
         return
-    if call.mask_kind != "4d":
+    if call.mask_kind not in ("4d", "4d-slots"):
         return
     found = [_mask_tree(call, r) for r in range(call.batch_size)]
     # Read as a tree call only where some row branches and is fed its depths: a chain engine's
@@ -88,8 +88,29 @@ def read_trees(call: Any) -> None:
         p is not None and branching(p) and _fed_depths(call.positions[r], p, call.last_slots[r])
         for r, p in enumerate(found)
     )
-    if any(confirmed):
-        call.trees, call.tree_source = found, "mask"
+    if not any(confirmed):
+        return
+    for r, parents in enumerate(found):
+        if parents is not None and _refed_root(call, r, parents):
+            call.unreadable = (
+                f"row {r} verifies a tree after tokens it re-feeds (no cache): which one is its pending "
+                "token the mask does not say; declare the trees with w.batch(..., parents=...)"
+            )
+            return
+    call.trees, call.tree_source = found, "mask"
+
+
+def _refed_root(call: Any, row: int, parents: list[int]) -> bool:
+    """The tree read from the row's mask starts with a chain at a token that sees nothing before
+    it: re-fed context (a cacheless loop) then the tree, and the mask does not say where the
+    pending token sits in that chain. (A root that branches at once is the pending token.)"""
+    if parents.count(0) != 1:
+        return False
+    first = call.last_slots[row] - len(parents) + 1
+    if call.mask_kind == "4d-slots":
+        return len(slot_sets(call, row, first, 1)[0]) <= 1
+    tail = call.mask[row]
+    return not any(tail[first - (call.query_len - len(tail))][: call.cache_width + first])
 
 
 def _fed_depths(positions: list[int], parents: list[int], last: int) -> bool:
@@ -104,16 +125,21 @@ def one_tree(mask: Any, cache_width: int, positions: Any) -> bool:
     not several sequences packed together? Each packed sequence's first query token attends no
     other query token, a second root no tree has."""
     t = mask.shape[0]
-    if t < 3 or mask.shape[-1] != cache_width + t:
+    if t < 3:
         return False
-    block = mask[:, cache_width:].tolist()
-    live = [any(line) for line in block]
+    live = mask.any(-1).tolist()
     last = max((i for i, on in enumerate(live) if on), default=-1)
     first = last
     while first > 0 and live[first - 1]:
         first -= 1
-    nodes = [line[first : last + 1] for line in block[first : last + 1]]
-    parents = parents_of_block(nodes) if last >= 0 else None
+    if last < 0:
+        return False
+    if mask.shape[-1] == cache_width + t:  # keys [cache | query]: the query block
+        block = mask[first : last + 1, cache_width + first : cache_width + last + 1].tolist()
+        parents = parents_of_block(block)
+    else:  # a static or in-place cache's slots: what each node sees
+        rows = mask[first : last + 1].tolist()
+        parents = parents_of_sets([frozenset(j for j, on in enumerate(line) if on) for line in rows])
     fed = positions.tolist() if hasattr(positions, "tolist") else positions
     return parents is not None and branching(parents) and _fed_depths(fed, parents, last)
 
@@ -133,7 +159,31 @@ def _mask_tree(call: Any, row: int) -> list[int] | None:
     if n < 2:
         return None
     first = call.last_slots[row] - n + 1
+    if call.mask_kind == "4d-slots":
+        return parents_of_sets(slot_sets(call, row, first, n))
     return parents_of_block(node_block(call, row, first, n))
+
+
+def slot_sets(call: Any, row: int, pending: int, n: int) -> list[frozenset[int]]:
+    """The key slots each of the row's n nodes attends, from a static or in-place cache's mask
+    (`4d-slots`: where each node's own key sits is not named, only what it sees)."""
+    tail = call.mask[row]
+    offset = call.query_len - len(tail)
+    return [frozenset(j for j, on in enumerate(tail[pending + i - offset]) if on) for i in range(n)]
+
+
+def parents_of_sets(sets: list[frozenset[int]]) -> list[int] | None:
+    """The tree the nodes' attended slot sets show: node i's parent is the one earlier node whose
+    set is i's minus one slot (i's own); None when a node has no such node, or several."""
+    if not sets or not sets[0]:
+        return None
+    parents = [-1]
+    for i in range(1, len(sets)):
+        found = [p for p in range(i) if sets[p] < sets[i] and len(sets[i]) == len(sets[p]) + 1]
+        if len(found) != 1:
+            return None
+        parents.append(found[0])
+    return parents
 
 
 def node_block(call: Any, row: int, pending: int, n: int) -> list[list[bool]]:
@@ -219,6 +269,9 @@ def tree_fields(call: Any, row: int, rq: Any, tokens: list[int], targets: list[i
     if call.mask_kind == "4d":
         block = node_block(call, row, rq.pending, n)
         attends = [[j for j, on in enumerate(line) if on] for line in block]
+    elif call.mask_kind == "4d-slots":  # node j seen: every slot it attends, its own included
+        sets = slot_sets(call, row, rq.pending, n)
+        attends = [[j for j in range(n) if sets[j] <= seen] for seen in sets]
     return {
         "tree_parents": list(parents),
         "tree_depths": depths_of(parents),
@@ -229,16 +282,27 @@ def tree_fields(call: Any, row: int, rq: Any, tokens: list[int], targets: list[i
     }
 
 
-def mask_row(call: Any, row: int, rq: Any) -> tuple[list[list[int]], int]:
-    """(mask_rle as the root's view of the context then one flag per node: attends itself;
-    attended context slots). Non-root nodes' views of the block are `node_attends`."""
-    tail = call.mask[row]
-    offset = call.query_len - len(tail)
-    n = len(call.trees[row])
-    width = call.cache_width + rq.pending
-    root = tail[rq.pending - offset]
-    view = [int(v) for v in root[:width]]
-    diagonal = [int(tail[rq.pending + i - offset][width + i]) for i in range(n)]
+def mask_row(call: Any, row: int, rq: Any) -> tuple[list[list[int]], int] | None:
+    """(mask_rle as the root's view of the context then one flag per node: it attends its own
+    slot; attended context slots), or None for a mask read otherwise. Non-root nodes' views of
+    the block are `node_attends`. A static or in-place cache's mask is read by counts: the root
+    attends its context and itself, each node its parent's slots plus one (its own)."""
+    parents = call.trees[row]
+    n = len(parents)
+    if call.mask_kind == "4d-slots":
+        sets = slot_sets(call, row, rq.pending, n)
+        view = [1] * max(len(sets[0]) - 1, 0)
+        diagonal = [int(bool(sets[0]))] + [
+            int(sets[parents[i]] < sets[i] and len(sets[i]) == len(sets[parents[i]]) + 1) for i in range(1, n)
+        ]
+    elif call.mask_kind == "4d":
+        tail = call.mask[row]
+        offset = call.query_len - len(tail)
+        width = call.cache_width + rq.pending
+        view = [int(v) for v in tail[rq.pending - offset][:width]]
+        diagonal = [int(tail[rq.pending + i - offset][width + i]) for i in range(n)]
+    else:
+        return None
     return [[int(v), len(list(run))] for v, run in groupby(view + diagonal)], sum(view)
 
 

@@ -182,3 +182,77 @@ def test_wrong_output_is_never_clean(pair, runs, mode: str) -> None:
     assert events and outs != shapes.reference(pair.target, PROMPTS, BUDGETS)
     report = check_trace(trace)
     assert report.verdict != "clean" and report.exact_match < 1.0
+
+
+TREE_FIELDS = ("tree_parents", "tree_depths", "node_attends", "tree_path", "accepted", "bonus", "position_ids")
+TREE_FIELDS += ("kv_len",)
+
+
+@pytest.mark.parametrize("method", ["eqspec", "inplace"])
+def test_own_tree_engine_watched_reads_what_its_recorder_writes(pair, method: str) -> None:
+    """specviz's own tree engine (a static tree: a chain plus one alternative at each of the first
+    depths; INPLACE's mask keys are its in-place cache's slots), watched with its rows declared
+    only: every tree read from the mask, each row's tree fields as the recorder wrote them (the
+    recorder's `kept_nodes` aside: these engines move the kept KV, which the mask does not show)."""
+    from specviz.engine import run as run_module
+    from specviz.engine.run import RunConfig
+
+    texts = ["abcdef", "xyz", "hello world", "q", "tree tree"]
+
+    def config(record: bool) -> RunConfig:
+        config = RunConfig(method=method, batch_size=4, draft_k=3, max_new_tokens=8, tree_branches=2)
+        config.reference, config.record_steps = False, record
+        return config
+
+    w = specviz.watch(pair.target, pair.draft, tokenizer=pair.tokenizer, prompts=texts)
+
+    class Watched(run_module.Engine):
+        def step(self, batch):
+            w.rows([s.seq_id for s in batch.seqs])
+            before = [len(s.output_ids) for s in batch.seqs]
+            outcome = super().step(batch)
+            for seq, n in zip(batch.seqs, before):
+                w.emit(seq.seq_id, seq.output_ids[n:], seq.finish_reason)
+            return outcome
+
+    original, run_module.Engine = run_module.Engine, Watched
+    try:
+        run_module.run(pair, texts, config(False))
+    finally:
+        run_module.Engine = original
+    watched = w.close()
+    recorded = run_module.run(pair, texts, config(True))
+    report = check_trace(watched)
+    assert report.verdict == "clean" and report.exact_match == 1.0, report.violations[:3]
+    rows = {(si, r.seq_id): r for si, step in enumerate(recorded.steps) for r in step.rows}
+    seen = {(si, r.seq_id): r for si, step in enumerate(watched.steps) for r in step.rows}
+    assert seen.keys() == rows.keys()
+    for key, row in rows.items():
+        assert row.tree_parents is not None
+        assert [getattr(seen[key], f) for f in TREE_FIELDS] == [getattr(row, f) for f in TREE_FIELDS], key
+
+
+def _tree_call(cache_width: int, ids: list[int], positions: list[int], block: list[list[int]]):
+    """One materialized target row with a [cache | query] 4-D mask: every cache slot, then `block`."""
+    from specviz.watch.hooks import CallRecord
+
+    mask = [[[True] * cache_width + [bool(v) for v in line] for line in block]]
+    call = CallRecord("target", None, [ids], [positions], True, cache_width, "4d", mask, 1, len(ids))
+    call.last_slots = [len(ids) - 1]
+    return call
+
+
+def test_a_tree_after_refed_context_is_unreadable_not_guessed() -> None:
+    """A cacheless row re-feeds its context before its tree: the mask shows one chain from the
+    first token, so where the pending token sits is unknown. Unreadable, not read as a tree from
+    the prompt's first token (which would flag every position); with a cache it is read."""
+    from specviz.watch.tree import read_trees
+
+    chain_then_fork = [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 0, 1]]
+    refed = _tree_call(0, [5, 6, 7, 8, 9], [0, 1, 2, 3, 3], chain_then_fork)
+    read_trees(refed)
+    assert refed.trees is None and "re-feeds" in refed.unreadable
+    fork_at_two = [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 0, 1]]  # the root sees its cache
+    cached = _tree_call(2, [7, 8, 9, 4], [2, 3, 4, 4], fork_at_two)
+    read_trees(cached)
+    assert cached.trees == [[-1, 0, 1, 1]] and cached.unreadable is None
