@@ -112,6 +112,9 @@ def read_row(
     runs the tokens allow, so a position bug is still read from the first run and checked.
     """
     verify = calls[index]
+    if verify.trees and verify.trees[row] is not None:  # a tree's nodes end at its last real slot (`tree`)
+        nodes = len(verify.trees[row])
+        return RowQuery(last_slot(verify, row) - nodes + 1, nodes - 1, ())
     ids = verify.input_ids[row]
     seq = row_seq_ids(verify)[row] if seq is None else seq
     last = last_slot(verify, row)

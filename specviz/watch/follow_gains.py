@@ -4,6 +4,7 @@ tokens a cacheless draft re-reads, or the greedy rule at its last step), and of 
 
 from __future__ import annotations
 
+from specviz.watch import tree
 from specviz.watch.calls import attended_ids, attends_cache, draft_free_query
 from specviz.watch.followed import RowView, Seq
 from specviz.watch.steps import Emit, matched_prefix, row_tokens
@@ -19,10 +20,17 @@ class Gains:
         if self.draft_free and not rq.drafts:  # the drafts are what follows the committed tokens
             rq = draft_free_query(self.calls[i], ri, s.context) or rq
         drafts, targets = row_tokens(self.calls[i], ri, rq)
-        return drafts, targets, self.calls[i].input_ids[ri][rq.pending]
+        pending, trees = self.calls[i].input_ids[ri][rq.pending], self.calls[i].trees
+        if trees and trees[ri] is not None:  # a tree row, read by the chain rules along its greedy path
+            drafts, targets = tree.greedy_chain(trees[ri], [pending, *drafts], targets)
+        return drafts, targets, pending
 
     def _gained(self, s: Seq, v: RowView | None) -> list[int]:
         """Tokens the sequence's open step committed, read from its next row `v` (None: its last step)."""
+        if v is not None and s.step is not None:  # a tree step: the nodes the next call still attends
+            kept = tree.kept_path_tokens(self.calls, s.step, s.at, self.read(*s.step, s.id), v.rq)
+            if kept is not None:
+                return kept
         drafts, targets, _ = self._step_tokens(s)
         agreed = matched_prefix(drafts, targets) if targets else 0
         if v is None or self.draft_free and v.whole:

@@ -90,6 +90,11 @@ class CallRecord:
     # `query_flags` per row, once materialized: the readers ask for each row's flags hundreds of
     # times a run (each candidate sequence, each chain), and they never change after `materialize`.
     flags: dict[int, list[int]] = field(default_factory=dict, repr=False)
+    # Tree verification (`tree`): per row its declared parents (w.batch(..., parents=...)); after
+    # `materialize`, `trees` holds each row's tree (declared, or read from the mask; None: a chain).
+    parents: list[list[int]] | None = None
+    trees: list[list[int] | None] | None = None
+    tree_source: str | None = None  # "declared" | "mask"
 
     def materialize(self) -> None:
         """Tensors to lists, once, at close: the only host syncs the watch adds. Then the call's
@@ -97,6 +102,13 @@ class CallRecord:
         if self.last_slots is not None:
             return
         whole = self.mask if self.packed and self.mask_kind != "2d" and isinstance(self.mask, torch.Tensor) else None
+        from specviz.watch import tree
+
+        # One row verifying a tree (declared, or read from its mask), not sequences packed together.
+        if whole is not None and (
+            self.parents is not None or tree.one_tree(whole[0], self.cache_width, self.positions[0])
+        ):
+            self.packed, whole = False, None
         if whole is not None:  # a packed row's mask, read as a summary per query token (batchmap.lines)
             self.lines, self.mask = _line_summary(whole[0]), None
             if self.query_live is None:  # the slots that attend anything: those that count any
@@ -117,6 +129,8 @@ class CallRecord:
         if whole is not None and not packed:  # one sequence after all: read as any 4-D mask
             self.mask = whole.tolist()
             self.last_slots = [self._last_slot(row) for row in range(self.batch_size)]
+        if not packed:
+            tree.read_trees(self)
         if not packed and self.logit_slots is not None and self.argmax is not None:
             # Argmax kept at some columns only: spread over the query, None elsewhere (`argmax_at`).
             spread = [[None] * self.query_len for _ in self.argmax]
@@ -252,6 +266,7 @@ class ModelHooks:
         mask = fed.get("attention_mask")
         # Declared query lengths of a packed call (`w.batch`); a sink without them declares none.
         declared = self.sink.query_lens(self.role) if hasattr(self.sink, "query_lens") else None
+        parents = self.sink.tree_parents(self.role) if hasattr(self.sink, "tree_parents") else None
         cu_q, cu_k = fed.get("cu_seq_lens_q"), _one_tensor(fed.get("cu_seq_lens_k"))
         # One row that may hold several sequences: its mask and argmax are kept whole (`batchmap`).
         packed = batch == 1 and q > 1
@@ -281,6 +296,7 @@ class ModelHooks:
                 cu_q=cu_q.clone() if isinstance(cu_q, torch.Tensor) else None,
                 cu_k=cu_k.clone() if isinstance(cu_k, torch.Tensor) else None,
                 query_lens=declared,
+                parents=parents,
                 logit_slots=keep.clone() if isinstance(keep, torch.Tensor) and keep.dim() == 1 else None,
             )
         )

@@ -33,6 +33,8 @@ from specviz.watch.hooks import CallRecord, ModelHooks, WatchError, check_causal
 from specviz.watch.paged import PagedCapture
 from specviz.watch.steps import Emit, InferredSteps, infer_steps
 from specviz.watch.streamer import GenerateStreamer
+from specviz.watch.tree import alternatives as tree_alternatives
+from specviz.watch.tree import tree_error
 
 FINISH_REASONS = (None, "eos", "length")
 
@@ -79,6 +81,7 @@ class Watch:
         # Declared for the next forward of a model only (`batch`, or the paged manager's requests).
         self._once: dict[str, tuple[int, ...]] = {}
         self._once_lens: dict[str, list[int]] = {}
+        self._once_parents: dict[str, list[list[int]]] = {}  # declared trees (`batch(parents=...)`)
         self._ever_declared = False  # rows or batch called: the engine names its rows
         self._calls: list[CallRecord] = []
         self._emits: list[Emit] = []
@@ -110,6 +113,11 @@ class Watch:
         (asked before `current_rows`, once per forward)."""
         return self._once_lens.pop(role, None) if role in self._once else None
 
+    def tree_parents(self, role: str = "target") -> list[list[int]] | None:
+        """Each row's tree of the forward being captured, if `batch` declared them (asked before
+        `current_rows`, once per forward)."""
+        return self._once_parents.pop(role, None) if role in self._once else None
+
     def declare_forward(self, seq_ids: tuple[int, ...]) -> None:
         """The paged manager's requests of the next target forward (`paged.PagedCapture`)."""
         self._once["target"] = tuple(seq_ids)
@@ -134,15 +142,29 @@ class Watch:
         for role in ("target", "draft") if model is None else (model,):
             self._rows[role] = tuple(ids)
 
-    def batch(self, seq_ids: Iterable[int], *, query_lens: Iterable[int] | None = None, model: str = "target") -> None:
+    def batch(
+        self,
+        seq_ids: Iterable[int],
+        *,
+        query_lens: Iterable[int] | None = None,
+        model: str = "target",
+        parents: Iterable[Iterable[int]] | None = None,
+    ) -> None:
         """Declare the next forward of `model` only: the sequence of each row (a padded batch) or,
         with `query_lens`, of each packed segment in order (a 1 x T call: sequence i holds the next
         query_lens[i] tokens). The one call per forward of an engine whose batch changes every
-        step; `rows` stays the short form for a padded batch that keeps its rows."""
+        step; `rows` stays the short form for a padded batch that keeps its rows.
+
+        `parents` (target, padded batch): the tree each row verifies, one list per row, node 0
+        the pending token (parent -1) and every other node's parent an earlier node; the row's
+        last len(parents) real query tokens are its nodes in that order (docs/watch.md, "Trees")."""
         if model not in ("target", "draft"):
             raise WatchError(f"batch: model must be 'target' or 'draft', got {model!r}")
         self._require_open("batch")
         ids = self._checked_ids(seq_ids, "batch")
+        self._once_parents.pop(model, None)
+        if parents is not None:
+            self._once_parents[model] = _checked_trees(parents, len(ids), model, query_lens)
         lens = None
         if query_lens is not None:
             lens = [_as_int(n, "batch") for n in query_lens]
@@ -276,6 +298,7 @@ class Watch:
             # A named head drafted (rows record `head_source` where its input was found).
             proposer="head" if self._head_named and assembly.k > 0 and self.draft is None else "draft-model",
             draft_k=assembly.k,
+            tree_branches=tree_alternatives(assembly.steps),
             batch_size=max((len(s.rows) for s in assembly.steps), default=1) or 1,
             max_new_tokens=assembly.max_new_tokens,
             eos_token_ids=sorted(eos),
@@ -394,6 +417,23 @@ def watch(
 
 
 # ----------------------------------------------------------------------------- helpers
+def _checked_trees(parents: Any, rows: int, model: str, query_lens: Any) -> list[list[int]]:
+    """One tree per declared row, each a list of parent indices (`tree.tree_error`)."""
+    if model != "target" or query_lens is not None:
+        raise WatchError("batch: parents= declares the target's trees of a padded batch (no query_lens, no draft)")
+    try:
+        trees = [list(p) for p in parents]
+    except TypeError:
+        raise WatchError("batch: parents= is one list of parent indices per row") from None
+    if len(trees) != rows:
+        raise WatchError(f"batch: {rows} sequences need {rows} trees in parents=, got {len(trees)}")
+    for r, tree in enumerate(trees):
+        problem = tree_error(tree)
+        if problem is not None:
+            raise WatchError(f"batch: the tree of row {r} {tree[:8]}: {problem}")
+    return trees
+
+
 def _temperature(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
         raise WatchError(f"temperature must be a finite number >= 0 (0: greedy), got {value!r}")

@@ -25,8 +25,10 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass, field
+from typing import Any
 
 from specviz.trace.schema import RowRecord, StepRecord
+from specviz.watch import tree
 from specviz.watch.calls import (
     CallReader,
     RowQuery,
@@ -187,7 +189,11 @@ def assign_rows(
     free_last = not call.argmax_is_choice
 
     def fits(group: Group, r: int) -> bool:
-        return consistent(group.tokens, *row_tokens(call, r, shown[r]), free_last)
+        drafts, targets = row_tokens(call, r, shown[r])
+        if call.trees and call.trees[r] is not None:  # a path of the row's tree, then its choice there
+            nodes = [call.input_ids[r][shown[r].pending], *drafts]
+            return tree.consistent(group.tokens, call.trees[r], nodes, targets, free_last)
+        return consistent(group.tokens, drafts, targets, free_last)
 
     taken: dict[int, Group] = {}
     pending_groups = []
@@ -233,6 +239,7 @@ def build_steps(
         by_call.setdefault(group.call, []).append(group)
     progress = {seq_id: _SeqProgress(list(ids)) for seq_id, ids in enumerate(prompts)}
     steps: list[StepRecord] = []
+    origins: list[tuple[RowRecord, int, int]] = []  # tree rows: (record, call index, row)
     for index in sorted(by_call):
         call = calls[index]
         finished = {s for s, p in progress.items() if p.finished}
@@ -243,6 +250,8 @@ def build_steps(
                     shown[r] = draft_free_query(call, r, progress[seq_id].committed) or shown[r]
         produced = assign_rows(call, by_call[index], shown, finished, set(progress))
         rows, proposals = [], set(_head_calls(calls, index))
+        if call.trees:  # a tree's drafts are read from the verify; every draft call since is its proposal
+            proposals.update(tree.draft_calls_before(calls, index))
         for r, seq_id in enumerate(row_seq_ids(call)):
             if r not in produced and (seq_id not in progress or progress[seq_id].finished):
                 continue  # idle: a finished sequence's row the engine still computes
@@ -251,6 +260,8 @@ def build_steps(
             rq = shown[r]
             proposals.update(j for j, _ in rq.chain)
             rows.append(_row_record(calls, index, r, seq_id, rq, produced.get(r), progress))
+            if call.trees and call.trees[r] is not None:
+                origins.append((rows[-1], index, r))
         for row in rows:
             target = progress[row.write_seq]
             target.committed.extend(row.emitted)
@@ -272,7 +283,19 @@ def build_steps(
             )
         )
     _fill_left_pad_after(steps)
+    _fill_kept_nodes(calls, read, origins)
     return steps
+
+
+def _fill_kept_nodes(calls: list[CallRecord], read: CallReader, origins: list[tuple[RowRecord, int, int]]) -> None:
+    """A tree row's kept nodes: what the sequence's next step still attends of its block."""
+    later: dict[int, tuple[int, int]] = {}  # seq -> (call index, row) of its next tree step
+    for record, index, r in reversed(origins):
+        after = later.get(record.seq_id)
+        if after is not None and not record.finished:
+            j, r2 = after
+            record.kept_nodes = tree.kept_nodes(calls[index], r, read(index, r), calls[j], r2, read(j, r2))
+        later[record.seq_id] = (index, r)
 
 
 def _prefilling(call: CallRecord, row: int, committed: list[int], prompt_len: int) -> bool:
@@ -328,6 +351,14 @@ def _row_record(
         if min(draft_context) < 0:
             draft_context = None  # a mask the hooks could not read
     reason = group.finish_reason if group is not None else None
+    shape: dict[str, Any] = {}
+    if call.trees and call.trees[r] is not None:  # a tree row (schema 3): its own path and mask reading
+        shape = tree.tree_fields(call, r, rq, tokens, targets)
+        accepted, bonus = shape.pop("accepted"), shape.pop("bonus")
+        read = tree.mask_row(call, r, rq)
+        if read is not None:
+            runs, context = read
+        causal = None
     return RowRecord(
         row=r,
         seq_id=seq_id,
@@ -353,6 +384,7 @@ def _row_record(
         draft_position_ids=draft_positions,
         draft_kv_lens=draft_context,
         head_source=head_source(calls, index, _head_calls(calls, index), r, drafts, seq_id, committed),
+        **shape,
     )
 
 

@@ -17,10 +17,10 @@ import json
 
 import torch
 import transformers as tf
-from zoo import head, packed, paged, queued  # tests/watch on the path (its conftest, or PYTHONPATH)
+from zoo import head, packed, paged, queued, tree  # tests/watch on the path (its conftest, or PYTHONPATH)
 
-ENGINES = {"packed": packed, "queued": queued, "paged": paged, "head": head}
-USES_DRAFT = {"packed", "queued"}
+ENGINES = {"packed": packed, "queued": queued, "paged": paged, "head": head, "tree": tree}
+USES_DRAFT = {"packed", "queued", "tree"}
 
 
 def tiny_llama() -> torch.nn.Module:

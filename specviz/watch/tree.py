@@ -1,0 +1,356 @@
+"""Tree verification under the watch: which rows of a target call verify a tree, and the schema-3
+tree fields of their step rows (`tree_parents`, `tree_depths`, `node_attends`, `tree_path`,
+`kept_nodes`), so `analysis.tree_checks` judges a watched tree engine as it judges specviz's own.
+
+A tree row's query is N nodes in N consecutive real query slots, node 0 the pending token (the last
+committed one), `parents[i]` node i's parent (an earlier node). Where the tree comes from:
+1. **declared**: `w.batch(seq_ids, parents=...)` names each row's parents for the next target
+   forward. A declaration with more nodes than a row's real query slots makes the call unreadable.
+2. **read from the mask**: undeclared, a 4-D mask whose keys are [cache | query] shows each
+   node's view of the query block. The block is a tree when node 0 attends only itself there and
+   every later node i attends itself plus exactly the view of one earlier node p (its parent,
+   the latest node it attends besides itself). A tree that is a chain is read as before (the
+   draft-chain reading); a call in which some row reads as a branching tree is a tree call, and
+   its rows whose block is a chain are read as chain-shaped trees. A block that is no tree (two
+   roots, a node that sees a node but not that node's ancestors) is left to the chain reading,
+   whose checks flag it (`query_causal`); nothing is guessed.
+What stays a limit: a packed 1 x T call's trees (no per-segment parents yet), masks whose keys are
+not [cache | query] (static or in-place caches: node_attends and kept_nodes are not read), and a
+node that attends other committed slots than the root (only the root's view is recorded).
+"""
+
+from __future__ import annotations
+
+from itertools import groupby
+from typing import Any
+
+from specviz.analysis.tree_checks import depths_of
+
+# ----------------------------------------------------------------------------- the tree of a row
+
+
+def tree_error(parents: Any) -> str | None:
+    """Why `parents` is not a tree over its nodes (None: it is): node 0 the root, each parent earlier."""
+    if not isinstance(parents, (list, tuple)) or not parents:
+        return "a tree is a non-empty list of parent indices"
+    if any(isinstance(p, bool) or not isinstance(p, int) for p in parents):
+        return "parent indices must be integers"
+    if parents[0] != -1:
+        return "node 0 (the pending token) must be the root, parent -1"
+    if any(not 0 <= p < i for i, p in enumerate(parents) if i):
+        return "each node's parent must be an earlier node"
+    return None
+
+
+def parents_of_block(block: list[list[bool]]) -> list[int] | None:
+    """The tree an N x N query block shows (block[i][j]: node i attends node j), or None when it
+    shows none (see the module docstring)."""
+    views = [frozenset(j for j, on in enumerate(line) if on) for line in block]
+    if not views or views[0] != {0}:
+        return None
+    parents = [-1]
+    for i in range(1, len(views)):
+        others = views[i] - {i}
+        if i not in views[i] or not others or max(others) > i:
+            return None
+        parent = max(others)
+        if views[i] != views[parent] | {i}:
+            return None
+        parents.append(parent)
+    return parents
+
+
+def branching(parents: list[int]) -> bool:
+    return any(p != i - 1 for i, p in enumerate(parents) if i)
+
+
+def read_trees(call: Any) -> None:
+    """Set `call.trees` (per row: its parents, or None for a chain row) of a materialized target
+    call, from its declaration or its mask; `call.unreadable` when a declaration does not fit."""
+    call.trees = None
+    if call.role != "target" or call.unreadable is not None:
+        return
+    if call.parents is not None:
+        for r, parents in enumerate(call.parents[: call.batch_size]):
+            live = _live_run(call, r)
+            if len(parents) > live:
+                call.unreadable = f"row {r} declares a tree of {len(parents)} nodes; its query holds {live} tokens"
+                return
+        call.trees = [list(p) for p in call.parents[: call.batch_size]] + [None] * (call.batch_size - len(call.parents))
+        call.tree_source = "declared"
+        return
+    if call.mask_kind not in ("4d", "4d-slots"):
+        return
+    found = [_mask_tree(call, r) for r in range(call.batch_size)]
+    # Read as a tree call only where some row branches and is fed its depths: a chain engine's
+    # mask bug (a draft that misses the one before it) then stays a chain, flagged as before.
+    confirmed = (
+        p is not None and branching(p) and _fed_depths(call.positions[r], p, call.last_slots[r])
+        for r, p in enumerate(found)
+    )
+    if not any(confirmed):
+        return
+    for r, parents in enumerate(found):
+        if parents is not None and _refed_root(call, r, parents):
+            call.unreadable = (
+                f"row {r} verifies a tree after tokens it re-feeds (no cache): which one is its pending "
+                "token the mask does not say; declare the trees with w.batch(..., parents=...)"
+            )
+            return
+    call.trees, call.tree_source = found, "mask"
+
+
+def _refed_root(call: Any, row: int, parents: list[int]) -> bool:
+    """The tree read from the row's mask starts with a chain at a token that sees nothing before
+    it: re-fed context (a cacheless loop) then the tree, and the mask does not say where the
+    pending token sits in that chain. (A root that branches at once is the pending token.)"""
+    if parents.count(0) != 1:
+        return False
+    first = call.last_slots[row] - len(parents) + 1
+    if call.mask_kind == "4d-slots":
+        return len(slot_sets(call, row, first, 1)[0]) <= 1
+    tail = call.mask[row]
+    return not any(tail[first - (call.query_len - len(tail))][: call.cache_width + first])
+
+
+def _fed_depths(positions: list[int], parents: list[int], last: int) -> bool:
+    """Are the nodes (ending at query slot `last`) fed their root's position plus their depth?"""
+    first = last - len(parents) + 1
+    fed = list(positions[first : last + 1])
+    return len(fed) == len(parents) and [p - fed[0] for p in fed] == depths_of(parents)
+
+
+def one_tree(mask: Any, cache_width: int, positions: Any) -> bool:
+    """Does a 1 x T call's [T, keys] mask (a tensor) verify one branching tree, fed its depths,
+    not several sequences packed together? Each packed sequence's first query token attends no
+    other query token, a second root no tree has."""
+    t = mask.shape[0]
+    if t < 3:
+        return False
+    live = mask.any(-1).tolist()
+    last = max((i for i, on in enumerate(live) if on), default=-1)
+    first = last
+    while first > 0 and live[first - 1]:
+        first -= 1
+    if last < 0:
+        return False
+    if mask.shape[-1] == cache_width + t:  # keys [cache | query]: the query block
+        block = mask[first : last + 1, cache_width + first : cache_width + last + 1].tolist()
+        parents = parents_of_block(block)
+    else:  # a static or in-place cache's slots: what each node sees
+        rows = mask[first : last + 1].tolist()
+        parents = parents_of_sets([frozenset(j for j, on in enumerate(line) if on) for line in rows])
+    fed = positions.tolist() if hasattr(positions, "tolist") else positions
+    return parents is not None and branching(parents) and _fed_depths(fed, parents, last)
+
+
+def _live_run(call: Any, row: int) -> int:
+    """Real query slots in a run ending at the row's last one."""
+    flags, last = call.query_flags(row), call.last_slots[row]
+    n = 0
+    while n <= last and flags[last - n]:
+        n += 1
+    return n
+
+
+def _mask_tree(call: Any, row: int) -> list[int] | None:
+    """The tree the row's query block shows, over its run of real query slots."""
+    n = _live_run(call, row)
+    if n < 2:
+        return None
+    first = call.last_slots[row] - n + 1
+    if call.mask_kind == "4d-slots":
+        return parents_of_sets(slot_sets(call, row, first, n))
+    return parents_of_block(node_block(call, row, first, n))
+
+
+def slot_sets(call: Any, row: int, pending: int, n: int) -> list[frozenset[int]]:
+    """The key slots each of the row's n nodes attends, from a static or in-place cache's mask
+    (`4d-slots`: where each node's own key sits is not named, only what it sees)."""
+    tail = call.mask[row]
+    offset = call.query_len - len(tail)
+    return [frozenset(j for j, on in enumerate(tail[pending + i - offset]) if on) for i in range(n)]
+
+
+def parents_of_sets(sets: list[frozenset[int]]) -> list[int] | None:
+    """The tree the nodes' attended slot sets show: node i's parent is the one earlier node whose
+    set is i's minus one slot (i's own); None when a node has no such node, or several."""
+    if not sets or not sets[0]:
+        return None
+    parents = [-1]
+    for i in range(1, len(sets)):
+        found = [p for p in range(i) if sets[p] < sets[i] and len(sets[i]) == len(sets[p]) + 1]
+        if len(found) != 1:
+            return None
+        parents.append(found[0])
+    return parents
+
+
+def node_block(call: Any, row: int, pending: int, n: int) -> list[list[bool]]:
+    """block[i][j]: query node i (slot pending + i) attends node j, from a 4-D [cache | query] mask."""
+    tail = call.mask[row]
+    offset = call.query_len - len(tail)
+    width = call.cache_width + pending
+    return [[bool(v) for v in tail[pending + i - offset][width : width + n]] for i in range(n)]
+
+
+# ----------------------------------------------------------------------------- what a step kept
+
+
+def consistent(tokens: list[int], parents: list[int], nodes: list[int], targets: list[int], free_last: bool) -> bool:
+    """Tokens read as a root-to-node path of the tree, then (optionally) one more: the target's
+    choice at that node (any token when the argmax is not the engine's choice)."""
+    at = 0
+    for i, token in enumerate(tokens):
+        child = _child(parents, nodes, at, token)
+        if child is not None:
+            at = child
+            continue
+        return i == len(tokens) - 1 and (free_last or (at < len(targets) and token == targets[at]))
+    return True
+
+
+def accepted_path(
+    tokens: list[int], parents: list[int], nodes: list[int], targets: list[int]
+) -> tuple[list[int], int | None]:
+    """(the accepted nodes, root excluded; the bonus) as the emitted tokens show them. Tokens that
+    are a prefix of the greedy-correct proposal (the longest path agreeing with the target, plus
+    its choice there) accept that whole path, as verification allowed (a budget or EOS cut what
+    was emitted); otherwise the path the tokens walk."""
+    path = _greedy_path(parents, nodes, targets) if targets else None
+    if path is not None:
+        proposal = [nodes[i] for i in path] + [targets[path[-1] if path else 0]]
+        if tokens == proposal[: len(tokens)]:
+            return path, tokens[len(path)] if len(tokens) == len(path) + 1 else None
+    walked, at = [], 0
+    for token in tokens:
+        child = _child(parents, nodes, at, token)
+        if child is None:
+            break
+        walked.append(child)
+        at = child
+    return walked, tokens[len(walked)] if len(tokens) == len(walked) + 1 else None
+
+
+def greedy_chain(parents: list[int], nodes: list[int], targets: list[int]) -> tuple[list[int], list[int]]:
+    """A tree row as the chain a greedy engine verified along it: (the greedy path's draft tokens,
+    the target's choice at the root and at each of them). The command reads a step's gains by the
+    chain rules (`follow_gains`); an engine that kept another path is judged by the step rows."""
+    if not targets:
+        return [], []
+    path = _greedy_path(parents, nodes, targets)
+    return [nodes[i] for i in path], [targets[i] for i in [0, *path]]
+
+
+def _child(parents: list[int], nodes: list[int], at: int, token: int) -> int | None:
+    return next((c for c, p in enumerate(parents) if p == at and nodes[c] == token), None)
+
+
+def _greedy_path(parents: list[int], nodes: list[int], targets: list[int]) -> list[int]:
+    """The longest root-to-node chain whose every node holds the target's choice at its parent."""
+    best: list[int] = []
+    stack: list[list[int]] = [[]]
+    while stack:
+        path = stack.pop()
+        if len(path) > len(best):
+            best = path
+        at = path[-1] if path else 0
+        stack.extend([*path, c] for c, p in enumerate(parents) if p == at and nodes[c] == targets[at])
+    return best
+
+
+def tree_fields(call: Any, row: int, rq: Any, tokens: list[int], targets: list[int]) -> dict[str, Any]:
+    """The tree row's schema-3 fields and its accounting (accepted, bonus), kept_nodes aside."""
+    parents = call.trees[row]
+    n = len(parents)
+    nodes = list(call.input_ids[row][rq.pending : rq.pending + n])
+    path, bonus = accepted_path(tokens, parents, nodes, targets)
+    attends = None
+    if call.mask_kind == "4d":
+        block = node_block(call, row, rq.pending, n)
+        attends = [[j for j, on in enumerate(line) if on] for line in block]
+    elif call.mask_kind == "4d-slots":  # node j seen: every slot it attends, its own included
+        sets = slot_sets(call, row, rq.pending, n)
+        attends = [[j for j in range(n) if sets[j] <= seen] for seen in sets]
+    return {
+        "tree_parents": list(parents),
+        "tree_depths": depths_of(parents),
+        "node_attends": attends,
+        "tree_path": path,
+        "accepted": len(path),
+        "bonus": bonus,
+    }
+
+
+def mask_row(call: Any, row: int, rq: Any) -> tuple[list[list[int]], int] | None:
+    """(mask_rle as the root's view of the context then one flag per node: it attends its own
+    slot; attended context slots), or None for a mask read otherwise. Non-root nodes' views of
+    the block are `node_attends`. A static or in-place cache's mask is read by counts: the root
+    attends its context and itself, each node its parent's slots plus one (its own)."""
+    parents = call.trees[row]
+    n = len(parents)
+    if call.mask_kind == "4d-slots":
+        sets = slot_sets(call, row, rq.pending, n)
+        view = [1] * max(len(sets[0]) - 1, 0)
+        diagonal = [int(bool(sets[0]))] + [
+            int(sets[parents[i]] < sets[i] and len(sets[i]) == len(sets[parents[i]]) + 1) for i in range(1, n)
+        ]
+    elif call.mask_kind == "4d":
+        tail = call.mask[row]
+        offset = call.query_len - len(tail)
+        width = call.cache_width + rq.pending
+        view = [int(v) for v in tail[rq.pending - offset][:width]]
+        diagonal = [int(tail[rq.pending + i - offset][width + i]) for i in range(n)]
+    else:
+        return None
+    return [[int(v), len(list(run))] for v, run in groupby(view + diagonal)], sum(view)
+
+
+def kept_nodes(call: Any, row: int, rq: Any, later: Any, later_row: int, later_rq: Any) -> list[int] | None:
+    """The nodes of a tree row whose KV the sequence's next target call still attends (at its
+    pending token), when both calls' keys are [cache | query] and the next call's cache is this
+    one's plus its whole query block (KV kept by index: nothing moved). None where that does not
+    hold (a cache compacted after the commit: which node was copied is not in the mask)."""
+    if call.mask_kind != "4d" or later.mask_kind != "4d" or later.cache_width != call.cache_width + call.query_len:
+        return None
+    tail = later.mask[later_row]
+    line = tail[later_rq.pending - (later.query_len - len(tail))]
+    start = call.cache_width + rq.pending
+    return [i for i in range(len(call.trees[row])) if line[start + i]]
+
+
+def kept_path_tokens(
+    calls: list[Any], step: tuple[int, int], at: tuple[int, int], rq: Any, later_rq: Any
+) -> list[int] | None:
+    """What a tree step gave its sequence, as the next call it is fed in shows it (the command):
+    the nodes that call still attends, when they are the root and a chain of the tree (KV kept by
+    index), then the pending token it is fed. None when the step is no tree row or the next call
+    does not show its kept nodes as such a chain (the chain rules read it then)."""
+    (i, ri), (j, rj) = step, at
+    call = calls[i]
+    if not getattr(call, "trees", None) or call.trees[ri] is None:
+        return None
+    kept = kept_nodes(call, ri, rq, calls[j], rj, later_rq)
+    parents = call.trees[ri]
+    if not kept or kept[0] != 0 or any(parents[b] != a for a, b in zip(kept, kept[1:])):
+        return None
+    nodes = call.input_ids[ri][rq.pending : rq.pending + len(parents)]
+    return [nodes[n] for n in kept[1:]] + [calls[j].input_ids[rj][later_rq.pending]]
+
+
+def draft_calls_before(calls: list[Any], index: int) -> list[int]:
+    """The draft calls since the target call before this one (a tree's proposals, timed)."""
+    found = []
+    for j in range(index - 1, -1, -1):
+        if calls[j].role == "target":
+            break
+        found.append(j)
+    return found
+
+
+def alternatives(steps: list[Any]) -> int:
+    """The header's `tree_branches`: the most nodes a tree row held off its longest chain (0: no tree)."""
+    return max(
+        (len(r.tree_parents) - 1 - max(depths_of(r.tree_parents)) for s in steps for r in s.rows if r.tree_parents),
+        default=0,
+    )

@@ -1,0 +1,258 @@
+"""A tree-verifying engine written without specviz (`tests/watch/zoo/tree.py`: top-2 branches
+from a cacheless draft, level-order nodes, one padded [B, N] verify with a 4-D tree mask, KV kept
+by index), watched through the API with its trees declared (`w.batch(seq_ids, parents=...)`), with
+only its rows declared (`w.rows`: the trees are read from the mask), and through the command.
+
+The truth is independent of specviz: the correct engine equals batch-1 greedy of the target on
+every prompt, each to its own budget (`shapes.reference`, unwatched). Then:
+(a) the correct run checks clean (0 violations, exact match 1.0), its rows carrying the schema-3
+    tree fields, so `analysis.tree_checks` judged it;
+(b) each injected bug's first violation is at the (step, sequence) the engine reports, with the
+    invariant it breaks as that mode can read it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+from tiny import make_pair
+from zoo import shapes, tree
+
+import specviz
+from specviz.analysis.check import check_trace
+from specviz.cli import main
+from specviz.trace.invariants import Invariant
+from specviz.trace.io import load_trace
+from specviz.watch import WatchError
+from specviz.watch.tree import parents_of_block
+
+PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17], [20, 21], [30, 31, 32, 33, 34]]
+BUDGETS = [10, 4, 10, 7, 9]
+SCRIPT = Path(__file__).parent / "zoo" / "scripts" / "run_engine.py"
+MODES = ["declared", "rows", "command"]
+BUGS = {
+    # declared trees: the sibling a node sees is no ancestor (KV). Read from the mask, the row's
+    # block is causal, read as a chain-shaped tree whose depths the positions do not follow.
+    ("sibling", "declared"): Invariant.KV,
+    ("sibling", "rows"): Invariant.POSITIONS,
+    ("positions", "declared"): Invariant.POSITIONS,
+    ("positions", "rows"): Invariant.POSITIONS,
+    ("stale_branch", "declared"): Invariant.KV,
+    ("stale_branch", "rows"): Invariant.KV,
+    ("off_path", "declared"): Invariant.ACCOUNTING,
+    ("off_path", "rows"): Invariant.ACCOUNTING,
+}
+WRONG_OUTPUT = "off_path"  # the target's choice not kept: a wrong output, never called clean
+BUGS.update({(bug, "command"): invariant for (bug, mode), invariant in list(BUGS.items()) if mode == "rows"})
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return make_pair("llama")
+
+
+@pytest.fixture(scope="module")
+def runs(pair, tmp_path_factory):
+    done: dict[tuple, tuple] = {}
+    tmp = tmp_path_factory.mktemp("tree")
+
+    def get(bug: str | None, mode: str):
+        if (bug, mode) not in done:
+            done[bug, mode] = _command(tmp, bug) if mode == "command" else _api(pair, bug, mode)
+        return done[bug, mode]
+
+    return get
+
+
+def _api(pair, bug: str | None, mode: str):
+    with specviz.watch(pair.target, pair.draft, prompts=PROMPTS, name=f"tree-{mode}") as w:
+        outs, events = tree.generate(
+            pair.target, pair.draft, PROMPTS, BUDGETS, bug=bug, w=w, declare=int(mode == "declared")
+        )
+    return w.trace, outs, events
+
+
+def _command(tmp: Path, bug: str | None):
+    out = tmp / f"tree-{bug}.trace.json"
+    argv = ["watch", "--out", str(out), "--", "python", str(SCRIPT), "tree", "--prompts", json.dumps(PROMPTS)]
+    argv += ["--budgets", ",".join(map(str, BUDGETS))] + (["--bug", bug] if bug else [])
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(argv) == 0
+    lines = dict(line.split(" ", 1) for line in printed.getvalue().splitlines() if line[:4] in ("OUTS", "EVEN"))
+    return load_trace(out), json.loads(lines["OUTS"]), [tuple(e) for e in json.loads(lines["EVENTS"])]
+
+
+def test_the_engine_is_a_correct_tree_engine(pair) -> None:
+    """Without specviz: batch-1 greedy on every prompt, each to its own budget; steps that keep
+    the whole depth and steps that keep nothing."""
+    steps: list[list[int]] = []
+
+    class Recorder:
+        def rows(self, seq_ids, model=None) -> None:
+            pass
+
+        def emit(self, seq, tokens, finish_reason=None) -> None:
+            steps.append(list(tokens))
+
+    outs, events = tree.generate(pair.target, pair.draft, PROMPTS, BUDGETS, w=Recorder())
+    assert outs == shapes.reference(pair.target, PROMPTS, BUDGETS) and not events
+    assert {1, 4} <= {len(tokens) for tokens in steps}  # nothing accepted; the full depth 3 plus the bonus
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_correct_tree_engine_checks_clean(pair, runs, mode: str) -> None:
+    trace, outs, _ = runs(None, mode)
+    assert outs == shapes.reference(pair.target, PROMPTS, BUDGETS)
+    report = check_trace(trace)
+    assert report.verdict == "clean", (report.verdict, report.violations[:3])
+    assert not report.violation_count and report.exact_match == 1.0
+    rows = [row for step in trace.steps for row in step.rows]
+    assert all(row.tree_parents == tree.tree_parents(3) for row in rows)  # every row read as its tree
+    assert all(row.node_attends is not None and row.tree_path is not None for row in rows)
+    assert any(row.kept_nodes == [0, *row.tree_path] for row in rows)  # read from the next step's mask
+    assert any(row.tree_path[:1] == [2] for row in rows)  # the second branch accepted: a tree, not a chain
+    assert trace.header.tree_branches == 3
+
+
+@pytest.mark.parametrize(("bug", "mode"), list(BUGS))
+def test_injected_tree_bug_is_located(runs, bug: str, mode: str) -> None:
+    trace, _, events = runs(bug, mode)
+    assert events, f"{bug} never fired"
+    report = check_trace(trace)
+    v = report.first_violation
+    assert v is not None, (report.verdict, report.skipped_checks)
+    assert (v.step, v.seq_id, v.invariant) == (*events[0], BUGS[bug, mode]), report.violations[:3]
+
+
+def test_parents_read_from_a_query_block() -> None:
+    """Node i attends itself and its parent's view: a tree; anything else is not read as one."""
+    on, off = True, False
+    branching = [[on, off, off], [on, on, off], [on, off, on]]  # nodes 1 and 2 both children of 0
+    assert parents_of_block(branching) == [-1, 0, 0]
+    assert parents_of_block([[on, off, off], [on, on, off], [on, on, on]]) == [-1, 0, 1]  # a chain
+    assert parents_of_block([[on, off], [off, on]]) is None  # two roots: two sequences packed
+    assert parents_of_block([[on, off, off], [on, on, off], [off, on, on]]) is None  # sees 1, not its root
+
+
+def test_declared_trees_are_checked(pair) -> None:
+    """A malformed tree is refused in one line; a tree with more nodes than the row's query makes
+    the run unreadable, never a verdict on what was not read."""
+    with specviz.watch(pair.target, pair.draft, prompts=PROMPTS) as w:
+        for bad in ([[0, 0]] * 5, [[-1, 1]] * 5, [[-1, 0]] * 4):
+            with pytest.raises(WatchError, match="batch: "):
+                w.batch(range(5), parents=bad)
+
+        class TooBig:  # declares a depth-4 tree (9 nodes) for the engine's 7-node query
+            def rows(self, seq_ids, model=None) -> None:
+                w.rows(seq_ids)
+
+            def batch(self, seq_ids, parents=None) -> None:
+                w.batch(seq_ids, parents=[tree.tree_parents(4)] * len(parents))
+
+            def emit(self, *args) -> None:
+                w.emit(*args)
+
+        tree.generate(pair.target, pair.draft, PROMPTS, BUDGETS, w=TooBig(), declare=1)
+    report = check_trace(w.trace)
+    assert report.verdict == "unreadable"
+    assert "declares a tree of 9 nodes" in w.trace.header.options["watch_unreadable"]["why"]
+
+
+@pytest.mark.parametrize("declare", [0, 1])
+def test_one_row_tree_is_not_read_as_packed_sequences(pair, declare: int) -> None:
+    """A batch of one is a 1 x N call: its tree mask drops a sibling's slot as a packed mask drops
+    a neighbour's, yet it is one row's tree (declared, or read with its positions), checked clean."""
+    prompts = PROMPTS[:1]
+    with specviz.watch(pair.target, pair.draft, prompts=prompts) as w:
+        outs, _ = tree.generate(pair.target, pair.draft, prompts, 8, w=w, declare=declare)
+    report = check_trace(w.trace)
+    assert outs == shapes.reference(pair.target, prompts, 8)
+    assert report.verdict == "clean" and report.exact_match == 1.0, report.violations[:3]
+    assert all(row.tree_parents for step in w.trace.steps for row in step.rows)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_wrong_output_is_never_clean(pair, runs, mode: str) -> None:
+    trace, outs, events = runs(WRONG_OUTPUT, mode)
+    assert events and outs != shapes.reference(pair.target, PROMPTS, BUDGETS)
+    report = check_trace(trace)
+    assert report.verdict != "clean" and report.exact_match < 1.0
+
+
+TREE_FIELDS = ("tree_parents", "tree_depths", "node_attends", "tree_path", "accepted", "bonus", "position_ids")
+TREE_FIELDS += ("kv_len",)
+
+
+@pytest.mark.parametrize("method", ["eqspec", "inplace"])
+def test_own_tree_engine_watched_reads_what_its_recorder_writes(pair, method: str) -> None:
+    """specviz's own tree engine (a static tree: a chain plus one alternative at each of the first
+    depths; INPLACE's mask keys are its in-place cache's slots), watched with its rows declared
+    only: every tree read from the mask, each row's tree fields as the recorder wrote them (the
+    recorder's `kept_nodes` aside: these engines move the kept KV, which the mask does not show)."""
+    from specviz.engine import run as run_module
+    from specviz.engine.run import RunConfig
+
+    texts = ["abcdef", "xyz", "hello world", "q", "tree tree"]
+
+    def config(record: bool) -> RunConfig:
+        config = RunConfig(method=method, batch_size=4, draft_k=3, max_new_tokens=8, tree_branches=2)
+        config.reference, config.record_steps = False, record
+        return config
+
+    w = specviz.watch(pair.target, pair.draft, tokenizer=pair.tokenizer, prompts=texts)
+
+    class Watched(run_module.Engine):
+        def step(self, batch):
+            w.rows([s.seq_id for s in batch.seqs])
+            before = [len(s.output_ids) for s in batch.seqs]
+            outcome = super().step(batch)
+            for seq, n in zip(batch.seqs, before):
+                w.emit(seq.seq_id, seq.output_ids[n:], seq.finish_reason)
+            return outcome
+
+    original, run_module.Engine = run_module.Engine, Watched
+    try:
+        run_module.run(pair, texts, config(False))
+    finally:
+        run_module.Engine = original
+    watched = w.close()
+    recorded = run_module.run(pair, texts, config(True))
+    report = check_trace(watched)
+    assert report.verdict == "clean" and report.exact_match == 1.0, report.violations[:3]
+    rows = {(si, r.seq_id): r for si, step in enumerate(recorded.steps) for r in step.rows}
+    seen = {(si, r.seq_id): r for si, step in enumerate(watched.steps) for r in step.rows}
+    assert seen.keys() == rows.keys()
+    for key, row in rows.items():
+        assert row.tree_parents is not None
+        assert [getattr(seen[key], f) for f in TREE_FIELDS] == [getattr(row, f) for f in TREE_FIELDS], key
+
+
+def _tree_call(cache_width: int, ids: list[int], positions: list[int], block: list[list[int]]):
+    """One materialized target row with a [cache | query] 4-D mask: every cache slot, then `block`."""
+    from specviz.watch.hooks import CallRecord
+
+    mask = [[[True] * cache_width + [bool(v) for v in line] for line in block]]
+    call = CallRecord("target", None, [ids], [positions], True, cache_width, "4d", mask, 1, len(ids))
+    call.last_slots = [len(ids) - 1]
+    return call
+
+
+def test_a_tree_after_refed_context_is_unreadable_not_guessed() -> None:
+    """A cacheless row re-feeds its context before its tree: the mask shows one chain from the
+    first token, so where the pending token sits is unknown. Unreadable, not read as a tree from
+    the prompt's first token (which would flag every position); with a cache it is read."""
+    from specviz.watch.tree import read_trees
+
+    chain_then_fork = [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 0, 1]]
+    refed = _tree_call(0, [5, 6, 7, 8, 9], [0, 1, 2, 3, 3], chain_then_fork)
+    read_trees(refed)
+    assert refed.trees is None and "re-feeds" in refed.unreadable
+    fork_at_two = [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 0, 1]]  # the root sees its cache
+    cached = _tree_call(2, [7, 8, 9, 4], [2, 3, 4, 4], fork_at_two)
+    read_trees(cached)
+    assert cached.trees == [[-1, 0, 1, 1]] and cached.unreadable is None

@@ -1,0 +1,184 @@
+"""Tree verification, written with plain Hugging Face forwards (nothing from specviz) and on
+purpose unlike specviz's own tree engine (`specviz/engine`, `--tree`):
+
+- the draft model keeps no cache and re-reads each row's committed tokens (left-padded, 2-D mask);
+  its first call proposes the **top 2** tokens at depth 1 (two branches per row), and each later
+  call extends both branches by one greedy token (one draft batch of 2B rows);
+- the tree is numbered **level by level** (breadth first): node 0 the pending token, nodes 2d - 1
+  and 2d the two branches at depth d. Parents for depth 3: [-1, 0, 0, 1, 2, 3, 4];
+- the target verifies all rows' trees in one padded [B, N] forward with an additive 4-D mask whose
+  keys are [cache | query]: node i attends its row's live cache slots and, in the query block, its
+  ancestors and itself; its position is the row's committed length - 1 + its depth;
+- after the verify the target's cache keeps **all** N node slots of every row (a `DynamicCache`
+  only appends) and the accepted path's KV is kept **by index**: the root's and the path's slots
+  stay attended, every other node's slot becomes a hole the mask never lets in again;
+- each prompt has its own budget (rows end at it or at EOS), finished rows leave the batch
+  (`DynamicCache.batch_select_indices`).
+With `declare`, each target forward is declared before it (`w.batch(seq_ids, parents=...)`); else
+the rows are declared when they change (`w.rows`) and the watch reads the tree from the mask.
+
+Bugs, each breaking one invariant at (step, sequence) = events[0], from step 1 on:
+- "sibling" (the row of step 1's second sequence, from then on): the mask is causal over the
+  flattened tree: a node sees the nodes listed before it, its siblings and cousins too, not only
+  its ancestors (KV; read from an undeclared mask, the tree it then shows disagrees with the
+  positions: POSITIONS);
+- "positions" (the same row): nodes fed committed length - 1 + node index, not + depth (POSITIONS);
+- "off_path" (the same row, once): the commit keeps the first node of the branch the target did
+  not choose (the second branch's, or the first's when the target chose the second): a wrong
+  output (ACCOUNTING);
+- "stale_branch": the commit keeps a rejected node's slot attended, once, in the first row from
+  step 1 on that goes on after its step (KV; its next step then attends one slot too many).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from .shapes import NEG, budgets, commit, eos_ids, settle
+
+BUGS = ("sibling", "positions", "stale_branch", "off_path")
+
+
+def tree_parents(depth: int) -> list[int]:
+    """Two branches from the root, each a chain of `depth` nodes, numbered level by level."""
+    parents = [-1]
+    for d in range(1, depth + 1):
+        parents += [0, 0] if d == 1 else [2 * d - 3, 2 * d - 2]
+    return parents
+
+
+def ancestors(parents: list[int], node: int) -> list[int]:
+    out = []
+    while node >= 0:
+        out.append(node)
+        node = parents[node]
+    return out
+
+
+@torch.no_grad()
+def generate(target, draft, prompts, max_new, depth=3, bug=None, w=None, declare=0):
+    if bug not in (None, *BUGS):
+        raise ValueError(f"unknown tree bug {bug!r}; one of {BUGS}")
+    n = len(prompts)
+    limit = budgets(max_new, n)
+    seqs = [list(p) for p in prompts]
+    outs: list[list[int]] = [[] for _ in prompts]
+    eos, done = eos_ids(target), set()
+    parents = tree_parents(depth)
+    depths = [len(ancestors(parents, i)) - 1 for i in range(len(parents))]
+    active = list(range(n))
+    cache, live = _prefill(target, [seqs[s][:-1] for s in active])
+    events: list[tuple[int, int]] = []
+    buggy = None  # the sequence the bug is injected in (step 1's second row)
+    step = 0
+    if w is not None and not declare:
+        w.rows(active)
+    while active:
+        if step == 1 and bug is not None:
+            buggy = active[min(1, len(active) - 1)]
+        nodes = _propose(draft, [seqs[s] for s in active], depth)  # [B][N - 1], level order
+        query = [[seqs[s][-1], *nodes[r]] for r, s in enumerate(active)]
+        positions = [[len(seqs[s]) - 1 + d for d in depths] for s in active]
+        attends = [[ancestors(parents, i) for i in range(len(parents))] for _ in active]
+        if buggy is not None and buggy in active:
+            r = active.index(buggy)
+            if bug == "positions":
+                positions[r] = [len(seqs[buggy]) - 1 + i for i in range(len(parents))]
+            elif bug == "sibling":
+                attends[r] = [list(range(i + 1)) for i in range(len(parents))]
+            if bug in ("positions", "sibling") and not events:
+                events.append((step, buggy))
+        if w is not None and declare:
+            w.batch(active, parents=[parents] * len(active))
+        choices = _verify(target, cache, live, query, positions, attends)
+        width = len(parents)
+        keep_rows = []
+        for r, s in enumerate(active):
+            path = _path(parents, query[r], choices[r])
+            if bug == "off_path" and s == buggy and not events:
+                path = [1] if path[:1] == [2] else [2]  # the other branch's first node: not the target's choice
+                events.append((step, s))
+            tokens = [query[r][i] for i in path] + [choices[r][path[-1] if path else 0]]
+            emitted, finish = settle(outs[s], tokens[: limit[s] - len(outs[s])], limit[s], eos)
+            kept = {0, *path}
+            if bug == "stale_branch" and step >= 1 and not events and finish is None:
+                kept.add(min(set(range(1, width)) - kept))  # a rejected node's KV stays attended
+                events.append((step, s))
+            live[r] += [i in kept for i in range(width)]
+            commit(s, emitted, finish, seqs, outs, done, w)
+            if not finish:
+                keep_rows.append(r)
+        if len(keep_rows) < len(active):
+            if keep_rows:
+                cache.batch_select_indices(torch.tensor(keep_rows))
+            live = [live[r] for r in keep_rows]
+            active = [active[r] for r in keep_rows]
+            if w is not None and not declare and active:
+                w.rows(active)
+        step += 1
+    return outs, events
+
+
+def _prefill(target, contexts: list[list[int]]) -> tuple[DynamicCache, list[list[bool]]]:
+    """Every row's committed tokens but its pending one, left-padded, into one cache."""
+    width = max(len(c) for c in contexts)
+    ids = torch.tensor([[0] * (width - len(c)) + c for c in contexts])
+    mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts])
+    cache = DynamicCache()
+    target(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0), cache=cache)
+    return cache, [[bool(v) for v in row] for row in mask.tolist()]
+
+
+def _propose(draft, contexts: list[list[int]], depth: int) -> list[list[int]]:
+    """Per row the tree's nodes 1..N-1 in level order: the draft's top 2 at depth 1, then each
+    branch's greedy continuation, one cacheless call per depth."""
+    top = _draft_logits(draft, contexts).topk(2, -1).indices.tolist()  # [B, 2]
+    branches = [[[a], [b]] for a, b in top]  # [B][2][depth so far]
+    for _ in range(1, depth):
+        rows = [c + branch for c, pair in zip(contexts, branches) for branch in pair]
+        nxt = _draft_logits(draft, rows).argmax(-1).tolist()
+        for r, pair in enumerate(branches):
+            pair[0].append(nxt[2 * r])
+            pair[1].append(nxt[2 * r + 1])
+    return [[t for level in zip(a, b) for t in level] for a, b in branches]
+
+
+def _draft_logits(draft, rows: list[list[int]]) -> torch.Tensor:
+    """The draft's logits after each row's last token ([R, V]), rows left-padded, no cache."""
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    out = draft(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0))
+    return out.logits[:, -1]
+
+
+def _verify(target, cache, live, query, positions, attends) -> list[list[int]]:
+    """One target forward over every row's tree; the target's choice at each node ([B][N])."""
+    width, nodes = len(live[0]), len(query[0])
+    mask = torch.full((len(query), 1, nodes, width + nodes), NEG)
+    for r, row_live in enumerate(live):
+        seen = [j for j, on in enumerate(row_live) if on]
+        for i in range(nodes):
+            mask[r, 0, i, seen + [width + a for a in attends[r][i]]] = 0.0
+    out = target(
+        input_ids=torch.tensor(query),
+        position_ids=torch.tensor(positions),
+        attention_mask=mask,
+        cache=cache,
+        use_cache=True,
+    )
+    return out.logits.argmax(-1).tolist()
+
+
+def _path(parents: list[int], tokens: list[int], choices: list[int]) -> list[int]:
+    """The accepted nodes, root excluded: from the root, the child whose token is the target's
+    choice at its parent, while there is one (the two depth-1 tokens differ; deeper nodes have one
+    child each, so the path is unique)."""
+    path, at = [], 0
+    while True:
+        child = next((c for c, p in enumerate(parents) if p == at and tokens[c] == choices[at]), None)
+        if child is None:
+            return path
+        path.append(child)
+        at = child
