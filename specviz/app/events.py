@@ -273,12 +273,15 @@ def wire_slot(slot: RunSlot, other: RunSlot, inspect: Any, compare: Any, ui: Det
         other_run: LoadedRun | None,
         window: int,
         only: bool,
+        proposer: str,
+        tree_branches: float,
         request: gr.Request,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 - how Gradio injects progress
     ) -> dict:
         try:
             sizes = [whole(v) for v in (batch_size, draft_k, max_new_tokens, num_prompts)]
-            loaded = live_run(LiveRequest(method, fault, *sizes, prompts, target, draft), progress, PUBLIC)
+            asked = LiveRequest(method, fault, *sizes, prompts, target, draft, proposer, whole(tree_branches))
+            loaded = live_run(asked, progress, PUBLIC)
             download = gr.update(value=save_for_download(loaded), visible=True)
             return {**finish(loaded, other_run, window, only, bundled=False), slot.download: download}
         finally:
@@ -292,7 +295,7 @@ def wire_slot(slot: RunSlot, other: RunSlot, inspect: Any, compare: Any, ui: Det
     slot.upload.upload(from_upload, [slot.upload, *common], outputs, api_name=f"load_upload_{label}")
     slot.run_button.click(
         from_live,
-        [*slot.live_inputs, *common],
+        [*slot.live_inputs, *common, *slot.drafting_inputs],
         [*outputs, slot.download],
         api_name=f"live_run_{label}",
         show_progress_on=[slot.summary],  # one progress bar per run, under the button that started it

@@ -46,6 +46,8 @@ class LiveRequest:
     prompts_text: str
     target: str
     draft: str
+    proposer: str = "draft-model"  # what drafts (`specviz.engine.proposers.PROPOSERS`)
+    tree_branches: int = 0  # 0: a chain of k drafts; b: one alternative at each of the first b depths
 
     def prompts(self) -> list[str]:
         from specviz.data import load_specbench
@@ -76,6 +78,33 @@ class LiveRequest:
             raise SpecvizError(f"{len(own)} prompts given; a live run takes at most {most}")
         if any(len(p) > chars for p in own):
             raise SpecvizError(f"a prompt is over {chars} characters")
+        self.validate_drafting(limits)
+
+    def validate_drafting(self, limits: dict[str, tuple[int, int]]) -> None:
+        """The proposer is one the engine has; a tree fits its k and costs no more than the longest chain.
+
+        A tree adds `tree_branches` nodes to every row's verify forward: 1 + k + branches query
+        tokens a row. Capping that at 1 + the largest k keeps a tree run's verify no dearer than
+        the dearest chain the limits already allow (the proposer's k calls are not more either)."""
+        from specviz.engine.proposers import PROPOSERS
+
+        if self.proposer not in PROPOSERS:
+            raise SpecvizError(f"unknown proposer {str(self.proposer)[:40]!r}; choose from {', '.join(PROPOSERS)}")
+        if self.method == "baseline":
+            if self.tree_branches:
+                raise SpecvizError("the baseline drafts nothing: a tree needs a speculative method")
+            return
+        if self.tree_branches > self.draft_k:
+            raise SpecvizError(
+                f"tree branches must be at most draft tokens k ({self.draft_k}), got {self.tree_branches}"
+            )
+        most_nodes = limits["draft_k"][1]
+        if self.draft_k + self.tree_branches > most_nodes:
+            raise SpecvizError(
+                f"a tree of {self.tree_branches} branches on {self.draft_k} drafts verifies "
+                f"{1 + self.draft_k + self.tree_branches} tokens a row; a live run verifies at most "
+                f"{1 + most_nodes}: lower the tree branches or draft tokens k"
+            )
 
 
 def live_run(request: LiveRequest, progress: gr.Progress, public: bool = False) -> LoadedRun:
@@ -89,12 +118,14 @@ def live_run(request: LiveRequest, progress: gr.Progress, public: bool = False) 
         batch_size=request.batch_size,
         draft_k=request.draft_k,
         max_new_tokens=request.max_new_tokens,
+        proposer=request.proposer,
+        tree_branches=request.tree_branches,
     )
     config.validate()
     progress(None, desc="loading models")  # no fraction to show: no "0.0%" while they load
     target = request.target.strip() or DEFAULT_TARGET
     draft = request.draft.strip() or DEFAULT_DRAFT
-    pair = load_model_pair(target, draft, config.k > 0)
+    pair = load_model_pair(target, draft, config.k > 0 and config.proposer == "draft-model")
 
     def report(phase: str, done: int, total: int) -> None:
         # The reference decodes one prompt at a time; the speculative run counts emitted tokens.

@@ -19,6 +19,12 @@ from specviz.views.faults import faults_markdown
 
 # Every method the engine runs (specviz.trace.schema.METHODS), the speculative ones first.
 METHODS_SHOWN = ("eqspec", "exspec", "inplace", "baseline")
+# What the proposer picker shows for each of `specviz.engine.proposers.PROPOSERS`.
+PROPOSER_LABELS = {
+    "draft-model": "draft model",
+    "head": "EAGLE-style head on the target's hidden states",
+    "ngram": "n-gram lookup in the prompt",
+}
 
 
 @dataclass
@@ -30,6 +36,9 @@ class RunSlot:
     bundled: Any
     upload: Any
     live_inputs: list[Any]  # in the order of the live-run endpoint's arguments
+    # The proposer and tree pickers: the endpoint's last arguments (added later, so API clients'
+    # positions of the others stay as they were; a client that omits them gets a draft-model chain).
+    drafting_inputs: list[Any]
     run_button: Any
     download: Any
     summary: Any
@@ -39,10 +48,12 @@ class RunSlot:
     api_trigger: Any = None
 
 
-def build_live_controls(label: str) -> tuple[list[Any], Any, Any]:
-    """The live-run accordion: (its inputs, in the endpoint's order; the run button; the download)."""
+def build_live_controls(label: str) -> tuple[list[Any], list[Any], Any, Any]:
+    """The live-run accordion: (its inputs, in the endpoint's order; the proposer and tree pickers;
+    the run button; the download)."""
     from specviz.engine.faults import FAULTS
     from specviz.engine.models import DEFAULT_DRAFT, DEFAULT_TARGET
+    from specviz.engine.proposers import PROPOSERS
 
     slug = label.lower()
     limits = serve.live_limits(PUBLIC)
@@ -56,6 +67,13 @@ def build_live_controls(label: str) -> tuple[list[Any], Any, Any]:
             batch = gr.Slider(*limits["batch_size"], value=min(8, limits["batch_size"][1]), step=1, label="batch size")
             k = gr.Slider(*limits["draft_k"], value=4, step=1, label="draft tokens k")
         with gr.Row():
+            proposer = gr.Dropdown(
+                [(PROPOSER_LABELS[name], name) for name in PROPOSERS], value="draft-model", label="proposer"
+            )
+            tree = gr.Slider(
+                *limits["tree_branches"], value=0, step=1, label="tree: alternatives at the first depths (0: a chain)"
+            )
+        with gr.Row():
             max_new = gr.Slider(*limits["max_new_tokens"], value=48, step=1, label="max new tokens")
             num = gr.Slider(*limits["num_prompts"], value=16, step=1, label="SpecBench prompts")
         prompts = gr.Textbox(lines=3, label="or your own prompts, one per line (overrides the SpecBench count)")
@@ -67,7 +85,7 @@ def build_live_controls(label: str) -> tuple[list[Any], Any, Any]:
         download = gr.File(
             label="trace of the live run", interactive=False, visible=False, elem_id=f"sv-download-{slug}"
         )
-    return [method, fault, batch, k, max_new, num, prompts, target, draft], button, download
+    return [method, fault, batch, k, max_new, num, prompts, target, draft], [proposer, tree], button, download
 
 
 def build_run_slot(label: str, defaults: tuple[str, ...]) -> RunSlot:
@@ -87,7 +105,7 @@ def build_run_slot(label: str, defaults: tuple[str, ...]) -> RunSlot:
             upload = gr.UploadButton(
                 "or upload a trace", file_types=[".json", ".gz"], type="filepath", size="sm", scale=1
             )
-        live_inputs, button, download = build_live_controls(label)
+        live_inputs, drafting_inputs, button, download = build_live_controls(label)
         status = gr.Markdown(visible=False, elem_classes=["sv-status"], elem_id=f"sv-status-{slug}")
         summary = gr.Markdown(
             slot_summary_markdown(None, label), elem_classes=["sv-summary"], elem_id=f"sv-summary-{slug}"
@@ -96,7 +114,8 @@ def build_run_slot(label: str, defaults: tuple[str, ...]) -> RunSlot:
     state = gr.State(None, time_to_live=serve.SESSION_TTL_S, delete_callback=memory.release_memory)
     api_trigger = gr.Button(visible=False, elem_id=f"sv-load-bundled-{slug}")
     return RunSlot(
-        label=label, state=state, bundled=bundled, upload=upload, live_inputs=live_inputs, run_button=button,
+        label=label, state=state, bundled=bundled, upload=upload, live_inputs=live_inputs,
+        drafting_inputs=drafting_inputs, run_button=button,
         download=download, summary=summary, status=status, api_trigger=api_trigger,
     )  # fmt: skip
 

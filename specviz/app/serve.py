@@ -27,8 +27,15 @@ SESSION_TTL_S = 30 * 60  # a session's loaded runs are dropped this long after t
 FILE_MAX_AGE_S = 30 * 60  # uploads Gradio kept and live-run traces are deleted after this long
 
 # Live-run bounds: local use (one user's machine) and public use (a shared 2-core Space).
-LOCAL_LIMITS = {"batch_size": (1, 32), "draft_k": (1, 8), "max_new_tokens": (1, 256), "num_prompts": (1, 64)}
-PUBLIC_LIMITS = {"batch_size": (1, 8), "draft_k": (1, 8), "max_new_tokens": (1, 64), "num_prompts": (1, 16)}
+# A tree's alternatives (`tree_branches`) are also capped by k: together at most the largest k (`LiveRequest`).
+LOCAL_LIMITS = {
+    "batch_size": (1, 32), "draft_k": (1, 8), "max_new_tokens": (1, 256), "num_prompts": (1, 64),
+    "tree_branches": (0, 4),
+}  # fmt: skip
+PUBLIC_LIMITS = {
+    "batch_size": (1, 8), "draft_k": (1, 8), "max_new_tokens": (1, 64), "num_prompts": (1, 16),
+    "tree_branches": (0, 4),
+}  # fmt: skip
 PUBLIC_PROMPT_CHARS = 500  # per own prompt, public mode
 LOCAL_PROMPT_CHARS = 20_000
 

@@ -24,7 +24,8 @@ from tiny import make_pair
 import app
 from specviz.app import live, loading
 from specviz.engine.run import RunConfig, run
-from specviz.trace.io import save_trace
+from specviz.errors import SpecvizError
+from specviz.trace.io import load_trace, save_trace
 from specviz.trace.token_text import attach_token_text
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -173,6 +174,61 @@ def test_live_run_bad_input_is_a_clear_error(client: Any) -> None:
     except AppError as error:
         status = str(error)
     assert re.search("greater than maximum|batch size must be between", status)
+
+
+def head_pair() -> Any:
+    """The tiny llama pair with a freshly initialised head (the app loads the embedded one otherwise)."""
+    from specviz.engine.proposers import EagleHead
+
+    pair = make_pair("llama")
+    pair.head = EagleHead.for_target(pair.target, inner=32, seed=1)
+    return pair
+
+
+def test_live_tree_run_with_a_head_opens_in_the_tree_view(client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The proposer and tree pickers are the endpoint's last two arguments (after the grid window
+    and the outputs filter), so earlier API clients' positions hold."""
+    pair, loads = head_pair(), []
+    monkeypatch.setattr(live, "load_model_pair", lambda target, draft, with_draft: loads.append(with_draft) or pair)
+    client = AppClient(client.demo, client.client.src)  # a session of its own: no other test's live run in its way
+    out = client.call("live_run_a", *LIVE.values(), 40, False, "head", 2)
+    assert loads == [False]  # a head drafts: no draft model is loaded
+    assert "CLEAN" in out["sv-summary-a"]  # outputs equal the batch-1 greedy reference the run decoded
+    tree = out["sv-tree"]
+    assert tree["visible"] and plot_json(tree["value"])["data"], "a tree run opens with its candidate trees"
+    assert "acceptance per depth" in out["sv-acceptance-text"]
+    saved = load_trace(shown(out["sv-download-a"]))
+    assert (saved.header.proposer, saved.header.tree_branches) == ("head", 2)
+    assert all(len(row.tree_parents) == 1 + 3 + 2 for step in saved.steps for row in step.rows)
+    faulty = client.call("live_run_a", *{**LIVE, "fault": "tree-sibling-mask"}.values(), 40, False, "ngram", 2)
+    assert "DESYNC" in faulty["sv-summary-a"]  # the same picker runs a tree fault, caught
+    chain = client.call("live_run_a", *LIVE.values())  # an older client: no proposer, no tree
+    assert "CLEAN" in chain["sv-summary-a"] and not chain["sv-tree"]["visible"]
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"tree_branches": 4, "draft_k": 3}, "tree branches must be at most draft tokens k (3), got 4"),
+        ({"tree_branches": 4, "draft_k": 6}, "verifies 11 tokens a row; a live run verifies at most 9"),
+        ({"tree_branches": 5, "draft_k": 8}, "tree branches must be between 0 and 4, got 5"),
+        ({"tree_branches": 1, "method": "baseline"}, "the baseline drafts nothing"),
+        ({"proposer": "medusa\n" * 30}, "unknown proposer"),
+        ({"proposer": "ngram", "fault": "shared-carry"}, "corrupts head drafting"),
+    ],
+)
+def test_live_drafting_input_is_refused_in_one_line(
+    change: dict[str, Any], says: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(live, "load_model_pair", lambda *a: pytest.fail("a refused run loads no model"))
+    fields = {key: value for key, value in LIVE.items() if key != "prompts"}
+    bundled = {"target": "", "draft": ""}  # public mode runs the bundled pair only
+    request = live.LiveRequest(**{**fields, **bundled}, prompts_text=LIVE["prompts"])
+    for key, value in change.items():
+        setattr(request, key, value)
+    with pytest.raises(SpecvizError) as error:
+        live.live_run(request, lambda *a, **k: None, public=True)
+    assert says in str(error.value) and "\n" not in str(error.value)
 
 
 def _free_port() -> int:

@@ -153,3 +153,13 @@ def test_tree_is_exact_on_other_families(family: str) -> None:
     for method in ("eqspec", "inplace"):
         config = RunConfig(method=method, batch_size=3, draft_k=3, max_new_tokens=8, tree_branches=2, reference=False)
         assert [s.output_ids for s in run(pair, prompts, config).sequences] == expected, method
+
+
+def test_head_runs_leave_no_hook_on_a_kept_target() -> None:
+    """A pair kept across runs (the app caches its pairs) collects no LM-head hooks, nor taps that
+    hold their last hidden states: each capture removes its hook."""
+    lm_head = tiny_pair().target.get_output_embeddings()
+    before = len(lm_head._forward_pre_hooks)
+    for _ in range(2):
+        assert outputs(decode("eqspec", "head", 2, prompts=FEW[:2])) == oracle(tuple(FEW[:2]))
+    assert len(lm_head._forward_pre_hooks) == before

@@ -97,24 +97,26 @@ def load_head(folder: str | Path, target: Any) -> EagleHead:
 
 class HiddenTap:
     """The target's last hidden states: the input of its LM head, captured while `capture` is open
-    (the head calls the LM head too, outside it)."""
+    (the head calls the LM head too, outside it).
+
+    The hook lives only as long as one capture: a model kept across runs (the app's cached pair)
+    never collects hooks, nor old taps holding their last hidden states."""
 
     def __init__(self, target: Any) -> None:
         self.hidden: torch.Tensor | None = None
-        self._armed = False
-        target.get_output_embeddings().register_forward_pre_hook(self._hook)
+        self._lm_head = target.get_output_embeddings()
 
     def _hook(self, module: Any, args: tuple[Any, ...]) -> None:
-        if self._armed:
-            self.hidden = args[0]
+        self.hidden = args[0]
 
     @contextmanager
     def capture(self) -> Iterator[HiddenTap]:
-        self._armed, self.hidden = True, None
+        self.hidden = None
+        handle = self._lm_head.register_forward_pre_hook(self._hook)
         try:
             yield self
         finally:
-            self._armed = False
+            handle.remove()
 
 
 @dataclass
