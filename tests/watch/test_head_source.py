@@ -79,16 +79,20 @@ def test_no_source_where_nothing_can_be_told() -> None:
     assert source_of(head_call([[40]], [[at(0, 2)], [at(1, 2)]]), 0, [40], 5, 7) is None  # argmax per row missing
 
 
-def test_a_head_in_another_order_is_read_by_the_token_it_proposed() -> None:
-    """The head ran the rows reversed (or fewer of them): the row that proposed the verify row's
-    first draft served it; two rows proposing that same token tell nothing."""
-    reversed_head = head_call([[41], [40]], [[at(1, 2)], [at(0, 2)]])
-    assert source_of(reversed_head, 0, [40], 5, 7) == [5, 5]
-    assert source_of(reversed_head, 1, [41], 7, 10) == [7, 8]
+def test_a_head_of_other_rows_is_read_by_the_token_it_proposed() -> None:
+    """A head batch of another size (only the rows still drafting): the one row that proposed the
+    verify row's first draft served it; two rows proposing that same token tell nothing. A head
+    batch of the verify's own size whose row proposed something else is not searched for another
+    row: a token that happens to match is no reading (a Medusa-shaped head's last column once drew
+    a false head-input violation that way, tests/watch/test_zoo_medusa.py)."""
     one = head_call([[40]], [[at(0, 2)]])
     assert source_of(one, 0, [40], 5, 7) == [5, 5]
+    three = head_call([[41], [40], [42]], [[at(1, 2)], [at(0, 2)], [at(1, 1)]])
+    assert source_of(three, 0, [40], 5, 7) == [5, 5]
     ambiguous = head_call([[40], [40], [40]], [[at(0, 2)], [at(1, 2)], [at(0, 1)]])
     assert source_of(ambiguous, 1, [40], 7, 10) is None
+    reversed_head = head_call([[41], [40]], [[at(1, 2)], [at(0, 2)]])
+    assert source_of(reversed_head, 0, [40], 5, 7) is None
 
 
 def test_a_packed_source_is_read_through_its_segments() -> None:
