@@ -99,7 +99,8 @@ class PagedCapture:
 
     def _seq(self, state: Any) -> int:
         """The sequence a request is: the first declared prompt equal to its prompt not yet taken,
-        else the next new one."""
+        else a new id past every declared prompt (a declared prompt's id stays its own, whenever
+        its request arrives)."""
         rid = state.request_id
         if rid in self.seq_of:
             return self.seq_of[rid]
@@ -108,7 +109,7 @@ class PagedCapture:
         if self.declared is not None:
             seq = next((i for i, p in enumerate(self.declared) if p == prompt and i not in taken), None)
             if seq is None:
-                seq = next(i for i in range(len(self.declared) + len(taken) + 1) if i not in taken)
+                seq = max([len(self.declared) - 1, *taken]) + 1
         else:
             seq = len(self.prompts)
             self.prompts.append(prompt)
