@@ -35,11 +35,13 @@ def test_every_method_with_every_proposer_is_exact_and_checks_clean(method: str,
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_tree_decoding_is_exact_at_batch_sizes_1_to_32(method: str) -> None:
-    """Ragged prompts (1 to 90 tokens), batch sizes that split them evenly, unevenly and not at all."""
+@pytest.mark.parametrize(("proposer", "tree"), [("draft-model", 2), ("head", 2), ("head", 0)])
+def test_tree_and_head_decoding_are_exact_at_batch_sizes_1_to_32(method: str, proposer: str, tree: int) -> None:
+    """Ragged prompts (1 to 90 tokens), batch sizes that split them evenly, unevenly and not at all;
+    trees from a draft model and from the head, and the head's chains."""
     expected = oracle()
     for batch in (1, 3, 7, 32):
-        assert outputs(decode(method, "draft-model", batch, tree=2)) == expected, f"batch {batch}"
+        assert outputs(decode(method, proposer, batch, tree=tree)) == expected, f"batch {batch}"
 
 
 def test_tree_paths_use_alternatives_and_stay_ragged() -> None:
