@@ -461,9 +461,12 @@ _NUMPY_DTYPES |= {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64
 def _on_host(tensor: torch.Tensor, least: int = 0) -> Any:
     """The tensor as a numpy array (a view, no copy) when it is on the CPU in a dtype numpy has
     (and has `least` elements or more: below, the conversions cost what the op saves)."""
-    if tensor.device.type == "cpu" and tensor.dtype in _NUMPY_DTYPES and tensor.numel() >= least:
+    if tensor.device.type != "cpu" or tensor.dtype not in _NUMPY_DTYPES or tensor.numel() < least:
+        return None
+    try:
         return tensor.detach().numpy()
-    return None
+    except RuntimeError:  # a lazy conjugate or negated view, a subclass: torch's own op then
+        return None
 
 
 def _attended(mask: torch.Tensor) -> torch.Tensor:
