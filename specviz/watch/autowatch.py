@@ -164,7 +164,8 @@ class AutoWatch:
         kind = type(module)
         if "." not in self.drafter:
             return kind.__name__ == self.drafter
-        return f"{kind.__module__}.{kind.__qualname__}".endswith(self.drafter)
+        full = f"{kind.__module__}.{kind.__qualname__}"
+        return full == self.drafter or full.endswith("." + self.drafter)  # whole names: not myzoo.X for zoo.X
 
     def _stop_search(self) -> None:
         for handle in self._search:

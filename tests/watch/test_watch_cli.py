@@ -215,7 +215,9 @@ def test_drafter_names_the_head_so_its_input_is_checked(tmp_path: Path) -> None:
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")
-@pytest.mark.parametrize("name", ["NoSuchHead", "LlamaMLP"], ids=["never-built", "a-layer-of-the-target"])
+@pytest.mark.parametrize(
+    "name", ["NoSuchHead", "LlamaMLP", "oo.head.DraftHead"], ids=["never-built", "a-layer-of-the-target", "a-cut-path"]
+)
 def test_drafter_never_called_is_said(tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str) -> None:
     """A class never called outside the causal LMs (not in the script, or a layer of the target) is
     said in one line, on stderr and in the trace: never a silent clean with the head unchecked."""
