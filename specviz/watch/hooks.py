@@ -13,6 +13,9 @@ model every op is ~5-10 us, a share of a decode step worth counting, and the sam
 (one `tolist` per kept tensor). Everything else (which query slots are real, how many earlier
 slots a query token attends) is read from the lists, in Python, when the watch closes
 (`CallRecord.materialize`), which is also where the only host syncs the watch adds happen.
+Tensors already on the CPU are read through numpy where that is cheaper (`_on_host`: the argmax,
+a large mask's compare, a packed mask's counts): a view, no copy, and several times faster than
+torch's single-threaded CPU kernels for these reductions; on a device, torch's own ops.
 """
 
 from __future__ import annotations
