@@ -55,7 +55,8 @@ class AutoWatch:
         self.head_hooks: ModelHooks | None = None
         self.taps = TapSet() if drafter else None
         self._head_class = drafter.rsplit(".", 1)[-1] if drafter else None  # the class's own name
-        self._search: Any = None  # the global hook's handle while searching
+        self._search: list[Any] = []  # the global hooks' handles while searching
+        self._called: dict[int, float] = {}  # id -> start time of the calls of the head's class under way
         self._inside: set[int] | None = None  # ids of the causal LMs' modules (built when a name matches)
 
     # ------------------------------------------------------------------ what ModelHooks calls
@@ -98,7 +99,11 @@ class AutoWatch:
         self._install_tokenizer_capture()
         self.paged.install()
         if self.drafter:
-            self._search = torch.nn.modules.module.register_module_forward_hook(self._find_head, with_kwargs=True)
+            hooks = torch.nn.modules.module
+            self._search = [
+                hooks.register_module_forward_pre_hook(self._head_call_starts),
+                hooks.register_module_forward_hook(self._find_head, with_kwargs=True),
+            ]
 
     def _install_tokenizer_capture(self) -> None:
         """Patch `PreTrainedTokenizerBase.__init__`: every HF tokenizer runs it, however it is built.
@@ -127,9 +132,7 @@ class AutoWatch:
 
             PreTrainedTokenizerBase.__init__ = self._original_tokenizer_init
             self._original_tokenizer_init = None
-        if self._search is not None:
-            self._search.remove()
-            self._search = None
+        self._stop_search()
         for hooks in self.hooks:
             hooks.remove()
         if self.head_hooks is not None:
@@ -161,23 +164,39 @@ class AutoWatch:
         kind = type(module)
         if "." not in self.drafter:
             return kind.__name__ == self.drafter
-        return f"{kind.__module__}.{kind.__qualname__}".endswith(self.drafter)
+        full = f"{kind.__module__}.{kind.__qualname__}"
+        return full == self.drafter or full.endswith("." + self.drafter)  # whole names: not myzoo.X for zoo.X
+
+    def _stop_search(self) -> None:
+        for handle in self._search:
+            handle.remove()
+        self._search, self._called = [], {}
+
+    def _head_call_starts(self, module: Any, args: tuple[Any, ...]) -> None:
+        """Global pre-hook while searching: when a call of the head's class starts, for its time."""
+        if type(module).__name__ == self._head_class:
+            self._called[id(module)] = time.perf_counter()
 
     def _find_head(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         """Global forward hook while searching: the first module of the named class called outside
         the causal LMs is the head. Its hooks go on, this call is captured as its first (the global
-        pre-hook sees no keywords, so the search runs after the call), and the search ends."""
-        if type(module).__name__ != self._head_class or not self._is_head_class(module):
+        pre-hook sees no keywords, so the search reads the call after it, timed from its start),
+        and the search ends."""
+        if type(module).__name__ != self._head_class:
             return  # the one test every module call pays until the head is found
+        started = self._called.pop(id(module), None)
+        if not self._is_head_class(module):
+            return
         if self._inside is None:
             self._inside = {id(m) for model in self.models for m in model.modules()}
         if id(module) in self._inside:
             return  # part of the target or the draft (a layer of that name), not a head
-        self._search.remove()
-        self._search = None
+        self._stop_search()
         self.head = module
         self.head_hooks = ModelHooks(module, "draft", self, drafter=True, tap=self.taps)
         self.head_hooks.before(module, args, kwargs)
+        if self.head_hooks.open[-1] is not None and started is not None:
+            self.head_hooks.open[-1].started = started
         self.head_hooks.after(module, args, kwargs, output)
 
     # ------------------------------------------------------------------ finishing

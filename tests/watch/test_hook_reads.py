@@ -68,3 +68,10 @@ def test_numpy_reads_equal_torch_ops_and_copy_the_engines_tensors() -> None:
     assert torch.equal(_attended(ones), ones != 0)
     additive.fill_(torch.finfo(torch.float32).min)  # the engine reuses its buffer: the copy keeps what was fed
     assert kept.any()
+
+
+def test_a_tensor_numpy_cannot_read_goes_through_torch() -> None:
+    """A negated view (torch's lazy negative bit) has no numpy view: the same read, by torch."""
+    logits = torch.randn(2, 3, 11, generator=torch.Generator().manual_seed(2))
+    lazy = torch._neg_view(logits)
+    assert lazy.is_neg() and torch.equal(_argmax(lazy), (-logits).argmax(-1))

@@ -199,7 +199,7 @@ def test_drafter_names_the_head_so_its_input_is_checked(tmp_path: Path) -> None:
 
     status, named = _watch_head(tmp_path, "DraftHead", bug="head_row")
     assert status == 0 and named.header.proposer == "head"
-    assert not torch_module._global_forward_hooks, "the head search left its global hook behind"
+    assert not torch_module._global_forward_hooks and not torch_module._global_forward_pre_hooks, "search left"
     report = check_trace(named)
     v = report.first_violation
     assert report.exact_match == 1.0 and v is not None
@@ -215,7 +215,9 @@ def test_drafter_names_the_head_so_its_input_is_checked(tmp_path: Path) -> None:
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")
-@pytest.mark.parametrize("name", ["NoSuchHead", "LlamaMLP"], ids=["never-built", "a-layer-of-the-target"])
+@pytest.mark.parametrize(
+    "name", ["NoSuchHead", "LlamaMLP", "oo.head.DraftHead"], ids=["never-built", "a-layer-of-the-target", "a-cut-path"]
+)
 def test_drafter_never_called_is_said(tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str) -> None:
     """A class never called outside the causal LMs (not in the script, or a layer of the target) is
     said in one line, on stderr and in the trace: never a silent clean with the head unchecked."""
@@ -223,7 +225,7 @@ def test_drafter_never_called_is_said(tmp_path: Path, capsys: pytest.CaptureFixt
 
     status, trace = _watch_head(tmp_path, name)
     assert status == 0 and trace.header.proposer != "head"
-    assert not torch_module._global_forward_hooks
+    assert not torch_module._global_forward_hooks and not torch_module._global_forward_pre_hooks
     said = f"--drafter {name}: no module of that class was called outside the causal LMs"
     assert said in capsys.readouterr().err
     assert any(said in note for note in trace.header.options["watch_notes"])
