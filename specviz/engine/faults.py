@@ -311,19 +311,35 @@ class KVRowCopy(Fault):
 
 
 class RequestOrder(Fault):
+    """Results scattered back in request order; each sequence's cache then keeps as many of its
+    row's new slots as the sequence was given tokens, as vLLM's scheduler advanced a request's
+    computed tokens by the (leaked) tokens it received. So a row's cache never outgrows its
+    sequence: the fault runs in fixed regions too (inplace, whose rows go longest prompt first)."""
+
     name = "request-order"
     invariants = (Invariant.ACCOUNTING,)
     seen_in = "vLLM V1 spec decode: tokens of other requests in large mixed batches"
     summary = "results are scattered back in request order (a dict's), not the batch's row order"
     default_method = "exspec"  # its converge policy batches by length, not in request order
+    any_layout = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.given_by: list[int] = []  # per row: the row whose results its sequence received this step
 
     def write_back(self, regrouped: bool, batch_size: int) -> list[int]:
         seqs = self.log.seqs
         by_request = sorted(range(batch_size), key=lambda row: seqs[row].seq_id)  # arrival order
+        self.given_by = [0] * batch_size
         for row, dest in enumerate(by_request):
+            self.given_by[dest] = row
             if dest != row:
                 self.log.row(row, f"results written to sequence {seqs[dest].seq_id}")
         return by_request
+
+    def plan(self, accepted: torch.Tensor, available: int, left_pad: torch.Tensor, cache: CacheName) -> SlotPlan:
+        given = accepted[torch.tensor(self.given_by, device=accepted.device)] if self.given_by else accepted
+        return super().plan(given, available, left_pad, cache)
 
 
 class HeadSourceIndex(Fault):
