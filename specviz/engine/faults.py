@@ -156,12 +156,14 @@ class Fault:
         return list(range(batch_size))
 
     def tree_attend(self, ancestors: torch.Tensor) -> torch.Tensor:
-        """[N, N] bool: what each node of the query block attends: itself and its ancestors."""
+        """[N, N] (or [B, N, N], a tree per row) bool: what each node of the query block attends:
+        itself and its ancestors."""
         return ancestors
 
     def tree_positions(self, next_pos: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
-        """[B, N] position of each tree node: the row's next position plus the node's depth."""
-        return next_pos[:, None] + depths[None, :]
+        """[B, N] position of each tree node: the row's next position plus the node's depth
+        (`depths` [N], or [B, N] for a tree per row)."""
+        return next_pos[:, None] + (depths if depths.dim() == 2 else depths[None, :])
 
 
 class UniformAdvance(Fault):
@@ -378,7 +380,7 @@ class TreeSiblingMask(Fault):
     needs_tree = True
 
     def tree_attend(self, ancestors: torch.Tensor) -> torch.Tensor:
-        size = ancestors.shape[0]
+        size = ancestors.shape[-1]
         # A node sees the flattened block causally: every node listed before it, siblings included.
         causal = torch.ones(size, size, dtype=torch.bool, device=ancestors.device).tril()
         fed = ancestors | causal
@@ -398,7 +400,7 @@ class TreeNodePositions(Fault):
     needs_tree = True
 
     def tree_positions(self, next_pos: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
-        index = torch.arange(depths.shape[0], device=next_pos.device)
+        index = torch.arange(depths.shape[-1], device=next_pos.device)
         if bool((index != depths).any()):
             for row in range(next_pos.shape[0]):
                 self.log.row(row, POSITIONS_OFF["verify"])
