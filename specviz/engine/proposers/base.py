@@ -68,10 +68,6 @@ class TreeShape:
     def size(self) -> int:
         return 1 + self.k + self.branches
 
-    @property
-    def per_row(self) -> bool:
-        return self.alt_parents is not None
-
     def row_parents(self, row: int) -> tuple[int, ...]:
         main = tuple(range(-1, self.k))  # root's parent -1, then node d's parent d - 1
         if self.alt_parents is None:
@@ -177,7 +173,7 @@ def pick_topk(
     flat_tokens = torch.cat(cand_tokens, dim=1)
     best = flat_scores.topk(budget, dim=-1).indices.sort(dim=-1).values  # depth first, then rank (score)
     depth_index = (best // width).tolist()
-    return flat_tokens.gather(1, best), tuple(tuple(d for d in row) for row in depth_index)
+    return flat_tokens.gather(1, best), tuple(tuple(row) for row in depth_index)
 
 
 @dataclass(frozen=True)
