@@ -70,9 +70,7 @@ def build_live_controls(label: str) -> tuple[list[Any], list[Any], Any, Any]:
             proposer = gr.Dropdown(
                 [(PROPOSER_LABELS[name], name) for name in PROPOSERS], value="draft-model", label="proposer"
             )
-            tree = gr.Slider(
-                *limits["tree_branches"], value=0, step=1, label="tree: alternatives at the first depths (0: a chain)"
-            )
+            tree = gr.Slider(*limits["tree_branches"], value=0, step=1, label="tree: alternative drafts (0: a chain)")
             tree_kind = gr.Radio(
                 [("static: one per depth", "static"), ("top-k: each row's best-scored", "topk")],
                 value="static",
