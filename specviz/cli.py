@@ -125,8 +125,16 @@ def _add_record(rec: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         metavar="B",
-        help="tree verification: one alternative draft at each of the first B depths, verified in one "
-        "forward with a tree mask (0: a chain; greedy only)",
+        help="tree verification: B alternative drafts beside the chain of k, verified in one forward "
+        "with a tree mask (0: a chain; greedy only; see --tree-kind)",
+    )
+    rec.add_argument(
+        "--tree-kind",
+        choices=["static", "topk"],
+        default="static",
+        help="static: one alternative at each of the first B depths (the proposer's second choice); "
+        "topk: per row, the B best-scored alternatives among the proposer's next choices at every "
+        "depth (a dynamic tree, EAGLE-2's ranking; draft-model or head)",
     )
     rec.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt at most")
     prompts = rec.add_mutually_exclusive_group()

@@ -42,6 +42,7 @@ def run_config(args: argparse.Namespace) -> Any:
         proposer=getattr(args, "proposer", "draft-model"),
         head_path=getattr(args, "head", None),
         tree_branches=getattr(args, "tree", 0),
+        tree_kind=getattr(args, "tree_kind", "static"),
         max_new_tokens=args.max_new_tokens,
         seed=args.seed,
         temperature=args.temperature,

@@ -78,7 +78,7 @@ def check_trace(trace: Trace, margin_threshold: float | None = None) -> Report:
     totals = _walk(trace, findings, history, finish)
     check_outputs(findings, history)
     finish.check_run()
-    note_unrecorded(findings)
+    note_unrecorded(findings, trace.header)
     findings.note_unfollowed(trace.header.options)
     violations = sorted(findings.violations, key=lambda v: (v.step_index, v.row, v.invariant))
     sequences = [_sequence_verdict(findings, history, seq, threshold) for seq in trace.sequences]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from specviz.analysis.findings import Findings, RowFlags
 from specviz.trace.invariants import Invariant
+from specviz.trace.schema import Header
 
 # Field -> the skipped-check note when no row of the trace records it. `query_causal` is left
 # out: it only exists for engines that feed 4-D masks, so its absence is not a gap.
@@ -86,10 +87,23 @@ def check_recorded_row(flag: RowFlags) -> None:
         )
 
 
-def note_unrecorded(findings: Findings) -> None:
-    """Report the optional state checks that no row of the trace made possible."""
+# Fields about the draft model's own calls and cache: a run that drafted without one (a head, n-gram
+# lookup, the baseline) has no such calls, so their checks do not apply and go unmentioned.
+DRAFT_CACHE_FIELDS = ("draft_position_ids", "draft_kv_lens")
+
+
+def drafts_with_a_draft_model(header: Header) -> bool:
+    """True when a draft model proposed (its calls and cache could be recorded): k > 0 and the
+    proposer is the draft model (every trace before schema 3, which had no other)."""
+    return header.draft_k > 0 and header.proposer == "draft-model"
+
+
+def note_unrecorded(findings: Findings, header: Header) -> None:
+    """Report the optional state checks that no row of the trace made possible (not those that
+    cannot apply: the draft model's checks in a run without one)."""
+    applies = drafts_with_a_draft_model(header)
     for name, (check, reason) in OPTIONAL_STATE.items():
-        if name not in findings.recorded:
+        if name not in findings.recorded and (applies or name not in DRAFT_CACHE_FIELDS):
             findings.skip(check, reason)
     if "draft_kv_lens" not in findings.recorded:  # said once, for the whole run, above
         findings.skipped.pop(DRAFT_UNMATCHED, None)

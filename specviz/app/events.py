@@ -275,12 +275,14 @@ def wire_slot(slot: RunSlot, other: RunSlot, inspect: Any, compare: Any, ui: Det
         only: bool,
         proposer: str,
         tree_branches: float,
+        tree_kind: str,
         request: gr.Request,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 - how Gradio injects progress
     ) -> dict:
         try:
             sizes = [whole(v) for v in (batch_size, draft_k, max_new_tokens, num_prompts)]
-            asked = LiveRequest(method, fault, *sizes, prompts, target, draft, proposer, whole(tree_branches))
+            drafting = (proposer, whole(tree_branches), tree_kind)
+            asked = LiveRequest(method, fault, *sizes, prompts, target, draft, *drafting)
             loaded = live_run(asked, progress, PUBLIC)
             download = gr.update(value=save_for_download(loaded), visible=True)
             return {**finish(loaded, other_run, window, only, bundled=False), slot.download: download}

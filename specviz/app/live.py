@@ -47,7 +47,8 @@ class LiveRequest:
     target: str
     draft: str
     proposer: str = "draft-model"  # what drafts (`specviz.engine.proposers.PROPOSERS`)
-    tree_branches: int = 0  # 0: a chain of k drafts; b: one alternative at each of the first b depths
+    tree_branches: int = 0  # 0: a chain of k drafts; b: b alternatives beside the chain
+    tree_kind: str = "static"  # "static": one at each of the first b depths; "topk": each row's b best-scored
 
     def prompts(self) -> list[str]:
         from specviz.data import load_specbench
@@ -86,10 +87,12 @@ class LiveRequest:
         A tree adds `tree_branches` nodes to every row's verify forward: 1 + k + branches query
         tokens a row. Capping that at 1 + the largest k keeps a tree run's verify no dearer than
         the dearest chain the limits already allow (the proposer's k calls are not more either)."""
-        from specviz.engine.proposers import PROPOSERS
+        from specviz.engine.proposers import PROPOSERS, TREE_KINDS
 
         if self.proposer not in PROPOSERS:
             raise SpecvizError(f"unknown proposer {str(self.proposer)[:40]!r}; choose from {', '.join(PROPOSERS)}")
+        if self.tree_kind not in TREE_KINDS:
+            raise SpecvizError(f"unknown tree kind {str(self.tree_kind)[:40]!r}; choose from {', '.join(TREE_KINDS)}")
         if self.method == "baseline":
             if self.tree_branches:
                 raise SpecvizError("the baseline drafts nothing: a tree needs a speculative method")
@@ -120,6 +123,7 @@ def live_run(request: LiveRequest, progress: gr.Progress, public: bool = False) 
         max_new_tokens=request.max_new_tokens,
         proposer=request.proposer,
         tree_branches=request.tree_branches,
+        tree_kind=request.tree_kind,
     )
     config.validate()
     progress(None, desc="loading models")  # no fraction to show: no "0.0%" while they load

@@ -36,8 +36,8 @@ class RunSlot:
     bundled: Any
     upload: Any
     live_inputs: list[Any]  # in the order of the live-run endpoint's arguments
-    # The proposer and tree pickers: the endpoint's last arguments (added later, so API clients'
-    # positions of the others stay as they were; a client that omits them gets a draft-model chain).
+    # The proposer, tree and tree-kind pickers: the endpoint's last arguments (added later, so API
+    # clients' positions of the others stay as they were; a client that omits them gets a chain).
     drafting_inputs: list[Any]
     run_button: Any
     download: Any
@@ -70,8 +70,11 @@ def build_live_controls(label: str) -> tuple[list[Any], list[Any], Any, Any]:
             proposer = gr.Dropdown(
                 [(PROPOSER_LABELS[name], name) for name in PROPOSERS], value="draft-model", label="proposer"
             )
-            tree = gr.Slider(
-                *limits["tree_branches"], value=0, step=1, label="tree: alternatives at the first depths (0: a chain)"
+            tree = gr.Slider(*limits["tree_branches"], value=0, step=1, label="tree: alternative drafts (0: a chain)")
+            tree_kind = gr.Radio(
+                [("static: one per depth", "static"), ("top-k: each row's best-scored", "topk")],
+                value="static",
+                label="tree kind",
             )
         with gr.Row():
             max_new = gr.Slider(*limits["max_new_tokens"], value=48, step=1, label="max new tokens")
@@ -85,7 +88,8 @@ def build_live_controls(label: str) -> tuple[list[Any], list[Any], Any, Any]:
         download = gr.File(
             label="trace of the live run", interactive=False, visible=False, elem_id=f"sv-download-{slug}"
         )
-    return [method, fault, batch, k, max_new, num, prompts, target, draft], [proposer, tree], button, download
+    drafting = [proposer, tree, tree_kind]
+    return [method, fault, batch, k, max_new, num, prompts, target, draft], drafting, button, download
 
 
 def build_run_slot(label: str, defaults: tuple[str, ...]) -> RunSlot:

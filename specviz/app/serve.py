@@ -17,7 +17,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 LIVE_CONCURRENCY_ID = "live-run"
@@ -76,12 +76,24 @@ def public_models_only(target: str, draft: str, bundled: tuple[str, str]) -> Non
 
 
 class LiveRunGate:
-    """Who has a live run queued or running, checked when a live-run event asks to be queued."""
+    """Who has a live run queued or running, checked when a live-run event asks to be queued.
 
-    def __init__(self, max_pending: int = MAX_PENDING_LIVE, expiry_s: float = PENDING_EXPIRY_S) -> None:
+    The run's handler releases its mark when it ends. Gradio can end a run before its handler
+    starts (inputs out of a slider's range, sent by an API client): `alive` (set by `install_gate`:
+    is this event still in Gradio's queue?) lets the gate see such a run gone, instead of keeping
+    the visitor locked out until the mark expires."""
+
+    def __init__(
+        self,
+        max_pending: int = MAX_PENDING_LIVE,
+        expiry_s: float = PENDING_EXPIRY_S,
+        alive: Callable[[str], bool] | None = None,
+    ) -> None:
         self.max_pending = max_pending
         self.expiry_s = expiry_s
+        self.alive = alive
         self._pending: dict[str, float] = {}  # session hash -> when its run was queued
+        self._events: dict[str, str] = {}  # session hash -> its run's event id, once Gradio queued it
         self._lock = threading.Lock()
 
     def admit(self, session: str) -> str | None:
@@ -89,8 +101,8 @@ class LiveRunGate:
         now = time.monotonic()
         with self._lock:
             for key, since in list(self._pending.items()):
-                if now - since > self.expiry_s:
-                    del self._pending[key]
+                if now - since > self.expiry_s or self._ended(key):
+                    self._drop(key)
             if session in self._pending:
                 return ONE_RUN_MESSAGE
             if len(self._pending) >= self.max_pending:
@@ -98,14 +110,29 @@ class LiveRunGate:
             self._pending[session] = now
             return None
 
+    def queued(self, session: str, event_id: str) -> None:
+        """Gradio queued `session`'s admitted run as `event_id`."""
+        with self._lock:
+            if session in self._pending:
+                self._events[session] = event_id
+
     def done(self, session: str | None) -> None:
         if session is not None:
             with self._lock:
-                self._pending.pop(session, None)
+                self._drop(session)
 
     def pending(self) -> int:
         with self._lock:
             return len(self._pending)
+
+    def _ended(self, session: str) -> bool:
+        """The session's run left Gradio's queue without its handler releasing it."""
+        event = self._events.get(session)
+        return event is not None and self.alive is not None and not self.alive(event)
+
+    def _drop(self, session: str) -> None:
+        self._pending.pop(session, None)
+        self._events.pop(session, None)
 
 
 def install_gate(demo: Any, gate: LiveRunGate, concurrency_id: str = LIVE_CONCURRENCY_ID) -> bool:
@@ -121,6 +148,10 @@ def install_gate(demo: Any, gate: LiveRunGate, concurrency_id: str = LIVE_CONCUR
         return False
     from gradio import route_utils
 
+    events = getattr(queue, "event_ids_to_events", None)  # Gradio's queued and running events
+    if isinstance(events, dict):
+        gate.alive = events.__contains__
+
     async def push(body: Any, request: Any, username: str | None) -> Any:
         try:
             fn = route_utils.get_fn(demo, None, body)
@@ -134,6 +165,8 @@ def install_gate(demo: Any, gate: LiveRunGate, concurrency_id: str = LIVE_CONCUR
             accepted = await original(body, request, username)
             if not accepted[0]:
                 gate.done(session)
+            else:
+                gate.queued(session, accepted[1])
             return accepted
         return await original(body, request, username)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from specviz.engine.faults import FAULTS
 from specviz.engine.methods.grouping import POLICIES
-from specviz.engine.proposers import PROPOSERS
+from specviz.engine.proposers import PROPOSERS, TREE_KINDS
 from specviz.engine.sampling import SamplingParams
 from specviz.errors import SpecvizError
 from specviz.trace.schema import METHODS
@@ -37,7 +37,8 @@ class RunConfig:
     sampling: str = "coupled"  # at temperature > 0: "coupled" (token-exact) or "rejection"
     proposer: str = "draft-model"  # what drafts: "draft-model", "head" (EAGLE-style), "ngram"
     head_path: str | None = None  # the head's folder (default: the embedded default head)
-    tree_branches: int = 0  # 0: a chain of k drafts; b: plus one alternative at each of the first b depths
+    tree_branches: int = 0  # 0: a chain of k drafts; b: plus b alternative leaves on the chain
+    tree_kind: str = "static"  # "static": one alternative at each of the first b depths; "topk": each row's b best
 
     def validate(self) -> None:
         if self.method not in METHODS:
@@ -72,6 +73,12 @@ class RunConfig:
             raise SpecvizError(f"unknown proposer {self.proposer!r}; choose from {', '.join(PROPOSERS)}")
         if not 0 <= self.tree_branches <= (self.draft_k if self.method != "baseline" else 0):
             raise SpecvizError(f"--tree must be between 0 and --draft-k ({self.draft_k}), got {self.tree_branches}")
+        if self.tree_kind not in TREE_KINDS:
+            raise SpecvizError(f"unknown --tree-kind {self.tree_kind!r}; choose from {', '.join(TREE_KINDS)}")
+        if self.tree_kind == "topk" and not self.tree_branches:
+            raise SpecvizError("--tree-kind topk needs --tree 1 or more (the number of alternatives per row)")
+        if self.tree_kind == "topk" and self.proposer == "ngram":
+            raise SpecvizError("--tree-kind topk ranks the proposer's scores; n-gram lookup has none (use static)")
         if self.tree_branches and self.temperature > 0:
             raise SpecvizError("tree verification is greedy only; use --temperature 0 or --tree 0")
         if self.proposer == "ngram" and self.sampling == "rejection" and self.temperature > 0:

@@ -156,12 +156,14 @@ class Fault:
         return list(range(batch_size))
 
     def tree_attend(self, ancestors: torch.Tensor) -> torch.Tensor:
-        """[N, N] bool: what each node of the query block attends: itself and its ancestors."""
+        """[N, N] (or [B, N, N], a tree per row) bool: what each node of the query block attends:
+        itself and its ancestors."""
         return ancestors
 
     def tree_positions(self, next_pos: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
-        """[B, N] position of each tree node: the row's next position plus the node's depth."""
-        return next_pos[:, None] + depths[None, :]
+        """[B, N] position of each tree node: the row's next position plus the node's depth
+        (`depths` [N], or [B, N] for a tree per row)."""
+        return next_pos[:, None] + (depths if depths.dim() == 2 else depths[None, :])
 
 
 class UniformAdvance(Fault):
@@ -311,19 +313,35 @@ class KVRowCopy(Fault):
 
 
 class RequestOrder(Fault):
+    """Results scattered back in request order; each sequence's cache then keeps as many of its
+    row's new slots as the sequence was given tokens, as vLLM's scheduler advanced a request's
+    computed tokens by the (leaked) tokens it received. So a row's cache never outgrows its
+    sequence: the fault runs in fixed regions too (inplace, whose rows go longest prompt first)."""
+
     name = "request-order"
     invariants = (Invariant.ACCOUNTING,)
     seen_in = "vLLM V1 spec decode: tokens of other requests in large mixed batches"
     summary = "results are scattered back in request order (a dict's), not the batch's row order"
     default_method = "exspec"  # its converge policy batches by length, not in request order
+    any_layout = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.given_by: list[int] = []  # per row: the row whose results its sequence received this step
 
     def write_back(self, regrouped: bool, batch_size: int) -> list[int]:
         seqs = self.log.seqs
         by_request = sorted(range(batch_size), key=lambda row: seqs[row].seq_id)  # arrival order
+        self.given_by = [0] * batch_size
         for row, dest in enumerate(by_request):
+            self.given_by[dest] = row
             if dest != row:
                 self.log.row(row, f"results written to sequence {seqs[dest].seq_id}")
         return by_request
+
+    def plan(self, accepted: torch.Tensor, available: int, left_pad: torch.Tensor, cache: CacheName) -> SlotPlan:
+        given = accepted[torch.tensor(self.given_by, device=accepted.device)] if self.given_by else accepted
+        return super().plan(given, available, left_pad, cache)
 
 
 class HeadSourceIndex(Fault):
@@ -362,7 +380,7 @@ class TreeSiblingMask(Fault):
     needs_tree = True
 
     def tree_attend(self, ancestors: torch.Tensor) -> torch.Tensor:
-        size = ancestors.shape[0]
+        size = ancestors.shape[-1]
         # A node sees the flattened block causally: every node listed before it, siblings included.
         causal = torch.ones(size, size, dtype=torch.bool, device=ancestors.device).tril()
         fed = ancestors | causal
@@ -382,7 +400,7 @@ class TreeNodePositions(Fault):
     needs_tree = True
 
     def tree_positions(self, next_pos: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
-        index = torch.arange(depths.shape[0], device=next_pos.device)
+        index = torch.arange(depths.shape[-1], device=next_pos.device)
         if bool((index != depths).any()):
             for row in range(next_pos.shape[0]):
                 self.log.row(row, POSITIONS_OFF["verify"])

@@ -188,6 +188,8 @@ def _header(pair: ModelPair, config: RunConfig, fault: Fault, eos: frozenset[int
     header.layout = method.layout  # inplace: per-row regions, no rectangular alignment to check
     if config.k > 0:
         header.proposer, header.tree_branches = config.proposer, config.tree_branches
+        if config.tree_branches and config.tree_kind != "static":  # an option, not a field: the schema stays 3
+            header.options["tree_kind"] = config.tree_kind
     if config.k > 0 and config.proposer == "head":  # which head drafted (the header has no ModelInfo for it)
         default = "the pair's own head" if pair.head is not None else "specviz/assets/default-head"
         header.options["head"] = config.head_path or default
@@ -217,6 +219,7 @@ def _engine_config(
         draft=None,  # set from the proposer: the draft model's, or none
         proposer=proposer,
         tree_branches=config.tree_branches,
+        tree_kind=config.tree_kind,
         k=config.k,
         max_new_tokens=config.max_new_tokens,
         eos_ids=eos,

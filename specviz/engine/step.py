@@ -119,7 +119,8 @@ class EngineConfig:
     rules: TokenRules = field(default_factory=TokenRules)
     kv_check_every: int = 0  # check the target's KV content every N steps (0: never)
     proposer: Proposer | None = None  # None with a draft model: that model drafts (today's default)
-    tree_branches: int = 0  # 0: a chain; b: one alternative at each of the first b depths (TreeShape)
+    tree_branches: int = 0  # 0: a chain; b: b alternative leaves on the main chain (TreeShape)
+    tree_kind: str = "static"  # "static": one at each of the first b depths; "topk": each row's b best-scored
 
     def __post_init__(self) -> None:
         if self.proposer is None and self.draft is not None:
@@ -307,15 +308,16 @@ class Engine:
         The accepted path is the longest root-to-leaf path agreeing with the target (greedy)."""
         started = self.now()
         tree, cache_len = proposals.tree, state.width
-        depths = torch.tensor(tree.depths, device=pending.device)
+        rows = pending.shape[0]
+        depths = tree.depth_tensor(rows, pending.device)  # [N], or [B, N] for a top-k tree
         positions = self.fault.tree_positions(state.next_pos, depths)  # [B, N]
-        attend = self.fault.tree_attend(tree.ancestors(pending.device))  # [N, N]
+        attend = self.fault.tree_attend(tree.attend_mask(rows, pending.device))  # [N, N] or [B, N, N]
         query = torch.cat([pending[:, None], proposals.node_tokens], dim=1)  # [B, N]
         with self.capture_hidden() as tap:
             target_logits = feed(self.target, state, query, positions, query_attend=attend)  # [B, N, V]
         target_tokens = self.rules.select(target_logits, None)  # greedy: tree verification refuses sampling
         nodes_l, targets_l = query.tolist(), target_tokens.tolist()
-        paths = [accepted_path(tree, nodes_l[r], targets_l[r]) for r in range(len(nodes_l))]
+        paths = [accepted_path(tree, nodes_l[r], targets_l[r], r) for r in range(len(nodes_l))]
         accepted = torch.tensor([len(p) for p in paths], device=pending.device)
         return Verification(
             positions=positions,
@@ -373,13 +375,13 @@ class Engine:
             positions = self.fault.forward_positions(state.next_pos + k, state.width, 1, "fill")  # [B, 1]
             feed(self.draft, state, proposals.tokens[:, -1:], positions)
             return self.now() - started, None
-        ends_alt = torch.tensor([bool(p) and p[-1] > k for p in verification.paths], device=accepted.device)
+        last = torch.tensor([p[-1] if p else 0 for p in verification.paths], device=accepted.device)
+        ends_alt = last > k  # alternatives are leaves of the main chain: a path ends on one, if at all
         lacking = ends_alt | (accepted == k)
         fill = self.fault.draft_catch_up() and bool(lacking.any())
         if fill:
             started = self.now()
-            alt_index = (accepted - 1).clamp(min=0, max=proposals.tree.branches - 1)
-            alternative = proposals.alternatives.gather(1, alt_index[:, None])[:, 0]
+            alternative = proposals.node_tokens.gather(1, (last - 1).clamp(min=0)[:, None])[:, 0]
             token = torch.where(ends_alt, alternative, proposals.tokens[:, -1])
             positions = self.fault.forward_positions(state.next_pos + accepted, state.width, 1, "fill")  # [B, 1]
             feed(self.draft, state, token[:, None], positions)
@@ -425,9 +427,9 @@ class Engine:
         """Head drafting: each row's next carry is the target's hidden state at its last accepted node."""
         if verification.hidden is None:
             return
-        depths = proposals.tree.depths if proposals.tree is not None else None
+        tree = proposals.tree
         slots = [verification.last_node(r) for r in range(len(seqs))]
-        node_depths = [depths[s] if depths else s for s in slots]  # a chain's slot is its depth
+        node_depths = [tree.row_depths(r)[s] if tree else s for r, s in enumerate(slots)]  # a chain's slot is its depth
         self.proposer.verified(self, seqs, committed, verification.hidden, slots, node_depths)
 
     def _committed(self, seqs: list[SeqState], commit: Commit) -> None:
@@ -477,7 +479,7 @@ class Engine:
             draft_call_kv_lens=proposals.call_kv_lens,
             kv_mismatch=kv_mismatch,
             query_causal=None if proposals.tree is not None else getattr(batch.target, "query_causal", None),
-            tree_parents=list(proposals.tree.parents) if proposals.tree is not None else None,
+            tree_parents=_row_parents(proposals.tree, len(batch.seqs)),
             node_attends=verification.node_attends,
             tree_paths=verification.paths,
             head_sources=proposals.head_sources,
@@ -505,6 +507,11 @@ class Engine:
             mismatches = None
         context.tracing_seconds += self.now() - started
         return mismatches
+
+
+def _row_parents(tree: TreeShape | None, rows: int) -> list[list[int]] | None:
+    """Per row, the parent of each node of its tree (None: a chain)."""
+    return None if tree is None else [list(tree.row_parents(r)) for r in range(rows)]
 
 
 def _path_first(verification: Verification, tree: TreeShape | None) -> torch.Tensor | None:

@@ -52,7 +52,7 @@ class StepObservation:
     draft_call_kv_lens: torch.Tensor | None = None  # [B, k] attended draft slots before each draft call
     kv_mismatch: list[int | None] | None = None  # per row: first bad target slot; None: not checked
     query_causal: torch.Tensor | None = None  # [B] bool, when the verify block was fed as a 4-D mask
-    tree_parents: list[int] | None = None  # tree verification: parent of each query node (-1: root)
+    tree_parents: list[list[int]] | None = None  # tree verification, per row: parent of each query node (-1: root)
     node_attends: torch.Tensor | None = None  # [B, N, N] bool: query nodes each node attended
     tree_paths: list[list[int]] | None = None  # per row: accepted nodes, root excluded
     kept_nodes: list[list[int]] | None = None  # per row: query nodes whose KV the commit kept
@@ -187,17 +187,19 @@ def _tree_fields(obs: StepObservation) -> list[dict[str, Any]]:
     rows = len(obs.seq_ids)
     if obs.tree_parents is None:
         return [{} for _ in range(rows)]
-    parents = obs.tree_parents
     depths = []
-    for parent in parents:
-        depths.append(0 if parent < 0 else depths[parent] + 1)  # parents precede children
+    for parents in obs.tree_parents:
+        row_depths: list[int] = []
+        for parent in parents:
+            row_depths.append(0 if parent < 0 else row_depths[parent] + 1)  # parents precede children
+        depths.append(row_depths)
     attends = None
     if obs.node_attends is not None:
         attends = [[row.nonzero().flatten().tolist() for row in nodes] for nodes in obs.node_attends.cpu()]
     return [
         {
-            "tree_parents": list(parents),
-            "tree_depths": depths,
+            "tree_parents": list(obs.tree_parents[r]),
+            "tree_depths": depths[r],
             "node_attends": attends[r] if attends is not None else None,
             "tree_path": obs.tree_paths[r] if obs.tree_paths is not None else None,
             "kept_nodes": obs.kept_nodes[r] if obs.kept_nodes is not None else None,

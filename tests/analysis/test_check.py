@@ -521,7 +521,18 @@ def test_recorded_state_fields_are_checked(fld: str, value, invariant: int) -> N
 
 def test_unrecorded_state_fields_are_reported_as_skipped() -> None:
     skipped = " ".join(map(str, check_trace(clean_synth()).skipped_checks))
-    assert "draft_position_ids" in skipped and "kv_content_checked" in skipped
+    assert "draft_position_ids" in skipped and "draft_kv_lens" in skipped and "kv_content_checked" in skipped
+
+
+@pytest.mark.parametrize(("proposer", "draft_k"), [("head", 4), ("ngram", 4), ("draft-model", 0)])
+def test_draft_model_checks_go_unmentioned_without_a_draft_model(proposer: str, draft_k: int) -> None:
+    """A head, n-gram lookup or the baseline makes no draft-model calls: a check of their positions
+    and attended widths does not apply, so no note says it was skipped (the others still do)."""
+    trace = copy.deepcopy(clean_synth())
+    trace.header.proposer, trace.header.draft_k = proposer, draft_k
+    skipped = " ".join(map(str, check_trace(trace).skipped_checks))
+    assert "draft_position_ids" not in skipped and "draft_kv_lens" not in skipped, skipped
+    assert "kv_content_checked" in skipped
 
 
 def test_check_json_into_a_closed_pipe_exits_quietly(tmp_path) -> None:

@@ -166,7 +166,7 @@ def test_live_run_correct_and_faulty(client: Any, monkeypatch: pytest.MonkeyPatc
     assert plot_json(faulty["sv-timeline"])["data"]
 
 
-def test_live_run_bad_input_is_a_clear_error(client: Any) -> None:
+def test_live_run_bad_input_is_a_clear_error(client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     out = client.call("live_run_a", *{**LIVE, "target": "/nonexistent/model"}.values())
     assert "no such model directory" in shown(out["sv-status-a"])
     try:  # Gradio's own bound check (an exception) or ours (a status line)
@@ -174,6 +174,11 @@ def test_live_run_bad_input_is_a_clear_error(client: Any) -> None:
     except AppError as error:
         status = str(error)
     assert re.search("greater than maximum|batch size must be between", status)
+    # Gradio refused those inputs before the handler ran (which releases the visitor's live-run
+    # mark): the gate sees the run left the queue, so this visitor is not locked out for 30 minutes.
+    pair = make_pair("llama")
+    monkeypatch.setattr(live, "load_model_pair", lambda target, draft, with_draft: pair)
+    assert "CLEAN" in client.call("live_run_a", *LIVE.values())["sv-summary-a"]
 
 
 def head_pair() -> Any:
@@ -191,7 +196,7 @@ def test_live_tree_run_with_a_head_opens_in_the_tree_view(client: Any, monkeypat
     pair, loads = head_pair(), []
     monkeypatch.setattr(live, "load_model_pair", lambda target, draft, with_draft: loads.append(with_draft) or pair)
     client = AppClient(client.demo, client.client.src)  # a session of its own: no other test's live run in its way
-    out = client.call("live_run_a", *LIVE.values(), 40, False, "head", 2)
+    out = client.call("live_run_a", *LIVE.values(), 40, False, "head", 2, "static")
     assert loads == [False]  # a head drafts: no draft model is loaded
     assert "CLEAN" in out["sv-summary-a"]  # outputs equal the batch-1 greedy reference the run decoded
     tree = out["sv-tree"]
@@ -202,6 +207,9 @@ def test_live_tree_run_with_a_head_opens_in_the_tree_view(client: Any, monkeypat
     assert all(len(row.tree_parents) == 1 + 3 + 2 for step in saved.steps for row in step.rows)
     faulty = client.call("live_run_a", *{**LIVE, "fault": "tree-sibling-mask"}.values(), 40, False, "ngram", 2)
     assert "DESYNC" in faulty["sv-summary-a"]  # the same picker runs a tree fault, caught
+    topk = client.call("live_run_a", *LIVE.values(), 40, False, "draft-model", 2, "topk")
+    assert "CLEAN" in topk["sv-summary-a"] and topk["sv-tree"]["visible"]
+    assert load_trace(shown(topk["sv-download-a"])).header.options["tree_kind"] == "topk"
     chain = client.call("live_run_a", *LIVE.values())  # an older client: no proposer, no tree
     assert "CLEAN" in chain["sv-summary-a"] and not chain["sv-tree"]["visible"]
 
@@ -215,6 +223,8 @@ def test_live_tree_run_with_a_head_opens_in_the_tree_view(client: Any, monkeypat
         ({"tree_branches": 1, "method": "baseline"}, "the baseline drafts nothing"),
         ({"proposer": "medusa\n" * 30}, "unknown proposer"),
         ({"proposer": "ngram", "fault": "shared-carry"}, "corrupts head drafting"),
+        ({"tree_kind": "bushy"}, "unknown tree kind 'bushy'"),
+        ({"proposer": "ngram", "tree_branches": 2, "tree_kind": "topk"}, "n-gram lookup has none"),
     ],
 )
 def test_live_drafting_input_is_refused_in_one_line(

@@ -251,6 +251,20 @@ def test_gate_admits_one_live_run_per_visitor() -> None:
     assert gate.admit("c") is None and gate.pending() == 2
 
 
+def test_gate_drops_a_run_that_left_the_queue_without_its_handler() -> None:
+    """Gradio refused a run's inputs before its handler ran (which would release the mark): once
+    the event is out of Gradio's queue, the visitor may run again; while it is in, they may not."""
+    queued: set[str] = set()
+    gate = LiveRunGate(max_pending=1, alive=queued.__contains__)
+    assert gate.admit("a") is None
+    gate.queued("a", "event-1")
+    queued.add("event-1")
+    assert "already have" in gate.admit("a") and "busy" in gate.admit("b")
+    queued.discard("event-1")  # Gradio finished the event; the handler never ran
+    assert gate.admit("b") is None and gate.pending() == 1
+    assert gate.admit("a") is not None  # b's run (not yet queued) holds the only place
+
+
 def test_sweeper_deletes_only_old_top_level_temp_files(tmp_path: Path) -> None:
     """A refused upload's empty tmp* file goes after a while; accepted uploads (in their own
     folders), fresh temp files and other names stay."""

@@ -60,8 +60,8 @@ def test_live_tree_run_picked_in_the_form_opens_its_trees(page: Any, monkeypatch
     form = page.locator(".block", has=page.get_by_text("Live run into slot A")).first
     form.get_by_label("proposer").click()
     page.get_by_role("option", name="EAGLE-style head on the target's hidden states").click()
-    form.get_by_label("number input for tree: alternatives at the first depths (0: a chain)").fill("2")
-    form.get_by_label("number input for tree: alternatives at the first depths (0: a chain)").press("Enter")
+    form.get_by_label("number input for tree: alternative drafts (0: a chain)").fill("2")
+    form.get_by_label("number input for tree: alternative drafts (0: a chain)").press("Enter")
     form.get_by_label("number input for max new tokens").fill("8")
     form.get_by_label("number input for max new tokens").press("Enter")
     form.get_by_label("or your own prompts, one per line").fill("hello world\nthe quick brown fox\nab")  # char tokens

@@ -73,3 +73,34 @@ def test_row_faults_are_harmless_at_batch_1(fault: str) -> None:
     trace = faulty(fault, *SETUPS[fault], batch=1)
     assert trace.header.fault_events == []
     assert check_trace(trace).verdict == "clean"
+
+
+def test_request_order_runs_on_inplace_and_is_caught_where_it_fired() -> None:
+    """INPLACE orders rows longest prompt first, so request order differs from row order at once:
+    results land in the wrong sequences (outputs off the oracle), caught at the first event's
+    (step, row); the same run without the fault equals the oracle and checks clean."""
+    trace = faulty("request-order", "inplace", "draft-model", 0)
+    events = trace.header.fault_events
+    assert events and events[0]["step"] == 0
+    first = check_trace(trace).first_violation
+    assert (first.step, first.row, first.seq_id, first.invariant) == (
+        events[0]["step"], events[0]["row"], events[0]["seq_id"], Invariant.ACCOUNTING,
+    )  # fmt: skip
+    expected = oracle(tuple(PROMPTS))
+    wrong = {e["seq_id"] for e in events}
+    assert any(outputs(trace)[seq] != expected[seq] for seq in wrong)
+    clean = faulty(None, "inplace", "draft-model", 0)
+    assert outputs(clean) == expected and check_trace(clean).verdict == "clean"
+
+
+@pytest.mark.parametrize(("proposer", "batch", "tree"), [("draft-model", 3, 0), ("ngram", 5, 2)])
+def test_request_order_never_outgrows_an_inplace_region(proposer: str, batch: int, tree: int) -> None:
+    """Rows of very different acceptance: a row whose sequence is handed few tokens while its own
+    drafts are all accepted kept its own growth before, and outgrew its fixed region ("a row outgrew
+    its slots"); the cache now keeps what its sequence was given, as vLLM's scheduler did."""
+    prompts = ["a b a b a b a b a b a b a b", "x", "the cat sat on the mat the cat sat on the mat the cat", "qwerty"]
+    prompts += ["1 2 3 1 2 3 1 2 3 1 2 3"]
+    trace = decode("inplace", proposer, batch, tree, prompts=prompts, fault="request-order", max_new_tokens=40)
+    assert trace.header.fault_events and all(len(s.output_ids) == 40 for s in trace.sequences)
+    first, event = check_trace(trace).first_violation, trace.header.fault_events[0]
+    assert (first.step, first.row) == (event["step"], event["row"])

@@ -165,3 +165,12 @@ def test_head_runs_leave_no_hook_on_a_kept_target() -> None:
     for _ in range(2):
         assert outputs(decode("eqspec", "head", 2, prompts=FEW[:2])) == oracle(tuple(FEW[:2]))
     assert len(lm_head._forward_pre_hooks) == before
+
+
+@pytest.mark.parametrize("proposer", ["head", "ngram"])
+def test_runs_without_a_draft_model_note_no_draft_model_check(proposer: str) -> None:
+    """Head and n-gram runs record no draft-model calls (there are none): `check` says nothing
+    about the draft position and attended-width checks, which cannot apply, and flags nothing."""
+    report = check_trace(with_oracle(decode("exspec", proposer, 3, prompts=FEW[:4]), FEW[:4]))
+    assert report.verdict == "clean"
+    assert not [s for s in report.skipped_checks if "draft" in s.check], report.skipped_checks

@@ -182,8 +182,8 @@ def block_mask(
     """Additive 4-D mask [B, 1, q, width]: query j sees slots 0 .. query_slots[:, j] (0 or -inf).
 
     Additive rather than boolean so eager attention (which adds the mask) and SDPA read it alike.
-    `query_attend` [q, q] bool (a tree): query i sees the slots before its block and the block's
-    query slots j it allows, not the block causally.
+    `query_attend` [q, q] bool (a tree; [B, q, q]: a tree per row): query i sees the slots before
+    its block and the block's query slots j it allows, not the block causally.
     """
     visible = torch.arange(width, device=query_slots.device)[None, None, :] <= query_slots[:, :, None]
     if query_attend is not None:
@@ -191,7 +191,8 @@ def block_mask(
         visible = visible.expand(-1, query_slots.shape[1], -1).clone()  # [B, q, width]: the committed slots
         q = query_slots.shape[1]
         index = query_slots[:, None, :].expand(-1, q, -1)  # [B, q, q]
-        visible.scatter_(2, index, query_attend[None].expand(query_slots.shape[0], q, q))
+        block = query_attend if query_attend.dim() == 3 else query_attend[None].expand(query_slots.shape[0], q, q)
+        visible.scatter_(2, index, block)
     mask = torch.zeros(visible.shape, dtype=dtype, device=query_slots.device)
     mask.masked_fill_(~visible, torch.finfo(dtype).min)
     return mask[:, None]

@@ -96,7 +96,7 @@ def feed(
 ) -> torch.Tensor:
     """Run `model` on `input_ids` [B, q] at explicit `positions`; the cache and mask grow by q.
 
-    `query_attend` [q, q] bool (tree verification): query i attends query j where set, instead of
+    `query_attend` [q, q] or [B, q, q] bool (tree verification): query i attends query j where set, instead of
     causally; the mask fed is then 4-D (`tree_mask`), and `state.query_attends` records it.
 
     The 2-D mask we pass covers cache slots plus query slots; HF adds causality from the
@@ -142,8 +142,8 @@ def tree_mask(
     query slot sees the row's attended cache slots and the query slots `query_attend` [q, q] allows;
     plus what it lets each query slot see of the block, [B, q, q] bool."""
     batch, width = cache_mask.shape
-    q = query_attend.shape[0]
-    block = query_attend[None].expand(batch, q, q)
+    q = query_attend.shape[-1]
+    block = query_attend if query_attend.dim() == 3 else query_attend[None].expand(batch, q, q)  # per row, or one
     visible = torch.cat([cache_mask.bool()[:, None, :].expand(batch, q, width), block], dim=2)
     mask = torch.zeros(visible.shape, dtype=dtype, device=cache_mask.device)
     mask.masked_fill_(~visible, torch.finfo(dtype).min)

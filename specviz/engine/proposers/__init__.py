@@ -8,7 +8,7 @@ Every method (EQSPEC, EXSPEC, INPLACE) runs with every proposer, chain or tree.
 
 from __future__ import annotations
 
-from specviz.engine.proposers.base import Proposals, Proposer, TreeShape, accepted_path
+from specviz.engine.proposers.base import TREE_KINDS, Proposals, Proposer, TreeShape, accepted_path
 from specviz.engine.proposers.draft_model import DraftModelProposer
 from specviz.engine.proposers.head import EagleHead, HeadProposer, load_head
 from specviz.engine.proposers.ngram import NgramProposer
@@ -17,6 +17,7 @@ PROPOSERS = ("draft-model", "head", "ngram")
 
 __all__ = [
     "PROPOSERS",
+    "TREE_KINDS",
     "DraftModelProposer",
     "EagleHead",
     "HeadProposer",

@@ -36,54 +36,144 @@ class EngineView(Protocol):
     def now(self) -> float: ...
 
 
+TREE_KINDS = ("static", "topk")
+
+
 @dataclass(frozen=True)
 class TreeShape:
-    """A static candidate tree: node 0 is the root (the pending token), nodes 1..k the main chain
-    (node d at depth d), then one alternative leaf at each depth 1..branches (the proposer's second
-    choice there), whose parent is the main-chain node one depth up. Parents precede children, so
-    the slots of any root-to-leaf path are in increasing order."""
+    """A candidate tree: node 0 is the root (the pending token), nodes 1..k the main chain (node d
+    at depth d), then `branches` alternative leaves, each hanging off a main-chain node.
+
+    - static (`alt_parents` None): one alternative at each depth 1..branches (the proposer's second
+      choice there), whose parent is the main-chain node one depth up; every row the same shape.
+    - top-k (`alt_parents` per row): each row's `branches` best-scored alternatives among the
+      proposer's next choices at every depth (`pick_topk`); a row unsure at depth 1 gets several
+      there, a confident one gets them deeper. Same node count, so the same verify cost.
+    Parents precede children, so the slots of any root-to-leaf path are in increasing order."""
 
     k: int
     branches: int
+    alt_parents: tuple[tuple[int, ...], ...] | None = None  # top-k: per row, each alternative's parent
 
     @cached_property
     def parents(self) -> tuple[int, ...]:
-        main = tuple(range(-1, self.k))  # root's parent -1, then node d's parent d - 1
-        return main + tuple(range(self.branches))  # alternative at depth d: parent d - 1
+        """The static tree's parents (row 0's for a top-k tree: use `row_parents`)."""
+        return self.row_parents(0)
 
     @cached_property
     def depths(self) -> tuple[int, ...]:
-        return tuple(range(self.k + 1)) + tuple(range(1, self.branches + 1))
+        return self.row_depths(0)
 
     @property
     def size(self) -> int:
         return 1 + self.k + self.branches
 
-    def ancestors(self, device: torch.device | None = None) -> torch.Tensor:
-        """[N, N] bool: node i may attend node j (j is i or one of its ancestors)."""
+    def row_parents(self, row: int) -> tuple[int, ...]:
+        main = tuple(range(-1, self.k))  # root's parent -1, then node d's parent d - 1
+        if self.alt_parents is None:
+            return main + tuple(range(self.branches))  # alternative at depth d: parent d - 1
+        return main + self.alt_parents[row]
+
+    def row_depths(self, row: int) -> tuple[int, ...]:
+        depths: list[int] = []
+        for parent in self.row_parents(row):
+            depths.append(0 if parent < 0 else depths[parent] + 1)
+        return tuple(depths)
+
+    def depth_tensor(self, rows: int, device: torch.device | None = None) -> torch.Tensor:
+        """Node depths: [N] for a static tree, [B, N] for a top-k one."""
+        if self.alt_parents is None:
+            return torch.tensor(self.depths, device=device)
+        return torch.tensor([self.row_depths(r) for r in range(rows)], device=device)
+
+    def ancestors(self, device: torch.device | None = None, row: int = 0) -> torch.Tensor:
+        """[N, N] bool: node i may attend node j (j is i or one of its ancestors), in row `row`'s tree."""
+        parents = self.row_parents(row)
         out = torch.zeros(self.size, self.size, dtype=torch.bool, device=device)
         for node in range(self.size):
             at = node
             while at >= 0:
                 out[node, at] = True
-                at = self.parents[at]
+                at = parents[at]
         return out
 
-    def children(self, node: int) -> list[int]:
-        return [c for c, p in enumerate(self.parents) if p == node]
+    def attend_mask(self, rows: int, device: torch.device | None = None) -> torch.Tensor:
+        """What each node may attend in the query block: [N, N] static, [B, N, N] top-k."""
+        if self.alt_parents is None:
+            return self.ancestors(device)
+        return torch.stack([self.ancestors(device, row) for row in range(rows)])
+
+    def children(self, node: int, row: int = 0) -> list[int]:
+        return [c for c, p in enumerate(self.row_parents(row)) if p == node]
 
 
-def accepted_path(tree: TreeShape, node_tokens: list[int], target_tokens: list[int]) -> list[int]:
-    """The longest root-to-leaf path whose every node's token is the target's choice at its parent
-    (node indices, root excluded). Greedy has one choice per node, so at most one child agrees
-    (distinct siblings; a duplicate sibling is never preferred over the main chain, listed first)."""
+def accepted_path(tree: TreeShape, node_tokens: list[int], target_tokens: list[int], row: int = 0) -> list[int]:
+    """The longest root-to-leaf path of row `row`'s tree whose every node's token is the target's
+    choice at its parent (node indices, root excluded). Greedy has one choice per node, so at most
+    one child agrees (distinct siblings; a duplicate sibling is never preferred over the main chain,
+    listed first)."""
     path, at = [], 0
     while True:
-        nxt = next((c for c in tree.children(at) if node_tokens[c] == target_tokens[at]), None)
+        nxt = next((c for c in tree.children(at, row) if node_tokens[c] == target_tokens[at]), None)
         if nxt is None:
             return path
         path.append(nxt)
         at = nxt
+
+
+class Alternatives:
+    """A tree's alternatives, gathered while a proposer drafts depth by depth (`add` after each
+    depth's choice), then `tree()`: the alternative tokens [B, branches] and the tree's shape."""
+
+    def __init__(self, k: int, branches: int, kind: str = "static") -> None:
+        self.k, self.branches, self.kind = k, branches, kind
+        self.static: list[torch.Tensor] = []  # static: second choice at depths 1..branches
+        self.scores: list[torch.Tensor] = []  # top-k: log-probabilities per depth, [B, V]
+        self.chosen: list[torch.Tensor] = []  # top-k: the main chain's token per depth, [B]
+
+    def add(self, depth_index: int, logits: torch.Tensor, chosen: torch.Tensor) -> None:
+        """`logits` [B, 1, V] at depth `depth_index + 1`; `chosen` [B, 1] the main chain's token there."""
+        if not self.branches:
+            return
+        if self.kind == "topk":
+            self.scores.append(torch.log_softmax(logits[:, -1].float(), dim=-1))
+            self.chosen.append(chosen[:, -1])
+        elif depth_index < self.branches:
+            self.static.append(second_choice(logits, chosen))
+
+    def tree(self) -> tuple[torch.Tensor | None, TreeShape | None]:
+        if not self.branches:
+            return None, None
+        if self.kind != "topk":
+            return torch.cat(self.static, dim=1), TreeShape(self.k, self.branches)
+        tokens, parents = pick_topk(self.scores, self.chosen, self.branches)
+        return tokens, TreeShape(self.k, self.branches, parents)
+
+
+def pick_topk(
+    scores: list[torch.Tensor], chosen: list[torch.Tensor], budget: int
+) -> tuple[torch.Tensor, tuple[tuple[int, ...], ...]]:
+    """Per row, the `budget` best alternatives among the next `budget` choices at every depth.
+
+    An alternative at depth d scores its path's log-probability under the proposer: the main
+    chain's d - 1 tokens, then the alternative (EAGLE-2's ranking, over leaves of the main chain).
+    Returns the tokens [B, budget], ordered by depth then score, and each one's parent (node d - 1).
+    """
+    batch, vocab = scores[0].shape
+    width = min(budget, vocab - 1)
+    prefix = torch.zeros(batch, device=scores[0].device)  # log-probability of the main chain so far
+    cand_scores, cand_tokens = [], []
+    for logp, main in zip(scores, chosen):
+        others = logp.scatter(-1, main[:, None], float("-inf"))  # never the main chain's own token
+        top, tokens = others.topk(width, dim=-1)  # [B, width]
+        cand_scores.append(prefix[:, None] + top)
+        cand_tokens.append(tokens)
+        prefix = prefix + logp.gather(-1, main[:, None])[:, 0]
+    flat_scores = torch.cat(cand_scores, dim=1)  # [B, depths * width], depth-major
+    flat_tokens = torch.cat(cand_tokens, dim=1)
+    best = flat_scores.topk(budget, dim=-1).indices.sort(dim=-1).values  # depth first, then rank (score)
+    depth_index = (best // width).tolist()
+    return flat_tokens.gather(1, best), tuple(tuple(row) for row in depth_index)
 
 
 @dataclass(frozen=True)

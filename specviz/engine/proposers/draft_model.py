@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from specviz.engine.kv.state import feed
-from specviz.engine.proposers.base import EngineView, NoCarry, Proposals, TreeShape, second_choice
+from specviz.engine.proposers.base import Alternatives, EngineView, NoCarry, Proposals
 
 if TYPE_CHECKING:
     from specviz.engine.batch import Batch
@@ -30,7 +30,8 @@ class DraftModelProposer(NoCarry):
         started = engine.now()
         kv_len, cache_width = state.mask.sum(1), state.width
         tokens = pending[:, None]  # [B, 1]
-        drafted, fed_positions, kept_logits, call_kv_lens, alternatives = [], [], [], [], []
+        drafted, fed_positions, kept_logits, call_kv_lens = [], [], [], []
+        alternatives = Alternatives(engine.k, branches, engine.config.tree_kind)
         for j in range(engine.k):
             positions = fault.forward_positions(state.next_pos + j, state.width, 1, "draft")  # [B, 1]
             positions = fault.draft_positions(positions)
@@ -39,10 +40,10 @@ class DraftModelProposer(NoCarry):
             tokens = rules.select(logits, keys, offset=j)
             drafted.append(tokens)
             fed_positions.append(positions)
-            if j < branches:
-                alternatives.append(second_choice(logits, tokens))
+            alternatives.add(j, logits, tokens)
             if rules.keeps_draft_logits:
                 kept_logits.append(logits)
+        alternative_tokens, tree = alternatives.tree()
         return Proposals(
             tokens=torch.cat(drafted, dim=1),
             positions=torch.cat(fed_positions, dim=1),
@@ -51,6 +52,6 @@ class DraftModelProposer(NoCarry):
             seconds=engine.now() - started,
             logits=torch.cat(kept_logits, dim=1) if kept_logits else None,
             call_kv_lens=torch.cat(call_kv_lens, dim=1),
-            alternatives=torch.cat(alternatives, dim=1) if alternatives else None,
-            tree=TreeShape(engine.k, branches) if branches else None,
+            alternatives=alternative_tokens,
+            tree=tree,
         )

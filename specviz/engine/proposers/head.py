@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from specviz.engine.proposers.base import EngineView, Proposals, TreeShape, second_choice
+from specviz.engine.proposers.base import Alternatives, EngineView, Proposals
 from specviz.errors import ModelLoadError
 
 if TYPE_CHECKING:
@@ -183,17 +183,18 @@ class HeadProposer:
             hidden[row] = carry.hidden
             sources.append([carry.source_seq, carry.source_index])
         tokens = pending[:, None]  # [B, 1]
-        drafted, kept_logits, alternatives = [], [], []
+        drafted, kept_logits = [], []
+        alternatives = Alternatives(engine.k, branches, engine.config.tree_kind)
         for j in range(engine.k):
             hidden = self.head(hidden, self.embed(tokens[:, -1]))  # [B, H]
             logits = self.lm_head(hidden)[:, None]  # [B, 1, V]
             tokens = rules.select(logits, keys, offset=j)
             drafted.append(tokens)
-            if j < branches:
-                alternatives.append(second_choice(logits, tokens))
+            alternatives.add(j, logits, tokens)
             if rules.keeps_draft_logits:
                 kept_logits.append(logits)
         committed = torch.tensor([s.committed for s in seqs], device=pending.device)
+        alternative_tokens, tree = alternatives.tree()
         return Proposals(
             tokens=torch.cat(drafted, dim=1),
             positions=committed[:, None] + torch.arange(engine.k, device=pending.device)[None, :],
@@ -201,7 +202,7 @@ class HeadProposer:
             cache_width=0,
             seconds=engine.now() - started,
             logits=torch.cat(kept_logits, dim=1) if kept_logits else None,
-            alternatives=torch.cat(alternatives, dim=1) if alternatives else None,
-            tree=TreeShape(engine.k, branches) if branches else None,
+            alternatives=alternative_tokens,
+            tree=tree,
             head_sources=sources,
         )
