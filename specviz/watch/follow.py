@@ -46,7 +46,7 @@ from specviz.watch.calls import (
 from specviz.watch.follow_gains import Gains
 from specviz.watch.follow_match import Ambiguous, Assignments
 from specviz.watch.followed import IDLE, NEW, RowView, Seq
-from specviz.watch.hooks import CallRecord
+from specviz.watch.hooks import CallRecord, shared_slots
 from specviz.watch.steps import Emit, matched_prefix
 
 
@@ -173,7 +173,7 @@ class Follower(Assignments, Gains):
         for s in self.seqs:
             before = self.calls[s.at[0]].held
             if not s.finished and before is not None:
-                overlap[s.id] = len(seen & before[s.at[1]][1])
+                overlap[s.id] = shared_slots(seen, before[s.at[1]][1])
         most = max(overlap.values(), default=0)
         return {s for s, n in overlap.items() if n == most > 0}
 
