@@ -99,3 +99,25 @@ def test_engine_emits_disagreeing_with_the_manager_are_unreadable_not_summed(tar
     assert 0 < report.unreadable["step"] < len(outs[seq])
     by_seq = {s.seq_id: s.output_ids for s in w.trace.sequences}
     assert by_seq[seq] == outs[seq]  # the manager's tokens, not the engine's nor both
+
+
+class Misended:
+    """The watch, seen through an engine that emits every token right but ends its first ending
+    sequence by the other reason ("eos" for "length" and back)."""
+
+    def __init__(self, w) -> None:
+        self.w, self.seq = w, None
+
+    def emit(self, seq: int, tokens, finish_reason=None) -> None:
+        if finish_reason is not None and self.seq is None:
+            self.seq, finish_reason = seq, {"eos": "length", "length": "eos"}[finish_reason]
+        self.w.emit(seq, tokens, finish_reason)
+
+
+def test_an_engine_ending_a_request_otherwise_than_the_manager_is_unreadable(target) -> None:
+    with specviz.watch(target, prompts=PROMPTS, name="paged-emit-ending") as w:
+        engine = Misended(w)
+        paged.generate(target, None, PROMPTS, BUDGETS, w=engine, emit="step")
+    report = check_trace(w.trace)
+    assert report.verdict == "unreadable" and not report.violation_count, (report.verdict, report.violations[:3])
+    assert f"sequence {engine.seq}: the engine ended it by 'eos', the manager by 'length'" in report.unreadable["why"]
