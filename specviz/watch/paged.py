@@ -43,6 +43,9 @@ class PagedCapture:
         self.declared = prompts  # the watch's prompts, if it has any
         self.prompts: list[list[int]] = []  # by sequence id, as the requests arrived (no declared prompts)
         self.seq_of: dict[str, int] = {}  # request id -> sequence id
+        # The sequences named so far: a set, as the engine's `emit` may ask from another thread
+        # than the manager's, which adds to it (a lookup never iterates while it grows).
+        self.named: set[int] = set()
         self.batch: list[Any] = []  # the request states of the forward in flight
         self.seen: dict[str, int] = {}  # request id -> tokens already emitted
         self.eos_ids: set[int] = set()  # every request's own EOS ids (a generation config's)
@@ -109,7 +112,7 @@ class PagedCapture:
     def engine_emit(self, seq_id: int, tokens: list[int], finish_reason: str | None) -> bool:
         """Keep an `emit` of the engine's apart when the manager reports that sequence (True);
         False: the manager never named it, the emit is the engine's word as usual."""
-        if seq_id not in self.seq_of.values():
+        if seq_id not in self.named:
             return False
         self.engine.setdefault(seq_id, []).append((list(tokens), finish_reason))
         return True
@@ -136,15 +139,15 @@ class PagedCapture:
         if rid in self.seq_of:
             return self.seq_of[rid]
         prompt = list(getattr(state, "initial_tokens", []) or [])
-        taken = set(self.seq_of.values())
         if self.declared is not None:
-            seq = next((i for i, p in enumerate(self.declared) if p == prompt and i not in taken), None)
+            seq = next((i for i, p in enumerate(self.declared) if p == prompt and i not in self.named), None)
             if seq is None:
-                seq = next(i for i in range(len(self.declared) + len(taken) + 1) if i not in taken)
+                seq = next(i for i in range(len(self.declared) + len(self.named) + 1) if i not in self.named)
         else:
             seq = len(self.prompts)
             self.prompts.append(prompt)
         self.seq_of[rid] = seq
+        self.named.add(seq)
         return seq
 
 
