@@ -75,7 +75,7 @@ class AutoWatch:
     def declare_forward(self, seq_ids: tuple[int, ...]) -> None:
         self._declared = seq_ids
 
-    def emit(self, seq_id: int, token_ids: list[int], finish_reason: str | None = None) -> None:
+    def report(self, seq_id: int, token_ids: list[int], finish_reason: str | None = None) -> None:
         at = time.perf_counter()
         self.paged_emits.append(Emit(seq_id, list(token_ids), finish_reason, after=len(self.calls), at=at))
 

@@ -82,7 +82,7 @@ def _draft_row(call: CallRecord, seq: int, row: int, batch_size: int, fed: int, 
         last = last_slot(call, r)
         return call.input_ids[r][last] == fed and (not call.argmax_is_choice or argmax_at(call, r, last) == out)
 
-    if call.rows is not None and len(call.rows) == call.batch_size:
+    if call.rows is not None:  # declared (the batch map keeps a draft call's rows only at its size)
         if seq not in call.rows:
             return None
         r = call.rows.index(seq)

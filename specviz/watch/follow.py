@@ -46,7 +46,7 @@ from specviz.watch.calls import (
 from specviz.watch.follow_gains import Gains
 from specviz.watch.follow_match import Ambiguous, Assignments
 from specviz.watch.followed import IDLE, NEW, RowView, Seq
-from specviz.watch.hooks import CallRecord
+from specviz.watch.hooks import CallRecord, shared_slots
 from specviz.watch.steps import Emit, matched_prefix
 
 
@@ -166,16 +166,16 @@ class Follower(Assignments, Gains):
         """The live sequences whose slots (as their last row held them) row r of call j attends
         most, none where the call's rows hold no slots (not a shared cache) or it attends none."""
         held = self.calls[j].held
-        if held is None or r >= len(held):
+        if held is None:
             return set()
-        seen = held[r][0]
+        seen = held[r][0]  # held has one entry per row of a packed call (`hooks._segment_slots`)
         overlap = {}
         for s in self.seqs:
             before = self.calls[s.at[0]].held
-            if not s.finished and before is not None and s.at[1] < len(before):
-                overlap[s.id] = len(seen & before[s.at[1]][1])
+            if not s.finished and before is not None:
+                overlap[s.id] = shared_slots(seen, before[s.at[1]][1])
         most = max(overlap.values(), default=0)
-        return {s for s, n in overlap.items() if n == most} if most else set()
+        return {s for s, n in overlap.items() if n == most > 0}
 
     def _kept(self, j: int, active: list[int]) -> dict[int, tuple[int, str]] | None:
         """Every active row continues the sequence its row held before: rows kept their order."""
@@ -246,7 +246,6 @@ class Follower(Assignments, Gains):
         if s.opened:
             m, o = len(s.context), s.origin
             return "open" if v.context < 0 or m <= v.context <= m + self.read(*o, s.id).drafts else None
-        assert s.step is not None
         drafts, targets, pending = self._step_tokens(s)
         if v.context < 0:  # no mask to count: the greedy continuation only
             return "grow" if targets and v.token == targets[matched_prefix(drafts, targets) or 0] else None
@@ -300,7 +299,7 @@ class Follower(Assignments, Gains):
         v = self._view(j, r, s.id)
         s.at = (j, r)
         if how == "same":
-            s.refed = s.step is not None and not s.opened
+            s.refed = not s.opened
             return
         if how == "again":
             s.finished = True  # fed again without growing: the engine keeps computing a finished row

@@ -97,7 +97,7 @@ class Gains:
         """A sequence no later call continues: its last step gained what a greedy engine keeps."""
         if s.opened and self.was_step.get(s.origin[0], True):
             s.opened, s.step = False, s.origin
-        if s.step is not None and not s.opened:
+        if not s.opened:
             emit = self._commit(s, [] if s.refed else self._gained(s, None))
             if s.refed:
                 self._stopped.append(s)

@@ -75,7 +75,7 @@ class Assignments:
 
     def _weak(self, s: Seq, v: RowView) -> bool:
         """The row's pending token is one the sequence's open step could have committed last."""
-        if s.opened or v.whole or s.step is None:
+        if s.opened or v.whole:
             return False
         drafts, targets, _ = self._step_tokens(s)
         return v.token in targets or v.token in drafts
@@ -87,10 +87,8 @@ class Assignments:
         return [[s for _, s in group] for _, group in groupby(keyed, key=lambda x: repr(x[0]))]
 
     def _likeness(self, s: Seq) -> tuple[Any, ...]:
-        step = None
-        if s.step is not None:
-            drafts, targets, pending = self._step_tokens(s)
-            step = (tuple(drafts), tuple(targets), pending)
+        drafts, targets, pending = self._step_tokens(s)
+        step = (tuple(drafts), tuple(targets), pending)
         return (tuple(s.context), s.prompt_len, s.opened, s.refed, step, s.origin[0] if s.opened else None)
 
 

@@ -31,7 +31,7 @@ class Seq:
     prompt_len: int
     origin: tuple[int, int]  # (target call, row) where it first appeared
     at: tuple[int, int]  # (target call, row) that last held it
-    step: tuple[int, int] | None = None  # (call, row) of its step whose gain is not read yet
+    step: tuple[int, int]  # (call, row) of its step whose gain is not read yet (its first call, until one)
     opened: bool = True  # not yet known whether its first call was a step
     refed: bool = False  # re-fed unchanged since `step`: read as finished if it never grows again
     finished: bool = False

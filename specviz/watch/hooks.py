@@ -83,7 +83,7 @@ class CallRecord:
     # A packed call's rows: the key slots its first query token attends and those its last one
     # attends (what the sequence holds after the call). A sequence's slots stay its own in a shared
     # cache, so a row holds the sequence whose slots it mostly attends (`Follower._fits`).
-    held: list[tuple[frozenset[int], frozenset[int]]] | None = None
+    held: list[tuple[Any, Any]] | None = None  # [S] x ([keys] bool numpy, [keys] bool numpy)
     drafter: bool = False  # a draft head's call (`watch(..., drafter=head)`): fed hidden states, not ids
     # A head call's rows: the (age, target row, query column) of the recent target calls (age 0:
     # the latest) whose last hidden state each was fed (`headinput`); [] none matched; None: not
@@ -443,16 +443,19 @@ def _line_counts(seen: torch.Tensor, host: bool | None = None) -> tuple[list[int
     return read[:t], read[t:]
 
 
-def _segment_slots(
-    mask: torch.Tensor, segments: list[tuple[int, int, int]]
-) -> list[tuple[frozenset[int], frozenset[int]]]:
+def _segment_slots(mask: torch.Tensor, segments: list[tuple[int, int, int]]) -> list[tuple[Any, Any]]:
     """Per sequence of a packed row's [T, keys] mask: the key slots its first query token attends
-    and those its last one attends (one gather and one nonzero for the whole call)."""
+    and those its last one attends, as boolean numpy rows (one gather for the whole call)."""
     ends = [t for _, start, length in segments for t in (start, start + length - 1)]
-    found: list[set[int]] = [set() for _ in ends]
-    for i, slot in mask[torch.tensor(ends, device=mask.device)].bool().nonzero().tolist():
-        found[i].add(slot)
-    return [(frozenset(found[2 * i]), frozenset(found[2 * i + 1])) for i in range(len(segments))]
+    picked = mask.bool().cpu().numpy()[ends]  # a copy: [2S, keys]
+    return [(picked[2 * i], picked[2 * i + 1]) for i in range(len(segments))]
+
+
+def shared_slots(a: Any, b: Any) -> int:
+    """Key slots two `CallRecord.held` rows both attend (slot i is the same slot in every call of a
+    shared cache; a later call's keys may be more)."""
+    n = min(len(a), len(b))
+    return int(numpy.count_nonzero(a[:n] & b[:n]))
 
 
 def _one_tensor(value: Any) -> Any:

@@ -7,9 +7,14 @@ manager knows. While a watch is open this module wraps two of its methods (resto
 - `ContinuousBatchingIOs.prepare_batch_tensors`: the requests of the next forward, in order,
   become that forward's declared rows (a request is a sequence: the declared prompt equal to its
   prompt tokens, else a new sequence in order of appearance);
-- `ContinuousBatchProcessor.update_batch`: the tokens each request gained become its `emit`,
-  with "eos" or "length" when the manager finished it (its own `max_new_tokens`: a budget per
-  sequence).
+- `ContinuousBatchProcessor.update_batch`: the tokens each request gained are reported as its
+  emission, with "eos" or "length" when the manager finished it (its own `max_new_tokens`: a
+  budget per sequence).
+The manager's report is the reading. An engine that also calls `w.emit` for a sequence the manager
+named (it reports each step, or the outputs at the end) is not counted twice: its emits are kept
+apart and compared with the report at close (`reconcile`). Where they disagree (another token, a
+token more or less, another ending), the run is unreadable from the step of the first difference,
+with both versions in the reason: which of the two the sequence got is not known.
 Synchronous batching only, CUDA graphs off (a replayed graph runs no hooks; the async manager
 feeds placeholder ids that it fills on the device). Nothing here imports transformers until a
 watch opens with it installed.
@@ -25,7 +30,9 @@ class PagedSink(Protocol):
 
     def declare_forward(self, seq_ids: tuple[int, ...]) -> None: ...
 
-    def emit(self, seq_id: int, token_ids: list[int], finish_reason: str | None = None) -> None: ...
+    def report(self, seq_id: int, token_ids: list[int], finish_reason: str | None = None) -> None:
+        """The tokens the manager gave a sequence in the forward just run (its ending, if it ended)."""
+        ...
 
 
 class PagedCapture:
@@ -36,9 +43,14 @@ class PagedCapture:
         self.declared = prompts  # the watch's prompts, if it has any
         self.prompts: list[list[int]] = []  # by sequence id, as the requests arrived (no declared prompts)
         self.seq_of: dict[str, int] = {}  # request id -> sequence id
+        # The sequences named so far: a set, as the engine's `emit` may ask from another thread
+        # than the manager's, which adds to it (a lookup never iterates while it grows).
+        self.named: set[int] = set()
         self.batch: list[Any] = []  # the request states of the forward in flight
         self.seen: dict[str, int] = {}  # request id -> tokens already emitted
         self.eos_ids: set[int] = set()  # every request's own EOS ids (a generation config's)
+        # The engine's own `emit`s for sequences the manager named: compared with its report, never added.
+        self.engine: dict[int, list[tuple[list[int], str | None]]] = {}
         self._saved: list[tuple[Any, str, Any]] = []
 
     # ------------------------------------------------------------------ installing
@@ -94,8 +106,31 @@ class PagedCapture:
             self.eos_ids.update(int(t) for t in eos)
             if done:
                 reason = "eos" if tokens and tokens[-1] in eos else "length"
-            self.sink.emit(self.seq_of[state.request_id], new, reason)
+            self.sink.report(self.seq_of[state.request_id], new, reason)
         self.batch = []
+
+    def engine_emit(self, seq_id: int, tokens: list[int], finish_reason: str | None) -> bool:
+        """Keep an `emit` of the engine's apart when the manager reports that sequence (True);
+        False: the manager never named it, the emit is the engine's word as usual."""
+        if seq_id not in self.named:
+            return False
+        self.engine.setdefault(seq_id, []).append((list(tokens), finish_reason))
+        return True
+
+    def reconcile(self, calls: list[Any], reported: list[Any]) -> None:
+        """Compare each sequence's engine emits with the manager's report (`reported`: the watch's
+        emits, `steps.Emit`); at the first difference, the target call that made the reported token
+        there is marked unreadable (`steps.first_unreadable` cuts the steps before it)."""
+        targets = [j for j, call in enumerate(calls) if call.role == "target"]
+        for seq_id, emits in sorted(self.engine.items()):
+            said = [e for e in reported if e.seq_id == seq_id]
+            where = _first_difference(said, emits)
+            if where is None:
+                continue
+            after, why = where
+            made = [j for j in targets if j < after]
+            if made and calls[made[-1]].unreadable is None:
+                calls[made[-1]].unreadable = f"sequence {seq_id}: {why}"
 
     def _seq(self, state: Any) -> int:
         """The sequence a request is: the first declared prompt equal to its prompt not yet taken,
@@ -105,13 +140,35 @@ class PagedCapture:
         if rid in self.seq_of:
             return self.seq_of[rid]
         prompt = list(getattr(state, "initial_tokens", []) or [])
-        taken = set(self.seq_of.values())
         if self.declared is not None:
-            seq = next((i for i, p in enumerate(self.declared) if p == prompt and i not in taken), None)
+            seq = next((i for i, p in enumerate(self.declared) if p == prompt and i not in self.named), None)
             if seq is None:
-                seq = max([len(self.declared) - 1, *taken]) + 1
+                seq = max([len(self.declared) - 1, *self.named]) + 1
         else:
             seq = len(self.prompts)
             self.prompts.append(prompt)
         self.seq_of[rid] = seq
+        self.named.add(seq)
         return seq
+
+
+def _first_difference(reported: list[Any], engine: list[tuple[list[int], str | None]]) -> tuple[int, str] | None:
+    """(call count after the manager's emit where the engine's emits first disagree with its
+    report, why); None when the engine emitted the same tokens and, where it declared one, the
+    same ending."""
+    tokens = [(t, e.after) for e in reported for t in e.tokens]
+    said = [t for e, _ in engine for t in e]
+    ending = next((e.finish_reason for e in reversed(reported) if e.finish_reason), None)
+    declared = next((reason for _, reason in reversed(engine) if reason), None)
+    i = next((i for i, (a, (b, _)) in enumerate(zip(said, tokens)) if a != b), min(len(said), len(tokens)))
+    if i == len(said) == len(tokens) and declared in (None, ending):
+        return None
+    last = reported[-1].after if reported else 0
+    after = tokens[i][1] if i < len(tokens) else last
+    if i < len(said) and i < len(tokens):
+        why = f"the engine emitted {said[i]} as output token {i}, the manager reported {tokens[i][0]}"
+    elif i < len(said) or i < len(tokens):
+        why = f"the engine emitted {len(said)} tokens, the manager reported {len(tokens)}"
+    else:
+        why = f"the engine ended it by {declared!r}, the manager by {ending!r}"
+    return after, f"{why} (transformers' continuous batching manager and w.emit disagree)"

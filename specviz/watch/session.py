@@ -195,6 +195,12 @@ class Watch:
         if isinstance(token_ids, torch.Tensor):
             token_ids = token_ids.reshape(-1).tolist()
         tokens = [_as_int(t, "emit") for t in token_ids]
+        if self._paged is not None and self._paged.engine_emit(seq_id, tokens, finish_reason):
+            return  # the paged manager reports this sequence: compared with its report at close
+        self.report(seq_id, tokens, finish_reason)
+
+    def report(self, seq_id: int, tokens: list[int], finish_reason: str | None = None) -> None:
+        """Tokens a sequence received: the engine's `emit`, or the paged manager's report."""
         self._emits.append(Emit(seq_id, tokens, finish_reason, after=len(self._calls), at=time.perf_counter()))
 
     def streamer(self) -> GenerateStreamer:
@@ -218,6 +224,8 @@ class Watch:
             prompts = self.prompts if self.prompts is not None else self._found_prompts(calls)
             if self._rows_to_follow(calls, prompts):
                 follow_rows(calls, prompts, eos)
+            if self._paged is not None:  # the engine's emits for the manager's sequences, checked
+                self._paged.reconcile(calls, self._emits)
             assembly = infer_steps(calls, self._emits, prompts, eos, argmax_is_choice=self.argmax_is_choice)
             header = self._header(assembly, eos, complete and assembly.unreadable is None)
         del calls  # read: the reference decode below does not need them
