@@ -33,7 +33,10 @@ from specviz.watch.tree import parents_of_block
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17], [20, 21], [30, 31, 32, 33, 34]]
 BUDGETS = [10, 4, 10, 7, 9]
 SCRIPT = Path(__file__).parent / "zoo" / "scripts" / "run_engine.py"
-MODES = ["declared", "rows", "command"]
+# How the run is watched: its trees declared (`w.batch(..., parents=...)`), its rows only (trees
+# from the mask), or through the command; "compact-": the engine compacts the kept KV instead of
+# keeping it by index (`kept_nodes` is then not read: a stale branch shows at the next step).
+MODES = ["declared", "rows", "command", "compact-declared", "compact-command"]
 BUGS = {
     # declared trees: the sibling a node sees is no ancestor (KV). Read from the mask, the row's
     # block is causal, read as a chain-shaped tree whose depths the positions do not follow.
@@ -48,6 +51,7 @@ BUGS = {
 }
 WRONG_OUTPUT = "off_path"  # the target's choice not kept: a wrong output, never called clean
 BUGS.update({(bug, "command"): invariant for (bug, mode), invariant in list(BUGS.items()) if mode == "rows"})
+BUGS.update({(bug, f"compact-{mode}"): BUGS[bug, mode] for bug, mode in list(BUGS) if mode != "rows"})
 
 
 @pytest.fixture(scope="module")
@@ -62,24 +66,28 @@ def runs(pair, tmp_path_factory):
 
     def get(bug: str | None, mode: str):
         if (bug, mode) not in done:
-            done[bug, mode] = _command(tmp, bug) if mode == "command" else _api(pair, bug, mode)
+            compact = int(mode.startswith("compact-"))
+            command = mode.endswith("command")
+            done[bug, mode] = _command(tmp, bug, compact) if command else _api(pair, bug, mode, compact)
         return done[bug, mode]
 
     return get
 
 
-def _api(pair, bug: str | None, mode: str):
+def _api(pair, bug: str | None, mode: str, compact: int):
+    declare = int(mode.endswith("declared"))
     with specviz.watch(pair.target, pair.draft, prompts=PROMPTS, name=f"tree-{mode}") as w:
         outs, events = tree.generate(
-            pair.target, pair.draft, PROMPTS, BUDGETS, bug=bug, w=w, declare=int(mode == "declared")
+            pair.target, pair.draft, PROMPTS, BUDGETS, bug=bug, w=w, declare=declare, compact=compact
         )
     return w.trace, outs, events
 
 
-def _command(tmp: Path, bug: str | None):
-    out = tmp / f"tree-{bug}.trace.json"
+def _command(tmp: Path, bug: str | None, compact: int):
+    out = tmp / f"tree-{bug}-{compact}.trace.json"
     argv = ["watch", "--out", str(out), "--", "python", str(SCRIPT), "tree", "--prompts", json.dumps(PROMPTS)]
-    argv += ["--budgets", ",".join(map(str, BUDGETS))] + (["--bug", bug] if bug else [])
+    argv += ["--budgets", ",".join(map(str, BUDGETS)), "--set", f"compact={compact}"]
+    argv += ["--bug", bug] if bug else []
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         assert main(argv) == 0
@@ -114,7 +122,10 @@ def test_correct_tree_engine_checks_clean(pair, runs, mode: str) -> None:
     rows = [row for step in trace.steps for row in step.rows]
     assert all(row.tree_parents == tree.tree_parents(3) for row in rows)  # every row read as its tree
     assert all(row.node_attends is not None and row.tree_path is not None for row in rows)
-    assert any(row.kept_nodes == [0, *row.tree_path] for row in rows)  # read from the next step's mask
+    if mode.startswith("compact-"):  # which node a compacted slot came from is not in the mask
+        assert all(row.kept_nodes is None for row in rows)
+    else:  # read from the next step's mask
+        assert any(row.kept_nodes == [0, *row.tree_path] for row in rows)
     assert any(row.tree_path[:1] == [2] for row in rows)  # the second branch accepted: a tree, not a chain
     assert trace.header.tree_branches == 3
 

@@ -14,6 +14,8 @@ purpose unlike specviz's own tree engine (`specviz/engine`, `--tree`):
   stay attended, every other node's slot becomes a hole the mask never lets in again;
 - each prompt has its own budget (rows end at it or at EOS), finished rows leave the batch
   (`DynamicCache.batch_select_indices`).
+With `compact`, the commit instead moves each row's kept nodes to the front of the step's block
+and crops the rest (the KV compacted, as specviz's own engine does).
 With `declare`, each target forward is declared before it (`w.batch(seq_ids, parents=...)`); else
 the rows are declared when they change (`w.rows`) and the watch reads the tree from the mask.
 
@@ -27,7 +29,8 @@ Bugs, each breaking one invariant at (step, sequence) = events[0], from step 1 o
   not choose (the second branch's, or the first's when the target chose the second): a wrong
   output (ACCOUNTING);
 - "stale_branch": the commit keeps a rejected node's slot attended, once, in the first row from
-  step 1 on that goes on after its step (KV; its next step then attends one slot too many).
+  step 1 on that goes on after its step (KV; its next step then attends one slot too many, which
+  is where a compacted cache shows it: events[0] is then that next step).
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ def ancestors(parents: list[int], node: int) -> list[int]:
 
 
 @torch.no_grad()
-def generate(target, draft, prompts, max_new, depth=3, bug=None, w=None, declare=0):
+def generate(target, draft, prompts, max_new, depth=3, bug=None, w=None, declare=0, compact=0):
     if bug not in (None, *BUGS):
         raise ValueError(f"unknown tree bug {bug!r}; one of {BUGS}")
     n = len(prompts)
@@ -93,7 +96,7 @@ def generate(target, draft, prompts, max_new, depth=3, bug=None, w=None, declare
             w.batch(active, parents=[parents] * len(active))
         choices = _verify(target, cache, live, query, positions, attends)
         width = len(parents)
-        keep_rows = []
+        keep_rows, kept_rows = [], []
         for r, s in enumerate(active):
             path = _path(parents, query[r], choices[r])
             if bug == "off_path" and s == buggy and not events:
@@ -104,11 +107,15 @@ def generate(target, draft, prompts, max_new, depth=3, bug=None, w=None, declare
             kept = {0, *path}
             if bug == "stale_branch" and step >= 1 and not events and finish is None:
                 kept.add(min(set(range(1, width)) - kept))  # a rejected node's KV stays attended
-                events.append((step, s))
-            live[r] += [i in kept for i in range(width)]
+                events.append((step + 1 if compact else step, s))  # compacted: seen at the next step
+            kept_rows.append(sorted(kept))
+            if not compact:
+                live[r] += [i in kept for i in range(width)]
             commit(s, emitted, finish, seqs, outs, done, w)
             if not finish:
                 keep_rows.append(r)
+        if compact:
+            live = _compact(cache, len(live[0]), kept_rows, live)
         if len(keep_rows) < len(active):
             if keep_rows:
                 cache.batch_select_indices(torch.tensor(keep_rows))
@@ -118,6 +125,19 @@ def generate(target, draft, prompts, max_new, depth=3, bug=None, w=None, declare
                 w.rows(active)
         step += 1
     return outs, events
+
+
+def _compact(cache, width: int, kept_rows: list[list[int]], live: list[list[bool]]) -> list[list[bool]]:
+    """Move each row's kept nodes to the front of the step's block and drop the rest of it: the
+    block becomes max(kept) slots, a row that kept fewer padded with holes."""
+    most = max(len(kept) for kept in kept_rows)
+    index = torch.tensor([kept + [kept[0]] * (most - len(kept)) for kept in kept_rows])  # [B, most]
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            full = getattr(layer, name)  # [B, H, width + N, D]
+            pick = index[:, None, :, None].expand(-1, full.shape[1], -1, full.shape[3])
+            setattr(layer, name, torch.cat([full[:, :, :width], full[:, :, width:].gather(2, pick)], 2))
+    return [row + [True] * len(kept) + [False] * (most - len(kept)) for row, kept in zip(live, kept_rows)]
 
 
 def _prefill(target, contexts: list[list[int]]) -> tuple[DynamicCache, list[list[bool]]]:
