@@ -12,7 +12,9 @@ purpose unlike specviz's own tree engine (`specviz/engine`, `--tree`):
 - after the verify the target's cache keeps **all** N node slots of every row (a `DynamicCache`
   only appends) and the accepted path's KV is kept **by index**: the root's and the path's slots
   stay attended, every other node's slot becomes a hole the mask never lets in again;
-- each prompt has its own budget (rows end at it or at EOS), finished rows leave the batch
+- each prompt has its own budget (rows end at it or at EOS), and a row's tree is only as deep as
+  its budget can use (at least 1): near their ends rows verify smaller trees, right-padded in the
+  verify (a padding slot attends nothing); finished rows leave the batch
   (`DynamicCache.batch_select_indices`).
 With `compact`, the commit instead moves each row's kept nodes to the front of the step's block
 and crops the rest (the KV compacted, as specviz's own engine does).
@@ -68,8 +70,6 @@ def generate(target, draft, prompts, max_new, depth=3, bug=None, w=None, declare
     seqs = [list(p) for p in prompts]
     outs: list[list[int]] = [[] for _ in prompts]
     eos, done = eos_ids(target), set()
-    parents = tree_parents(depth)
-    depths = [len(ancestors(parents, i)) - 1 for i in range(len(parents))]
     active = list(range(n))
     cache, live = _prefill(target, [seqs[s][:-1] for s in active])
     events: list[tuple[int, int]] = []
@@ -80,24 +80,30 @@ def generate(target, draft, prompts, max_new, depth=3, bug=None, w=None, declare
     while active:
         if step == 1 and bug is not None:
             buggy = active[min(1, len(active) - 1)]
-        nodes = _propose(draft, [seqs[s] for s in active], depth)  # [B][N - 1], level order
-        query = [[seqs[s][-1], *nodes[r]] for r, s in enumerate(active)]
-        positions = [[len(seqs[s]) - 1 + d for d in depths] for s in active]
-        attends = [[ancestors(parents, i) for i in range(len(parents))] for _ in active]
-        if buggy is not None and buggy in active:
-            r = active.index(buggy)
-            if bug == "positions":
-                positions[r] = [len(seqs[buggy]) - 1 + i for i in range(len(parents))]
-            elif bug == "sibling":
-                attends[r] = [list(range(i + 1)) for i in range(len(parents))]
-            if bug in ("positions", "sibling") and not events:
-                events.append((step, buggy))
+        # Each row's tree is as deep as its budget can use (at least 1): a step's trees are ragged.
+        trees = [tree_parents(max(1, min(depth, limit[s] - len(outs[s]) - 1))) for s in active]
+        width = max(len(parents) for parents in trees)  # the verify's query, right-padded to it
+        nodes = _propose(draft, [seqs[s] for s in active], depth)  # [B][2 * depth], level order
+        query, positions, attends = [], [], []
+        for r, (s, parents) in enumerate(zip(active, trees)):
+            pad = width - len(parents)
+            query.append([seqs[s][-1], *nodes[r][: len(parents) - 1]] + [0] * pad)
+            fed = [len(ancestors(parents, i)) - 1 for i in range(len(parents))]  # depths
+            if s == buggy and bug == "positions":
+                fed = list(range(len(parents)))
+            positions.append([len(seqs[s]) - 1 + d for d in fed] + [0] * pad)
+            seen = [ancestors(parents, i) for i in range(len(parents))]
+            if s == buggy and bug == "sibling":
+                seen = [list(range(i + 1)) for i in range(len(parents))]
+            attends.append(seen + [None] * pad)  # a padding slot attends nothing
+            if s == buggy and bug in ("positions", "sibling") and not events:
+                events.append((step, s))
         if w is not None and declare:
-            w.batch(active, parents=[parents] * len(active))
+            w.batch(active, parents=trees)
         choices = _verify(target, cache, live, query, positions, attends)
-        width = len(parents)
         keep_rows, kept_rows = [], []
         for r, s in enumerate(active):
+            parents = trees[r]
             path = _path(parents, query[r], choices[r])
             if bug == "off_path" and s == buggy and not events:
                 path = [1] if path[:1] == [2] else [2]  # the other branch's first node: not the target's choice
@@ -106,7 +112,7 @@ def generate(target, draft, prompts, max_new, depth=3, bug=None, w=None, declare
             emitted, finish = settle(outs[s], tokens[: limit[s] - len(outs[s])], limit[s], eos)
             kept = {0, *path}
             if bug == "stale_branch" and step >= 1 and not events and finish is None:
-                kept.add(min(set(range(1, width)) - kept))  # a rejected node's KV stays attended
+                kept.add(min(set(range(1, len(parents))) - kept))  # a rejected node's KV stays attended
                 events.append((step + 1 if compact else step, s))  # compacted: seen at the next step
             kept_rows.append(sorted(kept))
             if not compact:
@@ -180,7 +186,8 @@ def _verify(target, cache, live, query, positions, attends) -> list[list[int]]:
     for r, row_live in enumerate(live):
         seen = [j for j, on in enumerate(row_live) if on]
         for i in range(nodes):
-            mask[r, 0, i, seen + [width + a for a in attends[r][i]]] = 0.0
+            if attends[r][i] is not None:
+                mask[r, 0, i, seen + [width + a for a in attends[r][i]]] = 0.0
     out = target(
         input_ids=torch.tensor(query),
         position_ids=torch.tensor(positions),
