@@ -1,22 +1,21 @@
 """Tree verification under the watch: which rows of a target call verify a tree, and the schema-3
 tree fields of their step rows (`tree_parents`, `tree_depths`, `node_attends`, `tree_path`,
-`kept_nodes`), so `analysis.tree_checks` judges a watched tree engine as it judges specviz's own.
+`kept_nodes`), so `analysis.tree_checks` judges a watched tree engine as it judges specviz's own
+(docs/watch.md, "Trees").
 
-A tree row's query is N nodes in N consecutive real query slots, node 0 the pending token (the last
-committed one), `parents[i]` node i's parent (an earlier node). Where the tree comes from:
+A tree row's query is N nodes in N consecutive real query slots ending at its last one, node 0 the
+pending token (the last committed one), `parents[i]` node i's parent (an earlier node). The tree:
 1. **declared**: `w.batch(seq_ids, parents=...)` names each row's parents for the next target
-   forward. A declaration with more nodes than a row's real query slots makes the call unreadable.
-2. **read from the mask**: undeclared, a 4-D mask whose keys are [cache | query] shows each
-   node's view of the query block. The block is a tree when node 0 attends only itself there and
-   every later node i attends itself plus exactly the view of one earlier node p (its parent,
-   the latest node it attends besides itself). A tree that is a chain is read as before (the
-   draft-chain reading); a call in which some row reads as a branching tree is a tree call, and
-   its rows whose block is a chain are read as chain-shaped trees. A block that is no tree (two
-   roots, a node that sees a node but not that node's ancestors) is left to the chain reading,
-   whose checks flag it (`query_causal`); nothing is guessed.
-What stays a limit: a packed 1 x T call's trees (no per-segment parents yet), masks whose keys are
-not [cache | query] (static or in-place caches: node_attends and kept_nodes are not read), and a
-node that attends other committed slots than the root (only the root's view is recorded).
+   forward; more nodes than the row's real query slots make the call unreadable;
+2. **read from the mask**, undeclared: a [cache | query] 4-D mask's query block (`parents_of_block`:
+   node 0 sees no other node, node i sees itself plus exactly its parent's view), or a static or
+   in-place cache's slot mask (`parents_of_sets`: node i's slots are its parent's plus one). A call
+   is a tree call when some row's block branches *and* that row is fed its depths as positions
+   (so a chain engine's mask bug stays a chain, flagged as before); its rows whose block is a chain
+   are then chain-shaped trees. A tree after re-fed context (no cache) is unreadable: the mask does
+   not say which of its chain's tokens is the pending one.
+What a step kept (`kept_nodes`) is read from the sequence's next call where the KV was kept by
+index; `step_gain` reads, for the command, which tokens a tree step committed.
 """
 
 from __future__ import annotations
@@ -134,12 +133,15 @@ def one_tree(mask: Any, cache_width: int, positions: Any) -> bool:
         first -= 1
     if last < 0:
         return False
+    # One tensor op first (a packed call can be long): every node of a tree sees what its root sees.
     if mask.shape[-1] == cache_width + t:  # keys [cache | query]: the query block
-        block = mask[first : last + 1, cache_width + first : cache_width + last + 1].tolist()
-        parents = parents_of_block(block)
-    else:  # a static or in-place cache's slots: what each node sees
+        block = mask[first : last + 1, cache_width + first : cache_width + last + 1]
+        parents = parents_of_block(block.tolist()) if bool(block[:, 0].all()) else None
+    elif not bool((mask[first] & ~mask[first : last + 1]).any()):  # a static or in-place cache's slots
         rows = mask[first : last + 1].tolist()
         parents = parents_of_sets([frozenset(j for j, on in enumerate(line) if on) for line in rows])
+    else:
+        parents = None
     fed = positions.tolist() if hasattr(positions, "tolist") else positions
     return parents is not None and branching(parents) and _fed_depths(fed, parents, last)
 
