@@ -270,3 +270,34 @@ def test_a_tree_after_refed_context_is_unreadable_not_guessed() -> None:
     cached = _tree_call(2, [7, 8, 9, 4], [2, 3, 4, 4], fork_at_two)
     read_trees(cached)
     assert cached.trees == [[-1, 0, 1, 1]] and cached.unreadable is None
+
+
+def test_what_a_tree_step_kept_is_read_from_the_next_call_never_guessed() -> None:
+    """The command's reading of a tree step's tokens (`tree.step_gain`): the nodes the next call
+    still attends (KV kept by index), else the path whose end the target chose the fed token
+    after; two paths alike in that, and nothing else to tell them apart: unreadable."""
+    from specviz.watch.calls import RowQuery
+    from specviz.watch.tree import read_trees, step_gain
+
+    def step_call(targets: list[int]):  # pending 7, children 8 and 9, after 2 cached slots
+        call = _tree_call(2, [7, 8, 9], [2, 3, 3], [[1, 0, 0], [1, 1, 0], [1, 0, 1]])
+        read_trees(call)
+        call.argmax = [targets]
+        return call
+
+    def gain(targets, later, grown):
+        calls = [step_call(targets), later]
+        return step_gain(calls, (0, 0), (1, 0), RowQuery(0, 2, ()), RowQuery(0, 0, ()), [5, 6, 7], grown)
+
+    kept_by_index = _with_view(5, [0, 1, 2, 4], 40)  # the root and node 2 still attended
+    assert gain([8, 40, 40], kept_by_index, 2) == [9, 40]
+    compacted = _with_view(4, [0, 1, 2, 3], 40)  # two slots kept: which nodes, the mask does not say
+    assert gain([8, 40, 41], compacted, 2) == [8, 40]  # only node 1's choice is the token fed
+    assert isinstance(gain([8, 40, 40], compacted, 2), str)  # both are: unreadable
+
+
+def _with_view(width: int, seen: list[int], token: int):
+    """A one-token target call after `width` cache slots whose pending token attends `seen` and itself."""
+    call = _tree_call(width, [token], [4], [[1]])
+    call.mask = [[[j in seen for j in range(width)] + [True]]]
+    return call
