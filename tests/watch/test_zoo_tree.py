@@ -157,9 +157,11 @@ def test_declared_trees_are_checked(pair) -> None:
     """A malformed tree is refused in one line; a tree with more nodes than the row's query makes
     the run unreadable, never a verdict on what was not read."""
     with specviz.watch(pair.target, pair.draft, prompts=PROMPTS) as w:
-        for bad in ([[0, 0]] * 5, [[-1, 1]] * 5, [[-1, 0]] * 4):
+        for bad in ([[0, 0]] * 5, [[-1, 1]] * 5, [[-1, 0]] * 4, [[-1, 0.5]] * 5, [3] * 5):
             with pytest.raises(WatchError, match="batch: "):
                 w.batch(range(5), parents=bad)
+        with pytest.raises(WatchError, match="padded batch"):  # a packed call's trees are not read
+            w.batch(range(5), parents=[[-1, 0, 0]] * 5, query_lens=[3] * 5)
 
         class TooBig:  # declares a depth-4 tree (9 nodes) for the engine's 7-node query
             def rows(self, seq_ids, model=None) -> None:
