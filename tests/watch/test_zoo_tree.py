@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 import pytest
+from own_watched import run_watched_engine
 from tiny import make_pair
 from zoo import shapes, tree
 
@@ -221,21 +222,7 @@ def test_own_tree_engine_watched_reads_what_its_recorder_writes(pair, method: st
         return config
 
     w = specviz.watch(pair.target, pair.draft, tokenizer=pair.tokenizer, prompts=texts)
-
-    class Watched(run_module.Engine):
-        def step(self, batch):
-            w.rows([s.seq_id for s in batch.seqs])
-            before = [len(s.output_ids) for s in batch.seqs]
-            outcome = super().step(batch)
-            for seq, n in zip(batch.seqs, before):
-                w.emit(seq.seq_id, seq.output_ids[n:], seq.finish_reason)
-            return outcome
-
-    original, run_module.Engine = run_module.Engine, Watched
-    try:
-        run_module.run(pair, texts, config(False))
-    finally:
-        run_module.Engine = original
+    run_watched_engine(pair, texts, config(False), w)
     watched = w.close()
     recorded = run_module.run(pair, texts, config(True))
     report = check_trace(watched)
