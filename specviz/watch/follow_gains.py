@@ -27,10 +27,14 @@ class Gains:
 
     def _gained(self, s: Seq, v: RowView | None) -> list[int]:
         """Tokens the sequence's open step committed, read from its next row `v` (None: its last step)."""
-        if v is not None and s.step is not None:  # a tree step: the nodes the next call still attends
-            kept = tree.kept_path_tokens(self.calls, s.step, s.at, self.read(*s.step, s.id), v.rq)
-            if kept is not None:
-                return kept
+        if v is not None and s.step is not None and v.context >= 0:  # a tree step (`tree.step_gain`)
+            read = tree.step_gain(
+                self.calls, s.step, s.at, self.read(*s.step, s.id), v.rq, s.context, v.context + 1 - len(s.context)
+            )
+            if isinstance(read, str):  # which path it kept is not told: its step on is unreadable
+                self.calls[s.step[0]].unreadable = self.calls[s.step[0]].unreadable or read
+            elif read is not None:
+                return read
         drafts, targets, _ = self._step_tokens(s)
         agreed = matched_prefix(drafts, targets) if targets else 0
         if v is None or self.draft_free and v.whole:

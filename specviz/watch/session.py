@@ -429,6 +429,8 @@ def _checked_trees(parents: Any, rows: int, model: str, query_lens: Any) -> list
     """One tree per declared row, each a list of parent indices (`tree.tree_error`)."""
     if model != "target" or query_lens is not None:
         raise WatchError("batch: parents= declares the target's trees of a padded batch (no query_lens, no draft)")
+    if hasattr(parents, "tolist"):  # a tensor of parents, one row per sequence
+        parents = parents.tolist()
     try:
         trees = [list(p) for p in parents]
     except TypeError:

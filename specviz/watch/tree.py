@@ -1,22 +1,21 @@
 """Tree verification under the watch: which rows of a target call verify a tree, and the schema-3
 tree fields of their step rows (`tree_parents`, `tree_depths`, `node_attends`, `tree_path`,
-`kept_nodes`), so `analysis.tree_checks` judges a watched tree engine as it judges specviz's own.
+`kept_nodes`), so `analysis.tree_checks` judges a watched tree engine as it judges specviz's own
+(docs/watch.md, "Trees").
 
-A tree row's query is N nodes in N consecutive real query slots, node 0 the pending token (the last
-committed one), `parents[i]` node i's parent (an earlier node). Where the tree comes from:
+A tree row's query is N nodes in N consecutive real query slots ending at its last one, node 0 the
+pending token (the last committed one), `parents[i]` node i's parent (an earlier node). The tree:
 1. **declared**: `w.batch(seq_ids, parents=...)` names each row's parents for the next target
-   forward. A declaration with more nodes than a row's real query slots makes the call unreadable.
-2. **read from the mask**: undeclared, a 4-D mask whose keys are [cache | query] shows each
-   node's view of the query block. The block is a tree when node 0 attends only itself there and
-   every later node i attends itself plus exactly the view of one earlier node p (its parent,
-   the latest node it attends besides itself). A tree that is a chain is read as before (the
-   draft-chain reading); a call in which some row reads as a branching tree is a tree call, and
-   its rows whose block is a chain are read as chain-shaped trees. A block that is no tree (two
-   roots, a node that sees a node but not that node's ancestors) is left to the chain reading,
-   whose checks flag it (`query_causal`); nothing is guessed.
-What stays a limit: a packed 1 x T call's trees (no per-segment parents yet), masks whose keys are
-not [cache | query] (static or in-place caches: node_attends and kept_nodes are not read), and a
-node that attends other committed slots than the root (only the root's view is recorded).
+   forward; more nodes than the row's real query slots make the call unreadable;
+2. **read from the mask**, undeclared: a [cache | query] 4-D mask's query block (`parents_of_block`:
+   node 0 sees no other node, node i sees itself plus exactly its parent's view), or a static or
+   in-place cache's slot mask (`parents_of_sets`: node i's slots are its parent's plus one). A call
+   is a tree call when some row's block branches *and* that row is fed its depths as positions
+   (so a chain engine's mask bug stays a chain, flagged as before); its rows whose block is a chain
+   are then chain-shaped trees. A tree after re-fed context (no cache) is unreadable: the mask does
+   not say which of its chain's tokens is the pending one.
+What a step kept (`kept_nodes`) is read from the sequence's next call where the KV was kept by
+index; `step_gain` reads, for the command, which tokens a tree step committed.
 """
 
 from __future__ import annotations
@@ -134,12 +133,15 @@ def one_tree(mask: Any, cache_width: int, positions: Any) -> bool:
         first -= 1
     if last < 0:
         return False
+    # One tensor op first (a packed call can be long): every node of a tree sees what its root sees.
     if mask.shape[-1] == cache_width + t:  # keys [cache | query]: the query block
-        block = mask[first : last + 1, cache_width + first : cache_width + last + 1].tolist()
-        parents = parents_of_block(block)
-    else:  # a static or in-place cache's slots: what each node sees
+        block = mask[first : last + 1, cache_width + first : cache_width + last + 1]
+        parents = parents_of_block(block.tolist()) if bool(block[:, 0].all()) else None
+    elif not bool((mask[first] & ~mask[first : last + 1]).any()):  # a static or in-place cache's slots
         rows = mask[first : last + 1].tolist()
         parents = parents_of_sets([frozenset(j for j, on in enumerate(line) if on) for line in rows])
+    else:
+        parents = None
     fed = positions.tolist() if hasattr(positions, "tolist") else positions
     return parents is not None and branching(parents) and _fed_depths(fed, parents, last)
 
@@ -319,23 +321,68 @@ def kept_nodes(call: Any, row: int, rq: Any, later: Any, later_row: int, later_r
     return [i for i in range(len(call.trees[row])) if line[start + i]]
 
 
-def kept_path_tokens(
-    calls: list[Any], step: tuple[int, int], at: tuple[int, int], rq: Any, later_rq: Any
-) -> list[int] | None:
-    """What a tree step gave its sequence, as the next call it is fed in shows it (the command):
-    the nodes that call still attends, when they are the root and a chain of the tree (KV kept by
-    index), then the pending token it is fed. None when the step is no tree row or the next call
-    does not show its kept nodes as such a chain (the chain rules read it then)."""
+def step_gain(
+    calls: list[Any], step: tuple[int, int], at: tuple[int, int], rq: Any, later_rq: Any, context: list[int], grown: int
+) -> list[int] | str | None:
+    """What a tree step gave its sequence, as the next call it is fed in (`at`) shows it (the
+    command, which is told no tokens): the nodes that call still attends, when they are the root
+    and a chain of the tree (KV kept by index), then the pending token it is fed. Else, its context
+    grown by `grown` slots: the path of grown - 1 nodes whose end the target chose the fed token
+    after (the one path of that length, when none did); of several such paths, the one a
+    cacheless draft call before the next call was fed after `context` (the tokens committed before
+    the step). A string says why it cannot be told (several paths of different tokens fit: the
+    step is unreadable, never guessed); None: no tree
+    row, or a kept set or growth no tree path explains (the chain rules read it, and the tree and
+    KV checks judge the step).
+    """
     (i, ri), (j, rj) = step, at
     call = calls[i]
     if not getattr(call, "trees", None) or call.trees[ri] is None:
         return None
-    kept = kept_nodes(call, ri, rq, calls[j], rj, later_rq)
     parents = call.trees[ri]
-    if not kept or kept[0] != 0 or any(parents[b] != a for a, b in zip(kept, kept[1:])):
-        return None
     nodes = call.input_ids[ri][rq.pending : rq.pending + len(parents)]
-    return [nodes[n] for n in kept[1:]] + [calls[j].input_ids[rj][later_rq.pending]]
+    token = calls[j].input_ids[rj][later_rq.pending]
+    kept = kept_nodes(call, ri, rq, calls[j], rj, later_rq)
+    if kept is not None:
+        chain = kept[:1] == [0] and all(parents[b] == a for a, b in zip(kept, kept[1:]))
+        return [nodes[n] for n in kept[1:]] + [token] if chain else None
+    depths = depths_of(parents)
+    ends = [n for n, d in enumerate(depths) if d == grown - 1]
+    if not ends:
+        return None
+    targets = call.argmax[ri] if call.argmax_is_choice and call.argmax is not None else None
+    chosen = [n for n in ends if targets is not None and _target_at(call, ri, rq.pending + n) == token]
+    paths = {tuple(nodes[a] for a in _path_to(parents, n)) for n in (chosen or ends)}
+    if len(paths) > 1:  # a cacheless draft re-reads the committed tokens: the path it was fed
+        paths = {p for p in paths if [*context, *p, token] in _draft_feeds(calls, i, j)}
+    if len(paths) != 1:
+        return f"tree step of target call {i}, row {ri}: no one path of {grown - 1} nodes fits what was fed next"
+    return [*paths.pop(), token]
+
+
+def _draft_feeds(calls: list[Any], i: int, j: int) -> list[list[int]]:
+    """What each row of the draft-model calls between target calls i and j attended of its query."""
+    fed = []
+    for call in calls[i + 1 : j]:
+        if call.role == "draft" and not call.drafter:
+            for r in range(call.batch_size):
+                fed.append([t for t, keep in zip(call.input_ids[r], call.query_flags(r)) if keep])
+    return fed
+
+
+def _target_at(call: Any, row: int, slot: int) -> int | None:
+    kept = call.argmax[row]
+    index = slot - (call.query_len - len(kept))
+    return kept[index] if 0 <= index < len(kept) else None
+
+
+def _path_to(parents: list[int], node: int) -> list[int]:
+    """The nodes from the root's child down to `node` (root excluded)."""
+    path = []
+    while node > 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
 
 
 def draft_calls_before(calls: list[Any], index: int) -> list[int]:

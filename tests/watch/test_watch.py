@@ -19,6 +19,7 @@ import pytest
 import torch
 import transformers
 from catalogue import ORIGINAL_FAULTS
+from own_watched import run_watched_engine
 from watch_engine import Bugs, generate
 
 import specviz
@@ -117,27 +118,10 @@ def _config(method: str, fault: str | None, record: bool):
 
 def run_watched(method: str, fault: str | None, reference: bool, texts: list[str] = TEXTS):
     """Our engine with its recorder off; two lines of instrumentation in a subclass of its Engine."""
-    from specviz.engine import run as run_module
-
     pair = specviz_pair()
     layout = "unspecified" if method == "inplace" else "left-padded"  # INPLACE keeps no left padding
     w = specviz.watch(pair.target, pair.draft, tokenizer=pair.tokenizer, prompts=texts, layout=layout)
-
-    class WatchedEngine(run_module.Engine):
-        def step(self, batch):
-            w.rows([s.seq_id for s in batch.seqs])
-            before = [len(s.output_ids) for s in batch.seqs]
-            outcome = super().step(batch)
-            for seq, n in zip(batch.seqs, before):
-                w.emit(seq.seq_id, seq.output_ids[n:], seq.finish_reason)
-            return outcome
-
-    original = run_module.Engine
-    run_module.Engine = WatchedEngine
-    try:
-        run_module.run(pair, texts, _config(method, fault, record=False))
-    finally:
-        run_module.Engine = original
+    run_watched_engine(pair, texts, _config(method, fault, record=False), w)
     return w.close(reference=reference)
 
 

@@ -1,7 +1,8 @@
 """A tree-verifying engine written without specviz (`tests/watch/zoo/tree.py`: top-2 branches
-from a cacheless draft, level-order nodes, one padded [B, N] verify with a 4-D tree mask, KV kept
-by index), watched through the API with its trees declared (`w.batch(seq_ids, parents=...)`), with
-only its rows declared (`w.rows`: the trees are read from the mask), and through the command.
+from a cacheless draft, level-order nodes, one padded [B, N] verify with a 4-D tree mask, trees
+ragged near each row's budget, KV kept by index or compacted), watched through the API with its
+trees declared (`w.batch(seq_ids, parents=...)`), with only its rows declared (`w.rows`: the trees
+are read from the mask), and through the command.
 
 The truth is independent of specviz: the correct engine equals batch-1 greedy of the target on
 every prompt, each to its own budget (`shapes.reference`, unwatched). Then:
@@ -19,6 +20,7 @@ import json
 from pathlib import Path
 
 import pytest
+from own_watched import run_watched_engine
 from tiny import make_pair
 from zoo import shapes, tree
 
@@ -33,7 +35,10 @@ from specviz.watch.tree import parents_of_block
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17], [20, 21], [30, 31, 32, 33, 34]]
 BUDGETS = [10, 4, 10, 7, 9]
 SCRIPT = Path(__file__).parent / "zoo" / "scripts" / "run_engine.py"
-MODES = ["declared", "rows", "command"]
+# How the run is watched: its trees declared (`w.batch(..., parents=...)`), its rows only (trees
+# from the mask), or through the command; "compact-": the engine compacts the kept KV instead of
+# keeping it by index (`kept_nodes` is then not read: a stale branch shows at the next step).
+MODES = ["declared", "rows", "command", "compact-declared", "compact-command"]
 BUGS = {
     # declared trees: the sibling a node sees is no ancestor (KV). Read from the mask, the row's
     # block is causal, read as a chain-shaped tree whose depths the positions do not follow.
@@ -48,6 +53,7 @@ BUGS = {
 }
 WRONG_OUTPUT = "off_path"  # the target's choice not kept: a wrong output, never called clean
 BUGS.update({(bug, "command"): invariant for (bug, mode), invariant in list(BUGS.items()) if mode == "rows"})
+BUGS.update({(bug, f"compact-{mode}"): BUGS[bug, mode] for bug, mode in list(BUGS) if mode != "rows"})
 
 
 @pytest.fixture(scope="module")
@@ -62,24 +68,28 @@ def runs(pair, tmp_path_factory):
 
     def get(bug: str | None, mode: str):
         if (bug, mode) not in done:
-            done[bug, mode] = _command(tmp, bug) if mode == "command" else _api(pair, bug, mode)
+            compact = int(mode.startswith("compact-"))
+            command = mode.endswith("command")
+            done[bug, mode] = _command(tmp, bug, compact) if command else _api(pair, bug, mode, compact)
         return done[bug, mode]
 
     return get
 
 
-def _api(pair, bug: str | None, mode: str):
+def _api(pair, bug: str | None, mode: str, compact: int):
+    declare = int(mode.endswith("declared"))
     with specviz.watch(pair.target, pair.draft, prompts=PROMPTS, name=f"tree-{mode}") as w:
         outs, events = tree.generate(
-            pair.target, pair.draft, PROMPTS, BUDGETS, bug=bug, w=w, declare=int(mode == "declared")
+            pair.target, pair.draft, PROMPTS, BUDGETS, bug=bug, w=w, declare=declare, compact=compact
         )
     return w.trace, outs, events
 
 
-def _command(tmp: Path, bug: str | None):
-    out = tmp / f"tree-{bug}.trace.json"
+def _command(tmp: Path, bug: str | None, compact: int):
+    out = tmp / f"tree-{bug}-{compact}.trace.json"
     argv = ["watch", "--out", str(out), "--", "python", str(SCRIPT), "tree", "--prompts", json.dumps(PROMPTS)]
-    argv += ["--budgets", ",".join(map(str, BUDGETS))] + (["--bug", bug] if bug else [])
+    argv += ["--budgets", ",".join(map(str, BUDGETS)), "--set", f"compact={compact}"]
+    argv += ["--bug", bug] if bug else []
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         assert main(argv) == 0
@@ -112,9 +122,14 @@ def test_correct_tree_engine_checks_clean(pair, runs, mode: str) -> None:
     assert report.verdict == "clean", (report.verdict, report.violations[:3])
     assert not report.violation_count and report.exact_match == 1.0
     rows = [row for step in trace.steps for row in step.rows]
-    assert all(row.tree_parents == tree.tree_parents(3) for row in rows)  # every row read as its tree
+    shapes_read = {tuple(tree.tree_parents(d)) for d in (1, 2, 3)}  # trees shrink near a row's budget
+    assert all(tuple(row.tree_parents) in shapes_read for row in rows)  # every row read as its tree
+    assert any(len({len(row.tree_parents) for row in step.rows}) > 1 for step in trace.steps)  # ragged
     assert all(row.node_attends is not None and row.tree_path is not None for row in rows)
-    assert any(row.kept_nodes == [0, *row.tree_path] for row in rows)  # read from the next step's mask
+    if mode.startswith("compact-"):  # which node a compacted slot came from is not in the mask
+        assert all(row.kept_nodes is None for row in rows)
+    else:  # read from the next step's mask
+        assert any(row.kept_nodes == [0, *row.tree_path] for row in rows)
     assert any(row.tree_path[:1] == [2] for row in rows)  # the second branch accepted: a tree, not a chain
     assert trace.header.tree_branches == 3
 
@@ -143,9 +158,11 @@ def test_declared_trees_are_checked(pair) -> None:
     """A malformed tree is refused in one line; a tree with more nodes than the row's query makes
     the run unreadable, never a verdict on what was not read."""
     with specviz.watch(pair.target, pair.draft, prompts=PROMPTS) as w:
-        for bad in ([[0, 0]] * 5, [[-1, 1]] * 5, [[-1, 0]] * 4):
+        for bad in ([[0, 0]] * 5, [[-1, 1]] * 5, [[-1, 0]] * 4, [[-1, 0.5]] * 5, [3] * 5):
             with pytest.raises(WatchError, match="batch: "):
                 w.batch(range(5), parents=bad)
+        with pytest.raises(WatchError, match="padded batch"):  # a packed call's trees are not read
+            w.batch(range(5), parents=[[-1, 0, 0]] * 5, query_lens=[3] * 5)
 
         class TooBig:  # declares a depth-4 tree (9 nodes) for the engine's 7-node query
             def rows(self, seq_ids, model=None) -> None:
@@ -205,21 +222,7 @@ def test_own_tree_engine_watched_reads_what_its_recorder_writes(pair, method: st
         return config
 
     w = specviz.watch(pair.target, pair.draft, tokenizer=pair.tokenizer, prompts=texts)
-
-    class Watched(run_module.Engine):
-        def step(self, batch):
-            w.rows([s.seq_id for s in batch.seqs])
-            before = [len(s.output_ids) for s in batch.seqs]
-            outcome = super().step(batch)
-            for seq, n in zip(batch.seqs, before):
-                w.emit(seq.seq_id, seq.output_ids[n:], seq.finish_reason)
-            return outcome
-
-    original, run_module.Engine = run_module.Engine, Watched
-    try:
-        run_module.run(pair, texts, config(False))
-    finally:
-        run_module.Engine = original
+    run_watched_engine(pair, texts, config(False), w)
     watched = w.close()
     recorded = run_module.run(pair, texts, config(True))
     report = check_trace(watched)
@@ -256,3 +259,34 @@ def test_a_tree_after_refed_context_is_unreadable_not_guessed() -> None:
     cached = _tree_call(2, [7, 8, 9, 4], [2, 3, 4, 4], fork_at_two)
     read_trees(cached)
     assert cached.trees == [[-1, 0, 1, 1]] and cached.unreadable is None
+
+
+def test_what_a_tree_step_kept_is_read_from_the_next_call_never_guessed() -> None:
+    """The command's reading of a tree step's tokens (`tree.step_gain`): the nodes the next call
+    still attends (KV kept by index), else the path whose end the target chose the fed token
+    after; two paths alike in that, and nothing else to tell them apart: unreadable."""
+    from specviz.watch.calls import RowQuery
+    from specviz.watch.tree import read_trees, step_gain
+
+    def step_call(targets: list[int]):  # pending 7, children 8 and 9, after 2 cached slots
+        call = _tree_call(2, [7, 8, 9], [2, 3, 3], [[1, 0, 0], [1, 1, 0], [1, 0, 1]])
+        read_trees(call)
+        call.argmax = [targets]
+        return call
+
+    def gain(targets, later, grown):
+        calls = [step_call(targets), later]
+        return step_gain(calls, (0, 0), (1, 0), RowQuery(0, 2, ()), RowQuery(0, 0, ()), [5, 6, 7], grown)
+
+    kept_by_index = _with_view(5, [0, 1, 2, 4], 40)  # the root and node 2 still attended
+    assert gain([8, 40, 40], kept_by_index, 2) == [9, 40]
+    compacted = _with_view(4, [0, 1, 2, 3], 40)  # two slots kept: which nodes, the mask does not say
+    assert gain([8, 40, 41], compacted, 2) == [8, 40]  # only node 1's choice is the token fed
+    assert isinstance(gain([8, 40, 40], compacted, 2), str)  # both are: unreadable
+
+
+def _with_view(width: int, seen: list[int], token: int):
+    """A one-token target call after `width` cache slots whose pending token attends `seen` and itself."""
+    call = _tree_call(width, [token], [4], [[1]])
+    call.mask = [[[j in seen for j in range(width)] + [True]]]
+    return call

@@ -12,8 +12,12 @@ purpose unlike specviz's own tree engine (`specviz/engine`, `--tree`):
 - after the verify the target's cache keeps **all** N node slots of every row (a `DynamicCache`
   only appends) and the accepted path's KV is kept **by index**: the root's and the path's slots
   stay attended, every other node's slot becomes a hole the mask never lets in again;
-- each prompt has its own budget (rows end at it or at EOS), finished rows leave the batch
+- each prompt has its own budget (rows end at it or at EOS), and a row's tree is only as deep as
+  its budget can use (at least 1): near their ends rows verify smaller trees, right-padded in the
+  verify (a padding slot attends nothing); finished rows leave the batch
   (`DynamicCache.batch_select_indices`).
+With `compact`, the commit instead moves each row's kept nodes to the front of the step's block
+and crops the rest (the KV compacted, as specviz's own engine does).
 With `declare`, each target forward is declared before it (`w.batch(seq_ids, parents=...)`); else
 the rows are declared when they change (`w.rows`) and the watch reads the tree from the mask.
 
@@ -27,7 +31,8 @@ Bugs, each breaking one invariant at (step, sequence) = events[0], from step 1 o
   not choose (the second branch's, or the first's when the target chose the second): a wrong
   output (ACCOUNTING);
 - "stale_branch": the commit keeps a rejected node's slot attended, once, in the first row from
-  step 1 on that goes on after its step (KV; its next step then attends one slot too many).
+  step 1 on that goes on after its step (KV; its next step then attends one slot too many, which
+  is where a compacted cache shows it: events[0] is then that next step).
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ def ancestors(parents: list[int], node: int) -> list[int]:
 
 
 @torch.no_grad()
-def generate(target, draft, prompts, max_new, depth=3, bug=None, w=None, declare=0):
+def generate(target, draft, prompts, max_new, depth=3, bug=None, w=None, declare=0, compact=0):
     if bug not in (None, *BUGS):
         raise ValueError(f"unknown tree bug {bug!r}; one of {BUGS}")
     n = len(prompts)
@@ -65,8 +70,6 @@ def generate(target, draft, prompts, max_new, depth=3, bug=None, w=None, declare
     seqs = [list(p) for p in prompts]
     outs: list[list[int]] = [[] for _ in prompts]
     eos, done = eos_ids(target), set()
-    parents = tree_parents(depth)
-    depths = [len(ancestors(parents, i)) - 1 for i in range(len(parents))]
     active = list(range(n))
     cache, live = _prefill(target, [seqs[s][:-1] for s in active])
     events: list[tuple[int, int]] = []
@@ -77,24 +80,30 @@ def generate(target, draft, prompts, max_new, depth=3, bug=None, w=None, declare
     while active:
         if step == 1 and bug is not None:
             buggy = active[min(1, len(active) - 1)]
-        nodes = _propose(draft, [seqs[s] for s in active], depth)  # [B][N - 1], level order
-        query = [[seqs[s][-1], *nodes[r]] for r, s in enumerate(active)]
-        positions = [[len(seqs[s]) - 1 + d for d in depths] for s in active]
-        attends = [[ancestors(parents, i) for i in range(len(parents))] for _ in active]
-        if buggy is not None and buggy in active:
-            r = active.index(buggy)
-            if bug == "positions":
-                positions[r] = [len(seqs[buggy]) - 1 + i for i in range(len(parents))]
-            elif bug == "sibling":
-                attends[r] = [list(range(i + 1)) for i in range(len(parents))]
-            if bug in ("positions", "sibling") and not events:
-                events.append((step, buggy))
+        # Each row's tree is as deep as its budget can use (at least 1): a step's trees are ragged.
+        trees = [tree_parents(max(1, min(depth, limit[s] - len(outs[s]) - 1))) for s in active]
+        width = max(len(parents) for parents in trees)  # the verify's query, right-padded to it
+        nodes = _propose(draft, [seqs[s] for s in active], depth)  # [B][2 * depth], level order
+        query, positions, attends = [], [], []
+        for r, (s, parents) in enumerate(zip(active, trees)):
+            pad = width - len(parents)
+            query.append([seqs[s][-1], *nodes[r][: len(parents) - 1]] + [0] * pad)
+            fed = [len(ancestors(parents, i)) - 1 for i in range(len(parents))]  # depths
+            if s == buggy and bug == "positions":
+                fed = list(range(len(parents)))
+            positions.append([len(seqs[s]) - 1 + d for d in fed] + [0] * pad)
+            seen = [ancestors(parents, i) for i in range(len(parents))]
+            if s == buggy and bug == "sibling":
+                seen = [list(range(i + 1)) for i in range(len(parents))]
+            attends.append(seen + [None] * pad)  # a padding slot attends nothing
+            if s == buggy and bug in ("positions", "sibling") and not events:
+                events.append((step, s))
         if w is not None and declare:
-            w.batch(active, parents=[parents] * len(active))
+            w.batch(active, parents=trees)
         choices = _verify(target, cache, live, query, positions, attends)
-        width = len(parents)
-        keep_rows = []
+        keep_rows, kept_rows = [], []
         for r, s in enumerate(active):
+            parents = trees[r]
             path = _path(parents, query[r], choices[r])
             if bug == "off_path" and s == buggy and not events:
                 path = [1] if path[:1] == [2] else [2]  # the other branch's first node: not the target's choice
@@ -103,12 +112,16 @@ def generate(target, draft, prompts, max_new, depth=3, bug=None, w=None, declare
             emitted, finish = settle(outs[s], tokens[: limit[s] - len(outs[s])], limit[s], eos)
             kept = {0, *path}
             if bug == "stale_branch" and step >= 1 and not events and finish is None:
-                kept.add(min(set(range(1, width)) - kept))  # a rejected node's KV stays attended
-                events.append((step, s))
-            live[r] += [i in kept for i in range(width)]
+                kept.add(min(set(range(1, len(parents))) - kept))  # a rejected node's KV stays attended
+                events.append((step + 1 if compact else step, s))  # compacted: seen at the next step
+            kept_rows.append(sorted(kept))
+            if not compact:
+                live[r] += [i in kept for i in range(width)]
             commit(s, emitted, finish, seqs, outs, done, w)
             if not finish:
                 keep_rows.append(r)
+        if compact:
+            live = _compact(cache, len(live[0]), kept_rows, live)
         if len(keep_rows) < len(active):
             if keep_rows:
                 cache.batch_select_indices(torch.tensor(keep_rows))
@@ -118,6 +131,19 @@ def generate(target, draft, prompts, max_new, depth=3, bug=None, w=None, declare
                 w.rows(active)
         step += 1
     return outs, events
+
+
+def _compact(cache, width: int, kept_rows: list[list[int]], live: list[list[bool]]) -> list[list[bool]]:
+    """Move each row's kept nodes to the front of the step's block and drop the rest of it: the
+    block becomes max(kept) slots, a row that kept fewer padded with holes."""
+    most = max(len(kept) for kept in kept_rows)
+    index = torch.tensor([kept + [kept[0]] * (most - len(kept)) for kept in kept_rows])  # [B, most]
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            full = getattr(layer, name)  # [B, H, width + N, D]
+            pick = index[:, None, :, None].expand(-1, full.shape[1], -1, full.shape[3])
+            setattr(layer, name, torch.cat([full[:, :, :width], full[:, :, width:].gather(2, pick)], 2))
+    return [row + [True] * len(kept) + [False] * (most - len(kept)) for row, kept in zip(live, kept_rows)]
 
 
 def _prefill(target, contexts: list[list[int]]) -> tuple[DynamicCache, list[list[bool]]]:
@@ -160,7 +186,8 @@ def _verify(target, cache, live, query, positions, attends) -> list[list[int]]:
     for r, row_live in enumerate(live):
         seen = [j for j, on in enumerate(row_live) if on]
         for i in range(nodes):
-            mask[r, 0, i, seen + [width + a for a in attends[r][i]]] = 0.0
+            if attends[r][i] is not None:
+                mask[r, 0, i, seen + [width + a for a in attends[r][i]]] = 0.0
     out = target(
         input_ids=torch.tensor(query),
         position_ids=torch.tensor(positions),
