@@ -17,7 +17,8 @@ class Sink:
     def declare_forward(self, seq_ids: tuple[int, ...]) -> None:
         self.said.append(("forward", seq_ids))
 
-    def emit(self, seq_id: int, token_ids: list[int], finish_reason: str | None = None) -> None:
+    def report(self, seq_id: int, token_ids: list[int], finish_reason: str | None = None) -> None:
+        """The manager's channel (`Watch.report`): what each request gained, read, not declared."""
         self.said.append(("emit", seq_id, token_ids, finish_reason))
 
 
