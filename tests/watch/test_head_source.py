@@ -89,6 +89,13 @@ def test_a_head_in_another_order_is_read_by_the_token_it_proposed() -> None:
     assert source_of(one, 0, [40], 5, 7) == [5, 5]
     ambiguous = head_call([[40], [40], [40]], [[at(0, 2)], [at(1, 2)], [at(0, 1)]])
     assert source_of(ambiguous, 1, [40], 7, 10) is None
+    # In the verify's own order (and batch), each row served itself, even where rows proposed alike.
+    alike = head_call([[40], [40]], [[at(0, 2)], [at(1, 2)]])
+    assert source_of(alike, 0, [40], 5, 7) == [5, 5] and source_of(alike, 1, [40], 7, 10) == [7, 8]
+    # A head call that kept the logits of several slots proposed from its last one.
+    wide = head_call([[11, 40], [12, 41]], [[at(0, 2)], [at(1, 2)]])
+    assert source_of(wide, 1, [41], 7, 10) == [7, 8]
+    assert source_of(head_call([[41], [40]], [[at(1, 2)], [at(0, 2)]]), 0, [11], 5, 7) is None
 
 
 def test_a_packed_source_is_read_through_its_segments() -> None:
