@@ -5,6 +5,7 @@ itself, under a watch, is `test_zoo_production.py` (`paged*`)."""
 
 from __future__ import annotations
 
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -105,3 +106,49 @@ def test_install_wraps_the_manager_and_uninstall_restores_it() -> None:
     assert (io_class.prepare_batch_tensors, processor.update_batch) == before
     capture.uninstall()  # twice: nothing left to restore
     assert (io_class.prepare_batch_tensors, processor.update_batch) == before
+
+
+def test_an_update_with_no_forward_in_flight_says_nothing() -> None:
+    sink = Sink()
+    PagedCapture(sink, None).updated()
+    assert sink.said == []
+
+
+def test_the_wrapped_manager_returns_what_it_returned_and_tells_the_capture(monkeypatch) -> None:
+    """The wrappers around the manager's two methods (stand-ins here, so no model runs): each
+    returns the original's result unchanged; the forward's requests are declared after it
+    prepared them, their tokens emitted after the update."""
+    from transformers.generation.continuous_batching import continuous_api, input_outputs
+
+    io_class, processor = input_outputs.ContinuousBatchingIOs, continuous_api.ContinuousBatchProcessor
+    state = request("q", [5, 6])
+    monkeypatch.setattr(io_class, "prepare_batch_tensors", lambda io, requests, *a, **k: ("prepared", len(requests)))
+    monkeypatch.setattr(processor, "update_batch", lambda proc, *a, **k: "updated")
+    sink = Sink()
+    capture = PagedCapture(sink, [[5, 6]])
+    assert capture.install()
+    try:
+        assert io_class.prepare_batch_tensors(None, [SimpleNamespace(state=state)], 7) == ("prepared", 1)
+        assert sink.said == [("forward", (0,))]
+        state.generated_tokens = [30]
+        assert processor.update_batch(None) == "updated"
+        assert sink.said[1:] == [("emit", 0, [30], None)]
+    finally:
+        capture.uninstall()
+
+
+def test_without_continuous_batching_nothing_is_installed(monkeypatch) -> None:
+    """A transformers without `generation.continuous_batching`: install says so (False), wraps nothing."""
+    from transformers.generation.continuous_batching import continuous_api, input_outputs
+
+    io_class, processor = input_outputs.ContinuousBatchingIOs, continuous_api.ContinuousBatchProcessor
+
+    def methods() -> tuple:
+        return io_class.prepare_batch_tensors, processor.update_batch
+
+    before = methods()
+    monkeypatch.setitem(sys.modules, "transformers.generation.continuous_batching", None)
+    capture = PagedCapture(Sink(), None)
+    assert capture.install() is False
+    capture.uninstall()
+    assert methods() == before
