@@ -78,12 +78,12 @@ def test_each_update_emits_what_each_request_gained_and_how_it_ended() -> None:
     assert sink.said[1:] == [("emit", 0, [30], None)] and capture.batch == []
     capture.forward([r0, r1, r2])
     r0.generated_tokens, r0.status.name = [30, 31], "FINISHED"
-    r1.generated_tokens, r1.status.name = [40, 25], "FINISHED"
+    r1.generated_tokens, r1.status.name = [40, 41, 25], "FINISHED"
     r2.generated_tokens = [50, 51]
     capture.updated()
     assert sink.said[3:] == [
         ("emit", 0, [31], "length"),
-        ("emit", 1, [40, 25], "eos"),
+        ("emit", 1, [40, 41, 25], "eos"),
         ("emit", 2, [50, 51], None),
     ]
     assert capture.eos_ids == {1, 24, 25}
