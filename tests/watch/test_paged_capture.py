@@ -41,6 +41,9 @@ def test_requests_become_the_declared_prompts_they_equal() -> None:
     capture.forward([request("r4", a), request("r3", c), request("r2", a)])
     assert sink.said == [("forward", (1, 0)), ("forward", (2, 3, 0))]
     assert capture.seq_of == {"r1": 1, "r2": 0, "r3": 3, "r4": 2}
+    one = PagedCapture(Sink(), [a])  # more requests than declared prompts: numbered after them
+    one.forward([request("s1", a), request("s2", c), request("s3", b)])
+    assert one.seq_of == {"s1": 0, "s2": 1, "s3": 2}
 
 
 @pytest.mark.xfail(
