@@ -77,7 +77,10 @@ TARGETS: dict[str, tuple[str, list[str]]] = {
     ),
     # The readers every watched run goes through (API), and the command's row following.
     "calls": ("specviz/watch/calls.py", _WATCH_RUNS),
-    "steps": ("specviz/watch/steps.py", ["tests/watch/test_step_tokens.py", *_WATCH_RUNS]),
+    "steps": (
+        "specviz/watch/steps.py",
+        ["tests/watch/test_step_tokens.py", "tests/watch/test_head_source.py", *_WATCH_RUNS],
+    ),
     "follow_match": (
         "specviz/watch/follow_match.py",
         ["tests/watch/test_follow.py", "tests/watch/test_zoo.py", _ZOO_PRODUCTION],

@@ -153,3 +153,25 @@ def test_tap_reads_the_vector_fed_however_the_head_takes_it() -> None:
     tap.start(ids.shape[1])  # removed: a later call leaves nothing
     target(input_ids=ids)
     assert tap.last is None
+
+
+def test_a_head_drafting_one_token_a_step_has_its_sources_read() -> None:
+    """The zoo's head engine with k = 1 (one head call per step, as an MTP-1 head): the one head
+    call right before each verify is the step's proposal; every drafting row's source is its own
+    sequence's hidden state at its last cached token, and the run (batch-1 greedy) checks clean."""
+    from zoo import head, shapes
+
+    import specviz
+    from specviz.analysis.check import check_trace
+
+    pair = make_pair("llama")
+    drafter = head.DraftHead(pair.target)
+    prompts, budgets = [[5, 6, 7, 8], [11, 12, 13], [20, 21]], [6, 4, 5]
+    with specviz.watch(pair.target, drafter=drafter, prompts=prompts) as w:
+        outs, _ = head.generate(pair.target, drafter, prompts, budgets, k=1, w=w)
+    assert outs == shapes.reference(pair.target, prompts, budgets)
+    drafting = [row for step in w.trace.steps for row in step.rows if row.draft_tokens]
+    assert drafting and all(len(row.draft_tokens) == 1 for row in drafting)
+    assert all(row.head_source == [row.seq_id, row.committed_before - 2] for row in drafting)
+    report = check_trace(w.trace)
+    assert report.verdict == "clean" and not report.violation_count
