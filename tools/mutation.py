@@ -79,7 +79,12 @@ TARGETS: dict[str, tuple[str, list[str]]] = {
     "calls": ("specviz/watch/calls.py", _WATCH_RUNS),
     "steps": (
         "specviz/watch/steps.py",
-        ["tests/watch/test_step_tokens.py", "tests/watch/test_head_source.py", *_WATCH_RUNS],
+        [
+            "tests/watch/test_step_tokens.py",
+            "tests/watch/test_watch_header.py",
+            "tests/watch/test_head_source.py",
+            *_WATCH_RUNS,
+        ],
     ),
     "follow_match": (
         "specviz/watch/follow_match.py",
