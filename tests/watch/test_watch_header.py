@@ -45,3 +45,15 @@ def test_a_watch_that_saw_nothing_is_a_baseline_run_without_steps() -> None:
     with specviz.watch(target, prompts=[[5, 6]]) as w:
         pass
     assert w.trace.steps == [] and w.trace.header.draft_k == 0 and w.trace.header.method == "baseline"
+
+
+def test_emits_no_call_fed_are_no_steps_yet_an_eos_among_them_ends_the_sequence() -> None:
+    """Tokens emitted before any forward (no call fed them): a note for each, no step; the output
+    is what was emitted, and sequence 0, whose tokens hold the model's EOS (1), ended by "eos"."""
+    target = make_pair("llama").target
+    with specviz.watch(target, prompts=[[5, 6], [7, 8]]) as w:
+        w.emit(0, [9, 1])
+        w.emit(1, [9])
+    trace = w.trace
+    assert trace.steps == [] and len(trace.header.options["watch_notes"]) == 2
+    assert [(s.output_ids, s.finish_reason) for s in trace.sequences] == [([9, 1], "eos"), ([9], None)]
