@@ -76,7 +76,7 @@ TARGETS: dict[str, tuple[str, list[str]]] = {
         ["tests/watch/test_head_source.py", "tests/watch/test_head_input.py", _ZOO_PRODUCTION],
     ),
     # The readers every watched run goes through (API), and the command's row following.
-    "calls": ("specviz/watch/calls.py", _WATCH_RUNS),
+    "calls": ("specviz/watch/calls.py", ["tests/watch/test_call_rows.py", *_WATCH_RUNS]),
     "steps": (
         "specviz/watch/steps.py",
         [

@@ -1,0 +1,112 @@
+"""Reading one row of one captured call (`specviz.watch.calls`) on hand-built calls: the mask row
+the pending token and its drafts were fed, in each mask form the hooks keep (none, 2-D, a 4-D
+[cache | query] tail, a static cache's 4-D slots, a packed row's counts), the context before a
+slot, the argmax at a slot, the rows' first real slot. Each expected value is read off the mask by
+hand (a run-length mask [[value, count], ...] as the recorder writes it)."""
+
+from __future__ import annotations
+
+from specviz.watch.calls import (
+    RowQuery,
+    argmax_at,
+    attended_ids,
+    attends_cache,
+    context_before,
+    first_slot_query,
+    mask_row,
+    row_seq_ids,
+)
+from specviz.watch.hooks import CallRecord
+
+PENDING_AND_TWO = RowQuery(pending=0, drafts=2, chain=())  # the pending token, then two drafts
+
+
+def call_of(mask_kind: str, mask, cache: int, q: int = 3, batch: int = 1, **fields) -> CallRecord:
+    call = CallRecord(
+        role="target", rows=None, input_ids=[[7 + r] * q for r in range(batch)],
+        positions=[list(range(cache, cache + q))] * batch, positions_fed=True, cache_width=cache,
+        mask_kind=mask_kind, mask=mask, batch_size=batch, query_len=q,
+    )  # fmt: skip
+    for name, value in fields.items():
+        setattr(call, name, value)
+    call.materialize()
+    return call
+
+
+def causal_tail(cache: int, q: int, attended_cache: list[int]) -> list[list[bool]]:
+    """A 4-D [cache | query] mask's q query rows: the given cache slots, then causal."""
+    return [[bool(attended_cache[j]) for j in range(cache)] + [j <= i for j in range(q)] for i in range(q)]
+
+
+def test_no_mask_attends_everything_before() -> None:
+    call = call_of("none", None, cache=4)
+    assert mask_row(call, 0, PENDING_AND_TWO) == ([[1, 7]], 4, None)
+    assert mask_row(call, 0, RowQuery(1, 1, ())) == ([[1, 7]], 5, None)  # one re-fed token before it
+    assert context_before(call, 0, 2) == 6
+
+
+def test_a_2d_mask_row_is_its_columns_up_to_the_last_draft() -> None:
+    """Cache of 4 with its first slot padding, query of 3: [0, 1, 1, 1 | 1, 1, 1]."""
+    call = call_of("2d", [[0, 1, 1, 1, 1, 1, 1]], cache=4)
+    assert mask_row(call, 0, PENDING_AND_TWO) == ([[0, 1], [1, 6]], 3, None)
+    assert mask_row(call, 0, RowQuery(1, 0, ())) == ([[0, 1], [1, 5]], 4, None)  # slot 1 pending, nothing after
+    assert context_before(call, 0, 0) == 3 and context_before(call, 0, 2) == 5
+    assert attends_cache(call, 0)
+    right_padded = call_of("2d", [[1, 1, 1, 1, 0]], cache=2)  # its last query slot is padding
+    assert attended_ids(right_padded, 0) == [7, 7] and first_slot_query(right_padded, 0) == RowQuery(0, 1, ())
+
+
+def test_a_4d_tail_is_causal_only_when_every_query_row_sees_the_same_context_and_itself() -> None:
+    call = call_of("4d", [causal_tail(3, 3, [1, 0, 1])], cache=3)
+    assert mask_row(call, 0, PENDING_AND_TWO) == ([[1, 1], [0, 1], [1, 4]], 2, True)
+    assert context_before(call, 0, 1) == 3
+    future = causal_tail(3, 3, [1, 1, 1])
+    future[0][4] = True  # the pending token sees the first draft
+    assert mask_row(call_of("4d", [future], cache=3), 0, PENDING_AND_TWO)[2] is False
+    other_context = causal_tail(3, 3, [1, 1, 1])
+    other_context[2][0] = False  # the last draft lost a context slot
+    assert mask_row(call_of("4d", [other_context], cache=3), 0, PENDING_AND_TWO)[2] is False
+    missing_self = causal_tail(3, 3, [1, 1, 1])
+    missing_self[1][4] = False  # the first draft does not see itself
+    assert mask_row(call_of("4d", [missing_self], cache=3), 0, PENDING_AND_TWO) == ([[1, 4], [0, 1], [1, 1]], 3, False)
+    short = call_of("4d", [causal_tail(3, 3, [1, 1, 1])[1:]], cache=3)  # only the last 2 query rows kept
+    assert mask_row(short, 0, PENDING_AND_TWO) == ([], -1, None) and context_before(short, 0, 0) == -1
+
+
+def test_a_static_cache_mask_is_read_by_counts() -> None:
+    """Keys are an 8-slot cache: the pending token attends slots {0, 1, 2, 5}, each draft one more
+    slot (its own); a draft that gains two slots (a stale one let in) breaks the diagonal."""
+
+    def rows(*sets: set[int]) -> list[list[bool]]:
+        return [[j in s for j in range(8)] for s in sets]
+
+    good = rows({0, 1, 2, 5}, {0, 1, 2, 5, 6}, {0, 1, 2, 5, 6, 7})
+    call = call_of("4d-slots", [good], cache=8)
+    assert mask_row(call, 0, PENDING_AND_TWO) == ([[1, 6]], 3, True)
+    assert context_before(call, 0, 0) == 3 and context_before(call, 0, 2) == 5
+    stale = rows({0, 1, 2, 5}, {0, 1, 2, 3, 5, 6}, {0, 1, 2, 3, 5, 6, 7})
+    assert mask_row(call_of("4d-slots", [stale], cache=8), 0, PENDING_AND_TWO) == ([[1, 4], [0, 1], [1, 1]], 3, False)
+    moved = rows({0, 1, 2, 5}, {0, 1, 2, 6}, {0, 1, 2, 6, 7})  # as many slots, but not a superset
+    assert mask_row(call_of("4d-slots", [moved], cache=8), 0, PENDING_AND_TWO)[2] is False
+
+
+def test_a_packed_rows_counts_are_read_like_a_static_cache() -> None:
+    call = call_of("counts", [[(4, False), (5, True), (6, True)]], cache=0, contexts=[3])
+    assert mask_row(call, 0, PENDING_AND_TWO) == ([[1, 6]], 3, True)
+    assert context_before(call, 0, 2) == 5
+    leak = call_of("counts", [[(4, False), (5, True), (7, False)]], cache=0, contexts=[3])
+    assert mask_row(leak, 0, PENDING_AND_TWO) == ([[1, 5], [0, 1]], 3, False)
+    assert mask_row(call_of("unknown", None, cache=2), 0, PENDING_AND_TWO) == ([], -1, None)
+
+
+def test_argmax_at_a_slot_and_the_rows_sequences() -> None:
+    """Logits kept for the last two query slots of four (logits_to_keep=2)."""
+    call = call_of("none", None, cache=0, q=4, batch=2, argmax=[[30, 31], [40, 41]], rows=(5, 9))
+    assert [argmax_at(call, 1, s) for s in range(4)] == [None, None, 40, 41]
+    assert row_seq_ids(call) == (5, 9)
+    call.argmax_is_choice = False  # the engine samples: no argmax is its choice
+    assert argmax_at(call, 1, 3) is None
+    assert row_seq_ids(call_of("none", None, cache=0, batch=2, rows=(5,))) == (0, 1)  # another size: default order
+    assert not attends_cache(call, 0)  # no cache
+    unattended = call_of("2d", [[0, 0, 1, 1, 1]], cache=2)
+    assert not attends_cache(unattended, 0) and attends_cache(call_of("4d", None, cache=2), 0)
