@@ -6,6 +6,10 @@ hand (a run-length mask [[value, count], ...] as the recorder writes it)."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
 from specviz.watch.calls import (
     RowQuery,
     argmax_at,
@@ -110,3 +114,9 @@ def test_argmax_at_a_slot_and_the_rows_sequences() -> None:
     assert not attends_cache(call, 0)  # no cache
     unattended = call_of("2d", [[0, 0, 1, 1, 1]], cache=2)
     assert not attends_cache(unattended, 0) and attends_cache(call_of("4d", None, cache=2), 0)
+
+
+def test_a_reading_is_frozen() -> None:
+    """`CallReader` hands the same reading to every caller (cached per call, row and sequence)."""
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        PENDING_AND_TWO.pending = 1
