@@ -16,6 +16,7 @@ from specviz.watch.calls import (
     attended_ids,
     attends_cache,
     context_before,
+    draft_free_query,
     first_slot_query,
     mask_row,
     row_seq_ids,
@@ -120,3 +121,20 @@ def test_a_reading_is_frozen() -> None:
     """`CallReader` hands the same reading to every caller (cached per call, row and sequence)."""
     with pytest.raises(dataclasses.FrozenInstanceError):
         PENDING_AND_TWO.pending = 1
+
+
+def test_drafts_without_a_draft_model_are_read_from_the_layout() -> None:
+    """No draft model: the pending token is the row's first real slot when it attends a cache,
+    else the slot after its re-fed committed tokens; the drafts follow it. Read from the layout,
+    so a slot let into the last draft's view (a KV leak, flagged by the KV check) does not move
+    the reading; the count is only the fallback."""
+    committed = [5, 6, 9]  # 9: the pending token
+    cached = call_of("none", None, cache=4, input_ids=[[9, 11, 12]])
+    assert draft_free_query(cached, 0, committed) == RowQuery(0, 2, ())
+    refed = [[(1, False), (2, True), (3, True), (4, True), (6, False)]]  # the last draft attends 6, not 5
+    leaky = call_of("counts", refed, cache=0, q=5, contexts=[0], input_ids=[[5, 6, 9, 11, 12]])
+    assert draft_free_query(leaky, 0, committed) == RowQuery(2, 2, ())
+    assert draft_free_query(cached, 0, [5, 6, 8]) is None  # its first slot is not the pending token
+    assert draft_free_query(cached, 0, []) is None
+    alone = call_of("none", None, cache=4, q=1, input_ids=[[9]])  # the pending token, no drafts
+    assert draft_free_query(alone, 0, committed) is None
