@@ -59,6 +59,8 @@ def test_a_2d_mask_row_is_its_columns_up_to_the_last_draft() -> None:
     assert attends_cache(call, 0)
     right_padded = call_of("2d", [[1, 1, 1, 1, 0]], cache=2)  # its last query slot is padding
     assert attended_ids(right_padded, 0) == [7, 7] and first_slot_query(right_padded, 0) == RowQuery(0, 1, ())
+    holed = call_of("2d", [[1, 1, 1, 0, 1]], cache=2)  # a masked slot between the pending token and a draft
+    assert first_slot_query(holed, 0) is None and attended_ids(holed, 0) == [7, 7]
 
 
 def test_a_4d_tail_is_causal_only_when_every_query_row_sees_the_same_context_and_itself() -> None:
