@@ -95,6 +95,8 @@ def test_a_static_cache_mask_is_read_by_counts() -> None:
     assert mask_row(call_of("4d-slots", [stale], cache=8), 0, PENDING_AND_TWO) == ([[1, 4], [0, 1], [1, 1]], 3, False)
     moved = rows({0, 1, 2, 5}, {0, 1, 2, 6}, {0, 1, 2, 6, 7})  # as many slots, but not a superset
     assert mask_row(call_of("4d-slots", [moved], cache=8), 0, PENDING_AND_TWO)[2] is False
+    short = call_of("4d-slots", [good[1:]], cache=8)  # the pending slot's mask row was not kept
+    assert mask_row(short, 0, PENDING_AND_TWO) == ([], -1, None)
 
 
 def test_a_packed_rows_counts_are_read_like_a_static_cache() -> None:
@@ -103,7 +105,8 @@ def test_a_packed_rows_counts_are_read_like_a_static_cache() -> None:
     assert context_before(call, 0, 2) == 5
     leak = call_of("counts", [[(4, False), (5, True), (7, False)]], cache=0, contexts=[3])
     assert mask_row(leak, 0, PENDING_AND_TWO) == ([[1, 5], [0, 1]], 3, False)
-    assert mask_row(call_of("unknown", None, cache=2), 0, PENDING_AND_TWO) == ([], -1, None)
+    unknown = call_of("unknown", None, cache=2)  # a mask the hooks could not read
+    assert mask_row(unknown, 0, PENDING_AND_TWO) == ([], -1, None) and context_before(unknown, 0, 1) == -1
 
 
 def test_argmax_at_a_slot_and_the_rows_sequences() -> None:
