@@ -144,6 +144,7 @@ def test_tap_reads_the_vector_fed_however_the_head_takes_it() -> None:
         assert tap.match_rows({"features": fed[:, None]}, ()) == wanted
         assert tap.match_rows({"hidden_states": torch.cat([fed[:, None], fed[:, None] + 3], 1)}, ()) == [[], []]
         assert tap.match_rows({"input_ids": ids}, ()) is None
+        assert tap.match_rows({"hidden_states": fed, "use_cache": True, "steps": 2}, ()) == wanted  # other keywords
         # 1% off is another vector, not a copy (within 1e-4 relative, RTOL)
         assert tap.match_rows({"hidden_states": fed * 1.01}, ()) == [[], []]
         assert tap.match_rows({"hidden_states": fed * (1 + 2e-5)}, ()) == wanted
