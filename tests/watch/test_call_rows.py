@@ -19,6 +19,7 @@ from specviz.watch.calls import (
     draft_free_query,
     first_slot_query,
     mask_row,
+    read_row,
     row_seq_ids,
 )
 from specviz.watch.hooks import CallRecord
@@ -143,3 +144,15 @@ def test_drafts_without_a_draft_model_are_read_from_the_layout() -> None:
     assert draft_free_query(cached, 0, []) is None
     alone = call_of("none", None, cache=4, q=1, input_ids=[[9]])  # the pending token, no drafts
     assert draft_free_query(alone, 0, committed) is None
+
+
+def test_a_declared_draft_batch_is_read_by_its_declared_rows() -> None:
+    """Two sequences pending the same token 9 and both drafted 11; the draft call declared its
+    rows reversed (row 1 holds sequence 0, at position 3). Sequence 0's draft is its declared
+    row's, whose fed position (3) is the verify's, not the same index's (5)."""
+    draft = call_of("none", None, cache=3, q=1, batch=2, role="draft", rows=(1, 0), input_ids=[[9], [9]],
+                    positions=[[5], [3]], argmax=[[11], [11]])  # fmt: skip
+    verify = call_of("none", None, cache=3, q=2, batch=2, rows=(0, 1), input_ids=[[9, 11], [9, 11]],
+                     positions=[[3, 4], [5, 6]])  # fmt: skip
+    assert read_row([draft, verify], 1, 0) == RowQuery(0, 1, ((0, 1),))
+    assert read_row([draft, verify], 1, 1) == RowQuery(0, 1, ((0, 0),))
