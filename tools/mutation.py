@@ -76,8 +76,17 @@ TARGETS: dict[str, tuple[str, list[str]]] = {
         ["tests/watch/test_head_source.py", "tests/watch/test_head_input.py", _ZOO_PRODUCTION],
     ),
     # The readers every watched run goes through (API), and the command's row following.
-    "calls": ("specviz/watch/calls.py", _WATCH_RUNS),
-    "steps": ("specviz/watch/steps.py", _WATCH_RUNS),
+    # (test_zoo: engines whose draft calls only the stop at the previous target call tells apart.)
+    "calls": ("specviz/watch/calls.py", ["tests/watch/test_call_rows.py", *_WATCH_RUNS, "tests/watch/test_zoo.py"]),
+    "steps": (
+        "specviz/watch/steps.py",
+        [
+            "tests/watch/test_step_tokens.py",
+            "tests/watch/test_watch_header.py",
+            "tests/watch/test_head_source.py",
+            *_WATCH_RUNS,
+        ],
+    ),
     "follow_match": (
         "specviz/watch/follow_match.py",
         ["tests/watch/test_follow.py", "tests/watch/test_zoo.py", _ZOO_PRODUCTION],
@@ -90,7 +99,9 @@ TARGET_PYTEST_ARGS = {
 }
 # The production zoo through the API only (the command's runs read the same maps, at twice the cost).
 # (follow_match keeps the command's runs: it is what they read rows with.)
-TARGET_PYTEST_ARGS.update({name: "-k 'not command'" for name in ("batchmap", "headinput", "paged", "calls", "steps")})
+TARGET_PYTEST_ARGS.update({name: "-k 'not command'" for name in ("batchmap", "headinput", "steps")})
+TARGET_PYTEST_ARGS["calls"] = "-k 'not command and not cli'"
+TARGET_PYTEST_ARGS["paged"] = "-k 'paged and not command'"  # its own cases (the file's name selects it whole)
 
 _CMP_SWAP = {
     ast.Lt: ast.LtE,

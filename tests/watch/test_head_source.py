@@ -93,6 +93,16 @@ def test_a_head_of_other_rows_is_read_by_the_token_it_proposed() -> None:
     assert source_of(ambiguous, 1, [40], 7, 10) is None
     reversed_head = head_call([[41], [40]], [[at(1, 2)], [at(0, 2)]])
     assert source_of(reversed_head, 0, [40], 5, 7) is None
+    # In the verify's own order (and batch), each row served itself, even where rows proposed alike.
+    alike = head_call([[40], [40]], [[at(0, 2)], [at(1, 2)]])
+    assert source_of(alike, 0, [40], 5, 7) == [5, 5] and source_of(alike, 1, [40], 7, 10) == [7, 8]
+    # A head call fed two slots whose logits were kept at both proposed from its last one.
+    wide = head_call([[11, 40], [12, 41]], [[at(0, 2)], [at(1, 2)]])
+    wide.query_len = 2
+    assert source_of(wide, 1, [41], 7, 10) == [7, 8]
+    # A Medusa-shaped call (one slot fed, a logits column per head) proposed all its columns.
+    medusa = head_call([[40, 9], [41, 8]], [[at(0, 2)], [at(1, 2)]])
+    assert source_of(medusa, 1, [41, 8], 7, 10) == [7, 8] and source_of(medusa, 0, [9], 5, 7) is None
 
 
 def test_a_packed_source_is_read_through_its_segments() -> None:
@@ -141,6 +151,7 @@ def test_tap_reads_the_vector_fed_however_the_head_takes_it() -> None:
         assert tap.match_rows({"features": fed[:, None]}, ()) == wanted
         assert tap.match_rows({"hidden_states": torch.cat([fed[:, None], fed[:, None] + 3], 1)}, ()) == [[], []]
         assert tap.match_rows({"input_ids": ids}, ()) is None
+        assert tap.match_rows({"hidden_states": fed, "use_cache": True, "steps": 2}, ()) == wanted  # other keywords
         # 1% off is another vector, not a copy (within 1e-4 relative, RTOL)
         assert tap.match_rows({"hidden_states": fed * 1.01}, ()) == [[], []]
         assert tap.match_rows({"hidden_states": fed * (1 + 2e-5)}, ()) == wanted
@@ -150,3 +161,25 @@ def test_tap_reads_the_vector_fed_however_the_head_takes_it() -> None:
     tap.start(ids.shape[1])  # removed: a later call leaves nothing
     target(input_ids=ids)
     assert tap.last is None
+
+
+def test_a_head_drafting_one_token_a_step_has_its_sources_read() -> None:
+    """The zoo's head engine with k = 1 (one head call per step, as an MTP-1 head): the one head
+    call right before each verify is the step's proposal; every drafting row's source is its own
+    sequence's hidden state at its last cached token, and the run (batch-1 greedy) checks clean."""
+    from zoo import head, shapes
+
+    import specviz
+    from specviz.analysis.check import check_trace
+
+    pair = make_pair("llama")
+    drafter = head.DraftHead(pair.target)
+    prompts, budgets = [[5, 6, 7, 8], [11, 12, 13], [20, 21]], [6, 4, 5]
+    with specviz.watch(pair.target, drafter=drafter, prompts=prompts) as w:
+        outs, _ = head.generate(pair.target, drafter, prompts, budgets, k=1, w=w)
+    assert outs == shapes.reference(pair.target, prompts, budgets)
+    drafting = [row for step in w.trace.steps for row in step.rows if row.draft_tokens]
+    assert drafting and all(len(row.draft_tokens) == 1 for row in drafting)
+    assert all(row.head_source == [row.seq_id, row.committed_before - 2] for row in drafting)
+    report = check_trace(w.trace)
+    assert report.verdict == "clean" and not report.violation_count

@@ -5,6 +5,7 @@ itself, under a watch, is `test_zoo_production.py` (`paged*`)."""
 
 from __future__ import annotations
 
+import sys
 from types import SimpleNamespace
 
 from specviz.watch.paged import PagedCapture
@@ -39,6 +40,9 @@ def test_requests_become_the_declared_prompts_they_equal() -> None:
     capture.forward([request("r4", a), request("r3", c), request("r2", a)])
     assert sink.said == [("forward", (1, 0)), ("forward", (2, 3, 0))]
     assert capture.seq_of == {"r1": 1, "r2": 0, "r3": 3, "r4": 2}
+    one = PagedCapture(Sink(), [a])  # more requests than declared prompts: numbered after them
+    one.forward([request("s1", a), request("s2", c), request("s3", b)])
+    assert one.seq_of == {"s1": 0, "s2": 1, "s3": 2}
 
 
 def test_an_undeclared_prompt_never_takes_a_declared_prompts_sequence() -> None:
@@ -71,12 +75,12 @@ def test_each_update_emits_what_each_request_gained_and_how_it_ended() -> None:
     assert sink.said[1:] == [("emit", 0, [30], None)] and capture.batch == []
     capture.forward([r0, r1, r2])
     r0.generated_tokens, r0.status.name = [30, 31], "FINISHED"
-    r1.generated_tokens, r1.status.name = [40, 25], "FINISHED"
+    r1.generated_tokens, r1.status.name = [40, 41, 25], "FINISHED"
     r2.generated_tokens = [50, 51]
     capture.updated()
     assert sink.said[3:] == [
         ("emit", 0, [31], "length"),
-        ("emit", 1, [40, 25], "eos"),
+        ("emit", 1, [40, 41, 25], "eos"),
         ("emit", 2, [50, 51], None),
     ]
     assert capture.eos_ids == {1, 24, 25}
@@ -99,3 +103,49 @@ def test_install_wraps_the_manager_and_uninstall_restores_it() -> None:
     assert (io_class.prepare_batch_tensors, processor.update_batch) == before
     capture.uninstall()  # twice: nothing left to restore
     assert (io_class.prepare_batch_tensors, processor.update_batch) == before
+
+
+def test_an_update_with_no_forward_in_flight_says_nothing() -> None:
+    sink = Sink()
+    PagedCapture(sink, None).updated()
+    assert sink.said == []
+
+
+def test_the_wrapped_manager_returns_what_it_returned_and_tells_the_capture(monkeypatch) -> None:
+    """The wrappers around the manager's two methods (stand-ins here, so no model runs): each
+    returns the original's result unchanged; the forward's requests are declared after it
+    prepared them, their tokens emitted after the update."""
+    from transformers.generation.continuous_batching import continuous_api, input_outputs
+
+    io_class, processor = input_outputs.ContinuousBatchingIOs, continuous_api.ContinuousBatchProcessor
+    state = request("q", [5, 6])
+    monkeypatch.setattr(io_class, "prepare_batch_tensors", lambda io, requests, *a, **k: ("prepared", len(requests)))
+    monkeypatch.setattr(processor, "update_batch", lambda proc, *a, **k: "updated")
+    sink = Sink()
+    capture = PagedCapture(sink, [[5, 6]])
+    assert capture.install()
+    try:
+        assert io_class.prepare_batch_tensors(None, [SimpleNamespace(state=state)], 7) == ("prepared", 1)
+        assert sink.said == [("forward", (0,))]
+        state.generated_tokens = [30]
+        assert processor.update_batch(None) == "updated"
+        assert sink.said[1:] == [("emit", 0, [30], None)]
+    finally:
+        capture.uninstall()
+
+
+def test_without_continuous_batching_nothing_is_installed(monkeypatch) -> None:
+    """A transformers without `generation.continuous_batching`: install says so (False), wraps nothing."""
+    from transformers.generation.continuous_batching import continuous_api, input_outputs
+
+    io_class, processor = input_outputs.ContinuousBatchingIOs, continuous_api.ContinuousBatchProcessor
+
+    def methods() -> tuple:
+        return io_class.prepare_batch_tensors, processor.update_batch
+
+    before = methods()
+    monkeypatch.setitem(sys.modules, "transformers.generation.continuous_batching", None)
+    capture = PagedCapture(Sink(), None)
+    assert capture.install() is False
+    capture.uninstall()
+    assert methods() == before

@@ -1,0 +1,158 @@
+"""Reading one row of one captured call (`specviz.watch.calls`) on hand-built calls: the mask row
+the pending token and its drafts were fed, in each mask form the hooks keep (none, 2-D, a 4-D
+[cache | query] tail, a static cache's 4-D slots, a packed row's counts), the context before a
+slot, the argmax at a slot, the rows' first real slot. Each expected value is read off the mask by
+hand (a run-length mask [[value, count], ...] as the recorder writes it)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from specviz.watch.calls import (
+    RowQuery,
+    argmax_at,
+    attended_ids,
+    attends_cache,
+    context_before,
+    draft_free_query,
+    first_slot_query,
+    mask_row,
+    read_row,
+    row_seq_ids,
+)
+from specviz.watch.hooks import CallRecord
+
+PENDING_AND_TWO = RowQuery(pending=0, drafts=2, chain=())  # the pending token, then two drafts
+
+
+def call_of(mask_kind: str, mask, cache: int, q: int = 3, batch: int = 1, **fields) -> CallRecord:
+    call = CallRecord(
+        role="target", rows=None, input_ids=[[7 + r] * q for r in range(batch)],
+        positions=[list(range(cache, cache + q))] * batch, positions_fed=True, cache_width=cache,
+        mask_kind=mask_kind, mask=mask, batch_size=batch, query_len=q,
+    )  # fmt: skip
+    for name, value in fields.items():
+        setattr(call, name, value)
+    call.materialize()
+    return call
+
+
+def causal_tail(cache: int, q: int, attended_cache: list[int]) -> list[list[bool]]:
+    """A 4-D [cache | query] mask's q query rows: the given cache slots, then causal."""
+    return [[bool(attended_cache[j]) for j in range(cache)] + [j <= i for j in range(q)] for i in range(q)]
+
+
+def test_no_mask_attends_everything_before() -> None:
+    call = call_of("none", None, cache=4)
+    assert mask_row(call, 0, PENDING_AND_TWO) == ([[1, 7]], 4, None)
+    assert mask_row(call, 0, RowQuery(1, 1, ())) == ([[1, 7]], 5, None)  # one re-fed token before it
+    assert context_before(call, 0, 2) == 6
+
+
+def test_a_2d_mask_row_is_its_columns_up_to_the_last_draft() -> None:
+    """Cache of 4 with its first slot padding, query of 3: [0, 1, 1, 1 | 1, 1, 1]."""
+    call = call_of("2d", [[0, 1, 1, 1, 1, 1, 1]], cache=4)
+    assert mask_row(call, 0, PENDING_AND_TWO) == ([[0, 1], [1, 6]], 3, None)
+    assert mask_row(call, 0, RowQuery(1, 0, ())) == ([[0, 1], [1, 5]], 4, None)  # slot 1 pending, nothing after
+    assert context_before(call, 0, 0) == 3 and context_before(call, 0, 2) == 5
+    assert attends_cache(call, 0)
+    right_padded = call_of("2d", [[1, 1, 1, 1, 0]], cache=2)  # its last query slot is padding
+    assert attended_ids(right_padded, 0) == [7, 7] and first_slot_query(right_padded, 0) == RowQuery(0, 1, ())
+    holed = call_of("2d", [[1, 1, 1, 0, 1]], cache=2)  # a masked slot between the pending token and a draft
+    assert first_slot_query(holed, 0) is None and attended_ids(holed, 0) == [7, 7]
+
+
+def test_a_4d_tail_is_causal_only_when_every_query_row_sees_the_same_context_and_itself() -> None:
+    call = call_of("4d", [causal_tail(3, 3, [1, 0, 1])], cache=3)
+    assert mask_row(call, 0, PENDING_AND_TWO) == ([[1, 1], [0, 1], [1, 4]], 2, True)
+    assert context_before(call, 0, 1) == 3
+    future = causal_tail(3, 3, [1, 1, 1])
+    future[0][4] = True  # the pending token sees the first draft
+    assert mask_row(call_of("4d", [future], cache=3), 0, PENDING_AND_TWO)[2] is False
+    other_context = causal_tail(3, 3, [1, 1, 1])
+    other_context[2][0] = False  # the last draft lost a context slot
+    assert mask_row(call_of("4d", [other_context], cache=3), 0, PENDING_AND_TWO)[2] is False
+    missing_self = causal_tail(3, 3, [1, 1, 1])
+    missing_self[1][4] = False  # the first draft does not see itself
+    assert mask_row(call_of("4d", [missing_self], cache=3), 0, PENDING_AND_TWO) == ([[1, 4], [0, 1], [1, 1]], 3, False)
+    short = call_of("4d", [causal_tail(3, 3, [1, 1, 1])[1:]], cache=3)  # only the last 2 query rows kept
+    assert mask_row(short, 0, PENDING_AND_TWO) == ([], -1, None) and context_before(short, 0, 0) == -1
+
+
+def test_a_static_cache_mask_is_read_by_counts() -> None:
+    """Keys are an 8-slot cache: the pending token attends slots {0, 1, 2, 5}, each draft one more
+    slot (its own); a draft that gains two slots (a stale one let in) breaks the diagonal."""
+
+    def rows(*sets: set[int]) -> list[list[bool]]:
+        return [[j in s for j in range(8)] for s in sets]
+
+    good = rows({0, 1, 2, 5}, {0, 1, 2, 5, 6}, {0, 1, 2, 5, 6, 7})
+    call = call_of("4d-slots", [good], cache=8)
+    assert mask_row(call, 0, PENDING_AND_TWO) == ([[1, 6]], 3, True)
+    assert context_before(call, 0, 0) == 3 and context_before(call, 0, 2) == 5
+    stale = rows({0, 1, 2, 5}, {0, 1, 2, 3, 5, 6}, {0, 1, 2, 3, 5, 6, 7})
+    assert mask_row(call_of("4d-slots", [stale], cache=8), 0, PENDING_AND_TWO) == ([[1, 4], [0, 1], [1, 1]], 3, False)
+    moved = rows({0, 1, 2, 5}, {0, 1, 2, 6}, {0, 1, 2, 6, 7})  # as many slots, but not a superset
+    assert mask_row(call_of("4d-slots", [moved], cache=8), 0, PENDING_AND_TWO)[2] is False
+    short = call_of("4d-slots", [good[1:]], cache=8)  # the pending slot's mask row was not kept
+    assert mask_row(short, 0, PENDING_AND_TWO) == ([], -1, None)
+
+
+def test_a_packed_rows_counts_are_read_like_a_static_cache() -> None:
+    call = call_of("counts", [[(4, False), (5, True), (6, True)]], cache=0, contexts=[3])
+    assert mask_row(call, 0, PENDING_AND_TWO) == ([[1, 6]], 3, True)
+    assert context_before(call, 0, 2) == 5
+    leak = call_of("counts", [[(4, False), (5, True), (7, False)]], cache=0, contexts=[3])
+    assert mask_row(leak, 0, PENDING_AND_TWO) == ([[1, 5], [0, 1]], 3, False)
+    unknown = call_of("unknown", None, cache=2)  # a mask the hooks could not read
+    assert mask_row(unknown, 0, PENDING_AND_TWO) == ([], -1, None) and context_before(unknown, 0, 1) == -1
+
+
+def test_argmax_at_a_slot_and_the_rows_sequences() -> None:
+    """Logits kept for the last two query slots of four (logits_to_keep=2)."""
+    call = call_of("none", None, cache=0, q=4, batch=2, argmax=[[30, 31], [40, 41]], rows=(5, 9))
+    assert [argmax_at(call, 1, s) for s in range(4)] == [None, None, 40, 41]
+    assert row_seq_ids(call) == (5, 9)
+    call.argmax_is_choice = False  # the engine samples: no argmax is its choice
+    assert argmax_at(call, 1, 3) is None
+    assert row_seq_ids(call_of("none", None, cache=0, batch=2, rows=(5,))) == (0, 1)  # another size: default order
+    assert not attends_cache(call, 0)  # no cache
+    unattended = call_of("2d", [[0, 0, 1, 1, 1]], cache=2)
+    assert not attends_cache(unattended, 0) and attends_cache(call_of("4d", None, cache=2), 0)
+
+
+def test_a_reading_is_frozen() -> None:
+    """`CallReader` hands the same reading to every caller (cached per call, row and sequence)."""
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        PENDING_AND_TWO.pending = 1
+
+
+def test_drafts_without_a_draft_model_are_read_from_the_layout() -> None:
+    """No draft model: the pending token is the row's first real slot when it attends a cache,
+    else the slot after its re-fed committed tokens; the drafts follow it. Read from the layout,
+    so a slot let into the last draft's view (a KV leak, flagged by the KV check) does not move
+    the reading; the count is only the fallback."""
+    committed = [5, 6, 9]  # 9: the pending token
+    cached = call_of("none", None, cache=4, input_ids=[[9, 11, 12]])
+    assert draft_free_query(cached, 0, committed) == RowQuery(0, 2, ())
+    refed = [[(1, False), (2, True), (3, True), (4, True), (6, False)]]  # the last draft attends 6, not 5
+    leaky = call_of("counts", refed, cache=0, q=5, contexts=[0], input_ids=[[5, 6, 9, 11, 12]])
+    assert draft_free_query(leaky, 0, committed) == RowQuery(2, 2, ())
+    assert draft_free_query(cached, 0, [5, 6, 8]) is None  # its first slot is not the pending token
+    assert draft_free_query(cached, 0, []) is None
+    alone = call_of("none", None, cache=4, q=1, input_ids=[[9]])  # the pending token, no drafts
+    assert draft_free_query(alone, 0, committed) is None
+
+
+def test_a_declared_draft_batch_is_read_by_its_declared_rows() -> None:
+    """Two sequences pending the same token 9 and both drafted 11; the draft call declared its
+    rows reversed (row 1 holds sequence 0, at position 3). Sequence 0's draft is its declared
+    row's, whose fed position (3) is the verify's, not the same index's (5)."""
+    draft = call_of("none", None, cache=3, q=1, batch=2, role="draft", rows=(1, 0), input_ids=[[9], [9]],
+                    positions=[[5], [3]], argmax=[[11], [11]])  # fmt: skip
+    verify = call_of("none", None, cache=3, q=2, batch=2, rows=(0, 1), input_ids=[[9, 11], [9, 11]],
+                     positions=[[3, 4], [5, 6]])  # fmt: skip
+    assert read_row([draft, verify], 1, 0) == RowQuery(0, 1, ((0, 1),))
+    assert read_row([draft, verify], 1, 1) == RowQuery(0, 1, ((0, 0),))
