@@ -83,8 +83,10 @@ def read_trees(call: Any) -> None:
     found = [_mask_tree(call, r) for r in range(call.batch_size)]
     # Read as a tree call only where some row branches and is fed its depths: a chain engine's
     # mask bug (a draft that misses the one before it) then stays a chain, flagged as before.
+    # A packed call cut around its tree nodes (`packed_nodes`) needs no more proof than a branch.
+    proven = bool(call.tree_nodes)
     confirmed = (
-        p is not None and branching(p) and _fed_depths(call.positions[r], p, call.last_slots[r])
+        p is not None and branching(p) and (proven or _fed_depths(call.positions[r], p, call.last_slots[r]))
         for r, p in enumerate(found)
     )
     if not any(confirmed):
@@ -144,6 +146,36 @@ def one_tree(mask: Any, cache_width: int, positions: Any) -> bool:
         parents = None
     fed = positions.tolist() if hasattr(positions, "tolist") else positions
     return parents is not None and branching(parents) and _fed_depths(fed, parents, last)
+
+
+def packed_nodes(seen: Any, lines: list[tuple[int, bool, bool, bool]], positions: list[int]) -> list[int]:
+    """The query columns of a packed 1 x T call's boolean [T, keys] mask where the block-diagonal
+    rule (`batchmap.block_cut`) would start a sequence but the token is a tree node: it attends
+    exactly the slots of an earlier token since the last cut plus one (its own), as a sibling or
+    a cousin does. A sequence's first token attends its own context, never all of a neighbour's
+    view: in a shared cache the sequences' slots are their own. Read by the mask alone, not the
+    positions, so a node fed a wrong position stays in its tree (and the tree checks judge it)."""
+    from specviz.watch.batchmap import block_cut
+
+    counts = [line[0] for line in lines]
+    nodes, start = [], 0
+    for t in range(1, len(lines)):
+        if not block_cut(lines, positions, t):
+            continue
+        if _has_parent(seen, counts, start, t):
+            nodes.append(t)
+        else:
+            start = t
+    return nodes
+
+
+def _has_parent(seen: Any, counts: list[int], start: int, t: int) -> bool:
+    """Does token t attend every slot some token in [start, t) attends, plus exactly one more?"""
+    found = [u for u in range(start, t) if counts[u] > 0 and counts[u] == counts[t] - 1]
+    if not found:
+        return False
+    rows = seen[found]
+    return bool((~(rows & ~seen[t]).any(-1)).any())
 
 
 def _live_run(call: Any, row: int) -> int:
