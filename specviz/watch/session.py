@@ -156,9 +156,10 @@ class Watch:
         step; `rows` stays the short form for a padded batch that keeps its rows.
 
         `parents` (target): the tree each row (or, with `query_lens`, each packed segment)
-        verifies, one list per sequence, node 0 the pending token (parent -1) and every other
-        node's parent an earlier node; the row's (segment's) last len(parents) real query tokens
-        are its nodes in that order (docs/watch.md, "Trees")."""
+        verifies, one list per sequence (None: it verifies none, a prefill riding along), node 0
+        the pending token (parent -1) and every other node's parent an earlier node; the row's
+        (segment's) last len(parents) real query tokens are its nodes in that order
+        (docs/watch.md, "Trees")."""
         if model not in ("target", "draft"):
             raise WatchError(f"batch: model must be 'target' or 'draft', got {model!r}")
         self._require_open("batch")
@@ -433,13 +434,13 @@ def _checked_trees(parents: Any, rows: int, model: str) -> list[list[int]]:
     if hasattr(parents, "tolist"):  # a tensor of parents, one row per sequence
         parents = parents.tolist()
     try:
-        trees = [list(p) for p in parents]
+        trees = [None if p is None else list(p) for p in parents]  # None: verifies no tree (a prefill)
     except TypeError:
         raise WatchError("batch: parents= is one list of parent indices per row") from None
     if len(trees) != rows:
         raise WatchError(f"batch: {rows} sequences need {rows} trees in parents=, got {len(trees)}")
     for r, tree in enumerate(trees):
-        problem = tree_error(tree)
+        problem = None if tree is None else tree_error(tree)
         if problem is not None:
             raise WatchError(f"batch: the tree of row {r} {tree[:8]}: {problem}")
     return trees

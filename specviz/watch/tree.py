@@ -6,7 +6,8 @@ tree fields of their step rows (`tree_parents`, `tree_depths`, `node_attends`, `
 A tree row's query is N nodes in N consecutive real query slots ending at its last one, node 0 the
 pending token (the last committed one), `parents[i]` node i's parent (an earlier node). The tree:
 1. **declared**: `w.batch(seq_ids, parents=...)` names each row's parents for the next target
-   forward; more nodes than the row's real query slots make the call unreadable;
+   forward (None: a row, or a packed prefill, that verifies no tree); more nodes than the row's
+   real query slots make the call unreadable;
 2. **read from the mask**, undeclared: a [cache | query] 4-D mask's query block (`parents_of_block`:
    node 0 sees no other node, node i sees itself plus exactly its parent's view), or a static or
    in-place cache's slot mask (`parents_of_sets`: node i's slots are its parent's plus one). A call
@@ -14,6 +15,10 @@ pending token (the last committed one), `parents[i]` node i's parent (an earlier
    (so a chain engine's mask bug stays a chain, flagged as before); its rows whose block is a chain
    are then chain-shaped trees. A tree after re-fed context (no cache) is unreadable: the mask does
    not say which of its chain's tokens is the pending one.
+A packed 1 x T call (vLLM's tree attention) holds several sequences' trees back to back: it is cut
+into its sequences first (declared `query_lens`, `cu_seq_lens_q`, else the block-diagonal mask
+around its tree nodes: `packed_nodes`), each segment keeps the slots each token attends (a
+`4d-slots` row, `batchmap.apply`), and its tree is read inside it as above.
 What a step kept (`kept_nodes`) is read from the sequence's next call where the KV was kept by
 index; `step_gain` reads, for the command, which tokens a tree step committed.
 """
@@ -24,6 +29,7 @@ from itertools import groupby
 from typing import Any
 
 from specviz.analysis.tree_checks import depths_of
+from specviz.watch.batchmap import block_cut
 
 # ----------------------------------------------------------------------------- the tree of a row
 
@@ -72,15 +78,18 @@ def read_trees(call: Any) -> None:
     if call.parents is not None:
         for r, parents in enumerate(call.parents[: call.batch_size]):
             live = _live_run(call, r)
-            if len(parents) > live:
+            if parents is not None and len(parents) > live:
                 call.unreadable = f"row {r} declares a tree of {len(parents)} nodes; its query holds {live} tokens"
                 return
-        call.trees = [list(p) for p in call.parents[: call.batch_size]] + [None] * (call.batch_size - len(call.parents))
+        declared = [None if p is None else list(p) for p in call.parents[: call.batch_size]]
+        call.trees = declared + [None] * (call.batch_size - len(call.parents))
         call.tree_source = "declared"
         return
     if call.mask_kind not in ("4d", "4d-slots"):
         return
     found = [_mask_tree(call, r) for r in range(call.batch_size)]
+    if call.segments is not None:  # a packed call: a chain from a root that sees no cache is a prefill
+        found = [None if p and not branching(p) and _refed_root(call, r, p) else p for r, p in enumerate(found)]
     # Read as a tree call only where some row branches and is fed its depths: a chain engine's
     # mask bug (a draft that misses the one before it) then stays a chain, flagged as before.
     # A packed call cut around its tree nodes (`packed_nodes`) needs no more proof than a branch.
@@ -155,8 +164,6 @@ def packed_nodes(seen: Any, lines: list[tuple[int, bool, bool, bool]], positions
     a cousin does. A sequence's first token attends its own context, never all of a neighbour's
     view: in a shared cache the sequences' slots are their own. Read by the mask alone, not the
     positions, so a node fed a wrong position stays in its tree (and the tree checks judge it)."""
-    from specviz.watch.batchmap import block_cut
-
     counts = [line[0] for line in lines]
     nodes, start = [], 0
     for t in range(1, len(lines)):

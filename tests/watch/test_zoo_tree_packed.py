@@ -1,9 +1,12 @@
 """Trees in a packed 1 x T call (`tests/watch/zoo/tree.py`, `packed=1`), the shape vLLM's tree
 attention and packed EAGLE engines verify with: every live sequence's tree nodes back to back in
 one row over a shared cache, each node at committed length - 1 + depth, attending its own
-sequence's slots and its ancestors. Watched with its segments and trees declared
-(`w.batch(seq_ids, query_lens=..., parents=...)`), with nothing declared (the API: the call is cut
-by its mask, around its tree nodes, and each tree read inside its sequence), and by the command.
+sequence's slots and its ancestors; the last prompt's prefill rides in step 2's verify call
+behind the trees (`late=2`). Watched with its segments and trees declared
+(`w.batch(seq_ids, query_lens=..., parents=...)`, None for the prefill), with nothing declared (the
+API: the call is cut by its mask, around its tree nodes, and each tree read inside its sequence),
+with flash attention's `cu_seq_lens_q/k` and a boolean mask ("flash": cut by those, the trees read
+inside), and by the command.
 
 The truth is independent of specviz: the correct engine equals batch-1 greedy of the target on
 every prompt, each to its own budget (`shapes.reference`, unwatched). The correct run checks clean
@@ -39,11 +42,13 @@ from specviz.watch.tree import packed_nodes
 BUGS = {
     ("sibling", "declared"): Invariant.KV,
     ("sibling", "rows"): Invariant.POSITIONS,
+    ("sibling", "flash"): Invariant.POSITIONS,
     ("positions", "declared"): Invariant.POSITIONS,
     ("stale_branch", "rows"): Invariant.KV,
     ("stale_branch", "command"): Invariant.KV,
     ("off_path", "rows"): Invariant.ACCOUNTING,
 }
+LATE = 2  # the step whose verify call also prefills the last prompt
 
 
 @pytest.fixture(scope="module")
@@ -65,17 +70,17 @@ def runs(pair, tmp_path_factory):
 
 
 def _api(pair, bug: str | None, mode: str):
+    options = {"declare": int(mode == "declared"), "flash": int(mode == "flash"), "packed": 1, "late": LATE}
     with specviz.watch(pair.target, pair.draft, prompts=PROMPTS, name=f"packed-tree-{mode}") as w:
-        outs, events = tree.generate(
-            pair.target, pair.draft, PROMPTS, BUDGETS, bug=bug, w=w, declare=int(mode == "declared"), packed=1
-        )
+        outs, events = tree.generate(pair.target, pair.draft, PROMPTS, BUDGETS, bug=bug, w=w, **options)
     return w.trace, outs, events
 
 
 def _command(tmp, bug: str | None):
     out = tmp / f"{bug or 'correct'}.trace.json"
     argv = ["watch", "--out", str(out), "--", "python", str(SCRIPT), "tree", "--prompts", json.dumps(PROMPTS)]
-    argv += ["--budgets", ",".join(map(str, BUDGETS)), "--set", "packed=1"] + (["--bug", bug] if bug else [])
+    argv += ["--budgets", ",".join(map(str, BUDGETS)), "--set", "packed=1", "--set", f"late={LATE}"]
+    argv += ["--bug", bug] if bug else []
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         assert main(argv) == 0
@@ -83,7 +88,7 @@ def _command(tmp, bug: str | None):
     return load_trace(out), json.loads(lines["OUTS"]), [tuple(e) for e in json.loads(lines["EVENTS"])]
 
 
-@pytest.mark.parametrize("mode", ["declared", "rows", "command"])
+@pytest.mark.parametrize("mode", ["declared", "rows", "flash", "command"])
 def test_correct_packed_tree_engine_checks_clean(pair, runs, mode: str) -> None:
     trace, outs, events = runs(None, mode)
     assert outs == shapes.reference(pair.target, PROMPTS, BUDGETS) and not events  # the oracle, unwatched
@@ -91,7 +96,7 @@ def test_correct_packed_tree_engine_checks_clean(pair, runs, mode: str) -> None:
     assert report.verdict == "clean", (report.verdict, report.violations[:3])
     assert not report.violation_count and report.exact_match == 1.0
     rows = [row for step in trace.steps for row in step.rows]
-    assert sorted({row.seq_id for row in rows}) == list(range(len(PROMPTS)))
+    assert sorted({row.seq_id for row in rows}) == list(range(len(PROMPTS)))  # the late one too
     shapes_read = {tuple(tree.tree_parents(d)) for d in (1, 2, 3)}
     assert all(tuple(row.tree_parents) in shapes_read for row in rows)  # every row read as its tree
     assert any(len(step.rows) > 1 for step in trace.steps)  # several trees in one packed call

@@ -27,7 +27,12 @@ attends its own sequence's live slots and, among this call's tokens, its ancesto
 position committed length - 1 + depth. The commit drops every node slot off the accepted path (a
 hole). With `declare` it is declared as `w.batch(seq_ids, query_lens=..., parents=...)`; else
 nothing but the emitted tokens is told (the watch cuts the call by its mask). A stale branch is
-then seen at the sequence's next step (one slot too many at its root), as with `compact`.
+then seen at the sequence's next step (one slot too many at its root), as with `compact`. With
+`late` (and `packed`), the last prompt arrives at step `late`: its prefill rides behind the
+others' trees in that step's verify call (a causal chain from position 0, emitting nothing), as
+vLLM mixes prefills into decoding batches. With `flash` (and `packed`), the mask is boolean and
+the calls carry flash attention's varlen metadata (`cu_seq_lens_q/k`, `max_length_q/k`), as
+transformers' continuous batching passes them.
 
 Bugs, each breaking one invariant at (step, sequence) = events[0], from step 1 on:
 - "sibling" (the row of step 1's second sequence, from then on): the mask is causal over the
@@ -70,13 +75,15 @@ def ancestors(parents: list[int], node: int) -> list[int]:
 
 
 @torch.no_grad()
-def generate(target, draft, prompts, max_new, depth=3, bug=None, w=None, declare=0, compact=0, packed=0):
+def generate(
+    target, draft, prompts, max_new, depth=3, bug=None, w=None, declare=0, compact=0, packed=0, flash=0, late=0
+):
     if bug not in (None, *BUGS):
         raise ValueError(f"unknown tree bug {bug!r}; one of {BUGS}")
     if packed:
         if compact:
             raise ValueError("packed keeps its nodes' slots where they are: no compact")
-        return _generate_packed(target, draft, prompts, max_new, depth, bug, w, declare)
+        return _generate_packed(target, draft, prompts, max_new, depth, bug, w, declare, flash, late)
     n = len(prompts)
     limit = budgets(max_new, n)
     seqs = [list(p) for p in prompts]
@@ -145,18 +152,19 @@ def generate(target, draft, prompts, max_new, depth=3, bug=None, w=None, declare
     return outs, events
 
 
-def _generate_packed(target, draft, prompts, max_new, depth, bug, w, declare):
+def _generate_packed(target, draft, prompts, max_new, depth, bug, w, declare, flash, late):
     """`generate` with every step's trees verified in one packed 1 x T call (module docstring)."""
     n = len(prompts)
     limit = budgets(max_new, n)
     seqs = [list(p) for p in prompts]
     outs: list[list[int]] = [[] for _ in prompts]
     eos, done = eos_ids(target), set()
-    kv = SharedKV(target)
-    kv.forward([(s, seqs[s][:-1], 0) for s in range(n)])  # all but each pending token, packed
+    kv = SharedKV(target, flash=bool(flash))
+    waiting = {n - 1: late} if late else {}  # sequence -> the step its prefill rides in
+    kv.forward([(s, seqs[s][:-1], 0) for s in range(n) if s not in waiting])  # all but each pending token
     events: list[tuple[int, int]] = []
     buggy, step = None, 0
-    while active := [s for s in range(n) if s not in done]:
+    while active := [s for s in range(n) if s not in done and s not in waiting]:
         if step == 1 and bug is not None:
             buggy = active[min(1, len(active) - 1)]
         trees = [tree_parents(max(1, min(depth, limit[s] - len(outs[s]) - 1))) for s in active]
@@ -172,8 +180,14 @@ def _generate_packed(target, draft, prompts, max_new, depth, bug, w, declare):
             views.append(seen)
             if s == buggy and bug in ("positions", "sibling") and not events:
                 events.append((step, s))
+        joining = [s for s, at in waiting.items() if at == step]
+        for s in joining:  # a prefill behind the trees: a causal chain from position 0
+            chunks.append((s, seqs[s][:-1], list(range(len(seqs[s]) - 1))))
+            views.append([list(range(i + 1)) for i in range(len(seqs[s]) - 1)])
+            del waiting[s]
         if w is not None and declare:
-            w.batch(active, query_lens=[len(c[1]) for c in chunks], parents=trees)
+            lens = [len(c[1]) for c in chunks]
+            w.batch([c[0] for c in chunks], query_lens=lens, parents=trees + [None] * len(joining))
         choices, slots = _verify_packed(kv, chunks, views)
         for r, s in enumerate(active):
             parents, tokens_in = trees[r], chunks[r][1]
@@ -213,7 +227,12 @@ def _verify_packed(kv: SharedKV, chunks, views) -> tuple[list[list[int]], list[l
         for i in range(len(tokens)):
             mask[0, 0, t, context + [mine[a] for a in seen[i]]] = 0.0
             t += 1
+    extra = {}
+    if kv.flash:
+        extra = kv._varlen(chunks, mask)
+        mask = mask == 0.0
     logits = kv.model(
+        **extra,
         input_ids=torch.tensor([ids]),
         position_ids=torch.tensor([positions]),
         attention_mask=mask,
