@@ -203,20 +203,24 @@ def apply(call: Any, bmap: BatchMap, seen: Any = None) -> bool:
             contexts.append(0)
     call.input_ids, call.positions, call.argmax, call.query_live = ids, pos, am, live
     call.mask, call.mask_kind = (block, "counts") if lines is not None else (None, "unknown")
-    if seen is not None:  # the slots themselves: padding slots attend nothing
-        keys = seen.shape[-1]
-        rows = seen.tolist()
-        call.mask = [
-            [rows[c] for c in range(s.start, s.start + s.length)] + [[False] * keys] * (width - s.length)
-            for s in bmap.segments
-        ]
-        call.mask_kind = "4d-slots"
+    if seen is not None:
+        call.mask, call.mask_kind = [_own_slots(seen, s, width) for s in bmap.segments], "4d-slots"
     call.batch_size, call.query_len, call.contexts = len(bmap.segments), width, contexts
     call.cache_width = max(contexts, default=0)
     call.logit_slots, call.lines = None, None
     call.last_slots = [s.length - 1 for s in bmap.segments]
     call.segments = [(s.row, s.start, s.length) for s in bmap.segments]  # raw columns, for `headinput`
     return True
+
+
+def _own_slots(seen: Any, segment: Segment, width: int) -> list[list[bool]]:
+    """The segment's rows of a packed [T, keys] boolean mask, over only the key slots some token of
+    it attends (in order: which slots each token sees, and which it shares with another, is all a
+    `4d-slots` row is read for), then all-False rows for its padding up to `width`."""
+    block = seen[segment.start : segment.start + segment.length]
+    used = block.any(0).nonzero().flatten()
+    rows = block[:, used].tolist()
+    return rows + [[False] * len(used)] * (width - segment.length)
 
 
 def _argmax_by_column(call: Any) -> dict[tuple[int, int], int]:

@@ -165,6 +165,8 @@ def packed_nodes(seen: Any, lines: list[tuple[int, bool, bool, bool]], positions
     view: in a shared cache the sequences' slots are their own. Read by the mask alone, not the
     positions, so a node fed a wrong position stays in its tree (and the tree checks judge it)."""
     counts = [line[0] for line in lines]
+    # On the CPU through numpy (a view, no copy): torch's per-op cost is most of it here.
+    seen = seen.numpy() if seen.device.type == "cpu" else seen
     nodes, start = [], 0
     for t in range(1, len(lines)):
         if not block_cut(lines, positions, t):
