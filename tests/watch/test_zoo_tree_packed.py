@@ -139,3 +139,41 @@ def test_a_packed_tree_is_cut_by_sequence_not_by_node() -> None:
     # A neighbour's root that leaks one slot of the first sequence is still a cut, never a node.
     leaked = _packed_mask([*views[:3], [0, 2, 3, 7], [0, 2, 3, 7, 8], [0, 2, 3, 7, 9]], 10)
     assert packed_nodes(leaked, _line_summary(leaked), positions) == [2, 5]
+
+
+def _packed_call(views: list[list[int]], positions: list[int], cache: int, **fields):
+    """A captured, unmaterialized packed 1 x T target call whose token t attends key slots `views[t]`
+    (keys: `cache` slots, then the T query tokens)."""
+    from specviz.watch.hooks import CallRecord
+
+    t = len(views)
+    mask = _packed_mask(views, cache + t)[None]
+    ids = torch.tensor([[10 + i for i in range(t)]])
+    call = CallRecord("target", None, ids, torch.tensor([positions]), True, cache, "4d", mask, 1, t, packed=True)
+    for name, value in fields.items():
+        setattr(call, name, value)
+    call.materialize()
+    return call
+
+
+def test_a_packed_tree_after_refed_context_is_unreadable_never_guessed() -> None:
+    """Two sequences in one packed call, each a tree [-1, 0, 0] after its root. With a cache (slots
+    0-1, 2-3) each root is the pending token: two tree rows. Cacheless, each re-feeds its one
+    context token before the tree: which token is the pending one the mask does not say, so the
+    call is unreadable, not read as a tree rooted at the prompt's first token. Declared trees of
+    more nodes than a segment holds are unreadable too."""
+    cached = _packed_call(
+        [[0, 1, 4], [0, 1, 4, 5], [0, 1, 4, 6], [2, 3, 7], [2, 3, 7, 8], [2, 3, 7, 9]], [2, 3, 3] * 2, 4
+    )
+    assert cached.unreadable is None and cached.trees == [[-1, 0, 0], [-1, 0, 0]]
+    refed = [[0], [0, 1], [0, 1, 2], [0, 1, 3], [4], [4, 5], [4, 5, 6], [4, 5, 7]]  # context, root, 2 nodes
+    call = _packed_call(refed, [0, 1, 2, 2] * 2, 0)
+    assert call.trees is None and "re-feeds" in call.unreadable
+    too_big = _packed_call(
+        [[0, 1, 4], [0, 1, 4, 5], [0, 1, 4, 6], [2, 3, 7], [2, 3, 7, 8], [2, 3, 7, 9]],
+        [2, 3, 3] * 2,
+        4,
+        query_lens=[3, 3],
+        parents=[[-1, 0, 0, 1], [-1, 0, 0]],
+    )
+    assert too_big.trees is None and "declares a tree of 4 nodes" in too_big.unreadable
