@@ -8,7 +8,8 @@ Every captured call gets one `BatchMap` at close, from the first producer that c
    sequence per row (2-D or 4-D mask, padding on either side); a packed 1 x T call is cut into its
    sequences by `cu_seq_lens_q` (flash-attention varlen, transformers' `PagedAttentionArgs`), else
    by its block-diagonal 4-D mask (a query token that does not attend what the token before it
-   attended starts another sequence), else, with no mask and no cache, by its `position_ids`
+   attended starts another sequence, unless it is a tree node: `tree.packed_nodes`), else, with
+   no mask and no cache, by its `position_ids`
    restarting (transformers' own packed-sequence rule, `find_packed_sequence_indices`);
 3. **inferred**: nothing was declared and no adapter applies (a padded batch without `w.rows`,
    `specviz watch --`): the sequence in each row is left to `follow.Follower` (the command) or to
