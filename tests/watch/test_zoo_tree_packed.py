@@ -3,7 +3,8 @@ attention and packed EAGLE engines verify with: every live sequence's tree nodes
 one row over a shared cache, each node at committed length - 1 + depth, attending its own
 sequence's slots and its ancestors; the last prompt's prefill rides in step 2's verify call
 behind the trees (`late=2`). Watched with its segments and trees declared
-(`w.batch(seq_ids, query_lens=..., parents=...)`, None for the prefill), with nothing declared (the
+(`w.batch(seq_ids, query_lens=..., parents=...)`, None for the prefill; the sequences packed in a
+new order each step, `rotate=1`), with nothing declared (the
 API: the call is cut by its mask, around its tree nodes, and each tree read inside its sequence),
 with flash attention's `cu_seq_lens_q/k` and a boolean mask ("flash": cut by those, the trees read
 inside), and by the command.
@@ -70,7 +71,8 @@ def runs(pair, tmp_path_factory):
 
 
 def _api(pair, bug: str | None, mode: str):
-    options = {"declare": int(mode == "declared"), "flash": int(mode == "flash"), "packed": 1, "late": LATE}
+    declared = int(mode == "declared")  # declared, the sequences are also packed in a new order each step
+    options = {"declare": declared, "rotate": declared, "flash": int(mode == "flash"), "packed": 1, "late": LATE}
     with specviz.watch(pair.target, pair.draft, prompts=PROMPTS, name=f"packed-tree-{mode}") as w:
         outs, events = tree.generate(pair.target, pair.draft, PROMPTS, BUDGETS, bug=bug, w=w, **options)
     return w.trace, outs, events

@@ -21,7 +21,8 @@ and crops the rest (the KV compacted, as specviz's own engine does).
 With `declare`, each target forward is declared before it (`w.batch(seq_ids, parents=...)`); else
 the rows are declared when they change (`w.rows`) and the watch reads the tree from the mask.
 With `packed`, the target verifies the trees the way vLLM's tree attention and packed EAGLE engines
-do: ONE 1 x T call holding every live sequence's nodes back to back (level order, node 0 first),
+do: ONE 1 x T call holding every live sequence's nodes back to back (level order, node 0 first;
+with `rotate`, the sequences in a new order each step),
 over one shared cache whose slots never move (`shapes.SharedKV`, prefilled packed too); each node
 attends its own sequence's live slots and, among this call's tokens, its ancestors and itself, at
 position committed length - 1 + depth. The commit drops every node slot off the accepted path (a
@@ -75,15 +76,17 @@ def ancestors(parents: list[int], node: int) -> list[int]:
 
 
 @torch.no_grad()
-def generate(
-    target, draft, prompts, max_new, depth=3, bug=None, w=None, declare=0, compact=0, packed=0, flash=0, late=0
-):
+def generate(target, draft, prompts, max_new, depth=3, bug=None, w=None, declare=0, compact=0, packed=0, **shape):
+    """`shape` (with `packed` only): flash, late, rotate (module docstring), each 0 when absent."""
     if bug not in (None, *BUGS):
         raise ValueError(f"unknown tree bug {bug!r}; one of {BUGS}")
     if packed:
         if compact:
             raise ValueError("packed keeps its nodes' slots where they are: no compact")
-        return _generate_packed(target, draft, prompts, max_new, depth, bug, w, declare, flash, late)
+        unknown = set(shape) - {"flash", "late", "rotate"}
+        if unknown:
+            raise TypeError(f"unknown packed tree options: {sorted(unknown)}")
+        return _generate_packed(target, draft, prompts, max_new, depth, bug, w, declare, **shape)
     n = len(prompts)
     limit = budgets(max_new, n)
     seqs = [list(p) for p in prompts]
@@ -152,7 +155,7 @@ def generate(
     return outs, events
 
 
-def _generate_packed(target, draft, prompts, max_new, depth, bug, w, declare, flash, late):
+def _generate_packed(target, draft, prompts, max_new, depth, bug, w, declare, flash=0, late=0, rotate=0):
     """`generate` with every step's trees verified in one packed 1 x T call (module docstring)."""
     n = len(prompts)
     limit = budgets(max_new, n)
@@ -165,6 +168,8 @@ def _generate_packed(target, draft, prompts, max_new, depth, bug, w, declare, fl
     events: list[tuple[int, int]] = []
     buggy, step = None, 0
     while active := [s for s in range(n) if s not in done and s not in waiting]:
+        if rotate:  # packed in a new order each step
+            active = active[step % len(active) :] + active[: step % len(active)]
         if step == 1 and bug is not None:
             buggy = active[min(1, len(active) - 1)]
         trees = [tree_parents(max(1, min(depth, limit[s] - len(outs[s]) - 1))) for s in active]
