@@ -353,13 +353,29 @@ def kept_nodes(call: Any, row: int, rq: Any, later: Any, later_row: int, later_r
     """The nodes of a tree row whose KV the sequence's next target call still attends (at its
     pending token), when both calls' keys are [cache | query] and the next call's cache is this
     one's plus its whole query block (KV kept by index: nothing moved). None where that does not
-    hold (a cache compacted after the commit: which node was copied is not in the mask)."""
+    hold (a cache compacted after the commit: which node was copied is not in the mask). A packed
+    tree call's rows are read the same way from the next call's view of the shared cache's keys,
+    when that call's keys begin where this call's end (`CallRecord.node_keys`)."""
+    if call.node_keys is not None:
+        return _kept_packed(call, row, rq, later, later_row, later_rq)
     if call.mask_kind != "4d" or later.mask_kind != "4d" or later.cache_width != call.cache_width + call.query_len:
         return None
     tail = later.mask[later_row]
     line = tail[later_rq.pending - (later.query_len - len(tail))]
     start = call.cache_width + rq.pending
     return [i for i in range(len(call.trees[row])) if line[start + i]]
+
+
+def _kept_packed(call: Any, row: int, rq: Any, later: Any, later_row: int, later_rq: Any) -> list[int] | None:
+    """`kept_nodes` of a packed tree call's row: the node keys the sequence's next packed call
+    attends at its pending token (its segment's first token, whose view `held` keeps)."""
+    if later.held is None or later.node_keys is None or later_rq.pending != 0:
+        return None
+    if later.node_keys[0] - later.segments[0][1] != call.keys_end:  # keys moved or another call between
+        return None
+    seen = later.held[later_row][0]
+    first = call.node_keys[row] + rq.pending
+    return [i for i in range(len(call.trees[row])) if first + i < len(seen) and seen[first + i]]
 
 
 def step_gain(

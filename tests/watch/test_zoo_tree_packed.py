@@ -38,8 +38,7 @@ from specviz.watch.tree import packed_nodes
 
 # (bug, mode) -> the invariant its first violation breaks, as that mode reads it. Declared, a
 # sibling seen is KV; read from the mask, the causal block is a chain-shaped tree whose depths the
-# positions do not follow. A stale branch shows at the sequence's next step (its root attends one
-# slot too many: the shared cache's slots are read by count, as a static cache's).
+# positions do not follow. A stale branch is KV at its own step: the next call still attends it.
 BUGS = {
     ("sibling", "declared"): Invariant.KV,
     ("sibling", "rows"): Invariant.POSITIONS,
@@ -103,6 +102,9 @@ def test_correct_packed_tree_engine_checks_clean(pair, runs, mode: str) -> None:
     assert all(tuple(row.tree_parents) in shapes_read for row in rows)  # every row read as its tree
     assert any(len(step.rows) > 1 for step in trace.steps)  # several trees in one packed call
     assert any(row.tree_path[:1] == [2] for row in rows)  # the second branch accepted: a tree, not a chain
+    # What each step kept, read from the next packed call's view of the shared cache (slots never move).
+    assert any(row.kept_nodes == [0, *row.tree_path] for row in rows)
+    assert all(row.kept_nodes in (None, [0, *row.tree_path]) for row in rows)
     assert trace.header.tree_branches == 3
 
 

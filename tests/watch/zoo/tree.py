@@ -27,8 +27,8 @@ over one shared cache whose slots never move (`shapes.SharedKV`, prefilled packe
 attends its own sequence's live slots and, among this call's tokens, its ancestors and itself, at
 position committed length - 1 + depth. The commit drops every node slot off the accepted path (a
 hole). With `declare` it is declared as `w.batch(seq_ids, query_lens=..., parents=...)`; else
-nothing but the emitted tokens is told (the watch cuts the call by its mask). A stale branch is
-then seen at the sequence's next step (one slot too many at its root), as with `compact`. With
+nothing but the emitted tokens is told (the watch cuts the call by its mask). The slots never
+move, so what a step kept is read from the next call's view, as without `compact`. With
 `late` (and `packed`), the last prompt arrives at step `late`: its prefill rides behind the
 others' trees in that step's verify call (a causal chain from position 0, emitting nothing), as
 vLLM mixes prefills into decoding batches. With `flash` (and `packed`), the mask is boolean and
@@ -205,7 +205,7 @@ def _generate_packed(target, draft, prompts, max_new, depth, bug, w, declare, fl
             kept = {0, *path}
             if bug == "stale_branch" and step >= 1 and not events and finish is None:
                 kept.add(min(set(range(1, len(parents))) - kept))  # a rejected node's slot stays attended
-                events.append((step + 1, s))  # its root then attends one slot too many
+                events.append((step, s))  # the next call's view of the shared cache shows it kept
             kv.drop([slot for i, slot in enumerate(slots[r]) if i not in kept])
             commit(s, emitted, finish, seqs, outs, done, w)
             if finish:
