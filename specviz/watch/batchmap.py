@@ -8,7 +8,8 @@ Every captured call gets one `BatchMap` at close, from the first producer that c
    sequence per row (2-D or 4-D mask, padding on either side); a packed 1 x T call is cut into its
    sequences by `cu_seq_lens_q` (flash-attention varlen, transformers' `PagedAttentionArgs`), else
    by its block-diagonal 4-D mask (a query token that does not attend what the token before it
-   attended starts another sequence), else, with no mask and no cache, by its `position_ids`
+   attended starts another sequence, unless it is a tree node: `tree.packed_nodes`), else, with
+   no mask and no cache, by its `position_ids`
    restarting (transformers' own packed-sequence rule, `find_packed_sequence_indices`);
 3. **inferred**: nothing was declared and no adapter applies (a padded batch without `w.rows`,
    `specviz watch --`): the sequence in each row is left to `follow.Follower` (the command) or to
@@ -118,7 +119,7 @@ def _packed_segments(call: Any) -> tuple[str, list[tuple[int, int, tuple[int, in
         keys = list(call.cu_k) if call.cu_k is not None else None
         return "cu_seq_lens", _from_lengths(lengths, call.query_len, keys)
     if call.lines is not None:
-        cut = _block_segments(call.lines, call.positions[0])
+        cut = _block_segments(call.lines, call.positions[0], call.tree_nodes or ())
         return ("block-mask", cut) if len(cut) > 1 else None
     if call.mask_kind == "none" and call.cache_width == 0 and call.positions_fed:
         cut = _position_segments(call.positions[0])
@@ -139,15 +140,23 @@ def _from_lengths(
     return out
 
 
-def _block_segments(lines: list[tuple[int, bool, bool, bool]], positions: list[int]) -> list[tuple[int, int, None]]:
-    """A block-diagonal mask's sequences: a query token that drops a slot the token before it
-    attended starts a new one, when its position does not follow that token's or it does not
-    continue it (a sliding window drops old slots too, with positions that follow, and gains only
-    its own key; a neighbour's first token gains its context, even where a slot is shared)."""
+def block_cut(lines: list[tuple[int, bool, bool, bool]], positions: list[int], t: int) -> bool:
+    """Does query token t of a block-diagonal mask start a new sequence? When it drops a slot the
+    token before it attended and its position does not follow that token's or it does not continue
+    it (a sliding window drops old slots too, with positions that follow, and gains only its own
+    key; a neighbour's first token gains its context, even where a slot is shared). A packed tree's
+    sibling drops its predecessor's slot too: `tree.packed_nodes` names those, and they are no cut."""
+    _, dropped, continues, _ = lines[t]
+    return dropped and (positions[t] != positions[t - 1] + 1 or not continues)
+
+
+def _block_segments(
+    lines: list[tuple[int, bool, bool, bool]], positions: list[int], nodes: Any = ()
+) -> list[tuple[int, int, None]]:
+    """A block-diagonal mask's sequences: cut at each `block_cut` that is not a tree node (`nodes`)."""
     cuts = [0]
     for t in range(1, len(lines)):
-        _, dropped, continues, _ = lines[t]
-        if dropped and (positions[t] != positions[t - 1] + 1 or not continues):
+        if t not in nodes and block_cut(lines, positions, t):
             cuts.append(t)
     cuts.append(len(lines))
     return [(a, b - a, None) for a, b in zip(cuts, cuts[1:])]
@@ -162,14 +171,16 @@ def _position_segments(positions: list[int]) -> list[tuple[int, int, None]]:
 # ----------------------------------------------------------------------------- one row per sequence
 
 
-def apply(call: Any, bmap: BatchMap) -> bool:
+def apply(call: Any, bmap: BatchMap, seen: Any = None) -> bool:
     """Rewrite a materialized packed call as one right-padded row per segment (in place); True
     when it did (the call was packed).
 
     Each row's mask is, per query slot, the number of key slots it attends and whether it attends
     exactly one more than the slot before ("counts", read like a static cache's mask: a slot of a
     neighbour attended, or one of its own missed, changes a count and is flagged); its context is
-    what its first query token attends before itself.
+    what its first query token attends before itself. With `seen` (the row's [T, keys] boolean
+    mask: a call that packs trees, `tree.packed_nodes`), each row's mask is instead the key slots
+    each of its query slots attends ("4d-slots", as a static cache's), so its tree can be read.
     """
     call.rows = tuple(s.seq for s in bmap.segments) if all(s.seq is not None for s in bmap.segments) else None
     call.source = bmap.source
@@ -193,12 +204,24 @@ def apply(call: Any, bmap: BatchMap) -> bool:
             contexts.append(0)
     call.input_ids, call.positions, call.argmax, call.query_live = ids, pos, am, live
     call.mask, call.mask_kind = (block, "counts") if lines is not None else (None, "unknown")
+    if seen is not None:
+        call.mask, call.mask_kind = [_own_slots(seen, s, width) for s in bmap.segments], "4d-slots"
     call.batch_size, call.query_len, call.contexts = len(bmap.segments), width, contexts
     call.cache_width = max(contexts, default=0)
     call.logit_slots, call.lines = None, None
     call.last_slots = [s.length - 1 for s in bmap.segments]
     call.segments = [(s.row, s.start, s.length) for s in bmap.segments]  # raw columns, for `headinput`
     return True
+
+
+def _own_slots(seen: Any, segment: Segment, width: int) -> list[list[bool]]:
+    """The segment's rows of a packed [T, keys] boolean mask, over only the key slots some token of
+    it attends (in order: which slots each token sees, and which it shares with another, is all a
+    `4d-slots` row is read for), then all-False rows for its padding up to `width`."""
+    block = seen[segment.start : segment.start + segment.length]
+    used = block.any(0).nonzero().flatten()
+    rows = block[:, used].tolist()
+    return rows + [[False] * len(used)] * (width - segment.length)
 
 
 def _argmax_by_column(call: Any) -> dict[tuple[int, int], int]:

@@ -98,6 +98,14 @@ class CallRecord:
     parents: list[list[int]] | None = None
     trees: list[list[int] | None] | None = None
     tree_source: str | None = None  # "declared" | "mask"
+    # A packed call's query columns that are tree nodes where the block-diagonal rule would cut
+    # (`tree.packed_nodes`): the call packs trees, each read inside its sequence's segment.
+    tree_nodes: list[int] | None = None
+    # A call that packs trees over keys [cache | query] (a shared cache that only appends): the
+    # key column of each row's first query token, and the call's last key + 1, so the next call's
+    # view names which node slots it still attends (`tree.kept_nodes`).
+    node_keys: list[int] | None = None
+    keys_end: int | None = None
 
     def materialize(self) -> None:
         """Tensors to lists, once, at close: the only host syncs the watch adds. Then the call's
@@ -109,7 +117,8 @@ class CallRecord:
 
         # One row verifying a tree (declared, or read from its mask), not sequences packed together.
         if whole is not None and (
-            self.parents is not None or tree.one_tree(whole[0], self.cache_width, self.positions[0])
+            (self.parents is not None and self.query_lens is None)
+            or tree.one_tree(whole[0], self.cache_width, self.positions[0])
         ):
             self.packed, whole = False, None
         if whole is not None:  # a packed row's mask, read as a summary per query token (batchmap.lines)
@@ -123,16 +132,25 @@ class CallRecord:
         self.last_slots = [self._last_slot(row) for row in range(self.batch_size)]
         from specviz.watch import batchmap
 
+        trees = False  # a call that packs trees: its rows keep the slots each token attends
+        if whole is not None:
+            self.tree_nodes = tree.packed_nodes(whole[0], self.lines, self.positions[0])
+            trees = bool(self.tree_nodes) or self.parents is not None
+            if whole.shape[-1] == self.cache_width + self.query_len:  # keys [cache | query]
+                self.keys_end = self.cache_width + self.query_len
+        base = self.cache_width
         try:
-            packed = batchmap.apply(self, batchmap.read_map(self))
+            packed = batchmap.apply(self, batchmap.read_map(self), whole[0] if trees else None)
         except batchmap.Unreadable as why:
             self.unreadable, packed = str(why), False
         if whole is not None and packed:
             self.held = _segment_slots(whole[0], self.segments)
+            if trees and self.keys_end is not None:
+                self.node_keys = [base + start for _, start, _ in self.segments]
         if whole is not None and not packed:  # one sequence after all: read as any 4-D mask
             self.mask = whole.tolist()
             self.last_slots = [self._last_slot(row) for row in range(self.batch_size)]
-        if not packed:
+        if not packed or trees:
             tree.read_trees(self)
         if not packed and self.logit_slots is not None and self.argmax is not None:
             # Argmax kept at some columns only: spread over the query, None elsewhere (`argmax_at`).

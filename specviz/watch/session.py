@@ -155,16 +155,18 @@ class Watch:
         query_lens[i] tokens). The one call per forward of an engine whose batch changes every
         step; `rows` stays the short form for a padded batch that keeps its rows.
 
-        `parents` (target, padded batch): the tree each row verifies, one list per row, node 0
+        `parents` (target): the tree each row (or, with `query_lens`, each packed segment)
+        verifies, one list per sequence (None: it verifies none, a prefill riding along), node 0
         the pending token (parent -1) and every other node's parent an earlier node; the row's
-        last len(parents) real query tokens are its nodes in that order (docs/watch.md, "Trees")."""
+        (segment's) last len(parents) real query tokens are its nodes in that order
+        (docs/watch.md, "Trees")."""
         if model not in ("target", "draft"):
             raise WatchError(f"batch: model must be 'target' or 'draft', got {model!r}")
         self._require_open("batch")
         ids = self._checked_ids(seq_ids, "batch")
         self._once_parents.pop(model, None)
         if parents is not None:
-            self._once_parents[model] = _checked_trees(parents, len(ids), model, query_lens)
+            self._once_parents[model] = _checked_trees(parents, len(ids), model)
         lens = None
         if query_lens is not None:
             lens = [_as_int(n, "batch") for n in query_lens]
@@ -425,20 +427,20 @@ def watch(
 
 
 # ----------------------------------------------------------------------------- helpers
-def _checked_trees(parents: Any, rows: int, model: str, query_lens: Any) -> list[list[int]]:
+def _checked_trees(parents: Any, rows: int, model: str) -> list[list[int]]:
     """One tree per declared row, each a list of parent indices (`tree.tree_error`)."""
-    if model != "target" or query_lens is not None:
-        raise WatchError("batch: parents= declares the target's trees of a padded batch (no query_lens, no draft)")
+    if model != "target":
+        raise WatchError("batch: parents= declares the target's trees (not the draft's)")
     if hasattr(parents, "tolist"):  # a tensor of parents, one row per sequence
         parents = parents.tolist()
     try:
-        trees = [list(p) for p in parents]
+        trees = [None if p is None else list(p) for p in parents]  # None: verifies no tree (a prefill)
     except TypeError:
         raise WatchError("batch: parents= is one list of parent indices per row") from None
     if len(trees) != rows:
         raise WatchError(f"batch: {rows} sequences need {rows} trees in parents=, got {len(trees)}")
     for r, tree in enumerate(trees):
-        problem = tree_error(tree)
+        problem = None if tree is None else tree_error(tree)
         if problem is not None:
             raise WatchError(f"batch: the tree of row {r} {tree[:8]}: {problem}")
     return trees

@@ -6,7 +6,8 @@ tree fields of their step rows (`tree_parents`, `tree_depths`, `node_attends`, `
 A tree row's query is N nodes in N consecutive real query slots ending at its last one, node 0 the
 pending token (the last committed one), `parents[i]` node i's parent (an earlier node). The tree:
 1. **declared**: `w.batch(seq_ids, parents=...)` names each row's parents for the next target
-   forward; more nodes than the row's real query slots make the call unreadable;
+   forward (None: a row, or a packed prefill, that verifies no tree); more nodes than the row's
+   real query slots make the call unreadable;
 2. **read from the mask**, undeclared: a [cache | query] 4-D mask's query block (`parents_of_block`:
    node 0 sees no other node, node i sees itself plus exactly its parent's view), or a static or
    in-place cache's slot mask (`parents_of_sets`: node i's slots are its parent's plus one). A call
@@ -14,6 +15,10 @@ pending token (the last committed one), `parents[i]` node i's parent (an earlier
    (so a chain engine's mask bug stays a chain, flagged as before); its rows whose block is a chain
    are then chain-shaped trees. A tree after re-fed context (no cache) is unreadable: the mask does
    not say which of its chain's tokens is the pending one.
+A packed 1 x T call (vLLM's tree attention) holds several sequences' trees back to back: it is cut
+into its sequences first (declared `query_lens`, `cu_seq_lens_q`, else the block-diagonal mask
+around its tree nodes: `packed_nodes`), each segment keeps the slots each token attends (a
+`4d-slots` row, `batchmap.apply`), and its tree is read inside it as above.
 What a step kept (`kept_nodes`) is read from the sequence's next call where the KV was kept by
 index; `step_gain` reads, for the command, which tokens a tree step committed.
 """
@@ -24,6 +29,7 @@ from itertools import groupby
 from typing import Any
 
 from specviz.analysis.tree_checks import depths_of
+from specviz.watch.batchmap import block_cut
 
 # ----------------------------------------------------------------------------- the tree of a row
 
@@ -72,19 +78,24 @@ def read_trees(call: Any) -> None:
     if call.parents is not None:
         for r, parents in enumerate(call.parents[: call.batch_size]):
             live = _live_run(call, r)
-            if len(parents) > live:
+            if parents is not None and len(parents) > live:
                 call.unreadable = f"row {r} declares a tree of {len(parents)} nodes; its query holds {live} tokens"
                 return
-        call.trees = [list(p) for p in call.parents[: call.batch_size]] + [None] * (call.batch_size - len(call.parents))
+        declared = [None if p is None else list(p) for p in call.parents[: call.batch_size]]
+        call.trees = declared + [None] * (call.batch_size - len(call.parents))
         call.tree_source = "declared"
         return
     if call.mask_kind not in ("4d", "4d-slots"):
         return
     found = [_mask_tree(call, r) for r in range(call.batch_size)]
+    if call.segments is not None:  # a packed call: a chain from a root that sees no cache is a prefill
+        found = [None if p and not branching(p) and _refed_root(call, r, p) else p for r, p in enumerate(found)]
     # Read as a tree call only where some row branches and is fed its depths: a chain engine's
     # mask bug (a draft that misses the one before it) then stays a chain, flagged as before.
+    # A packed call cut around its tree nodes (`packed_nodes`) needs no more proof than a branch.
+    proven = bool(call.tree_nodes)
     confirmed = (
-        p is not None and branching(p) and _fed_depths(call.positions[r], p, call.last_slots[r])
+        p is not None and branching(p) and (proven or _fed_depths(call.positions[r], p, call.last_slots[r]))
         for r, p in enumerate(found)
     )
     if not any(confirmed):
@@ -144,6 +155,36 @@ def one_tree(mask: Any, cache_width: int, positions: Any) -> bool:
         parents = None
     fed = positions.tolist() if hasattr(positions, "tolist") else positions
     return parents is not None and branching(parents) and _fed_depths(fed, parents, last)
+
+
+def packed_nodes(seen: Any, lines: list[tuple[int, bool, bool, bool]], positions: list[int]) -> list[int]:
+    """The query columns of a packed 1 x T call's boolean [T, keys] mask where the block-diagonal
+    rule (`batchmap.block_cut`) would start a sequence but the token is a tree node: it attends
+    exactly the slots of an earlier token since the last cut plus one (its own), as a sibling or
+    a cousin does. A sequence's first token attends its own context, never all of a neighbour's
+    view: in a shared cache the sequences' slots are their own. Read by the mask alone, not the
+    positions, so a node fed a wrong position stays in its tree (and the tree checks judge it)."""
+    counts = [line[0] for line in lines]
+    # On the CPU through numpy (a view, no copy): torch's per-op cost is most of it here.
+    seen = seen.numpy() if seen.device.type == "cpu" else seen
+    nodes, start = [], 0
+    for t in range(1, len(lines)):
+        if not block_cut(lines, positions, t):
+            continue
+        if _has_parent(seen, counts, start, t):
+            nodes.append(t)
+        else:
+            start = t
+    return nodes
+
+
+def _has_parent(seen: Any, counts: list[int], start: int, t: int) -> bool:
+    """Does token t attend every slot some token in [start, t) attends, plus exactly one more?"""
+    found = [u for u in range(start, t) if counts[u] > 0 and counts[u] == counts[t] - 1]
+    if not found:
+        return False
+    rows = seen[found]
+    return bool((~(rows & ~seen[t]).any(-1)).any())
 
 
 def _live_run(call: Any, row: int) -> int:
@@ -312,13 +353,29 @@ def kept_nodes(call: Any, row: int, rq: Any, later: Any, later_row: int, later_r
     """The nodes of a tree row whose KV the sequence's next target call still attends (at its
     pending token), when both calls' keys are [cache | query] and the next call's cache is this
     one's plus its whole query block (KV kept by index: nothing moved). None where that does not
-    hold (a cache compacted after the commit: which node was copied is not in the mask)."""
+    hold (a cache compacted after the commit: which node was copied is not in the mask). A packed
+    tree call's rows are read the same way from the next call's view of the shared cache's keys,
+    when that call's keys begin where this call's end (`CallRecord.node_keys`)."""
+    if call.node_keys is not None:
+        return _kept_packed(call, row, rq, later, later_row, later_rq)
     if call.mask_kind != "4d" or later.mask_kind != "4d" or later.cache_width != call.cache_width + call.query_len:
         return None
     tail = later.mask[later_row]
     line = tail[later_rq.pending - (later.query_len - len(tail))]
     start = call.cache_width + rq.pending
     return [i for i in range(len(call.trees[row])) if line[start + i]]
+
+
+def _kept_packed(call: Any, row: int, rq: Any, later: Any, later_row: int, later_rq: Any) -> list[int] | None:
+    """`kept_nodes` of a packed tree call's row: the node keys the sequence's next packed call
+    attends at its pending token (its segment's first token, whose view `held` keeps)."""
+    if later.held is None or later.node_keys is None or later_rq.pending != 0:
+        return None
+    if later.node_keys[0] - later.segments[0][1] != call.keys_end:  # keys moved or another call between
+        return None
+    seen = later.held[later_row][0]
+    first = call.node_keys[row] + rq.pending
+    return [i for i in range(len(call.trees[row])) if first + i < len(seen) and seen[first + i]]
 
 
 def step_gain(

@@ -161,8 +161,10 @@ def test_declared_trees_are_checked(pair) -> None:
         for bad in ([[0, 0]] * 5, [[-1, 1]] * 5, [[-1, 0]] * 4, [[-1, 0.5]] * 5, [3] * 5):
             with pytest.raises(WatchError, match="batch: "):
                 w.batch(range(5), parents=bad)
-        with pytest.raises(WatchError, match="padded batch"):  # a packed call's trees are not read
-            w.batch(range(5), parents=[[-1, 0, 0]] * 5, query_lens=[3] * 5)
+        with pytest.raises(WatchError, match="not the draft's"):  # the draft verifies no tree
+            w.batch(range(5), parents=[[-1, 0, 0]] * 5, model="draft")
+        with pytest.raises(WatchError, match="5 trees"):  # one tree per packed segment too
+            w.batch(range(5), parents=[[-1, 0, 0]] * 4, query_lens=[3] * 5)
 
         class TooBig:  # declares a depth-4 tree (9 nodes) for the engine's 7-node query
             def rows(self, seq_ids, model=None) -> None:

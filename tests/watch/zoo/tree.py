@@ -20,6 +20,20 @@ With `compact`, the commit instead moves each row's kept nodes to the front of t
 and crops the rest (the KV compacted, as specviz's own engine does).
 With `declare`, each target forward is declared before it (`w.batch(seq_ids, parents=...)`); else
 the rows are declared when they change (`w.rows`) and the watch reads the tree from the mask.
+With `packed`, the target verifies the trees the way vLLM's tree attention and packed EAGLE engines
+do: ONE 1 x T call holding every live sequence's nodes back to back (level order, node 0 first;
+with `rotate`, the sequences in a new order each step),
+over one shared cache whose slots never move (`shapes.SharedKV`, prefilled packed too); each node
+attends its own sequence's live slots and, among this call's tokens, its ancestors and itself, at
+position committed length - 1 + depth. The commit drops every node slot off the accepted path (a
+hole). With `declare` it is declared as `w.batch(seq_ids, query_lens=..., parents=...)`; else
+nothing but the emitted tokens is told (the watch cuts the call by its mask). The slots never
+move, so what a step kept is read from the next call's view, as without `compact`. With
+`late` (and `packed`), the last prompt arrives at step `late`: its prefill rides behind the
+others' trees in that step's verify call (a causal chain from position 0, emitting nothing), as
+vLLM mixes prefills into decoding batches. With `flash` (and `packed`), the mask is boolean and
+the calls carry flash attention's varlen metadata (`cu_seq_lens_q/k`, `max_length_q/k`), as
+transformers' continuous batching passes them.
 
 Bugs, each breaking one invariant at (step, sequence) = events[0], from step 1 on:
 - "sibling" (the row of step 1's second sequence, from then on): the mask is causal over the
@@ -40,7 +54,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from .shapes import NEG, budgets, commit, eos_ids, settle
+from .shapes import NEG, SharedKV, budgets, commit, eos_ids, settle
 
 BUGS = ("sibling", "positions", "stale_branch", "off_path")
 
@@ -62,9 +76,17 @@ def ancestors(parents: list[int], node: int) -> list[int]:
 
 
 @torch.no_grad()
-def generate(target, draft, prompts, max_new, depth=3, bug=None, w=None, declare=0, compact=0):
+def generate(target, draft, prompts, max_new, depth=3, bug=None, w=None, declare=0, compact=0, packed=0, **shape):
+    """`shape` (with `packed` only): flash, late, rotate (module docstring), each 0 when absent."""
     if bug not in (None, *BUGS):
         raise ValueError(f"unknown tree bug {bug!r}; one of {BUGS}")
+    if packed:
+        if compact:
+            raise ValueError("packed keeps its nodes' slots where they are: no compact")
+        unknown = set(shape) - {"flash", "late", "rotate"}
+        if unknown:
+            raise TypeError(f"unknown packed tree options: {sorted(unknown)}")
+        return _generate_packed(target, draft, prompts, max_new, depth, bug, w, declare, **shape)
     n = len(prompts)
     limit = budgets(max_new, n)
     seqs = [list(p) for p in prompts]
@@ -131,6 +153,100 @@ def generate(target, draft, prompts, max_new, depth=3, bug=None, w=None, declare
                 w.rows(active)
         step += 1
     return outs, events
+
+
+def _generate_packed(target, draft, prompts, max_new, depth, bug, w, declare, flash=0, late=0, rotate=0):
+    """`generate` with every step's trees verified in one packed 1 x T call (module docstring)."""
+    n = len(prompts)
+    limit = budgets(max_new, n)
+    seqs = [list(p) for p in prompts]
+    outs: list[list[int]] = [[] for _ in prompts]
+    eos, done = eos_ids(target), set()
+    kv = SharedKV(target, flash=bool(flash))
+    waiting = {n - 1: late} if late else {}  # sequence -> the step its prefill rides in
+    kv.forward([(s, seqs[s][:-1], 0) for s in range(n) if s not in waiting])  # all but each pending token
+    events: list[tuple[int, int]] = []
+    buggy, step = None, 0
+    while active := [s for s in range(n) if s not in done and s not in waiting]:
+        if rotate:  # packed in a new order each step
+            active = active[step % len(active) :] + active[: step % len(active)]
+        if step == 1 and bug is not None:
+            buggy = active[min(1, len(active) - 1)]
+        trees = [tree_parents(max(1, min(depth, limit[s] - len(outs[s]) - 1))) for s in active]
+        nodes = _propose(draft, [seqs[s] for s in active], depth)
+        chunks, views = [], []
+        for r, (s, parents) in enumerate(zip(active, trees)):
+            depths = [len(ancestors(parents, i)) - 1 for i in range(len(parents))]
+            fed = list(range(len(parents))) if s == buggy and bug == "positions" else depths
+            seen = [ancestors(parents, i) for i in range(len(parents))]
+            if s == buggy and bug == "sibling":
+                seen = [list(range(i + 1)) for i in range(len(parents))]  # causal over the flattened tree
+            chunks.append((s, [seqs[s][-1], *nodes[r][: len(parents) - 1]], [len(seqs[s]) - 1 + d for d in fed]))
+            views.append(seen)
+            if s == buggy and bug in ("positions", "sibling") and not events:
+                events.append((step, s))
+        joining = [s for s, at in waiting.items() if at == step]
+        for s in joining:  # a prefill behind the trees: a causal chain from position 0
+            chunks.append((s, seqs[s][:-1], list(range(len(seqs[s]) - 1))))
+            views.append([list(range(i + 1)) for i in range(len(seqs[s]) - 1)])
+            del waiting[s]
+        if w is not None and declare:
+            lens = [len(c[1]) for c in chunks]
+            w.batch([c[0] for c in chunks], query_lens=lens, parents=trees + [None] * len(joining))
+        choices, slots = _verify_packed(kv, chunks, views)
+        for r, s in enumerate(active):
+            parents, tokens_in = trees[r], chunks[r][1]
+            path = _path(parents, tokens_in, choices[r])
+            if bug == "off_path" and s == buggy and not events:
+                path = [1] if path[:1] == [2] else [2]
+                events.append((step, s))
+            tokens = [tokens_in[i] for i in path] + [choices[r][path[-1] if path else 0]]
+            emitted, finish = settle(outs[s], tokens[: limit[s] - len(outs[s])], limit[s], eos)
+            kept = {0, *path}
+            if bug == "stale_branch" and step >= 1 and not events and finish is None:
+                kept.add(min(set(range(1, len(parents))) - kept))  # a rejected node's slot stays attended
+                events.append((step, s))  # the next call's view of the shared cache shows it kept
+            kv.drop([slot for i, slot in enumerate(slots[r]) if i not in kept])
+            commit(s, emitted, finish, seqs, outs, done, w)
+            if finish:
+                kv.release(s)
+        step += 1
+    return outs, events
+
+
+def _verify_packed(kv: SharedKV, chunks, views) -> tuple[list[list[int]], list[list[int]]]:
+    """One packed 1 x T target forward of every sequence's nodes (`chunks`: sequence, tokens, their
+    positions; `views`: per node the nodes it attends); per sequence the target's choice at each
+    node and the node's cache slot."""
+    at, slots, ids, positions, owners = len(kv.owner), [], [], [], []
+    for s, tokens, fed in chunks:
+        slots.append(list(range(at, at + len(tokens))))
+        at += len(tokens)
+        ids += tokens
+        positions += fed
+        owners += [s] * len(tokens)
+    mask = torch.full((1, 1, len(ids), at), NEG)
+    t = 0
+    for (s, tokens, _), mine, seen in zip(chunks, slots, views):
+        context = kv._view(s)
+        for i in range(len(tokens)):
+            mask[0, 0, t, context + [mine[a] for a in seen[i]]] = 0.0
+            t += 1
+    extra = {}
+    if kv.flash:
+        extra = kv._varlen(chunks, mask)
+        mask = mask == 0.0
+    logits = kv.model(
+        **extra,
+        input_ids=torch.tensor([ids]),
+        position_ids=torch.tensor([positions]),
+        attention_mask=mask,
+        cache=kv.cache,
+        use_cache=True,
+    ).logits[0]
+    kv._commit([j for mine in slots for j in mine], owners)
+    choices = [logits[mine[0] - slots[0][0] : mine[-1] - slots[0][0] + 1].argmax(-1).tolist() for mine in slots]
+    return choices, slots
 
 
 def _compact(cache, width: int, kept_rows: list[list[int]], live: list[list[bool]]) -> list[list[bool]]:
