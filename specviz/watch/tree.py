@@ -85,7 +85,7 @@ def read_trees(call: Any) -> None:
         call.trees = declared + [None] * (call.batch_size - len(call.parents))
         call.tree_source = "declared"
         return
-    if call.mask_kind not in ("4d", "4d-slots"):
+    if call.mask_kind not in ("4d", "4d-slots") or call.mask is None:  # no mask kept: no tree to read
         return
     found = [_mask_tree(call, r) for r in range(call.batch_size)]
     if call.segments is not None:  # a packed call: a chain from a root that sees no cache is a prefill
