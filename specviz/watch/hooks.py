@@ -178,8 +178,8 @@ class CallRecord:
             values = self.mask[row]
             if len(values) >= q:
                 return [int(v) for v in values[len(values) - q :]]
-        if self.query_live is not None and any(self.query_live[row]):
-            return [int(v) for v in self.query_live[row]]
+        if self.query_live is not None and (any(self.query_live[row]) or self.mask_kind == "4d"):
+            return [int(v) for v in self.query_live[row]]  # a 4-D row with none live feeds nothing
         return [1] * q
 
     def _last_slot(self, row: int) -> int:
@@ -297,6 +297,12 @@ class ModelHooks:
             # slots inside the keys that the mask alone does not name, so only what each query
             # slot attends is read, not where (`calls.mask_row`).
             kind = "4d-slots"
+        elif kind == "4d" and live is not None and kept is not None and kept.shape[1] == q:
+            # A real query token attends its own key (the query block's diagonal of a [cache |
+            # query] mask); a slot that does not feeds nothing, though it may see the cache (a
+            # finished row fed a pad with its query masked out, kept in the batch).
+            cols = torch.arange(q, device=kept.device)
+            live = live & kept[:, cols, width + cols].to(live.device)
         positions, positions_fed = self._positions(fed, mask if kind == "2d" else None, batch, width, q)
         keep = fed.get("logits_to_keep")
         self.open.append(

@@ -38,7 +38,9 @@ SCRIPT = Path(__file__).parent / "zoo" / "scripts" / "run_engine.py"
 # How the run is watched: its trees declared (`w.batch(..., parents=...)`), its rows only (trees
 # from the mask), or through the command; "compact-": the engine compacts the kept KV instead of
 # keeping it by index (`kept_nodes` is then not read: a stale branch shows at the next step).
-MODES = ["declared", "rows", "command", "compact-declared", "compact-command"]
+# "idle-": finished rows stay in the batch, fed pads whose query block is masked out but that
+# still see their cache (read as feeding nothing: a real token attends its own key).
+MODES = ["declared", "rows", "command", "compact-declared", "compact-command", "idle-rows", "idle-command"]
 BUGS = {
     # declared trees: the sibling a node sees is no ancestor (KV). Read from the mask, the row's
     # block is causal, read as a chain-shaped tree whose depths the positions do not follow.
@@ -54,6 +56,7 @@ BUGS = {
 WRONG_OUTPUT = "off_path"  # the target's choice not kept: a wrong output, never called clean
 BUGS.update({(bug, "command"): invariant for (bug, mode), invariant in list(BUGS.items()) if mode == "rows"})
 BUGS.update({(bug, f"compact-{mode}"): BUGS[bug, mode] for bug, mode in list(BUGS) if mode != "rows"})
+BUGS.update({(bug, f"idle-{mode}"): BUGS[bug, mode] for bug, mode in list(BUGS) if mode in ("rows", "command")})
 
 
 @pytest.fixture(scope="module")
@@ -68,27 +71,28 @@ def runs(pair, tmp_path_factory):
 
     def get(bug: str | None, mode: str):
         if (bug, mode) not in done:
-            compact = int(mode.startswith("compact-"))
+            compact, idle = int(mode.startswith("compact-")), int(mode.startswith("idle-"))
             command = mode.endswith("command")
-            done[bug, mode] = _command(tmp, bug, compact) if command else _api(pair, bug, mode, compact)
+            done[bug, mode] = _command(tmp, bug, compact, idle) if command else _api(pair, bug, mode, compact, idle)
         return done[bug, mode]
 
     return get
 
 
-def _api(pair, bug: str | None, mode: str, compact: int):
+def _api(pair, bug: str | None, mode: str, compact: int, idle: int = 0):
     declare = int(mode.endswith("declared"))
     with specviz.watch(pair.target, pair.draft, prompts=PROMPTS, name=f"tree-{mode}") as w:
         outs, events = tree.generate(
-            pair.target, pair.draft, PROMPTS, BUDGETS, bug=bug, w=w, declare=declare, compact=compact
+            pair.target, pair.draft, PROMPTS, BUDGETS, bug=bug, w=w, declare=declare, compact=compact, idle=idle
         )
     return w.trace, outs, events
 
 
-def _command(tmp: Path, bug: str | None, compact: int):
-    out = tmp / f"tree-{bug}-{compact}.trace.json"
+def _command(tmp: Path, bug: str | None, compact: int, idle: int = 0):
+    out = tmp / f"tree-{bug}-{compact}-{idle}.trace.json"
     argv = ["watch", "--out", str(out), "--", "python", str(SCRIPT), "tree", "--prompts", json.dumps(PROMPTS)]
     argv += ["--budgets", ",".join(map(str, BUDGETS)), "--set", f"compact={compact}"]
+    argv += ["--set", f"idle={idle}"] if idle else []
     argv += ["--bug", bug] if bug else []
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):

@@ -16,6 +16,9 @@ purpose unlike specviz's own tree engine (`specviz/engine`, `--tree`):
   its budget can use (at least 1): near their ends rows verify smaller trees, right-padded in the
   verify (a padding slot attends nothing); finished rows leave the batch
   (`DynamicCache.batch_select_indices`).
+With `idle`, finished rows stay in the batch until every row is done, fed the pad id at every
+query slot with the query block masked out (each such slot sees its row's cache, nothing of the
+query, not even itself), as engines that keep a static batch do; they emit nothing.
 With `compact`, the commit instead moves each row's kept nodes to the front of the step's block
 and crops the rest (the KV compacted, as specviz's own engine does).
 With `declare`, each target forward is declared before it (`w.batch(seq_ids, parents=...)`); else
@@ -76,10 +79,14 @@ def ancestors(parents: list[int], node: int) -> list[int]:
 
 
 @torch.no_grad()
-def generate(target, draft, prompts, max_new, depth=3, bug=None, w=None, declare=0, compact=0, packed=0, **shape):
+def generate(
+    target, draft, prompts, max_new, depth=3, bug=None, w=None, declare=0, compact=0, packed=0, idle=0, **shape
+):
     """`shape` (with `packed` only): flash, late, rotate (module docstring), each 0 when absent."""
     if bug not in (None, *BUGS):
         raise ValueError(f"unknown tree bug {bug!r}; one of {BUGS}")
+    if idle and (packed or compact):
+        raise ValueError("idle rows are a padded, uncompacted batch's")
     if packed:
         if compact:
             raise ValueError("packed keeps its nodes' slots where they are: no compact")
@@ -99,15 +106,20 @@ def generate(target, draft, prompts, max_new, depth=3, bug=None, w=None, declare
     step = 0
     if w is not None and not declare:
         w.rows(active)
-    while active:
+    while any(s not in done for s in active):
         if step == 1 and bug is not None:
-            buggy = active[min(1, len(active) - 1)]
+            buggy = [s for s in active if s not in done][min(1, len(active) - len(done & set(active)) - 1)]
         # Each row's tree is as deep as its budget can use (at least 1): a step's trees are ragged.
         trees = [tree_parents(max(1, min(depth, limit[s] - len(outs[s]) - 1))) for s in active]
         width = max(len(parents) for parents in trees)  # the verify's query, right-padded to it
         nodes = _propose(draft, [seqs[s] for s in active], depth)  # [B][2 * depth], level order
         query, positions, attends = [], [], []
         for r, (s, parents) in enumerate(zip(active, trees)):
+            if s in done:  # idle: a pad at every slot, seeing its cache only
+                query.append([0] * width)
+                positions.append([len(seqs[s]) - 1] * width)
+                attends.append([[] for _ in range(width)])
+                continue
             pad = width - len(parents)
             query.append([seqs[s][-1], *nodes[r][: len(parents) - 1]] + [0] * pad)
             fed = [len(ancestors(parents, i)) - 1 for i in range(len(parents))]  # depths
@@ -125,6 +137,11 @@ def generate(target, draft, prompts, max_new, depth=3, bug=None, w=None, declare
         choices = _verify(target, cache, live, query, positions, attends)
         keep_rows, kept_rows = [], []
         for r, s in enumerate(active):
+            if s in done:  # idle: nothing kept, nothing emitted
+                live[r] += [False] * width
+                keep_rows.append(r)
+                kept_rows.append([])
+                continue
             parents = trees[r]
             path = _path(parents, query[r], choices[r])
             if bug == "off_path" and s == buggy and not events:
@@ -140,7 +157,7 @@ def generate(target, draft, prompts, max_new, depth=3, bug=None, w=None, declare
             if not compact:
                 live[r] += [i in kept for i in range(width)]
             commit(s, emitted, finish, seqs, outs, done, w)
-            if not finish:
+            if not finish or idle:
                 keep_rows.append(r)
         if compact:
             live = _compact(cache, len(live[0]), kept_rows, live)
