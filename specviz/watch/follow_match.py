@@ -80,14 +80,27 @@ class Assignments:
         """The chain's fits, less the (row, sequence) pairs the call's own evidence rules out where
         the chain ties: a row that fits several sequences, or a sequence that several rows fit. The
         evidence is the position fed to the row's pending token and its mask's history
-        (`_position_agrees`, `_history_agrees`). A pair goes only when another pair of the same
+        (`_position_agrees`, `_history_agrees`), each read only where no uncontested row of the
+        call contradicts it. A pair goes only when another pair of the same
         tie agrees, so a tie the evidence cannot break stands (unreadable where it matters), and a
         row with a KV or position bug loses only a sequence another row holds by the evidence, to
         be read as its own sequence after (by its pending token, `_unique`), never as another."""
         claims = Counter(s for f in fits.values() for s in f)
         if all(len(f) < 2 for f in fits.values()) and all(n < 2 for n in claims.values()):
             return fits
-        agrees = {(r, s): self._agrees(j, r, s, how) for r, f in fits.items() for s, how in f.items()}
+        # Evidence that an uncontested row contradicts (its own sequence at a rebuilt or shifted
+        # layout, or a systematic convention) is not read this call: every tie stands instead.
+        plain = [(r, s, how) for r, f in fits.items() if len(f) == 1 for s, how in f.items() if claims[s] == 1]
+        trusted = {
+            kind
+            for kind in ("position", "history")
+            if all(self._says(kind, j, r, s, how) is not False for r, s, how in plain)
+        }
+        agrees = {
+            (r, s): all(self._says(kind, j, r, s, how) is not False for kind in trusted)
+            for r, f in fits.items()
+            for s, how in f.items()
+        }
         out = {}
         for r, f in fits.items():
             out[r] = {}
@@ -97,9 +110,12 @@ class Assignments:
                     out[r][s] = how
         return out
 
-    def _agrees(self, j: int, r: int, s: int, how: str) -> bool:
-        seq, v = self.seqs[s], self._view(j, r, s)
-        return self._position_agrees(j, r, seq, v, how) is not False and self._history_agrees(j, r, seq) is not False
+    def _says(self, kind: str, j: int, r: int, s: int, how: str) -> bool | None:
+        """What one kind of evidence ("position" or "history") says of row r holding sequence s."""
+        seq = self.seqs[s]
+        if kind == "position":
+            return self._position_agrees(j, r, seq, self._view(j, r, s), how)
+        return self._history_agrees(j, r, seq)
 
     def _position_agrees(self, j: int, r: int, s: Seq, v: RowView, how: str) -> bool | None:
         """The pending token of a row read as grown (or by its token alone) sits at the sequence's
