@@ -3,6 +3,7 @@ the rows' fits allow up to sequences identical so far, or why not (`Ambiguous`).
 
 from __future__ import annotations
 
+from collections import Counter
 from itertools import groupby
 from typing import Any
 
@@ -24,6 +25,7 @@ class Assignments:
         Rows the chain (token and context length) matches to no sequence are then matched by token
         alone to the sequences left: an engine that moves a row's tokens but not its cache or mask
         (a bug) still has that row read as the sequence it fed, and the wrong context flagged there."""
+        fits = self._told_apart(j, fits)
         out = self._one_assignment(j, active, fits, {s.id for s in self.seqs if not s.finished})
         if isinstance(out, str):
             return out
@@ -34,6 +36,7 @@ class Assignments:
         cached = [r for r in active if r not in out and not self._view(j, r, NEW).whole]
         if cached and left:
             weak = {r: {s: "weak" for s in left if self._weak(self.seqs[s], self._view(j, r, s))} for r in cached}
+            weak = self._told_apart(j, weak)
             more = self._one_assignment(j, cached, weak, left)
             if isinstance(more, str):
                 return more
@@ -72,6 +75,77 @@ class Assignments:
                 free.remove(s)
                 out[r] = (s.id, fits[r][s.id])
         return out
+
+    def _told_apart(self, j: int, fits: dict[int, dict[int, str]]) -> dict[int, dict[int, str]]:
+        """The chain's fits, less the (row, sequence) pairs the call's own evidence rules out where
+        the chain ties: a row that fits several sequences, or a sequence that several rows fit. The
+        evidence is the position fed to the row's pending token and its mask's history
+        (`_position_agrees`, `_history_agrees`), each read only where no uncontested row of the
+        call contradicts it. A pair goes only when another pair of the same
+        tie agrees, so a tie the evidence cannot break stands (unreadable where it matters), and a
+        row with a KV or position bug loses only a sequence another row holds by the evidence, to
+        be read as its own sequence after (by its pending token, `_unique`), never as another."""
+        claims = Counter(s for f in fits.values() for s in f)
+        if all(len(f) < 2 for f in fits.values()) and all(n < 2 for n in claims.values()):
+            return fits
+        # Evidence that an uncontested row contradicts (its own sequence at a rebuilt or shifted
+        # layout, or a systematic convention) is not read this call: every tie stands instead.
+        plain = [(r, s, how) for r, f in fits.items() if len(f) == 1 for s, how in f.items() if claims[s] == 1]
+        trusted = {
+            kind
+            for kind in ("position", "history")
+            if all(self._says(kind, j, r, s, how) is not False for r, s, how in plain)
+        }
+        agrees = {
+            (r, s): all(self._says(kind, j, r, s, how) is not False for kind in trusted)
+            for r, f in fits.items()
+            for s, how in f.items()
+        }
+        out = {}
+        for r, f in fits.items():
+            out[r] = {}
+            for s, how in f.items():
+                rivals = [(r, t) for t in f if t != s] + [(q, s) for q in fits if q != r and s in fits[q]]
+                if agrees[r, s] or not any(agrees[p] for p in rivals):
+                    out[r][s] = how
+        return out
+
+    def _says(self, kind: str, j: int, r: int, s: int, how: str) -> bool | None:
+        """What one kind of evidence ("position" or "history") says of row r holding sequence s."""
+        seq = self.seqs[s]
+        if kind == "position":
+            return self._position_agrees(j, r, seq, self._view(j, r, s), how)
+        return self._history_agrees(j, r, seq)
+
+    def _position_agrees(self, j: int, r: int, s: Seq, v: RowView, how: str) -> bool | None:
+        """The pending token of a row read as grown (or by its token alone) sits at the sequence's
+        committed length: the position fed there says how many drafts its last step took, and the
+        token must be one that step could commit last after taking that many. None: nothing fed
+        to read (or not a step's growth)."""
+        call = self.calls[j]
+        if how not in ("grow", "weak") or not call.positions_fed or s.opened:
+            return None
+        drafts, targets, _ = self._step_tokens(s)
+        took = int(call.positions[r][v.rq.pending]) - len(s.context)
+        if not 0 <= took <= len(drafts):
+            return False
+        return not targets or v.token == targets[took] or (took < len(drafts) and v.token == drafts[took])
+
+    def _history_agrees(self, j: int, r: int, s: Seq) -> bool | None:
+        """A padded batch's cache row keeps its mask: the slots that were the cache of the sequence's
+        last call read the same now (its padding, its holes), and the slots it was fed then are at
+        most dropped (a rejected draft), never newly attended. None: no 2-D masks to compare."""
+        call, (jp, rp) = self.calls[j], s.at
+        before = self.calls[jp]
+        if jp == j or call.mask_kind != "2d" or before.mask_kind != "2d" or call.mask is None or before.mask is None:
+            return None
+        old, new = before.mask[rp], call.mask[r]
+        if call.cache_width < len(old):
+            return None  # the cache was cropped or rebuilt: its history is not where it was
+        n = before.cache_width
+        return [int(x) for x in new[:n]] == [int(x) for x in old[:n]] and all(
+            int(a) <= int(b) for a, b in zip(new[n : len(old)], old[n:], strict=True)
+        )
 
     def _weak(self, s: Seq, v: RowView) -> bool:
         """The row's pending token is one the sequence's open step could have committed last."""

@@ -5,7 +5,8 @@
         packed --bug kv_leak --prompts '[[5, 6, 7], [11, 12]]' --budgets 10,4
 
 It builds the tiny Llama target (and, for the engines that use one, its noisy draft) with
-`from_config`, as `tests/support/tiny.make_pair` does, so the command's hooks see them; the head
+`from_config`, as `tests/support/tiny.make_pair` does, so the command's hooks see them (`--family
+F`: that family's tiny pair from `tiny` itself, tests/support then on the path too); the head
 engine builds its head (no draft model; `--set medusa=1`: Medusa-shaped heads). It prints
 `OUTS <outputs>` and `EVENTS <bug locations>` for the tests to read. Nothing in it knows about specviz.
 """
@@ -17,10 +18,10 @@ import json
 
 import torch
 import transformers as tf
-from zoo import head, packed, paged, queued, tree  # tests/watch on the path (its conftest, or PYTHONPATH)
+from zoo import dropping, head, packed, paged, queued, tree  # tests/watch on the path (its conftest, or PYTHONPATH)
 
-ENGINES = {"packed": packed, "queued": queued, "paged": paged, "head": head, "tree": tree}
-USES_DRAFT = {"packed", "queued", "tree"}
+ENGINES = {"dropping": dropping, "packed": packed, "queued": queued, "paged": paged, "head": head, "tree": tree}
+USES_DRAFT = {"dropping", "packed", "queued", "tree"}
 
 
 def tiny_llama() -> torch.nn.Module:
@@ -56,6 +57,7 @@ def main() -> None:
     parser.add_argument("--bug")
     parser.add_argument("--prompts", required=True, help="JSON list of token-id lists")
     parser.add_argument("--budgets", required=True, help="one max_new_tokens, or one per prompt, comma-separated")
+    parser.add_argument("--family", help="a tiny pair of this family (tests/support/tiny.make_pair) instead")
     parser.add_argument("--set", action="append", default=[], help="NAME=INT: an engine option (e.g. tokens=5)")
     args = parser.parse_args()
     options = {name: int(value) for name, value in (item.split("=", 1) for item in args.set)}
@@ -63,8 +65,15 @@ def main() -> None:
     budgets = [int(n) for n in args.budgets.split(",")]
     max_new = budgets[0] if len(budgets) == 1 else budgets
     torch.manual_seed(0)
-    target = tiny_llama()
-    if args.engine in USES_DRAFT:
+    if args.family:
+        import tiny  # tests/support: the root conftest puts it on the path, or PYTHONPATH does
+
+        target = tiny.build(args.family, 3)
+    else:
+        target = tiny_llama()
+    if args.family and args.engine in USES_DRAFT:
+        second = tiny.noisy_draft(target)
+    elif args.engine in USES_DRAFT:
         second = noisy_copy(target)
     elif args.engine == "head":
         second = head.MedusaHeads(target) if options.pop("medusa", 0) else head.DraftHead(target)
