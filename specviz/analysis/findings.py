@@ -27,9 +27,6 @@ UNFOLLOWED_CHECK = "rows not followed"
 # header.options key: {"step": S, "why": ...}: the watch could not map the calls from step S on
 # (no producer said which sequence a row or token holds): the run's verdict is "unreadable".
 UNREADABLE = "watch_unreadable"
-# header.options key: {seq_id (a string): its own max_new_tokens}, where a watched engine gave
-# sequences budgets of their own (the header's max_new_tokens is then the largest).
-BUDGETS = "sequence_budgets"
 
 
 def unreadable_from(options: dict[str, Any], steps: int) -> dict[str, Any] | None:

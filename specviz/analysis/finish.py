@@ -78,7 +78,7 @@ class FinishChecks:
         for seq in history.trace.sequences:
             state = history.seqs[seq.seq_id]
             last = self.last_seen.get(seq.seq_id)
-            if complete and last is None and history.max_new > 0:
+            if complete and last is None and state.budget > 0:  # a budget of 0 is never decoded
                 self._flag(
                     None,
                     seq.seq_id,

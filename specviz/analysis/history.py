@@ -11,7 +11,7 @@ import array
 import bisect
 from dataclasses import dataclass, field
 
-from specviz.analysis.findings import BUDGETS
+from specviz.analysis.budgets import sequence_budgets
 from specviz.trace.schema import RowRecord, Trace
 
 
@@ -68,7 +68,8 @@ class History:
         self.declared_layout = h.layout != "unspecified"
         self.ragged = not self.declared_layout
         self.max_new = h.max_new_tokens
-        own = h.options.get(BUDGETS) or {}  # a budget per sequence (watched engines), by seq_id
+        # A budget per sequence (watched engines), else the run's max_new_tokens.
+        own = sequence_budgets(h, (s.seq_id for s in trace.sequences))
         self.eos = frozenset(h.eos_token_ids)
         self.step_numbers = array.array("q")  # `step` of each step index walked so far
         # Steps from the first on that pad their rows and mask no slot: an engine that passes no
@@ -78,7 +79,7 @@ class History:
             s.seq_id: SequenceHistory(
                 prompt_len=len(s.prompt_ids),
                 last_token=s.prompt_ids[-1],
-                budget=int(own.get(str(s.seq_id), self.max_new)),
+                budget=own[s.seq_id],
             )
             for s in trace.sequences
         }

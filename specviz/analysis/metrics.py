@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from specviz.analysis.arrays import Columns, Lists, step_slices
+from specviz.analysis.budgets import sequence_budgets
 from specviz.trace.arrow import numbers
 from specviz.trace.schema import Trace
 
@@ -148,25 +149,34 @@ class TotalsRules:
     """What the sums need from the header and the sequences, looked up once per walk."""
 
     k: int
-    max_new: int
+    max_new: int  # the run's budget: a row of a sequence the trace does not list
     eos: frozenset[int]
     prompt_len: dict[int, int]
+    budget: dict[int, int]  # each sequence's own max_new_tokens (`findings.sequence_budgets`)
     seq_ids: np.ndarray  # [sequences] sorted
     prompt_lens: np.ndarray  # [sequences] prompt length of each of `seq_ids`
+    budgets: np.ndarray  # [sequences] budget of each of `seq_ids`
 
     @classmethod
     def of(cls, trace: Trace) -> TotalsRules:
         prompt_len = {s.seq_id: len(s.prompt_ids) for s in trace.sequences}
         seq_ids = sorted(prompt_len)
         h = trace.header
+        budget = sequence_budgets(h, seq_ids)
         return cls(
             h.draft_k,
             h.max_new_tokens,
             frozenset(h.eos_token_ids),
             prompt_len,
+            budget,
             np.array(seq_ids, dtype=np.int64),
             np.array([prompt_len[s] for s in seq_ids], dtype=np.int64),
+            np.array([budget[s] for s in seq_ids], dtype=np.int64),
         )
+
+    def left_on_row(self, row: Any) -> int:
+        """`_left_on_row` with the row's sequence's own budget."""
+        return _left_on_row(row, self.budget.get(row.seq_id, self.max_new), self.prompt_len, self.eos)
 
 
 def step_totals(trace: Trace) -> StepTotals:
@@ -204,7 +214,7 @@ def add_step(totals: StepTotals, step: Any, rules: TotalsRules) -> None:
     totals.align_ms += step.align_ms
     totals.total_ms += step.total_ms
     for row in step.rows:
-        totals.left_on_table += _left_on_row(row, rules.max_new, rules.prompt_len, rules.eos)
+        totals.left_on_table += rules.left_on_row(row)
         drafted = min(len(row.draft_tokens), k)  # d: ragged where the engine drafts fewer
         if k == 0 or not drafted:
             continue  # nothing proposed: not a verify of drafts
@@ -275,10 +285,12 @@ def _left_on_columns(c: Columns, rules: TotalsRules) -> int:
     """`_left_on_row` summed over a row group: a row that emitted at least what verification allows
     leaves nothing (most rows); the others are computed row by row."""
     d, t, e, acc = c.draft_tokens.lengths, c.target_tokens.lengths, c.emitted.lengths, c.accepted
-    known, max_new = rules.seq_ids, rules.max_new
+    known = rules.seq_ids
     at = np.clip(np.searchsorted(known, c.seq_id), 0, max(len(known) - 1, 0))
-    starts = np.where(known[at] == c.seq_id, rules.prompt_lens[at], 0) if len(known) else np.zeros(c.n, dtype=np.int64)
-    allowed = np.minimum(np.minimum(acc, d) + 1, np.maximum(0, max_new - (c.committed_before - starts)))
+    listed = known[at] == c.seq_id if len(known) else np.zeros(c.n, dtype=bool)
+    starts = np.where(listed, rules.prompt_lens[at], 0) if len(known) else np.zeros(c.n, dtype=np.int64)
+    budgets = np.where(listed, rules.budgets[at], rules.max_new) if len(known) else np.full(c.n, rules.max_new)
+    allowed = np.minimum(np.minimum(acc, d) + 1, np.maximum(0, budgets - (c.committed_before - starts)))
     left = 0
     for r in np.flatnonzero((t > acc) & (e < allowed)).tolist():
         row = types.SimpleNamespace(
@@ -287,7 +299,7 @@ def _left_on_columns(c: Columns, rules: TotalsRules) -> int:
             seq_id=int(c.seq_id[r]),
             **{name: _items(getattr(c, name), r) for name in ("draft_tokens", "target_tokens", "emitted")},
         )
-        left += _left_on_row(row, max_new, rules.prompt_len, rules.eos)
+        left += rules.left_on_row(row)
     return left
 
 
@@ -344,6 +356,7 @@ def tokens_left_on_table(trace: Trace, totals: StepTotals | None = None) -> floa
 
 
 def _left_on_row(row: Any, max_new: int, prompt_len: dict[int, int], eos: frozenset[int]) -> int:
+    """What the row could have emitted and did not; `max_new`: its sequence's own budget."""
     if len(row.target_tokens) <= row.accepted:
         return 0
     allowed = row.draft_tokens[: row.accepted] + [row.target_tokens[row.accepted]]

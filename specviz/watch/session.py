@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from specviz.analysis.findings import BUDGETS, UNREADABLE
+from specviz.analysis.budgets import BUDGETS
+from specviz.analysis.findings import UNREADABLE
 from specviz.collector import collector_paused
 from specviz.engine.reference import greedy_reference
 from specviz.trace.io import save_trace

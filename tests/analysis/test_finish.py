@@ -279,3 +279,25 @@ def test_two_sequences_unfinished_at_one_row_are_both_reported_each_under_its_ow
     assert unfinished_at(report) == {"sequence 0": (1, 0), "sequence 1": (1, 0)}
     about = {v.seq_id for v in report.violations if "left the batch unfinished" in v.message}
     assert about == {0, 1}
+
+
+def test_a_sequence_whose_own_budget_is_zero_needs_no_step() -> None:
+    """A watched engine's per-request budget (`header.options.sequence_budgets`): seq 2 may write
+    nothing, so a complete run never decodes it; the run's max_new_tokens (1) is not its budget."""
+    trace = synthetic_trace(3, 2, 2, 1)  # batch 0: seqs 0 and 1 (one step); batch 1: seq 2
+    trace.steps = trace.steps[:1]
+    trace.sequences[2].output_ids, trace.sequences[2].finish_reason = [], "length"
+    trace.sequences[2].reference_ids, trace.sequences[2].reference_margins = [], []
+    trace.header.options["sequence_budgets"] = {"2": 0}
+    report = check_trace(trace)
+    assert report.verdict == "clean" and report.violations == []
+    trace.header.options["sequence_budgets"] = {"2": 1}  # the control: a budget of 1 must be decoded
+    never = [v for v in check_trace(trace).violations if "never decoded" in v.message]
+    assert [(v.step_index, v.seq_id) for v in never] == [(0, 2)]
+
+
+@pytest.mark.parametrize("bad", ["x", {"1": "x"}, {"1": -3}, {"1": [5]}])
+def test_an_unreadable_sequence_budget_is_the_runs_not_a_traceback(bad) -> None:
+    trace = small()
+    trace.header.options["sequence_budgets"] = bad
+    assert check_trace(trace).verdict == check_trace(small()).verdict == "clean"

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from specviz.analysis import metrics
+
 # The code under test: every name it is reached by, in one place (analysis/ may be restructured).
 from specviz.analysis.metrics import (
     Acceptance,
@@ -22,6 +24,8 @@ from specviz.analysis.metrics import (
     tokens_left_on_table,
     tokens_per_second,
 )
+from specviz.trace.columnar import ParquetTraceWriter
+from specviz.trace.io import open_trace
 from specviz.trace.schema import Header, ModelInfo, RowRecord, SequenceRecord, StepRecord, Trace
 
 K = 3  # draft_k
@@ -260,6 +264,47 @@ def test_tokens_left_on_table_by_hand() -> None:
     # Committed 4: budget 6 - 4 = 2, allowed [5, 6, 7, 8] cut to [5, 6]; emitted [5]: 1 left.
     unlisted = step(0, [row(0, 9, 4, [5, 6, 7], [5, 6, 7, 8], 3, [5])], 0, 0, 0, 0)
     assert tokens_left_on_table(Trace(header(complete=False), [unlisted], SEQUENCES)) == 1.0
+
+
+def own_budgets(budgets) -> Trace:
+    """The hand-built trace with `header.options.sequence_budgets` (a watched engine's per-request
+    max_new_tokens; the header's max_new_tokens stays the largest)."""
+    t = trace()
+    t.header.options["sequence_budgets"] = budgets
+    return t
+
+
+def test_tokens_left_on_table_use_each_sequences_own_budget() -> None:
+    # Seq 1 (prompt 1) may write 1 token: at step 0 (committed 2) it has written 1, its budget is
+    # 1 - 1 = 0, so its dropped bonus [5] was not allowed: 0 left, not 1. Total 0 + 0 + 1 | 0 + 0 = 1.
+    assert tokens_left_on_table(own_budgets({"1": 1})) == pytest.approx(1 / 3)
+    # Seq 2 (prompt 3, committed 4: 1 written) with 1 more token: allowed [5, 2] cut to [5], emitted
+    # [5]: 0 left; with seq 1's as well, nothing is left anywhere.
+    assert tokens_left_on_table(own_budgets({"1": 1, "2": 2})) == 0.0
+    # A budget equal to the run's changes nothing; so does one for a sequence the trace lacks.
+    assert tokens_left_on_table(own_budgets({"1": MAX_NEW, "7": 0})) == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize("bad", ["x", [1], {"1": "1"}, {"1": -1}, {"1": True}, {"1": 1.0}, {"1": None}])
+def test_a_budget_that_is_not_a_count_is_the_runs(bad) -> None:
+    # An uploaded file's unreadable budget is not one: the sequence keeps max_new_tokens, no traceback.
+    assert tokens_left_on_table(own_budgets(bad)) == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize("budgets", [{}, {"1": 1}, {"1": 1, "2": 2}, {"0": 0, "1": 0, "2": 0}])
+def test_parquet_left_on_table_equals_json(tmp_path, monkeypatch, budgets) -> None:
+    t = own_budgets(budgets)
+    writer = ParquetTraceWriter(tmp_path / "t.parquet", row_group_rows=2)
+    for s in t.steps:
+        writer.add_step(s)
+    columnar = open_trace(writer.close(t.header, t.sequences))
+    expected = tokens_left_on_table(t)
+
+    def row_by_row(*_):
+        raise AssertionError("the Parquet walk fell back to rows: its arrays were not tested")
+
+    monkeypatch.setattr(metrics, "add_step", row_by_row)
+    assert tokens_left_on_table(columnar) == expected
 
 
 def test_phase_times_by_hand() -> None:
