@@ -197,7 +197,7 @@ def check_outputs(findings: Findings, history: History) -> None:
         max_new = state.budget
         if length > max_new:
             si = _or(state.step_of_token(max_new), last_step)
-            message = f"sequence {seq_id} has {length} tokens > max_new_tokens"
+            message = f"sequence {seq_id} has {length} tokens > its budget of {max_new}"
             _flag_output(findings, trace, si, seq_id, max_new, length, message)
         eos_at = early_eos(seq.output_ids, history.eos)
         if eos_at is not None:

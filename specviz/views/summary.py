@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from specviz.analysis.budgets import sequence_budgets
 from specviz.analysis.metrics import summary, tokens_per_second, totals_of
 from specviz.analysis.report import Report
 from specviz.trace import naming
@@ -106,9 +107,16 @@ def summary_markdown(trace: Trace, report: Report, label: str = "") -> str:
     lines.append(
         f"<sub>target {_nowrap(model_name(h.target.name))} ({md_text(h.target.dtype)}, {md_text(h.target.device)})"
         f"{draft} · k={h.draft_k} · batch {h.batch_size}"
-        f" · {len(trace.sequences)} prompts × {h.max_new_tokens} new tokens · {len(trace.steps)} steps</sub>"
+        f" · {len(trace.sequences)} prompts × {new_tokens(trace)} new tokens · {len(trace.steps)} steps</sub>"
     )
     return "\n\n".join(lines)
+
+
+def new_tokens(trace: Trace) -> str:
+    """The run's budget, or the range of the sequences' own budgets where they differ ("4–10")."""
+    budgets = sequence_budgets(trace.header, (s.seq_id for s in trace.sequences)).values()
+    low, high = min(budgets, default=trace.header.max_new_tokens), max(budgets, default=trace.header.max_new_tokens)
+    return str(low) if low == high else f"{low}–{high}"
 
 
 def _not_checked(report: Report) -> list[str]:
@@ -142,7 +150,7 @@ def compare_table(runs: list[tuple[str, Trace, Report]]) -> pd.DataFrame:
             "mean acceptance length": _rate(info["mean_acceptance_length"]),
             "tokens/s": _rate(info["tokens_per_second"], 1),
             "steps": str(info["steps"]),
-            "prompts × new tokens": f"{info['num_prompts']} × {info['max_new_tokens']}",
+            "prompts × new tokens": f"{info['num_prompts']} × {new_tokens(trace)}",
             "batch, k": f"{info['batch_size']}, {info['draft_k']}",
         }
         for key, value in values.items():

@@ -685,7 +685,7 @@ def test_output_over_the_budget_is_found_at_the_step_that_wrote_past_it() -> Non
     trace = small()
     trace.steps[1].rows[1].emitted.append(308)
     trace.sequences[1].output_ids.append(308)
-    assert outputs(check_trace(trace)) == [((1, 1, 1, "output_ids"), 5, 6, "sequence 1 has 6 tokens > max_new_tokens")]
+    assert outputs(check_trace(trace)) == [((1, 1, 1, "output_ids"), 5, 6, "sequence 1 has 6 tokens > its budget of 5")]
 
 
 @pytest.mark.parametrize("eos,index,step", [(138, 1, 0), (120, 2, 1), (73, 3, 1)])

@@ -194,6 +194,16 @@ def test_summary_says_where_desync_begins(traces: dict[str, Trace]) -> None:
     assert table.set_index("metric").loc["verdict"].tolist() == ["desync", "clean"]
 
 
+def test_summary_gives_the_range_of_per_sequence_budgets(traces: dict[str, Trace]) -> None:
+    trace = copy.deepcopy(traces["eqspec"])
+    report, n, most = check_trace(trace), len(trace.sequences), trace.header.max_new_tokens
+    assert f"{n} prompts × {most} new tokens" in summary_markdown(trace, report)
+    trace.header.options["sequence_budgets"] = {"1": 3}  # a watched engine's per-request budget
+    assert f"{n} prompts × 3–{most} new tokens" in summary_markdown(trace, report)
+    table = compare_table([("A", trace, report)]).set_index("metric")
+    assert table.loc["prompts × new tokens"].tolist() == [f"{n} × 3–{most}"]
+
+
 def test_token_text_travels_with_the_trace(traces: dict[str, Trace]) -> None:
     trace = traces["eqspec"]
     texts = token_texts(trace)
