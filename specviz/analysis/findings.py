@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from specviz.analysis.budgets import BUDGETS  # noqa: F401  (its old home: importers of findings.BUDGETS)
 from specviz.analysis.report import SkippedCheck, Violation
 from specviz.trace.invariants import Invariant
 from specviz.trace.schema import RowRecord, StepRecord

@@ -3,11 +3,13 @@
 Endings are derived from the token history the checker reconstructs, never from what the engine
 says about itself:
 - a row's `finish_reason` is "eos" only if its sequence received an EOS token at that step, and
-  "length" only if the sequence reached exactly `max_new_tokens` then (both are allowed when the
-  last token of the budget is an EOS); a sequence that ended and whose row says nothing is flagged;
+  "length" only if the sequence reached exactly its budget then (its own in
+  `header.options.sequence_budgets`, else `max_new_tokens`; both endings are allowed when the last
+  token of the budget is an EOS); a sequence that ended and whose row says nothing is flagged;
 - nothing may follow an EOS inside one step's emitted tokens;
 - a sequence's own `finish_reason` must agree with its `output_ids`;
-- in a run marked complete, every sequence must have been scheduled and must have finished.
+- in a run marked complete, every sequence must have finished, and have been scheduled unless its
+  budget is 0.
 A sequence that was never decoded is located at the run (the last step, row -1, or step -1 when
 the run has no steps at all); one that was dropped is located at the last step that held it.
 """

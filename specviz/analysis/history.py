@@ -67,7 +67,6 @@ class History:
         # one (watched engines) may draft d in 0..k, per row and per step (k is then the maximum).
         self.declared_layout = h.layout != "unspecified"
         self.ragged = not self.declared_layout
-        self.max_new = h.max_new_tokens
         # A budget per sequence (watched engines), else the run's max_new_tokens.
         own = sequence_budgets(h, (s.seq_id for s in trace.sequences))
         self.eos = frozenset(h.eos_token_ids)

@@ -152,7 +152,7 @@ class TotalsRules:
     max_new: int  # the run's budget: a row of a sequence the trace does not list
     eos: frozenset[int]
     prompt_len: dict[int, int]
-    budget: dict[int, int]  # each sequence's own max_new_tokens (`findings.sequence_budgets`)
+    budget: dict[int, int]  # each sequence's own max_new_tokens (`budgets.sequence_budgets`)
     seq_ids: np.ndarray  # [sequences] sorted
     prompt_lens: np.ndarray  # [sequences] prompt length of each of `seq_ids`
     budgets: np.ndarray  # [sequences] budget of each of `seq_ids`
