@@ -187,3 +187,14 @@ def test_per_sequence_sums_as_arrays_or_per_slice_are_the_row_walks(cells: int, 
     random.Random(7).shuffle(trace.sequences)  # the footer's order is not the order rows appear in
     trace.steps[5].rows[1].accepted += 1  # one flagged step: its row group goes row by row
     _same_report(trace, tmp_path / "s.parquet", rows=5)
+
+
+@pytest.mark.parametrize("budgets", [{"1": 5, "2": 11, "4": 0}, {"1": 12}, {"1": "x", "2": -1}])
+def test_per_sequence_budgets_match(budgets: dict, tmp_path: Path) -> None:
+    """A watched run's own budgets (`header.options.sequence_budgets`): the columnar walk judges each
+    row, ending and metric against the same budget as the row walk (12: the run's; bad ones: ignored)."""
+    trace = copy.deepcopy(BASES["synthetic"])
+    trace.header.options["sequence_budgets"] = budgets
+    over = {int(s) for s, n in budgets.items() if isinstance(n, int) and 0 <= n < 12}
+    assert (check_trace(trace).verdict == "clean") == (not over)  # outputs of 12 tokens: past 5, 11, 0
+    _same_report(trace, tmp_path / "b.parquet", rows=4)
