@@ -179,9 +179,9 @@ class AutoWatch:
 
     def _find_head(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         """Global forward hook while searching: the first module of the named class called outside
-        the causal LMs is the head. Its hooks go on, this call is captured as its first (the global
-        pre-hook sees no keywords, so the search reads the call after it, timed from its start),
-        and the search ends."""
+        the causal LMs (or inside one, returning its logits: `_in_forward_head`) is the head. Its
+        hooks go on, this call is captured as its first (the global pre-hook sees no keywords, so
+        the search reads the call after it, timed from its start), and the search ends."""
         if type(module).__name__ != self._head_class:
             return  # the one test every module call pays until the head is found
         started = self._called.pop(id(module), None)
@@ -189,7 +189,7 @@ class AutoWatch:
             return
         if self._inside is None:
             self._inside = {id(m) for model in self.models for m in model.modules()}
-        if id(module) in self._inside:
+        if id(module) in self._inside and not self._in_forward_head(module, output):
             return  # part of the target or the draft (a layer of that name), not a head
         self._stop_search()
         self.head = module
@@ -198,6 +198,24 @@ class AutoWatch:
         if self.head_hooks.open[-1] is not None and started is not None:
             self.head_hooks.open[-1].started = started
         self.head_hooks.after(module, args, kwargs, output)
+
+    def _in_forward_head(self, module: Any, output: Any) -> bool:
+        """A module of the named class inside a causal LM is its head only when it returns logits
+        (last dimension that model's vocabulary) and is not the model's own LM head: an MTP-like
+        head the model's forward calls on its final hidden states, not a layer of that name."""
+        logits = getattr(output, "logits", None)
+        if logits is None and isinstance(output, (tuple, list)) and output:
+            logits = output[0]
+        if logits is None:
+            logits = output
+        if not isinstance(logits, torch.Tensor) or logits.dim() < 2:
+            return False
+        for model in self.models:
+            vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+            head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+            if module is not head and logits.shape[-1] == vocab and any(m is module for m in model.modules()):
+                return True
+        return False
 
     # ------------------------------------------------------------------ finishing
 
@@ -228,7 +246,8 @@ class AutoWatch:
         read_all = not notes
         if self.drafter and self.head is None:  # never silent: the head-input check did not run
             notes.append(
-                f"--drafter {self.drafter}: no module of that class was called outside the causal LMs; "
+                f"--drafter {self.drafter}: no module of that class was called outside the causal LMs "
+                "(or inside one, returning its logits); "
                 "drafts were read from the verify, the head's input was not checked"
             )
         w = Watch(target, draft, prompts=prompts, out=out, name=name, layout=layout)

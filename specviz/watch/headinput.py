@@ -23,6 +23,9 @@ MAX_CANDIDATES = 4  # rows of one call holding the same vector (equal prompts): 
 # it (a stale source, or a sequence absent from the latest call, a newcomer's prefill between).
 HISTORY = 3
 RTOL, ATOL = 1e-4, 1e-5  # a copy or a dtype round trip of the vector, not another vector
+# A head called inside a target call (MTP-like, on the final norm's output) is fed every query slot;
+# the drafts come from the accepted slots, the last ones: only the last NESTED_TAIL are matched.
+NESTED_TAIL = 16
 
 
 class HiddenTap:
@@ -33,8 +36,12 @@ class HiddenTap:
         # the hidden states may be the query's last columns only (logits_to_keep).
         self.calls: deque[list[Any]] = deque(maxlen=HISTORY)
         self.open = False
-        head = target.get_output_embeddings()
-        self.handle = head.register_forward_pre_hook(self._capture)
+        # Head calls made inside the open target call (MTP-like): their vectors are matched once the
+        # call's own hidden states are kept (`end`), and their records follow the call's (`release`).
+        self.deferred: list[tuple[torch.Tensor, int, list[list[tuple[int, int, int]]]]] = []
+        self.held: list[Any] = []
+        self.head = target.get_output_embeddings()
+        self.handle = self.head.register_forward_pre_hook(self._capture)
 
     @property
     def last(self) -> torch.Tensor | None:
@@ -50,7 +57,22 @@ class HiddenTap:
         self.open = True
 
     def end(self) -> None:
+        """The recorded target call ends: the head calls made inside it are matched now that its
+        hidden states are kept (age 0 is this call)."""
         self.open = False
+        for fed_rows, columns, found in self.deferred:
+            for r, matches in enumerate(self._match(fed_rows, columns)):
+                found[r].extend(matches)
+        self.deferred = []
+
+    def hold(self, record: Any) -> None:
+        """A head call made inside the open target call: recorded after it (`release`), so the call
+        it was fed from is the one before it, as for a head called between target calls."""
+        self.held.append(record)
+
+    def release(self) -> list[Any]:
+        held, self.held = self.held, []
+        return held
 
     def remove(self) -> None:
         self.handle.remove()
@@ -64,30 +86,61 @@ class HiddenTap:
         """Per head row: the (age, target row, query column) of the kept target calls (age 0 the
         latest) whose hidden state is the vector the head was fed at the row's last slot, latest
         first ([] where none is); None when no target hidden states are kept or the head was fed
-        no vector of their width."""
-        ages = [(age, hidden, q) for age, (hidden, q) in enumerate(reversed(self.calls)) if hidden is not None]
-        if not ages:
+        no vector of their width. A head called inside a target call (`open`) is fed that call's
+        hidden states, not kept yet: each of its last NESTED_TAIL slots is matched at `end`, and
+        the lists returned are filled then."""
+        width = self.width()
+        if width is None or not (self.open or self.kept()):
             return None
-        width = ages[0][1].shape[-1]
         named = fed.get("hidden_states")
         tensors = [named] if isinstance(named, torch.Tensor) else []
         tensors += [v for v in (*args, *fed.values()) if isinstance(v, torch.Tensor) and v.is_floating_point()]
         vector = next((t for t in tensors if t.dim() in (2, 3) and t.shape[-1] == width), None)
         if vector is None:
             return None
-        fed_rows = (vector[:, -1] if vector.dim() == 3 else vector).detach().float()
-        found: list[list[tuple[int, int, int]]] = [[] for _ in range(fed_rows.shape[0])]
+        if not self.open:
+            return self._match((vector[:, -1] if vector.dim() == 3 else vector).detach(), 1)
+        slots = vector[:, -NESTED_TAIL:] if vector.dim() == 3 else vector[:, None]
+        found: list[list[tuple[int, int, int]]] = [[] for _ in range(slots.shape[0])]
+        self.deferred.append((slots.detach().reshape(-1, width).clone(), slots.shape[1], found))
+        return found
+
+    def width(self) -> int | None:
+        """The target's hidden width: that of the hidden states kept, else its LM head's input
+        features (None: neither)."""
+        kept = next((hidden for hidden, _ in reversed(self.calls) if hidden is not None), None)
+        if kept is not None:
+            return int(kept.shape[-1])
+        features = getattr(self.head, "in_features", None)
+        if isinstance(features, int):
+            return features
+        weight = getattr(self.head, "weight", None)
+        return int(weight.shape[-1]) if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
+
+    def _match(self, fed_rows: torch.Tensor, columns: int) -> list[list[tuple[int, int, int]]]:
+        """Per head row (`columns` fed slots of it each, rows of `fed_rows`): its matches, latest
+        call first, at most MAX_CANDIDATES a call for each slot fed."""
+        found: list[list[tuple[int, int, int]]] = [[] for _ in range(fed_rows.shape[0] // columns)]
+        ages = [(age, hidden, q) for age, (hidden, q) in enumerate(reversed(self.calls)) if hidden is not None]
         for age, hidden, query_len in ages:
-            if hidden.shape[-1] == width:
-                for r, row, column in _matches(fed_rows, hidden.float(), query_len):
-                    if sum(1 for a, _, _ in found[r] if a == age) < MAX_CANDIDATES:
-                        found[r].append((age, row, column))
+            if hidden.shape[-1] == fed_rows.shape[-1]:
+                per_slot = [0] * fed_rows.shape[0]  # the cap is per fed slot: each is its own vector
+                for r, row, column in _matches(fed_rows, hidden, query_len):
+                    if per_slot[r] < MAX_CANDIDATES:
+                        per_slot[r] += 1
+                        found[r // columns].append((age, row, column))
         return found
 
 
 def _matches(fed_rows: torch.Tensor, kept: torch.Tensor, query_len: int) -> list[tuple[int, int, int]]:
     """(head row, target row, query column) of each kept hidden state ([B, T, H]) equal to a fed
-    row's vector (allclose, RTOL and ATOL)."""
+    row's vector (allclose, RTOL and ATOL). A head fed in a lower precision than the target's
+    (an fp16 head on an fp32 trunk) is fed the states rounded to its dtype: they are rounded so
+    too, and compared within that dtype's own rounding (`_tolerance`), never looser."""
+    rtol = _tolerance(fed_rows.dtype, kept.dtype)
+    if rtol > RTOL:
+        kept = kept.to(fed_rows.dtype)
+    fed_rows, kept = fed_rows.float(), kept.float()
     columns, width = kept.shape[1], kept.shape[-1]
     flat = kept.reshape(-1, width)
     # Squared distances by one product ([B, N], not [B, N, H]); the near ones are then confirmed.
@@ -98,8 +151,18 @@ def _matches(fed_rows: torch.Tensor, kept: torch.Tensor, query_len: int) -> list
     offset = max(query_len - columns, 0)  # logits_to_keep: the last columns only
     rows, near = torch.nonzero(d2 <= scale, as_tuple=True)
     # `allclose` on the near pairs at once: two host syncs per kept call, not one per row.
-    same = ((flat[near] - fed_rows[rows]).abs() <= ATOL + RTOL * fed_rows[rows].abs()).all(-1)
+    same = ((flat[near] - fed_rows[rows]).abs() <= ATOL + rtol * fed_rows[rows].abs()).all(-1)
     return [(r, n // columns, offset + n % columns) for r, n in zip(rows[same].tolist(), near[same].tolist())]
+
+
+def _tolerance(fed: torch.dtype, kept: torch.dtype) -> float:
+    """The relative tolerance of a match: RTOL, or, for a vector fed in a floating dtype coarser
+    than the kept one's, one unit in the last place of it (a round trip through it, both sides
+    rounded the same way, differs by less: the cast in another order or kernel)."""
+    if not (fed.is_floating_point and kept.is_floating_point):
+        return RTOL
+    coarse, fine = torch.finfo(fed).eps, torch.finfo(kept).eps
+    return max(RTOL, coarse) if coarse > fine else RTOL
 
 
 class TapSet:
@@ -116,7 +179,16 @@ class TapSet:
 
     def match_rows(self, fed: dict[str, Any], args: tuple[Any, ...]) -> dict[int, Any]:
         """`HiddenTap.match_rows` by model index, for the models that kept hidden states."""
-        return {i: tap.match_rows(fed, args) for i, tap in self.taps.items() if tap.kept()}
+        return {i: tap.match_rows(fed, args) for i, tap in self.taps.items() if tap.kept() or tap.open}
+
+    @property
+    def open(self) -> bool:
+        """A watched model's recorded call is in progress (a head called inside it)."""
+        return any(tap.open for tap in self.taps.values())
+
+    def hold(self, record: Any) -> None:
+        """`HiddenTap.hold` on the model whose call is open."""
+        next(tap for tap in self.taps.values() if tap.open).hold(record)
 
     def remove(self) -> None:
         for tap in self.taps.values():
@@ -154,6 +226,8 @@ def head_source(
         call = calls[sources[age]] if age < len(sources) else None
         place = _unpacked(call, r, column) if call is not None else None
         if place is not None and place[0] < call.batch_size and place[1] < len(call.positions[place[0]]):
+            if not call.query_flags(place[0])[place[1]]:
+                continue  # a pad slot's state (pads of several rows may hold one vector): no token's
             found.append([row_seq_ids(call)[place[0]], int(call.positions[place[0]][place[1]])])
     expected = [seq_id, committed - 2] if committed >= 2 else []
     return expected if expected in found else (found[0] if found else None)
@@ -173,6 +247,8 @@ def _served(head: Any, row: int, drafts: list[int], batch_size: int) -> int | No
         if len(tokens) > head.query_len:  # Medusa: one input slot, one logits column per head
             n = min(len(tokens), len(drafts))
             return list(tokens[:n]) == list(drafts[:n])
+        if head.nested:  # fed every query slot: the accepted one's logits propose the next draft
+            return drafts[0] in tokens
         return tokens[-1] == drafts[0]  # EAGLE, MTP: the last slot's logits propose the next draft
 
     if head.batch_size == batch_size:

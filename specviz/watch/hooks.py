@@ -89,6 +89,9 @@ class CallRecord:
     # the latest) whose last hidden state each was fed (`headinput`); [] none matched; None: not
     # compared (the command: a dict by model index until `finish` keeps the target's).
     head_fed: list[list[tuple[int, int, int]]] | None = None
+    # A head call made inside a target call (MTP-like: a module the target's forward calls on its
+    # final hidden states): recorded after that call, its matches filled when the call ends.
+    nested: bool = False
     segments: list[tuple[int, int, int]] | None = None  # a packed call's (row, start, length) per sequence
     # `query_flags` per row, once materialized: the readers ask for each row's flags hundreds of
     # times a run (each candidate sequence, each chain), and they never change after `materialize`.
@@ -365,14 +368,20 @@ class ModelHooks:
             started=time.perf_counter(),
             drafter=True,
             head_fed=self.tap.match_rows(fed, args) if self.tap is not None else None,
+            nested=self.tap is not None and self.tap.open,
         )
 
     def after(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         if self.tap is not None and not self.drafter:
             self.tap.end()
         record = self.open.pop() if self.open else None
-        if record is None:
-            return
+        if record is not None:
+            self._finish(record, output)
+        if self.tap is not None and not self.drafter:
+            for held in self.tap.release():  # head calls made inside this call come after it
+                self.sink.add_call(held)
+
+    def _finish(self, record: CallRecord, output: Any) -> None:
         logits = getattr(output, "logits", None)
         if logits is None and isinstance(output, (tuple, list)) and output:
             logits = output[0]
@@ -389,7 +398,10 @@ class ModelHooks:
             else:
                 record.argmax = _argmax(logits[:, -QUERY_TAIL:])
         record.ended = time.perf_counter()
-        self.sink.add_call(record)
+        if record.nested and self.tap is not None:
+            self.tap.hold(record)
+        else:
+            self.sink.add_call(record)
 
     def _positions(
         self, fed: dict[str, Any], mask2d: torch.Tensor | None, batch: int, width: int, q: int

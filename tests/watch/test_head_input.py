@@ -31,8 +31,33 @@ def test_tap_names_the_row_and_column_of_the_vector_fed() -> None:
         assert tap.match_rows({"hidden_states": fed}, ()) == [[(0, 1, 3), (1, 1, 3)], [(1, 0, 1)], []]
         for _ in range(HISTORY - 1):  # calls whose LM head has not run keep nothing; the oldest ages out
             tap.start(ids.shape[1])
+            tap.end()
         assert tap.match_rows({"hidden_states": fed}, ()) == [[(HISTORY - 1, 1, 3)], [], []]
         tap.start(ids.shape[1])
+        tap.end()
         assert tap.match_rows({"hidden_states": fed}, ()) is None
+    finally:
+        tap.remove()
+
+
+def test_a_head_in_half_precision_is_matched_in_it_and_to_its_own_row_only() -> None:
+    """A head in fp16 on an fp32 trunk is fed the hidden states cast to fp16: compared in fp16 (one
+    unit in its last place), it is found at its row and column, a bfloat16 head's likewise in
+    bfloat16; a vector a few fp16 steps away on every feature is not."""
+    target = make_pair("llama").target
+    ids = torch.tensor([[5, 9, 14, 3], [7, 7, 21, 30]])
+    tap = HiddenTap(target)
+    try:
+        tap.start(ids.shape[1])
+        target(input_ids=ids)
+        tap.end()
+        hidden = tap.last
+        half = hidden.half()
+        nudged = half + (half.float().abs() * 4e-3 + 1e-3).half()  # past fp16's own rounding
+        fed = torch.stack([half[1, 3], half[0, 1], nudged[0, 2]])[:, None]
+        assert tap.match_rows({"hidden_states": fed}, ()) == [[(0, 1, 3)], [(0, 0, 1)], []]
+        assert tap.match_rows({"hidden_states": hidden[:, -1:].bfloat16()}, ()) == [[(0, 0, 3)], [(0, 1, 3)]]
+        # The same vectors fed in fp32 are held to RTOL: the fp16 copies are not the states.
+        assert tap.match_rows({"hidden_states": fed.float()}, ()) == [[], [], []]
     finally:
         tap.remove()

@@ -7,7 +7,8 @@
 It builds the tiny Llama target (and, for the engines that use one, its noisy draft) with
 `from_config`, as `tests/support/tiny.make_pair` does, so the command's hooks see them (`--family
 F`: that family's tiny pair from `tiny` itself, tests/support then on the path too); the head
-engine builds its head (no draft model; `--set medusa=1`: Medusa-shaped heads). It prints
+engine builds its head (no draft model; `--set medusa=1`: Medusa-shaped heads), the mtp engine
+attaches its in-forward head to the target (`--set half=1`: in float16). It prints
 `OUTS <outputs>` and `EVENTS <bug locations>` for the tests to read. Nothing in it knows about specviz.
 """
 
@@ -18,9 +19,10 @@ import json
 
 import torch
 import transformers as tf
-from zoo import dropping, head, packed, paged, queued, tree  # tests/watch on the path (its conftest, or PYTHONPATH)
+from zoo import dropping, head, mtp, packed, paged, queued, tree  # tests/watch on the path (conftest/PYTHONPATH)
 
 ENGINES = {"dropping": dropping, "packed": packed, "queued": queued, "paged": paged, "head": head, "tree": tree}
+ENGINES["mtp"] = mtp
 USES_DRAFT = {"dropping", "packed", "queued", "tree"}
 
 
@@ -79,7 +81,11 @@ def main() -> None:
         second = head.MedusaHeads(target) if options.pop("medusa", 0) else head.DraftHead(target)
     else:
         second = None
-    outs, events = ENGINES[args.engine].generate(target, second, prompts, max_new, bug=args.bug, **options)
+    if args.engine == "mtp":  # the head is the target's own module: no second model
+        dtype = torch.float16 if options.pop("half", 0) else torch.float32
+        outs, events = mtp.generate(target, prompts, max_new, bug=args.bug, dtype=dtype, **options)
+    else:
+        outs, events = ENGINES[args.engine].generate(target, second, prompts, max_new, bug=args.bug, **options)
     print("OUTS", json.dumps(outs))
     print("EVENTS", json.dumps(events))
 
