@@ -21,6 +21,7 @@ from specviz.analysis.metrics import (
     add_columns,
     add_step,
     exact_match,
+    exact_match_read,
     sequence_divergence,
     settle,
 )
@@ -93,6 +94,7 @@ def check_trace(trace: Trace, margin_threshold: float | None = None) -> Report:
         violation_count=findings.count,
         totals=totals,
         unreadable=unreadable,
+        exact_match_read=exact_match_read(trace) if unreadable is not None else None,
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from specviz.analysis.metrics import summary, tokens_per_second, totals_of
-from specviz.analysis.report import Report
+from specviz.analysis.report import Report, exact_read_note
 from specviz.trace import naming
 from specviz.trace.schema import Trace
 from specviz.views.palette import verdict_badge
@@ -29,6 +29,8 @@ def run_title(trace: Trace) -> str:
 
 
 def _exact(report: Report) -> str:
+    if (partial := exact_read_note(report)) is not None:
+        return partial
     if report.exact_match is None:
         return "n/a (no reference recorded)"
     exact = sum(s.verdict == "exact" for s in report.sequences)
