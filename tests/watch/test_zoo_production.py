@@ -31,6 +31,7 @@ from specviz.analysis.check import check_trace
 from specviz.cli import main
 from specviz.trace.invariants import Invariant
 from specviz.trace.io import load_trace
+from specviz.watch import WatchError
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17], [20, 21], [30, 31, 32, 33, 34]]
 BUDGETS = [10, 4, 10, 7, 9]  # each request's own max_new_tokens: rows finish early
@@ -403,3 +404,12 @@ def test_packed_prompt_and_budget_mixes(pair, tmp_path, mix: str, bug: str | Non
     step, seq = events[0]
     seq_id = {tuple(s.prompt_ids): s.seq_id for s in trace.sequences}.get(tuple(prompts[seq]))
     assert v is not None and (v.step, v.seq_id, v.invariant) == (step, seq_id, Invariant.KV), report.violations[:3]
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_packed_engine_watched_without_prompts_says_what_is_missing(pair) -> None:
+    """Without `prompts=`, the prompts are read from the first target call; the packed engine's late
+    request is emitted but was not in that call: one clear error (it was a KeyError traceback)."""
+    with pytest.raises(WatchError, match=r"emit named sequence 3, .* pass prompts="):
+        with specviz.watch(pair.target, pair.draft, name="no-prompts") as w:
+            packed.generate(pair.target, pair.draft, PROMPTS[:4], [9, 3, 6, 2], w=w)
