@@ -21,7 +21,13 @@ def render_report(trace: Trace, report: Report) -> str:
         f"run: {run_title(h.method, h.fault)}, {len(trace.sequences)} prompts, "
         f"batch {h.batch_size}, k={h.draft_k}, "
         f"target {model_label(h.target.name)} ({h.target.dtype}, {h.target.device})"
-        + ("" if h.complete else "  [INCOMPLETE: run was interrupted]"),
+        + (
+            ""
+            if h.complete
+            else f"  [INCOMPLETE: read up to step {unread['step']}]"
+            if unread is not None
+            else "  [INCOMPLETE: run was interrupted]"
+        ),
     ]
     if (partial := exact_read_note(report)) is not None:
         lines.append(f"exact match: {partial}")

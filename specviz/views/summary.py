@@ -87,7 +87,7 @@ def summary_markdown(trace: Trace, report: Report, label: str = "") -> str:
     h = trace.header
     prefix = f"Run {label}: " if label else ""
     lines = [f"### {prefix}{run_title(trace)} · {verdict_badge(report.verdict)}"]
-    if not h.complete:
+    if not h.complete and report.unreadable is None:  # an unreadable run says where, below
         lines.append("⚠️ **Incomplete run**: it was interrupted; steps and outputs hold only what finished.")
     # The verdict first, in words: what a stranger needs before any number.
     lines.append(f"*{VERDICT_MEANING.get(report.verdict, '')}*  \n{stats_line(trace, report)}")

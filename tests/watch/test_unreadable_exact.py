@@ -19,7 +19,7 @@ from specviz.analysis.findings import UNREADABLE
 from specviz.analysis.text import render_report
 from specviz.cli import main
 from specviz.trace.io import save_trace
-from specviz.views.summary import stats_line
+from specviz.views.summary import stats_line, summary_markdown
 
 BUDGETS = [4, 4]
 
@@ -85,6 +85,9 @@ def test_unreadable_from_a_later_step_reports_the_match_of_the_steps_read(tmp_pa
     text = render_report(trace, report)
     assert "exact match: unknown (outputs unread from step 2); over the steps read (0..1): 2/2" in text
     assert "1.000" not in text.split("invariants:")[0]
+    assert "[INCOMPLETE: read up to step 2]" in text and "interrupted" not in text  # it was not
+    markdown = summary_markdown(trace, report)
+    assert "over the steps read (0..1): 2/2" in markdown and "interrupted" not in markdown
     path = tmp_path / "partial.trace.json"
     save_trace(trace, path)
     capsys.readouterr()
