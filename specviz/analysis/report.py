@@ -39,7 +39,9 @@ class Violation:
 class SequenceVerdict:
     seq_id: int
     first_divergence: int | None  # token index, None if exact (or no reference)
-    verdict: str  # "exact" | "desync" | "numerical" | "unexplained" | "no-reference"
+    # "exact" | "desync" | "numerical" | "unexplained" | "no-reference" | "unread" (an unreadable
+    # run's unfinished sequence that agrees with its reference as far as it was read)
+    verdict: str
     divergence_step: int | None  # step that emitted the divergent token
     margin: float | None  # reference top-1 minus top-2 logit at the divergent token
     first_violation_step: int | None  # earliest violation touching this sequence
@@ -116,7 +118,7 @@ def exact_read_note(report: Report) -> str | None:
     step = report.unreadable["step"]
     if report.exact_match_read is None or step <= 0:
         return f"unknown (outputs unread from step {step})"
-    exact = sum(s.verdict == "exact" for s in report.sequences)
+    exact = sum(s.verdict in ("exact", "unread") for s in report.sequences)
     return (
         f"unknown (outputs unread from step {step}); over the steps read (0..{step - 1}): "
         f"{exact}/{len(report.sequences)} prompts agree so far"

@@ -82,6 +82,7 @@ def test_unreadable_from_a_later_step_reports_the_match_of_the_steps_read(tmp_pa
     assert all(o[: len(read[s])] == read[s] for s, o in enumerate(outs))
     report = check_trace(trace)
     assert report.verdict == "unreadable" and report.exact_match is None and report.exact_match_read == 1.0
+    assert [s.verdict for s in report.sequences] == ["unread", "unread"]  # agree so far; never "exact"
     text = render_report(trace, report)
     assert "exact match: unknown (outputs unread from step 2); over the steps read (0..1): 2/2" in text
     assert "1.000" not in text.split("invariants:")[0]
@@ -94,3 +95,4 @@ def test_unreadable_from_a_later_step_reports_the_match_of_the_steps_read(tmp_pa
     assert main(["check", str(path), "--json"]) == 3
     payload = json.loads(capsys.readouterr().out)
     assert payload["exact_match"] is None and payload["exact_match_read"] == 1.0
+    assert {s["verdict"] for s in payload["sequences"]} == {"unread"}
