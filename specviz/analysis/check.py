@@ -21,6 +21,7 @@ from specviz.analysis.metrics import (
     add_columns,
     add_step,
     exact_match,
+    exact_match_read,
     sequence_divergence,
     settle,
 )
@@ -81,8 +82,9 @@ def check_trace(trace: Trace, margin_threshold: float | None = None) -> Report:
     note_unrecorded(findings, trace.header)
     findings.note_unfollowed(trace.header.options)
     violations = sorted(findings.violations, key=lambda v: (v.step_index, v.row, v.invariant))
-    sequences = [_sequence_verdict(findings, history, seq, threshold) for seq in trace.sequences]
     unreadable = unreadable_from(trace.header.options, len(trace.steps))
+    unread = unreadable is not None
+    sequences = [_sequence_verdict(findings, history, seq, threshold, unread) for seq in trace.sequences]
     return Report(
         verdict=_run_verdict(violations, sequences, unreadable is not None),
         violations=violations,
@@ -93,6 +95,7 @@ def check_trace(trace: Trace, margin_threshold: float | None = None) -> Report:
         violation_count=findings.count,
         totals=totals,
         unreadable=unreadable,
+        exact_match_read=exact_match_read(trace) if unreadable is not None else None,
     )
 
 
@@ -235,7 +238,11 @@ def _or(si: int | None, fallback: int) -> int:
 # ----------------------------------------------------------------------------- verdicts
 
 
-def _sequence_verdict(findings: Findings, history: History, seq: SequenceRecord, threshold: float) -> SequenceVerdict:
+def _sequence_verdict(
+    findings: Findings, history: History, seq: SequenceRecord, threshold: float, unread: bool = False
+) -> SequenceVerdict:
+    """`unread`: the run is unreadable from some step, so an unfinished sequence that agrees with
+    its reference so far is "unread" (its output past that step was never seen), not "exact"."""
     trace = history.trace
     bad = findings.first_bad_step.get(seq.seq_id)
     bad_step = history.step_numbers[bad] if bad is not None and bad >= 0 else None  # -1: a run with no steps
@@ -243,7 +250,8 @@ def _sequence_verdict(findings: Findings, history: History, seq: SequenceRecord,
         return SequenceVerdict(seq.seq_id, None, "no-reference", None, None, bad_step)
     index = sequence_divergence(seq, trace.header.complete)
     if index is None:
-        return SequenceVerdict(seq.seq_id, None, "exact", None, None, bad_step)
+        verdict = "unread" if unread and seq.finish_reason is None else "exact"
+        return SequenceVerdict(seq.seq_id, None, verdict, None, None, bad_step)
     si = history.seqs[seq.seq_id].step_of_token(index)
     margins = seq.reference_margins
     margin = margins[index] if margins is not None and index < len(margins) else None

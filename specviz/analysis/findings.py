@@ -15,33 +15,17 @@ from typing import Any
 
 from specviz.analysis.budgets import BUDGETS  # noqa: F401  (its old home: importers of findings.BUDGETS)
 from specviz.analysis.report import SkippedCheck, Violation
+
+# Re-exported: the watch and the tests name these from here (they live below the metrics now).
+from specviz.analysis.unread import UNFOLLOWED, UNFOLLOWED_CHECK
+from specviz.analysis.unread import UNREADABLE as UNREADABLE
+from specviz.analysis.unread import unreadable_from as unreadable_from
 from specviz.trace.invariants import Invariant
 from specviz.trace.schema import RowRecord, StepRecord
 
 MAX_REPORTED_VIOLATIONS = 10_000  # `violation_count` still counts them all
 NO_ROW = -1  # the violation is about a sequence that no row of that step holds
 RUN = -1  # step index of a violation located at a run with no steps at all
-# header.options key: why `specviz watch --` stopped following an unmodified engine's rows (the
-# target calls after that were not read); each reason is a check skipped on the run.
-UNFOLLOWED = "watch_unfollowed"
-UNFOLLOWED_CHECK = "rows not followed"
-# header.options key: {"step": S, "why": ...}: the watch could not map the calls from step S on
-# (no producer said which sequence a row or token holds): the run's verdict is "unreadable".
-UNREADABLE = "watch_unreadable"
-
-
-def unreadable_from(options: dict[str, Any], steps: int) -> dict[str, Any] | None:
-    """{"step": S, "why": ...} when a watched run could not be read from step S on (its steps
-    before S are checked as usual); also a trace written before "unreadable" was a verdict, whose
-    reading stopped after its last step (`UNFOLLOWED`). None: read to the end."""
-    found = options.get(UNREADABLE)
-    if isinstance(found, dict) and "why" in found:
-        step = found.get("step")
-        return {"step": int(step) if isinstance(step, int) else steps, "why": str(found["why"])}
-    reasons = options.get(UNFOLLOWED) or ()
-    if reasons:
-        return {"step": steps, "why": "; ".join(str(r) for r in reasons)}
-    return None
 
 
 @dataclass

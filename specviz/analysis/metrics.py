@@ -20,6 +20,7 @@ import numpy as np
 
 from specviz.analysis.arrays import Columns, Lists, step_slices
 from specviz.analysis.budgets import sequence_budgets
+from specviz.analysis.unread import unreadable_from
 from specviz.trace.arrow import numbers
 from specviz.trace.schema import Trace
 
@@ -328,6 +329,17 @@ def sequence_divergence(seq: Any, run_complete: bool = False) -> int | None:
 
 
 def exact_match(trace: Trace) -> float | None:
+    """The share of prompts token-identical to their reference; None where it is not known: no
+    reference recorded, or a watched run read only up to some step (`unreadable_from`): its outputs
+    past that step were never read, so a match of what was read says nothing of the whole output
+    (that partial share is `exact_match_read`)."""
+    if unreadable_from(trace.header.options, len(trace.steps)) is not None:
+        return None
+    return exact_match_read(trace)
+
+
+def exact_match_read(trace: Trace) -> float | None:
+    """The share of prompts whose outputs, as far as the trace read them, agree with the reference."""
     with_ref = [s for s in trace.sequences if s.reference_ids is not None]
     if not with_ref:
         return None

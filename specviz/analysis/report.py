@@ -39,7 +39,9 @@ class Violation:
 class SequenceVerdict:
     seq_id: int
     first_divergence: int | None  # token index, None if exact (or no reference)
-    verdict: str  # "exact" | "desync" | "numerical" | "unexplained" | "no-reference"
+    # "exact" | "desync" | "numerical" | "unexplained" | "no-reference" | "unread" (an unreadable
+    # run's unfinished sequence that agrees with its reference as far as it was read)
+    verdict: str
     divergence_step: int | None  # step that emitted the divergent token
     margin: float | None  # reference top-1 minus top-2 logit at the divergent token
     first_violation_step: int | None  # earliest violation touching this sequence
@@ -82,6 +84,9 @@ class Report:
     violation_count: int = 0  # before truncation of `violations` (huge broken traces)
     # {"step": S, "why": ...}: the watch read no call from step S on (`findings.unreadable_from`)
     unreadable: dict[str, Any] | None = None
+    # Where `unreadable`: the exact match of what was read (steps before its step), which is all
+    # that can be said; `exact_match` is then None (the whole outputs were not read).
+    exact_match_read: float | None = None
     # The metrics' sums, gathered by the check's own walk (a Parquet trace is read once for both);
     # not part of the report's JSON.
     totals: StepTotals | None = field(default=None, repr=False, compare=False)
@@ -101,4 +106,20 @@ class Report:
             "margin_threshold": self.margin_threshold,
             "skipped_checks": [s.to_dict() for s in self.skipped_checks],
             "unreadable": self.unreadable,
+            "exact_match_read": self.exact_match_read,
         }
+
+
+def exact_read_note(report: Report) -> str | None:
+    """Where the run is unreadable from step S: what its exact match can say, in a phrase (the
+    outputs past S were never read, so only the steps before S are compared). None otherwise."""
+    if report.unreadable is None:
+        return None
+    step = report.unreadable["step"]
+    if report.exact_match_read is None or step <= 0:
+        return f"unknown (outputs unread from step {step})"
+    exact = sum(s.verdict in ("exact", "unread") for s in report.sequences)
+    return (
+        f"unknown (outputs unread from step {step}); over the steps read (0..{step - 1}): "
+        f"{exact}/{len(report.sequences)} prompts agree so far"
+    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from specviz.analysis.check import CONTEXT_TOKENS
 from specviz.analysis.metrics import summary, totals_of
-from specviz.analysis.report import Report
+from specviz.analysis.report import Report, exact_read_note
 from specviz.trace.naming import model_label, run_title
 from specviz.trace.schema import Trace
 from specviz.trace.token_text import token_label, token_texts
@@ -21,9 +21,17 @@ def render_report(trace: Trace, report: Report) -> str:
         f"run: {run_title(h.method, h.fault)}, {len(trace.sequences)} prompts, "
         f"batch {h.batch_size}, k={h.draft_k}, "
         f"target {model_label(h.target.name)} ({h.target.dtype}, {h.target.device})"
-        + ("" if h.complete else "  [INCOMPLETE: run was interrupted]"),
+        + (
+            ""
+            if h.complete
+            else f"  [INCOMPLETE: read up to step {unread['step']}]"
+            if unread is not None
+            else "  [INCOMPLETE: run was interrupted]"
+        ),
     ]
-    if report.exact_match is not None:
+    if (partial := exact_read_note(report)) is not None:
+        lines.append(f"exact match: {partial}")
+    elif report.exact_match is not None:
         exact = sum(s.verdict == "exact" for s in report.sequences)
         lines.append(f"exact match: {report.exact_match:.3f} ({exact}/{len(report.sequences)} prompts token-identical)")
     else:

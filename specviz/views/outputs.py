@@ -24,7 +24,7 @@ PROMPT_CHARS = 240
 # a million tokens costs one page, not a million spans (the IDs and the rest stay in the file).
 MAX_TOKENS_SHOWN = 1500
 MAX_TEXT_CHARS = 8000
-VERDICT_ORDER = {"desync": 0, "unexplained": 1, "numerical": 2, "no-reference": 3, "exact": 4}
+VERDICT_ORDER = {"desync": 0, "unexplained": 1, "numerical": 2, "unread": 3, "no-reference": 4, "exact": 5}
 
 OUTPUTS_CSS = """
 .sv-outputs { font-family: ui-sans-serif, system-ui, sans-serif; font-size: 14px; }

@@ -51,6 +51,7 @@ VERDICT_COLORS: dict[str, tuple[str, str]] = {
     "desync": ("#fee2e2", "#991b1b"),
     "unreadable": ("#e0e7ff", "#3730a3"),  # the watch could not map the run from some step on
     "no-reference": ("#f1f5f9", "#334155"),
+    "unread": ("#e0e7ff", "#3730a3"),  # a sequence of an unreadable run, agreeing as far as read
 }
 
 

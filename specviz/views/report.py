@@ -108,7 +108,10 @@ def report_html(loaded: LoadedRun, source: str | None = None) -> str:
         + (f" · file {html_text(source)}" if source else "")
         + f" · report written {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC</p>",
     ]
-    if not h.complete:
+    if not h.complete and report.unreadable is not None:  # the watch stopped reading: not interrupted
+        step = report.unreadable["step"]
+        parts.append(f"<p class='sv-bad'>Unreadable from step {step}: the trace holds only the steps read.</p>")
+    elif not h.complete:
         parts.append("<p class='sv-bad'>Incomplete run: it was interrupted; the trace holds only what finished.</p>")
     parts.append("<h2>First violation</h2>")
     if first is None:

@@ -6,7 +6,7 @@ import pandas as pd
 
 from specviz.analysis.budgets import sequence_budgets
 from specviz.analysis.metrics import summary, tokens_per_second, totals_of
-from specviz.analysis.report import Report
+from specviz.analysis.report import Report, exact_read_note
 from specviz.trace import naming
 from specviz.trace.schema import Trace
 from specviz.views.palette import verdict_badge
@@ -30,6 +30,8 @@ def run_title(trace: Trace) -> str:
 
 
 def _exact(report: Report) -> str:
+    if (partial := exact_read_note(report)) is not None:
+        return partial
     if report.exact_match is None:
         return "n/a (no reference recorded)"
     exact = sum(s.verdict == "exact" for s in report.sequences)
@@ -86,7 +88,7 @@ def summary_markdown(trace: Trace, report: Report, label: str = "") -> str:
     h = trace.header
     prefix = f"Run {label}: " if label else ""
     lines = [f"### {prefix}{run_title(trace)} · {verdict_badge(report.verdict)}"]
-    if not h.complete:
+    if not h.complete and report.unreadable is None:  # an unreadable run says where, below
         lines.append("⚠️ **Incomplete run**: it was interrupted; steps and outputs hold only what finished.")
     # The verdict first, in words: what a stranger needs before any number.
     lines.append(f"*{VERDICT_MEANING.get(report.verdict, '')}*  \n{stats_line(trace, report)}")

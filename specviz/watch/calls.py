@@ -181,12 +181,18 @@ def attended_ids(call: CallRecord, row: int, end: int | None = None) -> list[int
 
 
 def attends_cache(call: CallRecord, row: int) -> bool:
-    """Does the row attend any slot of the cache the call was given (a 2-D mask says; else assumed)?"""
+    """Does the row attend any slot of the cache the call was given (a 2-D or a [cache | query]
+    4-D mask says; else assumed)? A sequence prefilled alone over a shared cache (a newcomer once
+    every other request has ended) is given the whole cache yet attends none of it: a new sequence,
+    not the row's previous one continued."""
     if call.cache_of(row) == 0:
         return False
     if call.mask_kind == "2d":
         values = call.mask[row]
         return any(values[: len(values) - call.query_len])
+    if call.mask_kind == "4d" and call.mask is not None:
+        width = call.cache_width  # keys: the cache's slots, then the query's
+        return any(any(line[:width]) for line in call.mask[row])
     return True
 
 

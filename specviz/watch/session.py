@@ -225,6 +225,7 @@ class Watch:
             eos |= self._paged.eos_ids
         with collector_paused():
             prompts = self.prompts if self.prompts is not None else self._found_prompts(calls)
+            _require_prompted(prompts, self._emits)
             if self._rows_to_follow(calls, prompts):
                 follow_rows(calls, prompts, eos)
             if self._paged is not None:  # the engine's emits for the manager's sequences, checked
@@ -496,6 +497,17 @@ def _require_emits(calls: list[CallRecord], emits: list[Emit]) -> None:
         raise WatchError(
             "the target ran but no tokens were declared: call w.emit(seq_id, tokens) after each step, "
             "pass streamer=w.streamer() to generate, or watch the unmodified script with `specviz watch --`"
+        )
+
+
+def _require_prompted(prompts: list[list[int]], emits: list[Emit]) -> None:
+    """Undeclared prompts are read from the first target call: a sequence emitted later (one that
+    joined the batch after it) has no prompt to decode its reference from; say so, not guess it."""
+    beyond = sorted({e.seq_id for e in emits if e.seq_id >= len(prompts)})
+    if beyond:
+        raise WatchError(
+            f"emit named sequence {beyond[0]}, but the first target call holds {len(prompts)} prompt(s): "
+            "pass prompts=[...] to specviz.watch (a sequence that joins later has no prompt to read there)"
         )
 
 

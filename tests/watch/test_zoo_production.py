@@ -31,6 +31,7 @@ from specviz.analysis.check import check_trace
 from specviz.cli import main
 from specviz.trace.invariants import Invariant
 from specviz.trace.io import load_trace
+from specviz.watch import WatchError
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17], [20, 21], [30, 31, 32, 33, 34]]
 BUDGETS = [10, 4, 10, 7, 9]  # each request's own max_new_tokens: rows finish early
@@ -354,3 +355,61 @@ def test_head_fed_no_target_hidden_state_is_left_unchecked(pair, drafter, refere
     assert any("draft head input unreadable" in note for note in w.trace.header.options["watch_notes"])
     report = check_trace(w.trace)
     assert report.verdict == "clean" and not report.violation_count, report.violations[:3]
+
+
+# Other prompt and budget mixes of the packed engine: the issue's four prompts (the leak's first
+# violation is at its own step and sequence, not an accounting one before it); a late newcomer
+# that arrives after every other request has ended (prefilled alone over the shared cache, a new
+# sequence, not the last one's row continued); six prompts.
+LATE_ALONE = ([[20, 21], [5, 6, 7, 8, 9, 10], [11, 12, 13]], [5, 1, 7])
+MIXES = {
+    "four": (PROMPTS[:4], [9, 3, 6, 2]),
+    "late_alone": LATE_ALONE,
+    "six": ([[30, 31, 32, 33, 34], *PROMPTS[:4], [50, 51, 52]], [7, 2, 5, 9, 3, 6]),
+}
+MIX_BUGS = [("four", "kv_leak"), ("late_alone", "stale_kv"), ("six", "kv_leak_zero")]
+
+
+def _packed_mix(pair, prompts, budgets, bug, mode, tmp: Path):
+    """The packed engine on `prompts`/`budgets`, watched through the API or the command."""
+    if mode == "api":
+        with specviz.watch(pair.target, pair.draft, prompts=prompts, name="mix") as w:
+            outs, events = packed.generate(pair.target, pair.draft, prompts, budgets, bug=bug, w=w)
+        return w.trace, outs, [tuple(e) for e in events]
+    out = tmp / f"mix-{bug}.trace.json"
+    argv = ["watch", "--out", str(out), "--", "python", str(SCRIPT), "packed", "--prompts", json.dumps(prompts)]
+    argv += ["--budgets", ",".join(map(str, budgets)), *(["--bug", bug] if bug else [])]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(argv) == 0
+    said = dict(line.split(" ", 1) for line in printed.getvalue().splitlines() if line.startswith(("OUTS", "EVENTS")))
+    return load_trace(out), json.loads(said["OUTS"]), [tuple(e) for e in json.loads(said["EVENTS"])]
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("mix", "bug"), [(m, None) for m in MIXES] + MIX_BUGS)
+def test_packed_prompt_and_budget_mixes(pair, tmp_path, mix: str, bug: str | None, mode: str) -> None:
+    """Each mix: the correct run equals batch-1 greedy and checks clean; each bug's first violation
+    is at the (step, sequence) the engine reports, with its invariant."""
+    prompts, budgets = MIXES[mix]
+    trace, outs, events = _packed_mix(pair, prompts, budgets, bug, mode, tmp_path)
+    report = check_trace(trace)
+    v = report.first_violation
+    if bug is None:
+        assert outs == shapes.reference(pair.target, prompts, budgets) and not events
+        assert report.verdict == "clean" and report.exact_match == 1.0, (v, report.unreadable)
+        return
+    assert events, f"{bug} never fired"
+    step, seq = events[0]
+    seq_id = {tuple(s.prompt_ids): s.seq_id for s in trace.sequences}.get(tuple(prompts[seq]))
+    assert v is not None and (v.step, v.seq_id, v.invariant) == (step, seq_id, Invariant.KV), report.violations[:3]
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_packed_engine_watched_without_prompts_says_what_is_missing(pair) -> None:
+    """Without `prompts=`, the prompts are read from the first target call; the packed engine's late
+    request is emitted but was not in that call: one clear error (it was a KeyError traceback)."""
+    with pytest.raises(WatchError, match=r"emit named sequence 3, .* pass prompts="):
+        with specviz.watch(pair.target, pair.draft, name="no-prompts") as w:
+            packed.generate(pair.target, pair.draft, PROMPTS[:4], [9, 3, 6, 2], w=w)

@@ -8,7 +8,8 @@ target verifies each sequence's pending token and drafts in one packed call; a r
 slot is dropped from the mask (a hole). The sequences are packed in a new order every step (a
 rotation), and the last prompt arrives late (at step `late`): its prefill rides behind the others'
 tokens in that step's verify call and first draft call, emitting nothing, as vLLM mixes prefills
-into decoding batches. Each prompt has its own budget and ends there or at the model's EOS
+into decoding batches (if every other request has ended before it arrives, it is prefilled alone
+then). Each prompt has its own budget and ends there or at the model's EOS
 (`shapes.settle`); finished sequences leave the packed row and give their slots back.
 Nothing is declared but the emitted tokens (`w.emit`). With `embeds`, both models are fed
 `inputs_embeds` (their own embedding rows) instead of token ids, as multimodal servers do. With
@@ -78,14 +79,17 @@ def generate(target, draft, prompts, max_new, k=3, bug=None, w=None, late=2, **v
     eos, done = eos_ids(target), set()
     waiting = {n - 1: late} if late else {}  # sequence -> the step it arrives at
     prefill = [(s, seqs[s][:-1], 0) for s in range(n) if s not in waiting]  # all but each pending token
-    tkv.forward(prefill)
-    if not lookup:
-        dkv.forward(prefill)
+    _prefill_now(tkv, None if lookup else dkv, prefill)
     draft_has = [len(p) - 1 for p in prompts]  # committed tokens in the draft's cache
     pos = [len(p) - 1 for p in prompts]  # the pending token's position, as the engine counts it
     events: list[tuple[int, int]] = []
     step = 0
-    while live := [s for s in range(n) if s not in waiting and s not in done]:
+    while waiting or len(done) < n:
+        live = [s for s in range(n) if s not in waiting and s not in done]
+        if not live:  # every other request ended before the late one arrived: it starts alone now
+            _prefill_now(tkv, None if lookup else dkv, [(s, seqs[s][:-1], 0) for s in waiting])
+            waiting.clear()
+            continue
         live = live[step % len(live) :] + live[: step % len(live)]  # packed in a new order each step
         joining = [(s, seqs[s][:-1], 0) for s, at in waiting.items() if at == step]  # prefilled behind the rest
         d = {s: min(k, limit[s] - len(outs[s]) - 1) for s in live}
@@ -128,6 +132,13 @@ def generate(target, draft, prompts, max_new, k=3, bug=None, w=None, late=2, **v
             del waiting[s]
         step += 1
     return outs, events
+
+
+def _prefill_now(tkv, dkv, prefill) -> None:
+    """Newcomers prefilled in calls of their own (both caches), as at the start of the run."""
+    tkv.forward(prefill)
+    if dkv is not None:
+        dkv.forward(prefill)
 
 
 def _leak(bug, step, live, seqs, outs, limit, late) -> tuple[int, int] | None:
