@@ -13,6 +13,7 @@ from zoo import sampled
 import specviz
 from specviz.analysis.check import check_trace
 from specviz.trace.invariants import Invariant
+from specviz.trace.synthetic import synthetic_trace
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17]]
 MAX_NEW = 12
@@ -75,3 +76,18 @@ def test_sampled_row_emits_its_accepted_drafts_first(pair) -> None:
 
     found = _row_violations(pair, swapped)
     assert any(v.invariant == Invariant.ACCOUNTING and v.field == "emitted" for v in found), found
+
+
+def test_a_missing_ending_is_shown_where_the_sequence_was_last_held() -> None:
+    """Sequence 0's row at step 1 gives nothing yet says it ended, and the sequence records no
+    ending: the missing ending is shown
+    at step 1 (where it was last held), not at step 0 (its last write), so it cannot come before a
+    fault of step 1 (a wrong-row write ending another sequence) as the run's first violation."""
+    trace = synthetic_trace(2, 2, 2, 5)
+    row = trace.steps[1].rows[0]
+    row.emitted, row.bonus, row.finished, row.finish_reason = [], None, True, "length"
+    trace.sequences[0].output_ids = trace.sequences[0].output_ids[:3]
+    trace.sequences[0].finish_reason = None
+    report = check_trace(trace)
+    missing = [v for v in report.violations if "has no finish_reason" in v.message]
+    assert [(v.step_index, v.seq_id) for v in missing] == [(1, 0)], report.violations
