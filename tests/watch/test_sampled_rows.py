@@ -13,7 +13,7 @@ from zoo import sampled
 import specviz
 from specviz.analysis.check import check_trace
 from specviz.trace.invariants import Invariant
-from specviz.trace.io import load_trace, save_trace
+from specviz.trace.io import open_trace, save_trace
 from specviz.trace.synthetic import synthetic_trace
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17]]
@@ -64,7 +64,7 @@ def _row_violations(pair, emitted_of, tmp_path):
     row.emitted = emitted_of(row)
     found = [
         [(v.step, v.seq_id, v.field) for v in check_trace(t).violations if v.step == 1 and v.seq_id == row.seq_id]
-        for t in (trace, load_trace(save_trace(trace, tmp_path / "t.parquet")))
+        for t in (trace, open_trace(save_trace(trace, tmp_path / "t.parquet")))
     ]
     assert found[0] == found[1]
     return found[0]
