@@ -136,6 +136,9 @@ def _accounting_flags(c: Columns, b: Before, history: History) -> np.ndarray:
     )  # items past acc + 1 fail the length test below
     allowed = np.minimum(acc + 1, np.maximum(0, b.budget - b.written))
     bad |= greedy & ((e > allowed) | ~emitted.all(emitted.values == proposal))
+    # sampled (no targets): the accepted drafts, then at most one free token (_check_sampled_shape)
+    drafted = emitted.all((je >= acc_e) | (emitted.values == drafts.at(emitted.row_of, je)))
+    bad |= ~greedy & ((e > acc + 1) | ~drafted)
     has_bonus = e == acc + 1
     bonus = emitted.at(rows, acc)
     bad |= np.where(has_bonus, ~c.bonus_valid | (c.bonus != bonus), c.bonus_valid)

@@ -111,8 +111,10 @@ class FinishChecks:
         allowed = allowed_endings(seq.output_ids[-1:], len(seq.output_ids), state.budget, history.eos)
         reason = seq.finish_reason
         if reason is None and complete:
+            # No ending is a fault of the run's end, not of the last write: shown at the last step
+            # that held the sequence (a wrong-row write ends another sequence before this one's).
             self._flag(
-                where,
+                last if last is not None else where,
                 seq.seq_id,
                 "finish_reason",
                 sorted(allowed) or "eos or length",

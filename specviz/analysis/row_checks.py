@@ -273,6 +273,7 @@ def _check_acceptance(flag: RowFlags, history: History) -> None:
     d = len(row.draft_tokens)
     if len(row.target_tokens) != d + 1:
         flag.skip(*NO_TARGETS)
+        _check_sampled_shape(flag)
         return
     matched = 0
     while matched < d and row.draft_tokens[matched] == row.target_tokens[matched]:
@@ -288,6 +289,23 @@ def _check_acceptance(flag: RowFlags, history: History) -> None:
     proposal = row.draft_tokens[: row.accepted] + [row.target_tokens[row.accepted]]
     what = "emitted tokens are not a prefix of the accepted drafts plus the bonus" + _eos_hint(row, history)
     check_emitted(flag, history, proposal, what)
+
+
+def _check_sampled_shape(flag: RowFlags) -> None:
+    """Without the target's tokens (a sampled run) what a row may emit still has a shape: the drafts
+    it accepted, then at most one token of its own (a rejection's resample or the bonus, free). So
+    never more than d + 1 tokens, and never a token before the accepted drafts end."""
+    row = flag.row
+    drafted = row.emitted[: row.accepted] == row.draft_tokens[: row.accepted][: len(row.emitted)]
+    if not drafted or len(row.emitted) > row.accepted + 1:
+        flag(
+            Invariant.ACCOUNTING,
+            "emitted",
+            f"the {row.accepted} accepted draft(s), then at most one token",
+            row.emitted,
+            f"emitted {len(row.emitted)} token(s) with {len(row.draft_tokens)} drafts and {row.accepted} accepted: "
+            "a row emits its accepted drafts and at most one more",
+        )
 
 
 def check_emitted(flag: RowFlags, history: History, proposal: list[int], what: str) -> None:

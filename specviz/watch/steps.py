@@ -67,6 +67,8 @@ class Group:
     finish_reason: str | None
     call: int  # index into the call list
     at: float
+    cuts: list[int] = field(default_factory=list)  # where later emits were appended (token offsets)
+    late: bool = False  # emitted after a newer target call that held the sequence: weaker evidence
 
 
 @dataclass
@@ -114,6 +116,8 @@ def attribute(
         newest = featuring[-1] if featuring else None
         if previous is not None and (not emit.tokens or newest is None or newest <= previous.call):
             # More tokens (or only the ending) for a step already attributed.
+            if emit.tokens and previous.tokens:
+                previous.cuts.append(len(previous.tokens))
             previous.tokens.extend(emit.tokens)
             previous.finish_reason = emit.finish_reason or previous.finish_reason
             history[seq].extend(emit.tokens)
@@ -138,7 +142,7 @@ def attribute(
             notes.append(f"emit for sequence {seq} matches no target call that fed its pending token; not a step")
             history[seq].extend(emit.tokens)
             continue
-        group = Group(seq, list(emit.tokens), emit.finish_reason, call, emit.at)
+        group = Group(seq, list(emit.tokens), emit.finish_reason, call, emit.at, late=call != newest)
         groups.append(group)
         last_group[seq] = group
         history[seq].extend(emit.tokens)
@@ -274,21 +278,68 @@ def assign_rows(
         return consistent(group.tokens, drafts, targets, free_last)
 
     taken: dict[int, Group] = {}
-    pending_groups = []
-    for group in groups:
+
+    def live() -> list[int]:
+        return [r for r in range(len(rows)) if r not in taken and rows[r] in known and rows[r] not in finished]
+
+    def place(group: Group) -> bool:
         own = rows.index(group.seq_id)
         if own not in taken and fits(group, own):
             taken[own] = group
-        else:
-            pending_groups.append(group)
+            return True
+        return False
+
+    # A late group (emitted after a newer call of its sequence: maybe that call's tokens, matched
+    # here by its pending token) places after the on-time groups have been read, split included.
+    pending_groups = [g for g in groups if g.late or not place(g)]
+    pending_groups = [g for g in pending_groups if not g.late] + [g for g in pending_groups if g.late]
+    unfit = []
     for group in pending_groups:
+        if group.late and place(group):
+            continue
+        others = [r for r in live() if fits(group, r)]
+        if others:
+            taken[others[0]] = group
+            continue
+        pieces = _split_to_rows(group, live(), rows.index(group.seq_id), fits)
+        if pieces is None:
+            unfit.append(group)
+        for row, piece in pieces or []:
+            taken[row] = piece
+    for group in unfit:  # fits no row, whole or split: its own row shows what it got
         own = rows.index(group.seq_id)
-        live = [r for r in range(len(rows)) if r not in taken and rows[r] in known and rows[r] not in finished]
-        others = [r for r in live if fits(group, r)]
-        row = others[0] if others else (own if own not in taken else None)
-        if row is not None:
-            taken[row] = group
+        if own not in taken:
+            taken[own] = group
     return taken
+
+
+def _split_to_rows(group: Group, free: list[int], own: int, fits: Any) -> list[tuple[int, Group]] | None:
+    """A sequence that got several emits in one step, fitting no single row: the emits split into
+    consecutive pieces that each fit a distinct free row (its own row preferred), e.g. one row's
+    tokens written to another row's sequence before that row's own. None when no split fits."""
+    if not group.cuts:
+        return None
+    bounds = [0, *group.cuts, len(group.tokens)]
+
+    def piece(a: int, b: int) -> Group:
+        return Group(group.seq_id, group.tokens[bounds[a] : bounds[b]], None, group.call, group.at)
+
+    def search(a: int, free_rows: list[int]) -> list[tuple[int, Group]] | None:
+        if a == len(bounds) - 1:
+            return []
+        for b in range(len(bounds) - 1, a, -1):  # the longest piece first
+            candidate = piece(a, b)
+            for r in sorted(free_rows, key=lambda r: r != own):
+                if fits(candidate, r):
+                    rest = search(b, [x for x in free_rows if x != r])
+                    if rest is not None:
+                        return [(r, candidate), *rest]
+        return None
+
+    found = search(0, free)
+    if found:
+        found[-1][1].finish_reason = group.finish_reason
+    return found
 
 
 def row_tokens(call: CallRecord, row: int, rq: RowQuery) -> tuple[list[int], list[int]]:

@@ -4,6 +4,8 @@ samples the residual max(p - q, 0) and stops; after a full acceptance it samples
 Tokens are not the argmax anywhere, so the watch is told the temperature.
 
 Bug "stale_kv": rejected drafts stay attended in the cache (their slots are never masked out).
+Bug "wrongrow": at step 2 row 0's tokens are written to sequence 1 (before row 1's own), the
+rows themselves unchanged. `ragged`: each row drafts its own count (1..k) every step.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def verify(drafts, q, p, gen):
 
 
 @torch.no_grad()
-def generate(target, draft, prompts, max_new, k=3, bug=None, w=None, temperature=0.8, seed=0):
+def generate(target, draft, prompts, max_new, k=3, bug=None, w=None, temperature=0.8, seed=0, ragged=False):
     gen = torch.Generator().manual_seed(seed)
     seqs = [list(p) for p in prompts]
     outs: list[list[int]] = [[] for _ in prompts]
@@ -49,7 +51,7 @@ def generate(target, draft, prompts, max_new, k=3, bug=None, w=None, temperature
     step = 0
     while any(len(o) < max_new for o in outs):
         live = [r for r in range(len(seqs)) if len(outs[r]) < max_new]
-        d = {r: min(k, max_new - len(outs[r]) - 1) for r in live}
+        d = {r: min(1 + (step + r) % k if ragged else k, max_new - len(outs[r]) - 1) for r in live}
         tokens, probs = draft_sampled(draft, [seqs[r] for r in live], max(d.values()), temperature, gen)
         drafts = {r: t[: d[r]] for r, t in zip(live, tokens)}
         q = {r: pr[: d[r]] for r, pr in zip(live, probs)}
@@ -64,9 +66,13 @@ def generate(target, draft, prompts, max_new, k=3, bug=None, w=None, temperature
                 if not events:
                     events.append((step + 1, r))
             seqs[r] += new
-            outs[r] += new
+            dest = r
+            if bug == "wrongrow" and step == 2 and r == 0 and 1 in live:
+                dest = 1  # the row's tokens go to the next row's sequence
+                events.append((step, r))
+            outs[dest] += new
             if w is not None:
-                w.emit(r, new, "length" if len(outs[r]) >= max_new else None)
+                w.emit(dest, new, "length" if len(outs[dest]) >= max_new else None)
         cache.keep(kept, attended)
         step += 1
     return outs, events
