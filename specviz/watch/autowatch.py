@@ -26,12 +26,12 @@ import torch
 
 from specviz.analysis.findings import UNREADABLE
 from specviz.trace.schema import Trace
+from specviz.watch.attribution import Emit
 from specviz.watch.follow import Follower
 from specviz.watch.headinput import TapSet, resolve
 from specviz.watch.hooks import CallRecord, ModelHooks, WatchError, check_causal_lm
 from specviz.watch.paged import PagedCapture
 from specviz.watch.session import Watch, _eos_ids, _pad_id
-from specviz.watch.steps import Emit
 
 
 class AutoWatch:

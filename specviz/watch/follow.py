@@ -36,6 +36,7 @@ sequence by its attended context, the sequence's prompt plus the tokens committe
 
 from __future__ import annotations
 
+from specviz.watch.attribution import Emit
 from specviz.watch.calls import (
     CallReader,
     argmax_at,
@@ -50,7 +51,7 @@ from specviz.watch.follow_gains import Gains
 from specviz.watch.follow_match import Ambiguous, Assignments
 from specviz.watch.followed import IDLE, NEW, RowView, Seq
 from specviz.watch.hooks import CallRecord, shared_slots
-from specviz.watch.steps import Emit, matched_prefix
+from specviz.watch.steps import matched_prefix
 
 
 class Follower(Assignments, Gains):

@@ -5,9 +5,10 @@ tokens a cacheless draft re-reads, or the greedy rule at its last step), and of 
 from __future__ import annotations
 
 from specviz.watch import tree
+from specviz.watch.attribution import Emit
 from specviz.watch.calls import attended_ids, attends_cache, draft_free_query
 from specviz.watch.followed import RowView, Seq
-from specviz.watch.steps import Emit, matched_prefix, row_tokens
+from specviz.watch.steps import matched_prefix, row_tokens
 
 
 class Gains:

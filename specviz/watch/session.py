@@ -27,12 +27,13 @@ from specviz.trace.io import save_trace
 from specviz.trace.naming import now_iso
 from specviz.trace.provenance import library_versions, model_info
 from specviz.trace.schema import LAYOUTS, SCHEMA_VERSION, Header, SamplingInfo, SequenceRecord, Trace
+from specviz.watch.attribution import Emit
 from specviz.watch.calls import attended_ids
 from specviz.watch.follow import follow_rows
 from specviz.watch.headinput import HiddenTap
 from specviz.watch.hooks import CallRecord, ModelHooks, WatchError, check_causal_lm
 from specviz.watch.paged import PagedCapture
-from specviz.watch.steps import Emit, InferredSteps, infer_steps
+from specviz.watch.steps import InferredSteps, infer_steps
 from specviz.watch.streamer import GenerateStreamer
 from specviz.watch.tree import alternatives as tree_alternatives
 from specviz.watch.tree import tree_error
