@@ -50,8 +50,9 @@ from specviz.watch.calls import (
 from specviz.watch.follow_gains import Gains
 from specviz.watch.follow_match import Ambiguous, Assignments
 from specviz.watch.followed import IDLE, NEW, RowView, Seq
-from specviz.watch.hooks import CallRecord, shared_slots
+from specviz.watch.hooks import CallRecord
 from specviz.watch.steps import matched_prefix
+from specviz.watch.tensor_reads import shared_slots
 
 
 class Follower(Assignments, Gains):
@@ -172,7 +173,7 @@ class Follower(Assignments, Gains):
         held = self.calls[j].held
         if held is None:
             return set()
-        seen = held[r][0]  # held has one entry per row of a packed call (`hooks._segment_slots`)
+        seen = held[r][0]  # held has one entry per row of a packed call (`hooks.segment_slots`)
         overlap = {}
         for s in self.seqs:
             before = self.calls[s.at[0]].held

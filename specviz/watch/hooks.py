@@ -13,7 +13,7 @@ model every op is ~5-10 us, a share of a decode step worth counting, and the sam
 (one `tolist` per kept tensor). Everything else (which query slots are real, how many earlier
 slots a query token attends) is read from the lists, in Python, when the watch closes
 (`CallRecord.materialize`), which is also where the only host syncs the watch adds happen.
-Tensors already on the CPU are read through numpy where that is cheaper (`_on_host`: the argmax,
+Tensors already on the CPU are read through numpy where that is cheaper (`on_host`: the argmax,
 a large mask's compare, a packed mask's counts): a view, no copy, and several times faster than
 torch's single-threaded CPU kernels for these reductions; on a device, torch's own ops.
 """
@@ -29,10 +29,10 @@ import numpy
 import torch
 
 from specviz.errors import SpecvizError
+from specviz.watch.tensor_reads import QUERY_TAIL, argmax_of, line_summary, mask_copy, on_host, segment_slots
 
 # 4-D masks keep only their last query rows: a verify window is never longer, and a prefill's
 # [q, W] block would otherwise cost q x W per row.
-QUERY_TAIL = 128
 CACHE_KEYWORDS = ("cache", "past_key_values")
 
 
@@ -78,7 +78,7 @@ class CallRecord:
     unreadable: str | None = None  # why no producer could map it (set by `materialize`)
     # A packed call's 4-D mask per query token: (attended count, drops a slot the token before it
     # attended, continues it: shares a slot with it and gains exactly one, attends exactly one slot
-    # more), from `_line_summary`.
+    # more), from `line_summary`.
     lines: list[tuple[int, bool, bool, bool]] | None = None
     # A packed call's rows: the key slots its first query token attends and those its last one
     # attends (what the sequence holds after the call). A sequence's slots stay its own in a shared
@@ -125,7 +125,7 @@ class CallRecord:
         ):
             self.packed, whole = False, None
         if whole is not None:  # a packed row's mask, read as a summary per query token (batchmap.lines)
-            self.lines, self.mask = _line_summary(whole[0]), None
+            self.lines, self.mask = line_summary(whole[0]), None
             if self.query_live is None:  # the slots that attend anything: those that count any
                 self.query_live = [[line[0] > 0 for line in self.lines]]
         for name in ("input_ids", "positions", "mask", "argmax", "query_live", "cu_q", "cu_k", "logit_slots"):
@@ -147,7 +147,7 @@ class CallRecord:
         except batchmap.Unreadable as why:
             self.unreadable, packed = str(why), False
         if whole is not None and packed:
-            self.held = _segment_slots(whole[0], self.segments)
+            self.held = segment_slots(whole[0], self.segments)
             if trees and self.keys_end is not None:
                 self.node_keys = [base + start for _, start, _ in self.segments]
         if whole is not None and not packed:  # one sequence after all: read as any 4-D mask
@@ -294,7 +294,7 @@ class ModelHooks:
         cu_q, cu_k = fed.get("cu_seq_lens_q"), _one_tensor(fed.get("cu_seq_lens_k"))
         # One row that may hold several sequences: its mask and argmax are kept whole (`batchmap`).
         packed = batch == 1 and q > 1
-        kind, kept, live = _mask_copy(mask, None if packed else QUERY_TAIL)
+        kind, kept, live = mask_copy(mask, None if packed else QUERY_TAIL)
         if kind == "4d" and mask.shape[-1] != width + q:
             # Keys are not [cache | query]: a static or in-place cache writes the query's keys at
             # slots inside the keys that the mask alone does not name, so only what each query
@@ -391,12 +391,12 @@ class ModelHooks:
             if record.logit_slots is not None and logits.shape[1] != len(record.logit_slots):
                 record.logit_slots = None  # the model ignored logits_to_keep: every column's logits
             if record.logit_slots is not None or logits.shape[1] <= QUERY_TAIL:
-                record.argmax = _argmax(logits)
+                record.argmax = argmax_of(logits)
             elif record.packed:  # a long packed row (prefills): the last slots of each sequence in it
                 columns = _segment_tails(record, logits.shape[1])
-                record.argmax, record.logit_slots = _argmax(logits[:, columns]), columns
+                record.argmax, record.logit_slots = argmax_of(logits[:, columns]), columns
             else:
-                record.argmax = _argmax(logits[:, -QUERY_TAIL:])
+                record.argmax = argmax_of(logits[:, -QUERY_TAIL:])
         record.ended = time.perf_counter()
         if record.nested and self.tap is not None:
             self.tap.hold(record)
@@ -431,8 +431,8 @@ def _segment_tails(record: CallRecord, width: int) -> torch.Tensor:
     if isinstance(record.cu_q, torch.Tensor):
         ends = record.cu_q[1:].long()
     elif isinstance(record.mask, torch.Tensor) and record.mask.dim() == 3 and record.mask.shape[1] == width:
-        seen, host = record.mask[0], _on_host(record.mask[0])
-        if host is not None:  # numpy on the CPU (`_on_host`)
+        seen, host = record.mask[0], on_host(record.mask[0])
+        if host is not None:  # numpy on the CPU (`on_host`)
             starts = torch.from_numpy(numpy.flatnonzero((host[:-1] & ~host[1:]).any(-1)) + 1)
         else:
             starts = torch.nonzero((seen[:-1] & ~seen[1:]).any(-1)).flatten() + 1
@@ -444,125 +444,9 @@ def _segment_tails(record: CallRecord, width: int) -> torch.Tensor:
     return torch.unique(columns[(columns >= 0) & (columns < width)])
 
 
-def _line_summary(mask: torch.Tensor) -> list[tuple[int, bool, bool, bool]]:
-    """Per query token of a packed row's [T, keys] mask: how many slots it attends, whether it drops
-    one the token before attended, whether it continues that token (shares a slot with it and gains
-    exactly one: its own key, as a causal query or a sliding window does; a neighbour's first token
-    gains its whole context even where a leaked slot is shared), and whether it attends exactly
-    one slot more.
-
-    All of it from two counts per token (`_line_counts`): `count`, the slots it attends, and `both`,
-    the slots it shares with the token before. It drops a slot iff both < the count before, gains
-    count - both slots, continues iff both > 0 and it gains one, and attends exactly one more iff it
-    drops none and gains one."""
-    counts, both = _line_counts(mask.bool())
-    lines = [(counts[0], False, True, counts[0] > 0)] if counts else []
-    for i in range(1, len(counts)):
-        shared = both[i - 1]
-        dropped, gained = shared < counts[i - 1], counts[i] - shared
-        lines.append((counts[i], dropped, shared > 0 and gained == 1, not dropped and gained == 1))
-    return lines
-
-
-def _line_counts(seen: torch.Tensor, host: bool | None = None) -> tuple[list[int], list[int]]:
-    """Per line of a [T, keys] boolean mask: slots attended, and slots shared with the line before
-    (T - 1 of them). On the host through numpy: torch's CPU reductions of a boolean widen it to
-    int64, several times numpy's cost here (a packed prefill's mask is T x T); on a device, two
-    ops and one transfer (`host` forces the one or the other)."""
-    if seen.device.type == "cpu" if host is None else host:
-        lines = seen.numpy()
-        counts = lines.view(numpy.uint8).sum(-1, dtype=numpy.int32)
-        both = (lines[:-1] & lines[1:]).view(numpy.uint8).sum(-1, dtype=numpy.int32)
-        return counts.tolist(), both.tolist()
-    t = seen.shape[0]
-    read = torch.cat([seen.sum(-1), (seen[:-1] & seen[1:]).sum(-1)]).tolist()
-    return read[:t], read[t:]
-
-
-def _segment_slots(mask: torch.Tensor, segments: list[tuple[int, int, int]]) -> list[tuple[Any, Any]]:
-    """Per sequence of a packed row's [T, keys] mask: the key slots its first query token attends
-    and those its last one attends, as boolean numpy rows (one gather for the whole call)."""
-    ends = [t for _, start, length in segments for t in (start, start + length - 1)]
-    picked = mask.bool().cpu().numpy()[ends]  # a copy: [2S, keys]
-    return [(picked[2 * i], picked[2 * i + 1]) for i in range(len(segments))]
-
-
-def shared_slots(a: Any, b: Any) -> int:
-    """Key slots two `CallRecord.held` rows both attend (slot i is the same slot in every call of a
-    shared cache; a later call's keys may be more)."""
-    n = min(len(a), len(b))
-    return int(numpy.count_nonzero(a[:n] & b[:n]))
-
-
 def _one_tensor(value: Any) -> Any:
     """`cu_seq_lens_k` is a tensor, or (transformers' paged attention) a dict by layer type: the
     full-attention one."""
     if isinstance(value, dict):
         return value.get("full_attention", next(iter(value.values()), None))
     return value
-
-
-def _mask_copy(mask: Any, tail: int | None = QUERY_TAIL) -> tuple[str, torch.Tensor | None, torch.Tensor | None]:
-    """The mask's kind, its "may attend" booleans (a copy, never a view of the engine's; a 4-D
-    mask: head 0's last `tail` query rows, all of them for None, heads share the mask) and, for a
-    4-D mask, whether each query slot attends anything ([B, q]). One pass over the mask for each."""
-    if mask is None:
-        return "none", None, None
-    if not isinstance(mask, torch.Tensor):
-        return "unknown", None, None
-    if mask.dim() == 2:
-        seen = _attended(mask)
-        return "2d", seen.clone() if seen is mask else seen, None
-    if mask.dim() == 4:
-        seen = _attended(mask[:, 0])
-        # Whole (a packed row): a bool mask's `seen` is a view of the engine's, copied; any other is
-        # a new tensor already. Which query slots attend anything is then read at close, from the
-        # summary of its lines (`CallRecord.materialize`). A tail is copied, so the rest of the
-        # rows are not kept alive.
-        if tail is None:
-            return "4d", seen.clone() if mask.dtype == torch.bool else seen, None
-        return "4d", seen[:, -tail:].clone(), _any_last(seen)
-    return "unknown", None, None
-
-
-# Host dtypes numpy reads in place. On the CPU, numpy's elementwise compare and `any` over a mask
-# cost a fifth of torch's single-threaded ones (a packed prefill's mask is T x T): the hook's
-# largest cost before this.
-_NUMPY_DTYPES = {torch.bool, torch.float16, torch.float32, torch.float64}
-_NUMPY_DTYPES |= {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
-
-
-def _on_host(tensor: torch.Tensor, least: int = 0) -> Any:
-    """The tensor as a numpy array (a view, no copy) when it is on the CPU in a dtype numpy has
-    (and has `least` elements or more: below, the conversions cost what the op saves)."""
-    if tensor.device.type != "cpu" or tensor.dtype not in _NUMPY_DTYPES or tensor.numel() < least:
-        return None
-    try:
-        return tensor.detach().numpy()
-    except RuntimeError:  # a lazy conjugate or negated view, a subclass: torch's own op then
-        return None
-
-
-def _attended(mask: torch.Tensor) -> torch.Tensor:
-    """Boolean 'may attend' from a bool (returned as is), 0/1 or additive float mask."""
-    if mask.dtype == torch.bool:
-        return mask
-    host = _on_host(mask, least=4096)
-    if host is not None:  # a new array: never a view of the engine's mask
-        return torch.from_numpy(host == 0 if mask.is_floating_point() else host != 0)
-    if mask.is_floating_point():
-        return mask == 0  # additive: 0 attends, a large negative number blocks
-    return mask != 0
-
-
-def _argmax(logits: torch.Tensor) -> torch.Tensor:
-    """`logits.argmax(-1)` (the first maximum), through numpy on the CPU: a tenth of torch's
-    single-threaded cost over a vocabulary, the after-hook's one op."""
-    host = _on_host(logits)
-    return torch.from_numpy(host.argmax(-1)) if host is not None else logits.argmax(-1)
-
-
-def _any_last(seen: torch.Tensor) -> torch.Tensor:
-    """`seen.any(-1)`, through numpy on the CPU."""
-    host = _on_host(seen)
-    return torch.from_numpy(host.any(-1)) if host is not None else seen.any(-1)

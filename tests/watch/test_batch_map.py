@@ -17,7 +17,8 @@ from specviz.analysis.findings import BUDGETS, UNREADABLE
 from specviz.cli import main
 from specviz.trace.io import save_trace
 from specviz.watch.batchmap import Unreadable, read_map
-from specviz.watch.hooks import CallRecord, _line_summary
+from specviz.watch.hooks import CallRecord
+from specviz.watch.tensor_reads import line_summary
 
 PROMPTS = [[5, 6, 7, 8], [11, 12, 13]]
 
@@ -49,10 +50,10 @@ def test_a_packed_call_is_cut_by_what_it_carries() -> None:
         [j in (3,) for j in range(5)],
         [j in (3, 4) for j in range(5)],
     ]
-    lines = _line_summary(torch.tensor(block))
+    lines = line_summary(torch.tensor(block))
     assert segments(packed_call(ids, [0, 1, 2, 0, 1], mask_kind="4d", lines=lines)) == [(0, 3), (3, 2)]
     window = [[t - 1 <= j <= t for j in range(5)] for t in range(5)]
-    lines = _line_summary(torch.tensor(window))
+    lines = line_summary(torch.tensor(window))
     assert segments(packed_call(ids, [0, 1, 2, 3, 4], mask_kind="4d", lines=lines)) == [(0, 5)]
     assert segments(packed_call(ids, [0, 1, 2, 3, 4], query_lens=[4, 1])) == [(0, 4), (4, 1)]
     with pytest.raises(Unreadable, match="rows declares 3 sequences"):

@@ -13,7 +13,8 @@ import torch
 
 from specviz.watch.batchmap import BatchMap, Segment, Unreadable, apply, read_map
 from specviz.watch.calls import context_before
-from specviz.watch.hooks import CallRecord, _line_summary
+from specviz.watch.hooks import CallRecord
+from specviz.watch.tensor_reads import line_summary
 
 
 def call_of(ids: list[list[int]], positions: list[list[int]], **fields) -> CallRecord:
@@ -102,14 +103,14 @@ def test_a_block_diagonal_mask_over_a_shared_cache_cuts_where_a_token_starts_ove
     mask = torch.zeros(2, 7, dtype=torch.bool)
     mask[0, [0, 1, 5]] = True
     mask[1, [2, 3, 4, 6]] = True
-    lines = _line_summary(mask)
+    lines = line_summary(mask)
     call = call_of([[9, 19]], [[2, 3]], mask_kind="4d", lines=lines, cache_width=5, rows=(3, 1))
     assert cut(call) == [(3, 0, 0, 1), (1, 0, 1, 1)] and read_map(call).source == "block-mask"
     assert apply(call, read_map(call))
     assert call.mask_kind == "counts" and call.contexts == [2, 3] and call.cache_width == 3
     assert [context_before(call, r, 0) for r in range(2)] == [2, 3]
     # A causal block (no token drops a slot the one before it attended): one sequence.
-    single = call_of([[9, 19]], [[2, 3]], mask_kind="4d", lines=_line_summary(torch.tril(torch.ones(2, 2)) > 0))
+    single = call_of([[9, 19]], [[2, 3]], mask_kind="4d", lines=line_summary(torch.tril(torch.ones(2, 2)) > 0))
     assert cut(single) == [(None, 0, 0, 2)]
 
 

@@ -8,7 +8,7 @@ import random
 
 import torch
 
-from specviz.watch.hooks import _argmax, _attended, _line_counts, _line_summary, _mask_copy
+from specviz.watch.tensor_reads import argmax_of, attended, line_counts, line_summary, mask_copy
 
 
 def _oracle(mask: torch.Tensor) -> list[tuple[int, bool, bool, bool]]:
@@ -50,22 +50,22 @@ def _masks(count: int) -> list[torch.Tensor]:
 
 def test_line_summary_equals_the_set_oracle_on_host_and_device_paths() -> None:
     for mask in _masks(300):
-        assert _line_summary(mask) == _oracle(mask)
-        assert _line_counts(mask, host=True) == _line_counts(mask, host=False)
+        assert line_summary(mask) == _oracle(mask)
+        assert line_counts(mask, host=True) == line_counts(mask, host=False)
 
 
 def test_numpy_reads_equal_torch_ops_and_copy_the_engines_tensors() -> None:
     gen = torch.Generator().manual_seed(1)
     logits = torch.randn(3, 5, 97, generator=gen)
     logits[0, 0, 7] = logits[0, 0, 9] = 50.0  # a tie: the first maximum, as torch
-    assert torch.equal(_argmax(logits), logits.argmax(-1)) and _argmax(logits)[0, 0] == 7
+    assert torch.equal(argmax_of(logits), logits.argmax(-1)) and argmax_of(logits)[0, 0] == 7
     half = logits.to(torch.bfloat16)  # a dtype numpy lacks: torch's own op
-    assert torch.equal(_argmax(half), half.argmax(-1))
+    assert torch.equal(argmax_of(half), half.argmax(-1))
     additive = torch.where(torch.rand(2, 1, 4, 6, generator=gen) < 0.5, 0.0, torch.finfo(torch.float32).min)
-    kind, kept, live = _mask_copy(additive)
+    kind, kept, live = mask_copy(additive)
     assert kind == "4d" and torch.equal(kept, additive[:, 0] == 0) and torch.equal(live, (additive[:, 0] == 0).any(-1))
     ones = (additive[:, 0, -1] == 0).long()
-    assert torch.equal(_attended(ones), ones != 0)
+    assert torch.equal(attended(ones), ones != 0)
     additive.fill_(torch.finfo(torch.float32).min)  # the engine reuses its buffer: the copy keeps what was fed
     assert kept.any()
 
@@ -74,4 +74,4 @@ def test_a_tensor_numpy_cannot_read_goes_through_torch() -> None:
     """A negated view (torch's lazy negative bit) has no numpy view: the same read, by torch."""
     logits = torch.randn(2, 3, 11, generator=torch.Generator().manual_seed(2))
     lazy = torch._neg_view(logits)
-    assert lazy.is_neg() and torch.equal(_argmax(lazy), (-logits).argmax(-1))
+    assert lazy.is_neg() and torch.equal(argmax_of(lazy), (-logits).argmax(-1))

@@ -1,5 +1,5 @@
 """A packed engine's shared cache, undeclared: where a leaked slot of a neighbour could mislead the
-reading. The cut of a block-diagonal mask (`batchmap`, from `hooks._line_summary`) and which
+reading. The cut of a block-diagonal mask (`batchmap`, from `hooks.line_summary`) and which
 sequence a row holds (`follow.Follower`, the slots it mostly attends) on small hand-made masks;
 the zoo engines with the leak bugs are `test_zoo_production.py` (`kv_leak*`)."""
 
@@ -12,7 +12,8 @@ from zoo import packed
 import specviz
 from specviz.analysis.check import check_trace
 from specviz.watch.batchmap import read_map
-from specviz.watch.hooks import CallRecord, _line_summary, _segment_slots, shared_slots
+from specviz.watch.hooks import CallRecord
+from specviz.watch.tensor_reads import line_summary, segment_slots, shared_slots
 
 
 def cut(block: list[list[bool]], positions: list[int]) -> list[tuple[int, int]]:
@@ -21,7 +22,7 @@ def cut(block: list[list[bool]], positions: list[int]) -> list[tuple[int, int]]:
     call = CallRecord(
         role="target", rows=None, input_ids=[list(range(t))], positions=[positions], positions_fed=True,
         cache_width=0, mask_kind="4d", mask=None, batch_size=1, query_len=t, packed=True,
-        lines=_line_summary(torch.tensor(block)),
+        lines=line_summary(torch.tensor(block)),
     )  # fmt: skip
     return [(s.start, s.length) for s in read_map(call).segments]
 
@@ -47,10 +48,10 @@ def test_held_slots_count_what_two_rows_share() -> None:
     """Each sequence's first and last query token's slots; a later call's wider keys still line
     up slot by slot with an earlier call's."""
     block = torch.tensor([[j in (0, 1, 5) for j in range(8)], [j in (0, 3, 4, 6) for j in range(8)]])
-    (a_first, a_last), (b_first, _) = _segment_slots(block, [(0, 0, 1), (0, 1, 1)])
+    (a_first, a_last), (b_first, _) = segment_slots(block, [(0, 0, 1), (0, 1, 1)])
     assert shared_slots(a_first, a_last) == 3 and shared_slots(b_first, a_last) == 1
     wider = torch.tensor([[j in (0, 1, 5, 9) for j in range(10)]])
-    assert shared_slots(_segment_slots(wider, [(0, 0, 1)])[0][0], a_last) == 3
+    assert shared_slots(segment_slots(wider, [(0, 0, 1)])[0][0], a_last) == 3
 
 
 def test_a_run_whose_prompts_differ_from_the_declared_ones_is_unreadable() -> None:

@@ -33,7 +33,7 @@ from specviz.cli import main
 from specviz.trace.invariants import Invariant
 from specviz.trace.io import load_trace
 from specviz.watch import batchmap
-from specviz.watch.hooks import _line_summary
+from specviz.watch.tensor_reads import line_summary
 from specviz.watch.tree import packed_nodes
 
 # (bug, mode) -> the invariant its first violation breaks, as that mode reads it. Declared, a
@@ -135,14 +135,14 @@ def test_a_packed_tree_is_cut_by_sequence_not_by_node() -> None:
     views = [[0, 1, 4], [0, 1, 4, 5], [0, 1, 4, 6], [2, 3, 7], [2, 3, 7, 8], [2, 3, 7, 9]]
     positions = [2, 3, 3, 2, 3, 3]
     mask = _packed_mask(views, 10)
-    lines = _line_summary(mask)
+    lines = line_summary(mask)
     assert [t for t in range(1, 6) if batchmap.block_cut(lines, positions, t)] == [2, 3, 5]
     nodes = packed_nodes(mask, lines, positions)
     assert nodes == [2, 5]
     assert batchmap._block_segments(lines, positions, nodes) == [(0, 3, None), (3, 3, None)]
     # A neighbour's root that leaks one slot of the first sequence is still a cut, never a node.
     leaked = _packed_mask([*views[:3], [0, 2, 3, 7], [0, 2, 3, 7, 8], [0, 2, 3, 7, 9]], 10)
-    assert packed_nodes(leaked, _line_summary(leaked), positions) == [2, 5]
+    assert packed_nodes(leaked, line_summary(leaked), positions) == [2, 5]
 
 
 def _packed_call(views: list[list[int]], positions: list[int], cache: int, **fields):
