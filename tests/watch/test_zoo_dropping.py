@@ -13,24 +13,19 @@ run here was unreadable and its stale-KV run unreadable at the bug's step.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 from pathlib import Path
 
 import pytest
 from tiny import make_pair
 from zoo import dropping, shapes
+from zoo.command import watch_script
 
 import specviz
 from specviz.analysis.check import check_trace
-from specviz.cli import main
 from specviz.trace.invariants import Invariant
-from specviz.trace.io import load_trace
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17], [20, 21], [30, 31, 32, 33, 34]]
 BUDGETS = [10, 4, 10, 7, 9]  # rows finish, and leave the batch, at different steps
-SCRIPT = Path(__file__).parent / "zoo" / "scripts" / "run_engine.py"
 INVARIANT = {"stale": Invariant.KV, "positions": Invariant.POSITIONS}
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
@@ -38,14 +33,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
 def _command(tmp: Path, family: str, bug: str | None):
     out = tmp / f"dropping-{family}-{bug}.trace.json"
-    argv = ["watch", "--out", str(out), "--", "python", str(SCRIPT), "dropping", "--family", family]
-    argv += ["--prompts", json.dumps(PROMPTS), "--budgets", ",".join(map(str, BUDGETS))]
-    argv += ["--bug", bug] if bug else []
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        assert main(argv) == 0
-    lines = dict(line.split(" ", 1) for line in printed.getvalue().splitlines() if line.startswith(("OUTS", "EVENTS")))
-    return load_trace(out), json.loads(lines["OUTS"]), [tuple(e) for e in json.loads(lines["EVENTS"])]
+    return watch_script(out, "dropping", PROMPTS, BUDGETS, bug, script_args=["--family", family])
 
 
 @pytest.mark.parametrize(

@@ -11,24 +11,17 @@ head-input violation wherever another row's last draft happened to equal this ro
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-from pathlib import Path
-
 import pytest
 from tiny import make_pair
 from zoo import head, shapes
+from zoo.command import watch_script
 
 import specviz
 from specviz.analysis.check import check_trace
-from specviz.cli import main
 from specviz.trace.invariants import Invariant
-from specviz.trace.io import load_trace
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17], [20, 21], [30, 31, 32, 33, 34]]
 BUDGETS = [10, 4, 10, 7, 9]
-SCRIPT = Path(__file__).parent / "zoo" / "scripts" / "run_engine.py"
 
 
 @pytest.fixture(scope="module")
@@ -73,18 +66,11 @@ def test_medusa_bugs_are_found_where_injected(pair, heads, bug, invariant, named
 
 @pytest.mark.parametrize("bug", [None, "stale_kv"])
 def test_medusa_through_the_command(tmp_path, reference, bug) -> None:
-    out = tmp_path / "medusa.trace.json"
-    argv = ["watch", "--out", str(out), "--", "python", str(SCRIPT), "head", "--set", "medusa=1"]
-    argv += ["--prompts", json.dumps(PROMPTS), "--budgets", ",".join(map(str, BUDGETS))]
-    argv += ["--bug", bug] if bug else []
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        assert main(argv) == 0
-    said = dict(line.split(" ", 1) for line in printed.getvalue().splitlines() if line.startswith(("OUTS", "EVENTS")))
-    report = check_trace(load_trace(out))
+    trace, outs, events = watch_script(tmp_path / "medusa.trace.json", "head", PROMPTS, BUDGETS, bug, {"medusa": 1})
+    report = check_trace(trace)
     if bug is None:
-        assert json.loads(said["OUTS"]) == reference  # the command's own tiny target is make_pair's
+        assert outs == reference  # the command's own tiny target is make_pair's
         assert report.verdict == "clean" and not report.violations
     else:
         first = report.violations[0]
-        assert (first.step, first.seq_id, first.invariant) == (*json.loads(said["EVENTS"])[0], Invariant.KV)
+        assert (first.step, first.seq_id, first.invariant) == (*events[0], Invariant.KV)

@@ -14,27 +14,22 @@ every prompt, each to its own budget (`shapes.reference`, unwatched). Then:
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 from pathlib import Path
 
 import pytest
 from own_watched import run_watched_engine
 from tiny import make_pair
 from zoo import shapes, tree
+from zoo.command import watch_script
 
 import specviz
 from specviz.analysis.check import check_trace
-from specviz.cli import main
 from specviz.trace.invariants import Invariant
-from specviz.trace.io import load_trace
 from specviz.watch import WatchError
 from specviz.watch.tree import parents_of_block
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17], [20, 21], [30, 31, 32, 33, 34]]
 BUDGETS = [10, 4, 10, 7, 9]
-SCRIPT = Path(__file__).parent / "zoo" / "scripts" / "run_engine.py"
 # How the run is watched: its trees declared (`w.batch(..., parents=...)`), its rows only (trees
 # from the mask), or through the command; "compact-": the engine compacts the kept KV instead of
 # keeping it by index (`kept_nodes` is then not read: a stale branch shows at the next step).
@@ -89,16 +84,8 @@ def _api(pair, bug: str | None, mode: str, compact: int, idle: int = 0):
 
 
 def _command(tmp: Path, bug: str | None, compact: int, idle: int = 0):
-    out = tmp / f"tree-{bug}-{compact}-{idle}.trace.json"
-    argv = ["watch", "--out", str(out), "--", "python", str(SCRIPT), "tree", "--prompts", json.dumps(PROMPTS)]
-    argv += ["--budgets", ",".join(map(str, BUDGETS)), "--set", f"compact={compact}"]
-    argv += ["--set", f"idle={idle}"] if idle else []
-    argv += ["--bug", bug] if bug else []
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        assert main(argv) == 0
-    lines = dict(line.split(" ", 1) for line in printed.getvalue().splitlines() if line[:4] in ("OUTS", "EVEN"))
-    return load_trace(out), json.loads(lines["OUTS"]), [tuple(e) for e in json.loads(lines["EVENTS"])]
+    options = {"compact": compact, **({"idle": idle} if idle else {})}
+    return watch_script(tmp / f"tree-{bug}-{compact}-{idle}.trace.json", "tree", PROMPTS, BUDGETS, bug, options)
 
 
 def test_the_engine_is_a_correct_tree_engine(pair) -> None:

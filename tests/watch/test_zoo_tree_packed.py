@@ -17,21 +17,16 @@ with exact match 1.0, every row read as its tree; each injected bug's first viol
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-
 import pytest
 import torch
-from test_zoo_tree import BUDGETS, PROMPTS, SCRIPT
+from test_zoo_tree import BUDGETS, PROMPTS
 from tiny import make_pair
 from zoo import shapes, tree
+from zoo.command import watch_script
 
 import specviz
 from specviz.analysis.check import check_trace
-from specviz.cli import main
 from specviz.trace.invariants import Invariant
-from specviz.trace.io import load_trace
 from specviz.watch import batchmap
 from specviz.watch.tensor_reads import line_summary
 from specviz.watch.tree import packed_nodes
@@ -78,15 +73,8 @@ def _api(pair, bug: str | None, mode: str):
 
 
 def _command(tmp, bug: str | None):
-    out = tmp / f"{bug or 'correct'}.trace.json"
-    argv = ["watch", "--out", str(out), "--", "python", str(SCRIPT), "tree", "--prompts", json.dumps(PROMPTS)]
-    argv += ["--budgets", ",".join(map(str, BUDGETS)), "--set", "packed=1", "--set", f"late={LATE}"]
-    argv += ["--bug", bug] if bug else []
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        assert main(argv) == 0
-    lines = dict(line.split(" ", 1) for line in printed.getvalue().splitlines() if line[:4] in ("OUTS", "EVEN"))
-    return load_trace(out), json.loads(lines["OUTS"]), [tuple(e) for e in json.loads(lines["EVENTS"])]
+    options = {"packed": 1, "late": LATE}
+    return watch_script(tmp / f"{bug or 'correct'}.trace.json", "tree", PROMPTS, BUDGETS, bug, options)
 
 
 @pytest.mark.parametrize("mode", ["declared", "rows", "flash", "command"])
