@@ -19,7 +19,15 @@ import json
 
 import torch
 import transformers as tf
-from zoo import dropping, head, mtp, packed, paged, queued, tree  # tests/watch on the path (conftest/PYTHONPATH)
+from zoo import (  # tests/watch on the path (pytest's pythonpath, or PYTHONPATH)
+    dropping,
+    head,
+    mtp,
+    packed,
+    paged,
+    queued,
+    tree,
+)
 
 ENGINES = {"dropping": dropping, "packed": packed, "queued": queued, "paged": paged, "head": head, "tree": tree}
 ENGINES["mtp"] = mtp
@@ -68,7 +76,7 @@ def main() -> None:
     max_new = budgets[0] if len(budgets) == 1 else budgets
     torch.manual_seed(0)
     if args.family:
-        import tiny  # tests/support: the root conftest puts it on the path, or PYTHONPATH does
+        import tiny  # tests/support: on pytest's pythonpath, or PYTHONPATH
 
         target = tiny.build(args.family, 3)
     else:
