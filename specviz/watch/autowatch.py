@@ -27,11 +27,12 @@ import torch
 from specviz.analysis.findings import UNREADABLE
 from specviz.trace.schema import Trace
 from specviz.watch.attribution import Emit
+from specviz.watch.declared import eos_ids, pad_id
 from specviz.watch.follow import Follower
 from specviz.watch.headinput import TapSet, resolve
 from specviz.watch.hooks import CallRecord, ModelHooks, WatchError, check_causal_lm
 from specviz.watch.paged import PagedCapture
-from specviz.watch.session import Watch, _eos_ids, _pad_id
+from specviz.watch.session import Watch
 
 
 class AutoWatch:
@@ -235,12 +236,12 @@ class AutoWatch:
         notes: list[str] = []
         unfollowed: list[str] = []
         calls = self._relabel(target, draft)
-        eos = frozenset(_eos_ids(target, None))
+        eos = frozenset(eos_ids(target, None))
         if self.paged.seq_of:  # the paged manager named every request and its tokens: nothing to infer
             prompts, emits = self.paged.prompts, self.paged_emits
         else:
             prompts, emits = infer(calls, eos, notes, unfollowed)
-            prompts = unpadded_prompts(prompts, calls, _pad_id(target, None))
+            prompts = unpadded_prompts(prompts, calls, pad_id(target, None))
         # Notes so far say where reading stopped: what follows is unread, so sequences may be
         # unfinished without the engine being at fault; the trace says it is incomplete.
         read_all = not notes

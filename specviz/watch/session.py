@@ -29,6 +29,7 @@ from specviz.trace.provenance import library_versions, model_info
 from specviz.trace.schema import LAYOUTS, SCHEMA_VERSION, Header, SamplingInfo, SequenceRecord, Trace
 from specviz.watch.attribution import Emit
 from specviz.watch.calls import attended_ids
+from specviz.watch.declared import as_int, checked_temperature, checked_trees, eos_ids, pad_id, prompt_ids
 from specviz.watch.follow import follow_rows
 from specviz.watch.headinput import HiddenTap
 from specviz.watch.hooks import CallRecord, ModelHooks, WatchError, check_causal_lm
@@ -36,7 +37,6 @@ from specviz.watch.paged import PagedCapture
 from specviz.watch.steps import InferredSteps, infer_steps
 from specviz.watch.streamer import GenerateStreamer
 from specviz.watch.tree import alternatives as tree_alternatives
-from specviz.watch.tree import tree_error
 
 FINISH_REASONS = (None, "eos", "length")
 
@@ -66,12 +66,12 @@ class Watch:
         if layout not in LAYOUTS:
             raise WatchError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
-        self.prompts = _prompt_ids(prompts, tokenizer)
+        self.prompts = prompt_ids(prompts, tokenizer)
         self.prompt_texts = prompts if prompts and isinstance(prompts[0], str) else None
         self.out = Path(out) if out is not None else None
         self.name = name or "watched"
         self.layout = layout
-        self.temperature = _temperature(temperature)
+        self.temperature = checked_temperature(temperature)
         if not isinstance(logits_processed, bool):
             raise WatchError(f"logits_processed must be True or False, got {logits_processed!r}")
         self.logits_processed = logits_processed
@@ -168,10 +168,10 @@ class Watch:
         ids = self._checked_ids(seq_ids, "batch")
         self._once_parents.pop(model, None)
         if parents is not None:
-            self._once_parents[model] = _checked_trees(parents, len(ids), model)
+            self._once_parents[model] = checked_trees(parents, len(ids), model)
         lens = None
         if query_lens is not None:
-            lens = [_as_int(n, "batch") for n in query_lens]
+            lens = [as_int(n, "batch") for n in query_lens]
             if len(lens) != len(ids) or any(n <= 0 for n in lens):
                 raise WatchError(f"batch: {len(ids)} sequences need {len(ids)} query lengths > 0, got {lens}")
             self._once_lens[model] = lens
@@ -181,7 +181,7 @@ class Watch:
         self._ever_declared = True
 
     def _checked_ids(self, seq_ids: Iterable[int], what: str) -> list[int]:
-        ids = [_as_int(s, what) for s in seq_ids]
+        ids = [as_int(s, what) for s in seq_ids]
         if len(set(ids)) != len(ids):
             dup = next(s for s in ids if ids.count(s) > 1)
             raise WatchError(f"{what}: sequence {dup} appears twice; each row holds a different sequence")
@@ -192,13 +192,13 @@ class Watch:
     def emit(self, seq_id: int, token_ids: Iterable[int] | torch.Tensor, finish_reason: str | None = None) -> None:
         """Declare the tokens the engine appended to `seq_id` this step ("eos"/"length" when it ends)."""
         self._require_open("emit")
-        seq_id = _as_int(seq_id, "emit")
+        seq_id = as_int(seq_id, "emit")
         self._require_known(seq_id, "emit")
         if finish_reason not in FINISH_REASONS:
             raise WatchError(f"emit: finish_reason must be None, 'eos' or 'length', got {finish_reason!r}")
         if isinstance(token_ids, torch.Tensor):
             token_ids = token_ids.reshape(-1).tolist()
-        tokens = [_as_int(t, "emit") for t in token_ids]
+        tokens = [as_int(t, "emit") for t in token_ids]
         if self._paged is not None and self._paged.engine_emit(seq_id, tokens, finish_reason):
             return  # the paged manager reports this sequence: compared with its report at close
         self.report(seq_id, tokens, finish_reason)
@@ -212,7 +212,7 @@ class Watch:
         self._require_open("streamer")
         if self.prompts is None:
             raise WatchError("streamer: pass prompts= to watch, so rows map to sequences")
-        return GenerateStreamer(self, frozenset(_eos_ids(self.target, self.tokenizer)), len(self.prompts))
+        return GenerateStreamer(self, frozenset(eos_ids(self.target, self.tokenizer)), len(self.prompts))
 
     def close(self, reference: bool = True, *, complete: bool = True) -> Trace:
         """Remove the hooks, infer the steps, decode the references, write `out`; returns the trace."""
@@ -221,7 +221,7 @@ class Watch:
         calls = self._release_hooks()
         if complete:
             _require_emits(calls, self._emits)
-        eos = frozenset(_eos_ids(self.target, self.tokenizer))
+        eos = frozenset(eos_ids(self.target, self.tokenizer))
         if self._paged is not None:  # the manager's requests may stop on EOS ids of their own
             eos |= self._paged.eos_ids
         with collector_paused():
@@ -315,7 +315,7 @@ class Watch:
             batch_size=max((len(s.rows) for s in assembly.steps), default=1) or 1,
             max_new_tokens=assembly.max_new_tokens,
             eos_token_ids=sorted(eos),
-            pad_token_id=_pad_id(self.target, self.tokenizer),
+            pad_token_id=pad_id(self.target, self.tokenizer),
             seed=0,
             created_at=self.created_at,
             library_versions=library_versions(),
@@ -430,64 +430,6 @@ def watch(
 
 
 # ----------------------------------------------------------------------------- helpers
-def _checked_trees(parents: Any, rows: int, model: str) -> list[list[int]]:
-    """One tree per declared row, each a list of parent indices (`tree.tree_error`)."""
-    if model != "target":
-        raise WatchError("batch: parents= declares the target's trees (not the draft's)")
-    if hasattr(parents, "tolist"):  # a tensor of parents, one row per sequence
-        parents = parents.tolist()
-    try:
-        trees = [None if p is None else list(p) for p in parents]  # None: verifies no tree (a prefill)
-    except TypeError:
-        raise WatchError("batch: parents= is one list of parent indices per row") from None
-    if len(trees) != rows:
-        raise WatchError(f"batch: {rows} sequences need {rows} trees in parents=, got {len(trees)}")
-    for r, tree in enumerate(trees):
-        problem = None if tree is None else tree_error(tree)
-        if problem is not None:
-            raise WatchError(f"batch: the tree of row {r} {tree[:8]}: {problem}")
-    return trees
-
-
-def _temperature(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
-        raise WatchError(f"temperature must be a finite number >= 0 (0: greedy), got {value!r}")
-    return float(value)
-
-
-def _as_int(value: Any, what: str) -> int:
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            import numpy as np
-
-            if isinstance(value, np.integer):
-                return int(value)
-        except ImportError:  # numpy is optional here
-            pass
-        raise WatchError(f"{what}: expected integer ids, got {type(value).__name__}")
-    return value
-
-
-def _prompt_ids(prompts: list[Any] | None, tokenizer: Any | None) -> list[list[int]] | None:
-    if prompts is None:
-        return None
-    prompts = list(prompts)
-    if not prompts:
-        raise WatchError("prompts: empty list")
-    out = []
-    for i, prompt in enumerate(prompts):
-        if isinstance(prompt, str):
-            if tokenizer is None:
-                raise WatchError("prompts are strings: pass tokenizer= to turn them into token ids")
-            ids = list(tokenizer(prompt)["input_ids"])
-        else:
-            ids = [_as_int(t, f"prompts[{i}]") for t in prompt]
-        if not ids:
-            raise WatchError(f"prompts[{i}] is empty")
-        out.append(ids)
-    return out
 
 
 def _require_emits(calls: list[CallRecord], emits: list[Emit]) -> None:
@@ -519,27 +461,3 @@ def _prompts_from_first_call(calls: list[CallRecord]) -> list[list[int]]:
         return []
     first.materialize()
     return [attended_ids(first, r) for r in range(first.batch_size)]
-
-
-def _eos_ids(model: Any, tokenizer: Any | None) -> list[int]:
-    ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
-        raw = getattr(source, "eos_token_id", None) if source is not None else None
-        if isinstance(raw, int):
-            ids.add(raw)
-        elif isinstance(raw, (list, tuple)):
-            ids.update(int(i) for i in raw)
-        if ids:
-            break
-    token = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
-    if isinstance(token, int):
-        ids.add(token)
-    return sorted(ids)
-
-
-def _pad_id(model: Any, tokenizer: Any | None) -> int | None:
-    for source in (tokenizer, getattr(model, "generation_config", None), getattr(model, "config", None)):
-        value = getattr(source, "pad_token_id", None) if source is not None else None
-        if isinstance(value, int):
-            return value
-    return None

@@ -1,0 +1,96 @@
+"""What an engine and its models tell the watch, checked where it comes in: declared trees,
+prompts and the sampling temperature (a one-line `WatchError` for anything malformed), and the
+models' own end-of-sequence and padding ids."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from specviz.watch.hooks import WatchError
+from specviz.watch.tree import tree_error
+
+
+def checked_trees(parents: Any, rows: int, model: str) -> list[list[int]]:
+    """One tree per declared row, each a list of parent indices (`tree.tree_error`)."""
+    if model != "target":
+        raise WatchError("batch: parents= declares the target's trees (not the draft's)")
+    if hasattr(parents, "tolist"):  # a tensor of parents, one row per sequence
+        parents = parents.tolist()
+    try:
+        trees = [None if p is None else list(p) for p in parents]  # None: verifies no tree (a prefill)
+    except TypeError:
+        raise WatchError("batch: parents= is one list of parent indices per row") from None
+    if len(trees) != rows:
+        raise WatchError(f"batch: {rows} sequences need {rows} trees in parents=, got {len(trees)}")
+    for r, tree in enumerate(trees):
+        problem = None if tree is None else tree_error(tree)
+        if problem is not None:
+            raise WatchError(f"batch: the tree of row {r} {tree[:8]}: {problem}")
+    return trees
+
+
+def checked_temperature(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise WatchError(f"temperature must be a finite number >= 0 (0: greedy), got {value!r}")
+    return float(value)
+
+
+def as_int(value: Any, what: str) -> int:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            import numpy as np
+
+            if isinstance(value, np.integer):
+                return int(value)
+        except ImportError:  # numpy is optional here
+            pass
+        raise WatchError(f"{what}: expected integer ids, got {type(value).__name__}")
+    return value
+
+
+def prompt_ids(prompts: list[Any] | None, tokenizer: Any | None) -> list[list[int]] | None:
+    if prompts is None:
+        return None
+    prompts = list(prompts)
+    if not prompts:
+        raise WatchError("prompts: empty list")
+    out = []
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, str):
+            if tokenizer is None:
+                raise WatchError("prompts are strings: pass tokenizer= to turn them into token ids")
+            ids = list(tokenizer(prompt)["input_ids"])
+        else:
+            ids = [as_int(t, f"prompts[{i}]") for t in prompt]
+        if not ids:
+            raise WatchError(f"prompts[{i}] is empty")
+        out.append(ids)
+    return out
+
+
+def eos_ids(model: Any, tokenizer: Any | None) -> list[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+        raw = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(raw, int):
+            ids.add(raw)
+        elif isinstance(raw, (list, tuple)):
+            ids.update(int(i) for i in raw)
+        if ids:
+            break
+    token = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+    if isinstance(token, int):
+        ids.add(token)
+    return sorted(ids)
+
+
+def pad_id(model: Any, tokenizer: Any | None) -> int | None:
+    for source in (tokenizer, getattr(model, "generation_config", None), getattr(model, "config", None)):
+        value = getattr(source, "pad_token_id", None) if source is not None else None
+        if isinstance(value, int):
+            return value
+    return None
