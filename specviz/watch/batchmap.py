@@ -25,48 +25,9 @@ engines alike, and the app draws one sequence per grid row.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-ROLES = ("context", "pending", "draft")  # a query token re-fed (a prefill), the last committed one, a draft
-
-
-@dataclass(frozen=True)
-class Segment:
-    """One sequence's query tokens in one forward: `length` tokens from column `start` of `row`."""
-
-    seq: int | None  # sequence id; None: not declared (the default order, or followed by the command)
-    row: int  # row of the forward's [B, T] input
-    start: int  # first query column in that row
-    length: int  # query tokens
-    keys: tuple[int, int] | None = None  # [lo, hi): its own key slots in a shared KV (`cu_seq_lens_k`)
-    drafts: int | None = None  # declared draft tokens at its end (None: read from the draft calls)
-
-    def roles(self) -> list[str]:
-        """Per query token: context (re-fed), then the pending token, then the drafts (when declared)."""
-        if self.drafts is None:
-            return []
-        before = self.length - self.drafts - 1
-        return ["context"] * before + ["pending"] + ["draft"] * self.drafts
-
-
-@dataclass(frozen=True)
-class BatchMap:
-    """Who is where in one forward call. B rows x T columns in; S segments out, in forward order.
-
-    Per query token: its sequence (`segments[i].seq`), its index in that sequence's query (logical
-    index = the sequence's KV length before the segment + that index) and its role (`Segment.roles`);
-    per sequence: the key slots it attends, read from the mask (`apply`) or its own `keys`.
-    """
-
-    segments: tuple[Segment, ...]  # [S]
-    source: str  # "declared" | "paged" | "padded" | "cu_seq_lens" | "block-mask" | "positions"
-
-    @property
-    def packed(self) -> bool:
-        """More than one sequence in a row: the call is cut into one row per sequence."""
-        rows = [s.row for s in self.segments]
-        return len(set(rows)) != len(rows) or any(s.start for s in self.segments)
+from specviz.watch.map import ROLES, BatchMap, Segment  # noqa: F401  (the one type; re-exported)
 
 
 class Unreadable(Exception):

@@ -1,0 +1,138 @@
+"""The batch map: who is where in one forward call. The one type every producer returns.
+
+A forward call feeds B rows x T query columns. Its map names, for each sequence it carries, the
+`Segment` of columns that hold that sequence's query tokens, and what the engine (or a reading of
+its arguments) said about them. Producers (declared by the engine, transformers' continuous
+batching, vLLM's model runner, layouts read from the forward's arguments, and last the command's
+inferrer) each return a `BatchMap` or None ("not mine"); a producer that recognises the call but
+cannot say who is where returns `BatchMap.unread(source, why)`, a value, never an exception.
+
+Terms, pinned (the same words in the checks, the docs and the vLLM producer):
+- *sequence*: one request's tokens; `seq` is its index in the run (its prompt's index, where the
+  engine says which prompt it is), `request` the engine's own name for it (vLLM's `req_id`);
+- *query token*: a token fed in this forward; its *logical index* is the sequence's committed
+  length before the forward plus its place in the segment, and a correct engine feeds it that
+  position;
+- *role* of a query token: `context` (a prompt token, or one re-fed), then the `pending` token (the
+  last committed one, whose logits choose the next), then the `drafts` (proposed, to be verified);
+- *chunk*: a prefill segment that stops short of the prompt's end. It yields no token: it is not a
+  step of its sequence, only KV written;
+- *slots*: where KV lives. `writes` is the physical slot each query token's KV is written to,
+  `reads` the physical slots the segment's last query token attends, in logical order (a paged
+  engine's block table read up to the sequence's length). Slots are an engine's own coordinates:
+  a check compares them with each other (one sequence's writes are among its reads, no live
+  sequence reads another's writes), never with a layout of ours.
+
+Every field is immutable; nothing downstream rewrites a map (a view is built from it instead).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ROLES = ("context", "pending", "draft")
+
+
+def _ints(name: str, values: tuple[int, ...] | None, length: int | None) -> None:
+    if values is None:
+        return
+    if not isinstance(values, tuple) or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise TypeError(f"Segment.{name} must be a tuple of ints")
+    if length is not None and len(values) != length:
+        raise ValueError(f"Segment.{name} has {len(values)} entries for {length} query tokens")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One sequence's query tokens in one forward: `length` tokens from column `start` of `row`."""
+
+    seq: int | None  # sequence index in the run; None: not said (the inferrer or the default order decides)
+    row: int  # row of the forward's [B, T] input (0 for a packed 1 x T call)
+    start: int  # first query column in that row
+    length: int  # query tokens
+    keys: tuple[int, int] | None = None  # [lo, hi): its own key columns in a shared KV (`cu_seq_lens_k`)
+    drafts: int | None = None  # draft tokens at its end; None: not said (read from the draft calls)
+    chunk: bool = False  # a prefill chunk that stops short of the prompt's end: yields no token
+    # A tree verify: the parent of each of its last len(parents) query tokens, in order; node 0 is
+    # the pending token (parent -1) and every other node's parent is an earlier node. None: a chain.
+    parents: tuple[int, ...] | None = None
+    positions: tuple[int, ...] | None = None  # [length] position fed to each query token, where said
+    writes: tuple[int, ...] | None = None  # [length] physical KV slot each query token writes, where said
+    reads: tuple[int, ...] | None = None  # physical KV slots its last query token attends, in logical order
+    request: str | None = None  # the engine's own name for the sequence (vLLM's req_id)
+
+    def __post_init__(self) -> None:
+        if self.length <= 0 or self.start < 0 or self.row < 0:
+            raise ValueError(f"Segment needs row >= 0, start >= 0 and length > 0, got {self}")
+        if self.drafts is not None and not 0 <= self.drafts < self.length:
+            raise ValueError(f"Segment of {self.length} query tokens cannot carry {self.drafts} drafts")
+        if self.chunk and self.drafts:
+            raise ValueError("a prefill chunk carries no drafts")
+        if self.keys is not None and not 0 <= self.keys[0] <= self.keys[1]:
+            raise ValueError(f"Segment.keys must be [lo, hi) with 0 <= lo <= hi, got {self.keys}")
+        _ints("positions", self.positions, self.length)
+        _ints("writes", self.writes, self.length)
+        _ints("reads", self.reads, None)
+        _ints("parents", self.parents, None)
+        if self.parents is not None:
+            nodes = self.parents
+            if len(nodes) > self.length or (nodes and nodes[0] != -1):
+                raise ValueError(f"Segment.parents {nodes}: node 0 is the pending token (-1), at most {self.length}")
+            if any(not 0 <= p < i for i, p in enumerate(nodes) if i):
+                raise ValueError(f"Segment.parents {nodes}: every node's parent is an earlier node")
+
+    @property
+    def columns(self) -> range:
+        """The query columns of `row` that hold this segment."""
+        return range(self.start, self.start + self.length)
+
+    def roles(self) -> list[str]:
+        """Per query token: context, then the pending token, then the drafts; [] where the draft
+        count was not said (a chunk is all context)."""
+        if self.chunk:
+            return ["context"] * self.length
+        if self.drafts is None:
+            return []
+        before = self.length - self.drafts - 1
+        return ["context"] * before + ["pending"] + ["draft"] * self.drafts
+
+
+@dataclass(frozen=True)
+class BatchMap:
+    """Who is where in one forward call. B rows x T columns in; S segments out, in forward order."""
+
+    segments: tuple[Segment, ...]  # [S]
+    # who said it: "declared" | "paged" (transformers' continuous batching) | "vllm" | "padded" |
+    # "cu_seq_lens" | "block-mask" | "positions" | "inferred"
+    source: str
+    unreadable: str | None = None  # why the producer that recognised the call cannot map it
+
+    def __post_init__(self) -> None:
+        if self.unreadable is not None and self.segments:
+            raise ValueError("an unreadable map has no segments")
+        seqs = [s.seq for s in self.segments if s.seq is not None]
+        if len(seqs) != len(set(seqs)):
+            raise ValueError(f"a sequence appears twice in one forward: {seqs}")
+        spans = sorted((s.row, s.start, s.start + s.length) for s in self.segments)
+        for (r0, _, end), (r1, start, _) in zip(spans, spans[1:]):
+            if r0 == r1 and start < end:
+                raise ValueError(f"segments overlap in row {r0}")
+
+    @classmethod
+    def unread(cls, source: str, why: str) -> BatchMap:
+        """A map its producer recognised but could not read, with the reason the trace will say."""
+        return cls((), source, why)
+
+    @property
+    def readable(self) -> bool:
+        return self.unreadable is None
+
+    @property
+    def packed(self) -> bool:
+        """More than one sequence in a row, or one that does not start at column 0."""
+        rows = [s.row for s in self.segments]
+        return len(set(rows)) != len(rows) or any(s.start for s in self.segments)
+
+    def of(self, seq: int) -> Segment | None:
+        """The segment of sequence `seq` in this forward, if it is fed."""
+        return next((s for s in self.segments if s.seq == seq), None)
