@@ -16,6 +16,7 @@ from specviz.console import print_to_pipe
 from specviz.errors import SpecvizError
 from specviz.files import beside, check_output_path
 from specviz.startup import EXIT_INTERRUPTED
+from specviz.trace.file_kinds import check_trace_name
 from specviz.trace.naming import run_slug, run_title
 
 
@@ -92,6 +93,8 @@ def cmd_record(args: argparse.Namespace) -> int:
     from specviz.trace.columnar import ParquetTraceWriter
 
     out = Path(args.out) if args.out else _default_out(args)
+    if (wrong_name := check_trace_name(str(out))) is not None:  # a file the app would then refuse
+        raise SpecvizError(f"--out {wrong_name}")
     check_output_path(out, args.force)
     set_threads(args.threads)  # a run is never lost to a bad --out found afterwards
     keep_freed_memory()  # a short-lived process: reuse freed tensors instead of page-faulting them in

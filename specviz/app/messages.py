@@ -35,6 +35,13 @@ def _format(name: str, match: re.Match[str]) -> str:
 
 
 RULES: list[tuple[re.Pattern[str], Callable[[str, re.Match[str]], str]]] = [
+    (  # specviz.trace.file_kinds: a picture or an archive picked by mistake; an upload takes JSON only
+        re.compile(r"^(?:(.+): )?(an? [^,:]+(?: \([^)]*\))?), not a specviz trace"),
+        lambda name, m: (
+            f"{m.group(1) or name} is {m.group(2)}, not a specviz trace: upload the .json or "
+            ".json.gz file `specviz record` writes (a .parquet trace opens locally: python app.py --trace FILE)"
+        ),
+    ),
     (re.compile(r"^not UTF-8 text at byte \d+$"), _not_text),
     (re.compile(r"^format: expected 'specviz-trace', got (.*)$"), _format),
     (

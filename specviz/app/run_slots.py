@@ -106,9 +106,9 @@ def build_run_slot(label: str, defaults: tuple[str, ...]) -> RunSlot:
                 elem_id=f"sv-bundled-{slug}",
                 scale=3,
             )
-            upload = gr.UploadButton(
-                "or upload a trace", file_types=[".json", ".gz"], type="filepath", size="sm", scale=1
-            )
+            # No file_types: Gradio refuses any other file with its own red "Error" toast before the
+            # app sees it; the app reads the file and says in its own line what it is instead.
+            upload = gr.UploadButton("or upload a trace", type="filepath", size="sm", scale=1)
         live_inputs, drafting_inputs, button, download = build_live_controls(label)
         status = gr.Markdown(visible=False, elem_classes=["sv-status"], elem_id=f"sv-status-{slug}")
         summary = gr.Markdown(

@@ -44,6 +44,7 @@ from specviz.trace.budget import (
     over_budget,
 )
 from specviz.trace.columnar import ColumnarError, ParquetTrace, ParquetTraceWriter, is_parquet, save_parquet
+from specviz.trace.file_kinds import not_a_trace
 from specviz.trace.jsonparse import loads_yielding, top_level_kind
 from specviz.trace.schema import FORMAT_NAME, Trace, json_fields
 from specviz.trace.validate import TraceError, build_trace, check_format
@@ -206,6 +207,8 @@ def parse_trace_bytes(
 
 def _json_text(raw: bytes, source: str, max_bytes: int | None) -> str:
     """The JSON text of a trace's bytes (gzip or not), within `max_bytes`."""
+    if (refused := not_a_trace(source, raw[:16])) is not None:  # a picture picked by mistake: say so
+        raise TraceError(refused)
     if raw[:2] == GZIP_MAGIC:
         raw = _gunzip_bounded(raw, Path(source), max_bytes)
     elif max_bytes is not None and len(raw) > max_bytes:  # bytes from memory get the file limit too

@@ -51,6 +51,9 @@ class LoadedRun:
     # What a link to this run names (a bundled trace's name, "--trace", "runs:<file>"); None: the
     # run cannot be named in a link (an upload or a live run lives only in its visitor's session).
     link: str | None = None
+    # Which file a "--trace" link means: its name, so a link opened in an app started with another
+    # file can say so (specviz.app.share). None for every other run.
+    link_file: str | None = None
     report_file: str | None = None  # the app's report of this run, written once (specviz.app.share)
     _overview: tuple[Trace, str] | None = None
 
@@ -157,6 +160,8 @@ def where_html(loaded: LoadedRun, step_index: int, row: int) -> str:
     """What the grid shows, for the page's script: the link to this cell and the keys start here."""
     link = html_text(loaded.link or "", 300)
     where = f"data-trace='{link}' data-step='{int(step_index)}' data-row='{int(row)}'"
+    if loaded.link_file:
+        where += f" data-run='{html_text(loaded.link_file, 200)}'"
     return f"<span class='sv-where' hidden {where}></span>"
 
 
