@@ -167,6 +167,13 @@ class Trace:
     steps: list[StepRecord]
     sequences: list[SequenceRecord]
 
+    @property
+    def batch_rows(self) -> int:
+        """The batch the run had: `header.batch_size` (what was asked) cut to the prompts there were.
+        `--batch-size 100000` over 48 prompts decodes 48 rows at most; a summary says 48."""
+        asked = self.header.batch_size
+        return min(asked, len(self.sequences)) if self.sequences else asked
+
 
 # Optional row fields that most rows leave unrecorded: written only when recorded, so a run that
 # records them on a sampled few rows does not pay their bytes on every row (the loader restores
