@@ -99,8 +99,31 @@ def open_runs_arg(folder: str | None) -> None:
         sys.exit(f"app.py: {exc}")
 
 
+def check_address(args: argparse.Namespace) -> None:
+    """Exit with one line naming `--port` when the app could not listen there (out of range, or in
+    use by another server): Gradio's own error is a traceback naming its `server_port`."""
+    import os
+    import socket
+
+    host = args.host or os.environ.get("GRADIO_SERVER_NAME") or "127.0.0.1"
+    given = args.port if args.port is not None else os.environ.get("GRADIO_SERVER_PORT", "7860")
+    flag = "--port" if args.port is not None else "GRADIO_SERVER_PORT" if "GRADIO_SERVER_PORT" in os.environ else None
+    named = f"{flag} {given}" if flag else f"port {given} (the default)"
+    port = int(given) if str(given).isdigit() else -1
+    if not 0 < port < 65536:
+        sys.exit(f"app.py: {named}: a port is a whole number from 1 to 65535")
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+            probe.bind((host, port))
+    except OSError as exc:
+        sys.exit(f"app.py: cannot listen on {host}:{port} ({exc.strerror or exc}): pass another with --port N")
+
+
 def main() -> None:
     args = parse_args()
+    check_address(args)  # a port in use or out of range: one line, before seconds of start-up
     open_trace_arg(args.trace)  # before anything starts: a bad file or public mode exits now
     open_runs_arg(args.runs)
     # Gradio's cache in a folder of this process (before the app is built); an earlier crashed
@@ -117,7 +140,14 @@ def main() -> None:
     files.on_shutdown([gradio_temp, LIVE_FOLDER.path], demo)
     files.start_reaper([gradio_temp, LIVE_FOLDER.path])  # and after the process, however it ends
     memory.tune_gc_for_serving()  # last before serving: what start-up built is never walked again
-    launch(demo, **server_address(args))
+    try:
+        launch(demo, **server_address(args))
+    except OSError as exc:  # taken since check_address looked: still one line, naming the flag
+        sys.exit(f"app.py: {serve_failure(exc)}: pass another port with --port N")
+
+
+def serve_failure(exc: OSError) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def server_address(args: argparse.Namespace) -> dict[str, Any]:
