@@ -106,7 +106,12 @@ def _add_record(rec: argparse.ArgumentParser) -> None:
         "the trace of every verify step, with the text of its tokens."
     )
     rec.formatter_class = _DefaultsFormatter  # every option shows its default
-    rec.add_argument("--method", choices=list(METHODS), default="eqspec", help="decoding method")
+    rec.add_argument(
+        "--method",
+        choices=list(METHODS),
+        default=None,
+        help="decoding method (default: eqspec; with --fault, the method docs/faults.md names for the fault)",
+    )
     rec.add_argument("--fault", choices=sorted(FAULTS), default=None, help="inject a known bug")
     rec.add_argument("--target", default=None, help="target model: local path or hub id (default: embedded)")
     rec.add_argument("--draft", default=None, help="draft model: local path or hub id (default: embedded)")

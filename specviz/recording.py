@@ -31,12 +31,24 @@ def record_prompts(args: argparse.Namespace) -> list[str]:
     return prompts
 
 
+def record_method(args: argparse.Namespace) -> str:
+    """--method; without it, the injected fault's own method (`Fault.default_method`: one where it
+    fires, as docs/faults.md names it), else eqspec."""
+    if args.method is not None:
+        return args.method
+    if args.fault:
+        from specviz.engine.faults import FAULTS
+
+        return FAULTS[args.fault].default_method
+    return "eqspec"
+
+
 def run_config(args: argparse.Namespace) -> Any:
     """`record`'s flags as the engine's RunConfig (validated by the caller)."""
     from specviz.engine.config import RunConfig
 
     return RunConfig(
-        method=args.method,
+        method=record_method(args),
         fault=args.fault,
         batch_size=args.batch_size,
         draft_k=args.draft_k,
@@ -79,7 +91,7 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 
 def _default_out(args: argparse.Namespace) -> Path:
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{run_slug(args.method, args.fault)}-{stamp}.json.gz"
+    return Path("runs") / f"{run_slug(record_method(args), args.fault)}-{stamp}.json.gz"
 
 
 def cmd_record(args: argparse.Namespace) -> int:
@@ -193,6 +205,7 @@ def _print_summary(trace: Any, out: Path, as_json: bool) -> None:
     """
     from specviz.analysis.check import check_trace
     from specviz.analysis.metrics import summary
+    from specviz.analysis.notes import run_notes
 
     info = summary(trace)
     report = check_trace(trace)
@@ -213,6 +226,7 @@ def _print_summary(trace: Any, out: Path, as_json: bool) -> None:
     )
     info["trace"] = str(out)
     info["proposer"], info["tree_branches"] = trace.header.proposer, trace.header.tree_branches
+    info["notes"] = run_notes(trace, report)  # a DESYNC beside exact outputs; a fault that never fired
     if as_json:
         print_to_pipe(json.dumps(info))
         return
@@ -224,6 +238,7 @@ def _print_summary(trace: Any, out: Path, as_json: bool) -> None:
         + (f", {info['proposer']}" if info["draft_k"] and info["proposer"] != "draft-model" else "")
         + (f", tree {info['tree_branches']}" if info["tree_branches"] else ""),
         f"  verdict            {report.verdict.upper()} ({report.violation_count} violations)",
+        *(f"  note               {note}" for note in info["notes"]),
     ]
     if first is not None:
         lines.append(

@@ -108,13 +108,28 @@ class Fault:
     invariants: tuple[Invariant, ...] = ()
     seen_in = ""
     summary = "no fault: the correct engine"
+    # The method `record --fault NAME` runs when no --method is given: one where the fault's decision
+    # is reached (docs/faults.md names the same; tests/engine/test_fault_methods.py compares them).
     default_method = "eqspec"
+    quiet_on = ""  # where its decision is never reached, and why (a run there says "never fired")
     any_layout = False  # True: the fault's decision exists in every layout (inplace accepts it)
     needs_proposer: str | None = None  # the proposer whose decision it overrides ("head"), if any
     needs_tree = False  # True: it overrides a tree decision (a run needs --tree)
 
     def __init__(self) -> None:
         self.log = FaultLog(self.name)
+
+    @classmethod
+    def fires_on(cls) -> str:
+        """Where the fault fires, as a run where it never did says it: "exspec", "eqspec with --proposer head"."""
+        needs = ([f"--proposer {cls.needs_proposer}"] if cls.needs_proposer else []) + (
+            ["--tree 1 or more"] if cls.needs_tree else []
+        )
+        return (
+            cls.default_method
+            + (f" with {' and '.join(needs)}" if needs else "")
+            + (f" ({cls.quiet_on})" if cls.quiet_on else "")
+        )
 
     def forward_positions(self, next_pos: torch.Tensor, width: int, query_len: int, forward: Forward) -> torch.Tensor:
         """Position IDs [B, query_len] for a forward after a cache of `width` slots (every forward)."""
@@ -323,6 +338,7 @@ class RequestOrder(Fault):
     seen_in = "vLLM V1 spec decode: tokens of other requests in large mixed batches"
     summary = "results are scattered back in request order (a dict's), not the batch's row order"
     default_method = "exspec"  # its converge policy batches by length, not in request order
+    quiet_on = "or inplace; eqspec keeps the batch in request order, so results land where they belong"
     any_layout = True
 
     def __init__(self) -> None:

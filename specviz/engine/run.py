@@ -25,7 +25,7 @@ from specviz.engine.step import Engine, EngineConfig, RunContext
 from specviz.errors import SpecvizError
 from specviz.trace.provenance import library_versions, model_info
 from specviz.trace.recorder import NullRecorder, Recorder, StepSink, new_header
-from specviz.trace.schema import Header, SamplingInfo, SequenceRecord, Trace
+from specviz.trace.schema import FAULT_FIRES_ON, Header, SamplingInfo, SequenceRecord, Trace
 from specviz.trace.token_text import attach_token_text
 
 # progress(phase, done, total): "reference" counts prompts decoded at batch 1, "decode" counts tokens
@@ -186,6 +186,8 @@ def _header(pair: ModelPair, config: RunConfig, fault: Fault, eos: frozenset[int
         sampling=_sampling_info(config.sampling_params),
     )
     header.layout = method.layout  # inplace: per-row regions, no rectangular alignment to check
+    if fault.name != "none":  # so a run where it never fired can say where it does (analysis.notes)
+        header.options[FAULT_FIRES_ON] = fault.fires_on()
     if config.k > 0:
         header.proposer, header.tree_branches = config.proposer, config.tree_branches
         if config.tree_branches and config.tree_kind != "static":  # an option, not a field: the schema stays 3

@@ -119,6 +119,11 @@ class SamplingInfo:
     seed: int = 0
 
 
+# `header.options` key specviz's engine writes with a fault: where the fault fires ("exspec", "eqspec
+# with --proposer head"), so a run where it never fired can say so (specviz.analysis.notes).
+FAULT_FIRES_ON = "fault_fires_on"
+
+
 @dataclass
 class Header:
     schema_version: int
