@@ -30,7 +30,7 @@ def exact_desync_note(report: Report) -> str | None:
     )
     return (
         f"every output matches the reference in this run, yet the target was fed a wrong state: {hid}. "
-        "It is still a bug: expect outputs to diverge with longer outputs, other prompts or another model"
+        "It is still a bug: expect divergence with longer outputs, other prompts or another model"
     )
 
 
