@@ -110,7 +110,7 @@ def _add_record(rec: argparse.ArgumentParser) -> None:
         "--method",
         choices=list(METHODS),
         default=None,
-        help="decoding method (default: eqspec; with --fault, the method docs/faults.md names for the fault)",
+        help="decoding method (default: eqspec); with --fault, the method docs/faults.md names for the fault",
     )
     rec.add_argument("--fault", choices=sorted(FAULTS), default=None, help="inject a known bug")
     rec.add_argument("--target", default=None, help="target model: local path or hub id (default: embedded)")
