@@ -112,6 +112,7 @@ class Fault:
     # is reached (docs/faults.md names the same; tests/engine/test_fault_methods.py compares them).
     default_method = "eqspec"
     quiet_on = ""  # where its decision is never reached, and why (a run there says "never fired")
+    needs_rows = 1  # 2: its decision differs only between rows (docs/faults.md: "only ... two rows?")
     any_layout = False  # True: the fault's decision exists in every layout (inplace accepts it)
     needs_proposer: str | None = None  # the proposer whose decision it overrides ("head"), if any
     needs_tree = False  # True: it overrides a tree decision (a run needs --tree)
@@ -128,6 +129,7 @@ class Fault:
         return (
             cls.default_method
             + (f" with {' and '.join(needs)}" if needs else "")
+            + (", in a batch of two rows or more" if cls.needs_rows > 1 else "")
             + (f" ({cls.quiet_on})" if cls.quiet_on else "")
         )
 
@@ -183,6 +185,7 @@ class Fault:
 
 class UniformAdvance(Fault):
     name = "uniform-advance"
+    needs_rows = 2
     invariants = (Invariant.POSITIONS, Invariant.KV)
     seen_in = "mlx-vlm #1144, #1155"
     summary = "every row advances its KV offset and positions by the batch's max accepted + 1"
@@ -193,6 +196,7 @@ class UniformAdvance(Fault):
 
 class ColumnPositions(Fault):
     name = "column-positions"
+    needs_rows = 2
     invariants = (Invariant.POSITIONS,)
     seen_in = "unsloth #3699, nnsight #673"
     summary = "position IDs are the shared column index (cache_position), ignoring left padding"
@@ -222,6 +226,7 @@ class MaskedHoles(Fault):
 
 class PadAccumulation(Fault):
     name = "pad-accumulation"
+    needs_rows = 2
     invariants = (Invariant.ALIGNMENT, Invariant.POSITIONS, Invariant.KV)
     seen_in = "eBay/spec_dec 'compounding left-padding' fix"
     summary = "re-pads without stripping the old padding, which becomes attended row content"
@@ -239,6 +244,7 @@ class PadAccumulation(Fault):
 
 class StaleKV(Fault):
     name = "stale-kv"
+    needs_rows = 2
     invariants = (Invariant.KV,)
     seen_in = "mlx-lm #1109, #1423"
     summary = "the cache is trimmed once for the batch, so rejected drafts' KV stays attendable"
@@ -261,6 +267,7 @@ class ExtraAccept(Fault):
 
 class RowMixup(Fault):
     name = "row-mixup"
+    needs_rows = 2
     invariants = (Invariant.ACCOUNTING,)
     seen_in = "vLLM #14645, TensorRT-LLM #3456"
     summary = "after the batch is regrouped, results are written back to the wrong rows"
@@ -304,6 +311,7 @@ class DraftPositions(Fault):
 
 class KVRowCopy(Fault):
     name = "kv-row-copy"
+    needs_rows = 2
     invariants = (Invariant.KV,)
     seen_in = "batch-index mix-ups in cache gathers (vLLM #14645-style, on the KV instead of the tokens)"
     summary = "once, row 0's cached slots are overwritten with row 1's (same slots); masks and counts unchanged"
@@ -334,6 +342,7 @@ class RequestOrder(Fault):
     sequence: the fault runs in fixed regions too (inplace, whose rows go longest prompt first)."""
 
     name = "request-order"
+    needs_rows = 2
     invariants = (Invariant.ACCOUNTING,)
     seen_in = "vLLM V1 spec decode: tokens of other requests in large mixed batches"
     summary = "results are scattered back in request order (a dict's), not the batch's row order"
@@ -362,6 +371,7 @@ class RequestOrder(Fault):
 
 class HeadSourceIndex(Fault):
     name = "head-source-index"
+    needs_rows = 2
     invariants = (Invariant.HEAD,)
     seen_in = "vllm-ascend EAGLE-3 proposer: wrong source indices under concurrency"
     summary = "each row's head carry is gathered from the next row's hidden states (an index off by one row)"
@@ -375,6 +385,7 @@ class HeadSourceIndex(Fault):
 
 class SharedCarry(Fault):
     name = "shared-carry"
+    needs_rows = 2
     invariants = (Invariant.HEAD,)
     seen_in = "llama.cpp-fork MTP drafting: sequence 0 hard-coded, carry-over state shared across slots"
     summary = "every row's head reads row 0's carry-over hidden state"

@@ -23,24 +23,25 @@ METHODS = ("eqspec", "exspec")
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "faults.md"
 
 
-def documented_methods() -> dict[str, str]:
-    """Each fault's default method as docs/faults.md's tables name it: the cell after the fault's
-    name is the method ("eqspec"), or says "default `exspec`" among the settings it needs."""
+def documented() -> dict[str, tuple[str, int]]:
+    """Each fault's (default method, rows it needs) as docs/faults.md's tables say: the cell after
+    the fault's name is the method ("eqspec"), or says "default `exspec`" among the settings it
+    needs; the sixth ("only in ragged batches?", "only with two rows?") starts "yes" for 2 rows."""
     found = {}
     for line in DOCS.read_text(encoding="utf-8").splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        name = re.fullmatch(r"`([a-z0-9-]+)`", cells[0]) if len(cells) > 2 else None
+        name = re.fullmatch(r"`([a-z0-9-]+)`", cells[0]) if len(cells) > 5 else None
         if name is None:
             continue
         said = re.search(r"default `?([a-z]+)`?", cells[1])
-        found[name.group(1)] = said.group(1) if said else cells[1]
+        found[name.group(1)] = (said.group(1) if said else cells[1], 2 if cells[5].startswith("yes") else 1)
     return found
 
 
-def test_docs_name_each_faults_own_method() -> None:
-    documented = documented_methods()
-    assert set(documented) == set(FAULTS)  # every fault has its row, and no row names a fault gone
-    assert {name: cls.default_method for name, cls in FAULTS.items()} == documented
+def test_docs_say_where_each_fault_fires() -> None:
+    docs = documented()
+    assert set(docs) == set(FAULTS)  # every fault has its row, and no row names a fault gone
+    assert {name: (cls.default_method, cls.needs_rows) for name, cls in FAULTS.items()} == docs
 
 
 def recorded_method(*argv: str) -> str:
@@ -69,7 +70,7 @@ def test_a_fault_that_never_fires_is_said_with_where_it_fires(request_order_runs
     assert quiet.header.fault_events == []  # the engine's own log: the decision was never reached
     report = check_trace(quiet)
     assert report.verdict == "clean"  # the checker agrees: nothing went wrong, so nothing was tested
-    said = "fault request-order never fired in this run: it fires on exspec"
+    said = "fault request-order never fired in this run: it fires on exspec, in a batch of two rows or more"
     assert fault_never_fired_note(quiet.header).startswith(said)
     assert said in render_report(quiet, report)  # `specviz check`
     assert "Fault request-order never fired in this run" in summary_markdown(quiet, report)  # the app
