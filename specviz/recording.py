@@ -105,9 +105,9 @@ def cmd_record(args: argparse.Namespace) -> int:
     from specviz.trace.columnar import ParquetTraceWriter
 
     out = Path(args.out) if args.out else _default_out(args)
+    check_output_path(out, args.force)
     if (wrong_name := check_trace_name(str(out))) is not None:  # a file the app would then refuse
         raise SpecvizError(f"--out {wrong_name}")
-    check_output_path(out, args.force)
     set_threads(args.threads)  # a run is never lost to a bad --out found afterwards
     keep_freed_memory()  # a short-lived process: reuse freed tensors instead of page-faulting them in
     prompts = record_prompts(args)
