@@ -22,6 +22,11 @@ def _split(message: str) -> tuple[str, str]:
 
 
 def _not_text(name: str, match: re.Match[str]) -> str:
+    if name.lower().endswith(".parquet"):  # no file_types filter on the button: said here instead
+        return (
+            f"{name}: the upload reads JSON traces (.json, .json.gz); open a Parquet one locally "
+            f"(python app.py --trace {name}) or convert it (specviz convert {name} trace.json.gz)"
+        )
     if name.lower().endswith(".gz"):
         return f"{name} is not a gzip file: a .json.gz upload must be gzip-compressed JSON"
     return f"{name} is not a text file: a trace is JSON text (or gzip-compressed JSON)"
