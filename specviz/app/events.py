@@ -158,13 +158,13 @@ def wire_preload(demo: gr.Blocks, slot_a: RunSlot, slot_b: RunSlot, inspect: Any
             "A": LOCAL_A[0] if LOCAL_A else load_default(DEFAULT_A),  # `python app.py --trace PATH`
             "B": load_default(DEFAULT_B),
         }
-        message = ""
+        message, opened = "", False  # opened: the run the link names is in its slot
         if link.trace is None and link.step is not None:  # an upload's or a live run's link
             message = share.UNNAMED_LINK.format(slot=link.slot)
         if link.trace is not None:
             try:
                 runs[link.slot] = share.load_linked(link.trace)
-                message = share.other_file_note(link, runs[link.slot])
+                message, opened = share.other_file_note(link, runs[link.slot]), True
             except (SpecvizError, TraceError, OSError) as exc:  # an old or foreign link: say so, open the rest
                 message = serve.without_paths(str(exc))
         label = link.slot
@@ -183,7 +183,7 @@ def wire_preload(demo: gr.Blocks, slot_a: RunSlot, slot_b: RunSlot, inspect: Any
             (slot_a if label == "A" else slot_b).status: status_update(message),
             **ui.details(loaded, other, label, window, only),
         }
-        if link.trace is not None and not message:  # the picker names the linked run when it is one of its own
+        if opened:  # the picker names the linked run when it is one of its own
             picked = link.trace if link.trace in bundled_traces() or link.trace == LOCAL_CHOICE else None
             values[(slot_a if label == "A" else slot_b).bundled] = gr.update(value=picked)
         values.update(cell)

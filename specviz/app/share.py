@@ -37,7 +37,7 @@ UNNAMED_LINK = (
     "this link names no run (an uploaded or live run stays in its browser session): its step and row "
     "are shown on slot {slot}'s example; load the same trace file into slot {slot} to see them in yours"
 )
-FILE_NAME = re.compile(r"[\w][\w.+-]{0,199}")
+FILE_NAME = re.compile(r"\w[\w .+-]{0,199}")  # a file's name (spaces too), never a folder
 MAX_PARAM_CHARS = 300  # a query parameter is a name or a number: anything longer is not ours
 
 

@@ -91,6 +91,7 @@ def test_a_link_past_the_run_says_where_it_opened(page: Any) -> None:
     assert where(page)["step"] == str(last)
     status = page.locator("#sv-status-b").inner_text()
     assert f"step {last + 50}" in status and f"last step is {last}" in status and "row 999" in status
+    assert page.locator("#sv-bundled-b input").input_value() == IN_B  # the run itself did open: named
 
 
 def test_a_link_to_another_trace_file_says_so(page: Any) -> None:
