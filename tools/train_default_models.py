@@ -16,8 +16,8 @@ prompts. A few minutes on 2 shared CPU cores.
 
 Usage::
 
-    python tools/train_default_models.py [--out specviz/assets] [--quick]
-    python tools/train_default_models.py --head [--out specviz/assets]
+    python -m tools.train_default_models [--out specviz/assets] [--quick]
+    python -m tools.train_default_models --head [--out specviz/assets]
 """
 
 from __future__ import annotations
@@ -622,9 +622,6 @@ def engine_acceptance(out: Path, proposer: str, prompts: list[str], cfg: HeadCon
 
 def run_head(cfg: HeadConfig, out: Path) -> dict[str, object]:
     """Train the head on the saved target, save it, reload it and compare it with the draft."""
-    import sys
-
-    sys.path.insert(0, str(REPO_ROOT))
     from specviz.data import load_specbench
     from specviz.engine.proposers.head import EagleHead, load_head
 
