@@ -43,7 +43,14 @@ from tools.mutants import Mutant, diff, list_mutants, mutated_source
 
 ROOT = Path(__file__).resolve().parent.parent
 
-_CHECK_TESTS = ["tests/analysis/test_check.py", "tests/analysis/test_finish.py", "tests/analysis/test_row_checks.py"]
+_CHECK_TESTS = [
+    "tests/analysis/test_check.py",
+    "tests/analysis/test_check_endings.py",
+    "tests/analysis/test_check_state.py",
+    "tests/analysis/test_check_hand_sized.py",
+    "tests/analysis/test_finish.py",
+    "tests/analysis/test_row_checks.py",
+]
 _CHECK_SLOW = (
     "speed",
     "correct_runs",
