@@ -5,6 +5,9 @@ records, checks clean and is offered by the app, and what it cannot do is refuse
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
 from typing import Any
 
 import gradio as gr
@@ -112,3 +115,12 @@ def test_engine_builds_the_registered_class() -> None:
     pair = make_pair("llama")
     trace = run(pair, ["hello", "xy"], RunConfig(batch_size=2, draft_k=2, max_new_tokens=4, proposer="ngram"))
     assert trace.header.proposer == "ngram" and trace.header.draft is None
+
+
+def test_the_docs_name_every_registered_proposer() -> None:
+    """The README's `--proposer` choices and the trace schema's examples are the registry's names."""
+    root = Path(__file__).resolve().parents[1]
+    choices = re.search(r"--proposer \{([^}]*)\}", (root / "README.md").read_text(encoding="utf-8")).group(1)
+    assert tuple(choices.split(",")) == proposers.proposer_names()
+    schema = json.loads((root / "docs" / "trace.schema.json").read_text(encoding="utf-8"))
+    assert tuple(schema["$defs"]["Header"]["properties"]["proposer"]["examples"]) == proposers.proposer_names()
