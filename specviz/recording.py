@@ -15,6 +15,7 @@ from typing import Any
 from specviz.console import print_to_pipe
 from specviz.errors import SpecvizError
 from specviz.files import beside, check_output_path
+from specviz.proposers import DEFAULT_PROPOSER
 from specviz.startup import EXIT_INTERRUPTED
 from specviz.trace.file_kinds import check_trace_name
 from specviz.trace.naming import run_slug, run_title
@@ -52,7 +53,7 @@ def run_config(args: argparse.Namespace) -> Any:
         fault=args.fault,
         batch_size=args.batch_size,
         draft_k=args.draft_k,
-        proposer=getattr(args, "proposer", "draft-model"),
+        proposer=getattr(args, "proposer", DEFAULT_PROPOSER),
         head_path=getattr(args, "head", None),
         tree_branches=getattr(args, "tree", 0),
         tree_kind=getattr(args, "tree_kind", "static"),
@@ -98,7 +99,7 @@ def cmd_record(args: argparse.Namespace) -> int:
 
     from specviz.allocator import keep_freed_memory
     from specviz.engine.models import load_pair
-    from specviz.engine.run import RunFailed, RunInterrupted, run
+    from specviz.engine.run import RunFailed, RunInterrupted, drafts_with_the_draft_model, run
     from specviz.engine.warm import mark_warm, needs_warm_up
     from specviz.engine.warm import warm_up_run as warm_up
     from specviz.threads import set_threads
@@ -118,7 +119,7 @@ def cmd_record(args: argparse.Namespace) -> int:
         args.draft,
         device=args.device,
         dtype=args.dtype,
-        with_draft=config.k > 0 and config.proposer == "draft-model",
+        with_draft=drafts_with_the_draft_model(config),
         trust_remote_code=args.trust_remote_code,
     )
     bars: dict[str, Any] = {}
@@ -235,7 +236,7 @@ def _print_summary(trace: Any, out: Path, as_json: bool) -> None:
     lines = [
         f"{run_title(info['method'], info['fault'])}: "
         f"{info['num_prompts']} prompts, batch {info['batch_size']}, k={info['draft_k']}"
-        + (f", {info['proposer']}" if info["draft_k"] and info["proposer"] != "draft-model" else "")
+        + (f", {info['proposer']}" if info["draft_k"] and info["proposer"] != DEFAULT_PROPOSER else "")
         + (f", tree {info['tree_branches']}" if info["tree_branches"] else ""),
         f"  verdict            {report.verdict.upper()} ({report.violation_count} violations)",
         *(f"  note               {note}" for note in info["notes"]),

@@ -43,7 +43,8 @@ from specviz.trace.budget import (
     json_parse_bytes,
     over_budget,
 )
-from specviz.trace.columnar import ColumnarError, ParquetTrace, ParquetTraceWriter, is_parquet, save_parquet
+from specviz.trace.columnar import ColumnarError, ParquetTraceWriter, is_parquet, save_parquet
+from specviz.trace.columnar_read import ParquetTrace
 from specviz.trace.file_kinds import not_a_trace
 from specviz.trace.jsonparse import loads_yielding, top_level_kind
 from specviz.trace.schema import FORMAT_NAME, Trace, json_fields

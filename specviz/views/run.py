@@ -14,7 +14,7 @@ from specviz.analysis.check import check_trace
 from specviz.analysis.fed_columns import ColumnarFedHistory
 from specviz.analysis.report import Report
 from specviz.analysis.slots import FedHistory, StepSlots, fed_history, step_slots
-from specviz.trace.columnar import ParquetSteps
+from specviz.trace.columnar_read import ParquetSteps
 from specviz.trace.schema import Trace
 from specviz.views.faults import fault_markdown
 from specviz.views.grid import (

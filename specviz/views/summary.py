@@ -8,6 +8,7 @@ from specviz.analysis.budgets import sequence_budgets
 from specviz.analysis.metrics import summary, tokens_per_second, totals_of
 from specviz.analysis.notes import run_notes
 from specviz.analysis.report import Report, exact_read_note
+from specviz.proposers import DEFAULT_PROPOSER
 from specviz.trace import naming
 from specviz.trace.schema import Trace
 from specviz.views.palette import verdict_badge
@@ -105,7 +106,7 @@ def summary_markdown(trace: Trace, report: Report, label: str = "") -> str:
         lines.append(f"**Unreadable from step {where}**: {html_text(report.unreadable['why'], 300)}")
     lines.extend(_not_checked(report))
     draft = f", draft {_nowrap(model_name(h.draft.name))}" if h.draft else ""
-    if h.draft_k and h.proposer != "draft-model":  # schema 3: a head or n-gram lookup drafted
+    if h.draft_k and h.proposer != DEFAULT_PROPOSER:  # schema 3: another proposer drafted (a head, n-gram lookup)
         draft += f", drafts by {md_text(h.proposer)}"
     if h.tree_branches:
         draft += f", tree ({h.tree_branches} alternatives)"

@@ -1,6 +1,6 @@
 """A tiny OpenAI-compatible batching server for the probe's tests: the embedded default target.
 
-    python tests/support/probe_server.py            # prints "READY <port>" on stdout once it listens
+    PYTHONPATH=$PWD python tests/support/probe_server.py   # prints "READY <port>" on stdout once it listens
 
 One process serves every behaviour, chosen by the URL's first two path parts,
 `/<mode>/<layout>/v1/completions` (and `/v1/chat/completions`, `/v1/models`, and `/<mode>/<layout>/metrics`):
@@ -48,7 +48,6 @@ import json
 import os
 import queue
 import random
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -56,9 +55,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from specviz.engine.models import DEFAULT_TARGET  # noqa: E402
+from specviz.engine.models import DEFAULT_TARGET
 
 BATCH_WINDOW_S = 0.05  # requests arriving within this window of the first form one batch
 MAX_BATCH = 16
