@@ -31,6 +31,21 @@ def checked_trees(parents: Any, rows: int, model: str) -> list[list[int]]:
     return trees
 
 
+def checked_segments(drafts: Any, chunk: Any, lens: list[int] | None, rows: int) -> tuple[tuple[int | None, bool], ...]:
+    """(drafts, chunk) per declared sequence: `drafts` its draft tokens (None: not said, read from
+    the draft calls), `chunk` whether it is a prefill chunk that yields no token (and so no drafts)."""
+    said = [None] * rows if drafts is None else [None if d is None else as_int(d, "batch") for d in drafts]
+    chunks = [False] * rows if chunk is None else list(chunk)
+    if len(said) != rows or len(chunks) != rows:
+        raise WatchError(f"batch: {rows} sequences need {rows} entries in drafts= and chunk=")
+    for r, (d, c) in enumerate(zip(said, chunks)):
+        if not isinstance(c, bool):
+            raise WatchError(f"batch: chunk= is one bool per sequence, got {c!r} at {r}")
+        if d is not None and (d < 0 or (c and d) or (lens is not None and d >= lens[r])):
+            raise WatchError(f"batch: sequence {r} cannot carry {d} drafts (a chunk none, else fewer than its query)")
+    return tuple(zip(said, chunks))
+
+
 def checked_temperature(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
         raise WatchError(f"temperature must be a finite number >= 0 (0: greedy), got {value!r}")

@@ -99,6 +99,9 @@ class CallRecord:
     # Tree verification (`tree`): per row its declared parents (w.batch(..., parents=...)); after
     # `materialize`, `trees` holds each row's tree (declared, or read from the mask; None: a chain).
     parents: list[list[int]] | None = None
+    # What `w.batch(drafts=, chunk=)` said of each declared sequence: (its drafts, a prefill chunk).
+    declared: tuple[tuple[int | None, bool], ...] | None = None
+    map: Any = None  # the `BatchMap` read at `materialize`, one segment per row of the record
     trees: list[list[int] | None] | None = None
     tree_source: str | None = None  # "declared" | "mask"
     # A packed call's query columns that are tree nodes where the block-diagonal rule would cut
@@ -142,10 +145,10 @@ class CallRecord:
             if whole.shape[-1] == self.cache_width + self.query_len:  # keys [cache | query]
                 self.keys_end = self.cache_width + self.query_len
         base = self.cache_width
-        try:
-            packed = batchmap.apply(self, batchmap.read_map(self), whole[0] if trees else None)
-        except batchmap.Unreadable as why:
-            self.unreadable, packed = str(why), False
+        self.map = batchmap.read_map(self)
+        if not self.map.readable:  # what the producer said, not what an earlier reading said
+            self.unreadable = self.map.unreadable
+        packed = self.map.readable and batchmap.apply(self, self.map, whole[0] if trees else None)
         if whole is not None and packed:
             self.held = segment_slots(whole[0], self.segments)
             if trees and self.keys_end is not None:
@@ -291,6 +294,7 @@ class ModelHooks:
         # Declared query lengths of a packed call (`w.batch`); a sink without them declares none.
         declared = self.sink.query_lens(self.role) if hasattr(self.sink, "query_lens") else None
         parents = self.sink.tree_parents(self.role) if hasattr(self.sink, "tree_parents") else None
+        facts = self.sink.segment_facts(self.role) if hasattr(self.sink, "segment_facts") else None
         cu_q, cu_k = fed.get("cu_seq_lens_q"), _one_tensor(fed.get("cu_seq_lens_k"))
         # One row that may hold several sequences: its mask and argmax are kept whole (`batchmap`).
         packed = batch == 1 and q > 1
@@ -327,6 +331,7 @@ class ModelHooks:
                 cu_k=cu_k.clone() if isinstance(cu_k, torch.Tensor) else None,
                 query_lens=declared,
                 parents=parents,
+                declared=facts,
                 logit_slots=keep.clone() if isinstance(keep, torch.Tensor) and keep.dim() == 1 else None,
             )
         )

@@ -29,7 +29,15 @@ from specviz.trace.provenance import library_versions, model_info
 from specviz.trace.schema import LAYOUTS, SCHEMA_VERSION, Header, SamplingInfo, SequenceRecord, Trace
 from specviz.watch.attribution import Emit
 from specviz.watch.calls import attended_ids
-from specviz.watch.declared import as_int, checked_temperature, checked_trees, eos_ids, pad_id, prompt_ids
+from specviz.watch.declared import (
+    as_int,
+    checked_segments,
+    checked_temperature,
+    checked_trees,
+    eos_ids,
+    pad_id,
+    prompt_ids,
+)
 from specviz.watch.follow import follow_rows
 from specviz.watch.headinput import HiddenTap
 from specviz.watch.hooks import CallRecord, ModelHooks, WatchError, check_causal_lm
@@ -84,6 +92,7 @@ class Watch:
         self._once: dict[str, tuple[int, ...]] = {}
         self._once_lens: dict[str, list[int]] = {}
         self._once_parents: dict[str, list[list[int]]] = {}  # declared trees (`batch(parents=...)`)
+        self._once_facts: dict[str, tuple[tuple[int | None, bool], ...]] = {}  # (drafts, chunk) per sequence
         self._ever_declared = False  # rows or batch called: the engine names its rows
         self._calls: list[CallRecord] = []
         self._emits: list[Emit] = []
@@ -120,6 +129,11 @@ class Watch:
         `current_rows`, once per forward)."""
         return self._once_parents.pop(role, None) if role in self._once else None
 
+    def segment_facts(self, role: str = "target") -> tuple[tuple[int | None, bool], ...] | None:
+        """(drafts, chunk) of each sequence of the forward being captured, if `batch` declared any
+        (asked before `current_rows`, once per forward)."""
+        return self._once_facts.pop(role, None) if role in self._once else None
+
     def declare_forward(self, seq_ids: tuple[int, ...]) -> None:
         """The paged manager's requests of the next target forward (`paged.PagedCapture`)."""
         self._once["target"] = tuple(seq_ids)
@@ -151,6 +165,8 @@ class Watch:
         query_lens: Iterable[int] | None = None,
         model: str = "target",
         parents: Iterable[Iterable[int]] | None = None,
+        drafts: Iterable[int | None] | None = None,
+        chunk: Iterable[bool] | None = None,
     ) -> None:
         """Declare the next forward of `model` only: the sequence of each row (a padded batch) or,
         with `query_lens`, of each packed segment in order (a 1 x T call: sequence i holds the next
@@ -161,7 +177,11 @@ class Watch:
         verifies, one list per sequence (None: it verifies none, a prefill riding along), node 0
         the pending token (parent -1) and every other node's parent an earlier node; the row's
         (segment's) last len(parents) real query tokens are its nodes in that order
-        (docs/watch.md, "Trees")."""
+        (docs/watch.md, "Trees").
+
+        `drafts`: how many draft tokens end each sequence's query (None: not said; its draft count
+        is then read from the draft calls). `chunk`: per sequence, True for a prefill chunk that
+        stops short of its prompt's end: it yields no token, so it is no step of its sequence."""
         if model not in ("target", "draft"):
             raise WatchError(f"batch: model must be 'target' or 'draft', got {model!r}")
         self._require_open("batch")
@@ -177,6 +197,9 @@ class Watch:
             self._once_lens[model] = lens
         else:
             self._once_lens.pop(model, None)
+        self._once_facts.pop(model, None)
+        if drafts is not None or chunk is not None:
+            self._once_facts[model] = checked_segments(drafts, chunk, lens, len(ids))
         self._once[model] = tuple(ids)
         self._ever_declared = True
 

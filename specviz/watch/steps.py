@@ -36,8 +36,10 @@ from specviz.watch.calls import (
     argmax_at,
     attended_ids,
     context_before,
+    declared_drafts,
     draft_free_query,
     fed_positions,
+    is_chunk,
     last_slot,
     mask_row,
     row_seq_ids,
@@ -218,7 +220,7 @@ def build_steps(
         shown = [read(index, r) for r in range(call.batch_size)]
         if draft_free:  # each row's drafts at its own pending slot, before any row is credited
             for r, seq_id in enumerate(row_seq_ids(call)):
-                if not shown[r].drafts and seq_id in progress:
+                if not shown[r].drafts and seq_id in progress and declared_drafts(call, r) is None:
                     shown[r] = draft_free_query(call, r, progress[seq_id].committed) or shown[r]
         produced = assign_rows(call, by_call[index], shown, finished, set(progress))
         rows, proposals = [], set(_head_calls(calls, index))
@@ -227,6 +229,8 @@ def build_steps(
         for r, seq_id in enumerate(row_seq_ids(call)):
             if r not in produced and (seq_id not in progress or progress[seq_id].finished):
                 continue  # idle: a finished sequence's row the engine still computes
+            if r not in produced and is_chunk(call, r):
+                continue  # a prefill chunk, said so: KV written, no token, no step of its sequence
             if r not in produced and _prefilling(call, r, progress[seq_id].committed, len(prompts[seq_id])):
                 continue  # a newcomer's prefill riding in another's step (vLLM mixes them in)
             rq = shown[r]
