@@ -1,7 +1,7 @@
 """Watching a script that was never instrumented: every causal LM it builds gets hooks, and the
 two facts `rows` and `emit` would declare are inferred from the calls instead.
 
-What is inferred (see docs/watch.md, "Watching an unmodified script"):
+What is inferred (see docs/watch-command.md):
 - roles: of the causal LMs that ran a forward, the largest by parameter count is the target
   (the first built wins a tie), the next largest the draft;
 - token text: the first tokenizer the script built whose vocabulary holds every token the trace

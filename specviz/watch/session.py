@@ -177,7 +177,7 @@ class Watch:
         verifies, one list per sequence (None: it verifies none, a prefill riding along), node 0
         the pending token (parent -1) and every other node's parent an earlier node; the row's
         (segment's) last len(parents) real query tokens are its nodes in that order
-        (docs/watch.md, "Trees").
+        (docs/watch-trees.md).
 
         `drafts`: how many draft tokens end each sequence's query (None: not said; its draft count
         is then read from the draft calls). `chunk`: per sequence, True for a prefill chunk that

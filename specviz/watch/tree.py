@@ -1,7 +1,7 @@
 """Tree verification under the watch: which rows of a target call verify a tree, and the schema-3
 tree fields of their step rows (`tree_parents`, `tree_depths`, `node_attends`, `tree_path`,
 `kept_nodes`), so `analysis.tree_checks` judges a watched tree engine as it judges specviz's own
-(docs/watch.md, "Trees").
+(docs/watch-trees.md).
 
 A tree row's query is N nodes in N consecutive real query slots ending at its last one, node 0 the
 pending token (the last committed one), `parents[i]` node i's parent (an earlier node). The tree:
