@@ -252,6 +252,8 @@ class Follower(Assignments, Gains):
             m, o = len(s.context), s.origin
             return "open" if v.context < 0 or m <= v.context <= m + self.read(*o, s.id).drafts else None
         drafts, targets, pending = self._step_tokens(s)
+        if s.in_prompt and self._chunk(drafts, targets, v, len(s.context)):
+            return "chunk"
         if v.context < 0:  # no mask to count: the greedy continuation only
             return "grow" if targets and v.token == targets[matched_prefix(drafts, targets) or 0] else None
         grown = v.context + 1 - len(s.context)
@@ -261,6 +263,17 @@ class Follower(Assignments, Gains):
                 return "grow"
         # A finished row fed its last token again (with or without its cache growing).
         return "again" if 0 <= grown <= 1 and v.token == pending else None
+
+    @staticmethod
+    def _chunk(drafts: list[int], targets: list[int], v: RowView, known: int) -> bool:
+        """Was the sequence's open step (the call after a prefill that gave no token) a chunk of its
+        prompt? Its whole query was kept (the context grew by all of it), and either the row is not
+        fed the target's choice after it (no token yet: a chunk that stops short of the prompt's
+        end), or its "drafts" are not what the target chose (a greedy engine keeps none of them:
+        they were prompt, and the chunk that reached the prompt's end yielded the token fed now)."""
+        if not targets or v.context + 1 - known != len(drafts) + 1:
+            return False
+        return v.token != targets[len(drafts)] or drafts != targets[: len(drafts)]
 
     def _draft_reads(self, s: Seq, v: RowView) -> bool:
         """A draft that keeps no cache re-reads the row's whole context at its first proposal: when
@@ -306,6 +319,9 @@ class Follower(Assignments, Gains):
         if how == "same":
             s.refed = not s.opened
             return
+        if how == "chunk":
+            self._chunked(s, v, j, r)
+            return
         if how == "again":
             s.finished = True  # fed again without growing: the engine keeps computing a finished row
             self._stopped.append(s)
@@ -316,10 +332,25 @@ class Follower(Assignments, Gains):
                 # Its first call was a prefill of all but the last prompt token: this call feeds it.
                 s.context.append(v.token)
                 s.prompt_len += 1
-                s.step = (j, r)
+                s.step, s.in_prompt = (j, r), True
                 return
         self._commit(s, self._by_token(s, v) if how == "weak" else self._gained(s, v))
-        s.step, s.refed = (j, r), False
+        s.step, s.refed, s.in_prompt = (j, r), False, False
+
+    def _chunked(self, s: Seq, v: RowView, j: int, r: int) -> None:
+        """The open step was a prompt chunk (`_chunk`): its query joins the prompt. The chunk that
+        reached the prompt's end was a step that gave the token fed now; an earlier one gave none,
+        and this call feeds the next part of the prompt (its first token read as pending)."""
+        drafts, targets, _ = self._step_tokens(s)
+        s.context += drafts
+        s.prompt_len = len(s.context)
+        if v.token == targets[len(drafts)]:  # the last chunk: it chose the token fed now
+            self._commit(s, [v.token])
+            s.step, s.in_prompt = (j, r), False
+            return
+        s.context.append(v.token)
+        s.prompt_len += 1
+        s.step = (j, r)
 
     def _opened_by_step(self, o: int, members: list[tuple[Seq, RowView]]) -> bool:
         """Was call o a step for its newcomers: it verified drafts, or the next call feeds its argmax?"""

@@ -275,16 +275,17 @@ def _fill_kept_nodes(calls: list[CallRecord], read: CallReader, origins: list[tu
 
 
 def _prefilling(call: CallRecord, row: int, committed: list[int], prompt_len: int) -> bool:
-    """A sequence not yet stepped whose row attends no cache, in a call whose other rows decode
-    from theirs, and feeds a proper prefix of its prompt: a newcomer's prefill of all but its
-    pending token riding in the others' step, not a step of it. (A re-prefill of the batch is read
-    row by row, where its bugs show.)"""
-    if len(committed) != prompt_len or call.cache_of(row) or not any(call.query_flags(row)):
+    """A sequence not yet stepped whose row feeds the next part of its prompt short of its end
+    (after the `c` prompt tokens its cache holds), in a call where some row decodes from a cache:
+    a newcomer's prefill, or a chunk of it, riding in the others' step, not a step of it (a
+    decode feeds the prompt's last token). A re-prefill of the whole batch is read row by row,
+    where its bugs show."""
+    if len(committed) != prompt_len or not any(call.query_flags(row)):
         return False
     if not any(call.cache_of(r) for r in range(call.batch_size)):
         return False  # a re-prefill of the whole batch (or a cacheless loop): every row is read
-    fed = attended_ids(call, row)
-    return len(fed) < len(committed) and fed == committed[: len(fed)]
+    fed, c = attended_ids(call, row), call.cache_of(row)
+    return c + len(fed) < len(committed) and fed == committed[c : c + len(fed)]
 
 
 def _head_calls(calls: list[CallRecord], index: int) -> list[int]:

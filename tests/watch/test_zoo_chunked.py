@@ -1,6 +1,8 @@
 """Chunked prefill mixed into decode in one packed forward (`zoo/chunked.py`, vLLM's scheduler
-shape, prompt-lookup drafts), declared with `w.batch(ids, query_lens=, drafts=, chunk=)`: a chunk
-that stops short of its prompt's end yields no token and is no step of its sequence. Truth is
+shape, prompt-lookup drafts): a chunk that stops short of its prompt's end yields no token and is
+no step of its sequence. Declared with `w.batch(ids, query_lens=, drafts=, chunk=)`, and
+undeclared through `specviz watch --`, where the inferrer reads a call after a no-token prefill
+as a chunk when the next call shows the whole query kept and no token chosen from it. Truth is
 batch-1 greedy decoding of the target without hooks (`shapes.reference`)."""
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import pytest
 from tiny import make_pair
 from zoo import chunked, shapes
+from zoo.command import watch_script
 
 import specviz
 from specviz.analysis.check import check_trace
@@ -46,6 +49,29 @@ def test_each_injected_bug_is_located_where_it_happens(pair, bug: str, invariant
     assert report.verdict != "clean"
     if outs != shapes.reference(pair.target, PROMPTS, BUDGETS):
         assert report.exact_match < 1.0  # never clean on a wrong output
+
+
+@pytest.mark.parametrize("budget", [2, 3])
+def test_the_command_reads_chunks_clean(tmp_path, pair, budget: int) -> None:
+    trace, outs, _ = watch_script(tmp_path / "c.json", "chunked", PROMPTS, BUDGETS, options={"budget": budget})
+    report = check_trace(trace)
+    assert report.verdict == "clean" and not report.violation_count and report.exact_match == 1.0
+    assert [s.prompt_ids for s in trace.sequences] == PROMPTS  # each prompt whole, chunks joined
+    assert [s.output_ids for s in trace.sequences] == outs == shapes.reference(pair.target, PROMPTS, BUDGETS)
+
+
+@pytest.mark.parametrize(("bug", "invariant"), [BUGS[0], BUGS[2]])
+def test_the_command_locates_bugs_in_and_after_chunks(tmp_path, bug: str, invariant: Invariant) -> None:
+    trace, _, events = watch_script(tmp_path / "c.json", "chunked", PROMPTS, BUDGETS, bug=bug)
+    first = check_trace(trace).violations[0]
+    assert events and (first.step, first.seq_id, first.invariant) == (*events[0], invariant)
+
+
+def test_a_chunk_that_forgets_its_cache_is_never_clean(tmp_path) -> None:
+    """Its final chunk attends no cache, as a new sequence's prefill would: the command cannot
+    tell the two apart, so the run reads as a desync or unreadable, never clean."""
+    trace, _, events = watch_script(tmp_path / "c.json", "chunked", PROMPTS, BUDGETS, bug="chunk_forgets")
+    assert events and check_trace(trace).verdict in ("desync", "unreadable")
 
 
 def test_a_malformed_declaration_is_one_line(pair) -> None:
