@@ -12,7 +12,7 @@ Every captured call gets one `BatchMap` at close, from the first producer that c
    no mask and no cache, by its `position_ids`
    restarting (transformers' own packed-sequence rule, `find_packed_sequence_indices`);
 3. **inferred**: nothing was declared and no adapter applies (a padded batch without `w.rows`,
-   `specviz watch --`): the sequence in each row is left to `follow.Follower` (the command) or to
+   `specviz watch --`): the sequence in each row is left to `infer.follow.Follower` (the command) or to
    the default order (row r holds sequence r).
 
 A call that no producer can read (declared rows that fit no reading of its layout, say) is

@@ -38,9 +38,9 @@ from specviz.watch.declared import (
     pad_id,
     prompt_ids,
 )
-from specviz.watch.follow import follow_rows
 from specviz.watch.headinput import HiddenTap
 from specviz.watch.hooks import CallRecord, ModelHooks, WatchError, check_causal_lm
+from specviz.watch.infer.follow import follow_rows
 from specviz.watch.paged import PagedCapture
 from specviz.watch.steps import InferredSteps, infer_steps
 from specviz.watch.streamer import GenerateStreamer
@@ -356,7 +356,7 @@ class Watch:
     def _rows_to_follow(self, calls: list[CallRecord], prompts: list[list[int]]) -> bool:
         """No row was ever declared (not by `rows`, `batch` or the paged manager), yet some target
         call holds another number of sequences than there are prompts: the default order (row r
-        holds sequence r) cannot be right there, so the rows are followed (`follow.follow_rows`)."""
+        holds sequence r) cannot be right there, so the rows are followed (`infer.follow.follow_rows`)."""
         for call in calls:
             call.materialize()
         targets = [c for c in calls if c.role == "target"]

@@ -278,7 +278,7 @@ def accepted_path(
 def greedy_chain(parents: list[int], nodes: list[int], targets: list[int]) -> tuple[list[int], list[int]]:
     """A tree row as the chain a greedy engine verified along it: (the greedy path's draft tokens,
     the target's choice at the root and at each of them). The command reads a step's gains by the
-    chain rules (`follow_gains`); an engine that kept another path is judged by the step rows."""
+    chain rules (`infer.gains`); an engine that kept another path is judged by the step rows."""
     if not targets:
         return [], []
     path = _greedy_path(parents, nodes, targets)

@@ -47,10 +47,10 @@ from specviz.watch.calls import (
     last_slot,
     query_flags,
 )
-from specviz.watch.follow_gains import Gains
-from specviz.watch.follow_match import Ambiguous, Assignments
-from specviz.watch.followed import IDLE, NEW, RowView, Seq
 from specviz.watch.hooks import CallRecord
+from specviz.watch.infer.followed import IDLE, NEW, RowView, Seq
+from specviz.watch.infer.gains import Gains
+from specviz.watch.infer.match import Ambiguous, Assignments
 from specviz.watch.steps import matched_prefix
 from specviz.watch.tensor_reads import shared_slots
 
@@ -165,6 +165,8 @@ class Follower(Assignments, Gains):
             seq = self.seqs[s]
             if seq.opened or self._weak(seq, self._view(j, r, s)):
                 return {s: "open" if seq.opened else "weak"}
+        if any(how != "chunk" for how in out.values()):  # a chunk is the reading of last resort
+            out = {s: how for s, how in out.items() if how != "chunk"}
         return {s: how for s, how in out.items() if s in mine} or out
 
     def _most_attended(self, j: int, r: int) -> set[int]:
@@ -271,8 +273,8 @@ class Follower(Assignments, Gains):
         fed the target's choice after it (no token yet: a chunk that stops short of the prompt's
         end), or its "drafts" are not what the target chose (a greedy engine keeps none of them:
         they were prompt, and the chunk that reached the prompt's end yielded the token fed now)."""
-        if not targets or v.context + 1 - known != len(drafts) + 1:
-            return False
+        if not targets or not drafts or v.context + 1 - known != len(drafts) + 1:
+            return False  # (a one-token chunk is not told from a step the row's token does not continue)
         return v.token != targets[len(drafts)] or drafts != targets[: len(drafts)]
 
     def _draft_reads(self, s: Seq, v: RowView) -> bool:

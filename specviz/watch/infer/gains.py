@@ -7,7 +7,7 @@ from __future__ import annotations
 from specviz.watch import tree
 from specviz.watch.attribution import Emit
 from specviz.watch.calls import attended_ids, attends_cache, draft_free_query
-from specviz.watch.followed import RowView, Seq
+from specviz.watch.infer.followed import RowView, Seq
 from specviz.watch.steps import matched_prefix, row_tokens
 
 
