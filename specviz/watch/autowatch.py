@@ -29,9 +29,10 @@ from specviz.trace.schema import Trace
 from specviz.watch.attribution import Emit
 from specviz.watch.declared import eos_ids, pad_id
 from specviz.watch.headinput import TapSet, resolve
-from specviz.watch.hooks import CallRecord, ModelHooks, WatchError, check_causal_lm
+from specviz.watch.hooks import ModelHooks, WatchError, check_causal_lm
 from specviz.watch.infer.follow import Follower
 from specviz.watch.paged import PagedCapture
+from specviz.watch.record import CallRecord
 from specviz.watch.session import Watch
 
 

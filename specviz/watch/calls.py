@@ -11,8 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import groupby
 
-from specviz.watch.hooks import CallRecord
 from specviz.watch.map import Segment
+from specviz.watch.record import CallRecord
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """What an engine and its models tell the watch, checked where it comes in: declared trees,
-prompts and the sampling temperature (a one-line `WatchError` for anything malformed), and the
-models' own end-of-sequence and padding ids."""
+segments (drafts, chunks), prompts, emits and the sampling temperature (a one-line `WatchError`
+for anything malformed), and the models' own end-of-sequence and padding ids."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from typing import Any
 
 import torch
 
+from specviz.watch.attribution import Emit
 from specviz.watch.hooks import WatchError
+from specviz.watch.record import CallRecord
 from specviz.watch.tree import tree_error
 
 
@@ -109,3 +111,25 @@ def pad_id(model: Any, tokenizer: Any | None) -> int | None:
         if isinstance(value, int):
             return value
     return None
+
+
+def require_emits(calls: list[CallRecord], emits: list[Emit]) -> None:
+    """A finished run that decoded (two target calls or more) but declared no token has nothing the
+    steps could be built from: say what is missing rather than judge an empty run."""
+    decoded = sum(1 for c in calls if c.role == "target") >= 2
+    if decoded and not emits:
+        raise WatchError(
+            "the target ran but no tokens were declared: call w.emit(seq_id, tokens) after each step, "
+            "pass streamer=w.streamer() to generate, or watch the unmodified script with `specviz watch --`"
+        )
+
+
+def require_prompted(prompts: list[list[int]], emits: list[Emit]) -> None:
+    """Undeclared prompts are read from the first target call: a sequence emitted later (one that
+    joined the batch after it) has no prompt to decode its reference from; say so, not guess it."""
+    beyond = sorted({e.seq_id for e in emits if e.seq_id >= len(prompts)})
+    if beyond:
+        raise WatchError(
+            f"emit named sequence {beyond[0]}, but the first target call holds {len(prompts)} prompt(s): "
+            "pass prompts=[...] to specviz.watch (a sequence that joins later has no prompt to read there)"
+        )

@@ -47,11 +47,11 @@ from specviz.watch.calls import (
     last_slot,
     query_flags,
 )
-from specviz.watch.hooks import CallRecord
+from specviz.watch.credit import matched_prefix
 from specviz.watch.infer.followed import IDLE, NEW, RowView, Seq
 from specviz.watch.infer.gains import Gains
 from specviz.watch.infer.match import Ambiguous, Assignments
-from specviz.watch.steps import matched_prefix
+from specviz.watch.record import CallRecord
 from specviz.watch.tensor_reads import shared_slots
 
 
@@ -266,17 +266,6 @@ class Follower(Assignments, Gains):
         # A finished row fed its last token again (with or without its cache growing).
         return "again" if 0 <= grown <= 1 and v.token == pending else None
 
-    @staticmethod
-    def _chunk(drafts: list[int], targets: list[int], v: RowView, known: int) -> bool:
-        """Was the sequence's open step (the call after a prefill that gave no token) a chunk of its
-        prompt? Its whole query was kept (the context grew by all of it), and either the row is not
-        fed the target's choice after it (no token yet: a chunk that stops short of the prompt's
-        end), or its "drafts" are not what the target chose (a greedy engine keeps none of them:
-        they were prompt, and the chunk that reached the prompt's end yielded the token fed now)."""
-        if not targets or not drafts or v.context + 1 - known != len(drafts) + 1:
-            return False  # (a one-token chunk is not told from a step the row's token does not continue)
-        return v.token != targets[len(drafts)] or drafts != targets[: len(drafts)]
-
     def _draft_reads(self, s: Seq, v: RowView) -> bool:
         """A draft that keeps no cache re-reads the row's whole context at its first proposal: when
         it did, that context must extend the sequence's (else the row cannot be the sequence)."""
@@ -338,21 +327,6 @@ class Follower(Assignments, Gains):
                 return
         self._commit(s, self._by_token(s, v) if how == "weak" else self._gained(s, v))
         s.step, s.refed, s.in_prompt = (j, r), False, False
-
-    def _chunked(self, s: Seq, v: RowView, j: int, r: int) -> None:
-        """The open step was a prompt chunk (`_chunk`): its query joins the prompt. The chunk that
-        reached the prompt's end was a step that gave the token fed now; an earlier one gave none,
-        and this call feeds the next part of the prompt (its first token read as pending)."""
-        drafts, targets, _ = self._step_tokens(s)
-        s.context += drafts
-        s.prompt_len = len(s.context)
-        if v.token == targets[len(drafts)]:  # the last chunk: it chose the token fed now
-            self._commit(s, [v.token])
-            s.step, s.in_prompt = (j, r), False
-            return
-        s.context.append(v.token)
-        s.prompt_len += 1
-        s.step = (j, r)
 
     def _opened_by_step(self, o: int, members: list[tuple[Seq, RowView]]) -> bool:
         """Was call o a step for its newcomers: it verified drafts, or the next call feeds its argmax?"""
