@@ -254,7 +254,7 @@ class Follower(Assignments, Gains):
             m, o = len(s.context), s.origin
             return "open" if v.context < 0 or m <= v.context <= m + self.read(*o, s.id).drafts else None
         drafts, targets, pending = self._step_tokens(s)
-        if s.in_prompt and self._chunk(drafts, targets, v, len(s.context)):
+        if s.in_prompt and not self.read(*s.step, s.id).chain and self._chunk(drafts, targets, v, len(s.context)):
             return "chunk"
         if v.context < 0:  # no mask to count: the greedy continuation only
             return "grow" if targets and v.token == targets[matched_prefix(drafts, targets) or 0] else None

@@ -29,14 +29,19 @@ class Gains:
 
     @staticmethod
     def _chunk(drafts: list[int], targets: list[int], v: RowView, known: int) -> bool:
-        """Was the sequence's open step (the call after a prefill that gave no token) a chunk of its
-        prompt? Its whole query was kept (the context grew by all of it), and either the row is not
-        fed the target's choice after it (no token yet: a chunk that stops short of the prompt's
-        end), or its "drafts" are not what the target chose (a greedy engine keeps none of them:
-        they were prompt, and the chunk that reached the prompt's end yielded the token fed now)."""
+        """Was the sequence's open step (the call after a prefill that gave no token, its "drafts"
+        read from no draft call) a chunk of its prompt? Its whole query was kept (the context grew
+        by all of it), the row is not fed what a greedy step would have given (the target's choice
+        after the drafts it agrees with: a step with stale KV keeps its rejected slots too), or it
+        is fed the target's choice after the whole query while that query is no greedy pick (its
+        last chunk, which gave the token fed now; where both readings give one token, the one that
+        explains the context's growth without a bug)."""
         if not targets or not drafts or v.context + 1 - known != len(drafts) + 1:
             return False  # (a one-token chunk is not told from a step the row's token does not continue)
-        return v.token != targets[len(drafts)] or drafts != targets[: len(drafts)]
+        agreed, after = matched_prefix(drafts, targets) or 0, targets[len(drafts)]
+        if v.token == after:  # the target's choice after the whole query: its last chunk, if no greedy pick
+            return agreed < len(drafts)
+        return v.token != targets[agreed]  # short of the prompt's end: fed no choice of the target
 
     def _chunked(self, s: Seq, v: RowView, j: int, r: int) -> None:
         """The open step was a prompt chunk (`_chunk`): its query joins the prompt. The chunk that
