@@ -98,7 +98,7 @@ TARGETS: dict[str, tuple[str, list[str]]] = {
         ],
     ),
     "follow_match": (
-        "specviz/watch/follow_match.py",
+        "specviz/watch/infer/match.py",
         ["tests/watch/test_follow.py", "tests/watch/test_follow_weak.py", "tests/watch/test_zoo.py", _ZOO_PRODUCTION],
     ),
 }
