@@ -57,6 +57,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per request (default 120)")
     parser.add_argument("--retries", type=int, default=2, help="retries of a failed request (default 2)")
+    parser.add_argument(
+        "--engine", choices=["auto", "vllm", "transformers", "none"], default="auto",
+        help="the server's engine, for the offline replay command of a failed run (auto: what /v1/models says)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--server-args", default="", metavar="FLAGS",
+        help="flags the server was started with that its API does not say (dtype, speculative config, cache), "
+        "passed to the replay command",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--out", default=None, help="write the report (JSON) to this file")
     parser.add_argument("--force", action="store_true", help="overwrite an existing --out file")
@@ -115,12 +124,32 @@ def cmd_probe(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
+    report = _locate(report, config, args, num, api_key, out)
     if out is not None:
         rp.save_report(report, out)
     from specviz.console import print_to_pipe
 
     print_to_pipe(json.dumps(rp.to_dict(report)) if args.json else render(report, out))
     return 1 if report.failed else 0
+
+
+def _locate(report: rp.ProbeReport, config, args: argparse.Namespace, num: int, api_key: str | None, out):
+    """A failed run against an engine specviz can run gets the command that replays it offline
+    under the watch (specviz.probe.locate); where the server does not say which engine, none."""
+    from specviz.probe import locate
+    from specviz.probe.client import Client, Endpoint, InFlightClock, ServerError
+
+    if not report.failed or args.engine == "none":
+        return report
+    url = config.url_b or config.url_a
+    side = Client(Endpoint.parse(url), config.endpoint, report.side_b.model, 1, 0, api_key, InFlightClock(), 10.0, 0)
+    try:
+        command = locate.attach(report, side, args.engine, (args.prompts, num), args.server_args, out)
+    except ServerError:
+        command = None  # the run is over; an answer it cannot give now only costs the suggestion
+    finally:
+        side.close()
+    return locate.with_command(report, command)
 
 
 def _num(x: float | None) -> str:
@@ -138,6 +167,21 @@ def _acceptance(a: rp.Acceptance | None) -> str:
         return f"{length or 'nothing drafted'} ({a.source}; drafted tokens not reported){bad}"
     rate = f"{a.rate:.2f} [{a.low:.2f}, {a.high:.2f}] of {a.drafted} drafted"
     return f"{rate} ({a.source})" + (f", {length}" if length else "") + bad
+
+
+def _position_lines(report: rp.ProbeReport) -> list[str]:
+    """Acceptance per draft position, per side or level, where the server counted it."""
+    from specviz.probe.positions import line
+
+    shown = [(f"side A ({report.side_a.label})", report.side_a.acceptance)]
+    if report.levels:
+        shown += [(f"concurrency {v.concurrency}", v.acceptance) for v in report.levels if v.concurrency > 1]
+    else:
+        shown.append((f"side B ({report.side_b.label})", report.side_b.acceptance))
+    rows = [f"  {name}: {line(a.positions)}" for name, a in shown if a is not None and a.positions]
+    if not rows:
+        return []
+    return ["acceptance per draft position (rounds accepted through it; in brackets given the one before):", *rows]
 
 
 def render(report: rp.ProbeReport, out: Path | None = None, shown: int = 10) -> str:
@@ -186,6 +230,7 @@ def render(report: rp.ProbeReport, out: Path | None = None, shown: int = 10) -> 
             lines.append(line)
     if a.acceptance is not None or b.acceptance is not None:
         lines.append(f"acceptance: side A {_acceptance(a.acceptance)}; side B {_acceptance(b.acceptance)}")
+    lines.extend(_position_lines(report))
     if report.levels:
         lines.append("concurrency  diverged (95% interval)   identical/numerical/unattributed/suspect   acceptance")
         for v in report.levels:
@@ -215,6 +260,8 @@ def render(report: rp.ProbeReport, out: Path | None = None, shown: int = 10) -> 
         + (f", replay {t.replay_s:.2f} s" if report.replay else "")
     )
     lines.extend(f"next: {step}" for step in report.next_steps)
+    if report.replay_command is not None:
+        lines.append(f"  (replay: {report.replay_command.note})")
     if out is not None:
         lines.append(f"report: {out}")
     return "\n".join(lines)
