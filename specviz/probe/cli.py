@@ -66,6 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="flags the server was started with that its API does not say (dtype, speculative config, cache), "
         "passed to the replay command",
     )  # fmt: skip
+    parser.add_argument(
+        "--distinct", type=int, default=None, metavar="N",
+        help="send N identical copies of each prompt together (one batch): more than one answer is a finding",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--out", default=None, help="write the report (JSON) to this file")
     parser.add_argument("--force", action="store_true", help="overwrite an existing --out file")
@@ -112,6 +116,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
     )
     config.validate()
     api_key = os.environ.get(args.api_key_env) or None
+    if args.distinct is not None:
+        return _distinct(args, config, prompts, api_key, out)
     bar = None if args.quiet else tqdm(total=0, unit="req", file=sys.stderr)
 
     def progress(done: int, total: int) -> None:
@@ -130,6 +136,33 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from specviz.console import print_to_pipe
 
     print_to_pipe(json.dumps(rp.to_dict(report)) if args.json else render(report, out))
+    return 1 if report.failed else 0
+
+
+def _distinct(args: argparse.Namespace, config, prompts, api_key: str | None, out: Path | None) -> int:
+    """--distinct N: copies of each prompt sent together; one answer expected (probe.distinct)."""
+    import dataclasses
+
+    from specviz.console import print_to_pipe
+    from specviz.probe import distinct
+    from specviz.probe.client import Client, Endpoint, InFlightClock, redact
+
+    if config.url_b is not None:
+        raise ValueError("--distinct sends copies to one server: give one URL")
+    end = Endpoint.parse(config.url_a)
+    side = Client(
+        end, config.endpoint, config.model, config.max_tokens, config.logprobs, api_key, InFlightClock(),
+        config.timeout_s, config.retries,
+    )  # fmt: skip
+    try:
+        side.model = side.model or side.discover_model()
+        report = distinct.run_distinct(side, prompts, args.distinct, redact(end.url))
+    finally:
+        side.close()
+    payload = json.dumps(dataclasses.asdict(report), ensure_ascii=False)
+    if out is not None:
+        out.write_text(payload + "\n", encoding="utf-8")
+    print_to_pipe(payload if args.json else distinct.render(report) + (f"\nreport: {out}" if out else ""))
     return 1 if report.failed else 0
 
 

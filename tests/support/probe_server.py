@@ -38,6 +38,9 @@ Speculative serving is modelled on top of any mode by options joined with `+`
   `vllmreq` (`metrics.speculative_decoding` per request), `vllm` (only the Prometheus counters
   at `/metrics`), `sglang` (`meta_info.spec_verify_ct` / `completion_tokens`), `badtel`
   (llama style with more accepted than drafted: untrusted telemetry).
+- `slot`: cross-slot contamination: in a batch of two or more, the request in the batch's second
+  slot re-reads its previous position from its third token on (its answer repeats a token and
+  lags one behind), whatever the others hold; copies of one prompt then split at token 3.
 - `rare`: rare corruption: the RARE_AT-th request this URL mode answers in a batch of two or
   more gets the end-of-sequence token's text in place of its third token (a leaked special
   token), once per server process.
@@ -67,7 +70,7 @@ BATCH_WINDOW_S = 0.05  # requests arriving within this window of the first form 
 MAX_BATCH = 16
 MODES = ("identical", "numerical", "bug", "order", "mask")
 LAYOUTS = ("legacy", "content", "none")
-OPTIONS = ("spec", "ph", "collapse", "deep", "llama", "vllm", "vllmreq", "sglang", "badtel", "rare")
+OPTIONS = ("spec", "ph", "collapse", "deep", "slot", "llama", "vllm", "vllmreq", "sglang", "badtel", "rare")
 RARE_AT = 30  # with `rare`, the 30th request answered in a batch (per URL mode) is corrupted
 DRAFT_K = 4  # tokens drafted per step
 ACCEPT = 0.9  # a draft token's acceptance, alone or batched
@@ -261,8 +264,8 @@ class Batcher:
                         self.mode,
                         max(j.top_k for j in group),
                     )
-            for row in rows:
-                row["batch"] = len(batch)
+            for slot, row in enumerate(rows):
+                row["batch"], row["slot"] = len(batch), slot
             for job, row in zip(batch, rows):
                 job.result = row
                 job.done.set()
@@ -434,6 +437,8 @@ class Handler(BaseHTTPRequestHandler):
             ids = list(row["ids"])
             ids[min(2, len(ids) - 1)] = decoder.eos
             row = dict(row, ids=ids)
+        if "slot" in options and row["batch"] > 1 and row["slot"] == 1 and len(row["ids"]) > 3:
+            row = dict(row, ids=[*row["ids"][:3], *row["ids"][2:-1]])
         text = decoder.tokenizer.decode(row["ids"])
         extra: dict = {}
         placeholders = None
