@@ -10,8 +10,8 @@ collapsed run). The same prompts (loaded exactly as the probe loaded them), gree
 `max_tokens`, at most `--max-num-seqs` requests in one batch (the probe's concurrency: the server
 never had more in flight from it), through `vllm.LLM` (the remaining flags are vLLM's own engine
 flags, as given to the server) or transformers' continuous batching (`generate_batch`, with
-`transformers serve`'s `--cb-*` settings). One JSON line per prompt on stdout: its index and token
-ids; `--focus` marks the prompts the probe flagged.
+`transformers serve`'s `--cb-*` settings). One JSON line per prompt on stdout: its index, token ids
+and text; `--focus` marks the prompts the probe flagged.
 
 What it can and cannot show: the batches here are formed by this process's scheduler from all the
 prompts submitted at once, not by the server from requests arriving over HTTP, so a bug that
@@ -52,7 +52,10 @@ def _transformers_flags(rest: list[str]) -> argparse.Namespace:
     return parser.parse_args(rest)
 
 
-def run_vllm(model: str, texts: list[str], max_tokens: int, max_num_seqs: int, rest: list[str]) -> list[list[int]]:
+Answer = tuple[list[int], str]  # token ids, and the text the engine's own detokenizer makes of them
+
+
+def run_vllm(model: str, texts: list[str], max_tokens: int, max_num_seqs: int, rest: list[str]) -> list[Answer]:
     """Greedy answers through `vllm.LLM`, built from the server's own flags (`rest`) with vLLM's
     own argument parser, so every flag means what it meant to the server."""
     import dataclasses
@@ -67,12 +70,10 @@ def run_vllm(model: str, texts: list[str], max_tokens: int, max_num_seqs: int, r
     llm = LLM(**{f.name: getattr(engine, f.name) for f in dataclasses.fields(engine)})
     params = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=max_tokens)
     outputs = llm.generate(texts, params, use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outputs]
+    return [(list(o.outputs[0].token_ids), o.outputs[0].text) for o in outputs]
 
 
-def run_transformers(
-    model: str, texts: list[str], max_tokens: int, max_num_seqs: int, rest: list[str]
-) -> list[list[int]]:
+def run_transformers(model: str, texts: list[str], max_tokens: int, max_num_seqs: int, rest: list[str]) -> list[Answer]:
     """Greedy answers through transformers' continuous batching (`generate_batch`), with the
     server's `--cb-*` settings and at most `max_num_seqs` requests a forward."""
     import torch
@@ -101,7 +102,8 @@ def run_transformers(
         )  # fmt: skip
     # one result per request id, "req_<n>" in submission order: sorted by n, not by finishing time
     ordered = sorted(results.items(), key=lambda item: int(str(item[0]).rsplit("_", 1)[-1]))
-    return [list(r.generated_tokens) for _, r in ordered]
+    answers = [list(r.generated_tokens) for _, r in ordered]
+    return [(ids, tokenizer.decode(ids, skip_special_tokens=True)) for ids in answers]
 
 
 def _texts(args: argparse.Namespace) -> list[Prompt]:
@@ -116,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     texts = [p.as_text() for p in prompts]
     run = run_vllm if args.engine == "vllm" else run_transformers
     answers = run(args.model, texts, args.max_tokens, args.max_num_seqs, rest)
-    for index, ids in enumerate(answers):
-        line = {"index": index, "focus": index in focus, "token_ids": ids}
+    for index, (ids, text) in enumerate(answers):
+        line = {"index": index, "focus": index in focus, "token_ids": ids, "text": text}
         sys.stdout.write(json.dumps(line) + "\n")
     return 0
 
