@@ -44,7 +44,8 @@ ENV = {  # CPU, in-process engine core, and a small KV reservation: the machine 
     "OMP_NUM_THREADS": "1",
     "HF_HUB_OFFLINE": "1",
 }
-ENGINE_FLAGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "512", "--kv-cache-memory-bytes", "67108864"]
+ENGINE_FLAGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "512"]
+ENGINE_FLAGS += ["--kv-cache-memory-bytes", str(64 * 2**20)]
 METHODS = {
     "draft_model": {"method": "draft_model", "model": DEFAULT_DRAFT, "num_speculative_tokens": 3},
     "ngram": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1},
@@ -140,7 +141,7 @@ def test_the_offline_replay_decodes_what_the_server_answered(server, capsys):
     method, url = server
     replay = [VLLM_PYTHON, "-m", "specviz.probe.offline", "vllm", "--model", DEFAULT_TARGET]
     replay += ["--num-prompts", "4", "--max-tokens", str(TOKENS), "--max-num-seqs", "8", *ENGINE_FLAGS]
-    replay += ["--kv-cache-memory-bytes", "33554432", "--speculative-config", json.dumps(METHODS[method])]
+    replay += ["--speculative-config", json.dumps(METHODS[method])]
     env = {**os.environ, **ENV, "PYTHONPATH": str(Path(__file__).parents[2])}
     done = subprocess.run(replay, capture_output=True, text=True, timeout=400, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
