@@ -182,7 +182,7 @@ def _locate(report: rp.ProbeReport, config, args: argparse.Namespace, num: int, 
         command = None  # the run is over; an answer it cannot give now only costs the suggestion
     finally:
         side.close()
-    return locate.with_command(report, command)
+    return locate.with_command(report, command, out)
 
 
 def _num(x: float | None) -> str:
@@ -204,14 +204,9 @@ def _acceptance(a: rp.Acceptance | None) -> str:
 
 def _position_lines(report: rp.ProbeReport) -> list[str]:
     """Acceptance per draft position, per side or level, where the server counted it."""
-    from specviz.probe.positions import line
+    from specviz.probe.positions import line, shown
 
-    shown = [(f"side A ({report.side_a.label})", report.side_a.acceptance)]
-    if report.levels:
-        shown += [(f"concurrency {v.concurrency}", v.acceptance) for v in report.levels if v.concurrency > 1]
-    else:
-        shown.append((f"side B ({report.side_b.label})", report.side_b.acceptance))
-    rows = [f"  {name}: {line(a.positions)}" for name, a in shown if a is not None and a.positions]
+    rows = [f"  {name}: {line(a.positions)}" for name, a in shown(report)]
     if not rows:
         return []
     return ["acceptance per draft position (rounds accepted through it; in brackets given the one before):", *rows]

@@ -99,8 +99,13 @@ def attach(
     return replay_command(report, name, model, source, server_args, trace)
 
 
-def with_command(report: rp.ProbeReport, command: rp.ReplayCommand | None) -> rp.ProbeReport:
+def with_command(report: rp.ProbeReport, command: rp.ReplayCommand | None, out: Path | None) -> rp.ProbeReport:
+    """The report with its replay command, and a last next step: run it, then open both."""
     if command is None:
         return report
-    step = f"locate it: {command.command}  (then open the report and the trace side by side: python app.py)"
+    trace = shlex.split(command.command)[3]
+    app = shlex.join(["python", "app.py", "--trace", trace, "--probe", str(out) if out else "REPORT.json"])
+    step = f"locate it: {command.command} ; then see the report beside the replay's trace: {app}"
+    if out is None:
+        step += " (save the report with --out)"
     return dataclasses.replace(report, replay_command=command, next_steps=(*report.next_steps, step))

@@ -98,3 +98,14 @@ def line(positions: Sequence[rp.PositionRate]) -> str:
         given = "" if p.position == 0 or p.conditional is None else f" ({p.conditional:.2f} given {p.position - 1})"
         parts.append(f"pos {p.position} {p.rate:.2f} [{p.low:.2f}, {p.high:.2f}]{given}")
     return ", ".join(parts)
+
+
+def shown(report: rp.ProbeReport) -> list[tuple[str, rp.Acceptance]]:
+    """(name, acceptance) of each side or level that counted acceptance per draft position: side
+    A, then each level above 1 of a sweep (or side B)."""
+    named = [(f"side A ({report.side_a.label})", report.side_a.acceptance)]
+    if report.levels:
+        named += [(f"concurrency {v.concurrency}", v.acceptance) for v in report.levels if v.concurrency > 1]
+    else:
+        named.append((f"side B ({report.side_b.label})", report.side_b.acceptance))
+    return [(name, a) for name, a in named if a is not None and a.positions]

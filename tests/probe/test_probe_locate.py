@@ -47,6 +47,7 @@ def test_a_suspect_run_comes_with_the_replay_command(server, capsys, tmp_path):
     assert words[words.index("--max-tokens") + 1] == "12" and words[words.index("--num-prompts") + 1] == "8"
     assert words[words.index("--focus") + 1] == ",".join(map(str, suspect)) and words[-4:] == shlex.split(flags)
     assert "own scheduler" in replay["note"] and replay["command"] in text and "locate it" in text
+    assert f"python app.py --trace {words[3]} --probe {out}" in report["next_steps"][-1]
 
 
 def test_no_command_where_nothing_failed_or_the_engine_is_unknown(server, capsys):
