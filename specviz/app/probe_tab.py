@@ -30,6 +30,7 @@ from specviz.views.probe import (
     answers_html,
     divergence_map,
     noise_vs_swing,
+    positions_plot,
     rounds_plot,
     sweep_plot,
     worst_first,
@@ -61,6 +62,7 @@ class ProbeSection:
     prompt: Any
     answers: Any
     state: Any
+    positions: Any = None  # acceptance per draft position
 
     @classmethod
     def build(cls) -> ProbeSection:
@@ -85,6 +87,7 @@ class ProbeSection:
             with gr.Row(elem_id="sv-probe-sweep"):
                 sweep = gr.Plot(drawn.get("sweep"), label="divergence and acceptance against concurrency")
                 rounds = gr.Plot(drawn.get("rounds"), label="divergence over the rounds")
+            by_position = gr.Plot(drawn.get("positions"), label="acceptance per draft position")
             prompt = gr.Dropdown(
                 drawn.get("choices", []), value=drawn.get("first"), label="prompt (worst first)",
                 elem_id="sv-probe-prompt",
@@ -92,7 +95,7 @@ class ProbeSection:
             answers = gr.HTML(drawn.get("answers"), elem_id="sv-probe-answers")
         return cls(
             bundled, open_bundled, upload, status, summary, map_plot, noise_plot, sweep, rounds, prompt, answers,
-            gr.State(local),
+            gr.State(local), by_position,
         )  # fmt: skip
 
     def show(self, report: ProbeReport) -> dict:
@@ -107,6 +110,7 @@ class ProbeSection:
             self.rounds: drawn["rounds"],
             self.prompt: gr.update(choices=drawn["choices"], value=drawn["first"]),
             self.answers: drawn["answers"],
+            self.positions: drawn["positions"],
         }
 
 
@@ -123,6 +127,7 @@ def _drawn(report: ProbeReport) -> dict[str, Any]:
         "choices": choices,
         "first": first,
         "answers": answers_html(report, first) if first is not None else "",
+        "positions": positions_plot(report),
     }
 
 
@@ -176,7 +181,8 @@ def summary_html(report: ProbeReport) -> str:
         )
     for name, acceptance in positions.shown(report):
         lines.append(
-            f"acceptance per draft position, {html_text(name)}: " + html_text(positions.line(acceptance.positions))
+            f"acceptance per draft position, {html_text(name)}: "
+            + html_text(positions.line(acceptance.positions), 1000)
         )
     if report.replay_command is not None:
         r = report.replay_command
@@ -230,7 +236,7 @@ def _parse(raw: bytes, name: str, public: bool = False) -> ProbeReport:
 def wire_probe(section: ProbeSection, user_errors: Any) -> None:
     """Open (bundled or uploaded) draws everything; picking a prompt redraws its answers."""
     outputs = [section.state, section.status, section.summary, section.map, section.noise, section.sweep]
-    outputs += [section.rounds, section.prompt, section.answers]
+    outputs += [section.rounds, section.prompt, section.answers, section.positions]
     guard = user_errors(section.status)
 
     section.open_bundled.click(guard(lambda name: section.show(load_bundled_report(name))), section.bundled, outputs)

@@ -13,6 +13,7 @@ from specviz.app import probe_tab
 from specviz.errors import SpecvizError
 from specviz.probe import positions
 from specviz.probe import report as rp
+from specviz.views import probe as views
 
 EVIL = '<img src="http://example.invalid/x.png"> [x](javascript:alert(1))'
 
@@ -33,6 +34,9 @@ def test_the_summary_shows_positions_and_the_replay_command_as_text():
     assert "acceptance per draft position, side A" in summary and "0.75 given 0" in summary
     assert "replay offline under the watch: specviz watch --out t.json" in summary
     assert "<img" not in summary and "&lt;img" in summary
+    figure = views.positions_plot(_report()).to_dict()
+    (line,) = figure["data"]
+    assert list(line["x"]) == [0, 1, 2] and list(line["y"]) == pytest.approx([0.8, 0.75, 0.5])
 
 
 def test_probe_flag_opens_the_report_on_every_page(tmp_path, monkeypatch):
