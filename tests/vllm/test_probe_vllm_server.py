@@ -71,7 +71,7 @@ def _healthy(port: int) -> bool:
 
 
 @contextlib.contextmanager
-def vllm_server(spec: dict, log: Path, timeout_s: float = 300) -> Iterator[str]:
+def vllm_server(spec: dict, log: Path, timeout_s: float = 300, env: dict | None = None) -> Iterator[str]:
     """A speculative vLLM server on a loopback port; its /v1 URL once /health answers; stopped after."""
     port = _free_port()
     command = [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", DEFAULT_TARGET]
@@ -79,7 +79,11 @@ def vllm_server(spec: dict, log: Path, timeout_s: float = 300) -> Iterator[str]:
     command += ["--speculative-config", json.dumps(spec)]
     with log.open("w") as out:
         proc = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **ENV}, start_new_session=True
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **ENV, **(env or {})},
+            start_new_session=True,
         )
     try:
         deadline = time.monotonic() + timeout_s
@@ -153,3 +157,29 @@ def test_the_offline_replay_decodes_what_the_server_answered(server, capsys):
     finally:
         side.close()
     assert [x["text"] for x in lines] == served
+
+
+LOOPS = ["one two three", "red green blue", "the cat sat on the mat", "A B C D", "x = x + 1;", "la la la"]
+
+
+def test_a_drafting_bug_at_depth_1_is_a_collapse_at_that_position(tmp_path, capsys):
+    """vLLM with a bug injected at run time (tests/vllm/deep_draft_fault: in a batch, every request
+    but the first gets its n-gram draft wrong from position 1 on): the answers stay identical,
+    position 0 holds, position 1 given 0 collapses at concurrency 8, and the run exits 1 with the
+    command that replays it offline. Prompts that repeat themselves, so n-gram drafts are often
+    right and a few prompts give enough rounds at depth 1."""
+    prompts = tmp_path / "loops.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": " ".join([w] * 4)}) + "\n" for w in LOOPS))
+    fault = {"PYTHONPATH": str(Path(__file__).parent / "deep_draft_fault"), "SPECVIZ_DEEP_DRAFT_FAULT": "1"}
+    with vllm_server(METHODS["ngram"], tmp_path / "server.log", env=fault) as url:
+        args = ["probe", url, "--concurrency", "1,8", "--prompts", str(prompts), "--max-tokens", "24", "--quiet"]
+        status = main([*args, "--retries", "0", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["verdict"] == "identical" and status == 1, report["levels"]
+    collapse = report["collapse"]
+    assert collapse["concurrency"] == 8 and collapse["position"] == 1 and "draft position 1" in collapse["detail"]
+    one, eight = (level["acceptance"]["positions"] for level in report["levels"])
+    assert eight[0]["conditional_high"] >= one[0]["conditional_low"]  # position 0 held
+    assert eight[1]["conditional_high"] < one[1]["conditional_low"]
+    command = report["replay_command"]
+    assert command["engine"] == "vllm" and "specviz.probe.offline vllm" in command["command"]
