@@ -20,13 +20,17 @@ server B at --concurrency. --concurrency 1,2,4,8,16 sweeps levels, each against 
 reference's margin at the divergent token is within the noise the shared prefixes show, and the
 prompt does not stand out), suspect, or unattributed (no logprobs: pass --logprobs, or --replay
 MODEL). Drafted tokens a speculative server returns without a logprob are counted and left out;
-the acceptance the server reports is compared across levels. See docs/probe.md."""
+the acceptance the server reports is compared across levels, per draft position where the
+server counts it. --distinct N sends N copies of each prompt together and expects one answer. A
+failed run against vLLM (or --engine transformers) comes with the command that replays it
+offline under the watch. See docs/probe.md."""
 
 EPILOG = """\
 exit status:
   0    identical or numerical: no prompt is suspect or unattributed, acceptance held
   1    suspect (some divergence exceeds the noise, or a prompt stands out), or unattributed,
-       or acceptance collapsed under concurrency (even with every answer identical)
+       or acceptance collapsed under concurrency, overall or at one draft position (even with
+       every answer identical), or (--distinct) copies of one prompt got different answers
   2    bad input or an unreachable server (one line on stderr)"""
 
 
@@ -240,6 +244,12 @@ def render(report: rp.ProbeReport, out: Path | None = None, shown: int = 10) -> 
                 f"{p.path} {p.prompts} prompts, noise {_num(p.estimate)}" + (" (pooled cuts)" if p.pooled else "")
                 for p in n.paths
             )
+        )
+    if n.source == "replay":
+        lines.append(
+            "  (measured on the local --replay model: its batch-shape noise, not the server's batching numerics; "
+            "--engine vllm|transformers gives a failed run the command that replays the prompts through the "
+            "server's own engine under the watch)"
         )
     if n.calibration is not None:
         c = n.calibration
