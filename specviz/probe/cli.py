@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from specviz.probe import report as rp
+from specviz.probe.locate import ENGINES
 
 DESCRIPTION = """\
 Black-box A/B of OpenAI-compatible servers (vLLM, SGLang, llama.cpp, transformers serve, ...),
@@ -62,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per request (default 120)")
     parser.add_argument("--retries", type=int, default=2, help="retries of a failed request (default 2)")
     parser.add_argument(
-        "--engine", choices=["auto", "vllm", "transformers", "none"], default="auto",
+        "--engine", choices=ENGINES, default="auto",
         help="the server's engine, for the offline replay command of a failed run (auto: what /v1/models says)",
     )  # fmt: skip
     parser.add_argument(

@@ -23,6 +23,7 @@ from specviz.probe import report as rp
 from specviz.probe.client import Client
 
 ENGINES = ("auto", "vllm", "transformers", "none")
+MAX_FOCUS = 64  # flagged prompts named in the command at most
 LIMITS = (
     "the replay batches the prompts with its own scheduler, not as the server's requests arrived over HTTP: "
     "a bug that needs the server's exact batch composition or timing may not recur, and a clean replay says "
@@ -45,12 +46,12 @@ def identify(side: Client, engine: str) -> tuple[str | None, str | None]:
 
 def flagged(report: rp.ProbeReport) -> tuple[tuple[int, ...], int]:
     """(the prompts to watch for, the batch limit) of a failed run: the suspect and unattributed
-    prompts at the worst level, or, for a collapse alone, every prompt at the level it began."""
+    prompts at the worst level, or, for a collapse alone, none singled out at the level it began."""
     prompts = tuple(p.index for p in report.prompts if p.verdict in ("suspect", "unattributed"))
     if prompts:
         return prompts, report.side_b.concurrency
     assert report.collapse is not None
-    return tuple(p.index for p in report.prompts), report.collapse.concurrency
+    return (), report.collapse.concurrency  # a collapse is every prompt's: none singled out
 
 
 def replay_command(
@@ -66,7 +67,8 @@ def replay_command(
     words = ["specviz", "watch", "--out", trace, "--", "python", "-m", "specviz.probe.offline", engine]
     words += ["--model", model, *(["--prompts", file] if file else ["--num-prompts", str(num)])]
     words += ["--max-tokens", str(report.max_tokens), "--max-num-seqs", str(limit)]
-    words += ["--focus", ",".join(map(str, prompts))]
+    if prompts:  # marks in the replay's output; the report lists them all
+        words += ["--focus", ",".join(map(str, prompts[:MAX_FOCUS]))]
     command = shlex.join(words) + (f" {server_args}" if server_args else "")
     notes = [LIMITS]
     if not server_args:

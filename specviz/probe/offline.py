@@ -26,6 +26,7 @@ import json
 import sys
 from typing import Any
 
+from specviz.errors import SpecvizError
 from specviz.probe.prompts import Prompt, load_prompts
 
 
@@ -106,14 +107,18 @@ def run_transformers(model: str, texts: list[str], max_tokens: int, max_num_seqs
     return [(ids, tokenizer.decode(ids, skip_special_tokens=True)) for ids in answers]
 
 
-def _texts(args: argparse.Namespace) -> list[Prompt]:
+def _prompts(args: argparse.Namespace) -> list[Prompt]:
     num = args.num_prompts if args.num_prompts is not None or args.prompts else 32
     return load_prompts(args.prompts, num)
 
 
 def main(argv: list[str] | None = None) -> int:
     args, rest = _parser().parse_known_args(argv)
-    prompts = _texts(args)
+    try:
+        prompts = _prompts(args)
+    except (SpecvizError, OSError) as exc:  # the probe's own prompt errors: one line
+        sys.stderr.write(f"specviz.probe.offline: {exc}\n")
+        return 2
     focus = {int(x) for x in args.focus.split(",") if x.strip().isdigit()}
     texts = [p.as_text() for p in prompts]
     run = run_vllm if args.engine == "vllm" else run_transformers
