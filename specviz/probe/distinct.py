@@ -19,6 +19,7 @@ the server gives no tokens; a placeholder only means the margin at that token is
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -85,7 +86,8 @@ def send_copies(side: Client, prompt: Prompt, copies: int) -> list[Answer]:
     barrier = threading.Barrier(copies)
 
     def one(_: int) -> Answer:
-        barrier.wait(RELEASE_TIMEOUT_S)
+        with contextlib.suppress(threading.BrokenBarrierError):  # a late thread: send anyway
+            barrier.wait(RELEASE_TIMEOUT_S)
         return side.complete(prompt)
 
     with ThreadPoolExecutor(copies, thread_name_prefix="probe-distinct") as pool:
