@@ -3,7 +3,8 @@
 `python app.py` serves it (`--host` / `--port`, or GRADIO_SERVER_NAME / GRADIO_SERVER_PORT;
 `--public` as on a Space; `--trace PATH`, local only, opens a .parquet or .json(.gz) trace in
 slot A: a Parquet one is read a row group at a time; `--runs DIR`, local only, lists a folder's
-traces, each openable in A or B). Tests import `build_app` and `launch`.
+traces, each openable in A or B; `--probe PATH`, local only, opens a probe report in its section,
+so a probe's replay trace (`--trace`) and the report show on one page). Tests import `build_app` and `launch`.
 This file only assembles the page from `specviz.app`: two run slots, A and B, each loaded from
 a bundled trace, an uploaded trace or a live run; the detail tabs inspect one slot at a time, the
 outputs tab shows the other beside it.
@@ -23,7 +24,7 @@ from specviz.app.assets import CSS, INTRO
 from specviz.app.detail import build_detail_tabs
 from specviz.app.live import LIVE_FOLDER, LIVE_GATE, PUBLIC, RUN_MEMORY, load_model_pair
 from specviz.app.loading import DEFAULT_A, DEFAULT_B, DOCS, MAX_UPLOAD_BYTES, open_local_a
-from specviz.app.probe_tab import ProbeSection, wire_probe
+from specviz.app.probe_tab import ProbeSection, open_local_probe, wire_probe
 from specviz.app.run_slots import build_inspect_switch, build_run_slot
 from specviz.app.runs_tab import FOLDER, RunsSection, open_runs_folder
 from specviz.errors import SpecvizError
@@ -72,6 +73,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--public", action="store_true", help="serve as on a public Space (SPACE_ID does too)")
     parser.add_argument("--trace", metavar="PATH", help="local only: open this trace file in slot A")
     parser.add_argument("--runs", metavar="DIR", help="local only: list this folder's traces (specviz runs DIR)")
+    parser.add_argument("--probe", metavar="PATH", help="local only: open this probe report (beside --trace's run)")
     parser.add_argument("--port", type=int, default=None, help="port to serve on (default 7860, or GRADIO_SERVER_PORT)")
     parser.add_argument(
         "--host", default=None, help="address to listen on (default 127.0.0.1, or GRADIO_SERVER_NAME; 0.0.0.0: all)"
@@ -86,6 +88,16 @@ def open_trace_arg(path: str | None) -> None:
     try:
         open_local_a(path)
     except (SpecvizError, TraceError, OSError) as exc:
+        sys.exit(f"app.py: {exc}")
+
+
+def open_probe_arg(path: str | None) -> None:
+    """`--probe PATH`: the probe report every page shows open, or exit with one line."""
+    if path is None:
+        return
+    try:
+        open_local_probe(path)
+    except (SpecvizError, OSError) as exc:
         sys.exit(f"app.py: {exc}")
 
 
@@ -126,6 +138,7 @@ def main() -> None:
     check_address(args)  # a port in use or out of range: one line, before seconds of start-up
     open_trace_arg(args.trace)  # before anything starts: a bad file or public mode exits now
     open_runs_arg(args.runs)
+    open_probe_arg(args.probe)
     # Gradio's cache in a folder of this process (before the app is built); an earlier crashed
     # process's folders go now, this one's on SIGTERM / SIGINT.
     gradio_temp = files.own_gradio_temp()
