@@ -23,7 +23,7 @@ from typing import Any
 
 from specviz.trace.schema import RowRecord, StepRecord
 from specviz.watch.map import BatchMap, Segment
-from specviz.watch.vllm.slots import SlotLedger, block_slots, runs
+from specviz.watch.vllm.slots import ROOT, SlotLedger, block_slots, prefixes, runs
 
 
 @dataclass
@@ -38,10 +38,26 @@ class Request:
     temperature: float
     output: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    hashes: list[int] = field(default_factory=list)  # the prefix hash after each committed token
+
+    def __post_init__(self) -> None:
+        self.hashes = prefixes(self.prompt)
 
     @property
     def tokens(self) -> list[int]:
         return self.prompt + self.output
+
+    def commit(self, tokens: list[int], reason: str | None) -> None:
+        self.hashes += prefixes(tokens, self.hashes[-1] if self.hashes else ROOT)
+        self.output += tokens
+        self.finish_reason = reason
+
+    def base(self, index: int, hashes: list[int] | None = None) -> int | None:
+        """The prefix hash before logical index `index` (None: beyond what is known)."""
+        hashes = self.hashes if hashes is None else hashes
+        if index == 0:
+            return ROOT
+        return hashes[index - 1] if 0 < index <= len(hashes) else None
 
     def cut(self, sampled: list[int]) -> tuple[list[int], str | None]:
         """What the request keeps of `sampled`: up to its budget, through its first stop token."""
@@ -126,6 +142,7 @@ def _step(
     req_ids = record["req_ids"]
     num_drafts = spec["num_draft_tokens"] if spec else [0] * len(req_ids)
     segments, pending_rows = [], []
+    new = {r["req_id"] for r in record["new"]}
     for i, req_id in enumerate(req_ids):
         request = by_id[req_id]
         a, b = qsl[i], qsl[i + 1]
@@ -147,7 +164,11 @@ def _step(
                 request=req_id,
             )
         )
-        target.write(req_id, writes, positions, tokens)
+        computed = seq_lens[i] - (b - a)  # declared: tokens whose KV an earlier step (or the cache) holds
+        if req_id in new and computed > 0:  # a prefix-cache hit on its first step
+            target.adopt(reads[:computed], request.hashes[:computed])
+            draft.adopt(reads[:computed], request.hashes[:computed])
+        target.write(writes, positions, request.base(computed), tokens)
         if not chunk:
             pending_rows.append((i, request, tokens, positions, writes, reads, d))
     # Every write of the step is in the ledger before any read is judged: a forward writes its KV
@@ -156,14 +177,13 @@ def _step(
     for i, request, _, _, _, reads, d in pending_rows:
         if d:  # its n committed tokens, then its drafts: what its draft calls attend, in logical order
             n = len(reads) - d
-            wanted[request.req_id] = (n, request.tokens[:n] + _drafts_of(record, i, d))
-    drafted = _draft_calls(drafting, draft, wanted)
+            wanted[request.req_id] = (n, prefixes(request.tokens[:n] + _drafts_of(record, i, d)))
+    drafted = _draft_calls(drafting, draft, by_id, wanted)
     rows = []
     for args in pending_rows:
         rows.append(_row(len(rows), record, drafted.get(args[1].req_id), target, *args))
     for row, (_, request, *_rest) in zip(rows, pending_rows):
-        request.output.extend(row.emitted)
-        request.finish_reason = row.finish_reason
+        request.commit(row.emitted, row.finish_reason)
     return BatchMap(tuple(segments), "vllm"), rows
 
 
@@ -186,7 +206,7 @@ def _row(
     targets = _choices(record, i, d)
     sampled = [t for t in record["sampled"][i] if t >= 0]
     emitted, reason = request.cut(sampled)
-    context = target.attended(request.req_id, reads[: n - 1], request.tokens[: n - 1])
+    context = target.attended(reads[: n - 1], request.hashes[: n - 1])
     own_slot = [w == s for w, s in zip(writes[query], reads[n - 1 :])]
     accepted = len(sampled) - 1
     return RowRecord(
@@ -235,25 +255,31 @@ def _choices(record: dict[str, Any], i: int, d: int) -> list[int]:
 
 
 def _draft_calls(
-    drafting: dict[str, Any] | None, ledger: SlotLedger, wanted: dict[str, tuple[int, list[int]]]
+    drafting: dict[str, Any] | None,
+    ledger: SlotLedger,
+    by_id: dict[str, Request],
+    wanted: dict[str, tuple[int, list[int]]],
 ) -> dict[str, tuple[list[int], list[int]]]:
-    """Per request with drafts this step (`wanted`: its committed count n and its drafts), each draft
-    call of the step before that proposed them: the position of its last real token (padding has
-    slot -1), and how many of the n - 1 + j slots before it hold what it attends them for
-    (committed tokens, then the earlier drafts). Empty where no draft model ran (n-gram)."""
+    """Per request with drafts this step (`wanted`: its committed count n and the prefix hashes of its
+    committed tokens then its drafts), each draft call of the step before that proposed them: the
+    position of its last real token (padding has slot -1), and how many of the n - 1 + j slots
+    before it hold what it attends them for. Empty where no draft model ran (n-gram)."""
     calls = (drafting or {}).get("draft_calls") or []
-    if any("unreadable" in call for call in calls):
+    if not calls or any("unreadable" in call for call in calls):
         return {}
-    req_ids, bs = (drafting or {}).get("req_ids", []), (drafting or {}).get("block_size", 0)
+    req_ids, bs = drafting["req_ids"], drafting["block_size"]
     found: dict[str, tuple[list[int], list[int]]] = {r: ([], []) for r in wanted if r in req_ids}
     for call in calls:
         qsl = call["query_start_loc"]
         for j, req_id in enumerate(req_ids[: len(qsl) - 1]):  # the whole call writes, then reads
             a, b = qsl[j], qsl[j + 1]
-            ledger.write(req_id, call["slot_mapping"][a:b], call["positions"][a:b], call["input_ids"][a:b])
+            positions = call["positions"][a:b]
+            request = by_id[req_id]
+            base = request.base(positions[0], wanted[req_id][1] if req_id in wanted else None) if positions else None
+            ledger.write(call["slot_mapping"][a:b], positions, base, call["input_ids"][a:b])
         for req_id, (positions, attended) in found.items():
-            n, expected = wanted[req_id]
-            if len(positions) == len(expected) - n:
+            n, hashes = wanted[req_id]
+            if len(positions) == len(hashes) - n:
                 continue
             j = req_ids.index(req_id)
             fed = zip(call["positions"][qsl[j] : qsl[j + 1]], call["slot_mapping"][qsl[j] : qsl[j + 1]])
@@ -261,7 +287,7 @@ def _draft_calls(
             want = n - 1 + len(positions)
             reads = block_slots(call["block_table"][j], want, bs)
             positions.append(real[-1] if real else -1)
-            attended.append(sum(ledger.attended(req_id, reads, expected[:want])))
+            attended.append(sum(ledger.attended(reads, hashes[:want])))
     return found
 
 
