@@ -21,7 +21,8 @@ from specviz.watch.vllm import ENV
 
 def begin() -> Path | None:
     """The records folder, announced to vLLM's processes; None where vLLM is not installed."""
-    if importlib.util.find_spec("vllm") is None:
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:  # absent, or only a folder named vllm (a namespace)
         return None
     folder = Path(tempfile.mkdtemp(prefix="specviz-vllm-"))
     os.environ[ENV] = str(folder)

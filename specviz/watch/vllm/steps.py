@@ -156,7 +156,9 @@ def _step(
                 0,
                 a,
                 b - a,
-                drafts=None if chunk else d,
+                # vLLM's two counts disagree when a segment is shorter than its drafts + 1: the
+                # map says "not said" and the row shows both (its drafts, its fed positions).
+                drafts=None if chunk or d >= b - a else d,
                 chunk=chunk,
                 positions=tuple(positions),
                 writes=tuple(writes),
@@ -202,7 +204,7 @@ def _row(
 ) -> RowRecord:
     seq_len = len(reads)
     n = seq_len - d  # committed before the step, as vLLM declares it (its seq_len less the drafts)
-    query = slice(len(tokens) - d - 1, len(tokens))
+    query = slice(max(len(tokens) - d - 1, 0), len(tokens))  # the pending token and the drafts, as fed
     targets = _choices(record, i, d)
     sampled = [t for t in record["sampled"][i] if t >= 0]
     emitted, reason = request.cut(sampled)
