@@ -33,10 +33,40 @@ def script_module() -> Any:
     return module
 
 
-def make_llm(method: str) -> Any:
+def eagle_head(folder: Path) -> Path:
+    """An EAGLE-1 head for the default target, made here (no download): the target's layer 0 and
+    embeddings, a random fc (seeded). It drafts badly and that is enough: vLLM runs it, and what
+    it accepts the check judges."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    target = script_module().ASSETS / "default-target"
+    config = json.loads((target / "config.json").read_text())
+    config["num_hidden_layers"] = 1
+    weights = load_file(target / "model.safetensors")
+    head = {k.removeprefix("model."): v for k, v in weights.items() if k.startswith("model.layers.0.")}
+    head.pop("layers.0.input_layernorm.weight")  # EAGLE-1's first layer has no input norm
+    hidden = config["hidden_size"]
+    head["fc.weight"] = torch.randn(hidden, 2 * hidden, generator=torch.Generator().manual_seed(0)) * 0.02
+    head["embed_tokens.weight"] = weights["model.embed_tokens.weight"]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file(head, folder / "model.safetensors")
+    return folder
+
+
+def make_llm(method: str, eagle_folder: Path | None = None) -> Any:
+    """One engine: a method of the user's script, or `eagle` (a head made under `eagle_folder`)."""
     from vllm import LLM
 
     script = script_module()
+    if method == "eagle":
+        head = eagle_head(eagle_folder)
+        speculation = {"method": "eagle", "model": str(head), "num_speculative_tokens": 3}
+    else:
+        speculation = script.SPECULATION[method]
     return LLM(
         model=str(script.ASSETS / "default-target"),
         dtype="float32",
@@ -44,7 +74,7 @@ def make_llm(method: str) -> Any:
         enforce_eager=True,
         max_num_seqs=8,
         kv_cache_memory_bytes=KV_BYTES,
-        speculative_config=script.SPECULATION[method],
+        speculative_config=speculation,
     )
 
 

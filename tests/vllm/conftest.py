@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-collect_ignore = ["offline_script.py"]  # the user's script, run by the tests, not a test
+collect_ignore = ["offline_script.py", "faulty_script.py"]  # scripts the tests and docs run, not tests
 NO_VLLM = "vLLM is not installed here: tests/vllm run in the vLLM venv (requirements-vllm.txt, .ci/vllm)"
 
 
@@ -26,13 +26,14 @@ def vllm_installed():
 # vLLM 0.32 scans every loaded module when a worker starts (triton_utils/dispatcher.py) and fails
 # on one of llvmlite's objects, which the n-gram proposer's numba imports: an engine built after an
 # n-gram engine in one process does not start. So the n-gram engine is built last.
-ORDER = ("none", "draft_model", "ngram")
+ORDER = ("none", "draft_model", "eagle", "ngram")
 
 
 @pytest.fixture(scope="session")
-def llms(vllm_installed):
+def llms(vllm_installed, tmp_path_factory):
     """One engine per speculative method, all built at first use (n-gram last), shared by every test."""
     from vllm_runs import make_llm
 
-    built = {method: make_llm(method) for method in ORDER}
+    head = tmp_path_factory.mktemp("eagle-head")
+    built = {method: make_llm(method, head) for method in ORDER}
     return built.__getitem__

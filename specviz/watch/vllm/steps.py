@@ -85,9 +85,20 @@ class Assembly:
     unreadable: tuple[int, str] | None = None  # (step, why) from where the metadata stops saying
 
 
+# Proposers whose draft calls follow specviz's convention (call j feeds token n - 1 + j at that
+# position). EAGLE-style heads feed token p + 1 with the target's hidden state p at position p:
+# their draft calls are not judged (the rows record no draft positions or draft slots).
+TOKEN_DRAFTERS = ("draft_model",)
+
+
 def assemble(records: list[dict[str, Any]]) -> Assembly:
     """Replay the records in step order into maps and trace steps."""
     out = Assembly()
+    method = (records[0].get("engine") or {}).get("method") if records else None
+    if method is not None and method not in TOKEN_DRAFTERS and method != "ngram":
+        out.notes.append(
+            f"{method}: its draft calls feed token p + 1 at position p; the draft-side checks do not apply"
+        )
     by_id: dict[str, Request] = {}
     target, draft = SlotLedger(), SlotLedger()
     drafting: dict[str, Any] | None = None  # the previous record: its draft calls drafted this step
@@ -106,7 +117,7 @@ def assemble(records: list[dict[str, Any]]) -> Assembly:
         out.k = max([out.k, *(len(r.draft_tokens) for r in rows)])
         if rows:
             out.steps.append(_step_record(record["step"], rows))
-        drafting = record
+        drafting = record if method in TOKEN_DRAFTERS else None
     return out
 
 

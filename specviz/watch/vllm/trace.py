@@ -105,6 +105,8 @@ def _header(engine: dict[str, Any], assembly: Assembly, name: str, greedy: bool,
     own = {str(r.seq): b for r, b in zip(assembly.requests, budgets) if b != run_budget}
     if own:
         options[BUDGETS] = own
+    if assembly.notes:
+        options["watch_notes"] = assembly.notes[:20]
     if assembly.unreadable is not None:
         options[UNREADABLE] = {"step": assembly.unreadable[0], "why": assembly.unreadable[1]}
     versions = library_versions()
