@@ -75,7 +75,7 @@ def test_batch_maps_hold_vllms_slots(llms, tmp_path):
         llms("draft_model").generate(script_module().PROMPTS, params, use_tqdm=False)
     finally:
         capture.uninstall()
-    maps = assemble(read_records(tmp_path)).maps
+    maps = assemble(read_records(tmp_path), maps=True).maps
     assert maps and all(m.readable and m.source == "vllm" for m in maps)
     for bmap in maps:
         owner = {}

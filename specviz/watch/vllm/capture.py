@@ -94,8 +94,8 @@ def _wrap(cls: type, name: str, wrapper: Any) -> None:
 
 def _ints(t: Any) -> list[int]:
     """A tensor or array, flattened to Python ints (a copy: the runner reuses its buffers)."""
-    if isinstance(t, torch.Tensor):
-        return t.detach().to("cpu").reshape(-1).tolist()
+    if isinstance(t, torch.Tensor):  # on the CPU backend already; .tolist() copies
+        return (t if t.device.type == "cpu" else t.cpu()).reshape(-1).tolist()
     return [int(v) for v in t]
 
 
@@ -188,11 +188,13 @@ def _forward_metadata() -> dict[str, Any]:
         return {"unreadable": f"attention metadata {type(first).__name__} lacks {', '.join(needed)}"}
     num_reqs = len(first.seq_lens)
     seq_lens = _ints(first.seq_lens)
-    table = first.block_table[:num_reqs].detach().to("cpu")  # [B, max_blocks]
+    bs = _block_size()
+    blocks = [-(-n // bs) for n in seq_lens]  # blocks each request's seq_len spans
+    table = first.block_table[:num_reqs, : max(blocks, default=0)].tolist()  # one copy: [B, max blocks]
     return {
         "query_start_loc": _ints(first.query_start_loc[: num_reqs + 1]),
         "seq_lens": seq_lens,
-        "block_table": [table[i, : -(-n // _block_size())].tolist() for i, n in enumerate(seq_lens)],
+        "block_table": [row[:b] for row, b in zip(table, blocks)],
         "slot_mapping": _ints(first.slot_mapping[: int(first.num_actual_tokens)]),
     }
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from specviz.trace.schema import RowRecord, StepRecord
 from specviz.watch.map import BatchMap, Segment
-from specviz.watch.vllm.slots import ROOT, SlotLedger, block_slots, prefixes, runs
+from specviz.watch.vllm.slots import ROOT, SlotLedger, block_slots, join_runs, prefixes, runs
 
 
 @dataclass
@@ -39,6 +39,8 @@ class Request:
     output: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     hashes: list[int] = field(default_factory=list)  # the prefix hash after each committed token
+    table: list[int] = field(default_factory=list)  # its block table when last read
+    slots: list[int] = field(default_factory=list)  # the slots of that table, up to its last seq_len
 
     def __post_init__(self) -> None:
         self.hashes = prefixes(self.prompt)
@@ -58,6 +60,16 @@ class Request:
         if index == 0:
             return ROOT
         return hashes[index - 1] if 0 < index <= len(hashes) else None
+
+    def reads(self, table: list[int], length: int, block_size: int) -> list[int]:
+        """The slots of logical indices 0..length-1 under `table`, from the last ones read where the
+        table is theirs (block tables only grow while a request lives)."""
+        if table == self.table and length <= len(self.slots):
+            return self.slots[:length]
+        same = table[: len(self.table)] == self.table
+        self.slots = block_slots(table, length, block_size, self.slots if same else None)
+        self.table = table
+        return self.slots
 
     def cut(self, sampled: list[int]) -> tuple[list[int], str | None]:
         """What the request keeps of `sampled`: up to its budget, through its first stop token."""
@@ -91,8 +103,9 @@ class Assembly:
 TOKEN_DRAFTERS = ("draft_model",)
 
 
-def assemble(records: list[dict[str, Any]]) -> Assembly:
-    """Replay the records in step order into maps and trace steps."""
+def assemble(records: list[dict[str, Any]], maps: bool = False) -> Assembly:
+    """Replay the records in step order into trace steps, and into one `BatchMap` per runner step
+    where `maps` (the trace needs none; building them costs a validation per slot)."""
     out = Assembly()
     method = (records[0].get("engine") or {}).get("method") if records else None
     if method is not None and method not in TOKEN_DRAFTERS and method != "ngram":
@@ -109,11 +122,13 @@ def assemble(records: list[dict[str, Any]]) -> Assembly:
         why = _unreadable(record)
         if why is not None:
             out.unreadable = out.unreadable or (record["step"], why)
-            out.maps.append(BatchMap.unread("vllm", why))
+            if maps:
+                out.maps.append(BatchMap.unread("vllm", why))
             drafting = None
             continue
-        bmap, rows = _step(record, by_id, target, draft, drafting)
-        out.maps.append(bmap)
+        bmap, rows = _step(record, by_id, target, draft, drafting, maps)
+        if bmap is not None:
+            out.maps.append(bmap)
         out.k = max([out.k, *(len(r.draft_tokens) for r in rows)])
         if rows:
             out.steps.append(_step_record(record["step"], rows))
@@ -147,7 +162,8 @@ def _step(
     target: SlotLedger,
     draft: SlotLedger,
     drafting: dict[str, Any] | None,
-) -> tuple[BatchMap, list[RowRecord]]:
+    maps: bool,
+) -> tuple[BatchMap | None, list[RowRecord]]:
     fed, spec, bs = record["fed"], record.get("spec"), record["block_size"]
     qsl, seq_lens = fed["query_start_loc"], fed["seq_lens"]
     req_ids = record["req_ids"]
@@ -158,25 +174,26 @@ def _step(
         request = by_id[req_id]
         a, b = qsl[i], qsl[i + 1]
         tokens, positions, writes = fed["input_ids"][a:b], fed["positions"][a:b], fed["slot_mapping"][a:b]
-        reads = block_slots(fed["block_table"][i], seq_lens[i], bs)
+        reads = request.reads(fed["block_table"][i], seq_lens[i], bs)
         chunk = seq_lens[i] < len(request.prompt)
         d = 0 if chunk else num_drafts[i]
-        segments.append(
-            Segment(
-                request.seq,
-                0,
-                a,
-                b - a,
-                # vLLM's two counts disagree when a segment is shorter than its drafts + 1: the
-                # map says "not said" and the row shows both (its drafts, its fed positions).
-                drafts=None if chunk or d >= b - a else d,
-                chunk=chunk,
-                positions=tuple(positions),
-                writes=tuple(writes),
-                reads=tuple(reads),
-                request=req_id,
+        if maps:
+            segments.append(
+                Segment(
+                    request.seq,
+                    0,
+                    a,
+                    b - a,
+                    # vLLM's two counts disagree when a segment is shorter than its drafts + 1: the
+                    # map says "not said" and the row shows both (its drafts, its fed positions).
+                    drafts=None if chunk or d >= b - a else d,
+                    chunk=chunk,
+                    positions=tuple(positions),
+                    writes=tuple(writes),
+                    reads=tuple(reads),
+                    request=req_id,
+                )
             )
-        )
         computed = seq_lens[i] - (b - a)  # declared: tokens whose KV an earlier step (or the cache) holds
         if req_id in new and computed > 0:  # a prefix-cache hit on its first step
             target.adopt(reads[:computed], request.hashes[:computed])
@@ -190,14 +207,15 @@ def _step(
     for i, request, _, _, _, reads, d in pending_rows:
         if d:  # its n committed tokens, then its drafts: what its draft calls attend, in logical order
             n = len(reads) - d
-            wanted[request.req_id] = (n, prefixes(request.tokens[:n] + _drafts_of(record, i, d)))
+            drafts = _drafts_of(record, i, d)
+            wanted[request.req_id] = (n, request.hashes[:n] + prefixes(drafts, request.base(n) or ROOT))
     drafted = _draft_calls(drafting, draft, by_id, wanted)
     rows = []
     for args in pending_rows:
         rows.append(_row(len(rows), record, drafted.get(args[1].req_id), target, *args))
     for row, (_, request, *_rest) in zip(rows, pending_rows):
         request.commit(row.emitted, row.finish_reason)
-    return BatchMap(tuple(segments), "vllm"), rows
+    return (BatchMap(tuple(segments), "vllm") if maps else None), rows
 
 
 def _row(
@@ -219,8 +237,9 @@ def _row(
     targets = _choices(record, i, d)
     sampled = [t for t in record["sampled"][i] if t >= 0]
     emitted, reason = request.cut(sampled)
-    context = target.attended(reads[: n - 1], request.hashes[: n - 1])
-    own_slot = [w == s for w, s in zip(writes[query], reads[n - 1 :])]
+    context = n - 1
+    bad = target.bad(request.req_id, reads[:context], request.hashes[:context], stable=context)
+    elsewhere = [q for q, (w, s) in enumerate(zip(writes[query], reads[context:])) if w != s]
     accepted = len(sampled) - 1
     return RowRecord(
         row=r,
@@ -236,8 +255,8 @@ def _row(
         emitted=emitted,
         write_seq=request.seq,
         position_ids=positions[query],
-        mask_rle=runs(context + own_slot),
-        kv_len=sum(context),
+        mask_rle=join_runs(runs(context, bad), runs(len(tokens[query]), elsewhere)),
+        kv_len=context - len(bad),
         kv_len_expected=n - 1,
         draft_kv_len=drafted[1][0] if drafted else None,
         draft_kv_len_expected=n - 1 if drafted else None,
@@ -298,9 +317,9 @@ def _draft_calls(
             fed = zip(call["positions"][qsl[j] : qsl[j + 1]], call["slot_mapping"][qsl[j] : qsl[j + 1]])
             real = [p for p, slot in fed if slot >= 0]
             want = n - 1 + len(positions)
-            reads = block_slots(call["block_table"][j], want, bs)
+            reads = by_id[req_id].reads(call["block_table"][j], want, bs)
             positions.append(real[-1] if real else -1)
-            attended.append(sum(ledger.attended(reads, hashes[:want])))
+            attended.append(want - len(ledger.bad(req_id, reads[:want], hashes[:want], stable=n - 1)))
     return found
 
 
