@@ -15,6 +15,7 @@ HERE = Path(__file__).resolve().parent
 def _load(name: str, path: Path):
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # before it runs: its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 

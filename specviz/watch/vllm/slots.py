@@ -81,7 +81,8 @@ class SlotLedger:
                 self.log.append(slot)
 
     def bad(self, reader: str, reads: list[int], hashes: list[int], stable: int) -> list[int]:
-        """The logical indices j < len(hashes) whose slot reads[j] does not hold (j, hashes[j]).
+        """The logical indices j < len(reads) whose slot reads[j] does not hold (j, hashes[j]); past
+        the end of `hashes` (the reader has no such token) every index fails.
         A reader (a request, in this cache) is judged again only where something changed since its
         last check: slots written since, and indices past what it had judged; its first `stable`
         hashes (committed tokens) are kept for next time, the rest (drafts) judged afresh."""
@@ -110,7 +111,7 @@ class SlotLedger:
         self._checked[reader] = _Checked(
             len(self.log), reads[:stable], hashes[:stable], index, {j for j in bad if j < stable}
         )
-        return sorted(bad)
+        return sorted(bad) + list(range(m, len(reads)))
 
 
 def runs(length: int, bad: Sequence[int]) -> list[list[int]]:
