@@ -20,6 +20,7 @@ from specviz.errors import SpecvizError
 from specviz.startup import EXIT_INTERRUPTED
 from specviz.trace.schema import LAYOUTS
 from specviz.watch.autowatch import AutoWatch
+from specviz.watch.vllm import command as vllm_command
 
 PYTHONS = ("python", "python3")
 
@@ -82,6 +83,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     target, argv, is_module = script_argv(list(args.script))
     out = Path(args.out)
     watcher = AutoWatch(drafter=_class_name(args.drafter))
+    vllm_records = vllm_command.begin()  # vLLM's engines record their own steps (docs/vllm.md)
     watcher.install()
     try:
         status = run_script(target, argv, is_module)
@@ -90,6 +92,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
     finally:
         watcher.uninstall()
     name = args.name or Path(target).stem
+    if vllm_command.finish(vllm_records, out, name, reference=not args.no_reference, complete=status == 0):
+        return status
     trace, notes = watcher.finish(out, name, args.layout, reference=not args.no_reference, complete=status == 0)
     for note in notes:
         print(f"specviz watch: note: {note}", file=sys.stderr)
