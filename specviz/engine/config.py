@@ -39,6 +39,7 @@ class RunConfig:
     head_path: str | None = None  # the head's folder (default: the embedded default head)
     tree_branches: int = 0  # 0: a chain of k drafts; b: plus b alternative leaves on the chain
     tree_kind: str = "static"  # "static": one alternative at each of the first b depths; "topk": each row's b best
+    repetition_penalty: float = 1.0  # transformers' semantics, prompt included (engine/penalty.py); 1: off
 
     def validate(self) -> None:
         if self.method not in METHODS:
@@ -85,6 +86,10 @@ class RunConfig:
             raise SpecvizError("--sampling rejection needs the proposer's probabilities; n-gram lookup has none")
         if fault is not None and fault.needs_proposer and fault.needs_proposer != self.proposer:
             raise SpecvizError(f"fault {self.fault} corrupts head drafting; use --proposer {fault.needs_proposer}")
+        if fault is not None and fault.needs_penalty and self.repetition_penalty == 1.0:
+            raise SpecvizError(
+                f"fault {self.fault} corrupts the repetition penalty's state; use --repetition-penalty 1.3"
+            )
         if fault is not None and fault.needs_tree and not self.tree_branches:
             raise SpecvizError(f"fault {self.fault} corrupts tree verification; use --tree 1 or more")
 
@@ -97,6 +102,13 @@ class RunConfig:
             raise SpecvizError(f"--top-p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise SpecvizError(f"--top-k must be >= 0 (0: off), got {self.top_k}")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise SpecvizError(f"--repetition-penalty must be a finite number > 0, got {self.repetition_penalty}")
+        if self.repetition_penalty != 1.0 and (self.tree_branches or self.sampling == "rejection"):
+            raise SpecvizError(
+                "--repetition-penalty works with chains, greedy or coupled sampling (not --tree, "
+                "not --sampling rejection)"
+            )
         if self.temperature == 0 and (self.top_p < 1 or self.top_k > 0 or self.sampling == "rejection"):
             raise SpecvizError("--top-p, --top-k and --sampling rejection need --temperature > 0")
 
@@ -104,7 +116,7 @@ class RunConfig:
     def sampling_params(self) -> SamplingParams:
         """Greedy at temperature 0; else the chosen sampling mode, keyed by `seed`."""
         mode = "greedy" if self.temperature == 0 else self.sampling
-        return SamplingParams(mode, self.temperature, self.top_p, self.top_k, self.seed)
+        return SamplingParams(mode, self.temperature, self.top_p, self.top_k, self.seed, self.repetition_penalty)
 
     @property
     def k(self) -> int:

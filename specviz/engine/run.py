@@ -318,7 +318,10 @@ def _sequence_record(
 
 
 def _sampling_info(params: SamplingParams) -> SamplingInfo | None:
-    """Greedy runs write no sampling field (as every trace before it); sampling runs all of it."""
-    if params.greedy:
+    """Greedy runs write no sampling field (as every trace before it); sampling runs, and greedy
+    runs with a repetition penalty, all of it."""
+    if params.greedy and params.repetition_penalty == 1.0:
         return None
-    return SamplingInfo(params.mode, params.temperature, params.top_p, params.top_k, params.seed)
+    return SamplingInfo(
+        params.mode, params.temperature, params.top_p, params.top_k, params.seed, params.repetition_penalty
+    )

@@ -38,6 +38,7 @@ from specviz.engine.faults import CacheName, Fault, SlotPlan
 from specviz.engine.kv.content import KVContentChecker
 from specviz.engine.kv.headroom import with_headroom
 from specviz.engine.kv.state import CachePlan, KVState, feed, leading_zeros
+from specviz.engine.penalty import seen_tokens
 from specviz.engine.proposers.base import Proposals, Proposer, TreeShape, accepted_path
 from specviz.engine.proposers.draft_model import DraftModelProposer
 from specviz.engine.proposers.head import HiddenTap
@@ -221,10 +222,13 @@ class Engine:
         self.fault.log.begin(self.context.step_index, seqs)
         self.fault.tamper_cache(batch.target)
         kv_mismatch = self.check_kv_content(batch.target, seqs)
-        pending = torch.tensor([s.pending for s in seqs], device=device)  # [B]
+        pending = self.fault.pending_tokens(torch.tensor([s.pending for s in seqs], device=device))  # [B]
         committed = [s.committed for s in seqs]
+        penalty_lens = [len(s.penalty_history) for s in seqs] if self.rules.penalizes else None
         keys = SampleKeys(
-            seq_ids=torch.tensor([s.seq_id for s in seqs], device=device), first=torch.tensor(committed, device=device)
+            seq_ids=torch.tensor([s.seq_id for s in seqs], device=device),
+            first=torch.tensor(committed, device=device),
+            seen=self._seen(seqs),
         )
 
         # 1. Propose: k draft tokens per row, a chain or a tree (none for the baseline).
@@ -249,6 +253,9 @@ class Engine:
 
         self._committed(seqs, commit)
         observation = self._observe(batch, committed, pending, proposals, verification, commit, fill_s, kv_mismatch)
+        if penalty_lens is not None:
+            observation.penalty_history_lens = penalty_lens
+            observation.penalty_added = [seqs[r].penalty_history[penalty_lens[r] :] for r in range(len(seqs))]
         if proposals.tree is not None:
             observation.kept_nodes = _kept_nodes(target_plan, verification.cache_len)
         return StepOutcome(observation, commit.active_rows, target_plan, draft_plan, started, self.now())
@@ -347,6 +354,7 @@ class Engine:
                 path = verification.paths[row]
                 proposal = [drafts_l[row][node - 1] for node in path] + [targets_l[row][verification.last_node(row)]]
             out = seqs[dest].append(proposal, self.config.max_new_tokens, self.config.eos_ids)
+            seqs[dest].penalty_history.extend(self.fault.penalty_tokens(row, out))
             emitted.append(out)
             bonus.append(proposal[-1] if len(out) == len(proposal) else None)
         return Commit(
@@ -477,6 +485,7 @@ class Engine:
             total_ms=0.0,
             draft_positions=proposals.positions if proposals.kv_len is not None else None,
             draft_call_kv_lens=proposals.call_kv_lens,
+            draft_input_tokens=proposals.input_tokens,
             kv_mismatch=kv_mismatch,
             query_causal=None if proposals.tree is not None else getattr(batch.target, "query_causal", None),
             tree_parents=_row_parents(proposals.tree, len(batch.seqs)),
@@ -484,6 +493,13 @@ class Engine:
             tree_paths=verification.paths,
             head_sources=proposals.head_sources,
         )
+
+    def _seen(self, seqs: list[SeqState]) -> torch.Tensor | None:
+        """[B, V] each row's penalty history as a token set; None without a repetition penalty."""
+        if not self.rules.penalizes:
+            return None
+        vocab = self.target.get_output_embeddings().weight.shape[0]
+        return seen_tokens([s.penalty_history for s in seqs], vocab, self.device)
 
     def check_kv_content(self, state: KVState, seqs: list[SeqState]) -> list[int | None] | None:
         """On sampled steps: per row, the first attended target slot whose layer-0 key is wrong.

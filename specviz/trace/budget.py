@@ -85,6 +85,9 @@ ROW_TOKEN_FIELDS = (
     "tree_path",
     "kept_nodes",
     "head_source",
+    # schema version 4
+    "draft_input_tokens",
+    "penalty_added",
 )
 ROW_NESTED_FIELDS = ("node_attends",)  # schema 3: a list per tree node, counted by all its items
 SEQUENCE_TOKEN_FIELDS = ("prompt_ids", "output_ids", "reference_ids", "reference_margins")

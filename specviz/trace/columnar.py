@@ -46,6 +46,7 @@ from specviz.trace.budget import NO_LIMITS_HINT, FileLimits, file_limits, json_p
 from specviz.trace.schema import (
     FORMAT_NAME,
     TREE_ROW_FIELDS,
+    V4_ROW_FIELDS,
     Header,
     RowRecord,
     SequenceRecord,
@@ -516,8 +517,8 @@ def _expanded_bytes(chunk: pa.Array) -> int:
     return int(pc.sum(lengths).as_py() or 0)
 
 
-# Columns added by schema version 3: a file written before them lacks them, read as nulls.
-OPTIONAL_COLUMNS = frozenset(TREE_ROW_FIELDS)
+# Columns added by schema versions 3 and 4: a file written before them lacks them, read as nulls.
+OPTIONAL_COLUMNS = frozenset(TREE_ROW_FIELDS + V4_ROW_FIELDS)
 
 
 def _with_optional_columns(table: pa.Table) -> pa.Table:

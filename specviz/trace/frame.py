@@ -74,6 +74,10 @@ COLUMNS = [
     "tree_path",
     "kept_nodes",
     "head_source",
+    # schema version 4, optional draft-input field
+    "draft_input_tokens",
+    "penalty_history_len",
+    "penalty_added",
     # token text from the trace's piece table
     "pending_text",
     "draft_text",

@@ -45,6 +45,14 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "siblings: alternatives are scored in the wrong context.",
     "tree-node-positions": "each tree node is fed its node index as position offset instead of its "
     "depth: alternatives sit at the wrong position.",
+    "stale-pending": "once, a row feeds the token it fed the step before instead of its pending token, "
+    "as a request rescheduled before its tokens were written back (vLLM #52071).",
+    "async-ahead": "the next step's positions and cache length are built as if every draft was accepted: "
+    "rows that accepted fewer run ahead by k minus accepted (vLLM-Ascend #10032).",
+    "mid-batch-pad": "a padded dummy row sits mid-batch and the per-row offsets are not compacted: rows "
+    "after it are fed their neighbour's positions (TensorRT-LLM #6136).",
+    "stale-draft-map": "draft calls after the first reuse the verify's token-to-row map: rows read "
+    "another row's draft; outputs stay exact, deeper acceptance falls (TensorRT-LLM #17240).",
 }
 
 
