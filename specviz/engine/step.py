@@ -20,7 +20,7 @@ INPLACE grows each row's length) and calls `finish_step`, which closes the step'
 hands it to the recorder. Tokens are chosen by one set of rules, `EngineConfig.rules` (`rules.py`:
 greedy by default, or coupled or rejection sampling keyed by (seed, seq_id, logical index)), used
 by both the draft and the target, so verification compares like with like. Fault hooks
-(`faults.py`) each override one decision inside one beat and log their own deviations.
+(`faults/`) each override one decision inside one beat and log their own deviations.
 """
 
 from __future__ import annotations

@@ -53,6 +53,8 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "after it are fed their neighbour's positions (TensorRT-LLM #6136).",
     "stale-draft-map": "draft calls after the first reuse the verify's token-to-row map: rows read "
     "another row's draft; outputs stay exact, deeper acceptance falls (TensorRT-LLM #17240).",
+    "penalty-history": "the repetition penalty's history gets one token per step, not every accepted "
+    "token: outputs differ only with a penalty on (SGLang #33643, vLLM #30122).",
 }
 
 
