@@ -40,6 +40,7 @@ class RunConfig:
     tree_branches: int = 0  # 0: a chain of k drafts; b: plus b alternative leaves on the chain
     tree_kind: str = "static"  # "static": one alternative at each of the first b depths; "topk": each row's b best
     repetition_penalty: float = 1.0  # transformers' semantics, prompt included (engine/penalty.py); 1: off
+    prefill_chunk: int = 0  # 0: each context prefilled in one forward; N: N tokens at a time (engine/prefill.py)
 
     def validate(self) -> None:
         if self.method not in METHODS:
@@ -54,6 +55,14 @@ class RunConfig:
                 f"fault {self.fault} models a bug of the left-padded layout (or desyncs lengths a fixed region "
                 "cannot hold); use --method eqspec or exspec"
             )
+        if self.prefill_chunk < 0:
+            raise SpecvizError(f"--prefill-chunk must be 0 (whole prompts) or more, got {self.prefill_chunk}")
+        if self.prefill_chunk and self.method == "inplace":
+            raise SpecvizError(
+                "--prefill-chunk: inplace prefills its fixed regions whole; use eqspec, exspec or baseline"
+            )
+        if fault is not None and fault.needs_chunks and not self.prefill_chunk:
+            raise SpecvizError(f"fault {self.fault} corrupts chunked prefill; use --prefill-chunk 8 (or any N)")
         if self.batch_size < 1:
             raise SpecvizError(f"--batch-size must be at least 1, got {self.batch_size}")
         if self.method != "baseline" and not 1 <= self.draft_k <= 64:

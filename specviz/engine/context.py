@@ -11,6 +11,7 @@ import torch
 
 from specviz.engine.faults import Fault
 from specviz.engine.kv.content import KVContentChecker
+from specviz.engine.prefill import PrefillRecord
 from specviz.engine.proposers.base import Proposer
 from specviz.engine.proposers.draft_model import DraftModelProposer
 from specviz.engine.rules import TokenRules
@@ -34,6 +35,7 @@ class EngineConfig:
     proposer: Proposer | None = None  # None with a draft model: that model drafts (today's default)
     tree_branches: int = 0  # 0: a chain; b: b alternative leaves on the main chain (TreeShape)
     tree_kind: str = "static"  # "static": one at each of the first b depths; "topk": each row's b best-scored
+    prefill_chunk: int = 0  # 0: prefill each context in one forward; N: N columns at a time (prefill.py)
 
     def __post_init__(self) -> None:
         if self.proposer is None and self.draft is not None:
@@ -64,3 +66,5 @@ class RunContext:
     tracing_seconds: float = 0.0
     kv_checker: KVContentChecker | None = None
     kv_check_unavailable: str | None = None  # why the KV-content check was switched off mid-run
+    # seq_id -> what a chunked prefill fed it, until its next step records it (prefill.py)
+    prefills: dict[int, PrefillRecord] = field(default_factory=dict)

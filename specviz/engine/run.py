@@ -185,6 +185,8 @@ def _header(pair: ModelPair, config: RunConfig, fault: Fault, eos: frozenset[int
         options=method.options(config),
         sampling=_sampling_info(config.sampling_params),
     )
+    if config.prefill_chunk:  # rows then record each sequence's chunks (schema 4)
+        header.options["prefill_chunk"] = config.prefill_chunk
     header.layout = method.layout  # inplace: per-row regions, no rectangular alignment to check
     if config.k > 0:
         header.proposer, header.tree_branches = config.proposer, config.tree_branches
@@ -220,6 +222,7 @@ def _engine_config(
         proposer=proposer,
         tree_branches=config.tree_branches,
         tree_kind=config.tree_kind,
+        prefill_chunk=config.prefill_chunk,
         k=config.k,
         max_new_tokens=config.max_new_tokens,
         eos_ids=eos,

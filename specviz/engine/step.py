@@ -36,13 +36,14 @@ from specviz.engine.context import EngineConfig, RunContext
 from specviz.engine.faults import CacheName
 from specviz.engine.keep import keep_masks, kept_nodes, path_first
 from specviz.engine.kv.content import KVContentChecker
-from specviz.engine.kv.headroom import with_headroom
 from specviz.engine.kv.state import CachePlan, KVState, feed, leading_zeros
 from specviz.engine.penalty import seen_tokens
 from specviz.engine.phases import Commit, StepOutcome, Verification, observe
+from specviz.engine.prefill import prefill
 from specviz.engine.proposers.base import Proposals, accepted_path
 from specviz.engine.proposers.head import HiddenTap
 from specviz.engine.rules import SampleKeys, agreeing_prefix
+from specviz.trace.recorder import StepObservation
 
 # re-exported: the accept rule of greedy and coupled verification; the proposer's result
 __all__ = ["EngineConfig", "Proposals", "RunContext", "StepOutcome", "agreeing_prefix"]
@@ -86,30 +87,11 @@ class Engine:
     def now(self) -> float:
         return now(self.device)
 
-    @torch.no_grad()
     def prefill(self, model: Any, seqs: list[SeqState], cache: Any | None = None) -> KVState:
-        """Cache every committed token but the pending one, left-padded, positions from lengths.
-
-        `cache`: an empty cache to write into (placement.py's rows of a batch); default: a new one."""
-        device = self.device
-        contexts = [s.prompt_ids + s.output_ids[:-1] if s.output_ids else s.prompt_ids[:-1] for s in seqs]
-        width = max(len(c) for c in contexts)
-        lengths = torch.tensor([len(c) for c in contexts], device=device)
-        state = KVState(cache=cache, mask=torch.zeros(len(seqs), 0, dtype=torch.long, device=device), next_pos=lengths)
-        if width == 0:
-            return state
-        ids = torch.full((len(seqs), width), self.config.pad_id, dtype=torch.long, device=device)  # [B, W]
-        mask = torch.zeros(len(seqs), width, dtype=torch.long, device=device)  # [B, W]
-        for row, context in enumerate(contexts):
-            if context:
-                ids[row, width - len(context) :] = torch.tensor(context, device=device)
-                mask[row, width - len(context) :] = 1
-        positions = (mask.cumsum(1) - 1).clamp(min=0)  # [B, W]
-        with self.capture_hidden() if model is self.target else nullcontext(None) as tap:
-            feed(model, state, ids, positions, query_mask=mask)
-        self.target_prefilled(seqs, tap, [width - 1 if c else -1 for c in contexts])
-        state.cache = with_headroom(state.cache, self.cache_headroom)
-        return state
+        """Cache every committed token but the pending one, left-padded, positions from lengths,
+        whole or in chunks (`prefill.py`). `cache`: an empty cache to write into (placement.py's
+        rows of a batch); default: a new one."""
+        return prefill(self, model, seqs, cache)
 
     # ------------------------------------------------------------------ the step
 
@@ -152,6 +134,7 @@ class Engine:
         observation = observe(
             self.context.step_index, batch, committed, pending, proposals, verification, commit, fill_s, kv_mismatch
         )
+        self._prefilled(seqs, observation)
         if penalty_lens is not None:
             observation.penalty_history_lens = penalty_lens
             observation.penalty_added = [seqs[r].penalty_history[penalty_lens[r] :] for r in range(len(seqs))]
@@ -347,6 +330,14 @@ class Engine:
                     self.context.kv_checker.forget(seq.seq_id)
         if self.context.on_tokens is not None:
             self.context.on_tokens(sum(len(e) for e in commit.emitted))
+
+    def _prefilled(self, seqs: list[SeqState], observation: StepObservation) -> None:
+        """Rows whose sequence was prefilled in chunks since its last step record what was fed."""
+        if not self.context.prefills:
+            return
+        records = [self.context.prefills.pop(s.seq_id, None) for s in seqs]
+        observation.prefill_chunks = [r.chunks if r is not None else None for r in records]
+        observation.draft_prefill_tokens = [r.draft_fed if r is not None else None for r in records]
 
     def _seen(self, seqs: list[SeqState]) -> torch.Tensor | None:
         """[B, V] each row's penalty history as a token set; None without a repetition penalty."""

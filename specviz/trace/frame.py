@@ -78,6 +78,8 @@ COLUMNS = [
     "draft_input_tokens",
     "penalty_history_len",
     "penalty_added",
+    "prefill_chunks",
+    "draft_prefill_tokens",
     # token text from the trace's piece table
     "pending_text",
     "draft_text",

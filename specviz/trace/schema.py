@@ -70,6 +70,11 @@ class RowRecord:
     # are the whole history after every step.
     penalty_history_len: int | None = None
     penalty_added: list[int] | None = None
+    # A chunked prefill (header.options["prefill_chunk"]), on the row of the sequence's first step
+    # after it: each target chunk [start, end, position of its first token, attended slots before
+    # it], in order; and the tokens the draft was fed, in order.
+    prefill_chunks: list[list[int]] | None = None
+    draft_prefill_tokens: list[int] | None = None
 
 
 @dataclass
@@ -184,10 +189,10 @@ class Trace:
 # the defaults).
 TREE_ROW_FIELDS = ("tree_parents", "tree_depths", "node_attends", "tree_path", "kept_nodes", "head_source")
 # Columns added by schema version 4: a file written before them lacks them.
-V4_ROW_FIELDS = ("draft_input_tokens", "penalty_history_len", "penalty_added")
+V4_ROW_FIELDS = ("draft_input_tokens", "penalty_history_len", "penalty_added", "prefill_chunks", "draft_prefill_tokens")
 # Of these, the ones only the row walk checks: a Parquet row group recording them is not judged a
 # column at a time (analysis/arrays.py).
-ROW_WALK_FIELDS = (*TREE_ROW_FIELDS, "penalty_history_len", "penalty_added")
+ROW_WALK_FIELDS = (*TREE_ROW_FIELDS, "penalty_history_len", "penalty_added", "prefill_chunks", "draft_prefill_tokens")
 SPARSE_ROW_FIELDS = (
     "query_causal",
     "draft_position_ids",

@@ -55,6 +55,8 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "another row's draft; outputs stay exact, deeper acceptance falls (TensorRT-LLM #17240).",
     "penalty-history": "the repetition penalty's history gets one token per step, not every accepted "
     "token: outputs differ only with a penalty on (SGLang #33643, vLLM #30122).",
+    "chunk-boundary-feed": "a chunked prefill feeds the draft the target's predicted token at each chunk "
+    "boundary instead of the prompt's: outputs stay exact, acceptance drops (SGLang #26329).",
 }
 
 

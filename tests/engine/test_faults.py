@@ -26,7 +26,8 @@ DRAFTING = ("request-order", "head-source-index", "shared-carry", "tree-sibling-
 # tests/engine/test_scheduling_faults.py.
 SCHEDULING = ("stale-pending", "async-ahead", "mid-batch-pad", "stale-draft-map")
 PENALTY = ("penalty-history",)  # needs --repetition-penalty: tests/engine/test_repetition_penalty.py
-CHAIN_FAULTS = sorted(set(FAULTS) - set(DRAFTING) - set(SCHEDULING) - set(PENALTY))
+CHUNKS = ("chunk-boundary-feed",)  # needs --prefill-chunk: tests/engine/test_chunked_prefill.py
+CHAIN_FAULTS = sorted(set(FAULTS) - set(DRAFTING) - set(SCHEDULING) - set(PENALTY) - set(CHUNKS))
 
 
 @functools.cache
@@ -60,7 +61,7 @@ def record(method: str, fault: str | None, batch: int, num_prompts: int = len(PR
 
 
 def test_fault_lists_cover_the_catalogue() -> None:
-    assert sorted(RAGGED_ONLY + ALWAYS + DRAFTING + SCHEDULING + PENALTY) == sorted(FAULTS)
+    assert sorted(RAGGED_ONLY + ALWAYS + DRAFTING + SCHEDULING + PENALTY + CHUNKS) == sorted(FAULTS)
 
 
 @pytest.mark.parametrize("fault", CHAIN_FAULTS)

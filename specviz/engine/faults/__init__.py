@@ -34,7 +34,14 @@ from specviz.engine.faults.layout import (
     UniformAdvance,
 )
 from specviz.engine.faults.rows import ExtraAccept, RequestOrder, RowMixup
-from specviz.engine.faults.scheduling import AsyncAhead, MidBatchPad, PenaltyHistory, StaleDraftMap, StalePending
+from specviz.engine.faults.scheduling import (
+    AsyncAhead,
+    ChunkBoundaryFeed,
+    MidBatchPad,
+    PenaltyHistory,
+    StaleDraftMap,
+    StalePending,
+)
 
 __all__ = ["FAULTS", "POSITIONS_OFF", "CacheName", "Fault", "FaultLog", "Forward", "SlotPlan", "make_fault"]
 
@@ -61,6 +68,7 @@ FAULTS: dict[str, type[Fault]] = {
         MidBatchPad,
         StaleDraftMap,
         PenaltyHistory,
+        ChunkBoundaryFeed,
     )
 }
 

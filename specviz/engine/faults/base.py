@@ -12,6 +12,7 @@ step's phase (`step.py`) that calls them:
 - which token each draft call after the first is fed (`draft_inputs`; propose, draft model),
 - which pending token each row feeds (`pending_tokens`; step start),
 - what a step appends to its sequence's repetition-penalty history (`penalty_tokens`; commit),
+- what a chunked draft prefill feeds at each chunk boundary (`draft_chunk_tokens`; prefill),
 - whether the target's cache is tampered with before the step (`tamper_cache`; step start),
 - which row's hidden state becomes each row's head carry (`head_source_rows`; after verify),
 - which row's carry each row's head reads (`carry_rows`; propose, head drafting),
@@ -115,6 +116,7 @@ class Fault:
     any_layout = False  # True: the fault's decision exists in every layout (inplace accepts it)
     needs_proposer: str | None = None  # the proposer whose decision it overrides ("head"), if any
     needs_tree = False  # True: it overrides a tree decision (a run needs --tree)
+    needs_chunks = False  # True: it corrupts chunked prefill (a run needs --prefill-chunk)
     needs_penalty = False  # True: it corrupts the repetition penalty's state (a run needs --repetition-penalty)
     outputs_exact = False  # True: outputs stay token-exact (the target verifies): only an invariant catches it
 
@@ -160,6 +162,14 @@ class Fault:
     def penalty_tokens(self, row: int, emitted: list[int]) -> list[int]:
         """What row `row`'s step appends to its sequence's penalty history: every token it emitted."""
         return emitted
+
+    def draft_chunk_tokens(
+        self, fed: torch.Tensor, predicted: torch.Tensor, real: torch.Tensor, seq_ids: list[int]
+    ) -> torch.Tensor:
+        """[B, c] the tokens a chunked draft prefill feeds at a chunk boundary: the context's own
+        (`predicted` [B]: the target's choice for the chunk's first token, -1: none; `real` [B]: the
+        row has a token at that column; `seq_ids`: each row's sequence)."""
+        return fed
 
     def tamper_cache(self, state: KVState) -> None:
         """Leave the target's cache alone (before the step)."""

@@ -130,3 +130,32 @@ class PenaltyHistory(Fault):
         if len(kept) != len(emitted):
             self.log.row(row, f"penalty history given {len(kept)} of {len(emitted)} emitted tokens")
         return kept
+
+
+class ChunkBoundaryFeed(Fault):
+    """At each chunk boundary of a chunked prefill, the draft is fed the target's predicted token
+    for that position (its choice after the previous chunk) instead of the context's own next
+    token, where the two differ. The target's cache is right, so outputs stay exact; the draft's
+    KV is wrong from the boundary on and acceptance drops."""
+
+    name = "chunk-boundary-feed"
+    invariants = (Invariant.DRAFT_INPUT,)
+    seen_in = "SGLang PRs #26329, #26800, #28254: draft fed the target's predicted token at a chunk boundary"
+    summary = (
+        "a chunked prefill feeds the draft the target's prediction, not the prompt's token, at each chunk boundary"
+    )
+    needs_proposer = "draft-model"
+    needs_chunks = True
+    outputs_exact = True
+
+    def draft_chunk_tokens(
+        self, fed: torch.Tensor, predicted: torch.Tensor, real: torch.Tensor, seq_ids: list[int]
+    ) -> torch.Tensor:
+        swap = real.bool() & (predicted >= 0) & (predicted != fed[:, 0])  # [B]
+        if not bool(swap.any()):
+            return fed
+        for row in swap.nonzero().flatten().tolist():  # seen at the sequence's next step, where it is recorded
+            self.log.taint_seq(seq_ids[row], "draft fed the target's prediction at a chunk boundary")
+        out = fed.clone()
+        out[:, 0] = torch.where(swap, predicted, fed[:, 0])
+        return out
