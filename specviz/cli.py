@@ -161,6 +161,22 @@ def _add_record(rec: argparse.ArgumentParser) -> None:
         help="coupled: draft and target share keyed noise, token-exact against the sampled reference; "
         "rejection: speculative rejection sampling, distribution-exact only",
     )
+    rec.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=1.0,
+        metavar="P",
+        help="transformers' repetition penalty over the prompt and every emitted token (1: off); greedy "
+        "or coupled sampling, chains only",
+    )
+    rec.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=0,
+        metavar="N",
+        help="chunked prefill: contexts go into the caches N tokens at a time, each chunk attending the "
+        "earlier ones (0: whole prompts; eqspec, exspec, baseline); the trace records the chunks",
+    )
     rec.add_argument("--window", type=int, default=None, help="exspec sliding window (default 6 x batch)")
     rec.add_argument("--policy", choices=POLICIES, default="converge", help="exspec grouping policy")
     rec.add_argument("--no-reference", action="store_true", help="skip the batch-1 oracle (greedy or sampled)")

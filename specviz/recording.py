@@ -63,6 +63,8 @@ def run_config(args: argparse.Namespace) -> Any:
         top_p=args.top_p,
         top_k=args.top_k,
         sampling=args.sampling,
+        repetition_penalty=getattr(args, "repetition_penalty", 1.0),
+        prefill_chunk=getattr(args, "prefill_chunk", 0),
         exspec_window=args.window,
         exspec_policy=args.policy,
         reference=not args.no_reference,

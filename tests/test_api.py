@@ -54,6 +54,8 @@ def test_invariant_numbers_and_slugs_are_the_reports() -> None:
         (4, "token-accounting"),
         (5, "output-equivalence"),
         (6, "head-input"),  # schema 3: head drafting
+        (7, "draft-input"),  # schema 4: a draft model's inputs
+        (8, "sampling-state"),  # schema 4: the repetition penalty's history
     ]
     seen = set()
     for path in sorted((ROOT / "traces").glob("*.json.gz")):

@@ -40,6 +40,9 @@ REAL_SETTINGS = {"prompts": 8, "max_new_tokens": 40, "batch_size": 4, "draft_k":
 REAL_FAULT = "uniform-advance"  # the mlx-vlm bug: real text turns into repetition
 GEMMA_DRAFT_LAYERS = 15
 CORRECT_VERDICTS = ("clean", "numerical")
+# A fault of the repetition penalty's state or of chunked prefill runs with them on.
+FAULT_PENALTY = 1.3
+FAULT_PREFILL_CHUNK = 16
 
 
 class MisleadingTrace(Exception):
@@ -59,6 +62,17 @@ def drafting_of(fault: str | None, proposer: str, tree: int) -> tuple[str, int]:
     if cls is not None and cls.needs_tree:
         tree = tree or TREE_BRANCHES
     return proposer, tree
+
+
+def needed_settings(fault: str | None) -> dict[str, float | int]:
+    """What a fault needs switched on to fire: a repetition penalty, chunked prefill."""
+    cls = FAULTS.get(fault or "")
+    settings: dict[str, float | int] = {}
+    if cls is not None and cls.needs_penalty:
+        settings["repetition_penalty"] = FAULT_PENALTY
+    if cls is not None and cls.needs_chunks:
+        settings["prefill_chunk"] = FAULT_PREFILL_CHUNK
+    return settings
 
 
 def slug(method: str, fault: str | None, proposer: str = DEFAULT_PROPOSER, tree: int = 0) -> str:
@@ -91,6 +105,7 @@ def record(
         max_new_tokens=settings["max_new_tokens"],
         proposer=proposer,
         tree_branches=tree,
+        **needed_settings(fault),
     )
     started = time.perf_counter()
     trace = run(pair, prompts, config)

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from specviz.trace.arrow import list_parts, numbers, run_parts, string_lengths, valid
-from specviz.trace.schema import TREE_ROW_FIELDS
+from specviz.trace.schema import ROW_WALK_FIELDS
 
 # Row-steps checked at once: a whole row group as the writer cuts them (ROW_GROUP_ROWS, 16,384, plus
 # at most one step). Each slice costs Python per sequence it holds (histories advanced, sums): slices
@@ -71,16 +71,21 @@ class Columns:
             "draft_kv_lens",
         ):
             setattr(self, f"{name}_valid", valid(col(name)))
+        # schema 4: absent from older files (and then read as nulls)
+        inputs = "draft_input_tokens" in table.column_names
+        self.draft_input_tokens_valid = valid(col("draft_input_tokens")) if inputs else np.zeros(len(table), bool)
         self.reason = string_lengths(col("finish_reason"))
         self.n = len(self.step)
 
     @classmethod
     def of(cls, table: pa.Table) -> Columns | None:
-        # Tree and head fields (schema 3) have row checks only: rows recording them go row by row.
-        if any(name in table.column_names and table.column(name).null_count < len(table) for name in TREE_ROW_FIELDS):
+        # Tree, head (schema 3) and penalty (4) fields have row checks only: such rows go row by row.
+        if any(name in table.column_names and table.column(name).null_count < len(table) for name in ROW_WALK_FIELDS):
             return None
         columns = cls(table)
-        for name in ("draft_tokens", "target_tokens", "emitted", "position_ids", "draft_position_ids", "draft_kv_lens"):
+        names = ["draft_tokens", "target_tokens", "emitted", "position_ids", "draft_position_ids", "draft_kv_lens"]
+        names += [name for name in ("draft_input_tokens",) if name in table.column_names]
+        for name in names:
             parts = list_parts(table.column(name))
             if parts is None:
                 return None

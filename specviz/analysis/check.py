@@ -25,6 +25,7 @@ from specviz.analysis.metrics import (
     sequence_divergence,
     settle,
 )
+from specviz.analysis.prefill_checks import check_prefill_row
 from specviz.analysis.recorded import check_recorded_row, note_unrecorded
 from specviz.analysis.report import Report, SequenceVerdict, Violation
 from specviz.analysis.row_checks import check_accounting, check_alignment, check_kv, check_positions
@@ -179,6 +180,7 @@ def check_step(findings: Findings, history: History, si: int, step: StepRecord) 
             check_tree_row(flag, history)
         check_head_row(flag)
         check_recorded_row(flag)
+        check_prefill_row(flag, history)
     if len(widths) > 1 and history.left_padded:
         findings.at(si, step, step.rows[0])(
             Invariant.ALIGNMENT,

@@ -162,6 +162,11 @@ def _recorded_flags(c: Columns, n1: np.ndarray) -> np.ndarray:
     bad = (c.query_causal_valid & ~c.query_causal) | c.kv_mismatch_slot_valid
     for lists in (c.draft_position_ids, c.draft_kv_lens):
         bad |= ~lists.all(lists.values == n1[lists.row_of] + lists.index)
+    inputs = getattr(c, "draft_input_tokens", None)  # schema 4 (_check_draft_inputs)
+    if inputs is not None:
+        row_of, j = inputs.row_of, inputs.index
+        own = np.where(j == 0, c.pending_token[row_of], c.draft_tokens.at(row_of, j - 1))
+        bad |= ~inputs.all((inputs.values == own) & (j <= c.draft_tokens.lengths[row_of]))
     return bad
 
 
@@ -248,6 +253,7 @@ def _apply(
         "query_causal": c.query_causal_valid[cut].any(),
         "draft_position_ids": c.draft_position_ids_valid[cut].any(),
         "draft_kv_lens": c.draft_kv_lens_valid[cut].any(),
+        "draft_input_tokens": c.draft_input_tokens_valid[cut].any(),
         "kv_content_checked": (c.kv_content_checked[cut] | c.kv_mismatch_slot_valid[cut]).any(),
     }
     findings.recorded.update(name for name, seen in recorded.items() if seen)

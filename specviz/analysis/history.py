@@ -83,6 +83,11 @@ class History:
             for s in trace.sequences
         }
 
+    def context(self, seq_id: int, length: int) -> list[int]:
+        """The sequence's first `length` committed tokens: its prompt, then its recorded output."""
+        seq = next((s for s in self.trace.sequences if s.seq_id == seq_id), None)
+        return [] if seq is None else (seq.prompt_ids + seq.output_ids)[:length]
+
     def cut(self, proposal: list[int], seq: SequenceHistory) -> list[int]:
         """The proposal as the sequence may take it: within the budget, nothing after an EOS."""
         out = proposal[: max(0, seq.budget - seq.written)]

@@ -4,6 +4,8 @@ Definitions match vLLM and llama.cpp:
 - acceptance rate = accepted draft tokens / drafted tokens
 - mean acceptance length = 1 + accepted / verify steps (one verify step = one row in one step)
 - per-position acceptance[i] = verify steps that accepted at least i+1 drafts / verify steps
+- acceptance given the previous depth[i] = verify steps that accepted at least i+1 drafts / those
+  that accepted at least i (i = 0: all verify steps): the chance draft i+1 survives once draft i did
 - acceptance histogram[j] = verify steps that accepted exactly j drafts
 - exact match = share of prompts whose emitted token IDs equal the reference's
 - throughput = emitted tokens / decoding wall time
@@ -40,16 +42,31 @@ class Acceptance:
     def mean_length(self) -> float | None:
         return 1 + self.accepted / self.verify_steps if self.verify_steps else None
 
+    def _reached(self) -> list[int]:
+        """Verify steps that accepted at least i drafts, for i = 0..len(histogram) - 1."""
+        reached, running = [], 0
+        for count in reversed(self.histogram):
+            running += count
+            reached.append(running)
+        return list(reversed(reached))
+
     @property
     def per_position(self) -> list[float]:
         if not self.verify_steps:
             return []
-        at_least = []
-        running = 0
-        for count in reversed(self.histogram[1:]):
-            running += count
-            at_least.append(running / self.verify_steps)
-        return list(reversed(at_least))
+        return [count / self.verify_steps for count in self._reached()[1:]]
+
+    @property
+    def per_position_given_previous(self) -> list[float | None]:
+        """Per depth i, P(accepted >= i+1 | accepted >= i); None where no verify reached depth i.
+
+        A bug that corrupts only the later draft calls (state reused across draft steps) leaves
+        depth 0 alone and drops these from depth 1 on, where `per_position`'s running product
+        smears the drop over every later depth."""
+        if not self.verify_steps:
+            return []
+        reached = self._reached()
+        return [reached[i + 1] / reached[i] if reached[i] else None for i in range(len(reached) - 1)]
 
     def add(self, accepted: int, k: int, drafted: int | None = None) -> None:
         """One verify of `drafted` drafts (default k; engines may draft fewer), k the run's maximum."""
@@ -63,7 +80,12 @@ class Acceptance:
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        out.update(rate=self.rate, mean_length=self.mean_length, per_position=self.per_position)
+        out.update(
+            rate=self.rate,
+            mean_length=self.mean_length,
+            per_position=self.per_position,
+            per_position_given_previous=self.per_position_given_previous,
+        )
         return out
 
 
@@ -409,6 +431,7 @@ def summary(trace: Trace, totals: StepTotals | None = None) -> dict[str, Any]:
         "acceptance_rate": total.rate,
         "mean_acceptance_length": total.mean_length,
         "per_position_acceptance": total.per_position,
+        "per_position_acceptance_given_previous": total.per_position_given_previous,
         "tokens_emitted": tokens_emitted(trace),
         "decode_seconds": h.decode_seconds,
         "tokens_per_second": tokens_per_second(trace),

@@ -5,6 +5,12 @@
 - `draft_position_ids` (`Invariant.POSITIONS`): draft call j of a step feeds its last token at position
   `n - 1 + j` (the pending token, then each new draft), just like the target's query window.
 - `draft_kv_lens` (`Invariant.KV`): at draft call j that token attends `n - 1 + j` earlier slots.
+- `draft_input_tokens` (`Invariant.DRAFT_INPUT`, schema 4): draft call 0 feeds the row's pending
+  token, call j its own draft of call j - 1 (a token gathered from another row, or a stale one,
+  leaves outputs exact, since the target verifies, and costs acceptance from that call on).
+- `penalty_history_len`, `penalty_added` (`Invariant.SAMPLING_STATE`, schema 4): a repetition
+  penalty's history holds the n committed tokens before the step and gains exactly what the step
+  emitted, so after every step it is the prompt plus every emitted token.
 - `kv_mismatch_slot` (`Invariant.KV`): the engine recomputed the layer-0 keys of the row's attended
   cache slots from its committed tokens and positions, and this slot's content did not match
   (KV copied from another row, stale after a move, written at the wrong position).
@@ -23,6 +29,7 @@ from specviz.trace.schema import Header
 OPTIONAL_STATE = {
     "draft_position_ids": ("draft position contiguity", "no row records draft_position_ids"),
     "draft_kv_lens": ("draft attended width per draft call", "no row records draft_kv_lens"),
+    "draft_input_tokens": ("draft input per draft call", "no row records draft_input_tokens"),
     "kv_content_checked": ("KV content (layer-0 keys vs tokens and positions)", "no row records kv_content_checked"),
 }
 # A row with drafts whose draft calls were not recorded (a watched engine whose proposals could
@@ -72,6 +79,12 @@ def check_recorded_row(flag: RowFlags) -> None:
                 row.draft_kv_lens,
                 f"draft calls attend {row.draft_kv_lens} earlier slots, expected {expected}",
             )
+    if row.draft_input_tokens is not None:
+        recorded.add("draft_input_tokens")
+        _check_draft_inputs(flag)
+    if row.penalty_added is not None or row.penalty_history_len is not None:
+        recorded.add("penalty_history")
+        _check_penalty_history(flag)
     if row.draft_tokens and row.draft_kv_lens is None and row.draft_kv_len is None:
         flag.skip(*DRAFT_UNMATCHED)
     if row.kv_content_checked or row.kv_mismatch_slot is not None:
@@ -90,7 +103,49 @@ def check_recorded_row(flag: RowFlags) -> None:
 
 # Fields about the draft model's own calls and cache: a run that drafted without one (a head, n-gram
 # lookup, the baseline) has no such calls, so their checks do not apply and go unmentioned.
-DRAFT_CACHE_FIELDS = ("draft_position_ids", "draft_kv_lens")
+DRAFT_CACHE_FIELDS = ("draft_position_ids", "draft_kv_lens", "draft_input_tokens")
+
+
+def _check_penalty_history(flag: RowFlags) -> None:
+    """Before the step the history holds the n committed tokens; the step appends what it emitted."""
+    row = flag.row
+    n = row.committed_before
+    if row.penalty_history_len is not None and row.penalty_history_len != n:
+        flag(
+            Invariant.SAMPLING_STATE,
+            "penalty_history_len",
+            n,
+            row.penalty_history_len,
+            f"the repetition penalty's history holds {row.penalty_history_len} tokens for a row with {n} committed",
+        )
+    if row.penalty_added is not None and row.penalty_added != row.emitted:
+        flag(
+            Invariant.SAMPLING_STATE,
+            "penalty_added",
+            row.emitted,
+            row.penalty_added,
+            f"the step emitted {len(row.emitted)} token(s) but appended {len(row.penalty_added)} to the "
+            "repetition penalty's history",
+        )
+
+
+def _check_draft_inputs(flag: RowFlags) -> None:
+    """Each draft call fed the row's own latest token: its pending token, then its own drafts."""
+    row = flag.row
+    fed = row.draft_input_tokens
+    expected = [row.pending_token, *row.draft_tokens[: max(0, len(fed) - 1)]]
+    if fed == expected:
+        return
+    call = next((j for j, (a, b) in enumerate(zip(fed, expected)) if a != b), min(len(fed), len(expected)))
+    flag(
+        Invariant.DRAFT_INPUT,
+        "draft_input_tokens",
+        expected,
+        fed,
+        f"draft call {call} was fed token {fed[call] if call < len(fed) else None}, not the row's own "
+        f"{'pending token' if call == 0 else f'draft of call {call - 1}'} "
+        f"{expected[call] if call < len(expected) else None}",
+    )
 
 
 def drafts_with_a_draft_model(header: Header) -> bool:

@@ -71,9 +71,10 @@ def render_report(trace: Trace, report: Report) -> str:
     total, per_seq = totals.acceptance, totals.per_seq
     if total.rate is not None:
         pos = ", ".join(f"{p:.2f}" for p in total.per_position)
+        given = ", ".join("n/a" if p is None else f"{p:.2f}" for p in total.per_position_given_previous)
         lines.append(
             f"acceptance: rate {total.rate:.3f}, mean length {total.mean_length:.2f}, "
-            f"per position [{pos}], histogram {total.histogram}"
+            f"per position [{pos}], given the previous [{given}], histogram {total.histogram}"
         )
         worst = sorted(per_seq.items(), key=lambda kv: kv[1].rate or 0)[:3]
         lines.append("  lowest per sequence: " + ", ".join(f"seq {sid} {a.rate:.2f}" for sid, a in worst))

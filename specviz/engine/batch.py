@@ -15,6 +15,12 @@ class SeqState:
     prompt_ids: list[int]
     output_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    # The tokens a repetition penalty reads: the prompt, then what each step appended (penalty.py).
+    penalty_history: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.penalty_history:
+            self.penalty_history = list(self.prompt_ids)
 
     @property
     def committed(self) -> int:

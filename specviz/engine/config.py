@@ -40,6 +40,8 @@ class RunConfig:
     head_path: str | None = None  # the head's folder (default: the embedded default head)
     tree_branches: int = 0  # 0: a chain of k drafts; b: plus b alternative leaves on the chain
     tree_kind: str = "static"  # "static": one alternative at each of the first b depths; "topk": each row's b best
+    repetition_penalty: float = 1.0  # transformers' semantics, prompt included (engine/penalty.py); 1: off
+    prefill_chunk: int = 0  # 0: each context prefilled in one forward; N: N tokens at a time (engine/prefill.py)
 
     def validate(self) -> None:
         if self.method not in METHODS:
@@ -54,6 +56,14 @@ class RunConfig:
                 f"fault {self.fault} models a bug of the left-padded layout (or desyncs lengths a fixed region "
                 "cannot hold); use --method eqspec or exspec"
             )
+        if self.prefill_chunk < 0:
+            raise SpecvizError(f"--prefill-chunk must be 0 (whole prompts) or more, got {self.prefill_chunk}")
+        if self.prefill_chunk and self.method == "inplace":
+            raise SpecvizError(
+                "--prefill-chunk: inplace prefills its fixed regions whole; use eqspec, exspec or baseline"
+            )
+        if fault is not None and fault.needs_chunks and not self.prefill_chunk:
+            raise SpecvizError(f"fault {self.fault} corrupts chunked prefill; use --prefill-chunk 8 (or any N)")
         if self.batch_size < 1:
             raise SpecvizError(f"--batch-size must be at least 1, got {self.batch_size}")
         if self.method != "baseline" and not 1 <= self.draft_k <= 64:
@@ -87,6 +97,10 @@ class RunConfig:
             raise SpecvizError(f"--sampling rejection needs the proposer's probabilities; {kind.name} has none")
         if fault is not None and fault.needs_proposer and fault.needs_proposer != self.proposer:
             raise SpecvizError(f"fault {self.fault} corrupts head drafting; use --proposer {fault.needs_proposer}")
+        if fault is not None and fault.needs_penalty and self.repetition_penalty == 1.0:
+            raise SpecvizError(
+                f"fault {self.fault} corrupts the repetition penalty's state; use --repetition-penalty 1.3"
+            )
         if fault is not None and fault.needs_tree and not self.tree_branches:
             raise SpecvizError(f"fault {self.fault} corrupts tree verification; use --tree 1 or more")
 
@@ -99,6 +113,13 @@ class RunConfig:
             raise SpecvizError(f"--top-p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise SpecvizError(f"--top-k must be >= 0 (0: off), got {self.top_k}")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise SpecvizError(f"--repetition-penalty must be a finite number > 0, got {self.repetition_penalty}")
+        if self.repetition_penalty != 1.0 and (self.tree_branches or self.sampling == "rejection"):
+            raise SpecvizError(
+                "--repetition-penalty works with chains, greedy or coupled sampling (not --tree, "
+                "not --sampling rejection)"
+            )
         if self.temperature == 0 and (self.top_p < 1 or self.top_k > 0 or self.sampling == "rejection"):
             raise SpecvizError("--top-p, --top-k and --sampling rejection need --temperature > 0")
 
@@ -106,7 +127,7 @@ class RunConfig:
     def sampling_params(self) -> SamplingParams:
         """Greedy at temperature 0; else the chosen sampling mode, keyed by `seed`."""
         mode = "greedy" if self.temperature == 0 else self.sampling
-        return SamplingParams(mode, self.temperature, self.top_p, self.top_k, self.seed)
+        return SamplingParams(mode, self.temperature, self.top_p, self.top_k, self.seed, self.repetition_penalty)
 
     @property
     def k(self) -> int:

@@ -4,6 +4,9 @@ Deliberately the simplest possible loop, sharing no code with the batched engine
 left to the model (0..n-1 with no padding they are unambiguous), the cache is the model's own.
 It is the one oracle of every run, the engine's and watched ones (`specviz.watch`), so it runs
 on any transformers 4.45+: the cache keyword is read off the model's forward (`cache_keyword`).
+With a repetition penalty the logits first go through transformers' own
+`RepetitionPenaltyLogitsProcessor` over the prompt and the tokens so far, as
+`generate(repetition_penalty=...)` applies it (the engine's `penalty.py` is its own code).
 It also records the top-1 minus top-2 margin of every token (of the logits when greedy, of the
 noisy scores when sampling), which the forensics use to tell a floating-point near-tie from a
 desync.
@@ -31,6 +34,16 @@ def cache_keyword(model: Any) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+def _penalised(logits: torch.Tensor, ids: list[int], repetition_penalty: float) -> torch.Tensor:
+    """`logits` [1, V] after transformers' repetition penalty over `ids` (prompt + tokens so far)."""
+    if repetition_penalty == 1.0:
+        return logits
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    history = torch.tensor([ids], device=logits.device)
+    return RepetitionPenaltyLogitsProcessor(repetition_penalty)(history, logits.clone())
+
+
 def _cache_of(out: Any) -> Any:
     cache = getattr(out, "cache", None)
     return cache if cache is not None else getattr(out, "past_key_values", None)
@@ -43,6 +56,7 @@ def greedy_reference(
     max_new_tokens: int,
     eos_ids: frozenset[int],
     device: torch.device | None = None,
+    repetition_penalty: float = 1.0,
 ) -> tuple[list[int], list[float]]:
     """Tokens and top-1 minus top-2 logit margins; `device`: the model's own by default."""
     device = device if device is not None else next(model.parameters()).device
@@ -51,7 +65,7 @@ def greedy_reference(
     tokens: list[int] = []
     margins: list[float] = []
     for _ in range(max_new_tokens):
-        logits = out.logits[0, -1].float()
+        logits = _penalised(out.logits[:, -1].float(), prompt_ids + tokens, repetition_penalty)[0]
         top2 = logits.topk(2).values
         token = int(logits.argmax())
         tokens.append(token)
@@ -74,7 +88,7 @@ def sampled_reference(
 ) -> tuple[list[int], list[float]]:
     """Coupled sampling of the target at batch 1: (tokens, top-1 minus top-2 noisy score)."""
     if params.greedy:
-        return greedy_reference(model, prompt_ids, max_new_tokens, eos_ids, device)
+        return greedy_reference(model, prompt_ids, max_new_tokens, eos_ids, device, params.repetition_penalty)
     keyword = cache_keyword(model)
     out = model(input_ids=torch.tensor([prompt_ids], device=device), use_cache=True)
     seq = torch.tensor([seq_id], device=device)
@@ -82,7 +96,8 @@ def sampled_reference(
     margins: list[float] = []
     for _ in range(max_new_tokens):
         index = torch.tensor([[len(prompt_ids) + len(tokens)]], device=device)
-        scores = noisy_scores(out.logits[:, -1:], params, seq, index)[0, 0]
+        logits = _penalised(out.logits[:, -1], prompt_ids + tokens, params.repetition_penalty)[:, None]
+        scores = noisy_scores(logits, params, seq, index)[0, 0]
         token = int(scores.argmax())
         tokens.append(token)
         margins.append(round(top2_margin(scores), 6))

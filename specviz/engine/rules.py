@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specviz.engine.penalty import penalize
 from specviz.engine.sampling import (
     STREAM_ACCEPT,
     STREAM_RESIDUAL,
@@ -41,6 +42,7 @@ class SampleKeys:
 
     seq_ids: torch.Tensor  # [B]
     first: torch.Tensor  # [B]: committed tokens before the step = index of the first new token
+    seen: torch.Tensor | None = None  # [B, V] bool: each row's penalty history (None: no penalty)
 
     def at(self, offsets: torch.Tensor | int, width: int = 1) -> torch.Tensor:
         """Logical indices [B, width] starting `offsets` tokens after `first`."""
@@ -65,8 +67,19 @@ class TokenRules:
         """Rejection sampling needs the draft's distribution q at verification."""
         return self.params.mode == "rejection"
 
-    def select(self, logits: torch.Tensor, keys: SampleKeys | None, offset: int = 0) -> torch.Tensor:
-        """Tokens [B, q] for logits [B, q, V] whose first slot chooses the token at `first + offset`."""
+    @property
+    def penalizes(self) -> bool:
+        return self.params.repetition_penalty != 1.0
+
+    def select(
+        self, logits: torch.Tensor, keys: SampleKeys | None, offset: int = 0, before: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Tokens [B, q] for logits [B, q, V] whose first slot chooses the token at `first + offset`.
+
+        `before` [B, m]: the tokens chosen this step ahead of these slots (the repetition penalty
+        counts them)."""
+        if keys is not None and keys.seen is not None and self.penalizes:
+            logits = penalize(logits, keys.seen, before, self.params.repetition_penalty)
         if self.params.greedy or keys is None:
             return logits.argmax(-1)
         return sample_coupled(logits, self.params, keys.seq_ids, keys.at(offset, logits.shape[1]))
@@ -85,7 +98,7 @@ class TokenRules:
         residual (or bonus) sample at the first rejected slot, then the target's plain samples.
         """
         if self.params.mode != "rejection" or keys is None:
-            target_tokens = self.select(target_logits, keys)
+            target_tokens = self.select(target_logits, keys, before=drafts)
             return agreeing_prefix(drafts, target_tokens[:, : drafts.shape[1]]), target_tokens
         return self._rejection(drafts, draft_logits, target_logits, keys)
 

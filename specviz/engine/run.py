@@ -186,6 +186,8 @@ def _header(pair: ModelPair, config: RunConfig, fault: Fault, eos: frozenset[int
         options=method.options(config),
         sampling=_sampling_info(config.sampling_params),
     )
+    if config.prefill_chunk:  # rows then record each sequence's chunks (schema 4)
+        header.options["prefill_chunk"] = config.prefill_chunk
     header.layout = method.layout  # inplace: per-row regions, no rectangular alignment to check
     if fault.name != "none":  # so a run where it never fired can say where it does (analysis.notes)
         header.options[FAULT_FIRES_ON] = fault.fires_on()
@@ -220,6 +222,7 @@ def _engine_config(
         proposer=proposer,
         tree_branches=config.tree_branches,
         tree_kind=config.tree_kind,
+        prefill_chunk=config.prefill_chunk,
         k=config.k,
         max_new_tokens=config.max_new_tokens,
         eos_ids=eos,
@@ -318,7 +321,10 @@ def _sequence_record(
 
 
 def _sampling_info(params: SamplingParams) -> SamplingInfo | None:
-    """Greedy runs write no sampling field (as every trace before it); sampling runs all of it."""
-    if params.greedy:
+    """Greedy runs write no sampling field (as every trace before it); sampling runs, and greedy
+    runs with a repetition penalty, all of it."""
+    if params.greedy and params.repetition_penalty == 1.0:
         return None
-    return SamplingInfo(params.mode, params.temperature, params.top_p, params.top_k, params.seed)
+    return SamplingInfo(
+        params.mode, params.temperature, params.top_p, params.top_k, params.seed, params.repetition_penalty
+    )

@@ -46,6 +46,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0: no top-k filter
     seed: int = 0
+    repetition_penalty: float = 1.0  # transformers' semantics (penalty.py); 1: off
 
     @property
     def greedy(self) -> bool:

@@ -20,137 +20,36 @@ INPLACE grows each row's length) and calls `finish_step`, which closes the step'
 hands it to the recorder. Tokens are chosen by one set of rules, `EngineConfig.rules` (`rules.py`:
 greedy by default, or coupled or rejection sampling keyed by (seed, seq_id, logical index)), used
 by both the draft and the target, so verification compares like with like. Fault hooks
-(`faults.py`) each override one decision inside one beat and log their own deviations.
+(`faults/`) each override one decision inside one beat and log their own deviations.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from specviz.engine.batch import Batch, SeqState
 from specviz.engine.clock import now
-from specviz.engine.faults import CacheName, Fault, SlotPlan
+from specviz.engine.context import EngineConfig, RunContext
+from specviz.engine.faults import CacheName
+from specviz.engine.keep import keep_masks, kept_nodes, path_first
 from specviz.engine.kv.content import KVContentChecker
-from specviz.engine.kv.headroom import with_headroom
 from specviz.engine.kv.state import CachePlan, KVState, feed, leading_zeros
-from specviz.engine.proposers.base import Proposals, Proposer, TreeShape, accepted_path
-from specviz.engine.proposers.draft_model import DraftModelProposer
+from specviz.engine.penalty import seen_tokens
+from specviz.engine.phases import Commit, StepOutcome, Verification, observe
+from specviz.engine.prefill import prefill
+from specviz.engine.proposers.base import Proposals, accepted_path
 from specviz.engine.proposers.head import HiddenTap
-from specviz.engine.rules import SampleKeys, TokenRules, agreeing_prefix
-from specviz.trace.recorder import NullRecorder, Recorder, StepObservation
+from specviz.engine.rules import SampleKeys, agreeing_prefix
+from specviz.trace.recorder import StepObservation
 
 # re-exported: the accept rule of greedy and coupled verification; the proposer's result
-__all__ = ["Proposals", "agreeing_prefix"]
-
-
-# ---------------------------------------------------------------------- phase results
-
-
-@dataclass(frozen=True)
-class Verification:
-    """What the target's forward over [pending, drafts] decided."""
-
-    positions: torch.Tensor  # [B, k + 1] position IDs fed
-    fed_mask: torch.Tensor  # [B, cache_len + k + 1] attention mask fed
-    cache_len: int  # target cache slots before this forward
-    target_tokens: torch.Tensor  # [B, k + 1] the target's choice after each fed slot
-    matched: torch.Tensor  # [B] leading drafts that agree with the target
-    accepted: torch.Tensor  # [B] drafts kept (a correct engine keeps exactly `matched`)
-    seconds: float
-    paths: list[list[int]] | None = None  # tree: per row the accepted nodes, root excluded
-    node_attends: torch.Tensor | None = None  # tree: [B, N, N] query-block nodes each node attended
-    hidden: torch.Tensor | None = None  # [B, q, H] the target's last hidden states (head drafting)
-
-    def last_node(self, row: int) -> int:
-        """The query slot of the row's last accepted node (its bonus is the target's choice there)."""
-        if self.paths is None:
-            return int(self.accepted[row])
-        path = self.paths[row]
-        return path[-1] if path else 0
-
-
-@dataclass(frozen=True)
-class Commit:
-    """What was written to the sequences."""
-
-    emitted: list[list[int]]  # per row: tokens appended (accepted drafts + bonus, cut at EOS/budget)
-    bonus: list[int | None]  # per row: the target's own token, None where the cut dropped it
-    write_seqs: list[int]  # per row: the sequence its tokens went to (its own, unless a fault)
-    finish_reasons: list[str | None]  # per row: its own sequence's, after the commit
-    active: torch.Tensor  # [B] bool: rows whose own sequence continues
-
-    @property
-    def active_rows(self) -> torch.Tensor:
-        return self.active.nonzero().flatten()
-
-
-@dataclass
-class StepOutcome:
-    """What a step produced, plus the plans the caller applies to rebuild the caches."""
-
-    observation: StepObservation
-    active_rows: torch.Tensor  # rows whose own sequence continues
-    target_plan: CachePlan
-    draft_plan: CachePlan | None  # None: no draft cache (the baseline)
-    started: float  # clock at the step's start: `finish_step` closes the total from it
-    stepped: float  # clock when the step returned: `finish_step` closes the alignment from it
+__all__ = ["EngineConfig", "Proposals", "RunContext", "StepOutcome", "agreeing_prefix"]
 
 
 # ---------------------------------------------------------------------- the engine
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """What a run decodes with: fixed for the run."""
-
-    target: Any
-    draft: Any | None  # the model whose KV cache methods keep beside the target's (set from the proposer)
-    k: int
-    max_new_tokens: int
-    eos_ids: frozenset[int]
-    pad_id: int
-    device: torch.device
-    fault: Fault = field(default_factory=Fault)
-    rules: TokenRules = field(default_factory=TokenRules)
-    kv_check_every: int = 0  # check the target's KV content every N steps (0: never)
-    proposer: Proposer | None = None  # None with a draft model: that model drafts (today's default)
-    tree_branches: int = 0  # 0: a chain; b: b alternative leaves on the main chain (TreeShape)
-    tree_kind: str = "static"  # "static": one at each of the first b depths; "topk": each row's b best-scored
-
-    def __post_init__(self) -> None:
-        if self.proposer is None and self.draft is not None:
-            object.__setattr__(self, "proposer", DraftModelProposer(self.draft))
-        if self.proposer is not None:
-            object.__setattr__(self, "draft", self.proposer.cache_model)
-        if (self.proposer is None) != (self.k == 0):
-            raise ValueError(f"a proposer needs k >= 1 and k >= 1 needs a proposer (k={self.k})")
-        if not 0 <= self.tree_branches <= self.k:
-            raise ValueError(f"tree branches must be between 0 and k={self.k}, got {self.tree_branches}")
-
-    @property
-    def cache_headroom(self) -> int:
-        """Headroom a cache keeps past its width (kv/headroom.py): a step feeds each cache at most
-        k + 1 + branches slots (the draft's catch-up token plus its proposals; the verify block)."""
-        return self.k + 2 + self.tree_branches
-
-
-@dataclass
-class RunContext:
-    """What a run accumulates: the recorder, the step count, the tracing cost, the KV check."""
-
-    recorder: Recorder = field(default_factory=lambda: NullRecorder(header=None))  # outside `run`: nothing
-    on_tokens: Callable[[int], None] | None = None  # progress: tokens emitted this step
-    step_index: int = 0
-    # Seconds spent tracing (the recorder's `record_step` and the sampled KV-content check): the
-    # cost of a traced run measured inside it, free of the run-to-run noise of comparing two runs.
-    tracing_seconds: float = 0.0
-    kv_checker: KVContentChecker | None = None
-    kv_check_unavailable: str | None = None  # why the KV-content check was switched off mid-run
 
 
 class Engine:
@@ -188,30 +87,11 @@ class Engine:
     def now(self) -> float:
         return now(self.device)
 
-    @torch.no_grad()
     def prefill(self, model: Any, seqs: list[SeqState], cache: Any | None = None) -> KVState:
-        """Cache every committed token but the pending one, left-padded, positions from lengths.
-
-        `cache`: an empty cache to write into (placement.py's rows of a batch); default: a new one."""
-        device = self.device
-        contexts = [s.prompt_ids + s.output_ids[:-1] if s.output_ids else s.prompt_ids[:-1] for s in seqs]
-        width = max(len(c) for c in contexts)
-        lengths = torch.tensor([len(c) for c in contexts], device=device)
-        state = KVState(cache=cache, mask=torch.zeros(len(seqs), 0, dtype=torch.long, device=device), next_pos=lengths)
-        if width == 0:
-            return state
-        ids = torch.full((len(seqs), width), self.config.pad_id, dtype=torch.long, device=device)  # [B, W]
-        mask = torch.zeros(len(seqs), width, dtype=torch.long, device=device)  # [B, W]
-        for row, context in enumerate(contexts):
-            if context:
-                ids[row, width - len(context) :] = torch.tensor(context, device=device)
-                mask[row, width - len(context) :] = 1
-        positions = (mask.cumsum(1) - 1).clamp(min=0)  # [B, W]
-        with self.capture_hidden() if model is self.target else nullcontext(None) as tap:
-            feed(model, state, ids, positions, query_mask=mask)
-        self.target_prefilled(seqs, tap, [width - 1 if c else -1 for c in contexts])
-        state.cache = with_headroom(state.cache, self.cache_headroom)
-        return state
+        """Cache every committed token but the pending one, left-padded, positions from lengths,
+        whole or in chunks (`prefill.py`). `cache`: an empty cache to write into (placement.py's
+        rows of a batch); default: a new one."""
+        return prefill(self, model, seqs, cache)
 
     # ------------------------------------------------------------------ the step
 
@@ -221,10 +101,13 @@ class Engine:
         self.fault.log.begin(self.context.step_index, seqs)
         self.fault.tamper_cache(batch.target)
         kv_mismatch = self.check_kv_content(batch.target, seqs)
-        pending = torch.tensor([s.pending for s in seqs], device=device)  # [B]
+        pending = self.fault.pending_tokens(torch.tensor([s.pending for s in seqs], device=device))  # [B]
         committed = [s.committed for s in seqs]
+        penalty_lens = [len(s.penalty_history) for s in seqs] if self.rules.penalizes else None
         keys = SampleKeys(
-            seq_ids=torch.tensor([s.seq_id for s in seqs], device=device), first=torch.tensor(committed, device=device)
+            seq_ids=torch.tensor([s.seq_id for s in seqs], device=device),
+            first=torch.tensor(committed, device=device),
+            seen=self._seen(seqs),
         )
 
         # 1. Propose: k draft tokens per row, a chain or a tree (none for the baseline).
@@ -236,7 +119,7 @@ class Engine:
         self._hand_hidden_states(seqs, committed, proposals, verification)
         # 4. Plan the caches. The target's holds [old | pending, nodes]; the draft's [old | pending,
         # d1..d(k-1)] (+ the KV it lacks once filled). No draft cache: nothing to fill or plan.
-        target_order = _path_first(verification, proposals.tree)
+        target_order = path_first(verification, proposals.tree)
         target_plan = self.plan_cache(
             batch.target, verification.cache_len, verification.accepted, "target", target_order
         )
@@ -248,9 +131,15 @@ class Engine:
             )
 
         self._committed(seqs, commit)
-        observation = self._observe(batch, committed, pending, proposals, verification, commit, fill_s, kv_mismatch)
+        observation = observe(
+            self.context.step_index, batch, committed, pending, proposals, verification, commit, fill_s, kv_mismatch
+        )
+        self._prefilled(seqs, observation)
+        if penalty_lens is not None:
+            observation.penalty_history_lens = penalty_lens
+            observation.penalty_added = [seqs[r].penalty_history[penalty_lens[r] :] for r in range(len(seqs))]
         if proposals.tree is not None:
-            observation.kept_nodes = _kept_nodes(target_plan, verification.cache_len)
+            observation.kept_nodes = kept_nodes(target_plan, verification.cache_len)
         return StepOutcome(observation, commit.active_rows, target_plan, draft_plan, started, self.now())
 
     def finish_step(self, outcome: StepOutcome, left_pad_after: list[int | None], align_before_s: float = 0.0) -> None:
@@ -347,6 +236,7 @@ class Engine:
                 path = verification.paths[row]
                 proposal = [drafts_l[row][node - 1] for node in path] + [targets_l[row][verification.last_node(row)]]
             out = seqs[dest].append(proposal, self.config.max_new_tokens, self.config.eos_ids)
+            seqs[dest].penalty_history.extend(self.fault.penalty_tokens(row, out))
             emitted.append(out)
             bonus.append(proposal[-1] if len(out) == len(proposal) else None)
         return Commit(
@@ -414,7 +304,7 @@ class Engine:
         """
         written = state.width - old_width  # target: k + 1 (tree: N); draft: k, or k + 1 once filled
         slots = self.fault.plan(accepted, written, leading_zeros(state.mask[:, :old_width]), cache)
-        retain, attend = _keep_masks(state.mask, old_width, slots, order)
+        retain, attend = keep_masks(state.mask, old_width, slots, order)
         return CachePlan(
             retain=retain, attend=attend, next_pos=state.next_pos + slots.advance, scattered=order is not None
         )
@@ -441,49 +331,20 @@ class Engine:
         if self.context.on_tokens is not None:
             self.context.on_tokens(sum(len(e) for e in commit.emitted))
 
-    def _observe(
-        self,
-        batch: Batch,
-        committed: list[int],
-        pending: torch.Tensor,
-        proposals: Proposals,
-        verification: Verification,
-        commit: Commit,
-        fill_s: float,
-        kv_mismatch: list[int | None] | None,
-    ) -> StepObservation:
-        return StepObservation(
-            step=self.context.step_index,
-            batch_id=batch.batch_id,
-            seq_ids=[s.seq_id for s in batch.seqs],
-            write_seqs=commit.write_seqs,
-            committed_before=committed,
-            pending=pending,
-            drafts=proposals.node_tokens,
-            target_tokens=verification.target_tokens,
-            accepted=verification.accepted,
-            bonus=commit.bonus,
-            emitted=commit.emitted,
-            positions=verification.positions,
-            fed_mask=verification.fed_mask,
-            cache_len=verification.cache_len,
-            draft_kv_len=proposals.kv_len,
-            left_pad_after=[None] * len(batch.seqs),
-            finish_reasons=commit.finish_reasons,
-            grouped=batch.grouped,
-            draft_ms=(proposals.seconds + fill_s) * 1000,
-            verify_ms=verification.seconds * 1000,
-            align_ms=0.0,  # closed by finish_step, after the caller applied the plans
-            total_ms=0.0,
-            draft_positions=proposals.positions if proposals.kv_len is not None else None,
-            draft_call_kv_lens=proposals.call_kv_lens,
-            kv_mismatch=kv_mismatch,
-            query_causal=None if proposals.tree is not None else getattr(batch.target, "query_causal", None),
-            tree_parents=_row_parents(proposals.tree, len(batch.seqs)),
-            node_attends=verification.node_attends,
-            tree_paths=verification.paths,
-            head_sources=proposals.head_sources,
-        )
+    def _prefilled(self, seqs: list[SeqState], observation: StepObservation) -> None:
+        """Rows whose sequence was prefilled in chunks since its last step record what was fed."""
+        if not self.context.prefills:
+            return
+        records = [self.context.prefills.pop(s.seq_id, None) for s in seqs]
+        observation.prefill_chunks = [r.chunks if r is not None else None for r in records]
+        observation.draft_prefill_tokens = [r.draft_fed if r is not None else None for r in records]
+
+    def _seen(self, seqs: list[SeqState]) -> torch.Tensor | None:
+        """[B, V] each row's penalty history as a token set; None without a repetition penalty."""
+        if not self.rules.penalizes:
+            return None
+        vocab = self.target.get_output_embeddings().weight.shape[0]
+        return seen_tokens([s.penalty_history for s in seqs], vocab, self.device)
 
     def check_kv_content(self, state: KVState, seqs: list[SeqState]) -> list[int | None] | None:
         """On sampled steps: per row, the first attended target slot whose layer-0 key is wrong.
@@ -507,44 +368,3 @@ class Engine:
             mismatches = None
         context.tracing_seconds += self.now() - started
         return mismatches
-
-
-def _row_parents(tree: TreeShape | None, rows: int) -> list[list[int]] | None:
-    """Per row, the parent of each node of its tree (None: a chain)."""
-    return None if tree is None else [list(tree.row_parents(r)) for r in range(rows)]
-
-
-def _path_first(verification: Verification, tree: TreeShape | None) -> torch.Tensor | None:
-    """[B, N] a tree's query slots in keeping order: the root, the accepted path, then the rest."""
-    if tree is None or verification.paths is None:
-        return None
-    order = []
-    for path in verification.paths:
-        front = [0, *path]
-        order.append(front + [s for s in range(tree.size) if s not in front])
-    return torch.tensor(order, dtype=torch.long, device=verification.accepted.device)
-
-
-def _kept_nodes(plan: CachePlan, old_width: int) -> list[list[int]]:
-    """Per row, the query-block nodes whose KV the target plan keeps attended."""
-    return [row.nonzero().flatten().tolist() for row in plan.attend[:, old_width:]]
-
-
-def _keep_masks(
-    mask_after: torch.Tensor, old_width: int, plan: SlotPlan, order: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Which slots of [old | new] survive the rebuild, and which of those stay attended. The plan
-    counts new slots in `order` (default: as written)."""
-    old = mask_after[:, :old_width]
-    new_width = mask_after.shape[1] - old_width
-    if plan.absorb_old_pad:
-        retain_old = torch.ones_like(old, dtype=torch.bool)
-        attend_old = retain_old
-    else:
-        retain_old = old.cumsum(1) > 0  # strip leading padding, keep any holes after it
-        attend_old = old.bool()
-    slots = torch.arange(new_width, device=mask_after.device)[None, :]
-    rank = slots if order is None else order.argsort(1)  # each new slot's place in the keeping order
-    retain_new = rank < plan.keep_new[:, None]
-    attend_new = rank < plan.attend_new[:, None]
-    return torch.cat([retain_old, retain_new], 1), torch.cat([attend_old, attend_new], 1)

@@ -85,8 +85,12 @@ ROW_TOKEN_FIELDS = (
     "tree_path",
     "kept_nodes",
     "head_source",
+    # schema version 4
+    "draft_input_tokens",
+    "penalty_added",
+    "draft_prefill_tokens",
 )
-ROW_NESTED_FIELDS = ("node_attends",)  # schema 3: a list per tree node, counted by all its items
+ROW_NESTED_FIELDS = ("node_attends", "prefill_chunks")  # schema 3: a list per tree node, counted by all its items
 SEQUENCE_TOKEN_FIELDS = ("prompt_ids", "output_ids", "reference_ids", "reference_margins")
 ROW_ID_FIELDS = ("draft_tokens", "target_tokens", "emitted")  # token IDs a reader may show
 SEQUENCE_ID_FIELDS = ("prompt_ids", "output_ids", "reference_ids")

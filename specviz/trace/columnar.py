@@ -36,6 +36,7 @@ from specviz.trace.arrow import arrow_type, pylist
 from specviz.trace.schema import (
     FORMAT_NAME,
     TREE_ROW_FIELDS,
+    V4_ROW_FIELDS,
     Header,
     RowRecord,
     SequenceRecord,
@@ -196,8 +197,8 @@ def save_parquet(trace: Trace, path: str | os.PathLike[str]) -> Path:
 # ----------------------------------------------------------------------------- the table, read back
 
 
-# Columns added by schema version 3: a file written before them lacks them, read as nulls.
-OPTIONAL_COLUMNS = frozenset(TREE_ROW_FIELDS)
+# Columns added by schema versions 3 and 4: a file written before them lacks them, read as nulls.
+OPTIONAL_COLUMNS = frozenset(TREE_ROW_FIELDS + V4_ROW_FIELDS)
 
 
 def with_optional_columns(table: pa.Table) -> pa.Table:

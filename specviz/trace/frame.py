@@ -74,6 +74,12 @@ COLUMNS = [
     "tree_path",
     "kept_nodes",
     "head_source",
+    # schema version 4, optional draft-input field
+    "draft_input_tokens",
+    "penalty_history_len",
+    "penalty_added",
+    "prefill_chunks",
+    "draft_prefill_tokens",
     # token text from the trace's piece table
     "pending_text",
     "draft_text",

@@ -27,6 +27,14 @@ class Invariant(IntEnum):
     # row's own sequence at its last cached token (logical index n-2). A drafting rule: breaking
     # it may keep outputs exact and only cost acceptance.
     HEAD = 6
+    # Draft inputs (schema 4): each draft call feeds the row's own latest token: the pending token
+    # at call 0, the row's own draft of call j - 1 at call j. A drafting rule, like HEAD: breaking
+    # it keeps outputs exact and costs acceptance, from the call it first breaks at.
+    DRAFT_INPUT = 7
+    # Sampling state (schema 4): the token history a repetition penalty reads (and any
+    # per-sequence counter that follows it) equals the prompt plus every token emitted so far,
+    # after every step: a speculative step emits accepted + 1 tokens, not one.
+    SAMPLING_STATE = 8
 
     @property
     def slug(self) -> str:
@@ -41,8 +49,18 @@ _SLUGS = {
     Invariant.ACCOUNTING: "token-accounting",
     Invariant.OUTPUT: "output-equivalence",
     Invariant.HEAD: "head-input",
+    Invariant.DRAFT_INPUT: "draft-input",
+    Invariant.SAMPLING_STATE: "sampling-state",
 }
 
 # The invariants checked on the recorded state: every `Violation` names one of these. OUTPUT is
 # judged per sequence against the reference, by the verdicts (docs/forensics.md).
-STATE_INVARIANTS = (Invariant.ALIGNMENT, Invariant.POSITIONS, Invariant.KV, Invariant.ACCOUNTING, Invariant.HEAD)
+STATE_INVARIANTS = (
+    Invariant.ALIGNMENT,
+    Invariant.POSITIONS,
+    Invariant.KV,
+    Invariant.ACCOUNTING,
+    Invariant.HEAD,
+    Invariant.DRAFT_INPUT,
+    Invariant.SAMPLING_STATE,
+)

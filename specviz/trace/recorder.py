@@ -50,6 +50,11 @@ class StepObservation:
     total_ms: float
     draft_positions: torch.Tensor | None = None  # [B, k] position fed at each draft call; None: no draft
     draft_call_kv_lens: torch.Tensor | None = None  # [B, k] attended draft slots before each draft call
+    draft_input_tokens: torch.Tensor | None = None  # [B, k] the token each draft call fed
+    penalty_history_lens: list[int] | None = None  # per row: its penalty history's length before the step
+    penalty_added: list[list[int]] | None = None  # per row: what the step appended to that history
+    prefill_chunks: list[list[list[int]] | None] | None = None  # per row: its chunked prefill's spans, if any
+    draft_prefill_tokens: list[list[int] | None] | None = None  # per row: what that prefill fed the draft
     kv_mismatch: list[int | None] | None = None  # per row: first bad target slot; None: not checked
     query_causal: torch.Tensor | None = None  # [B] bool, when the verify block was fed as a 4-D mask
     tree_parents: list[list[int]] | None = None  # tree verification, per row: parent of each query node (-1: root)
@@ -103,6 +108,7 @@ class Recorder:
         draft_kv = obs.draft_kv_len.tolist() if obs.draft_kv_len is not None else None
         draft_pos = obs.draft_positions.tolist() if obs.draft_positions is not None else None
         call_kv = obs.draft_call_kv_lens.tolist() if obs.draft_call_kv_lens is not None else None
+        draft_inputs = obs.draft_input_tokens.tolist() if obs.draft_input_tokens is not None else None
         checked = obs.kv_mismatch is not None
         causal = obs.query_causal.tolist() if obs.query_causal is not None else None
         tree = _tree_fields(obs)
@@ -133,6 +139,11 @@ class Recorder:
                     finish_reason=obs.finish_reasons[r],
                     draft_position_ids=draft_pos[r] if draft_pos is not None else None,
                     draft_kv_lens=call_kv[r] if call_kv is not None else None,
+                    draft_input_tokens=draft_inputs[r] if draft_inputs is not None else None,
+                    penalty_history_len=obs.penalty_history_lens[r] if obs.penalty_history_lens is not None else None,
+                    penalty_added=obs.penalty_added[r] if obs.penalty_added is not None else None,
+                    prefill_chunks=obs.prefill_chunks[r] if obs.prefill_chunks is not None else None,
+                    draft_prefill_tokens=obs.draft_prefill_tokens[r] if obs.draft_prefill_tokens is not None else None,
                     kv_content_checked=checked,
                     kv_mismatch_slot=obs.kv_mismatch[r] if checked else None,
                     query_causal=causal[r] if causal is not None else None,

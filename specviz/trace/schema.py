@@ -14,8 +14,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEMA_VERSION = 3
-OLDEST_READABLE_VERSION = 1  # version-1 and -2 files lack only optional fields
+SCHEMA_VERSION = 4
+OLDEST_READABLE_VERSION = 1  # version-1, -2 and -3 files lack only optional fields
 FORMAT_NAME = "specviz-trace"
 
 METHODS = ("baseline", "eqspec", "exspec", "inplace")
@@ -62,6 +62,19 @@ class RowRecord:
     # Head drafting: [seq_id, logical index] of the target hidden state fed to the row's head this
     # step; [] when none was (a one-token prompt's first step).
     head_source: list[int] | None = None
+    # Schema version 4, all optional (None: not recorded). A draft model's input per draft call:
+    # the token it fed (the pending token, then the row's own drafts).
+    draft_input_tokens: list[int] | None = None
+    # A repetition penalty's token history (header.sampling.repetition_penalty != 1): its length
+    # before the step, and the tokens the step appended to it. With the sequence's prompt they
+    # are the whole history after every step.
+    penalty_history_len: int | None = None
+    penalty_added: list[int] | None = None
+    # A chunked prefill (header.options["prefill_chunk"]), on the row of the sequence's first step
+    # after it: each target chunk [start, end, position of its first token, attended slots before
+    # it], in order; and the tokens the draft was fed, in order.
+    prefill_chunks: list[list[int]] | None = None
+    draft_prefill_tokens: list[int] | None = None
 
 
 @dataclass
@@ -117,6 +130,9 @@ class SamplingInfo:
     top_p: float = 1.0
     top_k: int = 0  # 0: no top-k filter
     seed: int = 0
+    # Schema version 4, optional: transformers' repetition penalty (1: off). A greedy run with a
+    # penalty writes this object with mode "greedy".
+    repetition_penalty: float = 1.0
 
 
 # `header.options` key specviz's engine writes with a fault: where the fault fires ("exspec", "eqspec
@@ -184,10 +200,16 @@ class Trace:
 # records them on a sampled few rows does not pay their bytes on every row (the loader restores
 # the defaults).
 TREE_ROW_FIELDS = ("tree_parents", "tree_depths", "node_attends", "tree_path", "kept_nodes", "head_source")
+# Columns added by schema version 4: a file written before them lacks them.
+V4_ROW_FIELDS = ("draft_input_tokens", "penalty_history_len", "penalty_added", "prefill_chunks", "draft_prefill_tokens")
+# Of these, the ones only the row walk checks: a Parquet row group recording them is not judged a
+# column at a time (analysis/arrays.py).
+ROW_WALK_FIELDS = (*TREE_ROW_FIELDS, "penalty_history_len", "penalty_added", "prefill_chunks", "draft_prefill_tokens")
 SPARSE_ROW_FIELDS = (
     "query_causal",
     "draft_position_ids",
     "draft_kv_lens",
+    *V4_ROW_FIELDS,
     "kv_content_checked",
     "kv_mismatch_slot",
     *TREE_ROW_FIELDS,

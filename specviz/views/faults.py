@@ -45,6 +45,18 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "siblings: alternatives are scored in the wrong context.",
     "tree-node-positions": "each tree node is fed its node index as position offset instead of its "
     "depth: alternatives sit at the wrong position.",
+    "stale-pending": "once, a row feeds the token it fed the step before instead of its pending token, "
+    "as a request rescheduled before its tokens were written back (vLLM #52071).",
+    "async-ahead": "the next step's positions and cache length are built as if every draft was accepted: "
+    "rows that accepted fewer run ahead by k minus accepted (vLLM-Ascend #10032).",
+    "mid-batch-pad": "a padded dummy row sits mid-batch and the per-row offsets are not compacted: rows "
+    "after it are fed their neighbour's positions (TensorRT-LLM #6136).",
+    "stale-draft-map": "draft calls after the first reuse the verify's token-to-row map: rows read "
+    "another row's draft; outputs stay exact, deeper acceptance falls (TensorRT-LLM #17240).",
+    "penalty-history": "the repetition penalty's history gets one token per step, not every accepted "
+    "token: outputs differ only with a penalty on (SGLang #33643, vLLM #30122).",
+    "chunk-boundary-feed": "a chunked prefill feeds the draft the target's predicted token at each chunk "
+    "boundary instead of the prompt's: outputs stay exact, acceptance drops (SGLang #26329).",
 }
 
 

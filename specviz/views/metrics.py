@@ -40,12 +40,16 @@ def acceptance_markdown(trace: Trace, totals: StepTotals | None = None) -> str:
     rates = [a.rate for a in per_seq.values() if a.rate is not None]
     spread = f"; per sequence {min(rates):.2f} … {max(rates):.2f}" if rates else ""
     positions = ", ".join(f"{p:.2f}" for p in total.per_position)
+    given = ", ".join("n/a" if p is None else f"{p:.2f}" for p in total.per_position_given_previous)
     return (
         f"**acceptance rate** {_fmt(total.rate)} (accepted / drafted = {total.accepted} / {total.drafted}{spread})  \n"
         f"**mean acceptance length** {_fmt(total.mean_length, 2)} tokens per verify step (1 + accepted / verify "
         f"steps, the 1 is the bonus token)  \n"
         f"**acceptance per depth** [{positions}] (share of verify steps accepting at least i+1 drafts: a tree's "
         f"path reaching depth i+1; a head fed the wrong state collapses from depth 1)  \n"
+        f"**acceptance given the previous depth** [{given}] (of the verify steps that accepted at least i "
+        f"drafts, the share that accepted draft i+1 too: a bug in the later draft calls drops it from depth 2 "
+        f"on, often only at batch > 1)  \n"
         f"**histogram** {total.histogram} (verify steps accepting exactly 0..{trace.header.draft_k} drafts)"
     )
 
@@ -57,7 +61,7 @@ def acceptance_figure(trace: Trace, totals: StepTotals | None = None) -> go.Figu
         rows=1,
         cols=2,
         subplot_titles=(
-            "Acceptance per depth (≥ i drafts accepted)",
+            "Acceptance per depth (bars: ≥ i accepted; line: given ≥ i-1)",
             "Histogram: drafts accepted per verify step",
         ),
     )
@@ -84,6 +88,18 @@ def acceptance_figure(trace: Trace, totals: StepTotals | None = None) -> go.Figu
             ),
             row=1,
             col=2,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=positions,
+                y=total.per_position_given_previous,
+                mode="lines+markers",
+                line_color="#15803d",
+                name="given the previous depth",
+                hovertemplate="depth %{x}, given the depth before it: %{y:.3f}<extra></extra>",
+            ),
+            row=1,
+            col=1,
         )
     fig.update_yaxes(range=[0, 1], row=1, col=1)
     fig.update_xaxes(title_text="depth i (draft position)", dtick=1, row=1, col=1)

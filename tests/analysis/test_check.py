@@ -181,8 +181,11 @@ def test_correct_runs_have_no_false_alarms(method: str, batch: int, k: int) -> N
     assert report.violation_count == 0
 
 
-# Faults of head or tree drafting need a head or --tree: tests/engine/test_drafting_faults.py.
-CHAIN_FAULTS = [f for f in sorted(FAULTS) if not FAULTS[f].needs_proposer and not FAULTS[f].needs_tree]
+# Faults of head or tree drafting need a head or --tree: tests/engine/test_drafting_faults.py; the
+# penalty's, a repetition penalty: tests/engine/test_repetition_penalty.py.
+CHAIN_FAULTS = [
+    f for f in sorted(FAULTS) if not (FAULTS[f].needs_proposer or FAULTS[f].needs_tree or FAULTS[f].needs_penalty)
+]
 
 
 @pytest.mark.parametrize("fault", CHAIN_FAULTS)

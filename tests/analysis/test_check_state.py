@@ -26,6 +26,7 @@ PROMPTS = ["hello world", "a", "the quick brown fox jumps over the lazy dog", "x
         ("draft_position_ids", "off-by-one", 2),
         ("draft_kv_lens", "one-short", 3),
         ("kv_mismatch_slot", "slot", 3),
+        ("draft_input_tokens", "another-row", 7),
     ],
 )
 def test_recorded_state_fields_are_checked(fld: str, value, invariant: int) -> None:
@@ -37,6 +38,7 @@ def test_recorded_state_fields_are_checked(fld: str, value, invariant: int) -> N
             row.draft_position_ids = list(range(n - 1, n - 1 + 4))
             row.draft_kv_lens = list(range(n - 1, n - 1 + 4))
             row.kv_content_checked = True
+            row.draft_input_tokens = [row.pending_token, *row.draft_tokens[:3]]
     report = check_trace(trace)
     assert report.verdict == "clean" and not any("draft" in s or "KV content" in s for s in report.skipped_checks)
     row = trace.steps[3].rows[2]
@@ -45,6 +47,8 @@ def test_recorded_state_fields_are_checked(fld: str, value, invariant: int) -> N
         "off-by-one": list(range(n, n + 4)),
         "one-short": [n - 2] + list(range(n, n + 3)),
         "slot": row.left_pad + 1,
+        # call 2 fed a token the row never drafted (another row's, as stale-draft-map does)
+        "another-row": row.draft_input_tokens[:2] + [row.draft_tokens[1] + 1] + row.draft_input_tokens[3:],
     }.get(value, value)
     setattr(row, fld, bad)
     assert first(check_trace(trace)) == (3, 2, invariant, fld)
@@ -53,6 +57,7 @@ def test_recorded_state_fields_are_checked(fld: str, value, invariant: int) -> N
 def test_unrecorded_state_fields_are_reported_as_skipped() -> None:
     skipped = " ".join(map(str, check_trace(clean_synth()).skipped_checks))
     assert "draft_position_ids" in skipped and "draft_kv_lens" in skipped and "kv_content_checked" in skipped
+    assert "draft_input_tokens" in skipped  # schema 4: every older trace lacks it
 
 
 @pytest.mark.parametrize(("proposer", "draft_k"), [("head", 4), ("ngram", 4), ("draft-model", 0)])
@@ -63,7 +68,7 @@ def test_draft_model_checks_go_unmentioned_without_a_draft_model(proposer: str, 
     trace.header.proposer, trace.header.draft_k = proposer, draft_k
     skipped = " ".join(map(str, check_trace(trace).skipped_checks))
     assert "draft_position_ids" not in skipped and "draft_kv_lens" not in skipped, skipped
-    assert "kv_content_checked" in skipped
+    assert "draft_input_tokens" not in skipped and "kv_content_checked" in skipped
 
 
 def test_check_json_into_a_closed_pipe_exits_quietly(tmp_path) -> None:

@@ -146,6 +146,8 @@ def test_acceptance_totals_by_hand() -> None:
     assert total.histogram == [1, 2, 1, 2]  # exactly 0, 1, 2, 3 accepted
     # At least 1 accepted: 5 of 6; at least 2: 3 of 6; at least 3: 2 of 6.
     assert total.per_position == pytest.approx([5 / 6, 3 / 6, 2 / 6])
+    # Given the previous depth: 5 of 6 reach depth 1; of those 5, 3 reach 2; of those 3, 2 reach 3.
+    assert total.per_position_given_previous == pytest.approx([5 / 6, 3 / 5, 2 / 3])
     d = total.as_dict()
     assert d["rate"] == pytest.approx(10 / 18) and d["mean_length"] == pytest.approx(8 / 3)
     assert d["per_position"] == pytest.approx([5 / 6, 0.5, 1 / 3]) and d["histogram"] == [1, 2, 1, 2]
@@ -185,6 +187,10 @@ def test_acceptance_edges() -> None:
     assert a.per_position == pytest.approx([2 / 3, 1 / 3, 0.0, 0.0])
     # Built without a verify step (histogram of zeros, as a reader could): no rates, no division.
     assert Acceptance(histogram=[0, 0, 0]).per_position == []
+    assert Acceptance(histogram=[0, 0, 0]).per_position_given_previous == []
+    never = Acceptance()
+    never.add(0, 3)  # no verify reached depth 1: depths 2 and 3 have nothing to be conditioned on
+    assert never.per_position_given_previous == [0.0, None, None]
     b = Acceptance()
     b.add(0, 1)
     assert (b.rate, b.mean_length, b.per_position) == (0.0, 1.0, [0.0])
@@ -327,6 +333,7 @@ def test_summary_by_hand() -> None:
     assert s["acceptance_rate"] == pytest.approx(10 / 18)
     assert s["mean_acceptance_length"] == pytest.approx(8 / 3)
     assert s["per_position_acceptance"] == pytest.approx([5 / 6, 0.5, 1 / 3])
+    assert s["per_position_acceptance_given_previous"] == pytest.approx([5 / 6, 3 / 5, 2 / 3])
     assert s["tokens_emitted"] == 12 and s["decode_seconds"] == 4.0
     assert s["tokens_per_second"] == pytest.approx(3.0)
     assert s["tokens_left_on_table_per_step"] == pytest.approx(2 / 3)

@@ -26,15 +26,19 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "faults.md"
 def documented() -> dict[str, tuple[str, int]]:
     """Each fault's (default method, rows it needs) as docs/faults.md's tables say: the cell after
     the fault's name is the method ("eqspec"), or says "default `exspec`" among the settings it
-    needs; the sixth ("only in ragged batches?", "only with two rows?") starts "yes" for 2 rows."""
-    found = {}
+    needs; the table's rows column ("only in ragged batches?", "only with two rows?",
+    "batch-dependent?", found by its header) starts "yes" for 2 rows."""
+    found, rows_at = {}, 5
     for line in DOCS.read_text(encoding="utf-8").splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        name = re.fullmatch(r"`([a-z0-9-]+)`", cells[0]) if len(cells) > 5 else None
+        if cells[0] == "fault":  # a table's header: where its rows column is
+            columns = [i for i, c in enumerate(cells) if "rows" in c or "ragged" in c or "batch-dependent" in c]
+            rows_at = columns[0] if columns else len(cells)  # a table of measurements: no fault rows
+        name = re.fullmatch(r"`([a-z0-9-]+)`", cells[0]) if len(cells) > rows_at else None
         if name is None:
             continue
         said = re.search(r"default `?([a-z]+)`?", cells[1])
-        found[name.group(1)] = (said.group(1) if said else cells[1], 2 if cells[5].startswith("yes") else 1)
+        found[name.group(1)] = (said.group(1) if said else cells[1], 2 if cells[rows_at].startswith("yes") else 1)
     return found
 
 

@@ -22,7 +22,12 @@ RAGGED_ONLY = ("column-positions", "kv-row-copy", "pad-accumulation", "row-mixup
 ALWAYS = ("draft-positions", "extra-accept", "masked-holes", "missing-bonus-kv")
 # The faults of head and tree drafting and of request order, on tiny pairs: tests/engine/test_drafting_faults.py.
 DRAFTING = ("request-order", "head-source-index", "shared-carry", "tree-sibling-mask", "tree-node-positions")
-CHAIN_FAULTS = sorted(set(FAULTS) - set(DRAFTING))
+# The faults of state carried between steps (greedy and sampled, on the tiny pair):
+# tests/engine/test_scheduling_faults.py.
+SCHEDULING = ("stale-pending", "async-ahead", "mid-batch-pad", "stale-draft-map")
+PENALTY = ("penalty-history",)  # needs --repetition-penalty: tests/engine/test_repetition_penalty.py
+CHUNKS = ("chunk-boundary-feed",)  # needs --prefill-chunk: tests/engine/test_chunked_prefill.py
+CHAIN_FAULTS = sorted(set(FAULTS) - set(DRAFTING) - set(SCHEDULING) - set(PENALTY) - set(CHUNKS))
 
 
 @functools.cache
@@ -56,7 +61,7 @@ def record(method: str, fault: str | None, batch: int, num_prompts: int = len(PR
 
 
 def test_fault_lists_cover_the_catalogue() -> None:
-    assert sorted(RAGGED_ONLY + ALWAYS + DRAFTING) == sorted(FAULTS)
+    assert sorted(RAGGED_ONLY + ALWAYS + DRAFTING + SCHEDULING + PENALTY + CHUNKS) == sorted(FAULTS)
 
 
 @pytest.mark.parametrize("fault", CHAIN_FAULTS)

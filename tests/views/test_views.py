@@ -156,6 +156,7 @@ def test_acceptance_metrics_follow_the_definitions(traces: dict[str, Trace]) -> 
     fig = acceptance_figure(trace)
     assert list(fig.data[0].y) == pytest.approx(total.per_position)
     assert list(fig.data[1].y) == total.histogram
+    assert list(fig.data[2].y) == pytest.approx(total.per_position_given_previous)
     table = sequence_table(trace, check_trace(trace))
     for _, line in table.iterrows():
         acc = per_seq[line["seq"]]

@@ -44,9 +44,11 @@ def pads_after(batch: Batch, outcome: StepOutcome, new_batch: Batch) -> list[int
 
 
 def prefill(engine: Engine, chunk: list[SeqState], batch_id: int) -> Batch:
-    """One left-padded batch prefill per model."""
+    """One left-padded batch prefill per model, the target's first (as serving engines run it: a
+    draft prefill that reads the target's predictions, chunked, finds them made)."""
+    target = engine.prefill(engine.target, chunk)
     draft = engine.prefill(engine.draft, chunk) if engine.draft is not None else None
-    return Batch(chunk, engine.prefill(engine.target, chunk), draft, batch_id)
+    return Batch(chunk, target, draft, batch_id)
 
 
 def run_eqspec(engine: Engine, seqs: list[SeqState], batch_size: int, compact_fn: CompactFn = compact) -> None:

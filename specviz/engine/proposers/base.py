@@ -187,6 +187,7 @@ class Proposals:
     seconds: float
     logits: torch.Tensor | None = None  # [B, k, V] the proposer's logits, kept only for rejection sampling
     call_kv_lens: torch.Tensor | None = None  # [B, k] attended draft slots before each draft call
+    input_tokens: torch.Tensor | None = None  # [B, k] the token each draft call fed (a draft model's)
     alternatives: torch.Tensor | None = None  # [B, branches] second choice at depths 1..branches (tree)
     tree: TreeShape | None = None  # None: a chain
     head_sources: list[list[int]] | None = None  # per row [seq_id, logical index] of the hidden state fed; [] none

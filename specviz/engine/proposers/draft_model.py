@@ -33,15 +33,18 @@ class DraftModelProposer(NoCarry):
         state, fault, rules = batch.draft, engine.fault, engine.rules
         started = engine.now()
         kv_len, cache_width = state.mask.sum(1), state.width
-        tokens = pending[:, None]  # [B, 1]
-        drafted, fed_positions, kept_logits, call_kv_lens = [], [], [], []
+        tokens = pending[:, None]  # [B, 1] what call 0 feeds; call j feeds call j - 1's draft
+        drafted, fed_positions, kept_logits, call_kv_lens, inputs = [], [], [], [], []
         alternatives = Alternatives(engine.k, branches, engine.config.tree_kind)
         for j in range(engine.k):
             positions = fault.forward_positions(state.next_pos + j, state.width, 1, "draft")  # [B, 1]
             positions = fault.draft_positions(positions)
             call_kv_lens.append(state.mask.sum(1, keepdim=True))  # the call's one query attends these
+            if j:
+                tokens = fault.draft_inputs(tokens, j, engine.k)
+            inputs.append(tokens)
             logits = feed(self.cache_model, state, tokens, positions)[:, -1:]  # [B, 1, V]
-            tokens = rules.select(logits, keys, offset=j)
+            tokens = rules.select(logits, keys, offset=j, before=torch.cat(drafted, dim=1) if drafted else None)
             drafted.append(tokens)
             fed_positions.append(positions)
             alternatives.add(j, logits, tokens)
@@ -56,6 +59,7 @@ class DraftModelProposer(NoCarry):
             seconds=engine.now() - started,
             logits=torch.cat(kept_logits, dim=1) if kept_logits else None,
             call_kv_lens=torch.cat(call_kv_lens, dim=1),
+            input_tokens=torch.cat(inputs, dim=1),
             alternatives=alternative_tokens,
             tree=tree,
         )

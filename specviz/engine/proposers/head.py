@@ -197,7 +197,7 @@ class HeadProposer:
         for j in range(engine.k):
             hidden = self.head(hidden, self.embed(tokens[:, -1]))  # [B, H]
             logits = self.lm_head(hidden)[:, None]  # [B, 1, V]
-            tokens = rules.select(logits, keys, offset=j)
+            tokens = rules.select(logits, keys, offset=j, before=torch.cat(drafted, dim=1) if drafted else None)
             drafted.append(tokens)
             alternatives.add(j, logits, tokens)
             if rules.keeps_draft_logits:
