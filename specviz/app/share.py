@@ -113,7 +113,7 @@ def key_target(loaded: LoadedRun, key: str, step: int, row: int) -> tuple[int, i
         found = _violation_after(loaded.report.violations, step, row, forward=key == "n")
         return (found.step_index, found.row) if found is not None else None
     if key in ("j", "k"):
-        rows = [r.row for r in loaded.step_slots(step).rows]
+        rows = [r.row for r in loaded.trace.steps[step].rows]  # every row: the grid pages with them
         if not rows:
             return None
         if row not in rows:
@@ -137,7 +137,7 @@ def cell_details(loaded: LoadedRun | None, step: int, row: int, col: int | None)
     if loaded is None or not loaded.trace.steps:
         return ""
     step = min(max(int(step), 0), loaded.step_count - 1)
-    grid = loaded.step_slots(step)
+    grid = loaded.step_slots(step, row)  # the page of rows holding `row`: a panel costs one page
     if row == NO_ROW or grid.find_row(row) is None:
         if not grid.rows:
             return ""

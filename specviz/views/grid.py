@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from specviz.analysis.report import Violation
 from specviz.analysis.slots import RowSlots, Slot, StepSlots
+from specviz.trace.schema import StepRecord
 from specviz.views.palette import (
     FIRST_FLAG_COLOR,
     FLAG_COLOR,
@@ -24,6 +26,7 @@ from specviz.views.safe_text import html_text, md_text
 from specviz.views.tokens import token_label
 
 DEFAULT_WINDOW = 40  # cache slots shown; the query and bonus columns are always shown
+MAX_COLUMNS = 1024  # columns drawn at most (the window slider stops at 512 cache slots, the query at 257)
 MAX_TEXT_COLUMNS = 90  # beyond this many columns the position text is unreadable: hover only
 NO_ROW = -1  # the row picker's "none"
 ROW_PX = 30
@@ -63,7 +66,7 @@ def _hover(grid_row: RowSlots, cell: Slot, texts: dict[int, str], cache_len: int
             lines.append(f"fed position {cell.fed_position} · expected {cell.expected_position}")
         else:
             lines.append(f"expected position {cell.expected_position} (prefill: not recorded)")
-    lines += [f"<span style='color:{FLAG_COLOR}'>✗ {reason}</span>" for reason in cell.reasons]
+    lines += [f"<span style='color:{FLAG_COLOR}'>✗ {html_text(reason, 300)}</span>" for reason in cell.reasons]
     return "<br>".join(lines)
 
 
@@ -99,13 +102,18 @@ def grid_figure(
     window: int = DEFAULT_WINDOW,
     selected_row: int | None = None,
     title: str | None = None,
+    note: str = "",
 ) -> go.Figure:
-    """Plotly figure of a step grid: coloured kinds, fed positions as text, red outlines for errors."""
+    """Plotly figure of a step grid: coloured kinds, fed positions as text, red outlines for errors.
+
+    `grid` holds the rows drawn (a page of the step's, `views.run.row_page`); `note` says which.
+    """
     texts = texts or {}
     focus = grid.first_violation[1] if grid.first_violation else None
     # Never wider than what was built: a huge cache or batch builds fewer columns per row.
     built = min((r.slots.first for r in grid.rows), default=0)
-    start = max(window_start(grid, window, focus), built)
+    # Widened to the first violation, but never past MAX_COLUMNS: a cell costs ~300 bytes sent.
+    start = max(window_start(grid, window, focus), built, grid.width - MAX_COLUMNS)
     columns = list(range(start, grid.width))
     z, text, hover, labels, short_labels = [], [], [], [], []
     outlines: list[tuple[int, int]] = []
@@ -145,6 +153,7 @@ def grid_figure(
     _add_column_headers(fig, grid, start, len(columns))
     has_label = grid.first_violation is not None and grid.row_position(grid.first_violation[0]) is not None
     full_title = title or _default_title(grid, start, sum(flags))
+    full_title += f"<br><sup>{html_text(note)}</sup>" if note else ""
     # The legend is HTML under the plot (`legend_html`): it wraps on a phone, a plotly legend does not.
     fig.update_layout(
         title={
@@ -230,7 +239,7 @@ def _fit_meta(
 
 def _default_title(grid: StepSlots, start: int, flagged: int) -> str:
     step = grid.step
-    parts = [f"<b>Step {step.step}</b>", f"batch {step.batch_id}", f"{len(grid.rows)} rows"]
+    parts = [f"<b>Step {step.step}</b>", f"batch {step.batch_id}", f"{len(step.rows)} rows"]
     parts.append(f"cache {step.cache_len} slots" + (f" (showing the last {step.cache_len - start})" if start else ""))
     parts.append(f"query {step.query_len} slots")
     if step.grouped is not None:
@@ -373,9 +382,10 @@ def _add_column_headers(fig: go.Figure, grid: StepSlots, start: int, width: int)
 # ----------------------------------------------------------------------------- text
 
 
-def row_choices(grid: StepSlots) -> list[tuple[str, int]]:
-    """(label, row) pairs for a row picker: "none" first, then every batch row of the step."""
-    return [("none", NO_ROW)] + [(f"row {r.row} · seq {r.seq_id}", r.row) for r in grid.rows]
+def row_choices(step: StepRecord) -> list[tuple[str, int]]:
+    """(label, row) pairs for a row picker: "none" first, then every batch row of the step (the
+    grid draws a page of them: picking one opens its page)."""
+    return [("none", NO_ROW)] + [(f"row {r.row} · seq {r.seq_id}", r.row) for r in step.rows]
 
 
 def _tokens(texts: dict[int, str], tokens: list[int]) -> str:
@@ -418,14 +428,16 @@ def _line(name: str, fed: object, expected: object) -> str:
     return f"| {name} | {fed}{mark} | {expected} |"
 
 
-def step_markdown(grid: StepSlots) -> str:
-    """The violations of this step in words, one line per violation (capped)."""
-    found = [v for r in grid.rows for v in r.violations]
+def step_markdown(grid: StepSlots, violations: list[Violation] | None = None) -> str:
+    """The violations of this step in words, one line per violation (capped); `violations`: the
+    whole step's (default: those of the rows drawn)."""
+    found = [v for r in grid.rows for v in r.violations] if violations is None else violations
     if not found:
         return f"Step {grid.step.step}: every row as expected."
     lines = [f"**Step {grid.step.step}: {len(found)} violation(s)**"]
     for v in found[:12]:
-        lines.append(f"- row {v.row} (seq {v.seq_id}), invariant {v.invariant} *{v.name}*: {v.message}")
+        what = f"invariant {int(v.invariant)} *{md_text(v.name)}*: {md_text(v.message, 300)}"
+        lines.append(f"- row {int(v.row)} (seq {int(v.seq_id)}), {what}")
     if len(found) > 12:
         lines.append(f"- … and {len(found) - 12} more (Invariants tab)")
     return "\n".join(lines)

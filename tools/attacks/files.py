@@ -233,7 +233,8 @@ def _token_texts(data: dict[str, Any], chars: int) -> None:
     for step in data["steps"]:
         for row in step["rows"]:
             used.update([row["pending_token"], *row["draft_tokens"], *row["target_tokens"], *row["emitted"]])
-    data["header"]["token_text"] = {str(t): (f"<b>{t}</b>![x](http://93.184.215.14/{t}.png)" * chars)[:chars] for t in sorted(used)}
+    hostile = "<b>{t}</b>![x](http://93.184.215.14/{t}.png)"
+    data["header"]["token_text"] = {str(t): (hostile.format(t=t) * chars)[:chars] for t in sorted(used)}
 
 
 def wide_step_file(folder: Path, rows: int = 1024, query: int = 64, text_chars: int = 590) -> Path:
