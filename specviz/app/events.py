@@ -156,7 +156,7 @@ def wire_preload(demo: gr.Blocks, slot_a: RunSlot, slot_b: RunSlot, inspect: Any
             "A": LOCAL_A[0] if LOCAL_A else load_default(DEFAULT_A),  # `python app.py --trace PATH`
             "B": load_default(DEFAULT_B),
         }
-        message = ""
+        message = link.ignored_note()  # a malformed value: ignored, said in one line
         if link.trace is None and link.step is not None:  # an upload's or a live run's link
             message = share.UNNAMED_LINK.format(slot=link.slot)
         if link.trace is not None:

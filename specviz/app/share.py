@@ -37,43 +37,83 @@ UNNAMED_LINK = (
     "are shown on slot {slot}'s example; load the same trace file into slot {slot} to see them in yours"
 )
 MAX_PARAM_CHARS = 300  # a query parameter is a name or a number: anything longer is not ours
+LINK_NUMBER = re.compile(r"[0-9]{1,9}", re.ASCII)  # a step or row the page writes: no sign, no Unicode digit
 
 
 @dataclass
 class LinkState:
-    """What a link asks the page to open; every field checked, none trusted."""
+    """What a link asks the page to open; every field checked, none trusted. A value that is not
+    one this page makes (a sign, a Unicode digit, a huge number, an empty or repeated key with two
+    values) is ignored and named in `ignored`: the page opens its runs and says which it ignored."""
 
     slot: str = "A"
     trace: str | None = None
     step: int | None = None
     row: int | None = None
     tab: str | None = None
+    ignored: tuple[str, ...] = ()
 
     @classmethod
     def from_params(cls, params: Any) -> LinkState:
-        """From the URL's query parameters (a mapping); a malformed value is ignored, never an error."""
+        """From the URL's query parameters (a mapping or a multi-mapping); never raises."""
+        ignored: list[str] = []
 
         def get(name: str) -> str | None:
-            value = params.get(name) if params is not None else None
-            return value if isinstance(value, str) and 0 < len(value) <= MAX_PARAM_CHARS else None
+            values = _param_values(params, name)
+            if not values:
+                return None
+            value = values[0]
+            if len(set(values)) > 1 or not isinstance(value, str) or not 0 < len(value) <= MAX_PARAM_CHARS:
+                ignored.append(name)
+                return None
+            return value
 
         def number(name: str) -> int | None:
             value = get(name)
-            return int(value) if value is not None and value.lstrip("-").isdigit() else None
+            if value is None:
+                return None
+            # ASCII digits only: "²".isdigit() is true and int("²") raises; int("٣") is 3; "--1".
+            if LINK_NUMBER.fullmatch(value) is None:
+                ignored.append(name)
+                return None
+            return int(value)
 
-        slot = (get("slot") or "A").upper()
+        slot = get("slot")
+        if slot is not None and slot.upper() not in ("A", "B"):
+            ignored.append("slot")
         tab = get("tab")
+        if tab is not None and tab not in TABS:
+            ignored.append("tab")
         return cls(
-            slot="B" if slot == "B" else "A",
+            slot="B" if (slot or "").upper() == "B" else "A",
             trace=get("trace"),
             step=number("step"),
             row=number("row"),
             tab=tab if tab in TABS else None,
+            ignored=tuple(dict.fromkeys(ignored)),
         )
 
     @property
     def empty(self) -> bool:
         return self.trace is None and self.step is None and self.row is None and self.tab is None
+
+    def ignored_note(self) -> str:
+        """The status line for the parameters this link carried that the page ignored; "" if none."""
+        if not self.ignored:
+            return ""
+        return f"this link's {', '.join(self.ignored)} ignored: not a value this page writes (opened without it)"
+
+
+def _param_values(params: Any, name: str) -> list[Any]:
+    """Every value of `name` in `params` (a repeated key has several); [] when absent or unreadable."""
+    if params is None:
+        return []
+    try:
+        many = getattr(params, "getlist", None)
+        values = list(many(name)) if callable(many) else [params.get(name)]
+    except Exception:  # noqa: BLE001 - a link never breaks the page, whatever its parameters are
+        return []
+    return [v for v in values if v is not None]
 
 
 def load_linked(name: str) -> LoadedRun:
