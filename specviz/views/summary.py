@@ -10,7 +10,7 @@ from specviz.analysis.report import Report, exact_read_note
 from specviz.trace import naming
 from specviz.trace.schema import Trace
 from specviz.views.palette import verdict_badge
-from specviz.views.safe_text import html_text, md_text
+from specviz.views.safe_text import html_text, md_text, plain_text
 from specviz.views.skipped import skipped_lines
 
 VERDICT_MEANING = {
@@ -49,7 +49,7 @@ def desync_sentence(report: Report) -> str:
         return ""
     return (
         f"**Desync begins at step {v.step}, row {v.row} (sequence {v.seq_id})**: invariant {v.invariant} "
-        f"*{v.name}*: {v.message}" + ("" if v.message.endswith((".", "?")) else ".")
+        f"*{md_text(v.name)}*: {md_text(v.message, 600)}" + ("" if v.message.endswith((".", "?")) else ".")
     )
 
 
@@ -99,7 +99,7 @@ def summary_markdown(trace: Trace, report: Report, label: str = "") -> str:
         lines.append("No invariant broke: divergences sit on near-ties of the reference's logits.")
     if report.unreadable is not None:
         where = report.unreadable["step"]
-        lines.append(f"**Unreadable from step {where}**: {html_text(report.unreadable['why'], 300)}")
+        lines.append(f"**Unreadable from step {int(where)}**: {md_text(report.unreadable['why'], 300)}")
     lines.extend(_not_checked(report))
     draft = f", draft {_nowrap(model_name(h.draft.name))}" if h.draft else ""
     if h.draft_k and h.proposer != "draft-model":  # schema 3: a head or n-gram lookup drafted
@@ -143,7 +143,7 @@ def compare_table(runs: list[tuple[str, Trace, Report]]) -> pd.DataFrame:
     for _, trace, report in runs:
         info = summary(trace, totals_of(trace, report.totals))
         values = {
-            "run": naming.run_title(trace.header.method, trace.header.fault),  # a table cell: plain text
+            "run": plain_text(naming.run_title(trace.header.method, trace.header.fault)),  # a table cell: one line
             "verdict": report.verdict,
             "exact match": _exact(report),
             "violations": str(report.violation_count),
