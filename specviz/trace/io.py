@@ -39,12 +39,13 @@ from specviz.trace.budget import (
     DEFAULT_BUDGET,
     NO_LIMITS_HINT,
     Budget,
+    budget_items,
     file_limits,
     json_parse_bytes,
     over_budget,
 )
 from specviz.trace.columnar import ColumnarError, ParquetTrace, ParquetTraceWriter, is_parquet, save_parquet
-from specviz.trace.jsonparse import loads_yielding, top_level_kind
+from specviz.trace.jsonparse import TooMany, loads_yielding, top_level_kind
 from specviz.trace.schema import FORMAT_NAME, Trace, json_fields
 from specviz.trace.validate import TraceError, build_trace, check_format
 
@@ -228,8 +229,10 @@ def _parse_text(text: str, source: str, budget: Budget | None, parse_limit: int 
     size = len(text)
     try:
         # Item by item: a big upload must not hold the GIL (and every other visitor) for seconds.
-        data = loads_yielding(text, parse_constant=_refuse_constant)
+        data = loads_yielding(text, parse_constant=_refuse_constant, max_items=budget_items(budget))
     except TraceError as exc:
+        raise TraceError(f"{source}: {exc}") from None
+    except TooMany as exc:  # refused mid-parse: the rest of a huge container is never built
         raise TraceError(f"{source}: {exc}") from None
     except json.JSONDecodeError as exc:
         raise TraceError(f"{source}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
