@@ -4,6 +4,7 @@ used runs of idle sessions unloaded first, and freed heap handed back to the sys
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import gc
@@ -282,7 +283,9 @@ class RunMemory:
                 entry["used"] = time.monotonic()
 
     def grew(self, run: Any, session: str | None) -> None:
-        """A handler drew whole-run figures of `run` (kept in `run.figures`): count them too."""
+        """A handler drew whole-run figures of `run` (kept in `run.figures`) or wrote its report
+        file (temp disk the session holds until the run goes): count them too."""
+        self._count_file(run)
         figures = getattr(run, "figures", None)
         with self._lock:
             entry = self._runs.get(id(run))
@@ -297,6 +300,17 @@ class RunMemory:
             entry["size"] += size - entry.get("figure_bytes", 0)
             entry["figure_bytes"] = size
         self.make_room(keep=session)
+
+    def _count_file(self, run: Any) -> None:
+        path = getattr(run, "report_file", None)
+        with self._lock:
+            entry = self._runs.get(id(run))
+            if entry is None or not path or entry.get("file") == path:
+                return
+            entry["file"] = path
+            size = os.path.getsize(path) if os.path.isfile(path) else 0
+            entry["size"] += size - entry.get("file_bytes", 0)
+            entry["file_bytes"] = size
 
     def track(self, run: Any, session: str | None) -> None:
         """A run landed in `session`'s state: count it, then make room by unloading others."""
@@ -363,6 +377,11 @@ def unload_run(run: Any) -> None:
     for name, empty in (("texts", {}), ("figures", {}), ("prompts", ())):
         if hasattr(run, name):
             object.__setattr__(run, name, empty)
+    report_file = getattr(run, "report_file", None)
+    if report_file and not getattr(run, "shared", False):  # its temp file goes with it
+        with contextlib.suppress(OSError):
+            os.unlink(report_file)
+        object.__setattr__(run, "report_file", None)
     object.__setattr__(run, "evicted", True)
 
 

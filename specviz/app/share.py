@@ -14,7 +14,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -199,4 +202,12 @@ def write_report(loaded: LoadedRun | None) -> str:
     path = LIVE_FOLDER.new_file(f"finding-{name}.html")
     path.write_text(report_html(loaded, loaded.source), encoding="utf-8")
     loaded.report_file = str(path)
+    if not getattr(loaded, "shared", False):  # a session's own run: its report goes with it (its state freed or expired)
+        weakref.finalize(loaded, remove_file, str(path))
     return loaded.report_file
+
+
+def remove_file(path: str) -> None:
+    """Delete a file the app wrote for one session; gone already is fine."""
+    with contextlib.suppress(OSError):
+        os.unlink(path)
