@@ -202,7 +202,7 @@ def write_report(loaded: LoadedRun | None) -> str:
     path = LIVE_FOLDER.new_file(f"finding-{name}.html")
     path.write_text(report_html(loaded, loaded.source), encoding="utf-8")
     loaded.report_file = str(path)
-    if not getattr(loaded, "shared", False):  # a session's own run: its report goes with it (its state freed or expired)
+    if not getattr(loaded, "shared", False):  # a session's own run: its report goes when the run does
         weakref.finalize(loaded, remove_file, str(path))
     return loaded.report_file
 
