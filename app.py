@@ -3,7 +3,8 @@
 `python app.py` serves it (`--host` / `--port`, or GRADIO_SERVER_NAME / GRADIO_SERVER_PORT;
 `--public` as on a Space; `--trace PATH`, local only, opens a .parquet or .json(.gz) trace in
 slot A: a Parquet one is read a row group at a time; `--runs DIR`, local only, lists a folder's
-traces, each openable in A or B). Tests import `build_app` and `launch`.
+traces, each openable in A or B; `--probe PATH`, local only, opens a probe report in its section,
+so a probe's replay trace (`--trace`) and the report show on one page). Tests import `build_app` and `launch`.
 This file only assembles the page from `specviz.app`: two run slots, A and B, each loaded from
 a bundled trace, an uploaded trace or a live run; the detail tabs inspect one slot at a time, the
 outputs tab shows the other beside it.
@@ -23,7 +24,7 @@ from specviz.app.assets import CSS, INTRO
 from specviz.app.detail import build_detail_tabs
 from specviz.app.live import LIVE_FOLDER, LIVE_GATE, PUBLIC, RUN_MEMORY, load_model_pair
 from specviz.app.loading import DEFAULT_A, DEFAULT_B, MAX_UPLOAD_BYTES, open_local_a
-from specviz.app.probe_tab import ProbeSection, wire_probe
+from specviz.app.probe_tab import ProbeSection, open_local_probe, wire_probe
 from specviz.app.run_slots import build_inspect_switch, build_run_slot
 from specviz.app.runs_tab import FOLDER, RunsSection, open_runs_folder
 from specviz.errors import SpecvizError
@@ -73,6 +74,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--public", action="store_true", help="serve as on a public Space (SPACE_ID does too)")
     parser.add_argument("--trace", metavar="PATH", help="local only: open this trace file in slot A")
     parser.add_argument("--runs", metavar="DIR", help="local only: list this folder's traces (specviz runs DIR)")
+    parser.add_argument("--probe", metavar="PATH", help="local only: open this probe report (beside --trace's run)")
     parser.add_argument("--port", type=int, default=None, help="port to serve on (default 7860, or GRADIO_SERVER_PORT)")
     parser.add_argument(
         "--host", default=None, help="address to listen on (default 127.0.0.1, or GRADIO_SERVER_NAME; 0.0.0.0: all)"
@@ -90,6 +92,16 @@ def open_trace_arg(path: str | None) -> None:
         sys.exit(f"app.py: {exc}")
 
 
+def open_probe_arg(path: str | None) -> None:
+    """`--probe PATH`: the probe report every page shows open, or exit with one line."""
+    if path is None:
+        return
+    try:
+        open_local_probe(path)
+    except (SpecvizError, OSError) as exc:
+        sys.exit(f"app.py: {exc}")
+
+
 def open_runs_arg(folder: str | None) -> None:
     """`--runs DIR`: check the folder's traces for the page, or exit with one line."""
     if folder is None:
@@ -100,10 +112,34 @@ def open_runs_arg(folder: str | None) -> None:
         sys.exit(f"app.py: {exc}")
 
 
+def check_address(args: argparse.Namespace) -> None:
+    """Exit with one line naming `--port` when the app could not listen there (out of range, or in
+    use by another server): Gradio's own error is a traceback naming its `server_port`."""
+    import os
+    import socket
+
+    host = args.host or os.environ.get("GRADIO_SERVER_NAME") or "127.0.0.1"
+    given = args.port if args.port is not None else os.environ.get("GRADIO_SERVER_PORT", "7860")
+    flag = "--port" if args.port is not None else "GRADIO_SERVER_PORT" if "GRADIO_SERVER_PORT" in os.environ else None
+    named = f"{flag} {given}" if flag else f"port {given} (the default)"
+    port = int(given) if str(given).isdigit() else -1
+    if not 0 < port < 65536:
+        sys.exit(f"app.py: {named}: a port is a whole number from 1 to 65535")
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+            probe.bind((host, port))
+    except OSError as exc:
+        sys.exit(f"app.py: cannot listen on {host}:{port} ({exc.strerror or exc}): pass another with --port N")
+
+
 def main() -> None:
     args = parse_args()
+    check_address(args)  # a port in use or out of range: one line, before seconds of start-up
     open_trace_arg(args.trace)  # before anything starts: a bad file or public mode exits now
     open_runs_arg(args.runs)
+    open_probe_arg(args.probe)
     # Gradio's cache in a folder of this process (before the app is built); an earlier crashed
     # process's folders go now, this one's on SIGTERM / SIGINT.
     gradio_temp = files.own_gradio_temp()
@@ -118,7 +154,14 @@ def main() -> None:
     files.on_shutdown([gradio_temp, LIVE_FOLDER.path], demo)
     files.start_reaper([gradio_temp, LIVE_FOLDER.path])  # and after the process, however it ends
     memory.tune_gc_for_serving()  # last before serving: what start-up built is never walked again
-    launch(demo, **server_address(args))
+    try:
+        launch(demo, **server_address(args))
+    except OSError as exc:  # taken since check_address looked: still one line, naming the flag
+        sys.exit(f"app.py: {serve_failure(exc)}: pass another port with --port N")
+
+
+def serve_failure(exc: OSError) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def server_address(args: argparse.Namespace) -> dict[str, Any]:

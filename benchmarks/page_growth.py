@@ -4,7 +4,7 @@ page's element count, plotly figures, SVG roots and the JS heap kept after a gar
 A leak shows as counts that climb for the same trace; counts that repeat per trace mean the page
 replaces what it draws.
 
-    python benchmarks/page_growth.py --picks 9
+    python -m benchmarks.page_growth --picks 9      # from the repository root
 
 Needs Debian's chromium and playwright, as the browser tests do.
 """
@@ -12,11 +12,6 @@ Needs Debian's chromium and playwright, as the browser tests do.
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests" / "support"), str(ROOT)]
 
 TRACES = ["default-eqspec-column-positions.json.gz", "default-exspec.json.gz", "gemma-eqspec.json.gz"]
 COUNT_JS = """() => [document.querySelectorAll('*').length,
@@ -30,9 +25,8 @@ def main() -> None:
     parser.add_argument("--picks", type=int, default=9, help="bundled traces opened, in turn")
     args = parser.parse_args()
 
-    from browser import served_page, settle
-
     import app
+    from tests.support.browser import served_page, settle
 
     with served_page(app.build_app()) as page:
         page.wait_for_selector("#sv-grid .js-plotly-plot")

@@ -28,7 +28,7 @@ SIZES = {"10k": 96, "100k": 900, "114k": 1_024, "1M": 9_000, "1.1M": 10_240}
 
 
 def write(prompts: int, folder: Path, json_too: bool, reuse: bool = False) -> dict[str, object]:
-    from specviz.trace.columnar import ParquetTrace
+    from specviz.trace.columnar_read import ParquetTrace
     from specviz.trace.io import save_trace
     from specviz.trace.synthetic import synthetic_trace, write_synthetic_parquet
 

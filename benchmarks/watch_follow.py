@@ -6,7 +6,10 @@ least 2), each zoo engine run once through the API (its trace must check clean w
 command followed to the end must check clean with exact match 1.0; one it stopped reading (rows
 that fit several sequences) must have no violation. Prints one line per run and the totals.
 
-    PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/watch_follow.py --seeds 12 30 --max-new 16
+    export PYTHONPATH=.:tests/watch:tests/support OMP_NUM_THREADS=1
+    python benchmarks/watch_follow.py --seeds 12 30 --max-new 16
+
+(tests/watch and tests/support on the path, as pytest's `pythonpath` puts them: the zoo imports as `zoo`.)
 """
 
 from __future__ import annotations
@@ -15,17 +18,13 @@ import argparse
 import contextlib
 import io
 import random
-import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests" / "watch"), str(ROOT / "tests" / "support")]
+import test_zoo as zoo  # the zoo's own runners: API and command
 
-import test_zoo as zoo  # noqa: E402  (the zoo's own runners: API and command)
-
-from specviz.analysis.check import check_trace  # noqa: E402
+from specviz.analysis.check import check_trace
 
 
 def prompts_for(seed: int) -> list[list[int]]:

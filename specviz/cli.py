@@ -98,6 +98,7 @@ def command_word(argv: Sequence[str]) -> str | None:
 def _add_record(rec: argparse.ArgumentParser) -> None:
     from specviz.engine.faults import FAULTS
     from specviz.engine.methods.grouping import POLICIES
+    from specviz.proposers import DEFAULT_PROPOSER, REGISTRY
     from specviz.threads import add_threads_argument
     from specviz.trace.schema import METHODS
 
@@ -106,7 +107,12 @@ def _add_record(rec: argparse.ArgumentParser) -> None:
         "the trace of every verify step, with the text of its tokens."
     )
     rec.formatter_class = _DefaultsFormatter  # every option shows its default
-    rec.add_argument("--method", choices=list(METHODS), default="eqspec", help="decoding method")
+    rec.add_argument(
+        "--method",
+        choices=list(METHODS),
+        default=None,
+        help="decoding method (default: eqspec); with --fault, the method docs/faults.md names for the fault",
+    )
     rec.add_argument("--fault", choices=sorted(FAULTS), default=None, help="inject a known bug")
     rec.add_argument("--target", default=None, help="target model: local path or hub id (default: embedded)")
     rec.add_argument("--draft", default=None, help="draft model: local path or hub id (default: embedded)")
@@ -114,10 +120,9 @@ def _add_record(rec: argparse.ArgumentParser) -> None:
     rec.add_argument("--draft-k", type=int, default=4, help="draft tokens proposed per verify step")
     rec.add_argument(
         "--proposer",
-        choices=["draft-model", "head", "ngram"],
-        default="draft-model",
-        help="what drafts: the draft model, an EAGLE-style head on the target's hidden states, "
-        "or n-gram prompt lookup (docs/architecture.md)",
+        choices=list(REGISTRY),
+        default=DEFAULT_PROPOSER,
+        help="what drafts: " + "; ".join(f"{k.name}: {k.label}" for k in REGISTRY.values()) + " (docs/architecture.md)",
     )
     rec.add_argument("--head", default=None, help="--proposer head: the head's folder (default: embedded)")
     rec.add_argument(
@@ -134,7 +139,9 @@ def _add_record(rec: argparse.ArgumentParser) -> None:
         default="static",
         help="static: one alternative at each of the first B depths (the proposer's second choice); "
         "topk: per row, the B best-scored alternatives among the proposer's next choices at every "
-        "depth (a dynamic tree, EAGLE-2's ranking; draft-model or head)",
+        "depth (a dynamic tree, EAGLE-2's ranking; a proposer that scores its drafts: "
+        + ", ".join(k.name for k in REGISTRY.values() if k.scores)
+        + ")",
     )
     rec.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt at most")
     prompts = rec.add_mutually_exclusive_group()

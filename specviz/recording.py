@@ -15,7 +15,9 @@ from typing import Any
 from specviz.console import print_to_pipe
 from specviz.errors import SpecvizError
 from specviz.files import beside, check_output_path
+from specviz.proposers import DEFAULT_PROPOSER
 from specviz.startup import EXIT_INTERRUPTED
+from specviz.trace.file_kinds import check_trace_name
 from specviz.trace.naming import run_slug, run_title
 
 
@@ -30,16 +32,28 @@ def record_prompts(args: argparse.Namespace) -> list[str]:
     return prompts
 
 
+def record_method(args: argparse.Namespace) -> str:
+    """--method; without it, the injected fault's own method (`Fault.default_method`: one where it
+    fires, as docs/faults.md names it), else eqspec."""
+    if args.method is not None:
+        return args.method
+    if args.fault:
+        from specviz.engine.faults import FAULTS
+
+        return FAULTS[args.fault].default_method
+    return "eqspec"
+
+
 def run_config(args: argparse.Namespace) -> Any:
     """`record`'s flags as the engine's RunConfig (validated by the caller)."""
     from specviz.engine.config import RunConfig
 
     return RunConfig(
-        method=args.method,
+        method=record_method(args),
         fault=args.fault,
         batch_size=args.batch_size,
         draft_k=args.draft_k,
-        proposer=getattr(args, "proposer", "draft-model"),
+        proposer=getattr(args, "proposer", DEFAULT_PROPOSER),
         head_path=getattr(args, "head", None),
         tree_branches=getattr(args, "tree", 0),
         tree_kind=getattr(args, "tree_kind", "static"),
@@ -78,14 +92,14 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 
 def _default_out(args: argparse.Namespace) -> Path:
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{run_slug(args.method, args.fault)}-{stamp}.json.gz"
+    return Path("runs") / f"{run_slug(record_method(args), args.fault)}-{stamp}.json.gz"
 
 
 def cmd_record(args: argparse.Namespace) -> int:
 
     from specviz.allocator import keep_freed_memory
     from specviz.engine.models import load_pair
-    from specviz.engine.run import RunFailed, RunInterrupted, run
+    from specviz.engine.run import RunFailed, RunInterrupted, drafts_with_the_draft_model, run
     from specviz.engine.warm import mark_warm, needs_warm_up
     from specviz.engine.warm import warm_up_run as warm_up
     from specviz.threads import set_threads
@@ -93,6 +107,8 @@ def cmd_record(args: argparse.Namespace) -> int:
 
     out = Path(args.out) if args.out else _default_out(args)
     check_output_path(out, args.force)
+    if (wrong_name := check_trace_name(str(out))) is not None:  # a file the app would then refuse
+        raise SpecvizError(f"--out {wrong_name}")
     set_threads(args.threads)  # a run is never lost to a bad --out found afterwards
     keep_freed_memory()  # a short-lived process: reuse freed tensors instead of page-faulting them in
     prompts = record_prompts(args)
@@ -103,7 +119,7 @@ def cmd_record(args: argparse.Namespace) -> int:
         args.draft,
         device=args.device,
         dtype=args.dtype,
-        with_draft=config.k > 0 and config.proposer == "draft-model",
+        with_draft=drafts_with_the_draft_model(config),
         trust_remote_code=args.trust_remote_code,
     )
     bars: dict[str, Any] = {}
@@ -190,6 +206,7 @@ def _print_summary(trace: Any, out: Path, as_json: bool) -> None:
     """
     from specviz.analysis.check import check_trace
     from specviz.analysis.metrics import summary
+    from specviz.analysis.notes import run_notes
 
     info = summary(trace)
     report = check_trace(trace)
@@ -210,6 +227,7 @@ def _print_summary(trace: Any, out: Path, as_json: bool) -> None:
     )
     info["trace"] = str(out)
     info["proposer"], info["tree_branches"] = trace.header.proposer, trace.header.tree_branches
+    info["notes"] = run_notes(trace, report)  # a DESYNC beside exact outputs; a fault that never fired
     if as_json:
         print_to_pipe(json.dumps(info))
         return
@@ -218,9 +236,10 @@ def _print_summary(trace: Any, out: Path, as_json: bool) -> None:
     lines = [
         f"{run_title(info['method'], info['fault'])}: "
         f"{info['num_prompts']} prompts, batch {info['batch_size']}, k={info['draft_k']}"
-        + (f", {info['proposer']}" if info["draft_k"] and info["proposer"] != "draft-model" else "")
+        + (f", {info['proposer']}" if info["draft_k"] and info["proposer"] != DEFAULT_PROPOSER else "")
         + (f", tree {info['tree_branches']}" if info["tree_branches"] else ""),
         f"  verdict            {report.verdict.upper()} ({report.violation_count} violations)",
+        *(f"  note               {note}" for note in info["notes"]),
     ]
     if first is not None:
         lines.append(

@@ -22,8 +22,9 @@ else:
     _GRADIO_TEMP = None
 
 
-# Under CI=true a skip that is not allowed by design fails (tests/support/ci_skips.py).
-pytest_plugins = ("ci_skips",)
+# Under CI=true a skip that is not allowed by design fails (tests/support/ci_skips.py); the
+# session's test count is kept for the docs' counts (tests/support/suite_size.py).
+pytest_plugins = ("ci_skips", "suite_size")
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:

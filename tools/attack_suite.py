@@ -1,8 +1,8 @@
 """The attacks of issue 12 against the app, as a visitor of a public Space would make them.
 
-    python tools/attack_suite.py --quick          # CI: small forms of every attack, about a minute
-    python tools/attack_suite.py                  # the issue's sizes (minutes; memory capped)
-    python tools/attack_suite.py --root /tmp/base --no-assert --json before.json   # an older checkout
+    python -m tools.attack_suite --quick          # CI: small forms of every attack, about a minute
+    python -m tools.attack_suite                  # the issue's sizes (minutes; memory capped)
+    python -m tools.attack_suite --root /tmp/base --no-assert --json before.json   # an older checkout
 
 Starts `app.py` of `--root` on 127.0.0.1 (a free port, public mode via SPACE_ID, its own
 GRADIO_TEMP_DIR), then runs each attack while a second visitor keeps asking for a grid step. Per
@@ -24,9 +24,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-if __package__ in (None, ""):  # run as a script: tools/ is on sys.path, the repository root is not
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tools.attacks.drawing import attack_drawing, attack_links, attack_perfetto, attack_piece_table_again
 from tools.attacks.files import heaviest_steps, hidden_memory_file, many_steps_file

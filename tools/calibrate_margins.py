@@ -17,23 +17,19 @@ the noise on margins: `MARGIN_THRESHOLDS` takes about 2 × the largest |Δ margi
 both models, rounded up to a 1-2-5 step (docs/forensics.md has the table). A threshold far above
 the noise would call any divergence "numerical" whatever its cause (issue 26).
 
-    PYTHONPATH=$PWD OMP_NUM_THREADS=1 python tools/calibrate_margins.py [--json out.json]
+    OMP_NUM_THREADS=1 python -m tools.calibrate_margins [--json out.json]   # from the repository root
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "support"))
-
-from specviz.engine.models import DEFAULT_TARGET, load_causal_lm, load_tokenizer  # noqa: E402
-from specviz.engine.reference import _cache_of, cache_keyword  # noqa: E402
+from specviz.engine.models import DEFAULT_TARGET, load_causal_lm, load_tokenizer
+from specviz.engine.reference import _cache_of, cache_keyword
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TEXTS = [
@@ -138,7 +134,7 @@ def models():
         return model, prompts, pad
 
     def tiny(dtype):
-        from tiny import ToyTokenizer, make_pair
+        from tests.support.tiny import ToyTokenizer, make_pair
 
         pair = make_pair("llama")
         tok = ToyTokenizer()

@@ -27,6 +27,7 @@ from specviz.data import load_specbench
 from specviz.engine.faults import FAULTS
 from specviz.engine.models import DEFAULT_DRAFT, DEFAULT_TARGET, ModelPair, eos_ids, load_pair
 from specviz.engine.run import RunConfig, run
+from specviz.proposers import DEFAULT_PROPOSER
 from specviz.trace.io import save_trace
 from specviz.trace.naming import run_slug
 from specviz.views.tokens import attach_token_text
@@ -60,12 +61,12 @@ def drafting_of(fault: str | None, proposer: str, tree: int) -> tuple[str, int]:
     return proposer, tree
 
 
-def slug(method: str, fault: str | None, proposer: str = "draft-model", tree: int = 0) -> str:
+def slug(method: str, fault: str | None, proposer: str = DEFAULT_PROPOSER, tree: int = 0) -> str:
     """The run's file-name part: `eqspec`, `eqspec-stale-kv`, `exspec-head`, `eqspec-tree2`. A fault
     that needs a head or a tree is named by the fault alone (it implies them)."""
     if fault:
         return run_slug(method, fault)
-    extra = ("" if proposer == "draft-model" else f"-{proposer}") + (f"-tree{tree}" if tree else "")
+    extra = ("" if proposer == DEFAULT_PROPOSER else f"-{proposer}") + (f"-tree{tree}" if tree else "")
     return run_slug(method, None) + extra
 
 
@@ -75,7 +76,7 @@ def record(
     method: str,
     fault: str | None,
     settings: dict[str, int],
-    proposer: str = "draft-model",
+    proposer: str = DEFAULT_PROPOSER,
     tree: int = 0,
 ) -> Path:
     """Run one configuration, check it says what its name claims, and save it with token text."""

@@ -15,7 +15,7 @@ import numpy as np
 
 from specviz.analysis.slots import FedHistory
 from specviz.trace.arrow import list_parts, numbers
-from specviz.trace.columnar import ParquetTrace
+from specviz.trace.columnar_read import ParquetTrace
 
 _COLUMNS = ["step", "seq_id", "committed_before", "accepted", "position_ids"]
 

@@ -401,7 +401,7 @@ def summary(trace: Trace, totals: StepTotals | None = None) -> dict[str, Any]:
         "method": h.method,
         "fault": h.fault,
         "num_prompts": len(trace.sequences),
-        "batch_size": h.batch_size,
+        "batch_size": trace.batch_rows,  # the effective batch: never more rows than prompts
         "draft_k": h.draft_k,
         "max_new_tokens": h.max_new_tokens,
         "complete": h.complete,

@@ -14,6 +14,7 @@ The expected values come from `committed_before`, which token accounting ties to
 from __future__ import annotations
 
 from specviz.analysis.findings import Findings, RowFlags
+from specviz.proposers import keeps_cache
 from specviz.trace.invariants import Invariant
 from specviz.trace.schema import Header
 
@@ -93,9 +94,10 @@ DRAFT_CACHE_FIELDS = ("draft_position_ids", "draft_kv_lens")
 
 
 def drafts_with_a_draft_model(header: Header) -> bool:
-    """True when a draft model proposed (its calls and cache could be recorded): k > 0 and the
-    proposer is the draft model (every trace before schema 3, which had no other)."""
-    return header.draft_k > 0 and header.proposer == "draft-model"
+    """True when a proposer with a cache of its own drafted (its calls and cache could be recorded):
+    k > 0 and the registry says the header's proposer keeps one (the draft model; every trace
+    before schema 3, which had no other, names it)."""
+    return header.draft_k > 0 and keeps_cache(header.proposer)
 
 
 def note_unrecorded(findings: Findings, header: Header) -> None:

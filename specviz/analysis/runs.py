@@ -186,7 +186,7 @@ def describe(row: RunRow, trace: Trace) -> None:
     row.method, row.fault, row.complete, row.schema_version = h.method, h.fault, h.complete, h.schema_version
     row.target = h.target.name
     row.draft = h.draft.name if h.draft is not None else None
-    row.batch_size, row.draft_k = h.batch_size, h.draft_k
+    row.batch_size, row.draft_k = trace.batch_rows, h.draft_k  # the effective batch
     row.prompts = len(trace.sequences)
     row.row_steps = row_steps(trace)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from specviz.analysis.check import CONTEXT_TOKENS
 from specviz.analysis.metrics import summary, totals_of
+from specviz.analysis.notes import run_notes
 from specviz.analysis.report import Report, exact_read_note
 from specviz.trace.naming import model_label, run_title
 from specviz.trace.schema import Trace
@@ -19,7 +20,7 @@ def render_report(trace: Trace, report: Report) -> str:
         f"verdict: {report.verdict.upper()}"
         + (f" (unreadable from step {unread['step']}: {unread['why']})" if unread is not None else ""),
         f"run: {run_title(h.method, h.fault)}, {len(trace.sequences)} prompts, "
-        f"batch {h.batch_size}, k={h.draft_k}, "
+        f"batch {trace.batch_rows}, k={h.draft_k}, "
         f"target {model_label(h.target.name)} ({h.target.dtype}, {h.target.device})"
         + (
             ""
@@ -29,6 +30,7 @@ def render_report(trace: Trace, report: Report) -> str:
             else "  [INCOMPLETE: run was interrupted]"
         ),
     ]
+    lines += [f"note: {note}" for note in run_notes(trace, report)]
     if (partial := exact_read_note(report)) is not None:
         lines.append(f"exact match: {partial}")
     elif report.exact_match is not None:

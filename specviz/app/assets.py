@@ -110,6 +110,7 @@ SHARE_JS = """
     const slot = document.querySelector('#sv-inspect input:checked');
     params.set('slot', slot ? slot.value : 'A');
     if (w && w.dataset.trace) params.set('trace', w.dataset.trace);
+    if (w && w.dataset.run) params.set('run', w.dataset.run);
     if (w) params.set('step', w.dataset.step);
     if (w && w.dataset.row !== '-1') params.set('row', w.dataset.row);
     const tab = document.querySelector('button[role=tab][aria-selected=true]');
@@ -118,12 +119,34 @@ SHARE_JS = """
     return `${location.origin}${location.pathname}?${params.toString()}`;
   };
   let opened = null;  // the trace and step the details panel was asked for (null: closed)
+  // What a key opened is brought into view: the panel once its answer has replaced the old one.
+  // An answer equal to the panel shown leaves it in place: after 2 s, that panel is the answer.
+  let reveal = null;  // {before: the panel shown when asked, at: when}
+  const panelNow = () => document.querySelector('#sv-details .sv-cell');
+  const revealPanel = () => { reveal = { before: panelNow(), at: Date.now() }; };
+  const showRevealed = () => {
+    const panel = panelNow(), waited = reveal ? Date.now() - reveal.at : 0;
+    if (!reveal || waited > 15000) { reveal = null; return; }
+    if (panel && (panel !== reveal.before || waited > 2000)) {
+      panel.scrollIntoView({ block: 'nearest' });
+      reveal = null;
+    }
+  };
+  setInterval(showRevealed, 150);
   const askCell = (row, col) => {
     const w = where();
     if (!w) return;
     opened = `${w.dataset.trace}|${w.dataset.step}`;
     showDetails(true);
     sendBox('sv-cell-pick', `cell:${row}:${col}`);
+  };
+  // h / l: the drawn cell left or right of the panel's, within the row; none past the window's edge.
+  const drawnNeighbour = (col, step) => {
+    const gd = document.querySelector('#sv-grid .js-plotly-plot');
+    const cols = ((gd && gd.layout && gd.layout.meta && gd.layout.meta.sv_grid) || {}).cols || [];
+    const i = cols.indexOf(Number(col));
+    const next = i < 0 ? (step > 0 ? cols[0] : cols[cols.length - 1]) : cols[i + step];
+    return next === undefined ? null : next;
   };
   const syncUrl = () => {
     if (!where()) return;
@@ -143,7 +166,7 @@ SHARE_JS = """
       const point = data && data.points && data.points[0];
       if (!meta || !point || point.curveNumber !== 0) return;
       const col = meta.cols[Math.round(point.x)], row = meta.rows[Math.round(point.y)];
-      if (col !== undefined && row !== undefined) askCell(row, col);
+      if (col !== undefined && row !== undefined) { revealPanel(); askCell(row, col); }
     });
   };
   setInterval(hookCells, 400);
@@ -154,6 +177,9 @@ SHARE_JS = """
     const gridTab = [...document.querySelectorAll('button[role=tab]')]
       .find((b) => b.textContent.trim() === 'Ragged grid');
     if (show && gridTab && gridTab.getAttribute('aria-selected') !== 'true') gridTab.click();
+    // The list sits under the grid, often below the window: bring it into view once it is laid out.
+    const list = document.querySelector('#sv-keys-help');
+    if (show && list) requestAnimationFrame(() => setTimeout(() => list.scrollIntoView({ block: 'nearest' }), 50));
   };
   window.svToggleKeys = () => toggleKeys(!document.body.classList.contains('sv-keys-open'));
   const showDetails = (show) => document.body.classList.toggle('sv-details-closed', !show);
@@ -172,7 +198,8 @@ SHARE_JS = """
     if (['.', ',', 'n', 'N', 'j', 'k'].includes(key)) { sendBox('sv-key', key); e.preventDefault(); return; }
     const panel = document.querySelector('#sv-details .sv-cell');
     if ((key === 'h' || key === 'l') && panel && opened) {
-      askCell(panel.dataset.row, Number(panel.dataset.col) + (key === 'l' ? 1 : -1));
+      const col = drawnNeighbour(panel.dataset.col, key === 'l' ? 1 : -1);
+      if (col !== null) askCell(panel.dataset.row, col);
       e.preventDefault();
       return;
     }
@@ -183,6 +210,7 @@ SHARE_JS = """
       if (!w) return;
       opened = `${w.dataset.trace}|${w.dataset.step}`;
       showDetails(true);
+      revealPanel();
       sendBox('sv-key', 'enter');
       e.preventDefault();
     }

@@ -114,7 +114,9 @@ def wire_inspect(inspect: Any, states: list[Any], ui: DetailUI) -> None:
         loaded, other = _pick(label, run_a, run_b)
         return ui.details(loaded, other, label, window, only)
 
-    inspect.change(
+    # input, not change: every handler that sets the switch (a run landing, a link) draws the
+    # details itself; a change event would redraw them at the run's start, over a link's cell.
+    inspect.input(
         on_inspect, [inspect, *states, grid.window, ui.outputs.only_diverged], ui.components(), api_name="inspect"
     )
 
@@ -156,16 +158,22 @@ def wire_preload(demo: gr.Blocks, slot_a: RunSlot, slot_b: RunSlot, inspect: Any
             "A": LOCAL_A[0] if LOCAL_A else load_default(DEFAULT_A),  # `python app.py --trace PATH`
             "B": load_default(DEFAULT_B),
         }
-        message = link.ignored_note()  # a malformed value: ignored, said in one line
+        message, opened = "", False  # opened: the run the link names is in its slot
         if link.trace is None and link.step is not None:  # an upload's or a live run's link
             message = share.UNNAMED_LINK.format(slot=link.slot)
         if link.trace is not None:
             try:
                 runs[link.slot] = share.load_linked(link.trace)
+                message, opened = share.other_file_note(link, runs[link.slot]), True
             except (SpecvizError, TraceError, OSError) as exc:  # an old or foreign link: say so, open the rest
                 message = serve.without_paths(str(exc))
         label = link.slot
         loaded, other = _pick(label, runs["A"], runs["B"])
+        cell: dict = {}
+        if loaded is not None and (link.step is not None or link.row is not None):
+            cell, missed = _linked_cell(loaded, link, window, ui)
+            message = "; ".join(m for m in (message, missed) if m)  # never a silent move to another cell
+        message = "; ".join(m for m in (link.ignored_note(), message) if m)  # a malformed value: ignored, said
         values = {
             slot_a.state: runs["A"],
             slot_b.state: runs["B"],
@@ -176,11 +184,10 @@ def wire_preload(demo: gr.Blocks, slot_a: RunSlot, slot_b: RunSlot, inspect: Any
             (slot_a if label == "A" else slot_b).status: status_update(message),
             **ui.details(loaded, other, label, window, only),
         }
-        if link.trace is not None and not message:  # the picker names the linked run when it is one of its own
+        if opened:  # the picker names the linked run when it is one of its own
             picked = link.trace if link.trace in bundled_traces() or link.trace == LOCAL_CHOICE else None
             values[(slot_a if label == "A" else slot_b).bundled] = gr.update(value=picked)
-        if loaded is not None and (link.step is not None or link.row is not None):
-            values.update(_linked_cell(loaded, link, window, ui))
+        values.update(cell)
         if link.tab is not None:
             values[ui.tabs] = gr.Tabs(selected=link.tab)
         return values
@@ -197,13 +204,15 @@ def wire_preload(demo: gr.Blocks, slot_a: RunSlot, slot_b: RunSlot, inspect: Any
     )  # fmt: skip
 
 
-def _linked_cell(loaded: LoadedRun, link: share.LinkState, window: int, ui: DetailUI) -> dict:
-    """The grid at the link's step and row (clamped to the run; a row the step lacks is none)."""
+def _linked_cell(loaded: LoadedRun, link: share.LinkState, window: int, ui: DetailUI) -> tuple[dict, str]:
+    """The grid at the link's step and row (clamped to the run; a row the step lacks is none), and
+    what the page says when that is not what the link asked for."""
     grid = ui.grid
     step = link.step if link.step is not None else loaded.start_step_index()
     view = grid_view(loaded, step, link.row, window)
     top = max(loaded.step_count - 1, 1)
-    return {grid.step: gr.update(minimum=0, maximum=top, value=view.step_index), **grid.view_values(view)}
+    values = {grid.step: gr.update(minimum=0, maximum=top, value=view.step_index), **grid.view_values(view)}
+    return values, share.landing_note(link, loaded.step_count, view.step_index, view.row)
 
 
 def _landing(slot: RunSlot, other: RunSlot, inspect: Any, compare: Any, ui: DetailUI) -> Any:
@@ -435,14 +444,16 @@ def wire_share(inspect: Any, states: list[Any], ui: DetailUI) -> None:
 
     tools.report.click(make_report, [inspect, *states], [tools.report_file], api_name="report")
 
-    def on_cell(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, step: int, picked: str) -> Any:
+    def on_cell(
+        label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, step: int, window: int, picked: str
+    ) -> Any:
         what, numbers = share.parse_pick(picked)
         if what != "cell" or len(numbers) != 2:
             return gr.skip()
-        return share.cell_details(_inspected(label, run_a, run_b), int(step or 0), numbers[0], numbers[1])
+        return share.cell_details(_inspected(label, run_a, run_b), int(step or 0), *numbers, window)
 
     tools.cell.change(
-        on_cell, [inspect, *states, grid.step, tools.cell], [tools.details], api_visibility="private",
+        on_cell, [inspect, *states, grid.step, grid.window, tools.cell], [tools.details], api_visibility="private",
         show_progress="hidden", trigger_mode="always_last",
     )  # fmt: skip
 
@@ -453,7 +464,7 @@ def wire_share(inspect: Any, states: list[Any], ui: DetailUI) -> None:
             return gr.skip()
         step, row = int(step or 0), int(row if row is not None else NO_ROW)
         if key == "enter":
-            return {tools.details: share.cell_details(loaded, step, row, None)}
+            return {tools.details: share.cell_details(loaded, step, row, None, window)}
         target = share.key_target(loaded, key, step, row)
         if target is None:
             return gr.skip()

@@ -14,6 +14,7 @@ import gradio as gr
 
 from specviz.app import files, memory, serve
 from specviz.errors import SpecvizError
+from specviz.proposers import DEFAULT_PROPOSER, proposer_kind
 from specviz.trace.io import save_trace
 from specviz.trace.naming import run_slug
 from specviz.views import LoadedRun, analyse
@@ -46,7 +47,7 @@ class LiveRequest:
     prompts_text: str
     target: str
     draft: str
-    proposer: str = "draft-model"  # what drafts (`specviz.engine.proposers.PROPOSERS`)
+    proposer: str = DEFAULT_PROPOSER  # what drafts: a name in the registry (`specviz/proposers.py`)
     tree_branches: int = 0  # 0: a chain of k drafts; b: b alternatives beside the chain
     tree_kind: str = "static"  # "static": one at each of the first b depths; "topk": each row's b best-scored
 
@@ -87,10 +88,9 @@ class LiveRequest:
         A tree adds `tree_branches` nodes to every row's verify forward: 1 + k + branches query
         tokens a row. Capping that at 1 + the largest k keeps a tree run's verify no dearer than
         the dearest chain the limits already allow (the proposer's k calls are not more either)."""
-        from specviz.engine.proposers import PROPOSERS, TREE_KINDS
+        from specviz.engine.proposers import TREE_KINDS
 
-        if self.proposer not in PROPOSERS:
-            raise SpecvizError(f"unknown proposer {str(self.proposer)[:40]!r}; choose from {', '.join(PROPOSERS)}")
+        proposer_kind(self.proposer)  # a one-line error for a name the registry lacks
         if self.tree_kind not in TREE_KINDS:
             raise SpecvizError(f"unknown tree kind {str(self.tree_kind)[:40]!r}; choose from {', '.join(TREE_KINDS)}")
         if self.method == "baseline":
@@ -112,7 +112,7 @@ class LiveRequest:
 
 def live_run(request: LiveRequest, progress: gr.Progress, public: bool = False) -> LoadedRun:
     from specviz.engine.models import DEFAULT_DRAFT, DEFAULT_TARGET
-    from specviz.engine.run import RunConfig, run
+    from specviz.engine.run import RunConfig, drafts_with_the_draft_model, run
 
     request.validate(public)
     config = RunConfig(
@@ -129,7 +129,7 @@ def live_run(request: LiveRequest, progress: gr.Progress, public: bool = False) 
     progress(None, desc="loading models")  # no fraction to show: no "0.0%" while they load
     target = request.target.strip() or DEFAULT_TARGET
     draft = request.draft.strip() or DEFAULT_DRAFT
-    pair = load_model_pair(target, draft, config.k > 0 and config.proposer == "draft-model")
+    pair = load_model_pair(target, draft, drafts_with_the_draft_model(config))
 
     def report(phase: str, done: int, total: int) -> None:
         # The reference decodes one prompt at a time; the speculative run counts emitted tokens.

@@ -113,6 +113,7 @@ def open_local_a(path: str | Path) -> LoadedRun:
     """Load `path` (see `load_local`) as the run every new page opens in slot A."""
     loaded = load_local(path)
     loaded.link = LOCAL_CHOICE  # a link names "the file this app opened", never its path
+    loaded.link_file = Path(path).name  # and that file's name, so another app's file is told apart
     loaded.shared = True  # one object for every session, like a bundled trace: never unloaded
     LOCAL_A[:] = [loaded]
     return loaded

@@ -22,6 +22,11 @@ def _split(message: str) -> tuple[str, str]:
 
 
 def _not_text(name: str, match: re.Match[str]) -> str:
+    if name.lower().endswith(".parquet"):  # no file_types filter on the button: said here instead
+        return (
+            f"{name}: the upload reads JSON traces (.json, .json.gz); open a Parquet one locally "
+            f"(python app.py --trace {name}) or convert it (specviz convert {name} trace.json.gz)"
+        )
     if name.lower().endswith(".gz"):
         return f"{name} is not a gzip file: a .json.gz upload must be gzip-compressed JSON"
     return f"{name} is not a text file: a trace is JSON text (or gzip-compressed JSON)"
@@ -35,6 +40,13 @@ def _format(name: str, match: re.Match[str]) -> str:
 
 
 RULES: list[tuple[re.Pattern[str], Callable[[str, re.Match[str]], str]]] = [
+    (  # specviz.trace.file_kinds: a picture or an archive picked by mistake; an upload takes JSON only
+        re.compile(r"^(?:(.+): )?(an? [^,:]+(?: \([^)]*\))?), not a specviz trace"),
+        lambda name, m: (
+            f"{m.group(1) or name} is {m.group(2)}, not a specviz trace: upload the .json or "
+            ".json.gz file `specviz record` writes (a .parquet trace opens locally: python app.py --trace FILE)"
+        ),
+    ),
     (re.compile(r"^not UTF-8 text at byte \d+$"), _not_text),
     (re.compile(r"^format: expected 'specviz-trace', got (.*)$"), _format),
     (

@@ -22,14 +22,16 @@ import gradio as gr
 from specviz.app import serve, uploads
 from specviz.app.loading import TRACES
 from specviz.errors import SpecvizError
+from specviz.probe import positions
 from specviz.probe.advice import placeholder_line
-from specviz.probe.report import VERDICTS, Acceptance, ProbeReport, ReportError, parse_report
+from specviz.probe.report import VERDICTS, Acceptance, ProbeReport, ReportError, load_report, parse_report
 from specviz.views.faults import DOCS_URL_PREFIX
 from specviz.views.probe import (
     MAX_MAP_PROMPTS,
     answers_html,
     divergence_map,
     noise_vs_swing,
+    positions_plot,
     rounds_plot,
     sweep_plot,
     worst_first,
@@ -61,11 +63,13 @@ class ProbeSection:
     prompt: Any
     answers: Any
     state: Any
+    positions: Any = None  # acceptance per draft position
 
     @classmethod
     def build(cls) -> ProbeSection:
         names = bundled_reports()
-        with gr.Accordion("Server probe reports", open=False, elem_id="sv-probe"):
+        local = LOCAL_PROBE[0] if LOCAL_PROBE else None  # `python app.py --probe PATH`: shown open
+        with gr.Accordion("Server probe reports", open=local is not None, elem_id="sv-probe"):
             gr.Markdown(
                 "Open a report written by `specviz probe URL [URL_B] --out report.json` "
                 f"([docs/probe.md]({PROBE_DOC_URL})): the same prompts sent alone and together, or to two "
@@ -75,35 +79,57 @@ class ProbeSection:
                 bundled = gr.Dropdown(names, value=names[0] if names else None, label="bundled report")
                 open_bundled = gr.Button("open", variant="secondary")
                 upload = gr.File(label="or upload a report (.json)", file_types=[".json"], type="filepath")
+            drawn = _drawn(local) if local is not None else {}  # every page opens with it drawn
             status = gr.Markdown(elem_id="sv-probe-status")
-            summary = gr.HTML(elem_id="sv-probe-summary")
+            summary = gr.HTML(drawn.get("summary"), elem_id="sv-probe-summary")
             with gr.Row(elem_id="sv-probe-plots"):
-                map_plot = gr.Plot(label="where the answers part")
-                noise_plot = gr.Plot(label="divergences against the noise")
+                map_plot = gr.Plot(drawn.get("map"), label="where the answers part")
+                noise_plot = gr.Plot(drawn.get("noise"), label="divergences against the noise")
             with gr.Row(elem_id="sv-probe-sweep"):
-                sweep = gr.Plot(label="divergence and acceptance against concurrency")
-                rounds = gr.Plot(label="divergence over the rounds")
-            prompt = gr.Dropdown([], label="prompt (worst first)", elem_id="sv-probe-prompt")
-            answers = gr.HTML(elem_id="sv-probe-answers")
+                sweep = gr.Plot(drawn.get("sweep"), label="divergence and acceptance against concurrency")
+                rounds = gr.Plot(drawn.get("rounds"), label="divergence over the rounds")
+            by_position = gr.Plot(drawn.get("positions"), label="acceptance per draft position")
+            prompt = gr.Dropdown(
+                drawn.get("choices", []), value=drawn.get("first"), label="prompt (worst first)",
+                elem_id="sv-probe-prompt",
+            )  # fmt: skip
+            answers = gr.HTML(drawn.get("answers"), elem_id="sv-probe-answers")
         return cls(
             bundled, open_bundled, upload, status, summary, map_plot, noise_plot, sweep, rounds, prompt, answers,
-            gr.State(),
+            gr.State(local), by_position,
         )  # fmt: skip
 
     def show(self, report: ProbeReport) -> dict:
-        choices = prompt_choices(report)
-        first = choices[0][1] if choices else (report.prompts[0].index if report.prompts else None)
+        drawn = _drawn(report)
         return {
             self.state: report,
             self.status: "",
-            self.summary: summary_html(report),
-            self.map: divergence_map(report),
-            self.noise: noise_vs_swing(report),
-            self.sweep: sweep_plot(report),
-            self.rounds: rounds_plot(report),
-            self.prompt: gr.update(choices=choices, value=first),
-            self.answers: answers_html(report, first) if first is not None else "",
+            self.summary: drawn["summary"],
+            self.map: drawn["map"],
+            self.noise: drawn["noise"],
+            self.sweep: drawn["sweep"],
+            self.rounds: drawn["rounds"],
+            self.prompt: gr.update(choices=drawn["choices"], value=drawn["first"]),
+            self.answers: drawn["answers"],
+            self.positions: drawn["positions"],
         }
+
+
+def _drawn(report: ProbeReport) -> dict[str, Any]:
+    """Everything the section draws of `report`, by part."""
+    choices = prompt_choices(report)
+    first = choices[0][1] if choices else (report.prompts[0].index if report.prompts else None)
+    return {
+        "summary": summary_html(report),
+        "map": divergence_map(report),
+        "noise": noise_vs_swing(report),
+        "sweep": sweep_plot(report),
+        "rounds": rounds_plot(report),
+        "choices": choices,
+        "first": first,
+        "answers": answers_html(report, first) if first is not None else "",
+        "positions": positions_plot(report),
+    }
 
 
 def prompt_choices(report: ProbeReport) -> list[tuple[str, int]]:
@@ -154,8 +180,28 @@ def summary_html(report: ProbeReport) -> str:
         lines.append(
             f"acceptance: side A {html_text(_acceptance(a.acceptance))}; side B {html_text(_acceptance(b.acceptance))}"
         )
+    for name, acceptance in positions.shown(report):
+        lines.append(
+            f"acceptance per draft position, {html_text(name)}: "
+            + html_text(positions.line(acceptance.positions), 1000)
+        )
+    if report.replay_command is not None:
+        r = report.replay_command
+        lines.append(f"replay offline under the watch: {html_text(r.command, 2000)} ({html_text(r.note, 800)})")
     lines += [f"next: {html_text(step, 600)}" for step in report.next_steps[:8]]
     return "".join(f"<p>{line}</p>" for line in lines)
+
+
+LOCAL_PROBE: list[ProbeReport] = []  # `python app.py --probe PATH` (local only)
+
+
+def open_local_probe(path: str | Path) -> ProbeReport:
+    """`--probe PATH`: the report every new page shows open in this section (beside the trace
+    `--trace` opens: a probe's replay trace). Refused in public mode, like `--trace`."""
+    if serve.public_mode():
+        raise SpecvizError("--probe opens a local file: refused in public mode (a Space reads no path a visitor chose)")
+    LOCAL_PROBE[:] = [load_report(path)]  # size-capped and validated; a refusal is one line
+    return LOCAL_PROBE[0]
 
 
 def load_bundled_report(name: str | None) -> ProbeReport:
@@ -191,7 +237,7 @@ def _parse(raw: bytes, name: str, public: bool = False) -> ProbeReport:
 def wire_probe(section: ProbeSection, user_errors: Any) -> None:
     """Open (bundled or uploaded) draws everything; picking a prompt redraws its answers."""
     outputs = [section.state, section.status, section.summary, section.map, section.noise, section.sweep]
-    outputs += [section.rounds, section.prompt, section.answers]
+    outputs += [section.rounds, section.prompt, section.answers, section.positions]
     guard = user_errors(section.status)
 
     section.open_bundled.click(guard(lambda name: section.show(load_bundled_report(name))), section.bundled, outputs)

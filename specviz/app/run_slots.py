@@ -14,17 +14,12 @@ import gradio as gr
 from specviz.app import memory, serve
 from specviz.app.live import PUBLIC
 from specviz.app.loading import LOCAL_CHOICE, first_bundled, local_choice, slot_choices
+from specviz.proposers import DEFAULT_PROPOSER, REGISTRY, proposer_names
 from specviz.views import slot_summary_markdown
 from specviz.views.faults import faults_markdown
 
 # Every method the engine runs (specviz.trace.schema.METHODS), the speculative ones first.
 METHODS_SHOWN = ("eqspec", "exspec", "inplace", "baseline")
-# What the proposer picker shows for each of `specviz.engine.proposers.PROPOSERS`.
-PROPOSER_LABELS = {
-    "draft-model": "draft model",
-    "head": "EAGLE-style head on the target's hidden states",
-    "ngram": "n-gram lookup in the prompt",
-}
 
 
 @dataclass
@@ -48,12 +43,16 @@ class RunSlot:
     api_trigger: Any = None
 
 
+def proposer_choices() -> list[tuple[str, str]]:
+    """The proposer picker's (label, name) pairs: every proposer in the registry, in its order."""
+    return [(REGISTRY[name].label, name) for name in proposer_names()]
+
+
 def build_live_controls(label: str) -> tuple[list[Any], list[Any], Any, Any]:
     """The live-run accordion: (its inputs, in the endpoint's order; the proposer and tree pickers;
     the run button; the download)."""
     from specviz.engine.faults import FAULTS
     from specviz.engine.models import DEFAULT_DRAFT, DEFAULT_TARGET
-    from specviz.engine.proposers import PROPOSERS
 
     slug = label.lower()
     limits = serve.live_limits(PUBLIC)
@@ -67,9 +66,7 @@ def build_live_controls(label: str) -> tuple[list[Any], list[Any], Any, Any]:
             batch = gr.Slider(*limits["batch_size"], value=min(8, limits["batch_size"][1]), step=1, label="batch size")
             k = gr.Slider(*limits["draft_k"], value=4, step=1, label="draft tokens k")
         with gr.Row():
-            proposer = gr.Dropdown(
-                [(PROPOSER_LABELS[name], name) for name in PROPOSERS], value="draft-model", label="proposer"
-            )
+            proposer = gr.Dropdown(proposer_choices(), value=DEFAULT_PROPOSER, label="proposer")
             tree = gr.Slider(*limits["tree_branches"], value=0, step=1, label="tree: alternative drafts (0: a chain)")
             tree_kind = gr.Radio(
                 [("static: one per depth", "static"), ("top-k: each row's best-scored", "topk")],
@@ -111,9 +108,9 @@ def build_run_slot(label: str, defaults: tuple[str, ...]) -> RunSlot:
                 elem_id=f"sv-bundled-{slug}",
                 scale=3,
             )
-            upload = gr.UploadButton(
-                "or upload a trace", file_types=[".json", ".gz"], type="filepath", size="sm", scale=1
-            )
+            # No file_types: Gradio refuses any other file with its own red "Error" toast before the
+            # app sees it; the app reads the file and says in its own line what it is instead.
+            upload = gr.UploadButton("or upload a trace", type="filepath", size="sm", scale=1)
         live_inputs, drafting_inputs, button, download = build_live_controls(label)
         status = gr.Markdown(visible=False, elem_classes=["sv-status"], elem_id=f"sv-status-{slug}")
         summary = gr.Markdown(

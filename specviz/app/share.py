@@ -3,7 +3,8 @@
 - A link: `?slot=A&trace=NAME&step=I&row=R&tab=grid`. The page's script (assets.SHARE_JS) keeps
   the address bar on what the grid shows; opening the link restores it (`LinkState`, read when
   the page loads). A trace is named, never given as a path: a bundled trace's name, "--trace"
-  (the file `python app.py --trace` opened), "runs:<file>" (a run of `--runs DIR`'s table). An
+  (the file `python app.py --trace` opened; `run=FILE` names that file, so an app started with
+  another file says so), "runs:<file>" (a run of `--runs DIR`'s table). An
   upload or a live run has no name a link could carry: its link opens the step and row only.
   In public mode only bundled names resolve (the other two are refused at start-up there).
 - Keys: the script writes the key into a hidden box; `key_move` answers with the grid's new step
@@ -30,7 +31,7 @@ from specviz.errors import SpecvizError
 from specviz.trace.naming import run_slug
 from specviz.views import LoadedRun
 from specviz.views.details import cell_details_html, focus_col
-from specviz.views.grid import NO_ROW
+from specviz.views.grid import DEFAULT_WINDOW, NO_ROW, drawn_columns
 from specviz.views.report import report_html
 
 TABS = ("grid", "invariants", "acceptance", "kv", "outputs", "compare")  # detail.build_detail_tabs' ids
@@ -39,6 +40,7 @@ UNNAMED_LINK = (
     "this link names no run (an uploaded or live run stays in its browser session): its step and row "
     "are shown on slot {slot}'s example; load the same trace file into slot {slot} to see them in yours"
 )
+FILE_NAME = re.compile(r"\w[\w .+-]{0,199}")  # a file's name (spaces too), never a folder
 MAX_PARAM_CHARS = 300  # a query parameter is a name or a number: anything longer is not ours
 LINK_NUMBER = re.compile(r"[0-9]{1,9}", re.ASCII)  # a step or row the page writes: no sign, no Unicode digit
 
@@ -54,6 +56,7 @@ class LinkState:
     step: int | None = None
     row: int | None = None
     tab: str | None = None
+    run: str | None = None  # with trace "--trace": the name of the file the link's app had opened
     ignored: tuple[str, ...] = ()
 
     @classmethod
@@ -93,6 +96,7 @@ class LinkState:
             step=number("step"),
             row=number("row"),
             tab=tab if tab in TABS else None,
+            run=_file_name(get("run")),
             ignored=tuple(dict.fromkeys(ignored)),
         )
 
@@ -119,6 +123,11 @@ def _param_values(params: Any, name: str) -> list[Any]:
     return [v for v in values if v is not None]
 
 
+def _file_name(value: str | None) -> str | None:
+    """A file's name as a link carries it: no folder, nothing but name characters."""
+    return value if value is not None and FILE_NAME.fullmatch(value) else None
+
+
 def load_linked(name: str) -> LoadedRun:
     """The run a link names: a bundled trace, the `--trace` file, or a run of the `--runs` table."""
     if name == LOCAL_CHOICE:
@@ -132,6 +141,30 @@ def load_linked(name: str) -> LoadedRun:
     if name not in bundled_traces():
         raise SpecvizError(f"the link names {name!r}: not a trace this app can open (uploads are not shared)")
     return load_bundled(name)
+
+
+def other_file_note(link: LinkState, loaded: LoadedRun) -> str:
+    """What to say when a `--trace` link names another file than the one this app opened ("": the
+    same file, or a link too old to name one)."""
+    if link.trace != LOCAL_CHOICE or link.run is None or loaded.link_file in (None, link.run):
+        return ""
+    return (
+        f"this link names the --trace file {link.run}; this app was started with --trace {loaded.link_file}: "
+        f"shown is {loaded.link_file}, not the run the link was copied from"
+    )
+
+
+def landing_note(link: LinkState, step_count: int, shown_step: int, shown_row: int) -> str:
+    """What to say when a link's step or row is not in its run ("": the page shows them)."""
+    notes = []
+    if link.step is not None and link.step != shown_step:
+        notes.append(
+            f"the link's step {link.step} is not in this run, whose last step is {step_count - 1}: "
+            f"showing step {shown_step}"
+        )
+    if link.row is not None and link.row != shown_row:
+        notes.append(f"row {link.row} is not in step {shown_step}: no row is selected")
+    return "; ".join(notes)
 
 
 # ----------------------------------------------------------------------------- keys
@@ -175,8 +208,10 @@ def parse_pick(value: str | None) -> tuple[str, list[int]]:
     return parts[0], numbers
 
 
-def cell_details(loaded: LoadedRun | None, step: int, row: int, col: int | None) -> str:
-    """The details panel of (row, col) at `step`; col None: the row's first differing cell."""
+def cell_details(loaded: LoadedRun | None, step: int, row: int, col: int | None, window: int = DEFAULT_WINDOW) -> str:
+    """The details panel of (row, col) at `step`, a cell the grid draws at `window`; col None: the
+    row's first differing cell in view. A column left of the window (the panel following the grid
+    to a later step, whose window moved right) is its first drawn one."""
     if loaded is None or not loaded.trace.steps:
         return ""
     step = min(max(int(step), 0), loaded.step_count - 1)
@@ -185,8 +220,8 @@ def cell_details(loaded: LoadedRun | None, step: int, row: int, col: int | None)
         if not grid.rows:
             return ""
         row = grid.rows[0].row
-    if col is None:
-        col = focus_col(grid.find_row(row), grid)
+    drawn = drawn_columns(grid, int(window or DEFAULT_WINDOW))
+    col = focus_col(grid.find_row(row), grid, drawn) if col is None else max(col, drawn.start)
     return cell_details_html(grid, row, col, loaded.texts)
 
 

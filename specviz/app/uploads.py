@@ -250,6 +250,9 @@ def _session_end_handler(ledger: UploadLedger) -> Any:
         for key in ledger.session_ended(getattr(request, "session_hash", None)):
             files.delete_upload(key)
 
+    # The annotation is a string here (`from __future__ import annotations`) naming a local import,
+    # which Gradio cannot resolve: it would take `request` for an input and warn twice at start.
+    session_ended.__annotations__ = {"request": gr.Request, "return": None}
     return session_ended
 
 

@@ -11,6 +11,7 @@ from specviz.engine.faults import FAULTS
 from specviz.engine.methods.grouping import POLICIES
 from specviz.engine.run import RunConfig
 from specviz.errors import SpecvizError
+from specviz.proposers import DEFAULT_PROPOSER
 
 EXSPEC_POLICY = "converge"  # the policy of the `exspec` arm; other policies get `exspec-<policy>`
 WATCH_ARM = "eqspec-watched"  # EQSPEC under `specviz.watch`; also measures the watch's overhead, paired
@@ -28,7 +29,7 @@ class Arm:
     policy: str | None = None  # EXSPEC grouping policy
     fault: str | None = None
     watched: bool = False  # run under `specviz.watch` with the engine's recorder off (issue 10's overhead)
-    proposer: str = "draft-model"  # what drafts (engine/proposers): draft-model, head, ngram
+    proposer: str = DEFAULT_PROPOSER  # what drafts: a name in the registry (`specviz/proposers.py`)
     tree: int = 0  # tree verification: alternatives at the first `tree` depths (0: a chain)
 
     def config(self, batch_size: int, draft_k: int, settings: BenchSettings, record_steps: bool = True) -> RunConfig:
@@ -45,7 +46,7 @@ class Arm:
             reference=False,  # the oracle is decoded once per prompt set, not once per cell
             record_steps=record_steps and not self.watched,  # watched: the watch writes the trace
             per_row_loop_move=self.per_row_loop,
-            proposer=self.proposer if self.method != "baseline" else "draft-model",
+            proposer=self.proposer if self.method != "baseline" else DEFAULT_PROPOSER,
             tree_branches=min(self.tree, max(draft_k, 1)) if self.method != "baseline" else 0,
         )
 

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 from specviz.engine.faults import FAULTS
 from specviz.engine.methods.grouping import POLICIES
-from specviz.engine.proposers import PROPOSERS, TREE_KINDS
+from specviz.engine.proposers import TREE_KINDS
 from specviz.engine.sampling import SamplingParams
 from specviz.errors import SpecvizError
+from specviz.proposers import DEFAULT_PROPOSER, proposer_kind
 from specviz.trace.schema import METHODS
 
 DEFAULT_KV_CHECK_EVERY = 16
@@ -35,7 +36,7 @@ class RunConfig:
     top_p: float = 1.0
     top_k: int = 0  # 0: no top-k filter
     sampling: str = "coupled"  # at temperature > 0: "coupled" (token-exact) or "rejection"
-    proposer: str = "draft-model"  # what drafts: "draft-model", "head" (EAGLE-style), "ngram"
+    proposer: str = DEFAULT_PROPOSER  # what drafts: a name in the registry (`specviz/proposers.py`)
     head_path: str | None = None  # the head's folder (default: the embedded default head)
     tree_branches: int = 0  # 0: a chain of k drafts; b: plus b alternative leaves on the chain
     tree_kind: str = "static"  # "static": one alternative at each of the first b depths; "topk": each row's b best
@@ -69,20 +70,21 @@ class RunConfig:
         self._validate_drafting(fault)
 
     def _validate_drafting(self, fault: type | None) -> None:
-        if self.proposer not in PROPOSERS:
-            raise SpecvizError(f"unknown proposer {self.proposer!r}; choose from {', '.join(PROPOSERS)}")
+        kind = proposer_kind(self.proposer)
         if not 0 <= self.tree_branches <= (self.draft_k if self.method != "baseline" else 0):
             raise SpecvizError(f"--tree must be between 0 and --draft-k ({self.draft_k}), got {self.tree_branches}")
         if self.tree_kind not in TREE_KINDS:
             raise SpecvizError(f"unknown --tree-kind {self.tree_kind!r}; choose from {', '.join(TREE_KINDS)}")
         if self.tree_kind == "topk" and not self.tree_branches:
             raise SpecvizError("--tree-kind topk needs --tree 1 or more (the number of alternatives per row)")
-        if self.tree_kind == "topk" and self.proposer == "ngram":
-            raise SpecvizError("--tree-kind topk ranks the proposer's scores; n-gram lookup has none (use static)")
+        if self.tree_branches and not kind.drafts_trees:
+            raise SpecvizError(f"--proposer {kind.name} drafts chains only; use --tree 0")
+        if self.tree_kind == "topk" and not kind.scores:
+            raise SpecvizError(f"--tree-kind topk ranks the proposer's scores; {kind.name} has none (use static)")
         if self.tree_branches and self.temperature > 0:
             raise SpecvizError("tree verification is greedy only; use --temperature 0 or --tree 0")
-        if self.proposer == "ngram" and self.sampling == "rejection" and self.temperature > 0:
-            raise SpecvizError("--sampling rejection needs the proposer's probabilities; n-gram lookup has none")
+        if not kind.scores and self.sampling == "rejection" and self.temperature > 0:
+            raise SpecvizError(f"--sampling rejection needs the proposer's probabilities; {kind.name} has none")
         if fault is not None and fault.needs_proposer and fault.needs_proposer != self.proposer:
             raise SpecvizError(f"fault {self.fault} corrupts head drafting; use --proposer {fault.needs_proposer}")
         if fault is not None and fault.needs_tree and not self.tree_branches:

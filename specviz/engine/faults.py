@@ -108,13 +108,30 @@ class Fault:
     invariants: tuple[Invariant, ...] = ()
     seen_in = ""
     summary = "no fault: the correct engine"
+    # The method `record --fault NAME` runs when no --method is given: one where the fault's decision
+    # is reached (docs/faults.md names the same; tests/engine/test_fault_methods.py compares them).
     default_method = "eqspec"
+    quiet_on = ""  # where its decision is never reached, and why (a run there says "never fired")
+    needs_rows = 1  # 2: its decision differs only between rows (docs/faults.md: "only ... two rows?")
     any_layout = False  # True: the fault's decision exists in every layout (inplace accepts it)
     needs_proposer: str | None = None  # the proposer whose decision it overrides ("head"), if any
     needs_tree = False  # True: it overrides a tree decision (a run needs --tree)
 
     def __init__(self) -> None:
         self.log = FaultLog(self.name)
+
+    @classmethod
+    def fires_on(cls) -> str:
+        """Where the fault fires, as a run where it never did says it: "exspec", "eqspec with --proposer head"."""
+        needs = ([f"--proposer {cls.needs_proposer}"] if cls.needs_proposer else []) + (
+            ["--tree 1 or more"] if cls.needs_tree else []
+        )
+        return (
+            cls.default_method
+            + (f" with {' and '.join(needs)}" if needs else "")
+            + (", in a batch of two rows or more" if cls.needs_rows > 1 else "")
+            + (f" ({cls.quiet_on})" if cls.quiet_on else "")
+        )
 
     def forward_positions(self, next_pos: torch.Tensor, width: int, query_len: int, forward: Forward) -> torch.Tensor:
         """Position IDs [B, query_len] for a forward after a cache of `width` slots (every forward)."""
@@ -168,6 +185,7 @@ class Fault:
 
 class UniformAdvance(Fault):
     name = "uniform-advance"
+    needs_rows = 2
     invariants = (Invariant.POSITIONS, Invariant.KV)
     seen_in = "mlx-vlm #1144, #1155"
     summary = "every row advances its KV offset and positions by the batch's max accepted + 1"
@@ -178,6 +196,7 @@ class UniformAdvance(Fault):
 
 class ColumnPositions(Fault):
     name = "column-positions"
+    needs_rows = 2
     invariants = (Invariant.POSITIONS,)
     seen_in = "unsloth #3699, nnsight #673"
     summary = "position IDs are the shared column index (cache_position), ignoring left padding"
@@ -207,6 +226,7 @@ class MaskedHoles(Fault):
 
 class PadAccumulation(Fault):
     name = "pad-accumulation"
+    needs_rows = 2
     invariants = (Invariant.ALIGNMENT, Invariant.POSITIONS, Invariant.KV)
     seen_in = "eBay/spec_dec 'compounding left-padding' fix"
     summary = "re-pads without stripping the old padding, which becomes attended row content"
@@ -224,6 +244,7 @@ class PadAccumulation(Fault):
 
 class StaleKV(Fault):
     name = "stale-kv"
+    needs_rows = 2
     invariants = (Invariant.KV,)
     seen_in = "mlx-lm #1109, #1423"
     summary = "the cache is trimmed once for the batch, so rejected drafts' KV stays attendable"
@@ -246,6 +267,7 @@ class ExtraAccept(Fault):
 
 class RowMixup(Fault):
     name = "row-mixup"
+    needs_rows = 2
     invariants = (Invariant.ACCOUNTING,)
     seen_in = "vLLM #14645, TensorRT-LLM #3456"
     summary = "after the batch is regrouped, results are written back to the wrong rows"
@@ -289,6 +311,7 @@ class DraftPositions(Fault):
 
 class KVRowCopy(Fault):
     name = "kv-row-copy"
+    needs_rows = 2
     invariants = (Invariant.KV,)
     seen_in = "batch-index mix-ups in cache gathers (vLLM #14645-style, on the KV instead of the tokens)"
     summary = "once, row 0's cached slots are overwritten with row 1's (same slots); masks and counts unchanged"
@@ -319,10 +342,12 @@ class RequestOrder(Fault):
     sequence: the fault runs in fixed regions too (inplace, whose rows go longest prompt first)."""
 
     name = "request-order"
+    needs_rows = 2
     invariants = (Invariant.ACCOUNTING,)
     seen_in = "vLLM V1 spec decode: tokens of other requests in large mixed batches"
     summary = "results are scattered back in request order (a dict's), not the batch's row order"
     default_method = "exspec"  # its converge policy batches by length, not in request order
+    quiet_on = "or inplace; eqspec keeps the batch in request order, so results land where they belong"
     any_layout = True
 
     def __init__(self) -> None:
@@ -346,6 +371,7 @@ class RequestOrder(Fault):
 
 class HeadSourceIndex(Fault):
     name = "head-source-index"
+    needs_rows = 2
     invariants = (Invariant.HEAD,)
     seen_in = "vllm-ascend EAGLE-3 proposer: wrong source indices under concurrency"
     summary = "each row's head carry is gathered from the next row's hidden states (an index off by one row)"
@@ -359,6 +385,7 @@ class HeadSourceIndex(Fault):
 
 class SharedCarry(Fault):
     name = "shared-carry"
+    needs_rows = 2
     invariants = (Invariant.HEAD,)
     seen_in = "llama.cpp-fork MTP drafting: sequence 0 hard-coded, carry-over state shared across slots"
     summary = "every row's head reads row 0's carry-over hidden state"

@@ -16,16 +16,17 @@ from specviz.engine.faults import Fault, make_fault
 from specviz.engine.kv.window import refusal as window_refusal
 from specviz.engine.kv.window import window_spec
 from specviz.engine.methods import METHODS
-from specviz.engine.models import DEFAULT_HEAD, ModelPair
-from specviz.engine.proposers import DraftModelProposer, HeadProposer, NgramProposer, Proposer, load_head
+from specviz.engine.models import ModelPair
+from specviz.engine.proposers import Proposer
 from specviz.engine.reference import sampled_reference
 from specviz.engine.rules import TokenRules
 from specviz.engine.sampling import SamplingParams
 from specviz.engine.step import Engine, EngineConfig, RunContext
 from specviz.errors import SpecvizError
+from specviz.proposers import proposer_kind
 from specviz.trace.provenance import library_versions, model_info
 from specviz.trace.recorder import NullRecorder, Recorder, StepSink, new_header
-from specviz.trace.schema import Header, SamplingInfo, SequenceRecord, Trace
+from specviz.trace.schema import FAULT_FIRES_ON, Header, SamplingInfo, SequenceRecord, Trace
 from specviz.trace.token_text import attach_token_text
 
 # progress(phase, done, total): "reference" counts prompts decoded at batch 1, "decode" counts tokens
@@ -82,8 +83,8 @@ def run(
     returned then has no steps in memory, and the caller closes the sink with its header and
     sequences."""
     config.validate()
-    if config.k > 0 and config.proposer == "draft-model" and pair.draft is None:
-        raise SpecvizError(f"method {config.method} needs a draft model (or --proposer head / ngram)")
+    if drafts_with_the_draft_model(config) and pair.draft is None:
+        raise SpecvizError(f"--proposer {config.proposer} needs a draft model (or another --proposer)")
     torch.manual_seed(config.seed)
     prompt_ids = tokenize_prompts(pair, prompts, config.max_new_tokens)
     refuse_unmaskable_windows(pair, prompt_ids, config)
@@ -173,7 +174,7 @@ def _header(pair: ModelPair, config: RunConfig, fault: Fault, eos: frozenset[int
         fault=None if fault.name == "none" else fault.name,
         target=model_info(pair.target, pair.target_name, pair.device, pair.dtype),
         draft=model_info(pair.draft, pair.draft_name or "", pair.device, pair.dtype)
-        if config.k > 0 and config.proposer == "draft-model"
+        if drafts_with_the_draft_model(config)
         else None,
         draft_k=config.k,
         batch_size=config.batch_size,
@@ -186,6 +187,8 @@ def _header(pair: ModelPair, config: RunConfig, fault: Fault, eos: frozenset[int
         sampling=_sampling_info(config.sampling_params),
     )
     header.layout = method.layout  # inplace: per-row regions, no rectangular alignment to check
+    if fault.name != "none":  # so a run where it never fired can say where it does (analysis.notes)
+        header.options[FAULT_FIRES_ON] = fault.fires_on()
     if config.k > 0:
         header.proposer, header.tree_branches = config.proposer, config.tree_branches
         if config.tree_branches and config.tree_kind != "static":  # an option, not a field: the schema stays 3
@@ -197,18 +200,15 @@ def _header(pair: ModelPair, config: RunConfig, fault: Fault, eos: frozenset[int
 
 
 def make_proposer(pair: ModelPair, config: RunConfig) -> Proposer | None:
-    """The run's proposer: None for the baseline; the head is the pair's, else loaded from
-    `config.head_path` (default: the embedded default head)."""
+    """The run's proposer (the registry's class for `config.proposer`); None for the baseline."""
     if config.k == 0:
         return None
-    if config.proposer == "ngram":
-        return NgramProposer()
-    if config.proposer == "head":
-        head = pair.head if pair.head is not None and config.head_path is None else None
-        if head is None:
-            head = load_head(config.head_path or DEFAULT_HEAD, pair.target)
-        return HeadProposer(head, pair.target)
-    return DraftModelProposer(pair.draft)
+    return proposer_kind(config.proposer).build(pair, config)
+
+
+def drafts_with_the_draft_model(config: RunConfig) -> bool:
+    """Whether the run's proposer drafts with the pair's draft model (so the run must load it)."""
+    return config.k > 0 and proposer_kind(config.proposer).needs_draft_model
 
 
 def _engine_config(
@@ -256,7 +256,7 @@ def refuse_unmaskable_windows(pair: ModelPair, prompt_ids: list[list[int]], conf
         raise SpecvizError(
             f"{pair.target_name}: tree verification does not support sliding-window models yet (use --tree 0)"
         )
-    if config.k > 0 and config.proposer == "draft-model" and pair.draft is not None:
+    if drafts_with_the_draft_model(config) and pair.draft is not None:
         models.append((pair.draft, pair.draft_name or "draft"))
     for model, name in models:
         line = window_refusal(model, name, longest)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from specviz.probe import report as rp
+from specviz.probe.locate import ENGINES
 
 DESCRIPTION = """\
 Black-box A/B of OpenAI-compatible servers (vLLM, SGLang, llama.cpp, transformers serve, ...),
@@ -20,13 +21,17 @@ server B at --concurrency. --concurrency 1,2,4,8,16 sweeps levels, each against 
 reference's margin at the divergent token is within the noise the shared prefixes show, and the
 prompt does not stand out), suspect, or unattributed (no logprobs: pass --logprobs, or --replay
 MODEL). Drafted tokens a speculative server returns without a logprob are counted and left out;
-the acceptance the server reports is compared across levels. See docs/probe.md."""
+the acceptance the server reports is compared across levels, per draft position where the
+server counts it. --distinct N sends N copies of each prompt together and expects one answer. A
+failed run against vLLM (or --engine transformers) comes with the command that replays it
+offline under the watch. See docs/probe.md."""
 
 EPILOG = """\
 exit status:
   0    identical or numerical: no prompt is suspect or unattributed, acceptance held
   1    suspect (some divergence exceeds the noise, or a prompt stands out), or unattributed,
-       or acceptance collapsed under concurrency (even with every answer identical)
+       or acceptance collapsed under concurrency, overall or at one draft position (even with
+       every answer identical), or (--distinct) copies of one prompt got different answers
   2    bad input or an unreachable server (one line on stderr)"""
 
 
@@ -57,6 +62,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per request (default 120)")
     parser.add_argument("--retries", type=int, default=2, help="retries of a failed request (default 2)")
+    parser.add_argument(
+        "--engine", choices=ENGINES, default="auto",
+        help="the server's engine, for the offline replay command of a failed run (auto: what /v1/models says)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--server-args", default="", metavar="FLAGS",
+        help="flags the server was started with that its API does not say (dtype, speculative config, cache), "
+        "passed to the replay command",
+    )  # fmt: skip
+    parser.add_argument(
+        "--distinct", type=int, default=None, metavar="N",
+        help="send N identical copies of each prompt together (one batch): more than one answer is a finding",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--out", default=None, help="write the report (JSON) to this file")
     parser.add_argument("--force", action="store_true", help="overwrite an existing --out file")
@@ -103,6 +121,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
     )
     config.validate()
     api_key = os.environ.get(args.api_key_env) or None
+    if args.distinct is not None:
+        return _distinct(args, config, prompts, api_key, out)
     bar = None if args.quiet else tqdm(total=0, unit="req", file=sys.stderr)
 
     def progress(done: int, total: int) -> None:
@@ -115,12 +135,59 @@ def cmd_probe(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
+    report = _locate(report, config, args, num, api_key, out)
     if out is not None:
         rp.save_report(report, out)
     from specviz.console import print_to_pipe
 
     print_to_pipe(json.dumps(rp.to_dict(report)) if args.json else render(report, out))
     return 1 if report.failed else 0
+
+
+def _distinct(args: argparse.Namespace, config, prompts, api_key: str | None, out: Path | None) -> int:
+    """--distinct N: copies of each prompt sent together; one answer expected (probe.distinct)."""
+    import dataclasses
+
+    from specviz.console import print_to_pipe
+    from specviz.probe import distinct
+    from specviz.probe.client import Client, Endpoint, InFlightClock, redact
+
+    if config.url_b is not None:
+        raise ValueError("--distinct sends copies to one server: give one URL")
+    end = Endpoint.parse(config.url_a)
+    side = Client(
+        end, config.endpoint, config.model, config.max_tokens, config.logprobs, api_key, InFlightClock(),
+        config.timeout_s, config.retries,
+    )  # fmt: skip
+    try:
+        side.model = side.model or side.discover_model()
+        report = distinct.run_distinct(side, prompts, args.distinct, redact(end.url))
+    finally:
+        side.close()
+    payload = json.dumps(dataclasses.asdict(report), ensure_ascii=False)
+    if out is not None:
+        out.write_text(payload + "\n", encoding="utf-8")
+    print_to_pipe(payload if args.json else distinct.render(report) + (f"\nreport: {out}" if out else ""))
+    return 1 if report.failed else 0
+
+
+def _locate(report: rp.ProbeReport, config, args: argparse.Namespace, num: int, api_key: str | None, out):
+    """A failed run against an engine specviz can run gets the command that replays it offline
+    under the watch (specviz.probe.locate); where the server does not say which engine, none."""
+    from specviz.probe import locate
+    from specviz.probe.client import Client, Endpoint, InFlightClock, ServerError
+
+    if not report.failed or args.engine == "none":
+        return report
+    url = config.url_b or config.url_a
+    side = Client(Endpoint.parse(url), config.endpoint, report.side_b.model, 1, 0, api_key, InFlightClock(), 10.0, 0)
+    try:
+        command = locate.attach(report, side, args.engine, (args.prompts, num), args.server_args, out)
+    except ServerError:
+        command = None  # the run is over; an answer it cannot give now only costs the suggestion
+    finally:
+        side.close()
+    return locate.with_command(report, command, out)
 
 
 def _num(x: float | None) -> str:
@@ -138,6 +205,16 @@ def _acceptance(a: rp.Acceptance | None) -> str:
         return f"{length or 'nothing drafted'} ({a.source}; drafted tokens not reported){bad}"
     rate = f"{a.rate:.2f} [{a.low:.2f}, {a.high:.2f}] of {a.drafted} drafted"
     return f"{rate} ({a.source})" + (f", {length}" if length else "") + bad
+
+
+def _position_lines(report: rp.ProbeReport) -> list[str]:
+    """Acceptance per draft position, per side or level, where the server counted it."""
+    from specviz.probe.positions import line, shown
+
+    rows = [f"  {name}: {line(a.positions)}" for name, a in shown(report)]
+    if not rows:
+        return []
+    return ["acceptance per draft position (rounds accepted through it; in brackets given the one before):", *rows]
 
 
 def render(report: rp.ProbeReport, out: Path | None = None, shown: int = 10) -> str:
@@ -169,6 +246,12 @@ def render(report: rp.ProbeReport, out: Path | None = None, shown: int = 10) -> 
                 for p in n.paths
             )
         )
+    if n.source == "replay":
+        lines.append(
+            "  (measured on the local --replay model: its batch-shape noise, not the server's batching numerics; "
+            "--engine vllm|transformers gives a failed run the command that replays the prompts through the "
+            "server's own engine under the watch)"
+        )
     if n.calibration is not None:
         c = n.calibration
         lines.append(
@@ -186,6 +269,7 @@ def render(report: rp.ProbeReport, out: Path | None = None, shown: int = 10) -> 
             lines.append(line)
     if a.acceptance is not None or b.acceptance is not None:
         lines.append(f"acceptance: side A {_acceptance(a.acceptance)}; side B {_acceptance(b.acceptance)}")
+    lines.extend(_position_lines(report))
     if report.levels:
         lines.append("concurrency  diverged (95% interval)   identical/numerical/unattributed/suspect   acceptance")
         for v in report.levels:
@@ -215,6 +299,8 @@ def render(report: rp.ProbeReport, out: Path | None = None, shown: int = 10) -> 
         + (f", replay {t.replay_s:.2f} s" if report.replay else "")
     )
     lines.extend(f"next: {step}" for step in report.next_steps)
+    if report.replay_command is not None:
+        lines.append(f"  (replay: {report.replay_command.note})")
     if out is not None:
         lines.append(f"report: {out}")
     return "\n".join(lines)

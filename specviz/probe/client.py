@@ -119,16 +119,17 @@ class Client:
 
     def discover_model(self) -> str | None:
         """The first model `/v1/models` lists (None if the server does not say)."""
-        try:
-            status, payload = self._request("GET", "/models", None)
-        except ServerError:
-            raise
+        card = self.model_card()
+        return card["id"] if isinstance(card.get("id"), str) else None
+
+    def model_card(self) -> dict[str, Any]:
+        """`/v1/models`' entry for this client's model (or its first one); {} if it lists none.
+        Untrusted: callers check each field's type."""
+        status, payload = self._request("GET", "/models", None)
         if status != 200 or not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
-            return None
-        for item in payload["data"]:
-            if isinstance(item, dict) and isinstance(item.get("id"), str):
-                return item["id"]
-        return None
+            return {}
+        cards = [item for item in payload["data"] if isinstance(item, dict) and isinstance(item.get("id"), str)]
+        return next((c for c in cards if c["id"] == self.model), cards[0] if cards else {})
 
     def scrape_metrics(self) -> str | None:
         """The server's Prometheus text at `<root>/metrics` (the URL's path without `/v1`: where

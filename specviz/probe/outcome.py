@@ -9,7 +9,7 @@ import datetime as _dt
 import math
 from dataclasses import dataclass, field
 
-from specviz.probe import attribution, telemetry
+from specviz.probe import attribution, positions, telemetry
 from specviz.probe import report as rp
 from specviz.probe.advice import next_steps
 from specviz.probe.client import Client, InFlightClock, redact
@@ -42,22 +42,17 @@ class Tally:
                 self.drafting.append(a.drafting)
 
     def add_scrape(self, delta: telemetry.Drafting) -> None:
-        s = self.scraped
-        if s is None:
-            self.scraped = delta
-            return
-        self.scraped = telemetry.Drafting(
-            (s.drafted or 0) + (delta.drafted or 0), (s.accepted or 0) + (delta.accepted or 0),
-            None, None, (s.drafts or 0) + (delta.drafts or 0) or None,
-        )  # fmt: skip
+        self.scraped = delta if self.scraped is None else telemetry.add(self.scraped, delta)
 
     def acceptance(self) -> tuple[rp.Acceptance | None, telemetry.Rate | None]:
         """What the report shows, and the rate a collapse is judged on: None where the source it
         came from had unbelievable values (they decide nothing)."""
         rate = telemetry.per_request_rate(self.drafting) if self.drafting else None
         source, error = self.adapter or "response", self.error
+        by_position = positions.of(self.drafting)
         if rate is None and self.scraped is not None and self.scraped.drafted and self.scrape_error is None:
             rate, source, error = telemetry.aggregate_rate(self.scraped), "prometheus", None
+            by_position = positions.of([self.scraped])
         problems = "; ".join(e for e in (self.error, self.scrape_error) if e) or None
         if rate is None:
             if problems is None:
@@ -65,7 +60,7 @@ class Tally:
             return rp.Acceptance(source, 0, 0, 0, None, None, None, None, problems), None
         shown = rp.Acceptance(
             source, rate.requests, rate.drafted, rate.accepted, rate.rate, rate.low, rate.high, rate.mean_length,
-            problems,
+            problems, by_position,
         )  # fmt: skip
         return shown, (rate if error is None else None)
 
@@ -99,6 +94,7 @@ class Outcome:
             decided[n] = [(ev, *attribution.decide(ev, noise)) for ev in evs]
             acceptance, rate = self.tallies[n].acceptance()
             collapse = n > 1 and not two and telemetry.collapsed(rate_a, rate)
+            collapse = collapse or (n > 1 and not two and positions.collapse(acceptance_a, acceptance) is not None)
             levels.append(self._level(n, decided[n], noise, acceptance, collapse))
         primary = max(levels, key=lambda v: (rp.VERDICTS.index(v.verdict), v.rate, v.concurrency)).concurrency
         results = self._per_prompt(decided[primary], noises[primary], primary)
@@ -209,6 +205,11 @@ class Outcome:
             return None
         held = [v.concurrency for v in levels if 1 < v.concurrency < first.concurrency and not v.collapse]
         a, b = acceptance_a, first.acceptance
+        deep = positions.collapse(a, b)
+        if deep is not None and not positions.rate_collapsed(a, b):  # the overall rate held; one position did not
+            detail = positions.describe(a, deep, first.concurrency) + ": a batching bug in drafting at that depth"
+            return rp.Collapse(first.concurrency, a.positions[deep.position].conditional or 0.0,
+                               deep.conditional or 0.0, detail, deep.position)  # fmt: skip
         if a.rate is not None and b.rate is not None:
             r1, r, what = a.rate, b.rate, "acceptance"
             shown = f"{r1:.2f} [{a.low:.2f}, {a.high:.2f}] at concurrency 1, {r:.2f} [{b.low:.2f}, {b.high:.2f}]"
@@ -219,8 +220,13 @@ class Outcome:
             f"{what} {shown} at concurrency {first.concurrency}"
             + (f" (held at {', '.join(map(str, held))})" if held else "")
             + ": a batching bug in drafting"
+            + (
+                f"; first at draft position {deep.position} ({positions.describe(a, deep, first.concurrency)})"
+                if deep
+                else ""
+            )
         )
-        return rp.Collapse(first.concurrency, r1, r, detail)
+        return rp.Collapse(first.concurrency, r1, r, detail, deep.position if deep else None)
 
 
 def _noise_view(noise: attribution.Noise, source: str) -> rp.Noise:

@@ -21,8 +21,9 @@ from specviz.errors import SpecvizError
 from specviz.files import FileRefused, read_regular_file
 
 FORMAT = "specviz-probe"
-VERSION = 2  # 2: placeholders, acceptance, paths and calibration, levels, rounds, findings, next steps
-READS = (1, 2)  # a version-1 report reads with the version-2 fields at their defaults
+VERSION = 3  # 2: placeholders, acceptance, paths and calibration, levels, rounds, findings, next steps
+# 3: acceptance per draft position, a collapse's position, the replay command
+READS = (1, 2, 3)  # an older report reads with the newer fields at their defaults
 MAX_REPORT_BYTES = 128 * 1024 * 1024
 MAX_PROMPTS = 100_000
 MAX_TEXT = 100_000  # characters in any one string field
@@ -86,6 +87,21 @@ class PromptResult:
 
 
 @dataclass(frozen=True)
+class PositionRate:
+    """Acceptance at one draft position (specviz.probe.positions)."""
+
+    position: int  # 0: the first draft token of a round
+    accepted: int  # rounds whose drafts were accepted through this position
+    rate: float  # accepted / rounds
+    low: float  # its 95% interval (Wilson)
+    high: float
+    given: int  # rounds accepted through the position before (the rounds, at position 0)
+    conditional: float | None  # accepted / given: this position, given the one before
+    conditional_low: float | None
+    conditional_high: float | None
+
+
+@dataclass(frozen=True)
 class Acceptance:
     """Speculative drafting of one pass, as the server reported it (specviz.probe.telemetry)."""
 
@@ -98,6 +114,8 @@ class Acceptance:
     high: float | None
     mean_length: float | None  # tokens per verify step
     unreadable: str | None = None  # telemetry present but not believable: why
+    # version 3
+    positions: tuple[PositionRate, ...] = ()  # per draft position, where the server counts it
 
 
 @dataclass(frozen=True)
@@ -184,6 +202,19 @@ class Collapse:
     rate_1: float  # acceptance at level 1
     rate: float  # acceptance there
     detail: str
+    # version 3
+    position: int | None = None  # the draft position that collapsed (None: the overall rate did)
+
+
+@dataclass(frozen=True)
+class ReplayCommand:
+    """The command that replays a flagged run offline under the watch (specviz.probe.locate)."""
+
+    engine: str  # vllm | transformers
+    command: str
+    prompts: tuple[int, ...]  # the flagged prompts (--focus)
+    max_num_seqs: int  # the batch limit: the flagged level's concurrency
+    note: str  # what the replay can and cannot show
 
 
 @dataclass(frozen=True)
@@ -210,6 +241,8 @@ class ProbeReport:
     levels: tuple[Level, ...] = ()  # one per concurrency level (batch mode)
     collapse: Collapse | None = None  # acceptance collapsed under concurrency: exit 1
     next_steps: tuple[str, ...] = ()
+    # version 3
+    replay_command: ReplayCommand | None = None  # a failed run against an engine specviz can run
 
     @property
     def failed(self) -> bool:
@@ -270,7 +303,7 @@ def parse_report(payload: Any, where: str = "report") -> ProbeReport:
         raise ReportError(f"{where}: probe report version {version!r}; this specviz reads {', '.join(map(str, READS))}")
     if isinstance(payload.get("prompts"), list) and len(payload["prompts"]) > MAX_PROMPTS:
         raise ReportError(f"{where}: more than {MAX_PROMPTS} prompts")
-    report = _build(ProbeReport, payload, where, lenient=version < VERSION)
+    report = _build(ProbeReport, payload, where, version)
     _check(report, where)
     return report
 
@@ -308,35 +341,40 @@ def _fields(cls: type) -> list[tuple[str, Any, bool]]:
     return _FIELDS[cls]
 
 
-def _build(cls: type, obj: Any, where: str, lenient: bool = False) -> Any:
-    """`cls` from a JSON object; `lenient` (an older version) lets fields with defaults be absent."""
+# The version that added a field with a default; any other such field came with version 2.
+SINCE = {("Acceptance", "positions"): 3, ("Collapse", "position"): 3, ("ProbeReport", "replay_command"): 3}
+
+
+def _build(cls: type, obj: Any, where: str, version: int = VERSION) -> Any:
+    """`cls` from a JSON object of report `version`: a field added after it may be absent (its
+    default); every field of that version must be there."""
     if not isinstance(obj, dict):
         raise ReportError(f"{where}: expected an object")
     values = {}
     for name, hint, optional in _fields(cls):
         if name not in obj:
-            if lenient and optional:
+            if optional and SINCE.get((cls.__name__, name), 2) > version:
                 continue
             raise ReportError(f"{where}.{name}: missing")
-        values[name] = _value(hint, obj[name], f"{where}.{name}", lenient)
+        values[name] = _value(hint, obj[name], f"{where}.{name}", version)
     return cls(**values)
 
 
-def _value(hint: Any, value: Any, where: str, lenient: bool = False) -> Any:
+def _value(hint: Any, value: Any, where: str, version: int = VERSION) -> Any:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
         (inner,) = [a for a in args if a is not type(None)]
-        return _value(inner, value, where, lenient)
+        return _value(inner, value, where, version)
     if dataclasses.is_dataclass(hint):
-        return _build(hint, value, where, lenient)  # type: ignore[arg-type]
+        return _build(hint, value, where, version)  # type: ignore[arg-type]
     if origin is tuple:
         if not isinstance(value, list):
             raise ReportError(f"{where}: expected a list")
         if len(value) > MAX_PROMPTS:
             raise ReportError(f"{where}: more than {MAX_PROMPTS} items")
-        return tuple(_value(args[0], v, f"{where}[{n}]", lenient) for n, v in enumerate(value))
+        return tuple(_value(args[0], v, f"{where}[{n}]", version) for n, v in enumerate(value))
     if origin is dict:
         if not isinstance(value, dict) or len(value) > 64:
             raise ReportError(f"{where}: expected an object (at most 64 keys)")

@@ -16,6 +16,7 @@ plain decode has length 1).
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -25,6 +26,7 @@ from typing import Any
 from specviz.errors import SpecvizError
 
 MAX_COUNT = 10**12  # a count above this is not a count
+MAX_POSITIONS = 64  # draft positions read at most (servers draft a handful)
 Z95 = 1.959964  # two-sided 95% normal quantile
 # A collapse: acceptance at a level below level 1's by at least this much (absolute), with the
 # 95% intervals apart. Under greedy decoding acceptance does not depend on the batch in exact
@@ -49,6 +51,7 @@ class Drafting:
     steps: int | None = None  # target verify forwards
     tokens: int | None = None  # tokens the request emitted
     drafts: int | None = None  # draft rounds (vLLM's num_drafts)
+    positions: tuple[int, ...] | None = None  # rounds accepted through each draft position (specviz.probe.positions)
 
 
 def _count(value: Any, where: str) -> int:
@@ -117,7 +120,22 @@ def read_sglang(payload: Mapping[str, Any]) -> Drafting | None:
     accepted = _optional(meta, "spec_accept_token_num", "meta_info")
     if accepted is None and tokens is not None and tokens >= steps:
         accepted = tokens - steps  # each verify step emits one token of the target's own
-    return _checked(Drafting(drafted, accepted, steps, tokens), "meta_info")
+    rounds, positions = steps, None
+    for key in ("spec_accept_histogram", "spec_correct_drafts_histogram"):  # current and older names
+        if meta.get(key) is not None:
+            rounds, positions = from_histogram(meta[key], f"meta_info.{key}")
+            break
+    return _checked(Drafting(drafted, accepted, steps, tokens, rounds, positions), "meta_info")
+
+
+def from_histogram(histogram: Any, where: str) -> tuple[int, tuple[int, ...]]:
+    """(rounds, rounds accepted through each draft position) from SGLang's acceptance histogram
+    (H[n]: verify rounds that accepted exactly n draft tokens, so position i was accepted in the
+    rounds with n > i); TelemetryError when it is not a short list of counts."""
+    if not isinstance(histogram, list) or len(histogram) > MAX_POSITIONS + 1:
+        raise TelemetryError(f"{where} is not a list of at most {MAX_POSITIONS + 1} counts")
+    counts = [_count(h, f"{where}[{n}]") for n, h in enumerate(histogram)]
+    return sum(counts), tuple(sum(counts[n + 1 :]) for n in range(len(counts) - 1))
 
 
 @dataclass(frozen=True)
@@ -173,13 +191,21 @@ PROMETHEUS_COUNTERS = {
     "accepted": "vllm:spec_decode_num_accepted_tokens_total",
     "drafts": "vllm:spec_decode_num_drafts_total",
 }
+# accepted tokens per draft position, one sample per `position="i"` label; filed as `NAME[i]`
+PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+_POSITION_LABEL = re.compile(r'(?:^|[{,])\s*position\s*=\s*"(\d{1,2})"')
+
+
+def position_key(position: int) -> str:
+    """Where `parse_prometheus` files the per-position counter of draft position `position`."""
+    return f"{PER_POSITION}[{position}]"
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
     """The spec-decode counters in a Prometheus text exposition, summed over label sets (one per
     model or engine). Missing counters are absent from the result."""
-    wanted = set(PROMETHEUS_COUNTERS.values())
+    wanted = {*PROMETHEUS_COUNTERS.values(), PER_POSITION}
     out: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line[0] == "#":
@@ -187,13 +213,19 @@ def parse_prometheus(text: str) -> dict[str, float]:
         m = _SAMPLE.match(line)
         if m is None or m.group(1) not in wanted:
             continue
+        name = m.group(1)
+        if name == PER_POSITION:
+            label = _POSITION_LABEL.search(m.group(2) or "")
+            if label is None or int(label.group(1)) >= MAX_POSITIONS:
+                continue
+            name = position_key(int(label.group(1)))
         try:
             value = float(m.group(3))
         except ValueError:
             raise TelemetryError(f"/metrics: {m.group(1)} is not a number") from None
         if not math.isfinite(value) or value < 0:
             raise TelemetryError(f"/metrics: {m.group(1)} = {m.group(3)[:20]} is out of range")
-        out[m.group(1)] = out.get(m.group(1), 0.0) + value
+        out[name] = out.get(name, 0.0) + value
     return out
 
 
@@ -205,14 +237,40 @@ def prometheus_delta(before: Mapping[str, float], after: Mapping[str, float]) ->
     values = {}
     for key, metric in PROMETHEUS_COUNTERS.items():
         if metric in before and metric in after:
-            diff = after[metric] - before[metric]
-            if diff < 0:
-                raise TelemetryError(f"/metrics: {metric} went down during the pass (a restart?)")
-            values[key] = _count(round(diff), f"/metrics {metric} delta")
+            values[key] = _delta(before, after, metric)
+    positions = []
+    while len(positions) < MAX_POSITIONS and position_key(len(positions)) in before.keys() & after.keys():
+        positions.append(_delta(before, after, position_key(len(positions))))
+    drafts = values.get("drafts")
+    if positions and (drafts is None or max(positions) > drafts):
+        raise TelemetryError("/metrics: more rounds accepted at a draft position than draft rounds")
     return _checked(
-        Drafting(values["drafted"], values.get("accepted"), values.get("drafts"), None, values.get("drafts")),
+        Drafting(values["drafted"], values.get("accepted"), drafts, None, drafts, tuple(positions) or None),
         "/metrics",
     )
+
+
+def _delta(before: Mapping[str, float], after: Mapping[str, float], metric: str) -> int:
+    diff = after[metric] - before[metric]
+    if diff < 0:
+        raise TelemetryError(f"/metrics: {metric} went down during the pass (a restart?)")
+    return _count(round(diff), f"/metrics {metric} delta")
+
+
+def add(a: Drafting, b: Drafting) -> Drafting:
+    """Two passes' drafting summed (counts a pass did not report stay None where both lack them)."""
+
+    def plus(x: int | None, y: int | None) -> int | None:
+        return None if x is None and y is None else (x or 0) + (y or 0)
+
+    positions = None
+    if a.positions is not None or b.positions is not None:
+        pa, pb = a.positions or (), b.positions or ()
+        positions = tuple(plus(x, y) or 0 for x, y in itertools.zip_longest(pa, pb))
+    return Drafting(
+        plus(a.drafted, b.drafted), plus(a.accepted, b.accepted), plus(a.steps, b.steps), plus(a.tokens, b.tokens),
+        plus(a.drafts, b.drafts), positions,
+    )  # fmt: skip
 
 
 # -----------------------------------------------------------------------------------------------

@@ -44,7 +44,9 @@ from specviz.trace.budget import (
     json_parse_bytes,
     over_budget,
 )
-from specviz.trace.columnar import ColumnarError, ParquetTrace, ParquetTraceWriter, is_parquet, save_parquet
+from specviz.trace.columnar import ColumnarError, ParquetTraceWriter, is_parquet, save_parquet
+from specviz.trace.columnar_read import ParquetTrace
+from specviz.trace.file_kinds import not_a_trace
 from specviz.trace.jsonparse import TooMany, loads_yielding, top_level_kind
 from specviz.trace.schema import FORMAT_NAME, Trace, json_fields
 from specviz.trace.validate import TraceError, build_trace, check_format
@@ -207,6 +209,8 @@ def parse_trace_bytes(
 
 def _json_text(raw: bytes, source: str, max_bytes: int | None) -> str:
     """The JSON text of a trace's bytes (gzip or not), within `max_bytes`."""
+    if (refused := not_a_trace(source, raw[:16])) is not None:  # a picture picked by mistake: say so
+        raise TraceError(refused)
     if raw[:2] == GZIP_MAGIC:
         raw = _gunzip_bounded(raw, Path(source), max_bytes)
     elif max_bytes is not None and len(raw) > max_bytes:  # bytes from memory get the file limit too

@@ -119,6 +119,11 @@ class SamplingInfo:
     seed: int = 0
 
 
+# `header.options` key specviz's engine writes with a fault: where the fault fires ("exspec", "eqspec
+# with --proposer head"), so a run where it never fired can say so (specviz.analysis.notes).
+FAULT_FIRES_ON = "fault_fires_on"
+
+
 @dataclass
 class Header:
     schema_version: int
@@ -166,6 +171,13 @@ class Trace:
     header: Header
     steps: list[StepRecord]
     sequences: list[SequenceRecord]
+
+    @property
+    def batch_rows(self) -> int:
+        """The batch the run had: `header.batch_size` (what was asked) cut to the prompts there were.
+        `--batch-size 100000` over 48 prompts decodes 48 rows at most; a summary says 48."""
+        asked = self.header.batch_size
+        return min(asked, len(self.sequences)) if self.sequences else asked
 
 
 # Optional row fields that most rows leave unrecorded: written only when recorded, so a run that

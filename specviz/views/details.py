@@ -36,9 +36,10 @@ def where_text(grid: StepSlots, col: int) -> str:
     return "bonus column (fed next step)"
 
 
-def focus_col(grid_row: RowSlots, grid: StepSlots) -> int:
-    """The cell a row's details open on: its first flagged slot, else its pending query slot."""
-    flagged = next((slot.col for slot in grid_row.slots if slot.flagged), None)
+def focus_col(grid_row: RowSlots, grid: StepSlots, drawn: range | None = None) -> int:
+    """The cell a row's details open on: its first flagged slot (of the `drawn` columns, when the
+    grid draws a window), else its pending query slot."""
+    flagged = next((slot.col for slot in grid_row.slots if slot.flagged and (drawn is None or slot.col in drawn)), None)
     return flagged if flagged is not None else grid.cache_len
 
 

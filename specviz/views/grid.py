@@ -47,6 +47,15 @@ def window_start(grid: StepSlots, window: int, focus_col: int | None = None) -> 
     return start
 
 
+def drawn_columns(grid: StepSlots, window: int) -> range:
+    """The columns the grid draws at `window`: never wider than what was built (a huge cache or
+    batch builds fewer columns per row), widened to the step's first violation."""
+    focus = grid.first_violation[1] if grid.first_violation else None
+    built = min((r.slots.first for r in grid.rows), default=0)
+    # Never past MAX_COLUMNS: a cell costs ~300 bytes sent.
+    return range(max(window_start(grid, window, focus), built, grid.width - MAX_COLUMNS), grid.width)
+
+
 def _hover(grid_row: RowSlots, cell: Slot, texts: dict[int, str], cache_len: int, query_len: int) -> str:
     if cell.col < cache_len:
         where = f"cache slot {cell.col}"
@@ -110,11 +119,8 @@ def grid_figure(
     """
     texts = texts or {}
     focus = grid.first_violation[1] if grid.first_violation else None
-    # Never wider than what was built: a huge cache or batch builds fewer columns per row.
-    built = min((r.slots.first for r in grid.rows), default=0)
-    # Widened to the first violation, but never past MAX_COLUMNS: a cell costs ~300 bytes sent.
-    start = max(window_start(grid, window, focus), built, grid.width - MAX_COLUMNS)
-    columns = list(range(start, grid.width))
+    drawn = drawn_columns(grid, window)
+    columns, start = list(drawn), drawn.start
     z, text, hover, labels, short_labels = [], [], [], [], []
     outlines: list[tuple[int, int]] = []
     # `RowSlots.flagged` scans every built slot of the row: asked once per row here, not four times.

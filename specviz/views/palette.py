@@ -7,7 +7,7 @@ to find where desynchronisation begins by looking for the first red cell, so no 
 
 from __future__ import annotations
 
-from specviz.analysis.slots import SLOT_KINDS
+from specviz.analysis.slot_model import SLOT_KINDS
 
 # Slot kinds as analysis names them, in legend order. Codes are the index in this tuple.
 KINDS: tuple[str, ...] = SLOT_KINDS

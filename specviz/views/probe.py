@@ -19,6 +19,7 @@ from specviz.views.safe_text import html_text
 
 MAX_MAP_PROMPTS = 200  # rows of the map; a bigger report shows its first ones and says so
 MAX_MAP_TOKENS = 512
+MAX_POSITION_LINES = 17  # side A and at most 16 levels (specviz.probe.config.MAX_LEVELS)
 VERDICT_COLORS = {
     "identical": "#d9d9d9",
     "numerical": "#74add1",
@@ -169,6 +170,43 @@ def sweep_plot(report: ProbeReport) -> go.Figure:
     figure.update_xaxes(title="concurrency", type="log", tickvals=x)
     figure.update_yaxes(title="prompts diverged from level 1", range=[0, 1.05], secondary_y=False)
     figure.update_yaxes(title="acceptance rate", range=[0, 1.05], secondary_y=True)
+    return figure
+
+
+def positions_plot(report: ProbeReport) -> go.Figure:
+    """Acceptance at each draft position given the one before (95% intervals), one line per side
+    or level that counted it: a depth that collapses under concurrency drops out of the others'
+    intervals; the collapsed position is marked."""
+    from specviz.probe.positions import shown
+
+    figure = go.Figure()
+    named = shown(report)[:MAX_POSITION_LINES]
+    if not named:
+        figure.update_layout(title="no acceptance per draft position in this report (vLLM /metrics, SGLang)")
+        return figure
+    collapse = report.collapse
+    for name, acceptance in named:
+        rows = [p for p in acceptance.positions[:MAX_MAP_TOKENS] if p.conditional is not None]
+        values = [p.conditional or 0.0 for p in rows]
+        figure.add_trace(
+            go.Scatter(
+                x=[p.position for p in rows], y=values, mode="lines+markers", name=html_text(name, 60),
+                error_y={"type": "data", "symmetric": False,
+                         "array": [(p.conditional_high or v) - v for p, v in zip(rows, values)],
+                         "arrayminus": [v - (p.conditional_low or v) for p, v in zip(rows, values)]},
+                hovertext=[html_text(f"{name}, position {p.position}: {p.accepted} of {p.given} accepted", 200)
+                           for p in rows],
+                hoverinfo="text",
+            )
+        )  # fmt: skip
+    if collapse is not None and collapse.position is not None:
+        figure.add_vline(x=collapse.position, line_dash="dash", annotation_text=f"collapse at {collapse.concurrency}")
+    figure.update_layout(
+        title="acceptance per draft position, given the position before",
+        xaxis={"title": "draft position", "dtick": 1},
+        yaxis={"title": "accepted, given the one before", "range": [0, 1.05]},
+        margin={"l": 60, "r": 10, "t": 40, "b": 40},
+    )
     return figure
 
 

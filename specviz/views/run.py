@@ -14,7 +14,7 @@ from specviz.analysis.check import check_trace
 from specviz.analysis.fed_columns import ColumnarFedHistory
 from specviz.analysis.report import Report, Violation
 from specviz.analysis.slots import FedHistory, StepSlots, fed_history, step_slots
-from specviz.trace.columnar import ParquetSteps
+from specviz.trace.columnar_read import ParquetSteps
 from specviz.trace.schema import StepRecord, Trace
 from specviz.views.faults import fault_markdown
 from specviz.views.grid import (
@@ -82,6 +82,9 @@ class LoadedRun:
     # What a link to this run names (a bundled trace's name, "--trace", "runs:<file>"); None: the
     # run cannot be named in a link (an upload or a live run lives only in its visitor's session).
     link: str | None = None
+    # Which file a "--trace" link means: its name, so a link opened in an app started with another
+    # file can say so (specviz.app.share). None for every other run.
+    link_file: str | None = None
     report_file: str | None = None  # the app's report of this run, written once (specviz.app.share)
     _overview: tuple[Trace, str] | None = None
 
@@ -202,6 +205,8 @@ def where_html(loaded: LoadedRun, step_index: int, row: int) -> str:
     """What the grid shows, for the page's script: the link to this cell and the keys start here."""
     link = html_text(loaded.link or "", 300)
     where = f"data-trace='{link}' data-step='{int(step_index)}' data-row='{int(row)}'"
+    if loaded.link_file:
+        where += f" data-run='{html_text(loaded.link_file, 200)}'"
     return f"<span class='sv-where' hidden {where}></span>"
 
 

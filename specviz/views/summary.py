@@ -6,7 +6,9 @@ import pandas as pd
 
 from specviz.analysis.budgets import sequence_budgets
 from specviz.analysis.metrics import summary, tokens_per_second, totals_of
+from specviz.analysis.notes import run_notes
 from specviz.analysis.report import Report, exact_read_note
+from specviz.proposers import DEFAULT_PROPOSER
 from specviz.trace import naming
 from specviz.trace.schema import Trace
 from specviz.views.palette import verdict_badge
@@ -97,18 +99,20 @@ def summary_markdown(trace: Trace, report: Report, label: str = "") -> str:
         lines.append(sentence)
     elif report.verdict == "numerical":
         lines.append("No invariant broke: divergences sit on near-ties of the reference's logits.")
+    # Where the numbers mislead: a DESYNC beside exact outputs, a fault that never fired.
+    lines += [f"⚠️ *{md_text(note[0].upper() + note[1:], 400)}.*" for note in run_notes(trace, report)]
     if report.unreadable is not None:
         where = report.unreadable["step"]
         lines.append(f"**Unreadable from step {int(where)}**: {md_text(report.unreadable['why'], 300)}")
     lines.extend(_not_checked(report))
     draft = f", draft {_nowrap(model_name(h.draft.name))}" if h.draft else ""
-    if h.draft_k and h.proposer != "draft-model":  # schema 3: a head or n-gram lookup drafted
+    if h.draft_k and h.proposer != DEFAULT_PROPOSER:  # schema 3: another proposer drafted (a head, n-gram lookup)
         draft += f", drafts by {md_text(h.proposer)}"
     if h.tree_branches:
         draft += f", tree ({h.tree_branches} alternatives)"
     lines.append(
         f"<sub>target {_nowrap(model_name(h.target.name))} ({md_text(h.target.dtype)}, {md_text(h.target.device)})"
-        f"{draft} · k={h.draft_k} · batch {h.batch_size}"
+        f"{draft} · k={h.draft_k} · batch {trace.batch_rows}"
         f" · {len(trace.sequences)} prompts × {new_tokens(trace)} new tokens · {len(trace.steps)} steps</sub>"
     )
     return "\n\n".join(lines)

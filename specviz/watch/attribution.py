@@ -17,7 +17,7 @@ from specviz.watch.calls import (
     first_slot_query,
     row_seq_ids,
 )
-from specviz.watch.hooks import CallRecord
+from specviz.watch.record import CallRecord
 
 
 @dataclass

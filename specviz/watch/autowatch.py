@@ -1,7 +1,7 @@
 """Watching a script that was never instrumented: every causal LM it builds gets hooks, and the
 two facts `rows` and `emit` would declare are inferred from the calls instead.
 
-What is inferred (see docs/watch.md, "Watching an unmodified script"):
+What is inferred (see docs/watch-command.md):
 - roles: of the causal LMs that ran a forward, the largest by parameter count is the target
   (the first built wins a tie), the next largest the draft;
 - token text: the first tokenizer the script built whose vocabulary holds every token the trace
@@ -9,7 +9,7 @@ What is inferred (see docs/watch.md, "Watching an unmodified script"):
 - the draft head, when named (`--drafter NAME`): the first module of that class called outside
   the watched causal LMs, found by a global forward hook that removes itself then; its calls are
   draft calls and its input is checked as `watch(target, drafter=head)` checks it;
-- rows, prompts and emits: `follow.Follower` (its docstring has the rules): each row of each
+- rows, prompts and emits: `infer.follow.Follower` (its docstring has the rules): each row of each
   target call is matched to a sequence by its attended context (prompt + committed tokens), so
   rows may change order, leave the batch or join it; a new row's attended ids are its prompt
   (completed by the next call's pending token when that call was a prefill of all but the last);
@@ -28,10 +28,11 @@ from specviz.analysis.findings import UNREADABLE
 from specviz.trace.schema import Trace
 from specviz.watch.attribution import Emit
 from specviz.watch.declared import eos_ids, pad_id
-from specviz.watch.follow import Follower
 from specviz.watch.headinput import TapSet, resolve
-from specviz.watch.hooks import CallRecord, ModelHooks, WatchError, check_causal_lm
+from specviz.watch.hooks import ModelHooks, WatchError, check_causal_lm
+from specviz.watch.infer.follow import Follower
 from specviz.watch.paged import PagedCapture
+from specviz.watch.record import CallRecord
 from specviz.watch.session import Watch
 
 
@@ -334,7 +335,7 @@ def infer(
     calls: list[CallRecord], eos: frozenset[int], notes: list[str], unfollowed: list[str] | None = None
 ) -> tuple[list[list[int]], list[Emit]]:
     """Prompts (by sequence id) and the emits a correct-bookkeeping engine would have declared; each
-    target call's rows name the sequence they hold (`follow.Follower`). Where rows could not be
+    target call's rows name the sequence they hold (`infer.follow.Follower`). Where rows could not be
     followed, why is appended to `notes` and to `unfollowed`."""
     for call in calls:
         call.materialize()

@@ -12,7 +12,7 @@ Every captured call gets one `BatchMap` at close, from the first producer that c
    no mask and no cache, by its `position_ids`
    restarting (transformers' own packed-sequence rule, `find_packed_sequence_indices`);
 3. **inferred**: nothing was declared and no adapter applies (a padded batch without `w.rows`,
-   `specviz watch --`): the sequence in each row is left to `follow.Follower` (the command) or to
+   `specviz watch --`): the sequence in each row is left to `infer.follow.Follower` (the command) or to
    the default order (row r holds sequence r).
 
 A call that no producer can read (declared rows that fit no reading of its layout, say) is
@@ -39,16 +39,24 @@ class Unreadable(Exception):
 
 def read_map(call: Any) -> BatchMap:
     """The call's map from the first producer that can read it (see the module docstring), with
-    the declared sequence ids. Raises `Unreadable` when a target call's declaration names more
-    sequences than any reading of its layout holds."""
-    segments = _packed_segments(call)
-    count = call.batch_size if segments is None else len(segments[1])
-    ids = _declared_ids(call, count, segments[0] if segments else None)
-    if segments is None:  # one sequence per row: padded, declared or not
-        q = call.query_len
-        return BatchMap(tuple(Segment(s, r, 0, q) for r, s in enumerate(ids)), call.source or "padded")
-    source, cut = segments
-    return BatchMap(tuple(Segment(s, 0, a, n, keys) for s, (a, n, keys) in zip(ids, cut)), call.source or source)
+    the declared sequence ids, drafts and chunks. Unreadable (`BatchMap.unread`, a value) when a
+    target call's declaration names more sequences than any reading of its layout holds, or
+    declares what its layout cannot hold."""
+    try:
+        segments = _packed_segments(call)
+        count = call.batch_size if segments is None else len(segments[1])
+        ids = _declared_ids(call, count, segments[0] if segments else None)
+        if segments is None:  # one sequence per row: padded, declared or not
+            source, spans = "padded", [(r, 0, call.query_len, None) for r in range(count)]
+        else:
+            source, spans = segments[0], [(0, a, n, keys) for a, n, keys in segments[1]]
+        said = call.declared if call.declared is not None and len(call.declared) == count else [(None, False)] * count
+        return BatchMap(
+            tuple(Segment(s, *span, drafts=d, chunk=c) for s, span, (d, c) in zip(ids, spans, said)),
+            call.source or source,
+        )
+    except (Unreadable, ValueError) as why:
+        return BatchMap.unread(call.source or "declared", str(why))
 
 
 def _declared_ids(call: Any, count: int, source: str | None) -> tuple[int | None, ...]:

@@ -7,10 +7,12 @@ reading is of a materialized call (`CallRecord.materialize`: lists, flags and la
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import groupby
 
-from specviz.watch.hooks import CallRecord
+from specviz.watch.map import Segment
+from specviz.watch.record import CallRecord
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,25 @@ def row_seq_ids(call: CallRecord) -> tuple[int, ...]:
     if call.rows is not None and len(call.rows) == call.batch_size:
         return call.rows
     return tuple(range(call.batch_size))
+
+
+def segment_of(call: CallRecord, row: int) -> Segment | None:
+    """The segment of the call's map that the row holds (what a producer said of it: declared
+    drafts, a prefill chunk), None where the call has no readable map."""
+    segments = call.map.segments if call.map is not None else ()
+    return segments[row] if len(segments) == call.batch_size else None
+
+
+def declared_drafts(call: CallRecord, row: int) -> int | None:
+    """The drafts the engine said end the row's query (`w.batch(drafts=)`); None: not said."""
+    segment = segment_of(call, row)
+    return None if segment is None else segment.drafts
+
+
+def is_chunk(call: CallRecord, row: int) -> bool:
+    """The row is a prefill chunk that yields no token (`w.batch(chunk=)`): no step of its sequence."""
+    segment = segment_of(call, row)
+    return segment is not None and segment.chunk
 
 
 # ----------------------------------------------------------------------------- one row of a call
@@ -110,6 +131,8 @@ def read_row(
     wins (a catch-up call that re-feeds the last accepted draft comes before the proposals; drafts
     past a row's own length come after them), else the earliest. Positions only break ties between
     runs the tokens allow, so a position bug is still read from the first run and checked.
+    Where the engine said how many drafts the row carries, only chains of that length are searched
+    (for the draft calls' timings and positions), and d is what it said whether one is found or not.
     """
     verify = calls[index]
     if verify.trees and verify.trees[row] is not None:  # a tree's nodes end at its last real slot (`tree`)
@@ -120,7 +143,13 @@ def read_row(
     last = last_slot(verify, row)
     flags = query_flags(verify, row)
     proposals = _draft_calls(calls, index, seq, pass_reprefill)
-    for d in range(min(len(proposals), last), 0, -1):
+    said = declared_drafts(verify, row)
+    if said is None:
+        lengths: Iterable[int] = range(min(len(proposals), last), 0, -1)
+    else:  # said: only its chain is looked for; none found, the drafts are still what it said
+        said = min(said, last)
+        lengths = [said] if 0 < said <= len(proposals) else []
+    for d in lengths:
         p = last - d
         if not all(flags[p : last + 1]):
             continue
@@ -134,7 +163,7 @@ def read_row(
             first = first or chain
         if first is not None:
             return RowQuery(p, d, first)
-    return RowQuery(last, 0, ())
+    return RowQuery(last - (said or 0), said or 0, ())  # said, or no drafts read
 
 
 def draft_free_query(call: CallRecord, row: int, committed: list[int]) -> RowQuery | None:

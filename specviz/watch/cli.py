@@ -4,7 +4,7 @@ The script runs in this process (`runpy`), with `sys.argv` set to its own argume
 causal LM it builds carries the watch's hooks (`autowatch`). When it ends, the target, draft,
 prompts and emitted tokens are inferred from the calls and the trace is written to `--out`.
 Rows are followed by their attended context (they may reorder, leave or join the batch), greedy;
-the limits are in docs/watch.md.
+the limits are in docs/watch-command.md.
 """
 
 from __future__ import annotations

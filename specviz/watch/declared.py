@@ -1,6 +1,6 @@
 """What an engine and its models tell the watch, checked where it comes in: declared trees,
-prompts and the sampling temperature (a one-line `WatchError` for anything malformed), and the
-models' own end-of-sequence and padding ids."""
+segments (drafts, chunks), prompts, emits and the sampling temperature (a one-line `WatchError`
+for anything malformed), and the models' own end-of-sequence and padding ids."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from typing import Any
 
 import torch
 
+from specviz.watch.attribution import Emit
 from specviz.watch.hooks import WatchError
+from specviz.watch.record import CallRecord
 from specviz.watch.tree import tree_error
 
 
@@ -29,6 +31,21 @@ def checked_trees(parents: Any, rows: int, model: str) -> list[list[int]]:
         if problem is not None:
             raise WatchError(f"batch: the tree of row {r} {tree[:8]}: {problem}")
     return trees
+
+
+def checked_segments(drafts: Any, chunk: Any, lens: list[int] | None, rows: int) -> tuple[tuple[int | None, bool], ...]:
+    """(drafts, chunk) per declared sequence: `drafts` its draft tokens (None: not said, read from
+    the draft calls), `chunk` whether it is a prefill chunk that yields no token (and so no drafts)."""
+    said = [None] * rows if drafts is None else [None if d is None else as_int(d, "batch") for d in drafts]
+    chunks = [False] * rows if chunk is None else list(chunk)
+    if len(said) != rows or len(chunks) != rows:
+        raise WatchError(f"batch: {rows} sequences need {rows} entries in drafts= and chunk=")
+    for r, (d, c) in enumerate(zip(said, chunks)):
+        if not isinstance(c, bool):
+            raise WatchError(f"batch: chunk= is one bool per sequence, got {c!r} at {r}")
+        if d is not None and (d < 0 or (c and d) or (lens is not None and d >= lens[r])):
+            raise WatchError(f"batch: sequence {r} cannot carry {d} drafts (a chunk none, else fewer than its query)")
+    return tuple(zip(said, chunks))
 
 
 def checked_temperature(value: Any) -> float:
@@ -94,3 +111,25 @@ def pad_id(model: Any, tokenizer: Any | None) -> int | None:
         if isinstance(value, int):
             return value
     return None
+
+
+def require_emits(calls: list[CallRecord], emits: list[Emit]) -> None:
+    """A finished run that decoded (two target calls or more) but declared no token has nothing the
+    steps could be built from: say what is missing rather than judge an empty run."""
+    decoded = sum(1 for c in calls if c.role == "target") >= 2
+    if decoded and not emits:
+        raise WatchError(
+            "the target ran but no tokens were declared: call w.emit(seq_id, tokens) after each step, "
+            "pass streamer=w.streamer() to generate, or watch the unmodified script with `specviz watch --`"
+        )
+
+
+def require_prompted(prompts: list[list[int]], emits: list[Emit]) -> None:
+    """Undeclared prompts are read from the first target call: a sequence emitted later (one that
+    joined the batch after it) has no prompt to decode its reference from; say so, not guess it."""
+    beyond = sorted({e.seq_id for e in emits if e.seq_id >= len(prompts)})
+    if beyond:
+        raise WatchError(
+            f"emit named sequence {beyond[0]}, but the first target call holds {len(prompts)} prompt(s): "
+            "pass prompts=[...] to specviz.watch (a sequence that joins later has no prompt to read there)"
+        )

@@ -19,24 +19,30 @@ from typing import Any
 
 import torch
 
-from specviz.analysis.budgets import BUDGETS
-from specviz.analysis.findings import UNREADABLE
 from specviz.collector import collector_paused
-from specviz.engine.reference import greedy_reference
 from specviz.trace.io import save_trace
 from specviz.trace.naming import now_iso
-from specviz.trace.provenance import library_versions, model_info
-from specviz.trace.schema import LAYOUTS, SCHEMA_VERSION, Header, SamplingInfo, SequenceRecord, Trace
+from specviz.trace.schema import LAYOUTS, Trace
+from specviz.watch import closing
 from specviz.watch.attribution import Emit
 from specviz.watch.calls import attended_ids
-from specviz.watch.declared import as_int, checked_temperature, checked_trees, eos_ids, pad_id, prompt_ids
-from specviz.watch.follow import follow_rows
+from specviz.watch.declared import (
+    as_int,
+    checked_segments,
+    checked_temperature,
+    checked_trees,
+    eos_ids,
+    prompt_ids,
+    require_emits,
+    require_prompted,
+)
 from specviz.watch.headinput import HiddenTap
-from specviz.watch.hooks import CallRecord, ModelHooks, WatchError, check_causal_lm
+from specviz.watch.hooks import ModelHooks, WatchError, check_causal_lm
+from specviz.watch.infer.follow import follow_rows
 from specviz.watch.paged import PagedCapture
-from specviz.watch.steps import InferredSteps, infer_steps
+from specviz.watch.record import CallRecord
+from specviz.watch.steps import infer_steps
 from specviz.watch.streamer import GenerateStreamer
-from specviz.watch.tree import alternatives as tree_alternatives
 
 FINISH_REASONS = (None, "eos", "length")
 
@@ -84,6 +90,7 @@ class Watch:
         self._once: dict[str, tuple[int, ...]] = {}
         self._once_lens: dict[str, list[int]] = {}
         self._once_parents: dict[str, list[list[int]]] = {}  # declared trees (`batch(parents=...)`)
+        self._once_facts: dict[str, tuple[tuple[int | None, bool], ...]] = {}  # (drafts, chunk) per sequence
         self._ever_declared = False  # rows or batch called: the engine names its rows
         self._calls: list[CallRecord] = []
         self._emits: list[Emit] = []
@@ -120,6 +127,11 @@ class Watch:
         `current_rows`, once per forward)."""
         return self._once_parents.pop(role, None) if role in self._once else None
 
+    def segment_facts(self, role: str = "target") -> tuple[tuple[int | None, bool], ...] | None:
+        """(drafts, chunk) of each sequence of the forward being captured, if `batch` declared any
+        (asked before `current_rows`, once per forward)."""
+        return self._once_facts.pop(role, None) if role in self._once else None
+
     def declare_forward(self, seq_ids: tuple[int, ...]) -> None:
         """The paged manager's requests of the next target forward (`paged.PagedCapture`)."""
         self._once["target"] = tuple(seq_ids)
@@ -151,6 +163,8 @@ class Watch:
         query_lens: Iterable[int] | None = None,
         model: str = "target",
         parents: Iterable[Iterable[int]] | None = None,
+        drafts: Iterable[int | None] | None = None,
+        chunk: Iterable[bool] | None = None,
     ) -> None:
         """Declare the next forward of `model` only: the sequence of each row (a padded batch) or,
         with `query_lens`, of each packed segment in order (a 1 x T call: sequence i holds the next
@@ -161,7 +175,11 @@ class Watch:
         verifies, one list per sequence (None: it verifies none, a prefill riding along), node 0
         the pending token (parent -1) and every other node's parent an earlier node; the row's
         (segment's) last len(parents) real query tokens are its nodes in that order
-        (docs/watch.md, "Trees")."""
+        (docs/watch-trees.md).
+
+        `drafts`: how many draft tokens end each sequence's query (None: not said; its draft count
+        is then read from the draft calls). `chunk`: per sequence, True for a prefill chunk that
+        stops short of its prompt's end: it yields no token, so it is no step of its sequence."""
         if model not in ("target", "draft"):
             raise WatchError(f"batch: model must be 'target' or 'draft', got {model!r}")
         self._require_open("batch")
@@ -177,6 +195,9 @@ class Watch:
             self._once_lens[model] = lens
         else:
             self._once_lens.pop(model, None)
+        self._once_facts.pop(model, None)
+        if drafts is not None or chunk is not None:
+            self._once_facts[model] = checked_segments(drafts, chunk, lens, len(ids))
         self._once[model] = tuple(ids)
         self._ever_declared = True
 
@@ -220,25 +241,27 @@ class Watch:
         self._closed = True
         calls = self._release_hooks()
         if complete:
-            _require_emits(calls, self._emits)
+            require_emits(calls, self._emits)
         eos = frozenset(eos_ids(self.target, self.tokenizer))
         if self._paged is not None:  # the manager's requests may stop on EOS ids of their own
             eos |= self._paged.eos_ids
         with collector_paused():
             prompts = self.prompts if self.prompts is not None else self._found_prompts(calls)
-            _require_prompted(prompts, self._emits)
+            require_prompted(prompts, self._emits)
             if self._rows_to_follow(calls, prompts):
                 follow_rows(calls, prompts, eos)
             if self._paged is not None:  # the engine's emits for the manager's sequences, checked
                 self._paged.reconcile(calls, self._emits)
             assembly = infer_steps(calls, self._emits, prompts, eos, argmax_is_choice=self.argmax_is_choice)
-            header = self._header(assembly, eos, complete and assembly.unreadable is None)
+            header = closing.header(self, assembly, eos, complete and assembly.unreadable is None)
         del calls  # read: the reference decode below does not need them
         # A sampled or processed run is not token-exact against the raw greedy oracle: none decoded.
         wanted = reference and self.argmax_is_choice
-        references = self._references(prompts, assembly, eos) if wanted else None
+        references = closing.references(self, prompts, assembly, eos) if wanted else None
         with collector_paused():
-            trace = Trace(header=header, steps=assembly.steps, sequences=self._sequences(prompts, assembly, references))
+            trace = Trace(
+                header=header, steps=assembly.steps, sequences=closing.sequences(self, prompts, assembly, references)
+            )
             if self.tokenizer is not None:  # the piece table: readers of the trace show text, not IDs
                 from specviz.trace.token_text import attach_token_text
 
@@ -290,50 +313,10 @@ class Watch:
         if seq_id < 0:
             raise WatchError(f"{what}: sequence ids are prompt indices (0, 1, ...), got {seq_id}")
 
-    def _header(self, assembly: InferredSteps, eos: frozenset[int], complete: bool) -> Header:
-        seconds = None
-        if assembly.first_call_at is not None and assembly.last_event_at is not None:
-            seconds = round(assembly.last_event_at - assembly.first_call_at, 6)
-        options: dict[str, Any] = {"watch_notes": assembly.notes[:20]} if assembly.notes else {}
-        if assembly.unreadable is not None:  # the check's verdict: unreadable from step S
-            options[UNREADABLE] = {"step": assembly.unreadable[0], "why": assembly.unreadable[1]}
-        own = {str(s): n for s, n in assembly.budgets.items() if n != assembly.max_new_tokens}
-        if own:  # a budget per sequence: the check judges each "length" ending against its own
-            options[BUDGETS] = own
-        if self.logits_processed:
-            options["logits_processed"] = True  # declared: the engine chose on processed logits
-        return Header(
-            schema_version=SCHEMA_VERSION,
-            method="baseline" if assembly.k == 0 else "speculative",
-            fault=None,
-            target=model_info(self.target),
-            draft=model_info(self.draft) if self.draft is not None and assembly.k > 0 else None,
-            # A named head drafted (rows record `head_source` where its input was found).
-            proposer="head" if self._head_named and assembly.k > 0 and self.draft is None else "draft-model",
-            draft_k=assembly.k,
-            tree_branches=tree_alternatives(assembly.steps),
-            batch_size=max((len(s.rows) for s in assembly.steps), default=1) or 1,
-            max_new_tokens=assembly.max_new_tokens,
-            eos_token_ids=sorted(eos),
-            pad_token_id=pad_id(self.target, self.tokenizer),
-            seed=0,
-            created_at=self.created_at,
-            library_versions=library_versions(),
-            engine=self.name,
-            options=options,
-            complete=complete,
-            finished_at=now_iso(),
-            decode_seconds=seconds,
-            layout=self.layout,
-            # Declared sampling: speculative rejection sampling keeps the accounting (accepted
-            # drafts, then one sample) but asks no token equality with an oracle.
-            sampling=SamplingInfo(mode="rejection", temperature=self.temperature) if self.temperature > 0 else None,
-        )
-
     def _rows_to_follow(self, calls: list[CallRecord], prompts: list[list[int]]) -> bool:
         """No row was ever declared (not by `rows`, `batch` or the paged manager), yet some target
         call holds another number of sequences than there are prompts: the default order (row r
-        holds sequence r) cannot be right there, so the rows are followed (`follow.follow_rows`)."""
+        holds sequence r) cannot be right there, so the rows are followed (`infer.follow.follow_rows`)."""
         for call in calls:
             call.materialize()
         targets = [c for c in calls if c.role == "target"]
@@ -346,48 +329,6 @@ class Watch:
         if self._paged is not None and self._paged.prompts:
             return self._paged.prompts
         return _prompts_from_first_call(calls)
-
-    def _references(
-        self, prompts: list[list[int]], assembly: InferredSteps, eos: frozenset[int]
-    ) -> list[tuple[list[int], list[float]]]:
-        """Each sequence's batch-1 greedy reference, to its own budget (its length where it ended
-        by "length", else the run's)."""
-        was_training = self.target.training
-        self.target.eval()
-        budget = assembly.budgets.get
-        try:
-            return [
-                greedy_reference(self.target, ids, budget(s, assembly.max_new_tokens), eos)
-                for s, ids in enumerate(prompts)
-            ]
-        finally:
-            self.target.train(was_training)
-
-    def _sequences(
-        self, prompts: list[list[int]], assembly: InferredSteps, references: list[tuple[list[int], list[float]]] | None
-    ) -> list[SequenceRecord]:
-        records = []
-        for seq_id, ids in enumerate(prompts):
-            output = assembly.outputs.get(seq_id, [])
-            ref_ids, margins = references[seq_id] if references is not None else (None, None)
-            records.append(
-                SequenceRecord(
-                    seq_id=seq_id,
-                    prompt=self.prompt_texts[seq_id] if self.prompt_texts else self._decode(ids),
-                    prompt_ids=list(ids),
-                    output_ids=list(output),
-                    output_text=self._decode(output),
-                    reference_ids=ref_ids,
-                    reference_margins=margins,
-                    finish_reason=assembly.finish_reasons.get(seq_id),
-                )
-            )
-        return records
-
-    def _decode(self, ids: list[int]) -> str:
-        if self.tokenizer is None or not ids:
-            return ""
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
 
 
 def watch(
@@ -430,28 +371,6 @@ def watch(
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def _require_emits(calls: list[CallRecord], emits: list[Emit]) -> None:
-    """A finished run that decoded (two target calls or more) but declared no token has nothing the
-    steps could be built from: say what is missing rather than judge an empty run."""
-    decoded = sum(1 for c in calls if c.role == "target") >= 2
-    if decoded and not emits:
-        raise WatchError(
-            "the target ran but no tokens were declared: call w.emit(seq_id, tokens) after each step, "
-            "pass streamer=w.streamer() to generate, or watch the unmodified script with `specviz watch --`"
-        )
-
-
-def _require_prompted(prompts: list[list[int]], emits: list[Emit]) -> None:
-    """Undeclared prompts are read from the first target call: a sequence emitted later (one that
-    joined the batch after it) has no prompt to decode its reference from; say so, not guess it."""
-    beyond = sorted({e.seq_id for e in emits if e.seq_id >= len(prompts)})
-    if beyond:
-        raise WatchError(
-            f"emit named sequence {beyond[0]}, but the first target call holds {len(prompts)} prompt(s): "
-            "pass prompts=[...] to specviz.watch (a sequence that joins later has no prompt to read there)"
-        )
 
 
 def _prompts_from_first_call(calls: list[CallRecord]) -> list[list[int]]:

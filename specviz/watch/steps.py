@@ -33,17 +33,20 @@ from specviz.watch.attribution import Emit, Group, attribute
 from specviz.watch.calls import (
     CallReader,
     RowQuery,
-    argmax_at,
     attended_ids,
     context_before,
+    declared_drafts,
     draft_free_query,
     fed_positions,
+    is_chunk,
     last_slot,
     mask_row,
     row_seq_ids,
 )
+from specviz.watch.credit import accepted_and_bonus, assign_rows, row_tokens
+from specviz.watch.endings import close_by_length, endings, run_budget
 from specviz.watch.headinput import head_source, unfound_note
-from specviz.watch.hooks import CallRecord
+from specviz.watch.record import CallRecord
 
 
 @dataclass
@@ -60,136 +63,6 @@ class InferredSteps:
     last_event_at: float | None = None
     unreadable: tuple[int, str] | None = None  # (step S, why): the calls from there on were not read
     budgets: dict[int, int] = field(default_factory=dict)  # seq -> its own budget (ended by "length")
-
-
-# ----------------------------------------------------------------------------- rows
-
-
-def consistent(tokens: list[int], drafts: list[int], targets: list[int], free_last: bool = False) -> bool:
-    """Tokens read as some drafts, then (optionally) one more: the target's own token at that slot,
-    or any token when the argmax is not the engine's choice (`free_last`: a sample, or a choice
-    made on processed logits)."""
-    for i, token in enumerate(tokens):
-        if i < len(drafts) and token == drafts[i]:
-            continue
-        return i == len(tokens) - 1 and (free_last or (i < len(targets) and token == targets[i]))
-    return True
-
-
-def matched_prefix(drafts: list[int], targets: list[int]) -> int | None:
-    if len(targets) != len(drafts) + 1:
-        return None
-    n = 0
-    while n < len(drafts) and drafts[n] == targets[n]:
-        n += 1
-    return n
-
-
-def accepted_and_bonus(tokens: list[int], drafts: list[int], targets: list[int]) -> tuple[int, int | None]:
-    """(accepted, bonus) as the emitted tokens show them.
-
-    Tokens that are a prefix of the greedy-correct proposal accept what verification allowed
-    (emitting fewer is speed left on the table, not a wrong answer). Otherwise the engine accepted
-    the drafts it emitted.
-    """
-    matched = matched_prefix(drafts, targets)
-    if matched is not None and tokens == (drafts[:matched] + [targets[matched]])[: len(tokens)]:
-        accepted = matched
-    else:
-        accepted = 0
-        while accepted < min(len(tokens), len(drafts)) and tokens[accepted] == drafts[accepted]:
-            accepted += 1
-    bonus = None
-    if len(tokens) == accepted + 1:
-        bonus = tokens[accepted]
-    return accepted, bonus
-
-
-def assign_rows(
-    call: CallRecord, groups: list[Group], shown: list[RowQuery], finished: set[int], known: set[int]
-) -> dict[int, Group]:
-    """Which row produced each group: its own row if consistent, else the row it is consistent with
-    (each row read as `shown`: with its drafts, wherever they were read from)."""
-    rows = row_seq_ids(call)
-    free_last = not call.argmax_is_choice
-
-    def fits(group: Group, r: int) -> bool:
-        drafts, targets = row_tokens(call, r, shown[r])
-        if call.trees and call.trees[r] is not None:  # a path of the row's tree, then its choice there
-            nodes = [call.input_ids[r][shown[r].pending], *drafts]
-            return tree.consistent(group.tokens, call.trees[r], nodes, targets, free_last)
-        return consistent(group.tokens, drafts, targets, free_last)
-
-    taken: dict[int, Group] = {}
-
-    def live() -> list[int]:
-        return [r for r in range(len(rows)) if r not in taken and rows[r] in known and rows[r] not in finished]
-
-    def place(group: Group) -> bool:
-        own = rows.index(group.seq_id)
-        if own not in taken and fits(group, own):
-            taken[own] = group
-            return True
-        return False
-
-    # A late group (emitted after a newer call of its sequence: maybe that call's tokens, matched
-    # here by its pending token) places after the on-time groups have been read, split included.
-    pending_groups = [g for g in groups if g.late or not place(g)]
-    pending_groups = [g for g in pending_groups if not g.late] + [g for g in pending_groups if g.late]
-    unfit = []
-    for group in pending_groups:
-        if group.late and place(group):
-            continue
-        others = [r for r in live() if fits(group, r)]
-        if others:
-            taken[others[0]] = group
-            continue
-        pieces = _split_to_rows(group, live(), rows.index(group.seq_id), fits)
-        if pieces is None:
-            unfit.append(group)
-        for row, piece in pieces or []:
-            taken[row] = piece
-    for group in unfit:  # fits no row, whole or split: its own row shows what it got
-        own = rows.index(group.seq_id)
-        if own not in taken:
-            taken[own] = group
-    return taken
-
-
-def _split_to_rows(group: Group, free: list[int], own: int, fits: Any) -> list[tuple[int, Group]] | None:
-    """A sequence that got several emits in one step, fitting no single row: the emits split into
-    consecutive pieces that each fit a distinct free row (its own row preferred), e.g. one row's
-    tokens written to another row's sequence before that row's own. None when no split fits."""
-    if not group.cuts:
-        return None
-    bounds = [0, *group.cuts, len(group.tokens)]
-
-    def piece(a: int, b: int) -> Group:
-        return Group(group.seq_id, group.tokens[bounds[a] : bounds[b]], None, group.call, group.at)
-
-    def search(a: int, free_rows: list[int]) -> list[tuple[int, Group]] | None:
-        if a == len(bounds) - 1:
-            return []
-        for b in range(len(bounds) - 1, a, -1):  # the longest piece first
-            candidate = piece(a, b)
-            for r in sorted(free_rows, key=lambda r: r != own):
-                if fits(candidate, r):
-                    rest = search(b, [x for x in free_rows if x != r])
-                    if rest is not None:
-                        return [(r, candidate), *rest]
-        return None
-
-    found = search(0, free)
-    if found:
-        found[-1][1].finish_reason = group.finish_reason
-    return found
-
-
-def row_tokens(call: CallRecord, row: int, rq: RowQuery) -> tuple[list[int], list[int]]:
-    """(the row's d drafts, the target's argmax at its d + 1 query slots, or [] if not kept)."""
-    drafts = list(call.input_ids[row][rq.pending + 1 : rq.pending + 1 + rq.drafts])
-    targets = [argmax_at(call, row, rq.pending + i) for i in range(rq.drafts + 1)]
-    return drafts, ([] if None in targets else targets)
 
 
 # ----------------------------------------------------------------------------- steps
@@ -218,7 +91,7 @@ def build_steps(
         shown = [read(index, r) for r in range(call.batch_size)]
         if draft_free:  # each row's drafts at its own pending slot, before any row is credited
             for r, seq_id in enumerate(row_seq_ids(call)):
-                if not shown[r].drafts and seq_id in progress:
+                if not shown[r].drafts and seq_id in progress and declared_drafts(call, r) is None:
                     shown[r] = draft_free_query(call, r, progress[seq_id].committed) or shown[r]
         produced = assign_rows(call, by_call[index], shown, finished, set(progress))
         rows, proposals = [], set(_head_calls(calls, index))
@@ -227,6 +100,8 @@ def build_steps(
         for r, seq_id in enumerate(row_seq_ids(call)):
             if r not in produced and (seq_id not in progress or progress[seq_id].finished):
                 continue  # idle: a finished sequence's row the engine still computes
+            if r not in produced and is_chunk(call, r):
+                continue  # a prefill chunk, said so: KV written, no token, no step of its sequence
             if r not in produced and _prefilling(call, r, progress[seq_id].committed, len(prompts[seq_id])):
                 continue  # a newcomer's prefill riding in another's step (vLLM mixes them in)
             rq = shown[r]
@@ -271,16 +146,17 @@ def _fill_kept_nodes(calls: list[CallRecord], read: CallReader, origins: list[tu
 
 
 def _prefilling(call: CallRecord, row: int, committed: list[int], prompt_len: int) -> bool:
-    """A sequence not yet stepped whose row attends no cache, in a call whose other rows decode
-    from theirs, and feeds a proper prefix of its prompt: a newcomer's prefill of all but its
-    pending token riding in the others' step, not a step of it. (A re-prefill of the batch is read
-    row by row, where its bugs show.)"""
-    if len(committed) != prompt_len or call.cache_of(row) or not any(call.query_flags(row)):
+    """A sequence not yet stepped whose row feeds the next part of its prompt short of its end
+    (after the `c` prompt tokens its cache holds), in a call where some row decodes from a cache:
+    a newcomer's prefill, or a chunk of it, riding in the others' step, not a step of it (a
+    decode feeds the prompt's last token). A re-prefill of the whole batch is read row by row,
+    where its bugs show."""
+    if len(committed) != prompt_len or not any(call.query_flags(row)):
         return False
     if not any(call.cache_of(r) for r in range(call.batch_size)):
         return False  # a re-prefill of the whole batch (or a cacheless loop): every row is read
-    fed = attended_ids(call, row)
-    return len(fed) < len(committed) and fed == committed[: len(fed)]
+    fed, c = attended_ids(call, row), call.cache_of(row)
+    return c + len(fed) < len(committed) and fed == committed[c : c + len(fed)]
 
 
 def _head_calls(calls: list[CallRecord], index: int) -> list[int]:
@@ -390,12 +266,12 @@ def infer_steps(
     read = CallReader(read_calls)
     draft_free = not any(c.role == "draft" and not c.drafter for c in calls)
     groups = attribute(read_calls, read_emits, prompts, read, notes, draft_free)
-    outputs, reasons = _endings(groups, emits, prompts, eos)
-    max_new = _budget(outputs, reasons)
+    outputs, reasons = endings(groups, emits, prompts, eos)
+    max_new = run_budget(outputs, reasons)
     budgets = {s: len(outputs[s]) for s, reason in reasons.items() if reason == "length"}
     # Unread from the cut on: an ending declared after it is not the ending of the last step read.
     ended_unread = {e.seq_id for e in emits[len(read_emits) :]} if cut is not None else set()
-    _close_by_length([g for g in groups if g.seq_id not in ended_unread], outputs, reasons, max_new)
+    close_by_length([g for g in groups if g.seq_id not in ended_unread], outputs, reasons, max_new)
     steps = build_steps(read_calls, groups, prompts, read, draft_free=draft_free)
     if any(c.drafter for c in read_calls):
         notes.extend(unfound_note(steps))
@@ -428,43 +304,3 @@ def first_unreadable(calls: list[CallRecord], emits: list[Emit]) -> tuple[int, s
     if found is None:
         return None
     return found, f"target call {found}: {calls[found].unreadable}"
-
-
-def _endings(
-    groups: list[Group], emits: list[Emit], prompts: list[list[int]], eos: frozenset[int]
-) -> tuple[dict[int, list[int]], dict[int, str | None]]:
-    """Outputs as emitted (the engine's word), and endings: declared, or an emitted EOS."""
-    outputs: dict[int, list[int]] = {seq_id: [] for seq_id in range(len(prompts))}
-    reasons: dict[int, str | None] = {seq_id: None for seq_id in range(len(prompts))}
-    for emit in emits:
-        outputs[emit.seq_id].extend(emit.tokens)
-        reasons[emit.seq_id] = emit.finish_reason or reasons[emit.seq_id]
-    for group in groups:
-        if group.finish_reason is None and any(t in eos for t in group.tokens):
-            group.finish_reason = "eos"
-            reasons[group.seq_id] = reasons[group.seq_id] or "eos"
-    for seq_id, tokens in outputs.items():
-        if reasons[seq_id] is None and any(t in eos for t in tokens):
-            reasons[seq_id] = "eos"
-    return outputs, reasons
-
-
-def _budget(outputs: dict[int, list[int]], reasons: dict[int, str | None]) -> int:
-    """max_new_tokens is not declared: the length at which sequences ended by length, else the longest."""
-    by_length = [len(outputs[s]) for s, reason in reasons.items() if reason == "length"]
-    return max(by_length) if by_length else max((len(o) for o in outputs.values()), default=0)
-
-
-def _close_by_length(
-    groups: list[Group], outputs: dict[int, list[int]], reasons: dict[int, str | None], max_new: int
-) -> None:
-    """A sequence that reached the budget without a declared ending ended by length."""
-    last: dict[int, Group] = {}
-    for group in groups:
-        last[group.seq_id] = group
-    for seq_id, tokens in outputs.items():
-        if reasons[seq_id] is None and max_new and len(tokens) >= max_new:
-            reasons[seq_id] = "length"
-        group = last.get(seq_id)
-        if group is not None and reasons[seq_id] is not None and group.finish_reason is None:
-            group.finish_reason = reasons[seq_id]

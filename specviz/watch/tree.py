@@ -1,7 +1,7 @@
 """Tree verification under the watch: which rows of a target call verify a tree, and the schema-3
 tree fields of their step rows (`tree_parents`, `tree_depths`, `node_attends`, `tree_path`,
 `kept_nodes`), so `analysis.tree_checks` judges a watched tree engine as it judges specviz's own
-(docs/watch.md, "Trees").
+(docs/watch-trees.md).
 
 A tree row's query is N nodes in N consecutive real query slots ending at its last one, node 0 the
 pending token (the last committed one), `parents[i]` node i's parent (an earlier node). The tree:
@@ -20,7 +20,7 @@ into its sequences first (declared `query_lens`, `cu_seq_lens_q`, else the block
 around its tree nodes: `packed_nodes`), each segment keeps the slots each token attends (a
 `4d-slots` row, `batchmap.apply`), and its tree is read inside it as above.
 What a step kept (`kept_nodes`) is read from the sequence's next call where the KV was kept by
-index; `step_gain` reads, for the command, which tokens a tree step committed.
+index; `infer.tree_gain` reads, for the command, which tokens a tree step committed.
 """
 
 from __future__ import annotations
@@ -278,7 +278,7 @@ def accepted_path(
 def greedy_chain(parents: list[int], nodes: list[int], targets: list[int]) -> tuple[list[int], list[int]]:
     """A tree row as the chain a greedy engine verified along it: (the greedy path's draft tokens,
     the target's choice at the root and at each of them). The command reads a step's gains by the
-    chain rules (`follow_gains`); an engine that kept another path is judged by the step rows."""
+    chain rules (`infer.gains`); an engine that kept another path is judged by the step rows."""
     if not targets:
         return [], []
     path = _greedy_path(parents, nodes, targets)
@@ -376,70 +376,6 @@ def _kept_packed(call: Any, row: int, rq: Any, later: Any, later_row: int, later
     seen = later.held[later_row][0]
     first = call.node_keys[row] + rq.pending
     return [i for i in range(len(call.trees[row])) if first + i < len(seen) and seen[first + i]]
-
-
-def step_gain(
-    calls: list[Any], step: tuple[int, int], at: tuple[int, int], rq: Any, later_rq: Any, context: list[int], grown: int
-) -> list[int] | str | None:
-    """What a tree step gave its sequence, as the next call it is fed in (`at`) shows it (the
-    command, which is told no tokens): the nodes that call still attends, when they are the root
-    and a chain of the tree (KV kept by index), then the pending token it is fed. Else, its context
-    grown by `grown` slots: the path of grown - 1 nodes whose end the target chose the fed token
-    after (the one path of that length, when none did); of several such paths, the one a
-    cacheless draft call before the next call was fed after `context` (the tokens committed before
-    the step). A string says why it cannot be told (several paths of different tokens fit: the
-    step is unreadable, never guessed); None: no tree
-    row, or a kept set or growth no tree path explains (the chain rules read it, and the tree and
-    KV checks judge the step).
-    """
-    (i, ri), (j, rj) = step, at
-    call = calls[i]
-    if not getattr(call, "trees", None) or call.trees[ri] is None:
-        return None
-    parents = call.trees[ri]
-    nodes = call.input_ids[ri][rq.pending : rq.pending + len(parents)]
-    token = calls[j].input_ids[rj][later_rq.pending]
-    kept = kept_nodes(call, ri, rq, calls[j], rj, later_rq)
-    if kept is not None:
-        chain = kept[:1] == [0] and all(parents[b] == a for a, b in zip(kept, kept[1:]))
-        return [nodes[n] for n in kept[1:]] + [token] if chain else None
-    depths = depths_of(parents)
-    ends = [n for n, d in enumerate(depths) if d == grown - 1]
-    if not ends:
-        return None
-    targets = call.argmax[ri] if call.argmax_is_choice and call.argmax is not None else None
-    chosen = [n for n in ends if targets is not None and _target_at(call, ri, rq.pending + n) == token]
-    paths = {tuple(nodes[a] for a in _path_to(parents, n)) for n in (chosen or ends)}
-    if len(paths) > 1:  # a cacheless draft re-reads the committed tokens: the path it was fed
-        paths = {p for p in paths if [*context, *p, token] in _draft_feeds(calls, i, j)}
-    if len(paths) != 1:
-        return f"tree step of target call {i}, row {ri}: no one path of {grown - 1} nodes fits what was fed next"
-    return [*paths.pop(), token]
-
-
-def _draft_feeds(calls: list[Any], i: int, j: int) -> list[list[int]]:
-    """What each row of the draft-model calls between target calls i and j attended of its query."""
-    fed = []
-    for call in calls[i + 1 : j]:
-        if call.role == "draft" and not call.drafter:
-            for r in range(call.batch_size):
-                fed.append([t for t, keep in zip(call.input_ids[r], call.query_flags(r)) if keep])
-    return fed
-
-
-def _target_at(call: Any, row: int, slot: int) -> int | None:
-    kept = call.argmax[row]
-    index = slot - (call.query_len - len(kept))
-    return kept[index] if 0 <= index < len(kept) else None
-
-
-def _path_to(parents: list[int], node: int) -> list[int]:
-    """The nodes from the root's child down to `node` (root excluded)."""
-    path = []
-    while node > 0:
-        path.append(node)
-        node = parents[node]
-    return path[::-1]
 
 
 def draft_calls_before(calls: list[Any], index: int) -> list[int]:

@@ -12,9 +12,8 @@ from ragged import RAGGED_K
 
 from specviz.analysis.check import check_trace
 from specviz.analysis.report import Violation
+from specviz.analysis.slot_model import SLOT_KINDS, StepSlots
 from specviz.analysis.slots import (
-    SLOT_KINDS,
-    StepSlots,
     anchor_col,
     expected_row,
     fed_history,

@@ -224,7 +224,7 @@ def test_live_tree_run_with_a_head_opens_in_the_tree_view(client: Any, monkeypat
         ({"proposer": "medusa\n" * 30}, "unknown proposer"),
         ({"proposer": "ngram", "fault": "shared-carry"}, "corrupts head drafting"),
         ({"tree_kind": "bushy"}, "unknown tree kind 'bushy'"),
-        ({"proposer": "ngram", "tree_branches": 2, "tree_kind": "topk"}, "n-gram lookup has none"),
+        ({"proposer": "ngram", "tree_branches": 2, "tree_kind": "topk"}, "ngram has none"),
     ],
 )
 def test_live_drafting_input_is_refused_in_one_line(

@@ -116,7 +116,7 @@ def test_keys_details_link_and_report_at_1440(page: Any, tmp_path: Any) -> None:
     help_box.wait_for(state="hidden")
     first = loaded.report.first_violation
     start = where(page)
-    assert start == {"trace": "--trace", "step": str(first.step_index), "row": str(first.row)}
+    assert start == {"trace": "--trace", "run": MINE, "step": str(first.step_index), "row": str(first.row)}
     press(page, ".", step=str(first.step_index + 1))
     press(page, ",", step=str(first.step_index))
     later = next(v for v in loaded.report.violations if (v.step_index, v.row) > (first.step_index, first.row))

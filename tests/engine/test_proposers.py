@@ -10,15 +10,17 @@ from drafting import MANY, decode, oracle, outputs, tiny_pair, with_oracle
 from specviz.analysis.check import check_trace
 from specviz.engine.proposers import TreeShape, accepted_path
 from specviz.engine.proposers.ngram import lookup
+from specviz.proposers import REGISTRY, proposer_names
 
 METHODS = ("eqspec", "exspec", "inplace")
-PROPOSERS = ("draft-model", "head", "ngram")
+PROPOSERS = proposer_names()  # every registered proposer: a new one is tested here with no edit
+# A chain from every proposer, a tree from every one that drafts trees.
+DRAFTING = [(name, tree) for name in PROPOSERS for tree in (0, 2) if not tree or REGISTRY[name].drafts_trees]
 FEW = MANY[:12]
 
 
 @pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize("proposer", PROPOSERS)
-@pytest.mark.parametrize("tree", [0, 2])
+@pytest.mark.parametrize(("proposer", "tree"), DRAFTING)
 def test_every_method_with_every_proposer_is_exact_and_checks_clean(method: str, proposer: str, tree: int) -> None:
     trace = with_oracle(decode(method, proposer, 5, tree, prompts=FEW), FEW)
     assert outputs(trace) == oracle(tuple(FEW))

@@ -93,7 +93,7 @@ def test_tree_faults_are_caught_where_they_fired_in_a_topk_tree(fault: str) -> N
     ("change", "says"),
     [
         ({"tree_kind": "topk"}, "--tree-kind topk needs --tree 1 or more"),
-        ({"tree_kind": "topk", "tree_branches": 2, "proposer": "ngram"}, "n-gram lookup has none"),
+        ({"tree_kind": "topk", "tree_branches": 2, "proposer": "ngram"}, "ngram has none"),
         ({"tree_kind": "wide", "tree_branches": 2}, "unknown --tree-kind 'wide'"),
     ],
 )

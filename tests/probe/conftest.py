@@ -14,7 +14,8 @@ import pytest
 from specviz.engine.models import DEFAULT_TARGET
 from specviz.probe.replay import Replayer
 
-SERVER = Path(__file__).resolve().parents[1] / "support" / "probe_server.py"
+ROOT = Path(__file__).resolve().parents[2]
+SERVER = ROOT / "tests" / "support" / "probe_server.py"
 KEY = "sk-test-0123456789-never-written"
 
 
@@ -26,7 +27,9 @@ def server():
     process imports transformers and loads the replay model once, which the replay test needs
     anyway: the two overlap instead of adding up (the test builds its own Replayer, fast then).
     """
-    env = dict(os.environ, PROBE_SERVER_KEY=KEY, OMP_NUM_THREADS="1")
+    # The server imports specviz from this checkout: its folder leads the child's import path.
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PROBE_SERVER_KEY=KEY, OMP_NUM_THREADS="1", PYTHONPATH=path)
     proc = subprocess.Popen(
         [sys.executable, str(SERVER)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
     )

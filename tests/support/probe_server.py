@@ -1,6 +1,6 @@
 """A tiny OpenAI-compatible batching server for the probe's tests: the embedded default target.
 
-    python tests/support/probe_server.py            # prints "READY <port>" on stdout once it listens
+    PYTHONPATH=$PWD python tests/support/probe_server.py   # prints "READY <port>" on stdout once it listens
 
 One process serves every behaviour, chosen by the URL's first two path parts,
 `/<mode>/<layout>/v1/completions` (and `/v1/chat/completions`, `/v1/models`, and `/<mode>/<layout>/metrics`):
@@ -31,10 +31,16 @@ Speculative serving is modelled on top of any mode by options joined with `+`
   list), as llama-server does.
 - `collapse`: a row decoded in a batch of two or more accepts with probability COLLAPSED: the
   answers stay right, the acceptance falls (a batching bug in drafting).
+- `deep`: in a batch of two or more, only draft positions 1 and after accept with probability
+  COLLAPSED (position 0 keeps ACCEPT): a bug in the draft's later steps, which the overall rate
+  shows less than the per-position counters (`/metrics` `..._per_pos_total`, SGLang's histogram).
 - telemetry style: `llama` (`timings.draft_n` / `draft_n_accepted` / `predicted_n`, the default),
   `vllmreq` (`metrics.speculative_decoding` per request), `vllm` (only the Prometheus counters
   at `/metrics`), `sglang` (`meta_info.spec_verify_ct` / `completion_tokens`), `badtel`
   (llama style with more accepted than drafted: untrusted telemetry).
+- `slot`: cross-slot contamination: in a batch of two or more, the request in the batch's second
+  slot re-reads its previous position from its third token on (its answer repeats a token and
+  lags one behind), whatever the others hold; copies of one prompt then split at token 3.
 - `rare`: rare corruption: the RARE_AT-th request this URL mode answers in a batch of two or
   more gets the end-of-sequence token's text in place of its third token (a leaked special
   token), once per server process.
@@ -48,7 +54,6 @@ import json
 import os
 import queue
 import random
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -56,15 +61,13 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from specviz.engine.models import DEFAULT_TARGET  # noqa: E402
+from specviz.engine.models import DEFAULT_TARGET
 
 BATCH_WINDOW_S = 0.05  # requests arriving within this window of the first form one batch
 MAX_BATCH = 16
 MODES = ("identical", "numerical", "bug", "order", "mask")
 LAYOUTS = ("legacy", "content", "none")
-OPTIONS = ("spec", "ph", "collapse", "llama", "vllm", "vllmreq", "sglang", "badtel", "rare")
+OPTIONS = ("spec", "ph", "collapse", "deep", "slot", "llama", "vllm", "vllmreq", "sglang", "badtel", "rare")
 RARE_AT = 30  # with `rare`, the 30th request answered in a batch (per URL mode) is corrupted
 DRAFT_K = 4  # tokens drafted per step
 ACCEPT = 0.9  # a draft token's acceptance, alone or batched
@@ -258,8 +261,8 @@ class Batcher:
                         self.mode,
                         max(j.top_k for j in group),
                     )
-            for row in rows:
-                row["batch"] = len(batch)
+            for slot, row in enumerate(rows):
+                row["batch"], row["slot"] = len(batch), slot
             for job, row in zip(batch, rows):
                 job.result = row
                 job.done.set()
@@ -269,25 +272,31 @@ class Batcher:
 # Speculative drafting, simulated on the target's own tokens
 
 
-def simulate_drafting(prompt_ids: list[int], ids: list[int], accept: float) -> tuple[list[bool], dict]:
+def simulate_drafting(
+    prompt_ids: list[int], ids: list[int], accept: float, deeper: float | None = None
+) -> tuple[list[bool], dict]:
     """Which output tokens came from an accepted draft, and the counters a server would report.
 
     Token 0 comes from the prefill; then each step drafts DRAFT_K tokens, keeps the leading ones
-    its seeded draws accept, and emits one token of the target's own."""
+    its seeded draws accept (position 0 with `accept`, later ones with `deeper`, default the
+    same), and emits one token of the target's own. `histogram[n]`: steps that accepted n."""
     drafted_flags = [False] * len(ids)
     drafted = accepted = steps = 0
+    histogram = [0] * (DRAFT_K + 1)
     pos = 1
     while pos < len(ids):
         k = min(DRAFT_K, len(ids) - pos)
         rng = random.Random(hash((tuple(prompt_ids), tuple(ids[:pos]))))
         m = 0
-        while m < k and rng.random() < accept:
+        while m < k and rng.random() < (accept if m == 0 or deeper is None else deeper):
             m += 1
         for j in range(pos, pos + m):
             drafted_flags[j] = True
         drafted, accepted, steps = drafted + k, accepted + m, steps + 1
+        histogram[m] += 1
         pos += m + 1
-    return drafted_flags, {"drafted": drafted, "accepted": accepted, "steps": steps, "tokens": len(ids)}
+    counts = {"drafted": drafted, "accepted": accepted, "steps": steps, "tokens": len(ids), "histogram": histogram}
+    return drafted_flags, counts
 
 
 def telemetry_fields(style: str, counts: dict) -> dict:
@@ -301,7 +310,8 @@ def telemetry_fields(style: str, counts: dict) -> dict:
             "num_draft_tokens": counts["drafted"], "num_accepted_draft_tokens": counts["accepted"],
             "num_spec_steps": counts["steps"]}}}  # fmt: skip
     if style == "sglang":
-        return {"meta_info": {"spec_verify_ct": counts["steps"], "completion_tokens": counts["tokens"]}}
+        meta = {"spec_verify_ct": counts["steps"], "completion_tokens": counts["tokens"]}
+        return {"meta_info": {**meta, "spec_accept_histogram": counts["histogram"]}}
     return {}  # vllm: only the Prometheus counters
 
 
@@ -378,11 +388,18 @@ class Handler(BaseHTTPRequestHandler):
             return
         if route[2] == "metrics":
             counts = self.server.counters.get(route[0], {"drafted": 0, "accepted": 0, "steps": 0})
+            histogram = self.server.histograms.get(route[0], [0] * (DRAFT_K + 1))
             body = "".join(
                 f"# TYPE vllm:spec_decode_num_{name}_total counter\n"
                 f'vllm:spec_decode_num_{name}_total{{model_name="tiny-target"}} {float(counts[key])}\n'
                 for name, key in (("draft_tokens", "drafted"), ("accepted_tokens", "accepted"), ("drafts", "steps"))
-            ).encode()
+            )
+            body += "".join(  # as vLLM: rounds accepted through each draft position
+                f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{model_name="tiny-target",position="{i}"}} '
+                f"{float(sum(histogram[i + 1 :]))}\n"
+                for i in range(DRAFT_K)
+            )
+            body = body.encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
             self.send_header("Content-Length", str(len(body)))
@@ -417,12 +434,16 @@ class Handler(BaseHTTPRequestHandler):
             ids = list(row["ids"])
             ids[min(2, len(ids) - 1)] = decoder.eos
             row = dict(row, ids=ids)
+        if "slot" in options and row["batch"] > 1 and row["slot"] == 1 and len(row["ids"]) > 3:
+            row = dict(row, ids=[*row["ids"][:3], *row["ids"][2:-1]])
         text = decoder.tokenizer.decode(row["ids"])
         extra: dict = {}
         placeholders = None
         if "spec" in options:
-            accept = COLLAPSED if "collapse" in options and row["batch"] > 1 else ACCEPT
-            flags, counts = simulate_drafting(prompt_ids, row["ids"], accept)
+            batched = row["batch"] > 1
+            accept = COLLAPSED if "collapse" in options and batched else ACCEPT
+            deeper = COLLAPSED if "deep" in options and batched else None
+            flags, counts = simulate_drafting(prompt_ids, row["ids"], accept, deeper)
             placeholders = flags if "ph" in options else None
             style = next((o for o in options if o in ("llama", "vllm", "vllmreq", "sglang", "badtel")), "llama")
             extra = telemetry_fields(style, counts)
@@ -430,6 +451,9 @@ class Handler(BaseHTTPRequestHandler):
                 total = self.server.counters.setdefault(mode, {"drafted": 0, "accepted": 0, "steps": 0})
                 for key in total:
                     total[key] += counts[key]
+                histogram = self.server.histograms.setdefault(mode, [0] * (DRAFT_K + 1))
+                for n, h in enumerate(counts["histogram"]):
+                    histogram[n] += h
         logprobs = _logprobs_payload(decoder, row, top_k, layout, placeholders)
         finish = "length" if len(row["ids"]) >= int(request.get("max_tokens", 16)) else "stop"
         if endpoint == "completions":
@@ -450,6 +474,7 @@ class Server(ThreadingHTTPServer):
         lock = threading.Lock()
         self.batchers = {mode: Batcher(decoder, mode, lock) for mode in MODES}
         self.counters: dict[str, dict[str, int]] = {}  # per URL mode: the Prometheus counters
+        self.histograms: dict[str, list[int]] = {}  # per URL mode: steps that accepted n drafts
         self.lock = threading.Lock()
         self.seen: dict[str, int] = {}
 

@@ -20,10 +20,10 @@ from specviz.trace.columnar import (
     SEQUENCES_KEY,
     TABLE_SCHEMA,
     ColumnarError,
-    ParquetTrace,
     ParquetTraceWriter,
     is_parquet,
 )
+from specviz.trace.columnar_read import ParquetTrace
 from specviz.trace.io import TraceError, load_trace, parse_trace_bytes, save_trace, trace_to_json
 from specviz.trace.synthetic import synthetic_trace
 

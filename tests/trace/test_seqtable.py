@@ -14,7 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from specviz.trace.columnar import METADATA_KEY, SEQUENCES_KEY, ParquetTrace
+from specviz.trace.columnar import METADATA_KEY, SEQUENCES_KEY
+from specviz.trace.columnar_read import ParquetTrace
 from specviz.trace.io import TraceError, load_trace, save_trace, trace_to_json
 from specviz.trace.schema import SequenceRecord
 from specviz.trace.seqtable import SEQUENCE_SCHEMA, sequences_from_ipc, sequences_ipc

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from specviz.trace.columnar import ParquetTrace, ParquetTraceWriter
+from specviz.trace.columnar import ParquetTraceWriter
+from specviz.trace.columnar_read import ParquetTrace
 from specviz.trace.io import load_trace
 from specviz.trace.schema import Trace
 from specviz.trace.synthetic import synthetic_trace

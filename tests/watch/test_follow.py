@@ -1,4 +1,4 @@
-"""Following rows by their attended context (`specviz.watch.follow`), on calls written by hand: a
+"""Following rows by their attended context (`specviz.watch.infer.follow`), on calls written by hand: a
 greedy engine with a cache, three sequences, whose batch shrinks after its first step.
 
 Which rows the second step's two rows hold is read from each row's pending token and context

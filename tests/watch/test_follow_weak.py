@@ -1,4 +1,4 @@
-"""Following a row by its pending token alone (`follow_match.Assignments._unique`'s "weak" reading),
+"""Following a row by its pending token alone (`infer.match.Assignments._unique`'s "weak" reading),
 on calls written by hand: a greedy engine with a cache, no draft model, whose batch changes size.
 
 A cached row that no sequence's chain (token and context length) fits is read as the sequence whose

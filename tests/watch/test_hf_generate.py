@@ -176,7 +176,7 @@ def test_generate_through_the_cli(tmp_path: Path, mode: str) -> None:
         assert [s.prompt_ids for s in trace.sequences] == LOOKUP_PROMPT and trace.header.draft_k == 4
         # The command cannot see `generate` cut the last step's accepted drafts at max_new_tokens
         # (no later call shows it): the last step keeps what greedy verification accepted, up to
-        # k more tokens, each checked against the reference (docs/watch.md, limits).
+        # k more tokens, each checked against the reference (docs/watch-command.md, limits).
         new_tokens = len(trace.sequences[0].output_ids)
         assert MAX_NEW <= new_tokens <= MAX_NEW + 4
         assert_clean(trace, new_tokens)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from specviz.watch.steps import accepted_and_bonus, consistent, matched_prefix
+from specviz.watch.credit import accepted_and_bonus, consistent, matched_prefix
 
 DRAFTS = [4, 5]
 ALL_AGREE = [4, 5, 6]  # the target chose 4 and 5 too, then 6: accept both, bonus 6

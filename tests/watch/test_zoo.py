@@ -104,7 +104,6 @@ import sys
 import torch
 import transformers as tf
 
-sys.path.insert(0, {tests!r})
 from zoo import {name} as engine
 
 config = tf.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
@@ -127,7 +126,7 @@ print("EVENTS", events)
 
 def run_cli(tmp_path: Path, name: str, bug: str | None = None):
     script = tmp_path / f"{name}.py"
-    script.write_text(SCRIPT.format(tests=str(Path(__file__).parent), name=name, prompts=PROMPTS, max_new=MAX_NEW))
+    script.write_text(SCRIPT.format(name=name, prompts=PROMPTS, max_new=MAX_NEW))
     out = tmp_path / f"{name}.trace.json"
     assert main(["watch", "--out", str(out), "--", "python", str(script)] + ([bug] if bug else [])) == 0
     return load_trace(out)

@@ -6,8 +6,8 @@ tree, `TreeShape`). The step (`engine/step.py`) verifies whatever it proposes; m
 the proposer, only `cache_model`: the model whose KV cache they keep beside the target's (the
 draft model), or None when the proposer keeps no cache (a head, n-gram lookup).
 
-Adding a proposer is one file in this package plus one line in `PROPOSERS` (`__init__.py`);
-docs/architecture.md walks through an example.
+Adding a proposer is one file in this package plus its line in the registry
+(`specviz/proposers.py`, which says what it can do); docs/architecture.md walks through an example.
 """
 
 from __future__ import annotations
@@ -216,6 +216,10 @@ class Proposer(Protocol):
     name: str
     cache_model: Any | None  # a model whose KV cache the methods keep per row (the draft), or None
     needs_hidden: bool  # the engine captures the target's last hidden states for `prefilled`/`verified`
+
+    @classmethod
+    def for_run(cls, pair: Any, config: Any) -> Proposer:
+        """The proposer a run with `config` (a `RunConfig`) drafts with, from the run's `ModelPair`."""
 
     def propose(
         self, engine: EngineView, batch: Batch, pending: torch.Tensor, keys: SampleKeys | None, branches: int

@@ -23,6 +23,10 @@ class DraftModelProposer(NoCarry):
     def __init__(self, model: Any) -> None:
         self.cache_model = model
 
+    @classmethod
+    def for_run(cls, pair: Any, config: Any) -> DraftModelProposer:
+        return cls(pair.draft)
+
     def propose(
         self, engine: EngineView, batch: Batch, pending: torch.Tensor, keys: SampleKeys | None, branches: int
     ) -> Proposals:

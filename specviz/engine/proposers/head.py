@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from specviz.engine.models import DEFAULT_HEAD
 from specviz.engine.proposers.base import Alternatives, EngineView, Proposals
 from specviz.errors import ModelLoadError
 
@@ -139,6 +140,14 @@ class HeadProposer:
         self.head, self.target = head, target
         self.embed, self.lm_head = target.get_input_embeddings(), target.get_output_embeddings()
         self.carry: dict[int, Carry] = {}
+
+    @classmethod
+    def for_run(cls, pair: Any, config: Any) -> HeadProposer:
+        """The pair's own head, else the one at `config.head_path` (default: the embedded head)."""
+        head = pair.head if pair.head is not None and config.head_path is None else None
+        if head is None:
+            head = load_head(config.head_path or DEFAULT_HEAD, pair.target)
+        return cls(head, pair.target)
 
     def prefilled(self, engine: EngineView, seqs: list[SeqState], hidden: torch.Tensor, last: list[int]) -> None:
         for row, seq in enumerate(seqs):

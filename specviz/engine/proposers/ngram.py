@@ -4,7 +4,7 @@ summaries), as in vLLM's `ngram` method and transformers' `prompt_lookup_num_tok
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -39,6 +39,10 @@ class NgramProposer(NoCarry):
 
     name = "ngram"
     cache_model = None
+
+    @classmethod
+    def for_run(cls, pair: Any, config: Any) -> NgramProposer:
+        return cls()
 
     def propose(
         self, engine: EngineView, batch: Batch, pending: torch.Tensor, keys: SampleKeys | None, branches: int

@@ -20,6 +20,7 @@ import json
 import torch
 import transformers as tf
 from zoo import (  # tests/watch on the path (pytest's pythonpath, or PYTHONPATH)
+    chunked,
     dropping,
     head,
     mtp,
@@ -31,6 +32,7 @@ from zoo import (  # tests/watch on the path (pytest's pythonpath, or PYTHONPATH
 
 ENGINES = {"dropping": dropping, "packed": packed, "queued": queued, "paged": paged, "head": head, "tree": tree}
 ENGINES["mtp"] = mtp
+ENGINES["chunked"] = chunked
 USES_DRAFT = {"dropping", "packed", "queued", "tree"}
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 from specviz.watch import tree
 from specviz.watch.attribution import Emit
 from specviz.watch.calls import attended_ids, attends_cache, draft_free_query
-from specviz.watch.followed import RowView, Seq
-from specviz.watch.steps import matched_prefix, row_tokens
+from specviz.watch.credit import matched_prefix, row_tokens
+from specviz.watch.infer.followed import RowView, Seq
+from specviz.watch.infer.tree_gain import step_gain
 
 
 class Gains:
@@ -26,10 +27,41 @@ class Gains:
             drafts, targets = tree.greedy_chain(trees[ri], [pending, *drafts], targets)
         return drafts, targets, pending
 
+    @staticmethod
+    def _chunk(drafts: list[int], targets: list[int], v: RowView, known: int) -> bool:
+        """Was the sequence's open step (the call after a prefill that gave no token, its "drafts"
+        read from no draft call) a chunk of its prompt? Its whole query was kept (the context grew
+        by all of it), the row is not fed what a greedy step would have given (the target's choice
+        after the drafts it agrees with: a step with stale KV keeps its rejected slots too), or it
+        is fed the target's choice after the whole query while that query is no greedy pick (its
+        last chunk, which gave the token fed now; where both readings give one token, the one that
+        explains the context's growth without a bug)."""
+        if not targets or not drafts or v.context + 1 - known != len(drafts) + 1:
+            return False  # (a one-token chunk is not told from a step the row's token does not continue)
+        agreed, after = matched_prefix(drafts, targets) or 0, targets[len(drafts)]
+        if v.token == after:  # the target's choice after the whole query: its last chunk, if no greedy pick
+            return agreed < len(drafts)
+        return v.token != targets[agreed]  # short of the prompt's end: fed no choice of the target
+
+    def _chunked(self, s: Seq, v: RowView, j: int, r: int) -> None:
+        """The open step was a prompt chunk (`_chunk`): its query joins the prompt. The chunk that
+        reached the prompt's end was a step that gave the token fed now; an earlier one gave none,
+        and this call feeds the next part of the prompt (its first token read as pending)."""
+        drafts, targets, _ = self._step_tokens(s)
+        s.context += drafts
+        s.prompt_len = len(s.context)
+        if v.token == targets[len(drafts)]:  # the last chunk: it chose the token fed now
+            self._commit(s, [v.token])
+            s.step, s.in_prompt = (j, r), False
+            return
+        s.context.append(v.token)
+        s.prompt_len += 1
+        s.step = (j, r)
+
     def _gained(self, s: Seq, v: RowView | None) -> list[int]:
         """Tokens the sequence's open step committed, read from its next row `v` (None: its last step)."""
-        if v is not None and s.step is not None and v.context >= 0:  # a tree step (`tree.step_gain`)
-            read = tree.step_gain(
+        if v is not None and s.step is not None and v.context >= 0:  # a tree step (`tree_gain.step_gain`)
+            read = step_gain(
                 self.calls, s.step, s.at, self.read(*s.step, s.id), v.rq, s.context, v.context + 1 - len(s.context)
             )
             if isinstance(read, str):  # which path it kept is not told: its step on is unreadable

@@ -7,7 +7,7 @@ from collections import Counter
 from itertools import groupby
 from typing import Any
 
-from specviz.watch.followed import IDLE, NEW, RowView, Seq
+from specviz.watch.infer.followed import IDLE, NEW, RowView, Seq
 
 MATCHINGS = 256  # assignments of one call enumerated at most; more is read as ambiguous
 

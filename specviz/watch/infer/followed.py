@@ -33,5 +33,8 @@ class Seq:
     at: tuple[int, int]  # (target call, row) that last held it
     step: tuple[int, int]  # (call, row) of its step whose gain is not read yet (its first call, until one)
     opened: bool = True  # not yet known whether its first call was a step
+    # Its open step is the call after a prefill that fed the rest of its prompt's known part: a
+    # chunk of the prompt or its pending token and drafts, which only the next call tells apart.
+    in_prompt: bool = False
     refed: bool = False  # re-fed unchanged since `step`: read as finished if it never grows again
     finished: bool = False

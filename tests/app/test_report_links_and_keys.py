@@ -1,5 +1,5 @@
-"""Issue 36 without a browser: the slot pickers and labels, the A vs B prompts note, the report,
-the Perfetto export, the link state, the cell details and the messages."""
+"""Sharing and walking a run, without a browser: the slot pickers and labels, the A vs B prompts
+note, the report, the Perfetto export, the link state, the keys, the cell details and the messages."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Issue 25 without a browser: plain trace messages, the compact summary, the grid's legend, the
-live-run methods, `record`'s verdict and its quiet end in a closed pipe."""
+"""What a first reader is told, without a browser: plain trace messages, the compact summary, the
+grid's legend, the live-run methods, `record`'s verdict and its quiet end in a closed pipe."""
 
 from __future__ import annotations
 

@@ -47,11 +47,11 @@ from specviz.watch.calls import (
     last_slot,
     query_flags,
 )
-from specviz.watch.follow_gains import Gains
-from specviz.watch.follow_match import Ambiguous, Assignments
-from specviz.watch.followed import IDLE, NEW, RowView, Seq
-from specviz.watch.hooks import CallRecord
-from specviz.watch.steps import matched_prefix
+from specviz.watch.credit import matched_prefix
+from specviz.watch.infer.followed import IDLE, NEW, RowView, Seq
+from specviz.watch.infer.gains import Gains
+from specviz.watch.infer.match import Ambiguous, Assignments
+from specviz.watch.record import CallRecord
 from specviz.watch.tensor_reads import shared_slots
 
 
@@ -165,6 +165,8 @@ class Follower(Assignments, Gains):
             seq = self.seqs[s]
             if seq.opened or self._weak(seq, self._view(j, r, s)):
                 return {s: "open" if seq.opened else "weak"}
+        if any(how != "chunk" for how in out.values()):  # a chunk is the reading of last resort
+            out = {s: how for s, how in out.items() if how != "chunk"}
         return {s: how for s, how in out.items() if s in mine} or out
 
     def _most_attended(self, j: int, r: int) -> set[int]:
@@ -252,6 +254,8 @@ class Follower(Assignments, Gains):
             m, o = len(s.context), s.origin
             return "open" if v.context < 0 or m <= v.context <= m + self.read(*o, s.id).drafts else None
         drafts, targets, pending = self._step_tokens(s)
+        if s.in_prompt and not self.read(*s.step, s.id).chain and self._chunk(drafts, targets, v, len(s.context)):
+            return "chunk"
         if v.context < 0:  # no mask to count: the greedy continuation only
             return "grow" if targets and v.token == targets[matched_prefix(drafts, targets) or 0] else None
         grown = v.context + 1 - len(s.context)
@@ -306,6 +310,9 @@ class Follower(Assignments, Gains):
         if how == "same":
             s.refed = not s.opened
             return
+        if how == "chunk":
+            self._chunked(s, v, j, r)
+            return
         if how == "again":
             s.finished = True  # fed again without growing: the engine keeps computing a finished row
             self._stopped.append(s)
@@ -316,10 +323,10 @@ class Follower(Assignments, Gains):
                 # Its first call was a prefill of all but the last prompt token: this call feeds it.
                 s.context.append(v.token)
                 s.prompt_len += 1
-                s.step = (j, r)
+                s.step, s.in_prompt = (j, r), True
                 return
         self._commit(s, self._by_token(s, v) if how == "weak" else self._gained(s, v))
-        s.step, s.refed = (j, r), False
+        s.step, s.refed, s.in_prompt = (j, r), False, False
 
     def _opened_by_step(self, o: int, members: list[tuple[Seq, RowView]]) -> bool:
         """Was call o a step for its newcomers: it verified drafts, or the next call feeds its argmax?"""

@@ -1,0 +1,140 @@
+"""Which row of a verify call produced each sequence's emitted tokens, and what it accepted: a
+sequence's own row where its tokens fit that row's drafts and the target's choices, else the row
+they fit (so a write-back to the wrong sequence shows as `write_seq != seq_id`), split over
+several rows where one sequence received several rows' tokens in one step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specviz.watch import tree
+from specviz.watch.attribution import Group
+from specviz.watch.calls import RowQuery, argmax_at, row_seq_ids
+from specviz.watch.record import CallRecord
+
+
+def consistent(tokens: list[int], drafts: list[int], targets: list[int], free_last: bool = False) -> bool:
+    """Tokens read as some drafts, then (optionally) one more: the target's own token at that slot,
+    or any token when the argmax is not the engine's choice (`free_last`: a sample, or a choice
+    made on processed logits)."""
+    for i, token in enumerate(tokens):
+        if i < len(drafts) and token == drafts[i]:
+            continue
+        return i == len(tokens) - 1 and (free_last or (i < len(targets) and token == targets[i]))
+    return True
+
+
+def matched_prefix(drafts: list[int], targets: list[int]) -> int | None:
+    if len(targets) != len(drafts) + 1:
+        return None
+    n = 0
+    while n < len(drafts) and drafts[n] == targets[n]:
+        n += 1
+    return n
+
+
+def accepted_and_bonus(tokens: list[int], drafts: list[int], targets: list[int]) -> tuple[int, int | None]:
+    """(accepted, bonus) as the emitted tokens show them.
+
+    Tokens that are a prefix of the greedy-correct proposal accept what verification allowed
+    (emitting fewer is speed left on the table, not a wrong answer). Otherwise the engine accepted
+    the drafts it emitted.
+    """
+    matched = matched_prefix(drafts, targets)
+    if matched is not None and tokens == (drafts[:matched] + [targets[matched]])[: len(tokens)]:
+        accepted = matched
+    else:
+        accepted = 0
+        while accepted < min(len(tokens), len(drafts)) and tokens[accepted] == drafts[accepted]:
+            accepted += 1
+    bonus = None
+    if len(tokens) == accepted + 1:
+        bonus = tokens[accepted]
+    return accepted, bonus
+
+
+def assign_rows(
+    call: CallRecord, groups: list[Group], shown: list[RowQuery], finished: set[int], known: set[int]
+) -> dict[int, Group]:
+    """Which row produced each group: its own row if consistent, else the row it is consistent with
+    (each row read as `shown`: with its drafts, wherever they were read from)."""
+    rows = row_seq_ids(call)
+    free_last = not call.argmax_is_choice
+
+    def fits(group: Group, r: int) -> bool:
+        drafts, targets = row_tokens(call, r, shown[r])
+        if call.trees and call.trees[r] is not None:  # a path of the row's tree, then its choice there
+            nodes = [call.input_ids[r][shown[r].pending], *drafts]
+            return tree.consistent(group.tokens, call.trees[r], nodes, targets, free_last)
+        return consistent(group.tokens, drafts, targets, free_last)
+
+    taken: dict[int, Group] = {}
+
+    def live() -> list[int]:
+        return [r for r in range(len(rows)) if r not in taken and rows[r] in known and rows[r] not in finished]
+
+    def place(group: Group) -> bool:
+        own = rows.index(group.seq_id)
+        if own not in taken and fits(group, own):
+            taken[own] = group
+            return True
+        return False
+
+    # A late group (emitted after a newer call of its sequence: maybe that call's tokens, matched
+    # here by its pending token) places after the on-time groups have been read, split included.
+    pending_groups = [g for g in groups if g.late or not place(g)]
+    pending_groups = [g for g in pending_groups if not g.late] + [g for g in pending_groups if g.late]
+    unfit = []
+    for group in pending_groups:
+        if group.late and place(group):
+            continue
+        others = [r for r in live() if fits(group, r)]
+        if others:
+            taken[others[0]] = group
+            continue
+        pieces = _split_to_rows(group, live(), rows.index(group.seq_id), fits)
+        if pieces is None:
+            unfit.append(group)
+        for row, piece in pieces or []:
+            taken[row] = piece
+    for group in unfit:  # fits no row, whole or split: its own row shows what it got
+        own = rows.index(group.seq_id)
+        if own not in taken:
+            taken[own] = group
+    return taken
+
+
+def _split_to_rows(group: Group, free: list[int], own: int, fits: Any) -> list[tuple[int, Group]] | None:
+    """A sequence that got several emits in one step, fitting no single row: the emits split into
+    consecutive pieces that each fit a distinct free row (its own row preferred), e.g. one row's
+    tokens written to another row's sequence before that row's own. None when no split fits."""
+    if not group.cuts:
+        return None
+    bounds = [0, *group.cuts, len(group.tokens)]
+
+    def piece(a: int, b: int) -> Group:
+        return Group(group.seq_id, group.tokens[bounds[a] : bounds[b]], None, group.call, group.at)
+
+    def search(a: int, free_rows: list[int]) -> list[tuple[int, Group]] | None:
+        if a == len(bounds) - 1:
+            return []
+        for b in range(len(bounds) - 1, a, -1):  # the longest piece first
+            candidate = piece(a, b)
+            for r in sorted(free_rows, key=lambda r: r != own):
+                if fits(candidate, r):
+                    rest = search(b, [x for x in free_rows if x != r])
+                    if rest is not None:
+                        return [(r, candidate), *rest]
+        return None
+
+    found = search(0, free)
+    if found:
+        found[-1][1].finish_reason = group.finish_reason
+    return found
+
+
+def row_tokens(call: CallRecord, row: int, rq: RowQuery) -> tuple[list[int], list[int]]:
+    """(the row's d drafts, the target's argmax at its d + 1 query slots, or [] if not kept)."""
+    drafts = list(call.input_ids[row][rq.pending + 1 : rq.pending + 1 + rq.drafts])
+    targets = [argmax_at(call, row, rq.pending + i) for i in range(rq.drafts + 1)]
+    return drafts, ([] if None in targets else targets)

@@ -1,0 +1,173 @@
+"""One captured forward call (`CallRecord`): what the hooks (`hooks.ModelHooks`) copied of what a
+model was fed and returned, as device tensors until `materialize` turns them into lists at close,
+where the call's batch map is read (`batchmap.read_map`) and kept with it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from specviz.watch.tensor_reads import line_summary, segment_slots
+
+
+@dataclass
+class CallRecord:
+    """One forward call of one watched model; tensors until `materialize`, lists after."""
+
+    role: str  # "target" | "draft"
+    rows: tuple[int, ...] | None  # sequence held by each row at call time (None: the default order)
+    input_ids: Any  # [B, q]
+    positions: Any  # [B, q] fed, or derived by the model's own rule
+    positions_fed: bool
+    cache_width: int
+    # "2d" | "4d" (keys: cache then query) | "4d-slots" (keys: a static or in-place cache's slots)
+    # | "none" (everything attended) | "unknown"
+    mask_kind: str
+    mask: Any  # may attend: 2d [B, W]; 4d [B, tail, W] (the last query rows); else None
+    batch_size: int  # B
+    query_len: int  # q
+    argmax: Any = None  # [B, L]: argmax of the logits of the last L query slots
+    # 4-D masks: [B, q], whether each query slot attends anything. A padded query slot attends
+    # nothing (its row is all masked), so this is where a 4-D mask says which slots are padding.
+    query_live: Any = None
+    # False when the engine's token is not the argmax of these logits (declared to the watch: it
+    # samples, or applies logits processors first): the argmax then never matches or judges a token.
+    argmax_is_choice: bool = True
+    started: float = 0.0
+    ended: float = 0.0
+    last_slots: list[int] | None = None  # [B]: each row's last attended query slot, set by `materialize`
+    # What a packed call carries to say who is where (`batchmap`): one row holding several
+    # sequences. `packed`: B == 1 and something may cut it (its mask and argmax kept whole).
+    packed: bool = False
+    cu_q: Any = None  # [S + 1] cu_seq_lens_q: query start of each sequence
+    cu_k: Any = None  # [S + 1] cu_seq_lens_k: key start of each sequence in a shared KV
+    query_lens: list[int] | None = None  # [S] declared with w.batch(..., query_lens=...)
+    logit_slots: Any = None  # [L] query column of each kept argmax (logits_to_keep); None: the last L
+    source: str | None = None  # the producer of its map (`batchmap.BatchMap.source`)
+    contexts: list[int] | None = None  # [B] a packed call's rows: slots attended before the first query slot
+    unreadable: str | None = None  # why no producer could map it (set by `materialize`)
+    # A packed call's 4-D mask per query token: (attended count, drops a slot the token before it
+    # attended, continues it: shares a slot with it and gains exactly one, attends exactly one slot
+    # more), from `line_summary`.
+    lines: list[tuple[int, bool, bool, bool]] | None = None
+    # A packed call's rows: the key slots its first query token attends and those its last one
+    # attends (what the sequence holds after the call). A sequence's slots stay its own in a shared
+    # cache, so a row holds the sequence whose slots it mostly attends (`Follower._fits`).
+    held: list[tuple[Any, Any]] | None = None  # [S] x ([keys] bool numpy, [keys] bool numpy)
+    drafter: bool = False  # a draft head's call (`watch(..., drafter=head)`): fed hidden states, not ids
+    # A head call's rows: the (age, target row, query column) of the recent target calls (age 0:
+    # the latest) whose last hidden state each was fed (`headinput`); [] none matched; None: not
+    # compared (the command: a dict by model index until `finish` keeps the target's).
+    head_fed: list[list[tuple[int, int, int]]] | None = None
+    # A head call made inside a target call (MTP-like: a module the target's forward calls on its
+    # final hidden states): recorded after that call, its matches filled when the call ends.
+    nested: bool = False
+    segments: list[tuple[int, int, int]] | None = None  # a packed call's (row, start, length) per sequence
+    # `query_flags` per row, once materialized: the readers ask for each row's flags hundreds of
+    # times a run (each candidate sequence, each chain), and they never change after `materialize`.
+    flags: dict[int, list[int]] = field(default_factory=dict, repr=False)
+    # Tree verification (`tree`): per row its declared parents (w.batch(..., parents=...)); after
+    # `materialize`, `trees` holds each row's tree (declared, or read from the mask; None: a chain).
+    parents: list[list[int]] | None = None
+    # What `w.batch(drafts=, chunk=)` said of each declared sequence: (its drafts, a prefill chunk).
+    declared: tuple[tuple[int | None, bool], ...] | None = None
+    map: Any = None  # the `BatchMap` read at `materialize`, one segment per row of the record
+    trees: list[list[int] | None] | None = None
+    tree_source: str | None = None  # "declared" | "mask"
+    # A packed call's query columns that are tree nodes where the block-diagonal rule would cut
+    # (`tree.packed_nodes`): the call packs trees, each read inside its sequence's segment.
+    tree_nodes: list[int] | None = None
+    # A call that packs trees over keys [cache | query] (a shared cache that only appends): the
+    # key column of each row's first query token, and the call's last key + 1, so the next call's
+    # view names which node slots it still attends (`tree.kept_nodes`).
+    node_keys: list[int] | None = None
+    keys_end: int | None = None
+
+    def materialize(self) -> None:
+        """Tensors to lists, once, at close: the only host syncs the watch adds. Then the call's
+        batch map (`batchmap`): a packed call becomes one row per sequence."""
+        if self.last_slots is not None:
+            return
+        whole = self.mask if self.packed and self.mask_kind != "2d" and isinstance(self.mask, torch.Tensor) else None
+        from specviz.watch import tree
+
+        # One row verifying a tree (declared, or read from its mask), not sequences packed together.
+        if whole is not None and (
+            (self.parents is not None and self.query_lens is None)
+            or tree.one_tree(whole[0], self.cache_width, self.positions[0])
+        ):
+            self.packed, whole = False, None
+        if whole is not None:  # a packed row's mask, read as a summary per query token (batchmap.lines)
+            self.lines, self.mask = line_summary(whole[0]), None
+            if self.query_live is None:  # the slots that attend anything: those that count any
+                self.query_live = [[line[0] > 0 for line in self.lines]]
+        for name in ("input_ids", "positions", "mask", "argmax", "query_live", "cu_q", "cu_k", "logit_slots"):
+            value = getattr(self, name)
+            if isinstance(value, torch.Tensor):
+                setattr(self, name, value.tolist())
+        self.last_slots = [self._last_slot(row) for row in range(self.batch_size)]
+        from specviz.watch import batchmap
+
+        trees = False  # a call that packs trees: its rows keep the slots each token attends
+        if whole is not None:
+            self.tree_nodes = tree.packed_nodes(whole[0], self.lines, self.positions[0])
+            trees = bool(self.tree_nodes) or self.parents is not None
+            if whole.shape[-1] == self.cache_width + self.query_len:  # keys [cache | query]
+                self.keys_end = self.cache_width + self.query_len
+        base = self.cache_width
+        self.map = batchmap.read_map(self)
+        if not self.map.readable:  # what the producer said, not what an earlier reading said
+            self.unreadable = self.map.unreadable
+        packed = self.map.readable and batchmap.apply(self, self.map, whole[0] if trees else None)
+        if whole is not None and packed:
+            self.held = segment_slots(whole[0], self.segments)
+            if trees and self.keys_end is not None:
+                self.node_keys = [base + start for _, start, _ in self.segments]
+        if whole is not None and not packed:  # one sequence after all: read as any 4-D mask
+            self.mask = whole.tolist()
+            self.last_slots = [self._last_slot(row) for row in range(self.batch_size)]
+        if not packed or trees:
+            tree.read_trees(self)
+        if not packed and self.logit_slots is not None and self.argmax is not None:
+            # Argmax kept at some columns only: spread over the query, None elsewhere (`argmax_at`).
+            spread = [[None] * self.query_len for _ in self.argmax]
+            for r, kept in enumerate(self.argmax):
+                for c, token in zip(self.logit_slots, kept):
+                    spread[r][c] = token
+            self.argmax, self.logit_slots = spread, None
+        self.flags.clear()  # any read while the map was applied saw the call before it
+
+    def cache_of(self, row: int) -> int:
+        """Slots in the row's cache before the call (a packed call's rows each have their own)."""
+        return self.contexts[row] if self.contexts is not None else self.cache_width
+
+    def query_flags(self, row: int) -> list[int]:
+        """1 for each query slot of `row` that is attended (a real token), 0 for padding. Shared:
+        callers read it, never change it."""
+        if row not in self.flags:
+            self.flags[row] = self._query_flags(row)
+        return self.flags[row]
+
+    def _query_flags(self, row: int) -> list[int]:
+        q = self.query_len
+        if self.mask_kind == "2d":
+            values = self.mask[row]
+            if len(values) >= q:
+                return [int(v) for v in values[len(values) - q :]]
+        if self.query_live is not None and (any(self.query_live[row]) or self.mask_kind == "4d"):
+            return [int(v) for v in self.query_live[row]]  # a 4-D row with none live feeds nothing
+        return [1] * q
+
+    def _last_slot(self, row: int) -> int:
+        """The row's last attended query slot (the last one when none is), read off the mask row."""
+        q = self.query_len
+        if self.mask_kind == "2d":
+            values = self.mask[row]
+            start = len(values) - q
+            if start >= 0:
+                return next((j for j in range(q - 1, -1, -1) if values[start + j]), q - 1)
+        if self.query_live is not None:
+            return next((j for j in range(q - 1, -1, -1) if self.query_live[row][j]), q - 1)
+        return q - 1
