@@ -17,15 +17,8 @@ from specviz.analysis.slots import FedHistory, StepSlots, fed_history, step_slot
 from specviz.trace.columnar_read import ParquetSteps
 from specviz.trace.schema import StepRecord, Trace
 from specviz.views.faults import fault_markdown
-from specviz.views.grid import (
-    DEFAULT_WINDOW,
-    NO_ROW,
-    grid_figure,
-    legend_html,
-    row_choices,
-    row_details_markdown,
-    step_markdown,
-)
+from specviz.views.grid import DEFAULT_WINDOW, NO_ROW, grid_figure, legend_html
+from specviz.views.grid_text import row_choices, row_details_markdown, step_markdown
 from specviz.views.outputs import RunOutputs, outputs_html
 from specviz.views.safe_text import html_text, md_text
 from specviz.views.summary import compare_table, summary_markdown
