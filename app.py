@@ -19,11 +19,11 @@ from typing import Any
 
 import gradio as gr
 
-from specviz.app import events, files, lanes, memory, serve, uploads
+from specviz.app import doc_pages, events, files, lanes, memory, serve, uploads
 from specviz.app.assets import CSS, INTRO
 from specviz.app.detail import build_detail_tabs
 from specviz.app.live import LIVE_FOLDER, LIVE_GATE, PUBLIC, RUN_MEMORY, load_model_pair
-from specviz.app.loading import DEFAULT_A, DEFAULT_B, DOCS, MAX_UPLOAD_BYTES, open_local_a
+from specviz.app.loading import DEFAULT_A, DEFAULT_B, MAX_UPLOAD_BYTES, open_local_a
 from specviz.app.probe_tab import ProbeSection, open_local_probe, wire_probe
 from specviz.app.run_slots import build_inspect_switch, build_run_slot
 from specviz.app.runs_tab import FOLDER, RunsSection, open_runs_folder
@@ -38,7 +38,6 @@ INSPECT_CONCURRENCY = 4  # loading and inspecting: their own lane, never behind 
 
 
 def build_app() -> gr.Blocks:
-    gr.set_static_paths([DOCS])  # docs/faults.md, linked from each fault's one-liner
     # delete_cache: Gradio's own copies (uploads, downloads) go after FILE_MAX_AGE_S, checked every 5 min.
     with gr.Blocks(title="specviz", delete_cache=(300, serve.FILE_MAX_AGE_S)) as demo:
         gr.Markdown(INTRO, elem_id="sv-intro")
@@ -65,7 +64,9 @@ def build_app() -> gr.Blocks:
 
 def launch(demo: gr.Blocks, **kwargs: Any) -> Any:
     """Launch with the app's settings; host and port come from GRADIO_SERVER_NAME/PORT or kwargs."""
-    return demo.launch(max_file_size=MAX_UPLOAD_BYTES, css=CSS, theme=gr.themes.Soft(), **kwargs)
+    # docs/faults.md and probe.md, linked from the page, under a route that names no server path.
+    app_kwargs = {**kwargs.pop("app_kwargs", {}), "routes": doc_pages.doc_routes()}
+    return demo.launch(max_file_size=MAX_UPLOAD_BYTES, css=CSS, theme=gr.themes.Soft(), app_kwargs=app_kwargs, **kwargs)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -25,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tools.attacks.drawing import attack_drawing, attack_links, attack_perfetto, attack_piece_table_again
 from tools.attacks.files import heaviest_steps, hidden_memory_file, many_steps_file
 from tools.attacks.load import attack_flood, attack_inspect_flood, attack_sessions
 from tools.attacks.server import Server, free_port
@@ -44,6 +45,7 @@ from tools.attacks.visitors import (
 
 ATTACKS = ("uploads", "memory", "session", "html", "foreign", "addresses", "tickets", "models", "inspect")
 ATTACKS += ("sessions", "flood", "local", "reports")
+ATTACKS += ("drawing", "links", "pieces", "perfetto")  # issue 43
 
 __all__ = ["free_port", "many_steps_file", "raw_event"]  # what tests import from here
 
@@ -82,6 +84,14 @@ def main() -> int:
             attack_ticket_flood(suite, folder, 40_000)
         if "reports" in wanted:  # issue 34: probe reports under the upload budget, their text escaped
             attack_probe_reports(suite, folder, args.quick)
+        if "drawing" in wanted:  # issue 43: markup in trace strings, the widest step and trees, a long tree field
+            attack_drawing(suite, folder, args.root.resolve(), args.quick)
+        if "links" in wanted:  # issue 43: hostile link values open the page
+            attack_links(suite)
+        if "pieces" in wanted:  # issue 43: round two's 2.15M-entry piece table, refused within 3 s again
+            attack_piece_table_again(suite, folder)
+        if "perfetto" in wanted:  # issue 43: the export of absurd times is strict JSON
+            attack_perfetto(suite, folder, args.root.resolve())
         if "models" in wanted:
             attack_models(suite)
         if "inspect" in wanted:

@@ -26,6 +26,7 @@ The slots' types are in `slot_model.py`; this module builds them.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from specviz.analysis.report import Report, Violation
@@ -298,10 +299,12 @@ def step_slots(
     report: Report | None = None,
     history: FedHistory | None = None,
     max_cache: int = MAX_BUILT_CACHE,
+    rows: Sequence[RowRecord] | None = None,
 ) -> StepSlots:
     """The slots of `trace.steps[step_index]`; pass `history` to reuse it across steps.
 
-    Only the last `max_cache` cache columns are built (every one when the cache is narrower).
+    Only the last `max_cache` cache columns are built (every one when the cache is narrower), and
+    with `rows` only those rows of the step (the ones a view draws): a 1,024-row step costs its page.
     """
     if not 0 <= step_index < len(trace.steps):
         raise IndexError(f"step index {step_index} outside 0..{len(trace.steps) - 1}")
@@ -310,13 +313,14 @@ def step_slots(
     sequences = {s.seq_id: s for s in trace.sequences}
     here = [v for v in report.violations if v.step_index == step_index] if report else []
     # Many rows share the cells a figure can hold: a 4096-row step builds 64 cache columns a row.
-    per_row = max(MAX_STEP_CELLS // max(len(step.rows), 1), 64)
+    chosen = step.rows if rows is None else rows
+    per_row = max(MAX_STEP_CELLS // max(len(chosen), 1), 64)
     first_col = max(step.cache_len - min(max_cache, per_row), 0)
-    rows = [
+    built = [
         row_slots(step, step_index, r, sequences.get(r.seq_id), history, [v for v in here if v.row == r.row], first_col)
-        for r in step.rows
+        for r in chosen
     ]
-    found = StepSlots(step_index, step, rows, None)
+    found = StepSlots(step_index, step, built, None)
     first = report.first_violation if report else None
     if first is not None and first.step_index == step_index:
         first_row = found.find_row(first.row)

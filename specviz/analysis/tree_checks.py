@@ -189,10 +189,14 @@ def first_broken_node(row: RowRecord) -> int | None:
     start = row.committed_before - 1
     broken = [i for i, (p, d) in enumerate(zip(row.position_ids, depths_of(parents))) if p != start + d][:1]
     depths = depths_of(parents)
-    for node, seen in enumerate(row.node_attends or []):
+    attends = row.node_attends or []
+    # One list per node: a longer node_attends is read as far as the tree goes (the check flags it).
+    for node, seen in enumerate(attends[: len(parents)]):
         if len(seen) != depths[node] + 1 or sorted(seen) != ancestors_of(parents, node):
             broken.append(node)
             break
+    if row.node_attends is not None and len(attends) < len(parents):
+        broken.append(len(attends))  # the first node with no attention recorded
     nodes = [row.pending_token, *row.draft_tokens]
     at = 0
     for node in row.tree_path or []:

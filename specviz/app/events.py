@@ -173,6 +173,7 @@ def wire_preload(demo: gr.Blocks, slot_a: RunSlot, slot_b: RunSlot, inspect: Any
         if loaded is not None and (link.step is not None or link.row is not None):
             cell, missed = _linked_cell(loaded, link, window, ui)
             message = "; ".join(m for m in (message, missed) if m)  # never a silent move to another cell
+        message = "; ".join(m for m in (link.ignored_note(), message) if m)  # a malformed value: ignored, said
         values = {
             slot_a.state: runs["A"],
             slot_b.state: runs["B"],

@@ -20,11 +20,12 @@ from typing import Any
 import gradio as gr
 
 from specviz.app import serve, uploads
-from specviz.app.loading import DOCS, TRACES
+from specviz.app.loading import TRACES
 from specviz.errors import SpecvizError
 from specviz.probe import positions
 from specviz.probe.advice import placeholder_line
 from specviz.probe.report import VERDICTS, Acceptance, ProbeReport, ReportError, load_report, parse_report
+from specviz.views.faults import DOCS_URL_PREFIX
 from specviz.views.probe import (
     MAX_MAP_PROMPTS,
     answers_html,
@@ -41,7 +42,7 @@ MAX_REPORT_UPLOAD_BYTES = 8 * 1024 * 1024  # a report of 10,000 prompts is a few
 # Public mode: a report of more prompts is refused before it is built (its parse and first
 # render stay within the 3 s of CPU an upload may cost; docs/probe.md has the measurement).
 PUBLIC_MAX_PROMPTS = 5_000
-PROBE_DOC_URL = f"/gradio_api/file={DOCS / 'probe.md'}"  # docs/ is a static path of the app
+PROBE_DOC_URL = DOCS_URL_PREFIX + "probe.md"  # served by specviz.app.doc_pages: no server path in a link
 
 
 def bundled_reports() -> list[str]:

@@ -77,9 +77,14 @@ def build_live_controls(label: str) -> tuple[list[Any], list[Any], Any, Any]:
             max_new = gr.Slider(*limits["max_new_tokens"], value=48, step=1, label="max new tokens")
             num = gr.Slider(*limits["num_prompts"], value=16, step=1, label="SpecBench prompts")
         prompts = gr.Textbox(lines=3, label="or your own prompts, one per line (overrides the SpecBench count)")
-        # Public mode: the bundled pair only, and the server refuses any other value sent anyway.
-        target = gr.Textbox(value=DEFAULT_TARGET, label="target model (local path or hub id)", visible=not PUBLIC)
-        draft = gr.Textbox(value=DEFAULT_DRAFT, label="draft model (local path or hub id)", visible=not PUBLIC)
+        # Public mode: the bundled pair only, and the server refuses any other value sent anyway. Its
+        # fields are hidden and empty (empty: the bundled pair): the page names no server path.
+        target = gr.Textbox(
+            value="" if PUBLIC else DEFAULT_TARGET, label="target model (local path or hub id)", visible=not PUBLIC
+        )
+        draft = gr.Textbox(
+            value="" if PUBLIC else DEFAULT_DRAFT, label="draft model (local path or hub id)", visible=not PUBLIC
+        )
         button = gr.Button(f"Run live into {label}", variant="primary")
         # Hidden until a live run has a trace to offer: an empty file box is 270 px of nothing.
         download = gr.File(

@@ -15,7 +15,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,11 +42,14 @@ UNNAMED_LINK = (
 )
 FILE_NAME = re.compile(r"\w[\w .+-]{0,199}")  # a file's name (spaces too), never a folder
 MAX_PARAM_CHARS = 300  # a query parameter is a name or a number: anything longer is not ours
+LINK_NUMBER = re.compile(r"[0-9]{1,9}", re.ASCII)  # a step or row the page writes: no sign, no Unicode digit
 
 
 @dataclass
 class LinkState:
-    """What a link asks the page to open; every field checked, none trusted."""
+    """What a link asks the page to open; every field checked, none trusted. A value that is not
+    one this page makes (a sign, a Unicode digit, a huge number, an empty or repeated key with two
+    values) is ignored and named in `ignored`: the page opens its runs and says which it ignored."""
 
     slot: str = "A"
     trace: str | None = None
@@ -51,33 +57,70 @@ class LinkState:
     row: int | None = None
     tab: str | None = None
     run: str | None = None  # with trace "--trace": the name of the file the link's app had opened
+    ignored: tuple[str, ...] = ()
 
     @classmethod
     def from_params(cls, params: Any) -> LinkState:
-        """From the URL's query parameters (a mapping); a malformed value is ignored, never an error."""
+        """From the URL's query parameters (a mapping or a multi-mapping); never raises."""
+        ignored: list[str] = []
 
         def get(name: str) -> str | None:
-            value = params.get(name) if params is not None else None
-            return value if isinstance(value, str) and 0 < len(value) <= MAX_PARAM_CHARS else None
+            values = _param_values(params, name)
+            if not values:
+                return None
+            value = values[0]
+            if len(set(values)) > 1 or not isinstance(value, str) or not 0 < len(value) <= MAX_PARAM_CHARS:
+                ignored.append(name)
+                return None
+            return value
 
         def number(name: str) -> int | None:
             value = get(name)
-            return int(value) if value is not None and value.lstrip("-").isdigit() else None
+            if value is None:
+                return None
+            # ASCII digits only: "²".isdigit() is true and int("²") raises; int("٣") is 3; "--1".
+            if LINK_NUMBER.fullmatch(value) is None:
+                ignored.append(name)
+                return None
+            return int(value)
 
-        slot = (get("slot") or "A").upper()
+        slot = get("slot")
+        if slot is not None and slot.upper() not in ("A", "B"):
+            ignored.append("slot")
         tab = get("tab")
+        if tab is not None and tab not in TABS:
+            ignored.append("tab")
         return cls(
-            slot="B" if slot == "B" else "A",
+            slot="B" if (slot or "").upper() == "B" else "A",
             trace=get("trace"),
             step=number("step"),
             row=number("row"),
             tab=tab if tab in TABS else None,
             run=_file_name(get("run")),
+            ignored=tuple(dict.fromkeys(ignored)),
         )
 
     @property
     def empty(self) -> bool:
         return self.trace is None and self.step is None and self.row is None and self.tab is None
+
+    def ignored_note(self) -> str:
+        """The status line for the parameters this link carried that the page ignored; "" if none."""
+        if not self.ignored:
+            return ""
+        return f"this link's {', '.join(self.ignored)} ignored: not a value this page writes (opened without it)"
+
+
+def _param_values(params: Any, name: str) -> list[Any]:
+    """Every value of `name` in `params` (a repeated key has several); [] when absent or unreadable."""
+    if params is None:
+        return []
+    try:
+        many = getattr(params, "getlist", None)
+        values = list(many(name)) if callable(many) else [params.get(name)]
+    except Exception:  # noqa: BLE001 - a link never breaks the page, whatever its parameters are
+        return []
+    return [v for v in values if v is not None]
 
 
 def _file_name(value: str | None) -> str | None:
@@ -146,7 +189,7 @@ def key_target(loaded: LoadedRun, key: str, step: int, row: int) -> tuple[int, i
         found = _violation_after(loaded.report.violations, step, row, forward=key == "n")
         return (found.step_index, found.row) if found is not None else None
     if key in ("j", "k"):
-        rows = [r.row for r in loaded.step_slots(step).rows]
+        rows = [r.row for r in loaded.trace.steps[step].rows]  # every row: the grid pages with them
         if not rows:
             return None
         if row not in rows:
@@ -172,7 +215,7 @@ def cell_details(loaded: LoadedRun | None, step: int, row: int, col: int | None,
     if loaded is None or not loaded.trace.steps:
         return ""
     step = min(max(int(step), 0), loaded.step_count - 1)
-    grid = loaded.step_slots(step)
+    grid = loaded.step_slots(step, row)  # the page of rows holding `row`: a panel costs one page
     if row == NO_ROW or grid.find_row(row) is None:
         if not grid.rows:
             return ""
@@ -194,4 +237,12 @@ def write_report(loaded: LoadedRun | None) -> str:
     path = LIVE_FOLDER.new_file(f"finding-{name}.html")
     path.write_text(report_html(loaded, loaded.source), encoding="utf-8")
     loaded.report_file = str(path)
+    if not getattr(loaded, "shared", False):  # a session's own run: its report goes when the run does
+        weakref.finalize(loaded, remove_file, str(path))
     return loaded.report_file
+
+
+def remove_file(path: str) -> None:
+    """Delete a file the app wrote for one session; gone already is fine."""
+    with contextlib.suppress(OSError):
+        os.unlink(path)

@@ -288,6 +288,15 @@ class _Walk:
                     self.add_chars(f"sequences[{i}].{name}", len(value))
 
 
+def budget_items(budget: Budget | None) -> int | None:
+    """The most items any one container of a trace within `budget` holds (steps, sequences, the
+    piece table, the header's values): the parser refuses a container past it before building the
+    rest (`jsonparse.TooMany`); `over_budget` then says which limit a smaller excess breaks."""
+    if budget is None:
+        return None
+    return max(budget.max_steps, budget.max_sequences, budget.max_token_text_entries, budget.max_header_items)
+
+
 def over_budget(data: Any, budget: Budget = DEFAULT_BUDGET) -> str | None:
     """The first way parsed trace JSON exceeds `budget`, as one line; None when within it."""
     if not isinstance(data, dict):

@@ -39,6 +39,7 @@ from specviz.trace.budget import (
     DEFAULT_BUDGET,
     NO_LIMITS_HINT,
     Budget,
+    budget_items,
     file_limits,
     json_parse_bytes,
     over_budget,
@@ -46,7 +47,7 @@ from specviz.trace.budget import (
 from specviz.trace.columnar import ColumnarError, ParquetTraceWriter, is_parquet, save_parquet
 from specviz.trace.columnar_read import ParquetTrace
 from specviz.trace.file_kinds import not_a_trace
-from specviz.trace.jsonparse import loads_yielding, top_level_kind
+from specviz.trace.jsonparse import TooMany, loads_yielding, top_level_kind
 from specviz.trace.schema import FORMAT_NAME, Trace, json_fields
 from specviz.trace.validate import TraceError, build_trace, check_format
 
@@ -232,8 +233,10 @@ def _parse_text(text: str, source: str, budget: Budget | None, parse_limit: int 
     size = len(text)
     try:
         # Item by item: a big upload must not hold the GIL (and every other visitor) for seconds.
-        data = loads_yielding(text, parse_constant=_refuse_constant)
+        data = loads_yielding(text, parse_constant=_refuse_constant, max_items=budget_items(budget))
     except TraceError as exc:
+        raise TraceError(f"{source}: {exc}") from None
+    except TooMany as exc:  # refused mid-parse: the rest of a huge container is never built
         raise TraceError(f"{source}: {exc}") from None
     except json.JSONDecodeError as exc:
         raise TraceError(f"{source}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None

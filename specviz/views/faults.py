@@ -7,13 +7,12 @@ long form, with the invariant each breaks and the real bugs behind it, is `docs/
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from specviz.views.safe_text import md_text
 
-FAULTS_DOC = Path(__file__).resolve().parents[2] / "docs" / "faults.md"
-# Served by the app (gr.set_static_paths on docs/): the same file a reader of the repo opens.
-FAULTS_DOC_URL = f"/gradio_api/file={FAULTS_DOC}"
+# The app serves docs/ pages here (`specviz.app.doc_pages`): a link names the page, never the
+# folder the app is installed in.
+DOCS_URL_PREFIX = "/specviz/docs/"
+FAULTS_DOC_URL = DOCS_URL_PREFIX + "faults.md"
 
 FAULT_DESCRIPTIONS: dict[str, str] = {
     "uniform-advance": "every row advances its cache and positions by the batch's longest acceptance + 1, "

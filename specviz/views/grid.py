@@ -20,10 +20,11 @@ from specviz.views.palette import (
     discrete_colorscale,
     kind_code,
 )
-from specviz.views.safe_text import html_text, md_text
+from specviz.views.safe_text import html_text
 from specviz.views.tokens import token_label
 
 DEFAULT_WINDOW = 40  # cache slots shown; the query and bonus columns are always shown
+MAX_COLUMNS = 1024  # columns drawn at most (the window slider stops at 512 cache slots, the query at 257)
 MAX_TEXT_COLUMNS = 90  # beyond this many columns the position text is unreadable: hover only
 NO_ROW = -1  # the row picker's "none"
 ROW_PX = 30
@@ -49,7 +50,8 @@ def drawn_columns(grid: StepSlots, window: int) -> range:
     batch builds fewer columns per row), widened to the step's first violation."""
     focus = grid.first_violation[1] if grid.first_violation else None
     built = min((r.slots.first for r in grid.rows), default=0)
-    return range(max(window_start(grid, window, focus), built), grid.width)
+    # Never past MAX_COLUMNS: a cell costs ~300 bytes sent.
+    return range(max(window_start(grid, window, focus), built, grid.width - MAX_COLUMNS), grid.width)
 
 
 def _hover(grid_row: RowSlots, cell: Slot, texts: dict[int, str], cache_len: int, query_len: int) -> str:
@@ -71,7 +73,7 @@ def _hover(grid_row: RowSlots, cell: Slot, texts: dict[int, str], cache_len: int
             lines.append(f"fed position {cell.fed_position} · expected {cell.expected_position}")
         else:
             lines.append(f"expected position {cell.expected_position} (prefill: not recorded)")
-    lines += [f"<span style='color:{FLAG_COLOR}'>✗ {reason}</span>" for reason in cell.reasons]
+    lines += [f"<span style='color:{FLAG_COLOR}'>✗ {html_text(reason, 300)}</span>" for reason in cell.reasons]
     return "<br>".join(lines)
 
 
@@ -107,8 +109,12 @@ def grid_figure(
     window: int = DEFAULT_WINDOW,
     selected_row: int | None = None,
     title: str | None = None,
+    note: str = "",
 ) -> go.Figure:
-    """Plotly figure of a step grid: coloured kinds, fed positions as text, red outlines for errors."""
+    """Plotly figure of a step grid: coloured kinds, fed positions as text, red outlines for errors.
+
+    `grid` holds the rows drawn (a page of the step's, `views.run.row_page`); `note` says which.
+    """
     texts = texts or {}
     focus = grid.first_violation[1] if grid.first_violation else None
     drawn = drawn_columns(grid, window)
@@ -151,6 +157,7 @@ def grid_figure(
     _add_column_headers(fig, grid, start, len(columns))
     has_label = grid.first_violation is not None and grid.row_position(grid.first_violation[0]) is not None
     full_title = title or _default_title(grid, start, sum(flags))
+    full_title += f"<br><sup>{html_text(note)}</sup>" if note else ""
     # The legend is HTML under the plot (`legend_html`): it wraps on a phone, a plotly legend does not.
     fig.update_layout(
         title={
@@ -236,7 +243,7 @@ def _fit_meta(
 
 def _default_title(grid: StepSlots, start: int, flagged: int) -> str:
     step = grid.step
-    parts = [f"<b>Step {step.step}</b>", f"batch {step.batch_id}", f"{len(grid.rows)} rows"]
+    parts = [f"<b>Step {step.step}</b>", f"batch {step.batch_id}", f"{len(step.rows)} rows"]
     parts.append(f"cache {step.cache_len} slots" + (f" (showing the last {step.cache_len - start})" if start else ""))
     parts.append(f"query {step.query_len} slots")
     if step.grouped is not None:
@@ -377,61 +384,3 @@ def _add_column_headers(fig: go.Figure, grid: StepSlots, start: int, width: int)
 
 
 # ----------------------------------------------------------------------------- text
-
-
-def row_choices(grid: StepSlots) -> list[tuple[str, int]]:
-    """(label, row) pairs for a row picker: "none" first, then every batch row of the step."""
-    return [("none", NO_ROW)] + [(f"row {r.row} · seq {r.seq_id}", r.row) for r in grid.rows]
-
-
-def _tokens(texts: dict[int, str], tokens: list[int]) -> str:
-    return (
-        " ".join(f"{t} {md_text(repr(token_label(texts, t)), 80)}" if t in texts else str(t) for t in tokens) or "none"
-    )
-
-
-def row_details_markdown(grid: StepSlots, row: int, texts: dict[int, str] | None = None) -> str:
-    """Fed vs expected for one row, field by field, as a markdown table."""
-    texts = texts or {}
-    grid_row = grid.find_row(row)
-    if grid_row is None:
-        return ""
-    rec, expected = grid_row.record, grid_row.expected
-    n = rec.committed_before
-    lines = [
-        f"**Row {rec.row} · sequence {rec.seq_id}** (n = {n} committed tokens incl. the pending one)",
-        "",
-        "| field | fed | expected |",
-        "|---|---|---|",
-        _line("left padding", rec.left_pad, expected.left_pad),
-        _line("attended cache slots (kv_len)", rec.kv_len, expected.kv_len),
-        _line("query positions", rec.position_ids, expected.position_ids),
-        _line("written to sequence", rec.write_seq, expected.write_seq),
-        f"| drafts | {_tokens(texts, rec.draft_tokens)} | |",
-        f"| target argmax | {_tokens(texts, rec.target_tokens)} | |",
-        f"| accepted | {rec.accepted} | |",
-        f"| emitted | {_tokens(texts, rec.emitted)} | |",
-    ]
-    if rec.draft_kv_len is not None:
-        lines.insert(6, _line("draft cache slots", rec.draft_kv_len, expected.kv_len))
-    for note in grid_row.notes:
-        lines.append(f"\n⚠️ {note}")
-    return "\n".join(lines)
-
-
-def _line(name: str, fed: object, expected: object) -> str:
-    mark = "" if fed == expected else " ✗"
-    return f"| {name} | {fed}{mark} | {expected} |"
-
-
-def step_markdown(grid: StepSlots) -> str:
-    """The violations of this step in words, one line per violation (capped)."""
-    found = [v for r in grid.rows for v in r.violations]
-    if not found:
-        return f"Step {grid.step.step}: every row as expected."
-    lines = [f"**Step {grid.step.step}: {len(found)} violation(s)**"]
-    for v in found[:12]:
-        lines.append(f"- row {v.row} (seq {v.seq_id}), invariant {v.invariant} *{v.name}*: {v.message}")
-    if len(found) > 12:
-        lines.append(f"- … and {len(found) - 12} more (Invariants tab)")
-    return "\n".join(lines)

@@ -17,6 +17,7 @@ from specviz.views.safe_text import html_text
 
 CELL_W, CELL_H = 26, 22
 LABEL_W, TOP_H = 118, 34
+SVG_COLUMNS = 300  # columns drawn at most: each cell carries its facts (~600 bytes)
 
 
 def _column_label(grid: StepSlots, col: int, start: int) -> str:
@@ -30,10 +31,11 @@ def _column_label(grid: StepSlots, col: int, start: int) -> str:
 
 
 def grid_svg(grid: StepSlots, texts: dict[int, str], window: int = DEFAULT_WINDOW) -> str:
-    """The step's grid as an <svg> element (inline in HTML); `window` cache slots at most."""
+    """The step's grid (the rows `grid` holds) as an <svg> element (inline in HTML): `window` cache
+    slots, widened to the first violation but never past SVG_COLUMNS columns in all."""
     focus = grid.first_violation[1] if grid.first_violation else None
     built = min((r.slots.first for r in grid.rows), default=0)
-    start = max(window_start(grid, window, focus), built)
+    start = max(window_start(grid, window, focus), built, grid.width - SVG_COLUMNS)
     columns = list(range(start, grid.width))
     width = LABEL_W + CELL_W * len(columns) + 4
     height = TOP_H + CELL_H * len(grid.rows) + 4

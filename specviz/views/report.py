@@ -19,7 +19,7 @@ from specviz.views.details import INVARIANT_EXPLAINED, cell_facts, focus_col, ro
 from specviz.views.grid_svg import grid_svg
 from specviz.views.outputs import RunOutputs, outputs_html
 from specviz.views.palette import verdict_badge
-from specviz.views.run import LoadedRun
+from specviz.views.run import LoadedRun, page_note, row_page, rows_per_page
 from specviz.views.safe_text import html_text
 from specviz.views.summary import VERDICT_MEANING, model_name
 
@@ -58,7 +58,7 @@ def _facts_table(rows: list[tuple[str, str]], bad: set[str] = frozenset()) -> st
 
 def _fed_vs_expected(loaded: LoadedRun, step_index: int, row: int) -> str:
     """The violating row's fields, fed beside expected, and the cell where it first differs."""
-    grid = loaded.step_slots(step_index)
+    grid = loaded.step_slots(step_index, row)
     grid_row = grid.find_row(row)
     if grid_row is None:
         return "<p>The violating row is not in this step's record.</p>"
@@ -126,8 +126,14 @@ def report_html(loaded: LoadedRun, source: str | None = None) -> str:
         )
     if trace.steps:
         step_index = first.step_index if first is not None and first.step_index >= 0 else 0
-        grid = loaded.step_slots(step_index)
+        # One page of rows, the first violation's: a report costs what it draws, not the batch.
+        row = first.row if first is not None else None
+        per_page = rows_per_page(trace.steps[step_index], REPORT_WINDOW)
+        grid = loaded.step_slots(step_index, row, per_page)
+        lo, hi = row_page(grid.step, row, per_page)
         parts.append(f"<h2>The ragged grid at step {grid.step.step}</h2>")
+        note = page_note(grid.step, lo, hi)
+        parts.append(f"<p class='sv-meta'>{html_text(note.split(':')[0])}.</p>" if note else "")
         parts.append(
             "<p class='sv-meta'>Rows are batch rows, columns the cache slots fed to the verify pass, its query slots "
             "and the bonus column; numbers are the positions fed. Red outline: fed differs from expected; dark red: "

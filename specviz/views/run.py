@@ -12,20 +12,13 @@ import plotly.graph_objects as go
 
 from specviz.analysis.check import check_trace
 from specviz.analysis.fed_columns import ColumnarFedHistory
-from specviz.analysis.report import Report
+from specviz.analysis.report import Report, Violation
 from specviz.analysis.slots import FedHistory, StepSlots, fed_history, step_slots
 from specviz.trace.columnar_read import ParquetSteps
-from specviz.trace.schema import Trace
+from specviz.trace.schema import StepRecord, Trace
 from specviz.views.faults import fault_markdown
-from specviz.views.grid import (
-    DEFAULT_WINDOW,
-    NO_ROW,
-    grid_figure,
-    legend_html,
-    row_choices,
-    row_details_markdown,
-    step_markdown,
-)
+from specviz.views.grid import DEFAULT_WINDOW, NO_ROW, grid_figure, legend_html
+from specviz.views.grid_text import row_choices, row_details_markdown, step_markdown
 from specviz.views.outputs import RunOutputs, outputs_html
 from specviz.views.safe_text import html_text, md_text
 from specviz.views.summary import compare_table, summary_markdown
@@ -37,6 +30,37 @@ NO_ROW_PICKED = "Pick a row to see fed vs expected."
 # the start step, and say so; the verdict, the timeline and the acceptance metrics (the check's
 # sums) cover every step.
 OVERVIEW_STEPS = 500
+# A grid draws one page of a step's rows, never the whole batch: at most GRID_ROWS rows and about
+# GRID_CELLS cells (rows x columns drawn; a wide window or query block gets fewer rows, never
+# under MIN_GRID_ROWS). A 1,024-row step of 64 query slots drew 107,000 cells: 3 s and 32 MB a key.
+GRID_ROWS = 32
+GRID_CELLS = 4096
+MIN_GRID_ROWS = 8
+
+
+def rows_per_page(step: StepRecord, window: int | None = None) -> int:
+    """How many rows one grid page of `step` draws with `window` cache slots shown."""
+    columns = min(int(window or DEFAULT_WINDOW), step.cache_len) + step.query_len + 1
+    return min(max(GRID_CELLS // max(columns, 1), MIN_GRID_ROWS), GRID_ROWS)
+
+
+def row_page(step: StepRecord, row: int | None, per_page: int) -> tuple[int, int]:
+    """[lo, hi) of the rows (indices in `step.rows`) on the page holding batch row `row`; the
+    first page when the step lacks it. Pages are fixed, so j/k walks across them."""
+    at = next((i for i, r in enumerate(step.rows) if r.row == row), 0) if row is not None else 0
+    lo = at - at % per_page
+    return lo, min(lo + per_page, len(step.rows))
+
+
+def page_note(step: StepRecord, lo: int, hi: int) -> str:
+    """ "showing rows N of M" when a page is not the whole step; empty otherwise."""
+    if lo == 0 and hi == len(step.rows):
+        return ""
+    first, last = step.rows[lo].row, step.rows[hi - 1].row
+    return (
+        f"showing {hi - lo} of {len(step.rows)} rows (rows {first}..{last}): pick a row, or press j / k,"
+        " to see the others"
+    )
 
 
 @dataclass
@@ -71,13 +95,17 @@ class LoadedRun:
         first = self.report.first_violation
         return first.step_index if first is not None else 0
 
-    def step_slots(self, step_index: int) -> StepSlots:
+    def step_slots(self, step_index: int, row: int | None = None, per_page: int = GRID_ROWS) -> StepSlots:
+        """The slots of the page of rows holding batch row `row` (the first page when None)."""
+        step = self.trace.steps[step_index]
+        lo, hi = row_page(step, row, per_page)
+        rows = step.rows[lo:hi]
         history = self.history
         if not isinstance(history, ColumnarFedHistory):
-            return step_slots(self.trace, step_index, self.report, history)
+            return step_slots(self.trace, step_index, self.report, history, rows=rows)
         with history.lock:  # only what this step draws: its row group, its sequences' history
-            seqs = {row.seq_id for row in self.trace.steps[step_index].rows}
-            return step_slots(self.trace, step_index, self.report, history.before_step(seqs, step_index))
+            seqs = {r.seq_id for r in rows}
+            return step_slots(self.trace, step_index, self.report, history.before_step(seqs, step_index), rows=rows)
 
     def overview(self) -> tuple[Trace, str]:
         """The trace the whole-run views walk, and the note they show: every step of an eager run
@@ -146,14 +174,24 @@ def grid_view(loaded: LoadedRun | None, step_index: int | None, row: int | None,
         message = "No run loaded in this slot." if loaded is None else "This trace records no steps."
         return GridView(0, NO_ROW, [("none", NO_ROW)], empty_figure(message), "", "")
     step_index = min(max(int(step_index or 0), 0), loaded.step_count - 1)
-    slots = loaded.step_slots(step_index)
+    step = loaded.trace.steps[step_index]
+    window = int(window or DEFAULT_WINDOW)
+    per_page = rows_per_page(step, window)
+    slots = loaded.step_slots(step_index, None if row is None else int(row), per_page)
     row = int(row) if row is not None and slots.find_row(int(row)) is not None else NO_ROW
-    figure = grid_figure(slots, loaded.texts, window=int(window or DEFAULT_WINDOW), selected_row=row)
+    lo, hi = row_page(step, row, per_page)
+    note = page_note(step, lo, hi)
+    figure = grid_figure(slots, loaded.texts, window=window, selected_row=row, note=note)
     row_text = row_details_markdown(slots, row, loaded.texts) if row != NO_ROW else NO_ROW_PICKED
     legend = where_html(loaded, step_index, row) + legend_html(slots, row if row != NO_ROW else None)
-    step = loaded.trace.steps[step_index]
     tree = tree_figure(step, loaded.texts, row if row != NO_ROW else None) if is_tree_step(step) else None
-    return GridView(step_index, row, row_choices(slots), figure, step_markdown(slots), row_text, legend, tree)
+    step_text = step_markdown(slots, step_violations(loaded.report, step_index)) + (f"\n\n*{note}*" if note else "")
+    return GridView(step_index, row, row_choices(step), figure, step_text, row_text, legend, tree)
+
+
+def step_violations(report: Report, step_index: int) -> list[Violation]:
+    """Every violation of the step, on every row (the grid draws one page of them)."""
+    return [v for v in report.violations if v.step_index == step_index]
 
 
 def where_html(loaded: LoadedRun, step_index: int, row: int) -> str:

@@ -30,3 +30,9 @@ def md_text(value: object, limit: int = MAX_LABEL_CHARS) -> str:
 def html_text(value: object, limit: int = MAX_LABEL_CHARS) -> str:
     """Literal text inside HTML (or a plotly hover): escaped, one line, capped."""
     return html.escape(_clip(str(value), limit), quote=True)
+
+
+def plain_text(value: object, limit: int = MAX_LABEL_CHARS) -> str:
+    """Trace text for a reader that shows text, not markup (Perfetto's args, a file name): one
+    line, capped, control characters dropped."""
+    return "".join(c for c in _clip(str(value), limit) if c.isprintable())

@@ -12,7 +12,7 @@ from specviz.proposers import DEFAULT_PROPOSER
 from specviz.trace import naming
 from specviz.trace.schema import Trace
 from specviz.views.palette import verdict_badge
-from specviz.views.safe_text import html_text, md_text
+from specviz.views.safe_text import html_text, md_text, plain_text
 from specviz.views.skipped import skipped_lines
 
 VERDICT_MEANING = {
@@ -51,7 +51,7 @@ def desync_sentence(report: Report) -> str:
         return ""
     return (
         f"**Desync begins at step {v.step}, row {v.row} (sequence {v.seq_id})**: invariant {v.invariant} "
-        f"*{v.name}*: {v.message}" + ("" if v.message.endswith((".", "?")) else ".")
+        f"*{md_text(v.name)}*: {md_text(v.message, 600)}" + ("" if v.message.endswith((".", "?")) else ".")
     )
 
 
@@ -103,7 +103,7 @@ def summary_markdown(trace: Trace, report: Report, label: str = "") -> str:
     lines += [f"⚠️ *{md_text(note[0].upper() + note[1:], 400)}.*" for note in run_notes(trace, report)]
     if report.unreadable is not None:
         where = report.unreadable["step"]
-        lines.append(f"**Unreadable from step {where}**: {html_text(report.unreadable['why'], 300)}")
+        lines.append(f"**Unreadable from step {int(where)}**: {md_text(report.unreadable['why'], 300)}")
     lines.extend(_not_checked(report))
     draft = f", draft {_nowrap(model_name(h.draft.name))}" if h.draft else ""
     if h.draft_k and h.proposer != DEFAULT_PROPOSER:  # schema 3: another proposer drafted (a head, n-gram lookup)
@@ -147,7 +147,7 @@ def compare_table(runs: list[tuple[str, Trace, Report]]) -> pd.DataFrame:
     for _, trace, report in runs:
         info = summary(trace, totals_of(trace, report.totals))
         values = {
-            "run": naming.run_title(trace.header.method, trace.header.fault),  # a table cell: plain text
+            "run": plain_text(naming.run_title(trace.header.method, trace.header.fault)),  # a table cell: one line
             "verdict": report.verdict,
             "exact match": _exact(report),
             "violations": str(report.violation_count),

@@ -32,7 +32,8 @@ from specviz.views import (
     timeline_figure,
     violations_table,
 )
-from specviz.views.grid import NO_ROW, row_choices, row_details_markdown, window_start
+from specviz.views.grid import NO_ROW, window_start
+from specviz.views.grid_text import row_choices, row_details_markdown
 from specviz.views.heatmaps import bin_matrix
 from specviz.views.outputs import ordered_sequence_ids, page_count
 from specviz.views.palette import FIRST_FLAG_COLOR

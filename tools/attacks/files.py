@@ -214,3 +214,73 @@ def hostile_probe_report_file(folder: Path, prompts: int) -> Path:
         prompt["prompt"] = HOSTILE_REPORT_TEXT + " " + str(prompt["prompt"])
         prompt["reason"] = HOSTILE_REPORT_TEXT
     return write_json(folder / f"probe-hostile-{prompts}.json", data)
+
+
+# ----------------------------------------------------------------------------- issue 43: drawing costs
+
+
+def _schema3(data: dict[str, Any]) -> dict[str, Any]:
+    data["header"]["schema_version"] = 3
+    return data
+
+
+def _token_texts(data: dict[str, Any], chars: int) -> None:
+    """A piece table naming every token ID the trace uses, each `chars` characters long."""
+    used: set[int] = set()
+    for seq in data["sequences"]:
+        for name in ("prompt_ids", "output_ids", "reference_ids"):
+            used.update(seq.get(name) or ())
+    for step in data["steps"]:
+        for row in step["rows"]:
+            used.update([row["pending_token"], *row["draft_tokens"], *row["target_tokens"], *row["emitted"]])
+    hostile = "<b>{t}</b>![x](http://93.184.215.14/{t}.png)"
+    data["header"]["token_text"] = {str(t): (hostile.format(t=t) * chars)[:chars] for t in sorted(used)}
+
+
+def wide_step_file(folder: Path, rows: int = 1024, query: int = 64, text_chars: int = 590) -> Path:
+    """Issue 43, attack 3: one step of `rows` rows x `query` query slots (the public budget's
+    1,024 x 64 cells), every token's text `text_chars` characters: a ~20 KB gzip."""
+    from specviz.trace.io import trace_to_dict
+    from specviz.trace.synthetic import synthetic_trace
+
+    data = _schema3(trace_to_dict(synthetic_trace(rows, rows, query - 1, 2)))
+    data["steps"] = data["steps"][:1]
+    _token_texts(data, text_chars)
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    path = folder / f"wide-{rows}x{query}.json.gz"
+    path.write_bytes(gzip.compress(text.encode(), 9))
+    return path
+
+
+def star_tree(row: dict[str, Any], nodes: int) -> None:
+    """Make `row` a star tree of `nodes` nodes (every draft a child of the root), each node
+    attending the root and itself: the most nodes a row may carry for the fewest list items."""
+    drafts = (row["draft_tokens"] * nodes)[: nodes - 1] or [1] * (nodes - 1)
+    row["draft_tokens"] = drafts
+    row["target_tokens"] = (row["target_tokens"] * nodes)[:nodes]
+    n = row["committed_before"]
+    row["position_ids"] = [n - 1] + [n] * (nodes - 1)
+    row["tree_parents"] = [-1] + [0] * (nodes - 1)
+    row["tree_depths"] = [0] + [1] * (nodes - 1)
+    row["node_attends"] = [[0]] + [[0, i] for i in range(1, nodes)]
+    row["accepted"] = min(row["accepted"], 1)
+    row["tree_path"] = [1] if row["accepted"] else []
+    row["kept_nodes"] = [0, *row["tree_path"]]
+
+
+def big_trees_file(folder: Path, steps: int = 3, rows: int = 255, nodes: int = 257) -> Path:
+    """Issue 43, attack 5: `steps` steps of `rows` rows of `nodes`-node trees (the public budget's
+    widest: 255 x 257 query cells a step)."""
+    from specviz.trace.io import trace_to_dict
+    from specviz.trace.synthetic import synthetic_trace
+
+    data = _schema3(trace_to_dict(synthetic_trace(rows, rows, 3, 3 * steps)))
+    data["steps"] = data["steps"][:steps]
+    data["header"]["tree_branches"] = nodes - 1
+    for step in data["steps"]:
+        step["query_len"] = nodes
+        for row in step["rows"]:
+            star_tree(row, nodes)
+    path = folder / f"trees-{steps}x{rows}x{nodes}.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(data, separators=(",", ":")).encode(), 9))
+    return path
