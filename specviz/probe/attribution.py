@@ -63,6 +63,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from specviz.probe import paths
 from specviz.probe.compare import Evidence
 from specviz.probe.scans import DECISIVE
 
@@ -108,9 +109,14 @@ class Noise:
     paths: tuple[PathNoise, ...] = ()
     calibration: Calibration | None = None
     batch: tuple[float, float] | None = None  # batch_cuts (log10), where measured
+    pairs: tuple[paths.PairNoise, ...] = ()  # per pair of compute paths (paths.py), prompts that stand out left out
+    recomputable: bool = False  # the run recomputed shared prefixes (recompute.py)
 
     def on(self, path: str) -> PathNoise | None:
         return next((p for p in self.paths if p.path == path), None)
+
+    def pair(self, key: str) -> paths.PairNoise | None:
+        return next((p for p in self.pairs if p.pair == key), None)
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
@@ -174,14 +180,20 @@ def batch_cuts(evidence: Iterable[Evidence]) -> tuple[float, float] | None:
 
 
 def estimate_noise(
-    evidence: Iterable[Evidence], calibration: Calibration | None = None, batch: tuple[float, float] | None = None
+    evidence: Iterable[Evidence],
+    calibration: Calibration | None = None,
+    batch: tuple[float, float] | None = None,
+    recomputable: bool = False,
 ) -> Noise:
     """`batch`: batch_cuts of copies of a prompt; a prompt above them stands out even when most
-    prompts are hit (a bug that moves every row a little looks like more noise otherwise)."""
+    prompts are hit (a bug that moves every row a little looks like more noise otherwise).
+    `recomputable`: the run recomputed shared prefixes (said in an unattributed verdict's reason)."""
+    evidence = list(evidence)
     items = [e for e in evidence if e.prefix_median is not None]
     if not items:
         floor = max(FLOOR, calibration.largest) if calibration else FLOOR
-        return Noise(floor, None, None, None, None, 0, frozenset(), (), calibration)
+        pairs = _pairs(evidence, frozenset())
+        return Noise(floor, None, None, None, None, 0, frozenset(), (), calibration, None, pairs, recomputable)
     levels = {(e.index, e.round): _levels(e) for e in items}
     pooled = _robust_cut([m for m, _ in levels.values()]), _robust_cut([x for _, x in levels.values()])
     self_m = _log(calibration.typical) if calibration else -math.inf
@@ -209,14 +221,23 @@ def estimate_noise(
         cut, cut_max = min(cut, batch[0]), min(cut_max, batch[1])
     return Noise(
         max(p.estimate for p in paths), typical, 10**base, 10**cut, 10**cut_max, len(levels),
-        frozenset(outliers), tuple(paths), calibration, batch,
+        frozenset(outliers), tuple(paths), calibration, batch, _pairs(evidence, frozenset(outliers)), recomputable,
     )  # fmt: skip
+
+
+def _pairs(evidence: list[Evidence], outliers: frozenset[tuple[int, int]]) -> tuple[paths.PairNoise, ...]:
+    """The noise per pair of paths, from the prompts that do not stand out: a prompt a bug moved
+    lends no noise (recomputed prefixes are batches of copies, where no composition bug acts)."""
+    kept = [e for e in evidence if (e.index, e.round) not in outliers]
+    shared = [((e.index, e.round), "shared tokens", e.pairs) for e in kept if e.pairs]
+    return paths.pair_noise(shared + [((e.index, e.round), "recomputed", e.recomputed) for e in kept if e.recomputed])
 
 
 def decide(ev: Evidence, noise: Noise) -> tuple[str, str]:
     """(verdict, reason) for one prompt."""
     path = noise.on(ev.path)
     tolerance = path.estimate if path is not None else noise.estimate
+    on = ""  # the pair of paths the tolerance was measured on, in words
     stands_out = (ev.index, ev.round) in noise.outliers
     corrupt = [detail for kind, detail in ev.findings if kind in DECISIVE]
     if corrupt:
@@ -237,15 +258,23 @@ def decide(ev: Evidence, noise: Noise) -> tuple[str, str]:
                 "replay this prompt with --replay MODEL"
             )
         return "unattributed", "no logprobs at the divergence (ask with --logprobs, or pass --replay MODEL)"
+    if ev.pair is not None:  # judged only against the noise of the paths it happened on
+        measured = noise.pair(ev.pair)
+        if measured is None or not measured.measured:
+            placeholders = (ev.placeholders_a > 0, ev.placeholders_b > 0)
+            return "unattributed", paths.unmeasured(ev.pair, measured, placeholders, noise.recomputable)
+        floor = noise.calibration.largest if noise.calibration else FLOOR
+        tolerance = max(measured.estimate, floor, FLOOR)
+        on = f" of {paths.describe(ev.pair)} ({measured.source}, {measured.tokens} tokens)"
     if margin > tolerance:
         bound = " at least" if ev.lower_bound else ""
-        return "suspect", f"{what}{bound} {margin:.3g} exceeds the noise {tolerance:.3g}"
+        return "suspect", f"{what}{bound} {margin:.3g} exceeds the noise {tolerance:.3g}{on}"
     if ev.lower_bound:
         return (
             "unattributed",
-            f"the other token is outside the top logprobs; {what} >= {margin:.3g}, noise {tolerance:.3g}",
+            f"the other token is outside the top logprobs; {what} >= {margin:.3g}, noise {tolerance:.3g}{on}",
         )
-    return "numerical", f"{what} {margin:.3g} within the noise {tolerance:.3g}"
+    return "numerical", f"{what} {margin:.3g} within the noise {tolerance:.3g}{on}"
 
 
 def _moved(ev: Evidence, noise: Noise | PathNoise) -> str:

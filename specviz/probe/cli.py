@@ -175,6 +175,15 @@ def render(report: rp.ProbeReport, out: Path | None = None, shown: int = 10) -> 
             f"  calibration, {c.source}: {c.prompts} comparisons, largest change {_num(c.largest)}, "
             f"largest median {_num(c.typical)} (no prompt stands out by less)"
         )
+    if n.pairs:
+        lines.append(
+            "  by compute path (side A/side B): "
+            + "; ".join(
+                f"{p.pair} {_num(p.estimate)} on {p.tokens} tokens of {p.prompts} prompts ({p.source})"
+                + ("" if p.measured else ", too few to judge")
+                for p in n.pairs
+            )
+        )
     if n.batch_cut is not None:
         lines.append(
             f"  batch calibration, prompts sent as batches of copies of themselves: no prompt needs more than a "

@@ -21,8 +21,9 @@ from specviz.errors import SpecvizError
 from specviz.files import FileRefused, read_regular_file
 
 FORMAT = "specviz-probe"
-VERSION = 2  # 2: placeholders, acceptance, paths and calibration, levels, rounds, findings, next steps
-READS = (1, 2)  # a version-1 report reads with the version-2 fields at their defaults
+VERSION = 3  # 2: placeholders, acceptance, paths and calibration, levels, rounds, findings, next steps
+# 3: each divergence's pair of compute paths, the noise per pair (docs/probe.md, "Noise per compute path")
+READS = (1, 2, 3)  # an older report reads with the newer fields at their defaults
 MAX_REPORT_BYTES = 128 * 1024 * 1024
 MAX_PROMPTS = 100_000
 MAX_TEXT = 100_000  # characters in any one string field
@@ -83,6 +84,8 @@ class PromptResult:
     rounds: int = 1  # rounds this prompt was compared in, at this level
     diverged_rounds: int = 0  # of them, rounds in which the answers differed
     findings: tuple[Finding, ...] = ()
+    # version 3
+    divergence_path: str | None = None  # the divergence's compute paths, A's first: "decode/verify"
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,18 @@ class PathNoise:
 
 
 @dataclass(frozen=True)
+class PairNoise:
+    """The noise measured on one pair of compute paths (specviz.probe.paths)."""
+
+    pair: str  # side A's path / side B's path: prompt | decode | verify
+    tokens: int  # margin changes measured
+    prompts: int
+    estimate: float  # the largest of them
+    source: str  # shared tokens | recomputed | both
+    measured: bool  # enough to judge a divergence on this pair
+
+
+@dataclass(frozen=True)
 class Calibration:
     source: str  # what was compared with what
     prompts: int
@@ -146,6 +161,8 @@ class Noise:
     calibration: Calibration | None = None
     batch_cut: float | None = None  # from batches of copies of one prompt: no prompt needs more to stand out
     batch_cut_max: float | None = None
+    # version 3
+    pairs: tuple[PairNoise, ...] = ()  # per pair of compute paths: a divergence is judged only on its own
 
 
 @dataclass(frozen=True)
