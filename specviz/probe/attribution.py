@@ -71,6 +71,9 @@ FLOOR = 1e-5  # margin changes below this are the rounding of float32 logprobs a
 MIN_DECADES = 1.0  # a prompt stands out only when its level is 10x the baseline or more
 MAD_SIGMAS = 4.0
 MIN_PATH_PROMPTS = 8  # a path with fewer measured prompts is judged with the pooled cuts
+# A prompt stands out only on this many measured shared tokens: one token (all a speculative
+# llama-server leaves with a logprob: the first) cannot tell a bug from the row a batch padded
+MIN_STANDOUT_TOKENS = 4
 MIN_BATCH_PROMPTS = 4  # prompts sent as batches of copies needed for their cuts to count
 VERDICTS = ("identical", "numerical", "unattributed", "suspect")  # worst last
 
@@ -195,6 +198,7 @@ def estimate_noise(
         pairs = _pairs(evidence, frozenset())
         return Noise(floor, None, None, None, None, 0, frozenset(), (), calibration, None, pairs, recomputable)
     levels = {(e.index, e.round): _levels(e) for e in items}
+    counted = {(e.index, e.round): e.prefix_tokens for e in items}
     pooled = _robust_cut([m for m, _ in levels.values()]), _robust_cut([x for _, x in levels.values()])
     self_m = _log(calibration.typical) if calibration else -math.inf
     self_x = _log(calibration.largest) if calibration else -math.inf
@@ -208,7 +212,12 @@ def estimate_noise(
         )
         if batch is not None:
             cut, cut_max = min(cut, batch[0]), min(cut_max, batch[1])
-        out = {k for k in keys if (levels[k][0] > max(cut, self_m)) or (levels[k][1] > max(cut_max, self_x))}
+        out = {
+            k
+            for k in keys
+            if counted[k] >= MIN_STANDOUT_TOKENS
+            and ((levels[k][0] > max(cut, self_m)) or (levels[k][1] > max(cut_max, self_x)))
+        }
         outliers |= out
         inliers = [levels[k] for k in keys if k not in out]
         estimate = max([FLOOR, calibration.largest if calibration else FLOOR] + [10**x for _, x in inliers])

@@ -33,19 +33,21 @@ from specviz.probe.compare import Evidence, drafted, margin, margin_change
 from specviz.probe.prompts import Prompt
 from specviz.probe.responses import Answer, Token
 
-COPIES = 2  # side B's recomputation: a batch of this many copies (at most its concurrency)
-MAX_PROMPTS = 16  # prompts recomputed per concurrency level in a run (each costs positions x (1 + copies))
+COPIES = 4  # side B's recomputation: a batch of this many copies (at most its concurrency)
+MAX_PROMPTS = 8  # prompts recomputed per concurrency level in a run (each costs positions x (1 + copies))
 
 
-def positions(ev: Evidence, a: Answer, b: Answer, wanted: int) -> list[int]:
-    """Up to `wanted` shared positions after the first (the prompt's own row is not a verify
-    row), evenly spread, among those where either side's token took the verify path."""
+def positions(ev: Evidence, a: Answer, b: Answer, wanted: int, any_path: bool = False) -> list[int]:
+    """Up to `wanted` shared positions after the first (the prompt's own row is not recomputed),
+    evenly spread, among those where either side's token took the verify path; `any_path`: among
+    all of them (a divergence at the first token needs the prompt path's noise, which any
+    recomputed position measures)."""
     if a.tokens is None or b.tokens is None or wanted <= 0:
         return []
     shared = ev.divergence if ev.divergence is not None else min(len(a.tokens), len(b.tokens))
     pa = paths.token_paths(a.tokens, drafted(a))
     pb = paths.token_paths(b.tokens, drafted(b))
-    candidates = [j for j in range(1, shared) if paths.VERIFY in (pa[j], pb[j])]
+    candidates = [j for j in range(1, shared) if any_path or paths.VERIFY in (pa[j], pb[j])]
     if len(candidates) <= wanted:
         return candidates
     step = len(candidates) / wanted
@@ -74,13 +76,15 @@ def measure(
     budget: int,
 ) -> int:
     """Recompute up to `wanted` positions of up to `budget` prompts (diverged ones first) and add
-    the margin changes to each Evidence's `recomputed`; returns the prompts recomputed."""
+    the margin changes to each Evidence's `recomputed`; returns the prompts recomputed. Only where
+    a side verified, or where a prompt diverged at its first token (`positions`)."""
     order = sorted(items, key=lambda item: item[0].divergence is None)
+    first_token = any(ev.pair == paths.pair(paths.PROMPT, paths.PROMPT) for ev, _, _, _ in items)
     used = 0
     for ev, a, b, prompt in order:
         if used >= budget:
             break
-        points = positions(ev, a, b, wanted)
+        points = positions(ev, a, b, wanted, any_path=first_token)
         if not points:
             continue
         used += 1
@@ -96,14 +100,18 @@ def measure(
 
 
 def _add(ev: Evidence, own_a: Token, own_b: Token, path_a: str, path_b: str, a_re: Token | None, b_re: list) -> None:
+    """The changes at one position; the verify class only where a side verified there (else the
+    recomputation measured the prompt path alone: a divergence at a first token)."""
+    verified = paths.VERIFY in (path_a, path_b)
     for other in b_re:
-        if margin(own_a) is not None:
+        if verified and margin(own_a) is not None:
             _count(ev, paths.pair(path_a, paths.VERIFY), margin_change(own_a, other))
         if a_re is not None:  # two rows of prompt forwards: literally the prompt path, and the verify class
             change = margin_change(a_re, other)
-            _count(ev, paths.pair(paths.VERIFY, paths.VERIFY), change)
             _count(ev, paths.pair(paths.PROMPT, paths.PROMPT), change)
-    if a_re is not None and margin(own_b) is not None:
+            if verified:
+                _count(ev, paths.pair(paths.VERIFY, paths.VERIFY), change)
+    if verified and a_re is not None and margin(own_b) is not None:
         _count(ev, paths.pair(paths.VERIFY, path_b), margin_change(a_re, own_b))
 
 
