@@ -198,7 +198,9 @@ def _rescore(pool: ThreadPoolExecutor, side: Client, batch: list[Prompt], start:
 
     def one(ev: Evidence) -> Answer:
         prompt = batch[ev.index - start]
-        return side.complete(Prompt(text=prompt.as_text() + (ev.prefix_text or "")), max_tokens=1)
+        # fresh: the whole prompt computed (a prompt forward, as recompute.py measures it), not
+        # its last token alone over a cached prefix
+        return side.complete(Prompt(text=prompt.as_text() + (ev.prefix_text or "")), max_tokens=1, fresh=True)
 
     for ev, answer in zip(items, pool.map(one, items)):
         if answer.tokens:

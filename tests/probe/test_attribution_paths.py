@@ -8,10 +8,15 @@ other a placeholder); the pair of a divergence and the tokens measured on each p
 
 from __future__ import annotations
 
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
 import pytest
 
 from specviz.probe import paths, recompute
 from specviz.probe.attribution import decide, estimate_noise
+from specviz.probe.client import Client, Endpoint, InFlightClock
 from specviz.probe.compare import Evidence, compare
 from specviz.probe.prompts import Prompt
 from specviz.probe.responses import Answer, Token
@@ -162,3 +167,38 @@ def test_recompute_measures_each_pair_and_drops_what_measures_another_path() -> 
         a_counted = Answer(a.text, a.tokens, prompt_tokens=3)
         recompute.measure([(ev2, a_counted, b, Prompt(text="Q:"))], _Server(0.9, cached=True), stale, _Pool(), 2, 4, 8)
         assert ev2.recomputed == {}
+
+
+def test_a_server_refusing_cache_prompt_is_asked_without_it_once() -> None:
+    """`fresh` sends `cache_prompt: false` (llama.cpp); a server validating its fields strictly
+    answers 400 to it: the client asks again without the field, and from then on never sends it.
+    The answer's `usage.prompt_tokens` is read (the recomputation's tokenization check)."""
+    bodies: list[dict] = []
+
+    class Strict(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            bodies.append(body)
+            ok = "cache_prompt" not in body
+            reply = {"choices": [{"text": " a", "finish_reason": "length"}], "usage": {"prompt_tokens": 7}}
+            payload = json.dumps(reply if ok else {"error": {"message": "unexpected field"}}).encode()
+            self.send_response(200 if ok else 400)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Strict)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        end = Endpoint.parse(f"http://127.0.0.1:{server.server_address[1]}/v1")
+        client = Client(end, "completions", "m", 4, 0, None, InFlightClock(), timeout_s=5, retries=0)
+        for _ in range(2):
+            assert client.complete(Prompt(text="Q:"), max_tokens=1, fresh=True).prompt_tokens == 7
+        client.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert ["cache_prompt" in b for b in bodies] == [True, False, False] and client.cache_flag_refused
