@@ -22,7 +22,9 @@ Per diverged prompt, with margin = gap_A, the reference's (side A's) logprob of 
 minus that of side B's token at the divergent position (its top-1 minus top-2 margin when B's
 token is A's second choice; compare.py), or the swing gap_A + gap_B where A has no logprobs there:
     suspect       if the prompt stands out, or margin > noise: the reference preferred its token
-                  by more than any change the prompts' shared tokens show;
+                  by more than any change the prompts' shared tokens show; the noise is that of
+                  the divergence's pair of compute paths (paths.py), and where that pair was not
+                  measured on enough tokens the prompt is unattributed, never judged on another's;
     unattributed  if there is no logprob evidence at the divergence (no logprobs and no --replay),
                   or the other token is outside the listed top logprobs and the bound on the
                   margin is within the noise (not provably numerical);

@@ -96,7 +96,7 @@ def unmeasured(key: str, noise: PairNoise | None, placeholders: tuple[bool, bool
     `placeholders`: whether side A, side B carry placeholder logprobs; `recomputable`: whether the
     run could recompute shared prefixes (completions endpoint, logprobs asked)."""
     a, _, b = key.partition("/")
-    unseen = b if b != a and b != PROMPT else a
+    unseen = VERIFY if VERIFY in (a, b) else DECODE if DECODE in (a, b) else PROMPT  # the path named
     if noise is None:
         sides = [s for s, ph in zip("AB", placeholders) if ph]
         why = (
