@@ -2,7 +2,9 @@
 # Builds llama.cpp's `llama-server` (only that target) from the llama.cpp vendored in the
 # llama-cpp-python sdist, into ~/.cache/specviz/llama.cpp/ (outside the repo), and reuses it.
 #   tools/build_llama_server.sh [LLAMA_CPP_PYTHON_VERSION]     # prints the binary's path
-# 192 compile units: ~10-15 minutes of two idle cores on first build (JOBS=N for more); then instant. E.g.:
+# ~190 compile units, once (JOBS=N for more); then instant. Timed 2026-12-06 (`/usr/bin/time -v nice -n 15
+# env JOBS=2 tools/build_llama_server.sh`, 2 cores shared with ~8 other jobs): 815 s of CPU (759 user,
+# 56 system), 71 min of wall clock at 19% of the CPU; on two idle cores that is an estimated 7 min (not measured). E.g.:
 #   llama-server -m model.gguf --parallel 4 --port 8080 &
 #   python -m specviz probe http://127.0.0.1:8080/v1 --concurrency 4 --logprobs 5
 set -euo pipefail

@@ -39,8 +39,9 @@ LLAMA_SERVER = (
 )
 
 
-# CI does not build llama.cpp (tools/build_llama_server.sh: 10-15 minutes of two cores): where the
-# binary is absent these skip, by design; docs/probe.md records what they found where it was built.
+# CI does not build llama.cpp (tools/build_llama_server.sh: 815 s of CPU, an estimated 7 min of two idle
+# cores, not measured): where the binary is absent these skip, by design; docs/probe.md records what
+# they found where it was built.
 LLAMA_SKIP = pytest.mark.allowed_skip(reason="llama-server is built by tools/build_llama_server.sh, not by CI")
 
 
