@@ -211,8 +211,12 @@ SPECULATION = {
     # case: (side A's extra flags or None for one server, side B's extra flags, --concurrency)
     "draft model vs plain": ([], ["--model-draft", "{model}", "--spec-type", "draft-simple"], "1"),
     "draft model alone vs 4 in flight": (None, ["--model-draft", "{model}", "--spec-type", "draft-simple"], "4"),
-    "n-gram on vs off": ([], ["--spec-type", "ngram-simple"], "4"),
+    "n-gram on vs off": ([], ["--spec-type", "ngram-simple"], "1"),
 }
+# n-gram on vs off at concurrency 4 (both servers batching) was SUSPECT on 2026-12-06: one prompt
+# "stands out" (its shared decode tokens moved 0.06 while most moved 1e-05), the two servers'
+# batches having formed differently; the stands-out rule takes batch-composition noise for a bug
+# there (docs/probe.md, "Noise per compute path"). Not this test's question; left open.
 RUNS = 5
 
 
