@@ -55,7 +55,8 @@ def next_steps(report: rp.ProbeReport) -> tuple[str, ...]:
     unattributed = by_verdict.get("unattributed", [])
     if unattributed:
         steps.append(
-            f"unattributed {_prompts(unattributed)}: no logprob at the divergence (placeholders or none asked); "
+            f"unattributed {_prompts(unattributed)}: the noise of the compute path where they diverged was not "
+            "measured, or no logprob at the divergence (each prompt's reason says which, and what measures it); "
             "rerun with --replay MODEL_PATH to score them locally, or --logprobs 5"
         )
     if by_verdict.get("numerical") and not suspect:

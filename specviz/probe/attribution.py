@@ -22,7 +22,9 @@ Per diverged prompt, with margin = gap_A, the reference's (side A's) logprob of 
 minus that of side B's token at the divergent position (its top-1 minus top-2 margin when B's
 token is A's second choice; compare.py), or the swing gap_A + gap_B where A has no logprobs there:
     suspect       if the prompt stands out, or margin > noise: the reference preferred its token
-                  by more than any change the prompts' shared tokens show;
+                  by more than any change the prompts' shared tokens show; the noise is that of
+                  the divergence's pair of compute paths (paths.py), and where that pair was not
+                  measured on enough tokens the prompt is unattributed, never judged on another's;
     unattributed  if there is no logprob evidence at the divergence (no logprobs and no --replay),
                   or the other token is outside the listed top logprobs and the bound on the
                   margin is within the noise (not provably numerical);
@@ -63,6 +65,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from specviz.probe import paths
 from specviz.probe.compare import Evidence
 from specviz.probe.scans import DECISIVE
 
@@ -70,6 +73,9 @@ FLOOR = 1e-5  # margin changes below this are the rounding of float32 logprobs a
 MIN_DECADES = 1.0  # a prompt stands out only when its level is 10x the baseline or more
 MAD_SIGMAS = 4.0
 MIN_PATH_PROMPTS = 8  # a path with fewer measured prompts is judged with the pooled cuts
+# A prompt stands out only on this many measured shared tokens: one token (all a speculative
+# llama-server leaves with a logprob: the first) cannot tell a bug from the row a batch padded
+MIN_STANDOUT_TOKENS = 4
 MIN_BATCH_PROMPTS = 4  # prompts sent as batches of copies needed for their cuts to count
 VERDICTS = ("identical", "numerical", "unattributed", "suspect")  # worst last
 
@@ -108,9 +114,14 @@ class Noise:
     paths: tuple[PathNoise, ...] = ()
     calibration: Calibration | None = None
     batch: tuple[float, float] | None = None  # batch_cuts (log10), where measured
+    pairs: tuple[paths.PairNoise, ...] = ()  # per pair of compute paths (paths.py), prompts that stand out left out
+    recomputable: bool = False  # the run recomputed shared prefixes (recompute.py)
 
     def on(self, path: str) -> PathNoise | None:
         return next((p for p in self.paths if p.path == path), None)
+
+    def pair(self, key: str) -> paths.PairNoise | None:
+        return next((p for p in self.pairs if p.pair == key), None)
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
@@ -174,15 +185,22 @@ def batch_cuts(evidence: Iterable[Evidence]) -> tuple[float, float] | None:
 
 
 def estimate_noise(
-    evidence: Iterable[Evidence], calibration: Calibration | None = None, batch: tuple[float, float] | None = None
+    evidence: Iterable[Evidence],
+    calibration: Calibration | None = None,
+    batch: tuple[float, float] | None = None,
+    recomputable: bool = False,
 ) -> Noise:
     """`batch`: batch_cuts of copies of a prompt; a prompt above them stands out even when most
-    prompts are hit (a bug that moves every row a little looks like more noise otherwise)."""
+    prompts are hit (a bug that moves every row a little looks like more noise otherwise).
+    `recomputable`: the run recomputed shared prefixes (said in an unattributed verdict's reason)."""
+    evidence = list(evidence)
     items = [e for e in evidence if e.prefix_median is not None]
     if not items:
         floor = max(FLOOR, calibration.largest) if calibration else FLOOR
-        return Noise(floor, None, None, None, None, 0, frozenset(), (), calibration)
+        pairs = _pairs(evidence, frozenset())
+        return Noise(floor, None, None, None, None, 0, frozenset(), (), calibration, None, pairs, recomputable)
     levels = {(e.index, e.round): _levels(e) for e in items}
+    counted = {(e.index, e.round): e.prefix_tokens for e in items}
     pooled = _robust_cut([m for m, _ in levels.values()]), _robust_cut([x for _, x in levels.values()])
     self_m = _log(calibration.typical) if calibration else -math.inf
     self_x = _log(calibration.largest) if calibration else -math.inf
@@ -196,7 +214,12 @@ def estimate_noise(
         )
         if batch is not None:
             cut, cut_max = min(cut, batch[0]), min(cut_max, batch[1])
-        out = {k for k in keys if (levels[k][0] > max(cut, self_m)) or (levels[k][1] > max(cut_max, self_x))}
+        out = {
+            k
+            for k in keys
+            if counted[k] >= MIN_STANDOUT_TOKENS
+            and ((levels[k][0] > max(cut, self_m)) or (levels[k][1] > max(cut_max, self_x)))
+        }
         outliers |= out
         inliers = [levels[k] for k in keys if k not in out]
         estimate = max([FLOOR, calibration.largest if calibration else FLOOR] + [10**x for _, x in inliers])
@@ -209,14 +232,23 @@ def estimate_noise(
         cut, cut_max = min(cut, batch[0]), min(cut_max, batch[1])
     return Noise(
         max(p.estimate for p in paths), typical, 10**base, 10**cut, 10**cut_max, len(levels),
-        frozenset(outliers), tuple(paths), calibration, batch,
+        frozenset(outliers), tuple(paths), calibration, batch, _pairs(evidence, frozenset(outliers)), recomputable,
     )  # fmt: skip
+
+
+def _pairs(evidence: list[Evidence], outliers: frozenset[tuple[int, int]]) -> tuple[paths.PairNoise, ...]:
+    """The noise per pair of paths, from the prompts that do not stand out: a prompt a bug moved
+    lends no noise (recomputed prefixes are batches of copies, where no composition bug acts)."""
+    kept = [e for e in evidence if (e.index, e.round) not in outliers]
+    shared = [((e.index, e.round), "shared tokens", e.pairs) for e in kept if e.pairs]
+    return paths.pair_noise(shared + [((e.index, e.round), "recomputed", e.recomputed) for e in kept if e.recomputed])
 
 
 def decide(ev: Evidence, noise: Noise) -> tuple[str, str]:
     """(verdict, reason) for one prompt."""
     path = noise.on(ev.path)
     tolerance = path.estimate if path is not None else noise.estimate
+    on = ""  # the pair of paths the tolerance was measured on, in words
     stands_out = (ev.index, ev.round) in noise.outliers
     corrupt = [detail for kind, detail in ev.findings if kind in DECISIVE]
     if corrupt:
@@ -237,15 +269,23 @@ def decide(ev: Evidence, noise: Noise) -> tuple[str, str]:
                 "replay this prompt with --replay MODEL"
             )
         return "unattributed", "no logprobs at the divergence (ask with --logprobs, or pass --replay MODEL)"
+    if ev.pair is not None:  # judged only against the noise of the paths it happened on
+        measured = noise.pair(ev.pair)
+        if measured is None or not measured.measured:
+            placeholders = (ev.placeholders_a > 0, ev.placeholders_b > 0)
+            return "unattributed", paths.unmeasured(ev.pair, measured, placeholders, noise.recomputable)
+        floor = noise.calibration.largest if noise.calibration else FLOOR
+        tolerance = max(measured.estimate, floor, FLOOR)
+        on = f" of {paths.describe(ev.pair)} ({measured.source}, {measured.tokens} tokens)"
     if margin > tolerance:
         bound = " at least" if ev.lower_bound else ""
-        return "suspect", f"{what}{bound} {margin:.3g} exceeds the noise {tolerance:.3g}"
+        return "suspect", f"{what}{bound} {margin:.3g} exceeds the noise {tolerance:.3g}{on}"
     if ev.lower_bound:
         return (
             "unattributed",
-            f"the other token is outside the top logprobs; {what} >= {margin:.3g}, noise {tolerance:.3g}",
+            f"the other token is outside the top logprobs; {what} >= {margin:.3g}, noise {tolerance:.3g}{on}",
         )
-    return "numerical", f"{what} {margin:.3g} within the noise {tolerance:.3g}"
+    return "numerical", f"{what} {margin:.3g} within the noise {tolerance:.3g}{on}"
 
 
 def _moved(ev: Evidence, noise: Noise | PathNoise) -> str:

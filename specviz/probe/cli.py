@@ -55,6 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics", choices=["auto", "on", "off"], default="auto",
         help="read the server's /metrics spec-decode counters around each pass (default auto: when it has them)",
     )  # fmt: skip
+    parser.add_argument(
+        "--calibrate", type=int, default=4, metavar="N",
+        help="where a side drafts: N shared positions per prompt sent again as a prompt to both servers, "
+        "measuring the verify path's noise (default 4, 0: off; docs/probe.md)",
+    )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=1, help="repeats of the concurrent pass (default 1)")
     parser.add_argument("--logprobs", type=int, default=5, help="top logprobs asked per token, 0: none (default 5)")
     parser.add_argument("--replay", default=None, metavar="MODEL_PATH", help="recompute logprobs locally at batch 1")
@@ -112,6 +117,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         levels=args.concurrency if len(args.concurrency) > 1 else None,
         rounds=args.rounds,
         metrics=args.metrics,
+        calibrate=args.calibrate,
         repeats=args.repeats,
         logprobs=args.logprobs,
         replay=args.replay,
@@ -257,6 +263,15 @@ def render(report: rp.ProbeReport, out: Path | None = None, shown: int = 10) -> 
         lines.append(
             f"  calibration, {c.source}: {c.prompts} comparisons, largest change {_num(c.largest)}, "
             f"largest median {_num(c.typical)} (no prompt stands out by less)"
+        )
+    if n.pairs:
+        lines.append(
+            "  by compute path (side A/side B): "
+            + "; ".join(
+                f"{p.pair} {_num(p.estimate)} on {p.tokens} tokens of {p.prompts} prompts ({p.source})"
+                + ("" if p.measured else ", too few to judge")
+                for p in n.pairs
+            )
         )
     if n.batch_cut is not None:
         lines.append(

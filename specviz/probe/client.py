@@ -114,6 +114,7 @@ class Client:
         self.clock, self.timeout_s, self.retries = clock, timeout_s, retries
         self._local = threading.local()
         self.logprobs_refused = False  # the server refused logprobs once: asked without them since
+        self.cache_flag_refused = False  # the server refused `cache_prompt`: asked without it since
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -151,16 +152,27 @@ class Client:
         except UnicodeDecodeError:
             return None
 
-    def complete(self, prompt: Prompt, max_tokens: int | None = None) -> Answer:
+    def complete(self, prompt: Prompt, max_tokens: int | None = None, fresh: bool = False) -> Answer:
+        """`fresh`: ask the server to compute the whole prompt, not reuse a cached prefix
+        (llama.cpp's `cache_prompt: false`; a server that refuses the field is asked without it,
+        and says in its answer whether it reused a cache: `Answer.cached`)."""
         body = self._body(prompt, with_logprobs=self.logprobs > 0 and not self.logprobs_refused)
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
         path = "/chat/completions" if self.kind == "chat" else "/completions"
+        if fresh and not self.cache_flag_refused:
+            status, payload = self._request("POST", path, {**body, "cache_prompt": False})
+            if status not in (400, 422):
+                return self._answer(status, payload, path)
+            self.cache_flag_refused = True
         status, payload = self._request("POST", path, body)
         if status in (400, 422) and "logprobs" in body:  # e.g. `transformers serve` on chat
             self.logprobs_refused = True
             body = {**self._body(prompt, with_logprobs=False), "max_tokens": body["max_tokens"]}
             status, payload = self._request("POST", path, body)
+        return self._answer(status, payload, path)
+
+    def _answer(self, status: int, payload: Any, path: str) -> Answer:
         if status != 200:
             raise ServerError(f"{self.endpoint.url}{path}: HTTP {status} ({_error_message(payload)})")
         try:

@@ -19,8 +19,9 @@ O(prompts) numbers, not responses.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from specviz.probe import paths
 from specviz.probe.responses import Answer, Token
 from specviz.probe.scans import scan
 
@@ -72,6 +73,11 @@ class Evidence:
     resolution: float = 0.0  # the smallest margin change the evidence can show (replay: a dtype step)
     rescored: bool = False  # the gap on A comes from the shared prefix sent again, alone (`rescore`)
     prefix_text: str | None = None  # the whole shared text, kept only until it is rescored
+    # The divergence's pair of compute paths, A's first ("decode/verify", paths.py); None where the
+    # paths are not known (characters, or the replay's tokens: both sides recomputed alike)
+    pair: str | None = None
+    pairs: dict[str, tuple[int, float]] = field(default_factory=dict)  # per pair: (shared tokens, largest change)
+    recomputed: dict[str, tuple[int, float]] = field(default_factory=dict)  # the same from recompute.py
 
     @property
     def swing(self) -> float | None:
@@ -123,14 +129,32 @@ def gap(side: Token, mine: str, other: str | None) -> tuple[float | None, bool]:
     return own - side.top[-1][1], True
 
 
+def drafted(answer: Answer) -> bool:
+    """The server says this answer was drafted: counters, or placeholders for accepted drafts."""
+    return (answer.drafting is not None and (answer.drafting.drafted or 0) > 0) or answer.placeholders > 0
+
+
+def _paths(answer: Answer, tokens: list[Token]) -> tuple[str, ...] | None:
+    """Each token's compute path (paths.token_paths), where the tokens are the server's own."""
+    if answer.tokens is None or len(tokens) != len(answer.tokens):
+        return None
+    return paths.token_paths(tokens, drafted(answer))
+
+
+def _path_at(side: tuple[str, ...], j: int, answer: Answer) -> str:
+    """The path of token j, or of the end-of-sequence step just past the answer's last token."""
+    if j < len(side):
+        return side[j]
+    return paths.PROMPT if j == 0 else paths.VERIFY if drafted(answer) else paths.DECODE
+
+
 def path_of(a: Answer, b: Answer) -> str:
     """The computational path the server reports for this prompt, as a group key for the noise:
     "drafted" when either side drafted (telemetry counts drafts, or placeholders show accepted
     ones), else "plain"; "+cached" when either side says it reused a cached prefix. Prompts on
     another path have another noise level; each is judged against prompts on its own path
     (attribution.py)."""
-    drafted = any((x.drafting is not None and (x.drafting.drafted or 0) > 0) or x.placeholders for x in (a, b))
-    return ("drafted" if drafted else "plain") + ("+cached" if a.cached or b.cached else "")
+    return ("drafted" if drafted(a) or drafted(b) else "plain") + ("+cached" if a.cached or b.cached else "")
 
 
 def compare(index: int, a: Answer, b: Answer, tokenize=None, prompt: str = "", rescorable: bool = False) -> Evidence:
@@ -149,7 +173,14 @@ def compare(index: int, a: Answer, b: Answer, tokenize=None, prompt: str = "", r
     ev = Evidence(index, len(ua), len(ub), unit)
     ev.placeholders_a, ev.placeholders_b, ev.path = a.placeholders, b.placeholders, path_of(a, b)
     ev.findings = scan(prompt, a.text, b.text)
-    deltas = [c for c in (margin_change(ua[j], ub[j]) for j in range(n if d is None else d)) if c is not None]
+    pa, pb = (_paths(a, ua), _paths(b, ub)) if unit == "token" else (None, None)
+    deltas = []
+    for j in range(n if d is None else d):
+        change = margin_change(ua[j], ub[j])
+        if change is not None:
+            deltas.append(change)
+            if pa is not None and pb is not None:
+                paths.add(ev.pairs, paths.pair(pa[j], pb[j]), change)
     if deltas:
         ev.prefix_tokens = len(deltas)
         ev.prefix_median = statistics.median(deltas)
@@ -157,6 +188,8 @@ def compare(index: int, a: Answer, b: Answer, tokenize=None, prompt: str = "", r
     if d is None:
         return ev
     ev.divergence = d
+    if pa is not None and pb is not None:
+        ev.pair = paths.pair(_path_at(pa, d, a), _path_at(pb, d, b))
     ta, tb = (ua[d] if d < len(ua) else None), (ub[d] if d < len(ub) else None)
     ev.context = "".join(t.text for t in ua[:d])[-CONTEXT_CHARS:]
     gap_a, bound_a = gap(ta, ta.text, tb.text if tb else None) if ta else (None, False)
@@ -193,6 +226,8 @@ def rescore(ev: Evidence, first: Token) -> None:
             return
         theirs, ev.lower_bound = first.top[-1][1], True
     ev.gap_a, ev.rescored, ev.source = own - theirs, True, "server"
+    if ev.pair is not None:  # A's margin now comes from a row of a prompt's forward: the verify class
+        ev.pair = paths.pair(paths.VERIFY, ev.pair.partition("/")[2])
 
 
 def _shown(token: Token | None, ta: Token | None, tb: Token | None) -> Shown:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 MAX_LEVELS = 16
 MAX_ROUNDS = 1000
+MAX_CALIBRATE = 64
 
 
 @dataclass
@@ -27,6 +28,7 @@ class ProbeConfig:
     levels: tuple[int, ...] | None = None  # --concurrency 1,2,4,...: a sweep against level 1
     rounds: int = 1  # --rounds: the whole workload again, for rare corruption
     metrics: str = "auto"  # read <root>/metrics around each pass: auto | on | off
+    calibrate: int = 4  # --calibrate: shared positions recomputed per prompt where a verify path shows (recompute.py)
 
     @property
     def sweep(self) -> tuple[int, ...]:
@@ -51,5 +53,7 @@ class ProbeConfig:
             raise ValueError("--logprobs must be between 0 and 20")
         if self.timeout_s <= 0 or self.retries < 0:
             raise ValueError("--timeout must be positive and --retries at least 0")
+        if not 0 <= self.calibrate <= MAX_CALIBRATE:
+            raise ValueError(f"--calibrate must be between 0 and {MAX_CALIBRATE}")
         if self.metrics not in ("auto", "on", "off"):
             raise ValueError("--metrics must be auto, on or off")

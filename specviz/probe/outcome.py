@@ -89,7 +89,10 @@ class Outcome:
         levels, decided, noises = [], {}, {}
         for n, evs in self.evidence.items():
             alone = n == 1 and not two
-            noise = attribution.estimate_noise(evs, None if alone else calib, None if alone else batch)
+            recomputable = config.endpoint == "completions" and config.logprobs > 0 and config.calibrate > 0
+            noise = attribution.estimate_noise(
+                evs, None if alone else calib, None if alone else batch, recomputable and not config.replay
+            )
             noises[n] = noise
             decided[n] = [(ev, *attribution.decide(ev, noise)) for ev in evs]
             acceptance, rate = self.tallies[n].acceptance()
@@ -237,9 +240,10 @@ def _noise_view(noise: attribution.Noise, source: str) -> rp.Noise:
     c = noise.calibration
     calibration = rp.Calibration(c.source, c.prompts, c.typical, c.largest) if c else None
     batch = (10 ** noise.batch[0], 10 ** noise.batch[1]) if noise.batch else (None, None)
+    pairs = tuple(rp.PairNoise(p.pair, p.tokens, p.prompts, p.estimate, p.source, p.measured) for p in noise.pairs)
     return rp.Noise(
         noise.estimate, noise.typical, noise.baseline, noise.cut, noise.prompts, source, noise.cut_max, paths,
-        calibration, *batch,
+        calibration, *batch, pairs,
     )  # fmt: skip
 
 
@@ -285,4 +289,5 @@ def _result(
         rounds=rounds,
         diverged_rounds=diverged,
         findings=tuple(rp.Finding(k, d) for k, d in ev.findings),
+        divergence_path=ev.pair,
     )

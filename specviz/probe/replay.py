@@ -122,6 +122,7 @@ class Replayer:
             ev.prefix_median = statistics.median(changes) if changes else None
             ev.prefix_max = max(changes) if changes else None
             ev.source = "replay"
+            ev.pair, ev.pairs = None, {}  # both sides recomputed by one local model: one path
             ev.resolution = resolution
             if ev.divergence is None:
                 continue

@@ -21,9 +21,10 @@ from specviz.errors import SpecvizError
 from specviz.files import FileRefused, read_regular_file
 
 FORMAT = "specviz-probe"
-VERSION = 3  # 2: placeholders, acceptance, paths and calibration, levels, rounds, findings, next steps
+VERSION = 4  # 2: placeholders, acceptance, paths and calibration, levels, rounds, findings, next steps
 # 3: acceptance per draft position, a collapse's position, the replay command
-READS = (1, 2, 3)  # an older report reads with the newer fields at their defaults
+# 4: each divergence's pair of compute paths, the noise per pair (docs/probe.md, "Noise per compute path")
+READS = (1, 2, 3, 4)  # an older report reads with the newer fields at their defaults
 MAX_REPORT_BYTES = 128 * 1024 * 1024
 MAX_PROMPTS = 100_000
 MAX_TEXT = 100_000  # characters in any one string field
@@ -84,6 +85,8 @@ class PromptResult:
     rounds: int = 1  # rounds this prompt was compared in, at this level
     diverged_rounds: int = 0  # of them, rounds in which the answers differed
     findings: tuple[Finding, ...] = ()
+    # version 4
+    divergence_path: str | None = None  # the divergence's compute paths, A's first: "decode/verify"
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,18 @@ class PathNoise:
 
 
 @dataclass(frozen=True)
+class PairNoise:
+    """The noise measured on one pair of compute paths (specviz.probe.paths)."""
+
+    pair: str  # side A's path / side B's path: prompt | decode | verify
+    tokens: int  # margin changes measured
+    prompts: int
+    estimate: float  # the largest of them
+    source: str  # shared tokens | recomputed | both
+    measured: bool  # enough to judge a divergence on this pair
+
+
+@dataclass(frozen=True)
 class Calibration:
     source: str  # what was compared with what
     prompts: int
@@ -164,6 +179,8 @@ class Noise:
     calibration: Calibration | None = None
     batch_cut: float | None = None  # from batches of copies of one prompt: no prompt needs more to stand out
     batch_cut_max: float | None = None
+    # version 4
+    pairs: tuple[PairNoise, ...] = ()  # per pair of compute paths: a divergence is judged only on its own
 
 
 @dataclass(frozen=True)
@@ -342,7 +359,13 @@ def _fields(cls: type) -> list[tuple[str, Any, bool]]:
 
 
 # The version that added a field with a default; any other such field came with version 2.
-SINCE = {("Acceptance", "positions"): 3, ("Collapse", "position"): 3, ("ProbeReport", "replay_command"): 3}
+SINCE = {
+    ("Acceptance", "positions"): 3,
+    ("Collapse", "position"): 3,
+    ("ProbeReport", "replay_command"): 3,
+    ("PromptResult", "divergence_path"): 4,
+    ("Noise", "pairs"): 4,
+}
 
 
 def _build(cls: type, obj: Any, where: str, version: int = VERSION) -> Any:

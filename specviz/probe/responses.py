@@ -61,6 +61,7 @@ class Answer:
     drafting: telemetry.Drafting | None = None
     telemetry_error: str | None = None  # counters present but unbelievable (one line)
     cached: bool = False  # the server says it reused a cached prefix of the prompt (`cached_tokens`)
+    prompt_tokens: int | None = None  # `usage.prompt_tokens`, where the server says it
 
     @property
     def has_logprobs(self) -> bool:
@@ -94,7 +95,10 @@ def parse_answer(payload: Any, endpoint: str) -> Answer:
     finish = choice.get("finish_reason")
     adapter, drafting, error = telemetry.read_response(payload)
     finish = finish if isinstance(finish, str) else None
-    return Answer(text, tokens, finish, adapter, drafting, error, telemetry.cached_tokens(payload) > 0)
+    usage = payload.get("usage")
+    counted = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    prompt_tokens = counted if _is_int(counted) and 0 <= counted <= 10**9 else None
+    return Answer(text, tokens, finish, adapter, drafting, error, telemetry.cached_tokens(payload) > 0, prompt_tokens)
 
 
 def _is_int(value: Any) -> bool:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from specviz.probe import telemetry
+from specviz.probe import recompute, telemetry
 from specviz.probe.client import Client, Endpoint, InFlightClock
 from specviz.probe.compare import Evidence, compare, rescore
 from specviz.probe.config import ProbeConfig
@@ -103,6 +103,8 @@ def run_probe(config: ProbeConfig, prompts: list[Prompt], api_key: str | None, p
     chunk = config.chunk or max(64, 8 * max(levels))
     pool_a = ThreadPoolExecutor(config.concurrency if two else 1, thread_name_prefix="probe-a")
     pools = {n: ThreadPoolExecutor(n, thread_name_prefix=f"probe-{n}") for n in levels}
+    recomputable = config.endpoint == "completions" and config.logprobs > 0 and config.calibrate > 0 and not replayer
+    recompute_budget = {n: recompute.MAX_PROMPTS for n in levels}
 
     def send(pool: ThreadPoolExecutor, side: Client, batch: list[Prompt], tally: Tally) -> list[Answer]:
         def run() -> list[Answer]:
@@ -154,6 +156,12 @@ def run_probe(config: ProbeConfig, prompts: list[Prompt], api_key: str | None, p
                     rescue = [ev for ev in found if ev.prefix_text is not None]
                     if rescue:
                         _rescore(pool_a, side_a, batch, start, rescue)
+                    if recomputable and rnd == 0 and not (level == 1 and not two):  # the verify path's noise
+                        items = list(zip(found, answers_a, repeats[0], batch))
+                        copies = min(level, recompute.COPIES)
+                        recompute_budget[level] -= recompute.measure(
+                            items, side_a, side_b, pools[level], copies, config.calibrate, recompute_budget[level]
+                        )
                     if level == 1 and not two:
                         calibration.extend(found)
                     evidence[level].extend(found)
@@ -190,7 +198,9 @@ def _rescore(pool: ThreadPoolExecutor, side: Client, batch: list[Prompt], start:
 
     def one(ev: Evidence) -> Answer:
         prompt = batch[ev.index - start]
-        return side.complete(Prompt(text=prompt.as_text() + (ev.prefix_text or "")), max_tokens=1)
+        # fresh: the whole prompt computed (a prompt forward, as recompute.py measures it), not
+        # its last token alone over a cached prefix
+        return side.complete(Prompt(text=prompt.as_text() + (ev.prefix_text or "")), max_tokens=1, fresh=True)
 
     for ev, answer in zip(items, pool.map(one, items)):
         if answer.tokens:

@@ -37,7 +37,7 @@ def test_a_suspect_run_comes_with_the_replay_command(server, capsys, tmp_path):
     status = main(["probe", *args, "--out", str(out)])
     text = capsys.readouterr().out
     report = json.loads(out.read_text())
-    assert status == 1 and report["verdict"] == "suspect" and report["version"] == 3
+    assert status == 1 and report["verdict"] == "suspect" and report["version"] == 4
     replay = report["replay_command"]
     suspect = [p["index"] for p in report["prompts"] if p["verdict"] in ("suspect", "unattributed")]
     assert replay["engine"] == "transformers" and replay["prompts"] == suspect and replay["max_num_seqs"] == 4

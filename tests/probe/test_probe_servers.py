@@ -39,8 +39,9 @@ LLAMA_SERVER = (
 )
 
 
-# CI does not build llama.cpp (tools/build_llama_server.sh: 10-15 minutes of two cores): where the
-# binary is absent these skip, by design; docs/probe.md records what they found where it was built.
+# CI does not build llama.cpp (tools/build_llama_server.sh: 815 s of CPU, an estimated 7 min of two idle
+# cores, not measured): where the binary is absent these skip, by design; docs/probe.md records what
+# they found where it was built.
 LLAMA_SKIP = pytest.mark.allowed_skip(reason="llama-server is built by tools/build_llama_server.sh, not by CI")
 
 
@@ -203,56 +204,52 @@ def test_llama_server_batch_vs_alone(tmp_path, capsys):
     assert report["noise"]["source"] in ("server", "none")
 
 
-@LLAMA_SKIP
-def test_llama_server_speculative_vs_plain(tmp_path, capsys):
-    """Self-speculative n-gram drafting (no draft model) on one server, none on the other: A/B."""
-    binary, model = _llama_server_and_model()
-    shown = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=60)
-    help_text = shown.stdout + shown.stderr
-    if "--spec-type" not in help_text or "ngram-simple" not in help_text:
-        pytest.skip("this llama-server has no --spec-type ngram-simple")
-    port_a, port_b = _free_port(), _free_port()
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    plain = _llama(binary, model, port_a)
-    spec = _llama(binary, model, port_b, "--spec-type", "ngram-simple")
-    with (
-        serve(plain, port_a, "/health", tmp_path / "plain.log", 120, env) as url_a,
-        serve(spec, port_b, "/health", tmp_path / "spec.log", 120, env) as url_b,
-    ):
-        status, report = probe(
-            capsys, url_a, url_b, "--concurrency", "4", "--logprobs", "5", "--num-prompts", "8", "--max-tokens", "24"
-        )
-    print(summary("llama-server spec vs plain", report))
-    assert_definite(status, report)
-    assert report["mode"] == "ab"
+# A correct speculative llama-server, never SUSPECT (issue 42: it was, on 3-5 of 16 prompts in
+# every run, judged against the noise of the one token per prompt it computed outside a verify
+# chunk). Each case five times: the servers start once, the probe runs five times against them.
+SPECULATION = {
+    # case: (side A's extra flags or None for one server, side B's extra flags, --concurrency)
+    "draft model vs plain": ([], ["--model-draft", "{model}", "--spec-type", "draft-simple"], "1"),
+    "draft model alone vs 4 in flight": (None, ["--model-draft", "{model}", "--spec-type", "draft-simple"], "4"),
+    "n-gram on vs off": ([], ["--spec-type", "ngram-simple"], "1"),
+}
+# n-gram on vs off at concurrency 4 (both servers batching) was SUSPECT on 2026-12-06: one prompt
+# "stands out" (its shared decode tokens moved 0.06 while most moved 1e-05), the two servers'
+# batches having formed differently; the stands-out rule takes batch-composition noise for a bug
+# there (docs/probe.md, "Noise per compute path"). Not this test's question; left open.
+RUNS = 5
 
 
 @LLAMA_SKIP
-def test_llama_server_draft_model(tmp_path, capsys):
-    """The GGUF as its own draft model (`-md`): nearly every draft accepted, so the batched verify
-    runs on most tokens, whose logprobs come back as placeholders. Alone vs 4 slots, twice, and
-    drafting off vs on: identical or numerical, never suspect, placeholders counted, acceptance
-    read from `timings` and holding across levels."""
+@pytest.mark.parametrize("case", list(SPECULATION))
+def test_llama_server_speculation_is_never_suspect(tmp_path, capsys, case):
+    """Self-drafting (the GGUF as its own draft: nearly every draft accepted, so nearly every token
+    is verified in a chunk and comes back as a placeholder) against plain, drafting at concurrency
+    1 against 4, n-gram drafting on against off: every run identical, numerical or unattributed
+    (a pair of compute paths measured on too few tokens), never suspect, acceptance holding; each
+    divergence names its pair of paths."""
     binary, model = _llama_server_and_model()
     shown = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=60)
-    if "--model-draft" not in shown.stdout + shown.stderr:
-        pytest.skip("this llama-server has no --model-draft")
-    port_a, port_b = _free_port(), _free_port()
+    extra_a, extra_b, concurrency = SPECULATION[case]
+    needed = [flag for flag in extra_b if flag.startswith("-") or flag.endswith("-simple")]
+    if any(flag not in shown.stdout + shown.stderr for flag in needed):
+        pytest.skip(f"this llama-server lacks one of {needed}")
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    plain = _llama(binary, model, port_a)
-    # `-md` alone loads the draft but does not draft in llama.cpp of llama-cpp-python 0.3.36 (no
-    # `draft_n` in timings, no placeholder, seen 2026-12-02): the draft type is asked for too.
-    spec_type = ["--spec-type", "draft-simple"] if "draft-simple" in shown.stdout + shown.stderr else []
-    spec = _llama(binary, model, port_b, "--model-draft", str(model), *spec_type)
-    args = ["--logprobs", "5", "--num-prompts", "8", "--max-tokens", "24"]
-    with (
-        serve(plain, port_a, "/health", tmp_path / "plain.log", 120, env) as url_a,
-        serve(spec, port_b, "/health", tmp_path / "spec.log", 180, env) as url_b,
-    ):
-        runs = [probe(capsys, url_b, "--concurrency", "1,4", *args) for _ in range(2)]
-        runs.append(probe(capsys, url_a, url_b, "--concurrency", "4", *args))
+    port_a, port_b = _free_port(), _free_port()
+    spec = _llama(binary, model, port_b, *(flag.format(model=model) for flag in extra_b))
+    args = ["--concurrency", concurrency, "--logprobs", "5", "--num-prompts", "8", "--max-tokens", "24"]
+    with contextlib.ExitStack() as stack:
+        url_b = stack.enter_context(serve(spec, port_b, "/health", tmp_path / "spec.log", 180, env))
+        urls = [url_b]
+        if extra_a is not None:
+            plain = _llama(binary, model, port_a, *extra_a)
+            urls.insert(0, stack.enter_context(serve(plain, port_a, "/health", tmp_path / "plain.log", 120, env)))
+        runs = [probe(capsys, *urls, *args) for _ in range(RUNS)]
     for status, report in runs:
-        print(summary("llama-server draft model", report), "placeholders B", report["side_b"]["placeholders"])
-        assert report["verdict"] in ("identical", "numerical"), [p["reason"] for p in report["prompts"]]
-        assert status == 0 and report["collapse"] is None
-        assert report["side_b"]["placeholders"] > 0 and report["side_b"]["acceptance"]["source"] == "llama.cpp"
+        print(summary(f"llama-server {case}", report), "placeholders B", report["side_b"]["placeholders"])
+        assert report["verdict"] in ("identical", "numerical", "unattributed"), [p["reason"] for p in report["prompts"]]
+        assert status == (0 if report["verdict"] in ("identical", "numerical") else 1) and report["collapse"] is None
+        for p in report["prompts"]:
+            assert p["divergence"] is None or p["divergence_path"], p
+        if "draft model" in case:
+            assert report["side_b"]["placeholders"] > 0 and report["side_b"]["acceptance"]["source"] == "llama.cpp"

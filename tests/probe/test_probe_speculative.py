@@ -43,8 +43,9 @@ def test_placeholders_are_counted_and_a_bf16_server_stays_numerical(server, caps
 
 
 def test_placeholders_taken_as_logprobs_fool_the_noise(server, capsys, monkeypatch):
-    """The fault the detection fixes: read 0.0 as a real logprob and the same healthy server
-    looks suspect (its untouched prefixes seem to move from 0 to a real value)."""
+    """The fault the detection fixes: read 0.0 as a real logprob and the same healthy server is
+    not cleared: its untouched prefixes seem to move from 0 to a real value (prompts stand out,
+    suspect, or, left out of the noise as outliers, their divergences lack a logprob)."""
     monkeypatch.setattr(responses, "PLACEHOLDER_MARKERS", ())
     real_token = responses._token
 
@@ -55,16 +56,19 @@ def test_placeholders_taken_as_logprobs_fool_the_noise(server, capsys, monkeypat
     monkeypatch.setattr(responses, "_token", no_detection)
     status, report, _ = probe(capsys, f"{server}/numerical+spec+ph/content/v1", *FAST, "--concurrency", "4")
     assert report["side_b"]["placeholders"] == 0
-    assert status == 1 and report["verdict"] == "suspect"
+    assert status == 1 and report["verdict"] in ("suspect", "unattributed")
 
 
 @pytest.mark.parametrize("mode", ["bug", "bug+spec+ph", "order", "order+spec+ph", "mask", "mask+spec+ph"])
 def test_position_and_batch_order_bugs_stay_suspect(server, capsys, mode):
     status, report, _ = probe(capsys, f"{server}/{mode}/content/v1", *FAST, "--concurrency", "4")
     assert status == 1 and report["verdict"] == "suspect", report["counts"]
-    if "ph" in mode:  # divergences on placeholder tokens were rescored, not left unattributed
-        assert report["side_b"]["placeholders"] > 0 and report["counts"]["unattributed"] == 0
+    if "ph" in mode:  # divergences on placeholder tokens were rescored: none lacks a logprob
+        assert report["side_b"]["placeholders"] > 0
         assert all(p["evidence"] == "server" for p in report["prompts"] if p["divergence"] is not None)
+        # unattributed only where its pair of compute paths was measured on too few tokens
+        unattributed = [p["reason"] for p in report["prompts"] if p["verdict"] == "unattributed"]
+        assert all("noise was not measured" in reason for reason in unattributed), unattributed
 
 
 def test_a_bug_that_moves_every_row_is_missed_without_the_batch_calibration(server, capsys, monkeypatch):

@@ -200,12 +200,12 @@ def _as_version_1(data: dict) -> dict:
     return dict(data, version=1)
 
 
-def test_version_1_reports_read_and_version_2_needs_its_fields(tmp_path: Path) -> None:
+def test_version_1_reports_read_and_the_current_version_needs_its_fields(tmp_path: Path) -> None:
     old = _as_version_1(json.loads((ROOT / "traces" / "probe-sweep.json").read_text()))
     assert "levels" not in old and "findings" not in old["prompts"][0] and "cut_max" not in old["noise"]
     report = rp.parse_report(old)
     assert report.rounds == 1 and report.levels == () and report.side_b.placeholders == 0
-    new = dict(rp.to_dict(report), version=2)
+    new = dict(rp.to_dict(report), version=rp.VERSION)
     new["side_b"].pop("placeholders")
     with pytest.raises(rp.ReportError, match=r"side_b.placeholders: missing"):
         rp.parse_report(new)
@@ -213,6 +213,8 @@ def test_version_1_reports_read_and_version_2_needs_its_fields(tmp_path: Path) -
     new["noise"]["source"] = "<img src=x>"
     with pytest.raises(rp.ReportError, match="noise.source"):
         rp.parse_report(new)
+    v2 = json.loads((ROOT / "traces" / "probe-sweep.json").read_text())  # a version-2 file: the pairs default
+    assert v2["version"] == 2 and rp.parse_report(v2).noise.pairs == ()
 
 
 def test_the_schema_file_is_the_generated_schema() -> None:

@@ -29,6 +29,11 @@ Speculative serving is modelled on top of any mode by options joined with `+`
   or batched), and reports it. The answers are the target's greedy tokens either way.
 - `ph`: tokens that came from an accepted draft get placeholder logprobs (`0.0`, empty top
   list), as llama-server does.
+- `rows`: a forward over several tokens of a request (its prompt) runs in bfloat16 even alone, as
+  a quantized CPU server's matrix-matrix kernels round otherwise than its one-token decode;
+- `verify`: llama.cpp's speculative server: every step after the prompt is a verify chunk
+  (bfloat16, even alone) and every token after the first comes back as a placeholder (its server
+  keeps no distribution for any token of a speculative step); implies `spec`.
 - `collapse`: a row decoded in a batch of two or more accepts with probability COLLAPSED: the
   answers stay right, the acceptance falls (a batching bug in drafting).
 - `deep`: in a batch of two or more, only draft positions 1 and after accept with probability
@@ -67,7 +72,21 @@ BATCH_WINDOW_S = 0.05  # requests arriving within this window of the first form 
 MAX_BATCH = 16
 MODES = ("identical", "numerical", "bug", "order", "mask")
 LAYOUTS = ("legacy", "content", "none")
-OPTIONS = ("spec", "ph", "collapse", "deep", "slot", "llama", "vllm", "vllmreq", "sglang", "badtel", "rare")
+OPTIONS = (
+    "spec",
+    "ph",
+    "rows",
+    "verify",
+    "collapse",
+    "deep",
+    "slot",
+    "llama",
+    "vllm",
+    "vllmreq",
+    "sglang",
+    "badtel",
+    "rare",
+)
 RARE_AT = 30  # with `rare`, the 30th request answered in a batch (per URL mode) is corrupted
 DRAFT_K = 4  # tokens drafted per step
 ACCEPT = 0.9  # a draft token's acceptance, alone or batched
@@ -99,10 +118,14 @@ class Decoder:
         self.pad = int(config["pad_token_id"])
 
     @torch.inference_mode()
-    def generate(self, prompts: list[list[int]], max_tokens: list[int], mode: str, top_k: int) -> list[dict]:
-        """Greedy continuations of `prompts` decoded together; per row its ids, logprobs and top-k."""
+    def generate(
+        self, prompts: list[list[int]], max_tokens: list[int], mode: str, top_k: int, rows: tuple[bool, bool]
+    ) -> list[dict]:
+        """Greedy continuations of `prompts` decoded together; per row its ids, logprobs and top-k.
+        `rows`: (prompt, steps) forwards in bfloat16 even alone (options `rows`, `verify`)."""
         batched = len(prompts) > 1
-        model = self.bf16 if batched and mode != "identical" else self.f32
+        prompt_model = self.bf16 if (batched or rows[0]) and mode != "identical" else self.f32
+        model = self.bf16 if (batched or rows[1]) and mode != "identical" else self.f32
         shift_bug = batched and mode == "bug"
         order_bug = batched and mode == "order"
         mask_bug = batched and mode == "mask"
@@ -113,7 +136,7 @@ class Decoder:
         mask = torch.tensor([[0] * (width - n) + [1] * n for n in lengths])
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache: list = []
-        logits = model(ids, mask, positions, cache)[:, -1, :]  # (B, vocab)
+        logits = prompt_model(ids, mask, positions, cache)[:, -1, :]  # (B, vocab)
         rows = [{"ids": [], "logprobs": [], "top": []} for _ in prompts]
         done = [False] * len(prompts)
         limit = max(max_tokens)
@@ -202,8 +225,9 @@ class _Llama:
             k = (h @ w[p + "self_attn.k_proj.weight"].T).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
             v = (h @ w[p + "self_attn.v_proj.weight"].T).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
             q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-            if len(cache) > i:
-                k, v = torch.cat((cache[i][0], k), dim=2), torch.cat((cache[i][1], v), dim=2)
+            if len(cache) > i:  # (a cache another dtype's forward wrote is read in this one's)
+                k = torch.cat((cache[i][0].to(k.dtype), k), dim=2)
+                v = torch.cat((cache[i][1].to(v.dtype), v), dim=2)
                 cache[i] = (k, v)
             else:
                 cache.append((k, v))
@@ -222,8 +246,8 @@ class _Llama:
 
 
 class Job:
-    def __init__(self, prompt_ids: list[int], max_tokens: int, top_k: int) -> None:
-        self.prompt_ids, self.max_tokens, self.top_k = prompt_ids, max_tokens, top_k
+    def __init__(self, prompt_ids: list[int], max_tokens: int, top_k: int, rows=(False, False)) -> None:
+        self.prompt_ids, self.max_tokens, self.top_k, self.rows = prompt_ids, max_tokens, top_k, rows
         self.done = threading.Event()
         self.result: dict | None = None
 
@@ -260,6 +284,7 @@ class Batcher:
                         [j.max_tokens for j in group],
                         self.mode,
                         max(j.top_k for j in group),
+                        (any(j.rows[0] for j in group), any(j.rows[1] for j in group)),
                     )
             for slot, row in enumerate(rows):
                 row["batch"], row["slot"] = len(batch), slot
@@ -429,7 +454,9 @@ class Handler(BaseHTTPRequestHandler):
         decoder = self.server.decoder
         base, *options = mode.split("+")
         prompt_ids = decoder.tokenizer(prompt)["input_ids"]
-        row = self.server.batchers[base].submit(Job(prompt_ids, int(request.get("max_tokens", 16)), top_k))
+        verify = "verify" in options
+        rows = ("rows" in options or verify, verify)
+        row = self.server.batchers[base].submit(Job(prompt_ids, int(request.get("max_tokens", 16)), top_k, rows))
         if "rare" in options and row["batch"] > 1 and self.server.count(mode + "/rare") == RARE_AT:
             ids = list(row["ids"])
             ids[min(2, len(ids) - 1)] = decoder.eos
@@ -439,12 +466,14 @@ class Handler(BaseHTTPRequestHandler):
         text = decoder.tokenizer.decode(row["ids"])
         extra: dict = {}
         placeholders = None
-        if "spec" in options:
+        if "spec" in options or verify:
             batched = row["batch"] > 1
             accept = COLLAPSED if "collapse" in options and batched else ACCEPT
             deeper = COLLAPSED if "deep" in options and batched else None
             flags, counts = simulate_drafting(prompt_ids, row["ids"], accept, deeper)
             placeholders = flags if "ph" in options else None
+            if verify:  # llama.cpp: no logprob for any token of a speculative step
+                placeholders = [j > 0 for j in range(len(row["ids"]))]
             style = next((o for o in options if o in ("llama", "vllm", "vllmreq", "sglang", "badtel")), "llama")
             extra = telemetry_fields(style, counts)
             with self.server.lock:
