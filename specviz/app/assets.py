@@ -231,6 +231,9 @@ CSS = (
 .sv-summary { min-height: 80px; }
 .sv-summary h3 { margin: 0 0 4px 0; }
 .sv-summary p { margin: 4px 0; }
+/* the checks not run, folded to one small line: the grid's first rows stay on the first screen */
+.sv-summary details { margin: -4px 0 -4px 0; font-size: 0.8em; line-height: 1.1; }
+.sv-summary details summary { padding: 0; }
 #sv-intro p { margin: 2px 0; }
 #sv-intro h1 { margin: 0 0 2px 0; font-size: 1.5em; }
 /* Words never break inside: "violations", not "violatio ns"; "expected", not "expect ed";
