@@ -289,10 +289,11 @@ def refuse_remote_files(demo: Any, public: bool | None = None) -> None:
             continue
         setattr(Block, method, _refusing(original, method.startswith("async")))
     if public if public is not None else _public():
-        for name in ("async_ssrf_protected_get", "async_ssrf_protected_download", "ssrf_protected_download"):
-            if hasattr(processing_utils, name):
-                setattr(processing_utils, name, _no_fetch)
-        processing_utils.save_url_to_cache = _no_fetch
+        names = ("async_ssrf_protected_get", "async_ssrf_protected_download", "ssrf_protected_download")
+        for name in (*names, "save_url_to_cache"):
+            original = getattr(processing_utils, name, None)
+            if original is not None and not getattr(original, "refuses_addresses", False):
+                setattr(processing_utils, name, _no_fetch(original))
 
 
 def _refusing(original: Any, is_async: bool) -> Any:
@@ -314,14 +315,22 @@ def _refusing(original: Any, is_async: bool) -> Any:
 
     guarded.refuses_addresses = True  # type: ignore[attr-defined]
     guarded.__doc__ = original.__doc__
+    guarded.__wrapped__ = original  # type: ignore[attr-defined]  # Gradio's own, for `inspect.unwrap`
     return guarded
 
 
-def _no_fetch(*_args: Any, **_kwargs: Any) -> Any:
-    """Gradio's URL fetch, in public mode: refused before any connection."""
-    from gradio.exceptions import Error
+def _no_fetch(original: Any) -> Any:
+    """Gradio's URL fetch, in public mode: refused before any connection. The patch is process-wide
+    and stays; `__wrapped__` keeps Gradio's own function reachable (`inspect.unwrap`)."""
 
-    raise Error(URL_REFUSED, print_exception=False)
+    def refused(*_args: Any, **_kwargs: Any) -> Any:
+        from gradio.exceptions import Error
+
+        raise Error(URL_REFUSED, print_exception=False)
+
+    refused.refuses_addresses = True  # type: ignore[attr-defined]
+    refused.__wrapped__ = original  # type: ignore[attr-defined]
+    return refused
 
 
 def _public() -> bool:

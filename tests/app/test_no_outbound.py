@@ -8,6 +8,7 @@ is what would catch a regression.
 
 from __future__ import annotations
 
+import inspect
 import socket
 import uuid
 from collections.abc import Iterator
@@ -51,6 +52,25 @@ class ConnectGuard:
         monkeypatch.setattr(socket.socket, "connect_ex", guarded_ex)
 
 
+class FetchSpy:
+    """Gradio's own fetch of a URL argument (its SSRF-protected download and get): recorded, refused.
+    The oracle that does not depend on the network: with an HTTP proxy in the environment Gradio's
+    client connects to the proxy, not to the address, and CI machines have one."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from gradio import processing_utils
+
+        async def refused(url: str, *args: Any, **kwargs: Any) -> Any:
+            self.seen.append(str(url))
+            raise ConnectionRefusedError(f"test spy: no fetch of {url}")
+
+        for name in ("async_ssrf_protected_get", "async_ssrf_protected_download"):
+            monkeypatch.setattr(processing_utils, name, refused)
+
+
 def _launch(monkeypatch: pytest.MonkeyPatch, refuse: bool) -> Iterator[str]:
     from gradio import processing_utils
     from gradio.blocks import Block
@@ -58,11 +78,13 @@ def _launch(monkeypatch: pytest.MonkeyPatch, refuse: bool) -> Iterator[str]:
     import app
 
     monkeypatch.setenv("SPACE_ID", "specviz/no-outbound-test")
+    # The refusal patches Gradio process-wide and for good, so an app built earlier in this worker
+    # (any test) has already patched it: each test starts from Gradio's own functions, restored after.
     for name in ("async_ssrf_protected_get", "async_ssrf_protected_download", "ssrf_protected_download"):
-        monkeypatch.setattr(processing_utils, name, getattr(processing_utils, name))  # restored after
-    monkeypatch.setattr(processing_utils, "save_url_to_cache", processing_utils.save_url_to_cache)
+        monkeypatch.setattr(processing_utils, name, inspect.unwrap(getattr(processing_utils, name)))
+    monkeypatch.setattr(processing_utils, "save_url_to_cache", inspect.unwrap(processing_utils.save_url_to_cache))
     for name in ("async_move_resource_to_block_cache", "move_resource_to_block_cache"):
-        monkeypatch.setattr(Block, name, getattr(Block, name))
+        monkeypatch.setattr(Block, name, inspect.unwrap(getattr(Block, name)))
     if not refuse:  # the app as it was: Gradio fetches the address itself
         monkeypatch.setattr(uploads, "refuse_remote_files", lambda demo: None)
         monkeypatch.setattr(uploads, "is_address", lambda path: False)
@@ -93,31 +115,34 @@ def _attack(url: str) -> list[str]:
 
 
 def test_addresses_in_file_arguments_are_refused_before_any_connection(monkeypatch: pytest.MonkeyPatch) -> None:
-    guard = ConnectGuard()
+    guard, spy = ConnectGuard(), FetchSpy()
     launched = _launch(monkeypatch, refuse=True)
     url = next(launched)
     try:
         guard.install(monkeypatch)
+        spy.install(monkeypatch)
         answers = _attack(url)
     finally:
         next(launched, None)
-    assert guard.seen == []
+    assert guard.seen == [] and spy.seen == []
     assert all(uploads.URL_REFUSED in answer for answer in answers), answers
     assert not any(PUBLIC_ADDRESS in answer for answer in answers)  # one line, nothing echoed
 
 
 def test_without_the_refusal_gradio_connects_to_the_address(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The guard's oracle: the app without `refuse_remote_files` lets Gradio connect (issue 34 saw
-    three `connect()` calls a request)."""
-    guard = ConnectGuard()
+    """The guards' oracle: the app without `refuse_remote_files` lets Gradio go and fetch the address
+    (issue 34 saw three `connect()` calls a request). The spy refuses the fetch itself, so the test
+    neither needs nor uses the network."""
+    guard, spy = ConnectGuard(), FetchSpy()
     launched = _launch(monkeypatch, refuse=False)
     url = next(launched)
     try:
         guard.install(monkeypatch)
+        spy.install(monkeypatch)
         _attack(url)
     finally:
         next(launched, None)
-    assert any(PUBLIC_ADDRESS in str(address) for address in guard.seen)
+    assert any(PUBLIC_ADDRESS in address for address in spy.seen), spy.seen
 
 
 def test_every_cache_step_refuses_an_address_before_fetching(monkeypatch: pytest.MonkeyPatch) -> None:
