@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from specviz.engine.kv.state import KVState
+
+if TYPE_CHECKING:
+    from specviz.engine.mixed import Rider
 
 
 @dataclass
@@ -56,3 +60,5 @@ class Batch:
     batch_id: int = 0
     regrouped: bool = False  # composition changed since this batch's previous step
     grouped: bool | None = None  # exspec: an equal-length group (no padding)
+    # exspec with --prefill-chunk: waiting prompts whose next chunk rides in this step's verify forward
+    riders: list[Rider] = field(default_factory=list)

@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 class PrefillRecord:
     """What a chunked prefill fed one sequence, until its next step records it."""
 
-    chunks: list[list[int]] = field(default_factory=list)  # target: [start, end, first position, slots before]
+    # target: [start, end, first position, slots before, carrier step (-1: a forward of its own; mixed.py)]
+    chunks: list[list[int]] = field(default_factory=list)
     draft_fed: list[int] | None = None  # the tokens fed to the draft, in order
     predicted: dict[int, int] = field(default_factory=dict)  # context index -> the target's choice for it
 
@@ -118,5 +119,6 @@ def _note(
             continue
         first = int(real[row].long().argmax())
         start = starts[row]
-        record.chunks.append([start, start + count, int(positions[row, first]), int(before[row])])
+        position = int(positions[row, first])
+        record.chunks.append([start, start + count, position, int(before[row]), -1])  # -1: a forward of its own
         record.predicted[start + count] = choices[row]

@@ -37,6 +37,7 @@ from specviz.engine.faults import CacheName
 from specviz.engine.keep import keep_masks, kept_nodes, path_first
 from specviz.engine.kv.content import KVContentChecker
 from specviz.engine.kv.state import CachePlan, KVState, feed, leading_zeros
+from specviz.engine.mixed import Rider, verify_with_riders
 from specviz.engine.penalty import seen_tokens
 from specviz.engine.phases import Commit, StepOutcome, Verification, observe
 from specviz.engine.prefill import prefill
@@ -113,7 +114,7 @@ class Engine:
         # 1. Propose: k draft tokens per row, a chain or a tree (none for the baseline).
         proposals = self.propose(batch, pending, keys)
         # 2. Verify: one target forward over [pending, nodes]; keep the agreeing path.
-        verification = self.verify(batch.target, pending, proposals, keys)
+        verification = self.verify(batch.target, pending, proposals, keys, batch.riders)
         # 3. Commit: each row's accepted drafts plus the bonus go to its sequence.
         commit = self.commit(batch, proposals, verification)
         self._hand_hidden_states(seqs, committed, proposals, verification)
@@ -168,9 +169,15 @@ class Engine:
         return self.proposer.propose(self, batch, pending, keys, self.config.tree_branches)
 
     def verify(
-        self, state: KVState, pending: torch.Tensor, proposals: Proposals, keys: SampleKeys | None = None
+        self,
+        state: KVState,
+        pending: torch.Tensor,
+        proposals: Proposals,
+        keys: SampleKeys | None = None,
+        riders: list[Rider] | None = None,
     ) -> Verification:
-        """One target forward over [pending, d1..dk]; accept the drafts the token rules accept."""
+        """One target forward over [pending, d1..dk]; accept the drafts the token rules accept.
+        `riders`: waiting prompts whose next prefill chunk the forward carries (`mixed.py`)."""
         if proposals.tree is not None:
             return self.verify_tree(state, pending, proposals)
         started = self.now()
@@ -178,7 +185,10 @@ class Engine:
         positions = self.fault.forward_positions(state.next_pos, cache_len, k + 1, "verify")  # [B, k+1]
         query = torch.cat([pending[:, None], proposals.tokens], dim=1)  # [B, k+1]
         with self.capture_hidden() as tap:
-            target_logits = feed(self.target, state, query, positions)  # [B, k+1, V]
+            if riders:
+                target_logits = verify_with_riders(self, state, query, positions, riders)  # [B, k+1, V]
+            else:
+                target_logits = feed(self.target, state, query, positions)  # [B, k+1, V]
         matched, target_tokens = self.rules.verify(proposals.tokens, proposals.logits, target_logits, keys)
         return Verification(
             positions=positions,

@@ -44,8 +44,10 @@ from specviz.engine.kv.moves import rebuild
 from specviz.engine.kv.placement import Prefill, place_batch, prefills_in_place
 from specviz.engine.kv.pool import KVPool
 from specviz.engine.kv.state import KVState
+from specviz.engine.methods.admission import mixes, riders_for, split_window
 from specviz.engine.methods.base import Method
 from specviz.engine.methods.grouping import admission_order, select_group
+from specviz.engine.mixed import Rider, feed_draft, next_chunks, open_rider, prefill_riders
 from specviz.engine.step import Engine, StepOutcome
 
 if TYPE_CHECKING:
@@ -73,16 +75,30 @@ def run_exspec(
     steps = grouped_steps = 0
     previous: list[int] | None = None
     held: Held | None = None  # the last step's batch and plans
+    mixing = mixes(engine)
+    waiting: dict[int, Rider] = {}  # mixed chunked prefill: sequences cached a chunk at a time, not yet admitted
     while True:
         window = [s for s in queue if not s.done][:window_size]
         if not window:
             break
-        chosen = select_group(window, batch_size, policy)
+        gather_started = engine.now()
+        aboard: list[Rider] = []
+        if mixing:
+            ready, unready = split_window(window, target_pool.row_of)
+            chosen = select_group(ready, batch_size, policy) if ready else []
+            aboard = _board(engine, waiting, riders_for(unready, len(chosen), batch_size), target_pool, draft_pool)
+            if not chosen:  # nothing to verify yet: the chunks get a forward of their own
+                prefill_riders(engine, aboard)
+                _admit_complete(aboard, waiting, target_pool, draft_pool)
+                continue
+        else:
+            chosen = select_group(window, batch_size, policy)
+        board_s = engine.now() - gather_started  # the riders' draft feed: prefill, not alignment
         grouped = len({s.committed for s in chosen}) == 1
         ids = [s.seq_id for s in chosen]
-        gather_started = engine.now()
         target, draft, behind, prefill_s = _gather(engine, held, chosen, target_pool, draft_pool)
-        batch = Batch(chosen, target, draft, batch_id=0, grouped=grouped)
+        prefill_s += board_s
+        batch = Batch(chosen, target, draft, batch_id=0, grouped=grouped, riders=aboard)
         batch.regrouped = previous is not None and ids != previous
         previous = ids
         taken_widths = (target.width, draft.width if draft is not None else 0)  # the step appends to both
@@ -94,6 +110,7 @@ def run_exspec(
         for old_row in outcome.active_rows.tolist():
             left_pad_after[old_row] = 0  # a pool row holds no padding of its own
         engine.finish_step(outcome, left_pad_after, align_before_s=take_s)  # gathering the group is alignment
+        _admit_complete(aboard, waiting, target_pool, draft_pool)
         steps += 1
         grouped_steps += int(grouped)
     return {"steps": steps, "grouped_steps": grouped_steps, "group_share": grouped_steps / max(steps, 1)}
@@ -153,6 +170,44 @@ def _gather(
             draft_pool.admit(seq.seq_id, prefill.alone(engine.draft, seq))
     draft = draft_pool.take(ids) if draft_pool is not None else None
     return target_pool.take(ids), draft, 0, prefill.seconds
+
+
+def _board(
+    engine: Engine, waiting: dict[int, Rider], seqs: list[SeqState], target_pool: KVPool, draft_pool: KVPool | None
+) -> list[Rider]:
+    """The riders of this step: each of `seqs` with its next chunk, its draft already fed it.
+
+    A sequence with nothing to cache (a one-token prompt) is admitted at once, unrecorded, as a
+    whole prefill of it would leave it. The draft is fed before the target's forward: a boundary's
+    faulty feed reads the target's choice after the previous chunk, known since the last step."""
+    aboard = []
+    for seq in seqs:
+        rider = waiting.get(seq.seq_id) or open_rider(engine, seq)
+        if not rider.context:
+            engine.context.prefills.pop(seq.seq_id, None)
+            _admit(rider, target_pool, draft_pool)
+            continue
+        waiting[seq.seq_id] = rider
+        aboard.append(rider)
+    next_chunks(aboard, engine.config.prefill_chunk)
+    feed_draft(engine, aboard)
+    return aboard
+
+
+def _admit_complete(
+    aboard: list[Rider], waiting: dict[int, Rider], target_pool: KVPool, draft_pool: KVPool | None
+) -> None:
+    """Riders whose whole context is cached enter the pools: they are ready for the next group."""
+    for rider in aboard:
+        if rider.complete:
+            del waiting[rider.seq.seq_id]
+            _admit(rider, target_pool, draft_pool)
+
+
+def _admit(rider: Rider, target_pool: KVPool, draft_pool: KVPool | None) -> None:
+    target_pool.admit(rider.seq.seq_id, rider.target)
+    if draft_pool is not None and rider.draft is not None:
+        draft_pool.admit(rider.seq.seq_id, rider.draft)
 
 
 class _TimedPrefill:
