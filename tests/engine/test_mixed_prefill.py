@@ -73,7 +73,7 @@ def record(
         (7, 3, 2, "ragged", 7),  # the window is the batch: a chunk rides only once a row finished
         (8, 4, 5, "ragged", None),
         (3, 1, 4, "equal", None),
-        (7, 2, 16, "equal", None),  # one chunk longer than every prompt: a whole prefill, carried
+        (3, 2, 16, "equal", None),  # one chunk longer than every prompt: a whole prefill, carried
         (4, 3, 2, "short", 4),
     ],
 )
