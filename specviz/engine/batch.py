@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
+
+import torch
 
 from specviz.engine.kv.state import KVState
-
-if TYPE_CHECKING:
-    from specviz.engine.mixed import Rider
 
 
 @dataclass
@@ -52,6 +51,18 @@ class SeqState:
         return emitted
 
 
+class Riders(Protocol):
+    """Prefill chunks a verify forward carries (`mixed.Aboard`, EXSPEC with --prefill-chunk)."""
+
+    def __bool__(self) -> bool: ...
+
+    def verify(
+        self, model: Any, state: KVState, query: torch.Tensor, positions: torch.Tensor, step: int
+    ) -> torch.Tensor:
+        """The verify forward of `state`'s rows, carrying the chunks: the verify rows' logits."""
+        ...
+
+
 @dataclass
 class Batch:
     seqs: list[SeqState]
@@ -61,4 +72,4 @@ class Batch:
     regrouped: bool = False  # composition changed since this batch's previous step
     grouped: bool | None = None  # exspec: an equal-length group (no padding)
     # exspec with --prefill-chunk: waiting prompts whose next chunk rides in this step's verify forward
-    riders: list[Rider] = field(default_factory=list)
+    riders: Riders | None = None

@@ -26,7 +26,7 @@ step whose verify forward carried it (`carrier`; -1: a forward of its own): the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -39,7 +39,7 @@ from specviz.engine.prefill import PrefillRecord
 
 if TYPE_CHECKING:
     from specviz.engine.batch import SeqState
-    from specviz.engine.step import Engine
+    from specviz.engine.faults import Fault
 
 NO_CARRIER = -1  # a chunk fed in a forward of its own
 
@@ -51,8 +51,8 @@ class Rider:
     seq: SeqState
     context: list[int]  # every committed token but the pending one: what the prefill caches
     record: PrefillRecord
-    target: KVState = field(init=False)  # one row: the chunks cached so far, no padding
-    draft: KVState | None = field(init=False)
+    target: KVState  # one row: the chunks cached so far, no padding
+    draft: KVState | None  # None: no draft model
     chunk: tuple[int, int] = (0, 0)  # context span [start, end) of this step's chunk
 
     @property
@@ -65,52 +65,58 @@ class Rider:
         return self.chunk[1] >= len(self.context)
 
 
-def open_rider(engine: Engine, seq: SeqState) -> Rider:
-    """A waiting sequence's rider: empty caches, its record kept on the run until its first step."""
+def open_rider(seq: SeqState, record: PrefillRecord, device: torch.device, with_draft: bool) -> Rider:
+    """A waiting sequence's rider: empty caches; `record` is kept on the run until its first step."""
     context = seq.prompt_ids + seq.output_ids[:-1] if seq.output_ids else seq.prompt_ids[:-1]
-    record = engine.context.prefills.setdefault(seq.seq_id, PrefillRecord())
-    if engine.draft is not None:
+    if with_draft:
         record.draft_fed = []
-    rider = Rider(seq, context, record)
-    rider.target, rider.draft = _empty(engine.device), _empty(engine.device) if engine.draft is not None else None
-    return rider
+    return Rider(seq, context, record, _empty(device), _empty(device) if with_draft else None)
 
 
-def next_chunks(riders: list[Rider], size: int) -> None:
-    """Each rider's next span of at most `size` context tokens, after what it cached."""
-    for rider in riders:
-        start = rider.chunk[1]
-        rider.chunk = (start, min(len(rider.context), start + size))
+@dataclass
+class Aboard:
+    """One step's riders, each with its next chunk, and what their forwards need.
 
+    A batch holds it (`Batch.riders`); the step's verify calls `verify` instead of `feed`."""
 
-def verify_with_riders(
-    engine: Engine, state: KVState, query: torch.Tensor, positions: torch.Tensor, riders: list[Rider]
-) -> torch.Tensor:
-    """The verify forward of `state`'s rows over `query` [B, k+1] at `positions`, carrying each
-    rider's chunk; returns the verify rows' logits [B, k+1, V] and leaves `state` as `feed` would."""
-    mixed = _Mixed(engine, state, query, positions, riders, engine.target)
-    logits = mixed.forward()
-    mixed.note_target(logits, carrier=engine.context.step_index)
-    return mixed.split_verify(logits)
+    riders: list[Rider]
+    pad_id: int
+    device: torch.device
+    fault: Fault  # its `draft_chunk_tokens` hook decides the draft's feed at a chunk boundary
 
+    def __bool__(self) -> bool:
+        return bool(self.riders)
 
-def prefill_riders(engine: Engine, riders: list[Rider]) -> None:
-    """The riders' chunks in a target forward of their own (no verify rows to carry them)."""
-    if not riders:
-        return
-    mixed = _Mixed(engine, None, None, None, riders, engine.target)
-    mixed.note_target(mixed.forward(), carrier=NO_CARRIER)
+    def next_chunks(self, size: int) -> None:
+        """Each rider's next span of at most `size` context tokens, after what it cached."""
+        for rider in self.riders:
+            start = rider.chunk[1]
+            rider.chunk = (start, min(len(rider.context), start + size))
 
+    def verify(
+        self, model: Any, state: KVState, query: torch.Tensor, positions: torch.Tensor, step: int
+    ) -> torch.Tensor:
+        """The verify forward of `state`'s rows over `query` [B, k+1] at `positions`, carrying each
+        rider's chunk (recorded as carried by `step`); returns the verify rows' logits
+        [B, k+1, V] and leaves `state` as `feed` would."""
+        mixed = _Mixed(self, model, True, state, query, positions)
+        logits = mixed.forward()
+        mixed.note_target(logits, carrier=step)
+        return mixed.split_verify(logits)
 
-def feed_draft(engine: Engine, riders: list[Rider]) -> None:
-    """The riders' chunks fed to the draft, in one draft forward of their own, after the target's.
+    def prefill(self, model: Any) -> None:
+        """The riders' chunks in a target forward of their own (no verify rows to carry them)."""
+        if self.riders:
+            mixed = _Mixed(self, model, True)
+            mixed.note_target(mixed.forward(), carrier=NO_CARRIER)
 
-    At a chunk boundary (a chunk after the first) the fault hook may swap the chunk's first token
-    for the target's choice after the previous chunk (the `chunk-boundary-feed` fault)."""
-    if engine.draft is None or not riders:
-        return
-    mixed = _Mixed(engine, None, None, None, riders, engine.draft)
-    mixed.forward()
+    def feed_draft(self, model: Any | None) -> None:
+        """The riders' chunks fed to the draft, in one draft forward of their own.
+
+        At a chunk boundary (a chunk after the first) the fault hook may swap the chunk's first
+        token for the target's choice after the previous chunk (the `chunk-boundary-feed` fault)."""
+        if model is not None and self.riders:
+            _Mixed(self, model, False).forward()
 
 
 class _Mixed:
@@ -118,35 +124,34 @@ class _Mixed:
 
     def __init__(
         self,
-        engine: Engine,
-        state: KVState | None,
-        query: torch.Tensor | None,
-        positions: torch.Tensor | None,
-        riders: list[Rider],
+        aboard: Aboard,
         model: Any,
+        is_target: bool,
+        state: KVState | None = None,
+        query: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
     ) -> None:
-        self.engine, self.state, self.riders, self.model = engine, state, riders, model
-        self.is_target = model is engine.target
+        self.aboard, self.riders, self.model, self.is_target = aboard, aboard.riders, model, is_target
+        self.state, self.query, self.positions = state, query, positions
         self.verify_rows = state.batch_size if state is not None else 0
         self.verify_query = query.shape[1] if query is not None else 0
-        self.query, self.positions = query, positions
-        self.own = [r.target if self.is_target else r.draft for r in riders]  # each rider's state of `model`
+        self.own = [r.target if is_target else r.draft for r in self.riders]  # each rider's state of `model`
 
     def _rider_tokens(self) -> list[list[int]]:
         tokens = [r.context[r.chunk[0] : r.chunk[1]] for r in self.riders]
         if self.is_target or not any(r.cached for r in self.riders):
             return tokens
-        device = self.engine.device
+        device = self.aboard.device
         width = max(len(t) for t in tokens)
         fed = torch.tensor([t + [0] * (width - len(t)) for t in tokens], device=device)  # [R, c]
         predicted = torch.tensor([r.record.predicted.get(r.cached, -1) for r in self.riders], device=device)
         boundary = torch.tensor([bool(r.cached) and bool(t) for r, t in zip(self.riders, tokens)], device=device)
-        fed = self.engine.fault.draft_chunk_tokens(fed, predicted, boundary.long(), [r.seq.seq_id for r in self.riders])
+        fed = self.aboard.fault.draft_chunk_tokens(fed, predicted, boundary.long(), [r.seq.seq_id for r in self.riders])
         return [fed[i, : len(t)].tolist() for i, t in enumerate(tokens)]
 
     def forward(self) -> torch.Tensor:
         """Logits [B + R, Q, V] of the mixed forward; every row's cache grows by its real tokens."""
-        device, pad = self.engine.device, self.engine.config.pad_id
+        device, pad = self.aboard.device, self.aboard.pad_id
         tokens = self._rider_tokens()
         self.fed = tokens
         rows = self.verify_rows + len(self.riders)
@@ -219,7 +224,7 @@ class _Mixed:
                     own.lazy_initialization(keys, values)
                     own.keys, own.values = keys, values
                     cache.layers.append(own)
-            device = self.engine.device
+            device = self.aboard.device
             state = KVState(
                 cache=cache,
                 mask=torch.ones(1, new, dtype=torch.long, device=device),

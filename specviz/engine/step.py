@@ -30,14 +30,13 @@ from typing import Any
 
 import torch
 
-from specviz.engine.batch import Batch, SeqState
+from specviz.engine.batch import Batch, Riders, SeqState
 from specviz.engine.clock import now
 from specviz.engine.context import EngineConfig, RunContext
 from specviz.engine.faults import CacheName
 from specviz.engine.keep import keep_masks, kept_nodes, path_first
 from specviz.engine.kv.content import KVContentChecker
 from specviz.engine.kv.state import CachePlan, KVState, feed, leading_zeros
-from specviz.engine.mixed import Rider, verify_with_riders
 from specviz.engine.penalty import seen_tokens
 from specviz.engine.phases import Commit, StepOutcome, Verification, observe
 from specviz.engine.prefill import prefill
@@ -174,7 +173,7 @@ class Engine:
         pending: torch.Tensor,
         proposals: Proposals,
         keys: SampleKeys | None = None,
-        riders: list[Rider] | None = None,
+        riders: Riders | None = None,
     ) -> Verification:
         """One target forward over [pending, d1..dk]; accept the drafts the token rules accept.
         `riders`: waiting prompts whose next prefill chunk the forward carries (`mixed.py`)."""
@@ -186,7 +185,7 @@ class Engine:
         query = torch.cat([pending[:, None], proposals.tokens], dim=1)  # [B, k+1]
         with self.capture_hidden() as tap:
             if riders:
-                target_logits = verify_with_riders(self, state, query, positions, riders)  # [B, k+1, V]
+                target_logits = riders.verify(self.target, state, query, positions, self.context.step_index)
             else:
                 target_logits = feed(self.target, state, query, positions)  # [B, k+1, V]
         matched, target_tokens = self.rules.verify(proposals.tokens, proposals.logits, target_logits, keys)

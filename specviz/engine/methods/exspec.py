@@ -47,7 +47,8 @@ from specviz.engine.kv.state import KVState
 from specviz.engine.methods.admission import mixes, riders_for, split_window
 from specviz.engine.methods.base import Method
 from specviz.engine.methods.grouping import admission_order, select_group
-from specviz.engine.mixed import Rider, feed_draft, next_chunks, open_rider, prefill_riders
+from specviz.engine.mixed import Aboard, Rider, open_rider
+from specviz.engine.prefill import PrefillRecord
 from specviz.engine.step import Engine, StepOutcome
 
 if TYPE_CHECKING:
@@ -82,13 +83,13 @@ def run_exspec(
         if not window:
             break
         gather_started = engine.now()
-        aboard: list[Rider] = []
+        aboard: Aboard | None = None
         if mixing:
             ready, unready = split_window(window, target_pool.row_of)
             chosen = select_group(ready, batch_size, policy) if ready else []
             aboard = _board(engine, waiting, riders_for(unready, len(chosen), batch_size), target_pool, draft_pool)
             if not chosen:  # nothing to verify yet: the chunks get a forward of their own
-                prefill_riders(engine, aboard)
+                aboard.prefill(engine.target)
                 _admit_complete(aboard, waiting, target_pool, draft_pool)
                 continue
         else:
@@ -98,7 +99,7 @@ def run_exspec(
         ids = [s.seq_id for s in chosen]
         target, draft, behind, prefill_s = _gather(engine, held, chosen, target_pool, draft_pool)
         prefill_s += board_s
-        batch = Batch(chosen, target, draft, batch_id=0, grouped=grouped, riders=aboard)
+        batch = Batch(chosen, target, draft, batch_id=0, grouped=grouped, riders=aboard or None)
         batch.regrouped = previous is not None and ids != previous
         previous = ids
         taken_widths = (target.width, draft.width if draft is not None else 0)  # the step appends to both
@@ -110,7 +111,8 @@ def run_exspec(
         for old_row in outcome.active_rows.tolist():
             left_pad_after[old_row] = 0  # a pool row holds no padding of its own
         engine.finish_step(outcome, left_pad_after, align_before_s=take_s)  # gathering the group is alignment
-        _admit_complete(aboard, waiting, target_pool, draft_pool)
+        if aboard is not None:
+            _admit_complete(aboard, waiting, target_pool, draft_pool)
         steps += 1
         grouped_steps += int(grouped)
     return {"steps": steps, "grouped_steps": grouped_steps, "group_share": grouped_steps / max(steps, 1)}
@@ -174,31 +176,32 @@ def _gather(
 
 def _board(
     engine: Engine, waiting: dict[int, Rider], seqs: list[SeqState], target_pool: KVPool, draft_pool: KVPool | None
-) -> list[Rider]:
+) -> Aboard:
     """The riders of this step: each of `seqs` with its next chunk, its draft already fed it.
 
     A sequence with nothing to cache (a one-token prompt) is admitted at once, unrecorded, as a
     whole prefill of it would leave it. The draft is fed before the target's forward: a boundary's
     faulty feed reads the target's choice after the previous chunk, known since the last step."""
-    aboard = []
+    aboard = Aboard([], engine.config.pad_id, engine.device, engine.fault)
     for seq in seqs:
-        rider = waiting.get(seq.seq_id) or open_rider(engine, seq)
+        rider = waiting.get(seq.seq_id)
+        if rider is None:
+            record = engine.context.prefills.setdefault(seq.seq_id, PrefillRecord())
+            rider = open_rider(seq, record, engine.device, with_draft=engine.draft is not None)
         if not rider.context:
             engine.context.prefills.pop(seq.seq_id, None)
             _admit(rider, target_pool, draft_pool)
             continue
         waiting[seq.seq_id] = rider
-        aboard.append(rider)
-    next_chunks(aboard, engine.config.prefill_chunk)
-    feed_draft(engine, aboard)
+        aboard.riders.append(rider)
+    aboard.next_chunks(engine.config.prefill_chunk)
+    aboard.feed_draft(engine.draft)
     return aboard
 
 
-def _admit_complete(
-    aboard: list[Rider], waiting: dict[int, Rider], target_pool: KVPool, draft_pool: KVPool | None
-) -> None:
+def _admit_complete(aboard: Aboard, waiting: dict[int, Rider], target_pool: KVPool, draft_pool: KVPool | None) -> None:
     """Riders whose whole context is cached enter the pools: they are ready for the next group."""
-    for rider in aboard:
+    for rider in aboard.riders:
         if rider.complete:
             del waiting[rider.seq.seq_id]
             _admit(rider, target_pool, draft_pool)
