@@ -48,8 +48,10 @@ def record(
     fault: str | None = None,
     temperature: float = 0.0,
     family: str = "llama",
+    proposer: str = "draft-model",
 ):
     config = RunConfig(
+        proposer=proposer,
         temperature=temperature,
         method="exspec",
         batch_size=batch,
@@ -103,6 +105,22 @@ def test_other_families_stay_exact_with_mixed_chunks() -> None:
     trace = record(4, 3, 3, "ragged", family="gpt2")  # learned absolute positions
     assert_exact(trace, expected("ragged", "gpt2"))
     assert check_trace(trace).violation_count == 0 and carried_chunks(trace)
+
+
+def test_ngram_drafting_mixes_too_and_a_head_keeps_its_own_chunk_forwards() -> None:
+    """No draft model: chunks ride with nothing fed to a draft. A head reads the prefill's hidden
+    states, so its chunks keep forwards of their own (carrier -1), still exact and clean."""
+    ngram = record(4, 3, 3, proposer="ngram")
+    assert_exact(ngram, oracle("llama"))
+    assert check_trace(ngram).violation_count == 0 and carried_chunks(ngram)
+    assert all(r.draft_prefill_tokens is None for s in ngram.steps for r in s.rows)
+    from drafting import tiny_pair
+
+    tiny_pair()  # the tiny pair with a head for its target
+    head = record(4, 3, 3, proposer="head")
+    assert_exact(head, oracle("llama"))
+    assert check_trace(head).violation_count == 0 and not carried_chunks(head)
+    assert any(r.prefill_chunks for s in head.steps for r in s.rows)
 
 
 def test_sampled_mixed_exspec_matches_the_whole_prompt_run() -> None:
