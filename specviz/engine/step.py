@@ -7,7 +7,9 @@ with a small typed result:
    hidden states, n-gram lookup) proposes k tokens per row, plus, for a tree, an alternative at
    each of the first depths. The baseline (plain batched greedy) has none: `Proposals.none`.
 2. `verify` -> `Verification`: the target scores [pending, d1..dk] in one forward; the accept
-   rule keeps the longest prefix of drafts that agrees with the target's own choices. A tree is
+   rule keeps the longest prefix of drafts that agrees with the target's own choices. EXSPEC's
+   batch may hold riders (`Batch.riders`, `mixed.py`): waiting prompts' prefill chunks that the
+   same forward carries as extra rows; verification sees only its own rows' logits. A tree is
    verified in one forward with a tree mask; the accepted path is its longest agreeing chain.
 3. `commit` -> `Commit`: the accepted drafts plus one target token (the bonus) are appended to
    the sequences.

@@ -12,6 +12,11 @@ one batch) is rebuilt from the last step's batch instead (`_gather`), with one b
 a source as wide as the group, and the pool is not written until the group changes (then its
 rows are stored whole).
 
+With `--prefill-chunk N` (and a model the mixed forward can carry: `admission.mixes`), a
+sequence enters the pools only once its context is cached, N tokens a step, each chunk riding in
+the step's verify forward as an extra row (`mixed.py`); the group is chosen from the ready
+sequences (`admission.py`).
+
 Policies:
 - `reference`: the paper's: the first length in window order with at least B sequences, else
   fall back to the first B of the window.
