@@ -174,6 +174,9 @@ class _Mixed:
             positions[row] = start + torch.arange(query_len, device=device).clamp(max=max(count - 1, 0))
             query_mask[row, :count] = 1
             cache_mask[row, width - self.cached[i] :] = 1
+        if b and self.is_target:  # a verify forward carries the chunks
+            seq_ids = [r.seq.seq_id for r in self.riders]
+            positions[b:] = self.aboard.fault.rider_positions(positions[b:], width, seq_ids)
         self.width, self.query_len = width, query_len
         self.rider_positions = positions[b:, 0].tolist()
         mixed = KVState(cache=self._cache(rows, width, query_len), mask=cache_mask, next_pos=positions[:, 0])

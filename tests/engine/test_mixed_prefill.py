@@ -148,6 +148,22 @@ def test_chunk_boundary_feed_on_carried_chunks_is_caught_at_its_first_step_and_r
     assert_exact(trace, oracle("llama"))  # the target's cache is right: only the invariant sees it
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_a_rider_fed_the_mixed_batch_positions_is_caught_at_its_first_step_and_row(temperature: float) -> None:
+    """The `rider-position` fault: a carried chunk's positions from its column in the mixed batch."""
+    trace = record(4, 3, 3, fault="rider-position", temperature=temperature)
+    events = trace.header.fault_events
+    assert events, "the fault never fired"
+    first_event = min(events, key=lambda e: (e["step"], e["row"]))
+    report = check_trace(trace)
+    first = report.first_violation
+    assert (first.step, first.row, first.seq_id) == (first_event["step"], first_event["row"], first_event["seq_id"])
+    assert (first.invariant, first.field) == (Invariant.POSITIONS, "prefill_chunks")
+    assert report.verdict == "desync"
+    clean = record(4, 3, 3, temperature=temperature)  # the same settings without the fault
+    assert check_trace(clean).violation_count == 0
+
+
 def _first_carried_row(trace):
     """(step, row) of the first row recording a chunk that a verify forward carried."""
     for step in trace.steps:
