@@ -8,14 +8,16 @@ the chunk (EXSPEC's mixed prefill, `engine/mixed.py`), -1 for a forward of its o
   POSITIONS: each chunk's first token is fed at position `start`;
   KV: the chunks tile 0 .. n - 1 in order (each starts where the last ended), and each attends
       exactly the `start` slots the earlier chunks cached;
-  KV (carrier): a carried chunk's step is a step of the run before this one (the sequence was
-      not running yet: its chunks filled its cache before its first step), and carriers never go
-      back in time from chunk to chunk;
+  KV (carrier): a carried chunk's step is a step of the run, walked before this one, in which
+      the sequence was not running yet (its chunks filled its cache before it ran), and carriers
+      never go back in time from chunk to chunk;
   DRAFT_INPUT: the draft was fed the context's own tokens, (prompt + output)[:n - 1], at every
       chunk boundary too.
 """
 
 from __future__ import annotations
+
+import bisect
 
 from specviz.analysis.findings import RowFlags
 from specviz.analysis.history import History
@@ -29,7 +31,7 @@ def check_prefill_row(flag: RowFlags, history: History) -> None:
     row = flag.row
     if row.prefill_chunks is not None:
         _check_chunks(flag, row.prefill_chunks, row.committed_before - 1)
-        _check_carriers(flag, row.prefill_chunks)
+        _check_carriers(flag, row.prefill_chunks, history)
     if row.draft_prefill_tokens is not None:
         expected = history.context(row.seq_id, row.committed_before - 1)
         fed = row.draft_prefill_tokens
@@ -89,21 +91,35 @@ def _check_chunks(flag: RowFlags, chunks: list[list[int]], cached: int) -> None:
         )
 
 
-def _check_carriers(flag: RowFlags, chunks: list[list[int]]) -> None:
-    """Each carried chunk rode in a step before this row's (the sequence's first), in order."""
+def _check_carriers(flag: RowFlags, chunks: list[list[int]], history: History) -> None:
+    """Each carried chunk rode in a step of the run before this row's, in which the sequence did
+    not run yet, and in order."""
+    walked = history.step_numbers  # `step` of every step walked so far, this one last (increasing)
+    touched = history.seqs[flag.row.seq_id].last_touched if flag.row.seq_id in history.seqs else None
+    ran_until = walked[touched] if touched is not None else None  # the last step that wrote to it
     latest = NO_CARRIER
     for i, chunk in enumerate(chunks):
         if len(chunk) != 5 or chunk[4] == NO_CARRIER:
             continue
         carrier = chunk[4]
-        if not 0 <= carrier < flag.step.step:
+        at = bisect.bisect_left(walked, carrier)
+        if not (0 <= carrier < flag.step.step and at < len(walked) and walked[at] == carrier):
             flag(
                 Invariant.KV,
                 "prefill_chunks",
-                f"a step in 0..{flag.step.step - 1} (or -1)",
+                f"a step of the run before {flag.step.step} (or -1)",
                 carrier,
                 f"prefill chunk {i} was carried by step {carrier}, "
-                f"not a step before the sequence's first ({flag.step.step})",
+                f"not a step of the run before the sequence's first ({flag.step.step})",
+            )
+            return
+        if ran_until is not None and carrier <= ran_until:
+            flag(
+                Invariant.KV,
+                "prefill_chunks",
+                f"a step after {ran_until}, the sequence's last before this one",
+                carrier,
+                f"prefill chunk {i} was carried by step {carrier}, while the sequence itself was running",
             )
             return
         if carrier < latest:

@@ -189,4 +189,15 @@ def test_a_rider_fed_off_position_or_a_late_carrier_is_caught_at_its_row() -> No
     chunk[4] = step.step  # carried by the sequence's own first step: impossible
     first = check_trace(trace).first_violation
     assert (first.step, first.row, first.invariant) == (step.step, row.row, Invariant.KV)
-    assert "not a step before the sequence's first" in first.message
+    assert "not a step of the run before the sequence's first" in first.message
+
+
+def test_a_chunk_carried_while_its_sequence_ran_is_flagged() -> None:
+    """A record on a later step of the sequence (a re-prefill, say) whose carrier is a step it ran in."""
+    trace = copy.deepcopy(record(3, 2, 4))
+    step, row = _first_carried_row(trace)
+    later = next(r for s in trace.steps if s.step > step.step + 1 for r in s.rows if r.seq_id == row.seq_id)
+    later.prefill_chunks = [list(c) for c in row.prefill_chunks]
+    later.prefill_chunks[-1][4] = step.step  # its first step: it was running then
+    messages = [v.message for v in check_trace(trace).violations if v.row == later.row and v.seq_id == row.seq_id]
+    assert any("while the sequence itself was running" in m for m in messages), messages
