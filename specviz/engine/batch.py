@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
 
 from specviz.engine.kv.state import KVState
 
@@ -48,6 +51,18 @@ class SeqState:
         return emitted
 
 
+class Riders(Protocol):
+    """Prefill chunks a verify forward carries (`mixed.Aboard`, EXSPEC with --prefill-chunk)."""
+
+    def __bool__(self) -> bool: ...
+
+    def verify(
+        self, model: Any, state: KVState, query: torch.Tensor, positions: torch.Tensor, step: int
+    ) -> torch.Tensor:
+        """The verify forward of `state`'s rows, carrying the chunks: the verify rows' logits."""
+        ...
+
+
 @dataclass
 class Batch:
     seqs: list[SeqState]
@@ -56,3 +71,5 @@ class Batch:
     batch_id: int = 0
     regrouped: bool = False  # composition changed since this batch's previous step
     grouped: bool | None = None  # exspec: an equal-length group (no padding)
+    # exspec with --prefill-chunk: waiting prompts whose next chunk rides in this step's verify forward
+    riders: Riders | None = None

@@ -6,11 +6,13 @@ chunks of at most N tokens, each attending the slots its earlier chunks cached. 
 and positions end the same either way; only the number of forwards (and their peak activation
 memory) differs.
 
-A chunked prefill leaves, per sequence, what it fed (`PrefillRecord`), which the sequence's next
-step records (`prefill_chunks`, `draft_prefill_tokens`) for the chunk-continuity checks: each
-chunk starts where the last ended, at the position and attended width of its first token, and
-the draft is fed the context's own tokens at every chunk boundary (SGLang PR #26329 fed it the
-target's predicted token there: the `chunk-boundary-feed` fault).
+EXSPEC mixes its chunks into verify forwards instead (`mixed.py`), and records them the same way,
+each with the step that carried it (here: -1, a forward of its own). A chunked prefill leaves, per
+sequence, what it fed (`PrefillRecord`), which the sequence's next step records
+(`prefill_chunks`, `draft_prefill_tokens`) for the chunk-continuity checks: each chunk starts
+where the last ended, at the position and attended width of its first token, and the draft is
+fed the context's own tokens at every chunk boundary (SGLang PR #26329 fed it the target's
+predicted token there: the `chunk-boundary-feed` fault).
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ if TYPE_CHECKING:
 class PrefillRecord:
     """What a chunked prefill fed one sequence, until its next step records it."""
 
-    chunks: list[list[int]] = field(default_factory=list)  # target: [start, end, first position, slots before]
+    # target: [start, end, first position, slots before, carrier step (-1: a forward of its own; mixed.py)]
+    chunks: list[list[int]] = field(default_factory=list)
     draft_fed: list[int] | None = None  # the tokens fed to the draft, in order
     predicted: dict[int, int] = field(default_factory=dict)  # context index -> the target's choice for it
 
@@ -118,5 +121,6 @@ def _note(
             continue
         first = int(real[row].long().argmax())
         start = starts[row]
-        record.chunks.append([start, start + count, int(positions[row, first]), int(before[row])])
+        position = int(positions[row, first])
+        record.chunks.append([start, start + count, position, int(before[row]), -1])  # -1: a forward of its own
         record.predicted[start + count] = choices[row]

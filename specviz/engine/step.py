@@ -7,7 +7,9 @@ with a small typed result:
    hidden states, n-gram lookup) proposes k tokens per row, plus, for a tree, an alternative at
    each of the first depths. The baseline (plain batched greedy) has none: `Proposals.none`.
 2. `verify` -> `Verification`: the target scores [pending, d1..dk] in one forward; the accept
-   rule keeps the longest prefix of drafts that agrees with the target's own choices. A tree is
+   rule keeps the longest prefix of drafts that agrees with the target's own choices. EXSPEC's
+   batch may hold riders (`Batch.riders`, `mixed.py`): waiting prompts' prefill chunks that the
+   same forward carries as extra rows; verification sees only its own rows' logits. A tree is
    verified in one forward with a tree mask; the accepted path is its longest agreeing chain.
 3. `commit` -> `Commit`: the accepted drafts plus one target token (the bonus) are appended to
    the sequences.
@@ -30,7 +32,7 @@ from typing import Any
 
 import torch
 
-from specviz.engine.batch import Batch, SeqState
+from specviz.engine.batch import Batch, Riders, SeqState
 from specviz.engine.clock import now
 from specviz.engine.context import EngineConfig, RunContext
 from specviz.engine.faults import CacheName
@@ -113,7 +115,7 @@ class Engine:
         # 1. Propose: k draft tokens per row, a chain or a tree (none for the baseline).
         proposals = self.propose(batch, pending, keys)
         # 2. Verify: one target forward over [pending, nodes]; keep the agreeing path.
-        verification = self.verify(batch.target, pending, proposals, keys)
+        verification = self.verify(batch.target, pending, proposals, keys, batch.riders)
         # 3. Commit: each row's accepted drafts plus the bonus go to its sequence.
         commit = self.commit(batch, proposals, verification)
         self._hand_hidden_states(seqs, committed, proposals, verification)
@@ -168,9 +170,15 @@ class Engine:
         return self.proposer.propose(self, batch, pending, keys, self.config.tree_branches)
 
     def verify(
-        self, state: KVState, pending: torch.Tensor, proposals: Proposals, keys: SampleKeys | None = None
+        self,
+        state: KVState,
+        pending: torch.Tensor,
+        proposals: Proposals,
+        keys: SampleKeys | None = None,
+        riders: Riders | None = None,
     ) -> Verification:
-        """One target forward over [pending, d1..dk]; accept the drafts the token rules accept."""
+        """One target forward over [pending, d1..dk]; accept the drafts the token rules accept.
+        `riders`: waiting prompts whose next prefill chunk the forward carries (`mixed.py`)."""
         if proposals.tree is not None:
             return self.verify_tree(state, pending, proposals)
         started = self.now()
@@ -178,7 +186,10 @@ class Engine:
         positions = self.fault.forward_positions(state.next_pos, cache_len, k + 1, "verify")  # [B, k+1]
         query = torch.cat([pending[:, None], proposals.tokens], dim=1)  # [B, k+1]
         with self.capture_hidden() as tap:
-            target_logits = feed(self.target, state, query, positions)  # [B, k+1, V]
+            if riders:
+                target_logits = riders.verify(self.target, state, query, positions, self.context.step_index)
+            else:
+                target_logits = feed(self.target, state, query, positions)  # [B, k+1, V]
         matched, target_tokens = self.rules.verify(proposals.tokens, proposals.logits, target_logits, keys)
         return Verification(
             positions=positions,

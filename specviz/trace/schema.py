@@ -14,8 +14,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEMA_VERSION = 4
-OLDEST_READABLE_VERSION = 1  # version-1, -2 and -3 files lack only optional fields
+SCHEMA_VERSION = 5
+OLDEST_READABLE_VERSION = 1  # version-1 to -4 files lack only optional fields (or a chunk's carrier)
 FORMAT_NAME = "specviz-trace"
 
 METHODS = ("baseline", "eqspec", "exspec", "inplace")
@@ -72,7 +72,9 @@ class RowRecord:
     penalty_added: list[int] | None = None
     # A chunked prefill (header.options["prefill_chunk"]), on the row of the sequence's first step
     # after it: each target chunk [start, end, position of its first token, attended slots before
-    # it], in order; and the tokens the draft was fed, in order.
+    # it, carrier], in order; and the tokens the draft was fed, in order. Version 5 added the
+    # carrier: the step whose verify forward also carried the chunk (EXSPEC's mixed prefill,
+    # engine/mixed.py), -1 for a target forward of its own; version-4 chunks have 4 items.
     prefill_chunks: list[list[int]] | None = None
     draft_prefill_tokens: list[int] | None = None
 

@@ -56,6 +56,8 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "token: outputs differ only with a penalty on (SGLang #33643, vLLM #30122).",
     "chunk-boundary-feed": "a chunked prefill feeds the draft the target's predicted token at each chunk "
     "boundary instead of the prompt's: outputs stay exact, acceptance drops (SGLang #26329).",
+    "rider-position": "a prefill chunk riding in a verify forward is fed positions from its column in "
+    "the mixed batch, not from its own cached tokens: its keys sit at the wrong positions.",
 }
 
 

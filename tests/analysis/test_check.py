@@ -182,9 +182,12 @@ def test_correct_runs_have_no_false_alarms(method: str, batch: int, k: int) -> N
 
 
 # Faults of head or tree drafting need a head or --tree: tests/engine/test_drafting_faults.py; the
-# penalty's, a repetition penalty: tests/engine/test_repetition_penalty.py.
+# penalty's, a repetition penalty: tests/engine/test_repetition_penalty.py; chunked prefill's,
+# --prefill-chunk: tests/engine/test_chunked_prefill.py and test_mixed_prefill.py.
 CHAIN_FAULTS = [
-    f for f in sorted(FAULTS) if not (FAULTS[f].needs_proposer or FAULTS[f].needs_tree or FAULTS[f].needs_penalty)
+    f
+    for f in sorted(FAULTS)
+    if not (FAULTS[f].needs_proposer or FAULTS[f].needs_tree or FAULTS[f].needs_penalty or FAULTS[f].needs_chunks)
 ]
 
 

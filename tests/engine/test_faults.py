@@ -26,7 +26,8 @@ DRAFTING = ("request-order", "head-source-index", "shared-carry", "tree-sibling-
 # tests/engine/test_scheduling_faults.py.
 SCHEDULING = ("stale-pending", "async-ahead", "mid-batch-pad", "stale-draft-map")
 PENALTY = ("penalty-history",)  # needs --repetition-penalty: tests/engine/test_repetition_penalty.py
-CHUNKS = ("chunk-boundary-feed",)  # needs --prefill-chunk: tests/engine/test_chunked_prefill.py
+# need --prefill-chunk: tests/engine/test_chunked_prefill.py, tests/engine/test_mixed_prefill.py
+CHUNKS = ("chunk-boundary-feed", "rider-position")
 CHAIN_FAULTS = sorted(set(FAULTS) - set(DRAFTING) - set(SCHEDULING) - set(PENALTY) - set(CHUNKS))
 
 

@@ -39,6 +39,7 @@ from specviz.engine.faults.scheduling import (
     ChunkBoundaryFeed,
     MidBatchPad,
     PenaltyHistory,
+    RiderPosition,
     StaleDraftMap,
     StalePending,
 )
@@ -69,6 +70,7 @@ FAULTS: dict[str, type[Fault]] = {
         StaleDraftMap,
         PenaltyHistory,
         ChunkBoundaryFeed,
+        RiderPosition,
     )
 }
 

@@ -13,6 +13,7 @@ step's phase (`step.py`) that calls them:
 - which pending token each row feeds (`pending_tokens`; step start),
 - what a step appends to its sequence's repetition-penalty history (`penalty_tokens`; commit),
 - what a chunked draft prefill feeds at each chunk boundary (`draft_chunk_tokens`; prefill),
+- which positions a verify forward feeds the prefill chunks it carries (`rider_positions`; mixed.py),
 - whether the target's cache is tampered with before the step (`tamper_cache`; step start),
 - which row's hidden state becomes each row's head carry (`head_source_rows`; after verify),
 - which row's carry each row's head reads (`carry_rows`; propose, head drafting),
@@ -188,6 +189,12 @@ class Fault:
         (`predicted` [B]: the target's choice for the chunk's first token, -1: none; `real` [B]: the
         row has a token at that column; `seq_ids`: each row's sequence)."""
         return fed
+
+    def rider_positions(self, positions: torch.Tensor, width: int, seq_ids: list[int]) -> torch.Tensor:
+        """[R, Q] the positions a verify forward feeds the prefill chunks it carries (EXSPEC's
+        riders, `mixed.py`): each rider's own, from the tokens its earlier chunks cached (`width`:
+        the mixed forward's cache width, the column its first query token sits at)."""
+        return positions
 
     def tamper_cache(self, state: KVState) -> None:
         """Leave the target's cache alone (before the step)."""

@@ -161,3 +161,29 @@ class ChunkBoundaryFeed(Fault):
         out = fed.clone()
         out[:, 0] = torch.where(swap, predicted, fed[:, 0])
         return out
+
+
+class RiderPosition(Fault):
+    """A prefill chunk carried by a verify forward (EXSPEC with `--prefill-chunk`) is fed positions
+    from its column in the mixed batch, `width + i`, as the batch's verify rows count theirs,
+    instead of from the tokens its own earlier chunks cached. The rider's keys sit at the wrong
+    positions from that chunk on; the row of the sequence's first step records the chunk's
+    position (`prefill_chunks`) and the KV check reads the wrong keys."""
+
+    name = "rider-position"
+    invariants = (Invariant.POSITIONS, Invariant.KV)
+    seen_in = (
+        "SGLang PR #23075 (same class): a mixed chunk's prefill metadata was built over the whole "
+        "batch, decode rows included"
+    )
+    summary = "a chunk riding in a verify forward is fed positions from its column in the mixed batch, not its own"
+    default_method = "exspec"
+    quiet_on = "only where a waiting prompt's chunk rides with rows wider than its cache"
+    needs_chunks = True
+
+    def rider_positions(self, positions: torch.Tensor, width: int, seq_ids: list[int]) -> torch.Tensor:
+        own_first = positions[:, :1]  # [R, 1] what the rider's earlier chunks cached
+        off = positions - own_first + width  # [R, Q] the column count of the mixed batch
+        for row in (off[:, 0] != own_first[:, 0]).nonzero().flatten().tolist():  # seen at its first step
+            self.log.taint_seq(seq_ids[row], "a carried prefill chunk fed positions from the mixed batch's width")
+        return off

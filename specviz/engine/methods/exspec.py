@@ -12,6 +12,11 @@ one batch) is rebuilt from the last step's batch instead (`_gather`), with one b
 a source as wide as the group, and the pool is not written until the group changes (then its
 rows are stored whole).
 
+With `--prefill-chunk N` (and a model the mixed forward can carry: `admission.mixes`), a
+sequence enters the pools only once its context is cached, N tokens a step, each chunk riding in
+the step's verify forward as an extra row (`mixed.py`); the group is chosen from the ready
+sequences (`admission.py`).
+
 Policies:
 - `reference`: the paper's: the first length in window order with at least B sequences, else
   fall back to the first B of the window.
@@ -44,8 +49,11 @@ from specviz.engine.kv.moves import rebuild
 from specviz.engine.kv.placement import Prefill, place_batch, prefills_in_place
 from specviz.engine.kv.pool import KVPool
 from specviz.engine.kv.state import KVState
+from specviz.engine.methods.admission import mixes, riders_for, split_window
 from specviz.engine.methods.base import Method
 from specviz.engine.methods.grouping import admission_order, select_group
+from specviz.engine.mixed import Aboard, Rider, open_rider
+from specviz.engine.prefill import PrefillRecord
 from specviz.engine.step import Engine, StepOutcome
 
 if TYPE_CHECKING:
@@ -73,16 +81,30 @@ def run_exspec(
     steps = grouped_steps = 0
     previous: list[int] | None = None
     held: Held | None = None  # the last step's batch and plans
+    mixing = mixes(engine)
+    waiting: dict[int, Rider] = {}  # mixed chunked prefill: sequences cached a chunk at a time, not yet admitted
     while True:
         window = [s for s in queue if not s.done][:window_size]
         if not window:
             break
-        chosen = select_group(window, batch_size, policy)
+        gather_started = engine.now()
+        aboard: Aboard | None = None
+        if mixing:
+            ready, unready = split_window(window, target_pool.row_of)
+            chosen = select_group(ready, batch_size, policy) if ready else []
+            aboard = _board(engine, waiting, riders_for(unready, len(chosen), batch_size), target_pool, draft_pool)
+            if not chosen:  # nothing to verify yet: the chunks get a forward of their own
+                aboard.prefill(engine.target)
+                _admit_complete(aboard, waiting, target_pool, draft_pool)
+                continue
+        else:
+            chosen = select_group(window, batch_size, policy)
+        board_s = engine.now() - gather_started  # the riders' draft feed: prefill, not alignment
         grouped = len({s.committed for s in chosen}) == 1
         ids = [s.seq_id for s in chosen]
-        gather_started = engine.now()
         target, draft, behind, prefill_s = _gather(engine, held, chosen, target_pool, draft_pool)
-        batch = Batch(chosen, target, draft, batch_id=0, grouped=grouped)
+        prefill_s += board_s
+        batch = Batch(chosen, target, draft, batch_id=0, grouped=grouped, riders=aboard or None)
         batch.regrouped = previous is not None and ids != previous
         previous = ids
         taken_widths = (target.width, draft.width if draft is not None else 0)  # the step appends to both
@@ -94,6 +116,8 @@ def run_exspec(
         for old_row in outcome.active_rows.tolist():
             left_pad_after[old_row] = 0  # a pool row holds no padding of its own
         engine.finish_step(outcome, left_pad_after, align_before_s=take_s)  # gathering the group is alignment
+        if aboard is not None:
+            _admit_complete(aboard, waiting, target_pool, draft_pool)
         steps += 1
         grouped_steps += int(grouped)
     return {"steps": steps, "grouped_steps": grouped_steps, "group_share": grouped_steps / max(steps, 1)}
@@ -153,6 +177,45 @@ def _gather(
             draft_pool.admit(seq.seq_id, prefill.alone(engine.draft, seq))
     draft = draft_pool.take(ids) if draft_pool is not None else None
     return target_pool.take(ids), draft, 0, prefill.seconds
+
+
+def _board(
+    engine: Engine, waiting: dict[int, Rider], seqs: list[SeqState], target_pool: KVPool, draft_pool: KVPool | None
+) -> Aboard:
+    """The riders of this step: each of `seqs` with its next chunk, its draft already fed it.
+
+    A sequence with nothing to cache (a one-token prompt) is admitted at once, unrecorded, as a
+    whole prefill of it would leave it. The draft is fed before the target's forward: a boundary's
+    faulty feed reads the target's choice after the previous chunk, known since the last step."""
+    aboard = Aboard([], engine.config.pad_id, engine.device, engine.fault)
+    for seq in seqs:
+        rider = waiting.get(seq.seq_id)
+        if rider is None:
+            record = engine.context.prefills.setdefault(seq.seq_id, PrefillRecord())
+            rider = open_rider(seq, record, engine.device, with_draft=engine.draft is not None)
+        if not rider.context:
+            engine.context.prefills.pop(seq.seq_id, None)
+            _admit(rider, target_pool, draft_pool)
+            continue
+        waiting[seq.seq_id] = rider
+        aboard.riders.append(rider)
+    aboard.next_chunks(engine.config.prefill_chunk)
+    aboard.feed_draft(engine.draft)
+    return aboard
+
+
+def _admit_complete(aboard: Aboard, waiting: dict[int, Rider], target_pool: KVPool, draft_pool: KVPool | None) -> None:
+    """Riders whose whole context is cached enter the pools: they are ready for the next group."""
+    for rider in aboard.riders:
+        if rider.complete:
+            del waiting[rider.seq.seq_id]
+            _admit(rider, target_pool, draft_pool)
+
+
+def _admit(rider: Rider, target_pool: KVPool, draft_pool: KVPool | None) -> None:
+    target_pool.admit(rider.seq.seq_id, rider.target)
+    if draft_pool is not None and rider.draft is not None:
+        draft_pool.admit(rider.seq.seq_id, rider.draft)
 
 
 class _TimedPrefill:
