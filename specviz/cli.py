@@ -175,7 +175,7 @@ def _add_record(rec: argparse.ArgumentParser) -> None:
         default=0,
         metavar="N",
         help="chunked prefill: contexts go into the caches N tokens at a time, each chunk attending the "
-        "earlier ones (0: whole prompts; eqspec, exspec, baseline); the trace records the chunks",
+        "earlier ones (0: whole prompts; every method); the trace records the chunks",
     )
     rec.add_argument("--window", type=int, default=None, help="exspec sliding window (default 6 x batch)")
     rec.add_argument("--policy", choices=POLICIES, default="converge", help="exspec grouping policy")

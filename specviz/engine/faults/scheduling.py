@@ -148,6 +148,7 @@ class ChunkBoundaryFeed(Fault):
     )
     needs_proposer = "draft-model"
     needs_chunks = True
+    any_layout = True  # every layout prefills its draft in chunks (inplace: its fixed regions)
     outputs_exact = True
 
     def draft_chunk_tokens(
