@@ -175,7 +175,7 @@ def _add_record(rec: argparse.ArgumentParser) -> None:
         default=0,
         metavar="N",
         help="chunked prefill: contexts go into the caches N tokens at a time, each chunk attending the "
-        "earlier ones (0: whole prompts; eqspec, exspec, baseline); on exspec a waiting prompt's chunk rides "
+        "earlier ones (0: whole prompts; every method); on exspec a waiting prompt's chunk rides "
         "in the running rows' verify forward; the trace records the chunks and which step carried each",
     )
     rec.add_argument("--window", type=int, default=None, help="exspec sliding window (default 6 x batch)")

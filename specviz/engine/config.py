@@ -58,10 +58,6 @@ class RunConfig:
             )
         if self.prefill_chunk < 0:
             raise SpecvizError(f"--prefill-chunk must be 0 (whole prompts) or more, got {self.prefill_chunk}")
-        if self.prefill_chunk and self.method == "inplace":
-            raise SpecvizError(
-                "--prefill-chunk: inplace prefills its fixed regions whole; use eqspec, exspec or baseline"
-            )
         if fault is not None and fault.needs_chunks and not self.prefill_chunk:
             raise SpecvizError(f"fault {self.fault} corrupts chunked prefill; use --prefill-chunk 8 (or any N)")
         if self.batch_size < 1:

@@ -54,6 +54,9 @@ def record(
         ("eqspec", 16, 4, 7),
         ("exspec", 5, 3, 3),
         ("exspec", 8, 4, 64),  # one chunk longer than every prompt: a whole prefill
+        ("inplace", 1, 2, 3),
+        ("inplace", 6, 3, 2),  # fixed regions: each chunk fills slots start .. of its rows' regions
+        ("inplace", 16, 4, 5),
     ],
 )
 def test_every_method_is_exact_and_clean_with_chunked_prefill(method: str, batch: int, k: int, chunk: int) -> None:
@@ -63,18 +66,20 @@ def test_every_method_is_exact_and_clean_with_chunked_prefill(method: str, batch
     assert trace.header.options["prefill_chunk"] == chunk
 
 
-def test_head_drafting_reads_the_hidden_states_of_every_chunk() -> None:
+@pytest.mark.parametrize("method", ["eqspec", "inplace"])
+def test_head_drafting_reads_the_hidden_states_of_every_chunk(method: str) -> None:
     from drafting import tiny_pair
 
     tiny_pair()  # the tiny pair with a head for its target (the embedded head is the default target's)
-    trace = record("eqspec", 6, 3, 3, proposer="head")
+    trace = record(method, 6, 3, 3, proposer="head")
     assert_exact(trace, oracle("llama"))
     assert check_trace(trace).violation_count == 0
 
 
-def test_the_chunks_tile_each_context_at_most_n_tokens_at_a_time() -> None:
+@pytest.mark.parametrize("method", ["eqspec", "inplace"])
+def test_the_chunks_tile_each_context_at_most_n_tokens_at_a_time(method: str) -> None:
     chunk = 3
-    trace = record("eqspec", 6, 3, chunk)
+    trace = record(method, 6, 3, chunk)
     prompts = {s.seq_id: s.prompt_ids for s in trace.sequences}
     seen = set()
     for step in trace.steps:
@@ -90,7 +95,9 @@ def test_the_chunks_tile_each_context_at_most_n_tokens_at_a_time() -> None:
     assert seen == {s.seq_id for s in trace.sequences}
 
 
-@pytest.mark.parametrize(("method", "temperature"), [("eqspec", 0.0), ("exspec", 0.0), ("eqspec", 0.9)])
+@pytest.mark.parametrize(
+    ("method", "temperature"), [("eqspec", 0.0), ("exspec", 0.0), ("inplace", 0.0), ("eqspec", 0.9)]
+)
 def test_chunk_boundary_feed_is_caught_at_its_first_step_and_row_with_outputs_exact(
     method: str, temperature: float
 ) -> None:
@@ -139,7 +146,6 @@ def test_a_broken_chunk_record_is_reported_with_its_invariant() -> None:
     ("settings", "message"),
     [
         ({"prefill_chunk": -1}, "0 \\(whole prompts\\) or more"),
-        ({"prefill_chunk": 4, "method": "inplace"}, "inplace"),
         ({"fault": "chunk-boundary-feed"}, "--prefill-chunk"),
     ],
 )

@@ -148,6 +148,7 @@ class ChunkBoundaryFeed(Fault):
     )
     needs_proposer = "draft-model"
     needs_chunks = True
+    any_layout = True  # every layout prefills its draft in chunks (inplace: its fixed regions)
     outputs_exact = True
 
     def draft_chunk_tokens(
@@ -173,8 +174,8 @@ class RiderPosition(Fault):
     name = "rider-position"
     invariants = (Invariant.POSITIONS, Invariant.KV)
     seen_in = (
-        "SGLang PR #23075 (same class): a mixed chunk's prefill metadata was built over the whole "
-        "batch, decode rows included"
+        "no single thread: built for the mixed forward, where a prefill chunk's positions must come from "
+        "its own cached tokens, not the batch (SGLang PR #2158 fixed other metadata of mixed chunked prefill)"
     )
     summary = "a chunk riding in a verify forward is fed positions from its column in the mixed batch, not its own"
     default_method = "exspec"

@@ -68,16 +68,19 @@ class RegionLayer(CacheLayerMixin):
             values.scatter_(2, index, value_states)
             span = self.slots.span  # the used prefix of the region: the 4-D mask says which slots count
             return keys[:, :, :span], values[:, :, :span]
-        # A prefill group: any rows, each with nothing cached yet, its block filling slots 0 .. q-1.
-        # Write those slots and attend only them: the rest of the region is empty, and attending
-        # it (or gathering it) would make a short prompt's prefill cost the region's width.
-        q = key_states.shape[2]
-        self.keys[:, :, :q].index_copy_(0, rows, key_states)
-        self.values[:, :, :q].index_copy_(0, rows, value_states)
-        return key_states, value_states
+        # A prefill group: any rows, its block filling slots start .. start+q-1 (a chunked prefill
+        # has cached slots 0 .. start-1 of these rows; a whole one starts at 0). Write those slots
+        # and attend only the rows' slots up to them: the rest of the region is empty, and
+        # attending it would make a short prompt's prefill cost the region's width.
+        start, q = self.slots.prefill_start, key_states.shape[2]
+        self.keys[:, :, start : start + q].index_copy_(0, rows, key_states)
+        self.values[:, :, start : start + q].index_copy_(0, rows, value_states)
+        if not start:
+            return key_states, value_states
+        return self.keys[rows, :, : start + q], self.values[rows, :, : start + q]  # [G, H, start + q, D]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return (self.slots.span if self.slots.rows is None else query_length), 0
+        return (self.slots.span if self.slots.rows is None else self.slots.prefill_start + query_length), 0
 
     def get_seq_length(self) -> int:
         return self.slots.width
@@ -93,7 +96,8 @@ class RegionCache(Cache):
         self.width = width
         self.batch = active  # rows allocated
         self.active = active  # rows 0 .. active-1 hold the batch's unfinished sequences
-        self.rows: torch.Tensor | None = None  # prefill: the rows one forward fills from slot 0 (else a step)
+        self.rows: torch.Tensor | None = None  # prefill: the rows one forward fills (else a step)
+        self.prefill_start = 0  # prefill: the first slot it fills (a chunk after the first: > 0)
         self.write_at: torch.Tensor | None = None  # [B, q] slot of each query token, set per forward
         # RegionCache a step's attention reads, set per forward: the prefix up to the last query slot of
         # any row, rounded up to SPAN_STEP. RegionCache past every row's block hold nothing any row may

@@ -17,6 +17,7 @@ from specviz.engine.batch import Batch, SeqState
 from specviz.engine.kv.regions import LAYOUT, RegionCache, RegionState, apply_plan, block_mask, new_order, settled
 from specviz.engine.methods.base import Method
 from specviz.engine.methods.static import run_static
+from specviz.engine.prefill import PrefillRecord
 from specviz.engine.step import Engine, StepOutcome
 from specviz.errors import SpecvizError
 
@@ -61,32 +62,83 @@ def prefill_regions(engine: Engine, model: Any, seqs: list[SeqState], width: int
     Rows are prefilled in groups of similar length (`prefill_groups`), each right-padded to its
     longest row; a short row's padding lands on slots past its length, which its mask never
     covers and its next query block overwrites. Every row sees only its own slots, so the
-    grouping changes no key or value.
+    grouping changes no key or value. With `--prefill-chunk N` a group goes in N columns at a
+    time, each chunk attending the slots its earlier chunks filled (slot i holds token i, so a
+    chunk's first position and the slots it attends before itself both equal its start).
     """
-    device = engine.device
+    device, is_target = engine.device, model is engine.target
     contexts = [(s.prompt_ids + s.output_ids)[:-1] for s in seqs]
     lengths = torch.tensor([len(c) for c in contexts], device=device)
     slots = RegionCache(num_layers(model), width, len(seqs))
+    pending = engine.context.prefills  # each sequence's record, kept until its next step takes it
+    records = [pending.setdefault(s.seq_id, PrefillRecord()) for s in seqs] if engine.config.prefill_chunk else None
+    for record in records if records is not None and not is_target else ():
+        record.draft_fed = []  # a one-token prompt's draft is fed nothing, and says so
     for group in prefill_groups([len(c) for c in contexts]):
         longest = max(len(contexts[r]) for r in group)
-        ids = torch.full((len(group), longest), engine.config.pad_id, dtype=torch.long, device=device)
+        ids = torch.full((len(group), longest), engine.config.pad_id, dtype=torch.long, device=device)  # [G, L]
         for i, row in enumerate(group):
             ids[i, : len(contexts[row])] = torch.tensor(contexts[row], device=device)
-        query_slots = torch.arange(longest, device=device)[None, :].expand(len(group), -1)
-        slots.rows = torch.tensor(group, device=device)
-        try:
-            with engine.capture_hidden() if model is engine.target else nullcontext(None) as tap:
-                model(
-                    input_ids=ids,
-                    attention_mask=block_mask(query_slots, longest, model.dtype),  # the block's own slots only
-                    position_ids=query_slots,  # logical indices: slot i holds token i
-                    cache=slots,
-                    use_cache=True,
-                )
-        finally:
-            slots.rows = None
-        engine.target_prefilled([seqs[r] for r in group], tap, [len(contexts[r]) - 1 for r in group])
+        size = engine.config.prefill_chunk or longest
+        hidden = []
+        for start in range(0, max(longest, 1), max(size, 1)):  # a group of one-token prompts: one empty forward
+            end = min(longest, start + size)
+            fed = ids[:, start:end]  # [G, c]
+            if records is not None and not is_target and start:
+                fed = _boundary_feed(engine, [records[r] for r in group], [seqs[r] for r in group], fed, start)
+            query_slots = torch.arange(start, end, device=device)[None, :].expand(len(group), -1)  # [G, c]
+            slots.rows, slots.prefill_start = torch.tensor(group, device=device), start
+            try:
+                with engine.capture_hidden() if is_target else nullcontext(None) as tap:
+                    out = model(
+                        input_ids=fed,
+                        attention_mask=block_mask(query_slots, end, model.dtype),  # own slots up to the query
+                        position_ids=query_slots,  # logical indices: slot i holds token i
+                        cache=slots,
+                        use_cache=True,
+                    )
+            finally:
+                slots.rows, slots.prefill_start = None, 0
+            if tap is not None and tap.hidden is not None:
+                hidden.append(tap.hidden)
+            if records is not None:
+                _note([records[r] for r in group], [len(contexts[r]) for r in group], is_target, fed, start, out.logits)
+        if hidden:
+            engine.proposer.prefilled(
+                engine, [seqs[r] for r in group], torch.cat(hidden, dim=1), [len(contexts[r]) - 1 for r in group]
+            )
     return settled(slots, lengths, lengths.clone(), longest=max((len(c) for c in contexts), default=0))
+
+
+def _boundary_feed(
+    engine: Engine, records: list[PrefillRecord], seqs: list[SeqState], fed: torch.Tensor, start: int
+) -> torch.Tensor:
+    """[G, c] what the draft is fed at a chunk boundary (the fault hook; the context's own tokens)."""
+    predicted = torch.tensor([r.predicted.get(start, -1) for r in records], device=fed.device)  # [G]
+    real = torch.tensor([len(s.prompt_ids) + len(s.output_ids) - 1 > start for s in seqs], device=fed.device)  # [G]
+    return engine.fault.draft_chunk_tokens(fed, predicted, real, [s.seq_id for s in seqs])
+
+
+def _note(
+    records: list[PrefillRecord],
+    lengths: list[int],
+    is_target: bool,
+    fed: torch.Tensor,
+    start: int,
+    logits: torch.Tensor,
+) -> None:
+    """One chunk of a right-padded group (columns `start` .. of `fed` [G, c]), per row with tokens
+    in it: the target's span (start, end, first position, slots attended before) and its choice
+    after the span's last token, or the draft's fed tokens."""
+    for i, (record, n) in enumerate(zip(records, lengths)):
+        count = min(n, start + fed.shape[1]) - start
+        if count <= 0:
+            continue
+        if not is_target:
+            record.draft_fed = (record.draft_fed or []) + fed[i, :count].tolist()
+            continue
+        record.chunks.append([start, start + count, start, start])
+        record.predicted[start + count] = int(logits[i, count - 1].argmax())
 
 
 def region_width(seqs: list[SeqState], max_new_tokens: int, k: int, branches: int = 0) -> int:
