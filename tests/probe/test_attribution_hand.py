@@ -4,6 +4,8 @@ boundaries, the noise estimate, each verdict's reason, and the run verdict's ord
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from specviz.probe.attribution import FLOOR, decide, estimate_noise, run_verdict
@@ -127,3 +129,21 @@ def test_a_median_at_the_cut_is_not_the_reason_a_prompt_stands_out() -> None:
     noise = estimate_noise(evs)
     assert noise.outliers == frozenset({(4, 0)}) and noise.cut == pytest.approx(1e-3, rel=1e-9)
     assert "a shared token moved 1," in decide(evs[4], noise)[1]
+
+
+def test_a_bug_that_moves_every_prompt_alike_needs_the_batch_calibration() -> None:
+    """A bug that moves every prompt a little (the test server's `mask`): every level is 0.1 and
+    every largest change 0.5, so the least-disturbed quarter is the bug itself, nothing stands
+    out, the noise is 0.5 and a divergence with margin 0.2 reads numerical. Batches of copies
+    (where no composition bug acts) showed levels of at most 1e-2 and changes of at most 5e-2:
+    with their cuts every prompt stands out and the divergence is suspect."""
+    moved = [shared(i, 0.1, 0.5) for i in range(7)]
+    diverged = Evidence(7, 20, 20, "token", divergence=12, prefix_tokens=10, prefix_median=0.1, prefix_max=0.5)
+    diverged.gap_a = 0.2
+    blind = estimate_noise([*moved, diverged])
+    assert blind.outliers == frozenset() and blind.estimate == pytest.approx(0.5)
+    assert decide(diverged, blind)[0] == "numerical"
+    calibrated = estimate_noise([*moved, diverged], batch=(-2.0, math.log10(5e-2)))
+    assert (7, 0) in calibrated.outliers and len(calibrated.outliers) == 8
+    verdict, reason = decide(diverged, calibrated)
+    assert verdict == "suspect" and "stands out" in reason

@@ -71,16 +71,6 @@ def test_position_and_batch_order_bugs_stay_suspect(server, capsys, mode):
         assert all("noise was not measured" in reason for reason in unattributed), unattributed
 
 
-def test_a_bug_that_moves_every_row_is_missed_without_the_batch_calibration(server, capsys, monkeypatch):
-    """`mask` hits every row a little: the least-disturbed quarter takes it for the noise. Only the
-    prompts sent as batches of copies of themselves (where no composition bug acts) show it."""
-    from specviz.probe import runner
-
-    monkeypatch.setattr(runner, "BATCH_PROMPTS", 0)
-    status, report, _ = probe(capsys, f"{server}/mask/content/v1", *FAST, "--concurrency", "4")
-    assert status == 0 and report["verdict"] == "numerical" and report["noise"]["batch_cut"] is None
-
-
 @pytest.mark.parametrize("style", ["llama", "vllmreq", "vllm", "sglang"])
 def test_acceptance_collapse_with_identical_answers_exits_1(server, capsys, style):
     """Answers identical at every level, acceptance collapsed once requests share a batch: a
