@@ -27,13 +27,15 @@ from zoo import (  # tests/watch on the path (pytest's pythonpath, or PYTHONPATH
     packed,
     paged,
     queued,
+    slots,
     tree,
 )
 
 ENGINES = {"dropping": dropping, "packed": packed, "queued": queued, "paged": paged, "head": head, "tree": tree}
 ENGINES["mtp"] = mtp
 ENGINES["chunked"] = chunked
-USES_DRAFT = {"dropping", "packed", "queued", "tree"}
+ENGINES["slots"] = slots
+USES_DRAFT = {"dropping", "packed", "queued", "tree", "slots"}
 
 
 def tiny_llama() -> torch.nn.Module:
