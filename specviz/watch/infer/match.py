@@ -7,6 +7,7 @@ from collections import Counter
 from itertools import groupby
 from typing import Any
 
+from specviz.watch.credit import matched_prefix
 from specviz.watch.infer.followed import IDLE, NEW, RowView, Seq
 
 MATCHINGS = 256  # assignments of one call enumerated at most; more is read as ambiguous
@@ -79,8 +80,9 @@ class Assignments:
     def _told_apart(self, j: int, fits: dict[int, dict[int, str]]) -> dict[int, dict[int, str]]:
         """The chain's fits, less the (row, sequence) pairs the call's own evidence rules out where
         the chain ties: a row that fits several sequences, or a sequence that several rows fit. The
-        evidence is the position fed to the row's pending token and its mask's history
-        (`_position_agrees`, `_history_agrees`), each read only where no uncontested row of the
+        evidence is the position fed to the row's pending token, its mask's history and its
+        growth against greedy acceptance (`_position_agrees`, `_history_agrees`,
+        `_greedy_agrees`), each read only where no uncontested row of the
         call contradicts it. A pair goes only when another pair of the same
         tie agrees, so a tie the evidence cannot break stands (unreadable where it matters), and a
         row with a KV or position bug loses only a sequence another row holds by the evidence, to
@@ -93,7 +95,7 @@ class Assignments:
         plain = [(r, s, how) for r, f in fits.items() if len(f) == 1 for s, how in f.items() if claims[s] == 1]
         trusted = {
             kind
-            for kind in ("position", "history")
+            for kind in ("position", "history", "greedy")
             if all(self._says(kind, j, r, s, how) is not False for r, s, how in plain)
         }
         agrees = {
@@ -115,6 +117,8 @@ class Assignments:
         seq = self.seqs[s]
         if kind == "position":
             return self._position_agrees(j, r, seq, self._view(j, r, s), how)
+        if kind == "greedy":
+            return self._greedy_agrees(seq, self._view(j, r, s), how)
         return self._history_agrees(j, r, seq)
 
     def _position_agrees(self, j: int, r: int, s: Seq, v: RowView, how: str) -> bool | None:
@@ -130,6 +134,16 @@ class Assignments:
         if not 0 <= took <= len(drafts):
             return False
         return not targets or v.token == targets[took] or (took < len(drafts) and v.token == drafts[took])
+
+    def _greedy_agrees(self, s: Seq, v: RowView, how: str) -> bool | None:
+        """A greedy step keeps the drafts that agree with the target's argmax, then its choice: the
+        row's context grew by that many plus one (a row fed a draft's own argmax back at a shorter
+        context is no step of the sequence that drafted it). None: no growth or argmax to read."""
+        drafts, targets, _ = self._step_tokens(s)
+        agreed = matched_prefix(drafts, targets)
+        if how != "grow" or v.context < 0 or agreed is None:
+            return None
+        return v.context - len(s.context) == agreed
 
     def _history_agrees(self, j: int, r: int, s: Seq) -> bool | None:
         """A padded batch's cache row keeps its mask: the slots that were the cache of the sequence's
