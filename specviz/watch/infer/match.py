@@ -108,7 +108,9 @@ class Assignments:
             out[r] = {}
             for s, how in f.items():
                 rivals = [(r, t) for t in f if t != s] + [(q, s) for q in fits if q != r and s in fits[q]]
-                if agrees[r, s] or not any(agrees[p] for p in rivals):
+                # A chunk is the reading of last resort: one the evidence rules out goes (the row
+                # is then read by its pending token, `_unique`).
+                if agrees[r, s] or how != "chunk" and not any(agrees[p] for p in rivals):
                     out[r][s] = how
         return out
 
@@ -124,13 +126,16 @@ class Assignments:
     def _position_agrees(self, j: int, r: int, s: Seq, v: RowView, how: str) -> bool | None:
         """The pending token of a row read as grown (or by its token alone) sits at the sequence's
         committed length: the position fed there says how many drafts its last step took, and the
-        token must be one that step could commit last after taking that many. None: nothing fed
-        to read (or not a step's growth)."""
+        token must be one that step could commit last after taking that many; a row read as a
+        chunk of the prompt sits after the whole chunk. None: nothing fed to read (or not a step's
+        growth)."""
         call = self.calls[j]
-        if how not in ("grow", "weak") or not call.positions_fed or s.opened:
+        if how not in ("grow", "weak", "chunk") or not call.positions_fed or s.opened:
             return None
         drafts, targets, _ = self._step_tokens(s)
         took = int(call.positions[r][v.rq.pending]) - len(s.context)
+        if how == "chunk":  # a chunk of the prompt is kept whole
+            return took == len(drafts)
         if not 0 <= took <= len(drafts):
             return False
         return not targets or v.token == targets[took] or (took < len(drafts) and v.token == drafts[took])
