@@ -118,8 +118,11 @@ class Follower(Assignments, Gains):
             return seq
         held = self.rows.get(self.prev, ()) if self.prev is not None else ()
         kept = held[r] if r < len(held) and self.calls[self.prev].batch_size == self.calls[j].batch_size else -1
-        # An idle row keeps its finished sequence, so its reads stop at that sequence's calls.
-        return kept if kept >= 0 and self.seqs[kept].finished else -1 - r
+        # An idle row keeps its sequence where no other row holds it: a finished one (its reads stop
+        # at that sequence's calls), or a live one idle for a call (a static batch's slot while
+        # another slot is prefilled), which the next call's row then continues.
+        placed = {seq for seq, _ in assigned.values()}
+        return kept if kept >= 0 and (self.seqs[kept].finished or kept not in placed) else -1 - r
 
     def _assign(self, j: int, active: list[int]) -> dict[int, tuple[int, str]] | str:
         """Row -> (sequence or NEW or IDLE, how it fits) for the call's active rows, or why none."""
