@@ -21,7 +21,10 @@ Bugs, each at (step, sequence) = events[0], the first newcomer recycled into a s
   the slot's length adds the newcomer's prompt to the old request's, so at its first step the
   newcomer attends the old request's KV and is positioned after it (KV, POSITIONS);
 - "positions": the newcomer's positions continue the old request's (its KV and mask are right):
-  POSITIONS at its first step.
+  POSITIONS at its first step;
+- "continued": the slot's length is not reset at all: the newcomer's prefill is written,
+  positioned and masked after the old request's KV, attending it (KV, POSITIONS at its first
+  step; the prefill itself is no step).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import torch
 
 from .common import PAD, draft_greedy, verify
 from .shapes import NEG, budgets, commit, eos_ids, settle
+
+BUGS = ("stale_len", "positions", "continued")
 
 
 class StaticKV:
@@ -93,7 +98,7 @@ def generate(target, draft, prompts, max_new, k=2, bug=None, w=None, slots=3):
     eos, done = eos_ids(target), set()
     events: list[tuple[int, int]] = []
     _prefill(engine, w, held, list(range(slots)), seqs)
-    step = 0
+    step, continued = 0, None
     while any(live):
         rows = [r for r in range(slots) if live[r]]
         left = [limit[held[r]] - len(outs[held[r]]) for r in rows]
@@ -124,25 +129,28 @@ def generate(target, draft, prompts, max_new, k=2, bug=None, w=None, slots=3):
             old, s = engine.lens[r] + engine.shift[r], waiting.pop(0)
             held[r], live[r] = s, True
             engine.shift[r] = old if bug == "positions" and not events else 0
-            keep = bug == "stale_len" and not events
+            keep = bug in ("stale_len", "continued") and not events
             engine.lens[r] = old if keep else 0
-            if bug in ("positions", "stale_len") and not events:
+            if bug == "continued" and not events:
+                continued = r
+            if bug in BUGS and not events:
                 events.append((step, s))
             recycled.append(r)
         if recycled:
-            _prefill(engine, w, held, recycled, seqs)
+            _prefill(engine, w, held, recycled, seqs, continued)
+            continued = None
     return outs, events
 
 
-def _prefill(engine: Slots, w, held: list[int], rows: list[int], seqs: list[list[int]]) -> None:
+def _prefill(engine: Slots, w, held: list[int], rows: list[int], seqs: list[list[int]], continued=None) -> None:
     """Prefill these slots (all but each pending token) in one [slots, P] forward, the other slots
     idle. A slot whose length was not reset ("stale_len") is still written from position 0; its
-    length then counts the old request's tokens too."""
+    length then counts the old request's tokens too. The `continued` slot is written after them."""
     if w is not None:
         w.rows(held, model="target")
     stale = {r: engine.lens[r] for r in rows}
     for r in rows:
-        engine.lens[r] = 0
+        engine.lens[r] = stale[r] if r == continued else 0
     engine.forward([seqs[held[r]][:-1] if r in stale else [] for r in range(len(held))])
     for r in rows:
         engine.lens[r] = stale[r] + len(seqs[held[r]]) - 1
