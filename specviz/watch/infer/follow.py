@@ -148,7 +148,14 @@ class Follower(Assignments, Gains):
 
     def _joins(self, j: int, r: int) -> bool:
         """A row that attends no slot of the call's cache: a newcomer prefilled among decoding rows."""
-        return self.calls[j].cache_width > 0 and self._view(j, r, NEW).whole
+        return self.calls[j].cache_width > 0 and (self._view(j, r, NEW).whole or self._prefilled(j, r))
+
+    def _prefilled(self, j: int, r: int) -> bool:
+        """A cached row that continues no sequence, fed several tokens and no drafts in a run with a
+        draft model: a newcomer prefilled over KV another request left (a slot whose length was
+        not reset), its context judged at its first step."""
+        v = self._view(j, r, NEW)
+        return not self.draft_free and not v.rq.drafts and len(v.query) > 1
 
     def _fits(self, j: int, r: int) -> dict[int, str]:
         """Live sequence -> how row r of call j continues it ("grow", "same", "again", "open"). In a

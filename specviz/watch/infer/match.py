@@ -34,7 +34,7 @@ class Assignments:
             if r not in out and not self._view(j, r, NEW).whole and self._again(j, r):
                 out[r] = (IDLE, "idle")
         left = {s.id for s in self.seqs if not s.finished} - {s for s, _ in out.values()}
-        cached = [r for r in active if r not in out and not self._view(j, r, NEW).whole]
+        cached = [r for r in active if r not in out and not self._view(j, r, NEW).whole and not self._prefilled(j, r)]
         if cached and left:
             weak = {r: {s: "weak" for s in left if self._weak(self.seqs[s], self._view(j, r, s))} for r in cached}
             weak = self._told_apart(j, weak)
@@ -45,7 +45,7 @@ class Assignments:
         for r in active:
             if r in out:
                 continue
-            if self._view(j, r, NEW).whole:
+            if self._view(j, r, NEW).whole or self._prefilled(j, r):
                 out[r] = (NEW, "new")
             else:
                 return f"row {r} of target call {j} continues no sequence read so far"
