@@ -115,13 +115,8 @@ class Assignments:
         return out
 
     def _says(self, kind: str, j: int, r: int, s: int, how: str) -> bool | None:
-        """What one kind of evidence ("position" or "history") says of row r holding sequence s."""
-        seq = self.seqs[s]
-        if kind == "position":
-            return self._position_agrees(j, r, seq, self._view(j, r, s), how)
-        if kind == "greedy":
-            return self._greedy_agrees(seq, self._view(j, r, s), how)
-        return self._history_agrees(j, r, seq)
+        """What one kind of evidence ("position", "history" or "greedy") says of row r holding sequence s."""
+        return getattr(self, f"_{kind}_agrees")(j, r, self.seqs[s], self._view(j, r, s), how)
 
     def _position_agrees(self, j: int, r: int, s: Seq, v: RowView, how: str) -> bool | None:
         """The pending token of a row read as grown (or by its token alone) sits at the sequence's
@@ -140,7 +135,7 @@ class Assignments:
             return False
         return not targets or v.token == targets[took] or (took < len(drafts) and v.token == drafts[took])
 
-    def _greedy_agrees(self, s: Seq, v: RowView, how: str) -> bool | None:
+    def _greedy_agrees(self, j: int, r: int, s: Seq, v: RowView, how: str) -> bool | None:
         """A greedy step keeps the drafts that agree with the target's argmax, then its choice: the
         row's context grew by that many plus one (a row fed a draft's own argmax back at a shorter
         context is no step of the sequence that drafted it). None: no growth or argmax to read."""
@@ -150,7 +145,7 @@ class Assignments:
             return None
         return v.context - len(s.context) == agreed
 
-    def _history_agrees(self, j: int, r: int, s: Seq) -> bool | None:
+    def _history_agrees(self, j: int, r: int, s: Seq, v: RowView | None = None, how: str = "") -> bool | None:
         """A padded batch's cache row keeps its mask: the slots that were the cache of the sequence's
         last call read the same now (its padding, its holes), and the slots it was fed then are at
         most dropped (a rejected draft), never newly attended. None: no 2-D masks to compare."""
