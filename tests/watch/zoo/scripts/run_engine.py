@@ -8,7 +8,8 @@ It builds the tiny Llama target (and, for the engines that use one, its noisy dr
 `from_config`, as `tests/support/tiny.make_pair` does, so the command's hooks see them (`--family
 F`: that family's tiny pair from `tiny` itself, tests/support then on the path too); the head
 engine builds its head (no draft model; `--set medusa=1`: Medusa-shaped heads), the mtp engine
-attaches its in-forward head to the target (`--set half=1`: in float16). It prints
+attaches its in-forward head to the target (`--set half=1`: in float16); `tree --set head=1` has a
+draft head propose the trees. It prints
 `OUTS <outputs>` and `EVENTS <bug locations>` for the tests to read. Nothing in it knows about specviz.
 """
 
@@ -85,7 +86,9 @@ def main() -> None:
         target = tiny.build(args.family, 3)
     else:
         target = tiny_llama()
-    if args.family and args.engine in USES_DRAFT:
+    if args.engine == "tree" and options.get("head"):  # a draft head proposes the trees (no draft model)
+        second = head.DraftHead(target)
+    elif args.family and args.engine in USES_DRAFT:
         second = tiny.noisy_draft(target)
     elif args.engine in USES_DRAFT:
         second = noisy_copy(target)
