@@ -151,11 +151,12 @@ class Follower(Assignments, Gains):
         return self.calls[j].cache_width > 0 and (self._view(j, r, NEW).whole or self._prefilled(j, r))
 
     def _prefilled(self, j: int, r: int) -> bool:
-        """A cached row that continues no sequence, fed several tokens and no drafts in a run with a
-        draft model: a newcomer prefilled over KV another request left (a slot whose length was
-        not reset), its context judged at its first step."""
+        """A cached row that continues no sequence, fed several tokens before its pending one and no
+        drafts (without a draft model its first real slot is the pending token, `_view`): a
+        newcomer prefilled over KV another request left (a slot whose length was not reset), its
+        context judged at its first step."""
         v = self._view(j, r, NEW)
-        return not self.draft_free and not v.rq.drafts and len(v.query) > 1
+        return not v.rq.drafts and len(v.query) > 1
 
     def _fits(self, j: int, r: int) -> dict[int, str]:
         """Live sequence -> how row r of call j continues it ("grow", "same", "again", "open"). In a
