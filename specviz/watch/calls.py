@@ -222,6 +222,10 @@ def attends_cache(call: CallRecord, row: int) -> bool:
     if call.mask_kind == "4d" and call.mask is not None:
         width = call.cache_width  # keys: the cache's slots, then the query's
         return any(any(line[:width]) for line in call.mask[row])
+    if call.mask_kind == "4d-slots":  # a recycled static slot's prefill attends only its own tokens
+        flags = query_flags(call, row)
+        last = last_slot(call, row)
+        return context_before(call, row, last) + 1 != sum(flags[: last + 1])
     return True
 
 

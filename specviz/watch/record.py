@@ -156,7 +156,7 @@ class CallRecord:
             values = self.mask[row]
             if len(values) >= q:
                 return [int(v) for v in values[len(values) - q :]]
-        if self.query_live is not None and (any(self.query_live[row]) or self.mask_kind == "4d"):
+        if self.query_live is not None and (any(self.query_live[row]) or self.mask_kind in ("4d", "4d-slots")):
             return [int(v) for v in self.query_live[row]]  # a 4-D row with none live feeds nothing
         return [1] * q
 

@@ -74,3 +74,28 @@ def test_medusa_through_the_command(tmp_path, reference, bug) -> None:
     else:
         first = report.violations[0]
         assert (first.step, first.seq_id, first.invariant) == (*events[0], Invariant.KV)
+
+
+# Prompts all of one length, the second leaving after step 0: the next call's last row (the fourth
+# sequence, its draft rejected) is fed the token the second sequence's first draft also was, at
+# the same context length. Greedy acceptance tells them apart (the second kept that draft, so its
+# context grew by two); before it, the correct run was unreadable from step 1, and the stale-KV
+# row (then read as the second sequence's prompt chunk) misplaced.
+EQUAL = [[91, 86, 70, 6], [62, 34, 86, 9], [23, 17, 50, 63], [34, 51, 72, 16]]
+EQUAL_BUDGETS = [6, 3, 6, 9]
+EQUAL_BUGS = {"stale_kv": Invariant.KV, "positions": Invariant.POSITIONS}
+
+
+@pytest.mark.parametrize("bug", [None, "stale_kv", "positions"])
+@pytest.mark.parametrize("medusa", [0, 1])
+def test_equal_prompt_lengths_through_the_command(tmp_path, pair, medusa: int, bug) -> None:
+    out = tmp_path / "equal.trace.json"
+    trace, outs, events = watch_script(out, "head", EQUAL, EQUAL_BUDGETS, bug, {"medusa": medusa})
+    report = check_trace(trace)
+    first = report.first_violation
+    if bug is None:
+        assert outs == shapes.reference(pair.target, EQUAL, EQUAL_BUDGETS)
+        assert report.verdict == "clean" and report.exact_match == 1.0, (report.unreadable, first)
+        return
+    assert report.verdict != "clean"
+    assert (first.step, first.seq_id, first.invariant) == (*events[0], EQUAL_BUGS[bug]), report.violations[:3]

@@ -284,3 +284,27 @@ def _with_view(width: int, seen: list[int], token: int):
     call = _tree_call(width, [token], [4], [[1]])
     call.mask = [[[j in seen for j in range(width)] + [True]]]
     return call
+
+
+# A draft head proposing the trees (`tree.generate(..., head=1)`: top 2 at depth 1 from the
+# target's hidden state, each branch greedy), padded, rows leaving, every prompt of one length:
+# through the command (the head undeclared), as an outside tester ran it. ("off_path" is left out:
+# here it fires at its sequence's last step, whose tokens no later call shows, so the command reads
+# them as a greedy engine's, a limit of docs/watch-command.md: that run reads CLEAN.)
+EQUAL = [[91, 86, 70, 6], [62, 34, 86, 9], [23, 17, 50, 63], [34, 51, 72, 16]]
+EQUAL_BUDGETS = [6, 3, 6, 9]
+
+
+@pytest.mark.parametrize("bug", [None, "sibling", "positions", "stale_branch"])
+@pytest.mark.parametrize("idle", [0, 1])
+def test_tree_head_with_equal_prompt_lengths_through_the_command(tmp_path: Path, pair, idle: int, bug) -> None:
+    options = {"head": 1, "idle": idle}
+    trace, outs, events = watch_script(tmp_path / "tree-head.trace.json", "tree", EQUAL, EQUAL_BUDGETS, bug, options)
+    report = check_trace(trace)
+    first = report.first_violation
+    if bug is None:
+        assert outs == shapes.reference(pair.target, EQUAL, EQUAL_BUDGETS)
+        assert report.verdict == "clean" and report.exact_match == 1.0, (report.unreadable, first)
+        return
+    assert events and report.verdict != "clean"
+    assert (first.step, first.seq_id, first.invariant) == (*events[0], BUGS[bug, "command"]), report.violations[:3]

@@ -118,8 +118,11 @@ class Follower(Assignments, Gains):
             return seq
         held = self.rows.get(self.prev, ()) if self.prev is not None else ()
         kept = held[r] if r < len(held) and self.calls[self.prev].batch_size == self.calls[j].batch_size else -1
-        # An idle row keeps its finished sequence, so its reads stop at that sequence's calls.
-        return kept if kept >= 0 and self.seqs[kept].finished else -1 - r
+        # An idle row keeps its sequence where no other row holds it: a finished one (its reads stop
+        # at that sequence's calls), or a live one idle for a call (a static batch's slot while
+        # another slot is prefilled), which the next call's row then continues.
+        placed = {seq for seq, _ in assigned.values()}
+        return kept if kept >= 0 and (self.seqs[kept].finished or kept not in placed) else -1 - r
 
     def _assign(self, j: int, active: list[int]) -> dict[int, tuple[int, str]] | str:
         """Row -> (sequence or NEW or IDLE, how it fits) for the call's active rows, or why none."""
@@ -145,7 +148,15 @@ class Follower(Assignments, Gains):
 
     def _joins(self, j: int, r: int) -> bool:
         """A row that attends no slot of the call's cache: a newcomer prefilled among decoding rows."""
-        return self.calls[j].cache_width > 0 and self._view(j, r, NEW).whole
+        return self.calls[j].cache_width > 0 and (self._view(j, r, NEW).whole or self._prefilled(j, r))
+
+    def _prefilled(self, j: int, r: int) -> bool:
+        """A cached row that continues no sequence, fed several tokens before its pending one and no
+        drafts (without a draft model its first real slot is the pending token, `_view`): a
+        newcomer prefilled over KV another request left (a slot whose length was not reset), its
+        context judged at its first step."""
+        v = self._view(j, r, NEW)
+        return not v.rq.drafts and len(v.query) > 1
 
     def _fits(self, j: int, r: int) -> dict[int, str]:
         """Live sequence -> how row r of call j continues it ("grow", "same", "again", "open"). In a

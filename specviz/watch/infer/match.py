@@ -7,6 +7,7 @@ from collections import Counter
 from itertools import groupby
 from typing import Any
 
+from specviz.watch.credit import matched_prefix
 from specviz.watch.infer.followed import IDLE, NEW, RowView, Seq
 
 MATCHINGS = 256  # assignments of one call enumerated at most; more is read as ambiguous
@@ -33,7 +34,7 @@ class Assignments:
             if r not in out and not self._view(j, r, NEW).whole and self._again(j, r):
                 out[r] = (IDLE, "idle")
         left = {s.id for s in self.seqs if not s.finished} - {s for s, _ in out.values()}
-        cached = [r for r in active if r not in out and not self._view(j, r, NEW).whole]
+        cached = [r for r in active if r not in out and not self._view(j, r, NEW).whole and not self._prefilled(j, r)]
         if cached and left:
             weak = {r: {s: "weak" for s in left if self._weak(self.seqs[s], self._view(j, r, s))} for r in cached}
             weak = self._told_apart(j, weak)
@@ -44,7 +45,7 @@ class Assignments:
         for r in active:
             if r in out:
                 continue
-            if self._view(j, r, NEW).whole:
+            if self._view(j, r, NEW).whole or self._prefilled(j, r):
                 out[r] = (NEW, "new")
             else:
                 return f"row {r} of target call {j} continues no sequence read so far"
@@ -79,8 +80,9 @@ class Assignments:
     def _told_apart(self, j: int, fits: dict[int, dict[int, str]]) -> dict[int, dict[int, str]]:
         """The chain's fits, less the (row, sequence) pairs the call's own evidence rules out where
         the chain ties: a row that fits several sequences, or a sequence that several rows fit. The
-        evidence is the position fed to the row's pending token and its mask's history
-        (`_position_agrees`, `_history_agrees`), each read only where no uncontested row of the
+        evidence is the position fed to the row's pending token, its mask's history and its
+        growth against greedy acceptance (`_position_agrees`, `_history_agrees`,
+        `_greedy_agrees`), each read only where no uncontested row of the
         call contradicts it. A pair goes only when another pair of the same
         tie agrees, so a tie the evidence cannot break stands (unreadable where it matters), and a
         row with a KV or position bug loses only a sequence another row holds by the evidence, to
@@ -93,7 +95,7 @@ class Assignments:
         plain = [(r, s, how) for r, f in fits.items() if len(f) == 1 for s, how in f.items() if claims[s] == 1]
         trusted = {
             kind
-            for kind in ("position", "history")
+            for kind in ("position", "history", "greedy")
             if all(self._says(kind, j, r, s, how) is not False for r, s, how in plain)
         }
         agrees = {
@@ -106,32 +108,44 @@ class Assignments:
             out[r] = {}
             for s, how in f.items():
                 rivals = [(r, t) for t in f if t != s] + [(q, s) for q in fits if q != r and s in fits[q]]
-                if agrees[r, s] or not any(agrees[p] for p in rivals):
+                # A chunk is the reading of last resort: one the evidence rules out goes (the row
+                # is then read by its pending token, `_unique`).
+                if agrees[r, s] or how != "chunk" and not any(agrees[p] for p in rivals):
                     out[r][s] = how
         return out
 
     def _says(self, kind: str, j: int, r: int, s: int, how: str) -> bool | None:
-        """What one kind of evidence ("position" or "history") says of row r holding sequence s."""
-        seq = self.seqs[s]
-        if kind == "position":
-            return self._position_agrees(j, r, seq, self._view(j, r, s), how)
-        return self._history_agrees(j, r, seq)
+        """What one kind of evidence ("position", "history" or "greedy") says of row r holding sequence s."""
+        return getattr(self, f"_{kind}_agrees")(j, r, self.seqs[s], self._view(j, r, s), how)
 
     def _position_agrees(self, j: int, r: int, s: Seq, v: RowView, how: str) -> bool | None:
         """The pending token of a row read as grown (or by its token alone) sits at the sequence's
         committed length: the position fed there says how many drafts its last step took, and the
-        token must be one that step could commit last after taking that many. None: nothing fed
-        to read (or not a step's growth)."""
+        token must be one that step could commit last after taking that many; a row read as a
+        chunk of the prompt sits after the whole chunk. None: nothing fed to read (or not a step's
+        growth)."""
         call = self.calls[j]
-        if how not in ("grow", "weak") or not call.positions_fed or s.opened:
+        if how not in ("grow", "weak", "chunk") or not call.positions_fed or s.opened:
             return None
         drafts, targets, _ = self._step_tokens(s)
         took = int(call.positions[r][v.rq.pending]) - len(s.context)
+        if how == "chunk":  # a chunk of the prompt is kept whole
+            return took == len(drafts)
         if not 0 <= took <= len(drafts):
             return False
         return not targets or v.token == targets[took] or (took < len(drafts) and v.token == drafts[took])
 
-    def _history_agrees(self, j: int, r: int, s: Seq) -> bool | None:
+    def _greedy_agrees(self, j: int, r: int, s: Seq, v: RowView, how: str) -> bool | None:
+        """A greedy step keeps the drafts that agree with the target's argmax, then its choice: the
+        row's context grew by that many plus one (a row fed a draft's own argmax back at a shorter
+        context is no step of the sequence that drafted it). None: no growth or argmax to read."""
+        drafts, targets, _ = self._step_tokens(s)
+        agreed = matched_prefix(drafts, targets)
+        if how != "grow" or v.context < 0 or agreed is None:
+            return None
+        return v.context - len(s.context) == agreed
+
+    def _history_agrees(self, j: int, r: int, s: Seq, v: RowView | None = None, how: str = "") -> bool | None:
         """A padded batch's cache row keeps its mask: the slots that were the cache of the sequence's
         last call read the same now (its padding, its holes), and the slots it was fed then are at
         most dropped (a rejected draft), never newly attended. None: no 2-D masks to compare."""

@@ -80,13 +80,13 @@ def ancestors(parents: list[int], node: int) -> list[int]:
 
 @torch.no_grad()
 def generate(
-    target, draft, prompts, max_new, depth=3, bug=None, w=None, declare=0, compact=0, packed=0, idle=0, **shape
+    target, draft, prompts, max_new, depth=3, bug=None, w=None, declare=0, compact=0, packed=0, idle=0, head=0, **shape
 ):
     """`shape` (with `packed` only): flash, late, rotate (module docstring), each 0 when absent."""
     if bug not in (None, *BUGS):
         raise ValueError(f"unknown tree bug {bug!r}; one of {BUGS}")
-    if idle and (packed or compact):
-        raise ValueError("idle rows are a padded, uncompacted batch's")
+    if (idle or head) and (packed or compact):
+        raise ValueError("idle rows and a draft head are a padded, uncompacted batch's")
     if packed:
         if compact:
             raise ValueError("packed keeps its nodes' slots where they are: no compact")
@@ -100,7 +100,7 @@ def generate(
     outs: list[list[int]] = [[] for _ in prompts]
     eos, done = eos_ids(target), set()
     active = list(range(n))
-    cache, live = _prefill(target, [seqs[s][:-1] for s in active])
+    cache, live, last = _prefill(target, [seqs[s][:-1] for s in active])
     events: list[tuple[int, int]] = []
     buggy = None  # the sequence the bug is injected in (step 1's second row)
     step = 0
@@ -112,7 +112,10 @@ def generate(
         # Each row's tree is as deep as its budget can use (at least 1): a step's trees are ragged.
         trees = [tree_parents(max(1, min(depth, limit[s] - len(outs[s]) - 1))) for s in active]
         width = max(len(parents) for parents in trees)  # the verify's query, right-padded to it
-        nodes = _propose(draft, [seqs[s] for s in active], depth)  # [B][2 * depth], level order
+        if head:  # `draft` is a head fed the hidden state that predicted each pending token
+            nodes = _propose_head(draft, target, last, [seqs[s][-1] for s in active], depth)
+        else:
+            nodes = _propose(draft, [seqs[s] for s in active], depth)  # [B][2 * depth], level order
         query, positions, attends = [], [], []
         for r, (s, parents) in enumerate(zip(active, trees)):
             if s in done:  # idle: a pad at every slot, seeing its cache only
@@ -134,7 +137,7 @@ def generate(
                 events.append((step, s))
         if w is not None and declare:
             w.batch(active, parents=trees)
-        choices = _verify(target, cache, live, query, positions, attends)
+        choices, hidden = _verify(target, cache, live, query, positions, attends)
         keep_rows, kept_rows = [], []
         for r, s in enumerate(active):
             if s in done:  # idle: nothing kept, nothing emitted
@@ -148,6 +151,7 @@ def generate(
                 path = [1] if path[:1] == [2] else [2]  # the other branch's first node: not the target's choice
                 events.append((step, s))
             tokens = [query[r][i] for i in path] + [choices[r][path[-1] if path else 0]]
+            last[r] = hidden[r, path[-1] if path else 0]  # it predicted the next pending token
             emitted, finish = settle(outs[s], tokens[: limit[s] - len(outs[s])], limit[s], eos)
             kept = {0, *path}
             if bug == "stale_branch" and step >= 1 and not events and finish is None:
@@ -166,6 +170,7 @@ def generate(
                 cache.batch_select_indices(torch.tensor(keep_rows))
             live = [live[r] for r in keep_rows]
             active = [active[r] for r in keep_rows]
+            last = last[keep_rows]
             if w is not None and not declare and active:
                 w.rows(active)
         step += 1
@@ -279,14 +284,16 @@ def _compact(cache, width: int, kept_rows: list[list[int]], live: list[list[bool
     return [row + [True] * len(kept) + [False] * (most - len(kept)) for row, kept in zip(live, kept_rows)]
 
 
-def _prefill(target, contexts: list[list[int]]) -> tuple[DynamicCache, list[list[bool]]]:
-    """Every row's committed tokens but its pending one, left-padded, into one cache."""
+def _prefill(target, contexts: list[list[int]]) -> tuple[DynamicCache, list[list[bool]], torch.Tensor]:
+    """Every row's committed tokens but its pending one, left-padded, into one cache; the last
+    hidden state of each row (the one that predicted its pending token)."""
     width = max(len(c) for c in contexts)
     ids = torch.tensor([[0] * (width - len(c)) + c for c in contexts])
     mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts])
     cache = DynamicCache()
-    target(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0), cache=cache)
-    return cache, [[bool(v) for v in row] for row in mask.tolist()]
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    out = target(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, output_hidden_states=True)
+    return cache, [[bool(v) for v in row] for row in mask.tolist()], out.hidden_states[-1][:, -1]
 
 
 def _propose(draft, contexts: list[list[int]], depth: int) -> list[list[int]]:
@@ -303,6 +310,22 @@ def _propose(draft, contexts: list[list[int]], depth: int) -> list[list[int]]:
     return [[t for level in zip(a, b) for t in level] for a, b in branches]
 
 
+def _propose_head(head, target, last: torch.Tensor, pending: list[int], depth: int) -> list[list[int]]:
+    """`_propose` from a draft head (`zoo.head.DraftHead`) fed the target's hidden state that
+    predicted each pending token and that token's embedding: its top 2 at depth 1, then each
+    branch's greedy continuation, the head fed its own feature (EAGLE's recursion)."""
+    embed = target.get_input_embeddings()
+    out = head(hidden_states=last[:, None], inputs_embeds=embed(torch.tensor(pending)[:, None]))
+    top = out.logits[:, -1].topk(2, -1).indices  # [B, 2]
+    levels, tokens = [top.tolist()], top.reshape(-1, 1)
+    feature = out.hidden_states[-1].repeat_interleave(2, 0)  # [2B, 1, H]: both branches of each row
+    for _ in range(1, depth):
+        out = head(hidden_states=feature, inputs_embeds=embed(tokens))
+        tokens, feature = out.logits[:, -1:].argmax(-1), out.hidden_states[-1]
+        levels.append(tokens.view(-1, 2).tolist())
+    return [[t for level in levels for t in level[r]] for r in range(len(pending))]
+
+
 def _draft_logits(draft, rows: list[list[int]]) -> torch.Tensor:
     """The draft's logits after each row's last token ([R, V]), rows left-padded, no cache."""
     width = max(len(r) for r in rows)
@@ -312,8 +335,9 @@ def _draft_logits(draft, rows: list[list[int]]) -> torch.Tensor:
     return out.logits[:, -1]
 
 
-def _verify(target, cache, live, query, positions, attends) -> list[list[int]]:
-    """One target forward over every row's tree; the target's choice at each node ([B][N])."""
+def _verify(target, cache, live, query, positions, attends) -> tuple[list[list[int]], torch.Tensor]:
+    """One target forward over every row's tree; the target's choice at each node ([B][N]) and its
+    last hidden state there ([B, N, H])."""
     width, nodes = len(live[0]), len(query[0])
     mask = torch.full((len(query), 1, nodes, width + nodes), NEG)
     for r, row_live in enumerate(live):
@@ -327,8 +351,9 @@ def _verify(target, cache, live, query, positions, attends) -> list[list[int]]:
         attention_mask=mask,
         cache=cache,
         use_cache=True,
+        output_hidden_states=True,
     )
-    return out.logits.argmax(-1).tolist()
+    return out.logits.argmax(-1).tolist(), out.hidden_states[-1]
 
 
 def _path(parents: list[int], tokens: list[int], choices: list[int]) -> list[int]:

@@ -8,7 +8,8 @@ It builds the tiny Llama target (and, for the engines that use one, its noisy dr
 `from_config`, as `tests/support/tiny.make_pair` does, so the command's hooks see them (`--family
 F`: that family's tiny pair from `tiny` itself, tests/support then on the path too); the head
 engine builds its head (no draft model; `--set medusa=1`: Medusa-shaped heads), the mtp engine
-attaches its in-forward head to the target (`--set half=1`: in float16). It prints
+attaches its in-forward head to the target (`--set half=1`: in float16); `tree --set head=1` has a
+draft head propose the trees. It prints
 `OUTS <outputs>` and `EVENTS <bug locations>` for the tests to read. Nothing in it knows about specviz.
 """
 
@@ -27,13 +28,15 @@ from zoo import (  # tests/watch on the path (pytest's pythonpath, or PYTHONPATH
     packed,
     paged,
     queued,
+    slots,
     tree,
 )
 
 ENGINES = {"dropping": dropping, "packed": packed, "queued": queued, "paged": paged, "head": head, "tree": tree}
 ENGINES["mtp"] = mtp
 ENGINES["chunked"] = chunked
-USES_DRAFT = {"dropping", "packed", "queued", "tree"}
+ENGINES["slots"] = slots
+USES_DRAFT = {"dropping", "packed", "queued", "tree", "slots"}
 
 
 def tiny_llama() -> torch.nn.Module:
@@ -83,7 +86,9 @@ def main() -> None:
         target = tiny.build(args.family, 3)
     else:
         target = tiny_llama()
-    if args.family and args.engine in USES_DRAFT:
+    if args.engine == "tree" and options.get("head"):  # a draft head proposes the trees (no draft model)
+        second = head.DraftHead(target)
+    elif args.family and args.engine in USES_DRAFT:
         second = tiny.noisy_draft(target)
     elif args.engine in USES_DRAFT:
         second = noisy_copy(target)
