@@ -30,6 +30,7 @@ from specviz.analysis.recorded import check_recorded_row, note_unrecorded
 from specviz.analysis.report import Report, SequenceVerdict, Violation
 from specviz.analysis.row_checks import check_accounting, check_alignment, check_kv, check_positions
 from specviz.analysis.tree_checks import check_head_row, check_tree_row
+from specviz.analysis.unread import read_as_greedy
 from specviz.trace.invariants import Invariant
 from specviz.trace.schema import SequenceRecord, StepRecord, Trace
 
@@ -97,7 +98,13 @@ def check_trace(trace: Trace, margin_threshold: float | None = None) -> Report:
         totals=totals,
         unreadable=unreadable,
         exact_match_read=exact_match_read(trace) if unreadable is not None else None,
+        read_as_greedy=_read_as_greedy(trace),
     )
+
+
+def _read_as_greedy(trace: Trace) -> dict[str, int] | None:
+    sequences, tokens = read_as_greedy(trace.header.options)
+    return {"sequences": sequences, "tokens": tokens} if sequences else None
 
 
 def _walk(trace: Trace, findings: Findings, history: History, finish: FinishChecks) -> StepTotals:

@@ -1,10 +1,12 @@
-"""Two sentences a verdict needs where its numbers alone mislead: a DESYNC beside exact outputs,
-and a fault that was asked for but never fired. `record`'s summary, `check` and the app say them.
+"""Sentences a verdict needs where its numbers alone mislead: a DESYNC beside exact outputs, a
+fault that was asked for but never fired, and last steps the command read but never saw.
+`record`'s summary, `check` and the app say them.
 """
 
 from __future__ import annotations
 
 from specviz.analysis.report import Report
+from specviz.analysis.unread import read_as_greedy
 from specviz.trace.schema import FAULT_FIRES_ON, Header, Trace
 
 # Fields only the drafter is fed: a wrong one costs acceptance, never the output (the target
@@ -45,7 +47,20 @@ def fault_never_fired_note(header: Header) -> str | None:
     return f"fault {header.fault} never fired {when}: it fires on {fires_on}"
 
 
+def read_as_greedy_note(header: Header) -> str | None:
+    """What the command took on trust: each sequence's last step, which no later call fed back, was
+    read as the target's choices. A run that reads clean is clean only as far as that goes."""
+    sequences, tokens = read_as_greedy(header.options)
+    if not sequences:
+        return None
+    return (
+        f"the last step of {sequences} sequence(s) ({tokens} token(s)) fed no later call, so `specviz watch --` "
+        "read its tokens as the target's choices; the outputs and exact match include them as read, not seen: "
+        "an engine that kept a wrong token at a last step shows it only through the API (`emit` or `w.streamer()`)"
+    )
+
+
 def run_notes(trace: Trace, report: Report) -> list[str]:
     """Every note a run's verdict needs, in the order they are read (none for most runs)."""
-    notes = (exact_desync_note(report), fault_never_fired_note(trace.header))
+    notes = (exact_desync_note(report), fault_never_fired_note(trace.header), read_as_greedy_note(trace.header))
     return [note for note in notes if note is not None]

@@ -87,6 +87,9 @@ class Report:
     # Where `unreadable`: the exact match of what was read (steps before its step), which is all
     # that can be said; `exact_match` is then None (the whole outputs were not read).
     exact_match_read: float | None = None
+    # {"sequences": N, "tokens": M}: through the command, last steps no later call fed back, read
+    # as the target's choices, not seen (`unread.read_as_greedy`); None: every token was seen.
+    read_as_greedy: dict[str, int] | None = None
     # The metrics' sums, gathered by the check's own walk (a Parquet trace is read once for both);
     # not part of the report's JSON.
     totals: StepTotals | None = field(default=None, repr=False, compare=False)
@@ -107,6 +110,7 @@ class Report:
             "skipped_checks": [s.to_dict() for s in self.skipped_checks],
             "unreadable": self.unreadable,
             "exact_match_read": self.exact_match_read,
+            "read_as_greedy": self.read_as_greedy,
         }
 
 

@@ -12,6 +12,10 @@ UNFOLLOWED_CHECK = "rows not followed"
 # header.options key: {"step": S, "why": ...}: the watch could not map the calls from step S on
 # (no producer said which sequence a row or token holds): the run's verdict is "unreadable".
 UNREADABLE = "watch_unreadable"
+# header.options key: {"SEQ": N, ...}: through the command, the last N tokens of sequence SEQ came
+# from its last step, which no later call fed back: read as a greedy engine's (the target's
+# choices), not seen. A wrong token there (an engine keeping an off-path draft) cannot show.
+READ_AS_GREEDY = "watch_read_as_greedy"
 
 
 def unreadable_from(options: dict[str, Any], steps: int) -> dict[str, Any] | None:
@@ -26,3 +30,13 @@ def unreadable_from(options: dict[str, Any], steps: int) -> dict[str, Any] | Non
     if reasons:
         return {"step": steps, "why": "; ".join(str(r) for r in reasons)}
     return None
+
+
+def read_as_greedy(options: dict[str, Any]) -> tuple[int, int]:
+    """(sequences, tokens) whose last step was read as greedy, not seen (`READ_AS_GREEDY`); an
+    entry that is not a sequence id with a positive count (an edited file) is left out."""
+    found = options.get(READ_AS_GREEDY)
+    if not isinstance(found, dict):
+        return 0, 0
+    counts = [n for seq, n in found.items() if str(seq).isdecimal() and type(n) is int and n > 0]
+    return len(counts), sum(counts)

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from specviz.analysis.findings import UNREADABLE
+from specviz.analysis.unread import READ_AS_GREEDY
 from specviz.trace.schema import Trace
 from specviz.watch.attribution import Emit
 from specviz.watch.declared import eos_ids, pad_id
@@ -236,12 +237,13 @@ class AutoWatch:
         target, draft = self.pick_roles()
         notes: list[str] = []
         unfollowed: list[str] = []
+        assumed: dict[int, int] = {}  # sequence -> tokens of its last step no later call showed
         calls = self._relabel(target, draft)
         eos = frozenset(eos_ids(target, None))
         if self.paged.seq_of:  # the paged manager named every request and its tokens: nothing to infer
             prompts, emits = self.paged.prompts, self.paged_emits
         else:
-            prompts, emits = infer(calls, eos, notes, unfollowed)
+            prompts, emits = infer(calls, eos, notes, unfollowed, assumed)
             prompts = unpadded_prompts(prompts, calls, pad_id(target, None))
         # Notes so far say where reading stopped: what follows is unread, so sequences may be
         # unfinished without the engine being at fault; the trace says it is incomplete.
@@ -264,7 +266,9 @@ class AutoWatch:
             from specviz.trace.token_text import attach_token_text
 
             attach_token_text(trace, tokenizer)
-        if notes or tokenizer is not None:
+        if assumed:  # read, not seen: the report says so beside the exact match (analysis/unread.py)
+            trace.header.options[READ_AS_GREEDY] = {str(seq): n for seq, n in sorted(assumed.items())}
+        if notes or tokenizer is not None or assumed:
             if notes:
                 trace.header.options.setdefault("watch_notes", []).extend(notes[:20])
             if unfollowed:  # the run is unreadable from there: `check` says so, with its own exit code
@@ -332,11 +336,16 @@ def _parameters(model: Any) -> int:
 
 
 def infer(
-    calls: list[CallRecord], eos: frozenset[int], notes: list[str], unfollowed: list[str] | None = None
+    calls: list[CallRecord],
+    eos: frozenset[int],
+    notes: list[str],
+    unfollowed: list[str] | None = None,
+    assumed: dict[int, int] | None = None,
 ) -> tuple[list[list[int]], list[Emit]]:
     """Prompts (by sequence id) and the emits a correct-bookkeeping engine would have declared; each
     target call's rows name the sequence they hold (`infer.follow.Follower`). Where rows could not be
-    followed, why is appended to `notes` and to `unfollowed`."""
+    followed, why is appended to `notes` and to `unfollowed`; `assumed` gets each sequence's count of
+    last-step tokens no later call showed (`Follower.read_as_greedy`)."""
     for call in calls:
         call.materialize()
     if not any(c.role == "target" for c in calls):
@@ -345,6 +354,8 @@ def infer(
     follower.run()
     if unfollowed is not None:
         unfollowed.extend(follower.unfollowed)
+    if assumed is not None:
+        assumed.update(follower.read_as_greedy)
     return follower.prompts, follower.emits
 
 

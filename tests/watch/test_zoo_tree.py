@@ -308,3 +308,21 @@ def test_tree_head_with_equal_prompt_lengths_through_the_command(tmp_path: Path,
         return
     assert events and report.verdict != "clean"
     assert (first.step, first.seq_id, first.invariant) == (*events[0], BUGS[bug, "command"]), report.violations[:3]
+
+
+def test_a_wrong_token_at_a_last_step_reads_clean_only_as_read(tmp_path: Path, pair) -> None:
+    """off_path at sequence 2's last step: no later call shows what that step kept, so the command
+    reads it as the target's choices and the run reads clean (docs/watch.md, "Read, not seen").
+    It is never a silent clean: the trace counts the tokens read so, and the report says it."""
+    from specviz.analysis.text import render_report
+
+    trace, outs, events = watch_script(
+        tmp_path / "off.trace.json", "tree", EQUAL, EQUAL_BUDGETS, "off_path", {"head": 1}
+    )
+    assert events and outs != shapes.reference(pair.target, EQUAL, EQUAL_BUDGETS)  # a wrong output
+    report = check_trace(trace)
+    read = report.read_as_greedy
+    assert read is not None and read["sequences"] == len(EQUAL) and read["tokens"] >= len(EQUAL)
+    assert report.to_dict()["read_as_greedy"] == read
+    if report.verdict == "clean":
+        assert "read its tokens as the target's choices" in render_report(trace, report)

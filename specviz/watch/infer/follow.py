@@ -71,6 +71,7 @@ class Follower(Assignments, Gains):
         self.unfollowed: list[str] = []  # why reading stopped, for the report's skipped checks
         self.prev: int | None = None
         self._greedy_ends: list[tuple[Seq, Emit]] = []  # last steps read as greedy, no EOS
+        self._assumed: list[Emit] = []  # every last step read as greedy (EOS or not): not seen
         self._stopped: list[Seq] = []  # finished by being fed again without growing
         self._views: dict[tuple[int, int, int], RowView] = {}
 
@@ -78,6 +79,13 @@ class Follower(Assignments, Gains):
     def prompts(self) -> list[list[int]]:
         # A row with no token in the first call that nothing continued: a placeholder prompt.
         return [s.context[: s.prompt_len] or [0] for s in self.seqs]
+
+    @property
+    def read_as_greedy(self) -> dict[int, int]:
+        """Sequence -> tokens of its last step that no later call showed (taken as a greedy
+        engine's, the target's choices): read, not seen, for the report to say."""
+        kept = {id(e) for e in self.emits}
+        return {e.seq_id: len(e.tokens) for e in self._assumed if e.tokens and id(e) in kept}
 
     def run(self) -> None:
         targets = [i for i, c in enumerate(self.calls) if c.role == "target"]

@@ -138,8 +138,10 @@ class Gains:
             emit = self._commit(s, [] if s.refed else self._gained(s, None))
             if s.refed:
                 self._stopped.append(s)
-            elif emit is not None and emit.finish_reason is None:
-                self._greedy_ends.append((s, emit))
+            elif emit is not None:
+                self._assumed.append(emit)
+                if emit.finish_reason is None:
+                    self._greedy_ends.append((s, emit))
         s.finished = True
 
     def _cut_to_budget(self) -> None:
