@@ -20,7 +20,7 @@ import pytest
 from own_watched import run_watched_engine
 from tiny import make_pair
 from zoo import shapes, tree
-from zoo.command import watch_script
+from zoo.command import assert_command_read, watch_script
 
 import specviz
 from specviz.analysis.check import check_trace
@@ -300,14 +300,8 @@ EQUAL_BUDGETS = [6, 3, 6, 9]
 def test_tree_head_with_equal_prompt_lengths_through_the_command(tmp_path: Path, pair, idle: int, bug) -> None:
     options = {"head": 1, "idle": idle}
     trace, outs, events = watch_script(tmp_path / "tree-head.trace.json", "tree", EQUAL, EQUAL_BUDGETS, bug, options)
-    report = check_trace(trace)
-    first = report.first_violation
-    if bug is None:
-        assert outs == shapes.reference(pair.target, EQUAL, EQUAL_BUDGETS)
-        assert report.verdict == "clean" and report.exact_match == 1.0, (report.unreadable, first)
-        return
-    assert events and report.verdict != "clean"
-    assert (first.step, first.seq_id, first.invariant) == (*events[0], BUGS[bug, "command"]), report.violations[:3]
+    reference = shapes.reference(pair.target, EQUAL, EQUAL_BUDGETS)
+    assert_command_read(trace, outs, events, reference, BUGS[bug, "command"] if bug else None)
 
 
 def test_a_wrong_token_at_a_last_step_reads_clean_only_as_read(tmp_path: Path, pair) -> None:

@@ -37,3 +37,21 @@ def watch_script(
         assert main(argv) == 0
     said = dict(line.split(" ", 1) for line in printed.getvalue().splitlines() if line.startswith(("OUTS", "EVENTS")))
     return load_trace(out), json.loads(said["OUTS"]), [tuple(e) for e in json.loads(said["EVENTS"])]
+
+
+def assert_command_read(
+    trace: Trace, outs: list[list[int]], events: list[tuple[int, ...]], reference: list[list[int]], invariant=None
+) -> None:
+    """What the command must say of a zoo run: a correct one (`invariant` None) produced the
+    reference and reads clean and exact; a bug never reads clean, and its first violation is
+    the engine's first event (step, sequence) with `invariant`."""
+    from specviz.analysis.check import check_trace
+
+    report = check_trace(trace)
+    first = report.first_violation
+    if invariant is None:
+        assert outs == reference
+        assert report.verdict == "clean" and report.exact_match == 1.0, (report.unreadable, first)
+        return
+    assert events and report.verdict != "clean"
+    assert (first.step, first.seq_id, first.invariant) == (*events[0][:2], invariant), report.violations[:3]
