@@ -1,0 +1,66 @@
+"""Medusa-style heads over a bfloat16 target fed `inputs_embeds` (`zoo.medusa_embeds`): the watch
+reads the target's token ids back from the vectors it is fed (matching the embedding table).
+Through the API and through the command, with mixed prompt lengths and with all-equal ones: a
+correct run is clean and equal to batch-1 greedy of the same bf16 target (`shapes.reference`, fed
+ids: the same embedding rows); each injected bug is found at its (step, sequence) and never clean.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny import make_pair
+from zoo import medusa_embeds, shapes
+from zoo.command import watch_script
+
+import specviz
+from specviz.analysis.check import check_trace
+from specviz.trace.invariants import Invariant
+
+MIXED = ([[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17], [20, 21], [30, 31, 32, 33, 34]], [10, 4, 10, 7, 9])
+EQUAL = ([[91, 86, 70, 6], [62, 34, 86, 9], [23, 17, 50, 63], [34, 51, 72, 16]], [6, 3, 6, 9])
+CASES = {"mixed": MIXED, "equal": EQUAL}
+BUGS = {"stale_kv": Invariant.KV, "positions": Invariant.POSITIONS}
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_pair("llama").target.to(medusa_embeds.DTYPE)  # the command's target, cast alike
+
+
+@pytest.fixture(scope="module")
+def heads(target):
+    return medusa_embeds.Heads(target)
+
+
+def assert_outcome(report, outs, events, target, case: str, bug) -> None:
+    prompts, budgets = CASES[case]
+    first = report.first_violation
+    if bug is None:
+        assert outs == shapes.reference(target, prompts, budgets)
+        assert report.verdict == "clean" and report.exact_match == 1.0, (report.unreadable, first)
+        return
+    assert report.verdict != "clean"
+    assert first is not None, report.unreadable
+    assert (first.step, first.seq_id, first.invariant) == (*events[0], BUGS[bug]), report.violations[:3]
+
+
+@pytest.mark.parametrize("bug", [None, *BUGS])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_through_the_api(target, heads, case: str, bug) -> None:
+    prompts, budgets = CASES[case]
+    with specviz.watch(target, prompts=prompts, name="medusa-embeds") as w:
+        outs, events = medusa_embeds.generate(target, heads, prompts, budgets, bug=bug, w=w)
+    assert_outcome(check_trace(w.trace), outs, events, target, case, bug)
+
+
+@pytest.mark.parametrize("bug", [None, *BUGS])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_through_the_command(tmp_path, target, case: str, bug) -> None:
+    prompts, budgets = CASES[case]
+    trace, outs, events = watch_script(tmp_path / "embeds.trace.json", "medusa_embeds", prompts, budgets, bug)
+    assert_outcome(check_trace(trace), outs, events, target, case, bug)
+
+
+def test_the_target_is_fed_embeddings_in_bf16(target) -> None:
+    assert target.dtype == torch.bfloat16 and target.get_input_embeddings().weight.dtype == torch.bfloat16
