@@ -19,7 +19,17 @@ from specviz.trace.invariants import Invariant
 
 MIXED = ([[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17], [20, 21], [30, 31, 32, 33, 34]], [10, 4, 10, 7, 9])
 EQUAL = ([[91, 86, 70, 6], [62, 34, 86, 9], [23, 17, 50, 63], [34, 51, 72, 16]], [6, 3, 6, 9])
-CASES = {"mixed": MIXED, "equal": EQUAL}
+# A stale-KV row at step 0 whose target choice after its whole query equals its greedy pick (the
+# tiny target repeats itself): through the command the row's next call reads alike as a prompt
+# chunk (prompt + both drafts, no bug) and as a step that kept its rejected slots attended. The
+# position fed to the pending token tells them apart (a chunk's sits after all it attends); before
+# that, the bug was blamed as POSITIONS, not KV, at its step. One pair of equal lengths, one mixed.
+TIE_EQUAL = ([[72, 79, 94], [25, 31, 19]], [10, 9])
+TIE_MIXED = (
+    [[86, 70, 6, 62, 34, 86, 9], [23, 17, 50, 63], [34, 51, 72, 16, 76, 34, 4], [30, 55, 38, 26, 52, 23, 12]],
+    [5, 10, 5, 5],
+)
+CASES = {"mixed": MIXED, "equal": EQUAL, "tie_equal": TIE_EQUAL, "tie_mixed": TIE_MIXED}
 BUGS = {"stale_kv": Invariant.KV, "positions": Invariant.POSITIONS}
 
 

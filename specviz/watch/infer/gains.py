@@ -34,13 +34,15 @@ class Gains:
         by all of it), the row is not fed what a greedy step would have given (the target's choice
         after the drafts it agrees with: a step with stale KV keeps its rejected slots too), or it
         is fed the target's choice after the whole query while that query is no greedy pick (its
-        last chunk, which gave the token fed now; where both readings give one token, the one that
+        last chunk, which gave the token fed now; where both readings give one token, the position
+        fed to it tells: a chunk's pending token sits after all it attends, a step's after what it
+        committed, fewer when stale slots stay attended; with no position fed, the reading that
         explains the context's growth without a bug)."""
         if not targets or not drafts or v.context + 1 - known != len(drafts) + 1:
             return False  # (a one-token chunk is not told from a step the row's token does not continue)
         agreed, after = matched_prefix(drafts, targets) or 0, targets[len(drafts)]
         if v.token == after:  # the target's choice after the whole query: its last chunk, if no greedy pick
-            return agreed < len(drafts)
+            return agreed < len(drafts) and (v.token != targets[agreed] or v.position in (-1, v.context))
         return v.token != targets[agreed]  # short of the prompt's end: fed no choice of the target
 
     def _chunked(self, s: Seq, v: RowView, j: int, r: int) -> None:
