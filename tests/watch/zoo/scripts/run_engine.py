@@ -99,7 +99,7 @@ def main() -> None:
         second = head.MedusaHeads(target) if options.pop("medusa", 0) else head.DraftHead(target)
     elif args.engine == "medusa_embeds":  # a bfloat16 target fed inputs_embeds, Medusa heads
         target = target.to(medusa_embeds.DTYPE)
-        second = medusa_embeds.Heads(target)
+        second = medusa_embeds.Heads(target, options.get("k", 2))  # one head per draft depth
     else:
         second = None
     if args.engine == "mtp":  # the head is the target's own module: no second model
