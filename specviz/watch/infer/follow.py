@@ -255,6 +255,7 @@ class Follower(Assignments, Gains):
                 context=context_before(call, r, rq.pending),
                 query=attended_ids(call, r, rq.pending),
                 whole=not attends_cache(call, r),
+                position=int(call.positions[r][rq.pending]) if call.positions_fed else -1,
             )
         return self._views[key]
 

@@ -34,13 +34,15 @@ class Gains:
         by all of it), the row is not fed what a greedy step would have given (the target's choice
         after the drafts it agrees with: a step with stale KV keeps its rejected slots too), or it
         is fed the target's choice after the whole query while that query is no greedy pick (its
-        last chunk, which gave the token fed now; where both readings give one token, the one that
+        last chunk, which gave the token fed now; where both readings give one token, the position
+        fed to it tells: a chunk's pending token sits after all it attends, a step's after what it
+        committed, fewer when stale slots stay attended; with no position fed, the reading that
         explains the context's growth without a bug)."""
         if not targets or not drafts or v.context + 1 - known != len(drafts) + 1:
             return False  # (a one-token chunk is not told from a step the row's token does not continue)
         agreed, after = matched_prefix(drafts, targets) or 0, targets[len(drafts)]
         if v.token == after:  # the target's choice after the whole query: its last chunk, if no greedy pick
-            return agreed < len(drafts)
+            return agreed < len(drafts) and (v.token != targets[agreed] or v.position in (-1, v.context))
         return v.token != targets[agreed]  # short of the prompt's end: fed no choice of the target
 
     def _chunked(self, s: Seq, v: RowView, j: int, r: int) -> None:
@@ -190,13 +192,18 @@ class Gains:
 
     def _cuttable(self, s: Seq, budget: int, pinned: bool) -> bool:
         """Past `budget` lies only the sequence's greedy end, or (when a sequence ended exactly at
-        the budget, `pinned`) repeats of its token at the budget, then its greedy end. A sequence
-        that repeats one token while it decodes is not cut on a budget only bounded from above."""
+        the budget, `pinned`) repeats of its token at the budget, one a call, then its greedy end.
+        A sequence that repeats one token while it decodes is not cut on a budget only bounded
+        from above."""
         end = next((e for g, e in self._greedy_ends if g is s), None)
         read = s.context[s.prompt_len : len(s.context) - (len(end.tokens) if end else 0)]
         if len(read) < budget or len(read) == budget and end is not None and self._fed_along(end, budget):
             return True
-        return pinned and 0 < budget < len(read) and all(t == read[budget - 1] for t in read[budget:])
+        # A finished row fed along gains one token a call: a row that gained more at a call past
+        # the budget accepted drafts there, so it was decoding, under a budget of its own.
+        past = [e for e in self.emits if e.seq_id == s.id and e is not end][budget - len(read) :]
+        repeats = all(t == read[budget - 1] for t in read[budget:]) and all(len(e.tokens) == 1 for e in past)
+        return pinned and 0 < budget < len(read) and repeats
 
     def _fed_along(self, end: Emit, budget: int) -> bool:
         """The call of this greedy end also made the last step of a sequence below the budget: a

@@ -7,7 +7,8 @@
 It builds the tiny Llama target (and, for the engines that use one, its noisy draft) with
 `from_config`, as `tests/support/tiny.make_pair` does, so the command's hooks see them (`--family
 F`: that family's tiny pair from `tiny` itself, tests/support then on the path too); the head
-engine builds its head (no draft model; `--set medusa=1`: Medusa-shaped heads), the mtp engine
+engine builds its head (no draft model; `--set medusa=1`: Medusa-shaped heads), `medusa_embeds`
+casts the target to bfloat16 and builds its Medusa heads, the mtp engine
 attaches its in-forward head to the target (`--set half=1`: in float16); `tree --set head=1` has a
 draft head propose the trees. It prints
 `OUTS <outputs>` and `EVENTS <bug locations>` for the tests to read. Nothing in it knows about specviz.
@@ -24,6 +25,7 @@ from zoo import (  # tests/watch on the path (pytest's pythonpath, or PYTHONPATH
     chunked,
     dropping,
     head,
+    medusa_embeds,
     mtp,
     packed,
     paged,
@@ -36,6 +38,7 @@ ENGINES = {"dropping": dropping, "packed": packed, "queued": queued, "paged": pa
 ENGINES["mtp"] = mtp
 ENGINES["chunked"] = chunked
 ENGINES["slots"] = slots
+ENGINES["medusa_embeds"] = medusa_embeds
 USES_DRAFT = {"dropping", "packed", "queued", "tree", "slots"}
 
 
@@ -94,6 +97,9 @@ def main() -> None:
         second = noisy_copy(target)
     elif args.engine == "head":
         second = head.MedusaHeads(target) if options.pop("medusa", 0) else head.DraftHead(target)
+    elif args.engine == "medusa_embeds":  # a bfloat16 target fed inputs_embeds, Medusa heads
+        target = target.to(medusa_embeds.DTYPE)
+        second = medusa_embeds.Heads(target, options.get("k", 2))  # one head per draft depth
     else:
         second = None
     if args.engine == "mtp":  # the head is the target's own module: no second model
