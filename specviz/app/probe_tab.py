@@ -4,7 +4,7 @@ The app never probes anything itself: a visitor opens a bundled report (`traces/
 uploads one, so no URL reaches the server in any mode (a public Space must never connect to an
 address a visitor chose). A report is untrusted input: read once with a byte cap (in public mode
 also a prompt cap, checked before the report is built), validated by
-`specviz.probe.report.parse_report`, drawn by `specviz.views.probe` (escaped, bounded: at most
+`specviz.probe.report_read.parse_report`, drawn by `specviz.views.probe` (escaped, bounded: at most
 `MAX_MAP_PROMPTS` rows, points, bars or dropdown entries, worst first). Every string a report
 carries reaches the page as escaped HTML text: no Markdown is made from it, so no image, link or
 tag of its own can load anything into a visitor's page.
@@ -24,7 +24,8 @@ from specviz.app.loading import TRACES
 from specviz.errors import SpecvizError
 from specviz.probe import positions
 from specviz.probe.advice import placeholder_line
-from specviz.probe.report import VERDICTS, Acceptance, ProbeReport, ReportError, load_report, parse_report
+from specviz.probe.report import VERDICTS, Acceptance, ProbeReport, ReportError
+from specviz.probe.report_read import load_report, parse_report
 from specviz.views.faults import DOCS_URL_PREFIX
 from specviz.views.probe import (
     MAX_MAP_PROMPTS,

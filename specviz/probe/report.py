@@ -1,8 +1,9 @@
-"""The probe's report: typed dataclasses, the versioned JSON file, and its validating loader.
+"""The probe's report: typed dataclasses and the versioned JSON file they write.
 
-pandas-free and torch-free, for the app: `load_report(path)` reads an untrusted file (size
-limits, one-line errors naming the field) into a `ProbeReport`; `divergence_matrix` lays the
-prompts out as the divergence map draws them. Format: docs/probe.md, docs/probe.schema.json.
+pandas-free and torch-free, for the app. Reading an untrusted file is `report_read` (size limits,
+one-line errors naming the field), the JSON Schema `report_schema`; `position_kind` says what each
+answer position of a prompt is, as the divergence map draws it. Format: docs/probe.md,
+docs/probe.schema.json.
 """
 
 from __future__ import annotations
@@ -11,14 +12,11 @@ import dataclasses
 import json
 import math
 import os
-import types
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from specviz.errors import SpecvizError
-from specviz.files import FileRefused, read_regular_file
 
 FORMAT = "specviz-probe"
 VERSION = 4  # 2: placeholders, acceptance, paths and calibration, levels, rounds, findings, next steps
@@ -30,7 +28,7 @@ MAX_PROMPTS = 100_000
 MAX_TEXT = 100_000  # characters in any one string field
 VERDICTS = ("identical", "numerical", "unattributed", "suspect")
 SOURCES = ("server", "replay", "none")
-# divergence_matrix cell codes
+# position_kind codes: what an answer position is on the divergence map
 PAST_END, SHARED, DIVERGED, AFTER = -1, 0, 1, 2
 
 
@@ -292,217 +290,12 @@ def save_report(report: ProbeReport, path: str | os.PathLike[str]) -> None:
     os.replace(tmp, path)
 
 
-# -----------------------------------------------------------------------------------------------
-# Reading (untrusted)
+def position_kind(p: PromptResult, j: int) -> int:
+    """Answer position `j` of prompt `p`: SHARED before the first divergence, DIVERGED at it,
+    AFTER past it on either side's answer, PAST_END beyond both answers.
 
-
-def load_report(path: str | os.PathLike[str]) -> ProbeReport:
-    try:
-        data = read_regular_file(path, MAX_REPORT_BYTES, "probe report")
-    except FileRefused as exc:
-        raise ReportError(str(exc)) from None
-    try:
-        payload = json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ReportError(f"{path}: not UTF-8 text") from None
-    except RecursionError:
-        raise ReportError(f"{path}: JSON nested too deeply") from None
-    except ValueError as exc:
-        raise ReportError(f"{path}: not valid JSON ({exc})") from None
-    return parse_report(payload, str(path))
-
-
-def parse_report(payload: Any, where: str = "report") -> ProbeReport:
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise ReportError(f"{where}: not a specviz probe report (format must be {FORMAT!r})")
-    version = payload.get("version")
-    if isinstance(version, bool) or version not in READS:
-        raise ReportError(f"{where}: probe report version {version!r}; this specviz reads {', '.join(map(str, READS))}")
-    if isinstance(payload.get("prompts"), list) and len(payload["prompts"]) > MAX_PROMPTS:
-        raise ReportError(f"{where}: more than {MAX_PROMPTS} prompts")
-    report = _build(ProbeReport, payload, where, version)
-    _check(report, where)
-    return report
-
-
-def _one_of(value: str, allowed: tuple[str, ...], where: str) -> None:
-    if value not in allowed:  # the value is not quoted: report text never reaches a message
-        raise ReportError(f"{where}: not one of {', '.join(allowed)}")
-
-
-def _check(report: ProbeReport, where: str) -> None:
-    _one_of(report.verdict, VERDICTS, f"{where}: verdict")
-    _one_of(report.noise.source, SOURCES, f"{where}: noise.source")
-    for n, level in enumerate(report.levels):
-        _one_of(level.verdict, VERDICTS, f"{where}: levels[{n}].verdict")
-    for n, p in enumerate(report.prompts):
-        _one_of(p.verdict, VERDICTS, f"{where}: prompts[{n}].verdict")
-        _one_of(p.unit, ("token", "char"), f"{where}: prompts[{n}].unit")
-        _one_of(p.evidence, SOURCES, f"{where}: prompts[{n}].evidence")
-        if p.divergence is not None and not 0 <= p.divergence <= max(p.length_a, p.length_b):
-            raise ReportError(f"{where}: prompts[{n}].divergence: {p.divergence} outside the answers")
-        if min(p.length_a, p.length_b, p.prefix_tokens) < 0:
-            raise ReportError(f"{where}: prompts[{n}]: negative length")
-    if report.mode not in ("batch", "ab"):
-        raise ReportError(f"{where}: mode: {report.mode!r} is not batch or ab")
-
-
-_FIELDS: dict[type, list[tuple[str, Any, bool]]] = {}
-
-
-def _fields(cls: type) -> list[tuple[str, Any, bool]]:
-    """(name, type hint, has a default) per field; cached: type hints cost more than a prompt."""
-    if cls not in _FIELDS:
-        hints = typing.get_type_hints(cls)
-        _FIELDS[cls] = [(f.name, hints[f.name], f.default is not dataclasses.MISSING) for f in dataclasses.fields(cls)]
-    return _FIELDS[cls]
-
-
-# The version that added a field with a default; any other such field came with version 2.
-SINCE = {
-    ("Acceptance", "positions"): 3,
-    ("Collapse", "position"): 3,
-    ("ProbeReport", "replay_command"): 3,
-    ("PromptResult", "divergence_path"): 4,
-    ("Noise", "pairs"): 4,
-}
-
-
-def _build(cls: type, obj: Any, where: str, version: int = VERSION) -> Any:
-    """`cls` from a JSON object of report `version`: a field added after it may be absent (its
-    default); every field of that version must be there."""
-    if not isinstance(obj, dict):
-        raise ReportError(f"{where}: expected an object")
-    values = {}
-    for name, hint, optional in _fields(cls):
-        if name not in obj:
-            if optional and SINCE.get((cls.__name__, name), 2) > version:
-                continue
-            raise ReportError(f"{where}.{name}: missing")
-        values[name] = _value(hint, obj[name], f"{where}.{name}", version)
-    return cls(**values)
-
-
-def _value(hint: Any, value: Any, where: str, version: int = VERSION) -> Any:
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _value(inner, value, where, version)
-    if dataclasses.is_dataclass(hint):
-        return _build(hint, value, where, version)  # type: ignore[arg-type]
-    if origin is tuple:
-        if not isinstance(value, list):
-            raise ReportError(f"{where}: expected a list")
-        if len(value) > MAX_PROMPTS:
-            raise ReportError(f"{where}: more than {MAX_PROMPTS} items")
-        return tuple(_value(args[0], v, f"{where}[{n}]", version) for n, v in enumerate(value))
-    if origin is dict:
-        if not isinstance(value, dict) or len(value) > 64:
-            raise ReportError(f"{where}: expected an object (at most 64 keys)")
-        return {str(k)[:64]: _value(args[1], v, f"{where}[{n}]") for n, (k, v) in enumerate(value.items())}
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ReportError(f"{where}: expected true or false")
-        return value
-    if hint is int:
-        if not isinstance(value, int) or isinstance(value, bool) or abs(value) > 2**53:
-            raise ReportError(f"{where}: expected an integer")
-        return value
-    if hint is float:
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-            raise ReportError(f"{where}: expected a finite number")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str) or len(value) > MAX_TEXT:
-            raise ReportError(f"{where}: expected a string (at most {MAX_TEXT} characters)")
-        return value
-    raise ReportError(f"{where}: unsupported field type")  # pragma: no cover - a bug in this module
-
-
-# -----------------------------------------------------------------------------------------------
-# For the app's views
-
-
-def divergence_matrix(report: ProbeReport, width: int | None = None) -> list[list[int]]:
-    """One row per prompt (report order), one column per answer position up to `width` (default:
-    the longest answer): SHARED before the first divergence, DIVERGED at it, AFTER past it on
-    either side's answer, PAST_END beyond both answers.
-
-    E.g. lengths 5 and 4, divergence 3, width 6 -> [0, 0, 0, 1, 2, -1].
+    E.g. lengths 5 and 4, divergence 3: positions 0..5 -> [0, 0, 0, 1, 2, -1].
     """
-    if width is None:
-        width = max((max(p.length_a, p.length_b) for p in report.prompts), default=0)
-    rows = []
-    for p in report.prompts:
-        end = max(p.length_a, p.length_b)
-        d = p.divergence if p.divergence is not None else end
-        rows.append(
-            [PAST_END if j >= end else SHARED if j < d else DIVERGED if j == d else AFTER for j in range(width)]
-        )
-    return rows
-
-
-def verdict_codes(report: ProbeReport) -> list[int]:
-    """Each prompt's verdict as its index in VERDICTS (0 identical ... 3 suspect)."""
-    return [VERDICTS.index(p.verdict) for p in report.prompts]
-
-
-# -----------------------------------------------------------------------------------------------
-# The JSON Schema (docs/probe.schema.json is this, written by `python -m specviz.probe.report`)
-
-
-def json_schema() -> dict[str, Any]:
-    """The report's JSON Schema, from the dataclasses: a field with a default (a version-2
-    addition) is optional, so version-1 reports validate too."""
-    defs: dict[str, Any] = {}
-
-    def of(hint: Any) -> dict[str, Any]:
-        origin, args = typing.get_origin(hint), typing.get_args(hint)
-        if origin in (typing.Union, types.UnionType):
-            (inner,) = [a for a in args if a is not type(None)]
-            return {"anyOf": [of(inner), {"type": "null"}]}
-        if dataclasses.is_dataclass(hint):
-            name = hint.__name__
-            if name not in defs:
-                defs[name] = {}
-                defs[name] = obj(hint)
-            return {"$ref": f"#/$defs/{name}"}
-        if origin is tuple:
-            return {"type": "array", "items": of(args[0])}
-        if origin is dict:
-            return {"type": "object", "additionalProperties": of(args[1]), "maxProperties": 64}
-        simple = {bool: "boolean", int: "integer", float: "number"}
-        if hint in simple:
-            return {"type": simple[hint]}
-        return {"type": "string", "maxLength": MAX_TEXT}
-
-    def obj(cls: Any) -> dict[str, Any]:
-        fields = _fields(cls)
-        return {
-            "type": "object",
-            "required": [name for name, _, optional in fields if not optional],
-            "properties": {name: of(hint) for name, hint, _ in fields},
-        }
-
-    schema = obj(ProbeReport)
-    props = schema["properties"]
-    props["format"] = {"const": FORMAT}
-    props["version"] = {"enum": list(READS)}
-    props["verdict"] = {"enum": list(VERDICTS)}
-    props["mode"] = {"enum": ["batch", "ab"]}
-    props["endpoint"] = {"enum": ["completions", "chat"]}
-    return {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": "https://specviz/docs/probe.schema.json",
-        "title": "specviz probe report",
-        "description": "Written by `specviz probe --out`; see docs/probe.md. Readers ignore unknown fields.",
-        **schema,
-        "$defs": defs,
-    }
-
-
-if __name__ == "__main__":  # regenerates docs/probe.schema.json
-    out = Path(__file__).resolve().parents[2] / "docs" / "probe.schema.json"
-    out.write_text(json.dumps(json_schema(), indent=2) + "\n", encoding="utf-8")
+    end = max(p.length_a, p.length_b)
+    d = p.divergence if p.divergence is not None else end
+    return PAST_END if j >= end else SHARED if j < d else DIVERGED if j == d else AFTER

@@ -14,7 +14,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from specviz.probe.report import AFTER, DIVERGED, PAST_END, SHARED, VERDICTS, ProbeReport, PromptResult
+from specviz.probe.report import AFTER, DIVERGED, PAST_END, SHARED, VERDICTS, ProbeReport, PromptResult, position_kind
 from specviz.views.safe_text import html_text
 
 MAX_MAP_PROMPTS = 200  # rows of the map; a bigger report shows its first ones and says so
@@ -71,9 +71,7 @@ def divergence_map(report: ProbeReport) -> go.Figure:
 
 def _cell(p: PromptResult, j: int) -> int:
     """The colour code of prompt `p`'s position `j` (an index into `_CODES`)."""
-    end = max(p.length_a, p.length_b)
-    d = p.divergence if p.divergence is not None else end
-    kind = PAST_END if j >= end else SHARED if j < d else DIVERGED if j == d else AFTER
+    kind = position_kind(p, j)
     if kind == DIVERGED:
         return 3 + list(VERDICT_COLORS).index(p.verdict)
     return {PAST_END: 0, SHARED: 1, AFTER: 2}[kind]

@@ -17,6 +17,7 @@ import pytest
 from specviz.app import files, probe_tab, uploads
 from specviz.errors import SpecvizError
 from specviz.probe import report as rp
+from specviz.probe import report_read as rr
 from specviz.views import probe as views
 
 
@@ -147,7 +148,7 @@ def test_report_text_cannot_load_anything_into_the_page(evil: str) -> None:
     """Every string a report carries, set to an image, a link, a script or raw HTML: the report
     still opens (through the loader, as an upload would), and the summary, the answers and every
     plot carry it only as escaped text."""
-    report = rp.parse_report(json.loads(json.dumps(rp.to_dict(_crafted(evil)))))
+    report = rr.parse_report(json.loads(json.dumps(rp.to_dict(_crafted(evil)))))
     summary = probe_tab.summary_html(report)
     _check_html(summary)
     assert "<img" not in summary and "<script" not in summary and "<a " not in summary

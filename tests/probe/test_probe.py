@@ -9,7 +9,7 @@ import pytest
 
 from specviz.cli import main
 from specviz.engine.models import DEFAULT_TARGET
-from specviz.probe.report import load_report
+from specviz.probe.report_read import load_report
 
 KEY = "sk-test-0123456789-never-written"
 FAST = ["--num-prompts", "8", "--max-tokens", "12", "--concurrency", "4", "--quiet", "--retries", "0"]

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from specviz.probe import report as rp
+from specviz.probe import report_read as rr
+from specviz.probe import report_schema
 from specviz.probe import telemetry as tm
 from specviz.probe.attribution import Calibration, decide, estimate_noise
 from specviz.probe.compare import Evidence
@@ -187,14 +189,14 @@ def test_resolution_keeps_one_step_moves_from_standing_out() -> None:
 def _as_version_1(data: dict) -> dict:
     """`data` with every version-2 field removed (the fields that have defaults), as version 1."""
     for name, section in (("side_a", rp.Side), ("side_b", rp.Side), ("noise", rp.Noise)):
-        for field, _, optional in rp._fields(section):
+        for field, _, optional in rr.fields_of(section):
             if optional:
                 data[name].pop(field, None)
     for p in data["prompts"]:
-        for field, _, optional in rp._fields(rp.PromptResult):
+        for field, _, optional in rr.fields_of(rp.PromptResult):
             if optional:
                 p.pop(field, None)
-    for field, _, optional in rp._fields(rp.ProbeReport):
+    for field, _, optional in rr.fields_of(rp.ProbeReport):
         if optional:
             data.pop(field, None)
     return dict(data, version=1)
@@ -203,20 +205,20 @@ def _as_version_1(data: dict) -> dict:
 def test_version_1_reports_read_and_the_current_version_needs_its_fields(tmp_path: Path) -> None:
     old = _as_version_1(json.loads((ROOT / "traces" / "probe-sweep.json").read_text()))
     assert "levels" not in old and "findings" not in old["prompts"][0] and "cut_max" not in old["noise"]
-    report = rp.parse_report(old)
+    report = rr.parse_report(old)
     assert report.rounds == 1 and report.levels == () and report.side_b.placeholders == 0
     new = dict(rp.to_dict(report), version=rp.VERSION)
     new["side_b"].pop("placeholders")
     with pytest.raises(rp.ReportError, match=r"side_b.placeholders: missing"):
-        rp.parse_report(new)
+        rr.parse_report(new)
     new = rp.to_dict(report)
     new["noise"]["source"] = "<img src=x>"
     with pytest.raises(rp.ReportError, match="noise.source"):
-        rp.parse_report(new)
+        rr.parse_report(new)
     v2 = json.loads((ROOT / "traces" / "probe-sweep.json").read_text())  # a version-2 file: the pairs default
-    assert v2["version"] == 2 and rp.parse_report(v2).noise.pairs == ()
+    assert v2["version"] == 2 and rr.parse_report(v2).noise.pairs == ()
 
 
 def test_the_schema_file_is_the_generated_schema() -> None:
     """docs/probe.schema.json is written by `python -m specviz.probe.report`; they must agree."""
-    assert json.loads((ROOT / "docs" / "probe.schema.json").read_text()) == rp.json_schema()
+    assert json.loads((ROOT / "docs" / "probe.schema.json").read_text()) == report_schema.json_schema()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from specviz.probe.report import load_report
+from specviz.probe.report_read import load_report
 from specviz.views.probe import MAX_MAP_PROMPTS, VERDICT_COLORS, answers_html, divergence_map, noise_vs_swing
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "traces" / "probe-example.json"
