@@ -19,7 +19,7 @@ from typing import Any
 
 import gradio as gr
 
-from specviz.app import doc_pages, events, files, lanes, memory, serve, uploads
+from specviz.app import doc_pages, events, files, handlers, lanes, memory, serve, uploads
 from specviz.app.assets import CSS, INTRO
 from specviz.app.detail import build_detail_tabs
 from specviz.app.live import LIVE_FOLDER, LIVE_GATE, PUBLIC, RUN_MEMORY, load_model_pair
@@ -50,7 +50,7 @@ def build_app() -> gr.Blocks:
         compare = ui.compare
         probe = ProbeSection.build()  # saved `specviz probe` reports: opened, never a server contacted
         events.wire(demo, slot_a, slot_b, inspect, compare, ui)
-        wire_probe(probe, events.user_errors)  # bound after the rest: the page's other event numbers stay
+        wire_probe(probe, handlers.user_errors)  # bound after the rest: the page's other event numbers stay
         if runs is not None:
             events.wire_runs(runs, slot_a, slot_b, inspect, compare, ui)  # only with --runs: bound last
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=INSPECT_CONCURRENCY)

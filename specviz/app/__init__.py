@@ -8,5 +8,6 @@ Thin wiring only: every figure, table and text comes from `specviz.views`, every
   gate, file cleanup, memory (what makes the app safe as a public Space).
 - `run_slots`: run slots A and B, the inspect switch, the comparison. `detail`: the detail tabs,
   each a dataclass of its components that builds itself and says what it shows.
-- `events`: the handlers, each returning `{component: value}`, and their bindings.
+- `events`: the handlers, each returning `{component: value}`, and their bindings (`handlers`: the
+  one-line failure every handler shares; `page_open`: the page opening on its defaults or its link).
 """

@@ -7,88 +7,27 @@ in the slot (`user_errors`), and the slot keeps its run.
 
 from __future__ import annotations
 
-import functools
-import traceback
 from typing import Any
 
 import gradio as gr
 
 from specviz.app import serve, share
-from specviz.app.assets import COPY_LINK_JS, PAGE_JS, RESIZE_PLOTS_JS, TOGGLE_KEYS_JS
+from specviz.app.assets import COPY_LINK_JS, RESIZE_PLOTS_JS, TOGGLE_KEYS_JS
 from specviz.app.detail import GRID_TAB, DetailUI
+from specviz.app.handlers import inspected, last_step, pick, status_update, user_errors
 from specviz.app.live import LIVE_GATE, PUBLIC, LiveRequest, live_run, save_for_download, whole
 from specviz.app.loading import (
-    DEFAULT_A,
-    DEFAULT_B,
-    LOCAL_A,
-    LOCAL_CHOICE,
-    bundled_traces,
     load_bundled,
-    load_default,
     load_upload,
 )
-from specviz.app.messages import plain_trace_message
+from specviz.app.page_open import wire_preload
 from specviz.app.run_slots import RunSlot
 from specviz.app.runs_tab import FOLDER, RunsSection, load_listed
 from specviz.errors import SpecvizError
-from specviz.trace.io import TraceError
 from specviz.views import LoadedRun, grid_view, slot_outputs_html, slot_summary_markdown, slots_compare_table
 from specviz.views.grid import NO_ROW
-from specviz.views.safe_text import md_text
-
-# ----------------------------------------------------------------------------- failures
 
 REFUSED = "live run not started: one of yours is already queued or running, or too many are waiting; try again after it"
-
-
-def status_update(message: str = "") -> Any:
-    """The slot's one-line status: shown with a message, hidden when empty."""
-    # The message may quote an upload (its name, a field it invented): escaped, one line.
-    return gr.update(value=f"⚠️ {md_text(message, 400)}" if message else "", visible=bool(message))
-
-
-def user_errors(status: Any) -> Any:
-    """Turn every failure into a one-line message in `status` (and a warning toast), never an exception.
-
-    A raised gr.Error marks every output of the event with Gradio's red "Error" badge and blanks
-    them until the next update; a message leaves every output as it was: the slot keeps its run.
-    """
-
-    def decorate(fn: Any) -> Any:
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return fn(*args, **kwargs)
-            except TraceError as exc:  # a file that is no trace: said in plain words (app.messages)
-                message = plain_trace_message(str(exc))
-            except (gr.Error, SpecvizError, ValueError) as exc:
-                message = exc.message if isinstance(exc, gr.Error) else str(exc)
-            except Exception as exc:  # never a traceback in the UI; the server log keeps it
-                traceback.print_exc()
-                message = f"unexpected error: {type(exc).__name__}: {exc}"
-            message = serve.without_paths(message)  # never a server path in the page
-            gr.Warning(message)
-            return {status: status_update(message)}
-
-        return wrapper
-
-    return decorate
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def _pick(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None) -> tuple[LoadedRun | None, LoadedRun | None]:
-    """(inspected run, the other one) for the inspect switch's value."""
-    return (run_a, run_b) if label == "A" else (run_b, run_a)
-
-
-def _inspected(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None) -> LoadedRun | None:
-    return run_a if label == "A" else run_b
-
-
-def _last_step(loaded: LoadedRun | None) -> int:
-    return max(loaded.step_count - 1, 0) if loaded is not None else 0
 
 
 # ----------------------------------------------------------------------------- wiring
@@ -111,7 +50,7 @@ def wire_inspect(inspect: Any, states: list[Any], ui: DetailUI) -> None:
     grid = ui.grid
 
     def on_inspect(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, window: int, only: bool) -> dict:
-        loaded, other = _pick(label, run_a, run_b)
+        loaded, other = pick(label, run_a, run_b)
         return ui.details(loaded, other, label, window, only)
 
     # input, not change: every handler that sets the switch (a run landing, a link) draws the
@@ -121,7 +60,7 @@ def wire_inspect(inspect: Any, states: list[Any], ui: DetailUI) -> None:
     )
 
     def on_grid(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, step: int, row: int, window: int):
-        return grid.view_values(grid_view(_inspected(label, run_a, run_b), step, row, window))
+        return grid.view_values(grid_view(inspected(label, run_a, run_b), step, row, window))
 
     gr.on(
         [grid.step.change, grid.row.input, grid.window.release],
@@ -137,7 +76,7 @@ def wire_outputs_page(inspect: Any, states: list[Any], ui: DetailUI) -> None:
     tab = ui.outputs
 
     def on_page(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, page: int, only: bool) -> dict:
-        loaded, other = _pick(label, run_a, run_b)
+        loaded, other = pick(label, run_a, run_b)
         return {tab.cards: slot_outputs_html(loaded, other, label, page, only)}
 
     gr.on(
@@ -147,72 +86,6 @@ def wire_outputs_page(inspect: Any, states: list[Any], ui: DetailUI) -> None:
         [tab.cards],
         api_visibility="private",
     )
-
-
-def wire_preload(demo: gr.Blocks, slot_a: RunSlot, slot_b: RunSlot, inspect: Any, compare: Any, ui: DetailUI) -> None:
-    def preload(window: int, only: bool, request: gr.Request | None = None) -> dict:
-        """Open on the default pair of examples, inspecting A, or on what the page's link names
-        (`specviz.app.share`); a missing bundle leaves the slot empty."""
-        link = share.LinkState.from_params(getattr(request, "query_params", None))
-        runs = {
-            "A": LOCAL_A[0] if LOCAL_A else load_default(DEFAULT_A),  # `python app.py --trace PATH`
-            "B": load_default(DEFAULT_B),
-        }
-        message, opened = "", False  # opened: the run the link names is in its slot
-        if link.trace is None and link.step is not None:  # an upload's or a live run's link
-            message = share.UNNAMED_LINK.format(slot=link.slot)
-        if link.trace is not None:
-            try:
-                runs[link.slot] = share.load_linked(link.trace)
-                message, opened = share.other_file_note(link, runs[link.slot]), True
-            except (SpecvizError, TraceError, OSError) as exc:  # an old or foreign link: say so, open the rest
-                message = serve.without_paths(str(exc))
-        label = link.slot
-        loaded, other = _pick(label, runs["A"], runs["B"])
-        cell: dict = {}
-        if loaded is not None and (link.step is not None or link.row is not None):
-            cell, missed = _linked_cell(loaded, link, window, ui)
-            message = "; ".join(m for m in (message, missed) if m)  # never a silent move to another cell
-        message = "; ".join(m for m in (link.ignored_note(), message) if m)  # a malformed value: ignored, said
-        values = {
-            slot_a.state: runs["A"],
-            slot_b.state: runs["B"],
-            slot_a.summary: slot_summary_markdown(runs["A"], "A"),
-            slot_b.summary: slot_summary_markdown(runs["B"], "B"),
-            compare: slots_compare_table(runs["A"], runs["B"]),
-            inspect: label,
-            (slot_a if label == "A" else slot_b).status: status_update(message),
-            **ui.details(loaded, other, label, window, only),
-        }
-        if opened:  # the picker names the linked run when it is one of its own
-            picked = link.trace if link.trace in bundled_traces() or link.trace == LOCAL_CHOICE else None
-            values[(slot_a if label == "A" else slot_b).bundled] = gr.update(value=picked)
-        values.update(cell)
-        if link.tab is not None:
-            values[ui.tabs] = gr.Tabs(selected=link.tab)
-        return values
-
-    demo.load(None, js=PAGE_JS, api_visibility="private")
-    demo.load(
-        preload,
-        [ui.grid.window, ui.outputs.only_diverged],
-        [
-            slot_a.state, slot_b.state, slot_a.summary, slot_b.summary, compare, *ui.components(),
-            inspect, ui.tabs, slot_a.bundled, slot_b.bundled, slot_a.status, slot_b.status,
-        ],
-        api_visibility="private",
-    )  # fmt: skip
-
-
-def _linked_cell(loaded: LoadedRun, link: share.LinkState, window: int, ui: DetailUI) -> tuple[dict, str]:
-    """The grid at the link's step and row (clamped to the run; a row the step lacks is none), and
-    what the page says when that is not what the link asked for."""
-    grid = ui.grid
-    step = link.step if link.step is not None else loaded.start_step_index()
-    view = grid_view(loaded, step, link.row, window)
-    top = max(loaded.step_count - 1, 1)
-    values = {grid.step: gr.update(minimum=0, maximum=top, value=view.step_index), **grid.view_values(view)}
-    return values, share.landing_note(link, loaded.step_count, view.step_index, view.row)
 
 
 def _landing(slot: RunSlot, other: RunSlot, inspect: Any, compare: Any, ui: DetailUI) -> Any:
@@ -358,7 +231,7 @@ def wire_navigation(inspect: Any, states: list[Any], ui: DetailUI) -> None:
 
     def step_by(delta: int) -> Any:
         def move(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, step: int) -> dict:
-            last = _last_step(_inspected(label, run_a, run_b))
+            last = last_step(inspected(label, run_a, run_b))
             return {grid.step: min(max(int(step) + delta, 0), last)}
 
         return move
@@ -367,7 +240,7 @@ def wire_navigation(inspect: Any, states: list[Any], ui: DetailUI) -> None:
     grid.next.click(step_by(1), nav_inputs, [grid.step], api_visibility="private")
 
     def tick(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, step: int) -> dict:
-        if int(step) >= _last_step(_inspected(label, run_a, run_b)):
+        if int(step) >= last_step(inspected(label, run_a, run_b)):
             return {grid.timer: gr.Timer(active=False)}  # played to the end: stop
         return {grid.step: int(step) + 1}
 
@@ -384,7 +257,7 @@ def wire_jumps(inspect: Any, states: list[Any], ui: DetailUI) -> None:
     jump_outputs = [grid.step, *grid.view_components(), ui.tabs]
 
     def jump(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, window: int, index: int) -> dict:
-        loaded = _inspected(label, run_a, run_b)
+        loaded = inspected(label, run_a, run_b)
         if loaded is None or not loaded.report.violations:
             gr.Info("This run has no violation: every invariant holds.")
             return gr.skip()
@@ -437,7 +310,7 @@ def wire_share(inspect: Any, states: list[Any], ui: DetailUI) -> None:
 
     def make_report(label: str, run_a: LoadedRun | None, run_b: LoadedRun | None) -> Any:
         try:
-            return gr.update(value=share.write_report(_inspected(label, run_a, run_b)), visible=True)
+            return gr.update(value=share.write_report(inspected(label, run_a, run_b)), visible=True)
         except (SpecvizError, OSError) as exc:  # no run, or a full disk: a toast, the page stays
             gr.Warning(serve.without_paths(str(exc)))
             return gr.skip()
@@ -447,10 +320,10 @@ def wire_share(inspect: Any, states: list[Any], ui: DetailUI) -> None:
     def on_cell(
         label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, step: int, window: int, picked: str
     ) -> Any:
-        what, numbers = share.parse_pick(picked)
+        what, numbers = share.parsepick(picked)
         if what != "cell" or len(numbers) != 2:
             return gr.skip()
-        return share.cell_details(_inspected(label, run_a, run_b), int(step or 0), *numbers, window)
+        return share.cell_details(inspected(label, run_a, run_b), int(step or 0), *numbers, window)
 
     tools.cell.change(
         on_cell, [inspect, *states, grid.step, grid.window, tools.cell], [tools.details], api_visibility="private",
@@ -458,8 +331,8 @@ def wire_share(inspect: Any, states: list[Any], ui: DetailUI) -> None:
     )  # fmt: skip
 
     def on_key(label: str, run_a: Any, run_b: Any, step: int, row: int, window: int, pressed: str) -> Any:
-        key, _ = share.parse_pick(pressed)
-        loaded = _inspected(label, run_a, run_b)
+        key, _ = share.parsepick(pressed)
+        loaded = inspected(label, run_a, run_b)
         if loaded is None or not loaded.trace.steps:
             return gr.skip()
         step, row = int(step or 0), int(row if row is not None else NO_ROW)

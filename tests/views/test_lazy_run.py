@@ -156,7 +156,7 @@ def test_the_page_opens_on_the_local_trace_in_slot_a(tmp_path: Path, monkeypatch
 
     path = write(shifted_kv(synthetic_trace(12, 4, 3, 16)), tmp_path / "p.parquet", rows=6)
     monkeypatch.setattr(loading, "LOCAL_A", [])
-    monkeypatch.setattr("specviz.app.events.LOCAL_A", loading.LOCAL_A)
+    monkeypatch.setattr("specviz.app.page_open.LOCAL_A", loading.LOCAL_A)
     monkeypatch.delenv("SPACE_ID", raising=False)
     monkeypatch.setattr(sys, "argv", ["app.py"])
     app.open_trace_arg(str(path))
