@@ -71,6 +71,8 @@ TARGETS: dict[str, tuple[str, list[str]]] = {
         ["tests/engine/test_sampling_oracle.py", "tests/engine/test_rejection_rule.py"],
     ),
     "metrics": ("specviz/analysis/metrics.py", ["tests/analysis/test_metrics.py"]),
+    "acceptance": ("specviz/analysis/acceptance.py", ["tests/analysis/test_metrics.py"]),
+    "exactness": ("specviz/analysis/exactness.py", ["tests/analysis/test_metrics.py"]),
     "check": ("specviz/analysis/check.py", _CHECK_TESTS),
     "finish": ("specviz/analysis/finish.py", _CHECK_TESTS),
     "row_checks": ("specviz/analysis/row_checks.py", _CHECK_TESTS),

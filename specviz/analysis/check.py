@@ -12,19 +12,11 @@ from __future__ import annotations
 
 from specviz.analysis.arrays import Columns, step_slices
 from specviz.analysis.columnar import check_clean_steps
+from specviz.analysis.exactness import exact_match, exact_match_read, sequence_divergence
 from specviz.analysis.findings import Findings, stub_row, unreadable_from
 from specviz.analysis.finish import FinishChecks
 from specviz.analysis.history import History
-from specviz.analysis.metrics import (
-    StepTotals,
-    TotalsRules,
-    add_columns,
-    add_step,
-    exact_match,
-    exact_match_read,
-    sequence_divergence,
-    settle,
-)
+from specviz.analysis.metrics import StepTotals, TotalsRules, add_columns, add_step, settle
 from specviz.analysis.prefill_checks import check_prefill_row
 from specviz.analysis.recorded import check_recorded_row, note_unrecorded
 from specviz.analysis.report import Report, SequenceVerdict, Violation

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specviz.analysis.metrics import acceptance, exact_match
+from specviz.analysis.exactness import exact_match
+from specviz.analysis.metrics import acceptance
 from specviz.trace.schema import Trace
 
 

@@ -15,78 +15,17 @@ from __future__ import annotations
 
 import functools
 import types
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from specviz.analysis.acceptance import Acceptance
 from specviz.analysis.arrays import Columns, Lists, step_slices
 from specviz.analysis.budgets import sequence_budgets
-from specviz.analysis.unread import unreadable_from
+from specviz.analysis.exactness import exact_match, sequence_divergence
 from specviz.trace.arrow import numbers
 from specviz.trace.schema import Trace
-
-
-@dataclass
-class Acceptance:
-    verify_steps: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    histogram: list[int] = field(default_factory=list)
-
-    @property
-    def rate(self) -> float | None:
-        return self.accepted / self.drafted if self.drafted else None
-
-    @property
-    def mean_length(self) -> float | None:
-        return 1 + self.accepted / self.verify_steps if self.verify_steps else None
-
-    def _reached(self) -> list[int]:
-        """Verify steps that accepted at least i drafts, for i = 0..len(histogram) - 1."""
-        reached, running = [], 0
-        for count in reversed(self.histogram):
-            running += count
-            reached.append(running)
-        return list(reversed(reached))
-
-    @property
-    def per_position(self) -> list[float]:
-        if not self.verify_steps:
-            return []
-        return [count / self.verify_steps for count in self._reached()[1:]]
-
-    @property
-    def per_position_given_previous(self) -> list[float | None]:
-        """Per depth i, P(accepted >= i+1 | accepted >= i); None where no verify reached depth i.
-
-        A bug that corrupts only the later draft calls (state reused across draft steps) leaves
-        depth 0 alone and drops these from depth 1 on, where `per_position`'s running product
-        smears the drop over every later depth."""
-        if not self.verify_steps:
-            return []
-        reached = self._reached()
-        return [reached[i + 1] / reached[i] if reached[i] else None for i in range(len(reached) - 1)]
-
-    def add(self, accepted: int, k: int, drafted: int | None = None) -> None:
-        """One verify of `drafted` drafts (default k; engines may draft fewer), k the run's maximum."""
-        drafted = k if drafted is None else drafted
-        if len(self.histogram) < k + 1:
-            self.histogram.extend([0] * (k + 1 - len(self.histogram)))
-        self.verify_steps += 1
-        self.drafted += drafted
-        self.accepted += accepted
-        self.histogram[min(accepted, k)] += 1
-
-    def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out.update(
-            rate=self.rate,
-            mean_length=self.mean_length,
-            per_position=self.per_position,
-            per_position_given_previous=self.per_position_given_previous,
-        )
-        return out
 
 
 def acceptance(trace: Trace) -> tuple[Acceptance, dict[int, Acceptance]]:
@@ -328,45 +267,6 @@ def _left_on_columns(c: Columns, rules: TotalsRules) -> int:
 
 def _items(lists: Lists, r: int) -> list[int]:
     return lists.values[lists.start[r] : lists.start[r] + lists.lengths[r]].tolist()
-
-
-def first_divergence(output: list[int], reference: list[int] | None, finished: bool = True) -> int | None:
-    """Index of the first token that differs (or where one output stops early); None if equal.
-
-    An unfinished sequence (interrupted run) only has to agree with the reference so far.
-    """
-    if reference is None or output == reference:  # the common case, compared in C
-        return None
-    for i, (a, b) in enumerate(zip(output, reference)):
-        if a != b:
-            return i
-    if len(output) == len(reference) or (not finished and len(output) < len(reference)):
-        return None
-    return min(len(output), len(reference))
-
-
-def sequence_divergence(seq: Any, run_complete: bool = False) -> int | None:
-    """A complete run must have finished every sequence, so there "identical so far" is not enough."""
-    return first_divergence(seq.output_ids, seq.reference_ids, run_complete or seq.finish_reason is not None)
-
-
-def exact_match(trace: Trace) -> float | None:
-    """The share of prompts token-identical to their reference; None where it is not known: no
-    reference recorded, or a watched run read only up to some step (`unreadable_from`): its outputs
-    past that step were never read, so a match of what was read says nothing of the whole output
-    (that partial share is `exact_match_read`)."""
-    if unreadable_from(trace.header.options, len(trace.steps)) is not None:
-        return None
-    return exact_match_read(trace)
-
-
-def exact_match_read(trace: Trace) -> float | None:
-    """The share of prompts whose outputs, as far as the trace read them, agree with the reference."""
-    with_ref = [s for s in trace.sequences if s.reference_ids is not None]
-    if not with_ref:
-        return None
-    complete = trace.header.complete
-    return sum(sequence_divergence(s, complete) is None for s in with_ref) / len(with_ref)
 
 
 def tokens_emitted(trace: Trace) -> int:

@@ -156,7 +156,8 @@ def run_unwatched(pair: ModelPair, prompts: PromptSet, config: RunConfig) -> flo
 
 def sample_trace(trace: Trace, prompts: PromptSet, check: bool = False) -> Sample:
     """Measure one decoded trace against the prompt set's oracle; `check` adds the checker's verdict."""
-    from specviz.analysis.metrics import acceptance, phase_times, sequence_divergence, tokens_emitted
+    from specviz.analysis.exactness import sequence_divergence
+    from specviz.analysis.metrics import acceptance, phase_times, tokens_emitted
 
     for seq in trace.sequences:
         seq.reference_ids, seq.reference_margins = prompts.references[seq.seq_id]

@@ -6,7 +6,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from specviz.analysis.metrics import Acceptance, StepTotals, acceptance
+from specviz.analysis.acceptance import Acceptance
+from specviz.analysis.metrics import StepTotals, acceptance
 from specviz.analysis.report import Report
 from specviz.trace.schema import Trace
 
