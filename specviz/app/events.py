@@ -320,7 +320,7 @@ def wire_share(inspect: Any, states: list[Any], ui: DetailUI) -> None:
     def on_cell(
         label: str, run_a: LoadedRun | None, run_b: LoadedRun | None, step: int, window: int, picked: str
     ) -> Any:
-        what, numbers = share.parsepick(picked)
+        what, numbers = share.parse_pick(picked)
         if what != "cell" or len(numbers) != 2:
             return gr.skip()
         return share.cell_details(inspected(label, run_a, run_b), int(step or 0), *numbers, window)
@@ -331,7 +331,7 @@ def wire_share(inspect: Any, states: list[Any], ui: DetailUI) -> None:
     )  # fmt: skip
 
     def on_key(label: str, run_a: Any, run_b: Any, step: int, row: int, window: int, pressed: str) -> Any:
-        key, _ = share.parsepick(pressed)
+        key, _ = share.parse_pick(pressed)
         loaded = inspected(label, run_a, run_b)
         if loaded is None or not loaded.trace.steps:
             return gr.skip()

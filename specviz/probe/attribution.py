@@ -207,7 +207,7 @@ def estimate_noise(
     self_m = _log(calibration.typical) if calibration else -math.inf
     self_x = _log(calibration.largest) if calibration else -math.inf
     outliers: set[tuple[int, int]] = set()
-    paths = []
+    per_path = []  # one PathNoise a path (not `paths`, the module of pairs)
     for path in sorted({e.path for e in items}):
         keys = [(e.index, e.round) for e in items if e.path == path]
         own = len(keys) >= MIN_PATH_PROMPTS
@@ -226,15 +226,15 @@ def estimate_noise(
         inliers = [levels[k] for k in keys if k not in out]
         estimate = max([FLOOR, calibration.largest if calibration else FLOOR] + [10**x for _, x in inliers])
         typical = 10 ** statistics.median(m for m, _ in inliers) if inliers else None
-        paths.append(PathNoise(path, len(keys), estimate, typical, 10**base, 10**cut, 10**cut_max, not own))
+        per_path.append(PathNoise(path, len(keys), estimate, typical, 10**base, 10**cut, 10**cut_max, not own))
     inliers = [v for k, v in levels.items() if k not in outliers]
     typical = 10 ** statistics.median(m for m, _ in inliers) if inliers else None
     (base, cut), (_, cut_max) = pooled
     if batch is not None:
         cut, cut_max = min(cut, batch[0]), min(cut_max, batch[1])
     return Noise(
-        max(p.estimate for p in paths), typical, 10**base, 10**cut, 10**cut_max, len(levels),
-        frozenset(outliers), tuple(paths), calibration, batch, _pairs(evidence, frozenset(outliers)), recomputable,
+        max(p.estimate for p in per_path), typical, 10**base, 10**cut, 10**cut_max, len(levels),
+        frozenset(outliers), tuple(per_path), calibration, batch, _pairs(evidence, frozenset(outliers)), recomputable,
     )  # fmt: skip
 
 
