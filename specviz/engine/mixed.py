@@ -66,10 +66,9 @@ class Rider:
 
 
 def open_rider(seq: SeqState, record: PrefillRecord, device: torch.device, with_draft: bool) -> Rider:
-    """A waiting sequence's rider: empty caches; `record` is kept on the run until its first step."""
+    """A waiting sequence's rider: empty caches; `record` (`prefill.chunk_records`) is kept on the
+    run until its first step."""
     context = seq.prompt_ids + seq.output_ids[:-1] if seq.output_ids else seq.prompt_ids[:-1]
-    if with_draft:
-        record.draft_fed = []
     return Rider(seq, context, record, _empty(device), _empty(device) if with_draft else None)
 
 

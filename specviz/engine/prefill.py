@@ -59,9 +59,7 @@ def prefill(engine: Engine, model: Any, seqs: list[SeqState], cache: Any | None 
             mask[row, width - len(context) :] = 1
     positions = (mask.cumsum(1) - 1).clamp(min=0)  # [B, W]
     size = engine.config.prefill_chunk or width
-    records = _records(engine, seqs) if engine.config.prefill_chunk else None
-    for record in records if records is not None and not is_target else ():
-        record.draft_fed = []  # a one-token prompt's draft is fed nothing, and says so
+    records = chunk_records(engine, seqs, draft=not is_target) if engine.config.prefill_chunk else None
     hidden = []
     for start in range(0, width, size):
         cols = slice(start, min(width, start + size))
@@ -83,10 +81,15 @@ def prefill(engine: Engine, model: Any, seqs: list[SeqState], cache: Any | None 
     return state
 
 
-def _records(engine: Engine, seqs: list[SeqState]) -> list[PrefillRecord]:
-    """Each sequence's record, kept on the run until its next step takes it."""
+def chunk_records(engine: Engine, seqs: list[SeqState], draft: bool = False) -> list[PrefillRecord]:
+    """Each sequence's record, kept on the run until its next step takes it; `draft`: its draft
+    prefill starts now, so what the draft was fed starts empty (a one-token prompt's draft is fed
+    nothing, and says so)."""
     pending = engine.context.prefills
-    return [pending.setdefault(seq.seq_id, PrefillRecord()) for seq in seqs]
+    records = [pending.setdefault(seq.seq_id, PrefillRecord()) for seq in seqs]
+    for record in records if draft else ():
+        record.draft_fed = []
+    return records
 
 
 def _predicted(records: list[PrefillRecord], mask: torch.Tensor, column: int) -> torch.Tensor:

@@ -53,7 +53,7 @@ from specviz.engine.methods.admission import mixes, riders_for, split_window
 from specviz.engine.methods.base import Method
 from specviz.engine.methods.grouping import admission_order, select_group
 from specviz.engine.mixed import Aboard, Rider, open_rider
-from specviz.engine.prefill import PrefillRecord
+from specviz.engine.prefill import chunk_records
 from specviz.engine.step import Engine, StepOutcome
 
 if TYPE_CHECKING:
@@ -191,8 +191,9 @@ def _board(
     for seq in seqs:
         rider = waiting.get(seq.seq_id)
         if rider is None:
-            record = engine.context.prefills.setdefault(seq.seq_id, PrefillRecord())
-            rider = open_rider(seq, record, engine.device, with_draft=engine.draft is not None)
+            with_draft = engine.draft is not None
+            (record,) = chunk_records(engine, [seq], draft=with_draft)
+            rider = open_rider(seq, record, engine.device, with_draft)
         if not rider.context:
             engine.context.prefills.pop(seq.seq_id, None)
             _admit(rider, target_pool, draft_pool)

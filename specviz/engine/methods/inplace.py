@@ -17,7 +17,7 @@ from specviz.engine.batch import Batch, SeqState
 from specviz.engine.kv.regions import LAYOUT, RegionCache, RegionState, apply_plan, block_mask, new_order, settled
 from specviz.engine.methods.base import Method
 from specviz.engine.methods.static import run_static
-from specviz.engine.prefill import PrefillRecord
+from specviz.engine.prefill import PrefillRecord, chunk_records
 from specviz.engine.step import Engine, StepOutcome
 from specviz.errors import SpecvizError
 
@@ -70,10 +70,7 @@ def prefill_regions(engine: Engine, model: Any, seqs: list[SeqState], width: int
     contexts = [(s.prompt_ids + s.output_ids)[:-1] for s in seqs]
     lengths = torch.tensor([len(c) for c in contexts], device=device)
     slots = RegionCache(num_layers(model), width, len(seqs))
-    pending = engine.context.prefills  # each sequence's record, kept until its next step takes it
-    records = [pending.setdefault(s.seq_id, PrefillRecord()) for s in seqs] if engine.config.prefill_chunk else None
-    for record in records if records is not None and not is_target else ():
-        record.draft_fed = []  # a one-token prompt's draft is fed nothing, and says so
+    records = chunk_records(engine, seqs, draft=not is_target) if engine.config.prefill_chunk else None
     for group in prefill_groups([len(c) for c in contexts]):
         longest = max(len(contexts[r]) for r in group)
         ids = torch.full((len(group), longest), engine.config.pad_id, dtype=torch.long, device=device)  # [G, L]
