@@ -3,16 +3,11 @@ pure functions of the plan, the verification and the tree (`step.py` calls them)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from specviz.engine.faults import SlotPlan
 from specviz.engine.kv.state import CachePlan
 from specviz.engine.proposers.base import TreeShape
-
-if TYPE_CHECKING:
-    from specviz.engine.phases import Verification
 
 
 def row_parents(tree: TreeShape | None, rows: int) -> list[list[int]] | None:
@@ -20,15 +15,16 @@ def row_parents(tree: TreeShape | None, rows: int) -> list[list[int]] | None:
     return None if tree is None else [list(tree.row_parents(r)) for r in range(rows)]
 
 
-def path_first(verification: Verification, tree: TreeShape | None) -> torch.Tensor | None:
-    """[B, N] a tree's query slots in keeping order: the root, the accepted path, then the rest."""
-    if tree is None or verification.paths is None:
+def path_first(paths: list[list[int]] | None, tree: TreeShape | None, device: torch.device) -> torch.Tensor | None:
+    """[B, N] a tree's query slots in keeping order: the root, the accepted path (`paths`: each
+    row's accepted nodes, root excluded), then the rest."""
+    if tree is None or paths is None:
         return None
     order = []
-    for path in verification.paths:
+    for path in paths:
         front = [0, *path]
         order.append(front + [s for s in range(tree.size) if s not in front])
-    return torch.tensor(order, dtype=torch.long, device=verification.accepted.device)
+    return torch.tensor(order, dtype=torch.long, device=device)
 
 
 def kept_nodes(plan: CachePlan, old_width: int) -> list[list[int]]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -28,7 +28,8 @@ from specviz.engine.kv.state import KVState, feed
 
 if TYPE_CHECKING:
     from specviz.engine.batch import SeqState
-    from specviz.engine.step import Engine
+    from specviz.engine.faults import Fault
+    from specviz.engine.proposers.base import Proposer
 
 
 @dataclass
@@ -41,8 +42,31 @@ class PrefillRecord:
     predicted: dict[int, int] = field(default_factory=dict)  # context index -> the target's choice for it
 
 
+class Prefills(Protocol):
+    """Where the run keeps each sequence's record until its next step takes it (`RunContext`)."""
+
+    prefills: dict[int, PrefillRecord]
+
+
+class PrefillEngine(Protocol):
+    """What a prefill reads of the engine (`step.Engine` is one). A protocol, not the class: the
+    engine's step calls the prefill, so the prefill naming the engine would make a circle."""
+
+    device: torch.device
+    target: Any
+    config: Any  # EngineConfig: prefill_chunk, pad_id
+    fault: Fault
+    proposer: Proposer | None
+    context: Prefills
+
+    @property
+    def cache_headroom(self) -> int: ...
+
+    def capture_hidden(self) -> Any: ...
+
+
 @torch.no_grad()
-def prefill(engine: Engine, model: Any, seqs: list[SeqState], cache: Any | None = None) -> KVState:
+def prefill(engine: PrefillEngine, model: Any, seqs: list[SeqState], cache: Any | None = None) -> KVState:
     """The batch's contexts cached in `model`'s cache (`cache`: an empty one to write into)."""
     device, is_target = engine.device, model is engine.target
     contexts = [s.prompt_ids + s.output_ids[:-1] if s.output_ids else s.prompt_ids[:-1] for s in seqs]
@@ -81,7 +105,7 @@ def prefill(engine: Engine, model: Any, seqs: list[SeqState], cache: Any | None 
     return state
 
 
-def chunk_records(engine: Engine, seqs: list[SeqState], draft: bool = False) -> list[PrefillRecord]:
+def chunk_records(engine: PrefillEngine, seqs: list[SeqState], draft: bool = False) -> list[PrefillRecord]:
     """Each sequence's record, kept on the run until its next step takes it; `draft`: its draft
     prefill starts now, so what the draft was fed starts empty (a one-token prompt's draft is fed
     nothing, and says so)."""

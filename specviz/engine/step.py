@@ -121,7 +121,7 @@ class Engine:
         self._hand_hidden_states(seqs, committed, proposals, verification)
         # 4. Plan the caches. The target's holds [old | pending, nodes]; the draft's [old | pending,
         # d1..d(k-1)] (+ the KV it lacks once filled). No draft cache: nothing to fill or plan.
-        target_order = path_first(verification, proposals.tree)
+        target_order = path_first(verification.paths, proposals.tree, verification.accepted.device)
         target_plan = self.plan_cache(
             batch.target, verification.cache_len, verification.accepted, "target", target_order
         )
