@@ -75,12 +75,12 @@ def references(
 
 
 def sequences(
-    w: Any, prompts: list[list[int]], assembly: InferredSteps, references: list[tuple[list[int], list[float]]] | None
+    w: Any, prompts: list[list[int]], assembly: InferredSteps, references: list[tuple[Any, Any]]
 ) -> list[SequenceRecord]:
+    """`references`: each sequence's (ids, margins), (None, None) where none was decoded."""
     records = []
-    for seq_id, ids in enumerate(prompts):
+    for seq_id, (ids, (ref_ids, margins)) in enumerate(zip(prompts, references)):
         output = assembly.outputs.get(seq_id, [])
-        ref_ids, margins = references[seq_id] if references is not None else (None, None)
         records.append(
             SequenceRecord(
                 seq_id=seq_id,
