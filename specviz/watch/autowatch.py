@@ -355,10 +355,11 @@ def unpadded_prompts(prompts: list[list[int]], calls: list[CallRecord], pad: int
     API is given the prompts, so the trace it writes has the unpadded ones and flags the row for
     attending its padding: stripping the pads here gives both the same trace and the same
     diagnosis. Only a rectangular batch is stripped whose rows start with pad runs of different
-    lengths, one of them none (left padding to the longest row); anything else is kept as read.
+    lengths, one of them none (left padding to the longest row; so two rows at least); anything
+    else is kept as read.
     """
     first = first_target(calls)
-    if pad is None or first is None or first.mask_kind != "none" or first.batch_size < 2:
+    if pad is None or first is None or first.mask_kind != "none":
         return prompts
     opened = prompts[: first.batch_size]
     leads = [next((i for i, t in enumerate(p) if t != pad), len(p)) for p in opened]

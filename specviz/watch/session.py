@@ -245,7 +245,9 @@ class Watch:
         # The manager's requests may stop on EOS ids of their own.
         eos = frozenset(eos_ids(self.target, self.tokenizer)) | self._paged.eos_ids
         with collector_paused():
-            prompts = self.prompts if self.prompts is not None else self._found_prompts(calls)
+            prompts = self.prompts
+            if prompts is None:  # undeclared: the paged manager's requests, else the first target call's rows
+                prompts = self._paged.prompts or _prompts_from_first_call(calls)
             require_prompted(prompts, self._emits)
             if self._rows_to_follow(calls, prompts):
                 follow_rows(calls, prompts, eos)
@@ -321,10 +323,6 @@ class Watch:
         if any(c.rows is not None for c in targets) or self._ever_declared:
             return False
         return any(c.batch_size != len(prompts) for c in targets[1:])
-
-    def _found_prompts(self, calls: list[CallRecord]) -> list[list[int]]:
-        """Undeclared prompts: the paged manager's requests, else the first target call's rows."""
-        return self._paged.prompts or _prompts_from_first_call(calls)
 
 
 def watch(
