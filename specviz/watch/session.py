@@ -105,17 +105,18 @@ class Watch:
         self._emits: list[Emit] = []
         self._closed = False
         self.trace: Trace | None = None  # set by close(): the context manager's result
-        self._tap = None  # the target's last hidden states, to see where the head's input came from
+        tap = None  # the target's last hidden states, to see where the head's input came from
         if drafter is not None:
             if not isinstance(drafter, torch.nn.Module) or drafter is target or drafter is draft:
                 raise WatchError("drafter must be a torch module other than the target and the draft (the draft head)")
-            self._tap = HiddenTap(target)
+            tap = HiddenTap(target)
         self._head_named = drafter is not None
-        self._hooks = [ModelHooks(target, "target", self, tap=self._tap)]
+        # Everything `close` removes (`ModelHooks`, the tap), in order.
+        self._hooks: list[ModelHooks | HiddenTap] = [ModelHooks(target, "target", self, tap=tap)]
         if draft is not None:
             self._hooks.append(ModelHooks(draft, "draft", self))
         if drafter is not None:  # a draft head (EAGLE, MTP, Medusa): any module, fed hidden states
-            self._hooks.append(ModelHooks(drafter, "draft", self, drafter=True, tap=self._tap))
+            self._hooks += [ModelHooks(drafter, "draft", self, drafter=True, tap=tap), tap]
         # Always a capture: one that found no continuous batching to wrap names no sequence, so it
         # keeps no emit, reports nothing and adds no EOS id.
         self._paged = PagedCapture(self, self.prompts)
@@ -159,8 +160,7 @@ class Watch:
         other rows than the target's; by default both. An undeclared draft side is matched to the
         target rows by what its calls were fed and returned.
         """
-        if model not in (None, "target", "draft"):
-            raise WatchError(f"rows: model must be None, 'target' or 'draft', got {model!r}")
+        _check_model(model, (None, "target", "draft"), "rows")
         self._require_open("rows")
         ids = self._checked_ids(seq_ids, "rows")
         self._ever_declared = True
@@ -191,8 +191,7 @@ class Watch:
         `drafts`: how many draft tokens end each sequence's query (None: not said; its draft count
         is then read from the draft calls). `chunk`: per sequence, True for a prefill chunk that
         stops short of its prompt's end: it yields no token, so it is no step of its sequence."""
-        if model not in ("target", "draft"):
-            raise WatchError(f"batch: model must be 'target' or 'draft', got {model!r}")
+        _check_model(model, ("target", "draft"), "batch")
         self._require_open("batch")
         ids = self._checked_ids(seq_ids, "batch")
         trees = None if parents is None else checked_trees(parents, len(ids), model)
@@ -282,10 +281,7 @@ class Watch:
         """
         for hooks in self._hooks:
             hooks.remove()
-        self._hooks = []
-        if self._tap is not None:
-            self._tap.remove()
-            self._tap = None  # and the last hidden states it kept
+        self._hooks = []  # and the last hidden states the tap kept
         self._paged.uninstall()
         calls, self._calls = self._calls, []
         return calls
@@ -365,6 +361,12 @@ def watch(
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+def _check_model(model: str | None, allowed: tuple[str | None, ...], what: str) -> None:
+    if model not in allowed:
+        names = ", ".join(map(repr, allowed[:-1]))
+        raise WatchError(f"{what}: model must be {names} or {allowed[-1]!r}, got {model!r}")
 
 
 def _checked_lens(query_lens: Iterable[int], count: int) -> list[int]:
