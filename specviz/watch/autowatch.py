@@ -34,7 +34,7 @@ from specviz.watch.hooks import ModelHooks, WatchError, check_causal_lm
 from specviz.watch.infer.follow import Follower
 from specviz.watch.paged import PagedCapture
 from specviz.watch.record import CallRecord
-from specviz.watch.session import Watch
+from specviz.watch.session import Watch, first_target
 
 
 class AutoWatch:
@@ -46,8 +46,7 @@ class AutoWatch:
         self.calls: list[CallRecord] = []
         self.roles: dict[int, int] = {}  # id(CallRecord) -> index of the model that made it
         self.tokenizers: list[Any] = []  # every tokenizer built while installed, in order
-        self._original: Any = None
-        self._original_tokenizer_init: Any = None
+        self._patched: list[tuple[Any, str, Any]] = []  # (class, name, original) to restore
         self.paged = PagedCapture(self, None)  # transformers' continuous batching: its manager says
         self.paged_emits: list[Emit] = []
         self._declared: tuple[int, ...] | None = None
@@ -55,9 +54,8 @@ class AutoWatch:
         # its first call; every causal LM keeps its last hidden states meanwhile (only when named).
         self.drafter = drafter
         self.head: Any = None
-        self.head_hooks: ModelHooks | None = None
-        self.taps = TapSet() if drafter else None
-        self._head_class = drafter.rsplit(".", 1)[-1] if drafter else None  # the class's own name
+        self.taps = TapSet()  # empty unless a head is named
+        self._head_class = ""  # the class's own name, the search's first test (set when it starts)
         self._search: list[Any] = []  # the global hooks' handles while searching
         self._called: dict[int, float] = {}  # id -> start time of the calls of the head's class under way
         self._inside: set[int] | None = None  # ids of the causal LMs' modules (built when a name matches)
@@ -97,11 +95,11 @@ class AutoWatch:
             watcher.adopt(model)
             return result
 
-        self._original = original
-        PreTrainedModel.post_init = post_init
+        self._patch(PreTrainedModel, "post_init", post_init)
         self._install_tokenizer_capture()
         self.paged.install()
         if self.drafter:
+            self._head_class = self.drafter.rsplit(".", 1)[-1]
             hooks = torch.nn.modules.module
             self._search = [
                 hooks.register_module_forward_pre_hook(self._head_call_starts),
@@ -121,27 +119,22 @@ class AutoWatch:
             if not any(t is tokenizer for t in watcher.tokenizers):
                 watcher.tokenizers.append(tokenizer)
 
-        self._original_tokenizer_init = original
-        PreTrainedTokenizerBase.__init__ = init
+        self._patch(PreTrainedTokenizerBase, "__init__", init)
+
+    def _patch(self, owner: type, name: str, replacement: Any) -> None:
+        self._patched.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, replacement)
 
     def uninstall(self) -> None:
-        from transformers import PreTrainedModel
-
-        if self._original is not None:
-            PreTrainedModel.post_init = self._original
-            self._original = None
-        if self._original_tokenizer_init is not None:
-            from transformers.tokenization_utils_base import PreTrainedTokenizerBase
-
-            PreTrainedTokenizerBase.__init__ = self._original_tokenizer_init
-            self._original_tokenizer_init = None
+        """Restore what `install` patched and remove every hook (twice is harmless: `cli` calls it
+        when the script ends, `finish` again)."""
+        for owner, name, original in reversed(self._patched):
+            setattr(owner, name, original)
+        self._patched = []
         self._stop_search()
-        for hooks in self.hooks:
+        for hooks in self.hooks:  # the head's too, once found
             hooks.remove()
-        if self.head_hooks is not None:
-            self.head_hooks.remove()
-        if self.taps is not None:
-            self.taps.remove()
+        self.taps.remove()
         self.paged.uninstall()
 
     def adopt(self, model: Any) -> None:
@@ -155,7 +148,7 @@ class AutoWatch:
         index = len(self.models)
         self.models.append(model)
         self._inside = None
-        tap = self.taps.add(index, model) if self.taps is not None else None
+        tap = self.taps.add(index, model) if self.drafter else None
         # Every model records as a target (argmax of all query slots); draft calls are trimmed later.
         self.hooks.append(_IndexedHooks(model, self, index, tap))
 
@@ -196,26 +189,25 @@ class AutoWatch:
             return  # part of the target or the draft (a layer of that name), not a head
         self._stop_search()
         self.head = module
-        self.head_hooks = ModelHooks(module, "draft", self, drafter=True, tap=self.taps)
-        self.head_hooks.before(module, args, kwargs)
-        if self.head_hooks.open[-1] is not None and started is not None:
-            self.head_hooks.open[-1].started = started
-        self.head_hooks.after(module, args, kwargs, output)
+        hooks = ModelHooks(module, "draft", self, drafter=True, tap=self.taps)
+        self.hooks.append(hooks)
+        hooks.before(module, args, kwargs)
+        if hooks.open[-1] is not None and started is not None:
+            hooks.open[-1].started = started
+        hooks.after(module, args, kwargs, output)
 
     def _in_forward_head(self, module: Any, output: Any) -> bool:
         """A module of the named class inside a causal LM is its head only when it returns logits
         (last dimension that model's vocabulary) and is not the model's own LM head: an MTP-like
         head the model's forward calls on its final hidden states, not a layer of that name."""
         logits = getattr(output, "logits", None)
-        if logits is None and isinstance(output, (tuple, list)) and output:
-            logits = output[0]
-        if logits is None:
-            logits = output
+        if logits is None:  # a tuple's first item, or the output itself
+            logits = output[0] if isinstance(output, (tuple, list)) and output else output
         if not isinstance(logits, torch.Tensor) or logits.dim() < 2:
             return False
-        for model in self.models:
+        for model in self.models:  # causal LMs (`adopt`): each has its LM head
             vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-            head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+            head = model.get_output_embeddings()
             if module is not head and logits.shape[-1] == vocab and any(m is module for m in model.modules()):
                 return True
         return False
@@ -254,10 +246,10 @@ class AutoWatch:
                 "(or inside one, returning its logits); "
                 "drafts were read from the verify, the head's input was not checked"
             )
-        w = Watch(target, draft, prompts=prompts, out=out, name=name, layout=layout)
+        # No `out` for the watch: the trace is written once, below, with what only the command knows.
+        w = Watch(target, draft, prompts=prompts, name=name, layout=layout)
         w._head_named = self.head is not None  # its calls are in `calls`: the header says "head"
-        if w._paged is not None:  # the manager's EOS ids, as the script's manager saw them
-            w._paged.eos_ids |= self.paged.eos_ids
+        w._paged.eos_ids |= self.paged.eos_ids  # the manager's EOS ids, as the script's manager saw them
         # The inferred calls and emits stand in for what the hooks and `emit` would have collected.
         w._calls, w._emits = calls, emits
         trace = w.close(reference=reference and complete, complete=complete and read_all)
@@ -266,18 +258,17 @@ class AutoWatch:
             from specviz.trace.token_text import attach_token_text
 
             attach_token_text(trace, tokenizer)
+        options = trace.header.options
         if assumed:  # read, not seen: the report says so beside the exact match (analysis/unread.py)
-            trace.header.options[READ_AS_GREEDY] = {str(seq): n for seq, n in sorted(assumed.items())}
-        if notes or tokenizer is not None or assumed:
-            if notes:
-                trace.header.options.setdefault("watch_notes", []).extend(notes[:20])
-            if unfollowed:  # the run is unreadable from there: `check` says so, with its own exit code
-                why = "; ".join(unfollowed)
-                trace.header.options[UNREADABLE] = {"step": len(trace.steps), "why": why}
-            if w.out is not None:
-                from specviz.trace.io import save_trace
+            options[READ_AS_GREEDY] = {str(seq): n for seq, n in sorted(assumed.items())}
+        if notes:
+            options.setdefault("watch_notes", []).extend(notes[:20])
+        if unfollowed:  # the run is unreadable from there: `check` says so, with its own exit code
+            options[UNREADABLE] = {"step": len(trace.steps), "why": "; ".join(unfollowed)}
+        if out is not None:
+            from specviz.trace.io import save_trace
 
-                save_trace(trace, w.out)
+            save_trace(trace, out)
         return trace, notes
 
     def tokenizer_for(self, trace: Trace) -> Any | None:
@@ -297,19 +288,16 @@ class AutoWatch:
         """Only the two models' calls, with roles; a draft keeps the argmax of its last slot."""
         kept = []
         index = next(i for i, m in enumerate(self.models) if m is target)
+        role_of = {id(target): "target", id(draft): "draft"}  # any other model's calls are dropped
         for call in self.calls:
             if call.drafter:  # the head's: matched with every model's hidden states, the target's kept
                 call.head_fed = resolve(call.head_fed, index)
                 kept.append(call)
                 continue
-            model = self.models[self.roles[id(call)]]
-            if model is target:
-                call.role = "target"
-            elif model is draft:
-                call.role = "draft"
-            else:
-                continue
-            kept.append(call)
+            role = role_of.get(id(self.models[self.roles[id(call)]]))
+            if role is not None:
+                call.role = role
+                kept.append(call)
         return kept
 
 
@@ -367,10 +355,11 @@ def unpadded_prompts(prompts: list[list[int]], calls: list[CallRecord], pad: int
     API is given the prompts, so the trace it writes has the unpadded ones and flags the row for
     attending its padding: stripping the pads here gives both the same trace and the same
     diagnosis. Only a rectangular batch is stripped whose rows start with pad runs of different
-    lengths, one of them none (left padding to the longest row); anything else is kept as read.
+    lengths, one of them none (left padding to the longest row; so two rows at least); anything
+    else is kept as read.
     """
-    first = next((c for c in calls if c.role == "target"), None)
-    if pad is None or first is None or first.mask_kind != "none" or first.batch_size < 2:
+    first = first_target(calls)
+    if pad is None or first is None or first.mask_kind != "none":
         return prompts
     opened = prompts[: first.batch_size]
     leads = [next((i for i, t in enumerate(p) if t != pad), len(p)) for p in opened]

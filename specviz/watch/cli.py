@@ -61,11 +61,12 @@ def run_script(target: str, argv: list[str], is_module: bool) -> int:
     """Run the script as `__main__` with its own argv; its exit status (a crash is 1, after its traceback)."""
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = argv
-    sys.path.insert(0, os.path.dirname(os.path.abspath(target)) if not is_module else os.getcwd())
     try:
-        if is_module:
+        if is_module:  # imported as `python -m` would: from the working folder
+            sys.path.insert(0, os.getcwd())
             runpy.run_module(target, run_name="__main__", alter_sys=True)
-        else:
+        else:  # from the script's own folder, as `python script.py` would
+            sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
             runpy.run_path(target, run_name="__main__")
         return 0
     except SystemExit as done:

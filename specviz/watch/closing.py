@@ -21,14 +21,15 @@ def header(w: Any, assembly: InferredSteps, eos: frozenset[int], complete: bool)
     seconds = None
     if assembly.first_call_at is not None and assembly.last_event_at is not None:
         seconds = round(assembly.last_event_at - assembly.first_call_at, 6)
-    options: dict[str, Any] = {"watch_notes": assembly.notes[:20]} if assembly.notes else {}
-    if assembly.unreadable is not None:  # the check's verdict: unreadable from step S
-        options[UNREADABLE] = {"step": assembly.unreadable[0], "why": assembly.unreadable[1]}
-    own = {str(s): n for s, n in assembly.budgets.items() if n != assembly.max_new_tokens}
-    if own:  # a budget per sequence: the check judges each "length" ending against its own
-        options[BUDGETS] = own
-    if w.logits_processed:
-        options["logits_processed"] = True  # declared: the engine chose on processed logits
+    unreadable = assembly.unreadable
+    options = {
+        "watch_notes": assembly.notes[:20],
+        # The check's verdict: unreadable from step S.
+        UNREADABLE: None if unreadable is None else {"step": unreadable[0], "why": unreadable[1]},
+        # A budget per sequence: the check judges each "length" ending against its own.
+        BUDGETS: {str(s): n for s, n in assembly.budgets.items() if n != assembly.max_new_tokens},
+        "logits_processed": w.logits_processed,  # declared: the engine chose on processed logits
+    }
     return Header(
         schema_version=SCHEMA_VERSION,
         method="baseline" if assembly.k == 0 else "speculative",
@@ -47,7 +48,7 @@ def header(w: Any, assembly: InferredSteps, eos: frozenset[int], complete: bool)
         created_at=w.created_at,
         library_versions=library_versions(),
         engine=w.name,
-        options=options,
+        options={key: value for key, value in options.items() if value},  # only what was said or found
         complete=complete,
         finished_at=now_iso(),
         decode_seconds=seconds,
@@ -75,12 +76,12 @@ def references(
 
 
 def sequences(
-    w: Any, prompts: list[list[int]], assembly: InferredSteps, references: list[tuple[list[int], list[float]]] | None
+    w: Any, prompts: list[list[int]], assembly: InferredSteps, references: list[tuple[Any, Any]]
 ) -> list[SequenceRecord]:
+    """`references`: each sequence's (ids, margins), (None, None) where none was decoded."""
     records = []
-    for seq_id, ids in enumerate(prompts):
+    for seq_id, (ids, (ref_ids, margins)) in enumerate(zip(prompts, references)):
         output = assembly.outputs.get(seq_id, [])
-        ref_ids, margins = references[seq_id] if references is not None else (None, None)
         records.append(
             SequenceRecord(
                 seq_id=seq_id,

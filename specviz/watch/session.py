@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -45,6 +45,19 @@ from specviz.watch.steps import infer_steps
 from specviz.watch.streamer import GenerateStreamer
 
 FINISH_REASONS = (None, "eos", "length")
+
+
+class _Forward(NamedTuple):
+    """What was declared for a model's next forward only (`batch`, or the paged manager's requests):
+    its sequences, and with `batch` their query lengths, trees and (drafts, chunk) facts."""
+
+    ids: tuple[int, ...]
+    lens: list[int] | None = None
+    parents: list[list[int]] | None = None
+    facts: tuple[tuple[int | None, bool], ...] | None = None
+
+
+_UNDECLARED = _Forward(())
 
 
 class Watch:
@@ -86,55 +99,54 @@ class Watch:
         self.argmax_is_choice = self.temperature == 0 and not logits_processed
         self.created_at = now_iso()
         self._rows: dict[str, tuple[int, ...] | None] = {"target": None, "draft": None}
-        # Declared for the next forward of a model only (`batch`, or the paged manager's requests).
-        self._once: dict[str, tuple[int, ...]] = {}
-        self._once_lens: dict[str, list[int]] = {}
-        self._once_parents: dict[str, list[list[int]]] = {}  # declared trees (`batch(parents=...)`)
-        self._once_facts: dict[str, tuple[tuple[int | None, bool], ...]] = {}  # (drafts, chunk) per sequence
+        self._once: dict[str, _Forward] = {}  # by model role, until its next forward takes it
         self._ever_declared = False  # rows or batch called: the engine names its rows
         self._calls: list[CallRecord] = []
         self._emits: list[Emit] = []
         self._closed = False
         self.trace: Trace | None = None  # set by close(): the context manager's result
-        if drafter is not None and (not isinstance(drafter, torch.nn.Module) or drafter is target or drafter is draft):
-            raise WatchError("drafter must be a torch module other than the target and the draft (the draft head)")
-        # The target's last hidden states, to see where the head's input came from: only with a head.
-        self._tap = HiddenTap(target) if drafter is not None else None
+        tap = None  # the target's last hidden states, to see where the head's input came from
+        if drafter is not None:
+            if not isinstance(drafter, torch.nn.Module) or drafter is target or drafter is draft:
+                raise WatchError("drafter must be a torch module other than the target and the draft (the draft head)")
+            tap = HiddenTap(target)
         self._head_named = drafter is not None
-        self._hooks = [ModelHooks(target, "target", self, tap=self._tap)]
+        # Everything `close` removes (`ModelHooks`, the tap), in order.
+        self._hooks: list[ModelHooks | HiddenTap] = [ModelHooks(target, "target", self, tap=tap)]
         if draft is not None:
             self._hooks.append(ModelHooks(draft, "draft", self))
         if drafter is not None:  # a draft head (EAGLE, MTP, Medusa): any module, fed hidden states
-            self._hooks.append(ModelHooks(drafter, "draft", self, drafter=True, tap=self._tap))
+            self._hooks += [ModelHooks(drafter, "draft", self, drafter=True, tap=tap), tap]
+        # Always a capture: one that found no continuous batching to wrap names no sequence, so it
+        # keeps no emit, reports nothing and adds no EOS id.
         self._paged = PagedCapture(self, self.prompts)
-        if not self._paged.install():
-            self._paged = None
+        self._paged.install()
 
     # ------------------------------------------------------------------ what the hooks call
 
+    # The hooks ask `query_lens`, `tree_parents` and `segment_facts` before `current_rows`, once
+    # per forward: `current_rows` takes the forward's declaration, so each is read by one forward.
+
     def current_rows(self, role: str = "target") -> tuple[int, ...] | None:
-        if role in self._once:  # declared for this forward only
-            return self._once.pop(role)
-        return self._rows.get(role)
+        declared = self._once.pop(role, None)
+        return self._rows.get(role) if declared is None else declared.ids
 
     def query_lens(self, role: str = "target") -> list[int] | None:
-        """The query length of each sequence of the forward being captured, if `batch` declared them
-        (asked before `current_rows`, once per forward)."""
-        return self._once_lens.pop(role, None) if role in self._once else None
+        """The query length of each sequence of the forward being captured, if `batch` declared them."""
+        return self._once.get(role, _UNDECLARED).lens
 
     def tree_parents(self, role: str = "target") -> list[list[int]] | None:
-        """Each row's tree of the forward being captured, if `batch` declared them (asked before
-        `current_rows`, once per forward)."""
-        return self._once_parents.pop(role, None) if role in self._once else None
+        """Each row's tree of the forward being captured, if `batch` declared them."""
+        return self._once.get(role, _UNDECLARED).parents
 
     def segment_facts(self, role: str = "target") -> tuple[tuple[int | None, bool], ...] | None:
-        """(drafts, chunk) of each sequence of the forward being captured, if `batch` declared any
-        (asked before `current_rows`, once per forward)."""
-        return self._once_facts.pop(role, None) if role in self._once else None
+        """(drafts, chunk) of each sequence of the forward being captured, if `batch` declared any."""
+        return self._once.get(role, _UNDECLARED).facts
 
     def declare_forward(self, seq_ids: tuple[int, ...]) -> None:
-        """The paged manager's requests of the next target forward (`paged.PagedCapture`)."""
-        self._once["target"] = tuple(seq_ids)
+        """The paged manager's requests of the next target forward (`paged.PagedCapture`); what
+        `batch` declared besides the sequences stays."""
+        self._once["target"] = self._once.get("target", _UNDECLARED)._replace(ids=tuple(seq_ids))
 
     def add_call(self, call: CallRecord) -> None:
         self._calls.append(call)
@@ -148,8 +160,7 @@ class Watch:
         other rows than the target's; by default both. An undeclared draft side is matched to the
         target rows by what its calls were fed and returned.
         """
-        if model not in (None, "target", "draft"):
-            raise WatchError(f"rows: model must be None, 'target' or 'draft', got {model!r}")
+        _check_model(model, (None, "target", "draft"), "rows")
         self._require_open("rows")
         ids = self._checked_ids(seq_ids, "rows")
         self._ever_declared = True
@@ -180,25 +191,13 @@ class Watch:
         `drafts`: how many draft tokens end each sequence's query (None: not said; its draft count
         is then read from the draft calls). `chunk`: per sequence, True for a prefill chunk that
         stops short of its prompt's end: it yields no token, so it is no step of its sequence."""
-        if model not in ("target", "draft"):
-            raise WatchError(f"batch: model must be 'target' or 'draft', got {model!r}")
+        _check_model(model, ("target", "draft"), "batch")
         self._require_open("batch")
         ids = self._checked_ids(seq_ids, "batch")
-        self._once_parents.pop(model, None)
-        if parents is not None:
-            self._once_parents[model] = checked_trees(parents, len(ids), model)
-        lens = None
-        if query_lens is not None:
-            lens = [as_int(n, "batch") for n in query_lens]
-            if len(lens) != len(ids) or any(n <= 0 for n in lens):
-                raise WatchError(f"batch: {len(ids)} sequences need {len(ids)} query lengths > 0, got {lens}")
-            self._once_lens[model] = lens
-        else:
-            self._once_lens.pop(model, None)
-        self._once_facts.pop(model, None)
-        if drafts is not None or chunk is not None:
-            self._once_facts[model] = checked_segments(drafts, chunk, lens, len(ids))
-        self._once[model] = tuple(ids)
+        trees = None if parents is None else checked_trees(parents, len(ids), model)
+        lens = None if query_lens is None else _checked_lens(query_lens, len(ids))
+        facts = None if drafts is None and chunk is None else checked_segments(drafts, chunk, lens, len(ids))
+        self._once[model] = _Forward(tuple(ids), lens, trees, facts)
         self._ever_declared = True
 
     def _checked_ids(self, seq_ids: Iterable[int], what: str) -> list[int]:
@@ -220,7 +219,7 @@ class Watch:
         if isinstance(token_ids, torch.Tensor):
             token_ids = token_ids.reshape(-1).tolist()
         tokens = [as_int(t, "emit") for t in token_ids]
-        if self._paged is not None and self._paged.engine_emit(seq_id, tokens, finish_reason):
+        if self._paged.engine_emit(seq_id, tokens, finish_reason):
             return  # the paged manager reports this sequence: compared with its report at close
         self.report(seq_id, tokens, finish_reason)
 
@@ -242,22 +241,23 @@ class Watch:
         calls = self._release_hooks()
         if complete:
             require_emits(calls, self._emits)
-        eos = frozenset(eos_ids(self.target, self.tokenizer))
-        if self._paged is not None:  # the manager's requests may stop on EOS ids of their own
-            eos |= self._paged.eos_ids
+        # The manager's requests may stop on EOS ids of their own.
+        eos = frozenset(eos_ids(self.target, self.tokenizer)) | self._paged.eos_ids
         with collector_paused():
-            prompts = self.prompts if self.prompts is not None else self._found_prompts(calls)
+            prompts = self.prompts
+            if prompts is None:  # undeclared: the paged manager's requests, else the first target call's rows
+                prompts = self._paged.prompts or _prompts_from_first_call(calls)
             require_prompted(prompts, self._emits)
             if self._rows_to_follow(calls, prompts):
                 follow_rows(calls, prompts, eos)
-            if self._paged is not None:  # the engine's emits for the manager's sequences, checked
-                self._paged.reconcile(calls, self._emits)
+            self._paged.reconcile(calls, self._emits)  # the engine's emits for the manager's sequences
             assembly = infer_steps(calls, self._emits, prompts, eos, argmax_is_choice=self.argmax_is_choice)
             header = closing.header(self, assembly, eos, complete and assembly.unreadable is None)
         del calls  # read: the reference decode below does not need them
         # A sampled or processed run is not token-exact against the raw greedy oracle: none decoded.
-        wanted = reference and self.argmax_is_choice
-        references = closing.references(self, prompts, assembly, eos) if wanted else None
+        references: list[tuple[Any, Any]] = [(None, None)] * len(prompts)
+        if reference and self.argmax_is_choice:
+            references = closing.references(self, prompts, assembly, eos)
         with collector_paused():
             trace = Trace(
                 header=header, steps=assembly.steps, sequences=closing.sequences(self, prompts, assembly, references)
@@ -281,12 +281,8 @@ class Watch:
         """
         for hooks in self._hooks:
             hooks.remove()
-        self._hooks = []
-        if self._tap is not None:
-            self._tap.remove()
-            self._tap = None  # and the last hidden states it kept
-        if self._paged is not None:
-            self._paged.uninstall()
+        self._hooks = []  # and the last hidden states the tap kept
+        self._paged.uninstall()
         calls, self._calls = self._calls, []
         return calls
 
@@ -323,12 +319,6 @@ class Watch:
         if any(c.rows is not None for c in targets) or self._ever_declared:
             return False
         return any(c.batch_size != len(prompts) for c in targets[1:])
-
-    def _found_prompts(self, calls: list[CallRecord]) -> list[list[int]]:
-        """Undeclared prompts: the paged manager's requests, else the first target call's rows."""
-        if self._paged is not None and self._paged.prompts:
-            return self._paged.prompts
-        return _prompts_from_first_call(calls)
 
 
 def watch(
@@ -373,9 +363,27 @@ def watch(
 # ----------------------------------------------------------------------------- helpers
 
 
+def _check_model(model: str | None, allowed: tuple[str | None, ...], what: str) -> None:
+    if model not in allowed:
+        names = ", ".join(map(repr, allowed[:-1]))
+        raise WatchError(f"{what}: model must be {names} or {allowed[-1]!r}, got {model!r}")
+
+
+def _checked_lens(query_lens: Iterable[int], count: int) -> list[int]:
+    lens = [as_int(n, "batch") for n in query_lens]
+    if len(lens) != count or any(n <= 0 for n in lens):
+        raise WatchError(f"batch: {count} sequences need {count} query lengths > 0, got {lens}")
+    return lens
+
+
+def first_target(calls: list[CallRecord]) -> CallRecord | None:
+    """The first target call, if any."""
+    return next((c for c in calls if c.role == "target"), None)
+
+
 def _prompts_from_first_call(calls: list[CallRecord]) -> list[list[int]]:
     """Without declared prompts: the attended tokens of each row of the first target call."""
-    first = next((c for c in calls if c.role == "target"), None)
+    first = first_target(calls)
     if first is None:
         return []
     first.materialize()

@@ -29,9 +29,10 @@ class GenerateStreamer:
             if seq_id in self.finished:
                 continue
             ended = next((i + 1 for i, t in enumerate(row) if t in self.eos), None)
-            emitted = row[:ended] if ended else row
-            self.watch.emit(seq_id, emitted, "eos" if ended else None)
-            if ended:
+            if ended is None:
+                self.watch.emit(seq_id, row, None)
+            else:  # up to its EOS; the row is padding from then on
+                self.watch.emit(seq_id, row[:ended], "eos")
                 self.finished.add(seq_id)
 
     def end(self) -> None:
