@@ -105,26 +105,28 @@ def on_host(tensor: torch.Tensor, least: int = 0) -> Any:
         return None
 
 
+def _through_host(tensor: torch.Tensor, op: Any, least: int = 0) -> torch.Tensor:
+    """`op(tensor)` through numpy where `on_host` reads the tensor (a new array then: never a view
+    of the engine's), else torch's own op; `op` is written for both."""
+    host = on_host(tensor, least)
+    return torch.from_numpy(op(host)) if host is not None else op(tensor)
+
+
 def attended(mask: torch.Tensor) -> torch.Tensor:
-    """Boolean 'may attend' from a bool (returned as is), 0/1 or additive float mask."""
+    """Boolean 'may attend' from a bool (returned as is), 0/1 or additive float mask (0 attends, a
+    large negative number blocks)."""
     if mask.dtype == torch.bool:
         return mask
-    host = on_host(mask, least=4096)
-    if host is not None:  # a new array: never a view of the engine's mask
-        return torch.from_numpy(host == 0 if mask.is_floating_point() else host != 0)
-    if mask.is_floating_point():
-        return mask == 0  # additive: 0 attends, a large negative number blocks
-    return mask != 0
+    floating = mask.is_floating_point()
+    return _through_host(mask, lambda m: m == 0 if floating else m != 0, least=4096)
 
 
 def argmax_of(logits: torch.Tensor) -> torch.Tensor:
     """`logits.argmax(-1)` (the first maximum), through numpy on the CPU: a tenth of torch's
     single-threaded cost over a vocabulary, the after-hook's one op."""
-    host = on_host(logits)
-    return torch.from_numpy(host.argmax(-1)) if host is not None else logits.argmax(-1)
+    return _through_host(logits, lambda x: x.argmax(-1))
 
 
 def any_last(seen: torch.Tensor) -> torch.Tensor:
     """`seen.any(-1)`, through numpy on the CPU."""
-    host = on_host(seen)
-    return torch.from_numpy(host.any(-1)) if host is not None else seen.any(-1)
+    return _through_host(seen, lambda x: x.any(-1))
