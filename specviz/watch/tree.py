@@ -364,12 +364,8 @@ def _kept_packed(call: Any, row: int, rq: Any, later: Any, later_row: int, later
 
 def draft_calls_before(calls: list[Any], index: int) -> list[int]:
     """The draft calls since the target call before this one (a tree's proposals, timed)."""
-    found = []
-    for j in range(index - 1, -1, -1):
-        if calls[j].role == "target":
-            break
-        found.append(j)
-    return found
+    before = next((j for j in range(index - 1, -1, -1) if calls[j].role == "target"), -1)
+    return list(range(index - 1, before, -1))
 
 
 def alternatives(steps: list[Any]) -> int:
