@@ -73,18 +73,22 @@ def mask_copy(mask: Any, tail: int | None = QUERY_TAIL) -> tuple[str, torch.Tens
     if not isinstance(mask, torch.Tensor):
         return "unknown", None, None
     if mask.dim() == 2:
-        seen = attended(mask)
-        return "2d", seen.clone() if seen is mask else seen, None
+        return "2d", _copied(attended(mask), mask), None
     if mask.dim() == 4:
         seen = attended(mask[:, 0])
-        # Whole (a packed row): a bool mask's `seen` is a view of the engine's, copied; any other is
-        # a new tensor already. Which query slots attend anything is then read at close, from the
+        # Whole (a packed row): which query slots attend anything is then read at close, from the
         # summary of its lines (`CallRecord.materialize`). A tail is copied, so the rest of the
         # rows are not kept alive.
         if tail is None:
-            return "4d", seen.clone() if mask.dtype == torch.bool else seen, None
+            return "4d", _copied(seen, mask), None
         return "4d", seen[:, -tail:].clone(), any_last(seen)
     return "unknown", None, None
+
+
+def _copied(seen: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`attended(mask)` (or of a view of it) as a tensor of our own: a bool mask's is the engine's
+    tensor or a view of it, copied; any other is a new tensor already."""
+    return seen.clone() if mask.dtype == torch.bool else seen
 
 
 # Host dtypes numpy reads in place. On the CPU, numpy's elementwise compare and `any` over a mask
