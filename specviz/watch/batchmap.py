@@ -25,9 +25,10 @@ engines alike, and the app draws one sequence per grid row.
 
 from __future__ import annotations
 
+from itertools import accumulate, zip_longest
 from typing import Any
 
-from specviz.watch.map import ROLES, BatchMap, Segment  # noqa: F401  (the one type; re-exported)
+from specviz.watch.map import BatchMap, Segment  # noqa: F401  (the one type; re-exported)
 
 
 class Unreadable(Exception):
@@ -43,14 +44,11 @@ def read_map(call: Any) -> BatchMap:
     target call's declaration names more sequences than any reading of its layout holds, or
     declares what its layout cannot hold."""
     try:
-        segments = _packed_segments(call)
-        count = call.batch_size if segments is None else len(segments[1])
-        ids = _declared_ids(call, count, segments[0] if segments else None)
-        if segments is None:  # one sequence per row: padded, declared or not
-            source, spans = "padded", [(r, 0, call.query_len, None) for r in range(count)]
-        else:
-            source, spans = segments[0], [(0, a, n, keys) for a, n, keys in segments[1]]
-        said = call.declared if call.declared is not None and len(call.declared) == count else [(None, False)] * count
+        source, spans = _layout(call)
+        ids = _declared_ids(call, len(spans), source)
+        said = call.declared
+        if said is None or len(said) != len(spans):  # said of other sequences: not of these
+            said = [(None, False)] * len(spans)
         return BatchMap(
             tuple(Segment(s, *span, drafts=d, chunk=c) for s, span, (d, c) in zip(ids, spans, said)),
             call.source or source,
@@ -59,54 +57,58 @@ def read_map(call: Any) -> BatchMap:
         return BatchMap.unread(call.source or "declared", str(why))
 
 
-def _declared_ids(call: Any, count: int, source: str | None) -> tuple[int | None, ...]:
+def _declared_ids(call: Any, count: int, source: str) -> tuple[int | None, ...]:
     """The declared sequence of each of the call's `count` sequences; None where undeclared. A
     declaration of another length is the default order (a padded batch declared before it changed,
     as before maps), except where it names several sequences for what reads as one row."""
-    declared = call.rows
-    if declared is not None and len(declared) == count:
+    declared = call.rows or ()  # None: not declared
+    if len(declared) == count:
         return tuple(declared)
-    if declared is not None and call.role == "target" and len(declared) > count and (source or count == 1):
+    packed = source != "padded"
+    if call.role == "target" and len(declared) > count and (packed or count == 1):
         layout = (
             f"its {source} holds {count}"
-            if source
+            if packed
             else "its one row is not packed (no cu_seq_lens_q, block-diagonal mask or restarting positions)"
         )
         raise Unreadable(f"rows declares {len(declared)} sequences; {layout}")
     return (None,) * count
 
 
-def _packed_segments(call: Any) -> tuple[str, list[tuple[int, int, tuple[int, int] | None]]] | None:
-    """(source, [(start, length, own keys)]) of a packed 1 x T call; None: one sequence per row."""
+Span = tuple[int, int, int, tuple[int, int] | None]  # (row, start, length, own keys in a shared KV)
+
+
+def _layout(call: Any) -> tuple[str, list[Span]]:
+    """(source, spans) of the call's sequences: a packed 1 x T call's, cut as the module docstring
+    says, else ("padded") one sequence per row, as is a packed call that nothing cuts."""
     if call.batch_size != 1 or not call.packed:
-        return None
+        return _padded(call)
     if call.query_lens is not None:  # declared with w.batch(..., query_lens=...)
-        return "declared", _from_lengths(call.query_lens, call.query_len, None)
+        return "declared", _from_lengths(call.query_lens, call.query_len, ())
     if call.cu_q is not None:
         starts = list(call.cu_q)
         lengths = [b - a for a, b in zip(starts, starts[1:]) if b > a]
-        keys = list(call.cu_k) if call.cu_k is not None else None
-        return "cu_seq_lens", _from_lengths(lengths, call.query_len, keys)
+        return "cu_seq_lens", _from_lengths(lengths, call.query_len, call.cu_k or ())
     if call.lines is not None:
-        cut = _block_segments(call.lines, call.positions[0], call.tree_nodes or ())
-        return ("block-mask", cut) if len(cut) > 1 else None
-    if call.mask_kind == "none" and call.cache_width == 0 and call.positions_fed:
-        cut = _position_segments(call.positions[0])
-        return ("positions", cut) if len(cut) > 1 else None
-    return None
+        source, cut = "block-mask", _block_segments(call.lines, call.positions[0], call.tree_nodes or ())
+    elif call.mask_kind == "none" and call.cache_width == 0 and call.positions_fed:
+        source, cut = "positions", _position_segments(call.positions[0])
+    else:
+        source, cut = "padded", []
+    return (source, [(0, *span) for span in cut]) if len(cut) > 1 else _padded(call)
 
 
-def _from_lengths(
-    lengths: list[int], width: int, cu_k: list[int] | None
-) -> list[tuple[int, int, tuple[int, int] | None]]:
+def _padded(call: Any) -> tuple[str, list[Span]]:
+    return "padded", [(r, 0, call.query_len, None) for r in range(call.batch_size)]
+
+
+def _from_lengths(lengths: list[int], width: int, cu_k: Any) -> list[Span]:
+    """Back-to-back sequences of these lengths, each with its own keys where `cu_k` (cu_seq_lens_k) has them."""
     if sum(lengths) > width or any(n <= 0 for n in lengths):
         raise Unreadable(f"query lengths {lengths} do not fit the call's {width} query tokens")
-    out, start = [], 0
-    for i, n in enumerate(lengths):
-        keys = (cu_k[i], cu_k[i + 1]) if cu_k is not None and i + 1 < len(cu_k) else None
-        out.append((start, n, keys))
-        start += n
-    return out
+    starts = [0, *accumulate(lengths)][:-1]
+    keys = list(zip(cu_k, cu_k[1:]))[: len(lengths)]  # fewer than the sequences: None for the rest
+    return [(0, *span) for span in zip_longest(starts, lengths, keys)]
 
 
 def block_cut(lines: list[tuple[int, bool, bool, bool]], positions: list[int], t: int) -> bool:
@@ -123,18 +125,19 @@ def _block_segments(
     lines: list[tuple[int, bool, bool, bool]], positions: list[int], nodes: Any = ()
 ) -> list[tuple[int, int, None]]:
     """A block-diagonal mask's sequences: cut at each `block_cut` that is not a tree node (`nodes`)."""
-    cuts = [0]
-    for t in range(1, len(lines)):
-        if t not in nodes and block_cut(lines, positions, t):
-            cuts.append(t)
-    cuts.append(len(lines))
-    return [(a, b - a, None) for a, b in zip(cuts, cuts[1:])]
+    cuts = [t for t in range(1, len(lines)) if t not in nodes and block_cut(lines, positions, t)]
+    return _back_to_back(cuts, len(lines))
 
 
 def _position_segments(positions: list[int]) -> list[tuple[int, int, None]]:
     """transformers' packed-sequence rule: a position that is not the one before plus one starts a sequence."""
-    cuts = [0] + [t for t in range(1, len(positions)) if positions[t] != positions[t - 1] + 1] + [len(positions)]
-    return [(a, b - a, None) for a, b in zip(cuts, cuts[1:])]
+    return _back_to_back([t for t in range(1, len(positions)) if positions[t] != positions[t - 1] + 1], len(positions))
+
+
+def _back_to_back(cuts: list[int], end: int) -> list[tuple[int, int, None]]:
+    """(start, length, no own keys) of the sequences from column 0 to `end`, one more at each cut."""
+    bounds = [0, *cuts, end]
+    return [(a, b - a, None) for a, b in zip(bounds, bounds[1:])]
 
 
 # ----------------------------------------------------------------------------- one row per sequence
@@ -155,26 +158,25 @@ def apply(call: Any, bmap: BatchMap, seen: Any = None) -> bool:
     call.source = bmap.source
     if not bmap.packed:
         return False
-    width = max(s.length for s in bmap.segments)
-    argmax = _argmax_by_column(call)
+    segments, width = bmap.segments, max(s.length for s in bmap.segments)
+    argmax = argmax_by_column(call)
     lines = _key_lines(call, bmap)
-    ids, pos, am, block, live, contexts = [], [], [], [], [], []
-    for s in bmap.segments:
-        cols = range(s.start, s.start + s.length)
-        pad = width - s.length
-        ids.append([call.input_ids[s.row][c] for c in cols] + [0] * pad)
-        pos.append([call.positions[s.row][c] for c in cols] + [0] * pad)
-        am.append([argmax.get((s.row, c)) for c in cols] + [None] * pad)
-        live.append([True] * s.length + [False] * pad)
-        if lines is not None:
-            block.append([lines[c] for c in cols] + [(0, False)] * pad)
-            contexts.append(max(lines[s.start][0] - 1, 0))
-        else:
-            contexts.append(0)
-    call.input_ids, call.positions, call.argmax, call.query_live = ids, pos, am, live
-    call.mask, call.mask_kind = (block, "counts") if lines is not None else (None, "unknown")
+
+    def padded(values: Any, pad: Any) -> list[list[Any]]:  # values(segment), right-padded to `width`
+        return [values(s) + [pad] * (width - s.length) for s in segments]
+
+    call.input_ids, call.positions, call.argmax, call.query_live = (
+        padded(lambda s: call.input_ids[s.row][s.start : s.start + s.length], 0),
+        padded(lambda s: call.positions[s.row][s.start : s.start + s.length], 0),
+        padded(lambda s: [argmax.get((s.row, c)) for c in s.columns], None),
+        padded(lambda s: [True] * s.length, False),
+    )
+    call.mask, call.mask_kind, contexts = None, "unknown", [0] * len(segments)
+    if lines is not None:
+        call.mask, call.mask_kind = padded(lambda s: lines[s.start : s.start + s.length], (0, False)), "counts"
+        contexts = [max(lines[s.start][0] - 1, 0) for s in segments]
     if seen is not None:
-        call.mask, call.mask_kind = [_own_slots(seen, s, width) for s in bmap.segments], "4d-slots"
+        call.mask, call.mask_kind = [_own_slots(seen, s, width) for s in segments], "4d-slots"
     call.batch_size, call.query_len, call.contexts = len(bmap.segments), width, contexts
     call.cache_width = max(contexts, default=0)
     call.logit_slots, call.lines = None, None
@@ -193,7 +195,7 @@ def _own_slots(seen: Any, segment: Segment, width: int) -> list[list[bool]]:
     return rows + [[False] * len(used)] * (width - segment.length)
 
 
-def _argmax_by_column(call: Any) -> dict[tuple[int, int], int]:
+def argmax_by_column(call: Any) -> dict[tuple[int, int], int]:
     """(row, query column) -> the argmax kept there (logits of the last columns, or of
     `logits_to_keep`'s columns)."""
     out: dict[tuple[int, int], int] = {}

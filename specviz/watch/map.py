@@ -29,17 +29,29 @@ Every field is immutable; nothing downstream rewrites a map (a view is built fro
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-ROLES = ("context", "pending", "draft")
+from typing import Any
 
 
 def _ints(name: str, values: tuple[int, ...] | None, length: int | None) -> None:
     if values is None:
         return
-    if not isinstance(values, tuple) or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+    if not isinstance(values, tuple) or any(type(v) is not int for v in values):  # bool is no index
         raise TypeError(f"Segment.{name} must be a tuple of ints")
     if length is not None and len(values) != length:
         raise ValueError(f"Segment.{name} has {len(values)} entries for {length} query tokens")
+
+
+def tree_error(parents: Any) -> str | None:
+    """Why `parents` is not a tree over its nodes (None: it is): node 0 the root, each parent earlier."""
+    if not isinstance(parents, (list, tuple)) or not parents:
+        return "a tree is a non-empty list of parent indices"
+    if any(type(p) is not int for p in parents):  # bool is no index
+        return "parent indices must be integers"
+    if parents[0] != -1:
+        return "node 0 (the pending token) must be the root, parent -1"
+    if any(not 0 <= p < i for i, p in enumerate(parents[1:], 1)):
+        return "each node's parent must be an earlier node"
+    return None
 
 
 @dataclass(frozen=True)
@@ -74,12 +86,8 @@ class Segment:
         _ints("writes", self.writes, self.length)
         _ints("reads", self.reads, None)
         _ints("parents", self.parents, None)
-        if self.parents is not None:
-            nodes = self.parents
-            if len(nodes) > self.length or (nodes and nodes[0] != -1):
-                raise ValueError(f"Segment.parents {nodes}: node 0 is the pending token (-1), at most {self.length}")
-            if any(not 0 <= p < i for i, p in enumerate(nodes) if i):
-                raise ValueError(f"Segment.parents {nodes}: every node's parent is an earlier node")
+        if self.parents and (tree_error(self.parents) or len(self.parents) > self.length):  # (): no node
+            raise ValueError(f"Segment.parents {self.parents}: no tree (`tree_error`) of at most {self.length} nodes")
 
     @property
     def columns(self) -> range:
@@ -132,7 +140,3 @@ class BatchMap:
         """More than one sequence in a row, or one that does not start at column 0."""
         rows = [s.row for s in self.segments]
         return len(set(rows)) != len(rows) or any(s.start for s in self.segments)
-
-    def of(self, seq: int) -> Segment | None:
-        """The segment of sequence `seq` in this forward, if it is fed."""
-        return next((s for s in self.segments if s.seq == seq), None)

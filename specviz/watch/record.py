@@ -90,54 +90,66 @@ class CallRecord:
         batch map (`batchmap`): a packed call becomes one row per sequence."""
         if self.last_slots is not None:
             return
-        whole = self.mask if self.packed and self.mask_kind != "2d" and isinstance(self.mask, torch.Tensor) else None
+        from specviz.watch import batchmap, tree
+
+        self._to_lists("input_ids", "positions", "argmax", "query_live", "cu_q", "cu_k", "logit_slots")
+        whole, trees = self._packed_row()
+        self._to_lists("mask")
+        self.last_slots = [self._last_slot(row) for row in range(self.batch_size)]
+        base = self.cache_width
+        self.map, packed = batchmap.read_map(self), False
+        if self.map.readable:  # a packed call's rows keep the slots each token attends where it packs trees
+            packed = batchmap.apply(self, self.map, whole if trees else None)
+        else:  # what the producer said, not what an earlier reading said
+            self.unreadable = self.map.unreadable
+        if whole is not None:
+            self._keep_row(whole, packed, trees, base)
+        if not packed or trees:
+            tree.read_trees(self)
+        if self.logit_slots is not None and self.argmax is not None:  # (`apply` spread a packed call's)
+            # Argmax kept at some columns only: spread over the query, None elsewhere (`argmax_at`).
+            kept = batchmap.argmax_by_column(self)
+            self.argmax = [[kept.get((r, c)) for c in range(self.query_len)] for r in range(len(self.argmax))]
+            self.logit_slots = None
+        self.flags.clear()  # any read while the map was applied saw the call before it
+
+    def _packed_row(self) -> tuple[Any, bool]:
+        """(the [T, keys] mask tensor, whether it packs trees: `tree.packed_nodes`) of a packed row,
+        read as a summary per query token (`lines`); (None, False) for any other call. One row
+        verifying a tree (declared, or read from its mask: `tree.one_tree`) packs no sequences."""
         from specviz.watch import tree
 
-        # One row verifying a tree (declared, or read from its mask), not sequences packed together.
-        if whole is not None and (
-            (self.parents is not None and self.query_lens is None)
-            or tree.one_tree(whole[0], self.cache_width, self.positions[0])
-        ):
-            self.packed, whole = False, None
-        if whole is not None:  # a packed row's mask, read as a summary per query token (batchmap.lines)
-            self.lines, self.mask = line_summary(whole[0]), None
-            if self.query_live is None:  # the slots that attend anything: those that count any
-                self.query_live = [[line[0] > 0 for line in self.lines]]
-        for name in ("input_ids", "positions", "mask", "argmax", "query_live", "cu_q", "cu_k", "logit_slots"):
+        if not self.packed or self.mask_kind == "2d" or not isinstance(self.mask, torch.Tensor):
+            return None, False
+        declared = self.parents is not None and self.query_lens is None
+        self.packed = not declared and not tree.one_tree(self.mask[0], self.cache_width, self.positions[0])
+        if not self.packed:
+            return None, False
+        whole = self.mask[0]
+        self.lines, self.mask = line_summary(whole), None
+        if self.query_live is None:  # the slots that attend anything: those that count any
+            self.query_live = [[line[0] > 0 for line in self.lines]]
+        self.tree_nodes = tree.packed_nodes(whole, self.lines, self.positions[0])
+        if whole.shape[-1] == self.cache_width + self.query_len:  # keys [cache | query]
+            self.keys_end = self.cache_width + self.query_len
+        return whole, bool(self.tree_nodes) or self.parents is not None
+
+    def _keep_row(self, whole: Any, packed: bool, trees: bool, base: int) -> None:
+        """What a packed row keeps once its map is applied: each sequence's first and last view
+        (`held`) and, packing trees, its node keys; one sequence after all: its 4-D mask."""
+        if not packed:  # read as any 4-D mask
+            self.mask = [whole.tolist()]
+            self.last_slots = [self._last_slot(row) for row in range(self.batch_size)]
+            return
+        self.held = segment_slots(whole, self.segments)
+        if trees and self.keys_end is not None:
+            self.node_keys = [base + start for _, start, _ in self.segments]
+
+    def _to_lists(self, *names: str) -> None:
+        for name in names:
             value = getattr(self, name)
             if isinstance(value, torch.Tensor):
                 setattr(self, name, value.tolist())
-        self.last_slots = [self._last_slot(row) for row in range(self.batch_size)]
-        from specviz.watch import batchmap
-
-        trees = False  # a call that packs trees: its rows keep the slots each token attends
-        if whole is not None:
-            self.tree_nodes = tree.packed_nodes(whole[0], self.lines, self.positions[0])
-            trees = bool(self.tree_nodes) or self.parents is not None
-            if whole.shape[-1] == self.cache_width + self.query_len:  # keys [cache | query]
-                self.keys_end = self.cache_width + self.query_len
-        base = self.cache_width
-        self.map = batchmap.read_map(self)
-        if not self.map.readable:  # what the producer said, not what an earlier reading said
-            self.unreadable = self.map.unreadable
-        packed = self.map.readable and batchmap.apply(self, self.map, whole[0] if trees else None)
-        if whole is not None and packed:
-            self.held = segment_slots(whole[0], self.segments)
-            if trees and self.keys_end is not None:
-                self.node_keys = [base + start for _, start, _ in self.segments]
-        if whole is not None and not packed:  # one sequence after all: read as any 4-D mask
-            self.mask = whole.tolist()
-            self.last_slots = [self._last_slot(row) for row in range(self.batch_size)]
-        if not packed or trees:
-            tree.read_trees(self)
-        if not packed and self.logit_slots is not None and self.argmax is not None:
-            # Argmax kept at some columns only: spread over the query, None elsewhere (`argmax_at`).
-            spread = [[None] * self.query_len for _ in self.argmax]
-            for r, kept in enumerate(self.argmax):
-                for c, token in zip(self.logit_slots, kept):
-                    spread[r][c] = token
-            self.argmax, self.logit_slots = spread, None
-        self.flags.clear()  # any read while the map was applied saw the call before it
 
     def cache_of(self, row: int) -> int:
         """Slots in the row's cache before the call (a packed call's rows each have their own)."""
@@ -162,12 +174,5 @@ class CallRecord:
 
     def _last_slot(self, row: int) -> int:
         """The row's last attended query slot (the last one when none is), read off the mask row."""
-        q = self.query_len
-        if self.mask_kind == "2d":
-            values = self.mask[row]
-            start = len(values) - q
-            if start >= 0:
-                return next((j for j in range(q - 1, -1, -1) if values[start + j]), q - 1)
-        if self.query_live is not None:
-            return next((j for j in range(q - 1, -1, -1) if self.query_live[row][j]), q - 1)
-        return q - 1
+        flags = self._query_flags(row)
+        return next((j for j in range(self.query_len - 1, -1, -1) if flags[j]), self.query_len - 1)

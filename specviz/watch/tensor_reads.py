@@ -73,18 +73,22 @@ def mask_copy(mask: Any, tail: int | None = QUERY_TAIL) -> tuple[str, torch.Tens
     if not isinstance(mask, torch.Tensor):
         return "unknown", None, None
     if mask.dim() == 2:
-        seen = attended(mask)
-        return "2d", seen.clone() if seen is mask else seen, None
+        return "2d", _copied(attended(mask), mask), None
     if mask.dim() == 4:
         seen = attended(mask[:, 0])
-        # Whole (a packed row): a bool mask's `seen` is a view of the engine's, copied; any other is
-        # a new tensor already. Which query slots attend anything is then read at close, from the
+        # Whole (a packed row): which query slots attend anything is then read at close, from the
         # summary of its lines (`CallRecord.materialize`). A tail is copied, so the rest of the
         # rows are not kept alive.
         if tail is None:
-            return "4d", seen.clone() if mask.dtype == torch.bool else seen, None
+            return "4d", _copied(seen, mask), None
         return "4d", seen[:, -tail:].clone(), any_last(seen)
     return "unknown", None, None
+
+
+def _copied(seen: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`attended(mask)` (or of a view of it) as a tensor of our own: a bool mask's is the engine's
+    tensor or a view of it, copied; any other is a new tensor already."""
+    return seen.clone() if mask.dtype == torch.bool else seen
 
 
 # Host dtypes numpy reads in place. On the CPU, numpy's elementwise compare and `any` over a mask
@@ -105,26 +109,28 @@ def on_host(tensor: torch.Tensor, least: int = 0) -> Any:
         return None
 
 
+def _through_host(tensor: torch.Tensor, op: Any, least: int = 0) -> torch.Tensor:
+    """`op(tensor)` through numpy where `on_host` reads the tensor (a new array then: never a view
+    of the engine's), else torch's own op; `op` is written for both."""
+    host = on_host(tensor, least)
+    return torch.from_numpy(op(host)) if host is not None else op(tensor)
+
+
 def attended(mask: torch.Tensor) -> torch.Tensor:
-    """Boolean 'may attend' from a bool (returned as is), 0/1 or additive float mask."""
+    """Boolean 'may attend' from a bool (returned as is), 0/1 or additive float mask (0 attends, a
+    large negative number blocks)."""
     if mask.dtype == torch.bool:
         return mask
-    host = on_host(mask, least=4096)
-    if host is not None:  # a new array: never a view of the engine's mask
-        return torch.from_numpy(host == 0 if mask.is_floating_point() else host != 0)
-    if mask.is_floating_point():
-        return mask == 0  # additive: 0 attends, a large negative number blocks
-    return mask != 0
+    floating = mask.is_floating_point()
+    return _through_host(mask, lambda m: m == 0 if floating else m != 0, least=4096)
 
 
 def argmax_of(logits: torch.Tensor) -> torch.Tensor:
     """`logits.argmax(-1)` (the first maximum), through numpy on the CPU: a tenth of torch's
     single-threaded cost over a vocabulary, the after-hook's one op."""
-    host = on_host(logits)
-    return torch.from_numpy(host.argmax(-1)) if host is not None else logits.argmax(-1)
+    return _through_host(logits, lambda x: x.argmax(-1))
 
 
 def any_last(seen: torch.Tensor) -> torch.Tensor:
     """`seen.any(-1)`, through numpy on the CPU."""
-    host = on_host(seen)
-    return torch.from_numpy(host.any(-1)) if host is not None else seen.any(-1)
+    return _through_host(seen, lambda x: x.any(-1))

@@ -25,48 +25,39 @@ index; `infer.tree_gain` reads, for the command, which tokens a tree step commit
 
 from __future__ import annotations
 
-from itertools import groupby
+from itertools import groupby, takewhile
 from typing import Any
 
 from specviz.analysis.tree_checks import depths_of
 from specviz.watch.batchmap import block_cut
+from specviz.watch.map import tree_error  # noqa: F401  (Segment checks its parents with it; declared reads it here)
 
 # ----------------------------------------------------------------------------- the tree of a row
-
-
-def tree_error(parents: Any) -> str | None:
-    """Why `parents` is not a tree over its nodes (None: it is): node 0 the root, each parent earlier."""
-    if not isinstance(parents, (list, tuple)) or not parents:
-        return "a tree is a non-empty list of parent indices"
-    if any(isinstance(p, bool) or not isinstance(p, int) for p in parents):
-        return "parent indices must be integers"
-    if parents[0] != -1:
-        return "node 0 (the pending token) must be the root, parent -1"
-    if any(not 0 <= p < i for i, p in enumerate(parents) if i):
-        return "each node's parent must be an earlier node"
-    return None
 
 
 def parents_of_block(block: list[list[bool]]) -> list[int] | None:
     """The tree an N x N query block shows (block[i][j]: node i attends node j), or None when it
     shows none (see the module docstring)."""
-    views = [frozenset(j for j, on in enumerate(line) if on) for line in block]
+    views = [frozenset(_slots_on(line)) for line in block]
     if not views or views[0] != {0}:
         return None
     parents = [-1]
     for i in range(1, len(views)):
-        others = views[i] - {i}
-        if i not in views[i] or not others or max(others) > i:
-            return None
-        parent = max(others)
-        if views[i] != views[parent] | {i}:
+        parent = max(views[i] - {i}, default=-1)  # the latest other node it sees (-1: none)
+        if not 0 <= parent < i or views[i] != views[parent] | {i}:  # its own view is its parent's plus itself
             return None
         parents.append(parent)
     return parents
 
 
+def _slots_on(line: Any) -> list[int]:
+    """The indices a mask line (or any row of flags) has on: the slots it attends."""
+    return [j for j, on in enumerate(line) if on]
+
+
 def branching(parents: list[int]) -> bool:
-    return any(p != i - 1 for i, p in enumerate(parents) if i)
+    """Some node's parent is not the node before it (the root's -1 is the node before it)."""
+    return any(p != i - 1 for i, p in enumerate(parents))
 
 
 def read_trees(call: Any) -> None:
@@ -76,20 +67,24 @@ def read_trees(call: Any) -> None:
     if call.role != "target" or call.unreadable is not None:
         return
     if call.parents is not None:
-        for r, parents in enumerate(call.parents[: call.batch_size]):
-            live = _live_run(call, r)
-            if parents is not None and len(parents) > live:
-                call.unreadable = f"row {r} declares a tree of {len(parents)} nodes; its query holds {live} tokens"
-                return
-        declared = [None if p is None else list(p) for p in call.parents[: call.batch_size]]
-        call.trees = declared + [None] * (call.batch_size - len(call.parents))
-        call.tree_source = "declared"
-        return
-    if call.mask_kind not in ("4d", "4d-slots") or call.mask is None:  # no mask kept: no tree to read
-        return
+        _declared_trees(call)
+    elif call.mask_kind in ("4d", "4d-slots") and call.mask is not None:  # no mask kept: no tree to read
+        _mask_trees(call)
+
+
+def _declared_trees(call: Any) -> None:
+    trees = [None if p is None else list(p) for p in call.parents[: call.batch_size]]
+    trees += [None] * (call.batch_size - len(trees))
+    for r, parents in enumerate(trees):
+        live = _live_run(call, r)
+        if parents is not None and len(parents) > live:
+            call.unreadable = f"row {r} declares a tree of {len(parents)} nodes; its query holds {live} tokens"
+            return
+    call.trees, call.tree_source = trees, "declared"
+
+
+def _mask_trees(call: Any) -> None:
     found = [_mask_tree(call, r) for r in range(call.batch_size)]
-    if call.segments is not None:  # a packed call: a chain from a root that sees no cache is a prefill
-        found = [None if p and not branching(p) and _refed_root(call, r, p) else p for r, p in enumerate(found)]
     # Read as a tree call only where some row branches and is fed its depths: a chain engine's
     # mask bug (a draft that misses the one before it) then stays a chain, flagged as before.
     # A packed call cut around its tree nodes (`packed_nodes`) needs no more proof than a branch.
@@ -101,12 +96,15 @@ def read_trees(call: Any) -> None:
     if not any(confirmed):
         return
     for r, parents in enumerate(found):
-        if parents is not None and _refed_root(call, r, parents):
+        if parents is None or not _refed_root(call, r, parents):
+            continue
+        if call.segments is None or branching(parents):
             call.unreadable = (
                 f"row {r} verifies a tree after tokens it re-feeds (no cache): which one is its pending "
                 "token the mask does not say; declare the trees with w.batch(..., parents=...)"
             )
             return
+        found[r] = None  # a packed call's chain from a root that sees no cache: a prefill, no tree
     call.trees, call.tree_source = found, "mask"
 
 
@@ -119,42 +117,34 @@ def _refed_root(call: Any, row: int, parents: list[int]) -> bool:
     first = call.last_slots[row] - len(parents) + 1
     if call.mask_kind == "4d-slots":
         return len(slot_sets(call, row, first, 1)[0]) <= 1
-    tail = call.mask[row]
-    return not any(tail[first - (call.query_len - len(tail))][: call.cache_width + first])
+    return not any(_mask_line(call, row, first)[: call.cache_width + first])
 
 
 def _fed_depths(positions: list[int], parents: list[int], last: int) -> bool:
     """Are the nodes (ending at query slot `last`) fed their root's position plus their depth?"""
-    first = last - len(parents) + 1
-    fed = list(positions[first : last + 1])
-    return len(fed) == len(parents) and [p - fed[0] for p in fed] == depths_of(parents)
+    fed = list(positions[last - len(parents) + 1 : last + 1])  # shorter where the nodes do not fit
+    return [p - fed[0] for p in fed] == depths_of(parents)
 
 
-def one_tree(mask: Any, cache_width: int, positions: Any) -> bool:
+def one_tree(mask: Any, cache_width: int, positions: list[int]) -> bool:
     """Does a 1 x T call's [T, keys] mask (a tensor) verify one branching tree, fed its depths,
     not several sequences packed together? Each packed sequence's first query token attends no
     other query token, a second root no tree has."""
-    t = mask.shape[0]
-    if t < 3:
-        return False
     live = mask.any(-1).tolist()
-    last = max((i for i, on in enumerate(live) if on), default=-1)
-    first = last
-    while first > 0 and live[first - 1]:
-        first -= 1
+    last = max(_slots_on(live), default=-1)
     if last < 0:
         return False
+    first = last - len(list(takewhile(bool, reversed(live[:last]))))
+    nodes = mask[first : last + 1]
     # One tensor op first (a packed call can be long): every node of a tree sees what its root sees.
-    if mask.shape[-1] == cache_width + t:  # keys [cache | query]: the query block
-        block = mask[first : last + 1, cache_width + first : cache_width + last + 1]
+    if mask.shape[-1] == cache_width + mask.shape[0]:  # keys [cache | query]: the query block
+        block = nodes[:, cache_width + first : cache_width + last + 1]
         parents = parents_of_block(block.tolist()) if bool(block[:, 0].all()) else None
-    elif not bool((mask[first] & ~mask[first : last + 1]).any()):  # a static or in-place cache's slots
-        rows = mask[first : last + 1].tolist()
-        parents = parents_of_sets([frozenset(j for j, on in enumerate(line) if on) for line in rows])
+    elif not bool((mask[first] & ~nodes).any()):  # a static or in-place cache's slots
+        parents = parents_of_sets([frozenset(_slots_on(line)) for line in nodes.tolist()])
     else:
         parents = None
-    fed = positions.tolist() if hasattr(positions, "tolist") else positions
-    return parents is not None and branching(parents) and _fed_depths(fed, parents, last)
+    return parents is not None and branching(parents) and _fed_depths(positions, parents, last)
 
 
 def packed_nodes(seen: Any, lines: list[tuple[int, bool, bool, bool]], positions: list[int]) -> list[int]:
@@ -181,19 +171,12 @@ def packed_nodes(seen: Any, lines: list[tuple[int, bool, bool, bool]], positions
 def _has_parent(seen: Any, counts: list[int], start: int, t: int) -> bool:
     """Does token t attend every slot some token in [start, t) attends, plus exactly one more?"""
     found = [u for u in range(start, t) if counts[u] > 0 and counts[u] == counts[t] - 1]
-    if not found:
-        return False
-    rows = seen[found]
-    return bool((~(rows & ~seen[t]).any(-1)).any())
+    return bool((~(seen[found] & ~seen[t]).any(-1)).any())  # none found: no row, False
 
 
 def _live_run(call: Any, row: int) -> int:
     """Real query slots in a run ending at the row's last one."""
-    flags, last = call.query_flags(row), call.last_slots[row]
-    n = 0
-    while n <= last and flags[last - n]:
-        n += 1
-    return n
+    return len(list(takewhile(bool, reversed(call.query_flags(row)[: call.last_slots[row] + 1]))))
 
 
 def _mask_tree(call: Any, row: int) -> list[int] | None:
@@ -210,9 +193,7 @@ def _mask_tree(call: Any, row: int) -> list[int] | None:
 def slot_sets(call: Any, row: int, pending: int, n: int) -> list[frozenset[int]]:
     """The key slots each of the row's n nodes attends, from a static or in-place cache's mask
     (`4d-slots`: where each node's own key sits is not named, only what it sees)."""
-    tail = call.mask[row]
-    offset = call.query_len - len(tail)
-    return [frozenset(j for j, on in enumerate(tail[pending + i - offset]) if on) for i in range(n)]
+    return [frozenset(_slots_on(_mask_line(call, row, pending + i))) for i in range(n)]
 
 
 def parents_of_sets(sets: list[frozenset[int]]) -> list[int] | None:
@@ -222,19 +203,28 @@ def parents_of_sets(sets: list[frozenset[int]]) -> list[int] | None:
         return None
     parents = [-1]
     for i in range(1, len(sets)):
-        found = [p for p in range(i) if sets[p] < sets[i] and len(sets[i]) == len(sets[p]) + 1]
+        found = [p for p in range(i) if _one_more(sets[p], sets[i])]
         if len(found) != 1:
             return None
         parents.append(found[0])
     return parents
 
 
+def _one_more(parent: frozenset[int], node: frozenset[int]) -> bool:
+    """A node's slots are its parent's plus exactly one (its own)."""
+    return parent < node and len(node) == len(parent) + 1
+
+
 def node_block(call: Any, row: int, pending: int, n: int) -> list[list[bool]]:
     """block[i][j]: query node i (slot pending + i) attends node j, from a 4-D [cache | query] mask."""
-    tail = call.mask[row]
-    offset = call.query_len - len(tail)
     width = call.cache_width + pending
-    return [[bool(v) for v in tail[pending + i - offset][width : width + n]] for i in range(n)]
+    return [[bool(v) for v in _mask_line(call, row, pending + i)[width : width + n]] for i in range(n)]
+
+
+def _mask_line(call: Any, row: int, slot: int) -> Any:
+    """The mask's line of the row's query slot `slot` (a 4-D mask keeps only the last query rows)."""
+    tail = call.mask[row]
+    return tail[slot - (call.query_len - len(tail))]
 
 
 # ----------------------------------------------------------------------------- what a step kept
@@ -243,14 +233,9 @@ def node_block(call: Any, row: int, pending: int, n: int) -> list[list[bool]]:
 def consistent(tokens: list[int], parents: list[int], nodes: list[int], targets: list[int], free_last: bool) -> bool:
     """Tokens read as a root-to-node path of the tree, then (optionally) one more: the target's
     choice at that node (any token when the argmax is not the engine's choice)."""
-    at = 0
-    for i, token in enumerate(tokens):
-        child = _child(parents, nodes, at, token)
-        if child is not None:
-            at = child
-            continue
-        return i == len(tokens) - 1 and (free_last or (at < len(targets) and token == targets[at]))
-    return True
+    path = _walk(tokens, parents, nodes)
+    more, at = len(tokens) - len(path) + 1, path[-1]  # tokens past the path; the node it ends at
+    return more == 0 or (more == 1 and (free_last or (at < len(targets) and tokens[-1] == targets[at])))
 
 
 def accepted_path(
@@ -260,19 +245,13 @@ def accepted_path(
     are a prefix of the greedy-correct proposal (the longest path agreeing with the target, plus
     its choice there) accept that whole path, as verification allowed (a budget or EOS cut what
     was emitted); otherwise the path the tokens walk."""
-    path = _greedy_path(parents, nodes, targets) if targets else None
-    if path is not None:
-        proposal = [nodes[i] for i in path] + [targets[path[-1] if path else 0]]
+    path = _walk(tokens, parents, nodes)
+    if targets:
+        greedy = _greedy_path(parents, nodes, targets)
+        proposal = [nodes[i] for i in greedy[1:]] + [targets[greedy[-1]]]
         if tokens == proposal[: len(tokens)]:
-            return path, tokens[len(path)] if len(tokens) == len(path) + 1 else None
-    walked, at = [], 0
-    for token in tokens:
-        child = _child(parents, nodes, at, token)
-        if child is None:
-            break
-        walked.append(child)
-        at = child
-    return walked, tokens[len(walked)] if len(tokens) == len(walked) + 1 else None
+            path = greedy
+    return path[1:], tokens[len(path) - 1] if len(tokens) == len(path) else None
 
 
 def greedy_chain(parents: list[int], nodes: list[int], targets: list[int]) -> tuple[list[int], list[int]]:
@@ -282,23 +261,33 @@ def greedy_chain(parents: list[int], nodes: list[int], targets: list[int]) -> tu
     if not targets:
         return [], []
     path = _greedy_path(parents, nodes, targets)
-    return [nodes[i] for i in path], [targets[i] for i in [0, *path]]
+    return [nodes[i] for i in path[1:]], [targets[i] for i in path]
 
 
-def _child(parents: list[int], nodes: list[int], at: int, token: int) -> int | None:
-    return next((c for c, p in enumerate(parents) if p == at and nodes[c] == token), None)
+def _children(parents: list[int], at: int) -> list[int]:
+    return [c for c, p in enumerate(parents) if p == at]
+
+
+def _walk(tokens: list[int], parents: list[int], nodes: list[int]) -> list[int]:
+    """The path the tokens walk from the root (node 0, included): each token the child of the node
+    before that holds it, up to the first token no child holds."""
+    path = [0]
+    for token in tokens:
+        child = next((c for c in _children(parents, path[-1]) if nodes[c] == token), None)
+        if child is None:
+            break
+        path.append(child)
+    return path
 
 
 def _greedy_path(parents: list[int], nodes: list[int], targets: list[int]) -> list[int]:
-    """The longest root-to-node chain whose every node holds the target's choice at its parent."""
-    best: list[int] = []
-    stack: list[list[int]] = [[]]
+    """The longest chain from the root (included) whose every node holds the target's choice at its parent."""
+    best: list[int] = [0]
+    stack = [[0]]
     while stack:
         path = stack.pop()
-        if len(path) > len(best):
-            best = path
-        at = path[-1] if path else 0
-        stack.extend([*path, c] for c, p in enumerate(parents) if p == at and nodes[c] == targets[at])
+        best = max(best, path, key=len)  # the first longest, in visiting order
+        stack.extend([*path, c] for c in _children(parents, path[-1]) if nodes[c] == targets[path[-1]])
     return best
 
 
@@ -311,7 +300,7 @@ def tree_fields(call: Any, row: int, rq: Any, tokens: list[int], targets: list[i
     attends = None
     if call.mask_kind == "4d":
         block = node_block(call, row, rq.pending, n)
-        attends = [[j for j, on in enumerate(line) if on] for line in block]
+        attends = [_slots_on(line) for line in block]
     elif call.mask_kind == "4d-slots":  # node j seen: every slot it attends, its own included
         sets = slot_sets(call, row, rq.pending, n)
         attends = [[j for j in range(n) if sets[j] <= seen] for seen in sets]
@@ -335,15 +324,11 @@ def mask_row(call: Any, row: int, rq: Any) -> tuple[list[list[int]], int] | None
     if call.mask_kind == "4d-slots":
         sets = slot_sets(call, row, rq.pending, n)
         view = [1] * max(len(sets[0]) - 1, 0)
-        diagonal = [int(bool(sets[0]))] + [
-            int(sets[parents[i]] < sets[i] and len(sets[i]) == len(sets[parents[i]]) + 1) for i in range(1, n)
-        ]
+        diagonal = [int(bool(sets[0]))] + [int(_one_more(sets[parents[i]], sets[i])) for i in range(1, n)]
     elif call.mask_kind == "4d":
-        tail = call.mask[row]
-        offset = call.query_len - len(tail)
         width = call.cache_width + rq.pending
-        view = [int(v) for v in tail[rq.pending - offset][:width]]
-        diagonal = [int(tail[rq.pending + i - offset][width + i]) for i in range(n)]
+        view = [int(v) for v in _mask_line(call, row, rq.pending)[:width]]
+        diagonal = [int(_mask_line(call, row, rq.pending + i)[width + i]) for i in range(n)]
     else:
         return None
     return [[int(v), len(list(run))] for v, run in groupby(view + diagonal)], sum(view)
@@ -360,32 +345,27 @@ def kept_nodes(call: Any, row: int, rq: Any, later: Any, later_row: int, later_r
         return _kept_packed(call, row, rq, later, later_row, later_rq)
     if call.mask_kind != "4d" or later.mask_kind != "4d" or later.cache_width != call.cache_width + call.query_len:
         return None
-    tail = later.mask[later_row]
-    line = tail[later_rq.pending - (later.query_len - len(tail))]
     start = call.cache_width + rq.pending
-    return [i for i in range(len(call.trees[row])) if line[start + i]]
+    line = _mask_line(later, later_row, later_rq.pending)[start : start + len(call.trees[row])]
+    return _slots_on(line)
 
 
 def _kept_packed(call: Any, row: int, rq: Any, later: Any, later_row: int, later_rq: Any) -> list[int] | None:
     """`kept_nodes` of a packed tree call's row: the node keys the sequence's next packed call
     attends at its pending token (its segment's first token, whose view `held` keeps)."""
-    if later.held is None or later.node_keys is None or later_rq.pending != 0:
+    if later.node_keys is None or later_rq.pending != 0:  # node_keys: `held` is kept too
         return None
     if later.node_keys[0] - later.segments[0][1] != call.keys_end:  # keys moved or another call between
         return None
-    seen = later.held[later_row][0]
     first = call.node_keys[row] + rq.pending
-    return [i for i in range(len(call.trees[row])) if first + i < len(seen) and seen[first + i]]
+    seen = later.held[later_row][0][first : first + len(call.trees[row])]
+    return _slots_on(seen)
 
 
 def draft_calls_before(calls: list[Any], index: int) -> list[int]:
     """The draft calls since the target call before this one (a tree's proposals, timed)."""
-    found = []
-    for j in range(index - 1, -1, -1):
-        if calls[j].role == "target":
-            break
-        found.append(j)
-    return found
+    before = next((j for j in range(index - 1, -1, -1) if calls[j].role == "target"), -1)
+    return list(range(index - 1, before, -1))
 
 
 def alternatives(steps: list[Any]) -> int:
