@@ -84,11 +84,13 @@ def _layout(call: Any) -> tuple[str, list[Span]]:
     if call.batch_size != 1 or not call.packed:
         return _padded(call)
     if call.query_lens is not None:  # declared with w.batch(..., query_lens=...)
-        return "declared", _from_lengths(call.query_lens, call.query_len, ())
+        return "declared", _from_lengths(call.query_lens, call.query_len, [])
     if call.cu_q is not None:
-        starts = list(call.cu_q)
-        lengths = [b - a for a, b in zip(starts, starts[1:]) if b > a]
-        return "cu_seq_lens", _from_lengths(lengths, call.query_len, call.cu_k or ())
+        # Each sequence's keys are paired with its queries before the empty ones are dropped, so a
+        # sequence with no query token in the middle does not shift the keys of those after it.
+        queries, keys = list(zip(call.cu_q, call.cu_q[1:])), list(zip(call.cu_k or (), (call.cu_k or ())[1:]))
+        fed = [(b - a, key) for (a, b), key in zip_longest(queries, keys[: len(queries)]) if b > a]
+        return "cu_seq_lens", _from_lengths([n for n, _ in fed], call.query_len, [key for _, key in fed])
     if call.lines is not None:
         source, cut = "block-mask", _block_segments(call.lines, call.positions[0], call.tree_nodes or ())
     elif call.mask_kind == "none" and call.cache_width == 0 and call.positions_fed:
@@ -102,12 +104,12 @@ def _padded(call: Any) -> tuple[str, list[Span]]:
     return "padded", [(r, 0, call.query_len, None) for r in range(call.batch_size)]
 
 
-def _from_lengths(lengths: list[int], width: int, cu_k: Any) -> list[Span]:
-    """Back-to-back sequences of these lengths, each with its own keys where `cu_k` (cu_seq_lens_k) has them."""
+def _from_lengths(lengths: list[int], width: int, keys: list[tuple[int, int] | None]) -> list[Span]:
+    """Back-to-back sequences of these lengths, each with its own [lo, hi) keys in a shared KV where
+    `keys` (from cu_seq_lens_k) has them: fewer than the sequences, None for the rest."""
     if sum(lengths) > width or any(n <= 0 for n in lengths):
         raise Unreadable(f"query lengths {lengths} do not fit the call's {width} query tokens")
     starts = [0, *accumulate(lengths)][:-1]
-    keys = list(zip(cu_k, cu_k[1:]))[: len(lengths)]  # fewer than the sequences: None for the rest
     return [(0, *span) for span in zip_longest(starts, lengths, keys)]
 
 

@@ -70,6 +70,9 @@ def test_varlen_offsets_cut_the_row_and_give_each_sequence_its_keys() -> None:
     assert bmap.source == "cu_seq_lens" and bmap.packed
     keyed = read_map(call_of(ids, pos, cu_q=[0, 2, 5], cu_k=[0, 5, 15]))
     assert [s.keys for s in keyed.segments] == [(0, 5), (5, 15)]
+    # The empty sequence's keys are its own: those after it keep theirs.
+    gap = read_map(call_of(ids, pos, cu_q=[0, 2, 2, 5], cu_k=[0, 5, 9, 15]))
+    assert [(s.start, s.length, s.keys) for s in gap.segments] == [(0, 2, (0, 5)), (2, 3, (9, 15))]
 
 
 def test_declared_query_lengths_come_first_and_must_fit() -> None:
