@@ -165,9 +165,10 @@ def _first_difference(reported: list[Any], engine: list[tuple[list[int], str | N
         return None
     last = reported[-1].after if reported else 0
     after = tokens[i][1] if i < len(tokens) else last
-    if i < len(said) and i < len(tokens):
+    # `i` is the first token that differs, else the shorter one's length.
+    if i < min(len(said), len(tokens)):
         why = f"the engine emitted {said[i]} as output token {i}, the manager reported {tokens[i][0]}"
-    elif i < len(said) or i < len(tokens):
+    elif len(said) != len(tokens):
         why = f"the engine emitted {len(said)} tokens, the manager reported {len(tokens)}"
     else:
         why = f"the engine ended it by {declared!r}, the manager by {ending!r}"
