@@ -132,14 +132,9 @@ class HiddenTap:
         return found
 
 
-def _vectors(value: Any, width: int) -> bool:
+def _vectors(t: Any, width: int) -> bool:
     """A tensor of hidden states the width of the target's: [B, H] or [B, T, H]."""
-    return (
-        isinstance(value, torch.Tensor)
-        and value.is_floating_point()
-        and value.dim() in (2, 3)
-        and value.shape[-1] == width
-    )
+    return isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() in (2, 3) and t.shape[-1] == width
 
 
 def _matches(fed_rows: torch.Tensor, kept: torch.Tensor, query_len: int) -> list[tuple[int, int, int]]:
@@ -169,7 +164,7 @@ def _tolerance(fed: torch.dtype, kept: torch.dtype) -> float:
     """The relative tolerance of a match: RTOL, or, for a vector fed in a floating dtype coarser
     than the kept one's, one unit in the last place of it (a round trip through it, both sides
     rounded the same way, differs by less: the cast in another order or kernel)."""
-    if not (fed.is_floating_point and kept.is_floating_point):
+    if not kept.is_floating_point:  # the fed vector is (`_vectors`); the LM head's input should be
         return RTOL
     coarse, fine = torch.finfo(fed).eps, torch.finfo(kept).eps
     return max(RTOL, coarse) if coarse > fine else RTOL
@@ -206,9 +201,9 @@ class TapSet:
         self.taps = {}
 
 
-def resolve(matches: Any, target: int) -> list[list[tuple[int, int, int]]] | None:
-    """A head call's matches as the target's alone (a dict by model index from `TapSet`)."""
-    return matches.get(target) if isinstance(matches, dict) else matches
+def resolve(matches: dict[int, Any], target: int) -> list[list[tuple[int, int, int]]] | None:
+    """A head call's matches as the target's alone (`TapSet.match_rows`: a dict by model index)."""
+    return matches.get(target)
 
 
 def head_source(

@@ -1,21 +1,18 @@
 """Forward hooks: what one model call was actually fed, captured without touching the engine.
 
-Per call we keep, as small device tensors (no host sync on the hot path):
-- the input ids and the position ids, either fed or, when the engine passes none, the ones the
-  model derives itself (for most HF models: `cache_position`, i.e. the physical slot index, which
-  ignores left padding: exactly the bug many engines ship);
-- the attention mask as "may attend" booleans: a 2-D mask as fed, a 4-D mask's last query rows;
-- the physical cache width before the call (`cache` or the older `past_key_values` keyword);
-- the argmax of the output logits of the last query slots (up to QUERY_TAIL), for both roles: a
-  right-padded row's last real token is not in the last column.
-A forward costs the watch one tensor op per fed tensor and one argmax, nothing more: on a small
-model every op is ~5-10 us, a share of a decode step worth counting, and the same holds at close
-(one `tolist` per kept tensor). Everything else (which query slots are real, how many earlier
-slots a query token attends) is read from the lists, in Python, when the watch closes
-(`CallRecord.materialize`), which is also where the only host syncs the watch adds happen.
-Tensors already on the CPU are read through numpy where that is cheaper (`on_host`: the argmax,
-a large mask's compare, a packed mask's counts): a view, no copy, and several times faster than
-torch's single-threaded CPU kernels for these reductions; on a device, torch's own ops.
+Per call we keep, as small device tensors (no host sync on the hot path): the input ids; the
+position ids, fed or, when the engine passes none, the ones the model derives itself (for most HF
+models `cache_position`, the physical slot index, which ignores left padding: a bug many engines
+ship); the attention mask as "may attend" booleans (a 2-D mask as fed, a 4-D mask's last query
+rows); the physical cache width before the call (`cache` or the older `past_key_values`); the
+argmax of the logits of the last query slots (up to QUERY_TAIL, for both roles: a right-padded
+row's last real token is not in the last column).
+A forward costs the watch one tensor op per fed tensor and one argmax (~5-10 us each on a small
+model, a share of a decode step worth counting), and close one `tolist` per kept tensor. The rest
+(which query slots are real, how many slots each attends) is read from the lists, in Python, at
+close (`CallRecord.materialize`), the only place the watch syncs with the host. Tensors on the CPU
+are read through numpy where cheaper (`on_host`: the argmax, a large mask's compare, a packed
+mask's counts): a view, several times faster than torch's single-threaded CPU reductions.
 """
 
 from __future__ import annotations
@@ -57,8 +54,7 @@ def check_causal_lm(model: Any, role: str) -> None:
     config = getattr(model, "config", None)
     if getattr(config, "is_encoder_decoder", False):
         raise WatchError(f"{role} ({type(model).__name__}) is an encoder-decoder model, not a causal LM")
-    get_head = getattr(model, "get_output_embeddings", None)
-    if get_head is None or get_head() is None:
+    if getattr(model, "get_output_embeddings", lambda: None)() is None:
         raise WatchError(
             f"{role} ({type(model).__name__}) is not a causal LM: it has no LM head "
             "(pass the *ForCausalLM model, not its base model)"
@@ -78,19 +74,15 @@ def cache_width(cache: Any) -> int:
 
 
 class _NoTap:
-    """The tap of a model watched without a named head: it keeps nothing, matches nothing."""
+    """The tap of a model watched without a named head: never open, it keeps, holds and matches nothing."""
 
     open = False
 
     def start(self, query_len: int) -> None: ...
-
     def end(self) -> None: ...
-
+    def match_rows(self, fed: dict[str, Any], args: tuple[Any, ...]) -> None: ...
     def release(self) -> list[CallRecord]:
         return []
-
-    def match_rows(self, fed: dict[str, Any], args: tuple[Any, ...]) -> None:
-        return None
 
 
 class ModelHooks:
@@ -100,16 +92,14 @@ class ModelHooks:
         self.model = model
         self.role = role
         self.drafter = drafter
-        # `headinput.HiddenTap` (or the command's `TapSet`), shared by the target's hooks and the
-        # head's: a target's calls feed it (`fed_tap`), a head's calls are matched with it (`tap`).
-        # Only the target is given one: any other model's tap keeps nothing.
+        # `headinput.HiddenTap`, given to the target's hooks and the head's (the command's head: a
+        # `TapSet`): the target's calls feed it (`fed_tap`), the head's are matched with it (`tap`).
         tapped = _NoTap() if tap is None else tap
         self.tap, self.fed_tap = (tapped, _NoTap()) if drafter else (_NoTap(), tapped)
         self.sink = sink
         self.model_type = getattr(getattr(model, "config", None), "model_type", "")
         self.param_names = [p for p in inspect.signature(model.forward).parameters if p != "self"]
         self.open: list[CallRecord | None] = []
-        # A sink without declared packed facts (`AutoWatch`) declares none (`Watch.query_lens`).
         self._declares = hasattr(sink, "query_lens")
         self._unit = torch.empty(0)  # the embedding table, rows normalized (inputs_embeds)
         self.handles = [
@@ -141,7 +131,12 @@ class ModelHooks:
         width = cache_width(cache)
         batch, q = input_ids.shape
         mask = fed.get("attention_mask")
-        declared, parents, facts = self._declared()
+        # Declared query lengths, trees and (drafts, chunk) facts of a packed call (`w.batch`), asked
+        # before `current_rows` ends the declaration; a sink without them (`AutoWatch`) declares none.
+        declared = parents = facts = None
+        if self._declares:
+            sink, role = self.sink, self.role
+            declared, parents, facts = sink.query_lens(role), sink.tree_parents(role), sink.segment_facts(role)
         # One row that may hold several sequences: its mask and argmax are kept whole (`batchmap`).
         packed = batch == 1 and q > 1
         kind, kept, live = mask_copy(mask, None if packed else QUERY_TAIL)
@@ -181,13 +176,6 @@ class ModelHooks:
                 logit_slots=keep.clone() if isinstance(keep, torch.Tensor) and keep.dim() == 1 else None,
             )
         )
-
-    def _declared(self) -> tuple[Any, Any, Any]:
-        """Declared query lengths, trees and (drafts, chunk) facts of a packed call (`w.batch`),
-        asked before `current_rows` (which ends the forward's declaration)."""
-        if not self._declares:
-            return None, None, None
-        return self.sink.query_lens(self.role), self.sink.tree_parents(self.role), self.sink.segment_facts(self.role)
 
     def _ids_of_embeddings(self, embeds: torch.Tensor) -> torch.Tensor | None:
         """The token ids whose embedding rows these are ([B, T, H] -> [B, T]): the nearest row of the
