@@ -164,7 +164,7 @@ def _tolerance(fed: torch.dtype, kept: torch.dtype) -> float:
     """The relative tolerance of a match: RTOL, or, for a vector fed in a floating dtype coarser
     than the kept one's, one unit in the last place of it (a round trip through it, both sides
     rounded the same way, differs by less: the cast in another order or kernel)."""
-    if not kept.is_floating_point:  # the fed vector is (`_vectors`); the LM head's input should be
+    if not kept.is_floating_point:  # the vector fed is floating (`_vectors`)
         return RTOL
     coarse, fine = torch.finfo(fed).eps, torch.finfo(kept).eps
     return max(RTOL, coarse) if coarse > fine else RTOL
@@ -201,9 +201,9 @@ class TapSet:
         self.taps = {}
 
 
-def resolve(matches: dict[int, Any], target: int) -> list[list[tuple[int, int, int]]] | None:
-    """A head call's matches as the target's alone (`TapSet.match_rows`: a dict by model index)."""
-    return matches.get(target)
+def resolve(matches: Any, target: int) -> list[list[tuple[int, int, int]]] | None:
+    """A head call's matches as the target's alone (a dict by model index from `TapSet`)."""
+    return matches.get(target) if isinstance(matches, dict) else matches
 
 
 def head_source(

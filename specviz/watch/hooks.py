@@ -94,8 +94,8 @@ class ModelHooks:
         self.drafter = drafter
         # `headinput.HiddenTap`, given to the target's hooks and the head's (the command's head: a
         # `TapSet`): the target's calls feed it (`fed_tap`), the head's are matched with it (`tap`).
-        tapped = _NoTap() if tap is None else tap
-        self.tap, self.fed_tap = (tapped, _NoTap()) if drafter else (_NoTap(), tapped)
+        self.tap = _NoTap() if tap is None else tap
+        self.fed_tap = _NoTap() if drafter else self.tap
         self.sink = sink
         self.model_type = getattr(getattr(model, "config", None), "model_type", "")
         self.param_names = [p for p in inspect.signature(model.forward).parameters if p != "self"]
