@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy
 import torch
 
 from specviz.watch.attribution import Emit
@@ -55,18 +56,12 @@ def checked_temperature(value: Any) -> float:
 
 
 def as_int(value: Any, what: str) -> int:
+    """An id as a Python int: an int, a numpy integer or a one-element tensor of one (never a bool)."""
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            import numpy as np
-
-            if isinstance(value, np.integer):
-                return int(value)
-        except ImportError:  # numpy is optional here
-            pass
+    if isinstance(value, bool) or not isinstance(value, (int, numpy.integer)):
         raise WatchError(f"{what}: expected integer ids, got {type(value).__name__}")
-    return value
+    return int(value)
 
 
 def prompt_ids(prompts: list[Any] | None, tokenizer: Any | None) -> list[list[int]] | None:
@@ -92,14 +87,14 @@ def prompt_ids(prompts: list[Any] | None, tokenizer: Any | None) -> list[list[in
 def eos_ids(model: Any, tokenizer: Any | None) -> list[int]:
     ids: set[int] = set()
     for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
-        raw = getattr(source, "eos_token_id", None) if source is not None else None
+        raw = getattr(source, "eos_token_id", None)  # None without a source
         if isinstance(raw, int):
             ids.add(raw)
         elif isinstance(raw, (list, tuple)):
             ids.update(int(i) for i in raw)
         if ids:
             break
-    token = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+    token = getattr(tokenizer, "eos_token_id", None)
     if isinstance(token, int):
         ids.add(token)
     return sorted(ids)
@@ -107,7 +102,7 @@ def eos_ids(model: Any, tokenizer: Any | None) -> list[int]:
 
 def pad_id(model: Any, tokenizer: Any | None) -> int | None:
     for source in (tokenizer, getattr(model, "generation_config", None), getattr(model, "config", None)):
-        value = getattr(source, "pad_token_id", None) if source is not None else None
+        value = getattr(source, "pad_token_id", None)  # None without a source
         if isinstance(value, int):
             return value
     return None

@@ -78,8 +78,9 @@ class HiddenTap:
         self.handle.remove()
 
     def _capture(self, module: Any, args: tuple[Any, ...]) -> None:
-        # Only inside a target call: a head that shares the target's LM head calls it too.
-        if self.open and args and isinstance(args[0], torch.Tensor) and args[0].dim() == 3 and self.calls:
+        # Only inside a target call (`start` added its entry): a head that shares the target's LM
+        # head calls it too.
+        if self.open and args and isinstance(args[0], torch.Tensor) and args[0].dim() == 3:
             self.calls[-1][0] = args[0].detach().clone()  # an engine may reuse the buffer before the head reads it
 
     def match_rows(self, fed: dict[str, Any], args: tuple[Any, ...]) -> list[list[tuple[int, int, int]]] | None:
@@ -92,15 +93,14 @@ class HiddenTap:
         width = self.width()
         if width is None or not (self.open or self.kept()):
             return None
-        named = fed.get("hidden_states")
-        tensors = [named] if isinstance(named, torch.Tensor) else []
-        tensors += [v for v in (*args, *fed.values()) if isinstance(v, torch.Tensor) and v.is_floating_point()]
-        vector = next((t for t in tensors if t.dim() in (2, 3) and t.shape[-1] == width), None)
+        fed_tensors = (fed.get("hidden_states"), *args, *fed.values())  # the named one first
+        vector = next((t for t in fed_tensors if _vectors(t, width)), None)
         if vector is None:
             return None
+        vectors = vector if vector.dim() == 3 else vector[:, None]  # [B, slots, H]
         if not self.open:
-            return self._match((vector[:, -1] if vector.dim() == 3 else vector).detach(), 1)
-        slots = vector[:, -NESTED_TAIL:] if vector.dim() == 3 else vector[:, None]
+            return self._match(vectors[:, -1].detach(), 1)
+        slots = vectors[:, -NESTED_TAIL:]
         found: list[list[tuple[int, int, int]]] = [[] for _ in range(slots.shape[0])]
         self.deferred.append((slots.detach().reshape(-1, width).clone(), slots.shape[1], found))
         return found
@@ -132,6 +132,11 @@ class HiddenTap:
         return found
 
 
+def _vectors(t: Any, width: int) -> bool:
+    """A tensor of hidden states the width of the target's: [B, H] or [B, T, H]."""
+    return isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() in (2, 3) and t.shape[-1] == width
+
+
 def _matches(fed_rows: torch.Tensor, kept: torch.Tensor, query_len: int) -> list[tuple[int, int, int]]:
     """(head row, target row, query column) of each kept hidden state ([B, T, H]) equal to a fed
     row's vector (allclose, RTOL and ATOL). A head fed in a lower precision than the target's
@@ -159,7 +164,7 @@ def _tolerance(fed: torch.dtype, kept: torch.dtype) -> float:
     """The relative tolerance of a match: RTOL, or, for a vector fed in a floating dtype coarser
     than the kept one's, one unit in the last place of it (a round trip through it, both sides
     rounded the same way, differs by less: the cast in another order or kernel)."""
-    if not (fed.is_floating_point and kept.is_floating_point):
+    if not kept.is_floating_point:  # the vector fed is floating (`_vectors`)
         return RTOL
     coarse, fine = torch.finfo(fed).eps, torch.finfo(kept).eps
     return max(RTOL, coarse) if coarse > fine else RTOL
@@ -178,8 +183,8 @@ class TapSet:
         return self.taps[index]
 
     def match_rows(self, fed: dict[str, Any], args: tuple[Any, ...]) -> dict[int, Any]:
-        """`HiddenTap.match_rows` by model index, for the models that kept hidden states."""
-        return {i: tap.match_rows(fed, args) for i, tap in self.taps.items() if tap.kept() or tap.open}
+        """`HiddenTap.match_rows` by model index (None: a model that kept no hidden states)."""
+        return {i: tap.match_rows(fed, args) for i, tap in self.taps.items()}
 
     @property
     def open(self) -> bool:
@@ -218,19 +223,19 @@ def head_source(
         return None
     j = heads[-1]
     head_row = _served(calls[j], row, drafts, calls[index].batch_size)
-    sources = [i for i in range(j - 1, -1, -1) if calls[i].role == "target"][:HISTORY]  # by age
-    if head_row is None or calls[j].head_fed is None or not sources:
+    if head_row is None:  # else `_served` saw the head call's matches (`head_fed`)
         return None
+    sources = [calls[i] for i in range(j - 1, -1, -1) if calls[i].role == "target"][:HISTORY]  # by age
+    matched = [(sources[age], r, column) for age, r, column in calls[j].head_fed[head_row] if age < len(sources)]
     found = []
-    for age, r, column in calls[j].head_fed[head_row]:
-        call = calls[sources[age]] if age < len(sources) else None
-        place = _unpacked(call, r, column) if call is not None else None
+    for call, r, column in matched:
+        place = _unpacked(call, r, column)
         if place is not None and place[0] < call.batch_size and place[1] < len(call.positions[place[0]]):
             if not call.query_flags(place[0])[place[1]]:
                 continue  # a pad slot's state (pads of several rows may hold one vector): no token's
             found.append([row_seq_ids(call)[place[0]], int(call.positions[place[0]][place[1]])])
     expected = [seq_id, committed - 2] if committed >= 2 else []
-    return expected if expected in found else (found[0] if found else None)
+    return expected if expected in found else next(iter(found), None)
 
 
 def _served(head: Any, row: int, drafts: list[int], batch_size: int) -> int | None:
@@ -242,18 +247,15 @@ def _served(head: Any, row: int, drafts: list[int], batch_size: int) -> int | No
         return None
 
     def proposed(tokens: list[int]) -> bool:
-        if not tokens:
-            return False
         if len(tokens) > head.query_len:  # Medusa: one input slot, one logits column per head
             n = min(len(tokens), len(drafts))
             return list(tokens[:n]) == list(drafts[:n])
         if head.nested:  # fed every query slot: the accepted one's logits propose the next draft
             return drafts[0] in tokens
-        return tokens[-1] == drafts[0]  # EAGLE, MTP: the last slot's logits propose the next draft
+        return list(tokens[-1:]) == list(drafts[:1])  # EAGLE, MTP: the last slot's logits propose the next draft
 
-    if head.batch_size == batch_size:
-        return row if proposed(head.argmax[row]) else None
-    found = [r for r, tokens in enumerate(head.argmax) if proposed(tokens)]
+    rows = [row] if head.batch_size == batch_size else range(len(head.argmax))
+    found = [r for r in rows if proposed(head.argmax[r])]
     return found[0] if len(found) == 1 else None
 
 
@@ -270,13 +272,12 @@ def _unpacked(call: Any, row: int, column: int) -> tuple[int, int] | None:
 def unfound_note(steps: list[Any]) -> list[str]:
     """A watch note (unreadable, with the reason) for the drafting rows of a named head's run whose
     head input was not found among the target's hidden states: head-input is not checked there."""
-    drafting = [row for step in steps for row in step.rows if row.draft_tokens]
-    missing = [row for row in drafting if row.head_source is None]
+    drafting = [(step.step, row) for step in steps for row in step.rows if row.draft_tokens]
+    missing = [at for at, row in drafting if row.head_source is None]  # the steps, in order
     if not missing:
         return []
-    first = next(step.step for step in steps if any(row in missing for row in step.rows))
     return [
         f"draft head input unreadable for {len(missing)} of {len(drafting)} drafting rows (first at step "
-        f"{first}): the vector fed matched no last hidden state of the target's last {HISTORY} calls; "
+        f"{missing[0]}): the vector fed matched no last hidden state of the target's last {HISTORY} calls; "
         "head-input not checked there"
     ]

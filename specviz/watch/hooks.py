@@ -1,21 +1,18 @@
 """Forward hooks: what one model call was actually fed, captured without touching the engine.
 
-Per call we keep, as small device tensors (no host sync on the hot path):
-- the input ids and the position ids, either fed or, when the engine passes none, the ones the
-  model derives itself (for most HF models: `cache_position`, i.e. the physical slot index, which
-  ignores left padding: exactly the bug many engines ship);
-- the attention mask as "may attend" booleans: a 2-D mask as fed, a 4-D mask's last query rows;
-- the physical cache width before the call (`cache` or the older `past_key_values` keyword);
-- the argmax of the output logits of the last query slots (up to QUERY_TAIL), for both roles: a
-  right-padded row's last real token is not in the last column.
-A forward costs the watch one tensor op per fed tensor and one argmax, nothing more: on a small
-model every op is ~5-10 us, a share of a decode step worth counting, and the same holds at close
-(one `tolist` per kept tensor). Everything else (which query slots are real, how many earlier
-slots a query token attends) is read from the lists, in Python, when the watch closes
-(`CallRecord.materialize`), which is also where the only host syncs the watch adds happen.
-Tensors already on the CPU are read through numpy where that is cheaper (`on_host`: the argmax,
-a large mask's compare, a packed mask's counts): a view, no copy, and several times faster than
-torch's single-threaded CPU kernels for these reductions; on a device, torch's own ops.
+Per call we keep, as small device tensors (no host sync on the hot path): the input ids; the
+position ids, fed or, when the engine passes none, the ones the model derives itself (for most HF
+models `cache_position`, the physical slot index, which ignores left padding: a bug many engines
+ship); the attention mask as "may attend" booleans (a 2-D mask as fed, a 4-D mask's last query
+rows); the physical cache width before the call (`cache` or the older `past_key_values`); the
+argmax of the logits of the last query slots (up to QUERY_TAIL, for both roles: a right-padded
+row's last real token is not in the last column).
+A forward costs the watch one tensor op per fed tensor and one argmax (~5-10 us each on a small
+model, a share of a decode step worth counting), and close one `tolist` per kept tensor. The rest
+(which query slots are real, how many slots each attends) is read from the lists, in Python, at
+close (`CallRecord.materialize`), the only place the watch syncs with the host. Tensors on the CPU
+are read through numpy where cheaper (`on_host`: the argmax, a large mask's compare, a packed
+mask's counts): a view, several times faster than torch's single-threaded CPU reductions.
 """
 
 from __future__ import annotations
@@ -31,8 +28,6 @@ from specviz.errors import SpecvizError
 from specviz.watch.record import CallRecord
 from specviz.watch.tensor_reads import QUERY_TAIL, argmax_of, mask_copy, on_host
 
-# 4-D masks keep only their last query rows: a verify window is never longer, and a prefill's
-# [q, W] block would otherwise cost q x W per row.
 CACHE_KEYWORDS = ("cache", "past_key_values")
 
 
@@ -59,8 +54,7 @@ def check_causal_lm(model: Any, role: str) -> None:
     config = getattr(model, "config", None)
     if getattr(config, "is_encoder_decoder", False):
         raise WatchError(f"{role} ({type(model).__name__}) is an encoder-decoder model, not a causal LM")
-    get_head = getattr(model, "get_output_embeddings", None)
-    if get_head is None or get_head() is None:
+    if getattr(model, "get_output_embeddings", lambda: None)() is None:
         raise WatchError(
             f"{role} ({type(model).__name__}) is not a causal LM: it has no LM head "
             "(pass the *ForCausalLM model, not its base model)"
@@ -68,9 +62,7 @@ def check_causal_lm(model: Any, role: str) -> None:
 
 
 def cache_width(cache: Any) -> int:
-    """Slots in the cache before the call; HF derives `cache_position` from the same number."""
-    if cache is None:
-        return 0
+    """Slots in the cache before the call (0 without one); HF derives `cache_position` from it."""
     if hasattr(cache, "get_seq_length"):
         try:
             return int(cache.get_seq_length())
@@ -81,6 +73,18 @@ def cache_width(cache: Any) -> int:
     return 0
 
 
+class _NoTap:
+    """The tap of a model watched without a named head: never open, it keeps, holds and matches nothing."""
+
+    open = False
+
+    def start(self, query_len: int) -> None: ...
+    def end(self) -> None: ...
+    def match_rows(self, fed: dict[str, Any], args: tuple[Any, ...]) -> None: ...
+    def release(self) -> list[CallRecord]:
+        return []
+
+
 class ModelHooks:
     """Pre- and post-forward hooks on one model, appending a CallRecord per call to `sink`."""
 
@@ -88,13 +92,16 @@ class ModelHooks:
         self.model = model
         self.role = role
         self.drafter = drafter
-        self.tap = tap  # `headinput.HiddenTap`: the target's, shared with the head's hooks
+        # `headinput.HiddenTap`, given to the target's hooks and the head's (the command's head: a
+        # `TapSet`): the target's calls feed it (`fed_tap`), the head's are matched with it (`tap`).
+        self.tap = _NoTap() if tap is None else tap
+        self.fed_tap = _NoTap() if drafter else self.tap
         self.sink = sink
         self.model_type = getattr(getattr(model, "config", None), "model_type", "")
-        forward = getattr(model, "forward", None)
-        self.param_names = [p for p in inspect.signature(forward).parameters if p != "self"] if forward else []
-        self.open: list[CallRecord] = []
-        self._unit: torch.Tensor | None = None  # the embedding table, rows normalized (inputs_embeds)
+        self.param_names = [p for p in inspect.signature(model.forward).parameters if p != "self"]
+        self.open: list[CallRecord | None] = []
+        self._declares = hasattr(sink, "query_lens")
+        self._unit = torch.empty(0)  # the embedding table, rows normalized (inputs_embeds)
         self.handles = [
             model.register_forward_pre_hook(self.before, with_kwargs=True),
             model.register_forward_hook(self.after, with_kwargs=True),
@@ -105,15 +112,10 @@ class ModelHooks:
             handle.remove()
         self.handles = []
 
-    def _arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-        if not args:
-            return kwargs
-        return {**dict(zip(self.param_names, args)), **kwargs}
-
     # No `torch.no_grad()` wrapper (a context switch per call): nothing here is differentiable,
     # the copies are of integer and boolean tensors and the argmax of the logits is an index.
     def before(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        fed = self._arguments(args, kwargs)
+        fed = {**dict(zip(self.param_names, args)), **kwargs}
         input_ids = fed.get("input_ids")
         if self.drafter:
             self.open.append(self._head_call(args, fed))
@@ -123,18 +125,18 @@ class ModelHooks:
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
             self.open.append(None)  # odd shapes: nothing to attribute
             return
-        if self.tap is not None and self.role == "target":  # recorded calls only: the tap's ages count them
-            self.tap.start(input_ids.shape[1])
+        self.fed_tap.start(input_ids.shape[1])  # recorded calls only: the tap's ages count them
         started = time.perf_counter()
         cache = next((fed[k] for k in CACHE_KEYWORDS if fed.get(k) is not None), None)
         width = cache_width(cache)
         batch, q = input_ids.shape
         mask = fed.get("attention_mask")
-        # Declared query lengths of a packed call (`w.batch`); a sink without them declares none.
-        declared = self.sink.query_lens(self.role) if hasattr(self.sink, "query_lens") else None
-        parents = self.sink.tree_parents(self.role) if hasattr(self.sink, "tree_parents") else None
-        facts = self.sink.segment_facts(self.role) if hasattr(self.sink, "segment_facts") else None
-        cu_q, cu_k = fed.get("cu_seq_lens_q"), _one_tensor(fed.get("cu_seq_lens_k"))
+        # Declared query lengths, trees and (drafts, chunk) facts of a packed call (`w.batch`), asked
+        # before `current_rows` ends the declaration; a sink without them (`AutoWatch`) declares none.
+        declared = parents = facts = None
+        if self._declares:
+            sink, role = self.sink, self.role
+            declared, parents, facts = sink.query_lens(role), sink.tree_parents(role), sink.segment_facts(role)
         # One row that may hold several sequences: its mask and argmax are kept whole (`batchmap`).
         packed = batch == 1 and q > 1
         kind, kept, live = mask_copy(mask, None if packed else QUERY_TAIL)
@@ -143,13 +145,13 @@ class ModelHooks:
             # slots inside the keys that the mask alone does not name, so only what each query
             # slot attends is read, not where (`calls.mask_row`).
             kind = "4d-slots"
-        elif kind == "4d" and live is not None and kept is not None and kept.shape[1] == q:
+        elif live is not None and kept.shape[1] == q:  # `live`: a 4-D mask's tail (`mask_copy`)
             # A real query token attends its own key (the query block's diagonal of a [cache |
             # query] mask); a slot that does not feeds nothing, though it may see the cache (a
             # finished row fed a pad with its query masked out, kept in the batch).
             cols = torch.arange(q, device=kept.device)
             live = live & kept[:, cols, width + cols].to(live.device)
-        positions, positions_fed = self._positions(fed, mask if kind == "2d" else None, batch, width, q)
+        positions, positions_fed = self._positions(fed, mask, kind, batch, width, q)
         keep = fed.get("logits_to_keep")
         self.open.append(
             CallRecord(
@@ -166,8 +168,8 @@ class ModelHooks:
                 query_len=q,
                 started=started,
                 packed=packed,
-                cu_q=cu_q.clone() if isinstance(cu_q, torch.Tensor) else None,
-                cu_k=cu_k.clone() if isinstance(cu_k, torch.Tensor) else None,
+                cu_q=_copy(fed.get("cu_seq_lens_q")),
+                cu_k=_copy(_one_tensor(fed.get("cu_seq_lens_k"))),
                 query_lens=declared,
                 parents=parents,
                 declared=facts,
@@ -183,7 +185,7 @@ class ModelHooks:
         weight = getattr(table, "weight", None)
         if not isinstance(weight, torch.Tensor) or embeds.dim() != 3 or embeds.shape[-1] != weight.shape[-1]:
             return None
-        if self._unit is None or self._unit.shape != weight.shape:
+        if self._unit.shape != weight.shape:
             self._unit = torch.nn.functional.normalize(weight.detach().float(), dim=-1)
         vectors = embeds.detach().float()
         ids = (torch.nn.functional.normalize(vectors, dim=-1) @ self._unit.T).argmax(-1)
@@ -211,26 +213,22 @@ class ModelHooks:
             query_len=q,
             started=time.perf_counter(),
             drafter=True,
-            head_fed=self.tap.match_rows(fed, args) if self.tap is not None else None,
-            nested=self.tap is not None and self.tap.open,
+            head_fed=self.tap.match_rows(fed, args),
+            nested=self.tap.open,
         )
 
     def after(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
-        if self.tap is not None and not self.drafter:
-            self.tap.end()
+        self.fed_tap.end()
         record = self.open.pop() if self.open else None
         if record is not None:
             self._finish(record, output)
-        if self.tap is not None and not self.drafter:
-            for held in self.tap.release():  # head calls made inside this call come after it
-                self.sink.add_call(held)
+        for held in self.fed_tap.release():  # head calls made inside this call come after it
+            self.sink.add_call(held)
 
     def _finish(self, record: CallRecord, output: Any) -> None:
-        logits = getattr(output, "logits", None)
-        if logits is None and isinstance(output, (tuple, list)) and output:
+        logits = getattr(output, "logits", output)  # a bare head returns its logits
+        if logits is output and isinstance(output, (tuple, list)) and output:
             logits = output[0]
-        if logits is None and isinstance(output, torch.Tensor):
-            logits = output  # a bare head returns its logits
         if isinstance(logits, torch.Tensor) and logits.dim() == 3:
             if record.logit_slots is not None and logits.shape[1] != len(record.logit_slots):
                 record.logit_slots = None  # the model ignored logits_to_keep: every column's logits
@@ -242,14 +240,12 @@ class ModelHooks:
             else:
                 record.argmax = argmax_of(logits[:, -QUERY_TAIL:])
         record.ended = time.perf_counter()
-        if record.nested and self.tap is not None:
+        if record.nested:  # only a head's, while the target's call is open
             self.tap.hold(record)
         else:
             self.sink.add_call(record)
 
-    def _positions(
-        self, fed: dict[str, Any], mask2d: torch.Tensor | None, batch: int, width: int, q: int
-    ) -> tuple[Any, bool]:
+    def _positions(self, fed: dict[str, Any], mask: Any, kind: str, batch: int, width: int, q: int) -> tuple[Any, bool]:
         position_ids = fed.get("position_ids")
         if isinstance(position_ids, torch.Tensor):
             if position_ids.shape == (batch, q):
@@ -258,9 +254,9 @@ class ModelHooks:
         cache_position = fed.get("cache_position")
         if isinstance(cache_position, torch.Tensor):
             return cache_position.reshape(1, q).expand(batch, q).clone(), False
-        if self.model_type == "opt" and mask2d is not None:
+        if self.model_type == "opt" and kind == "2d":
             # OPT's learned positions count the mask's ones (its own rule, padding-aware).
-            ones = mask2d.long()
+            ones = mask.long()
             return ((ones.cumsum(1) * ones) - 1)[:, -q:].clone(), False
         return [list(range(width, width + q)) for _ in range(batch)], False  # no tensor op needed
 
@@ -286,6 +282,11 @@ def _segment_tails(record: CallRecord, width: int) -> torch.Tensor:
     offsets = torch.arange(-SEGMENT_TAIL, 0, device=ends.device)
     columns = (ends.to(offsets.device)[:, None] + offsets[None, :]).flatten()
     return torch.unique(columns[(columns >= 0) & (columns < width)])
+
+
+def _copy(value: Any) -> torch.Tensor | None:
+    """A copy of a tensor argument (the engine may reuse its buffer); None for anything else."""
+    return value.clone() if isinstance(value, torch.Tensor) else None
 
 
 def _one_tensor(value: Any) -> Any:

@@ -160,15 +160,16 @@ def _first_difference(reported: list[Any], engine: list[tuple[list[int], str | N
     said = [t for e, _ in engine for t in e]
     ending = next((e.finish_reason for e in reversed(reported) if e.finish_reason), None)
     declared = next((reason for _, reason in reversed(engine) if reason), None)
-    i = next((i for i, (a, (b, _)) in enumerate(zip(said, tokens)) if a != b), min(len(said), len(tokens)))
-    if i == len(said) == len(tokens) and declared in (None, ending):
-        return None
-    last = reported[-1].after if reported else 0
-    after = tokens[i][1] if i < len(tokens) else last
-    if i < len(said) and i < len(tokens):
+    shared = min(len(said), len(tokens))
+    i = next((i for i in range(shared) if said[i] != tokens[i][0]), shared)  # the first token that differs
+    if i < shared:
         why = f"the engine emitted {said[i]} as output token {i}, the manager reported {tokens[i][0]}"
-    elif i < len(said) or i < len(tokens):
+    elif len(said) != len(tokens):
         why = f"the engine emitted {len(said)} tokens, the manager reported {len(tokens)}"
+    elif declared in (None, ending):
+        return None
     else:
         why = f"the engine ended it by {declared!r}, the manager by {ending!r}"
+    last = reported[-1].after if reported else 0
+    after = tokens[i][1] if i < len(tokens) else last
     return after, f"{why} (transformers' continuous batching manager and w.emit disagree)"
