@@ -128,7 +128,9 @@ class PagedCapture:
             if where is None:
                 continue
             after, why = where
-            made = [j for j in targets if j < after]
+            # The call that made the first token the two disagree on; where the manager reported
+            # none (after 0: the engine emitted for a sequence it never wrote to), the first call.
+            made = [j for j in targets if j < after] or targets[:1]
             if made and calls[made[-1]].unreadable is None:
                 calls[made[-1]].unreadable = f"sequence {seq_id}: {why}"
 
