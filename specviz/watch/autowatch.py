@@ -30,7 +30,7 @@ from specviz.trace.schema import Trace
 from specviz.watch.attribution import Emit
 from specviz.watch.declared import eos_ids, pad_id
 from specviz.watch.headinput import TapSet, resolve
-from specviz.watch.hooks import ModelHooks, WatchError, check_causal_lm
+from specviz.watch.hooks import Declared, ModelHooks, WatchError, check_causal_lm
 from specviz.watch.infer.follow import Follower
 from specviz.watch.paged import PagedCapture
 from specviz.watch.record import CallRecord
@@ -62,11 +62,11 @@ class AutoWatch:
 
     # ------------------------------------------------------------------ what ModelHooks calls
 
-    def current_rows(self, role: str = "target") -> tuple[int, ...] | None:
+    def declared(self, role: str = "target") -> Declared:
         """Undeclared (`finish` follows the rows by their attended context), except the requests the
         paged manager named for the next forward."""
-        declared, self._declared = self._declared, None
-        return declared
+        rows, self._declared = self._declared, None
+        return Declared(rows)
 
     def add_call(self, call: CallRecord) -> None:
         self.calls.append(call)

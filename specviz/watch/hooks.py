@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy
 import torch
@@ -35,11 +35,23 @@ class WatchError(SpecvizError):
     """Bad use of `specviz.watch`: the message says what to change."""
 
 
+class Declared(NamedTuple):
+    """What was said of one forward of a model before it ran: the sequence each row (or packed
+    segment) holds (None: undeclared), and with `w.batch` their query lengths, trees and
+    (drafts, chunk) facts."""
+
+    rows: tuple[int, ...] | None = None
+    query_lens: list[int] | None = None
+    parents: list[list[int]] | None = None
+    facts: tuple[tuple[int | None, bool], ...] | None = None
+
+
 class CallSink(Protocol):
     """Where `ModelHooks` sends what it captures (the `Watch`, or `AutoWatch` for the CLI)."""
 
-    def current_rows(self, role: str = "target") -> tuple[int, ...] | None:
-        """The sequence each batch row of `role`'s model holds now (None: undeclared)."""
+    def declared(self, role: str = "target") -> Declared:
+        """What was said of the forward of `role`'s model starting now; taking it ends a
+        declaration made for that one forward (`w.batch`), so each is read by one forward."""
         ...
 
     def add_call(self, call: CallRecord) -> None:
@@ -100,7 +112,6 @@ class ModelHooks:
         self.model_type = getattr(getattr(model, "config", None), "model_type", "")
         self.param_names = [p for p in inspect.signature(model.forward).parameters if p != "self"]
         self.open: list[CallRecord | None] = []
-        self._declares = hasattr(sink, "query_lens")
         self._unit = torch.empty(0)  # the embedding table, rows normalized (inputs_embeds)
         self.handles = [
             model.register_forward_pre_hook(self.before, with_kwargs=True),
@@ -131,12 +142,7 @@ class ModelHooks:
         width = cache_width(cache)
         batch, q = input_ids.shape
         mask = fed.get("attention_mask")
-        # Declared query lengths, trees and (drafts, chunk) facts of a packed call (`w.batch`), asked
-        # before `current_rows` ends the declaration; a sink without them (`AutoWatch`) declares none.
-        declared = parents = facts = None
-        if self._declares:
-            sink, role = self.sink, self.role
-            declared, parents, facts = sink.query_lens(role), sink.tree_parents(role), sink.segment_facts(role)
+        said = self.sink.declared(self.role)
         # One row that may hold several sequences: its mask and argmax are kept whole (`batchmap`).
         packed = batch == 1 and q > 1
         kind, kept, live = mask_copy(mask, None if packed else QUERY_TAIL)
@@ -156,7 +162,7 @@ class ModelHooks:
         self.open.append(
             CallRecord(
                 role=self.role,
-                rows=self.sink.current_rows(self.role),
+                rows=said.rows,
                 input_ids=input_ids.clone(),
                 positions=positions,
                 positions_fed=positions_fed,
@@ -170,9 +176,9 @@ class ModelHooks:
                 packed=packed,
                 cu_q=_copy(fed.get("cu_seq_lens_q")),
                 cu_k=_copy(_one_tensor(fed.get("cu_seq_lens_k"))),
-                query_lens=declared,
-                parents=parents,
-                declared=facts,
+                query_lens=said.query_lens,
+                parents=said.parents,
+                declared=said.facts,
                 logit_slots=keep.clone() if isinstance(keep, torch.Tensor) and keep.dim() == 1 else None,
             )
         )

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -37,7 +37,7 @@ from specviz.watch.declared import (
     require_prompted,
 )
 from specviz.watch.headinput import HiddenTap
-from specviz.watch.hooks import ModelHooks, WatchError, check_causal_lm
+from specviz.watch.hooks import Declared, ModelHooks, WatchError, check_causal_lm
 from specviz.watch.infer.follow import follow_rows
 from specviz.watch.paged import PagedCapture
 from specviz.watch.record import CallRecord
@@ -45,19 +45,6 @@ from specviz.watch.steps import infer_steps
 from specviz.watch.streamer import GenerateStreamer
 
 FINISH_REASONS = (None, "eos", "length")
-
-
-class _Forward(NamedTuple):
-    """What was declared for a model's next forward only (`batch`, or the paged manager's requests):
-    its sequences, and with `batch` their query lengths, trees and (drafts, chunk) facts."""
-
-    ids: tuple[int, ...]
-    lens: list[int] | None = None
-    parents: list[list[int]] | None = None
-    facts: tuple[tuple[int | None, bool], ...] | None = None
-
-
-_UNDECLARED = _Forward(())
 
 
 class Watch:
@@ -99,7 +86,7 @@ class Watch:
         self.argmax_is_choice = self.temperature == 0 and not logits_processed
         self.created_at = now_iso()
         self._rows: dict[str, tuple[int, ...] | None] = {"target": None, "draft": None}
-        self._once: dict[str, _Forward] = {}  # by model role, until its next forward takes it
+        self._once: dict[str, Declared] = {}  # by model role, until its next forward takes it
         self._ever_declared = False  # rows or batch called: the engine names its rows
         self._calls: list[CallRecord] = []
         self._emits: list[Emit] = []
@@ -124,29 +111,15 @@ class Watch:
 
     # ------------------------------------------------------------------ what the hooks call
 
-    # The hooks ask `query_lens`, `tree_parents` and `segment_facts` before `current_rows`, once
-    # per forward: `current_rows` takes the forward's declaration, so each is read by one forward.
-
-    def current_rows(self, role: str = "target") -> tuple[int, ...] | None:
-        declared = self._once.pop(role, None)
-        return self._rows.get(role) if declared is None else declared.ids
-
-    def query_lens(self, role: str = "target") -> list[int] | None:
-        """The query length of each sequence of the forward being captured, if `batch` declared them."""
-        return self._once.get(role, _UNDECLARED).lens
-
-    def tree_parents(self, role: str = "target") -> list[list[int]] | None:
-        """Each row's tree of the forward being captured, if `batch` declared them."""
-        return self._once.get(role, _UNDECLARED).parents
-
-    def segment_facts(self, role: str = "target") -> tuple[tuple[int | None, bool], ...] | None:
-        """(drafts, chunk) of each sequence of the forward being captured, if `batch` declared any."""
-        return self._once.get(role, _UNDECLARED).facts
+    def declared(self, role: str = "target") -> Declared:
+        """The forward's own declaration (`batch`, the paged manager's requests), taken: it was for
+        that one forward. Else the rows `rows` declared for every forward."""
+        return self._once.pop(role, None) or Declared(self._rows.get(role))
 
     def declare_forward(self, seq_ids: tuple[int, ...]) -> None:
         """The paged manager's requests of the next target forward (`paged.PagedCapture`); what
         `batch` declared besides the sequences stays."""
-        self._once["target"] = self._once.get("target", _UNDECLARED)._replace(ids=tuple(seq_ids))
+        self._once["target"] = self._once.get("target", Declared())._replace(rows=tuple(seq_ids))
 
     def add_call(self, call: CallRecord) -> None:
         self._calls.append(call)
@@ -197,7 +170,7 @@ class Watch:
         trees = None if parents is None else checked_trees(parents, len(ids), model)
         lens = None if query_lens is None else _checked_lens(query_lens, len(ids))
         facts = None if drafts is None and chunk is None else checked_segments(drafts, chunk, lens, len(ids))
-        self._once[model] = _Forward(tuple(ids), lens, trees, facts)
+        self._once[model] = Declared(tuple(ids), lens, trees, facts)
         self._ever_declared = True
 
     def _checked_ids(self, seq_ids: Iterable[int], what: str) -> list[int]:
