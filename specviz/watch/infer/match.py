@@ -3,7 +3,6 @@ the rows' fits allow up to sequences identical so far, or why not (`Ambiguous`).
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
 from itertools import groupby
 from typing import Any
@@ -83,29 +82,23 @@ class Assignments:
         tie agrees, so a tie the evidence cannot break stands (unreadable where it matters), and a
         row with a KV or position bug loses only a sequence another row holds by the evidence, to
         be read as its own sequence after (by its pending token, `_unique`), never as another."""
-        claims = Counter(s for f in fits.values() for s in f)
-        if all(len(f) < 2 for f in fits.values()) and all(n < 2 for n in claims.values()):
+        pairs = [(r, s, how) for r, f in fits.items() for s, how in f.items()]
+        # The other pairs of each pair's tie: its row with another sequence, another row with its sequence.
+        rivals = {(r, s): [(q, t) for q, t, _ in pairs if (q == r) != (t == s)] for r, s, _ in pairs}
+        if not any(rivals.values()):
             return fits
         # Evidence that an uncontested row contradicts (its own sequence at a rebuilt or shifted
         # layout, or a systematic convention) is not read this call: every tie stands instead.
-        plain = [(r, s, how) for r, f in fits.items() if len(f) == 1 for s, how in f.items() if claims[s] == 1]
+        plain = [(r, s, how) for r, s, how in pairs if not rivals[r, s]]
         checks = (self._position_agrees, self._history_agrees, self._greedy_agrees)
         trusted = [c for c in checks if all(self._says(c, j, r, s, how) is not False for r, s, how in plain)]
-        agrees = {
-            (r, s): all(self._says(c, j, r, s, how) is not False for c in trusted)
-            for r, f in fits.items()
-            for s, how in f.items()
-        }
-        out = {}
-        for r, f in fits.items():
-            out[r] = {}
-            for s, how in f.items():
-                # The other pairs of its tie: the row with another sequence, another row with the sequence.
-                rivals = [p for p in agrees if (p[0] == r) != (p[1] == s)]
-                # A chunk is the reading of last resort: one the evidence rules out goes (the row
-                # is then read by its pending token, `_unique`).
-                if agrees[r, s] or how != "chunk" and not any(agrees[p] for p in rivals):
-                    out[r][s] = how
+        agrees = {(r, s): all(self._says(c, j, r, s, how) is not False for c in trusted) for r, s, how in pairs}
+        out: dict[int, dict[int, str]] = {r: {} for r in fits}
+        for r, s, how in pairs:
+            # A chunk is the reading of last resort: one the evidence rules out goes (the row is
+            # then read by its pending token, `_unique`).
+            if agrees[r, s] or how != "chunk" and not any(agrees[p] for p in rivals[r, s]):
+                out[r][s] = how
         return out
 
     def _says(self, check: Callable[..., bool | None], j: int, r: int, s: int, how: str) -> bool | None:

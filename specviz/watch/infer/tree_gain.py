@@ -34,7 +34,7 @@ def step_gain(
     token = calls[j].input_ids[rj][later_rq.pending]
     kept = kept_nodes(call, ri, rq, calls[j], rj, later_rq)
     if kept is not None:
-        chain = kept[:1] == [0] and all(parents[b] == a for a, b in zip(kept, kept[1:]))
+        chain = kept == [0, *_path_to(parents, max(kept, default=0))]  # the root and a path down (kept ascends)
         return [nodes[n] for n in kept[1:]] + [token] if chain else None
     depths = depths_of(parents)
     ends = [n for n, d in enumerate(depths) if d == grown - 1]
