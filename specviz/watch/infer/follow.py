@@ -306,10 +306,13 @@ class Follower(Assignments, Gains):
     # ------------------------------------------------------------------ applying
 
     def _apply(self, j: int, assigned: dict[int, tuple[int, str]]) -> None:
-        opening = [(self.seqs[s], r) for r, (s, how) in sorted(assigned.items()) if how == "open"]
-        for o in sorted({s.origin[0] for s, _ in opening} - set(self.was_step)):
-            members = [(s, self._view(j, r, s.id)) for s, r in opening if s.origin[0] == o]
-            self.was_step[o] = self._opened_by_step(o, members)
+        opening: dict[int, list[tuple[Seq, RowView]]] = {}  # opening call -> its newcomers held here
+        for r, (seq, how) in sorted(assigned.items()):
+            if how == "open":
+                s = self.seqs[seq]
+                opening.setdefault(s.origin[0], []).append((s, self._view(j, r, seq)))
+        for o in sorted(opening.keys() - self.was_step.keys()):
+            self.was_step[o] = self._opened_by_step(o, opening[o])
         for r, (seq, how) in sorted(assigned.items()):
             if seq == NEW:
                 assigned[r] = (self._new(j, r), how)

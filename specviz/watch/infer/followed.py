@@ -69,11 +69,11 @@ class Step:
     @property
     def greedy(self) -> list[int]:
         """What a greedy engine commits: the agreed drafts, then the target's choice (if kept)."""
-        return self.drafts[: self.agreed] + self.targets[self.agreed : self.agreed + 1]
+        return self.drafts[: self.agreed] + ([self.targets[self.agreed]] if self.targets else [])
 
     def could_end(self, took: int, token: int) -> bool:
         """Could a step that took `took` drafts commit `token` last: the target's choice there (any
         token where no argmax was kept), or the draft there (an engine that keeps no bonus)."""
         return 0 <= took <= len(self.drafts) and (
-            not self.targets or token == self.targets[took] or self.drafts[took : took + 1] == [token]
+            not self.targets or token == self.targets[took] or took < len(self.drafts) and token == self.drafts[took]
         )
