@@ -211,6 +211,7 @@ class Follower(Assignments, Gains):
         """Every active row continues the sequence its row held before: rows kept their order."""
         held = self.rows[self.prev]
         out: dict[int, tuple[int, str]] = {}
+        idle = []
         for r in active:
             seq = held[r]
             if seq < 0:
@@ -219,6 +220,7 @@ class Follower(Assignments, Gains):
                 if self._joins(j, r):
                     return None  # a newcomer prefilled in a finished row's place
                 out[r] = (IDLE, "idle")
+                idle.append(r)
                 continue
             how = self._fit(self.seqs[seq], self._view(j, r, seq))
             mine = self._most_attended(j, r)
@@ -228,7 +230,6 @@ class Follower(Assignments, Gains):
         # A finished row's place may hold a live sequence moved there: then the rows did move.
         placed = {seq for seq, _ in out.values()}
         moved = [s for s in self._live if s.id not in placed]
-        idle = [r for r, (seq, _) in out.items() if seq == IDLE]
         if any(self._fit(s, self._view(j, r, s.id)) for r in idle for s in moved):
             return None
         return out
