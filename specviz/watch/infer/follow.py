@@ -47,10 +47,10 @@ from specviz.watch.calls import (
     last_slot,
     query_flags,
 )
-from specviz.watch.credit import matched_prefix
 from specviz.watch.infer.followed import IDLE, NEW, RowView, Seq
 from specviz.watch.infer.gains import Gains
-from specviz.watch.infer.match import Ambiguous, Assignments
+from specviz.watch.infer.match import Ambiguous, Assignments, Unfollowed
+from specviz.watch.infer.tree_gain import of_draft_model
 from specviz.watch.record import CallRecord
 from specviz.watch.tensor_reads import shared_slots
 
@@ -63,14 +63,14 @@ class Follower(Assignments, Gains):
         self.read = CallReader(calls)
         # No draft model (prompt lookup, n-gram or extra-head drafting): drafts are read from what
         # follows the committed tokens (`calls.draft_free_query`), not from draft calls.
-        self.draft_free = not any(c.role == "draft" and not c.drafter for c in calls)
+        self.draft_free = not any(of_draft_model(c) for c in calls)
         self.seqs: list[Seq] = []
         self.emits: list[Emit] = []
         self.rows: dict[int, tuple[int, ...]] = {}  # target call -> sequence per row (< 0: none)
         self.was_step: dict[int, bool] = {}  # opening call -> it was a step for its newcomers
         self.unfollowed: list[str] = []  # why reading stopped, for the report's skipped checks
         self.prev: int | None = None
-        self._greedy_ends: list[tuple[Seq, Emit]] = []  # last steps read as greedy, no EOS
+        self._greedy_ends: dict[int, Emit] = {}  # sequence -> its last step read as greedy, no EOS
         self._assumed: list[Emit] = []  # every last step read as greedy (EOS or not): not seen
         self._stopped: list[Seq] = []  # finished by being fed again without growing
         self._views: dict[tuple[int, int, int], RowView] = {}
@@ -83,88 +83,95 @@ class Follower(Assignments, Gains):
     @property
     def read_as_greedy(self) -> dict[int, int]:
         """Sequence -> tokens of its last step that no later call showed (taken as a greedy
-        engine's, the target's choices): read, not seen, for the report to say."""
+        engine's, the target's choices): read, not seen, for the report to say. (An emit cut to
+        no token by the budget is no longer among the emits.)"""
         kept = {id(e) for e in self.emits}
-        return {e.seq_id: len(e.tokens) for e in self._assumed if e.tokens and id(e) in kept}
+        return {e.seq_id: len(e.tokens) for e in self._assumed if id(e) in kept}
+
+    @property
+    def _live(self) -> list[Seq]:
+        return [s for s in self.seqs if not s.finished]
 
     def run(self) -> None:
         targets = [i for i, c in enumerate(self.calls) if c.role == "target"]
         for n, j in enumerate(targets):
-            why = self._call(j)
-            if why is not None:
-                self._stop(j, len(targets) - n, why)
+            try:
+                self._call(j)
+            except Unfollowed as why:
+                unread = len(targets) - n
+                message = f"{why}: {unread} target calls from call {j} on are not read (declare rows with w.rows)"
+                self.notes.append(message)
+                self.unfollowed.append(message)  # for the report's skipped checks
                 break
-        for s in self.seqs:
-            if not s.finished:
-                self._close(s)
+        for s in self._live:
+            self._close(s)
         self._cut_to_budget()
         self.emits.sort(key=lambda e: (e.after, e.seq_id))
 
     # ------------------------------------------------------------------ one call
 
-    def _call(self, j: int) -> str | None:
-        """Assign call j's rows to sequences and read what the previous steps gained; else why not."""
+    def _call(self, j: int) -> None:
+        """Assign call j's rows to sequences and read what the previous steps gained (`Unfollowed`:
+        why they cannot be)."""
         call = self.calls[j]
-        active = [r for r in range(call.batch_size) if any(query_flags(call, r))]
         if self.prev is None:  # every row is new, even one with no token yet (a one-token prompt's prefill)
-            assigned: dict[int, tuple[int, str]] | str = {r: (NEW, "new") for r in range(call.batch_size)}
+            assigned = {r: (NEW, "new") for r in range(call.batch_size)}
         else:
-            assigned = self._assign(j, active)
-        if isinstance(assigned, str):
-            return assigned
+            assigned = self._assign(j, [r for r in range(call.batch_size) if any(query_flags(call, r))])
         before = {s.id: s.at[0] for s in self.seqs}
         self._apply(j, assigned)
         self._leave(j, assigned, before)
         self.rows[j] = tuple(self._row_id(j, r, assigned) for r in range(call.batch_size))
         call.rows = self.rows[j]  # later reads search draft calls back to each sequence's own calls
         self.prev = j
-        return None
 
     def _row_id(self, j: int, r: int, assigned: dict[int, tuple[int, str]]) -> int:
         seq = assigned.get(r, (IDLE, ""))[0]
         if seq >= 0:
             return seq
-        held = self.rows.get(self.prev, ()) if self.prev is not None else ()
-        kept = held[r] if r < len(held) and self.calls[self.prev].batch_size == self.calls[j].batch_size else -1
+        # (Every row of the first call is new: a row left here has a previous call.)
+        same = self.calls[self.prev].batch_size == self.calls[j].batch_size
+        kept = self.rows[self.prev][r] if same else -1
         # An idle row keeps its sequence where no other row holds it: a finished one (its reads stop
         # at that sequence's calls), or a live one idle for a call (a static batch's slot while
         # another slot is prefilled), which the next call's row then continues.
         placed = {seq for seq, _ in assigned.values()}
         return kept if kept >= 0 and (self.seqs[kept].finished or kept not in placed) else -1 - r
 
-    def _assign(self, j: int, active: list[int]) -> dict[int, tuple[int, str]] | str:
-        """Row -> (sequence or NEW or IDLE, how it fits) for the call's active rows, or why none."""
-        same = self.calls[j].batch_size == self.calls[self.prev].batch_size
-        if same:
-            kept = self._kept(j, active)
-            if kept is not None:
-                return kept
-        found = self._unique(j, active, {r: self._fits(j, r) for r in active})
-        if isinstance(found, Ambiguous):
-            return found  # several assignments fit: never guessed, reading stops
-        if not same or isinstance(found, dict) and self._fresh(j, found):
-            return found
-        if isinstance(found, str) or any(s == NEW and not self._joins(j, r) for r, (s, _) in found.items()):
+    def _assign(self, j: int, active: list[int]) -> dict[int, tuple[int, str]]:
+        """Row -> (sequence or NEW or IDLE, how it fits) for the call's active rows (`Unfollowed`:
+        why none)."""
+        if self.calls[j].batch_size != self.calls[self.prev].batch_size:
+            return self._unique(j, active)
+        kept = self._kept(j, active)
+        if kept is not None:
+            return kept
+        try:
+            found = self._unique(j, active)
+        except Ambiguous:
+            raise  # several assignments fit: never guessed, reading stops
+        except Unfollowed:
+            return self._legacy(active)
+        # Some rows new and some not, in a batch of unchanged size, is rather a context the engine
+        # fed wrong, such as a mask that attends padding: that batch keeps its order. (Every row
+        # new in a call without a cache is a second decode of fresh prompts.)
+        fresh = self.calls[j].cache_width == 0 and all(s == NEW for s, _ in found.values())
+        if not fresh and any(s == NEW and not self._joins(j, r) for r, (s, _) in found.items()):
             return self._legacy(active)
         return found
 
-    def _fresh(self, j: int, found: dict[int, tuple[int, str]]) -> bool:
-        """A call without a cache whose every row is a new sequence: a second decode of fresh prompts.
-        (Some rows new and some not, in a batch of unchanged size, is rather a context the engine
-        fed wrong, such as a mask that attends padding: that batch keeps its order.)"""
-        return self.calls[j].cache_width == 0 and all(s == NEW for s, _ in found.values())
+    def _starts(self, j: int, r: int) -> bool:
+        """A row that starts a sequence: it attends no cache slot (it shows its whole context), or
+        it continues no sequence, fed several tokens before its pending one and no drafts (without
+        a draft model its first real slot is the pending token, `_view`): a newcomer prefilled over
+        KV another request left (a slot whose length was not reset), its context judged at its
+        first step."""
+        v = self._view(j, r, NEW)
+        return v.whole or not v.rq.drafts and len(v.query) > 1
 
     def _joins(self, j: int, r: int) -> bool:
-        """A row that attends no slot of the call's cache: a newcomer prefilled among decoding rows."""
-        return self.calls[j].cache_width > 0 and (self._view(j, r, NEW).whole or self._prefilled(j, r))
-
-    def _prefilled(self, j: int, r: int) -> bool:
-        """A cached row that continues no sequence, fed several tokens before its pending one and no
-        drafts (without a draft model its first real slot is the pending token, `_view`): a
-        newcomer prefilled over KV another request left (a slot whose length was not reset), its
-        context judged at its first step."""
-        v = self._view(j, r, NEW)
-        return not v.rq.drafts and len(v.query) > 1
+        """A newcomer prefilled among decoding rows (`_starts` in a call with a cache)."""
+        return self.calls[j].cache_width > 0 and self._starts(j, r)
 
     def _fits(self, j: int, r: int) -> dict[int, str]:
         """Live sequence -> how row r of call j continues it ("grow", "same", "again", "open"). In a
@@ -172,20 +179,17 @@ class Follower(Assignments, Gains):
         any of them fits: a sequence's slots stay its own there, so a slot or two of another one
         let in (a KV leak) does not change which sequence the row is. When the one it attends most
         fits by its chain neither, its pending token still names what it gained ("weak")."""
-        out = {}
-        for s in self.seqs:
-            if not s.finished:
-                how = self._fit(s, self._view(j, r, s.id))
-                if how is not None:
-                    out[s.id] = how
+        fits = {s.id: self._fit(s, self._view(j, r, s.id)) for s in self._live}
+        out = {s: how for s, how in fits.items() if how is not None}
         mine = self._most_attended(j, r)
         if len(mine) == 1 and not mine & out.keys():
             (s,) = mine
             seq = self.seqs[s]
-            if seq.opened or self._weak(seq, self._view(j, r, s)):
-                return {s: "open" if seq.opened else "weak"}
-        if any(how != "chunk" for how in out.values()):  # a chunk is the reading of last resort
-            out = {s: how for s, how in out.items() if how != "chunk"}
+            if seq.opened:
+                return {s: "open"}
+            if self._weak(seq, self._view(j, r, s)):
+                return {s: "weak"}
+        out = {s: how for s, how in out.items() if how != "chunk"} or out  # a chunk is the reading of last resort
         return {s: how for s, how in out.items() if s in mine} or out
 
     def _most_attended(self, j: int, r: int) -> set[int]:
@@ -196,9 +200,9 @@ class Follower(Assignments, Gains):
             return set()
         seen = held[r][0]  # held has one entry per row of a packed call (`hooks.segment_slots`)
         overlap = {}
-        for s in self.seqs:
+        for s in self._live:
             before = self.calls[s.at[0]].held
-            if not s.finished and before is not None:
+            if before is not None:
                 overlap[s.id] = shared_slots(seen, before[s.at[1]][1])
         most = max(overlap.values(), default=0)
         return {s for s, n in overlap.items() if n == most > 0}
@@ -207,22 +211,25 @@ class Follower(Assignments, Gains):
         """Every active row continues the sequence its row held before: rows kept their order."""
         held = self.rows[self.prev]
         out: dict[int, tuple[int, str]] = {}
+        idle = []
         for r in active:
             seq = held[r]
-            if seq >= 0 and self.seqs[seq].finished:
+            if seq < 0:
+                return None  # the row held no sequence to continue
+            if self.seqs[seq].finished:
                 if self._joins(j, r):
                     return None  # a newcomer prefilled in a finished row's place
                 out[r] = (IDLE, "idle")
+                idle.append(r)
                 continue
-            how = self._fit(self.seqs[seq], self._view(j, r, seq)) if seq >= 0 else None
+            how = self._fit(self.seqs[seq], self._view(j, r, seq))
             mine = self._most_attended(j, r)
             if how is None or mine and seq not in mine:
                 return None  # not its chain, or (a shared cache) other sequences' slots
             out[r] = (seq, how)
         # A finished row's place may hold a live sequence moved there: then the rows did move.
         placed = {seq for seq, _ in out.values()}
-        moved = [s for s in self.seqs if not s.finished and s.id not in placed]
-        idle = [r for r, (seq, _) in out.items() if seq == IDLE]
+        moved = [s for s in self._live if s.id not in placed]
         if any(self._fit(s, self._view(j, r, s.id)) for r in idle for s in moved):
             return None
         return out
@@ -237,7 +244,7 @@ class Follower(Assignments, Gains):
             if seq < 0 or self.seqs[seq].finished:
                 out[r] = (IDLE, "idle")
             else:
-                out[r] = (seq, "open" if self.seqs[seq].opened else "grow")
+                out[r] = (seq, self.seqs[seq].growth)
         return out
 
     # ------------------------------------------------------------------ reading a row
@@ -262,56 +269,51 @@ class Follower(Assignments, Gains):
     def _fit(self, s: Seq, v: RowView) -> str | None:
         """How the row continues `s` (None: it cannot hold `s`); see the module docstring."""
         if v.whole:
-            n = len(s.context)
             if v.query == s.context:
                 return "same"
-            if len(v.query) > n and v.query[:n] == s.context:
-                return "open" if s.opened else "grow"
-            return None
+            return s.growth if v.query[: len(s.context)] == s.context else None
         if not self._draft_reads(s, v):
             return None
         if s.opened:
-            m, o = len(s.context), s.origin
-            return "open" if v.context < 0 or m <= v.context <= m + self.read(*o, s.id).drafts else None
-        drafts, targets, pending = self._step_tokens(s)
-        if s.in_prompt and not self.read(*s.step, s.id).chain and self._chunk(drafts, targets, v, len(s.context)):
+            m = len(s.context)
+            return "open" if v.context < 0 or m <= v.context <= m + self.read(*s.origin, s.id).drafts else None
+        step = self._step_tokens(s)
+        if s.in_prompt and not self.read(*s.step, s.id).chain and self._chunk(step, v, len(s.context)):
             return "chunk"
         if v.context < 0:  # no mask to count: the greedy continuation only
-            return "grow" if targets and v.token == targets[matched_prefix(drafts, targets) or 0] else None
+            return "grow" if v.token == step.choice else None
         grown = v.context + 1 - len(s.context)
-        if 1 <= grown <= len(drafts) + 1:
-            took = grown - 1
-            if not targets or v.token == targets[took] or (took < len(drafts) and v.token == drafts[took]):
-                return "grow"
+        if step.could_end(grown - 1, v.token):
+            return "grow"
         # A finished row fed its last token again (with or without its cache growing).
-        return "again" if 0 <= grown <= 1 and v.token == pending else None
+        return "again" if 0 <= grown <= 1 and v.token == step.pending else None
 
     def _draft_reads(self, s: Seq, v: RowView) -> bool:
-        """A draft that keeps no cache re-reads the row's whole context at its first proposal: when
-        it did, that context must extend the sequence's (else the row cannot be the sequence)."""
-        if not v.rq.chain:
-            return True
-        call, row = v.rq.chain[0]
-        if attends_cache(self.calls[call], row):
-            return True
-        fed, n = attended_ids(self.calls[call], row), len(s.context)
-        return len(fed) >= n and fed[:n] == s.context
+        """A draft that keeps no cache re-reads the row's whole context at its first proposal
+        (`_draft_fed`): when it did, that context must extend the sequence's (else the row cannot be
+        the sequence)."""
+        fed = self._draft_fed(v)
+        return fed is None or fed[: len(s.context)] == s.context
 
     def _again(self, j: int, r: int) -> bool:
         """The row is a finished sequence fed its last token again (its cache may have kept growing)."""
-        for s in self.seqs:
-            v = self._view(j, r, s.id) if s.finished and s.context else None
-            if v is not None and v.token == s.context[-1] and (v.context < 0 or v.context >= len(s.context) - 1):
-                return True
-        return False
+        return any(
+            v.token == s.context[-1] and (v.context < 0 or v.context >= len(s.context) - 1)
+            for s in self.seqs
+            if s.finished and s.context
+            for v in (self._view(j, r, s.id),)
+        )
 
     # ------------------------------------------------------------------ applying
 
     def _apply(self, j: int, assigned: dict[int, tuple[int, str]]) -> None:
-        opening = [(self.seqs[s], r) for r, (s, how) in sorted(assigned.items()) if how == "open"]
-        for o in sorted({s.origin[0] for s, _ in opening} - set(self.was_step)):
-            members = [(s, self._view(j, r, s.id)) for s, r in opening if s.origin[0] == o]
-            self.was_step[o] = self._opened_by_step(o, members)
+        opening: dict[int, list[tuple[Seq, RowView]]] = {}  # opening call -> its newcomers held here
+        for r, (seq, how) in sorted(assigned.items()):
+            if how == "open":
+                s = self.seqs[seq]
+                opening.setdefault(s.origin[0], []).append((s, self._view(j, r, seq)))
+        for o in sorted(opening.keys() - self.was_step.keys()):
+            self.was_step[o] = self._opened_by_step(o, opening[o])
         for r, (seq, how) in sorted(assigned.items()):
             if seq == NEW:
                 assigned[r] = (self._new(j, r), how)
@@ -363,16 +365,10 @@ class Follower(Assignments, Gains):
 
     def _leave(self, j: int, assigned: dict[int, tuple[int, str]], before: dict[int, int]) -> None:
         """Sequences this call leaves out while holding others of their last call have left the batch."""
-        held = {seq for seq, _ in assigned.values() if seq >= 0}
-        calls_held = {before[seq] for seq in held if seq in before}
-        for s in self.seqs:
-            if s.id not in held and s.id in before and not s.finished and before[s.id] in calls_held:
+        calls_held = {before[seq] for seq, _ in assigned.values() if seq in before}
+        for s in self._live:  # one this call holds, or a newcomer, is at this call now
+            if s.at[0] != j and s.at[0] in calls_held:
                 self._close(s)
-
-    def _stop(self, j: int, unread: int, why: str) -> None:
-        message = f"{why}: {unread} target calls from call {j} on are not read (declare rows with w.rows)"
-        self.notes.append(message)
-        self.unfollowed.append(message)
 
 
 def follow_rows(calls: list[CallRecord], prompts: list[list[int]], eos: frozenset[int]) -> None:
@@ -382,19 +378,20 @@ def follow_rows(calls: list[CallRecord], prompts: list[list[int]], eos: frozense
     did not reach, or a row whose prompt is none of the declared ones, is unreadable."""
     follower = Follower(calls, eos, [])
     follower.run()
-    taken: dict[int, int] = {}
+    unused: dict[tuple[int, ...], list[int]] = {}  # declared prompt -> its indices not taken yet
+    for i, prompt in enumerate(prompts):
+        unused.setdefault(tuple(prompt), []).append(i)
+    taken: dict[int, int] = {}  # followed sequence -> the first declared index of its prompt left
     for f, prompt in enumerate(follower.prompts):
-        p = next((i for i, q in enumerate(prompts) if q == prompt and i not in taken.values()), None)
-        if p is not None:
-            taken[f] = p
-    why = follower.unfollowed[0] if follower.unfollowed else "rows not followed"
+        if unused.get(tuple(prompt)):
+            taken[f] = unused[tuple(prompt)].pop(0)
     for j, call in enumerate(calls):
         if call.role != "target":
             continue
         held = follower.rows.get(j)
-        if held is None:
-            call.rows, call.unreadable = None, call.unreadable or why
-        elif any(s >= 0 and s not in taken for s in held):
+        if held is None:  # a call from the one where reading stopped on
+            call.rows, call.unreadable = None, call.unreadable or follower.unfollowed[0]
+        elif any(s >= 0 for s in set(held) - taken.keys()):
             call.unreadable = call.unreadable or f"a row of target call {j} starts with no declared prompt"
         else:
-            call.rows = tuple(taken[s] if s >= 0 else s for s in held)
+            call.rows = tuple(taken.get(s, s) for s in held)  # (an idle row's marker kept)

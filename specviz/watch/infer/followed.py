@@ -1,11 +1,13 @@
 """What `follow.Follower` keeps while it walks an engine's target calls: each row read as a
-sequence (`RowView`), each sequence as followed so far (`Seq`), and the row markers."""
+sequence (`RowView`), each sequence as followed so far (`Seq`) with its open step as fed (`Step`),
+and the row markers."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from specviz.watch.calls import RowQuery
+from specviz.watch.credit import matched_prefix
 
 NEW = -1  # the row starts a new sequence
 IDLE = -2  # the row holds a finished sequence fed again: no step for anyone
@@ -39,3 +41,39 @@ class Seq:
     in_prompt: bool = False
     refed: bool = False  # re-fed unchanged since `step`: read as finished if it never grows again
     finished: bool = False
+
+    @property
+    def growth(self) -> str:
+        """How a row that extends its context continues it: its first call's reading is still open."""
+        return "open" if self.opened else "grow"
+
+
+@dataclass(frozen=True)
+class Step:
+    """A sequence's open step as its row was fed (a tree row: along its greedy path)."""
+
+    drafts: list[int]
+    targets: list[int]  # the target's argmax at the pending token and each draft; [] where not kept
+    pending: int
+
+    @property
+    def agreed(self) -> int:
+        """Drafts a greedy engine keeps: those that agree with the argmax (none without one)."""
+        return matched_prefix(self.drafts, self.targets) or 0
+
+    @property
+    def choice(self) -> int | None:
+        """The target's choice after the agreed drafts (None: no argmax kept)."""
+        return self.targets[self.agreed] if self.targets else None
+
+    @property
+    def greedy(self) -> list[int]:
+        """What a greedy engine commits: the agreed drafts, then the target's choice (if kept)."""
+        return self.drafts[: self.agreed] + ([self.targets[self.agreed]] if self.targets else [])
+
+    def could_end(self, took: int, token: int) -> bool:
+        """Could a step that took `took` drafts commit `token` last: the target's choice there (any
+        token where no argmax was kept), or the draft there (an engine that keeps no bonus)."""
+        return 0 <= took <= len(self.drafts) and (
+            not self.targets or token == self.targets[took] or took < len(self.drafts) and token == self.drafts[took]
+        )

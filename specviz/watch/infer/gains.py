@@ -7,28 +7,29 @@ from __future__ import annotations
 from specviz.watch import tree
 from specviz.watch.attribution import Emit
 from specviz.watch.calls import attended_ids, attends_cache, draft_free_query
-from specviz.watch.credit import matched_prefix, row_tokens
-from specviz.watch.infer.followed import RowView, Seq
-from specviz.watch.infer.tree_gain import step_gain
+from specviz.watch.credit import row_tokens
+from specviz.watch.infer.followed import RowView, Seq, Step
+from specviz.watch.infer.tree_gain import step_gain, tree_of
 
 
 class Gains:
     """Mixed into `Follower` (its calls, sequences, emits and reader)."""
 
-    def _step_tokens(self, s: Seq) -> tuple[list[int], list[int], int]:
-        """(drafts, target argmax, pending token) of the sequence's open step."""
+    def _step_tokens(self, s: Seq) -> Step:
+        """The sequence's open step: its drafts, the target's argmax and its pending token."""
         i, ri = s.step
+        call = self.calls[i]
         rq = self.read(i, ri, s.id)
         if self.draft_free and not rq.drafts:  # the drafts are what follows the committed tokens
-            rq = draft_free_query(self.calls[i], ri, s.context) or rq
-        drafts, targets = row_tokens(self.calls[i], ri, rq)
-        pending, trees = self.calls[i].input_ids[ri][rq.pending], self.calls[i].trees
-        if trees and trees[ri] is not None:  # a tree row, read by the chain rules along its greedy path
-            drafts, targets = tree.greedy_chain(trees[ri], [pending, *drafts], targets)
-        return drafts, targets, pending
+            rq = draft_free_query(call, ri, s.context) or rq
+        drafts, targets = row_tokens(call, ri, rq)
+        pending, parents = call.input_ids[ri][rq.pending], tree_of(call, ri)
+        if parents is not None:  # a tree row, read by the chain rules along its greedy path
+            drafts, targets = tree.greedy_chain(parents, [pending, *drafts], targets)
+        return Step(drafts, targets, pending)
 
     @staticmethod
-    def _chunk(drafts: list[int], targets: list[int], v: RowView, known: int) -> bool:
+    def _chunk(step: Step, v: RowView, known: int) -> bool:
         """Was the sequence's open step (the call after a prefill that gave no token, its "drafts"
         read from no draft call) a chunk of its prompt? Its whole query was kept (the context grew
         by all of it), the row is not fed what a greedy step would have given (the target's choice
@@ -38,21 +39,21 @@ class Gains:
         fed to it tells: a chunk's pending token sits after all it attends, a step's after what it
         committed, fewer when stale slots stay attended; with no position fed, the reading that
         explains the context's growth without a bug)."""
-        if not targets or not drafts or v.context + 1 - known != len(drafts) + 1:
+        d = len(step.drafts)
+        if not step.targets or not d or v.context - known != d:
             return False  # (a one-token chunk is not told from a step the row's token does not continue)
-        agreed, after = matched_prefix(drafts, targets) or 0, targets[len(drafts)]
-        if v.token == after:  # the target's choice after the whole query: its last chunk, if no greedy pick
-            return agreed < len(drafts) and (v.token != targets[agreed] or v.position in (-1, v.context))
-        return v.token != targets[agreed]  # short of the prompt's end: fed no choice of the target
+        if v.token == step.targets[d]:  # the target's choice after the whole query: its last chunk, if no greedy pick
+            return step.agreed < d and (v.token != step.choice or v.position in (-1, v.context))
+        return v.token != step.choice  # short of the prompt's end: fed no choice of the target
 
     def _chunked(self, s: Seq, v: RowView, j: int, r: int) -> None:
         """The open step was a prompt chunk (`_chunk`): its query joins the prompt. The chunk that
         reached the prompt's end was a step that gave the token fed now; an earlier one gave none,
         and this call feeds the next part of the prompt (its first token read as pending)."""
-        drafts, targets, _ = self._step_tokens(s)
-        s.context += drafts
+        step = self._step_tokens(s)
+        s.context += step.drafts
         s.prompt_len = len(s.context)
-        if v.token == targets[len(drafts)]:  # the last chunk: it chose the token fed now
+        if v.token == step.targets[len(step.drafts)]:  # the last chunk: it chose the token fed now
             self._commit(s, [v.token])
             s.step, s.in_prompt = (j, r), False
             return
@@ -60,9 +61,9 @@ class Gains:
         s.prompt_len += 1
         s.step = (j, r)
 
-    def _gained(self, s: Seq, v: RowView | None) -> list[int]:
-        """Tokens the sequence's open step committed, read from its next row `v` (None: its last step)."""
-        if v is not None and s.step is not None and v.context >= 0:  # a tree step (`tree_gain.step_gain`)
+    def _gained(self, s: Seq, v: RowView) -> list[int]:
+        """Tokens the sequence's open step committed, read from its next row `v`."""
+        if v.context >= 0:  # a tree step (`tree_gain.step_gain`)
             read = step_gain(
                 self.calls, s.step, s.at, self.read(*s.step, s.id), v.rq, s.context, v.context + 1 - len(s.context)
             )
@@ -70,60 +71,58 @@ class Gains:
                 self.calls[s.step[0]].unreadable = self.calls[s.step[0]].unreadable or read
             elif read is not None:
                 return read
-        drafts, targets, _ = self._step_tokens(s)
-        agreed = matched_prefix(drafts, targets) if targets else 0
-        if v is None or self.draft_free and v.whole:
-            # Its last step, or a row re-fed with its own drafts, which only the greedy rule tells
-            # apart (no draft model): what a greedy engine keeps.
-            return drafts[:agreed] + ([targets[agreed]] if targets else [])
+        step = self._step_tokens(s)
+        if self.draft_free and v.whole:
+            # A row re-fed with its own drafts, which only the greedy rule tells apart (no draft
+            # model): what a greedy engine keeps.
+            return step.greedy
         reread = self._reread(s, v)
         if reread is not None:
             return reread
         grown = v.context + 1 - len(s.context)
-        if grown == 0:
-            return []
-        if 1 <= grown <= len(v.query):
+        if 0 <= grown <= len(v.query):
             return v.query[len(v.query) - grown :]  # re-fed tokens (a recompute loop) show themselves
-        accepted = grown - 1 if 1 <= grown <= len(drafts) + 1 else (agreed or 0)
-        if targets and accepted > (agreed or 0) and v.token == targets[agreed or 0]:
+        took = grown - 1 if 1 <= grown <= len(step.drafts) + 1 else step.agreed
+        if v.token == step.choice:
             # Fed the greedy continuation, yet the context grew past what greedy acceptance
             # allows: the tokens say what was committed (the command reads greedy engines), the
             # KV check judges the context (a rejected slot left attended, another row's slot).
-            accepted = agreed or 0
-        return drafts[:accepted] + [v.token]
+            took = min(took, step.agreed)
+        return step.drafts[:took] + [v.token]
+
+    def _draft_fed(self, v: RowView) -> list[int] | None:
+        """What the row's first draft call attended, where that draft keeps no cache: it is fed the
+        whole sequence up to the pending token. None: no such draft call."""
+        if not v.rq.chain:
+            return None
+        call, row = v.rq.chain[0]
+        return None if attends_cache(self.calls[call], row) else attended_ids(self.calls[call], row)
 
     def _reread(self, s: Seq, v: RowView) -> list[int] | None:
-        """The tokens gained, as the row's first draft call re-read them: a draft without a cache
-        is fed the whole sequence up to the pending token, which says what was committed whatever
-        the target's context (a stale, lost or foreign slot) counts."""
-        if v.whole or not v.rq.chain:
+        """The tokens gained, as the row's first draft call re-read them (`_draft_fed`), which says
+        what was committed whatever the target's context (a stale, lost or foreign slot) counts."""
+        fed, n = self._draft_fed(v), len(s.context)
+        if v.whole or fed is None:
             return None  # a row that re-feeds its context shows its tokens itself
-        call, row = v.rq.chain[0]
-        if attends_cache(self.calls[call], row):
-            return None
-        fed, n = attended_ids(self.calls[call], row), len(s.context)
-        if len(fed) > n and fed[:n] == s.context and fed[-1] == v.token:
-            return fed[n:]
-        return None
+        return fed[n:] if len(fed) > n and fed[:n] == s.context and fed[-1] == v.token else None
 
     def _by_token(self, s: Seq, v: RowView) -> list[int]:
         """Tokens of a step whose next row's context cannot be trusted: the drafts before the slot
         whose argmax the row is fed (the greedy one if it is), then that token."""
-        drafts, targets, _ = self._step_tokens(s)
-        agreed = matched_prefix(drafts, targets) if targets else 0
-        if targets and targets[agreed or 0] == v.token:
-            took = agreed or 0
-        elif v.token in targets:
-            took = targets.index(v.token)
+        step = self._step_tokens(s)
+        if v.token == step.choice:
+            took = step.agreed
+        elif v.token in step.targets:
+            took = step.targets.index(v.token)
         else:
-            took = drafts.index(v.token)  # no bonus kept: the last draft taken is fed
-        return drafts[:took] + [v.token]
+            took = step.drafts.index(v.token)  # no bonus kept: the last draft taken is fed
+        return step.drafts[:took] + [v.token]
 
     def _commit(self, s: Seq, tokens: list[int]) -> Emit | None:
         """The open step's tokens, up to the first EOS; none, or an EOS, finishes the sequence."""
         i = s.step[0]
         cut = next((n + 1 for n, t in enumerate(tokens) if t in self.eos), None)
-        tokens = tokens[:cut] if cut else tokens
+        tokens = tokens[:cut]
         s.finished = cut is not None or not tokens
         if not tokens:
             return None
@@ -136,14 +135,14 @@ class Gains:
         """A sequence no later call continues: its last step gained what a greedy engine keeps."""
         if s.opened and self.was_step.get(s.origin[0], True):
             s.opened, s.step = False, s.origin
-        if not s.opened:
-            emit = self._commit(s, [] if s.refed else self._gained(s, None))
-            if s.refed:
-                self._stopped.append(s)
-            elif emit is not None:
+        if s.refed:  # (never an opened one: only a step's row is re-fed)
+            self._stopped.append(s)
+        elif not s.opened:
+            emit = self._commit(s, self._step_tokens(s).greedy)
+            if emit is not None:
                 self._assumed.append(emit)
                 if emit.finish_reason is None:
-                    self._greedy_ends.append((s, emit))
+                    self._greedy_ends[s.id] = emit
         s.finished = True
 
     def _cut_to_budget(self) -> None:
@@ -160,9 +159,9 @@ class Gains:
         early: no one budget, nothing is cut."""
         if self.unfollowed:
             return  # reading stopped: the last steps read are not endings
-        greedy = [(s, e, self._output(s) - len(e.tokens)) for s, e in self._greedy_ends]
+        ends = [(self._output(self.seqs[i]), len(e.tokens)) for i, e in self._greedy_ends.items()]
         stopped = {self._output(s) for s in self._stopped}
-        ranges = [(b + 1, b + len(e.tokens)) for _, e, b in greedy]
+        ranges = [(n - k + 1, n) for n, k in ends]  # the output lengths each greedy end may stop at
         budget = shared_budget(ranges, stopped)
         if budget is None:
             self._own_budgets()
@@ -180,40 +179,46 @@ class Gains:
         """No one budget fits the endings: each sequence the engine stopped feeding without an EOS
         ended at its own budget, where it stopped (an engine with a budget per request)."""
         for s in self.seqs:
-            ends = [e for e in self.emits if e.seq_id == s.id]
+            ends = self._emits_of(s)
             if ends and not self._ended_by_eos(s):
                 ends[-1].finish_reason = "length"
 
     def _output(self, s: Seq) -> int:
         return len(s.context) - s.prompt_len
 
+    def _emits_of(self, s: Seq) -> list[Emit]:
+        return [e for e in self.emits if e.seq_id == s.id]
+
     def _ended_by_eos(self, s: Seq) -> bool:
-        return any(e.seq_id == s.id and e.finish_reason == "eos" for e in self.emits)
+        return any(e.finish_reason == "eos" for e in self._emits_of(s))
 
     def _cuttable(self, s: Seq, budget: int, pinned: bool) -> bool:
         """Past `budget` lies only the sequence's greedy end, or (when a sequence ended exactly at
         the budget, `pinned`) repeats of its token at the budget, one a call, then its greedy end.
         A sequence that repeats one token while it decodes is not cut on a budget only bounded
         from above."""
-        end = next((e for g, e in self._greedy_ends if g is s), None)
+        end = self._greedy_ends.get(s.id)
         read = s.context[s.prompt_len : len(s.context) - (len(end.tokens) if end else 0)]
-        if len(read) < budget or len(read) == budget and end is not None and self._fed_along(end, budget):
-            return True
+        if len(read) <= budget:
+            return len(read) < budget or end is not None and self._fed_along(end, budget)
         # A finished row fed along gains one token a call: a row that gained more at a call past
         # the budget accepted drafts there, so it was decoding, under a budget of its own.
-        past = [e for e in self.emits if e.seq_id == s.id and e is not end][budget - len(read) :]
+        past = [e for e in self._emits_of(s) if e is not end][budget - len(read) :]
         repeats = all(t == read[budget - 1] for t in read[budget:]) and all(len(e.tokens) == 1 for e in past)
-        return pinned and 0 < budget < len(read) and repeats
+        return pinned and budget > 0 and repeats
 
     def _fed_along(self, end: Emit, budget: int) -> bool:
         """The call of this greedy end also made the last step of a sequence below the budget: a
         finished row fed along with the rows still decoding (a loop that re-feeds every row)."""
-        return any(e.after == end.after and self._output(g) - len(e.tokens) < budget for g, e in self._greedy_ends)
+        return any(
+            e.after == end.after and self._output(self.seqs[g]) - len(e.tokens) < budget
+            for g, e in self._greedy_ends.items()
+        )
 
     def _trim(self, s: Seq, extra: int) -> None:
         """Drop the sequence's last `extra` tokens, from its last emits."""
         del s.context[-extra:]
-        for emit in reversed([e for e in self.emits if e.seq_id == s.id]):
+        for emit in reversed(self._emits_of(s)):
             cut = min(extra, len(emit.tokens))
             del emit.tokens[len(emit.tokens) - cut :]
             extra -= cut

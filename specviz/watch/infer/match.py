@@ -3,68 +3,63 @@ the rows' fits allow up to sequences identical so far, or why not (`Ambiguous`).
 
 from __future__ import annotations
 
-from collections import Counter
+from collections.abc import Callable
 from itertools import groupby
 from typing import Any
 
-from specviz.watch.credit import matched_prefix
 from specviz.watch.infer.followed import IDLE, NEW, RowView, Seq
 
 MATCHINGS = 256  # assignments of one call enumerated at most; more is read as ambiguous
 
 
-class Ambiguous(str):
-    """Why a call's rows are not followed: several assignments fit them."""
+class Unfollowed(Exception):
+    """Why a call's rows are not followed: no assignment fits them (a batch of unchanged size then
+    keeps its order, `Follower._legacy`)."""
+
+
+class Ambiguous(Unfollowed):
+    """Several assignments fit the call's rows: never guessed, reading stops."""
 
 
 class Assignments:
     """Mixed into `Follower` (its calls, sequences and row views)."""
 
-    def _unique(self, j: int, active: list[int], fits: dict[int, dict[int, str]]) -> dict[int, tuple[int, str]] | str:
-        """The one assignment of rows to sequences the fits allow, up to identical sequences; else why not.
+    def _unique(self, j: int, active: list[int]) -> dict[int, tuple[int, str]]:
+        """The one assignment of rows to sequences the fits allow, up to identical sequences; else
+        why not (`Unfollowed`).
 
         Rows the chain (token and context length) matches to no sequence are then matched by token
         alone to the sequences left: an engine that moves a row's tokens but not its cache or mask
         (a bug) still has that row read as the sequence it fed, and the wrong context flagged there."""
-        fits = self._told_apart(j, fits)
-        out = self._one_assignment(j, active, fits, {s.id for s in self.seqs if not s.finished})
-        if isinstance(out, str):
-            return out
+        live = {s.id for s in self._live}
+        fits = self._told_apart(j, {r: self._fits(j, r) for r in active})
+        out = self._one_assignment(j, active, fits, live)
         for r in active:  # a finished row fed again (idle) is a better reading than a token alone
             if r not in out and not self._view(j, r, NEW).whole and self._again(j, r):
                 out[r] = (IDLE, "idle")
-        left = {s.id for s in self.seqs if not s.finished} - {s for s, _ in out.values()}
-        cached = [r for r in active if r not in out and not self._view(j, r, NEW).whole and not self._prefilled(j, r)]
-        if cached and left:
-            weak = {r: {s: "weak" for s in left if self._weak(self.seqs[s], self._view(j, r, s))} for r in cached}
-            weak = self._told_apart(j, weak)
-            more = self._one_assignment(j, cached, weak, left)
-            if isinstance(more, str):
-                return more
-            out.update(more)
-        for r in active:
-            if r in out:
-                continue
-            if self._view(j, r, NEW).whole or self._prefilled(j, r):
-                out[r] = (NEW, "new")
-            else:
-                return f"row {r} of target call {j} continues no sequence read so far"
-        return out
+        left = live - {s for s, _ in out.values()}
+        cached = [r for r in active if r not in out and not self._starts(j, r)]
+        weak = {r: {s: "weak" for s in left if self._weak(self.seqs[s], self._view(j, r, s))} for r in cached}
+        out.update(self._one_assignment(j, cached, self._told_apart(j, weak), left))
+        stray = [r for r in cached if r not in out]
+        if stray:
+            raise Unfollowed(f"row {stray[0]} of target call {j} continues no sequence read so far")
+        return out | {r: (NEW, "new") for r in active if r not in out}  # the rest start sequences
 
     def _one_assignment(
         self, j: int, rows: list[int], fits: dict[int, dict[int, str]], allowed: set[int]
-    ) -> dict[int, tuple[int, str]] | str:
+    ) -> dict[int, tuple[int, str]]:
         """Rows -> sequences of `allowed`, the one way the fits allow up to identical sequences; rows
-        no sequence fits are left out. Several ways: why not."""
+        no sequence fits are left out. Several ways: `Ambiguous`."""
         classes = self._classes(allowed)
         of = {s: k for k, members in enumerate(classes) for s in members}
         options = {r: sorted({of[s] for s in fits[r] if s in of}) for r in rows}
-        found = _matchings([r for r in rows if options[r]], options, [len(m) for m in classes])
+        found = _matchings(rows, options, [len(m) for m in classes])  # (a row with no option stays out)
         if len(found) > 1:
             differ = sorted({r for m in found for r in m if m[r] != found[0].get(r)})
             why = f"rows {differ} of target call {j} fit more than one sequence each, and those differ so far"
-            return Ambiguous(why)
-        chosen = found[0] if found else {}
+            raise Ambiguous(why)
+        chosen = found[0]  # (never none: a row no class is left for stays unassigned)
         out: dict[int, tuple[int, str]] = {}
         for k, members in enumerate(classes):
             # Identical so far: any order checks alike; the order they held is kept.
@@ -72,7 +67,7 @@ class Assignments:
             for r in sorted(r for r, c in chosen.items() if c == k):
                 s = next((m for m in free if m.id in fits[r]), None)
                 if s is None:  # alike so far, yet not read alike here: not guessed
-                    return Ambiguous(f"row {r} of target call {j} fits sequences alike so far, not alike here")
+                    raise Ambiguous(f"row {r} of target call {j} fits sequences alike so far, not alike here")
                 free.remove(s)
                 out[r] = (s.id, fits[r][s.id])
         return out
@@ -87,36 +82,29 @@ class Assignments:
         tie agrees, so a tie the evidence cannot break stands (unreadable where it matters), and a
         row with a KV or position bug loses only a sequence another row holds by the evidence, to
         be read as its own sequence after (by its pending token, `_unique`), never as another."""
-        claims = Counter(s for f in fits.values() for s in f)
-        if all(len(f) < 2 for f in fits.values()) and all(n < 2 for n in claims.values()):
+        pairs = [(r, s, how) for r, f in fits.items() for s, how in f.items()]
+        # The other pairs of each pair's tie: its row with another sequence, another row with its sequence.
+        rivals = {(r, s): [(q, t) for q, t, _ in pairs if (q == r) != (t == s)] for r, s, _ in pairs}
+        if not any(rivals.values()):
             return fits
         # Evidence that an uncontested row contradicts (its own sequence at a rebuilt or shifted
         # layout, or a systematic convention) is not read this call: every tie stands instead.
-        plain = [(r, s, how) for r, f in fits.items() if len(f) == 1 for s, how in f.items() if claims[s] == 1]
-        trusted = {
-            kind
-            for kind in ("position", "history", "greedy")
-            if all(self._says(kind, j, r, s, how) is not False for r, s, how in plain)
-        }
-        agrees = {
-            (r, s): all(self._says(kind, j, r, s, how) is not False for kind in trusted)
-            for r, f in fits.items()
-            for s, how in f.items()
-        }
-        out = {}
-        for r, f in fits.items():
-            out[r] = {}
-            for s, how in f.items():
-                rivals = [(r, t) for t in f if t != s] + [(q, s) for q in fits if q != r and s in fits[q]]
-                # A chunk is the reading of last resort: one the evidence rules out goes (the row
-                # is then read by its pending token, `_unique`).
-                if agrees[r, s] or how != "chunk" and not any(agrees[p] for p in rivals):
-                    out[r][s] = how
+        plain = [(r, s, how) for r, s, how in pairs if not rivals[r, s]]
+        checks = (self._position_agrees, self._history_agrees, self._greedy_agrees)
+        trusted = [c for c in checks if all(self._says(c, j, r, s, how) is not False for r, s, how in plain)]
+        agrees = {(r, s): all(self._says(c, j, r, s, how) is not False for c in trusted) for r, s, how in pairs}
+        out: dict[int, dict[int, str]] = {r: {} for r in fits}
+        for r, s, how in pairs:
+            # A chunk is the reading of last resort: one the evidence rules out goes (the row is
+            # then read by its pending token, `_unique`).
+            if agrees[r, s] or how != "chunk" and not any(agrees[p] for p in rivals[r, s]):
+                out[r][s] = how
         return out
 
-    def _says(self, kind: str, j: int, r: int, s: int, how: str) -> bool | None:
-        """What one kind of evidence ("position", "history" or "greedy") says of row r holding sequence s."""
-        return getattr(self, f"_{kind}_agrees")(j, r, self.seqs[s], self._view(j, r, s), how)
+    def _says(self, check: Callable[..., bool | None], j: int, r: int, s: int, how: str) -> bool | None:
+        """What one kind of evidence (`_position_agrees`, `_history_agrees` or `_greedy_agrees`)
+        says of row r holding sequence s."""
+        return check(j, r, self.seqs[s], self._view(j, r, s), how)
 
     def _position_agrees(self, j: int, r: int, s: Seq, v: RowView, how: str) -> bool | None:
         """The pending token of a row read as grown (or by its token alone) sits at the sequence's
@@ -127,31 +115,28 @@ class Assignments:
         call = self.calls[j]
         if how not in ("grow", "weak", "chunk") or not call.positions_fed or s.opened:
             return None
-        drafts, targets, _ = self._step_tokens(s)
-        took = int(call.positions[r][v.rq.pending]) - len(s.context)
+        step = self._step_tokens(s)
+        took = v.position - len(s.context)
         if how == "chunk":  # a chunk of the prompt is kept whole
-            return took == len(drafts)
-        if not 0 <= took <= len(drafts):
-            return False
-        return not targets or v.token == targets[took] or (took < len(drafts) and v.token == drafts[took])
+            return took == len(step.drafts)
+        return step.could_end(took, v.token)
 
     def _greedy_agrees(self, j: int, r: int, s: Seq, v: RowView, how: str) -> bool | None:
         """A greedy step keeps the drafts that agree with the target's argmax, then its choice: the
         row's context grew by that many plus one (a row fed a draft's own argmax back at a shorter
         context is no step of the sequence that drafted it). None: no growth or argmax to read."""
-        drafts, targets, _ = self._step_tokens(s)
-        agreed = matched_prefix(drafts, targets)
-        if how != "grow" or v.context < 0 or agreed is None:
+        step = self._step_tokens(s)
+        if how != "grow" or v.context < 0 or not step.targets:
             return None
-        return v.context - len(s.context) == agreed
+        return v.context - len(s.context) == step.agreed
 
-    def _history_agrees(self, j: int, r: int, s: Seq, v: RowView | None = None, how: str = "") -> bool | None:
+    def _history_agrees(self, j: int, r: int, s: Seq, v: RowView, how: str) -> bool | None:
         """A padded batch's cache row keeps its mask: the slots that were the cache of the sequence's
         last call read the same now (its padding, its holes), and the slots it was fed then are at
         most dropped (a rejected draft), never newly attended. None: no 2-D masks to compare."""
         call, (jp, rp) = self.calls[j], s.at
         before = self.calls[jp]
-        if jp == j or call.mask_kind != "2d" or before.mask_kind != "2d" or call.mask is None or before.mask is None:
+        if jp == j or not _mask_2d(call) or not _mask_2d(before):
             return None
         old, new = before.mask[rp], call.mask[r]
         if call.cache_width < len(old):
@@ -165,8 +150,8 @@ class Assignments:
         """The row's pending token is one the sequence's open step could have committed last."""
         if s.opened or v.whole:
             return False
-        drafts, targets, _ = self._step_tokens(s)
-        return v.token in targets or v.token in drafts
+        step = self._step_tokens(s)
+        return v.token in [*step.targets, *step.drafts]
 
     def _classes(self, allowed: set[int]) -> list[list[int]]:
         """Sequences grouped by everything the checks read of them: identical so far."""
@@ -175,9 +160,13 @@ class Assignments:
         return [[s for _, s in group] for _, group in groupby(keyed, key=lambda x: repr(x[0]))]
 
     def _likeness(self, s: Seq) -> tuple[Any, ...]:
-        drafts, targets, pending = self._step_tokens(s)
-        step = (tuple(drafts), tuple(targets), pending)
-        return (tuple(s.context), s.prompt_len, s.opened, s.refed, step, s.origin[0] if s.opened else None)
+        step = self._step_tokens(s)
+        fed = (tuple(step.drafts), tuple(step.targets), step.pending)
+        return (tuple(s.context), s.prompt_len, s.opened, s.refed, fed, s.origin[0] if s.opened else None)
+
+
+def _mask_2d(call: Any) -> bool:
+    return call.mask_kind == "2d" and call.mask is not None
 
 
 def _matchings(rows: list[int], options: dict[int, list[int]], capacity: list[int]) -> list[dict[int, int]]:

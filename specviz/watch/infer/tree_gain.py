@@ -27,21 +27,20 @@ def step_gain(
     """
     (i, ri), (j, rj) = step, at
     call = calls[i]
-    if not getattr(call, "trees", None) or call.trees[ri] is None:
+    parents = tree_of(call, ri)
+    if parents is None:
         return None
-    parents = call.trees[ri]
     nodes = call.input_ids[ri][rq.pending : rq.pending + len(parents)]
     token = calls[j].input_ids[rj][later_rq.pending]
     kept = kept_nodes(call, ri, rq, calls[j], rj, later_rq)
     if kept is not None:
-        chain = kept[:1] == [0] and all(parents[b] == a for a, b in zip(kept, kept[1:]))
+        chain = kept == [0, *_path_to(parents, max(kept, default=0))]  # the root and a path down (kept ascends)
         return [nodes[n] for n in kept[1:]] + [token] if chain else None
     depths = depths_of(parents)
     ends = [n for n, d in enumerate(depths) if d == grown - 1]
     if not ends:
         return None
-    targets = call.argmax[ri] if call.argmax_is_choice and call.argmax is not None else None
-    chosen = [n for n in ends if targets is not None and _target_at(call, ri, rq.pending + n) == token]
+    chosen = [n for n in ends if _target_at(call, ri, rq.pending + n) == token]
     paths = {tuple(nodes[a] for a in _path_to(parents, n)) for n in (chosen or ends)}
     if len(paths) > 1:  # a cacheless draft re-reads the committed tokens: the path it was fed
         paths = {p for p in paths if [*context, *p, token] in _draft_feeds(calls, i, j)}
@@ -52,15 +51,29 @@ def step_gain(
 
 def _draft_feeds(calls: list[Any], i: int, j: int) -> list[list[int]]:
     """What each row of the draft-model calls between target calls i and j attended of its query."""
-    fed = []
-    for call in calls[i + 1 : j]:
-        if call.role == "draft" and not call.drafter:
-            for r in range(call.batch_size):
-                fed.append([t for t, keep in zip(call.input_ids[r], call.query_flags(r)) if keep])
-    return fed
+    return [
+        [t for t, keep in zip(call.input_ids[r], call.query_flags(r)) if keep]
+        for call in calls[i + 1 : j]
+        if of_draft_model(call)
+        for r in range(call.batch_size)
+    ]
+
+
+def of_draft_model(call: Any) -> bool:
+    """A draft model's call (a draft head's is fed no tokens of its own)."""
+    return call.role == "draft" and not call.drafter
+
+
+def tree_of(call: Any, row: int) -> list[int] | None:
+    """The row's tree (parents by node); None: a chain row, or a call without trees."""
+    return call.trees[row] if call.trees else None
 
 
 def _target_at(call: Any, row: int, slot: int) -> int | None:
+    """The target's choice at the row's query slot; None where it chose nothing there (or its
+    argmax was not kept, or is no choice)."""
+    if not call.argmax_is_choice or call.argmax is None:
+        return None
     kept = call.argmax[row]
     index = slot - (call.query_len - len(kept))
     return kept[index] if 0 <= index < len(kept) else None
