@@ -31,6 +31,7 @@ from typing import Any
 from specviz.analysis.tree_checks import depths_of
 from specviz.watch.batchmap import block_cut
 from specviz.watch.map import tree_error  # noqa: F401  (Segment checks its parents with it; declared reads it here)
+from specviz.watch.tensor_reads import any_last
 
 # ----------------------------------------------------------------------------- the tree of a row
 
@@ -130,7 +131,7 @@ def one_tree(mask: Any, cache_width: int, positions: list[int]) -> bool:
     """Does a 1 x T call's [T, keys] mask (a tensor) verify one branching tree, fed its depths,
     not several sequences packed together? Each packed sequence's first query token attends no
     other query token, a second root no tree has."""
-    live = mask.any(-1).tolist()
+    live = any_last(mask).tolist()  # through numpy on the CPU: torch's `any` costs 20x more here
     last = max(_slots_on(live), default=-1)
     if last < 0:
         return False
