@@ -35,20 +35,11 @@ _UNSAID = Segment(None, 0, 0, 1)  # what a call with no readable map says of a r
 
 
 def segment_of(call: CallRecord, row: int) -> Segment:
-    """The segment of the call's map that the row holds (what a producer said of it: declared
-    drafts, a prefill chunk); one that says nothing where the call has no readable map."""
+    """The segment of the call's map that the row holds: what a producer said of it (`drafts`: the
+    drafts that end its query, None: not said; `chunk`: a prefill chunk that yields no token, no
+    step of its sequence); one that says nothing where the call has no readable map."""
     segments = call.map.segments if call.map is not None else ()
     return segments[row] if len(segments) == call.batch_size else _UNSAID
-
-
-def declared_drafts(call: CallRecord, row: int) -> int | None:
-    """The drafts the engine said end the row's query (`w.batch(drafts=)`); None: not said."""
-    return segment_of(call, row).drafts
-
-
-def is_chunk(call: CallRecord, row: int) -> bool:
-    """The row is a prefill chunk that yields no token (`w.batch(chunk=)`): no step of its sequence."""
-    return segment_of(call, row).chunk
 
 
 def tree_of(call: CallRecord, row: int) -> list[int] | None:
@@ -83,27 +74,30 @@ def context_before(call: CallRecord, row: int, slot: int) -> int:
     if call.mask_kind == "none":
         return call.cache_of(row) + slot
     if call.mask_kind == "2d":
-        values = call.mask[row]
-        return int(sum(values[: len(values) - call.query_len + slot]))
+        return int(sum(call.mask[row][: _kept(call, row, slot)]))
     if call.mask_kind == "counts":  # a packed call's row (batchmap): slots attended per query slot
         return call.mask[row][slot][0] - 1
     if call.mask_kind in ("4d", "4d-slots"):
-        tail = call.mask[row]  # the last query rows: slot s is row s - (q - len(tail))
-        t = slot - (call.query_len - len(tail))
+        t = _kept(call, row, slot)
         if t < 0:
             return -1
         if call.mask_kind == "4d":
-            return int(sum(tail[t][: call.cache_width + slot]))
-        return int(sum(tail[t])) - 1  # every slot it attends but its own
+            return int(sum(call.mask[row][t][: call.cache_width + slot]))
+        return int(sum(call.mask[row][t])) - 1  # every slot it attends but its own
     return -1
+
+
+def _kept(call: CallRecord, row: int, slot: int) -> int:
+    """Where query slot `slot` sits in the row's kept mask, which ends with the query: its column
+    in a 2-D mask, its line in a 4-D mask's kept tail (negative: a line not kept)."""
+    return len(call.mask[row]) - call.query_len + slot
 
 
 def _draft_row(call: CallRecord, seq: int, row: int, batch_size: int, fed: int, out: int) -> int | None:
     """The row of draft call `call` that was fed `fed` and proposed `out` for sequence `seq` (in row
     `row` of a target batch of `batch_size`): the declared row, else the same index in a batch of
-    the same size, else (a draft batch of other rows) the first row whose tokens fit."""
-    if call.argmax is None:
-        return None
+    the same size, else (a draft batch of other rows) the first row whose tokens fit. `call` is
+    one of `_draft_calls`: its argmax was kept."""
 
     def fits(r: int) -> bool:
         last = last_slot(call, r)
@@ -147,7 +141,7 @@ def read_row(
     seq = row_seq_ids(verify)[row] if seq is None else seq
     flags = query_flags(verify, row)
     proposals = _draft_calls(calls, index, seq, pass_reprefill)
-    said = declared_drafts(verify, row)
+    said = segment_of(verify, row).drafts
     if said is None:
         lengths: Iterable[int] = range(min(len(proposals), last), 0, -1)
         said = 0  # no chain fits: no drafts read
@@ -220,8 +214,7 @@ def attends_cache(call: CallRecord, row: int) -> bool:
     if call.cache_of(row) == 0:
         return False
     if call.mask_kind == "2d":
-        values = call.mask[row]
-        return any(values[: len(values) - call.query_len])
+        return any(call.mask[row][: _kept(call, row, 0)])
     if call.mask_kind == "4d" and call.mask is not None:
         width = call.cache_width  # keys: the cache's slots, then the query's
         return any(any(line[:width]) for line in call.mask[row])
@@ -299,19 +292,19 @@ def mask_row(call: CallRecord, row: int, rq: RowQuery) -> tuple[list[list[int]],
     if call.mask_kind == "none":
         return [[1, context_len + q]], context_len, None
     if call.mask_kind == "2d":
-        values = call.mask[row]
-        start = len(values) - call.query_len + rq.pending  # the pending slot's column
+        values, start = call.mask[row], _kept(call, row, rq.pending)
         return _rle(values[: start + q]), int(sum(values[:start])), None
     if call.mask_kind in ("4d", "4d-slots"):
-        first = len(call.mask[row]) - (call.query_len - rq.pending)  # the pending slot's line in the kept tail
+        first = _kept(call, row, rq.pending)
         if first < 0:
             return [], -1, None
         lines = call.mask[row][first : first + q]
         if call.mask_kind == "4d":  # keys: the cache's slots, then the query's
             return _mask4_row(lines, call.cache_width + rq.pending)
         return _mask4_slots_row(lines)
-    if call.mask_kind == "counts":
-        return _counts_row(call.mask[row], rq)
+    if call.mask_kind == "counts":  # a packed call's row (`batchmap.apply`): (attended, grows) per slot
+        counts = call.mask[row][rq.pending : rq.pending + q]
+        return _by_counts(counts[0][0], [grows for _, grows in counts[1:]])
     return [], -1, None
 
 
@@ -330,24 +323,20 @@ def _mask4_row(lines: list[list[bool]], context_len: int) -> tuple[list[list[int
 
 def _mask4_slots_row(lines: list[list[bool]]) -> tuple[list[list[int]], int, bool | None]:
     """A static or in-place cache's mask, whose keys are slots, not [cache | query]: where each
-    query slot's own key sits is not known, so the row is read by counts. The pending slot attends
-    its context and itself; each later query slot attends what the one before it did plus one new
-    slot (its own). Returned in the canonical form (context, then one flag per query slot), so the
-    checks read it like any other row: a stale or missing slot changes a count, and is flagged."""
+    query slot's own key sits is not known, so the row is read by counts (`_by_counts`): a later
+    slot grows the one before it when it attends all it did and one slot more."""
     seen = [{j for j, v in enumerate(line) if v} for line in lines]
-    context = max(len(seen[0]) - 1, 0)
-    diagonal = [int(bool(seen[0]))]
-    diagonal += [int(len(now) == len(before) + 1 and before < now) for before, now in zip(seen, seen[1:])]
-    return _rle([1] * context + diagonal), context, all(diagonal)
+    grows = [len(now) == len(before) + 1 and before < now for before, now in zip(seen, seen[1:])]
+    return _by_counts(len(seen[0]), grows)
 
 
-def _counts_row(counts: list[tuple[int, bool]], rq: RowQuery) -> tuple[list[list[int]], int, bool | None]:
-    """A packed call's row (`batchmap.apply`): per query slot, the slots it attends and whether it
-    attends exactly one more than the slot before. Read like `_mask4_slots_row`: the pending slot
-    attends its context and itself, each later slot one slot more (its own)."""
-    first = counts[rq.pending][0]
+def _by_counts(first: int, grows: list[bool]) -> tuple[list[list[int]], int, bool | None]:
+    """A row read by counts: the pending slot attends `first` slots (its context and itself), each
+    later slot grows the one before it (one slot more: its own) or not. Returned in the canonical
+    form (context, then one flag per query slot), so the checks read it like any other row: a stale
+    or missing slot changes a count, and is flagged."""
     context = max(first - 1, 0)
-    diagonal = [int(first > 0)] + [int(counts[rq.pending + i][1]) for i in range(1, rq.drafts + 1)]
+    diagonal = [int(first > 0), *map(int, grows)]
     return _rle([1] * context + diagonal), context, all(diagonal)
 
 
