@@ -88,14 +88,13 @@ def attribute(
                 previous.finish_reason = emit.finish_reason  # call's row gave nothing (idle)
                 continue
             # the rest (maybe nothing yet: no draft kept) is the newest call's, which fed that token
-            last_group[seq] = Group(seq, emit.tokens[1:], emit.finish_reason, featuring[-1], emit.at)
-            groups.append(last_group[seq])
-            continue
-        call = _pending_match(calls, featuring, floor, seq, last, read)
+            call, tokens = newest, emit.tokens[1:]
+        else:
+            call, tokens = _pending_match(calls, featuring, floor, seq, last, read), emit.tokens
         if call is None:
             notes.append(f"emit for sequence {seq} matches no target call that fed its pending token; not a step")
             continue
-        last_group[seq] = Group(seq, list(emit.tokens), emit.finish_reason, call, emit.at, late=call != newest)
+        last_group[seq] = Group(seq, list(tokens), emit.finish_reason, call, emit.at, late=call != newest)
         groups.append(last_group[seq])
     return groups
 

@@ -45,14 +45,12 @@ def accepted_and_bonus(tokens: list[int], drafts: list[int], targets: list[int])
     return accepted, tokens[accepted] if len(tokens) == accepted + 1 else None
 
 
-def assign_rows(
-    call: CallRecord, groups: list[Group], shown: list[RowQuery], finished: set[int], known: set[int]
-) -> dict[int, Group]:
-    """Which row produced each group: its own row if consistent, else the row it is consistent with
-    (each row read as `shown`: with its drafts, wherever they were read from)."""
+def assign_rows(call: CallRecord, groups: list[Group], shown: list[RowQuery], running: set[int]) -> dict[int, Group]:
+    """Which row produced each group: its own row if consistent, else the row of a `running`
+    sequence it is consistent with (each row read as `shown`: with its drafts, wherever they were
+    read from)."""
     rows = row_seq_ids(call)
     free_last = not call.argmax_is_choice
-    running = known - finished
 
     def fits(group: Group, r: int) -> bool:
         drafts, targets = row_tokens(call, r, shown[r])
@@ -78,7 +76,7 @@ def assign_rows(
     for group in [g for g in groups if not g.late and not place(g)] + [g for g in groups if g.late]:
         if place(group):
             continue
-        free = [r for r in range(len(rows)) if r not in taken and rows[r] in running]
+        free = {r for r in range(len(rows)) if r not in taken and rows[r] in running}
         pieces = _split_to_rows(group, free, rows.index(group.seq_id), fits)
         if pieces is None:
             unfit.append(group)
@@ -89,21 +87,21 @@ def assign_rows(
     return taken
 
 
-def _split_to_rows(group: Group, free: list[int], own: int, fits: Any) -> list[tuple[int, Group]] | None:
+def _split_to_rows(group: Group, free: set[int], own: int, fits: Any) -> list[tuple[int, Group]] | None:
     """The group as consecutive pieces, cut where its emits were appended, that each fit a distinct
     free row (its own row preferred), the longest pieces first: the whole group in one row, else
     e.g. one row's tokens written to another row's sequence before that row's own (a sequence that
     got several emits in one step). None when no split fits."""
     bounds = [0, *group.cuts, len(group.tokens)]
 
-    def search(a: int, free_rows: list[int]) -> list[tuple[int, Group]] | None:
+    def search(a: int, free_rows: set[int]) -> list[tuple[int, Group]] | None:
         if a == len(bounds) - 1:
             return []
         for b in range(len(bounds) - 1, a, -1):  # the longest piece first
             candidate = Group(group.seq_id, group.tokens[bounds[a] : bounds[b]], None, group.call, group.at)
-            for r in sorted(free_rows, key=lambda r: r != own):
+            for r in sorted(free_rows, key=lambda r: (r != own, r)):  # its own row first, then in order
                 if fits(candidate, r):
-                    rest = search(b, [x for x in free_rows if x != r])
+                    rest = search(b, free_rows - {r})
                     if rest is not None:
                         return [(r, candidate), *rest]
         return None

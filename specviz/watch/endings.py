@@ -27,14 +27,11 @@ def endings(
     return outputs, reasons
 
 
-def length_budgets(outputs: dict[int, list[int]], reasons: dict[int, str | None]) -> dict[int, int]:
-    """Each sequence that ended by length, and the length it ended at (its own budget)."""
-    return {seq_id: len(outputs[seq_id]) for seq_id, reason in reasons.items() if reason == "length"}
-
-
-def run_budget(budgets: dict[int, int], outputs: dict[int, list[int]]) -> int:
-    """max_new_tokens is not declared: the length at which sequences ended by length, else the longest."""
-    return max(budgets.values(), default=max((len(o) for o in outputs.values()), default=0))
+def budgets(outputs: dict[int, list[int]], reasons: dict[int, str | None]) -> tuple[dict[int, int], int]:
+    """Each sequence that ended by length with the length it ended at (its own budget), and the
+    run's `max_new_tokens` (never declared): the largest of those, else the longest output."""
+    own = {seq_id: len(outputs[seq_id]) for seq_id, reason in reasons.items() if reason == "length"}
+    return own, max(own.values(), default=max((len(o) for o in outputs.values()), default=0))
 
 
 def close_by_length(

@@ -35,17 +35,16 @@ from specviz.watch.calls import (
     RowQuery,
     attended_ids,
     context_before,
-    declared_drafts,
     draft_free_query,
     fed_positions,
-    is_chunk,
     last_slot,
     mask_row,
     row_seq_ids,
+    segment_of,
     tree_of,
 )
 from specviz.watch.credit import accepted_and_bonus, assign_rows, row_tokens
-from specviz.watch.endings import close_by_length, endings, length_budgets, run_budget
+from specviz.watch.endings import budgets, close_by_length, endings
 from specviz.watch.headinput import head_source, unfound_note
 from specviz.watch.record import CallRecord
 
@@ -78,7 +77,7 @@ def build_steps(
     for group in groups:
         by_call.setdefault(group.call, []).append(group)
     committed = {seq_id: list(ids) for seq_id, ids in enumerate(prompts)}
-    finished: set[int] = set()
+    running = set(committed)  # the sequences not finished yet
     steps: list[StepRecord] = []
     origins: list[tuple[RowRecord, int, int]] = []  # tree rows: (record, call index, row)
     for index in sorted(by_call):
@@ -86,9 +85,9 @@ def build_steps(
         shown = [read(index, r) for r in range(call.batch_size)]
         if draft_free:  # each row's drafts at its own pending slot, before any row is credited
             for r, seq_id in enumerate(row_seq_ids(call)):
-                if not shown[r].drafts and seq_id in committed and declared_drafts(call, r) is None:
+                if not shown[r].drafts and seq_id in committed and segment_of(call, r).drafts is None:
                     shown[r] = draft_free_query(call, r, committed[seq_id]) or shown[r]
-        produced = assign_rows(call, by_call[index], shown, finished, set(committed))
+        produced = assign_rows(call, by_call[index], shown, running)
         rows, proposals = [], set(_head_calls(calls, index))
         if call.trees:  # a tree's drafts are read from the verify; every draft call since is its proposal
             proposals.update(tree.draft_calls_before(calls, index))
@@ -97,9 +96,8 @@ def build_steps(
             # sequence's row the engine still computes), a prefill chunk said so (KV written, no
             # token), or a newcomer's prefill riding in another's step (vLLM mixes them in).
             if r not in produced and (
-                seq_id not in committed
-                or seq_id in finished
-                or is_chunk(call, r)
+                seq_id not in running
+                or segment_of(call, r).chunk
                 or _prefilling(call, r, committed[seq_id], len(prompts[seq_id]))
             ):
                 continue
@@ -108,10 +106,11 @@ def build_steps(
             rows.append(_row_record(calls, index, r, seq_id, shown[r], group, len(committed[seq_id])))
             if tree_of(call, r) is not None:
                 origins.append((rows[-1], index, r))
-        for row in rows:
+        for i, row in enumerate(rows):
+            row.row = i  # its place among the step's rows
             committed[row.write_seq].extend(row.emitted)
             if row.finished:
-                finished.add(row.write_seq)
+                running.discard(row.write_seq)
         started = calls[min(proposals, default=index)].started  # the first proposal, else the verify
         steps.append(
             StepRecord(
@@ -124,7 +123,7 @@ def build_steps(
                 verify_ms=round((call.ended - call.started) * 1000, 4),
                 align_ms=0.0,
                 total_ms=round((call.ended - started) * 1000, 4),
-                rows=[_renumber(row, i) for i, row in enumerate(rows)],
+                rows=rows,
             )
         )
     _fill_left_pad_after(steps)
@@ -168,16 +167,11 @@ def _head_calls(calls: list[CallRecord], index: int) -> list[int]:
     return found
 
 
-def _renumber(row: RowRecord, index: int) -> RowRecord:
-    row.row = index
-    return row
-
-
 def _row_record(
     calls: list[CallRecord], index: int, r: int, seq_id: int, rq: RowQuery, group: Group, committed: int
 ) -> RowRecord:
-    """Row `r` (sequence `seq_id`) of target call `index` read as `rq`, credited with `group` (the tokens it produced:
-    none where it produced nothing), its sequence holding `committed` tokens before it."""
+    """Row `r` (sequence `seq_id`) of target call `index` read as `rq`, credited with `group` (what
+    it produced: no tokens where it produced nothing), its sequence holding `committed` tokens."""
     call = calls[index]
     drafts, targets = row_tokens(call, r, rq)
     accepted, bonus = accepted_and_bonus(group.tokens, drafts, targets)
@@ -261,8 +255,7 @@ def infer_steps(
     draft_free = not any(c.role == "draft" and not c.drafter for c in calls)
     groups = attribute(read_calls, read_emits, prompts, read, notes, draft_free)
     outputs, reasons = endings(groups, emits, prompts, eos)
-    budgets = length_budgets(outputs, reasons)
-    max_new = run_budget(budgets, outputs)
+    own_budgets, max_new = budgets(outputs, reasons)
     # Unread from the cut on: an ending declared after it is not the ending of the last step read.
     ended_unread = {e.seq_id for e in emits[len(read_emits) :]}
     close_by_length([g for g in groups if g.seq_id not in ended_unread], outputs, reasons, max_new)
@@ -281,7 +274,7 @@ def infer_steps(
         first_call_at=min((c.started for c in calls), default=None),
         last_event_at=max(events, default=None),
         unreadable=None if why is None else (len(steps), why),
-        budgets=budgets,
+        budgets=own_budgets,
     )
 
 
