@@ -304,7 +304,7 @@ def mask_row(call: CallRecord, row: int, rq: RowQuery) -> tuple[list[list[int]],
         return _mask4_slots_row(lines)
     if call.mask_kind == "counts":  # a packed call's row (`batchmap.apply`): (attended, grows) per slot
         counts = call.mask[row][rq.pending : rq.pending + q]
-        return _by_counts(counts[0][0], [grows for _, grows in counts[1:]])
+        return _by_counts(counts[0][0], [line[1] for line in counts[1:]])
     return [], -1, None
 
 

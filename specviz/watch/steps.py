@@ -10,10 +10,9 @@ The step structure is inferred from what the models were fed, never from a fixed
   other rows than the target's). Target calls of other rows (re-prefills) do not end the walk;
 - the pending slot is the last attended slot minus d; the slots before it are context (cached or
   re-fed: a cacheless loop re-feeds everything, and is judged on what each call attends);
-- a target call is a verify step when an emission is attributed to it (`attribution`): the latest target call
-  before the `emit` whose row for that sequence fed the sequence's pending token at its pending
-  slot. Matching on the pending token, not on time alone, keeps engines that report tokens one
-  call late (HF `generate` with deferred stop checks) attributed right;
+- a target call is a verify step when an emission is attributed to it (`attribution`): the latest
+  target call before the `emit` whose row fed the sequence's pending token, not the latest alone
+  (HF `generate` with deferred stop checks reports tokens one call late);
 - k is the run's largest d; the row that produced an emission is the sequence's own row when the
   tokens are consistent with its drafts and argmaxes, else the row they are consistent with: so a
   write-back to the wrong sequence shows up as `write_seq != seq_id`, as it happened;
@@ -158,13 +157,7 @@ def _prefilling(call: CallRecord, row: int, committed: list[int], prompt_len: in
 
 def _head_calls(calls: list[CallRecord], index: int) -> list[int]:
     """A draft head's calls since the target call before this one: the step's proposals (timed)."""
-    found = []
-    for j in range(index - 1, -1, -1):
-        if calls[j].role == "target":
-            break
-        if calls[j].drafter:
-            found.append(j)
-    return found
+    return [j for j in tree.draft_calls_before(calls, index) if calls[j].drafter]
 
 
 def _row_record(
