@@ -84,8 +84,9 @@ def build_steps(
         shown = [read(index, r) for r in range(call.batch_size)]
         if draft_free:  # each row's drafts at its own pending slot, before any row is credited
             for r, seq_id in enumerate(row_seq_ids(call)):
-                if not shown[r].drafts and seq_id in committed and segment_of(call, r).drafts is None:
-                    shown[r] = draft_free_query(call, r, committed[seq_id]) or shown[r]
+                if not shown[r].drafts and segment_of(call, r).drafts is None:
+                    tokens = committed.get(seq_id, [])  # a row of no known sequence: nothing to read by
+                    shown[r] = draft_free_query(call, r, tokens) or shown[r]
         produced = assign_rows(call, by_call[index], shown, running)
         rows, proposals = [], set(_head_calls(calls, index))
         if call.trees:  # a tree's drafts are read from the verify; every draft call since is its proposal
