@@ -81,6 +81,7 @@ def assign_rows(call: CallRecord, groups: list[Group], shown: list[RowQuery], ru
         if pieces is None:
             unfit.append(group)
             continue
+        pieces[-1][1].finish_reason = group.finish_reason  # the group's ending is its last piece's
         taken.update(pieces)
     for group in unfit:  # fits no row, whole or split: its own row shows what it got
         taken.setdefault(rows.index(group.seq_id), group)
@@ -91,7 +92,7 @@ def _split_to_rows(group: Group, free: set[int], own: int, fits: Any) -> list[tu
     """The group as consecutive pieces, cut where its emits were appended, that each fit a distinct
     free row (its own row preferred), the longest pieces first: the whole group in one row, else
     e.g. one row's tokens written to another row's sequence before that row's own (a sequence that
-    got several emits in one step). None when no split fits."""
+    got several emits in one step). None when no split fits; no piece carries the group's ending."""
     bounds = [0, *group.cuts, len(group.tokens)]
 
     def search(a: int, free_rows: set[int]) -> list[tuple[int, Group]] | None:
@@ -106,10 +107,7 @@ def _split_to_rows(group: Group, free: set[int], own: int, fits: Any) -> list[tu
                         return [(r, candidate), *rest]
         return None
 
-    found = search(0, free)
-    if found is not None:  # never empty: at least one piece
-        found[-1][1].finish_reason = group.finish_reason
-    return found
+    return search(0, free)  # never empty: at least one piece
 
 
 def row_tokens(call: CallRecord, row: int, rq: RowQuery) -> tuple[list[int], list[int]]:
