@@ -6,7 +6,7 @@ call's bonus, emitted when it was fed rather than when it was chosen, is split t
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
 from specviz.watch.calls import (
@@ -66,40 +66,36 @@ def attribute(
         seq = emit.seq_id
         held = featured.get(seq, [])
         featuring = held[: bisect_left(held, emit.after)]  # the calls before the emit
+        last, done = history[seq][-1], len(history[seq])  # the sequence as emitted so far
+        history[seq].extend(emit.tokens)
         previous = last_group.get(seq)
-        newest = featuring[-1] if featuring else None
-        if previous is not None and (not emit.tokens or newest is None or newest <= previous.call):
-            # More tokens (or only the ending) for a step already attributed.
+        floor = previous.call if previous is not None else -1
+        newest = featuring[-1] if featuring else -1
+        if previous is not None and (not emit.tokens or newest <= floor):
+            # More tokens (or only the ending) for a step already attributed: no newer call held it.
             if emit.tokens and previous.tokens:
                 previous.cuts.append(len(previous.tokens))
             previous.tokens.extend(emit.tokens)
             previous.finish_reason = emit.finish_reason or previous.finish_reason
-            history[seq].extend(emit.tokens)
             continue
-        floor = previous.call if previous is not None else -1
-        late = _late_bonus(calls, featuring, previous, seq, history[seq], emit.tokens, read, draft_free)
+        late = _late_bonus(calls, featuring, previous, seq, (last, done), emit.tokens, read, draft_free)
         if late is not None:  # its first token is an earlier call's bonus, emitted one step late
-            if previous is None or previous.call != late:
+            if previous is None:  # else `late` is the previous step's call
                 previous = Group(seq, [], None, late, emit.at)
                 groups.append(previous)
             previous.tokens.append(emit.tokens[0])
-            history[seq].extend(emit.tokens)
             if len(emit.tokens) == 1 and emit.finish_reason:  # it ended on that token: the newest
                 previous.finish_reason = emit.finish_reason  # call's row gave nothing (idle)
                 continue
             # the rest (maybe nothing yet: no draft kept) is the newest call's, which fed that token
-            last_group[seq] = Group(seq, emit.tokens[1:], emit.finish_reason, featuring[-1], emit.at)
-            groups.append(last_group[seq])
-            continue
-        call = _pending_match(calls, featuring, floor, seq, history[seq][-1], read)
+            call, tokens = newest, emit.tokens[1:]
+        else:
+            call, tokens = _pending_match(calls, featuring, floor, seq, last, read), emit.tokens
         if call is None:
             notes.append(f"emit for sequence {seq} matches no target call that fed its pending token; not a step")
-            history[seq].extend(emit.tokens)
             continue
-        group = Group(seq, list(emit.tokens), emit.finish_reason, call, emit.at, late=call != newest)
-        groups.append(group)
-        last_group[seq] = group
-        history[seq].extend(emit.tokens)
+        last_group[seq] = Group(seq, list(tokens), emit.finish_reason, call, emit.at, late=call != newest)
+        groups.append(last_group[seq])
     return groups
 
 
@@ -108,7 +104,7 @@ def _late_bonus(
     featuring: list[int],
     previous: Group | None,
     seq: int,
-    history: list[int],
+    emitted: tuple[int, int],
     tokens: list[int],
     read: CallReader,
     draft_free: bool,
@@ -120,21 +116,21 @@ def _late_bonus(
     end with it (or ends with it only as a repeat: the call fed it at the next logical index, by its
     position and by the slots it attends before it), and the earlier call's choice after what it
     already emitted was that token (the previous step's call, else the call that fed the
-    sequence's last token at its pending slot)."""
-    newest = featuring[-1] if featuring else None
-    if not tokens or newest is None or (previous is not None and newest <= previous.call):
+    sequence's last token at its pending slot). `emitted`: (the sequence's last token, its length)
+    so far. `attribute` asks only where a call newer than the previous step's held the sequence."""
+    if not tokens or not featuring:
         return None
+    newest = featuring[-1]
     row = row_seq_ids(calls[newest]).index(seq)
     slot = _pending_slot(calls, newest, row, read, draft_free)
-    pending = calls[newest].input_ids[row][slot]
-    if pending != tokens[0] or (pending == history[-1] and not _fed_as_next(calls[newest], row, slot, len(history))):
+    pending, (last, length) = calls[newest].input_ids[row][slot], emitted
+    if pending != tokens[0] or (pending == last and not _fed_as_next(calls[newest], row, slot, length)):
         return None
-    earlier = featuring[:-1]
-    if previous is not None:
+    if previous is not None:  # the previous step's call, which is among the earlier ones
         index, done = previous.call, len(previous.tokens)
-    else:
-        index, done = _pending_match(calls, earlier, -1, seq, history[-1], read), 0
-    if index is None or index not in earlier:
+    else:  # one of the earlier calls, or None
+        index, done = _pending_match(calls, featuring[:-1], -1, seq, last, read), 0
+    if index is None:
         return None
     r = row_seq_ids(calls[index]).index(seq)
     chosen = argmax_at(calls[index], r, _pending_slot(calls, index, r, read, draft_free) + done)
@@ -145,8 +141,7 @@ def _fed_as_next(call: CallRecord, row: int, slot: int, index: int) -> bool:
     """Was the token at `slot` fed as logical index `index` (the token after those emitted so far):
     its position and the slots it attends before it both say so (a call that fed no positions, or
     whose mask is not read, says nothing)."""
-    position = call.positions[row][slot] if call.positions_fed else None
-    return position == index and context_before(call, row, slot) == index
+    return call.positions_fed and call.positions[row][slot] == index and context_before(call, row, slot) == index
 
 
 def _pending_slot(calls: list[CallRecord], index: int, row: int, read: CallReader, draft_free: bool) -> int:
@@ -162,12 +157,12 @@ def _pending_slot(calls: list[CallRecord], index: int, row: int, read: CallReade
 def _pending_match(
     calls: list[CallRecord], featuring: list[int], floor: int, seq: int, pending: int, read: CallReader
 ) -> int | None:
-    fallback = None
-    for i in reversed(featuring):
-        if i <= floor:
-            break
+    """The newest call after `floor` whose row for the sequence fed `pending` at its pending slot,
+    else the newest after `floor`; None when none is."""
+    after = featuring[bisect_right(featuring, floor) :]
+
+    def fed(i: int) -> int:
         row = row_seq_ids(calls[i]).index(seq)
-        fallback = i if fallback is None else fallback
-        if calls[i].input_ids[row][read(i, row).pending] == pending:
-            return i
-    return fallback
+        return calls[i].input_ids[row][read(i, row).pending]
+
+    return next((i for i in reversed(after) if fed(i) == pending), after[-1] if after else None)

@@ -31,23 +31,20 @@ def row_seq_ids(call: CallRecord) -> tuple[int, ...]:
     return tuple(range(call.batch_size))
 
 
-def segment_of(call: CallRecord, row: int) -> Segment | None:
-    """The segment of the call's map that the row holds (what a producer said of it: declared
-    drafts, a prefill chunk), None where the call has no readable map."""
+_UNSAID = Segment(None, 0, 0, 1)  # what a call with no readable map says of a row: nothing
+
+
+def segment_of(call: CallRecord, row: int) -> Segment:
+    """The segment of the call's map that the row holds: what a producer said of it (`drafts`: the
+    drafts that end its query, None: not said; `chunk`: a prefill chunk that yields no token, no
+    step of its sequence); one that says nothing where the call has no readable map."""
     segments = call.map.segments if call.map is not None else ()
-    return segments[row] if len(segments) == call.batch_size else None
+    return segments[row] if len(segments) == call.batch_size else _UNSAID
 
 
-def declared_drafts(call: CallRecord, row: int) -> int | None:
-    """The drafts the engine said end the row's query (`w.batch(drafts=)`); None: not said."""
-    segment = segment_of(call, row)
-    return None if segment is None else segment.drafts
-
-
-def is_chunk(call: CallRecord, row: int) -> bool:
-    """The row is a prefill chunk that yields no token (`w.batch(chunk=)`): no step of its sequence."""
-    segment = segment_of(call, row)
-    return segment is not None and segment.chunk
+def tree_of(call: CallRecord, row: int) -> list[int] | None:
+    """The parents of the tree the row verifies (`tree.read_trees`); None for a chain row."""
+    return call.trees[row] if call.trees else None
 
 
 # ----------------------------------------------------------------------------- one row of a call
@@ -77,42 +74,43 @@ def context_before(call: CallRecord, row: int, slot: int) -> int:
     if call.mask_kind == "none":
         return call.cache_of(row) + slot
     if call.mask_kind == "2d":
-        values = call.mask[row]
-        return int(sum(values[: len(values) - call.query_len + slot]))
+        return int(sum(call.mask[row][: _kept(call, row, slot)]))
     if call.mask_kind == "counts":  # a packed call's row (batchmap): slots attended per query slot
         return call.mask[row][slot][0] - 1
     if call.mask_kind in ("4d", "4d-slots"):
-        tail = call.mask[row]  # the last query rows: slot s is row s - (q - len(tail))
-        t = slot - (call.query_len - len(tail))
+        t = _kept(call, row, slot)
         if t < 0:
             return -1
         if call.mask_kind == "4d":
-            return int(sum(tail[t][: call.cache_width + slot]))
-        return int(sum(tail[t])) - 1  # every slot it attends but its own
+            return int(sum(call.mask[row][t][: call.cache_width + slot]))
+        return int(sum(call.mask[row][t])) - 1  # every slot it attends but its own
     return -1
+
+
+def _kept(call: CallRecord, row: int, slot: int) -> int:
+    """Where query slot `slot` sits in the row's kept mask, which ends with the query: its column
+    in a 2-D mask, its line in a 4-D mask's kept tail (negative: a line not kept)."""
+    return len(call.mask[row]) - call.query_len + slot
 
 
 def _draft_row(call: CallRecord, seq: int, row: int, batch_size: int, fed: int, out: int) -> int | None:
     """The row of draft call `call` that was fed `fed` and proposed `out` for sequence `seq` (in row
     `row` of a target batch of `batch_size`): the declared row, else the same index in a batch of
-    the same size, else (a draft batch of other rows) the first row whose tokens fit."""
-    if call.argmax is None:
-        return None
+    the same size, else (a draft batch of other rows) the first row whose tokens fit. `call` is
+    one of `_draft_calls`: its argmax was kept."""
 
     def fits(r: int) -> bool:
         last = last_slot(call, r)
         return call.input_ids[r][last] == fed and (not call.argmax_is_choice or argmax_at(call, r, last) == out)
 
+    rows: Iterable[int] = range(call.batch_size)
     if call.rows is not None:  # declared (the batch map keeps a draft call's rows only at its size)
-        if seq not in call.rows:
-            return None
-        r = call.rows.index(seq)
-        return r if fits(r) else None
-    if call.batch_size == batch_size and fits(row):  # the same rows, undeclared: the same index
+        rows = [call.rows.index(seq)] if seq in call.rows else []
+    elif call.batch_size == batch_size and fits(row):  # the same rows, undeclared: the same index
         return row
-    # Another order (a packed draft call packs its rows its own way) or other rows: the row whose
-    # tokens fit, when one does.
-    found = [r for r in range(call.batch_size) if fits(r)]
+    # Else another order (a packed draft call packs its rows its own way) or other rows: the row
+    # whose tokens fit, when one does (several in a batch of the target's size: not told apart).
+    found = [r for r in rows if fits(r)]
     return found[0] if len(found) == 1 or found and call.batch_size != batch_size else None
 
 
@@ -135,17 +133,18 @@ def read_row(
     (for the draft calls' timings and positions), and d is what it said whether one is found or not.
     """
     verify = calls[index]
-    if verify.trees and verify.trees[row] is not None:  # a tree's nodes end at its last real slot (`tree`)
-        nodes = len(verify.trees[row])
-        return RowQuery(last_slot(verify, row) - nodes + 1, nodes - 1, ())
+    last = last_slot(verify, row)
+    parents = tree_of(verify, row)
+    if parents is not None:  # a tree's nodes end at its last real slot (`tree`)
+        return RowQuery(last - len(parents) + 1, len(parents) - 1, ())
     ids = verify.input_ids[row]
     seq = row_seq_ids(verify)[row] if seq is None else seq
-    last = last_slot(verify, row)
     flags = query_flags(verify, row)
     proposals = _draft_calls(calls, index, seq, pass_reprefill)
-    said = declared_drafts(verify, row)
+    said = segment_of(verify, row).drafts
     if said is None:
         lengths: Iterable[int] = range(min(len(proposals), last), 0, -1)
+        said = 0  # no chain fits: no drafts read
     else:  # said: only its chain is looked for; none found, the drafts are still what it said
         said = min(said, last)
         lengths = [said] if 0 < said <= len(proposals) else []
@@ -153,17 +152,13 @@ def read_row(
         p = last - d
         if not all(flags[p : last + 1]):
             continue
-        first = None
-        for start in range(len(proposals) - d + 1):
-            chain = _chain(calls, proposals[start : start + d], seq, row, verify.batch_size, ids[p : p + d + 1])
-            if chain is None:
-                continue
-            if fed_positions(calls, chain) == list(verify.positions[row][p : p + d]):
-                return RowQuery(p, d, chain)
-            first = first or chain
-        if first is not None:
-            return RowQuery(p, d, first)
-    return RowQuery(last - (said or 0), said or 0, ())  # said, or no drafts read
+        runs = (proposals[start : start + d] for start in range(len(proposals) - d + 1))
+        chains = [_chain(calls, run, seq, row, verify.batch_size, ids[p : p + d + 1]) for run in runs]
+        fitting = [chain for chain in chains if chain is not None]
+        if fitting:  # the run fed the query's own positions, else the earliest
+            fed = list(verify.positions[row][p : p + d])
+            return RowQuery(p, d, next((c for c in fitting if fed_positions(calls, c) == fed), fitting[0]))
+    return RowQuery(last - said, said, ())
 
 
 def draft_free_query(call: CallRecord, row: int, committed: list[int]) -> RowQuery | None:
@@ -179,9 +174,7 @@ def draft_free_query(call: CallRecord, row: int, committed: list[int]) -> RowQue
     if not committed:
         return None
     flags, last = query_flags(call, row), last_slot(call, row)
-    first = next((j for j, keep in enumerate(flags) if keep), None)
-    if first is None:
-        return None
+    first = _first_live(flags)  # past the last slot when none is live: then no pending fits
     by_layout = first if attends_cache(call, row) else first + len(committed) - 1
     by_count = last - (context_before(call, row, last) + 1 - len(committed))
     for pending in (by_layout, by_count):
@@ -194,11 +187,15 @@ def first_slot_query(call: CallRecord, row: int) -> RowQuery | None:
     """A cached call's row with no draft model: its first real query slot is the pending token
     (the cache holds the tokens before it), the rest are drafts."""
     flags = query_flags(call, row)
-    first = next((j for j, keep in enumerate(flags) if keep), None)
-    last = last_slot(call, row)
-    if first is None or not all(flags[first : last + 1]):
+    first, last = _first_live(flags), last_slot(call, row)
+    if first > last or not all(flags[first : last + 1]):
         return None
     return RowQuery(first, last - first, ())
+
+
+def _first_live(flags: list[int]) -> int:
+    """The first attended query slot (len(flags) when none is)."""
+    return next((j for j, keep in enumerate(flags) if keep), len(flags))
 
 
 def attended_ids(call: CallRecord, row: int, end: int | None = None) -> list[int]:
@@ -217,8 +214,7 @@ def attends_cache(call: CallRecord, row: int) -> bool:
     if call.cache_of(row) == 0:
         return False
     if call.mask_kind == "2d":
-        values = call.mask[row]
-        return any(values[: len(values) - call.query_len])
+        return any(call.mask[row][: _kept(call, row, 0)])
     if call.mask_kind == "4d" and call.mask is not None:
         width = call.cache_width  # keys: the cache's slots, then the query's
         return any(any(line[:width]) for line in call.mask[row])
@@ -296,62 +292,51 @@ def mask_row(call: CallRecord, row: int, rq: RowQuery) -> tuple[list[list[int]],
     if call.mask_kind == "none":
         return [[1, context_len + q]], context_len, None
     if call.mask_kind == "2d":
-        values = call.mask[row]
-        start = len(values) - call.query_len + rq.pending  # the pending slot's column
+        values, start = call.mask[row], _kept(call, row, rq.pending)
         return _rle(values[: start + q]), int(sum(values[:start])), None
-    if call.mask_kind == "4d":
-        return _mask4_row(call.mask[row], call.cache_width, call.query_len, rq)
-    if call.mask_kind == "4d-slots":
-        return _mask4_slots_row(call.mask[row], call.query_len, rq)
-    if call.mask_kind == "counts":
-        return _counts_row(call.mask[row], rq)
+    if call.mask_kind in ("4d", "4d-slots"):
+        first = _kept(call, row, rq.pending)
+        if first < 0:
+            return [], -1, None
+        lines = call.mask[row][first : first + q]
+        if call.mask_kind == "4d":  # keys: the cache's slots, then the query's
+            return _mask4_row(lines, call.cache_width + rq.pending)
+        return _mask4_slots_row(lines)
+    if call.mask_kind == "counts":  # a packed call's row (`batchmap.apply`): (attended, grows) per slot
+        counts = call.mask[row][rq.pending : rq.pending + q]
+        return _by_counts(counts[0][0], [line[1] for line in counts[1:]])
     return [], -1, None
 
 
-def _mask4_row(block: list[list[bool]], width: int, q: int, rq: RowQuery) -> tuple[list[list[int]], int, bool | None]:
+def _mask4_row(lines: list[list[bool]], context_len: int) -> tuple[list[list[int]], int, bool | None]:
     """The pending query's view of the context, then the diagonal; causal if every later query
     slot of the row sees that same context plus exactly the query slots up to itself."""
-    slot, n = rq.pending, rq.drafts + 1
-    first = len(block) - (q - slot)  # index of the pending slot's row inside the kept tail
-    if first < 0:
-        return [], -1, None
-    context_len = width + slot
-    view = [int(v) for v in block[first][:context_len]]
-    diagonal = [int(block[first + i][context_len + i]) for i in range(n)]
-    causal = True
-    for i in range(n):
-        line = block[first + i]
-        if [int(v) for v in line[:context_len]] != view:
-            causal = False
-        query_part = [int(v) for v in line[context_len : context_len + n]]
-        if query_part[: i + 1] != [1] * (i + 1) or any(query_part[i + 1 :]):
-            causal = False
+    n = len(lines)
+    view = [int(v) for v in lines[0][:context_len]]
+    diagonal = [int(lines[i][context_len + i]) for i in range(n)]
+    causal = all(
+        [int(v) for v in line[: context_len + n]] == view + [1] * (i + 1) + [0] * (n - i - 1)
+        for i, line in enumerate(lines)
+    )
     return _rle(view + diagonal), sum(view), causal
 
 
-def _mask4_slots_row(block: list[list[bool]], q: int, rq: RowQuery) -> tuple[list[list[int]], int, bool | None]:
+def _mask4_slots_row(lines: list[list[bool]]) -> tuple[list[list[int]], int, bool | None]:
     """A static or in-place cache's mask, whose keys are slots, not [cache | query]: where each
-    query slot's own key sits is not known, so the row is read by counts. The pending slot attends
-    its context and itself; each later query slot attends what the one before it did plus one new
-    slot (its own). Returned in the canonical form (context, then one flag per query slot), so the
-    checks read it like any other row: a stale or missing slot changes a count, and is flagged."""
-    first = len(block) - (q - rq.pending)
-    if first < 0:
-        return [], -1, None
-    seen = [{j for j, v in enumerate(block[first + i]) if v} for i in range(rq.drafts + 1)]
-    context = max(len(seen[0]) - 1, 0)
-    diagonal = [int(bool(seen[0]))]
-    diagonal += [int(len(now) == len(before) + 1 and before < now) for before, now in zip(seen, seen[1:])]
-    return _rle([1] * context + diagonal), context, all(diagonal)
+    query slot's own key sits is not known, so the row is read by counts (`_by_counts`): a later
+    slot grows the one before it when it attends all it did and one slot more."""
+    seen = [{j for j, v in enumerate(line) if v} for line in lines]
+    grows = [len(now) == len(before) + 1 and before < now for before, now in zip(seen, seen[1:])]
+    return _by_counts(len(seen[0]), grows)
 
 
-def _counts_row(counts: list[tuple[int, bool]], rq: RowQuery) -> tuple[list[list[int]], int, bool | None]:
-    """A packed call's row (`batchmap.apply`): per query slot, the slots it attends and whether it
-    attends exactly one more than the slot before. Read like `_mask4_slots_row`: the pending slot
-    attends its context and itself, each later slot one slot more (its own)."""
-    first = counts[rq.pending][0]
+def _by_counts(first: int, grows: list[bool]) -> tuple[list[list[int]], int, bool | None]:
+    """A row read by counts: the pending slot attends `first` slots (its context and itself), each
+    later slot grows the one before it (one slot more: its own) or not. Returned in the canonical
+    form (context, then one flag per query slot), so the checks read it like any other row: a stale
+    or missing slot changes a count, and is flagged."""
     context = max(first - 1, 0)
-    diagonal = [int(first > 0)] + [int(counts[rq.pending + i][1]) for i in range(1, rq.drafts + 1)]
+    diagonal = [int(first > 0), *map(int, grows)]
     return _rle([1] * context + diagonal), context, all(diagonal)
 
 

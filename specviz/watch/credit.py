@@ -9,7 +9,7 @@ from typing import Any
 
 from specviz.watch import tree
 from specviz.watch.attribution import Group
-from specviz.watch.calls import RowQuery, argmax_at, row_seq_ids
+from specviz.watch.calls import RowQuery, argmax_at, row_seq_ids, tree_of
 from specviz.watch.record import CallRecord
 
 
@@ -17,20 +17,19 @@ def consistent(tokens: list[int], drafts: list[int], targets: list[int], free_la
     """Tokens read as some drafts, then (optionally) one more: the target's own token at that slot,
     or any token when the argmax is not the engine's choice (`free_last`: a sample, or a choice
     made on processed logits)."""
-    for i, token in enumerate(tokens):
-        if i < len(drafts) and token == drafts[i]:
-            continue
-        return i == len(tokens) - 1 and (free_last or (i < len(targets) and token == targets[i]))
-    return True
+    n = _agree(tokens, drafts)
+    rest = tokens[n:]  # after the drafts they repeat: nothing, or the one token the target chose
+    return rest in ([], targets[n : n + 1]) or free_last and len(rest) == 1
+
+
+def _agree(a: list[int], b: list[int]) -> int:
+    """How many leading items `a` and `b` share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def matched_prefix(drafts: list[int], targets: list[int]) -> int | None:
-    if len(targets) != len(drafts) + 1:
-        return None
-    n = 0
-    while n < len(drafts) and drafts[n] == targets[n]:
-        n += 1
-    return n
+    """The drafts the target agrees with, None unless it chose one token per draft and one more."""
+    return _agree(drafts, targets) if len(targets) == len(drafts) + 1 else None
 
 
 def accepted_and_bonus(tokens: list[int], drafts: list[int], targets: list[int]) -> tuple[int, int | None]:
@@ -41,37 +40,27 @@ def accepted_and_bonus(tokens: list[int], drafts: list[int], targets: list[int])
     the drafts it emitted.
     """
     matched = matched_prefix(drafts, targets)
-    if matched is not None and tokens == (drafts[:matched] + [targets[matched]])[: len(tokens)]:
-        accepted = matched
-    else:
-        accepted = 0
-        while accepted < min(len(tokens), len(drafts)) and tokens[accepted] == drafts[accepted]:
-            accepted += 1
-    bonus = None
-    if len(tokens) == accepted + 1:
-        bonus = tokens[accepted]
-    return accepted, bonus
+    greedy = matched is not None and tokens == (drafts[:matched] + [targets[matched]])[: len(tokens)]
+    accepted = matched if greedy else _agree(tokens, drafts)
+    return accepted, tokens[accepted] if len(tokens) == accepted + 1 else None
 
 
-def assign_rows(
-    call: CallRecord, groups: list[Group], shown: list[RowQuery], finished: set[int], known: set[int]
-) -> dict[int, Group]:
-    """Which row produced each group: its own row if consistent, else the row it is consistent with
-    (each row read as `shown`: with its drafts, wherever they were read from)."""
+def assign_rows(call: CallRecord, groups: list[Group], shown: list[RowQuery], running: set[int]) -> dict[int, Group]:
+    """Which row produced each group: its own row if consistent, else the row of a `running`
+    sequence it is consistent with (each row read as `shown`: with its drafts, wherever they were
+    read from)."""
     rows = row_seq_ids(call)
     free_last = not call.argmax_is_choice
 
     def fits(group: Group, r: int) -> bool:
         drafts, targets = row_tokens(call, r, shown[r])
-        if call.trees and call.trees[r] is not None:  # a path of the row's tree, then its choice there
+        parents = tree_of(call, r)
+        if parents is not None:  # a path of the row's tree, then its choice there
             nodes = [call.input_ids[r][shown[r].pending], *drafts]
-            return tree.consistent(group.tokens, call.trees[r], nodes, targets, free_last)
+            return tree.consistent(group.tokens, parents, nodes, targets, free_last)
         return consistent(group.tokens, drafts, targets, free_last)
 
     taken: dict[int, Group] = {}
-
-    def live() -> list[int]:
-        return [r for r in range(len(rows)) if r not in taken and rows[r] in known and rows[r] not in finished]
 
     def place(group: Group) -> bool:
         own = rows.index(group.seq_id)
@@ -82,55 +71,43 @@ def assign_rows(
 
     # A late group (emitted after a newer call of its sequence: maybe that call's tokens, matched
     # here by its pending token) places after the on-time groups have been read, split included.
-    pending_groups = [g for g in groups if g.late or not place(g)]
-    pending_groups = [g for g in pending_groups if not g.late] + [g for g in pending_groups if g.late]
+    # An on-time group that missed its own row tries it again in vain (still taken, or unfit).
     unfit = []
-    for group in pending_groups:
-        if group.late and place(group):
+    for group in [g for g in groups if not g.late and not place(g)] + [g for g in groups if g.late]:
+        if place(group):
             continue
-        others = [r for r in live() if fits(group, r)]
-        if others:
-            taken[others[0]] = group
-            continue
-        pieces = _split_to_rows(group, live(), rows.index(group.seq_id), fits)
+        free = {r for r in range(len(rows)) if r not in taken and rows[r] in running}
+        pieces = _split_to_rows(group, free, rows.index(group.seq_id), fits)
         if pieces is None:
             unfit.append(group)
-        for row, piece in pieces or []:
-            taken[row] = piece
+            continue
+        pieces[-1][1].finish_reason = group.finish_reason  # the group's ending is its last piece's
+        taken.update(pieces)
     for group in unfit:  # fits no row, whole or split: its own row shows what it got
-        own = rows.index(group.seq_id)
-        if own not in taken:
-            taken[own] = group
+        taken.setdefault(rows.index(group.seq_id), group)
     return taken
 
 
-def _split_to_rows(group: Group, free: list[int], own: int, fits: Any) -> list[tuple[int, Group]] | None:
-    """A sequence that got several emits in one step, fitting no single row: the emits split into
-    consecutive pieces that each fit a distinct free row (its own row preferred), e.g. one row's
-    tokens written to another row's sequence before that row's own. None when no split fits."""
-    if not group.cuts:
-        return None
+def _split_to_rows(group: Group, free: set[int], own: int, fits: Any) -> list[tuple[int, Group]] | None:
+    """The group as consecutive pieces, cut where its emits were appended, that each fit a distinct
+    free row (its own row preferred), the longest pieces first: the whole group in one row, else
+    e.g. one row's tokens written to another row's sequence before that row's own (a sequence that
+    got several emits in one step). None when no split fits; no piece carries the group's ending."""
     bounds = [0, *group.cuts, len(group.tokens)]
 
-    def piece(a: int, b: int) -> Group:
-        return Group(group.seq_id, group.tokens[bounds[a] : bounds[b]], None, group.call, group.at)
-
-    def search(a: int, free_rows: list[int]) -> list[tuple[int, Group]] | None:
+    def search(a: int, free_rows: set[int]) -> list[tuple[int, Group]] | None:
         if a == len(bounds) - 1:
             return []
         for b in range(len(bounds) - 1, a, -1):  # the longest piece first
-            candidate = piece(a, b)
-            for r in sorted(free_rows, key=lambda r: r != own):
+            candidate = Group(group.seq_id, group.tokens[bounds[a] : bounds[b]], None, group.call, group.at)
+            for r in sorted(free_rows, key=lambda r: (r != own, r)):  # its own row first, then in order
                 if fits(candidate, r):
-                    rest = search(b, [x for x in free_rows if x != r])
+                    rest = search(b, free_rows - {r})
                     if rest is not None:
                         return [(r, candidate), *rest]
         return None
 
-    found = search(0, free)
-    if found:
-        found[-1][1].finish_reason = group.finish_reason
-    return found
+    return search(0, free)  # never empty: at least one piece
 
 
 def row_tokens(call: CallRecord, row: int, rq: RowQuery) -> tuple[list[int], list[int]]:

@@ -12,36 +12,36 @@ def endings(
 ) -> tuple[dict[int, list[int]], dict[int, str | None]]:
     """Outputs as emitted (the engine's word), and endings: declared, or an emitted EOS."""
     outputs: dict[int, list[int]] = {seq_id: [] for seq_id in range(len(prompts))}
-    reasons: dict[int, str | None] = {seq_id: None for seq_id in range(len(prompts))}
+    reasons: dict[int, str | None] = dict.fromkeys(outputs)
     for emit in emits:
         outputs[emit.seq_id].extend(emit.tokens)
         reasons[emit.seq_id] = emit.finish_reason or reasons[emit.seq_id]
+    # A step that emitted an EOS ends there; its sequence's ending is read from its outputs below,
+    # which hold every token of its groups.
     for group in groups:
         if group.finish_reason is None and any(t in eos for t in group.tokens):
             group.finish_reason = "eos"
-            reasons[group.seq_id] = reasons[group.seq_id] or "eos"
     for seq_id, tokens in outputs.items():
         if reasons[seq_id] is None and any(t in eos for t in tokens):
             reasons[seq_id] = "eos"
     return outputs, reasons
 
 
-def run_budget(outputs: dict[int, list[int]], reasons: dict[int, str | None]) -> int:
-    """max_new_tokens is not declared: the length at which sequences ended by length, else the longest."""
-    by_length = [len(outputs[s]) for s, reason in reasons.items() if reason == "length"]
-    return max(by_length) if by_length else max((len(o) for o in outputs.values()), default=0)
+def budgets(outputs: dict[int, list[int]], reasons: dict[int, str | None]) -> tuple[dict[int, int], int]:
+    """Each sequence that ended by length with the length it ended at (its own budget), and the
+    run's `max_new_tokens` (never declared): the largest of those, else the longest output."""
+    own = {seq_id: len(outputs[seq_id]) for seq_id, reason in reasons.items() if reason == "length"}
+    return own, max(own.values(), default=max((len(o) for o in outputs.values()), default=0))
 
 
 def close_by_length(
     groups: list[Group], outputs: dict[int, list[int]], reasons: dict[int, str | None], max_new: int
 ) -> None:
-    """A sequence that reached the budget without a declared ending ended by length."""
-    last: dict[int, Group] = {}
-    for group in groups:
-        last[group.seq_id] = group
+    """A sequence that reached the budget without a declared ending ended by length; its last
+    step without an ending of its own ends as the sequence did."""
     for seq_id, tokens in outputs.items():
         if reasons[seq_id] is None and max_new and len(tokens) >= max_new:
             reasons[seq_id] = "length"
-        group = last.get(seq_id)
-        if group is not None and reasons[seq_id] is not None and group.finish_reason is None:
+    for seq_id, group in {g.seq_id: g for g in groups}.items():  # each sequence's last group
+        if group.finish_reason is None:
             group.finish_reason = reasons[seq_id]

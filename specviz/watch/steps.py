@@ -10,10 +10,9 @@ The step structure is inferred from what the models were fed, never from a fixed
   other rows than the target's). Target calls of other rows (re-prefills) do not end the walk;
 - the pending slot is the last attended slot minus d; the slots before it are context (cached or
   re-fed: a cacheless loop re-feeds everything, and is judged on what each call attends);
-- a target call is a verify step when an emission is attributed to it (`attribution`): the latest target call
-  before the `emit` whose row for that sequence fed the sequence's pending token at its pending
-  slot. Matching on the pending token, not on time alone, keeps engines that report tokens one
-  call late (HF `generate` with deferred stop checks) attributed right;
+- a target call is a verify step when an emission is attributed to it (`attribution`): the latest
+  target call before the `emit` whose row fed the sequence's pending token, not the latest alone
+  (HF `generate` with deferred stop checks reports tokens one call late);
 - k is the run's largest d; the row that produced an emission is the sequence's own row when the
   tokens are consistent with its drafts and argmaxes, else the row they are consistent with: so a
   write-back to the wrong sequence shows up as `write_seq != seq_id`, as it happened;
@@ -35,16 +34,16 @@ from specviz.watch.calls import (
     RowQuery,
     attended_ids,
     context_before,
-    declared_drafts,
     draft_free_query,
     fed_positions,
-    is_chunk,
     last_slot,
     mask_row,
     row_seq_ids,
+    segment_of,
+    tree_of,
 )
 from specviz.watch.credit import accepted_and_bonus, assign_rows, row_tokens
-from specviz.watch.endings import close_by_length, endings, run_budget
+from specviz.watch.endings import budgets, close_by_length, endings
 from specviz.watch.headinput import head_source, unfound_note
 from specviz.watch.record import CallRecord
 
@@ -68,12 +67,6 @@ class InferredSteps:
 # ----------------------------------------------------------------------------- steps
 
 
-@dataclass
-class _SeqProgress:
-    committed: list[int]
-    finished: bool = False
-
-
 def build_steps(
     calls: list[CallRecord], groups: list[Group], prompts: list[list[int]], read: CallReader, draft_free: bool = False
 ) -> list[StepRecord]:
@@ -82,39 +75,43 @@ def build_steps(
     by_call: dict[int, list[Group]] = {}
     for group in groups:
         by_call.setdefault(group.call, []).append(group)
-    progress = {seq_id: _SeqProgress(list(ids)) for seq_id, ids in enumerate(prompts)}
+    committed = {seq_id: list(ids) for seq_id, ids in enumerate(prompts)}
+    running = set(committed)  # the sequences not finished yet
     steps: list[StepRecord] = []
     origins: list[tuple[RowRecord, int, int]] = []  # tree rows: (record, call index, row)
     for index in sorted(by_call):
         call = calls[index]
-        finished = {s for s, p in progress.items() if p.finished}
         shown = [read(index, r) for r in range(call.batch_size)]
         if draft_free:  # each row's drafts at its own pending slot, before any row is credited
             for r, seq_id in enumerate(row_seq_ids(call)):
-                if not shown[r].drafts and seq_id in progress and declared_drafts(call, r) is None:
-                    shown[r] = draft_free_query(call, r, progress[seq_id].committed) or shown[r]
-        produced = assign_rows(call, by_call[index], shown, finished, set(progress))
+                if not shown[r].drafts and segment_of(call, r).drafts is None:
+                    tokens = committed.get(seq_id, [])  # a row of no known sequence: nothing to read by
+                    shown[r] = draft_free_query(call, r, tokens) or shown[r]
+        produced = assign_rows(call, by_call[index], shown, running)
         rows, proposals = [], set(_head_calls(calls, index))
         if call.trees:  # a tree's drafts are read from the verify; every draft call since is its proposal
             proposals.update(tree.draft_calls_before(calls, index))
         for r, seq_id in enumerate(row_seq_ids(call)):
-            if r not in produced and (seq_id not in progress or progress[seq_id].finished):
-                continue  # idle: a finished sequence's row the engine still computes
-            if r not in produced and is_chunk(call, r):
-                continue  # a prefill chunk, said so: KV written, no token, no step of its sequence
-            if r not in produced and _prefilling(call, r, progress[seq_id].committed, len(prompts[seq_id])):
-                continue  # a newcomer's prefill riding in another's step (vLLM mixes them in)
-            rq = shown[r]
-            proposals.update(j for j, _ in rq.chain)
-            rows.append(_row_record(calls, index, r, seq_id, rq, produced.get(r), progress))
-            if call.trees and call.trees[r] is not None:
+            # A row that produced nothing and is no step of its sequence: idle (a finished
+            # sequence's row the engine still computes), a prefill chunk said so (KV written, no
+            # token), or a newcomer's prefill riding in another's step (vLLM mixes them in).
+            if r not in produced and (
+                seq_id not in running
+                or segment_of(call, r).chunk
+                or _prefilling(call, r, committed[seq_id], len(prompts[seq_id]))
+            ):
+                continue
+            proposals.update(j for j, _ in shown[r].chain)
+            group = produced.get(r, Group(seq_id, [], None, index, call.started))  # nothing produced
+            rows.append(_row_record(calls, index, r, seq_id, shown[r], group, len(committed[seq_id])))
+            if tree_of(call, r) is not None:
                 origins.append((rows[-1], index, r))
-        for row in rows:
-            target = progress[row.write_seq]
-            target.committed.extend(row.emitted)
-            if row.finish_reason is not None:
-                target.finished = True
-        started = calls[min(proposals)].started if proposals else call.started
+        for i, row in enumerate(rows):
+            row.row = i  # its place among the step's rows
+            committed[row.write_seq].extend(row.emitted)
+            if row.finished:
+                running.discard(row.write_seq)
+        started = calls[min(proposals, default=index)].started  # the first proposal, else the verify
         steps.append(
             StepRecord(
                 step=len(steps),
@@ -126,7 +123,7 @@ def build_steps(
                 verify_ms=round((call.ended - call.started) * 1000, 4),
                 align_ms=0.0,
                 total_ms=round((call.ended - started) * 1000, 4),
-                rows=[_renumber(row, i) for i, row in enumerate(rows)],
+                rows=rows,
             )
         )
     _fill_left_pad_after(steps)
@@ -161,47 +158,23 @@ def _prefilling(call: CallRecord, row: int, committed: list[int], prompt_len: in
 
 def _head_calls(calls: list[CallRecord], index: int) -> list[int]:
     """A draft head's calls since the target call before this one: the step's proposals (timed)."""
-    found = []
-    for j in range(index - 1, -1, -1):
-        if calls[j].role == "target":
-            break
-        if calls[j].drafter:
-            found.append(j)
-    return found
-
-
-def _renumber(row: RowRecord, index: int) -> RowRecord:
-    row.row = index
-    return row
+    return [j for j in tree.draft_calls_before(calls, index) if calls[j].drafter]
 
 
 def _row_record(
-    calls: list[CallRecord],
-    index: int,
-    r: int,
-    seq_id: int,
-    rq: RowQuery,
-    group: Group | None,
-    progress: dict[int, _SeqProgress],
+    calls: list[CallRecord], index: int, r: int, seq_id: int, rq: RowQuery, group: Group, committed: int
 ) -> RowRecord:
+    """Row `r` (sequence `seq_id`) of target call `index` read as `rq`, credited with `group` (what
+    it produced: no tokens where it produced nothing), its sequence holding `committed` tokens."""
     call = calls[index]
-    committed = len(progress[seq_id].committed)
     drafts, targets = row_tokens(call, r, rq)
-    tokens = group.tokens if group is not None else []
-    accepted, bonus = accepted_and_bonus(tokens, drafts, targets)
+    accepted, bonus = accepted_and_bonus(group.tokens, drafts, targets)
     runs, context, causal = mask_row(call, r, rq)
     cache_len = call.cache_of(r) + rq.pending
     lead = runs[0][1] if runs and runs[0][0] == 0 else 0
-    draft_positions = draft_context = None
-    if rq.chain:
-        draft_positions = fed_positions(calls, rq.chain)
-        draft_context = [context_before(calls[j], dr, last_slot(calls[j], dr)) for j, dr in rq.chain]
-        if min(draft_context) < 0:
-            draft_context = None  # a mask the hooks could not read
-    reason = group.finish_reason if group is not None else None
     shape: dict[str, Any] = {}
-    if call.trees and call.trees[r] is not None:  # a tree row (schema 3): its own path and mask reading
-        shape = tree.tree_fields(call, r, rq, tokens, targets)
+    if tree_of(call, r) is not None:  # a tree row (schema 3): its own path and mask reading
+        shape = tree.tree_fields(call, r, rq, group.tokens, targets)
         accepted, bonus = shape.pop("accepted"), shape.pop("bonus")
         read = tree.mask_row(call, r, rq)
         if read is not None:
@@ -218,22 +191,31 @@ def _row_record(
         target_tokens=targets,
         accepted=accepted,
         bonus=bonus,
-        emitted=list(tokens),
-        write_seq=group.seq_id if group is not None else seq_id,
+        emitted=list(group.tokens),
+        write_seq=group.seq_id,
         position_ids=list(call.positions[r][rq.pending : rq.pending + rq.drafts + 1]),
         mask_rle=runs,
         kv_len=max(context, 0),
         kv_len_expected=committed - 1,
-        draft_kv_len=draft_context[0] if draft_context else None,
-        draft_kv_len_expected=committed - 1 if draft_context else None,
-        finished=reason is not None,
-        finish_reason=reason,
+        finished=group.finish_reason is not None,
+        finish_reason=group.finish_reason,
         query_causal=causal,
-        draft_position_ids=draft_positions,
-        draft_kv_lens=draft_context,
         head_source=head_source(calls, index, _head_calls(calls, index), r, drafts, seq_id, committed),
+        **_draft_fields(calls, rq.chain, committed),
         **shape,
     )
+
+
+def _draft_fields(calls: list[CallRecord], chain: tuple[tuple[int, int], ...], committed: int) -> dict[str, Any]:
+    """What the row's draft calls fed (None without a chain) and the context each attended (None
+    also where a mask could not be read), with the context a correct draft attends."""
+    fields = dict.fromkeys(("draft_position_ids", "draft_kv_lens", "draft_kv_len", "draft_kv_len_expected"))
+    contexts = [context_before(calls[j], dr, last_slot(calls[j], dr)) for j, dr in chain]
+    if chain:
+        fields["draft_position_ids"] = fed_positions(calls, chain)
+    if min(contexts, default=-1) >= 0:  # a chain, every mask of it read
+        fields.update(draft_kv_lens=contexts, draft_kv_len=contexts[0], draft_kv_len_expected=committed - 1)
+    return fields
 
 
 def _fill_left_pad_after(steps: list[StepRecord]) -> None:
@@ -260,17 +242,16 @@ def infer_steps(
         call.materialize()
         call.argmax_is_choice = argmax_is_choice
     notes: list[str] = []
-    cut = first_unreadable(calls, emits)
-    read_calls = calls if cut is None else calls[: cut[0]]
-    read_emits = emits if cut is None else [e for e in emits if e.after <= cut[0]]
+    end, why = first_unreadable(calls, emits) or (len(calls), None)
+    read_calls = calls[:end]
+    read_emits = emits if why is None else [e for e in emits if e.after <= end]
     read = CallReader(read_calls)
     draft_free = not any(c.role == "draft" and not c.drafter for c in calls)
     groups = attribute(read_calls, read_emits, prompts, read, notes, draft_free)
     outputs, reasons = endings(groups, emits, prompts, eos)
-    max_new = run_budget(outputs, reasons)
-    budgets = {s: len(outputs[s]) for s, reason in reasons.items() if reason == "length"}
+    own_budgets, max_new = budgets(outputs, reasons)
     # Unread from the cut on: an ending declared after it is not the ending of the last step read.
-    ended_unread = {e.seq_id for e in emits[len(read_emits) :]} if cut is not None else set()
+    ended_unread = {e.seq_id for e in emits[len(read_emits) :]}
     close_by_length([g for g in groups if g.seq_id not in ended_unread], outputs, reasons, max_new)
     steps = build_steps(read_calls, groups, prompts, read, draft_free=draft_free)
     if any(c.drafter for c in read_calls):
@@ -286,8 +267,8 @@ def infer_steps(
         notes=notes,
         first_call_at=min((c.started for c in calls), default=None),
         last_event_at=max(events, default=None),
-        unreadable=None if cut is None else (len(steps), cut[1]),
-        budgets=budgets,
+        unreadable=None if why is None else (len(steps), why),
+        budgets=own_budgets,
     )
 
 
@@ -295,12 +276,8 @@ def first_unreadable(calls: list[CallRecord], emits: list[Emit]) -> tuple[int, s
     """(index, why) of the first target call that no producer could map and that an emission
     follows (the call a step would be read from); None when every such call was read."""
     targets = [i for i, c in enumerate(calls) if c.role == "target"]
-    found = None
-    for emit in emits:
-        before = targets[: bisect_left(targets, emit.after)]
-        if before and calls[before[-1]].unreadable is not None:
-            j = before[-1]
-            found = j if found is None else min(found, j)
+    stepped = {bisect_left(targets, emit.after) - 1 for emit in emits}  # each emit's last target call
+    found = min((targets[t] for t in stepped if t >= 0 and calls[targets[t]].unreadable is not None), default=None)
     if found is None:
         return None
     return found, f"target call {found}: {calls[found].unreadable}"
