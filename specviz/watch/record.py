@@ -151,6 +151,12 @@ class CallRecord:
             if isinstance(value, torch.Tensor):
                 setattr(self, name, value.tolist())
 
+    def mark_unreadable(self, why: str) -> None:
+        """Say why no step can be read from this call on: the first reason stands (what the map's
+        producer said, else the earliest later reading that could not go on)."""
+        if self.unreadable is None:
+            self.unreadable = why
+
     def cache_of(self, row: int) -> int:
         """Slots in the row's cache before the call (a packed call's rows each have their own)."""
         return self.contexts[row] if self.contexts is not None else self.cache_width

@@ -79,7 +79,7 @@ def _declared_trees(call: Any) -> None:
     for r, parents in enumerate(trees):
         live = _live_run(call, r)
         if parents is not None and len(parents) > live:
-            call.unreadable = f"row {r} declares a tree of {len(parents)} nodes; its query holds {live} tokens"
+            call.mark_unreadable(f"row {r} declares a tree of {len(parents)} nodes; its query holds {live} tokens")
             return
     call.trees, call.tree_source = trees, "declared"
 
@@ -100,7 +100,7 @@ def _mask_trees(call: Any) -> None:
         if parents is None or not _refed_root(call, r, parents):
             continue
         if call.segments is None or branching(parents):
-            call.unreadable = (
+            call.mark_unreadable(
                 f"row {r} verifies a tree after tokens it re-feeds (no cache): which one is its pending "
                 "token the mask does not say; declare the trees with w.batch(..., parents=...)"
             )
