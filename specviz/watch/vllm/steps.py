@@ -54,10 +54,8 @@ class Request:
     def reads(self, table: list[int], length: int, block_size: int) -> list[int]:
         """The slots of logical indices 0..length-1 under `table`, from the last ones read where the
         table extends theirs (block tables only grow while a request lives)."""
-        if table[: len(self.table)] != self.table:
-            self.slots = []
-        if length > len(self.slots):
-            self.slots = block_slots(table, length, block_size, self.slots)
+        known = self.slots if table[: len(self.table)] == self.table else []
+        self.slots = block_slots(table, max(length, len(known)), block_size, known)
         self.table = table
         return self.slots[:length]
 
@@ -305,11 +303,10 @@ def _draft_calls(
             if len(positions) == len(hashes) - n:  # its last draft's call is judged
                 continue
             j = req_ids.index(req_id)
-            fed = zip(call["positions"][qsl[j] : qsl[j + 1]], call["slot_mapping"][qsl[j] : qsl[j + 1]])
-            real = [p for p, slot in fed if slot >= 0]
+            fed = list(zip(call["positions"][qsl[j] : qsl[j + 1]], call["slot_mapping"][qsl[j] : qsl[j + 1]]))
             want = n - 1 + len(positions)
             reads = by_id[req_id].reads(call["block_table"][j], want, bs)
-            positions.append(real[-1] if real else -1)
+            positions.append(next((p for p, slot in reversed(fed) if slot >= 0), -1))  # its last real token's
             attended.append(want - len(ledger.bad(req_id, reads[:want], hashes[:want], stable=n - 1)))
     return {
         req_id: {

@@ -105,8 +105,6 @@ def _header(assembly: Assembly, name: str, greedy: bool, complete: bool, target:
         UNREADABLE: assembly.unreadable,
     }
     options = {REQUESTS: {str(r.seq): r.req_id for r in assembly.requests}, **{k: v for k, v in said.items() if v}}
-    versions = library_versions()
-    versions["vllm"] = engine.get("vllm", "?")
     return Header(
         schema_version=SCHEMA_VERSION,
         method="baseline" if assembly.k == 0 else "speculative",
@@ -121,7 +119,7 @@ def _header(assembly: Assembly, name: str, greedy: bool, complete: bool, target:
         pad_token_id=None,
         seed=0,
         created_at=now_iso(),
-        library_versions=versions,
+        library_versions={**library_versions(), "vllm": engine.get("vllm", "?")},
         engine=name,
         options=options,
         complete=complete,
