@@ -1,23 +1,11 @@
 """What vLLM's model runner declares each step, copied out as plain records (runs inside vLLM).
 
-The runner is wrapped at run time, never edited: `install()` replaces four methods of vLLM's
-`GPUModelRunner` (which `CPUModelRunner` extends) and one of its speculative proposer with thin
-wrappers that call the original and copy what it built or was fed:
-
-- `execute_model`: one runner step; a step is one that schedules tokens (dummy and profile runs
-  never enter it), the first is step 0. Reads the scheduler's output (new requests with their
-  prompts and sampling parameters, finished ids, tokens scheduled per request) and the batch order
-  `input_batch.req_ids` after the runner's own reordering;
-- `_prepare_inputs`: the logits indices and the `SpecDecodeMetadata` (drafts per request);
-- `_model_forward`: what the target was fed (input ids, positions) and the attention metadata in
-  force (query_start_loc, seq_lens, block table, slot_mapping), read from vLLM's forward context;
-- `_sample`: the target's argmax at each logits row, and the sampled tokens per request (the
-  rejection sampler's [B, max_spec_len + 1], rejected places -1);
-- the drafter's model forwards during `propose` (a pre-hook): each draft call's input, positions
-  and metadata, which the next step's drafts come from.
-
-Each step becomes one JSON line in `<dir>/engine-<pid>.jsonl`, flushed as it is written, so the
-process that reads them (the watch) may be another one (`VLLM_ENABLE_V1_MULTIPROCESSING=1`).
+`install()` wraps, at run time, five methods of vLLM's `GPUModelRunner` (which `CPUModelRunner`
+extends) and its speculative proposer's `propose`; each wrapper calls the original and copies what
+it built or was fed (docs/vllm.md section 3 lists what is read where). A step is one
+`execute_model` that schedules tokens (dummy and profile runs never enter it); the first is step 0.
+Each becomes one JSON line in `<dir>/engine-<pid>.jsonl`, flushed as it is written, so the process
+that reads them (the watch) may be another one (`VLLM_ENABLE_V1_MULTIPROCESSING=1`).
 """
 
 from __future__ import annotations
@@ -25,18 +13,22 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 FORMAT = 1  # of a record line; the reader refuses other versions
+# A request without sampling parameters (a pooling request): no budget, no stop token, greedy.
+_NO_PARAMS = SimpleNamespace(max_tokens=None, all_stop_token_ids=(), ignore_eos=False, min_tokens=0, temperature=0.0)
+_NO_SPEC = SimpleNamespace(method=None, num_speculative_tokens=0, draft_model_config=None)  # no speculation
 
 
 class StepTap:
     """The records of one runner process: the step being built, and the file it goes to."""
 
-    def __init__(self, folder: Path) -> None:
-        self.path = folder / f"engine-{os.getpid()}.jsonl"
+    def __init__(self, path: Path) -> None:
+        self.path = path
         self.file = self.path.open("a", encoding="utf-8")
         self.count = 0  # runner steps that scheduled tokens
         self.step: dict[str, Any] | None = None  # the step between execute_model and sample_tokens
@@ -46,8 +38,14 @@ class StepTap:
         self.file.write(json.dumps(record, separators=(",", ":")) + "\n")
         self.file.flush()
 
+    def close(self) -> None:
+        self.file.close()
 
-_TAP: StepTap | None = None
+
+# Not recording (nothing installed here, or uninstalled while a wrapper or the draft hook is still
+# reachable): no step is ever built, so every wrapper passes straight through.
+_IDLE = SimpleNamespace(path=None, step=None, drafting=None, close=lambda: None)
+_TAP: StepTap | SimpleNamespace = _IDLE
 _ORIGINALS: dict[tuple[type, str], Any] = {}
 
 
@@ -57,8 +55,9 @@ def install(folder: str | os.PathLike[str]) -> None:
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    if _TAP is None or _TAP.path.parent != Path(folder) or _TAP.path.name != f"engine-{os.getpid()}.jsonl":
-        _TAP = StepTap(Path(folder))
+    path = Path(folder) / f"engine-{os.getpid()}.jsonl"
+    if _TAP.path != path:  # a new folder, or a process forked from a recording one
+        _TAP = StepTap(path)
     _wrap(GPUModelRunner, "execute_model", _execute_model)
     _wrap(GPUModelRunner, "_prepare_inputs", _prepare_inputs)
     _wrap(GPUModelRunner, "_model_forward", _model_forward)
@@ -73,9 +72,8 @@ def uninstall() -> None:
     for (cls, name), original in _ORIGINALS.items():
         setattr(cls, name, original)
     _ORIGINALS.clear()
-    if _TAP is not None:
-        _TAP.file.close()
-        _TAP = None
+    _TAP.close()
+    _TAP = _IDLE
 
 
 def _wrap(cls: type, name: str, wrapper: Any) -> None:
@@ -94,16 +92,16 @@ def _wrap(cls: type, name: str, wrapper: Any) -> None:
 
 def _ints(t: Any) -> list[int]:
     """A tensor or array, flattened to Python ints (a copy: the runner reuses its buffers)."""
-    if isinstance(t, torch.Tensor):  # on the CPU backend already; .tolist() copies
-        return (t if t.device.type == "cpu" else t.cpu()).reshape(-1).tolist()
+    if isinstance(t, torch.Tensor):  # .cpu() is the tensor itself on the CPU backend; .tolist() copies
+        return t.cpu().reshape(-1).tolist()
     return [int(v) for v in t]
 
 
 def _execute_model(original: Any, runner: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
     tap = _TAP
-    if tap is None or not scheduler_output.total_num_scheduled_tokens:
+    if tap is _IDLE or not scheduler_output.total_num_scheduled_tokens:
         return original(runner, scheduler_output, *args, **kwargs)
-    tap.step = {
+    tap.step = step = {
         "format": FORMAT,
         "step": tap.count,
         "new": [_new_request(r) for r in scheduler_output.scheduled_new_reqs],
@@ -113,13 +111,12 @@ def _execute_model(original: Any, runner: Any, scheduler_output: Any, *args: Any
         "kv_groups": len(runner.kv_cache_config.kv_cache_groups),
     }
     if tap.count == 0:
-        tap.step["engine"] = _engine(runner)
+        step["engine"] = _engine(runner)
     tap.count += 1
     try:
         return original(runner, scheduler_output, *args, **kwargs)
     finally:
-        step = tap.step
-        if step is not None and "req_ids" in step:
+        if "req_ids" in step:  # _prepare_inputs ran
             step["scheduled"] = [int(scheduler_output.num_scheduled_tokens[r]) for r in step["req_ids"]]
 
 
@@ -127,15 +124,15 @@ def _engine(runner: Any) -> dict[str, Any]:
     """The models and the speculative method, once per process."""
     import vllm
 
-    spec = runner.speculative_config
-    draft = getattr(spec, "draft_model_config", None) if spec is not None else None
+    spec = runner.speculative_config or _NO_SPEC
+    draft = spec.draft_model_config  # a head's or the target's for other methods than draft_model
     return {
         "vllm": vllm.__version__,
         "model": str(runner.model_config.model),
         "dtype": str(runner.model_config.dtype).replace("torch.", ""),
         "device": str(runner.device),
-        "method": spec.method if spec is not None else None,
-        "k": int(spec.num_speculative_tokens) if spec is not None else 0,
+        "method": spec.method,
+        "k": int(spec.num_speculative_tokens),
         "draft_model": str(draft.model) if draft is not None and spec.method == "draft_model" else None,
         "async_scheduling": bool(runner.scheduler_config.async_scheduling),
     }
@@ -143,21 +140,21 @@ def _engine(runner: Any) -> dict[str, Any]:
 
 def _new_request(req: Any) -> dict[str, Any]:
     """A request as the scheduler first hands it over: its prompt and what ends it."""
-    params = req.sampling_params
+    params = req.sampling_params or _NO_PARAMS
     return {
         "req_id": req.req_id,
         "prompt": list(req.prompt_token_ids or []),
-        "max_tokens": params.max_tokens if params is not None else None,
-        "stop_ids": sorted(params.all_stop_token_ids) if params is not None else [],
-        "ignore_eos": bool(params.ignore_eos) if params is not None else False,
-        "min_tokens": int(params.min_tokens) if params is not None else 0,
-        "temperature": float(params.temperature) if params is not None else 0.0,
+        "max_tokens": params.max_tokens,
+        "stop_ids": sorted(params.all_stop_token_ids),
+        "ignore_eos": bool(params.ignore_eos),
+        "min_tokens": int(params.min_tokens),
+        "temperature": float(params.temperature),
     }
 
 
 def _prepare_inputs(original: Any, runner: Any, *args: Any, **kwargs: Any) -> Any:
     out = original(runner, *args, **kwargs)
-    step = _TAP.step if _TAP is not None else None
+    step = _TAP.step
     if step is not None:
         logits_indices, spec, _ = out
         step["req_ids"] = list(runner.input_batch.req_ids)
@@ -200,27 +197,38 @@ def _forward_metadata() -> dict[str, Any]:
 
 
 def _block_size() -> int:
-    step = _TAP.step if _TAP is not None else None
+    # During sample_tokens (the draft calls) no step is being built: their tables are cut at 16-token
+    # blocks, which keeps at least the blocks they span for any block size >= 16 (the CPU default is 128).
+    step = _TAP.step
     return int(step["block_size"]) if step is not None else 16
 
 
+def _fed(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What a forward (the target's or a draft call) was fed, its real tokens only, and its metadata."""
+    metadata = _forward_metadata()
+    count = int(metadata["query_start_loc"][-1]) if "query_start_loc" in metadata else None
+    return {
+        "input_ids": _head(kwargs.get("input_ids"), count),
+        "positions": _head(kwargs.get("positions"), count),
+        **metadata,
+    }
+
+
+def _head(t: Any, count: int | None) -> list[int] | None:
+    """The first `count` values of a forward's input (None: not given, e.g. embeddings fed instead)."""
+    return None if t is None else _ints(t[:count])
+
+
 def _model_forward(original: Any, runner: Any, *args: Any, **kwargs: Any) -> Any:
-    step = _TAP.step if _TAP is not None else None
-    if step is not None and "fed" not in step:
-        metadata = _forward_metadata()
-        count = int(metadata["query_start_loc"][-1]) if "query_start_loc" in metadata else None
-        input_ids, positions = kwargs.get("input_ids"), kwargs.get("positions")
-        step["fed"] = {
-            "input_ids": _ints(input_ids[:count]) if input_ids is not None else None,
-            "positions": _ints(positions[:count]) if positions is not None else None,
-            **metadata,
-        }
+    step = _TAP.step
+    if step is not None and "fed" not in step:  # the target's first forward of the step
+        step["fed"] = _fed(kwargs)
     return original(runner, *args, **kwargs)
 
 
 def _sample(original: Any, runner: Any, logits: Any, spec: Any, *args: Any, **kwargs: Any) -> Any:
     out = original(runner, logits, spec, *args, **kwargs)
-    step = _TAP.drafting if _TAP is not None else None
+    step = _TAP.drafting
     if step is not None and logits is not None:
         step["argmax"] = _ints(logits.argmax(dim=-1))  # [logits rows]: the target's choice at each
         step["sampled"] = out.sampled_token_ids.detach().to("cpu").tolist()  # [B, max_spec_len + 1]
@@ -229,11 +237,11 @@ def _sample(original: Any, runner: Any, logits: Any, spec: Any, *args: Any, **kw
 
 def _sample_tokens(original: Any, runner: Any, *args: Any, **kwargs: Any) -> Any:
     tap = _TAP
-    if tap is None or tap.step is None:
+    step = tap.step
+    if step is None:
         return original(runner, *args, **kwargs)
-    step, tap.step = tap.step, None
+    tap.step, tap.drafting = None, step
     step["draft_calls"] = []
-    tap.drafting = step
     try:
         return original(runner, *args, **kwargs)
     finally:
@@ -242,25 +250,15 @@ def _sample_tokens(original: Any, runner: Any, *args: Any, **kwargs: Any) -> Any
 
 
 def _propose(original: Any, proposer: Any, *args: Any, **kwargs: Any) -> Any:
-    tap = _TAP
     model = getattr(proposer, "model", None)
-    if tap is not None and isinstance(model, torch.nn.Module) and not getattr(model, "_specviz_hooked", False):
+    # Hooked once; the hook records only while a step is sampling, so it may outlive the watch.
+    if isinstance(model, torch.nn.Module) and not getattr(model, "_specviz_hooked", False):
         model.register_forward_pre_hook(_draft_call, with_kwargs=True)
         model._specviz_hooked = True
     return original(proposer, *args, **kwargs)
 
 
 def _draft_call(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    step = _TAP.drafting if _TAP is not None else None
-    if step is None:
-        return
-    metadata = _forward_metadata()
-    count = int(metadata["query_start_loc"][-1]) if "query_start_loc" in metadata else None
-    input_ids, positions = kwargs.get("input_ids"), kwargs.get("positions")
-    step["draft_calls"].append(
-        {
-            "input_ids": _ints(input_ids[:count]) if input_ids is not None else None,
-            "positions": _ints(positions[:count]) if positions is not None else None,
-            **metadata,
-        }
-    )
+    step = _TAP.drafting
+    if step is not None:
+        step["draft_calls"].append(_fed(kwargs))

@@ -44,7 +44,7 @@ def finish(folder: Path | None, out: Path, name: str, reference: bool, complete:
             from specviz.watch.vllm import capture
 
             capture.uninstall()
-        trace = build_trace(records, name, reference=reference and complete, complete=complete)
+        trace = build_trace(records, name, reference=reference, complete=complete)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     from specviz.trace.io import save_trace

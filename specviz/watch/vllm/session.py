@@ -57,7 +57,7 @@ class VllmWatch:
             os.environ[ENV] = self._saved_env
         try:
             records = read_records(self._folder)
-            self.trace = build_trace(records, self.name, reference=self.reference and complete, complete=complete)
+            self.trace = build_trace(records, self.name, reference=self.reference, complete=complete)
         finally:
             shutil.rmtree(self._folder, ignore_errors=True)
         if self.out is not None:

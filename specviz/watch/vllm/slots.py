@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import groupby
+from operator import itemgetter
 
 Entry = tuple[int, int]  # (position fed, prefix hash of the tokens up to the one written)
 ROOT = 0  # the prefix hash before the first token
@@ -35,12 +37,11 @@ def prefixes(tokens: Sequence[int], start: int = ROOT) -> list[int]:
     return out
 
 
-def block_slots(block_table: Sequence[int], length: int, block_size: int, known: list[int] | None = None) -> list[int]:
+def block_slots(block_table: Sequence[int], length: int, block_size: int, known: Sequence[int] = ()) -> list[int]:
     """The physical slots of logical indices 0..length-1 (the reads of a request of that length).
-    `known`: the slots computed last time for the same table, extended rather than recomputed."""
-    start = len(known) if known is not None and len(known) <= length else 0
-    head = known[:start] if start else []
-    return head + [block_table[j // block_size] * block_size + j % block_size for j in range(start, length)]
+    `known`: slots computed before under the same table (its leading blocks), kept rather than recomputed."""
+    start = min(len(known), length)
+    return [*known[:start], *(block_table[j // block_size] * block_size + j % block_size for j in range(start, length))]
 
 
 @dataclass
@@ -87,25 +88,17 @@ class SlotLedger:
         last check: slots written since, and indices past what it had judged; its first `stable`
         hashes (committed tokens) are kept for next time, the rest (drafts) judged afresh."""
         m = min(len(reads), len(hashes))
-        last = self._checked.get(reader)
-        keep = 0
-        if last is not None and reads[: len(last.reads)] == last.reads and hashes[: len(last.hashes)] == last.hashes:
-            keep = len(last.reads)
-        if keep:
-            bad = {j for j in last.bad if j < keep}
-            for slot in set(self.log[last.logged :]):
-                j = last.index.get(slot)
-                if j is not None:
-                    bad.discard(j)
-                    if self.held.get(slot) != (j, hashes[j]):
-                        bad.add(j)
-            index = last.index
-        else:
-            bad, index = set(), {}
-        for j in range(keep, m):
-            if self.held.get(reads[j]) != (j, hashes[j]):
-                bad.add(j)
+        fresh = _Checked(len(self.log), [], [], {}, set())  # a reader never judged: nothing to keep
+        last = self._checked.get(reader, fresh)
+        if reads[: len(last.reads)] != last.reads or hashes[: len(last.hashes)] != last.hashes:
+            last = fresh  # what it reads changed: nothing judged before still stands
+        keep = len(last.reads)
+        # Judged again: the kept indices whose slot was written since, and every index past them.
+        changed = {last.index[slot] for slot in set(self.log[last.logged :]) if slot in last.index}
+        judged = [*changed, *range(keep, m)]
+        bad = (last.bad - changed) | {j for j in judged if self.held.get(reads[j]) != (j, hashes[j])}
         stable = min(stable, m)
+        index = last.index
         for j in range(keep, stable):
             index[reads[j]] = j
         self._checked[reader] = _Checked(
@@ -115,24 +108,13 @@ class SlotLedger:
 
 
 def runs(length: int, bad: Sequence[int]) -> list[list[int]]:
-    """Run-length code of `length` flags, all 1 but the sorted indices `bad`: [[value, count], ...]."""
-    out: list[list[int]] = []
-    at = 0
+    """Run-length code of `length` flags, all 1 but the indices `bad`: [[value, count], ...]."""
+    flags = [1] * length
     for j in bad:
-        if j > at:
-            out.append([1, j - at])
-        if out and out[-1][0] == 0:
-            out[-1][1] += 1
-        else:
-            out.append([0, 1])
-        at = j + 1
-    if length > at:
-        out.append([1, length - at])
-    return out
+        flags[j] = 0
+    return [[value, len(list(group))] for value, group in groupby(flags)]
 
 
 def join_runs(first: list[list[int]], second: list[list[int]]) -> list[list[int]]:
-    """Two run-length codes, one after the other."""
-    if first and second and first[-1][0] == second[0][0]:
-        return first[:-1] + [[first[-1][0], first[-1][1] + second[0][1]]] + second[1:]
-    return first + second
+    """Two run-length codes, one after the other (equal values meeting at the join make one run)."""
+    return [[value, sum(c for _, c in group)] for value, group in groupby(first + second, key=itemgetter(0))]

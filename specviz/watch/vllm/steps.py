@@ -1,24 +1,19 @@
-"""Runner records -> one `BatchMap` and one trace step per runner step, from what vLLM declared.
+"""Runner records -> one `BatchMap` and one trace step per runner step, from what vLLM declared
+(docs/vllm.md section 3 lists each field's source).
 
 A runner step verifies the drafts proposed at the end of the step before, then proposes the next
 ones; a trace step (specviz's) is the draft that proposed a row's drafts plus the verify of them.
 So the draft calls a record carries are the next step's rows' drafting (`draft_position_ids`,
-`draft_kv_lens`), and step 0, the prefill, has no drafts. Per request of a step:
-
-- its `Segment`: query tokens `query_start_loc[i]:[i+1]`, positions and input ids as fed, `writes`
-  = slot_mapping, `reads` = its block table's slots up to `seq_lens[i]`, drafts from the
-  `SpecDecodeMetadata`; a prefill segment that ends short of its prompt is a `chunk` (no row);
-- its row: committed before = seq_len - drafts (declared), the pending token and query positions
-  as fed, the target's argmax at its logits rows, accepted = sampled tokens - 1 (the rejection
-  sampler's count), emitted = the sampled tokens cut where the request ends (max_tokens, a stop
-  token), the mask = which attended slots hold the request's committed tokens (`slots.SlotLedger`)
-  then whether each query token's KV went to its own slot.
-Nothing is taken from the history of token chains: every number is a field vLLM filled in.
+`draft_kv_lens`), and step 0, the prefill, has no drafts. A prefill segment that ends short of its
+prompt is a `chunk` and has no row. Nothing is taken from the history of token chains: every number
+is a field vLLM filled in; the mask says which attended slots hold the request's own committed
+tokens (`slots.SlotLedger`), then whether each query token's KV went to its own slot.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 from specviz.trace.schema import RowRecord, StepRecord
@@ -40,99 +35,113 @@ class Request:
     finish_reason: str | None = None
     hashes: list[int] = field(default_factory=list)  # the prefix hash after each committed token
     table: list[int] = field(default_factory=list)  # its block table when last read
-    slots: list[int] = field(default_factory=list)  # the slots of that table, up to its last seq_len
+    slots: list[int] = field(default_factory=list)  # the slots of that table, as far as they were read
 
     def __post_init__(self) -> None:
         self.hashes = prefixes(self.prompt)
 
     @property
-    def tokens(self) -> list[int]:
-        return self.prompt + self.output
+    def budget(self) -> int:
+        """Its max_tokens, or what it emitted where it has none (a request ended by length holds exactly
+        max_tokens)."""
+        return self.max_tokens or len(self.output)
 
     def commit(self, tokens: list[int], reason: str | None) -> None:
-        self.hashes += prefixes(tokens, self.hashes[-1] if self.hashes else ROOT)
+        self.hashes += prefixes(tokens, base(self.hashes, len(self.hashes)))
         self.output += tokens
         self.finish_reason = reason
 
-    def base(self, index: int, hashes: list[int] | None = None) -> int | None:
-        """The prefix hash before logical index `index` (None: beyond what is known)."""
-        hashes = self.hashes if hashes is None else hashes
-        if index == 0:
-            return ROOT
-        return hashes[index - 1] if 0 < index <= len(hashes) else None
-
     def reads(self, table: list[int], length: int, block_size: int) -> list[int]:
         """The slots of logical indices 0..length-1 under `table`, from the last ones read where the
-        table is theirs (block tables only grow while a request lives)."""
-        if table == self.table and length <= len(self.slots):
-            return self.slots[:length]
-        same = table[: len(self.table)] == self.table
-        self.slots = block_slots(table, length, block_size, self.slots if same else None)
+        table extends theirs (block tables only grow while a request lives)."""
+        known = self.slots if table[: len(self.table)] == self.table else []
+        self.slots = block_slots(table, max(length, len(known)), block_size, known)
         self.table = table
-        return self.slots
+        return self.slots[:length]
 
     def cut(self, sampled: list[int]) -> tuple[list[int], str | None]:
         """What the request keeps of `sampled`: up to its budget, through its first stop token."""
-        kept: list[int] = []
-        for token in sampled:
-            if self.max_tokens is not None and len(self.output) + len(kept) >= self.max_tokens:
-                return kept, "length"
-            kept.append(token)
+        # No max_tokens: room past what was sampled, never filled.
+        room = len(sampled) + 1 if self.max_tokens is None else max(self.max_tokens - len(self.output), 0)
+        for j, token in enumerate(sampled[:room]):
             if token in self.stop_ids:
-                return kept, "eos"
-        if self.max_tokens is not None and len(self.output) + len(kept) >= self.max_tokens:
-            return kept, "length"
-        return kept, None
+                return sampled[: j + 1], "eos"
+        kept = sampled[:room]
+        return kept, "length" if len(kept) == room else None
+
+
+def base(hashes: list[int], index: int) -> int | None:
+    """The prefix hash before logical index `index` of a request with these prefix hashes (None: beyond
+    what is known)."""
+    return hashes[index - 1] if 0 < index <= len(hashes) else (ROOT if index == 0 else None)
+
+
+@dataclass
+class Pending:
+    """A request's row in a step, before the step's draft calls are judged: what was fed and read."""
+
+    request: Request
+    tokens: list[int]  # its query tokens as fed, then their positions and slots
+    positions: list[int]
+    writes: list[int]
+    reads: list[int]
+    drafts: list[int]  # under verification, as the SpecDecodeMetadata holds them
+    choices: list[int]  # the target's argmax at its logits rows: its draft places, then the bonus place
+    sampled: list[int]  # the rejection sampler's tokens, rejected places -1
+
+    @property
+    def committed(self) -> int:  # before the step, as vLLM declares it: its seq_len less its drafts
+        return len(self.reads) - len(self.drafts)
 
 
 @dataclass
 class Assembly:
     """What the records say: requests in run order, a map and a trace step per runner step."""
 
+    engine: dict[str, Any] = field(default_factory=dict)  # the models and the method, from the first step
     requests: list[Request] = field(default_factory=list)
     maps: list[BatchMap] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
     k: int = 0  # the most drafts any request was given
     notes: list[str] = field(default_factory=list)
-    unreadable: tuple[int, str] | None = None  # (step, why) from where the metadata stops saying
+    unreadable: dict[str, Any] = field(default_factory=dict)  # {step, why} where the metadata first stops saying
 
 
 # Proposers whose draft calls follow specviz's convention (call j feeds token n - 1 + j at that
 # position). EAGLE-style heads feed token p + 1 with the target's hidden state p at position p:
 # their draft calls are not judged (the rows record no draft positions or draft slots).
 TOKEN_DRAFTERS = ("draft_model",)
+NOT_HEADS = (None, "ngram", *TOKEN_DRAFTERS)  # no speculation, n-gram lookup, a draft model
 
 
 def assemble(records: list[dict[str, Any]], maps: bool = False) -> Assembly:
     """Replay the records in step order into trace steps, and into one `BatchMap` per runner step
     where `maps` (the trace needs none; building them costs a validation per slot)."""
-    out = Assembly()
-    method = (records[0].get("engine") or {}).get("method") if records else None
-    if method is not None and method not in TOKEN_DRAFTERS and method != "ngram":
+    out = Assembly(engine=(records[0].get("engine") or {}) if records else {})
+    method = out.engine.get("method")
+    if method not in NOT_HEADS:
         out.notes.append(
             f"{method}: its draft calls feed token p + 1 at position p; the draft-side checks do not apply"
         )
     by_id: dict[str, Request] = {}
     target, draft = SlotLedger(), SlotLedger()
-    drafting: dict[str, Any] | None = None  # the previous record: its draft calls drafted this step
+    drafting: dict[str, Any] = {}  # the previous record, where its draft calls drafted this step's drafts
     for record in records:
         for new in record["new"]:
             by_id[new["req_id"]] = request = _request(new, len(out.requests))
             out.requests.append(request)
         why = _unreadable(record)
-        if why is not None:
-            out.unreadable = out.unreadable or (record["step"], why)
-            if maps:
-                out.maps.append(BatchMap.unread("vllm", why))
-            drafting = None
-            continue
-        bmap, rows = _step(record, by_id, target, draft, drafting, maps)
-        if bmap is not None:
+        if why is None:
+            bmap, rows = _step(record, by_id, target, draft, drafting, maps)
+            out.k = max([out.k, *(len(r.draft_tokens) for r in rows)])
+            if rows:
+                out.steps.append(_step_record(record["step"], rows))
+            drafting = record if method in TOKEN_DRAFTERS else {}
+        else:
+            out.unreadable = out.unreadable or {"step": record["step"], "why": why}
+            bmap, drafting = BatchMap.unread("vllm", why), {}
+        if maps:
             out.maps.append(bmap)
-        out.k = max([out.k, *(len(r.draft_tokens) for r in rows)])
-        if rows:
-            out.steps.append(_step_record(record["step"], rows))
-        drafting = record if method in TOKEN_DRAFTERS else None
     return out
 
 
@@ -156,19 +165,29 @@ def _unreadable(record: dict[str, Any]) -> str | None:
     return None
 
 
+def _no_spec(batch: int) -> dict[str, Any]:
+    """The SpecDecodeMetadata of a step without drafts: request i's one logits row is row i."""
+    return {
+        "num_draft_tokens": [0] * batch,
+        "draft_token_ids": [],
+        "target_logits_indices": [],
+        "bonus_logits_indices": list(range(batch)),
+    }
+
+
 def _step(
     record: dict[str, Any],
     by_id: dict[str, Request],
     target: SlotLedger,
     draft: SlotLedger,
-    drafting: dict[str, Any] | None,
+    drafting: dict[str, Any],
     maps: bool,
 ) -> tuple[BatchMap | None, list[RowRecord]]:
-    fed, spec, bs = record["fed"], record.get("spec"), record["block_size"]
+    fed, bs, req_ids, argmax = record["fed"], record["block_size"], record["req_ids"], record["argmax"]
     qsl, seq_lens = fed["query_start_loc"], fed["seq_lens"]
-    req_ids = record["req_ids"]
-    num_drafts = spec["num_draft_tokens"] if spec else [0] * len(req_ids)
-    segments, pending_rows = [], []
+    spec = record.get("spec") or _no_spec(len(req_ids))
+    ends = list(accumulate(spec["num_draft_tokens"]))  # request i's drafts end there in the flat lists
+    segments, pending = [], []
     new = {r["req_id"] for r in record["new"]}
     for i, req_id in enumerate(req_ids):
         request = by_id[req_id]
@@ -176,7 +195,7 @@ def _step(
         tokens, positions, writes = fed["input_ids"][a:b], fed["positions"][a:b], fed["slot_mapping"][a:b]
         reads = request.reads(fed["block_table"][i], seq_lens[i], bs)
         chunk = seq_lens[i] < len(request.prompt)
-        d = 0 if chunk else num_drafts[i]
+        d = spec["num_draft_tokens"][i]  # read only where not a chunk (a chunk has no row and says no drafts)
         if maps:
             segments.append(
                 Segment(
@@ -198,48 +217,39 @@ def _step(
         if req_id in new and computed > 0:  # a prefix-cache hit on its first step
             target.adopt(reads[:computed], request.hashes[:computed])
             draft.adopt(reads[:computed], request.hashes[:computed])
-        target.write(writes, positions, request.base(computed), tokens)
+        target.write(writes, positions, base(request.hashes, computed), tokens)
         if not chunk:
-            pending_rows.append((i, request, tokens, positions, writes, reads, d))
+            mine = slice(ends[i] - d, ends[i])
+            rows = spec["target_logits_indices"][mine] + [spec["bonus_logits_indices"][i]]
+            choices = [argmax[row] for row in rows]
+            drafts = spec["draft_token_ids"][mine]
+            pending.append(Pending(request, tokens, positions, writes, reads, drafts, choices, record["sampled"][i]))
     # Every write of the step is in the ledger before any read is judged: a forward writes its KV
     # before its attention reads it, and another request's write in this forward counts too.
-    wanted = {}
-    for i, request, _, _, _, reads, d in pending_rows:
-        if d:  # its n committed tokens, then its drafts: what its draft calls attend, in logical order
-            n = len(reads) - d
-            drafts = _drafts_of(record, i, d)
-            wanted[request.req_id] = (n, request.hashes[:n] + prefixes(drafts, request.base(n) or ROOT))
+    # What a request's draft calls attend, in logical order: its n committed tokens, then its drafts.
+    wanted = {
+        p.request.req_id: (p.committed, p.request.hashes[: p.committed] + _chained(p)) for p in pending if p.drafts
+    }
     drafted = _draft_calls(drafting, draft, by_id, wanted)
-    rows = []
-    for args in pending_rows:
-        rows.append(_row(len(rows), record, drafted.get(args[1].req_id), target, *args))
-    for row, (_, request, *_rest) in zip(rows, pending_rows):
-        request.commit(row.emitted, row.finish_reason)
+    rows = [_row(r, p, drafted.get(p.request.req_id, {}), target) for r, p in enumerate(pending)]
+    for row, p in zip(rows, pending):
+        p.request.commit(row.emitted, row.finish_reason)
     return (BatchMap(tuple(segments), "vllm") if maps else None), rows
 
 
-def _row(
-    r: int,
-    record: dict[str, Any],
-    drafted: tuple[list[int], list[int]] | None,
-    target: SlotLedger,
-    i: int,
-    request: Request,
-    tokens: list[int],
-    positions: list[int],
-    writes: list[int],
-    reads: list[int],
-    d: int,
-) -> RowRecord:
-    seq_len = len(reads)
-    n = seq_len - d  # committed before the step, as vLLM declares it (its seq_len less the drafts)
-    query = slice(max(len(tokens) - d - 1, 0), len(tokens))  # the pending token and the drafts, as fed
-    targets = _choices(record, i, d)
-    sampled = [t for t in record["sampled"][i] if t >= 0]
+def _chained(p: Pending) -> list[int]:
+    """The prefix hashes of a request's drafts, chained on its committed tokens."""
+    return prefixes(p.drafts, base(p.request.hashes, p.committed) or ROOT)
+
+
+def _row(r: int, p: Pending, drafted: dict[str, Any], target: SlotLedger) -> RowRecord:
+    request, n = p.request, p.committed
+    query = slice(max(len(p.tokens) - len(p.drafts) - 1, 0), len(p.tokens))  # the pending token and the drafts
+    sampled = [t for t in p.sampled if t >= 0]
     emitted, reason = request.cut(sampled)
     context = n - 1
-    bad = target.bad(request.req_id, reads[:context], request.hashes[:context], stable=context)
-    elsewhere = [q for q, (w, s) in enumerate(zip(writes[query], reads[context:])) if w != s]
+    bad = target.bad(request.req_id, p.reads[:context], request.hashes[:context], stable=context)
+    elsewhere = [q for q, (w, s) in enumerate(zip(p.writes[query], p.reads[context:])) if w != s]
     accepted = len(sampled) - 1
     return RowRecord(
         row=r,
@@ -247,56 +257,35 @@ def _row(
         committed_before=n,
         left_pad=0,
         left_pad_after=None if reason else 0,
-        pending_token=tokens[query][0],
-        draft_tokens=_drafts_of(record, i, d),
-        target_tokens=targets,
+        pending_token=p.tokens[query][0],
+        draft_tokens=p.drafts,
+        target_tokens=p.choices,
         accepted=accepted,
         bonus=emitted[accepted] if len(emitted) == accepted + 1 else None,
         emitted=emitted,
         write_seq=request.seq,
-        position_ids=positions[query],
-        mask_rle=join_runs(runs(context, bad), runs(len(tokens[query]), elsewhere)),
+        position_ids=p.positions[query],
+        mask_rle=join_runs(runs(context, bad), runs(len(p.tokens[query]), elsewhere)),
         kv_len=context - len(bad),
         kv_len_expected=n - 1,
-        draft_kv_len=drafted[1][0] if drafted else None,
-        draft_kv_len_expected=n - 1 if drafted else None,
         finished=reason is not None,
         finish_reason=reason,
-        draft_position_ids=drafted[0] if drafted else None,
-        draft_kv_lens=drafted[1] if drafted else None,
+        **drafted,
     )
 
 
-def _drafts_of(record: dict[str, Any], i: int, d: int) -> list[int]:
-    """Request i's drafts as the SpecDecodeMetadata holds them (what the rejection sampler compares)."""
-    if not d:
-        return []
-    spec = record["spec"]
-    end = sum(spec["num_draft_tokens"][: i + 1])
-    return spec["draft_token_ids"][end - d : end]
-
-
-def _choices(record: dict[str, Any], i: int, d: int) -> list[int]:
-    """The target's argmax at request i's logits rows: its d draft places, then the bonus place."""
-    spec, argmax = record.get("spec"), record["argmax"]
-    if spec is None:
-        return [argmax[i]]
-    end = sum(spec["num_draft_tokens"][: i + 1])
-    rows = spec["target_logits_indices"][end - d : end] + [spec["bonus_logits_indices"][i]]
-    return [argmax[row] for row in rows]
-
-
 def _draft_calls(
-    drafting: dict[str, Any] | None,
+    drafting: dict[str, Any],
     ledger: SlotLedger,
     by_id: dict[str, Request],
     wanted: dict[str, tuple[int, list[int]]],
-) -> dict[str, tuple[list[int], list[int]]]:
+) -> dict[str, dict[str, Any]]:
     """Per request with drafts this step (`wanted`: its committed count n and the prefix hashes of its
-    committed tokens then its drafts), each draft call of the step before that proposed them: the
-    position of its last real token (padding has slot -1), and how many of the n - 1 + j slots
-    before it hold what it attends them for. Empty where no draft model ran (n-gram)."""
-    calls = (drafting or {}).get("draft_calls") or []
+    committed tokens then its drafts), its row's draft-side fields from each draft call of the step
+    before that proposed them: the position of its last real token (padding has slot -1), and how
+    many of the n - 1 + j slots before it hold what it attends them for. Empty where no draft model
+    ran (no drafts, n-gram, a head: the rows record no draft-side fields)."""
+    calls = drafting.get("draft_calls", [])
     if not calls or any("unreadable" in call for call in calls):
         return {}
     req_ids, bs = drafting["req_ids"], drafting["block_size"]
@@ -306,21 +295,28 @@ def _draft_calls(
         for j, req_id in enumerate(req_ids[: len(qsl) - 1]):  # the whole call writes, then reads
             a, b = qsl[j], qsl[j + 1]
             positions = call["positions"][a:b]
-            request = by_id[req_id]
-            base = request.base(positions[0], wanted[req_id][1] if req_id in wanted else None) if positions else None
-            ledger.write(call["slot_mapping"][a:b], positions, base, call["input_ids"][a:b])
+            _, hashes = wanted.get(req_id, (0, by_id[req_id].hashes))  # drafted tokens chain on its drafts
+            start = base(hashes, positions[0]) if positions else None
+            ledger.write(call["slot_mapping"][a:b], positions, start, call["input_ids"][a:b])
         for req_id, (positions, attended) in found.items():
             n, hashes = wanted[req_id]
-            if len(positions) == len(hashes) - n:
+            if len(positions) == len(hashes) - n:  # its last draft's call is judged
                 continue
             j = req_ids.index(req_id)
-            fed = zip(call["positions"][qsl[j] : qsl[j + 1]], call["slot_mapping"][qsl[j] : qsl[j + 1]])
-            real = [p for p, slot in fed if slot >= 0]
+            fed = list(zip(call["positions"][qsl[j] : qsl[j + 1]], call["slot_mapping"][qsl[j] : qsl[j + 1]]))
             want = n - 1 + len(positions)
             reads = by_id[req_id].reads(call["block_table"][j], want, bs)
-            positions.append(real[-1] if real else -1)
+            positions.append(next((p for p, slot in reversed(fed) if slot >= 0), -1))  # its last real token's
             attended.append(want - len(ledger.bad(req_id, reads[:want], hashes[:want], stable=n - 1)))
-    return found
+    return {
+        req_id: {
+            "draft_kv_len": attended[0],
+            "draft_kv_len_expected": wanted[req_id][0] - 1,
+            "draft_position_ids": positions,
+            "draft_kv_lens": attended,
+        }
+        for req_id, (positions, attended) in found.items()
+    }
 
 
 def _step_record(step: int, rows: list[RowRecord]) -> StepRecord:
