@@ -197,9 +197,10 @@ def _forward_metadata() -> dict[str, Any]:
 
 
 def _block_size() -> int:
-    # During sample_tokens (the draft calls) no step is being built: their tables are cut at 16-token
-    # blocks, which keeps at least the blocks they span for any block size >= 16 (the CPU default is 128).
-    step = _TAP.step
+    # The draft calls run in sample_tokens, once the step is built: the step being drafted says the
+    # run's block size then. With neither (a forward outside any step), 16-token blocks keep at least
+    # the blocks a request spans for any block size >= 16 (the CPU default is 128).
+    step = _TAP.step or _TAP.drafting
     return int(step["block_size"]) if step is not None else 16
 
 
