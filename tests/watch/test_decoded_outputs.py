@@ -188,3 +188,41 @@ def test_a_script_that_decodes_nothing_keeps_the_greedy_reading(tmp_path: Path, 
     report = check_trace(trace)
     assert report.read_as_greedy == {"sequences": len(EQUAL), "tokens": report.read_as_greedy["tokens"]}
     assert report.verdict == "clean"  # as read: docs/watch-command.md's limit, with the note
+
+
+LOOKUP = """
+import sys
+import torch
+import transformers as tf
+from tokenizers import Tokenizer, models
+
+config = tf.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                        bos_token_id=2, eos_token_id=1, pad_token_id=95)
+torch.manual_seed(0)
+target = tf.AutoModelForCausalLM.from_config(config).eval()
+ids = torch.tensor([[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 10, 11, 5, 6, 7, 8, 9, 10, 11, 12]])
+out = target.generate(ids, attention_mask=torch.ones_like(ids), prompt_lookup_num_tokens=4, do_sample=False,
+                      max_new_tokens=40, min_new_tokens=40)
+backend = Tokenizer(models.WordLevel({f"w{i}": i for i in range(96)}, unk_token="w3"))
+tok = tf.PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="w95", eos_token="w1")
+text = tok.batch_decode(out)
+"""
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_a_last_step_cut_after_verification_is_read_from_the_decoded_output(tmp_path: Path) -> None:
+    """HF prompt lookup verifies 4 drafts where the budget leaves room for fewer and cuts its output
+    afterwards: no later call shows the cut (test_hf_generate.py reads up to 4 tokens more), the
+    decoded output does, so the trace holds the 40 tokens `generate` returned, all seen."""
+    from specviz.cli import main
+    from specviz.trace.io import load_trace
+
+    script = tmp_path / "lookup.py"
+    script.write_text(LOOKUP)
+    out = tmp_path / "lookup.trace.json"
+    assert main(["watch", "--out", str(out), "--", "python", str(script)]) == 0
+    trace = load_trace(out)
+    report = check_trace(trace)
+    assert len(trace.sequences[0].output_ids) == 40 and trace.header.draft_k == 4
+    assert report.verdict == "clean" and report.exact_match == 1.0 and report.read_as_greedy is None

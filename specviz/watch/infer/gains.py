@@ -156,24 +156,24 @@ class Gains:
         kept = {id(e) for e in self.emits}
         for emit in [e for e in self._assumed if id(e) in kept]:
             s = self.seqs[emit.seq_id]
-            start = len(s.context) - len(emit.tokens)
-            tail = decoded_tail(decoded, s.context[: s.prompt_len], s.context[s.prompt_len : start], self.eos, pad)
-            greedy = self._step_tokens(s).greedy
-            greedy = greedy[: next((n + 1 for n, t in enumerate(greedy) if t in self.eos), len(greedy))]
-            if tail is None or not takes(tail, emit.tokens, greedy, self._most(s), self.eos):
+            del s.context[len(s.context) - len(emit.tokens) :]  # as at the step (a draft-free step reads it)
+            step = self._step_tokens(s)
+            tail = decoded_tail(decoded, s.context[: s.prompt_len], s.context[s.prompt_len :], self.eos, pad)
+            greedy = step.greedy[: next((n + 1 for n, t in enumerate(step.greedy) if t in self.eos), None)]
+            if tail is None or not takes(tail, emit.tokens, greedy, self._most(s, step), self.eos):
+                s.context += emit.tokens
                 continue
-            s.context[start:] = tail
+            s.context += tail
             ended = "eos" if tail[-1] in self.eos else "length" if emit.finish_reason == "eos" else None
             emit.tokens, emit.finish_reason = list(tail), ended or emit.finish_reason
             self._assumed = [e for e in self._assumed if e is not emit]
 
-    def _most(self, s: Seq) -> int:
-        """The most tokens the sequence's open step could commit: its drafts (a tree's deepest path) + 1."""
-        i, ri = s.step
-        parents = tree_of(self.calls[i], ri)
+    def _most(self, s: Seq, step: Step) -> int:
+        """The most tokens the sequence's open `step` could commit: its drafts (a tree's deepest path) + 1."""
+        parents = tree_of(self.calls[s.step[0]], s.step[1])
         if parents is not None:
             return max(depths_of(parents), default=0) + 1
-        return len(self._step_tokens(s).drafts) + 1
+        return len(step.drafts) + 1
 
     def _cut_to_budget(self) -> None:
         """Endings by length share one budget (`max_new_tokens`), which the engine never declares.
