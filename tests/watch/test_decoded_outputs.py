@@ -47,6 +47,8 @@ def test_id_lists_reads_tensors_arrays_and_lists() -> None:
     assert id_lists(np.array([7, 8, 9])) == [[7, 8, 9]]
     assert id_lists([4, 5]) == [[4, 5]]
     assert id_lists(([4], [5, 6])) == [[4], [5, 6]]  # ragged: one list per sequence
+    assert id_lists([torch.tensor([4, 5]), np.array([6])]) == [[4, 5], [6]]  # a list of rows
+    assert id_lists(list(np.array([7, 8]))) == [[7, 8]]  # numpy ints
     for bad in (3, "text", [], [[1], 2], [True, False], [1.5], None, [[["x"]]]):
         assert id_lists(bad) == []
 

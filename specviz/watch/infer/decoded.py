@@ -22,14 +22,19 @@ def id_lists(token_ids: Any) -> list[list[int]]:
     """The id lists in what a script passed to `decode`: a tensor, an array or nested lists of
     ints; one list per sequence of a batch. Anything else (a single id, text, a ragged mix of ids
     and lists) gives none: untrusted input is read, never raised on."""
-    value = token_ids.tolist() if hasattr(token_ids, "tolist") else token_ids
+    value = _plain(token_ids)
     if not isinstance(value, (list, tuple)) or not value:
         return []
+    value = [_plain(item) for item in value]  # a list of tensors or of numpy ints, one each
     if all(_is_id(t) for t in value):
         return [[int(t) for t in value]]
     if all(isinstance(row, (list, tuple)) and all(_is_id(t) for t in row) for row in value):
         return [[int(t) for t in row] for row in value if row]
     return []
+
+
+def _plain(value: Any) -> Any:
+    return value.tolist() if hasattr(value, "tolist") else value
 
 
 def _is_id(value: Any) -> bool:
@@ -45,8 +50,10 @@ class DecodedLog:
     full: bool = False  # a list was left out: past the bounds, nothing more is kept
 
     def add(self, token_ids: Any, pad: int | None) -> None:
+        if self.full:
+            return  # a streamer decodes at every step: past the bounds, no more conversion either
         for ids in id_lists(token_ids):
-            if self.full or len(self.lists) >= MAX_LISTS or self.ids + len(ids) > MAX_IDS:
+            if len(self.lists) >= MAX_LISTS or self.ids + len(ids) > MAX_IDS:
                 self.full = True
                 return
             self.lists.append((ids, pad))
