@@ -4,6 +4,8 @@ two facts `rows` and `emit` would declare are inferred from the calls instead.
 What is inferred (see docs/watch-command.md):
 - roles: of the causal LMs that ran a forward, the largest by parameter count is the target
   (the first built wins a tie), the next largest the draft;
+- a last step's tokens: what the script decoded (`tokenizer.decode`, `batch_decode`) shows them,
+  where one decoded list is that sequence's output (`infer.decoded`); else the greedy reading;
 - token text: the first tokenizer the script built whose vocabulary holds every token the trace
   uses gives the trace its piece table (`header.token_text`), so `check` and the app show text;
 - the draft head, when named (`--drafter NAME`): the first module of that class called outside
@@ -31,6 +33,7 @@ from specviz.watch.attribution import Emit
 from specviz.watch.declared import eos_ids, pad_id
 from specviz.watch.headinput import TapSet, resolve
 from specviz.watch.hooks import Declared, ModelHooks, WatchError, check_causal_lm
+from specviz.watch.infer.decoded import DecodedLog
 from specviz.watch.infer.follow import Follower
 from specviz.watch.paged import PagedCapture
 from specviz.watch.record import CallRecord
@@ -46,6 +49,7 @@ class AutoWatch:
         self.calls: list[CallRecord] = []
         self.roles: dict[int, int] = {}  # id(CallRecord) -> index of the model that made it
         self.tokenizers: list[Any] = []  # every tokenizer built while installed, in order
+        self.decoded = DecodedLog()  # the id lists the script decoded, to read its last steps
         self._patched: list[tuple[Any, str, Any]] = []  # (class, name, original) to restore
         self.paged = PagedCapture(self, None)  # transformers' continuous batching: its manager says
         self.paged_emits: list[Emit] = []
@@ -120,6 +124,29 @@ class AutoWatch:
                 watcher.tokenizers.append(tokenizer)
 
         self._patch(PreTrainedTokenizerBase, "__init__", init)
+        self._install_decode_capture(PreTrainedTokenizerBase)
+
+    def _install_decode_capture(self, base: type) -> None:
+        """Patch `decode` (which `batch_decode` calls with the whole batch): the ids a script
+        decodes are its outputs, which show a last step's tokens (`infer.decoded`). The ids are
+        the script's: reading them never raises into it, and a failed reading records nothing."""
+        original = base.decode
+        log = self.decoded
+        depth = [0]  # a subclass's decode calling the base's: the outermost call is recorded
+
+        def decode(tokenizer: Any, token_ids: Any, *args: Any, **kwargs: Any) -> Any:
+            if not depth[0]:
+                try:
+                    log.add(token_ids, getattr(tokenizer, "pad_token_id", None))
+                except Exception:  # whatever the script passed, its decode goes on
+                    pass
+            depth[0] += 1
+            try:
+                return original(tokenizer, token_ids, *args, **kwargs)
+            finally:
+                depth[0] -= 1
+
+        self._patch(base, "decode", decode)
 
     def _patch(self, owner: type, name: str, replacement: Any) -> None:
         self._patched.append((owner, name, getattr(owner, name)))
@@ -235,11 +262,14 @@ class AutoWatch:
         if self.paged.seq_of:  # the paged manager named every request and its tokens: nothing to infer
             prompts, emits = self.paged.prompts, self.paged_emits
         else:
-            prompts, emits = infer(calls, eos, notes, unfollowed, assumed)
+            decoded = (self.decoded, pad_id(target, None))
+            prompts, emits = infer(calls, eos, notes, unfollowed, assumed, decoded)
             prompts = unpadded_prompts(prompts, calls, pad_id(target, None))
         # Notes so far say where reading stopped: what follows is unread, so sequences may be
         # unfinished without the engine being at fault; the trace says it is incomplete.
         read_all = not notes
+        if assumed and self.decoded.full:  # some last steps read as greedy may be in the lists left out
+            notes.append(self.decoded.note() or "")
         if self.drafter and self.head is None:  # never silent: the head-input check did not run
             notes.append(
                 f"--drafter {self.drafter}: no module of that class was called outside the causal LMs "
@@ -329,17 +359,22 @@ def infer(
     notes: list[str],
     unfollowed: list[str] | None = None,
     assumed: dict[int, int] | None = None,
+    decoded: tuple[DecodedLog, int | None] | None = None,
 ) -> tuple[list[list[int]], list[Emit]]:
     """Prompts (by sequence id) and the emits a correct-bookkeeping engine would have declared; each
     target call's rows name the sequence they hold (`infer.follow.Follower`). Where rows could not be
     followed, why is appended to `notes` and to `unfollowed`; `assumed` gets each sequence's count of
-    last-step tokens no later call showed (`Follower.read_as_greedy`)."""
+    last-step tokens no later call showed (`Follower.read_as_greedy`), fewer where `decoded` (what
+    the script decoded, and the engine's pad id) shows them (`Follower.take_decoded`)."""
     for call in calls:
         call.materialize()
     if not any(c.role == "target" for c in calls):
         raise WatchError("the target ran no forward call with input_ids")
     follower = Follower(calls, eos, notes)
     follower.run()
+    if decoded is not None:
+        log, pad = decoded
+        follower.take_decoded(log.lists, pad)
     if unfollowed is not None:
         unfollowed.extend(follower.unfollowed)
     if assumed is not None:

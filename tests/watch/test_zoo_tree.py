@@ -305,9 +305,10 @@ def test_tree_head_with_equal_prompt_lengths_through_the_command(tmp_path: Path,
 
 
 def test_a_wrong_token_at_a_last_step_reads_clean_only_as_read(tmp_path: Path, pair) -> None:
-    """off_path at sequence 2's last step: no later call shows what that step kept, so the command
-    reads it as the target's choices and the run reads clean (docs/watch.md, "Read, not seen").
-    It is never a silent clean: the trace counts the tokens read so, and the report says it."""
+    """off_path at sequence 2's last step, in a script that decodes nothing: no later call shows
+    what that step kept, nor does a decoded output (test_decoded_outputs.py), so the command reads
+    it as the target's choices and the run reads clean (docs/watch.md, "Read, not seen"). It is
+    never a silent clean: the trace counts the tokens read so, and the report says it."""
     from specviz.analysis.text import render_report
 
     trace, outs, events = watch_script(

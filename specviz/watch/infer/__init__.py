@@ -6,5 +6,6 @@ where they do not single out one reading, the run is unreadable from there (docs
 - `follow`: the `Follower` that walks the target calls, and `follow_rows` (the API's use of it);
 - `match`: assigning a call's rows to sequences, and breaking ties on the call's own evidence;
 - `gains`: what each step gave a sequence, and how sequences end;
+- `decoded`: a last step's tokens, read from the outputs the script decoded;
 - `followed`: the row views, sequences and open steps it keeps while it walks.
 """

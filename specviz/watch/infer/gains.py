@@ -4,10 +4,12 @@ tokens a cacheless draft re-reads, or the greedy rule at its last step), and of 
 
 from __future__ import annotations
 
+from specviz.analysis.tree_checks import depths_of
 from specviz.watch import tree
 from specviz.watch.attribution import Emit
 from specviz.watch.calls import attended_ids, attends_cache, draft_free_query
 from specviz.watch.credit import row_tokens
+from specviz.watch.infer.decoded import decoded_tail, takes
 from specviz.watch.infer.followed import RowView, Seq, Step
 from specviz.watch.infer.tree_gain import step_gain, tree_of
 
@@ -144,6 +146,34 @@ class Gains:
                 if emit.finish_reason is None:
                     self._greedy_ends[s.id] = emit
         s.finished = True
+
+    def take_decoded(self, decoded: list[tuple[list[int], int | None]], pad: int | None = None) -> None:
+        """Each last step read as greedy whose tokens the script's decoded outputs show
+        (`infer.decoded`: one tail, one the step could have committed): those tokens instead, seen,
+        so no longer read as greedy. Run after `run`, whose budget reading they do not change."""
+        if self.unfollowed:
+            return  # reading stopped: a last step read is not the sequence's last
+        kept = {id(e) for e in self.emits}
+        for emit in [e for e in self._assumed if id(e) in kept]:
+            s = self.seqs[emit.seq_id]
+            del s.context[len(s.context) - len(emit.tokens) :]  # as at the step (a draft-free step reads it)
+            step = self._step_tokens(s)
+            tail = decoded_tail(decoded, s.context[: s.prompt_len], s.context[s.prompt_len :], self.eos, pad)
+            greedy = step.greedy[: next((n + 1 for n, t in enumerate(step.greedy) if t in self.eos), None)]
+            if tail is None or not takes(tail, emit.tokens, greedy, self._most(s, step), self.eos):
+                s.context += emit.tokens
+                continue
+            s.context += tail
+            ended = "eos" if tail[-1] in self.eos else "length" if emit.finish_reason == "eos" else None
+            emit.tokens, emit.finish_reason = list(tail), ended or emit.finish_reason
+            self._assumed = [e for e in self._assumed if e is not emit]
+
+    def _most(self, s: Seq, step: Step) -> int:
+        """The most tokens the sequence's open `step` could commit: its drafts (a tree's deepest path) + 1."""
+        parents = tree_of(self.calls[s.step[0]], s.step[1])
+        if parents is not None:
+            return max(depths_of(parents), default=0) + 1
+        return len(step.drafts) + 1
 
     def _cut_to_budget(self) -> None:
         """Endings by length share one budget (`max_new_tokens`), which the engine never declares.

@@ -11,7 +11,9 @@ engine builds its head (no draft model; `--set medusa=1`: Medusa-shaped heads), 
 casts the target to bfloat16 and builds its Medusa heads, the mtp engine
 attaches its in-forward head to the target (`--set half=1`: in float16); `tree --set head=1` has a
 draft head propose the trees. It prints
-`OUTS <outputs>` and `EVENTS <bug locations>` for the tests to read. Nothing in it knows about specviz.
+`OUTS <outputs>` and `EVENTS <bug locations>` for the tests to read (`--decode outputs|full`: first
+it decodes its outputs, or each prompt with its output, through a word-level tokenizer it builds,
+as a script that prints its outputs does). Nothing in it knows about specviz.
 """
 
 from __future__ import annotations
@@ -69,6 +71,21 @@ def noisy_copy(target: torch.nn.Module) -> torch.nn.Module:
     return draft
 
 
+def tiny_tokenizer() -> tf.PreTrainedTokenizerFast:
+    """A word-level tokenizer over the tiny models' 96 ids, built in-process (no download)."""
+    from tokenizers import Tokenizer, models
+
+    vocab = {f"w{i}": i for i in range(96)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="w3"))
+    return tf.PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="w0", eos_token="w1", unk_token="w3")
+
+
+def decode(how: str, prompts: list[list[int]], outs: list[list[int]]) -> list[str]:
+    """The script's last act: its outputs as text (`full`: each after its prompt), one batch."""
+    batch = [(prompt if how == "full" else []) + out for prompt, out in zip(prompts, outs)]
+    return tiny_tokenizer().batch_decode(batch)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("engine", choices=sorted(ENGINES))
@@ -76,6 +93,7 @@ def main() -> None:
     parser.add_argument("--prompts", required=True, help="JSON list of token-id lists")
     parser.add_argument("--budgets", required=True, help="one max_new_tokens, or one per prompt, comma-separated")
     parser.add_argument("--family", help="a tiny pair of this family (tests/support/tiny.make_pair) instead")
+    parser.add_argument("--decode", choices=["outputs", "full"], help="decode the outputs before printing them")
     parser.add_argument("--set", action="append", default=[], help="NAME=INT: an engine option (e.g. tokens=5)")
     args = parser.parse_args()
     options = {name: int(value) for name, value in (item.split("=", 1) for item in args.set)}
@@ -107,6 +125,8 @@ def main() -> None:
         outs, events = mtp.generate(target, prompts, max_new, bug=args.bug, dtype=dtype, **options)
     else:
         outs, events = ENGINES[args.engine].generate(target, second, prompts, max_new, bug=args.bug, **options)
+    if args.decode:
+        decode(args.decode, prompts, outs)
     print("OUTS", json.dumps(outs))
     print("EVENTS", json.dumps(events))
 

@@ -1,0 +1,128 @@
+"""What a watched script decoded (`specviz watch --`): the token-id lists it passed to a tokenizer's
+`decode`, kept to read the tokens of a sequence's last step, which no later call was fed.
+
+A sequence's last step is otherwise read as the target's greedy choices (`Follower.read_as_greedy`).
+A script that prints its outputs decodes them: a decoded list that is that sequence's output (its
+prompt and the tokens seen so far, or those tokens alone, then more) shows what the last step
+committed. Only one distinct tail among the lists that fit is taken; several, or none, leave the
+greedy reading (never a guess between two outputs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_LISTS = 10_000  # decoded lists kept at most: a script that decodes in a loop is not kept whole
+MAX_IDS = 1_000_000  # ids kept at most over all lists
+
+
+def id_lists(token_ids: Any) -> list[list[int]]:
+    """The id lists in what a script passed to `decode`: a tensor, an array or nested lists of
+    ints; one list per sequence of a batch. Anything else (a single id, text, a ragged mix of ids
+    and lists) gives none: untrusted input is read, never raised on."""
+    value = _plain(token_ids)
+    if not isinstance(value, (list, tuple)) or not value:
+        return []
+    value = [_plain(item) for item in value]  # a list of tensors or of numpy ints, one each
+    if all(_is_id(t) for t in value):
+        return [[int(t) for t in value]]
+    if all(isinstance(row, (list, tuple)) and all(_is_id(t) for t in row) for row in value):
+        return [[int(t) for t in row] for row in value if row]
+    return []
+
+
+def _plain(value: Any) -> Any:
+    return value.tolist() if hasattr(value, "tolist") else value
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass
+class DecodedLog:
+    """The lists a script decoded, each with its tokenizer's pad id; bounded (`MAX_LISTS`, `MAX_IDS`)."""
+
+    lists: list[tuple[list[int], int | None]] = field(default_factory=list)
+    ids: int = 0
+    full: bool = False  # a list was left out: past the bounds, nothing more is kept
+
+    def add(self, token_ids: Any, pad: int | None) -> None:
+        if self.full:
+            return  # a streamer decodes at every step: past the bounds, no more conversion either
+        for ids in id_lists(token_ids):
+            if len(self.lists) >= MAX_LISTS or self.ids + len(ids) > MAX_IDS:
+                self.full = True
+                return
+            self.lists.append((ids, pad))
+            self.ids += len(ids)
+
+    def note(self) -> str | None:
+        """What the run's notes say when lists were left out (their sequences may keep the greedy reading)."""
+        if not self.full:
+            return None
+        return (
+            f"decoded outputs: past {len(self.lists)} lists ({self.ids} ids) what the script decoded was "
+            "no longer recorded; a last step none of the recorded lists shows is read as the target's choices"
+        )
+
+
+def strip_pads(ids: list[int], pads: Collection[int]) -> list[int]:
+    """`ids` without the pad ids at either end (a padded batch's rows, left or right)."""
+    start, end = 0, len(ids)
+    while start < end and ids[start] in pads:
+        start += 1
+    while end > start and ids[end - 1] in pads:
+        end -= 1
+    return ids[start:end]
+
+
+def tail_after(ids: list[int], prompt: list[int], seen: list[int], eos: Collection[int]) -> list[int] | None:
+    """What the unpadded list `ids` adds to a sequence's `seen` output, up to its first EOS: the
+    list starts with the prompt and `seen`, or with `seen` alone (not empty: else every list fits),
+    and is longer. None: the list is not that sequence's output."""
+    rest = None
+    for head in (prompt + seen, seen if seen else None):
+        if head is not None and len(ids) > len(head) and ids[: len(head)] == head:
+            rest = ids[len(head) :]
+            break
+    if rest is None:
+        return None
+    cut = next((n + 1 for n, t in enumerate(rest) if t in eos), len(rest))
+    return rest[:cut]
+
+
+def decoded_tail(
+    decoded: Iterable[tuple[list[int], int | None]],
+    prompt: list[int],
+    seen: list[int],
+    eos: Collection[int],
+    engine_pad: int | None = None,
+) -> list[int] | None:
+    """The one tail the decoded lists give a sequence (`tail_after`, each list unpadded of its
+    tokenizer's pad and the engine's); None when no list fits or two fitting lists differ."""
+    tails = set()
+    prompt_pads = {engine_pad} - {None}
+    for ids, pad in decoded:
+        pads = {pad, engine_pad} - {None}
+        tail = tail_after(strip_pads(ids, pads), strip_pads(prompt, prompt_pads | pads), seen, eos)
+        if tail is not None:
+            tails.add(tuple(tail))
+    return list(next(iter(tails))) if len(tails) == 1 else None
+
+
+def takes(tail: list[int], read: list[int], greedy: list[int], most: int, eos: Collection[int]) -> bool:
+    """Does the decoded `tail` replace a last step read as `read` (its greedy tokens `greedy`, cut
+    to the shared budget into `read` when shorter)? Not when the step could not have committed it
+    (more than `most` tokens, its drafts + 1), when it reads past a budget that cut the greedy end,
+    or when the reading ended on an EOS that the tail, agreeing up to it, only lacks (a pad id that
+    is also the EOS is stripped, or the script cut it: nothing seen differs from the reading). A
+    shorter tail is otherwise taken: an engine's own budget cut its last step."""
+    if len(tail) > most:
+        return False
+    if len(read) < len(greedy) and len(tail) > len(read):
+        return False
+    lost_eos = bool(read) and read[-1] in eos and len(tail) < len(read) and tail == read[: len(tail)]
+    return not lost_eos
