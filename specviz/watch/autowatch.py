@@ -124,29 +124,9 @@ class AutoWatch:
                 watcher.tokenizers.append(tokenizer)
 
         self._patch(PreTrainedTokenizerBase, "__init__", init)
-        self._install_decode_capture(PreTrainedTokenizerBase)
-
-    def _install_decode_capture(self, base: type) -> None:
-        """Patch `decode` (which `batch_decode` calls with the whole batch): the ids a script
-        decodes are its outputs, which show a last step's tokens (`infer.decoded`). The ids are
-        the script's: reading them never raises into it, and a failed reading records nothing."""
-        original = base.decode
-        log = self.decoded
-        depth = [0]  # a subclass's decode calling the base's: the outermost call is recorded
-
-        def decode(tokenizer: Any, token_ids: Any, *args: Any, **kwargs: Any) -> Any:
-            if not depth[0]:
-                try:
-                    log.add(token_ids, getattr(tokenizer, "pad_token_id", None))
-                except Exception:  # whatever the script passed, its decode goes on
-                    pass
-            depth[0] += 1
-            try:
-                return original(tokenizer, token_ids, *args, **kwargs)
-            finally:
-                depth[0] -= 1
-
-        self._patch(base, "decode", decode)
+        # The ids a script decodes (`batch_decode` calls `decode` with the whole batch) are its
+        # outputs: they show a last step's tokens (`infer.decoded`).
+        self._patch(PreTrainedTokenizerBase, "decode", self.decoded.wrap(PreTrainedTokenizerBase.decode))
 
     def _patch(self, owner: type, name: str, replacement: Any) -> None:
         self._patched.append((owner, name, getattr(owner, name)))

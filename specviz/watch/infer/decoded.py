@@ -10,7 +10,7 @@ greedy reading (never a guess between two outputs).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +58,26 @@ class DecodedLog:
                 return
             self.lists.append((ids, pad))
             self.ids += len(ids)
+
+    def wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """A tokenizer's `decode` that records the ids it is given, then decodes them. The ids are
+        the script's: reading them never raises into it, and a failed reading records nothing. A
+        subclass's decode calling the base's is one call: only the outermost one is recorded."""
+        depth = [0]
+
+        def decode(tokenizer: Any, token_ids: Any, *args: Any, **kwargs: Any) -> Any:
+            if not depth[0]:
+                try:
+                    self.add(token_ids, getattr(tokenizer, "pad_token_id", None))
+                except Exception:  # whatever the script passed, its decode goes on
+                    pass
+            depth[0] += 1
+            try:
+                return original(tokenizer, token_ids, *args, **kwargs)
+            finally:
+                depth[0] -= 1
+
+        return decode
 
     def note(self) -> str | None:
         """What the run's notes say when lists were left out (their sequences may keep the greedy reading)."""
