@@ -25,6 +25,7 @@ import torch
 import transformers as tf
 from zoo import (  # tests/watch on the path (pytest's pythonpath, or PYTHONPATH)
     chunked,
+    chunkmix,
     dropping,
     head,
     medusa_embeds,
@@ -39,6 +40,7 @@ from zoo import (  # tests/watch on the path (pytest's pythonpath, or PYTHONPATH
 ENGINES = {"dropping": dropping, "packed": packed, "queued": queued, "paged": paged, "head": head, "tree": tree}
 ENGINES["mtp"] = mtp
 ENGINES["chunked"] = chunked
+ENGINES["chunkmix"] = chunkmix
 ENGINES["slots"] = slots
 ENGINES["medusa_embeds"] = medusa_embeds
 USES_DRAFT = {"dropping", "packed", "queued", "tree", "slots"}
