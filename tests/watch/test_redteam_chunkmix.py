@@ -28,18 +28,31 @@ MIXES = {
     "mixed_c3": ([[78, 16, 43, 6, 5, 6], [86, 72, 4, 51, 90], [30, 57, 95]], [8, 10, 8], {"chunk": 3, "gap": 2}),
     "equal": ([[10, 14, 13, 49], [24, 88, 42, 35], [80, 30, 80, 7]], [10, 10, 8], {"chunk": 2, "gap": 1}),
     "one_token": ([[40], [5, 6, 7, 5, 6], [22, 23, 22]], [7, 9, 6], {"chunk": 3, "gap": 2}),
+    # A chunk that starts with the target's choice after the chunks before it ([5, 6, 8] after
+    # [5, 6, 7]): told from a step by the position fed after it (`infer.gains._chunk`).
+    "choice_starts": (
+        [[5, 6, 7, 5, 6, 8, 5], [11, 12, 13], [14, 15, 16, 14, 15], [20, 21]],
+        [10, 6, 9, 7],
+        {"chunk": 3, "gap": 2},
+    ),
 }
 BUGS = (None, *chunkmix.BUGS)
 # (mix, bug, mode) the watch reads wrong: left out, see the report.
 WRONG = {
     ("mixed", "chunk_trim", "command"),
-    ("mixed_c3", None, "command"),
-    ("mixed_c3", "overaccept", "command"),
     ("equal", "chunk_trim", "command"),
     ("one_token", "overaccept", "command"),
+    # Position 0 fed after the chunk leaves no position to tell it from a step: not clean, but the
+    # first violation is at the next step, not at the bug's.
+    ("choice_starts", "chunk_pos0", "command"),
 }
+NEVER_FIRES = {("choice_starts", "overaccept")}  # no verify segment of this mix rejects a draft mid-run
 CASES = [
-    (mix, bug, mode) for mix in MIXES for bug in BUGS for mode in ("api", "command") if (mix, bug, mode) not in WRONG
+    (mix, bug, mode)
+    for mix in MIXES
+    for bug in BUGS
+    for mode in ("api", "command")
+    if (mix, bug, mode) not in WRONG and (mix, bug) not in NEVER_FIRES
 ]
 
 

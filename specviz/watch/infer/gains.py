@@ -4,6 +4,8 @@ tokens a cacheless draft re-reads, or the greedy rule at its last step), and of 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from specviz.analysis.tree_checks import depths_of
 from specviz.watch import tree
 from specviz.watch.attribution import Emit
@@ -40,13 +42,19 @@ class Gains:
         last chunk, which gave the token fed now; where both readings give one token, the position
         fed to it tells: a chunk's pending token sits after all it attends, a step's after what it
         committed, fewer when stale slots stay attended; with no position fed, the reading that
-        explains the context's growth without a bug)."""
+        explains the context's growth without a bug). A chunk short of the prompt's end whose next
+        chunk starts with the greedy pick is told the same way, by a position fed after the whole
+        query (none fed: the step reading)."""
         d = len(step.drafts)
         if not step.targets or not d or v.context - known != d:
             return False  # (a one-token chunk is not told from a step the row's token does not continue)
         if v.token == step.targets[d]:  # the target's choice after the whole query: its last chunk, if no greedy pick
             return step.agreed < d and (v.token != step.choice or v.position in (-1, v.context))
-        return v.token != step.choice  # short of the prompt's end: fed no choice of the target
+        # Short of the prompt's end: fed no choice of the target, or its choice (the next chunk starts
+        # with it) where a greedy step keeps fewer slots than the whole query and the position fed
+        # sits after the whole query (a step's pending token sits after what it committed; with no
+        # position fed, the step reading stands, as before).
+        return v.token != step.choice or step.agreed < d and v.position == v.context
 
     def _chunked(self, s: Seq, v: RowView, j: int, r: int) -> None:
         """The open step was a prompt chunk (`_chunk`): its query joins the prompt. The chunk that
@@ -56,12 +64,25 @@ class Gains:
         s.context += step.drafts
         s.prompt_len = len(s.context)
         if v.token == step.targets[len(step.drafts)]:  # the last chunk: it chose the token fed now
+            self._said_last_chunk(*s.step)
             self._commit(s, [v.token])
             s.step, s.in_prompt = (j, r), False
             return
         s.context.append(v.token)
         s.prompt_len += 1
         s.step = (j, r)
+
+    def _said_last_chunk(self, i: int, r: int) -> None:
+        """Row r of call i was its prompt's last chunk: say so in its map, as `w.batch(drafts=0)`
+        would (its last token pending, the rest context), for the steps read from it after
+        (`steps.build_steps`), which read a draft-free row's drafts after its first slot when that
+        slot holds the last committed token: a chunk can start with the token its prompt ends with."""
+        call = self.calls[i]
+        if call.map is None or len(call.map.segments) != call.batch_size:
+            return
+        segments = list(call.map.segments)
+        segments[r] = replace(segments[r], drafts=0)
+        call.map = replace(call.map, segments=tuple(segments))
 
     def _gained(self, s: Seq, v: RowView) -> list[int]:
         """Tokens the sequence's open step committed, read from its next row `v`."""
