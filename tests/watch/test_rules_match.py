@@ -55,3 +55,38 @@ def test_a_2d_mask_is_one_of_kind_2d_that_was_kept() -> None:
     assert _mask_2d(SimpleNamespace(mask_kind="2d", mask=[[1]]))
     assert not _mask_2d(SimpleNamespace(mask_kind="2d", mask=None))
     assert not _mask_2d(SimpleNamespace(mask_kind="4d", mask=[[[True]]]))
+
+
+def test_a_finished_row_fed_again_in_another_place_is_idle() -> None:
+    """A = [5, 6, 7] and B = [8, 9, 10], each prefilled but its last token, then stepped greedily
+    (2-D masks, a cache that grows by one a call). A's first step commits EOS (1) and its row is fed
+    1 again; in the last call the rows swap: B's row first, then A's finished row fed 1 once more.
+    That row is read as idle (no step for anyone), not as a row that continues no sequence: A ends
+    with [1] by "eos", B gains 41, 51, 61, and nothing stops the reading."""
+    from specviz.watch.autowatch import infer
+    from specviz.watch.hooks import CallRecord
+    from specviz.watch.infer.followed import IDLE
+
+    def call(ids: list[list[int]], width: int, position: int, argmax: list[list[int]]) -> CallRecord:
+        q = len(ids[0])
+        return CallRecord(
+            role="target", rows=None, input_ids=ids, positions=[list(range(position, position + q))] * len(ids),
+            positions_fed=True, cache_width=width, mask_kind="2d", mask=[[1] * (width + q) for _ in ids],
+            batch_size=len(ids), query_len=q, argmax=argmax,
+        )  # fmt: skip
+
+    calls = [
+        call([[5, 6], [8, 9]], 0, 0, [[99, 98], [99, 98]]),  # 98: never fed next
+        call([[7], [10]], 2, 2, [[1], [41]]),
+        call([[1], [41]], 3, 3, [[1], [51]]),
+        call([[51], [1]], 4, 4, [[61], [1]]),  # swapped
+    ]
+    notes: list[str] = []
+    prompts, emits = infer(calls, frozenset([1]), notes)
+    assert prompts == [[5, 6, 7], [8, 9, 10]] and not notes, notes
+    assert calls[3].rows == (1, IDLE)
+    tokens: dict[int, list[int]] = {}
+    for e in emits:
+        tokens.setdefault(e.seq_id, []).extend(e.tokens)
+    assert tokens == {0: [1], 1: [41, 51, 61]}
+    assert [e.finish_reason for e in emits if e.seq_id == 0] == ["eos"]
