@@ -1,0 +1,211 @@
+"""One captured call at close (`specviz/watch/record.py`): `materialize` turns the hooks' tensors
+into lists once and reads the call's map (a packed call becomes one row per sequence), and a row's
+query flags (which query slots hold real tokens), last real slot and cache are read off its mask.
+Every call is written by hand, with what a correct engine feeds and what each reading must be."""
+
+from __future__ import annotations
+
+import torch
+
+# The code under test, in one block.
+from specviz.watch.record import CallRecord
+
+
+def call(ids, mask, kind: str, width: int = 0, **fields) -> CallRecord:
+    ids = torch.tensor(ids)
+    b, q = ids.shape
+    record = CallRecord(
+        role="target", rows=None, input_ids=ids, positions=torch.arange(width, width + q).repeat(b, 1),
+        positions_fed=True, cache_width=width, mask_kind=kind, mask=mask, batch_size=b, query_len=q,
+    )  # fmt: skip
+    for name, value in fields.items():
+        setattr(record, name, value)
+    return record
+
+
+def causal(*lengths: int) -> torch.Tensor:
+    """A block-diagonal causal [T, T] boolean mask of sequences of these lengths, back to back."""
+    t = sum(lengths)
+    mask = torch.zeros(t, t, dtype=torch.bool)
+    start = 0
+    for n in lengths:
+        mask[start : start + n, start : start + n] = torch.ones(n, n, dtype=torch.bool).tril()
+        start += n
+    return mask
+
+
+# ----------------------------------------------------------------------------- query flags
+
+
+def test_a_left_padded_2d_batch() -> None:
+    """Row 0 is one token shorter: its first query slot is padding. Both rows' last slot is real."""
+    c = call([[0, 5, 6], [7, 8, 9]], torch.tensor([[0, 1, 1], [1, 1, 1]]), "2d")
+    c.materialize()
+    assert c.input_ids == [[0, 5, 6], [7, 8, 9]] and c.mask == [[0, 1, 1], [1, 1, 1]]
+    assert c.query_flags(0) == [0, 1, 1] and c.query_flags(1) == [1, 1, 1]
+    assert c.last_slots == [2, 2]
+    assert c.map.source == "padded" and [s.row for s in c.map.segments] == [0, 1]
+
+
+def test_a_right_padded_2d_batch_with_a_cache() -> None:
+    """A cache of 2 slots, then 3 query slots: row 0's last query slot is padding (mask 0), so its
+    last real slot is 1; the flags are the mask's last 3 entries."""
+    c = call([[5, 6, 0], [7, 8, 9]], torch.tensor([[1, 1, 1, 1, 0], [0, 1, 1, 1, 1]]), "2d", width=2)
+    c.materialize()
+    assert c.query_flags(0) == [1, 1, 0] and c.query_flags(1) == [1, 1, 1]
+    assert c.last_slots == [1, 2]
+    assert c.cache_of(0) == 2 and c.cache_of(1) == 2
+
+
+def test_a_2d_mask_narrower_than_the_query_says_nothing_of_it() -> None:
+    c = call([[5, 6, 7]], torch.tensor([[1, 0]]), "2d")
+    c.materialize()
+    assert c.query_flags(0) == [1, 1, 1] and c.last_slots == [2]
+
+
+def test_a_4d_row_is_read_by_which_query_slots_attend_anything() -> None:
+    """Row 0's first slot attends nothing (padding); row 1 attends nothing at all: it feeds nothing,
+    its flags all 0, and its last slot is then the last one."""
+    c = call([[0, 5, 6], [0, 0, 0]], None, "4d", query_live=torch.tensor([[False, True, True], [False, False, False]]))
+    c.materialize()
+    assert c.query_live == [[False, True, True], [False, False, False]]
+    assert c.query_flags(0) == [0, 1, 1] and c.query_flags(1) == [0, 0, 0]
+    assert c.last_slots == [2, 2]
+    slots = call([[0, 5]], None, "4d-slots", query_live=[[False, False]])
+    slots.materialize()
+    assert slots.query_flags(0) == [0, 0]
+
+
+def test_a_row_of_another_mask_with_no_live_slot_is_all_real() -> None:
+    """Where the mask is of no kind the hooks read (unknown), a live list with nothing live says
+    nothing: every slot is a token. One with a live slot says which."""
+    c = call([[5, 6], [7, 8]], None, "unknown", query_live=[[False, False], [True, False]])
+    c.materialize()
+    assert c.query_flags(0) == [1, 1] and c.query_flags(1) == [1, 0]
+    assert c.last_slots == [1, 0]
+    plain = call([[5, 6]], None, "none")
+    plain.materialize()
+    assert plain.query_flags(0) == [1, 1] and plain.last_slots == [1]
+
+
+def test_query_flags_are_read_once_and_shared() -> None:
+    c = call([[0, 5]], torch.tensor([[0, 1]]), "2d")
+    c.materialize()
+    first = c.query_flags(0)
+    c.mask = [[1, 1]]  # nothing changes a materialized call's mask: the flags were read already
+    assert c.query_flags(0) is first and first == [0, 1]
+
+
+def test_a_packed_rows_cache_is_its_own() -> None:
+    c = call([[5]], None, "none", width=7)
+    c.contexts = [3, 0, 5]
+    assert [c.cache_of(r) for r in range(3)] == [3, 0, 5]
+    c.contexts = None
+    assert c.cache_of(2) == 7
+
+
+# ----------------------------------------------------------------------------- materialize
+
+
+def test_materialize_runs_once() -> None:
+    c = call([[5, 6]], torch.tensor([[1, 1]]), "2d")
+    c.materialize()
+    c.input_ids = torch.tensor([[9, 9]])  # a second close reads nothing again
+    c.materialize()
+    assert isinstance(c.input_ids, torch.Tensor)
+
+
+def test_every_tensor_field_becomes_lists() -> None:
+    c = call([[5, 6]], torch.tensor([[1, 1]]), "2d", argmax=torch.tensor([[7]]))
+    c.materialize()
+    assert c.positions == [[0, 1]] and c.argmax == [[7]] and not isinstance(c.mask, torch.Tensor)
+
+
+def test_kept_logits_are_spread_over_their_columns() -> None:
+    """logits_to_keep kept columns 0 and 2 of 3: the argmax is None at column 1."""
+    c = call([[5, 6, 7]], None, "none", argmax=torch.tensor([[40, 42]]), logit_slots=torch.tensor([0, 2]))
+    c.materialize()
+    assert c.argmax == [[40, None, 42]] and c.logit_slots is None
+
+
+def test_a_packed_4d_call_becomes_one_row_per_sequence() -> None:
+    """Two sequences packed in one row (3 then 2 tokens, block-diagonal causal, no cache): cut by
+    the mask into two rows; each keeps its first and last token's key slots."""
+    ids = [[5, 6, 7, 11, 12]]
+    c = call(ids, causal(3, 2)[None], "4d", packed=True, positions=torch.tensor([[0, 1, 2, 0, 1]]))
+    c.materialize()
+    assert c.map.source == "block-mask" and [(s.start, s.length) for s in c.map.segments] == [(0, 3), (3, 2)]
+    assert c.batch_size == 2 and c.input_ids == [[5, 6, 7], [11, 12, 0]]
+    assert c.query_flags(0) == [1, 1, 1] and c.query_flags(1) == [1, 1, 0]
+    assert c.last_slots == [2, 1]
+    assert c.segments == [(0, 0, 3), (0, 3, 2)]
+    (a_first, a_last), (b_first, b_last) = c.held
+    assert a_first.tolist() == [True, False, False, False, False]
+    assert a_last.tolist() == [True, True, True, False, False]
+    assert b_first.tolist() == [False, False, False, True, False]
+    assert b_last.tolist() == [False, False, False, True, True]
+    assert c.keys_end == 5  # keys [cache | query]: 0 + 5
+    assert c.node_keys is None  # no tree packed
+    assert c.mask_kind == "counts" and c.lines is None
+
+
+def test_a_packed_call_with_one_sequence_is_read_as_any_4d_mask() -> None:
+    """One causal sequence in a 1 x 3 call: nothing cuts it, so its mask is kept as a 4-D row."""
+    c = call([[5, 6, 7]], causal(3)[None], "4d", packed=True)
+    c.materialize()
+    assert c.batch_size == 1 and c.map.source == "padded"
+    assert c.mask == [causal(3).tolist()]
+    assert c.held is None and c.last_slots == [2] and c.query_flags(0) == [1, 1, 1]
+
+
+def test_a_packed_call_whose_first_slot_attends_nothing() -> None:
+    """One sequence after a padding slot (its mask line attends nothing) in a packed 1 x 3 call:
+    nothing cuts it, and the hooks kept no live list: the mask's summary says slot 0 is padding."""
+    mask = torch.zeros(3, 3, dtype=torch.bool)
+    mask[1:, 1:] = causal(2)
+    c = call([[0, 5, 6]], mask[None], "4d", packed=True, positions=torch.tensor([[0, 0, 1]]))
+    c.materialize()
+    assert c.batch_size == 1 and c.query_live == [[False, True, True]]
+    assert c.query_flags(0) == [0, 1, 1] and c.last_slots == [2]
+
+
+def test_a_packed_call_over_a_cache_keeps_where_its_keys_end() -> None:
+    """Keys [cache of 2 | 5 query slots]: sequence A (3 tokens) attends the cache and its own keys,
+    B (2 tokens) only its own. The next call's view of node slots is read from key 7 on. A mask over
+    a static cache's 8 slots (not cache + query) says nothing of where the keys end."""
+    a = [[1, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0, 0]]
+    b = [[0, 0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 0, 1, 1]]
+    mask = torch.tensor([a + b], dtype=torch.bool)
+    positions = torch.tensor([[2, 3, 4, 0, 1]])
+    c = call([[5, 6, 7, 11, 12]], mask, "4d", width=2, packed=True, positions=positions)
+    c.materialize()
+    assert [(s.start, s.length) for s in c.map.segments] == [(0, 3), (3, 2)]
+    assert c.keys_end == 7
+    static = torch.cat([mask, torch.zeros(1, 5, 1, dtype=torch.bool)], -1)  # 8 slots
+    s = call([[5, 6, 7, 11, 12]], static, "4d", width=2, packed=True, positions=positions)
+    s.materialize()
+    assert s.batch_size == 2 and s.keys_end is None
+
+
+def test_a_packed_call_that_declares_trees_keeps_each_rows_own_slots() -> None:
+    """Declared query lengths 3 and 2 and declared trees (chains here): each row is read as a
+    static cache's slots ("4d-slots"), so its declared tree can be checked against them, and each
+    sequence's node keys are where its first query token sits."""
+    c = call([[5, 6, 7, 11, 12]], causal(3, 2)[None], "4d", packed=True, positions=torch.tensor([[0, 1, 2, 0, 1]]))
+    c.query_lens, c.parents = [3, 2], [[-1, 0, 1], [-1, 0]]
+    c.materialize()
+    assert c.unreadable is None and c.batch_size == 2
+    assert c.mask_kind == "4d-slots"
+    assert c.mask[1] == [[True, False], [True, True], [False, False]]
+    assert c.node_keys == [0, 3]
+    assert c.trees == [[-1, 0, 1], [-1, 0]] and c.tree_source == "declared"
+
+
+def test_an_unreadable_call_says_what_its_producer_said() -> None:
+    """cu_seq_lens_q cuts the packed row into two sequences, but the engine declared three rows: the
+    call is unreadable with the producer's reason, whatever an earlier reading said."""
+    c = call([[5, 6, 7, 11, 12]], None, "none", packed=True, cu_q=torch.tensor([0, 3, 5]), rows=(0, 1, 2))
+    c.unreadable = "an earlier reading"
+    c.materialize()
+    assert not c.map.readable
+    assert c.unreadable == c.map.unreadable == "rows declares 3 sequences; its cu_seq_lens holds 2"
