@@ -31,6 +31,7 @@ from zoo import (  # tests/watch on the path (pytest's pythonpath, or PYTHONPATH
     paged,
     queued,
     slots,
+    slots2,
     tree,
 )
 
@@ -38,8 +39,9 @@ ENGINES = {"dropping": dropping, "packed": packed, "queued": queued, "paged": pa
 ENGINES["mtp"] = mtp
 ENGINES["chunked"] = chunked
 ENGINES["slots"] = slots
+ENGINES["slots2"] = slots2
 ENGINES["medusa_embeds"] = medusa_embeds
-USES_DRAFT = {"dropping", "packed", "queued", "tree", "slots"}
+USES_DRAFT = {"dropping", "packed", "queued", "tree", "slots", "slots2"}
 
 
 def tiny_llama() -> torch.nn.Module:
