@@ -27,6 +27,10 @@ from specviz.analysis.check import check_trace
 MIXED = ([[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17], [20, 21], [30, 31, 32, 33, 34]], [10, 4, 10, 7, 9])
 EQUAL = ([[5, 6, 7, 8], [11, 12, 13, 14], [14, 15, 16, 17], [20, 21, 22, 23], [30, 31, 32, 33]], [6, 9, 5, 8, 7])
 ONE_TOKEN = ([[7], [40, 41, 42], [9], [60, 61]], [8, 5, 9, 6])  # one-token prompts, one of them recycled
+# A random mix (seed 12 of the red team's sweep): six requests over two slots, budgets of 2 (a
+# request that ends at its first decode step).
+SWEEP12 = ([[87, 70, 88], [21, 51, 4], [64, 38, 85], [61, 91, 79, 32, 74, 3, 87], [21, 59, 50, 23, 46], [10, 76]],)
+SWEEP12 += ([4, 2, 9, 6, 7, 2],)
 # name -> (prompts, budgets, engine options); more requests than slots, budgets that differ.
 MIXES = {
     "mixed-k3s2": (*MIXED, {"k": 3, "n_slots": 2}),
@@ -35,6 +39,7 @@ MIXES = {
     "one_token-k3s2": (*ONE_TOKEN, {"k": 3, "n_slots": 2}),
     "one_token-k2s3": (*ONE_TOKEN, {"k": 2, "n_slots": 3}),
     "one_token-k4s3": (*ONE_TOKEN, {"k": 4, "n_slots": 3}),
+    "sweep12-k2s2": (*SWEEP12, {"k": 2, "n_slots": 2}),
 }
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
@@ -76,6 +81,10 @@ WRONG = {
     # off_by_one: read as a greedy step (the next row is fed the target's choice), then flagged
     # one step late as POSITIONS/KV instead of at its step.
     ("command", "equal-k3s2", "off_by_one"),
+    # keep_len: first violation at the right step on the other row's request (0: "accepted 0
+    # drafts but only 1 agree"); a later, correct recycle of that request's slot is read as it going on.
+    ("command", "sweep12-k2s2", "keep_len"),
+    ("command", "sweep12-k2s2", "off_by_one"),  # as equal-k3s2's: one step late, POSITIONS
     # keep_len over a one-token newcomer: read as the old request going on (documented), flagged
     # at the step before the bug fired, on the old request; the newcomer is never a sequence.
     ("command", "one_token-k3s2", "keep_len"),
