@@ -31,6 +31,8 @@ ONE_TOKEN = ([[7], [40, 41, 42], [9], [60, 61]], [8, 5, 9, 6])  # one-token prom
 # request that ends at its first decode step).
 SWEEP12 = ([[87, 70, 88], [21, 51, 4], [64, 38, 85], [61, 91, 79, 32, 74, 3, 87], [21, 59, 50, 23, 46], [10, 76]],)
 SWEEP12 += ([4, 2, 9, 6, 7, 2],)
+# Seed 51: a request of budget 1 (it ends at its prefill), another of 2, over three slots.
+SWEEP51 = ([[67, 73, 23, 34, 32, 73, 35], [53, 73, 62, 92, 73, 70, 83], [78, 87, 49], [38, 54, 92, 3]], [2, 1, 9, 5])
 # name -> (prompts, budgets, engine options); more requests than slots, budgets that differ.
 MIXES = {
     "mixed-k3s2": (*MIXED, {"k": 3, "n_slots": 2}),
@@ -40,6 +42,7 @@ MIXES = {
     "one_token-k2s3": (*ONE_TOKEN, {"k": 2, "n_slots": 3}),
     "one_token-k4s3": (*ONE_TOKEN, {"k": 4, "n_slots": 3}),
     "sweep12-k2s2": (*SWEEP12, {"k": 2, "n_slots": 2}),
+    "sweep51-k2s3": (*SWEEP51, {"k": 2, "n_slots": 3}),
 }
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
@@ -85,6 +88,9 @@ WRONG = {
     # drafts but only 1 agree"); a later, correct recycle of that request's slot is read as it going on.
     ("command", "sweep12-k2s2", "keep_len"),
     ("command", "sweep12-k2s2", "off_by_one"),  # as equal-k3s2's: one step late, POSITIONS
+    # Unreadable from step 1 (an honest verdict, with its reason: "rows [0] of target call 3 fit
+    # more than one sequence each"), correct run and bugs alike; the newcomer is never a sequence.
+    *(("command", "sweep51-k2s3", bug) for bug in (None, *slots2.BUGS)),
     # keep_len over a one-token newcomer: read as the old request going on (documented), flagged
     # at the step before the bug fired, on the old request; the newcomer is never a sequence.
     ("command", "one_token-k3s2", "keep_len"),
