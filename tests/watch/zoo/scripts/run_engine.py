@@ -34,6 +34,7 @@ from zoo import (  # tests/watch on the path (pytest's pythonpath, or PYTHONPATH
     paged,
     queued,
     slots,
+    slots2,
     tree,
 )
 
@@ -42,8 +43,9 @@ ENGINES["mtp"] = mtp
 ENGINES["chunked"] = chunked
 ENGINES["chunkmix"] = chunkmix
 ENGINES["slots"] = slots
+ENGINES["slots2"] = slots2
 ENGINES["medusa_embeds"] = medusa_embeds
-USES_DRAFT = {"dropping", "packed", "queued", "tree", "slots"}
+USES_DRAFT = {"dropping", "packed", "queued", "tree", "slots", "slots2"}
 
 
 def tiny_llama() -> torch.nn.Module:
