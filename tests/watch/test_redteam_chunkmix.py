@@ -100,3 +100,13 @@ def test_the_engine_alone_equals_batch1_greedy(pair) -> None:
         for chunk, gap in ((2, 1), (3, 2), (1, 1)):
             outs, events = chunkmix.generate(pair.target, None, prompts, budgets, chunk=chunk, gap=gap)
             assert outs == _reference(mix) and not events, (mix, chunk, gap)
+
+
+@pytest.mark.parametrize(("mix", "bug", "mode"), sorted(WRONG))
+def test_a_known_misread_is_never_clean(pair, tmp_path, mix: str, bug: str, mode: str) -> None:
+    """The cases the command reads wrong (WRONG, docs/watch-command.md's limits) still never call a
+    run with a bug clean: unreadable with its reason, or a violation somewhere."""
+    trace, _, events = _run(pair, tmp_path, mix, bug, mode)
+    report = check_trace(trace)
+    assert events and report.verdict != "clean", (report.verdict, report.unreadable)
+    assert report.first_violation is not None or report.unreadable["why"]

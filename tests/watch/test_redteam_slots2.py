@@ -117,3 +117,22 @@ def test_slots2_is_read(pair, tmp_path: Path, mode: str, mix: str, bug: str | No
     assert report.verdict != "clean"
     seq_id = {tuple(s.prompt_ids): s.seq_id for s in trace.sequences}[tuple(prompts[events[0][1]])]
     assert first is not None and (first.step, first.seq_id) == (events[0][0], seq_id), report.violations[:3]
+
+
+# The documented limit ("read, not seen", docs/watch.md): a bug at a request's last step, which no
+# later call shows, reads clean through the command, with the tokens read so counted and said.
+READ_AS_GREEDY = {("command", "one_token-k3s2", "off_by_one"), ("command", "one_token-k4s3", "off_by_one")}
+
+
+@pytest.mark.parametrize(("mode", "mix", "bug"), sorted(c for c in WRONG if c[2] is not None))
+def test_a_known_misread_is_never_silently_clean(pair, tmp_path: Path, mode: str, mix: str, bug: str) -> None:
+    """The cases the command reads wrong (WRONG) with a bug: never clean, unreadable with its reason
+    or a violation somewhere; the last-step ones clean only with the read-as-greedy count said."""
+    trace, _, events = _run(pair, tmp_path, mode, mix, bug)
+    report = check_trace(trace)
+    assert events, "the bug did not fire"
+    if (mode, mix, bug) in READ_AS_GREEDY:
+        assert report.read_as_greedy is not None and report.read_as_greedy["tokens"] > 0
+        return
+    assert report.verdict != "clean", (report.verdict, report.unreadable)
+    assert report.first_violation is not None or report.unreadable["why"]
