@@ -24,6 +24,14 @@ def test_a_row_that_fits_nothing_stays_out() -> None:
     assert _matchings([0], {0: []}, [1]) == [{}]
 
 
+def test_two_rows_that_fit_only_one_sequence_are_two_ways_not_the_first_rows() -> None:
+    """Either row may hold it (the other is then new or idle): two assignments, so the follower
+    says ambiguous instead of giving the sequence to row 0 for its place."""
+    assert _matchings([0, 1], {0: [0], 1: [0]}, [1]) == [{0: 0}, {1: 0}]
+    # A third row that fits the other class keeps it in both ways.
+    assert _matchings([0, 1, 2], {0: [0], 1: [0], 2: [1]}, [1, 1]) == [{0: 0, 2: 1}, {1: 0, 2: 1}]
+
+
 def test_two_rows_for_a_class_of_two_identical_sequences_is_one_way() -> None:
     assert _matchings([0, 1], {0: [0], 1: [0]}, [2]) == [{0: 0, 1: 0}]
 

@@ -171,27 +171,30 @@ def _mask_2d(call: Any) -> bool:
 
 def _matchings(rows: list[int], options: dict[int, list[int]], capacity: list[int]) -> list[dict[int, int]]:
     """Distinct assignments row -> class (each class holding at most its capacity) that assign the
-    most rows; a row whose classes are all full stays unassigned. Stops at MATCHINGS found."""
+    most rows. Any row may be the one left out, not only one whose classes are all full: two rows
+    that fit only one single-sequence class are two ways, never the first row's by its place.
+    Stops at MATCHINGS found of the most rows (a branch that cannot reach them is not walked)."""
     found: list[dict[int, int]] = []
+    best = [0]  # the most rows an assignment found so far assigns
     left = list(capacity)
     current: dict[int, int] = {}
 
     def walk(k: int) -> None:
-        if len(found) >= MATCHINGS:
+        reach = len(current) + len(rows) - k  # the most this branch can still assign
+        if reach < best[0] or (reach == best[0] and len(found) >= MATCHINGS):
             return
         if k == len(rows):
+            if len(current) > best[0]:
+                best[0], found[:] = len(current), []
             found.append(dict(current))
             return
-        free = [c for c in options[rows[k]] if left[c] > 0]
-        if not free:
-            walk(k + 1)
-            return
-        for c in free:
-            current[rows[k]], left[c] = c, left[c] - 1
-            walk(k + 1)
-            del current[rows[k]]
-            left[c] += 1
+        for c in options[rows[k]]:
+            if left[c] > 0:
+                current[rows[k]], left[c] = c, left[c] - 1
+                walk(k + 1)
+                del current[rows[k]]
+                left[c] += 1
+        walk(k + 1)  # the row left out (another row may hold its class)
 
     walk(0)
-    most = max((len(m) for m in found), default=0)
-    return [m for m in found if len(m) == most]
+    return found
