@@ -390,8 +390,9 @@ def follow_rows(calls: list[CallRecord], prompts: list[list[int]], eos: frozense
             continue
         held = follower.rows.get(j)
         if held is None:  # a call from the one where reading stopped on
-            call.rows, call.unreadable = None, call.unreadable or follower.unfollowed[0]
+            call.rows = None
+            call.mark_unreadable(follower.unfollowed[0])
         elif any(s >= 0 for s in set(held) - taken.keys()):
-            call.unreadable = call.unreadable or f"a row of target call {j} starts with no declared prompt"
+            call.mark_unreadable(f"a row of target call {j} starts with no declared prompt")
         else:
             call.rows = tuple(taken.get(s, s) for s in held)  # (an idle row's marker kept)

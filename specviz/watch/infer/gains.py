@@ -91,7 +91,7 @@ class Gains:
                 self.calls, s.step, s.at, self.read(*s.step, s.id), v.rq, s.context, v.context + 1 - len(s.context)
             )
             if isinstance(read, str):  # which path it kept is not told: its step on is unreadable
-                self.calls[s.step[0]].unreadable = self.calls[s.step[0]].unreadable or read
+                self.calls[s.step[0]].mark_unreadable(read)
             elif read is not None:
                 return read
         step = self._step_tokens(s)
