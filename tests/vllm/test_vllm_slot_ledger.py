@@ -50,3 +50,15 @@ def test_runs_code_the_failing_indices():
     assert runs(5, []) == [[1, 5]]
     assert runs(5, [0, 1, 4]) == [[0, 2], [1, 2], [0, 1]]
     assert join_runs(runs(3, []), runs(2, [1])) == [[1, 4], [0, 1]]
+
+
+def test_a_draft_call_fed_embeddings_gives_no_draft_fields_not_a_crash():
+    """A drafter fed embeddings, or no positions (capture records None for either): the step keeps
+    no draft-side fields, as where no draft model ran (it raised a TypeError before)."""
+    from specviz.watch.vllm.steps import _draft_calls
+
+    call = {"input_ids": None, "positions": [5], "query_start_loc": [0, 1], "slot_mapping": [80], "block_table": [[5]]}
+    drafting = {"draft_calls": [call], "req_ids": ["a"], "block_size": 16}
+    assert _draft_calls(drafting, SlotLedger(), {}, {"a": (5, prefixes([1, 2, 3, 4, 5, 6]))}) == {}
+    call.update(input_ids=[6], positions=None)
+    assert _draft_calls(drafting, SlotLedger(), {}, {"a": (5, prefixes([1, 2, 3, 4, 5, 6]))}) == {}

@@ -286,7 +286,9 @@ def _draft_calls(
     many of the n - 1 + j slots before it hold what it attends them for. Empty where no draft model
     ran (no drafts, n-gram, a head: the rows record no draft-side fields)."""
     calls = drafting.get("draft_calls", [])
-    if not calls or any("unreadable" in call for call in calls):
+    # A draft call whose metadata was unreadable, or that was fed embeddings or no positions (an
+    # EAGLE-like drafter may be): no draft-side fields, as where no draft model ran, never a crash.
+    if not calls or any("unreadable" in call or None in (call["input_ids"], call["positions"]) for call in calls):
         return {}
     req_ids, bs = drafting["req_ids"], drafting["block_size"]
     found: dict[str, tuple[list[int], list[int]]] = {r: ([], []) for r in wanted if r in req_ids}
