@@ -131,8 +131,8 @@ class PagedCapture:
             # The call that made the first token the two disagree on; where the manager reported
             # none (after 0: the engine emitted for a sequence it never wrote to), the first call.
             made = [j for j in targets if j < after] or targets[:1]
-            if made and calls[made[-1]].unreadable is None:
-                calls[made[-1]].unreadable = f"sequence {seq_id}: {why}"
+            if made:
+                calls[made[-1]].mark_unreadable(f"sequence {seq_id}: {why}")
 
     def _seq(self, state: Any) -> int:
         """The sequence a request is: the first declared prompt equal to its prompt not yet taken,

@@ -121,20 +121,3 @@ def test_an_engine_ending_a_request_otherwise_than_the_manager_is_unreadable(tar
     report = check_trace(w.trace)
     assert report.verdict == "unreadable" and not report.violation_count, (report.verdict, report.violations[:3])
     assert f"sequence {engine.seq}: the engine ended it by 'eos', the manager by 'length'" in report.unreadable["why"]
-
-
-def test_engine_emits_for_a_sequence_the_manager_wrote_nothing_to_stop_the_reading() -> None:
-    """The manager named the sequence but reported no token for it, and the engine emitted some:
-    the two disagree from the first token, so the reading stops before the first target call
-    (it used to find no call before the difference and drop it, leaving the run clean)."""
-    from types import SimpleNamespace
-
-    from specviz.watch.attribution import Emit
-    from specviz.watch.paged import PagedCapture
-
-    capture = PagedCapture(sink=None, prompts=[[5, 6]])
-    capture.engine = {0: [([7, 8], None)], 1: [([9], None)]}
-    calls = [SimpleNamespace(role=role, unreadable=None) for role in ("draft", "target", "target")]
-    capture.reconcile(calls, [Emit(seq_id=1, tokens=[9], finish_reason=None, after=2, at=0.0)])
-    assert calls[0].unreadable is None and calls[2].unreadable is None
-    assert calls[1].unreadable.startswith("sequence 0: the engine emitted 2 tokens, the manager reported 0")

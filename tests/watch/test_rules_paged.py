@@ -10,6 +10,7 @@ from types import SimpleNamespace
 # The code under test, in one block.
 from specviz.watch.attribution import Emit
 from specviz.watch.paged import PagedCapture, _first_difference
+from specviz.watch.record import CallRecord
 
 TAIL = " (transformers' continuous batching manager and w.emit disagree)"
 
@@ -66,8 +67,10 @@ def test_another_ending_is_located_after_the_last_report() -> None:
     assert _first_difference(unended, [([5], "eos")]) == (1, "the engine ended it by 'eos', the manager by None" + TAIL)
 
 
-def call(role: str) -> SimpleNamespace:
-    return SimpleNamespace(role=role, unreadable=None)
+def call(role: str) -> CallRecord:
+    """A one-token call of `role`: reconcile reads its role and what it says of being unreadable."""
+    fed = {"rows": None, "input_ids": [[5]], "positions": [[0]], "positions_fed": True, "cache_width": 0}
+    return CallRecord(role=role, mask_kind="none", mask=None, batch_size=1, query_len=1, **fed)
 
 
 def test_reconcile_marks_the_target_call_that_made_the_first_differing_token() -> None:

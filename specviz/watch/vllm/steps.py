@@ -160,9 +160,14 @@ def _unreadable(record: dict[str, Any]) -> str | None:
         return f"{record['kv_groups']} KV cache groups (one block table per group): only one is read"
     if "sampled" not in record:
         return "the step's sampler output was not seen"
-    if fed["input_ids"] is None or fed["positions"] is None:
+    if _fed_no_ids(fed):
         return "the target was fed embeddings or no positions"
     return None
+
+
+def _fed_no_ids(fed: dict[str, Any]) -> bool:
+    """A forward fed embeddings or no positions (capture records None for either): nothing to read."""
+    return fed["input_ids"] is None or fed["positions"] is None
 
 
 def _no_spec(batch: int) -> dict[str, Any]:
@@ -288,7 +293,7 @@ def _draft_calls(
     calls = drafting.get("draft_calls", [])
     # A draft call whose metadata was unreadable, or that was fed embeddings or no positions (an
     # EAGLE-like drafter may be): no draft-side fields, as where no draft model ran, never a crash.
-    if not calls or any("unreadable" in call or None in (call["input_ids"], call["positions"]) for call in calls):
+    if not calls or any("unreadable" in call or _fed_no_ids(call) for call in calls):
         return {}
     req_ids, bs = drafting["req_ids"], drafting["block_size"]
     found: dict[str, tuple[list[int], list[int]]] = {r: ([], []) for r in wanted if r in req_ids}
