@@ -29,6 +29,7 @@ from itertools import accumulate, zip_longest
 from typing import Any
 
 from specviz.watch.map import BatchMap, Segment  # noqa: F401  (the one type; re-exported)
+from specviz.watch.view import Counted, Slotted, View
 
 
 class Unreadable(Exception):
@@ -167,24 +168,35 @@ def apply(call: Any, bmap: BatchMap, seen: Any = None) -> bool:
     def padded(values: Any, pad: Any) -> list[list[Any]]:  # values(segment), right-padded to `width`
         return [values(s) + [pad] * (width - s.length) for s in segments]
 
-    call.input_ids, call.positions, call.argmax, call.query_live = (
+    call.input_ids, call.positions, call.argmax = (
         padded(lambda s: call.input_ids[s.row][s.start : s.start + s.length], 0),
         padded(lambda s: call.positions[s.row][s.start : s.start + s.length], 0),
         padded(lambda s: [argmax.get((s.row, c)) for c in s.columns], None),
-        padded(lambda s: [True] * s.length, False),
     )
-    call.mask, call.mask_kind, contexts = None, "unknown", [0] * len(segments)
-    if lines is not None:
-        call.mask, call.mask_kind = padded(lambda s: lines[s.start : s.start + s.length], (0, False)), "counts"
-        contexts = [max(lines[s.start][0] - 1, 0) for s in segments]
-    if seen is not None:
-        call.mask, call.mask_kind = [_own_slots(seen, s, width) for s in segments], "4d-slots"
+    call.views = _views(segments, width, lines, seen)
+    call.mask, call.query_live, contexts = None, None, [v.cache for v in call.views]
     call.batch_size, call.query_len, call.contexts = len(bmap.segments), width, contexts
     call.cache_width = max(contexts, default=0)
     call.logit_slots, call.lines = None, None
-    call.last_slots = [s.length - 1 for s in bmap.segments]
     call.segments = [(s.row, s.start, s.length) for s in bmap.segments]  # raw columns, for `headinput`
     return True
+
+
+def _views(segments: tuple[Segment, ...], width: int, lines: Any, seen: Any) -> list[View]:
+    """Each segment's view, right-padded to `width`: the key slots each of its tokens attends
+    where it packs trees (`seen`, read as a static cache's slots), else its lines' counts, else
+    nothing (the mask checks are skipped). Its cache: what its first token attends before itself."""
+    views: list[View] = []
+    for s in segments:
+        flags = [1] * s.length + [0] * (width - s.length)
+        cache = max(lines[s.start][0] - 1, 0) if lines is not None else 0
+        if seen is not None:
+            views.append(Slotted(flags, cache, _own_slots(seen, s, width)))
+        elif lines is not None:
+            views.append(Counted(flags, cache, lines[s.start : s.start + s.length] + [(0, False)] * (width - s.length)))
+        else:
+            views.append(View(flags, cache))
+    return views
 
 
 def _own_slots(seen: Any, segment: Segment, width: int) -> list[list[bool]]:

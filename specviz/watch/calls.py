@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from itertools import groupby
 
 from specviz.watch.map import Segment
 from specviz.watch.record import CallRecord
@@ -71,26 +70,7 @@ def argmax_at(call: CallRecord, row: int, slot: int) -> int | None:
 
 def context_before(call: CallRecord, row: int, slot: int) -> int:
     """Slots the query token at `slot` attends before itself (-1: a mask the hooks could not read)."""
-    if call.mask_kind == "none":
-        return call.cache_of(row) + slot
-    if call.mask_kind == "2d":
-        return int(sum(call.mask[row][: _kept(call, row, slot)]))
-    if call.mask_kind == "counts":  # a packed call's row (batchmap): slots attended per query slot
-        return call.mask[row][slot][0] - 1
-    if call.mask_kind in ("4d", "4d-slots"):
-        t = _kept(call, row, slot)
-        if t < 0:
-            return -1
-        if call.mask_kind == "4d":
-            return int(sum(call.mask[row][t][: call.cache_width + slot]))
-        return int(sum(call.mask[row][t])) - 1  # every slot it attends but its own
-    return -1
-
-
-def _kept(call: CallRecord, row: int, slot: int) -> int:
-    """Where query slot `slot` sits in the row's kept mask, which ends with the query: its column
-    in a 2-D mask, its line in a 4-D mask's kept tail (negative: a line not kept)."""
-    return len(call.mask[row]) - call.query_len + slot
+    return call.view(row).before(slot)
 
 
 def _draft_row(call: CallRecord, seq: int, row: int, batch_size: int, fed: int, out: int) -> int | None:
@@ -207,22 +187,10 @@ def attended_ids(call: CallRecord, row: int, end: int | None = None) -> list[int
 
 
 def attends_cache(call: CallRecord, row: int) -> bool:
-    """Does the row attend any slot of the cache the call was given (a 2-D or a [cache | query]
-    4-D mask says; else assumed)? A sequence prefilled alone over a shared cache (a newcomer once
-    every other request has ended) is given the whole cache yet attends none of it: a new sequence,
-    not the row's previous one continued."""
-    if call.cache_of(row) == 0:
-        return False
-    if call.mask_kind == "2d":
-        return any(call.mask[row][: _kept(call, row, 0)])
-    if call.mask_kind == "4d" and call.mask is not None:
-        width = call.cache_width  # keys: the cache's slots, then the query's
-        return any(any(line[:width]) for line in call.mask[row])
-    if call.mask_kind == "4d-slots":  # a recycled static slot's prefill attends only its own tokens
-        flags = query_flags(call, row)
-        last = last_slot(call, row)
-        return context_before(call, row, last) + 1 != sum(flags[: last + 1])
-    return True
+    """Does the row attend any slot of the cache the call was given (`View.attends_cache`)? A
+    sequence prefilled alone over a shared cache is given the whole cache yet attends none of it:
+    a new sequence, not the row's previous one continued."""
+    return call.view(row).attends_cache()
 
 
 def _chain(
@@ -287,59 +255,4 @@ def mask_row(call: CallRecord, row: int, rq: RowQuery) -> tuple[list[list[int]],
     The row's mask covers its context (every slot before the pending one, cached or re-fed) and
     its own d + 1 query slots; padding after its last real token is not part of it.
     """
-    context_len = call.cache_of(row) + rq.pending
-    q = rq.drafts + 1
-    if call.mask_kind == "none":
-        return [[1, context_len + q]], context_len, None
-    if call.mask_kind == "2d":
-        values, start = call.mask[row], _kept(call, row, rq.pending)
-        return _rle(values[: start + q]), int(sum(values[:start])), None
-    if call.mask_kind in ("4d", "4d-slots"):
-        first = _kept(call, row, rq.pending)
-        if first < 0:
-            return [], -1, None
-        lines = call.mask[row][first : first + q]
-        if call.mask_kind == "4d":  # keys: the cache's slots, then the query's
-            return _mask4_row(lines, call.cache_width + rq.pending)
-        return _mask4_slots_row(lines)
-    if call.mask_kind == "counts":  # a packed call's row (`batchmap.apply`): (attended, grows) per slot
-        counts = call.mask[row][rq.pending : rq.pending + q]
-        return _by_counts(counts[0][0], [line[1] for line in counts[1:]])
-    return [], -1, None
-
-
-def _mask4_row(lines: list[list[bool]], context_len: int) -> tuple[list[list[int]], int, bool | None]:
-    """The pending query's view of the context, then the diagonal; causal if every later query
-    slot of the row sees that same context plus exactly the query slots up to itself."""
-    n = len(lines)
-    view = [int(v) for v in lines[0][:context_len]]
-    diagonal = [int(lines[i][context_len + i]) for i in range(n)]
-    causal = all(
-        [int(v) for v in line[: context_len + n]] == view + [1] * (i + 1) + [0] * (n - i - 1)
-        for i, line in enumerate(lines)
-    )
-    return _rle(view + diagonal), sum(view), causal
-
-
-def _mask4_slots_row(lines: list[list[bool]]) -> tuple[list[list[int]], int, bool | None]:
-    """A static or in-place cache's mask, whose keys are slots, not [cache | query]: where each
-    query slot's own key sits is not known, so the row is read by counts (`_by_counts`): a later
-    slot grows the one before it when it attends all it did and one slot more."""
-    seen = [{j for j, v in enumerate(line) if v} for line in lines]
-    grows = [len(now) == len(before) + 1 and before < now for before, now in zip(seen, seen[1:])]
-    return _by_counts(len(seen[0]), grows)
-
-
-def _by_counts(first: int, grows: list[bool]) -> tuple[list[list[int]], int, bool | None]:
-    """A row read by counts: the pending slot attends `first` slots (its context and itself), each
-    later slot grows the one before it (one slot more: its own) or not. Returned in the canonical
-    form (context, then one flag per query slot), so the checks read it like any other row: a stale
-    or missing slot changes a count, and is flagged."""
-    context = max(first - 1, 0)
-    diagonal = [int(first > 0), *map(int, grows)]
-    return _rle([1] * context + diagonal), context, all(diagonal)
-
-
-def _rle(values: list[int]) -> list[list[int]]:
-    """[0, 0, 1, 1, 1] -> [[0, 2], [1, 3]], canonical like the recorder's."""
-    return [[int(value), len(list(run))] for value, run in groupby(values)]
+    return call.view(row).mask_row(rq.pending, rq.drafts + 1)

@@ -4,7 +4,7 @@ where the call's batch map is read (`batchmap.read_map`) and kept with it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -38,6 +38,9 @@ class CallRecord:
     started: float = 0.0
     ended: float = 0.0
     last_slots: list[int] | None = None  # [B]: each row's last attended query slot, set by `materialize`
+    # [B]: what each row feeds and attends (`view.View`), set by `materialize`: the readers ask a
+    # row's view, never the mask.
+    views: list[Any] | None = None
     # What a packed call carries to say who is where (`batchmap`): one row holding several
     # sequences. `packed`: B == 1 and something may cut it (its mask and argmax kept whole).
     packed: bool = False
@@ -65,9 +68,6 @@ class CallRecord:
     # final hidden states): recorded after that call, its matches filled when the call ends.
     nested: bool = False
     segments: list[tuple[int, int, int]] | None = None  # a packed call's (row, start, length) per sequence
-    # `query_flags` per row, once materialized: the readers ask for each row's flags hundreds of
-    # times a run (each candidate sequence, each chain), and they never change after `materialize`.
-    flags: dict[int, list[int]] = field(default_factory=dict, repr=False)
     # Tree verification (`tree`): per row its declared parents (w.batch(..., parents=...)); after
     # `materialize`, `trees` holds each row's tree (declared, or read from the mask; None: a chain).
     parents: list[list[int]] | None = None
@@ -95,7 +95,6 @@ class CallRecord:
         self._to_lists("input_ids", "positions", "argmax", "query_live", "cu_q", "cu_k", "logit_slots")
         whole, trees = self._packed_row()
         self._to_lists("mask")
-        self.last_slots = [self._last_slot(row) for row in range(self.batch_size)]
         base = self.cache_width
         self.map, packed = batchmap.read_map(self), False
         if self.map.readable:  # a packed call's rows keep the slots each token attends where it packs trees
@@ -104,6 +103,7 @@ class CallRecord:
             self.unreadable = self.map.unreadable
         if whole is not None:
             self._keep_row(whole, packed, trees, base)
+        self.last_slots = [self.view(row).last for row in range(self.batch_size)]
         if not packed or trees:
             tree.read_trees(self)
         if self.logit_slots is not None and self.argmax is not None:  # (`apply` spread a packed call's)
@@ -111,7 +111,6 @@ class CallRecord:
             kept = batchmap.argmax_by_column(self)
             self.argmax = [[kept.get((r, c)) for c in range(self.query_len)] for r in range(len(self.argmax))]
             self.logit_slots = None
-        self.flags.clear()  # any read while the map was applied saw the call before it
 
     def _packed_row(self) -> tuple[Any, bool]:
         """(the [T, keys] mask tensor, whether it packs trees: `tree.packed_nodes`) of a packed row,
@@ -139,7 +138,6 @@ class CallRecord:
         (`held`) and, packing trees, its node keys; one sequence after all: its 4-D mask."""
         if not packed:  # read as any 4-D mask
             self.mask = [whole.tolist()]
-            self.last_slots = [self._last_slot(row) for row in range(self.batch_size)]
             return
         self.held = segment_slots(whole, self.segments)
         if trees and self.keys_end is not None:
@@ -164,21 +162,13 @@ class CallRecord:
     def query_flags(self, row: int) -> list[int]:
         """1 for each query slot of `row` that is attended (a real token), 0 for padding. Shared:
         callers read it, never change it."""
-        if row not in self.flags:
-            self.flags[row] = self._query_flags(row)
-        return self.flags[row]
+        return self.view(row).flags
 
-    def _query_flags(self, row: int) -> list[int]:
-        q = self.query_len
-        if self.mask_kind == "2d":
-            values = self.mask[row]
-            if len(values) >= q:
-                return [int(v) for v in values[len(values) - q :]]
-        if self.query_live is not None and (any(self.query_live[row]) or self.mask_kind in ("4d", "4d-slots")):
-            return [int(v) for v in self.query_live[row]]  # a 4-D row with none live feeds nothing
-        return [1] * q
+    def view(self, row: int) -> Any:
+        """What the row feeds and attends (`view.View`): read once from the mask, at the first ask
+        after `materialize` (`batchmap.apply` gives a packed call's segments theirs)."""
+        if self.views is None:
+            from specviz.watch.view import read_views
 
-    def _last_slot(self, row: int) -> int:
-        """The row's last attended query slot (the last one when none is), read off the mask row."""
-        flags = self._query_flags(row)
-        return next((j for j in range(self.query_len - 1, -1, -1) if flags[j]), self.query_len - 1)
+            self.views = read_views(self)
+        return self.views[row]

@@ -25,35 +25,16 @@ index; `infer.tree_gain` reads, for the command, which tokens a tree step commit
 
 from __future__ import annotations
 
-from itertools import groupby, takewhile
+from itertools import takewhile
 from typing import Any
 
 from specviz.analysis.tree_checks import depths_of
 from specviz.watch.batchmap import block_cut
 from specviz.watch.map import tree_error  # noqa: F401  (Segment checks its parents with it; declared reads it here)
 from specviz.watch.tensor_reads import any_last
+from specviz.watch.view import one_more, parents_of_block, parents_of_sets, slots_on  # noqa: F401
 
 # ----------------------------------------------------------------------------- the tree of a row
-
-
-def parents_of_block(block: list[list[bool]]) -> list[int] | None:
-    """The tree an N x N query block shows (block[i][j]: node i attends node j), or None when it
-    shows none (see the module docstring)."""
-    views = [frozenset(_slots_on(line)) for line in block]
-    if not views or views[0] != {0}:
-        return None
-    parents = [-1]
-    for i in range(1, len(views)):
-        parent = max(views[i] - {i}, default=-1)  # the latest other node it sees (-1: none)
-        if not 0 <= parent < i or views[i] != views[parent] | {i}:  # its own view is its parent's plus itself
-            return None
-        parents.append(parent)
-    return parents
-
-
-def _slots_on(line: Any) -> list[int]:
-    """The indices a mask line (or any row of flags) has on: the slots it attends."""
-    return [j for j, on in enumerate(line) if on]
 
 
 def branching(parents: list[int]) -> bool:
@@ -69,7 +50,7 @@ def read_trees(call: Any) -> None:
         return
     if call.parents is not None:
         _declared_trees(call)
-    elif call.mask_kind in ("4d", "4d-slots") and call.mask is not None:  # no mask kept: no tree to read
+    else:  # read from the rows' views (a view that names no attended slots shows no tree)
         _mask_trees(call)
 
 
@@ -115,10 +96,7 @@ def _refed_root(call: Any, row: int, parents: list[int]) -> bool:
     pending token sits in that chain. (A root that branches at once is the pending token.)"""
     if parents.count(0) != 1:
         return False
-    first = call.last_slots[row] - len(parents) + 1
-    if call.mask_kind == "4d-slots":
-        return len(slot_sets(call, row, first, 1)[0]) <= 1
-    return not any(_mask_line(call, row, first)[: call.cache_width + first])
+    return call.view(row).refed_root(call.last_slots[row] - len(parents) + 1)
 
 
 def _fed_depths(positions: list[int], parents: list[int], last: int) -> bool:
@@ -132,7 +110,7 @@ def one_tree(mask: Any, cache_width: int, positions: list[int]) -> bool:
     not several sequences packed together? Each packed sequence's first query token attends no
     other query token, a second root no tree has."""
     live = any_last(mask).tolist()  # through numpy on the CPU: torch's `any` costs 20x more here
-    last = max(_slots_on(live), default=-1)
+    last = max(slots_on(live), default=-1)
     if last < 0:
         return False
     first = last - len(list(takewhile(bool, reversed(live[:last]))))
@@ -142,7 +120,7 @@ def one_tree(mask: Any, cache_width: int, positions: list[int]) -> bool:
         block = nodes[:, cache_width + first : cache_width + last + 1]
         parents = parents_of_block(block.tolist()) if bool(block[:, 0].all()) else None
     elif not bool((mask[first] & ~nodes).any()):  # a static or in-place cache's slots
-        parents = parents_of_sets([frozenset(_slots_on(line)) for line in nodes.tolist()])
+        parents = parents_of_sets([frozenset(slots_on(line)) for line in nodes.tolist()])
     else:
         parents = None
     return parents is not None and branching(parents) and _fed_depths(positions, parents, last)
@@ -183,49 +161,7 @@ def _live_run(call: Any, row: int) -> int:
 def _mask_tree(call: Any, row: int) -> list[int] | None:
     """The tree the row's query block shows, over its run of real query slots."""
     n = _live_run(call, row)
-    if n < 2:
-        return None
-    first = call.last_slots[row] - n + 1
-    if call.mask_kind == "4d-slots":
-        return parents_of_sets(slot_sets(call, row, first, n))
-    return parents_of_block(node_block(call, row, first, n))
-
-
-def slot_sets(call: Any, row: int, pending: int, n: int) -> list[frozenset[int]]:
-    """The key slots each of the row's n nodes attends, from a static or in-place cache's mask
-    (`4d-slots`: where each node's own key sits is not named, only what it sees)."""
-    return [frozenset(_slots_on(_mask_line(call, row, pending + i))) for i in range(n)]
-
-
-def parents_of_sets(sets: list[frozenset[int]]) -> list[int] | None:
-    """The tree the nodes' attended slot sets show: node i's parent is the one earlier node whose
-    set is i's minus one slot (i's own); None when a node has no such node, or several."""
-    if not sets or not sets[0]:
-        return None
-    parents = [-1]
-    for i in range(1, len(sets)):
-        found = [p for p in range(i) if _one_more(sets[p], sets[i])]
-        if len(found) != 1:
-            return None
-        parents.append(found[0])
-    return parents
-
-
-def _one_more(parent: frozenset[int], node: frozenset[int]) -> bool:
-    """A node's slots are its parent's plus exactly one (its own)."""
-    return parent < node and len(node) == len(parent) + 1
-
-
-def node_block(call: Any, row: int, pending: int, n: int) -> list[list[bool]]:
-    """block[i][j]: query node i (slot pending + i) attends node j, from a 4-D [cache | query] mask."""
-    width = call.cache_width + pending
-    return [[bool(v) for v in _mask_line(call, row, pending + i)[width : width + n]] for i in range(n)]
-
-
-def _mask_line(call: Any, row: int, slot: int) -> Any:
-    """The mask's line of the row's query slot `slot` (a 4-D mask keeps only the last query rows)."""
-    tail = call.mask[row]
-    return tail[slot - (call.query_len - len(tail))]
+    return call.view(row).tree(call.last_slots[row] - n + 1, n) if n >= 2 else None
 
 
 # ----------------------------------------------------------------------------- what a step kept
@@ -298,13 +234,7 @@ def tree_fields(call: Any, row: int, rq: Any, tokens: list[int], targets: list[i
     n = len(parents)
     nodes = list(call.input_ids[row][rq.pending : rq.pending + n])
     path, bonus = accepted_path(tokens, parents, nodes, targets)
-    attends = None
-    if call.mask_kind == "4d":
-        block = node_block(call, row, rq.pending, n)
-        attends = [_slots_on(line) for line in block]
-    elif call.mask_kind == "4d-slots":  # node j seen: every slot it attends, its own included
-        sets = slot_sets(call, row, rq.pending, n)
-        attends = [[j for j in range(n) if sets[j] <= seen] for seen in sets]
+    attends = call.view(row).node_attends(rq.pending, n)
     return {
         "tree_parents": list(parents),
         "tree_depths": depths_of(parents),
@@ -317,22 +247,9 @@ def tree_fields(call: Any, row: int, rq: Any, tokens: list[int], targets: list[i
 
 def mask_row(call: Any, row: int, rq: Any) -> tuple[list[list[int]], int] | None:
     """(mask_rle as the root's view of the context then one flag per node: it attends its own
-    slot; attended context slots), or None for a mask read otherwise. Non-root nodes' views of
-    the block are `node_attends`. A static or in-place cache's mask is read by counts: the root
-    attends its context and itself, each node its parent's slots plus one (its own)."""
-    parents = call.trees[row]
-    n = len(parents)
-    if call.mask_kind == "4d-slots":
-        sets = slot_sets(call, row, rq.pending, n)
-        view = [1] * max(len(sets[0]) - 1, 0)
-        diagonal = [int(bool(sets[0]))] + [int(_one_more(sets[parents[i]], sets[i])) for i in range(1, n)]
-    elif call.mask_kind == "4d":
-        width = call.cache_width + rq.pending
-        view = [int(v) for v in _mask_line(call, row, rq.pending)[:width]]
-        diagonal = [int(_mask_line(call, row, rq.pending + i)[width + i]) for i in range(n)]
-    else:
-        return None
-    return [[int(v), len(list(run))] for v, run in groupby(view + diagonal)], sum(view)
+    slot; attended context slots), or None for a mask read otherwise (`View.tree_row`). Non-root
+    nodes' views of the block are `node_attends`."""
+    return call.view(row).tree_row(rq.pending, call.trees[row])
 
 
 def kept_nodes(call: Any, row: int, rq: Any, later: Any, later_row: int, later_rq: Any) -> list[int] | None:
@@ -344,11 +261,13 @@ def kept_nodes(call: Any, row: int, rq: Any, later: Any, later_row: int, later_r
     when that call's keys begin where this call's end (`CallRecord.node_keys`)."""
     if call.node_keys is not None:
         return _kept_packed(call, row, rq, later, later_row, later_rq)
-    if call.mask_kind != "4d" or later.mask_kind != "4d" or later.cache_width != call.cache_width + call.query_len:
+    line = later.view(later_row).keys(later_rq.pending)  # both calls' keys [cache | query]
+    if call.view(row).keys(rq.pending) is None or line is None:
+        return None
+    if later.cache_width != call.cache_width + call.query_len:
         return None
     start = call.cache_width + rq.pending
-    line = _mask_line(later, later_row, later_rq.pending)[start : start + len(call.trees[row])]
-    return _slots_on(line)
+    return slots_on(line[start : start + len(call.trees[row])])
 
 
 def _kept_packed(call: Any, row: int, rq: Any, later: Any, later_row: int, later_rq: Any) -> list[int] | None:
@@ -360,7 +279,7 @@ def _kept_packed(call: Any, row: int, rq: Any, later: Any, later_row: int, later
         return None
     first = call.node_keys[row] + rq.pending
     seen = later.held[later_row][0][first : first + len(call.trees[row])]
-    return _slots_on(seen)
+    return slots_on(seen)
 
 
 def draft_calls_before(calls: list[Any], index: int) -> list[int]:

@@ -15,6 +15,7 @@ from specviz.watch.batchmap import BatchMap, Segment, apply, read_map
 from specviz.watch.calls import context_before
 from specviz.watch.hooks import CallRecord
 from specviz.watch.tensor_reads import line_summary
+from specviz.watch.view import Counted, View
 
 
 def call_of(ids: list[list[int]], positions: list[list[int]], **fields) -> CallRecord:
@@ -111,7 +112,7 @@ def test_a_block_diagonal_mask_over_a_shared_cache_cuts_where_a_token_starts_ove
     call = call_of([[9, 19]], [[2, 3]], mask_kind="4d", lines=lines, cache_width=5, rows=(3, 1))
     assert cut(call) == [(3, 0, 0, 1), (1, 0, 1, 1)] and read_map(call).source == "block-mask"
     assert apply(call, read_map(call))
-    assert call.mask_kind == "counts" and call.contexts == [2, 3] and call.cache_width == 3
+    assert all(isinstance(v, Counted) for v in call.views) and call.contexts == [2, 3] and call.cache_width == 3
     assert [context_before(call, r, 0) for r in range(2)] == [2, 3]
     # A causal block (no token drops a slot the one before it attended): one sequence.
     single = call_of([[9, 19]], [[2, 3]], mask_kind="4d", lines=line_summary(torch.tril(torch.ones(2, 2)) > 0))
@@ -149,11 +150,13 @@ def test_apply_unpacks_a_position_cut_call_causally_within_each_sequence() -> No
     call = call_of([[5, 6, 7, 11, 12]], [[0, 1, 2, 0, 1]], argmax=[[40, 41]])
     assert apply(call, read_map(call))
     assert call.input_ids == [[5, 6, 7], [11, 12, 0]] and call.positions == [[0, 1, 2], [0, 1, 0]]
-    assert call.query_live == [[True, True, True], [True, True, False]]
+    assert [v.flags for v in call.views] == [[1, 1, 1], [1, 1, 0]]
     assert call.argmax == [[None, None, None], [40, 41, None]]
-    assert call.mask_kind == "counts" and [[n for n, _ in row] for row in call.mask] == [[1, 2, 3], [1, 2, 0]]
-    assert [[one_more for _, one_more in row] for row in call.mask] == [[False, True, True], [False, True, False]]
-    assert call.last_slots == [2, 1] and call.segments == [(0, 0, 3), (0, 3, 2)] and call.contexts == [0, 0]
+    assert [[n for n, _ in v.counts] for v in call.views] == [[1, 2, 3], [1, 2, 0]]
+    assert [[one_more for _, one_more in v.counts] for v in call.views] == [[False, True, True], [False, True, False]]
+    assert (
+        [v.last for v in call.views] == [2, 1] and call.segments == [(0, 0, 3), (0, 3, 2)] and call.contexts == [0, 0]
+    )
     assert call.batch_size == 2 and call.query_len == 3 and call.logit_slots is None
 
 
@@ -162,5 +165,6 @@ def test_apply_without_keys_or_a_readable_mask_leaves_the_mask_unread() -> None:
     so the rows carry no mask (its checks are skipped, never guessed)."""
     call = call_of([[5, 6, 7]], [[4, 2, 3]], cu_q=[0, 1, 3], cache_width=6, argmax=[[7, 8, 9]])
     assert apply(call, read_map(call))
-    assert call.mask is None and call.mask_kind == "unknown" and call.contexts == [0, 0]
+    assert call.mask is None and call.contexts == [0, 0]
+    assert [type(v) for v in call.views] == [View, View] and context_before(call, 1, 1) == -1
     assert call.argmax == [[7, None], [8, 9]] and call.held is None

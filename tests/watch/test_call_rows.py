@@ -23,6 +23,7 @@ from specviz.watch.calls import (
     row_seq_ids,
 )
 from specviz.watch.hooks import CallRecord
+from specviz.watch.view import Counted
 
 PENDING_AND_TWO = RowQuery(pending=0, drafts=2, chain=())  # the pending token, then two drafts
 
@@ -100,11 +101,16 @@ def test_a_static_cache_mask_is_read_by_counts() -> None:
     assert mask_row(short, 0, PENDING_AND_TWO) == ([], -1, None)
 
 
+def counted(counts: list[tuple[int, bool]]) -> CallRecord:
+    """A packed call's segment as `batchmap.apply` leaves it: its view read by counts."""
+    return call_of("unknown", None, cache=0, contexts=[3], views=[Counted([1] * len(counts), 3, counts)])
+
+
 def test_a_packed_rows_counts_are_read_like_a_static_cache() -> None:
-    call = call_of("counts", [[(4, False), (5, True), (6, True)]], cache=0, contexts=[3])
+    call = counted([(4, False), (5, True), (6, True)])
     assert mask_row(call, 0, PENDING_AND_TWO) == ([[1, 6]], 3, True)
     assert context_before(call, 0, 2) == 5
-    leak = call_of("counts", [[(4, False), (5, True), (7, False)]], cache=0, contexts=[3])
+    leak = counted([(4, False), (5, True), (7, False)])
     assert mask_row(leak, 0, PENDING_AND_TWO) == ([[1, 5], [0, 1]], 3, False)
     unknown = call_of("unknown", None, cache=2)  # a mask the hooks could not read
     assert mask_row(unknown, 0, PENDING_AND_TWO) == ([], -1, None) and context_before(unknown, 0, 1) == -1

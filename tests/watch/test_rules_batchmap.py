@@ -1,5 +1,5 @@
 """`batchmap.apply` on a call that packs trees (`specviz/watch/batchmap.py`): each sequence's row
-keeps the key slots its own query tokens attend ("4d-slots"), so its tree (siblings that do not
+keeps the key slots its own query tokens attend (a `Slotted` view), so its tree (siblings that do not
 see each other) and a slot of a neighbour's that one of its tokens attends can still be read. Every
 expected row is written out by hand from the packed mask."""
 
@@ -10,6 +10,7 @@ import torch
 # The code under test, in one block.
 from specviz.watch.batchmap import BatchMap, Segment, apply
 from specviz.watch.record import CallRecord
+from specviz.watch.view import Slotted
 
 
 def packed_call(ids: list[int], positions: list[int]) -> CallRecord:
@@ -32,8 +33,8 @@ def test_each_sequence_keeps_the_slots_its_own_tokens_attend() -> None:
     seen = seen_of("10000", "11000", "10100", "00010", "00011")
     bmap = BatchMap((Segment(7, 0, 0, 3), Segment(9, 0, 3, 2)), "declared")
     assert apply(call, bmap, seen)
-    assert call.mask_kind == "4d-slots"
-    assert call.mask == [
+    assert all(isinstance(v, Slotted) for v in call.views)
+    assert [v.lines for v in call.views] == [
         [[True, False, False], [True, True, False], [True, False, True]],
         [[True, False], [True, True], [False, False]],
     ]
@@ -47,4 +48,4 @@ def test_a_slot_of_a_neighbour_attended_is_kept_in_the_row() -> None:
     call = packed_call([5, 6, 8, 11, 12], [4, 5, 5, 2, 3])
     seen = seen_of("10000", "11000", "10100", "00010", "01011")
     apply(call, BatchMap((Segment(7, 0, 0, 3), Segment(9, 0, 3, 2)), "declared"), seen)
-    assert call.mask[1] == [[False, True, False], [True, True, True], [False, False, False]]
+    assert call.views[1].lines == [[False, True, False], [True, True, True], [False, False, False]]

@@ -9,6 +9,7 @@ import torch
 
 # The code under test, in one block.
 from specviz.watch.record import CallRecord
+from specviz.watch.view import Counted, Slotted
 
 
 def call(ids, mask, kind: str, width: int = 0, **fields) -> CallRecord:
@@ -146,7 +147,8 @@ def test_a_packed_4d_call_becomes_one_row_per_sequence() -> None:
     assert b_last.tolist() == [False, False, False, True, True]
     assert c.keys_end == 5  # keys [cache | query]: 0 + 5
     assert c.node_keys is None  # no tree packed
-    assert c.mask_kind == "counts" and c.lines is None
+    assert all(isinstance(v, Counted) for v in c.views) and c.mask is None and c.lines is None
+    assert c.views[1].counts == [(1, False), (2, True), (0, False)]  # per slot: attended, one more
 
 
 def test_a_packed_call_with_one_sequence_is_read_as_any_4d_mask() -> None:
@@ -189,14 +191,14 @@ def test_a_packed_call_over_a_cache_keeps_where_its_keys_end() -> None:
 
 def test_a_packed_call_that_declares_trees_keeps_each_rows_own_slots() -> None:
     """Declared query lengths 3 and 2 and declared trees (chains here): each row is read as a
-    static cache's slots ("4d-slots"), so its declared tree can be checked against them, and each
+    static cache's slots (`Slotted`), so its declared tree can be checked against them, and each
     sequence's node keys are where its first query token sits."""
     c = call([[5, 6, 7, 11, 12]], causal(3, 2)[None], "4d", packed=True, positions=torch.tensor([[0, 1, 2, 0, 1]]))
     c.query_lens, c.parents = [3, 2], [[-1, 0, 1], [-1, 0]]
     c.materialize()
     assert c.unreadable is None and c.batch_size == 2
-    assert c.mask_kind == "4d-slots"
-    assert c.mask[1] == [[True, False], [True, True], [False, False]]
+    assert all(isinstance(v, Slotted) for v in c.views)
+    assert c.views[1].lines == [[True, False], [True, True], [False, False]]
     assert c.node_keys == [0, 3]
     assert c.trees == [[-1, 0, 1], [-1, 0]] and c.tree_source == "declared"
 
