@@ -117,7 +117,6 @@ def read_row(
     parents = tree_of(verify, row)
     if parents is not None:  # a tree's nodes end at its last real slot (`tree`)
         return RowQuery(last - len(parents) + 1, len(parents) - 1, ())
-    ids = verify.input_ids[row]
     seq = row_seq_ids(verify)[row] if seq is None else seq
     flags = query_flags(verify, row)
     proposals = _draft_calls(calls, index, seq, pass_reprefill)
@@ -132,12 +131,9 @@ def read_row(
         p = last - d
         if not all(flags[p : last + 1]):
             continue
-        runs = (proposals[start : start + d] for start in range(len(proposals) - d + 1))
-        chains = [_chain(calls, run, seq, row, verify.batch_size, ids[p : p + d + 1]) for run in runs]
-        fitting = [chain for chain in chains if chain is not None]
-        if fitting:  # the run fed the query's own positions, else the earliest
-            fed = list(verify.positions[row][p : p + d])
-            return RowQuery(p, d, next((c for c in fitting if fed_positions(calls, c) == fed), fitting[0]))
+        chain = _fitting_chain(calls, proposals, d, seq, row, verify, p)
+        if chain is not None:
+            return RowQuery(p, d, chain)
     return RowQuery(last - said, said, ())
 
 
@@ -191,6 +187,23 @@ def attends_cache(call: CallRecord, row: int) -> bool:
     sequence prefilled alone over a shared cache is given the whole cache yet attends none of it:
     a new sequence, not the row's previous one continued."""
     return call.view(row).attends_cache()
+
+
+def _fitting_chain(
+    calls: list[CallRecord], proposals: list[int], d: int, seq: int, row: int, verify: CallRecord, p: int
+) -> tuple[tuple[int, int], ...] | None:
+    """Of the runs of d consecutive draft calls that fit the query's tokens from slot p, the one
+    fed the query's own positions, else the earliest; None when none fits. Runs are tried in
+    order and the search stops at the first fed the query's positions (most rows: the first run
+    that fits)."""
+    tokens, fed = verify.input_ids[row][p : p + d + 1], list(verify.positions[row][p : p + d])
+    first = None
+    for start in range(len(proposals) - d + 1):
+        chain = _chain(calls, proposals[start : start + d], seq, row, verify.batch_size, tokens)
+        if chain is not None and fed_positions(calls, chain) == fed:
+            return chain
+        first = first or chain
+    return first
 
 
 def _chain(

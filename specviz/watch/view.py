@@ -42,7 +42,7 @@ class View:
         self.flags = flags  # [q] 1: a real query token (shared: readers never change it)
         self.cache = cache  # slots in the row's cache before the call
         # The row's last real query slot (the last one when none is).
-        self.last = max(slots_on(flags), default=len(flags) - 1)
+        self.last = next((t for t in range(len(flags) - 1, -1, -1) if flags[t]), len(flags) - 1)
 
     def before(self, slot: int) -> int:
         """Slots the query token at `slot` attends before itself (-1: not read)."""
