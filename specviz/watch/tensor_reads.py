@@ -25,13 +25,14 @@ def line_summary(mask: torch.Tensor) -> list[tuple[int, bool, bool, bool]]:
     the slots it shares with the token before. It drops a slot iff both < the count before, gains
     count - both slots, continues iff both > 0 and it gains one, and attends exactly one more iff it
     drops none and gains one."""
-    counts, both = line_counts(mask.bool())
-    lines = [(counts[0], False, True, counts[0] > 0)] if counts else []
-    for i in range(1, len(counts)):
-        shared = both[i - 1]
-        dropped, gained = shared < counts[i - 1], counts[i] - shared
-        lines.append((counts[i], dropped, shared > 0 and gained == 1, not dropped and gained == 1))
-    return lines
+    counts, both = (numpy.asarray(a, dtype=numpy.int64) for a in line_counts(mask.bool()))
+    if not len(counts):
+        return []
+    dropped = both < counts[:-1]  # [T - 1]: per token from the second on
+    one = counts[1:] - both == 1  # it gains exactly one slot
+    continues, grows = (both > 0) & one, ~dropped & one
+    first = (int(counts[0]), False, True, bool(counts[0] > 0))
+    return [first, *zip(counts[1:].tolist(), dropped.tolist(), continues.tolist(), grows.tolist())]
 
 
 def line_counts(seen: torch.Tensor, host: bool | None = None) -> tuple[list[int], list[int]]:

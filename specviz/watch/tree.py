@@ -28,6 +28,8 @@ from __future__ import annotations
 from itertools import takewhile
 from typing import Any
 
+import numpy
+
 from specviz.analysis.tree_checks import depths_of
 from specviz.watch.batchmap import block_cut
 from specviz.watch.map import tree_error  # noqa: F401  (Segment checks its parents with it; declared reads it here)
@@ -133,7 +135,7 @@ def packed_nodes(seen: Any, lines: list[tuple[int, bool, bool, bool]], positions
     a cousin does. A sequence's first token attends its own context, never all of a neighbour's
     view: in a shared cache the sequences' slots are their own. Read by the mask alone, not the
     positions, so a node fed a wrong position stays in its tree (and the tree checks judge it)."""
-    counts = [line[0] for line in lines]
+    counts = numpy.array([line[0] for line in lines])
     # On the CPU through numpy (a view, no copy): torch's per-op cost is most of it here.
     seen = seen.numpy() if seen.device.type == "cpu" else seen
     nodes, start = [], 0
@@ -147,9 +149,12 @@ def packed_nodes(seen: Any, lines: list[tuple[int, bool, bool, bool]], positions
     return nodes
 
 
-def _has_parent(seen: Any, counts: list[int], start: int, t: int) -> bool:
-    """Does token t attend every slot some token in [start, t) attends, plus exactly one more?"""
-    found = [u for u in range(start, t) if counts[u] > 0 and counts[u] == counts[t] - 1]
+def _has_parent(seen: Any, counts: Any, start: int, t: int) -> bool:
+    """Does token t attend every slot some token in [start, t) attends (one at least), plus exactly
+    one more? `counts`: a numpy array of the slots each token attends."""
+    if counts[t] < 2:
+        return False  # no token attending one slot fewer attends any
+    found = numpy.flatnonzero(counts[start:t] == counts[t] - 1) + start
     return bool((~(seen[found] & ~seen[t]).any(-1)).any())  # none found: no row, False
 
 
