@@ -231,8 +231,7 @@ def _served(head: Any, row: int, drafts: list[int], batch_size: int) -> int | No
 
     def proposed(tokens: list[int]) -> bool:
         if len(tokens) > head.query_len:  # Medusa: one input slot, one logits column per head
-            n = min(len(tokens), len(drafts))
-            return list(tokens[:n]) == list(drafts[:n])
+            return list(tokens[: len(drafts)]) == list(drafts[: len(tokens)])
         if head.nested:  # fed every query slot: the accepted one's logits propose the next draft
             return drafts[0] in tokens
         return list(tokens[-1:]) == list(drafts[:1])  # EAGLE, MTP: the last slot's logits propose the next draft

@@ -14,6 +14,7 @@ the async manager feeds placeholder ids). transformers is imported only when a w
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Any, Protocol
 
 
@@ -112,14 +113,14 @@ class PagedCapture:
         for seq_id, emits in sorted(self.engine.items()):
             said = [e for e in reported if e.seq_id == seq_id]
             where = _first_difference(said, emits)
-            if where is None:
+            if where is None or not targets:
                 continue
             after, why = where
-            # The call that made the first token the two disagree on; where the manager reported
-            # none (after 0: the engine emitted for a sequence it never wrote to), the first call.
-            made = [j for j in targets if j < after] or targets[:1]
-            if made:
-                calls[made[-1]].mark_unreadable(f"sequence {seq_id}: {why}")
+            # The call that made the first token the two disagree on (the last target call before
+            # `after`); where the manager reported none (after 0: the engine emitted for a sequence
+            # it never wrote to), the first call.
+            made = targets[max(bisect_left(targets, after) - 1, 0)]
+            calls[made].mark_unreadable(f"sequence {seq_id}: {why}")
 
     def _seq(self, state: Any) -> int:
         """The sequence a request is: the first untaken declared prompt equal to its prompt, else a
@@ -127,7 +128,7 @@ class PagedCapture:
         rid = state.request_id
         if rid in self.seq_of:
             return self.seq_of[rid]
-        prompt = list(getattr(state, "initial_tokens", []) or [])
+        prompt = list(getattr(state, "initial_tokens", []))  # a list, by its dataclass field
         if self.declared is not None:
             new = max([len(self.declared) - 1, *self.named]) + 1
             seq = next((i for i, p in enumerate(self.declared) if p == prompt and i not in self.named), new)
