@@ -1,10 +1,11 @@
 """Where a draft head's input came from (`watch(target, drafter=head)`; invariant 6, head-input).
 
 A head (EAGLE, MTP) is fed the target's last hidden state (its LM head's input) at the slot that
-predicted the row's pending token. `HiddenTap` keeps those of the target's latest HISTORY calls
-and matches each head row's fed vector with them; `head_source` names the match as the row's
-[sequence, logical index]: a stale source (an older call's) is named too and flagged by the check;
-a vector that matches nothing is left unrecorded, never guessed.
+predicted the row's pending token. `HiddenTap` (a pre-hook on the LM head, only when a drafter is
+named) keeps those of the target's latest HISTORY calls and matches each head row's fed vector with
+them; `head_source` names the match as the row's [sequence, logical index]: a stale source (an
+older call's) is named too and flagged by the check; a vector that matches nothing is left
+unrecorded, never guessed.
 """
 
 from __future__ import annotations
@@ -75,10 +76,10 @@ class HiddenTap:
             self.calls[-1][0] = args[0].detach().clone()  # an engine may reuse the buffer before the head reads it
 
     def match_rows(self, fed: dict[str, Any], args: tuple[Any, ...]) -> list[list[tuple[int, int, int]]] | None:
-        """Per head row: the (age, target row, query column) of each kept hidden state equal to
-        the vector fed at its last slot, latest call first; None when nothing is kept or no vector
-        of their width was fed. A head called inside the open target call is matched at `end`
-        (its last NESTED_TAIL slots), which fills the lists returned."""
+        """Per head row: the (age, target row, query column) of each kept hidden state equal to the
+        vector fed at its last slot, latest call (age 0) first; None when nothing is kept or no
+        vector of their width was fed. A head called inside the open target call is matched at
+        `end` (its last NESTED_TAIL slots), which fills the lists returned."""
         width = self.width()
         if width is None:
             return None

@@ -1,15 +1,11 @@
 """transformers' continuous batching (`generate_batch`, `ContinuousBatchingManager`) read from its manager.
 
 Its forward is packed (`PagedAttentionArgs`; `batchmap` cuts it into requests by `cu_seq_lens_q`),
-and only the manager knows which request sits where and what each received. While a watch is open
-two of its methods are wrapped (restored at close): `prepare_batch_tensors` makes the next
-forward's requests its declared rows (a request is the declared prompt equal to its prompt tokens,
-else a new sequence in order of appearance), and `update_batch` reports the tokens each gained as
-its emission, with "eos" or "length" when the manager finished it (its own budget). The manager's
-report is the reading: an engine's own `w.emit` for a sequence the manager named is kept apart and
-compared at close (`reconcile`); where they disagree the run is unreadable from there, both
-versions in the reason. Synchronous batching only, CUDA graphs off (a replayed graph runs no hooks;
-the async manager feeds placeholder ids). transformers is imported only when a watch opens.
+and only the manager knows which request sits where and what each received: while a watch is open
+two of its methods are wrapped (`install`, restored at close) and its report is the reading (an
+engine's own `w.emit` for a sequence it names is compared with it, `reconcile`). Synchronous
+batching only, CUDA graphs off (a replayed graph runs no hooks; the async manager feeds placeholder
+ids). transformers is imported only when a watch opens.
 """
 
 from __future__ import annotations
@@ -78,12 +74,13 @@ class PagedCapture:
     # ------------------------------------------------------------------ what the manager says
 
     def forward(self, states: list[Any]) -> None:
-        """The next forward holds these requests, in this order."""
+        """`prepare_batch_tensors`: the next forward holds these requests, in order (its declared rows)."""
         self.batch = list(states)
         self.sink.declare_forward(tuple(self._seq(s) for s in states))
 
     def updated(self) -> None:
-        """Each request of the forward gained its new tokens (and ended, when the manager finished it)."""
+        """`update_batch`: each request of the forward gained its new tokens, its emission, with "eos"
+        or "length" (its own budget) when the manager finished it."""
         for state in self.batch:
             tokens = list(state.generated_tokens)
             new = tokens[self.seen.get(state.request_id, 0) :]
@@ -108,7 +105,8 @@ class PagedCapture:
 
     def reconcile(self, calls: list[Any], reported: list[Any]) -> None:
         """Compare each sequence's engine emits with the manager's (`reported`): the target call that
-        made the first token they disagree on is marked unreadable (the steps stop before it)."""
+        made the first token they disagree on is marked unreadable, both versions in the reason
+        (which one the sequence got is not known)."""
         targets = [j for j, call in enumerate(calls) if call.role == "target"]
         for seq_id, emits in sorted(self.engine.items()):
             said = [e for e in reported if e.seq_id == seq_id]
@@ -124,7 +122,7 @@ class PagedCapture:
 
     def _seq(self, state: Any) -> int:
         """The sequence a request is: the first untaken declared prompt equal to its prompt, else a
-        new id past every declared prompt."""
+        new id past every declared prompt (without declared prompts, in order of appearance)."""
         rid = state.request_id
         if rid in self.seq_of:
             return self.seq_of[rid]

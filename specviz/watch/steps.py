@@ -1,13 +1,10 @@
-"""From captured calls and declared emissions to the trace's step records.
-
-Steps are read from what the models were fed, never from a fixed k. Per row of a target call
-(`calls.read_row`), the query ends at its last attended slot; its d drafts (0..k, ragged within a
-step) are its proposal chain of draft calls; the pending slot is the last attended slot minus d,
-and the slots before it are context (cached, or re-fed by a cacheless loop, judged on what each
-call attends). A target call is a verify step when an emission is attributed to it
-(`attribution`); k is the run's largest d. The row that produced an emission is the sequence's own
-where the tokens fit it, else the row they fit (`credit`), so a write-back to the wrong sequence
-shows as `write_seq != seq_id`. A finished sequence's row that receives nothing is idle: left out.
+"""From captured calls and declared emissions to the trace's step records, read from what the
+models were fed, never from a fixed k. Per row of a target call (`calls.read_row`) the query ends
+at its last attended slot; its d drafts (0..k, ragged) are its chain of draft calls; the pending
+slot is the last attended slot minus d, and the slots before it are context (cached, or re-fed by a
+cacheless loop). A target call is a verify step when an emission is attributed to it
+(`attribution`); k is the run's largest d. The row credited with an emission is the one its tokens
+fit (`credit`), so a write-back to the wrong sequence shows as `write_seq != seq_id`.
 """
 
 from __future__ import annotations
