@@ -1,8 +1,6 @@
-"""Which verify step each declared emission belongs to: the target call whose row fed that
-sequence's pending token (`attribute`). Matching on the pending token, not on time alone, keeps
-engines that report tokens one call late attributed right; an emission that starts with an earlier
-call's bonus, emitted when it was fed rather than when it was chosen, is split there
-(`_late_bonus`). `steps` builds the step records from these groups."""
+"""Which verify step each declared emission belongs to (`attribute`): the target call whose row fed
+that sequence's pending token, not the latest by time alone, so engines that report tokens one call
+late (HF `generate` with deferred stop checks) are read right. `steps` builds the step records."""
 
 from __future__ import annotations
 
@@ -52,8 +50,8 @@ def attribute(
     notes: list[str],
     draft_free: bool = False,
 ) -> list[Group]:
-    """Each emission to the target call whose row fed that sequence's pending token; an emission
-    that starts with an earlier call's bonus, emitted late, is split there (`_late_bonus`)."""
+    """Each emission as a group of the target call whose row fed its pending token; one that starts
+    with an earlier call's bonus, emitted late, is split there (`_late_bonus`)."""
     history = {seq_id: list(ids) for seq_id, ids in enumerate(prompts)}
     featured: dict[int, list[int]] = {}  # sequence -> the target calls that held it, in order
     for i, call in enumerate(calls):
@@ -70,7 +68,7 @@ def attribute(
         history[seq].extend(emit.tokens)
         previous = last_group.get(seq)
         floor = previous.call if previous is not None else -1
-        newest = featuring[-1] if featuring else -1
+        newest = max(featuring, default=-1)
         if previous is not None and (not emit.tokens or newest <= floor):
             # More tokens (or only the ending) for a step already attributed: no newer call held it.
             if emit.tokens and previous.tokens:
@@ -109,15 +107,13 @@ def _late_bonus(
     read: CallReader,
     draft_free: bool,
 ) -> int | None:
-    """The earlier target call whose bonus is `tokens[0]`, when the emission starts with it one step
-    late: an engine that emits the token it feeds as pending (the prefill's first token with the
-    first verify's, or every step's bonus with the next step's drafts). Read, not guessed: the
-    newest call fed `tokens[0]` at its pending slot while the sequence, as emitted so far, does not
-    end with it (or ends with it only as a repeat: the call fed it at the next logical index, by its
-    position and by the slots it attends before it), and the earlier call's choice after what it
-    already emitted was that token (the previous step's call, else the call that fed the
-    sequence's last token at its pending slot). `emitted`: (the sequence's last token, its length)
-    so far. `attribute` asks only where a call newer than the previous step's held the sequence."""
+    """The earlier target call whose bonus is `tokens[0]`, emitted one step late by an engine that
+    emits the token it feeds as pending (the prefill's first token with the first verify's, or each
+    bonus with the next drafts). Read, not guessed: the newest call fed `tokens[0]` as pending
+    while the sequence so far (`emitted`: its last token, its length) does not end with it, or does
+    only as a repeat (fed at the next logical index, by position and by the slots it attends), and
+    the earlier call (the previous step's, else the one that fed the last token as pending) chose
+    that token after what it already emitted."""
     if not tokens or not featuring:
         return None
     newest = featuring[-1]
@@ -138,15 +134,14 @@ def _late_bonus(
 
 
 def _fed_as_next(call: CallRecord, row: int, slot: int, index: int) -> bool:
-    """Was the token at `slot` fed as logical index `index` (the token after those emitted so far):
-    its position and the slots it attends before it both say so (a call that fed no positions, or
-    whose mask is not read, says nothing)."""
+    """The token at `slot` was fed as logical index `index`, by its position and by the slots it
+    attends before it (a call that fed no positions, or whose mask is not read, says nothing)."""
     return call.positions_fed and call.positions[row][slot] == index and context_before(call, row, slot) == index
 
 
 def _pending_slot(calls: list[CallRecord], index: int, row: int, read: CallReader, draft_free: bool) -> int:
-    """The row's pending slot: where its chain of draft calls starts, or, with no draft model, its
-    first real query slot when it attends a cache (the drafts are not known before attribution)."""
+    """The row's pending slot: where its draft chain starts, or, with no draft model, its first real
+    query slot when it attends a cache (the drafts are not known before attribution)."""
     if draft_free and attends_cache(calls[index], row):
         first = first_slot_query(calls[index], row)
         if first is not None:
@@ -157,12 +152,12 @@ def _pending_slot(calls: list[CallRecord], index: int, row: int, read: CallReade
 def _pending_match(
     calls: list[CallRecord], featuring: list[int], floor: int, seq: int, pending: int, read: CallReader
 ) -> int | None:
-    """The newest call after `floor` whose row for the sequence fed `pending` at its pending slot,
-    else the newest after `floor`; None when none is."""
+    """The newest call after `floor` whose row fed `pending` as the sequence's pending token, else
+    the newest after `floor` (None: none is)."""
     after = featuring[bisect_right(featuring, floor) :]
 
     def fed(i: int) -> int:
         row = row_seq_ids(calls[i]).index(seq)
         return calls[i].input_ids[row][read(i, row).pending]
 
-    return next((i for i in reversed(after) if fed(i) == pending), after[-1] if after else None)
+    return next((i for i in reversed(after) if fed(i) == pending), max(after, default=None))

@@ -1,7 +1,6 @@
-"""Which row of a verify call produced each sequence's emitted tokens, and what it accepted: a
-sequence's own row where its tokens fit that row's drafts and the target's choices, else the row
-they fit (so a write-back to the wrong sequence shows as `write_seq != seq_id`), split over
-several rows where one sequence received several rows' tokens in one step."""
+"""Which row of a verify call produced each sequence's tokens, and what it accepted: its own row where
+they fit its drafts and the target's choices, else the row they fit (a write-back to the wrong
+sequence shows as `write_seq != seq_id`), split where one sequence got several rows' tokens."""
 
 from __future__ import annotations
 
@@ -33,12 +32,9 @@ def matched_prefix(drafts: list[int], targets: list[int]) -> int | None:
 
 
 def accepted_and_bonus(tokens: list[int], drafts: list[int], targets: list[int]) -> tuple[int, int | None]:
-    """(accepted, bonus) as the emitted tokens show them.
-
-    Tokens that are a prefix of the greedy-correct proposal accept what verification allowed
-    (emitting fewer is speed left on the table, not a wrong answer). Otherwise the engine accepted
-    the drafts it emitted.
-    """
+    """(accepted, bonus) as the emitted tokens show them: a prefix of the greedy-correct output
+    accepts what verification allowed (emitting fewer is speed lost, not a wrong answer), else the
+    drafts emitted."""
     matched = matched_prefix(drafts, targets)
     greedy = matched is not None and tokens == (drafts[:matched] + [targets[matched]])[: len(tokens)]
     accepted = matched if greedy else _agree(tokens, drafts)
@@ -46,9 +42,8 @@ def accepted_and_bonus(tokens: list[int], drafts: list[int], targets: list[int])
 
 
 def assign_rows(call: CallRecord, groups: list[Group], shown: list[RowQuery], running: set[int]) -> dict[int, Group]:
-    """Which row produced each group: its own row if consistent, else the row of a `running`
-    sequence it is consistent with (each row read as `shown`: with its drafts, wherever they were
-    read from)."""
+    """Which row produced each group: its own if consistent, else a `running` sequence's row it is
+    consistent with (each row read as `shown`)."""
     rows = row_seq_ids(call)
     free_last = not call.argmax_is_choice
 
@@ -89,10 +84,9 @@ def assign_rows(call: CallRecord, groups: list[Group], shown: list[RowQuery], ru
 
 
 def _split_to_rows(group: Group, free: set[int], own: int, fits: Any) -> list[tuple[int, Group]] | None:
-    """The group as consecutive pieces, cut where its emits were appended, that each fit a distinct
-    free row (its own row preferred), the longest pieces first: the whole group in one row, else
-    e.g. one row's tokens written to another row's sequence before that row's own (a sequence that
-    got several emits in one step). None when no split fits; no piece carries the group's ending."""
+    """The group as consecutive pieces, cut where its emits were appended, each fitting a distinct
+    free row (its own first), longest first: e.g. one row's tokens written to another's sequence
+    before that row's own. None when no split fits; no piece carries the group's ending."""
     bounds = [0, *group.cuts, len(group.tokens)]
 
     def search(a: int, free_rows: set[int]) -> list[tuple[int, Group]] | None:

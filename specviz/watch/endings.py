@@ -16,15 +16,17 @@ def endings(
     for emit in emits:
         outputs[emit.seq_id].extend(emit.tokens)
         reasons[emit.seq_id] = emit.finish_reason or reasons[emit.seq_id]
-    # A step that emitted an EOS ends there; its sequence's ending is read from its outputs below,
-    # which hold every token of its groups.
+    # A step that emitted an EOS ends there; so does its sequence (its outputs hold every token).
     for group in groups:
-        if group.finish_reason is None and any(t in eos for t in group.tokens):
-            group.finish_reason = "eos"
+        group.finish_reason = _or_eos(group.finish_reason, group.tokens, eos)
     for seq_id, tokens in outputs.items():
-        if reasons[seq_id] is None and any(t in eos for t in tokens):
-            reasons[seq_id] = "eos"
+        reasons[seq_id] = _or_eos(reasons[seq_id], tokens, eos)
     return outputs, reasons
+
+
+def _or_eos(reason: str | None, tokens: list[int], eos: frozenset[int]) -> str | None:
+    """The ending declared, else "eos" where the tokens hold an EOS."""
+    return reason or ("eos" if eos.intersection(tokens) else None)
 
 
 def budgets(outputs: dict[int, list[int]], reasons: dict[int, str | None]) -> tuple[dict[int, int], int]:

@@ -1,14 +1,11 @@
 """Where a draft head's input came from (`watch(target, drafter=head)`; invariant 6, head-input).
 
-A head (EAGLE, MTP) is fed the target's last hidden state: the input of its LM head (the final
-norm's output) at the slot that predicted the row's pending token. The watch keeps the target's
-last hidden states of its latest HISTORY calls (`HiddenTap`, a pre-hook on the LM head, installed
-only when a drafter is named), and for each row of a head call the (call age, target row, query
-column) whose vector is the one the head was fed (`match_rows`; age 0 is the latest target call).
-`steps` turns that into the row's `head_source`, [sequence, logical index], as the engine records
-it: a head fed a hidden state of an older call than the latest (a stale one) is named too, and
-flagged by the check; a row whose vector matches no kept hidden state is left unrecorded (not
-found), never guessed.
+A head (EAGLE, MTP) is fed the target's last hidden state (its LM head's input) at the slot that
+predicted the row's pending token. `HiddenTap` (a pre-hook on the LM head, only when a drafter is
+named) keeps those of the target's latest HISTORY calls and matches each head row's fed vector with
+them; `head_source` names the match as the row's [sequence, logical index]: a stale source (an
+older call's) is named too and flagged by the check; a vector that matches nothing is left
+unrecorded, never guessed.
 """
 
 from __future__ import annotations
@@ -32,8 +29,8 @@ class HiddenTap:
     """The target's last hidden states, [B, T, H], of each of its latest HISTORY recorded calls."""
 
     def __init__(self, target: Any) -> None:
-        # [hidden states or None (its LM head has not run), the call's query length], latest last:
-        # the hidden states may be the query's last columns only (logits_to_keep).
+        # [hidden states or None (LM head not run yet), query length], latest last; the hidden
+        # states may be the query's last columns only (logits_to_keep).
         self.calls: deque[list[Any]] = deque(maxlen=HISTORY)
         self.open = False
         # Head calls made inside the open target call (MTP-like): their vectors are matched once the
@@ -48,17 +45,13 @@ class HiddenTap:
         """The latest call's hidden states (None until its LM head runs)."""
         return self.calls[-1][0] if self.calls else None
 
-    def kept(self) -> bool:
-        return any(hidden is not None for hidden, _ in self.calls)
-
     def start(self, query_len: int) -> None:
         """A recorded target call begins: it is age 0 from now, the oldest kept one is dropped."""
         self.calls.append([None, query_len])
         self.open = True
 
     def end(self) -> None:
-        """The recorded target call ends: the head calls made inside it are matched now that its
-        hidden states are kept (age 0 is this call)."""
+        """The recorded target call ends: the head calls made inside it are matched now (age 0)."""
         self.open = False
         for fed_rows, columns, found in self.deferred:
             for r, matches in enumerate(self._match(fed_rows, columns)):
@@ -66,8 +59,8 @@ class HiddenTap:
         self.deferred = []
 
     def hold(self, record: Any) -> None:
-        """A head call made inside the open target call: recorded after it (`release`), so the call
-        it was fed from is the one before it, as for a head called between target calls."""
+        """A head call made inside the open target call, recorded after it (`release`) as a head
+        called between target calls would be."""
         self.held.append(record)
 
     def release(self) -> list[Any]:
@@ -78,26 +71,23 @@ class HiddenTap:
         self.handle.remove()
 
     def _capture(self, module: Any, args: tuple[Any, ...]) -> None:
-        # Only inside a target call (`start` added its entry): a head that shares the target's LM
-        # head calls it too.
+        # Only inside a target call: a head that shares the target's LM head calls it too.
         if self.open and args and isinstance(args[0], torch.Tensor) and args[0].dim() == 3:
             self.calls[-1][0] = args[0].detach().clone()  # an engine may reuse the buffer before the head reads it
 
     def match_rows(self, fed: dict[str, Any], args: tuple[Any, ...]) -> list[list[tuple[int, int, int]]] | None:
-        """Per head row: the (age, target row, query column) of the kept target calls (age 0 the
-        latest) whose hidden state is the vector the head was fed at the row's last slot, latest
-        first ([] where none is); None when no target hidden states are kept or the head was fed
-        no vector of their width. A head called inside a target call (`open`) is fed that call's
-        hidden states, not kept yet: each of its last NESTED_TAIL slots is matched at `end`, and
-        the lists returned are filled then."""
+        """Per head row: the (age, target row, query column) of each kept hidden state equal to the
+        vector fed at its last slot, latest call (age 0) first; None when nothing is kept or no
+        vector of their width was fed. A head called inside the open target call is matched at
+        `end` (its last NESTED_TAIL slots), which fills the lists returned."""
         width = self.width()
-        if width is None or not (self.open or self.kept()):
+        if width is None:
             return None
         fed_tensors = (fed.get("hidden_states"), *args, *fed.values())  # the named one first
         vector = next((t for t in fed_tensors if _vectors(t, width)), None)
         if vector is None:
             return None
-        vectors = vector if vector.dim() == 3 else vector[:, None]  # [B, slots, H]
+        vectors = vector.reshape(vector.shape[0], -1, width)  # [B, slots, H]
         if not self.open:
             return self._match(vectors[:, -1].detach(), 1)
         slots = vectors[:, -NESTED_TAIL:]
@@ -106,11 +96,13 @@ class HiddenTap:
         return found
 
     def width(self) -> int | None:
-        """The target's hidden width: that of the hidden states kept, else its LM head's input
-        features (None: neither)."""
+        """The kept hidden states' width, else inside a target call its LM head's input features
+        (None: neither, nothing to match with)."""
         kept = next((hidden for hidden, _ in reversed(self.calls) if hidden is not None), None)
         if kept is not None:
             return int(kept.shape[-1])
+        if not self.open:
+            return None
         features = getattr(self.head, "in_features", None)
         if isinstance(features, int):
             return features
@@ -118,12 +110,11 @@ class HiddenTap:
         return int(weight.shape[-1]) if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
 
     def _match(self, fed_rows: torch.Tensor, columns: int) -> list[list[tuple[int, int, int]]]:
-        """Per head row (`columns` fed slots of it each, rows of `fed_rows`): its matches, latest
-        call first, at most MAX_CANDIDATES a call for each slot fed."""
+        """Per head row (`columns` rows of `fed_rows` each): its matches, latest call first, at most
+        MAX_CANDIDATES a call for each slot fed."""
         found: list[list[tuple[int, int, int]]] = [[] for _ in range(fed_rows.shape[0] // columns)]
-        ages = [(age, hidden, q) for age, (hidden, q) in enumerate(reversed(self.calls)) if hidden is not None]
-        for age, hidden, query_len in ages:
-            if hidden.shape[-1] == fed_rows.shape[-1]:
+        for age, (hidden, query_len) in enumerate(reversed(self.calls)):
+            if hidden is not None and hidden.shape[-1] == fed_rows.shape[-1]:
                 per_slot = [0] * fed_rows.shape[0]  # the cap is per fed slot: each is its own vector
                 for r, row, column in _matches(fed_rows, hidden, query_len):
                     if per_slot[r] < MAX_CANDIDATES:
@@ -138,10 +129,9 @@ def _vectors(t: Any, width: int) -> bool:
 
 
 def _matches(fed_rows: torch.Tensor, kept: torch.Tensor, query_len: int) -> list[tuple[int, int, int]]:
-    """(head row, target row, query column) of each kept hidden state ([B, T, H]) equal to a fed
-    row's vector (allclose, RTOL and ATOL). A head fed in a lower precision than the target's
-    (an fp16 head on an fp32 trunk) is fed the states rounded to its dtype: they are rounded so
-    too, and compared within that dtype's own rounding (`_tolerance`), never looser."""
+    """(head row, target row, query column) of each kept hidden state ([B, T, H]) allclose to a fed
+    row's vector. A head fed in a coarser dtype (fp16 on an fp32 trunk) is compared with the states
+    rounded to it, within that dtype's rounding (`_tolerance`), never looser."""
     rtol = _tolerance(fed_rows.dtype, kept.dtype)
     if rtol > RTOL:
         kept = kept.to(fed_rows.dtype)
@@ -161,9 +151,8 @@ def _matches(fed_rows: torch.Tensor, kept: torch.Tensor, query_len: int) -> list
 
 
 def _tolerance(fed: torch.dtype, kept: torch.dtype) -> float:
-    """The relative tolerance of a match: RTOL, or, for a vector fed in a floating dtype coarser
-    than the kept one's, one unit in the last place of it (a round trip through it, both sides
-    rounded the same way, differs by less: the cast in another order or kernel)."""
+    """RTOL, or for a vector fed in a floating dtype coarser than the kept one's, one unit in its
+    last place (a cast in another order or kernel differs by less)."""
     if not kept.is_floating_point:  # the vector fed is floating (`_vectors`)
         return RTOL
     coarse, fine = torch.finfo(fed).eps, torch.finfo(kept).eps
@@ -171,9 +160,9 @@ def _tolerance(fed: torch.dtype, kept: torch.dtype) -> float:
 
 
 class TapSet:
-    """The command's taps (`specviz watch --drafter NAME`): which causal LM is the target is only
-    known once the script has ended, so every watched causal LM keeps its last hidden states and a
-    head call is matched with each; `finish` keeps the target's (`resolve`)."""
+    """The command's taps (`specviz watch --drafter NAME`): the target is known only at the end, so
+    every watched causal LM keeps its hidden states and a head call is matched with each; `resolve`
+    keeps the target's."""
 
     def __init__(self) -> None:
         self.taps: dict[int, HiddenTap] = {}  # model index -> its tap
@@ -202,21 +191,18 @@ class TapSet:
 
 
 def resolve(matches: Any, target: int) -> list[list[tuple[int, int, int]]] | None:
-    """A head call's matches as the target's alone (a dict by model index from `TapSet`)."""
-    return matches.get(target) if isinstance(matches, dict) else matches
+    """A head call's matches (`TapSet.match_rows`, by model index) as the target's alone."""
+    return matches.get(target)
 
 
 def head_source(
     calls: list[Any], index: int, heads: list[int], row: int, drafts: list[int], seq_id: int, committed: int
 ) -> list[int] | None:
-    """Row `row` of target call `index`: [sequence, logical index] of the target hidden state its
-    head was fed, read off the step's first head call (`heads`: the head calls since the target
-    call before, latest first; the first one is fed the target's hidden states;
-    later ones are fed the head's own features) through the target calls before it (the match's
-    age counts them back: their rows' sequences and positions). None: no head call was compared,
-    or none of its rows can be told to have served this one, or the vector fed matched no kept
-    hidden state (not found: left unchecked). The expected source wins when several rows or calls
-    hold that same vector; else the latest call's match."""
+    """Row `row` of target call `index`: [sequence, logical index] of the hidden state its head was
+    fed, read off the step's first head call (`heads`, latest first: later ones are fed the head's
+    own features) through the target calls before it (a match's age counts them back). The
+    expected source wins where several hold that vector, else the latest match. None: no head row
+    can be told to have served this one, or its vector matched nothing (left unchecked)."""
     from specviz.watch.calls import row_seq_ids
 
     if not heads or not drafts:
@@ -230,26 +216,23 @@ def head_source(
     found = []
     for call, r, column in matched:
         place = _unpacked(call, r, column)
-        if place is not None and place[0] < call.batch_size and place[1] < len(call.positions[place[0]]):
-            if not call.query_flags(place[0])[place[1]]:
-                continue  # a pad slot's state (pads of several rows may hold one vector): no token's
+        inside = place is not None and place[0] < call.batch_size and place[1] < len(call.positions[place[0]])
+        # not a pad slot's state (pads of several rows may hold one vector): no token's
+        if inside and call.query_flags(place[0])[place[1]]:
             found.append([row_seq_ids(call)[place[0]], int(call.positions[place[0]][place[1]])])
     expected = [seq_id, committed - 2] if committed >= 2 else []
     return expected if expected in found else next(iter(found), None)
 
 
 def _served(head: Any, row: int, drafts: list[int], batch_size: int) -> int | None:
-    """The head call's row that proposed the verify row's drafts: the row's own index when the head
-    ran the verify's batch (same size) and that row proposed them; in a head batch of another size
-    (only the rows still drafting, say), the one row that did. A same-size batch whose own row
-    proposed something else is not read (never another row whose token happens to match)."""
+    """The head call's row that proposed the verify row's drafts: in a batch of the verify's size the
+    row's own (never another whose token happens to match), else the one row that did."""
     if not isinstance(head.argmax, list) or head.head_fed is None or len(head.argmax) != len(head.head_fed):
         return None
 
     def proposed(tokens: list[int]) -> bool:
         if len(tokens) > head.query_len:  # Medusa: one input slot, one logits column per head
-            n = min(len(tokens), len(drafts))
-            return list(tokens[:n]) == list(drafts[:n])
+            return list(tokens[: len(drafts)]) == list(drafts[: len(tokens)])
         if head.nested:  # fed every query slot: the accepted one's logits propose the next draft
             return drafts[0] in tokens
         return list(tokens[-1:]) == list(drafts[:1])  # EAGLE, MTP: the last slot's logits propose the next draft
@@ -270,8 +253,7 @@ def _unpacked(call: Any, row: int, column: int) -> tuple[int, int] | None:
 
 
 def unfound_note(steps: list[Any]) -> list[str]:
-    """A watch note (unreadable, with the reason) for the drafting rows of a named head's run whose
-    head input was not found among the target's hidden states: head-input is not checked there."""
+    """A note on the drafting rows whose head input matched no kept hidden state (unchecked)."""
     drafting = [(step.step, row) for step in steps for row in step.rows if row.draft_tokens]
     missing = [at for at, row in drafting if row.head_source is None]  # the steps, in order
     if not missing:

@@ -1,38 +1,25 @@
 """transformers' continuous batching (`generate_batch`, `ContinuousBatchingManager`) read from its manager.
 
-Its model forward is packed (`PagedAttentionArgs`: input_ids [1, T], position_ids, cu_seq_lens_q/k,
-read/write indices into a paged cache, logits_indices), so `batchmap` cuts every call into its
-requests by `cu_seq_lens_q`; which request sits in each place, and what each received, only the
-manager knows. While a watch is open this module wraps two of its methods (restored at close):
-- `ContinuousBatchingIOs.prepare_batch_tensors`: the requests of the next forward, in order,
-  become that forward's declared rows (a request is a sequence: the declared prompt equal to its
-  prompt tokens, else a new sequence in order of appearance);
-- `ContinuousBatchProcessor.update_batch`: the tokens each request gained are reported as its
-  emission, with "eos" or "length" when the manager finished it (its own `max_new_tokens`: a
-  budget per sequence).
-The manager's report is the reading. An engine that also calls `w.emit` for a sequence the manager
-named (it reports each step, or the outputs at the end) is not counted twice: its emits are kept
-apart and compared with the report at close (`reconcile`). Where they disagree (another token, a
-token more or less, another ending), the run is unreadable from the step of the first difference,
-with both versions in the reason: which of the two the sequence got is not known.
-Synchronous batching only, CUDA graphs off (a replayed graph runs no hooks; the async manager
-feeds placeholder ids that it fills on the device). Nothing here imports transformers until a
-watch opens with it installed.
+Its forward is packed (`PagedAttentionArgs`; `batchmap` cuts it into requests by `cu_seq_lens_q`),
+and only the manager knows which request sits where and what each received: while a watch is open
+two of its methods are wrapped (`install`, restored at close) and its report is the reading (an
+engine's own `w.emit` for a sequence it names is compared with it, `reconcile`). Synchronous
+batching only, CUDA graphs off (a replayed graph runs no hooks; the async manager feeds placeholder
+ids). transformers is imported only when a watch opens.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Any, Protocol
 
 
 class PagedSink(Protocol):
-    """What the capture tells the watch (`Watch` or `AutoWatch`)."""
+    """What the capture tells the watch (`Watch` or `AutoWatch`): each forward's sequences, and the
+    tokens the manager gave a sequence in the forward just run (its ending, if it ended)."""
 
     def declare_forward(self, seq_ids: tuple[int, ...]) -> None: ...
-
-    def report(self, seq_id: int, token_ids: list[int], finish_reason: str | None = None) -> None:
-        """The tokens the manager gave a sequence in the forward just run (its ending, if it ended)."""
-        ...
+    def report(self, seq_id: int, token_ids: list[int], finish_reason: str | None = None) -> None: ...
 
 
 class PagedCapture:
@@ -43,8 +30,7 @@ class PagedCapture:
         self.declared = prompts  # the watch's prompts, if it has any
         self.prompts: list[list[int]] = []  # by sequence id, as the requests arrived (no declared prompts)
         self.seq_of: dict[str, int] = {}  # request id -> sequence id
-        # The sequences named so far: a set, as the engine's `emit` may ask from another thread
-        # than the manager's, which adds to it (a lookup never iterates while it grows).
+        # A set: the engine's `emit` may look up from another thread while the manager adds to it.
         self.named: set[int] = set()
         self.batch: list[Any] = []  # the request states of the forward in flight
         self.seen: dict[str, int] = {}  # request id -> tokens already emitted
@@ -88,12 +74,13 @@ class PagedCapture:
     # ------------------------------------------------------------------ what the manager says
 
     def forward(self, states: list[Any]) -> None:
-        """The next forward holds these requests, in this order."""
+        """`prepare_batch_tensors`: the next forward holds these requests, in order (its declared rows)."""
         self.batch = list(states)
         self.sink.declare_forward(tuple(self._seq(s) for s in states))
 
     def updated(self) -> None:
-        """Each request of the forward gained its new tokens (and ended, when the manager finished it)."""
+        """`update_batch`: each request of the forward gained its new tokens, its emission, with "eos"
+        or "length" (its own budget) when the manager finished it."""
         for state in self.batch:
             tokens = list(state.generated_tokens)
             new = tokens[self.seen.get(state.request_id, 0) :]
@@ -102,50 +89,47 @@ class PagedCapture:
             if not new and not done:
                 continue  # a prefill chunk: no token yet
             reason = None
-            eos = getattr(state, "_eos_token_ids", set()) or set()
-            self.eos_ids.update(int(t) for t in eos)
+            eos = {int(t) for t in getattr(state, "_eos_token_ids", ())}  # a set, by its dataclass field
+            self.eos_ids |= eos
             if done:
-                reason = "eos" if tokens and tokens[-1] in eos else "length"
+                reason = "eos" if eos.intersection(tokens[-1:]) else "length"
             self.sink.report(self.seq_of[state.request_id], new, reason)
         self.batch = []
 
     def engine_emit(self, seq_id: int, tokens: list[int], finish_reason: str | None) -> bool:
-        """Keep an `emit` of the engine's apart when the manager reports that sequence (True);
-        False: the manager never named it, the emit is the engine's word as usual."""
+        """Keep an `emit` of the engine's apart (True) when the manager names that sequence."""
         if seq_id not in self.named:
             return False
         self.engine.setdefault(seq_id, []).append((list(tokens), finish_reason))
         return True
 
     def reconcile(self, calls: list[Any], reported: list[Any]) -> None:
-        """Compare each sequence's engine emits with the manager's report (`reported`: the watch's
-        emits, `steps.Emit`); at the first difference, the target call that made the reported token
-        there is marked unreadable (`steps.first_unreadable` cuts the steps before it)."""
+        """Compare each sequence's engine emits with the manager's (`reported`): the target call that
+        made the first token they disagree on is marked unreadable, both versions in the reason
+        (which one the sequence got is not known)."""
         targets = [j for j, call in enumerate(calls) if call.role == "target"]
         for seq_id, emits in sorted(self.engine.items()):
             said = [e for e in reported if e.seq_id == seq_id]
             where = _first_difference(said, emits)
-            if where is None:
+            if where is None or not targets:
                 continue
             after, why = where
-            # The call that made the first token the two disagree on; where the manager reported
-            # none (after 0: the engine emitted for a sequence it never wrote to), the first call.
-            made = [j for j in targets if j < after] or targets[:1]
-            if made:
-                calls[made[-1]].mark_unreadable(f"sequence {seq_id}: {why}")
+            # The call that made the first token the two disagree on (the last target call before
+            # `after`); where the manager reported none (after 0: the engine emitted for a sequence
+            # it never wrote to), the first call.
+            made = targets[max(bisect_left(targets, after) - 1, 0)]
+            calls[made].mark_unreadable(f"sequence {seq_id}: {why}")
 
     def _seq(self, state: Any) -> int:
-        """The sequence a request is: the first declared prompt equal to its prompt not yet taken,
-        else a new id past every declared prompt (a declared prompt's id stays its own, whenever
-        its request arrives)."""
+        """The sequence a request is: the first untaken declared prompt equal to its prompt, else a
+        new id past every declared prompt (without declared prompts, in order of appearance)."""
         rid = state.request_id
         if rid in self.seq_of:
             return self.seq_of[rid]
-        prompt = list(getattr(state, "initial_tokens", []) or [])
+        prompt = list(getattr(state, "initial_tokens", []))  # a list, by its dataclass field
         if self.declared is not None:
-            seq = next((i for i, p in enumerate(self.declared) if p == prompt and i not in self.named), None)
-            if seq is None:
-                seq = max([len(self.declared) - 1, *self.named]) + 1
+            new = max([len(self.declared) - 1, *self.named]) + 1
+            seq = next((i for i, p in enumerate(self.declared) if p == prompt and i not in self.named), new)
         else:
             seq = len(self.prompts)
             self.prompts.append(prompt)
@@ -155,9 +139,8 @@ class PagedCapture:
 
 
 def _first_difference(reported: list[Any], engine: list[tuple[list[int], str | None]]) -> tuple[int, str] | None:
-    """(call count after the manager's emit where the engine's emits first disagree with its
-    report, why); None when the engine emitted the same tokens and, where it declared one, the
-    same ending."""
+    """(the manager's emit's `after` where the engine's emits first disagree with it, why); None: the
+    same tokens and, where the engine declared one, the same ending."""
     tokens = [(t, e.after) for e in reported for t in e.tokens]
     said = [t for e, _ in engine for t in e]
     ending = next((e.finish_reason for e in reversed(reported) if e.finish_reason), None)
@@ -172,6 +155,5 @@ def _first_difference(reported: list[Any], engine: list[tuple[list[int], str | N
         return None
     else:
         why = f"the engine ended it by {declared!r}, the manager by {ending!r}"
-    last = reported[-1].after if reported else 0
-    after = tokens[i][1] if i < len(tokens) else last
+    after = tokens[i][1] if i < len(tokens) else max([0, *(e.after for e in reported)])  # else the last emit's
     return after, f"{why} (transformers' continuous batching manager and w.emit disagree)"

@@ -1,23 +1,10 @@
-"""From captured calls and declared emissions to the trace's step records.
-
-The step structure is inferred from what the models were fed, never from a fixed k:
-- per row of a target call, the *query* is read from the mask: its last attended slot ends the
-  row's proposal (padding on either side, and prefills that also emit, read alike);
-- the row's draft length d (0..k, ragged within a step) is its *proposal chain*: walking back over
-  draft calls, draft call j from the end must output the row's j-th attended query token from the
-  end and be fed the one before it (its last attended slot). Draft rows are matched by declared
-  draft rows, else by the same index, else by any row whose tokens fit (a draft batch that holds
-  other rows than the target's). Target calls of other rows (re-prefills) do not end the walk;
-- the pending slot is the last attended slot minus d; the slots before it are context (cached or
-  re-fed: a cacheless loop re-feeds everything, and is judged on what each call attends);
-- a target call is a verify step when an emission is attributed to it (`attribution`): the latest
-  target call before the `emit` whose row fed the sequence's pending token, not the latest alone
-  (HF `generate` with deferred stop checks reports tokens one call late);
-- k is the run's largest d; the row that produced an emission is the sequence's own row when the
-  tokens are consistent with its drafts and argmaxes, else the row they are consistent with: so a
-  write-back to the wrong sequence shows up as `write_seq != seq_id`, as it happened;
-- a row whose sequence has finished and that receives nothing is idle (engines that keep
-  finished rows in the batch): it is left out.
+"""From captured calls and declared emissions to the trace's step records, read from what the
+models were fed, never from a fixed k. Per row of a target call (`calls.read_row`) the query ends
+at its last attended slot; its d drafts (0..k, ragged) are its chain of draft calls; the pending
+slot is the last attended slot minus d, and the slots before it are context (cached, or re-fed by a
+cacheless loop). A target call is a verify step when an emission is attributed to it
+(`attribution`); k is the run's largest d. The row credited with an emission is the one its tokens
+fit (`credit`), so a write-back to the wrong sequence shows as `write_seq != seq_id`.
 """
 
 from __future__ import annotations
@@ -64,14 +51,11 @@ class InferredSteps:
     budgets: dict[int, int] = field(default_factory=dict)  # seq -> its own budget (ended by "length")
 
 
-# ----------------------------------------------------------------------------- steps
-
-
 def build_steps(
     calls: list[CallRecord], groups: list[Group], prompts: list[list[int]], read: CallReader, draft_free: bool = False
 ) -> list[StepRecord]:
-    """One step record per target call that emissions were attributed to. `draft_free`: the run
-    has no draft calls, so a row's drafts are read from its committed tokens (`draft_free_query`)."""
+    """One step record per target call emissions were attributed to. `draft_free`: no draft calls
+    ran, so a row's drafts are read after its committed tokens (`draft_free_query`)."""
     by_call: dict[int, list[Group]] = {}
     for group in groups:
         by_call.setdefault(group.call, []).append(group)
@@ -143,11 +127,9 @@ def _fill_kept_nodes(calls: list[CallRecord], read: CallReader, origins: list[tu
 
 
 def _prefilling(call: CallRecord, row: int, committed: list[int], prompt_len: int) -> bool:
-    """A sequence not yet stepped whose row feeds the next part of its prompt short of its end
-    (after the `c` prompt tokens its cache holds), in a call where some row decodes from a cache:
-    a newcomer's prefill, or a chunk of it, riding in the others' step, not a step of it (a
-    decode feeds the prompt's last token). A re-prefill of the whole batch is read row by row,
-    where its bugs show."""
+    """A newcomer's prefill (or a chunk of it) riding in the others' step: a sequence not yet
+    stepped whose row feeds its prompt's next tokens after the `c` its cache holds, short of the
+    prompt's end (a decode feeds the last one), in a call where some row reads a cache."""
     if len(committed) != prompt_len or not any(call.query_flags(row)):
         return False
     if not any(call.cache_of(r) for r in range(call.batch_size)):
@@ -164,8 +146,8 @@ def _head_calls(calls: list[CallRecord], index: int) -> list[int]:
 def _row_record(
     calls: list[CallRecord], index: int, r: int, seq_id: int, rq: RowQuery, group: Group, committed: int
 ) -> RowRecord:
-    """Row `r` (sequence `seq_id`) of target call `index` read as `rq`, credited with `group` (what
-    it produced: no tokens where it produced nothing), its sequence holding `committed` tokens."""
+    """Row `r` of target call `index` read as `rq`, credited with `group` (no tokens: it produced
+    nothing), its sequence holding `committed` tokens."""
     call = calls[index]
     drafts, targets = row_tokens(call, r, rq)
     accepted, bonus = accepted_and_bonus(group.tokens, drafts, targets)
@@ -207,8 +189,8 @@ def _row_record(
 
 
 def _draft_fields(calls: list[CallRecord], chain: tuple[tuple[int, int], ...], committed: int) -> dict[str, Any]:
-    """What the row's draft calls fed (None without a chain) and the context each attended (None
-    also where a mask could not be read), with the context a correct draft attends."""
+    """The positions the row's draft calls fed and the context each attended, with the context a
+    correct draft attends (None: no chain, or a mask not read)."""
     fields = dict.fromkeys(("draft_position_ids", "draft_kv_lens", "draft_kv_len", "draft_kv_len_expected"))
     contexts = [context_before(calls[j], dr, last_slot(calls[j], dr)) for j, dr in chain]
     if chain:
@@ -234,10 +216,9 @@ def infer_steps(
     eos: frozenset[int],
     argmax_is_choice: bool = True,
 ) -> InferredSteps:
-    """The whole inference, from captured calls and declared emits to steps and endings.
-    `argmax_is_choice`: False when the engine samples or processes its logits, so no argmax is
-    taken for what it chose. Steps stop before the first target call that no producer could map
-    and that a step would be read from (`InferredSteps.unreadable`)."""
+    """Steps and endings from captured calls and declared emits, stopping before the first target
+    call no producer could map that a step would be read from (`InferredSteps.unreadable`).
+    `argmax_is_choice`: False when the engine samples or processes its logits."""
     for call in calls:
         call.materialize()
         call.argmax_is_choice = argmax_is_choice
@@ -273,8 +254,7 @@ def infer_steps(
 
 
 def first_unreadable(calls: list[CallRecord], emits: list[Emit]) -> tuple[int, str] | None:
-    """(index, why) of the first target call that no producer could map and that an emission
-    follows (the call a step would be read from); None when every such call was read."""
+    """(index, why) of the first unmapped target call an emission follows; None: all were read."""
     targets = [i for i, c in enumerate(calls) if c.role == "target"]
     stepped = {bisect_left(targets, emit.after) - 1 for emit in emits}  # each emit's last target call
     found = min((targets[t] for t in stepped if t >= 0 and calls[targets[t]].unreadable is not None), default=None)

@@ -36,7 +36,6 @@ class GenerateStreamer:
                 self.finished.add(seq_id)
 
     def end(self) -> None:
-        for seq_id in range(self.batch_size):
-            if seq_id not in self.finished:
-                self.watch.emit(seq_id, [], "length")
-                self.finished.add(seq_id)
+        for seq_id in sorted(set(range(self.batch_size)) - self.finished):
+            self.watch.emit(seq_id, [], "length")
+        self.finished.update(range(self.batch_size))
