@@ -41,10 +41,6 @@ BUGS = (None, *chunkmix.BUGS)
 WRONG = {
     ("mixed", "chunk_trim", "command"),
     ("equal", "chunk_trim", "command"),
-    ("one_token", "overaccept", "command"),
-    # Position 0 fed after the chunk leaves no position to tell it from a step: not clean, but the
-    # first violation is at the next step, not at the bug's.
-    ("choice_starts", "chunk_pos0", "command"),
 }
 NEVER_FIRES = {("choice_starts", "overaccept")}  # no verify segment of this mix rejects a draft mid-run
 CASES = [
