@@ -39,12 +39,13 @@ MIXES = {
 BUGS = (None, *chunkmix.BUGS)
 # (mix, bug, mode) the watch reads wrong: left out, see the report.
 WRONG = {
+    # The chunk's trimmed keys leave its last chunk attending fewer slots than its prompt so far
+    # (fed at the right position): read as no sequence, unreadable from there. Shown, though: the
+    # position fed and the slots it still attends name the sequence; read right once
+    # `infer.follow.Follower._fit` takes a newcomer's row fed at its length over a hole in its
+    # cache as its continuation (issue 41 item 2; follow.py is not this branch's to change).
     ("mixed", "chunk_trim", "command"),
     ("equal", "chunk_trim", "command"),
-    ("one_token", "overaccept", "command"),
-    # Position 0 fed after the chunk leaves no position to tell it from a step: not clean, but the
-    # first violation is at the next step, not at the bug's.
-    ("choice_starts", "chunk_pos0", "command"),
 }
 NEVER_FIRES = {("choice_starts", "overaccept")}  # no verify segment of this mix rejects a draft mid-run
 CASES = [

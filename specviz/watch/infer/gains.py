@@ -40,21 +40,23 @@ class Gains:
         after the drafts it agrees with: a step with stale KV keeps its rejected slots too), or it
         is fed the target's choice after the whole query while that query is no greedy pick (its
         last chunk, which gave the token fed now; where both readings give one token, the position
-        fed to it tells: a chunk's pending token sits after all it attends, a step's after what it
-        committed, fewer when stale slots stay attended; with no position fed, the reading that
-        explains the context's growth without a bug). A chunk short of the prompt's end whose next
-        chunk starts with the greedy pick is told the same way, by a position fed after the whole
-        query (none fed: the step reading)."""
+        fed to it tells: a step's pending token sits after what it committed, fewer than it
+        attends when stale slots stay attended; fed anywhere else (after all it attends, a chunk's
+        place, or where neither reading puts it: a position bug either way) or not fed, the
+        reading that explains the context's growth without a bug). A chunk short of the prompt's
+        end whose next chunk starts with the greedy pick is told the same way (none fed: the step
+        reading)."""
         d = len(step.drafts)
         if not step.targets or not d or v.context - known != d:
             return False  # (a one-token chunk is not told from a step the row's token does not continue)
         if v.token == step.targets[d]:  # the target's choice after the whole query: its last chunk, if no greedy pick
-            return step.agreed < d and (v.token != step.choice or v.position in (-1, v.context))
+            return step.agreed < d and (v.token != step.choice or v.position != known + step.agreed)
         # Short of the prompt's end: fed no choice of the target, or its choice (the next chunk starts
-        # with it) where a greedy step keeps fewer slots than the whole query and the position fed
-        # sits after the whole query (a step's pending token sits after what it committed; with no
-        # position fed, the step reading stands, as before).
-        return v.token != step.choice or step.agreed < d and v.position == v.context
+        # with it) where a greedy step keeps fewer slots than the whole query and the position fed is
+        # not the step's (a step's pending token sits after what it committed; one fed after the
+        # whole query, or where neither reading puts it, a position bug either way, leaves the mask
+        # to tell, which kept the whole query; with no position fed, the step reading stands).
+        return v.token != step.choice or step.agreed < d and v.position not in (-1, known + step.agreed)
 
     def _chunked(self, s: Seq, v: RowView, j: int, r: int) -> None:
         """The open step was a prompt chunk (`_chunk`): its query joins the prompt. The chunk that
@@ -106,10 +108,13 @@ class Gains:
         if 0 <= grown <= len(v.query):
             return v.query[len(v.query) - grown :]  # re-fed tokens (a recompute loop) show themselves
         took = grown - 1 if 1 <= grown <= len(step.drafts) + 1 else step.agreed
-        if v.token == step.choice:
+        if v.token == step.choice and not (v.position == v.context and step.could_end(took, v.token)):
             # Fed the greedy continuation, yet the context grew past what greedy acceptance
             # allows: the tokens say what was committed (the command reads greedy engines), the
             # KV check judges the context (a rejected slot left attended, another row's slot).
+            # Not where the position fed sits after the whole grown context and the token is the
+            # target's choice after that many drafts (as often as not the same token): position
+            # and mask then both say the step kept them (a draft accepted against the target).
             took = min(took, step.agreed)
         return step.drafts[:took] + [v.token]
 
