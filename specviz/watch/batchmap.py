@@ -148,14 +148,12 @@ def _back_to_back(cuts: list[int], end: int) -> list[tuple[int, int, None]]:
 
 def apply(call: Any, bmap: BatchMap, seen: Any = None) -> bool:
     """Rewrite a materialized packed call as one right-padded row per segment (in place); True
-    when it did (the call was packed).
-
-    Each row's mask is, per query slot, the number of key slots it attends and whether it attends
-    exactly one more than the slot before ("counts", read like a static cache's mask: a slot of a
-    neighbour attended, or one of its own missed, changes a count and is flagged); its context is
-    what its first query token attends before itself. With `seen` (the row's [T, keys] boolean
-    mask: a call that packs trees, `tree.packed_nodes`), each row's mask is instead the key slots
-    each of its query slots attends ("4d-slots", as a static cache's), so its tree can be read.
+    when it did (the call was packed). Each row's `View` (`_views`) is read from the packed mask:
+    per query slot, the key slots it attends and whether it attends exactly one more than the slot
+    before (`Counted`: a slot of a neighbour attended, or one of its own missed, changes a count
+    and is flagged); with `seen` (the [T, keys] boolean mask of a call that packs trees,
+    `tree.packed_nodes`), the key slots each of its query slots attends (`Slotted`), so its tree can
+    be read. Its context is what its first query token attends before itself.
     """
     call.rows = tuple(s.seq for s in bmap.segments) if all(s.seq is not None for s in bmap.segments) else None
     call.source = bmap.source
@@ -202,7 +200,7 @@ def _views(segments: tuple[Segment, ...], width: int, lines: Any, seen: Any) -> 
 def _own_slots(seen: Any, segment: Segment, width: int) -> list[list[bool]]:
     """The segment's rows of a packed [T, keys] boolean mask, over only the key slots some token of
     it attends (in order: which slots each token sees, and which it shares with another, is all a
-    `4d-slots` row is read for), then all-False rows for its padding up to `width`."""
+    `Slotted` view is read for), then all-False rows for its padding up to `width`."""
     block = seen[segment.start : segment.start + segment.length]
     used = block.any(0).nonzero().flatten()
     rows = block[:, used].tolist()

@@ -18,7 +18,7 @@ pending token (the last committed one), `parents[i]` node i's parent (an earlier
 A packed 1 x T call (vLLM's tree attention) holds several sequences' trees back to back: it is cut
 into its sequences first (declared `query_lens`, `cu_seq_lens_q`, else the block-diagonal mask
 around its tree nodes: `packed_nodes`), each segment keeps the slots each token attends (a
-`4d-slots` row, `batchmap.apply`), and its tree is read inside it as above.
+`Slotted` view, `batchmap.apply`), and its tree is read inside it as above.
 What a step kept (`kept_nodes`) is read from the sequence's next call where the KV was kept by
 index; `infer.tree_gain` reads, for the command, which tokens a tree step committed.
 """

@@ -143,8 +143,8 @@ def test_drafts_without_a_draft_model_are_read_from_the_layout() -> None:
     committed = [5, 6, 9]  # 9: the pending token
     cached = call_of("none", None, cache=4, input_ids=[[9, 11, 12]])
     assert draft_free_query(cached, 0, committed) == RowQuery(0, 2, ())
-    refed = [[(1, False), (2, True), (3, True), (4, True), (6, False)]]  # the last draft attends 6, not 5
-    leaky = call_of("counts", refed, cache=0, q=5, contexts=[0], input_ids=[[5, 6, 9, 11, 12]])
+    refed = [(1, False), (2, True), (3, True), (4, True), (6, False)]  # the last draft attends 6, not 5
+    leaky = call_of("unknown", None, cache=0, q=5, input_ids=[[5, 6, 9, 11, 12]], views=[Counted([1] * 5, 0, refed)])
     assert draft_free_query(leaky, 0, committed) == RowQuery(2, 2, ())
     assert draft_free_query(cached, 0, [5, 6, 8]) is None  # its first slot is not the pending token
     assert draft_free_query(cached, 0, []) is None
