@@ -104,8 +104,7 @@ class Watch:
             self._hooks.append(ModelHooks(draft, "draft", self))
         if drafter is not None:  # a draft head (EAGLE, MTP, Medusa): any module, fed hidden states
             self._hooks += [ModelHooks(drafter, "draft", self, drafter=True, tap=tap), tap]
-        # Always a capture: one that found no continuous batching to wrap names no sequence, so it
-        # keeps no emit, reports nothing and adds no EOS id.
+        # Always a capture: one that found no continuous batching to wrap names no sequence.
         self._paged = PagedCapture(self, self.prompts)
         self._paged.install()
 
@@ -217,9 +216,8 @@ class Watch:
         # The manager's requests may stop on EOS ids of their own.
         eos = frozenset(eos_ids(self.target, self.tokenizer)) | self._paged.eos_ids
         with collector_paused():
-            prompts = self.prompts
-            if prompts is None:  # undeclared: the paged manager's requests, else the first target call's rows
-                prompts = self._paged.prompts or _prompts_from_first_call(calls)
+            # Undeclared: the paged manager's requests, else the first target call's rows.
+            prompts = self.prompts or self._paged.prompts or _prompts_from_first_call(calls)
             require_prompted(prompts, self._emits)
             if self._rows_to_follow(calls, prompts):
                 follow_rows(calls, prompts, eos)
@@ -245,13 +243,9 @@ class Watch:
         return trace
 
     def _release_hooks(self) -> list[CallRecord]:
-        """Remove the hooks; returns the captured calls, which the watch no longer holds.
-
-        The hooks point back at this watch (their sink): a reference cycle that only a full garbage
-        collection would free, with every captured call in it. Broken here, so the calls go with
-        the last reference to them, not with the next full collection (hundreds of ms once torch
-        and transformers are loaded, paid by whatever runs then).
-        """
+        """Remove the hooks; returns the captured calls, which the watch no longer holds: the hooks
+        point back at it, a cycle only a full garbage collection (hundreds of ms once torch is
+        loaded) would free, calls included. Broken here, the calls go with their last reference."""
         for hooks in self._hooks:
             hooks.remove()
         self._hooks = []  # and the last hidden states the tap kept
@@ -307,17 +301,11 @@ def watch(
     logits_processed: bool = False,
     drafter: Any | None = None,
 ) -> Watch:
-    """Watch `target` (and `draft`) decode; see `docs/watch.md`.
+    """What `specviz.watch` calls (its docstring and docs/watch.md say what each argument means).
 
-    `prompts`: token-id lists or strings (with `tokenizer`), in seq_id order. `layout`:
-    "left-padded" if the engine keeps the left-padded contiguous layout and wants it checked.
-    `temperature`: > 0 when the engine samples (speculative rejection sampling at that
-    temperature): tokens are then matched by what was fed, not by the argmax, and the checks ask
-    accounting, positions and KV, not equality with a greedy oracle. `logits_processed`: True when
-    the engine takes the argmax of processed logits (HF `min_new_tokens`, `repetition_penalty`,
-    `suppress_tokens`...): checked like a sampled run, the raw argmax being nobody's choice.
-    `drafter`: a draft head (any module fed the target's hidden states: EAGLE, MTP, Medusa), whose
-    calls are captured as draft calls; the drafts are read at each row's pending slot of the verify.
+    A sampled (`temperature` > 0) or processed (`logits_processed`) run is matched by what was fed,
+    not by the raw argmax, which is nobody's choice there, and asks no equality with the greedy
+    oracle. A `drafter`'s drafts are read at each row's pending slot of the verify.
     """
     return Watch(
         target,

@@ -1,15 +1,14 @@
 """`VllmWatch`: record the vLLM engines built inside it, then write their trace.
 
 Entering sets `SPECVIZ_VLLM_RECORD` to a fresh folder (the plugin in an engine-core process reads
-it) and wraps the runner in this process (an in-process engine core); leaving puts vLLM back,
-reads the records and writes the trace. The records of an engine core in its own process are on
-disk as each step ends, so nothing waits for that process to exit.
+it) and wraps the runner in this process (an in-process engine core); leaving puts both back and
+writes the trace. An engine core in its own process writes each step's record as the step ends,
+so nothing waits for that process to exit.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from pathlib import Path
 from types import TracebackType
@@ -47,19 +46,13 @@ class VllmWatch:
     def close(self, complete: bool = True) -> Trace:
         """Unwrap vLLM, build the trace from the records, write it to `out`; returns it."""
         from specviz.trace.io import save_trace
-        from specviz.watch.vllm import capture
-        from specviz.watch.vllm.trace import build_trace, read_records
+        from specviz.watch.vllm.trace import build_trace, take_records
 
-        capture.uninstall()
         if self._saved_env is None:
             os.environ.pop(ENV, None)
         else:
             os.environ[ENV] = self._saved_env
-        try:
-            records = read_records(self._folder)
-            self.trace = build_trace(records, self.name, reference=self.reference, complete=complete)
-        finally:
-            shutil.rmtree(self._folder, ignore_errors=True)
+        self.trace = build_trace(take_records(self._folder), self.name, reference=self.reference, complete=complete)
         if self.out is not None:
             save_trace(self.trace, self.out)
         return self.trace
