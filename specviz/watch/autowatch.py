@@ -75,8 +75,8 @@ class AutoWatch:
         self._declared = seq_ids
 
     def report(self, seq_id: int, token_ids: list[int], finish_reason: str | None = None) -> None:
-        emit = Emit(seq_id, list(token_ids), finish_reason, after=len(self.calls), at=time.perf_counter())
-        self.paged_emits.append(emit)
+        at = time.perf_counter()
+        self.paged_emits.append(Emit(seq_id, list(token_ids), finish_reason, after=len(self.calls), at=at))
 
     # ------------------------------------------------------------------ installing
 
@@ -175,8 +175,8 @@ class AutoWatch:
     def _find_head(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         """Global forward hook while searching: the first module of the named class called outside
         the causal LMs (or inside one, returning logits: `_in_forward_head`) is the head. Its hooks
-        go on and this call is its first (read here, after it: the global pre-hook sees no keywords;
-        timed from its start)."""
+        go on, this call (read here: the global pre-hook sees no keywords; timed from its start) is
+        its first, and the search ends."""
         if type(module).__name__ != self._head_class:
             return  # the one test every module call pays until the head is found
         started = self._called.pop(id(module), None)
@@ -215,7 +215,7 @@ class AutoWatch:
 
     def pick_roles(self) -> tuple[Any, Any | None]:
         """Target: the largest causal LM that ran; draft: the next largest, if any."""
-        ran = sorted({self.roles[id(c)] for c in self.calls if not c.drafter})
+        ran = {self.roles[id(c)] for c in self.calls if not c.drafter}
         if not ran:
             raise WatchError("the script ran no forward call of a causal LM built while it ran")
         ranked = sorted(ran, key=lambda i: (-_parameters(self.models[i]), i))

@@ -17,7 +17,7 @@ from specviz.errors import SpecvizError
 from specviz.startup import EXIT_INTERRUPTED
 from specviz.trace.schema import LAYOUTS
 from specviz.watch.autowatch import AutoWatch
-from specviz.watch.vllm import command as vllm_command
+from specviz.watch.vllm import session as vllm_session
 
 PYTHONS = ("python", "python3")
 
@@ -81,7 +81,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     target, argv, is_module = script_argv(list(args.script))
     out = Path(args.out)
     watcher = AutoWatch(drafter=_class_name(args.drafter))
-    vllm_records = vllm_command.begin()  # vLLM's engines record their own steps (docs/vllm.md)
+    vllm_records = vllm_session.begin()  # vLLM's engines record their own steps (docs/vllm.md)
     watcher.install()
     try:
         status = run_script(target, argv, is_module)
@@ -90,7 +90,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     finally:
         watcher.uninstall()
     name, reference, complete = args.name or Path(target).stem, not args.no_reference, status == 0
-    if vllm_command.finish(vllm_records, out, name, reference=reference, complete=complete):
+    if vllm_session.finish(vllm_records, out, name, reference=reference, complete=complete):
         return status
     trace, notes = watcher.finish(out, name, args.layout, reference=reference, complete=complete)
     for note in notes:
@@ -98,7 +98,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     h = trace.header
     draft = f", draft {_short(h.draft.name)}" if h.draft else ""
     draft += f", head {type(watcher.head).__name__}" if watcher.head is not None else ""
-    vllm_command.announce(trace, out, f"target {_short(h.target.name)}{draft}", "sequences")
+    vllm_session.announce(trace, out, f"target {_short(h.target.name)}{draft}", "sequences")
     return status
 
 

@@ -19,7 +19,7 @@ from specviz.watch.tree import alternatives as tree_alternatives
 
 def header(w: Any, assembly: InferredSteps, eos: frozenset[int], complete: bool) -> Header:
     seconds = None
-    if assembly.first_call_at is not None:  # a call: then an event, the last one, too
+    if assembly.first_call_at is not None:  # a call, so an event: last_event_at is set too
         seconds = round(assembly.last_event_at - assembly.first_call_at, 6)
     unreadable = assembly.unreadable
     options = {

@@ -104,7 +104,8 @@ class Watch:
             self._hooks.append(ModelHooks(draft, "draft", self))
         if drafter is not None:  # a draft head (EAGLE, MTP, Medusa): any module, fed hidden states
             self._hooks += [ModelHooks(drafter, "draft", self, drafter=True, tap=tap), tap]
-        # Always a capture: one that found no continuous batching to wrap names no sequence.
+        # Always a capture: one that found no continuous batching to wrap names no sequence, so it
+        # keeps no emit, reports nothing and adds no EOS id.
         self._paged = PagedCapture(self, self.prompts)
         self._paged.install()
 
@@ -151,18 +152,15 @@ class Watch:
     ) -> None:
         """Declare the next forward of `model` only: the sequence of each row (a padded batch) or,
         with `query_lens`, of each packed segment in order (a 1 x T call: sequence i holds the next
-        query_lens[i] tokens). The one call per forward of an engine whose batch changes every
-        step; `rows` stays the short form for a padded batch that keeps its rows.
+        query_lens[i] tokens). For an engine whose batch changes every step; `rows` is the short
+        form for a padded batch that keeps its rows.
 
-        `parents` (target): the tree each row (or, with `query_lens`, each packed segment)
-        verifies, one list per sequence (None: it verifies none, a prefill riding along), node 0
-        the pending token (parent -1) and every other node's parent an earlier node; the row's
-        (segment's) last len(parents) real query tokens are its nodes in that order
-        (docs/watch-trees.md).
-
-        `drafts`: how many draft tokens end each sequence's query (None: not said; its draft count
-        is then read from the draft calls). `chunk`: per sequence, True for a prefill chunk that
-        stops short of its prompt's end: it yields no token, so it is no step of its sequence."""
+        `parents` (target): per sequence, the tree its row (segment) verifies (None: none, a prefill
+        riding along): node 0 the pending token (parent -1), every other node's parent an earlier
+        node, the nodes its last len(parents) real query tokens in that order (docs/watch-trees.md).
+        `drafts`: how many draft tokens end each sequence's query (None: not said, read from the
+        draft calls). `chunk`: True for a prefill chunk short of its prompt's end: it yields no
+        token, so it is no step of its sequence."""
         _check_model(model, ("target", "draft"), "batch")
         self._require_open("batch")
         ids = self._checked_ids(seq_ids, "batch")

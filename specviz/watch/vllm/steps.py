@@ -5,8 +5,9 @@ A runner step verifies the drafts proposed at the end of the step before, then p
 ones; a trace step is the draft that proposed a row's drafts plus their verify. So a record's draft
 calls are the next step's rows' drafting (`draft_position_ids`, `draft_kv_lens`), and step 0, the
 prefill, has no drafts. A prefill segment that ends short of its prompt is a `chunk`: no row. Every
-number is a field vLLM filled in; the mask says which attended slots hold the request's own
-committed tokens (`slots.SlotLedger`), then whether each query token's KV went to its own slot.
+number is a field vLLM filled in, none taken from the history of token chains; the mask says which
+attended slots hold the request's own committed tokens (`slots.SlotLedger`), then whether each
+query token's KV went to its own slot.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ class Request:
 
     @property
     def budget(self) -> int:
-        """Its max_tokens, or what it emitted where it has none."""
+        """Its max_tokens, or what it emitted where it has none (a request ended by length holds
+        exactly max_tokens)."""
         return self.max_tokens or len(self.output)
 
     def commit(self, tokens: list[int], reason: str | None) -> None:
@@ -71,7 +73,7 @@ class Request:
 def base(hashes: list[int], index: int) -> int | None:
     """The prefix hash before logical index `index` of a request with these prefix hashes (None: beyond
     what is known)."""
-    return [ROOT, *hashes][index] if 0 <= index <= len(hashes) else None
+    return hashes[index - 1] if 0 < index <= len(hashes) else (ROOT if index == 0 else None)
 
 
 @dataclass
