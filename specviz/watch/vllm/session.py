@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from specviz.trace.schema import Trace
-from specviz.watch.vllm import ENV
+from specviz.watch.vllm import ENV, capture
+from specviz.watch.vllm.trace import build_trace, read_records
 
 
 class VllmWatch:
@@ -35,8 +38,6 @@ class VllmWatch:
         self._saved_env = os.environ.get(ENV)
         os.environ[ENV] = str(self._folder)
         try:
-            from specviz.watch.vllm import capture
-
             capture.install(self._folder)
         except ImportError as e:  # no vLLM here: nothing to wrap in this process
             raise_without_vllm(e)
@@ -50,13 +51,12 @@ class VllmWatch:
     def close(self, complete: bool = True) -> Trace:
         """Unwrap vLLM, build the trace from the records, write it to `out`; returns it."""
         from specviz.trace.io import save_trace
-        from specviz.watch.vllm.trace import build_trace, take_records
 
         if self._saved_env is None:
             os.environ.pop(ENV, None)
         else:
             os.environ[ENV] = self._saved_env
-        self.trace = build_trace(take_records(self._folder), self.name, reference=self.reference, complete=complete)
+        self.trace = build_trace(_take_records(self._folder), self.name, reference=self.reference, complete=complete)
         if self.out is not None:
             save_trace(self.trace, self.out)
         return self.trace
@@ -90,9 +90,8 @@ def finish(folder: Path | None, out: Path, name: str, reference: bool, complete:
         return False
     os.environ.pop(ENV, None)
     from specviz.trace.io import save_trace
-    from specviz.watch.vllm.trace import build_trace, take_records
 
-    records = take_records(folder)
+    records = _take_records(folder)
     if not records:
         return False
     trace = build_trace(records, name, reference=reference, complete=complete)
@@ -113,3 +112,13 @@ def announce(trace: Trace, out: Path, engine: str, sequences: str) -> None:
         f"(next: python -m specviz check {out})",
         file=sys.stderr,
     )
+
+
+def _take_records(folder: Path) -> list[dict[str, Any]]:
+    """Unwrap vLLM in this process (an in-process engine core), then the records under `folder`,
+    which is removed."""
+    capture.uninstall()
+    try:
+        return read_records(folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

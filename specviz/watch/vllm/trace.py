@@ -9,7 +9,6 @@ request to its own budget: vLLM's batching, paging and speculation play no part 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from specviz.analysis.unread import UNREADABLE
 from specviz.errors import SpecvizError
 from specviz.trace.naming import now_iso
 from specviz.trace.schema import SCHEMA_VERSION, Header, ModelInfo, SamplingInfo, SequenceRecord, Trace
-from specviz.watch.vllm import capture
+from specviz.watch.vllm.capture import FORMAT
 from specviz.watch.vllm.steps import Assembly, Request, assemble
 
 # vLLM's speculative method -> the trace's proposer (no speculation: the schema's default); any other drafts with a head
@@ -32,20 +31,10 @@ def read_records(folder: Path) -> list[dict[str, Any]]:
     if len(engines) > 1:
         raise SpecvizError(f"watch: {len(engines)} vLLM engines ran model steps; one trace holds one engine's run")
     records = [json.loads(line) for f in engines for line in f.read_text(encoding="utf-8").splitlines() if line]
-    bad = {r.get("format") for r in records} - {capture.FORMAT}
+    bad = {r.get("format") for r in records} - {FORMAT}
     if bad:
-        raise SpecvizError(f"watch: vLLM records of format {sorted(bad)}; this specviz reads format {capture.FORMAT}")
+        raise SpecvizError(f"watch: vLLM records of format {sorted(bad)}; this specviz reads format {FORMAT}")
     return records
-
-
-def take_records(folder: Path) -> list[dict[str, Any]]:
-    """Unwrap vLLM in this process (an in-process engine core), then the records under `folder`,
-    which is removed."""
-    capture.uninstall()
-    try:
-        return read_records(folder)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def build_trace(records: list[dict[str, Any]], name: str, reference: bool = True, complete: bool = True) -> Trace:
