@@ -104,9 +104,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 def _class_name(name: str | None) -> str | None:
     """`--drafter`: a class name, optionally with its module path (`pkg.mod.Class`)."""
-    if name is None:
-        return None
-    if not all(part.isidentifier() for part in name.split(".")):
+    if name is not None and not all(part.isidentifier() for part in name.split(".")):
         raise SpecvizError(f"watch: --drafter takes a class name such as DraftHead or pkg.mod.DraftHead, got {name!r}")
     return name
 

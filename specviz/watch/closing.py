@@ -79,22 +79,20 @@ def sequences(
     w: Any, prompts: list[list[int]], assembly: InferredSteps, references: list[tuple[Any, Any]]
 ) -> list[SequenceRecord]:
     """`references`: each sequence's (ids, margins), (None, None) where none was decoded."""
-    records = []
-    for seq_id, (ids, (ref_ids, margins)) in enumerate(zip(prompts, references)):
-        output = assembly.outputs.get(seq_id, [])
-        records.append(
-            SequenceRecord(
-                seq_id=seq_id,
-                prompt=w.prompt_texts[seq_id] if w.prompt_texts else _decode(w, ids),
-                prompt_ids=list(ids),
-                output_ids=list(output),
-                output_text=_decode(w, output),
-                reference_ids=ref_ids,
-                reference_margins=margins,
-                finish_reason=assembly.finish_reasons.get(seq_id),
-            )
+    outputs = [assembly.outputs.get(seq_id, []) for seq_id in range(len(prompts))]
+    return [
+        SequenceRecord(
+            seq_id=seq_id,
+            prompt=w.prompt_texts[seq_id] if w.prompt_texts else _decode(w, ids),
+            prompt_ids=list(ids),
+            output_ids=list(output),
+            output_text=_decode(w, output),
+            reference_ids=ref_ids,
+            reference_margins=margins,
+            finish_reason=assembly.finish_reasons.get(seq_id),
         )
-    return records
+        for seq_id, (ids, output, (ref_ids, margins)) in enumerate(zip(prompts, outputs, references))
+    ]
 
 
 def _decode(w: Any, ids: list[int]) -> str:
