@@ -1,14 +1,8 @@
 """The subpackage behind `specviz.watch`: trace any engine built on Hugging Face models (docs/watch.md).
 
-One idea per file: `hooks` captures what each forward call was fed (into a `CallSink`), `steps`
-infers the trace's step records from the calls and the declared emissions, `reference` decodes
-the oracle on any transformers 4.45+, `session` is the Watch object, `streamer` adapts HF
-`generate`, `autowatch` and `cli` watch an unmodified script.
-
-`specviz.watch` itself is a function, defined in `specviz/__init__.py` (it calls
-`session.watch`); `from specviz.watch import Watch, WatchError, watch` reads this subpackage.
-Nothing here imports torch until a name is used: `import specviz` (for `check` on a trace file,
-say) stays light.
+`specviz.watch` itself is the function in `specviz/__init__.py` (it calls `session.watch`);
+`from specviz.watch import Watch, WatchError, watch` reads this subpackage, whose names import
+lazily: `import specviz` (for `check` on a trace file, say) imports no torch.
 """
 
 from __future__ import annotations

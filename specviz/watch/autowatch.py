@@ -1,27 +1,21 @@
-"""Watching a script that was never instrumented: every causal LM it builds gets hooks, and the
-two facts `rows` and `emit` would declare are inferred from the calls instead.
+"""Watching a script that was never instrumented (docs/watch-command.md): every causal LM it builds
+gets hooks, and the two facts `rows` and `emit` would declare are inferred from the calls.
 
-What is inferred (see docs/watch-command.md):
-- roles: of the causal LMs that ran a forward, the largest by parameter count is the target
-  (the first built wins a tie), the next largest the draft;
-- a last step's tokens: what the script decoded (`tokenizer.decode`, `batch_decode`) shows them,
-  where one decoded list is that sequence's output (`infer.decoded`); else the greedy reading;
-- token text: the first tokenizer the script built whose vocabulary holds every token the trace
-  uses gives the trace its piece table (`header.token_text`), so `check` and the app show text;
-- the draft head, when named (`--drafter NAME`): the first module of that class called outside
-  the watched causal LMs, found by a global forward hook that removes itself then; its calls are
-  draft calls and its input is checked as `watch(target, drafter=head)` checks it;
-- rows, prompts and emits: `infer.follow.Follower` (its docstring has the rules): each row of each
-  target call is matched to a sequence by its attended context (prompt + committed tokens), so
-  rows may change order, leave the batch or join it; a new row's attended ids are its prompt
-  (completed by the next call's pending token when that call was a prefill of all but the last);
-  a sequence gained as many tokens as its attended context grew by its next row, and after its
-  last step the greedy tokens. A token in the EOS set ends the sequence.
+- roles: of the causal LMs that ran a forward, the largest by parameter count is the target (the
+  first built wins a tie), the next largest the draft;
+- rows, prompts and emits: `infer.follow.Follower` matches each target row to a sequence by its
+  attended context; a last step's tokens are what the script decoded (`infer.decoded`), else the
+  greedy reading;
+- token text: from the first tokenizer built whose vocabulary holds every token the trace uses;
+- the draft head, when named (`--drafter NAME`): the first module of that class called outside the
+  watched causal LMs, found by a global forward hook that removes itself then; its calls are draft
+  calls, its input checked as `watch(target, drafter=head)` checks it.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -111,8 +105,8 @@ class AutoWatch:
             ]
 
     def _install_tokenizer_capture(self) -> None:
-        """Patch `PreTrainedTokenizerBase.__init__`: every HF tokenizer runs it, however it is built.
-        Only a reference is kept; the tokenizer is first used once the script has ended."""
+        """Patch `PreTrainedTokenizerBase.__init__` (every HF tokenizer runs it) to keep a reference,
+        first used once the script has ended; and `decode`, to log what the script decoded."""
         from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
         original = PreTrainedTokenizerBase.__init__
@@ -124,8 +118,7 @@ class AutoWatch:
                 watcher.tokenizers.append(tokenizer)
 
         self._patch(PreTrainedTokenizerBase, "__init__", init)
-        # The ids a script decodes (`batch_decode` calls `decode` with the whole batch) are its
-        # outputs: they show a last step's tokens (`infer.decoded`).
+        # The ids a script decodes (`batch_decode` calls `decode`) show a last step's tokens.
         self._patch(PreTrainedTokenizerBase, "decode", self.decoded.wrap(PreTrainedTokenizerBase.decode))
 
     def _patch(self, owner: type, name: str, replacement: Any) -> None:
@@ -162,13 +155,12 @@ class AutoWatch:
     # ------------------------------------------------------------------ the draft head
 
     def _is_head_class(self, module: Any) -> bool:
+        """`--drafter` names the class, or ends its full name at a dot (not myzoo.X for zoo.X)."""
         if not self.drafter:
             return False
         kind = type(module)
-        if "." not in self.drafter:
-            return kind.__name__ == self.drafter
         full = f"{kind.__module__}.{kind.__qualname__}"
-        return full == self.drafter or full.endswith("." + self.drafter)  # whole names: not myzoo.X for zoo.X
+        return full == self.drafter or full.endswith("." + self.drafter)
 
     def _stop_search(self) -> None:
         for handle in self._search:
@@ -182,9 +174,9 @@ class AutoWatch:
 
     def _find_head(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         """Global forward hook while searching: the first module of the named class called outside
-        the causal LMs (or inside one, returning its logits: `_in_forward_head`) is the head. Its
-        hooks go on, this call is captured as its first (the global pre-hook sees no keywords, so
-        the search reads the call after it, timed from its start), and the search ends."""
+        the causal LMs (or inside one, returning logits: `_in_forward_head`) is the head. Its hooks
+        go on, this call (read here: the global pre-hook sees no keywords; timed from its start) is
+        its first, and the search ends."""
         if type(module).__name__ != self._head_class:
             return  # the one test every module call pays until the head is found
         started = self._called.pop(id(module), None)
@@ -223,14 +215,14 @@ class AutoWatch:
 
     def pick_roles(self) -> tuple[Any, Any | None]:
         """Target: the largest causal LM that ran; draft: the next largest, if any."""
-        ran = sorted({self.roles[id(c)] for c in self.calls if not c.drafter})
+        ran = {self.roles[id(c)] for c in self.calls if not c.drafter}
         if not ran:
             raise WatchError("the script ran no forward call of a causal LM built while it ran")
         ranked = sorted(ran, key=lambda i: (-_parameters(self.models[i]), i))
         draft = self.models[ranked[1]] if len(ranked) > 1 else None
         return self.models[ranked[0]], draft
 
-    def finish(self, out: Any, name: str, layout: str, reference: bool, complete: bool) -> tuple[Trace, list[str]]:
+    def finish(self, out: Path, name: str, layout: str, reference: bool, complete: bool) -> tuple[Trace, list[str]]:
         """Remove the hooks, infer prompts and emits, assemble and write the trace; also the notes."""
         self.uninstall()
         target, draft = self.pick_roles()
@@ -249,7 +241,7 @@ class AutoWatch:
         # unfinished without the engine being at fault; the trace says it is incomplete.
         read_all = not notes
         if assumed and self.decoded.full:  # some last steps read as greedy may be in the lists left out
-            notes.append(self.decoded.note() or "")
+            notes.append(self.decoded.note())
         if self.drafter and self.head is None:  # never silent: the head-input check did not run
             notes.append(
                 f"--drafter {self.drafter}: no module of that class was called outside the causal LMs "
@@ -269,16 +261,17 @@ class AutoWatch:
 
             attach_token_text(trace, tokenizer)
         options = trace.header.options
-        if assumed:  # read, not seen: the report says so beside the exact match (analysis/unread.py)
-            options[READ_AS_GREEDY] = {str(seq): n for seq, n in sorted(assumed.items())}
-        if notes:
-            options.setdefault("watch_notes", []).extend(notes[:20])
-        if unfollowed:  # the run is unreadable from there: `check` says so, with its own exit code
-            options[UNREADABLE] = {"step": len(trace.steps), "why": "; ".join(unfollowed)}
-        if out is not None:
-            from specviz.trace.io import save_trace
+        said = {  # written only where they say something, as the header's own options
+            # Read, not seen: the report says so beside the exact match (analysis/unread.py).
+            READ_AS_GREEDY: {str(seq): n for seq, n in sorted(assumed.items())},
+            "watch_notes": [*options.get("watch_notes", []), *notes[:20]],
+            # The run is unreadable from there: `check` says so, with its own exit code.
+            UNREADABLE: unfollowed and {"step": len(trace.steps), "why": "; ".join(unfollowed)},
+        }
+        options.update({key: value for key, value in said.items() if value})
+        from specviz.trace.io import save_trace
 
-            save_trace(trace, out)
+        save_trace(trace, out)
         return trace, notes
 
     def tokenizer_for(self, trace: Trace) -> Any | None:
@@ -341,11 +334,10 @@ def infer(
     assumed: dict[int, int] | None = None,
     decoded: tuple[DecodedLog, int | None] | None = None,
 ) -> tuple[list[list[int]], list[Emit]]:
-    """Prompts (by sequence id) and the emits a correct-bookkeeping engine would have declared; each
-    target call's rows name the sequence they hold (`infer.follow.Follower`). Where rows could not be
-    followed, why is appended to `notes` and to `unfollowed`; `assumed` gets each sequence's count of
-    last-step tokens no later call showed (`Follower.read_as_greedy`), fewer where `decoded` (what
-    the script decoded, and the engine's pad id) shows them (`Follower.take_decoded`)."""
+    """Prompts (by sequence id) and the emits a correct-bookkeeping engine would have declared, rows
+    followed by `infer.follow.Follower`. Why rows could not be followed goes to `notes` and
+    `unfollowed`; `assumed` gets each sequence's count of last-step tokens no later call showed,
+    fewer where `decoded` (what the script decoded, the engine's pad id) shows them."""
     for call in calls:
         call.materialize()
     if not any(c.role == "target" for c in calls):
@@ -363,18 +355,12 @@ def infer(
 
 
 def unpadded_prompts(prompts: list[list[int]], calls: list[CallRecord], pad: int | None) -> list[list[int]]:
-    """The first target call's prompts without their left padding, when it was fed no mask.
-
-    With no mask, every slot reads as attended, so a left-padded batch's prompts would start with
-    their pad tokens and the engine's fault would show as positions that skip them. The `specviz.watch`
-    API is given the prompts, so the trace it writes has the unpadded ones and flags the row for
-    attending its padding: stripping the pads here gives both the same trace and the same
-    diagnosis. Only a rectangular batch is stripped whose rows start with pad runs of different
-    lengths, one of them none (left padding to the longest row; so two rows at least); anything
-    else is kept as read.
-    """
-    first = first_target(calls)
-    if pad is None or first is None or first.mask_kind != "none":
+    """The first target call's prompts without their left padding, when it was fed no mask (every
+    slot then reads as attended): the trace and the diagnosis (a row attending its padding) are then
+    those of the `specviz.watch` API, which is given the prompts. Only a rectangular batch whose rows
+    start with pad runs of different lengths, one of them none, is stripped; else kept as read."""
+    first = first_target(calls)  # there is one: `infer` read it
+    if pad is None or first.mask_kind != "none":
         return prompts
     opened = prompts[: first.batch_size]
     leads = [next((i for i, t in enumerate(p) if t != pad), len(p)) for p in opened]

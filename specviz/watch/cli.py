@@ -1,10 +1,7 @@
 """`python -m specviz watch --out T -- python their_script.py [args]`: trace a script unmodified.
 
-The script runs in this process (`runpy`), with `sys.argv` set to its own arguments, while every
-causal LM it builds carries the watch's hooks (`autowatch`). When it ends, the target, draft,
-prompts and emitted tokens are inferred from the calls and the trace is written to `--out`.
-Rows are followed by their attended context (they may reorder, leave or join the batch), greedy;
-the limits are in docs/watch-command.md.
+The script runs in this process (`runpy`) with its own `sys.argv`, every causal LM it builds hooked
+(`autowatch`); when it ends, what was decoded is inferred from the calls (docs/watch-command.md).
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ from specviz.errors import SpecvizError
 from specviz.startup import EXIT_INTERRUPTED
 from specviz.trace.schema import LAYOUTS
 from specviz.watch.autowatch import AutoWatch
-from specviz.watch.vllm import command as vllm_command
+from specviz.watch.vllm import session as vllm_session
 
 PYTHONS = ("python", "python3")
 
@@ -42,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def script_argv(words: list[str]) -> tuple[str, list[str], bool]:
     """(path or module, its argv, is a module) from `[--] [python] script.py args` or `python -m mod args`."""
-    if words and words[0] == "--":
+    if words[:1] == ["--"]:
         words = words[1:]
     if words and (Path(words[0]).name in PYTHONS or words[0] == sys.executable):
         words = words[1:]
@@ -84,7 +81,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     target, argv, is_module = script_argv(list(args.script))
     out = Path(args.out)
     watcher = AutoWatch(drafter=_class_name(args.drafter))
-    vllm_records = vllm_command.begin()  # vLLM's engines record their own steps (docs/vllm.md)
+    vllm_records = vllm_session.begin()  # vLLM's engines record their own steps (docs/vllm.md)
     watcher.install()
     try:
         status = run_script(target, argv, is_module)
@@ -92,29 +89,22 @@ def cmd_watch(args: argparse.Namespace) -> int:
         status = EXIT_INTERRUPTED
     finally:
         watcher.uninstall()
-    name = args.name or Path(target).stem
-    if vllm_command.finish(vllm_records, out, name, reference=not args.no_reference, complete=status == 0):
+    name, reference, complete = args.name or Path(target).stem, not args.no_reference, status == 0
+    if vllm_session.finish(vllm_records, out, name, reference=reference, complete=complete):
         return status
-    trace, notes = watcher.finish(out, name, args.layout, reference=not args.no_reference, complete=status == 0)
+    trace, notes = watcher.finish(out, name, args.layout, reference=reference, complete=complete)
     for note in notes:
         print(f"specviz watch: note: {note}", file=sys.stderr)
     h = trace.header
     draft = f", draft {_short(h.draft.name)}" if h.draft else ""
     draft += f", head {type(watcher.head).__name__}" if watcher.head is not None else ""
-    print(
-        f"specviz watch: target {_short(h.target.name)}{draft}, k={h.draft_k}, {len(trace.sequences)} sequences, "
-        f"{len(trace.steps)} steps{'' if h.complete else ' (incomplete)'}; trace {out} "
-        f"(next: python -m specviz check {out})",
-        file=sys.stderr,
-    )
+    vllm_session.announce(trace, out, f"target {_short(h.target.name)}{draft}", "sequences")
     return status
 
 
 def _class_name(name: str | None) -> str | None:
     """`--drafter`: a class name, optionally with its module path (`pkg.mod.Class`)."""
-    if name is None:
-        return None
-    if not all(part.isidentifier() for part in name.split(".")):
+    if name is not None and not all(part.isidentifier() for part in name.split(".")):
         raise SpecvizError(f"watch: --drafter takes a class name such as DraftHead or pkg.mod.DraftHead, got {name!r}")
     return name
 

@@ -19,7 +19,7 @@ from specviz.watch.tree import alternatives as tree_alternatives
 
 def header(w: Any, assembly: InferredSteps, eos: frozenset[int], complete: bool) -> Header:
     seconds = None
-    if assembly.first_call_at is not None and assembly.last_event_at is not None:
+    if assembly.first_call_at is not None:  # a call, so an event: last_event_at is set too
         seconds = round(assembly.last_event_at - assembly.first_call_at, 6)
     unreadable = assembly.unreadable
     options = {
@@ -79,22 +79,20 @@ def sequences(
     w: Any, prompts: list[list[int]], assembly: InferredSteps, references: list[tuple[Any, Any]]
 ) -> list[SequenceRecord]:
     """`references`: each sequence's (ids, margins), (None, None) where none was decoded."""
-    records = []
-    for seq_id, (ids, (ref_ids, margins)) in enumerate(zip(prompts, references)):
-        output = assembly.outputs.get(seq_id, [])
-        records.append(
-            SequenceRecord(
-                seq_id=seq_id,
-                prompt=w.prompt_texts[seq_id] if w.prompt_texts else _decode(w, ids),
-                prompt_ids=list(ids),
-                output_ids=list(output),
-                output_text=_decode(w, output),
-                reference_ids=ref_ids,
-                reference_margins=margins,
-                finish_reason=assembly.finish_reasons.get(seq_id),
-            )
+    outputs = [assembly.outputs.get(seq_id, []) for seq_id in range(len(prompts))]
+    return [
+        SequenceRecord(
+            seq_id=seq_id,
+            prompt=w.prompt_texts[seq_id] if w.prompt_texts else _decode(w, ids),
+            prompt_ids=list(ids),
+            output_ids=list(output),
+            output_text=_decode(w, output),
+            reference_ids=ref_ids,
+            reference_margins=margins,
+            finish_reason=assembly.finish_reasons.get(seq_id),
         )
-    return records
+        for seq_id, (ids, output, (ref_ids, margins)) in enumerate(zip(prompts, outputs, references))
+    ]
 
 
 def _decode(w: Any, ids: list[int]) -> str:

@@ -152,18 +152,15 @@ class Watch:
     ) -> None:
         """Declare the next forward of `model` only: the sequence of each row (a padded batch) or,
         with `query_lens`, of each packed segment in order (a 1 x T call: sequence i holds the next
-        query_lens[i] tokens). The one call per forward of an engine whose batch changes every
-        step; `rows` stays the short form for a padded batch that keeps its rows.
+        query_lens[i] tokens). For an engine whose batch changes every step; `rows` is the short
+        form for a padded batch that keeps its rows.
 
-        `parents` (target): the tree each row (or, with `query_lens`, each packed segment)
-        verifies, one list per sequence (None: it verifies none, a prefill riding along), node 0
-        the pending token (parent -1) and every other node's parent an earlier node; the row's
-        (segment's) last len(parents) real query tokens are its nodes in that order
-        (docs/watch-trees.md).
-
-        `drafts`: how many draft tokens end each sequence's query (None: not said; its draft count
-        is then read from the draft calls). `chunk`: per sequence, True for a prefill chunk that
-        stops short of its prompt's end: it yields no token, so it is no step of its sequence."""
+        `parents` (target): per sequence, the tree its row (segment) verifies (None: none, a prefill
+        riding along): node 0 the pending token (parent -1), every other node's parent an earlier
+        node, the nodes its last len(parents) real query tokens in that order (docs/watch-trees.md).
+        `drafts`: how many draft tokens end each sequence's query (None: not said, read from the
+        draft calls). `chunk`: True for a prefill chunk short of its prompt's end: it yields no
+        token, so it is no step of its sequence."""
         _check_model(model, ("target", "draft"), "batch")
         self._require_open("batch")
         ids = self._checked_ids(seq_ids, "batch")
@@ -217,9 +214,8 @@ class Watch:
         # The manager's requests may stop on EOS ids of their own.
         eos = frozenset(eos_ids(self.target, self.tokenizer)) | self._paged.eos_ids
         with collector_paused():
-            prompts = self.prompts
-            if prompts is None:  # undeclared: the paged manager's requests, else the first target call's rows
-                prompts = self._paged.prompts or _prompts_from_first_call(calls)
+            # Undeclared: the paged manager's requests, else the first target call's rows.
+            prompts = self.prompts or self._paged.prompts or _prompts_from_first_call(calls)
             require_prompted(prompts, self._emits)
             if self._rows_to_follow(calls, prompts):
                 follow_rows(calls, prompts, eos)
@@ -245,13 +241,9 @@ class Watch:
         return trace
 
     def _release_hooks(self) -> list[CallRecord]:
-        """Remove the hooks; returns the captured calls, which the watch no longer holds.
-
-        The hooks point back at this watch (their sink): a reference cycle that only a full garbage
-        collection would free, with every captured call in it. Broken here, so the calls go with
-        the last reference to them, not with the next full collection (hundreds of ms once torch
-        and transformers are loaded, paid by whatever runs then).
-        """
+        """Remove the hooks; returns the captured calls, which the watch no longer holds: the hooks
+        point back at it, a cycle only a full garbage collection (hundreds of ms once torch is
+        loaded) would free, calls included. Broken here, the calls go with their last reference."""
         for hooks in self._hooks:
             hooks.remove()
         self._hooks = []  # and the last hidden states the tap kept
@@ -307,17 +299,11 @@ def watch(
     logits_processed: bool = False,
     drafter: Any | None = None,
 ) -> Watch:
-    """Watch `target` (and `draft`) decode; see `docs/watch.md`.
+    """What `specviz.watch` calls (its docstring and docs/watch.md say what each argument means).
 
-    `prompts`: token-id lists or strings (with `tokenizer`), in seq_id order. `layout`:
-    "left-padded" if the engine keeps the left-padded contiguous layout and wants it checked.
-    `temperature`: > 0 when the engine samples (speculative rejection sampling at that
-    temperature): tokens are then matched by what was fed, not by the argmax, and the checks ask
-    accounting, positions and KV, not equality with a greedy oracle. `logits_processed`: True when
-    the engine takes the argmax of processed logits (HF `min_new_tokens`, `repetition_penalty`,
-    `suppress_tokens`...): checked like a sampled run, the raw argmax being nobody's choice.
-    `drafter`: a draft head (any module fed the target's hidden states: EAGLE, MTP, Medusa), whose
-    calls are captured as draft calls; the drafts are read at each row's pending slot of the verify.
+    A sampled (`temperature` > 0) or processed (`logits_processed`) run is matched by what was fed,
+    not by the raw argmax, which is nobody's choice there, and asks no equality with the greedy
+    oracle. A `drafter`'s drafts are read at each row's pending slot of the verify.
     """
     return Watch(
         target,

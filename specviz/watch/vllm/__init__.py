@@ -1,9 +1,8 @@
 """Watch vLLM from its own model-runner metadata (docs/vllm.md).
 
-`specviz watch --out T -- python their_vllm_script.py` and the API below record, per model-runner
-step, what vLLM declared (batch order, positions, slot mapping, block table, drafts, the target's
-choices, the sampled tokens) and turn it into a specviz trace. vLLM is imported only inside vLLM's
-own processes (`capture`, installed by the plugin or in-process); this package imports without it.
+Per model-runner step, what vLLM declared (batch order, positions, slot mapping, block table,
+drafts, the target's choices, the sampled tokens) is recorded and turned into a specviz trace, by
+`specviz watch --out T -- python their_vllm_script.py` or by:
 
     from specviz.watch.vllm import VllmWatch
     with VllmWatch("t.json.gz") as watch:
@@ -11,9 +10,7 @@ own processes (`capture`, installed by the plugin or in-process); this package i
         outputs = llm.generate(prompts, params)
     watch.trace                               # the Trace, also written to t.json.gz
 
-Files: `capture` (the wrappers, inside vLLM), `plugin` (vLLM's entry point, inert unless asked),
-`slots` (the KV slot ledger), `steps` (records -> maps and trace steps), `trace` (-> the trace),
-`session` (this context manager, used by `specviz watch`).
+vLLM is imported only inside vLLM's own processes (`capture`); this package imports without it.
 """
 
 from __future__ import annotations

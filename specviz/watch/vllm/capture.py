@@ -205,19 +205,12 @@ def _block_size() -> int:
 
 
 def _fed(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """What a forward (the target's or a draft call) was fed, its real tokens only, and its metadata."""
+    """What a forward (the target's or a draft call) was fed, its real tokens only (None: not given,
+    e.g. embeddings fed instead), and its metadata."""
     metadata = _forward_metadata()
     count = int(metadata["query_start_loc"][-1]) if "query_start_loc" in metadata else None
-    return {
-        "input_ids": _head(kwargs.get("input_ids"), count),
-        "positions": _head(kwargs.get("positions"), count),
-        **metadata,
-    }
-
-
-def _head(t: Any, count: int | None) -> list[int] | None:
-    """The first `count` values of a forward's input (None: not given, e.g. embeddings fed instead)."""
-    return None if t is None else _ints(t[:count])
+    fed = {name: kwargs.get(name) for name in ("input_ids", "positions")}
+    return {**{name: None if t is None else _ints(t[:count]) for name, t in fed.items()}, **metadata}
 
 
 def _model_forward(original: Any, runner: Any, *args: Any, **kwargs: Any) -> Any:

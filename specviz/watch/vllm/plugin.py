@@ -1,8 +1,6 @@
-"""vLLM's general plugin (entry point group `vllm.general_plugins`), loaded in every vLLM process.
-
-Inert unless the watch asks: only where `SPECVIZ_VLLM_RECORD` names a folder does it wrap the model
-runner (`capture.install`). `specviz watch` and `VllmWatch` set it before vLLM starts, so an engine
-core in its own process (`VLLM_ENABLE_V1_MULTIPROCESSING=1`) records too.
+"""vLLM's general plugin (entry point group `vllm.general_plugins`), loaded in every vLLM process:
+inert unless `SPECVIZ_VLLM_RECORD` names a folder (set by `specviz watch` and `VllmWatch` before
+vLLM starts), where it wraps the model runner (`capture.install`), in an engine core process too.
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """Which KV each physical slot holds, as vLLM's own slot_mapping wrote it.
 
-A paged engine keeps a request's KV in the blocks of its block table: the token at logical index j
-lives in slot `block_table[j // block_size] * block_size + j % block_size`. The KV at index j is a
-function of the tokens 0..j and of the position j it was fed at, so the ledger keeps, per slot,
-the last write the runner declared as (position fed, prefix), the prefix being a hash chain of
-the writer's tokens up to that one. A slot the request attends at index j must hold (j, its own
-prefix up to j): a write into another request's block, a token fed at the wrong position, a
-rejected draft left behind, a slot never written, each shows as a slot that does not. Requests
-sharing a prefix share blocks in vLLM's prefix cache, and the same (position, prefix) is the same
-KV, so that is no false alarm. The target and the draft model have separate caches over the same
-block numbering: one ledger each.
+A request's token at logical index j lives in slot `block_table[j // block_size] * block_size +
+j % block_size`. Its KV is a function of the tokens 0..j and of the position it was fed at, so the
+ledger keeps, per slot, the last declared write as (position fed, prefix hash chain of the writer's
+tokens up to it). A slot a request attends at index j must hold (j, its own prefix up to j): a
+write into another request's block, a wrong position, a rejected draft left behind, a slot never
+written each shows as one that does not. Requests sharing a prefix share blocks in vLLM's prefix
+cache, and the same (position, prefix) is the same KV: no false alarm. The target and the draft
+model have separate caches over the same block numbering: one ledger each.
 """
 
 from __future__ import annotations
@@ -38,16 +36,16 @@ def prefixes(tokens: Sequence[int], start: int = ROOT) -> list[int]:
 
 
 def block_slots(block_table: Sequence[int], length: int, block_size: int, known: Sequence[int] = ()) -> list[int]:
-    """The physical slots of logical indices 0..length-1 (the reads of a request of that length).
-    `known`: slots computed before under the same table (its leading blocks), kept rather than recomputed."""
+    """The physical slots of logical indices 0..length-1; `known`: the first ones, computed before
+    under the same table."""
     start = min(len(known), length)
     return [*known[:start], *(block_table[j // block_size] * block_size + j % block_size for j in range(start, length))]
 
 
 @dataclass
 class _Checked:
-    """What one reader's last check saw: the ledger's write log length, the reads and hashes it
-    judged (its stable part), the slot -> index of those reads, and the indices that failed."""
+    """One reader's last check: the write log's length then, the reads and hashes it judged (the
+    stable part), slot -> index of those reads, and the indices that failed."""
 
     logged: int
     reads: list[int]
@@ -83,10 +81,9 @@ class SlotLedger:
 
     def bad(self, reader: str, reads: list[int], hashes: list[int], stable: int) -> list[int]:
         """The logical indices j < len(reads) whose slot reads[j] does not hold (j, hashes[j]); past
-        the end of `hashes` (the reader has no such token) every index fails.
-        A reader (a request, in this cache) is judged again only where something changed since its
-        last check: slots written since, and indices past what it had judged; its first `stable`
-        hashes (committed tokens) are kept for next time, the rest (drafts) judged afresh."""
+        the end of `hashes` every index fails. A reader (a request) is judged again only where
+        something changed since its last check (slots written since, indices past what it judged);
+        its first `stable` hashes (committed tokens) are kept for next time, the rest judged afresh."""
         m = min(len(reads), len(hashes))
         fresh = _Checked(len(self.log), [], [], {}, set())  # a reader never judged: nothing to keep
         last = self._checked.get(reader, fresh)

@@ -2,12 +2,12 @@
 (docs/vllm.md section 3 lists each field's source).
 
 A runner step verifies the drafts proposed at the end of the step before, then proposes the next
-ones; a trace step (specviz's) is the draft that proposed a row's drafts plus the verify of them.
-So the draft calls a record carries are the next step's rows' drafting (`draft_position_ids`,
-`draft_kv_lens`), and step 0, the prefill, has no drafts. A prefill segment that ends short of its
-prompt is a `chunk` and has no row. Nothing is taken from the history of token chains: every number
-is a field vLLM filled in; the mask says which attended slots hold the request's own committed
-tokens (`slots.SlotLedger`), then whether each query token's KV went to its own slot.
+ones; a trace step is the draft that proposed a row's drafts plus their verify. So a record's draft
+calls are the next step's rows' drafting (`draft_position_ids`, `draft_kv_lens`), and step 0, the
+prefill, has no drafts. A prefill segment that ends short of its prompt is a `chunk`: no row. Every
+number is a field vLLM filled in, none taken from the history of token chains; the mask says which
+attended slots hold the request's own committed tokens (`slots.SlotLedger`), then whether each
+query token's KV went to its own slot.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ class Request:
 
     @property
     def budget(self) -> int:
-        """Its max_tokens, or what it emitted where it has none (a request ended by length holds exactly
-        max_tokens)."""
+        """Its max_tokens, or what it emitted where it has none (a request ended by length holds
+        exactly max_tokens)."""
         return self.max_tokens or len(self.output)
 
     def commit(self, tokens: list[int], reason: str | None) -> None:
@@ -52,8 +52,8 @@ class Request:
         self.finish_reason = reason
 
     def reads(self, table: list[int], length: int, block_size: int) -> list[int]:
-        """The slots of logical indices 0..length-1 under `table`, from the last ones read where the
-        table extends theirs (block tables only grow while a request lives)."""
+        """The slots of logical indices 0..length-1 under `table`, extending the last ones read where
+        the table extends theirs (block tables only grow while a request lives)."""
         known = self.slots if table[: len(self.table)] == self.table else []
         self.slots = block_slots(table, max(length, len(known)), block_size, known)
         self.table = table
@@ -117,7 +117,7 @@ NOT_HEADS = (None, "ngram", *TOKEN_DRAFTERS)  # no speculation, n-gram lookup, a
 def assemble(records: list[dict[str, Any]], maps: bool = False) -> Assembly:
     """Replay the records in step order into trace steps, and into one `BatchMap` per runner step
     where `maps` (the trace needs none; building them costs a validation per slot)."""
-    out = Assembly(engine=(records[0].get("engine") or {}) if records else {})
+    out = Assembly(engine=next(iter(records), {}).get("engine") or {})
     method = out.engine.get("method")
     if method not in NOT_HEADS:
         out.notes.append(
@@ -286,10 +286,9 @@ def _draft_calls(
     wanted: dict[str, tuple[int, list[int]]],
 ) -> dict[str, dict[str, Any]]:
     """Per request with drafts this step (`wanted`: its committed count n and the prefix hashes of its
-    committed tokens then its drafts), its row's draft-side fields from each draft call of the step
-    before that proposed them: the position of its last real token (padding has slot -1), and how
-    many of the n - 1 + j slots before it hold what it attends them for. Empty where no draft model
-    ran (no drafts, n-gram, a head: the rows record no draft-side fields)."""
+    committed tokens then its drafts), its row's draft-side fields from each draft call j of the
+    step before: the position of its last real token (padding has slot -1), and how many of the
+    n - 1 + j slots before it hold what it attends them for. Empty where no draft model ran."""
     calls = drafting.get("draft_calls", [])
     # A draft call whose metadata was unreadable, or that was fed embeddings or no positions (an
     # EAGLE-like drafter may be): no draft-side fields, as where no draft model ran, never a crash.

@@ -109,7 +109,7 @@ def _header(assembly: Assembly, name: str, greedy: bool, complete: bool, target:
         schema_version=SCHEMA_VERSION,
         method="baseline" if assembly.k == 0 else "speculative",
         fault=None,
-        target=model_info(target, name=engine["model"]) if target is not None else _unloaded(engine.get("model")),
+        target=model_info(target, name=engine["model"]) if target is not None else _unloaded("?"),
         draft=_unloaded(engine["draft_model"]) if engine.get("draft_model") else None,
         proposer=PROPOSERS.get(engine.get("method"), "head"),
         draft_k=assembly.k,
@@ -129,6 +129,6 @@ def _header(assembly: Assembly, name: str, greedy: bool, complete: bool, target:
     )
 
 
-def _unloaded(path: str | None) -> ModelInfo:
-    """A model the watch did not load: its path, sizes unknown (0)."""
-    return ModelInfo(name=path or "?", dtype="?", device="cpu", vocab_size=0, num_parameters=0)
+def _unloaded(path: str) -> ModelInfo:
+    """A model the watch did not load: its path ("?": none recorded), sizes unknown (0)."""
+    return ModelInfo(name=path, dtype="?", device="cpu", vocab_size=0, num_parameters=0)
