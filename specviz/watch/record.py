@@ -93,7 +93,10 @@ class CallRecord:
         from specviz.watch import batchmap, tree
 
         self._to_lists("input_ids", "positions", "argmax", "query_live", "cu_q", "cu_k", "logit_slots")
-        whole, trees = self._packed_row()
+        whole = self._packed_row()
+        # Trees packed in the call (read from its mask, or declared: a call fed no mask, cut by
+        # cu_seq_lens, has only its declaration to say them): each segment's tree is read.
+        trees = bool(self.tree_nodes) or self.parents is not None
         self._to_lists("mask")
         base = self.cache_width
         self.map, packed = batchmap.read_map(self), False
@@ -112,18 +115,18 @@ class CallRecord:
             self.argmax = [[kept.get((r, c)) for c in range(self.query_len)] for r in range(len(self.argmax))]
             self.logit_slots = None
 
-    def _packed_row(self) -> tuple[Any, bool]:
-        """(the [T, keys] mask tensor, whether it packs trees: `tree.packed_nodes`) of a packed row,
-        read as a summary per query token (`lines`); (None, False) for any other call. One row
-        verifying a tree (declared, or read from its mask: `tree.one_tree`) packs no sequences."""
+    def _packed_row(self) -> Any:
+        """The [T, keys] mask tensor of a packed row, read as a summary per query token (`lines`)
+        and its tree nodes (`tree.packed_nodes`); None for any other call. One row verifying a tree
+        (declared, or read from its mask: `tree.one_tree`) packs no sequences."""
         from specviz.watch import tree
 
         if not self.packed or self.mask_kind == "2d" or not isinstance(self.mask, torch.Tensor):
-            return None, False
+            return None
         declared = self.parents is not None and self.query_lens is None
         self.packed = not declared and not tree.one_tree(self.mask[0], self.cache_width, self.positions[0])
         if not self.packed:
-            return None, False
+            return None
         whole = self.mask[0]
         self.lines, self.mask = line_summary(whole), None
         if self.query_live is None:  # the slots that attend anything: those that count any
@@ -131,7 +134,7 @@ class CallRecord:
         self.tree_nodes = tree.packed_nodes(whole, self.lines, self.positions[0])
         if whole.shape[-1] == self.cache_width + self.query_len:  # keys [cache | query]
             self.keys_end = self.cache_width + self.query_len
-        return whole, bool(self.tree_nodes) or self.parents is not None
+        return whole
 
     def _keep_row(self, whole: Any, packed: bool, trees: bool, base: int) -> None:
         """What a packed row keeps once its map is applied: each sequence's first and last view

@@ -211,3 +211,45 @@ def test_an_unreadable_call_says_what_its_producer_said() -> None:
     c.materialize()
     assert not c.map.readable
     assert c.unreadable == c.map.unreadable == "rows declares 3 sequences; its cu_seq_lens holds 2"
+
+
+# ----------------------------------------------------------------------------- trees and reasons
+
+
+def test_declared_trees_of_a_packed_call_fed_no_mask_are_read() -> None:
+    """cu_seq_lens_q cuts a 1 x 5 call fed no mask (FlashAttention varlen) into a tree of three
+    nodes and a chain of two, both declared: each segment's row keeps its declared tree (nothing
+    in a mask could say it, so only a declaration does)."""
+    c = call([[5, 6, 8, 11, 12]], None, "none", cu_q=torch.tensor([0, 3, 5]), packed=True)
+    c.parents = [[-1, 0, 0], [-1, 0]]
+    c.materialize()
+    assert c.map.source == "cu_seq_lens" and c.batch_size == 2 and c.unreadable is None
+    assert c.trees == [[-1, 0, 0], [-1, 0]] and c.tree_source == "declared"
+
+
+def test_a_declared_tree_in_one_row_is_not_cut_by_its_mask() -> None:
+    """A 1 x 3 call declaring one tree (no query lengths): one row verifying it, whatever its mask
+    shows (here a chain, which `tree.one_tree` does not read as a tree): never cut into sequences."""
+    c = call([[5, 6, 7]], causal(3)[None], "4d", packed=True)
+    c.parents = [[-1, 0, 1]]
+    c.materialize()
+    assert not c.packed and c.batch_size == 1 and c.lines is None
+    assert c.trees == [[-1, 0, 1]] and c.query_flags(0) == [1, 1, 1]
+
+
+def test_one_tree_in_a_packed_call_keeps_its_mask_for_the_tree_reading() -> None:
+    """A 1 x 3 call whose mask is one branching tree fed its depths (node 0 the root, nodes 1 and 2
+    its children): one row, not two sequences; its mask is kept whole so the tree is read from it."""
+    tree_mask = torch.tensor([[[1, 0, 0], [1, 1, 0], [1, 0, 1]]], dtype=torch.bool)
+    c = call([[5, 6, 8]], tree_mask, "4d", width=2, packed=True, positions=torch.tensor([[2, 3, 3]]))
+    c.mask = torch.cat([torch.ones(1, 3, 2, dtype=torch.bool), tree_mask], -1)  # keys [cache 2 | query 3]
+    c.materialize()
+    assert not c.packed and c.lines is None and c.batch_size == 1
+    assert c.trees == [[-1, 0, 0]] and c.tree_source == "mask"
+
+
+def test_the_first_reason_a_call_is_unreadable_stands() -> None:
+    c = call([[5, 6]], None, "none")
+    c.mark_unreadable("the map's producer could not read it")
+    c.mark_unreadable("a later reading")
+    assert c.unreadable == "the map's producer could not read it"
