@@ -160,19 +160,6 @@ class Follower(Assignments, Gains):
             return self._legacy(active)
         return found
 
-    def _starts(self, j: int, r: int) -> bool:
-        """A row that starts a sequence: it attends no cache slot (it shows its whole context), or
-        it continues no sequence, fed several tokens before its pending one and no drafts (without
-        a draft model its first real slot is the pending token, `_view`): a newcomer prefilled over
-        KV another request left (a slot whose length was not reset), its context judged at its
-        first step."""
-        v = self._view(j, r, NEW)
-        return v.whole or not v.rq.drafts and len(v.query) > 1
-
-    def _joins(self, j: int, r: int) -> bool:
-        """A newcomer prefilled among decoding rows (`_starts` in a call with a cache)."""
-        return self.calls[j].cache_width > 0 and self._starts(j, r)
-
     def _fits(self, j: int, r: int) -> dict[int, str]:
         """Live sequence -> how row r of call j continues it ("grow", "same", "again", "open"). In a
         shared cache (a packed call's rows), the sequences whose slots the row attends most, when
@@ -256,13 +243,16 @@ class Follower(Assignments, Gains):
             rq = self.read(j, r, seq if seq >= 0 else len(self.seqs) + r)
             if self.draft_free and attends_cache(call, r):  # its first real slot is the pending token
                 rq = first_slot_query(call, r) or rq
+            context = context_before(call, r, rq.pending)
+            position = int(call.positions[r][rq.pending]) if call.positions_fed else -1
+            stale, shift = self.seqs[seq].base if seq >= 0 else (0, 0)  # read from the sequence's first token
             self._views[key] = RowView(
                 rq=rq,
                 token=call.input_ids[r][rq.pending],
-                context=context_before(call, r, rq.pending),
+                context=context - stale if context >= 0 else context,
                 query=attended_ids(call, r, rq.pending),
                 whole=not attends_cache(call, r),
-                position=int(call.positions[r][rq.pending]) if call.positions_fed else -1,
+                position=position - shift if position >= 0 else position,
             )
         return self._views[key]
 
@@ -323,7 +313,8 @@ class Follower(Assignments, Gains):
     def _new(self, j: int, r: int) -> int:
         seq = len(self.seqs)
         query = self._view(j, r, NEW).query if any(query_flags(self.calls[j], r)) else []
-        self.seqs.append(Seq(seq, list(query), len(query), origin=(j, r), at=(j, r), step=(j, r)))
+        base = self._base(j, r) if query else (0, 0)
+        self.seqs.append(Seq(seq, list(query), len(query), origin=(j, r), at=(j, r), step=(j, r), base=base))
         return seq
 
     def _continue(self, s: Seq, j: int, r: int, how: str) -> None:

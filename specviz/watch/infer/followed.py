@@ -41,6 +41,11 @@ class Seq:
     in_prompt: bool = False
     refed: bool = False  # re-fed unchanged since `step`: read as finished if it never grows again
     finished: bool = False
+    # A newcomer prefilled over KV another request left (a recycled slot whose length was not
+    # reset): the slots its first token attended before itself and the position it was fed there.
+    # Its rows are read from there (`Follower._view`): its own growth, the stale offset flagged by
+    # the checks, not read as another sequence's. (0, 0) for a row that showed its whole context.
+    base: tuple[int, int] = (0, 0)
 
     @property
     def growth(self) -> str:
