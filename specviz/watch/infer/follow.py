@@ -21,8 +21,11 @@ sequence by its attended context, the sequence's prompt plus the tokens committe
 - a newcomer's first call was a step when every newcomer of that call is fed its argmax next (or
   verified drafts), else a prefill of all but the last prompt token, which the next call feeds;
 - where the chain ties (a row fits several sequences, or several rows one), the call's own evidence
-  drops the pairs it rules out (`Assignments._told_apart`): the position fed to the pending token
-  and a padded row's mask history; only when another pair of that tie agrees, else the tie stands;
+  drops the pairs it rules out (`Assignments._told_apart`): the position fed to the pending token,
+  a padded row's mask history, its growth against greedy acceptance and, for a newcomer, the
+  target's choice at its first call; only when another pair of that tie agrees, else the tie stands;
+- a newcomer prefilled over another request's KV (`Assignments._starts`) is read from its first
+  token on: the stale slots it attended and the position fed there are not its growth (`Seq.base`);
 - rows keep their order when every row fits the sequence its row held in the previous target call
   of the same batch size. Otherwise the assignment must be unique up to sequences identical so far
   (same prompt, same tokens, same step read), which any assignment checks alike. Several that

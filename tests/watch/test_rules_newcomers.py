@@ -1,0 +1,105 @@
+"""How the command's row follower reads newcomers (`specviz/watch/infer/match.py`, issue 41 item 2),
+on hand-built target and draft calls (2-D masks, positions fed), every expectation by hand:
+
+- newcomers of one call with prompts of one length are told apart by the token each chose there
+  (`_opening_agrees`), where every row without a tie is fed its own choice; a row fed neither
+  newcomer's choice stays a tie (unreadable), never a guess;
+- a newcomer prefilled over KV another request left is read from its first token on (`Seq.base`):
+  its next row continues it, not the old request;
+- a one-token row that continues no sequence is a newcomer when the draft's next call re-reads it
+  from the start, then the target's choice (`_draft_opens`)."""
+
+from __future__ import annotations
+
+# The code under test, in one block.
+from specviz.watch.autowatch import infer
+from specviz.watch.record import CallRecord
+
+
+def call(ids: list[list[int]], width: int, argmax: list[list[int]], role: str = "target") -> CallRecord:
+    """Rows of one length over `width` cached slots, every slot attended, positions from `width` on."""
+    q = len(ids[0])
+    return CallRecord(
+        role=role, rows=None, input_ids=ids, positions=[list(range(width, width + q))] * len(ids),
+        positions_fed=True, cache_width=width, mask_kind="2d", mask=[[1] * (width + q) for _ in ids],
+        batch_size=len(ids), query_len=q, argmax=argmax,
+    )  # fmt: skip
+
+
+def tokens_of(emits) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for e in emits:
+        out.setdefault(e.seq_id, []).extend(e.tokens)
+    return out
+
+
+def test_equal_length_newcomers_are_told_apart_by_the_token_each_chose() -> None:
+    """A = [5, 6, 7] (its choice 40) and B = [8, 9, 10] (its choice 50) are prefilled together; B
+    ends there, and the next call holds one row fed 40 over 3 slots: both chains fit it (a context
+    of 3, either's first step), the token only A's. Read as A, B left with its choice."""
+    calls = [call([[5, 6, 7], [8, 9, 10]], 0, [[1, 2, 40], [3, 4, 50]]), call([[40]], 3, [[41]])]
+    notes: list[str] = []
+    prompts, emits = infer(calls, frozenset(), notes)
+    assert not notes, notes
+    assert prompts == [[5, 6, 7], [8, 9, 10]] and calls[1].rows == (0,)
+    assert tokens_of(emits) == {0: [40, 41], 1: [50]}
+
+
+def test_equal_length_newcomers_fed_neither_choice_stay_a_tie() -> None:
+    """The same, the row fed 77: the prefill was of all but the last prompt token, whose token
+    either newcomer's could be. Two readings: reading stops there, unreadable with its reason."""
+    calls = [call([[5, 6, 7], [8, 9, 10]], 0, [[1, 2, 40], [3, 4, 50]]), call([[77]], 3, [[41]])]
+    notes: list[str] = []
+    infer(calls, frozenset(), notes)
+    assert len(notes) == 1 and "fit more than one sequence" in notes[0], notes
+
+
+def test_a_newcomer_over_stale_kv_is_read_from_its_first_token() -> None:
+    """A = [5, 6, 7] gains 40 then 60 (its last step, no later call shows it). Its slot is given to
+    N = [20, 21], written after A's 4 slots (a length not reset): a cached row fed two tokens, no
+    drafts, that fits no chain, so a new sequence. Its next row, fed its choice 60 over 6 slots, is
+    N's first step seen from N's first token (4 stale slots before it), not A's greedy 60. (A draft
+    model ran, re-reading A's context: without one, a cached row's first slot is its pending token.)"""
+    calls = [
+        call([[5, 6, 7]], 0, [[1, 2, 40]]),
+        call([[5, 6, 7, 40]], 0, [[0, 0, 0, 77]], role="draft"),
+        call([[40]], 3, [[60]]),
+        call([[20, 21]], 4, [[9, 60]]),  # N over A's 4 slots
+        call([[60]], 6, [[61]]),
+    ]
+    notes: list[str] = []
+    prompts, emits = infer(calls, frozenset(), notes)
+    assert not notes, notes
+    assert prompts == [[5, 6, 7], [20, 21]]
+    assert [c.rows for c in calls if c.role == "target"] == [(0,), (0,), (1,), (1,)]
+    assert tokens_of(emits) == {0: [40, 60], 1: [60, 61]}
+
+
+def test_a_one_token_newcomer_the_draft_re_reads_from_the_start_is_new() -> None:
+    """A = [5, 6, 7] gains 40, then its slot holds [9] after A's 4 slots, its choice 28: a row fed
+    one token, which continues no chain (A's step chose 41). The draft's next call re-reads [9, 28]
+    from the start (no cache) and proposes 30: a sequence that begins with 9, its first step 28,
+    then verified [28, 30]. Read as a new sequence, not as A fed a wrong token. (Its last step read
+    as greedy, [30, 31], is cut to the one budget both greedy ends fit: 2 tokens.)"""
+    calls = [
+        call([[5, 6, 7]], 0, [[1, 2, 40]]),
+        call([[40]], 3, [[41]]),
+        call([[9]], 4, [[28]]),  # one token over A's 4 slots
+        call([[9, 28]], 0, [[0, 30]], role="draft"),
+        call([[28, 30]], 5, [[30, 31]]),
+    ]
+    notes: list[str] = []
+    prompts, emits = infer(calls, frozenset(), notes)
+    assert not notes, notes
+    assert prompts == [[5, 6, 7], [9]]
+    assert calls[2].rows == (1,) and calls[4].rows == (1,)
+    assert tokens_of(emits) == {0: [40, 41], 1: [28, 30]}
+
+
+def test_a_one_token_row_the_draft_does_not_re_read_continues_as_before() -> None:
+    """The same row fed 9 with no draft call after it: nothing shows a new sequence, so the row is
+    read as A's next step (its wrong token flagged there by the checks), as before."""
+    calls = [call([[5, 6, 7]], 0, [[1, 2, 40]]), call([[40]], 3, [[41]]), call([[9]], 4, [[28]])]
+    notes: list[str] = []
+    prompts, _ = infer(calls, frozenset(), notes)
+    assert prompts == [[5, 6, 7]] and calls[2].rows == (0,)
