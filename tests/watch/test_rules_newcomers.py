@@ -103,3 +103,27 @@ def test_a_one_token_row_the_draft_does_not_re_read_continues_as_before() -> Non
     notes: list[str] = []
     prompts, _ = infer(calls, frozenset(), notes)
     assert prompts == [[5, 6, 7]] and calls[2].rows == (0,)
+
+
+def test_a_prompt_over_stale_kv_whose_count_reaches_an_opened_sequence_is_new() -> None:
+    """A = [4, 79] and B = [45, 11, 30, 35, 7, 41] are prefilled (A left-padded) and both end there.
+    N = [23, 71, 88, 94, 56] is then written after A's 2 slots: its last token attends 6 slots, B's
+    length, as B's first step would. But the 4 tokens it feeds before it are not B's last 4: N is a
+    new sequence (its stale context flagged at its first step), not B."""
+    first = CallRecord(
+        role="target", rows=None, input_ids=[[0, 0, 0, 0, 4, 79], [45, 11, 30, 35, 7, 41]],
+        positions=[[0, 0, 0, 0, 0, 1], [0, 1, 2, 3, 4, 5]], positions_fed=True, cache_width=0, mask_kind="2d",
+        mask=[[0, 0, 0, 0, 1, 1], [1] * 6], batch_size=2, query_len=6, argmax=[[0] * 5 + [78], [0] * 5 + [57]],
+    )  # fmt: skip
+    draft = call([[4, 79, 78]], 0, [[0, 0, 5]], role="draft")  # a draft model ran (a cacheless one)
+    newcomer = CallRecord(
+        role="target", rows=None, input_ids=[[23, 71, 88, 94, 56], [0] * 5],
+        positions=[[2, 3, 4, 5, 6], [6] * 5], positions_fed=True, cache_width=6, mask_kind="2d",
+        mask=[[0, 0, 0, 0, 1, 1] + [1] * 5, [1] * 6 + [0] * 5], batch_size=2, query_len=5,
+        argmax=[[0, 0, 0, 0, 33], [0] * 5],
+    )  # fmt: skip
+    notes: list[str] = []
+    prompts, _ = infer([first, draft, newcomer], frozenset(), notes)
+    assert not notes, notes
+    assert prompts == [[4, 79], [45, 11, 30, 35, 7, 41], [23, 71, 88, 94, 56]]
+    assert newcomer.rows[0] == 2

@@ -26,6 +26,8 @@ sequence by its attended context, the sequence's prompt plus the tokens committe
   target's choice at its first call; only when another pair of that tie agrees, else the tie stands;
 - a newcomer prefilled over another request's KV (`Assignments._starts`) is read from its first
   token on: the stale slots it attended and the position fed there are not its growth (`Seq.base`);
+  a row continues a sequence's first call only where the tokens it feeds before its pending one
+  are that sequence's (`RowView.refeeds`), not where only its count reaches the sequence's length;
 - rows keep their order when every row fits the sequence its row held in the previous target call
   of the same batch size. Otherwise the assignment must be unique up to sequences identical so far
   (same prompt, same tokens, same step read), which any assignment checks alike. Several that
@@ -269,7 +271,10 @@ class Follower(Assignments, Gains):
             return None
         if s.opened:
             m = len(s.context)
-            return "open" if v.context < 0 or m <= v.context <= m + self.read(*s.origin, s.id).drafts else None
+            if v.context < 0:
+                return "open"
+            fits = m <= v.context <= m + self.read(*s.origin, s.id).drafts and v.refeeds(s.context)
+            return "open" if fits else None
         step = self._step_tokens(s)
         if s.in_prompt and not self.read(*s.step, s.id).chain and self._chunk(step, v, len(s.context)):
             return "chunk"

@@ -24,6 +24,14 @@ class RowView:
     whole: bool  # the row attends no cache slot: `query` is its whole context
     position: int = -1  # the position fed to the pending token (-1: the engine fed none)
 
+    def refeeds(self, context: list[int]) -> bool:
+        """The query tokens the row feeds before its pending one are the last slots of its context:
+        those that fall within `context` (what the sequence held) are its tokens there. (A prompt
+        prefilled over KV another request left is not the sequence whose length its count reaches.)"""
+        before = self.query[:-1]
+        start = self.context - len(before)
+        return start >= 0 and before[: max(len(context) - start, 0)] == context[start:]
+
 
 @dataclass
 class Seq:
