@@ -127,3 +127,31 @@ def test_a_prompt_over_stale_kv_whose_count_reaches_an_opened_sequence_is_new() 
     assert not notes, notes
     assert prompts == [[4, 79], [45, 11, 30, 35, 7, 41], [23, 71, 88, 94, 56]]
     assert newcomer.rows[0] == 2
+
+
+def test_a_one_token_newcomer_the_draft_re_reads_is_not_the_sequence_its_count_fits() -> None:
+    """A = [5, 6, 7] (its choice 40) and B = [44] (left-padded, its choice 28) are prefilled; B ends
+    there. Its slot then holds N = [33] after B's one slot: a context of 1, as B's first step would
+    show. The draft's next call re-reads [33, 95] (N, then the target's choice there) from the
+    start: N begins a sequence, so it is not B (read as B, B's prefill would have been of all but
+    its last token, and so A's too)."""
+    first = CallRecord(
+        role="target", rows=None, input_ids=[[5, 6, 7], [0, 0, 44]], positions=[[0, 1, 2], [0, 0, 0]],
+        positions_fed=True, cache_width=0, mask_kind="2d", mask=[[1, 1, 1], [0, 0, 1]], batch_size=2,
+        query_len=3, argmax=[[0, 0, 40], [0, 0, 28]],
+    )  # fmt: skip
+    proposes = call([[5, 6, 7, 40]], 0, [[0, 0, 0, 41]], role="draft")  # a cacheless draft: 41 after 40
+    step = CallRecord(
+        role="target", rows=None, input_ids=[[40, 41], [33, 0]], positions=[[3, 4], [1, 2]], positions_fed=True,
+        cache_width=3, mask_kind="2d", mask=[[1, 1, 1, 1, 1], [0, 0, 1, 1, 0]], batch_size=2, query_len=2,
+        argmax=[[41, 50], [95, 0]],
+    )  # fmt: skip
+    reread = CallRecord(
+        role="draft", rows=None, input_ids=[[0, 0], [33, 95]], positions=[[0, 0], [0, 1]], positions_fed=True,
+        cache_width=0, mask_kind="2d", mask=[[0, 0], [1, 1]], batch_size=2, query_len=2, argmax=[[0, 0], [0, 7]],
+    )  # fmt: skip
+    notes: list[str] = []
+    prompts, _ = infer([first, proposes, step, reread], frozenset(), notes)
+    assert not notes, notes
+    assert prompts == [[5, 6, 7], [44], [33]]
+    assert step.rows == (0, 2)

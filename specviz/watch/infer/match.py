@@ -57,7 +57,13 @@ class Assignments:
         draft re-reads from the start next (`_draft_opens`): a newcomer prefilled over KV another
         request left (a slot whose length was not reset), its context judged at its first step."""
         v = self._view(j, r, NEW)
-        return v.whole or not v.rq.drafts and (len(v.query) > 1 or self._draft_opens(j, r, v.query))
+        return v.whole or not v.rq.drafts and len(v.query) > 1 or self._opens(j, r)
+
+    def _opens(self, j: int, r: int) -> bool:
+        """A cached row fed no drafts whose query the draft re-reads from the start next
+        (`_draft_opens`): it begins a sequence, so it continues none, whatever its count fits."""
+        v = self._view(j, r, NEW)
+        return not v.whole and not v.rq.drafts and self._draft_opens(j, r, v.query)
 
     def _joins(self, j: int, r: int) -> bool:
         """A newcomer prefilled among decoding rows (`_starts` in a call with a cache)."""
