@@ -78,22 +78,12 @@ def test_the_engine_is_correct_and_its_bugs_fire(pair, mix: str) -> None:
 CASES = [(mode, mix, bug) for mode in ("api", "command") for mix in sorted(MIXES) for bug in (None, *slots2.BUGS)]
 # Cases the watch reads wrong are left out here and described in the red team's report.
 WRONG = {
-    # keep_len: first violation at the right step, on the newcomer, but its prompt is read with its
-    # first token appended ([14, 15, 16, 17, 43]) and that step emits nothing.
-    ("command", "equal-k3s2", "keep_len"),
-    # off_by_one: read as a greedy step (the next row is fed the target's choice), then flagged
-    # one step late as POSITIONS/KV instead of at its step.
+    # off_by_one: read as a greedy step (the next row is fed the target's choice, which equals the
+    # greedy one: the target's argmax repeats), then flagged one step late as POSITIONS/KV instead
+    # of at its step. The position fed and the context both show the rejected draft kept; reading
+    # that is a change to infer/gains.py's `_gained` (its greedy fallback), not made here.
     ("command", "equal-k3s2", "off_by_one"),
-    # keep_len: first violation at the right step on the other row's request (0: "accepted 0
-    # drafts but only 1 agree"); a later, correct recycle of that request's slot is read as it going on.
-    ("command", "sweep12-k2s2", "keep_len"),
     ("command", "sweep12-k2s2", "off_by_one"),  # as equal-k3s2's: one step late, POSITIONS
-    # Unreadable from step 1 (an honest verdict, with its reason: "rows [0] of target call 3 fit
-    # more than one sequence each"), correct run and bugs alike; the newcomer is never a sequence.
-    *(("command", "sweep51-k2s3", bug) for bug in (None, *slots2.BUGS)),
-    # keep_len over a one-token newcomer: read as the old request going on (documented), flagged
-    # at the step before the bug fired, on the old request; the newcomer is never a sequence.
-    ("command", "one_token-k3s2", "keep_len"),
     # off_by_one at the request's last step: read as greedy (documented), the verdict clean.
     ("command", "one_token-k3s2", "off_by_one"),
     ("command", "one_token-k4s3", "off_by_one"),

@@ -21,8 +21,13 @@ sequence by its attended context, the sequence's prompt plus the tokens committe
 - a newcomer's first call was a step when every newcomer of that call is fed its argmax next (or
   verified drafts), else a prefill of all but the last prompt token, which the next call feeds;
 - where the chain ties (a row fits several sequences, or several rows one), the call's own evidence
-  drops the pairs it rules out (`Assignments._told_apart`): the position fed to the pending token
-  and a padded row's mask history; only when another pair of that tie agrees, else the tie stands;
+  drops the pairs it rules out (`Assignments._told_apart`): the position fed to the pending token,
+  a padded row's mask history, its growth against greedy acceptance and, for a newcomer, the
+  target's choice at its first call; only when another pair of that tie agrees, else the tie stands;
+- a newcomer prefilled over another request's KV (`Assignments._starts`) is read from its first
+  token on: the stale slots it attended and the position fed there are not its growth (`Seq.base`);
+  a row continues a sequence's first call only where the tokens it feeds before its pending one
+  are that sequence's (`RowView.refeeds`), not where only its count reaches the sequence's length;
 - rows keep their order when every row fits the sequence its row held in the previous target call
   of the same batch size. Otherwise the assignment must be unique up to sequences identical so far
   (same prompt, same tokens, same step read), which any assignment checks alike. Several that
@@ -160,26 +165,13 @@ class Follower(Assignments, Gains):
             return self._legacy(active)
         return found
 
-    def _starts(self, j: int, r: int) -> bool:
-        """A row that starts a sequence: it attends no cache slot (it shows its whole context), or
-        it continues no sequence, fed several tokens before its pending one and no drafts (without
-        a draft model its first real slot is the pending token, `_view`): a newcomer prefilled over
-        KV another request left (a slot whose length was not reset), its context judged at its
-        first step."""
-        v = self._view(j, r, NEW)
-        return v.whole or not v.rq.drafts and len(v.query) > 1
-
-    def _joins(self, j: int, r: int) -> bool:
-        """A newcomer prefilled among decoding rows (`_starts` in a call with a cache)."""
-        return self.calls[j].cache_width > 0 and self._starts(j, r)
-
     def _fits(self, j: int, r: int) -> dict[int, str]:
         """Live sequence -> how row r of call j continues it ("grow", "same", "again", "open"). In a
         shared cache (a packed call's rows), the sequences whose slots the row attends most, when
         any of them fits: a sequence's slots stay its own there, so a slot or two of another one
         let in (a KV leak) does not change which sequence the row is. When the one it attends most
         fits by its chain neither, its pending token still names what it gained ("weak")."""
-        fits = {s.id: self._fit(s, self._view(j, r, s.id)) for s in self._live}
+        fits = {s.id: self._fit(s, self._view(j, r, s.id)) for s in self._live if not self._opens(j, r)}
         out = {s: how for s, how in fits.items() if how is not None}
         mine = self._most_attended(j, r)
         if len(mine) == 1 and not mine & out.keys():
@@ -222,7 +214,7 @@ class Follower(Assignments, Gains):
                 out[r] = (IDLE, "idle")
                 idle.append(r)
                 continue
-            how = self._fit(self.seqs[seq], self._view(j, r, seq))
+            how = None if self._opens(j, r) else self._fit(self.seqs[seq], self._view(j, r, seq))
             mine = self._most_attended(j, r)
             if how is None or mine and seq not in mine:
                 return None  # not its chain, or (a shared cache) other sequences' slots
@@ -256,13 +248,16 @@ class Follower(Assignments, Gains):
             rq = self.read(j, r, seq if seq >= 0 else len(self.seqs) + r)
             if self.draft_free and attends_cache(call, r):  # its first real slot is the pending token
                 rq = first_slot_query(call, r) or rq
+            context = context_before(call, r, rq.pending)
+            position = int(call.positions[r][rq.pending]) if call.positions_fed else -1
+            stale, shift = self.seqs[seq].base if seq >= 0 else (0, 0)  # read from the sequence's first token
             self._views[key] = RowView(
                 rq=rq,
                 token=call.input_ids[r][rq.pending],
-                context=context_before(call, r, rq.pending),
+                context=context - stale if context >= 0 else context,
                 query=attended_ids(call, r, rq.pending),
                 whole=not attends_cache(call, r),
-                position=int(call.positions[r][rq.pending]) if call.positions_fed else -1,
+                position=position - shift if position >= 0 else position,
             )
         return self._views[key]
 
@@ -276,7 +271,10 @@ class Follower(Assignments, Gains):
             return None
         if s.opened:
             m = len(s.context)
-            return "open" if v.context < 0 or m <= v.context <= m + self.read(*s.origin, s.id).drafts else None
+            if v.context < 0:
+                return "open"
+            fits = m <= v.context <= m + self.read(*s.origin, s.id).drafts and v.refeeds(s.context)
+            return "open" if fits else None
         step = self._step_tokens(s)
         if s.in_prompt and not self.read(*s.step, s.id).chain and self._chunk(step, v, len(s.context)):
             return "chunk"
@@ -323,7 +321,8 @@ class Follower(Assignments, Gains):
     def _new(self, j: int, r: int) -> int:
         seq = len(self.seqs)
         query = self._view(j, r, NEW).query if any(query_flags(self.calls[j], r)) else []
-        self.seqs.append(Seq(seq, list(query), len(query), origin=(j, r), at=(j, r), step=(j, r)))
+        base = self._base(j, r) if query else (0, 0)
+        self.seqs.append(Seq(seq, list(query), len(query), origin=(j, r), at=(j, r), step=(j, r), base=base))
         return seq
 
     def _continue(self, s: Seq, j: int, r: int, how: str) -> None:

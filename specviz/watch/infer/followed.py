@@ -24,6 +24,14 @@ class RowView:
     whole: bool  # the row attends no cache slot: `query` is its whole context
     position: int = -1  # the position fed to the pending token (-1: the engine fed none)
 
+    def refeeds(self, context: list[int]) -> bool:
+        """The query tokens the row feeds before its pending one are the last slots of its context:
+        those that fall within `context` (what the sequence held) are its tokens there. (A prompt
+        prefilled over KV another request left is not the sequence whose length its count reaches.)"""
+        before = self.query[:-1]
+        start = self.context - len(before)
+        return start >= 0 and before[: max(len(context) - start, 0)] == context[start:]
+
 
 @dataclass
 class Seq:
@@ -41,6 +49,11 @@ class Seq:
     in_prompt: bool = False
     refed: bool = False  # re-fed unchanged since `step`: read as finished if it never grows again
     finished: bool = False
+    # A newcomer prefilled over KV another request left (a recycled slot whose length was not
+    # reset): the slots its first token attended before itself and the position it was fed there.
+    # Its rows are read from there (`Follower._view`): its own growth, the stale offset flagged by
+    # the checks, not read as another sequence's. (0, 0) for a row that showed its whole context.
+    base: tuple[int, int] = (0, 0)
 
     @property
     def growth(self) -> str:

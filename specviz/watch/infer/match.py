@@ -1,5 +1,6 @@
 """`follow.Follower`'s unique assignments: which sequence each row of a call holds, the one way
-the rows' fits allow up to sequences identical so far, or why not (`Ambiguous`)."""
+the rows' fits allow up to sequences identical so far, or why not (`Ambiguous`); and which rows
+start a sequence (`Assignments._starts`), read from where its first token sits (`Seq.base`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Callable
 from itertools import groupby
 from typing import Any
 
+from specviz.watch.calls import argmax_at, attended_ids, attends_cache, context_before, last_slot, query_flags
 from specviz.watch.infer.followed import IDLE, NEW, RowView, Seq
 
 MATCHINGS = 256  # assignments of one call enumerated at most; more is read as ambiguous
@@ -46,6 +48,62 @@ class Assignments:
             raise Unfollowed(f"row {stray[0]} of target call {j} continues no sequence read so far")
         return out | {r: (NEW, "new") for r in active if r not in out}  # the rest start sequences
 
+    # ------------------------------------------------------------------ rows that start a sequence
+
+    def _starts(self, j: int, r: int) -> bool:
+        """A row that starts a sequence: it attends no cache slot (it shows its whole context), or
+        it continues no sequence, fed no drafts and either several tokens before its pending one
+        (without a draft model its first real slot is the pending token, `_view`) or one token the
+        draft re-reads from the start next (`_draft_opens`): a newcomer prefilled over KV another
+        request left (a slot whose length was not reset), its context judged at its first step."""
+        v = self._view(j, r, NEW)
+        return v.whole or not v.rq.drafts and len(v.query) > 1 or self._opens(j, r)
+
+    def _opens(self, j: int, r: int) -> bool:
+        """A cached row fed no drafts whose query the draft re-reads from the start next
+        (`_draft_opens`): it begins a sequence, so it continues none, whatever its count fits."""
+        v = self._view(j, r, NEW)
+        return not v.whole and not v.rq.drafts and self._draft_opens(j, r, v.query)
+
+    def _joins(self, j: int, r: int) -> bool:
+        """A newcomer prefilled among decoding rows (`_starts` in a call with a cache)."""
+        return self.calls[j].cache_width > 0 and self._starts(j, r)
+
+    def _draft_opens(self, j: int, r: int, query: list[int]) -> bool:
+        """The draft's calls after target call j (before the next target call) re-read row r's query
+        from the start, then the target's choice at its last slot: a row of theirs that attends no
+        cache slot and is fed exactly that first. The draft shows a sequence that begins with the
+        row's query (a one-token prompt prefilled over another request's KV), not a sequence read
+        so far continued (its context would extend one)."""
+        call = self.calls[j]
+        chose = argmax_at(call, r, last_slot(call, r))
+        if chose is None:
+            return False
+        opened = [*query, chose]
+        for k in range(j + 1, len(self.calls)):
+            draft = self.calls[k]
+            if draft.role == "target":
+                return False
+            for dr in range(draft.batch_size):
+                if not any(query_flags(draft, dr)) or attends_cache(draft, dr):
+                    continue
+                fed = attended_ids(draft, dr)
+                if fed[: len(opened)] == opened and not any(fed[: len(s.context)] == s.context for s in self._live):
+                    return True
+        return False
+
+    def _base(self, j: int, r: int) -> tuple[int, int]:
+        """A new row that attends a cache (a newcomer prefilled over KV another request left,
+        `_starts`): the slots its first token attends before itself and the position fed to it,
+        which its later rows are read from (`Seq.base`). (0, 0) for a row that shows its whole
+        context."""
+        call = self.calls[j]
+        if not attends_cache(call, r):
+            return (0, 0)
+        first = query_flags(call, r).index(1)
+        context = context_before(call, r, first)
+        return (max(context, 0), int(call.positions[r][first]) if call.positions_fed else 0)
+
     def _one_assignment(
         self, j: int, rows: list[int], fits: dict[int, dict[int, str]], allowed: set[int]
     ) -> dict[int, tuple[int, str]]:
@@ -75,9 +133,9 @@ class Assignments:
     def _told_apart(self, j: int, fits: dict[int, dict[int, str]]) -> dict[int, dict[int, str]]:
         """The chain's fits, less the (row, sequence) pairs the call's own evidence rules out where
         the chain ties: a row that fits several sequences, or a sequence that several rows fit. The
-        evidence is the position fed to the row's pending token, its mask's history and its
-        growth against greedy acceptance (`_position_agrees`, `_history_agrees`,
-        `_greedy_agrees`), each read only where no uncontested row of the
+        evidence is the position fed to the row's pending token, its mask's history, its
+        growth against greedy acceptance and a newcomer's first choice (`_position_agrees`,
+        `_history_agrees`, `_greedy_agrees`, `_opening_agrees`), each read only where no uncontested row of the
         call contradicts it. A pair goes only when another pair of the same
         tie agrees, so a tie the evidence cannot break stands (unreadable where it matters), and a
         row with a KV or position bug loses only a sequence another row holds by the evidence, to
@@ -90,7 +148,7 @@ class Assignments:
         # Evidence that an uncontested row contradicts (its own sequence at a rebuilt or shifted
         # layout, or a systematic convention) is not read this call: every tie stands instead.
         plain = [(r, s, how) for r, s, how in pairs if not rivals[r, s]]
-        checks = (self._position_agrees, self._history_agrees, self._greedy_agrees)
+        checks = (self._position_agrees, self._history_agrees, self._greedy_agrees, self._opening_agrees)
         trusted = [c for c in checks if all(self._says(c, j, r, s, how) is not False for r, s, how in plain)]
         agrees = {(r, s): all(self._says(c, j, r, s, how) is not False for c in trusted) for r, s, how in pairs}
         out: dict[int, dict[int, str]] = {r: {} for r in fits}
@@ -120,6 +178,20 @@ class Assignments:
         if how == "chunk":  # a chunk of the prompt is kept whole
             return took == len(step.drafts)
         return step.could_end(took, v.token)
+
+    def _opening_agrees(self, j: int, r: int, s: Seq, v: RowView, how: str) -> bool | None:
+        """A newcomer's first call was a step when it is fed its argmax next (`_opened_by_step`): a
+        row read as continuing it is fed the target's choice at its first call's last slot (prompts
+        of one length, told apart by the token each chose). Only where no uncontested row of the
+        call contradicts it (a prefill of all but the last prompt token feeds that token next): the
+        tie then stands. None: not an opening, or no argmax kept there."""
+        if how != "open" or v.whole:
+            return None
+        call, row = self.calls[s.origin[0]], s.origin[1]
+        if self.read(*s.origin, s.id).drafts:
+            return None  # its first call verified drafts: the chain reads it
+        chose = argmax_at(call, row, last_slot(call, row))
+        return None if chose is None else v.token == chose
 
     def _greedy_agrees(self, j: int, r: int, s: Seq, v: RowView, how: str) -> bool | None:
         """A greedy step keeps the drafts that agree with the target's argmax, then its choice: the
