@@ -78,12 +78,9 @@ def test_the_engine_is_correct_and_its_bugs_fire(pair, mix: str) -> None:
 CASES = [(mode, mix, bug) for mode in ("api", "command") for mix in sorted(MIXES) for bug in (None, *slots2.BUGS)]
 # Cases the watch reads wrong are left out here and described in the red team's report.
 WRONG = {
-    # off_by_one: read as a greedy step (the next row is fed the target's choice, which equals the
-    # greedy one: the target's argmax repeats), then flagged one step late as POSITIONS/KV instead
-    # of at its step. The position fed and the context both show the rejected draft kept; reading
-    # that is a change to infer/gains.py's `_gained` (its greedy fallback), not made here.
-    ("command", "equal-k3s2", "off_by_one"),
-    ("command", "sweep12-k2s2", "off_by_one"),  # as equal-k3s2's: one step late, POSITIONS
+    # (The mid-run off_by_one cases, equal-k3s2 and sweep12-k2s2, read right since `infer.gains._gained`
+    # lets the position fed and the context, when both show the rejected draft kept, outrank the
+    # greedy fallback where the target's argmax repeats.)
     # off_by_one at the request's last step: read as greedy (documented), the verdict clean.
     ("command", "one_token-k3s2", "off_by_one"),
     ("command", "one_token-k4s3", "off_by_one"),
