@@ -273,8 +273,10 @@ class Follower(Assignments, Gains):
             m = len(s.context)
             if v.context < 0:
                 return "open"
-            fits = m <= v.context <= m + self.read(*s.origin, s.id).drafts and v.refeeds(s.context)
-            return "open" if fits else None
+            # Grown by what its first call could keep, or fewer slots than its context yet fed at its
+            # length: a hole in its cache (keys lost), read as it going on, the KV check flagging it.
+            grown = m <= v.context <= m + self.read(*s.origin, s.id).drafts and v.refeeds(s.context)
+            return "open" if grown or 0 < v.context < m == v.position else None
         step = self._step_tokens(s)
         if s.in_prompt and not self.read(*s.step, s.id).chain and self._chunk(step, v, len(s.context)):
             return "chunk"
