@@ -176,13 +176,16 @@ class Keyed(_Lines):
         return not any(self._line(first)[: self.width + first])
 
     def node_attends(self, pending: int, n: int) -> list[list[int]] | None:
-        return [slots_on(line) for line in self._block(pending, n)]
+        block = self._block(pending, n)
+        return None if block is None else [slots_on(line) for line in block]
 
     def tree_row(self, pending: int, parents: list[int]) -> tuple[Rle, int] | None:
         context, n = self.width + pending, len(parents)
-        view = [int(v) for v in self._line(pending)[:context]]
-        diagonal = [int(self._line(pending + i)[context + i]) for i in range(n)]
-        return rle(view + diagonal), sum(view)
+        lines = [self._line(pending + i) for i in range(n)]
+        if any(line is None for line in lines):  # a declared tree past the kept lines
+            return None
+        view = [int(v) for v in lines[0][:context]]
+        return rle(view + [int(lines[i][context + i]) for i in range(n)]), sum(view)
 
     def keys(self, slot: int) -> list[int] | None:
         return self._line(slot)
@@ -219,12 +222,14 @@ class Slotted(_Lines):
     def node_attends(self, pending: int, n: int) -> list[list[int]] | None:
         """Node j seen: every slot it attends, its own included."""
         sets = self._sets(pending, n)
-        return [[j for j in range(n) if sets[j] <= seen] for seen in sets]
+        return None if sets is None else [[j for j in range(n) if sets[j] <= seen] for seen in sets]
 
     def tree_row(self, pending: int, parents: list[int]) -> tuple[Rle, int] | None:
         """Read by counts: the root attends its context and itself, each node its parent's slots
         plus one (its own)."""
         sets, n = self._sets(pending, len(parents)), len(parents)
+        if sets is None:  # a declared tree past the kept lines
+            return None
         view = [1] * max(len(sets[0]) - 1, 0)
         diagonal = [int(bool(sets[0]))] + [int(one_more(sets[parents[i]], sets[i])) for i in range(1, n)]
         return rle(view + diagonal), sum(view)

@@ -5,6 +5,8 @@ Every call is written by hand, with what a correct engine feeds and what each re
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 # The code under test, in one block.
@@ -253,3 +255,23 @@ def test_the_first_reason_a_call_is_unreadable_stands() -> None:
     c.mark_unreadable("the map's producer could not read it")
     c.mark_unreadable("a later reading")
     assert c.unreadable == "the map's producer could not read it"
+
+
+def test_a_declared_tree_past_the_kept_mask_lines_is_not_read_from_the_mask() -> None:
+    """A 4-D mask keeps its last QUERY_TAIL query lines. A right-padded row whose declared tree
+    sits before them: the tree stands as declared, its mask reading (node views, the root's
+    view) says "not read" instead of reading another slot's line."""
+    from specviz.watch.tensor_reads import QUERY_TAIL
+    from specviz.watch.tree import mask_row, tree_fields
+
+    q = QUERY_TAIL + 3
+    flags = [True] * 3 + [False] * QUERY_TAIL  # the tree's 3 nodes, then padding
+    kept = [[bool(j <= i) for j in range(q)] for i in range(3, q)]  # lines of slots 3 .. q-1 only
+    for kind in ("4d", "4d-slots"):
+        c = call([[5, 6, 8] + [0] * QUERY_TAIL], [kept], kind, query_live=[flags])
+        c.parents = [[-1, 0, 0]]
+        c.materialize()
+        assert c.trees == [[-1, 0, 0]] and c.last_slots == [2]
+        rq = SimpleNamespace(pending=0, drafts=2)
+        assert mask_row(c, 0, rq) is None
+        assert tree_fields(c, 0, rq, [6], [6, 9, 9])["node_attends"] is None
