@@ -32,6 +32,7 @@ from specviz.watch.infer.follow import Follower
 from specviz.watch.paged import PagedCapture
 from specviz.watch.record import CallRecord
 from specviz.watch.session import Watch, first_target
+from specviz.watch.view import Unmasked
 
 
 class AutoWatch:
@@ -360,7 +361,7 @@ def unpadded_prompts(prompts: list[list[int]], calls: list[CallRecord], pad: int
     those of the `specviz.watch` API, which is given the prompts. Only a rectangular batch whose rows
     start with pad runs of different lengths, one of them none, is stripped; else kept as read."""
     first = first_target(calls)  # there is one: `infer` read it
-    if pad is None or first.mask_kind != "none":
+    if pad is None or not isinstance(first.view(0), Unmasked):  # (a packed call's segments: no padding)
         return prompts
     opened = prompts[: first.batch_size]
     leads = [next((i for i, t in enumerate(p) if t != pad), len(p)) for p in opened]
