@@ -1,0 +1,125 @@
+"""A row's pending slot and draft chain (`specviz/watch/calls.py`): which draft calls proposed the
+drafts a target call verifies, read on hand-built calls. Each call is what a correct engine (or a
+buggy one: a draft that proposed another token, a draft fed the wrong position, a padded slot)
+feeds, with the reading it must give."""
+
+from __future__ import annotations
+
+from specviz.watch.calls import CallReader, RowQuery, attended_ids, read_row, row_seq_ids
+from specviz.watch.record import CallRecord
+
+
+def make(role: str, ids: list[list[int]], positions: list[list[int]], cache: int, **fields) -> CallRecord:
+    b, q = len(ids), len(ids[0])
+    call = CallRecord(
+        role=role, rows=None, input_ids=ids, positions=positions, positions_fed=True, cache_width=cache,
+        mask_kind=fields.pop("mask_kind", "none"), mask=fields.pop("mask", None), batch_size=b, query_len=q,
+    )  # fmt: skip
+    for name, value in fields.items():
+        setattr(call, name, value)
+    call.materialize()
+    return call
+
+
+def draft(fed: int, out: int, position: int, **fields) -> CallRecord:
+    """A draft call of one row: fed one token at `position`, proposed `out`."""
+    return make("draft", [[fed]], [[position]], position, argmax=[[out]], **fields)
+
+
+def verify(ids: list[int], positions: list[int], cache: int = 3, **fields) -> CallRecord:
+    return make("target", [ids], [positions], cache, **fields)
+
+
+# ----------------------------------------------------------------------------- a row's draft chain
+
+
+def test_a_chain_of_two_drafts() -> None:
+    """Pending token 9 at position 3; the draft proposed 11, then (fed 11) 12; the verify feeds 9, 11, 12."""
+    calls = [draft(9, 11, 3), draft(11, 12, 4), verify([9, 11, 12], [3, 4, 5])]
+    assert read_row(calls, 2, 0) == RowQuery(0, 2, ((0, 0), (1, 0)))
+
+
+def test_a_draft_that_proposed_another_token_is_no_chain() -> None:
+    """The second draft call proposed 13, the verify feeds 12: no run of draft calls fits its
+    tokens, so no drafts are read (the verify's last slot is the pending token)."""
+    calls = [draft(9, 11, 3), draft(11, 13, 4), verify([9, 11, 12], [3, 4, 5])]
+    assert read_row(calls, 2, 0) == RowQuery(2, 0, ())
+
+
+def test_a_run_shorter_than_the_drafts_is_no_chain() -> None:
+    """Only the second draft call fits the verify's first two tokens (7 then 8); two drafts need
+    two calls: none is read."""
+    calls = [draft(5, 6, 3), draft(7, 8, 3), verify([7, 8, 9], [3, 4, 5])]
+    assert read_row(calls, 2, 0) == RowQuery(2, 0, ())
+
+
+def test_more_draft_calls_than_the_query_holds() -> None:
+    """Three draft calls, a verify of the pending token and one draft: the one draft is read."""
+    calls = [draft(9, 11, 3), draft(11, 12, 4), draft(12, 13, 5), verify([9, 11], [3, 4])]
+    assert read_row(calls, 3, 0) == RowQuery(0, 1, ((0, 0),))
+
+
+def test_the_run_fed_the_query_s_positions_wins() -> None:
+    """A catch-up call re-fed 9 at position 2 and proposed 11, then the proposal fed 9 at 3 proposed
+    11 too: both fit the tokens; the one fed the verify's position is the chain."""
+    calls = [draft(9, 11, 2), draft(9, 11, 3), verify([9, 11], [3, 4])]
+    assert read_row(calls, 2, 0) == RowQuery(0, 1, ((1, 0),))
+
+
+def test_a_draft_fed_the_wrong_position_is_still_its_chain() -> None:
+    """The only draft call was fed position 2 for a pending token at 3 (a position bug): read as the
+    chain, so the bug is checked, not hidden as "no drafts"."""
+    calls = [draft(9, 11, 2), verify([9, 11], [3, 4])]
+    assert read_row(calls, 1, 0) == RowQuery(0, 1, ((0, 0),))
+
+
+def test_a_padding_slot_is_never_the_pending_token() -> None:
+    """Left padding at slot 0 (token 0); a draft call that was fed the pad token and proposed 9
+    must not make the padding the pending token: the pending token is slot 1 (9), one draft (11)."""
+    mask = [[1, 1, 1, 0, 1, 1]]  # [cache 3 | query 3], query slot 0 padding
+    calls = [draft(0, 9, 2), draft(9, 11, 3), verify([0, 9, 11], [0, 3, 4], mask_kind="2d", mask=mask)]
+    assert read_row(calls, 2, 0) == RowQuery(1, 1, ((1, 0),))
+
+
+def test_a_declared_draft_batch_with_twin_rows() -> None:
+    """Two sequences fed the same token and proposed the same draft; the draft call declared its
+    rows reversed: each sequence's draft row is its declared one, not told apart by tokens."""
+    twin = make("draft", [[9], [9]], [[3], [3]], 3, rows=(9, 5), argmax=[[11], [11]])
+    target = make("target", [[9, 11], [9, 11]], [[3, 4], [3, 4]], 3, rows=(5, 9))
+    assert read_row([twin, target], 1, 0) == RowQuery(0, 1, ((0, 1),))
+    assert read_row([twin, target], 1, 1) == RowQuery(0, 1, ((0, 0),))
+
+
+def test_a_re_prefill_between_the_proposals_and_the_verify_is_passed_over() -> None:
+    """The draft proposed 11; then the sequence was re-prefilled (a target call feeding its prompt
+    again, no drafts); then the verify: its draft is the one before the re-prefill."""
+    prefill = make("target", [[1, 2, 9]], [[0, 1, 2]], 0)
+    calls = [draft(9, 11, 3), prefill, verify([9, 11], [3, 4])]
+    assert read_row(calls, 2, 0) == RowQuery(0, 1, ((0, 0),))
+
+
+def test_a_tree_row_is_read_from_its_nodes() -> None:
+    """A declared tree of 3 nodes ending at the last slot: the pending token is node 0, the other
+    nodes its drafts; no chain of draft calls is looked for."""
+    calls = [draft(9, 11, 3), verify([9, 11, 12], [3, 4, 4], parents=[[-1, 0, 0]])]
+    assert read_row(calls, 1, 0) == RowQuery(0, 2, ())
+    over = [draft(9, 11, 3), verify([5, 9, 11, 12], [2, 3, 4, 4], parents=[[-1, 0, 0]])]
+    assert read_row(over, 1, 0) == RowQuery(1, 2, ())
+
+
+# ----------------------------------------------------------------------------- the rest of a row
+
+
+def test_a_reader_reads_each_row_once() -> None:
+    calls = [draft(9, 11, 3), draft(11, 12, 4), verify([9, 11, 12], [3, 4, 5])]
+    reader = CallReader(calls)
+    first = reader(2, 0)
+    assert first == RowQuery(0, 2, ((0, 0), (1, 0)))
+    assert reader(2, 0) is first and reader(2, 0, seq=0) == first
+
+
+def test_rows_sequences_and_attended_ids() -> None:
+    plain = make("target", [[7, 8, 9], [4, 5, 6]], [[0, 1, 2], [0, 1, 2]], 0)
+    assert row_seq_ids(plain) == (0, 1)
+    assert attended_ids(plain, 0) == [7, 8, 9] and attended_ids(plain, 0, end=1) == [7, 8]
+    assert attended_ids(plain, 1, end=0) == [4]
