@@ -176,3 +176,73 @@ def test_follow_rows_names_each_row_by_its_declared_prompt() -> None:
     assert [c.rows for c in calls] == [(0, 1), (0, 1), None]
     assert calls[0].unreadable is None and calls[1].unreadable is None
     assert calls[2].unreadable.startswith("row 0 of target call 2 continues no sequence read so far: 1 target calls")
+
+
+def whole(role: str, ids: list[int], argmax: list[int]) -> CallRecord:
+    """One row re-fed its whole context (no cache), by the target or by a draft model."""
+    q = len(ids)
+    return CallRecord(
+        role=role, rows=None, input_ids=[ids], positions=[list(range(q))], positions_fed=True, cache_width=0,
+        mask_kind="2d", mask=[[1] * q], batch_size=1, query_len=q, argmax=[argmax],
+    )  # fmt: skip
+
+
+def test_a_recompute_loop_with_a_draft_model_is_read_from_what_it_re_fed() -> None:
+    """A loop without a cache that re-feeds each row's whole context, with a draft model (its calls
+    between the target's): A = [5, 6, 7] commits 40, then 77 where the target chose 50 (a bug), and
+    re-feeds it. The row shows what was committed, 77, read as such so the check flags it; never
+    the target's choice 50 (the reading of a run with no draft model, whose re-fed rows only the
+    greedy rule tells from their drafts), which would call the wrong output clean."""
+
+    calls = [
+        whole("target", [5, 6, 7], [99, 99, 40]),
+        whole("draft", [5, 6, 7, 40], [99, 99, 99, 88]),
+        whole("target", [5, 6, 7, 40], [99, 99, 99, 50]),
+        whole("draft", [5, 6, 7, 40, 77], [99, 99, 99, 99, 88]),
+        whole("target", [5, 6, 7, 40, 77], [99, 99, 99, 99, 60]),
+    ]
+    notes: list[str] = []
+    prompts, emits = infer(calls, EOS, notes)
+    assert not notes, notes
+    assert prompts == [[5, 6, 7]]
+    assert tokens_of(emits) == {0: [40, 77, 60]}
+
+
+def test_a_first_call_that_verified_drafts_was_a_step() -> None:
+    """The same loop, its draft model proposing before the target's first call: A = [5, 6, 7] is
+    verified with the draft 88 in its first target call, whose argmax at 7 is 40 (88 refused); the
+    next call re-feeds [5, 6, 7, 40] and the draft's 89, which the target accepts, then 60. The
+    first call verified a draft, so it was a step: the prompt is [5, 6, 7] and the output 40, 89,
+    60, although the argmax at its last slot (99) is not what was fed next (a prefill's sign)."""
+    calls = [
+        whole("draft", [5, 6, 7], [99, 99, 88]),
+        whole("target", [5, 6, 7, 88], [99, 99, 40, 99]),
+        whole("draft", [5, 6, 7, 40], [99, 99, 99, 89]),
+        whole("target", [5, 6, 7, 40, 89], [99, 99, 99, 89, 60]),
+    ]
+    notes: list[str] = []
+    prompts, emits = infer(calls, EOS, notes)
+    assert not notes, notes
+    assert prompts == [[5, 6, 7]]
+    assert tokens_of(emits) == {0: [40, 89, 60]}
+
+
+def test_in_a_shared_cache_a_finished_row_fed_again_is_read_by_its_slots_as_finished() -> None:
+    """The packed engine: A = [5, 6, 7] (slots 0-2) chooses 40, then 40 again (its argmax repeats
+    the token); B = [8, 9, 10] (slots 3-5) chooses 41, then 51, then 61. In the last call B's row
+    comes first (slot 8) and A's second: fed 40 again over A's prompt slots only (slot 9; its 40 of
+    slot 6 not attended: the cache did not grow). A attends its own slots, and its chain reads the
+    row as fed its last token again: A finished at [40] (its own budget, one token), never read as
+    growing by its token alone (40 again, and again at its close), and B decoded on to 61."""
+    calls = [
+        packed([5, 6, 7, 8, 9, 10], 6, [{0}, {0, 1}, {0, 1, 2}, {3}, {3, 4}, {3, 4, 5}], [0, 1, 2, 0, 1, 2],
+               [99, 99, 40, 99, 99, 41], 0),
+        packed([40, 41], 8, [{0, 1, 2, 6}, {3, 4, 5, 7}], [3, 3], [40, 51], 6),
+        packed([51, 40], 10, [{3, 4, 5, 7, 8}, {0, 1, 2, 9}], [4, 3], [61, 40], 8),
+    ]  # fmt: skip
+    notes: list[str] = []
+    prompts, emits = infer(calls, EOS, notes)
+    assert not notes, notes
+    assert [c.rows for c in calls] == [(0, 1), (0, 1), (1, 0)]
+    assert tokens_of(emits) == {0: [40], 1: [41, 51, 61]}
+    assert [(e.seq_id, e.finish_reason) for e in emits if e.finish_reason] == [(0, "length"), (1, "length")]
