@@ -240,3 +240,41 @@ def test_the_position_fed_tells_how_many_drafts_a_step_read_by_its_token_took() 
     for e in emits:
         tokens.setdefault(e.seq_id, []).extend(e.tokens)
     assert tokens == {0: [20, 25, 26, 28], 1: [1], 2: [1]}
+
+
+def test_a_chunk_of_a_prompt_sits_after_the_whole_chunk() -> None:
+    """No draft model, 2-D masks, positions fed. P = [5, 6, 7, 8, 9, 10] is prefilled in chunks of
+    two ([5, 6] without a cache, [7, 8], then [9, 10], whose argmax 40 is fed next); R = [11, 12,
+    13] beside it is prefilled but its last token, then steps: 97, 50, then 60. R's 97 is also what
+    the target chose after P's 7, so when the rows swap in the third call, R's row (97 after three
+    slots, at position 3) fits P as a step as well as R, while P's row ([9, 10] after four slots)
+    fits P only as a chunk of its prompt. The position fed to 9, 4, sits after the whole chunk [7,
+    8]: the chunk reading agrees, so P's row is P's and R's row R's, and nothing stops the reading
+    (P: 40, then EOS; R: 97, 50, 60). Were the chunk ruled out there, R's row would fit two
+    sequences that differ, and reading would stop."""
+    from specviz.watch.autowatch import infer
+    from specviz.watch.hooks import CallRecord
+
+    def call(ids: list[list[int]], width: int, masks: list[list[int]], positions: list[int], argmax) -> CallRecord:
+        q = len(ids[0])
+        return CallRecord(
+            role="target", rows=None, input_ids=ids, positions=[list(range(p, p + q)) for p in positions],
+            positions_fed=True, cache_width=width, mask_kind="2d", mask=masks, batch_size=len(ids),
+            query_len=q, argmax=argmax,
+        )  # fmt: skip
+
+    calls = [
+        call([[5, 6], [11, 12]], 0, [[1, 1], [1, 1]], [0, 0], [[99, 98], [99, 98]]),  # 98: never fed next
+        call([[7, 8], [13, 0]], 2, [[1] * 4, [1, 1, 1, 0]], [2, 2], [[97, 96], [97, 0]]),  # R right-padded
+        call([[97, 0], [9, 10]], 4, [[1, 1, 1, 0, 1, 0], [1] * 6], [3, 4], [[50, 0], [95, 40]]),
+        call([[50], [40]], 6, [[1, 1, 1, 0, 1, 0, 1], [1] * 7], [4, 6], [[60], [1]]),
+    ]
+    notes: list[str] = []
+    prompts, emits = infer(calls, frozenset([1]), notes)
+    assert not notes, notes
+    assert prompts == [[5, 6, 7, 8, 9, 10], [11, 12, 13]]
+    assert [c.rows for c in calls] == [(0, 1), (0, 1), (1, 0), (1, 0)]
+    tokens: dict[int, list[int]] = {}
+    for e in emits:
+        tokens.setdefault(e.seq_id, []).extend(e.tokens)
+    assert tokens == {0: [40, 1], 1: [97, 50, 60]}
