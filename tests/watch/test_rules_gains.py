@@ -1,0 +1,64 @@
+"""What the row follower reads a step gave (`specviz/watch/infer/gains.py`), on target calls
+written by hand: a prompt prefilled in chunks told from steps by the position fed, the endings
+read from a run's last steps. Every expected prompt and token is worked out in the docstrings."""
+
+from __future__ import annotations
+
+# The code under test, in one block.
+from specviz.watch.autowatch import infer
+from specviz.watch.hooks import CallRecord
+
+EOS = frozenset([1])
+
+
+def call(ids: list[list[int]], width: int, masks: list[list[int]], positions: list[int], argmax) -> CallRecord:
+    """A target call with a cache of `width` slots; each row's 2-D mask and first position given."""
+    q = len(ids[0])
+    return CallRecord(
+        role="target", rows=None, input_ids=ids, positions=[list(range(p, p + q)) for p in positions],
+        positions_fed=True, cache_width=width, mask_kind="2d", mask=masks, batch_size=len(ids),
+        query_len=q, argmax=argmax,
+    )  # fmt: skip
+
+
+def read(calls: list[CallRecord]) -> tuple[list[list[int]], dict[int, list[int]], list[str]]:
+    notes: list[str] = []
+    prompts, emits = infer(calls, EOS, notes)
+    tokens: dict[int, list[int]] = {}
+    for e in emits:
+        tokens.setdefault(e.seq_id, []).extend(e.tokens)
+    return prompts, tokens, notes
+
+
+def chunked(c1_argmax: list[int], ids: list[int], position: int, argmax: list[int]) -> tuple:
+    """No draft model, one sequence: [5, 6] prefilled without a cache (its argmax 98 never fed
+    next), then [7, 8] with `c1_argmax`, then `ids` fed at `position` after four slots (7 and 8
+    both attended: the context grew by the whole query). Returns prompts, tokens, notes and what
+    the map of the call of [7, 8] says of its drafts (0: its prompt's last chunk, as `w.batch(drafts=0)`
+    would say, for the steps read from it; None: not said)."""
+    calls = [
+        call([[5, 6]], 0, [[1, 1]], [0], [[99, 98]]),
+        call([[7, 8]], 2, [[1] * 4], [2], [c1_argmax]),
+        call([ids], 4, [[1] * (4 + len(ids))], [position], [argmax]),
+    ]
+    return (*read(calls), calls[1].map.segments[0].drafts)
+
+
+def test_a_last_chunk_and_a_step_that_give_one_token_are_told_by_the_position_fed() -> None:
+    """[7, 8] under argmax [40, 40]: 40 is both the greedy pick after 7 (8 refused) and the
+    target's choice after the whole query. Fed at position 4, after all four tokens: [7, 8] was the
+    prompt's last chunk (its map says so), the prompt is [5, 6, 7, 8] and 40 its first token. Fed at position 3, after
+    three: a step that took no draft and committed 40, whose rejected slot stays attended (a KV
+    bug for the check): the prompt is [5, 6, 7]. Either way the last step's argmax 50 follows."""
+    assert chunked([40, 40], [40], 4, [50]) == ([[5, 6, 7, 8]], {0: [40, 50]}, [], 0)
+    assert chunked([40, 40], [40], 3, [50]) == ([[5, 6, 7]], {0: [40, 50]}, [], None)
+
+
+def test_a_chunk_short_of_the_prompts_end_is_told_from_a_step_by_the_position_fed() -> None:
+    """[7, 8] under argmax [9, 50], then [9, 10]: 9 is the greedy pick after 7 (8 refused) and
+    the next chunk may start with it too. Fed at position 3: a step that committed 9 (its rejected
+    slot left attended), then 10 its draft, refused for 60: the prompt is [5, 6, 7], the output 9,
+    60. Fed at position 4, after the whole query: [7, 8] was a chunk and [9, 10] the next (its 9
+    pending, 10 read as its draft, refused for 60): the prompt is [5, 6, 7, 8, 9]."""
+    assert chunked([9, 50], [9, 10], 3, [60, 61]) == ([[5, 6, 7]], {0: [9, 60]}, [], None)
+    assert chunked([9, 50], [9, 10], 4, [60, 61]) == ([[5, 6, 7, 8, 9]], {0: [60]}, [], None)
