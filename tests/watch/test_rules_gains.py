@@ -62,3 +62,70 @@ def test_a_chunk_short_of_the_prompts_end_is_told_from_a_step_by_the_position_fe
     pending, 10 read as its draft, refused for 60): the prompt is [5, 6, 7, 8, 9]."""
     assert chunked([9, 50], [9, 10], 3, [60, 61]) == ([[5, 6, 7]], {0: [9, 60]}, [], None)
     assert chunked([9, 50], [9, 10], 4, [60, 61]) == ([[5, 6, 7, 8, 9]], {0: [60]}, [], None)
+
+
+def test_a_step_without_an_argmax_kept_gained_what_its_context_grew_by() -> None:
+    """No draft model and no argmax kept (nothing says what the target chose). A = [5, 6, 7] is
+    prefilled (a step: its first token 40 is fed next), then fed 40 with the drafts 41, 42; the next
+    call feeds 43 after five slots ([5, 6, 7, 40, 41]: 42's slot masked). The context grew by two:
+    one draft taken, then 43. So the step gained 41, 43 (not 41, 42, 43: a draft more than the
+    context shows), and the last step, with no argmax, adds nothing."""
+    prompts, tokens, notes = read(
+        [
+            call([[5, 6, 7]], 0, [[1, 1, 1]], [0], None),
+            call([[40, 41, 42]], 3, [[1] * 6], [3], None),
+            call([[43, 44, 45]], 6, [[1, 1, 1, 1, 1, 0, 1, 1, 1]], [5], None),
+        ]
+    )
+    assert not notes, notes
+    assert prompts == [[5, 6, 7]]
+    assert tokens == {0: [40, 41, 43]}
+
+
+def test_a_row_read_by_its_token_took_the_drafts_before_the_slot_that_chose_it() -> None:
+    """No draft model. A = [5, 6, 7] is prefilled (its 40 fed next), then fed 40 with the drafts 20,
+    21 under argmax [20, 25, 30] (a greedy engine keeps 20, then 25). The next call feeds 30, the
+    target's choice after both drafts (an engine that accepted 21 against the target), over a mask
+    that lost two of A's six slots (a cache bug): no chain fits, and 30 is read by its token as
+    what the slot after both drafts chose: the step gained 20, 21, 30 (the check then judges it),
+    and the last step's argmax ends A with EOS."""
+    prompts, tokens, notes = read(
+        [
+            call([[5, 6, 7]], 0, [[1, 1, 1]], [0], [[99, 99, 40]]),
+            call([[40, 20, 21]], 3, [[1] * 6], [3], [[20, 25, 30]]),
+            call([[30, 31, 32]], 6, [[1, 1, 0, 0, 1, 1, 1, 1, 1]], [6], [[1, 99, 99]]),
+        ]
+    )
+    assert not notes, notes
+    assert prompts == [[5, 6, 7]]
+    assert tokens == {0: [40, 20, 21, 30, 1]}
+
+
+def test_a_cacheless_draft_re_reads_what_the_step_committed_whatever_the_targets_context() -> None:
+    """A draft model without a cache (fed each sequence's whole context) beside a cached target.
+    A = [5, 6, 7] is prefilled (40 fed next); the draft, fed [5, 6, 7, 40], proposes 20; the target
+    verifies [40, 20] under argmax [25, 25] (a greedy engine keeps no draft, then 25), yet the
+    draft is next fed [5, 6, 7, 40, 20, 25]: the engine committed 20, 25 (a bug). The target's next
+    row attends four slots (20's slot lost), which alone would read as 25 only. The draft's re-read
+    says what was committed: 20, 25, then the last step's EOS; the checks judge it from there."""
+    from specviz.watch.hooks import CallRecord
+
+    def draft(ids: list[int], argmax: list[int]) -> CallRecord:
+        q = len(ids)
+        return CallRecord(
+            role="draft", rows=None, input_ids=[ids], positions=[list(range(q))], positions_fed=True,
+            cache_width=0, mask_kind="2d", mask=[[1] * q], batch_size=1, query_len=q, argmax=[argmax],
+        )  # fmt: skip
+
+    prompts, tokens, notes = read(
+        [
+            call([[5, 6, 7]], 0, [[1, 1, 1]], [0], [[99, 99, 40]]),
+            draft([5, 6, 7, 40], [99, 99, 99, 20]),
+            call([[40, 20]], 3, [[1] * 5], [3], [[25, 25]]),
+            draft([5, 6, 7, 40, 20, 25], [99, 99, 99, 99, 99, 30]),
+            call([[25, 30]], 5, [[1, 1, 1, 1, 0, 1, 1]], [5], [[1, 99]]),
+        ]
+    )
+    assert not notes, notes
+    assert prompts == [[5, 6, 7]]
+    assert tokens == {0: [40, 20, 25, 1]}
