@@ -1,0 +1,62 @@
+"""What a tree step gave its sequence, read for the command (`specviz/watch/infer/tree_gain.py`), on
+target calls written by hand: the next call's context growth says how deep the kept path went, the
+target's choices which path of that depth it was, a cacheless draft's re-read which of several,
+and where nothing tells two paths apart the step is unreadable, never guessed.
+
+A = [5, 6, 7] is prefilled (its first token 40 fed next), then verified as a tree: 40 at the root
+(node 0), 20 (node 1) and 21 (node 2) its children, 22 (node 3) the child of 20. The next call
+feeds 25 after five slots (the root and one node kept), at position 5."""
+
+from __future__ import annotations
+
+# The code under test, in one block.
+from specviz.watch.autowatch import infer
+from specviz.watch.hooks import CallRecord
+
+EOS = frozenset([1])
+PARENTS = [-1, 0, 0, 1]
+
+
+def call(role: str, ids: list[int], width: int, mask: list[int], position: int, argmax) -> CallRecord:
+    q = len(ids)
+    return CallRecord(
+        role=role, rows=None, input_ids=[ids], positions=[list(range(position, position + q))], positions_fed=True,
+        cache_width=width, mask_kind="2d", mask=[mask], batch_size=1, query_len=q,
+        argmax=None if argmax is None else [argmax],
+    )  # fmt: skip
+
+
+def run(tree_argmax: list[int] | None, draft_fed: list[int] | None = None) -> tuple:
+    """The three target calls (a cacheless draft call fed `draft_fed` before the last, if given).
+    Returns the tokens read, the notes, and why the tree's call is unreadable (None: readable)."""
+    tree = call("target", [40, 20, 21, 22], 3, [1] * 7, 3, tree_argmax)
+    tree.parents = [PARENTS]
+    calls = [call("target", [5, 6, 7], 0, [1, 1, 1], 0, [99, 99, 40]), tree]
+    if draft_fed is not None:
+        calls.append(call("draft", draft_fed, 0, [1] * len(draft_fed), 0, [99] * len(draft_fed)))
+    calls.append(call("target", [25], 7, [1, 1, 1, 1, 1, 0, 0, 1], 5, [1]))
+    notes: list[str] = []
+    prompts, emits = infer(calls, EOS, notes)
+    assert prompts == [[5, 6, 7]]
+    tokens = [t for e in emits for t in e.tokens]
+    return tokens, notes, tree.unreadable
+
+
+def test_the_path_whose_end_chose_the_fed_token_is_the_one_kept() -> None:
+    """Argmax 20 at the root, 25 at 20, 26 at 21: the context grew by two (one node, then 25), and
+    of the two one-node paths, 20's end chose 25: the step gave 20, 25 (then EOS)."""
+    assert run([20, 25, 26, 27]) == ([40, 20, 25, 1], [], None)
+
+
+def test_two_paths_whose_ends_chose_the_fed_token_make_the_step_unreadable() -> None:
+    """Argmax 25 after 20 and after 21 alike: nothing tells which node was kept, so the tree's
+    call is unreadable from there (said, with the call, row and depth), never a guess."""
+    _, notes, why = run([20, 25, 25, 27])
+    assert not notes
+    assert why == "tree step of target call 1, row 0: no one path of 1 nodes fits what was fed next"
+
+
+def test_a_cacheless_draft_re_read_tells_which_of_two_paths_was_kept() -> None:
+    """The same two paths, then a draft model without a cache fed [5, 6, 7, 40, 21, 25]: that is the
+    sequence the engine kept, so the step gave 21, 25 (readable), not 20, 25."""
+    assert run([20, 25, 25, 27], [5, 6, 7, 40, 21, 25]) == ([40, 21, 25, 1], [], None)
