@@ -149,3 +149,41 @@ def test_a_view_built_without_a_position_reads_as_none_fed() -> None:
         assert Gains._chunk(step, unfed, 3) is (context == 4)
     assert Gains._chunk(step, RowView(rq, 40, 4, [40], False, position=4), 3)
     assert not Gains._chunk(step, RowView(rq, 40, 4, [40], False, position=3), 3)
+
+
+def test_a_greedy_end_past_the_budget_another_sequence_stopped_at_is_cut_to_it() -> None:
+    """No draft model. A = [5, 6, 7] and B = [8, 9, 10], prefilled but their last token, step
+    together: A 40, 50, 60; B 41, 51, then B's row is fed 51 with the draft 70 under argmax [70, 80]
+    and leaves the batch (its last step, read as greedy: 70, 80). A is then fed 60, and 60 again
+    (its cache not grown past it): A stopped at three tokens, the run's budget. B read two tokens
+    before its last step, so that step was cut at the budget too: B ends 41, 51, 70 (not 80)."""
+    prompts, tokens, notes = read(
+        [
+            call([[5, 6], [8, 9]], 0, [[1, 1], [1, 1]], [0, 0], [[99, 98], [99, 98]]),  # 98: never fed next
+            call([[7], [10]], 2, [[1] * 3, [1] * 3], [2, 2], [[40], [41]]),
+            call([[40], [41]], 3, [[1] * 4, [1] * 4], [3, 3], [[50], [51]]),
+            call([[50, 0], [51, 70]], 4, [[1, 1, 1, 1, 1, 0], [1] * 6], [4, 4], [[60, 0], [70, 80]]),
+            call([[60]], 6, [[1, 1, 1, 1, 1, 0, 1]], [5], [[70]]),
+            call([[60]], 7, [[1, 1, 1, 1, 1, 0, 1, 1]], [5], [[70]]),
+        ]
+    )
+    assert not notes, notes
+    assert prompts == [[5, 6, 7], [8, 9, 10]]
+    assert tokens == {0: [40, 50, 60], 1: [41, 51, 70]}
+
+
+def test_last_steps_read_as_greedy_are_cut_to_the_shortest_greedy_end() -> None:
+    """The same two sequences, the run ending after the call that feeds B its draft: both last
+    steps are read as greedy, A's 60 (three tokens) and B's 70, 80 (four). One budget fits both
+    endings, the shortest, three: A ends there and B's step is cut to it, 41, 51, 70."""
+    prompts, tokens, notes = read(
+        [
+            call([[5, 6], [8, 9]], 0, [[1, 1], [1, 1]], [0, 0], [[99, 98], [99, 98]]),  # 98: never fed next
+            call([[7], [10]], 2, [[1] * 3, [1] * 3], [2, 2], [[40], [41]]),
+            call([[40], [41]], 3, [[1] * 4, [1] * 4], [3, 3], [[50], [51]]),
+            call([[50, 0], [51, 70]], 4, [[1, 1, 1, 1, 1, 0], [1] * 6], [4, 4], [[60, 0], [70, 80]]),
+        ]
+    )
+    assert not notes, notes
+    assert prompts == [[5, 6, 7], [8, 9, 10]]
+    assert tokens == {0: [40, 50, 60], 1: [41, 51, 70]}
