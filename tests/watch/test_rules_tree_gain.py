@@ -60,3 +60,10 @@ def test_a_cacheless_draft_re_read_tells_which_of_two_paths_was_kept() -> None:
     """The same two paths, then a draft model without a cache fed [5, 6, 7, 40, 21, 25]: that is the
     sequence the engine kept, so the step gave 21, 25 (readable), not 20, 25."""
     assert run([20, 25, 25, 27], [5, 6, 7, 40, 21, 25]) == ([40, 21, 25, 1], [], None)
+
+
+def test_an_argmax_kept_for_the_last_slots_only_is_read_at_its_own_slots() -> None:
+    """The engine kept the logits of the last three query slots only (nodes 1-3: 25 after 20, 26
+    after 21, 27 after 22; none at the root): the choice after node 1 is still the first of them,
+    so the path kept is 20's, and the step gave 20, 25."""
+    assert run([25, 26, 27]) == ([40, 20, 25, 1], [], None)
