@@ -67,3 +67,33 @@ def test_an_argmax_kept_for_the_last_slots_only_is_read_at_its_own_slots() -> No
     after 21, 27 after 22; none at the root): the choice after node 1 is still the first of them,
     so the path kept is 20's, and the step gave 20, 25."""
     assert run([25, 26, 27]) == ([40, 20, 25, 1], [], None)
+
+
+def test_the_nodes_the_next_call_still_attends_are_the_path_kept() -> None:
+    """4-D masks, keys [cache | query], KV kept by index: the tree's call has the three prompt
+    slots then its four nodes (each attending its ancestors), the next call's cache is all seven.
+    Its pending token 26 attends the root and node 2 (21), not node 1 (20): the engine kept 21,
+    though the target chose 20 at the root (a greedy engine would have kept 20, then 25). The
+    step gave what the cache shows, 21, 26 (the checks judge the acceptance), then EOS."""
+
+    def four_d(ids: list[int], width: int, lines: list[list[int]], position: int, argmax: list[int]) -> CallRecord:
+        q = len(ids)
+        return CallRecord(
+            role="target", rows=None, input_ids=[ids], positions=[list(range(position, position + q))],
+            positions_fed=True, cache_width=width, mask_kind="4d", mask=[lines], batch_size=1, query_len=q,
+            argmax=[argmax],
+        )  # fmt: skip
+
+    lines = [[1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 0, 1, 0], [1, 1, 1, 1, 1, 0, 1]]
+    tree = four_d([40, 20, 21, 22], 3, lines, 3, [20, 25, 26, 27])
+    tree.parents = [PARENTS]
+    calls = [
+        call("target", [5, 6, 7], 0, [1, 1, 1], 0, [99, 99, 40]),
+        tree,
+        four_d([26], 7, [[1, 1, 1, 1, 0, 1, 0, 1]], 5, [1]),
+    ]
+    notes: list[str] = []
+    prompts, emits = infer(calls, EOS, notes)
+    assert prompts == [[5, 6, 7]] and not notes, notes
+    assert [t for e in emits for t in e.tokens] == [40, 21, 26, 1]
+    assert tree.unreadable is None
