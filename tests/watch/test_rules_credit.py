@@ -69,3 +69,14 @@ def test_one_sequence_that_received_two_rows_tokens_is_split_where_its_emits_wer
 def test_tokens_no_row_explains_stay_at_their_own_row() -> None:
     taken = assign_rows(verify(), [group(1, [99, 98], "length", cuts=[1])], SHOWN, {0, 1})
     assert placed(taken) == {1: (1, [99, 98], "length")}
+
+
+def test_a_late_group_places_after_the_on_time_ones() -> None:
+    """Sequence 1 receives 20, 30 on time, which only row 0 explains (a write-back to the wrong
+    sequence); sequence 0 receives 20 late (emitted after a newer call of its own), which fits row
+    0 and row 1. The on-time group is read first and takes row 0; the late one then takes the row
+    left, 1. (Read first, the late group would take its own row 0, leaving the on-time tokens no
+    row that explains them.)"""
+    late = Group(0, [20], None, 0, 0.0, late=True)
+    taken = assign_rows(verify(), [group(1, [20, 30]), late], SHOWN, {0, 1})
+    assert placed(taken) == {0: (1, [20, 30], None), 1: (0, [20], None)}
