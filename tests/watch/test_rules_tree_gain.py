@@ -26,16 +26,19 @@ def call(role: str, ids: list[int], width: int, mask: list[int], position: int, 
     )  # fmt: skip
 
 
-def run(tree_argmax: list[int] | None, draft_fed: list[int] | None = None, seen: list[int] | None = None) -> tuple:
+def run(
+    tree_argmax: list[int] | None, draft_fed: list[int] | None = None, seen: list[int] | None = None, fed: int = 25
+) -> tuple:
     """The three target calls (a cacheless draft call fed `draft_fed` before the last, if given;
-    `seen`: the last call's mask over its seven cache slots, default the root and node 1).
+    `seen`: the last call's mask over its seven cache slots, default the root and node 1; `fed`:
+    the token it is fed, default 25).
     Returns the tokens read, the notes, and why the tree's call is unreadable (None: readable)."""
     tree = call("target", [40, 20, 21, 22], 3, [1] * 7, 3, tree_argmax)
     tree.parents = [PARENTS]
     calls = [call("target", [5, 6, 7], 0, [1, 1, 1], 0, [99, 99, 40]), tree]
     if draft_fed is not None:
         calls.append(call("draft", draft_fed, 0, [1] * len(draft_fed), 0, [99] * len(draft_fed)))
-    calls.append(call("target", [25], 7, [*(seen or [1, 1, 1, 1, 1, 0, 0]), 1], 5, [1]))
+    calls.append(call("target", [fed], 7, [*(seen or [1, 1, 1, 1, 1, 0, 0]), 1], 5, [1]))
     notes: list[str] = []
     prompts, emits = infer(calls, EOS, notes)
     assert prompts == [[5, 6, 7]]
@@ -101,8 +104,9 @@ def test_the_nodes_the_next_call_still_attends_are_the_path_kept() -> None:
 
 
 def test_a_growth_no_path_of_the_tree_explains_is_left_to_the_chain_rules() -> None:
-    """The next call attends all seven slots (every node kept: the context grew by four), while
-    the tree's deepest path holds two nodes: no path explains it. The step is read by the chain
-    rules (the greedy path, 20 then 25) and the checks judge the context; the tree's call is not
-    called unreadable."""
-    assert run([20, 25, 26, 27], seen=[1] * 7) == ([40, 20, 25, 1], [], None)
+    """The next call is fed 77, which no node's target chose (a wrong token), and attends all seven
+    slots (every node kept: the context grew by four), while the tree's deepest path holds two
+    nodes: no path explains it, and no chain or token fits the row (the batch keeps its order).
+    The step is read by the chain rules (the drafts greedy acceptance keeps, 20, then the token
+    fed, 77) for the checks to judge; the tree's call is not called unreadable."""
+    assert run([20, 25, 26, 27], seen=[1] * 7, fed=77) == ([40, 20, 77, 1], [], None)
