@@ -1,0 +1,189 @@
+"""What the row follower reads a step gave (`specviz/watch/infer/gains.py`), on target calls
+written by hand: a prompt prefilled in chunks told from steps by the position fed, the endings
+read from a run's last steps. Every expected prompt and token is worked out in the docstrings."""
+
+from __future__ import annotations
+
+# The code under test, in one block.
+from specviz.watch.autowatch import infer
+from specviz.watch.hooks import CallRecord
+
+EOS = frozenset([1])
+
+
+def call(ids: list[list[int]], width: int, masks: list[list[int]], positions: list[int], argmax) -> CallRecord:
+    """A target call with a cache of `width` slots; each row's 2-D mask and first position given."""
+    q = len(ids[0])
+    return CallRecord(
+        role="target", rows=None, input_ids=ids, positions=[list(range(p, p + q)) for p in positions],
+        positions_fed=True, cache_width=width, mask_kind="2d", mask=masks, batch_size=len(ids),
+        query_len=q, argmax=argmax,
+    )  # fmt: skip
+
+
+def read(calls: list[CallRecord]) -> tuple[list[list[int]], dict[int, list[int]], list[str]]:
+    notes: list[str] = []
+    prompts, emits = infer(calls, EOS, notes)
+    tokens: dict[int, list[int]] = {}
+    for e in emits:
+        tokens.setdefault(e.seq_id, []).extend(e.tokens)
+    return prompts, tokens, notes
+
+
+def chunked(c1_argmax: list[int], ids: list[int], position: int, argmax: list[int]) -> tuple:
+    """No draft model, one sequence: [5, 6] prefilled without a cache (its argmax 98 never fed
+    next), then [7, 8] with `c1_argmax`, then `ids` fed at `position` after four slots (7 and 8
+    both attended: the context grew by the whole query). Returns prompts, tokens, notes and what
+    the map of the call of [7, 8] says of its drafts (0: its prompt's last chunk, as `w.batch(drafts=0)`
+    would say, for the steps read from it; None: not said)."""
+    calls = [
+        call([[5, 6]], 0, [[1, 1]], [0], [[99, 98]]),
+        call([[7, 8]], 2, [[1] * 4], [2], [c1_argmax]),
+        call([ids], 4, [[1] * (4 + len(ids))], [position], [argmax]),
+    ]
+    return (*read(calls), calls[1].map.segments[0].drafts)
+
+
+def test_a_last_chunk_and_a_step_that_give_one_token_are_told_by_the_position_fed() -> None:
+    """[7, 8] under argmax [40, 40]: 40 is both the greedy pick after 7 (8 refused) and the
+    target's choice after the whole query. Fed at position 4, after all four tokens: [7, 8] was the
+    prompt's last chunk (its map says so), the prompt is [5, 6, 7, 8] and 40 its first token. Fed at position 3, after
+    three: a step that took no draft and committed 40, whose rejected slot stays attended (a KV
+    bug for the check): the prompt is [5, 6, 7]. Either way the last step's argmax 50 follows."""
+    assert chunked([40, 40], [40], 4, [50]) == ([[5, 6, 7, 8]], {0: [40, 50]}, [], 0)
+    assert chunked([40, 40], [40], 3, [50]) == ([[5, 6, 7]], {0: [40, 50]}, [], None)
+
+
+def test_a_chunk_short_of_the_prompts_end_is_told_from_a_step_by_the_position_fed() -> None:
+    """[7, 8] under argmax [9, 50], then [9, 10]: 9 is the greedy pick after 7 (8 refused) and
+    the next chunk may start with it too. Fed at position 3: a step that committed 9 (its rejected
+    slot left attended), then 10 its draft, refused for 60: the prompt is [5, 6, 7], the output 9,
+    60. Fed at position 4, after the whole query: [7, 8] was a chunk and [9, 10] the next (its 9
+    pending, 10 read as its draft, refused for 60): the prompt is [5, 6, 7, 8, 9]."""
+    assert chunked([9, 50], [9, 10], 3, [60, 61]) == ([[5, 6, 7]], {0: [9, 60]}, [], None)
+    assert chunked([9, 50], [9, 10], 4, [60, 61]) == ([[5, 6, 7, 8, 9]], {0: [60]}, [], None)
+
+
+def test_a_step_without_an_argmax_kept_gained_what_its_context_grew_by() -> None:
+    """No draft model and no argmax kept (nothing says what the target chose). A = [5, 6, 7] is
+    prefilled (a step: its first token 40 is fed next), then fed 40 with the drafts 41, 42; the next
+    call feeds 43 after five slots ([5, 6, 7, 40, 41]: 42's slot masked). The context grew by two:
+    one draft taken, then 43. So the step gained 41, 43 (not 41, 42, 43: a draft more than the
+    context shows), and the last step, with no argmax, adds nothing."""
+    prompts, tokens, notes = read(
+        [
+            call([[5, 6, 7]], 0, [[1, 1, 1]], [0], None),
+            call([[40, 41, 42]], 3, [[1] * 6], [3], None),
+            call([[43, 44, 45]], 6, [[1, 1, 1, 1, 1, 0, 1, 1, 1]], [5], None),
+        ]
+    )
+    assert not notes, notes
+    assert prompts == [[5, 6, 7]]
+    assert tokens == {0: [40, 41, 43]}
+
+
+def test_a_row_read_by_its_token_took_the_drafts_before_the_slot_that_chose_it() -> None:
+    """No draft model. A = [5, 6, 7] is prefilled (its 40 fed next), then fed 40 with the drafts 20,
+    21 under argmax [20, 25, 30] (a greedy engine keeps 20, then 25). The next call feeds 30, the
+    target's choice after both drafts (an engine that accepted 21 against the target), over a mask
+    that lost two of A's six slots (a cache bug): no chain fits, and 30 is read by its token as
+    what the slot after both drafts chose: the step gained 20, 21, 30 (the check then judges it),
+    and the last step's argmax ends A with EOS."""
+    prompts, tokens, notes = read(
+        [
+            call([[5, 6, 7]], 0, [[1, 1, 1]], [0], [[99, 99, 40]]),
+            call([[40, 20, 21]], 3, [[1] * 6], [3], [[20, 25, 30]]),
+            call([[30, 31, 32]], 6, [[1, 1, 0, 0, 1, 1, 1, 1, 1]], [6], [[1, 99, 99]]),
+        ]
+    )
+    assert not notes, notes
+    assert prompts == [[5, 6, 7]]
+    assert tokens == {0: [40, 20, 21, 30, 1]}
+
+
+def test_a_cacheless_draft_re_reads_what_the_step_committed_whatever_the_targets_context() -> None:
+    """A draft model without a cache (fed each sequence's whole context) beside a cached target.
+    A = [5, 6, 7] is prefilled (40 fed next); the draft, fed [5, 6, 7, 40], proposes 20; the target
+    verifies [40, 20] under argmax [25, 25] (a greedy engine keeps no draft, then 25), yet the
+    draft is next fed [5, 6, 7, 40, 20, 25]: the engine committed 20, 25 (a bug). The target's next
+    row attends four slots (20's slot lost), which alone would read as 25 only. The draft's re-read
+    says what was committed: 20, 25, then the last step's EOS; the checks judge it from there."""
+    from specviz.watch.hooks import CallRecord
+
+    def draft(ids: list[int], argmax: list[int]) -> CallRecord:
+        q = len(ids)
+        return CallRecord(
+            role="draft", rows=None, input_ids=[ids], positions=[list(range(q))], positions_fed=True,
+            cache_width=0, mask_kind="2d", mask=[[1] * q], batch_size=1, query_len=q, argmax=[argmax],
+        )  # fmt: skip
+
+    prompts, tokens, notes = read(
+        [
+            call([[5, 6, 7]], 0, [[1, 1, 1]], [0], [[99, 99, 40]]),
+            draft([5, 6, 7, 40], [99, 99, 99, 20]),
+            call([[40, 20]], 3, [[1] * 5], [3], [[25, 25]]),
+            draft([5, 6, 7, 40, 20, 25], [99, 99, 99, 99, 99, 30]),
+            call([[25, 30]], 5, [[1, 1, 1, 1, 0, 1, 1]], [5], [[1, 99]]),
+        ]
+    )
+    assert not notes, notes
+    assert prompts == [[5, 6, 7]]
+    assert tokens == {0: [40, 20, 25, 1]}
+
+
+def test_a_view_built_without_a_position_reads_as_none_fed() -> None:
+    """`_chunk` by hand: a prompt's open chunk [7, 8] (7 pending, 8 read like a draft) under argmax
+    [40, 40], three tokens known, the next row fed 40 after four slots. 40 is both the greedy pick
+    and the choice after the whole chunk: the position fed tells (4: after the whole chunk, a chunk;
+    3: after what a step committed, not one), and with none fed the chunk reading stands, which
+    explains the context's growth without a bug. A `RowView` built without a position is one whose
+    engine fed none: it reads as the chunk, whatever its context."""
+    from specviz.watch.calls import RowQuery
+    from specviz.watch.infer.followed import RowView, Step
+    from specviz.watch.infer.gains import Gains
+
+    step = Step(drafts=[8], targets=[40, 40], pending=7)
+    rq = RowQuery(0, 0, ())
+    for context in (2, 4, 5):  # (2 and 5 do not fit a chunk of one draft after three tokens)
+        unfed = RowView(rq, token=40, context=context, query=[40], whole=False)
+        assert Gains._chunk(step, unfed, 3) is (context == 4)
+    assert Gains._chunk(step, RowView(rq, 40, 4, [40], False, position=4), 3)
+    assert not Gains._chunk(step, RowView(rq, 40, 4, [40], False, position=3), 3)
+
+
+def test_a_greedy_end_past_the_budget_another_sequence_stopped_at_is_cut_to_it() -> None:
+    """No draft model. A = [5, 6, 7] and B = [8, 9, 10], prefilled but their last token, step
+    together: A 40, 50, 60; B 41, 51, then B's row is fed 51 with the draft 70 under argmax [70, 80]
+    and leaves the batch (its last step, read as greedy: 70, 80). A is then fed 60, and 60 again
+    (its cache not grown past it): A stopped at three tokens, the run's budget. B read two tokens
+    before its last step, so that step was cut at the budget too: B ends 41, 51, 70 (not 80)."""
+    prompts, tokens, notes = read(
+        [
+            call([[5, 6], [8, 9]], 0, [[1, 1], [1, 1]], [0, 0], [[99, 98], [99, 98]]),  # 98: never fed next
+            call([[7], [10]], 2, [[1] * 3, [1] * 3], [2, 2], [[40], [41]]),
+            call([[40], [41]], 3, [[1] * 4, [1] * 4], [3, 3], [[50], [51]]),
+            call([[50, 0], [51, 70]], 4, [[1, 1, 1, 1, 1, 0], [1] * 6], [4, 4], [[60, 0], [70, 80]]),
+            call([[60]], 6, [[1, 1, 1, 1, 1, 0, 1]], [5], [[70]]),
+            call([[60]], 7, [[1, 1, 1, 1, 1, 0, 1, 1]], [5], [[70]]),
+        ]
+    )
+    assert not notes, notes
+    assert prompts == [[5, 6, 7], [8, 9, 10]]
+    assert tokens == {0: [40, 50, 60], 1: [41, 51, 70]}
+
+
+def test_last_steps_read_as_greedy_are_cut_to_the_shortest_greedy_end() -> None:
+    """The same two sequences, the run ending after the call that feeds B its draft: both last
+    steps are read as greedy, A's 60 (three tokens) and B's 70, 80 (four). One budget fits both
+    endings, the shortest, three: A ends there and B's step is cut to it, 41, 51, 70."""
+    prompts, tokens, notes = read(
+        [
+            call([[5, 6], [8, 9]], 0, [[1, 1], [1, 1]], [0, 0], [[99, 98], [99, 98]]),  # 98: never fed next
+            call([[7], [10]], 2, [[1] * 3, [1] * 3], [2, 2], [[40], [41]]),
+            call([[40], [41]], 3, [[1] * 4, [1] * 4], [3, 3], [[50], [51]]),
+            call([[50, 0], [51, 70]], 4, [[1, 1, 1, 1, 1, 0], [1] * 6], [4, 4], [[60, 0], [70, 80]]),
+        ]
+    )
+    assert not notes, notes
+    assert prompts == [[5, 6, 7], [8, 9, 10]]
+    assert tokens == {0: [40, 50, 60], 1: [41, 51, 70]}
