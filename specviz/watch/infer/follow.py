@@ -35,9 +35,8 @@ sequence by its attended context, the sequence's prompt plus the tokens committe
   the report names the skipped check), as it does when no assignment fits a batch that changed. A
   batch with a cache, of unchanged size, that no assignment fits keeps its order (the rule before
   rows were followed: a bug that breaks the chain is still read, and flagged, at its own row);
-- a sequence that a call leaves out while holding others of its last call is out (`Seq.out`, sat
-  out by an engine that regroups rows): a row no present sequence fits may continue it by its chain;
-  if none does, its last step gained what a greedy engine keeps (the agreed drafts, then the argmax).
+- a sequence left out of a call that holds others of its last call is out (`Seq.out`, sat out by an
+  engine that regroups rows): a later row may continue it by its chain, else its last step is greedy.
 """
 
 from __future__ import annotations
@@ -80,6 +79,7 @@ class Follower(Assignments, Gains):
         self._assumed: list[Emit] = []  # every last step read as greedy (EOS or not): not seen
         self._stopped: list[Seq] = []  # finished by being fed again without growing
         self._views: dict[tuple[int, int, int], RowView] = {}
+        self.drafted = [0, 0]  # cacheless draft extensions read, those not the draft's argmax
 
     @property
     def prompts(self) -> list[list[int]]:
@@ -144,8 +144,8 @@ class Follower(Assignments, Gains):
         return kept if kept >= 0 and (self.seqs[kept].finished or kept not in placed) else -1 - r
 
     def _assign(self, j: int, active: list[int]) -> dict[int, tuple[int, str]]:
-        """Row -> (sequence or NEW or IDLE, how it fits) for the call's active rows (`Unfollowed`:
-        why none)."""
+        """Row -> (sequence or NEW or IDLE, how it fits) for the call's active rows (`Unfollowed`: why none)."""
+        self._greedy_drafts(j)  # (`Sampled`: a drafter that samples, reading stops)
         if self.calls[j].batch_size != self.calls[self.prev].batch_size:
             return self._unique(j, active)
         kept = self._kept(j, active)
@@ -294,7 +294,7 @@ class Follower(Assignments, Gains):
         return fed is None or fed[: len(s.context)] == s.context
 
     def _again(self, j: int, r: int) -> bool:
-        """The row is a finished (or out: after its greedy last step) sequence fed its last token again."""
+        """A finished (or out: after its greedy last step) sequence fed its last token again."""
         ends = [(s, s.context + self._step_tokens(s).greedy if s.out else s.context) for s in self.seqs]
         return any(
             v.token == c[-1] and (v.context < 0 or v.context >= len(c) - 1)

@@ -23,6 +23,11 @@ class Ambiguous(Unfollowed):
     """Several assignments fit the call's rows: never guessed, reading stops."""
 
 
+class Sampled(Ambiguous):
+    """The engine does not feed the model's choice (it samples, or processes its logits first):
+    reading stops, since the command reads greedy engines only."""
+
+
 class Assignments:
     """Mixed into `Follower` (its calls, sequences and row views)."""
 
