@@ -35,8 +35,8 @@ sequence by its attended context, the sequence's prompt plus the tokens committe
   the report names the skipped check), as it does when no assignment fits a batch that changed. A
   batch with a cache, of unchanged size, that no assignment fits keeps its order (the rule before
   rows were followed: a bug that breaks the chain is still read, and flagged, at its own row);
-- a sequence that a call leaves out while holding others of its last call has left the batch: its
-  last step gained what a greedy engine keeps (the drafts agreeing with the argmax, then the argmax).
+- a sequence left out of a call that holds others of its last call is out (`Seq.out`, sat out by an
+  engine that regroups rows): a later row may continue it by its chain, else its last step is greedy.
 """
 
 from __future__ import annotations
@@ -79,6 +79,7 @@ class Follower(Assignments, Gains):
         self._assumed: list[Emit] = []  # every last step read as greedy (EOS or not): not seen
         self._stopped: list[Seq] = []  # finished by being fed again without growing
         self._views: dict[tuple[int, int, int], RowView] = {}
+        self.drafted = [0, 0]  # cacheless draft extensions read, those not the draft's argmax
 
     @property
     def prompts(self) -> list[list[int]]:
@@ -95,7 +96,7 @@ class Follower(Assignments, Gains):
 
     @property
     def _live(self) -> list[Seq]:
-        return [s for s in self.seqs if not s.finished]
+        return [s for s in self.seqs if not s.finished and not s.out]
 
     def run(self) -> None:
         targets = [i for i, c in enumerate(self.calls) if c.role == "target"]
@@ -108,7 +109,7 @@ class Follower(Assignments, Gains):
                 self.notes.append(message)
                 self.unfollowed.append(message)  # for the report's skipped checks
                 break
-        for s in self._live:
+        for s in [s for s in self.seqs if not s.finished]:  # (with those left out since: `Seq.out`)
             self._close(s)
         self._cut_to_budget()
         self.emits.sort(key=lambda e: (e.after, e.seq_id))
@@ -116,8 +117,7 @@ class Follower(Assignments, Gains):
     # ------------------------------------------------------------------ one call
 
     def _call(self, j: int) -> None:
-        """Assign call j's rows to sequences and read what the previous steps gained (`Unfollowed`:
-        why they cannot be)."""
+        """Assign call j's rows to sequences, read what the previous steps gained (`Unfollowed`: why not)."""
         call = self.calls[j]
         if self.prev is None:  # every row is new, even one with no token yet (a one-token prompt's prefill)
             assigned = {r: (NEW, "new") for r in range(call.batch_size)}
@@ -125,8 +125,8 @@ class Follower(Assignments, Gains):
             assigned = self._assign(j, [r for r in range(call.batch_size) if any(query_flags(call, r))])
         before = {s.id: s.at[0] for s in self.seqs}
         self._apply(j, assigned)
-        self._leave(j, assigned, before)
         self.rows[j] = tuple(self._row_id(j, r, assigned) for r in range(call.batch_size))
+        self._leave(j, assigned, before)
         call.rows = self.rows[j]  # later reads search draft calls back to each sequence's own calls
         self.prev = j
 
@@ -144,8 +144,8 @@ class Follower(Assignments, Gains):
         return kept if kept >= 0 and (self.seqs[kept].finished or kept not in placed) else -1 - r
 
     def _assign(self, j: int, active: list[int]) -> dict[int, tuple[int, str]]:
-        """Row -> (sequence or NEW or IDLE, how it fits) for the call's active rows (`Unfollowed`:
-        why none)."""
+        """Row -> (sequence or NEW or IDLE, how it fits) for the call's active rows (`Unfollowed`: why none)."""
+        self._greedy_drafts(j)  # (`Sampled`: a drafter that samples, reading stops)
         if self.calls[j].batch_size != self.calls[self.prev].batch_size:
             return self._unique(j, active)
         kept = self._kept(j, active)
@@ -273,8 +273,7 @@ class Follower(Assignments, Gains):
             m = len(s.context)
             if v.context < 0:
                 return "open"
-            # Grown by what its first call could keep, or fewer slots than its context yet fed at its
-            # length: a hole in its cache (keys lost), read as it going on, the KV check flagging it.
+            # Or fewer slots than its context, fed at its length: a hole in its cache (the KV check flags it).
             grown = m <= v.context <= m + self.read(*s.origin, s.id).drafts and v.refeeds(s.context)
             return "open" if grown or 0 < v.context < m == v.position else None
         step = self._step_tokens(s)
@@ -296,11 +295,12 @@ class Follower(Assignments, Gains):
         return fed is None or fed[: len(s.context)] == s.context
 
     def _again(self, j: int, r: int) -> bool:
-        """The row is a finished sequence fed its last token again (its cache may have kept growing)."""
+        """A finished (or out: after its greedy last step) sequence fed its last token again."""
+        ends = [(s, s.context + self._step_tokens(s).greedy if s.out else s.context) for s in self.seqs]
         return any(
-            v.token == s.context[-1] and (v.context < 0 or v.context >= len(s.context) - 1)
-            for s in self.seqs
-            if s.finished and s.context
+            v.token == c[-1] and (v.context < 0 or v.context >= len(c) - 1)
+            for s, c in ends
+            if (s.finished or s.out) and c
             for v in (self._view(j, r, s.id),)
         )
 
@@ -329,7 +329,7 @@ class Follower(Assignments, Gains):
 
     def _continue(self, s: Seq, j: int, r: int, how: str) -> None:
         v = self._view(j, r, s.id)
-        s.at = (j, r)
+        s.at, s.out = (j, r), False
         if how == "same":
             s.refed = not s.opened
             return
@@ -365,10 +365,11 @@ class Follower(Assignments, Gains):
         return True
 
     def _leave(self, j: int, assigned: dict[int, tuple[int, str]], before: dict[int, int]) -> None:
-        """Sequences this call leaves out while holding others of their last call have left the batch."""
+        """Sequences this call leaves out while holding others of their last call are out (`Seq.out`)."""
         calls_held = {before[seq] for seq, _ in assigned.values() if seq in before}
         for s in self._live:  # one this call holds, or a newcomer, is at this call now
-            if s.at[0] != j and s.at[0] in calls_held:
+            s.out = s.at[0] != j and s.at[0] in calls_held
+            if s.out and s.id in self.rows[j]:  # its row kept, idle: it has left the batch
                 self._close(s)
 
 

@@ -49,6 +49,9 @@ class Seq:
     in_prompt: bool = False
     refed: bool = False  # re-fed unchanged since `step`: read as finished if it never grows again
     finished: bool = False
+    # Left out of a call that held others of its last call (`Follower._leave`): gone, or sat out by
+    # an engine that regroups its rows (EXSPEC), which a later row may continue (`_returning`).
+    out: bool = False
     # A newcomer prefilled over KV another request left (a recycled slot whose length was not
     # reset): the slots its first token attended before itself and the position it was fed there.
     # Its rows are read from there (`Follower._view`): its own growth, the stale offset flagged by

@@ -9,15 +9,39 @@ from dataclasses import replace
 from specviz.analysis.tree_checks import depths_of
 from specviz.watch import tree
 from specviz.watch.attribution import Emit
-from specviz.watch.calls import attended_ids, attends_cache, draft_free_query
+from specviz.watch.calls import argmax_at, attended_ids, attends_cache, draft_free_query, last_slot
 from specviz.watch.credit import row_tokens
 from specviz.watch.infer.decoded import decoded_tail, takes
 from specviz.watch.infer.followed import RowView, Seq, Step
+from specviz.watch.infer.match import Sampled
 from specviz.watch.infer.tree_gain import step_gain, tree_of
 
 
 class Gains:
     """Mixed into `Follower` (its calls, sequences, emits and reader)."""
+
+    def _greedy_drafts(self, j: int) -> None:
+        """`Sampled` where the draft calls before target call j, with those before them, show a drafter
+        that does not feed its own choice: a cacheless draft row that the next draft call extends by
+        one token that is not the draft's argmax at the row's last slot, twice at least. A greedy
+        drafter feeds its argmax there, whatever the engine's row bookkeeping; a sampling one (with
+        rejection sampling) seldom does, and its target commits drafts and residual tokens that are
+        not its argmax either: read as greedy, a correct run would read desync."""
+        drafts = [i for i in range(self.prev + 1, j) if self.calls[i].role == "draft"]
+        for a, b in zip(drafts, drafts[1:]):
+            first, then = self.calls[a], self.calls[b]
+            for r in range(min(first.batch_size, then.batch_size)):
+                before, after = attended_ids(first, r), attended_ids(then, r)
+                chose = argmax_at(first, r, last_slot(first, r))
+                if chose is not None and after[:-1] == before and not attends_cache(then, r):
+                    self.drafted[0] += 1
+                    self.drafted[1] += chose != after[-1]
+        seen, other = self.drafted
+        if other >= 2:
+            why = f"{other} of {seen} draft tokens fed are not the draft's argmax: the engine samples"
+            raise Sampled(
+                f"{why} (or processes its logits); the command reads greedy engines: use the API with temperature="
+            )
 
     def _step_tokens(self, s: Seq) -> Step:
         """The sequence's open step: its drafts, the target's argmax and its pending token."""

@@ -23,6 +23,11 @@ class Ambiguous(Unfollowed):
     """Several assignments fit the call's rows: never guessed, reading stops."""
 
 
+class Sampled(Ambiguous):
+    """The engine does not feed the model's choice (it samples, or processes its logits first):
+    reading stops, since the command reads greedy engines only."""
+
+
 class Assignments:
     """Mixed into `Follower` (its calls, sequences and row views)."""
 
@@ -36,6 +41,7 @@ class Assignments:
         live = {s.id for s in self._live}
         fits = self._told_apart(j, {r: self._fits(j, r) for r in active})
         out = self._one_assignment(j, active, fits, live)
+        out.update(self._returning(j, [r for r in active if r not in out]))
         for r in active:  # a finished row fed again (idle) is a better reading than a token alone
             if r not in out and not self._view(j, r, NEW).whole and self._again(j, r):
                 out[r] = (IDLE, "idle")
@@ -47,6 +53,18 @@ class Assignments:
         if stray:
             raise Unfollowed(f"row {stray[0]} of target call {j} continues no sequence read so far")
         return out | {r: (NEW, "new") for r in active if r not in out}  # the rest start sequences
+
+    def _returning(self, j: int, rows: list[int]) -> dict[int, tuple[int, str]]:
+        """Rows no present sequence holds, matched by their chain to the sequences a call left out
+        (`Seq.out`: an engine that regroups its rows sits a sequence out of some calls, and a later
+        call continues it), the one way the fits allow (`Ambiguous`: several)."""
+        away = {s.id for s in self.seqs if s.out and not s.finished}
+        if not away or not rows:
+            return {}
+        views = {(r, s): self._view(j, r, s) for r in rows for s in away}
+        fits = {r: {s: self._fit(self.seqs[s], views[r, s]) for s in away} for r in rows}
+        fits = {r: {s: how for s, how in f.items() if how is not None} for r, f in fits.items()}
+        return self._one_assignment(j, rows, self._told_apart(j, fits), away)
 
     # ------------------------------------------------------------------ rows that start a sequence
 

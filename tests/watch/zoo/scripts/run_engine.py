@@ -33,6 +33,7 @@ from zoo import (  # tests/watch on the path (pytest's pythonpath, or PYTHONPATH
     packed,
     paged,
     queued,
+    sampled,
     slots,
     slots2,
     tree,
@@ -45,7 +46,8 @@ ENGINES["chunkmix"] = chunkmix
 ENGINES["slots"] = slots
 ENGINES["slots2"] = slots2
 ENGINES["medusa_embeds"] = medusa_embeds
-USES_DRAFT = {"dropping", "packed", "queued", "tree", "slots", "slots2"}
+ENGINES["sampled"] = sampled  # rejection sampling; `--set temperature_pct=N`: T = N / 100
+USES_DRAFT = {"dropping", "packed", "queued", "tree", "slots", "slots2", "sampled"}
 
 
 def tiny_llama() -> torch.nn.Module:
@@ -100,7 +102,9 @@ def main() -> None:
     parser.add_argument("--decode", choices=["outputs", "full"], help="decode the outputs before printing them")
     parser.add_argument("--set", action="append", default=[], help="NAME=INT: an engine option (e.g. tokens=5)")
     args = parser.parse_args()
-    options = {name: int(value) for name, value in (item.split("=", 1) for item in args.set)}
+    options: dict = {name: int(value) for name, value in (item.split("=", 1) for item in args.set)}
+    if "temperature_pct" in options:  # the options are integers; a sampler's temperature is not
+        options["temperature"] = options.pop("temperature_pct") / 100
     prompts = json.loads(args.prompts)
     budgets = [int(n) for n in args.budgets.split(",")]
     max_new = budgets[0] if len(budgets) == 1 else budgets
