@@ -40,7 +40,8 @@ class Gains:
         if other >= 2:
             why = f"{other} of {seen} draft tokens fed are not the draft's argmax: the engine samples"
             raise Sampled(
-                f"{why} (or processes its logits); the command reads greedy engines: use the API with temperature="
+                f"{why} (or processes its logits): its rows are not followed by greedy acceptance; watch it"
+                " with specviz.watch(..., temperature=)"
             )
 
     def _step_tokens(self, s: Seq) -> Step:
