@@ -310,7 +310,7 @@ def read_views(call: Any) -> list[View]:
         flags, cache = [1] * q, call.cache_of(row)
         if live is not None and (any(live[row]) or kind in ("4d", "4d-slots")):
             flags = [int(v) for v in live[row]]  # a 4-D row with none live feeds nothing
-        if kind == "2d":
+        if kind == "2d" and mask is not None:
             values = [int(v) for v in mask[row]]
             views.append(Padded(values[len(values) - q :] if len(values) >= q else flags, cache, values))
         elif kind == "4d" and mask is not None:

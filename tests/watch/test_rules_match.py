@@ -5,10 +5,9 @@ guessed. Every expected assignment is enumerated by hand."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 # The code under test, in one block.
-from specviz.watch.infer.match import MATCHINGS, _mask_2d, _matchings
+from specviz.watch.infer.match import MATCHINGS, _columns, _matchings
+from specviz.watch.record import CallRecord
 
 
 def test_one_row_one_sequence() -> None:
@@ -59,10 +58,13 @@ def test_the_enumeration_stops_at_matchings() -> None:
     assert len({tuple(sorted(m.items())) for m in found}) == MATCHINGS  # distinct
 
 
-def test_a_2d_mask_is_one_of_kind_2d_that_was_kept() -> None:
-    assert _mask_2d(SimpleNamespace(mask_kind="2d", mask=[[1]]))
-    assert not _mask_2d(SimpleNamespace(mask_kind="2d", mask=None))
-    assert not _mask_2d(SimpleNamespace(mask_kind="4d", mask=[[[True]]]))
+def test_a_rows_2d_mask_columns_are_read_from_its_view_where_it_was_fed_one() -> None:
+    def call(kind: str, mask) -> CallRecord:
+        return CallRecord("target", None, [[5]], [[2]], True, 2, kind, mask, 1, 1)
+
+    assert _columns(call("2d", [[0, 1, 1]]), 0) == [0, 1, 1]
+    assert _columns(call("2d", None), 0) is None  # none kept: nothing to compare
+    assert _columns(call("4d", [[[True, True, True]]]), 0) is None
 
 
 def test_a_finished_row_fed_again_in_another_place_is_idle() -> None:

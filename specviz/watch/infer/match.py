@@ -10,6 +10,7 @@ from typing import Any
 
 from specviz.watch.calls import argmax_at, attended_ids, attends_cache, context_before, last_slot, query_flags
 from specviz.watch.infer.followed import IDLE, NEW, RowView, Seq
+from specviz.watch.view import Padded
 
 MATCHINGS = 256  # assignments of one call enumerated at most; more is read as ambiguous
 
@@ -226,9 +227,9 @@ class Assignments:
         most dropped (a rejected draft), never newly attended. None: no 2-D masks to compare."""
         call, (jp, rp) = self.calls[j], s.at
         before = self.calls[jp]
-        if jp == j or not _mask_2d(call) or not _mask_2d(before):
+        old, new = _columns(before, rp), _columns(call, r)
+        if jp == j or old is None or new is None:
             return None
-        old, new = before.mask[rp], call.mask[r]
         if call.cache_width < len(old):
             return None  # the cache was cropped or rebuilt: its history is not where it was
         n = before.cache_width
@@ -255,8 +256,10 @@ class Assignments:
         return (tuple(s.context), s.prompt_len, s.opened, s.refed, fed, s.origin[0] if s.opened else None)
 
 
-def _mask_2d(call: Any) -> bool:
-    return call.mask_kind == "2d" and call.mask is not None
+def _columns(call: Any, row: int) -> list[int] | None:
+    """The row's 2-D mask over [cache | query] (`view.Padded`), where it was fed one."""
+    view = call.view(row)
+    return view.values if isinstance(view, Padded) else None
 
 
 def _matchings(rows: list[int], options: dict[int, list[int]], capacity: list[int]) -> list[dict[int, int]]:
