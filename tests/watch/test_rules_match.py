@@ -280,3 +280,28 @@ def test_a_chunk_of_a_prompt_sits_after_the_whole_chunk() -> None:
     for e in emits:
         tokens.setdefault(e.seq_id, []).extend(e.tokens)
     assert tokens == {0: [40, 1], 1: [97, 50, 60]}
+
+
+def test_a_note_names_every_row_of_a_tie_one_sequence_leaves() -> None:
+    """A = [5, 6, 7], B = [8, 9, 10] and C = [11, 12, 13], each prefilled but its last token and
+    stepped (40, 41, 42); the next call has two rows, both fed 40 after A's three slots. Each fits
+    A only, so either row holds it and the other none: reading stops there, and the note names
+    both rows, not only the one the first way leaves out."""
+    from specviz.watch.autowatch import infer
+
+    def call(ids, width, masks, positions, argmax) -> CallRecord:
+        q = len(ids[0])
+        return CallRecord(
+            role="target", rows=None, input_ids=ids, positions=[list(range(p, p + q)) for p in positions],
+            positions_fed=True, cache_width=width, mask_kind="2d", mask=masks, batch_size=len(ids),
+            query_len=q, argmax=argmax,
+        )  # fmt: skip
+
+    calls = [
+        call([[5, 6], [8, 9], [11, 12]], 0, [[1, 1]] * 3, [0] * 3, [[99, 99]] * 3),
+        call([[7], [10], [13]], 2, [[1, 1, 1]] * 3, [2] * 3, [[40], [41], [42]]),
+        call([[40], [40]], 3, [[1, 1, 1, 1]] * 2, [3, 3], [[50], [50]]),
+    ]
+    notes: list[str] = []
+    infer(calls, frozenset([1]), notes)
+    assert len(notes) == 1 and "rows [0, 1] of target call 2" in notes[0], notes

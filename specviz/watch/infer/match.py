@@ -133,8 +133,10 @@ class Assignments:
         options = {r: sorted({of[s] for s in fits[r] if s in of}) for r in rows}
         found = _matchings(rows, options, [len(m) for m in classes])  # (a row with no option stays out)
         if len(found) > 1:
-            differ = sorted({r for m in found for r in m if m[r] != found[0].get(r)})
-            why = f"rows {differ} of target call {j} fit more than one sequence each, and those differ so far"
+            # Every row read another way by some matching: another sequence, or none (left out).
+            differ = sorted({r for m in found for r in {*m, *found[0]} if m.get(r) != found[0].get(r)})
+            why = f"rows {differ} of target call {j} fit more than one sequence each, or one sequence"
+            why += " between them, and those differ so far"
             raise Ambiguous(why)
         chosen = found[0]  # (never none: a row no class is left for stays unassigned)
         out: dict[int, tuple[int, str]] = {}
