@@ -171,7 +171,7 @@ class Follower(Assignments, Gains):
         any of them fits: a sequence's slots stay its own there, so a slot or two of another one
         let in (a KV leak) does not change which sequence the row is. When the one it attends most
         fits by its chain neither, its pending token still names what it gained ("weak")."""
-        fits = {s.id: self._fit(s, self._view(j, r, s.id)) for s in self._live if not self._opens(j, r)}
+        fits = {} if self._opens(j, r) else {s.id: self._fit(s, self._view(j, r, s.id)) for s in self._live}
         out = {s: how for s, how in fits.items() if how is not None}
         mine = self._most_attended(j, r)
         if len(mine) == 1 and not mine & out.keys():
