@@ -184,7 +184,9 @@ def _add_record(rec: argparse.ArgumentParser) -> None:
         default=None,
         help="trace path (.json, .json.gz, or .parquet: written as the run goes); default runs/<name>.json.gz",
     )
-    rec.add_argument("--force", action="store_true", help="overwrite an existing --out file")
+    rec.add_argument(
+        "--force", action="store_true", help="overwrite an existing --out file (never a complete trace of more steps)"
+    )
 
 
 def _add_check(chk: argparse.ArgumentParser) -> None:
