@@ -33,6 +33,10 @@ SWEEP12 = ([[87, 70, 88], [21, 51, 4], [64, 38, 85], [61, 91, 79, 32, 74, 3, 87]
 SWEEP12 += ([4, 2, 9, 6, 7, 2],)
 # Seed 51: a request of budget 1 (it ends at its prefill), another of 2, over three slots.
 SWEEP51 = ([[67, 73, 23, 34, 32, 73, 35], [53, 73, 62, 92, 73, 70, 83], [78, 87, 49], [38, 54, 92, 3]], [2, 1, 9, 5])
+# Seed 95: budgets per request (6, 5, 7, 6) that one shared budget of 5 also fits, except that the
+# third request ends by EOS at its sixth token: the command cut the first and last to 5 (a false
+# alarm on the correct run) until an EOS past the budget rules the shared budget out.
+SWEEP95 = ([[4, 18, 2, 77], [81], [25, 6, 73], [68, 78, 25, 81, 84, 14]], [6, 5, 7, 6])
 # name -> (prompts, budgets, engine options); more requests than slots, budgets that differ.
 MIXES = {
     "mixed-k3s2": (*MIXED, {"k": 3, "n_slots": 2}),
@@ -43,6 +47,7 @@ MIXES = {
     "one_token-k4s3": (*ONE_TOKEN, {"k": 4, "n_slots": 3}),
     "sweep12-k2s2": (*SWEEP12, {"k": 2, "n_slots": 2}),
     "sweep51-k2s3": (*SWEEP51, {"k": 2, "n_slots": 3}),
+    "sweep95-k2s2": (*SWEEP95, {"k": 2, "n_slots": 2}),
 }
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")

@@ -244,7 +244,9 @@ class Gains:
         stopped = {self._output(s) for s in self._stopped}
         ranges = [(n - k + 1, n) for n, k in ends]  # the output lengths each greedy end may stop at
         budget = shared_budget(ranges, stopped)
-        if budget is None:
+        # A sequence that ended by EOS after more tokens than the budget was stepped past it: not one
+        # budget (an engine with a budget per request; cutting the others to it would be a guess).
+        if budget is None or any(self._output(s) > budget and self._ended_by_eos(s) for s in self.seqs):
             self._own_budgets()
             return
         # Pinned: a sequence ended exactly there (fed again, or a last step of one token).
