@@ -125,10 +125,15 @@ class _Lines(View):
         t = slot - (len(self.flags) - len(self.lines))
         return self.lines[t] if 0 <= t < len(self.lines) else None
 
+    def _lines_from(self, first: int, n: int) -> list[list[bool]] | None:
+        """The mask lines of the n query slots from `first`; None where one was not kept."""
+        lines = [self._line(first + i) for i in range(n)]
+        return None if any(line is None for line in lines) else lines
+
     def _sets(self, first: int, n: int) -> list[frozenset[int]] | None:
         """The key slots each of the n query slots from `first` attends (None: a line not kept)."""
-        lines = [self._line(first + i) for i in range(n)]
-        return None if any(line is None for line in lines) else [frozenset(slots_on(line)) for line in lines]
+        lines = self._lines_from(first, n)
+        return None if lines is None else [frozenset(slots_on(line)) for line in lines]
 
 
 class Keyed(_Lines):
@@ -148,8 +153,8 @@ class Keyed(_Lines):
     def mask_row(self, pending: int, q: int) -> tuple[Rle, int, bool | None]:
         """The pending query's view of the context, then the diagonal; causal if every later query
         slot of the row sees that same context plus exactly the query slots up to itself."""
-        lines = [self._line(pending + i) for i in range(q)]  # kept from `pending` on: all kept
-        if lines[0] is None:
+        lines = self._lines_from(pending, q)
+        if lines is None:
             return [], -1, None
         context, n = self.width + pending, q
         view = [int(v) for v in lines[0][:context]]
@@ -162,11 +167,8 @@ class Keyed(_Lines):
 
     def _block(self, first: int, n: int) -> list[list[bool]] | None:
         """block[i][j]: query node i (slot first + i) attends node j."""
-        start = self.width + first
-        lines = [self._line(first + i) for i in range(n)]
-        if any(line is None for line in lines):
-            return None
-        return [[bool(v) for v in line[start : start + n]] for line in lines]
+        start, lines = self.width + first, self._lines_from(first, n)
+        return None if lines is None else [[bool(v) for v in line[start : start + n]] for line in lines]
 
     def tree(self, first: int, n: int) -> list[int] | None:
         block = self._block(first, n)
@@ -180,12 +182,10 @@ class Keyed(_Lines):
         return None if block is None else [slots_on(line) for line in block]
 
     def tree_row(self, pending: int, parents: list[int]) -> tuple[Rle, int] | None:
-        context, n = self.width + pending, len(parents)
-        lines = [self._line(pending + i) for i in range(n)]
-        if any(line is None for line in lines):  # a declared tree past the kept lines
-            return None
-        view = [int(v) for v in lines[0][:context]]
-        return rle(view + [int(lines[i][context + i]) for i in range(n)]), sum(view)
+        """The chain's reading over the nodes (the root's view, then the diagonal), its causality
+        aside: a tree is not causal. None for a declared tree past the kept lines."""
+        runs, context, _ = self.mask_row(pending, len(parents))
+        return None if context < 0 else (runs, context)
 
     def keys(self, slot: int) -> list[int] | None:
         return self._line(slot)
@@ -209,8 +209,7 @@ class Slotted(_Lines):
         sets = self._sets(pending, q)
         if sets is None:
             return [], -1, None
-        grows = [len(now) == len(before) + 1 and before < now for before, now in zip(sets, sets[1:])]
-        return by_counts(len(sets[0]), grows)
+        return by_counts(len(sets[0]), [one_more(before, now) for before, now in zip(sets, sets[1:])])
 
     def tree(self, first: int, n: int) -> list[int] | None:
         sets = self._sets(first, n)
@@ -227,12 +226,12 @@ class Slotted(_Lines):
     def tree_row(self, pending: int, parents: list[int]) -> tuple[Rle, int] | None:
         """Read by counts: the root attends its context and itself, each node its parent's slots
         plus one (its own)."""
-        sets, n = self._sets(pending, len(parents)), len(parents)
+        sets = self._sets(pending, len(parents))
         if sets is None:  # a declared tree past the kept lines
             return None
-        view = [1] * max(len(sets[0]) - 1, 0)
-        diagonal = [int(bool(sets[0]))] + [int(one_more(sets[parents[i]], sets[i])) for i in range(1, n)]
-        return rle(view + diagonal), sum(view)
+        grows = [one_more(sets[parents[i]], sets[i]) for i in range(1, len(parents))]
+        runs, context, _ = by_counts(len(sets[0]), grows)
+        return runs, context
 
 
 class Counted(View):
