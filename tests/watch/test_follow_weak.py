@@ -14,20 +14,12 @@ same token B's step there commits.
 
 from __future__ import annotations
 
+from watch_calls import target_call as call
+from watch_calls import tokens_of
+
 from specviz.watch.autowatch import infer
-from specviz.watch.hooks import CallRecord
 
 EOS = frozenset([1])
-
-
-def call(ids: list[list[int]], width: int, masks: list[list[int]], positions: list[int], argmax) -> CallRecord:
-    """A target call with a cache of `width` slots; each row's 2-D mask and first position given."""
-    q = len(ids[0])
-    return CallRecord(
-        role="target", rows=None, input_ids=ids, positions=[list(range(p, p + q)) for p in positions],
-        positions_fed=True, cache_width=width, mask_kind="2d", mask=masks, batch_size=len(ids),
-        query_len=q, argmax=argmax,
-    )  # fmt: skip
 
 
 def run(last_mask: list[int]) -> tuple[list, dict[int, list[int]], list[str], list]:
@@ -41,9 +33,7 @@ def run(last_mask: list[int]) -> tuple[list, dict[int, list[int]], list[str], li
     ]
     notes: list[str] = []
     prompts, emits = infer(calls, EOS, notes)
-    tokens: dict[int, list[int]] = {}
-    for e in emits:
-        tokens.setdefault(e.seq_id, []).extend(e.tokens)
+    tokens = tokens_of(emits)
     return prompts, tokens, notes, [c.rows for c in calls]
 
 
@@ -83,9 +73,7 @@ def run_three(positions_fed: bool) -> tuple[dict[int, list[int]], list[str], lis
     calls[-1].positions_fed = positions_fed
     notes: list[str] = []
     _, emits = infer(calls, EOS, notes)
-    tokens: dict[int, list[int]] = {}
-    for e in emits:
-        tokens.setdefault(e.seq_id, []).extend(e.tokens)
+    tokens = tokens_of(emits)
     return tokens, notes, [c.rows for c in calls]
 
 

@@ -6,6 +6,7 @@ Every expected prompt, row and token is worked out in the test's docstring."""
 from __future__ import annotations
 
 import torch
+from watch_calls import tokens_of
 
 # The code under test, in one block.
 from specviz.watch.autowatch import infer
@@ -34,13 +35,6 @@ def packed(tokens: list[int], keys: int, attends: list[set[int]], positions: lis
         positions_fed=True, cache_width=cache, mask_kind="4d", mask=mask, batch_size=1, query_len=t,
         argmax=torch.tensor([argmax]), packed=True,
     )  # fmt: skip
-
-
-def tokens_of(emits) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for e in emits:
-        out.setdefault(e.seq_id, []).extend(e.tokens)
-    return out
 
 
 def test_a_cacheless_loop_that_starts_fresh_prompts_reads_them_as_new_sequences() -> None:

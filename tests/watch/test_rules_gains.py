@@ -4,6 +4,9 @@ read from a run's last steps. Every expected prompt and token is worked out in t
 
 from __future__ import annotations
 
+from watch_calls import target_call as call
+from watch_calls import tokens_of
+
 # The code under test, in one block.
 from specviz.watch.autowatch import infer
 from specviz.watch.hooks import CallRecord
@@ -11,22 +14,10 @@ from specviz.watch.hooks import CallRecord
 EOS = frozenset([1])
 
 
-def call(ids: list[list[int]], width: int, masks: list[list[int]], positions: list[int], argmax) -> CallRecord:
-    """A target call with a cache of `width` slots; each row's 2-D mask and first position given."""
-    q = len(ids[0])
-    return CallRecord(
-        role="target", rows=None, input_ids=ids, positions=[list(range(p, p + q)) for p in positions],
-        positions_fed=True, cache_width=width, mask_kind="2d", mask=masks, batch_size=len(ids),
-        query_len=q, argmax=argmax,
-    )  # fmt: skip
-
-
 def read(calls: list[CallRecord]) -> tuple[list[list[int]], dict[int, list[int]], list[str]]:
     notes: list[str] = []
     prompts, emits = infer(calls, EOS, notes)
-    tokens: dict[int, list[int]] = {}
-    for e in emits:
-        tokens.setdefault(e.seq_id, []).extend(e.tokens)
+    tokens = tokens_of(emits)
     return prompts, tokens, notes
 
 

@@ -5,6 +5,9 @@ guessed. Every expected assignment is enumerated by hand."""
 
 from __future__ import annotations
 
+from watch_calls import target_call as call
+from watch_calls import tokens_of
+
 # The code under test, in one block.
 from specviz.watch.infer.match import MATCHINGS, _columns, _matchings
 from specviz.watch.record import CallRecord
@@ -95,9 +98,7 @@ def test_a_finished_row_fed_again_in_another_place_is_idle() -> None:
     prompts, emits = infer(calls, frozenset([1]), notes)
     assert prompts == [[5, 6, 7], [8, 9, 10]] and not notes, notes
     assert calls[3].rows == (1, IDLE)
-    tokens: dict[int, list[int]] = {}
-    for e in emits:
-        tokens.setdefault(e.seq_id, []).extend(e.tokens)
+    tokens = tokens_of(emits)
     assert tokens == {0: [1], 1: [41, 51, 61]}
     assert [e.finish_reason for e in emits if e.seq_id == 0] == ["eos"]
 
@@ -111,15 +112,6 @@ def _position_tie(b_position: int) -> tuple[dict[int, list[int]], list[str], lis
     that lost two slots (a cache bug), so no chain fits either. Row 2 can only be E (53 is no other
     step's); row 1 is B or D by its token. Returns tokens per sequence, notes, rows."""
     from specviz.watch.autowatch import infer
-    from specviz.watch.hooks import CallRecord
-
-    def call(ids: list[list[int]], width: int, masks: list[list[int]], positions: list[int], argmax) -> CallRecord:
-        q = len(ids[0])
-        return CallRecord(
-            role="target", rows=None, input_ids=ids, positions=[list(range(p, p + q)) for p in positions],
-            positions_fed=True, cache_width=width, mask_kind="2d", mask=masks, batch_size=len(ids),
-            query_len=q, argmax=argmax,
-        )  # fmt: skip
 
     pad, full = [0, 1, 1], [1, 1, 1]
     calls = [
@@ -134,9 +126,7 @@ def _position_tie(b_position: int) -> tuple[dict[int, list[int]], list[str], lis
     ]
     notes: list[str] = []
     _, emits = infer(calls, frozenset([1]), notes)
-    tokens: dict[int, list[int]] = {}
-    for e in emits:
-        tokens.setdefault(e.seq_id, []).extend(e.tokens)
+    tokens = tokens_of(emits)
     return tokens, notes, [c.rows for c in calls]
 
 
@@ -196,9 +186,7 @@ def test_greedy_acceptance_tells_apart_a_row_whose_token_two_steps_could_commit(
     assert not notes, notes
     assert prompts == [[8, 9, 10], [12, 13, 14], [16, 17, 18]]
     assert calls[2].rows == (0, 1)
-    tokens: dict[int, list[int]] = {}
-    for e in emits:
-        tokens.setdefault(e.seq_id, []).extend(e.tokens)
+    tokens = tokens_of(emits)
     assert tokens == {0: [20, 25, 26, 28], 1: [33, 1], 2: [1]}
 
 
@@ -212,15 +200,6 @@ def test_the_position_fed_tells_how_many_drafts_a_step_read_by_its_token_took() 
     draft and D's would too. Position 4 is B's three tokens plus the one draft taken; D's would
     be 5: the row is B's, its step [20, 25], and nothing stops the reading."""
     from specviz.watch.autowatch import infer
-    from specviz.watch.hooks import CallRecord
-
-    def call(ids: list[list[int]], width: int, masks: list[list[int]], positions: list[int], argmax) -> CallRecord:
-        q = len(ids[0])
-        return CallRecord(
-            role="target", rows=None, input_ids=ids, positions=[list(range(p, p + q)) for p in positions],
-            positions_fed=True, cache_width=width, mask_kind="2d", mask=masks, batch_size=len(ids),
-            query_len=q, argmax=argmax,
-        )  # fmt: skip
 
     calls = [
         call([[0, 8, 9], [12, 13, 14], [16, 17, 18]], 0, [[0, 1, 1], [1, 1, 1], [1, 1, 1]], [0, 0, 0], [[99] * 3] * 3),
@@ -238,9 +217,7 @@ def test_the_position_fed_tells_how_many_drafts_a_step_read_by_its_token_took() 
     assert not notes, notes
     assert prompts == [[8, 9, 10], [12, 13, 14, 15], [16, 17, 18, 19]]
     assert calls[2].rows == (0,)
-    tokens: dict[int, list[int]] = {}
-    for e in emits:
-        tokens.setdefault(e.seq_id, []).extend(e.tokens)
+    tokens = tokens_of(emits)
     assert tokens == {0: [20, 25, 26, 28], 1: [1], 2: [1]}
 
 
@@ -255,15 +232,6 @@ def test_a_chunk_of_a_prompt_sits_after_the_whole_chunk() -> None:
     (P: 40, then EOS; R: 97, 50, 60). Were the chunk ruled out there, R's row would fit two
     sequences that differ, and reading would stop."""
     from specviz.watch.autowatch import infer
-    from specviz.watch.hooks import CallRecord
-
-    def call(ids: list[list[int]], width: int, masks: list[list[int]], positions: list[int], argmax) -> CallRecord:
-        q = len(ids[0])
-        return CallRecord(
-            role="target", rows=None, input_ids=ids, positions=[list(range(p, p + q)) for p in positions],
-            positions_fed=True, cache_width=width, mask_kind="2d", mask=masks, batch_size=len(ids),
-            query_len=q, argmax=argmax,
-        )  # fmt: skip
 
     calls = [
         call([[5, 6], [11, 12]], 0, [[1, 1], [1, 1]], [0, 0], [[99, 98], [99, 98]]),  # 98: never fed next
@@ -276,9 +244,7 @@ def test_a_chunk_of_a_prompt_sits_after_the_whole_chunk() -> None:
     assert not notes, notes
     assert prompts == [[5, 6, 7, 8, 9, 10], [11, 12, 13]]
     assert [c.rows for c in calls] == [(0, 1), (0, 1), (1, 0), (1, 0)]
-    tokens: dict[int, list[int]] = {}
-    for e in emits:
-        tokens.setdefault(e.seq_id, []).extend(e.tokens)
+    tokens = tokens_of(emits)
     assert tokens == {0: [40, 1], 1: [97, 50, 60]}
 
 
@@ -288,14 +254,6 @@ def test_a_note_names_every_row_of_a_tie_one_sequence_leaves() -> None:
     A only, so either row holds it and the other none: reading stops there, and the note names
     both rows, not only the one the first way leaves out."""
     from specviz.watch.autowatch import infer
-
-    def call(ids, width, masks, positions, argmax) -> CallRecord:
-        q = len(ids[0])
-        return CallRecord(
-            role="target", rows=None, input_ids=ids, positions=[list(range(p, p + q)) for p in positions],
-            positions_fed=True, cache_width=width, mask_kind="2d", mask=masks, batch_size=len(ids),
-            query_len=q, argmax=argmax,
-        )  # fmt: skip
 
     calls = [
         call([[5, 6], [8, 9], [11, 12]], 0, [[1, 1]] * 3, [0] * 3, [[99, 99]] * 3),

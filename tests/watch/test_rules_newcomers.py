@@ -11,6 +11,8 @@ on hand-built target and draft calls (2-D masks, positions fed), every expectati
 
 from __future__ import annotations
 
+from watch_calls import tokens_of
+
 # The code under test, in one block.
 from specviz.watch.autowatch import infer
 from specviz.watch.record import CallRecord
@@ -24,13 +26,6 @@ def call(ids: list[list[int]], width: int, argmax: list[list[int]], role: str = 
         positions_fed=True, cache_width=width, mask_kind="2d", mask=[[1] * (width + q) for _ in ids],
         batch_size=len(ids), query_len=q, argmax=argmax,
     )  # fmt: skip
-
-
-def tokens_of(emits) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for e in emits:
-        out.setdefault(e.seq_id, []).extend(e.tokens)
-    return out
 
 
 def test_equal_length_newcomers_are_told_apart_by_the_token_each_chose() -> None:
