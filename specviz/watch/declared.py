@@ -42,11 +42,15 @@ def checked_segments(drafts: Any, chunk: Any, lens: list[int] | None, rows: int)
     chunks = [False] * rows if chunk is None else list(chunk)
     if len(said) != rows or len(chunks) != rows:
         raise WatchError(f"batch: {rows} sequences need {rows} entries in drafts= and chunk=")
-    for r, (d, c, most) in enumerate(zip(said, chunks, lens or [math.inf] * rows)):
+    for r, c in enumerate(chunks):
         if not isinstance(c, bool):
             raise WatchError(f"batch: chunk= is one bool per sequence, got {c!r} at {r}")
-        if d is not None and not 0 <= d < (1 if c else most):
-            raise WatchError(f"batch: sequence {r} cannot carry {d} drafts (a chunk none, else fewer than its query)")
+    # At least 0 drafts, none in a chunk, fewer than the query (None, not said: nan, never refused).
+    drafted = numpy.array(said, dtype=float)
+    refused = numpy.flatnonzero((drafted < 0) | (drafted >= numpy.where(chunks, 1, lens or math.inf)))
+    if refused.size:
+        r = int(refused[0])
+        raise WatchError(f"batch: sequence {r} cannot carry {said[r]} drafts (a chunk none, else fewer than its query)")
     return tuple(zip(said, chunks))
 
 

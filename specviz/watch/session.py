@@ -50,7 +50,8 @@ class Recorder:
         self._once: dict[str, Declared] = {}  # `batch`, the paged manager: the next forward of that role
 
     def declared(self, role: str = "target") -> Declared:
-        return self._once.pop(role, None) or Declared(self._rows[role])
+        """The forward's own declaration (taken: it was for that one forward), else the rows."""
+        return self._once.pop(role, Declared(self._rows[role]))
 
     def declare_forward(self, seq_ids: tuple[int, ...]) -> None:
         """The paged manager's requests of the next target forward; what `batch` said besides stays."""
@@ -89,14 +90,10 @@ class Watch(Recorder):
         self.temperature = declared.checked_temperature(temperature)
         self.prompts = declared.prompt_ids(prompts, tokenizer)
         check_causal_lm(target, "target")
-        if drafter is not None and (not isinstance(drafter, torch.nn.Module) or drafter in (target, draft)):
-            raise WatchError("drafter must be a torch module other than the target and the draft (the draft head)")
-        self._hooks: list[Any] = []  # everything `close` removes (`ModelHooks`, the tap)
-        if draft is not None:  # checked last: hooks go on only once every argument is taken
+        if draft is not None:
             check_causal_lm(draft, "draft")
-            if draft is target:
-                raise WatchError("draft and target are the same module; pass draft=None for plain decoding")
-            self._hooks.append(ModelHooks(draft, "draft", self))
+        if draft is target:
+            raise WatchError("draft and target are the same module; pass draft=None for plain decoding")
         self.target, self.draft, self.tokenizer, self.out, self.layout = target, draft, tokenizer, out, layout
         self.prompt_texts = {i: p for i, p in enumerate(prompts or []) if isinstance(p, str)}
         self.name = name or "watched"
@@ -109,11 +106,17 @@ class Watch(Recorder):
         self._closed = False
         self.trace: Trace | None = None  # set by close(): the context manager's result
         self._proposer = "draft-model"  # what drafted, when the run drafted
+        self._hooks: list[Any] = []  # everything `close` removes (`ModelHooks`, the tap)
         tap = None  # the target's last hidden states, to see where the head's input came from
         if drafter is not None:  # a draft head (EAGLE, MTP, Medusa): any module, fed hidden states
+            if not isinstance(drafter, torch.nn.Module) or drafter in (target, draft):
+                raise WatchError("drafter must be a torch module other than the target and the draft (the draft head)")
             tap = HiddenTap(target)
-            self._proposer = "draft-model" if draft is not None else "head"  # rows record `head_source`
+            self._proposer = "head"  # rows record `head_source`; a draft model, below, drafts instead
             self._hooks += [ModelHooks(drafter, "draft", self, drafter=True, tap=tap), tap]
+        if draft is not None:
+            self._proposer = "draft-model"
+            self._hooks.append(ModelHooks(draft, "draft", self))
         self._hooks.append(ModelHooks(target, "target", self, tap=tap))
         # Always a capture: one that finds no continuous batching names no sequence and adds nothing.
         self._paged = PagedCapture(self, self.prompts)
