@@ -27,13 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", default=None, help="the engine's name in the trace (default: the script's)")
     parser.add_argument("--layout", choices=LAYOUTS, default="unspecified", help="left-padded: also check it")
     parser.add_argument("--no-reference", action="store_true", help="skip the batch-1 greedy oracle")
-    parser.add_argument(
-        "--drafter",
-        metavar="CLASS",
-        default=None,
-        help="the draft head's class (EAGLE, MTP, Medusa: a module fed the target's hidden states), "
-        "e.g. DraftHead or mypkg.heads.DraftHead: its calls are draft calls and its input is checked",
-    )
+    drafter = "the draft head's class (DraftHead or mypkg.heads.DraftHead): its input is checked"
+    parser.add_argument("--drafter", metavar="CLASS", help=drafter)
     parser.add_argument("script", nargs=argparse.REMAINDER, help="-- python their_script.py [args]")
 
 
@@ -48,7 +43,7 @@ def script_argv(words: list[str]) -> tuple[str, list[str], bool]:
     if words[0] == "-m":
         if len(words) < 2:
             raise SpecvizError("watch: -m needs a module name")
-        return words[1], [words[1], *words[2:]], True
+        return words[1], words[1:], True
     if not Path(words[0]).is_file():
         raise SpecvizError(f"watch: no such script: {words[0]}")
     return words[0], list(words), False
@@ -79,8 +74,12 @@ def run_script(target: str, argv: list[str], is_module: bool) -> int:
 def cmd_watch(args: argparse.Namespace) -> int:
     """Run the script under the hooks, write the trace; the script's exit status (or 2 for bad use)."""
     target, argv, is_module = script_argv(list(args.script))
+    if args.drafter is not None and not all(part.isidentifier() for part in args.drafter.split(".")):
+        raise SpecvizError(
+            f"watch: --drafter takes a class name such as DraftHead or pkg.mod.DraftHead, got {args.drafter!r}"
+        )
     out = Path(args.out)
-    watcher = AutoWatch(drafter=_class_name(args.drafter))
+    watcher = AutoWatch(drafter=args.drafter)
     vllm_records = vllm_session.begin()  # vLLM's engines record their own steps (docs/vllm.md)
     watcher.install()
     try:
@@ -100,13 +99,6 @@ def cmd_watch(args: argparse.Namespace) -> int:
     draft += f", head {type(watcher.head).__name__}" if watcher.head is not None else ""
     vllm_session.announce(trace, out, f"target {_short(h.target.name)}{draft}", "sequences")
     return status
-
-
-def _class_name(name: str | None) -> str | None:
-    """`--drafter`: a class name, optionally with its module path (`pkg.mod.Class`)."""
-    if name is not None and not all(part.isidentifier() for part in name.split(".")):
-        raise SpecvizError(f"watch: --drafter takes a class name such as DraftHead or pkg.mod.DraftHead, got {name!r}")
-    return name
 
 
 def _short(name: str) -> str:

@@ -1,9 +1,10 @@
 """What an engine and its models tell the watch, checked where it comes in: declared trees,
-segments (drafts, chunks), prompts, emits and the sampling temperature (a one-line `WatchError`
-for anything malformed), and the models' own end-of-sequence and padding ids."""
+segments (drafts, chunks), prompts, emits and the temperature, each refused with a one-line
+`WatchError` when malformed; and the models' own end-of-sequence and padding ids."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy
@@ -16,13 +17,13 @@ from specviz.watch.tree import tree_error
 
 
 def checked_trees(parents: Any, rows: int, model: str) -> list[list[int]]:
-    """One tree per declared row, each a list of parent indices (`tree.tree_error`)."""
+    """One tree per declared row (None: a prefill riding along), each its parent indices (`tree_error`)."""
     if model != "target":
         raise WatchError("batch: parents= declares the target's trees (not the draft's)")
     if hasattr(parents, "tolist"):  # a tensor of parents, one row per sequence
         parents = parents.tolist()
     try:
-        trees = [None if p is None else list(p) for p in parents]  # None: verifies no tree (a prefill)
+        trees = [None if p is None else list(p) for p in parents]
     except TypeError:
         raise WatchError("batch: parents= is one list of parent indices per row") from None
     if len(trees) != rows:
@@ -35,22 +36,26 @@ def checked_trees(parents: Any, rows: int, model: str) -> list[list[int]]:
 
 
 def checked_segments(drafts: Any, chunk: Any, lens: list[int] | None, rows: int) -> tuple[tuple[int | None, bool], ...]:
-    """(drafts, chunk) per declared sequence: `drafts` its draft tokens (None: not said, read from
-    the draft calls), `chunk` whether it is a prefill chunk that yields no token (and so no drafts)."""
+    """(drafts, chunk) per declared sequence: its draft tokens (None: not said, read from the draft
+    calls), fewer than its query; whether it is a prefill chunk, which yields no token (no drafts)."""
     said = [None] * rows if drafts is None else [None if d is None else as_int(d, "batch") for d in drafts]
     chunks = [False] * rows if chunk is None else list(chunk)
     if len(said) != rows or len(chunks) != rows:
         raise WatchError(f"batch: {rows} sequences need {rows} entries in drafts= and chunk=")
-    for r, (d, c) in enumerate(zip(said, chunks)):
+    for r, c in enumerate(chunks):
         if not isinstance(c, bool):
             raise WatchError(f"batch: chunk= is one bool per sequence, got {c!r} at {r}")
-        if d is not None and (d < 0 or (c and d) or (lens is not None and d >= lens[r])):
-            raise WatchError(f"batch: sequence {r} cannot carry {d} drafts (a chunk none, else fewer than its query)")
+    # At least 0 drafts, none in a chunk, fewer than the query (None, not said: nan, never refused).
+    drafted = numpy.array(said, dtype=float)
+    refused = numpy.flatnonzero((drafted < 0) | (drafted >= numpy.where(chunks, 1, lens or math.inf)))
+    if refused.size:
+        r = int(refused[0])
+        raise WatchError(f"batch: sequence {r} cannot carry {said[r]} drafts (a chunk none, else fewer than its query)")
     return tuple(zip(said, chunks))
 
 
 def checked_temperature(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
         raise WatchError(f"temperature must be a finite number >= 0 (0: greedy), got {value!r}")
     return float(value)
 
@@ -65,6 +70,7 @@ def as_int(value: Any, what: str) -> int:
 
 
 def prompt_ids(prompts: list[Any] | None, tokenizer: Any | None) -> list[list[int]] | None:
+    """Each prompt's token ids: a list of ids, or a string the tokenizer encodes."""
     if prompts is None:
         return None
     prompts = list(prompts)
@@ -85,6 +91,7 @@ def prompt_ids(prompts: list[Any] | None, tokenizer: Any | None) -> list[list[in
 
 
 def eos_ids(model: Any, tokenizer: Any | None) -> list[int]:
+    """The generation config's EOS ids, else the config's; and the tokenizer's."""
     ids: set[int] = set()
     for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
         raw = getattr(source, "eos_token_id", None)  # None without a source
@@ -101,6 +108,7 @@ def eos_ids(model: Any, tokenizer: Any | None) -> list[int]:
 
 
 def pad_id(model: Any, tokenizer: Any | None) -> int | None:
+    """The tokenizer's pad id, else the generation config's, else the config's."""
     for source in (tokenizer, getattr(model, "generation_config", None), getattr(model, "config", None)):
         value = getattr(source, "pad_token_id", None)  # None without a source
         if isinstance(value, int):
@@ -109,10 +117,8 @@ def pad_id(model: Any, tokenizer: Any | None) -> int | None:
 
 
 def require_emits(calls: list[CallRecord], emits: list[Emit]) -> None:
-    """A finished run that decoded (two target calls or more) but declared no token has nothing the
-    steps could be built from: say what is missing rather than judge an empty run."""
-    decoded = sum(1 for c in calls if c.role == "target") >= 2
-    if decoded and not emits:
+    """A finished run that decoded (two target calls or more) but declared no token: say what is missing."""
+    if not emits and [c.role for c in calls].count("target") >= 2:
         raise WatchError(
             "the target ran but no tokens were declared: call w.emit(seq_id, tokens) after each step, "
             "pass streamer=w.streamer() to generate, or watch the unmodified script with `specviz watch --`"
@@ -120,8 +126,8 @@ def require_emits(calls: list[CallRecord], emits: list[Emit]) -> None:
 
 
 def require_prompted(prompts: list[list[int]], emits: list[Emit]) -> None:
-    """Undeclared prompts are read from the first target call: a sequence emitted later (one that
-    joined the batch after it) has no prompt to decode its reference from; say so, not guess it."""
+    """A sequence emitted beyond the prompts read from the first target call (one that joined later)
+    has no prompt to decode its reference from: say so, not guess it."""
     beyond = sorted({e.seq_id for e in emits if e.seq_id >= len(prompts)})
     if beyond:
         raise WatchError(
