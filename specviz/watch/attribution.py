@@ -1,6 +1,8 @@
-"""Which verify step each declared emission belongs to (`attribute`): the target call whose row fed
-that sequence's pending token, not the latest by time alone, so engines that report tokens one call
-late (HF `generate` with deferred stop checks) are read right. `steps` builds the step records."""
+"""Which verify step each declared emission belongs to (`attribute`), and how each sequence ended.
+The step is the target call whose row fed the sequence's pending token, not the latest by time
+alone, so engines that report tokens one call late (HF `generate` with deferred stop checks) are
+read right. Endings are as emitted, an emitted EOS, or the budget (`max_new_tokens`, never
+declared: read from where sequences ended by length)."""
 
 from __future__ import annotations
 
@@ -43,15 +45,11 @@ class Group:
 
 
 def attribute(
-    calls: list[CallRecord],
-    emits: list[Emit],
-    prompts: list[list[int]],
-    read: CallReader,
-    notes: list[str],
-    draft_free: bool = False,
+    emits: list[Emit], prompts: list[list[int]], read: CallReader, notes: list[str], draft_free: bool
 ) -> list[Group]:
-    """Each emission as a group of the target call whose row fed its pending token; one that starts
-    with an earlier call's bonus, emitted late, is split there (`_late_bonus`)."""
+    """Each emission as a group of the target call (of `read.calls`) whose row fed its pending token;
+    one that starts with an earlier call's bonus, emitted late, is split there (`_Rows.late_bonus`)."""
+    calls, rows = read.calls, _Rows(read, draft_free)
     history = {seq_id: list(ids) for seq_id, ids in enumerate(prompts)}
     featured: dict[int, list[int]] = {}  # sequence -> the target calls that held it, in order
     for i, call in enumerate(calls):
@@ -76,7 +74,7 @@ def attribute(
             previous.tokens.extend(emit.tokens)
             previous.finish_reason = emit.finish_reason or previous.finish_reason
             continue
-        late = _late_bonus(calls, featuring, previous, seq, (last, done), emit.tokens, read, draft_free)
+        late = rows.late_bonus(featuring, previous, seq, (last, done), emit.tokens)
         if late is not None:  # its first token is an earlier call's bonus, emitted one step late
             if previous is None:  # else `late` is the previous step's call
                 previous = Group(seq, [], None, late, emit.at)
@@ -88,8 +86,8 @@ def attribute(
             # the rest (maybe nothing yet: no draft kept) is the newest call's, which fed that token
             call, tokens = newest, emit.tokens[1:]
         else:
-            call, tokens = _pending_match(calls, featuring, floor, seq, last, read), emit.tokens
-        if call is None:
+            call, tokens = rows.pending_match(featuring, floor, seq, last), emit.tokens
+        if call < 0:
             notes.append(f"emit for sequence {seq} matches no target call that fed its pending token; not a step")
             continue
         last_group[seq] = Group(seq, list(tokens), emit.finish_reason, call, emit.at, late=call != newest)
@@ -97,40 +95,56 @@ def attribute(
     return groups
 
 
-def _late_bonus(
-    calls: list[CallRecord],
-    featuring: list[int],
-    previous: Group | None,
-    seq: int,
-    emitted: tuple[int, int],
-    tokens: list[int],
-    read: CallReader,
-    draft_free: bool,
-) -> int | None:
-    """The earlier target call whose bonus is `tokens[0]`, emitted one step late by an engine that
-    emits the token it feeds as pending (the prefill's first token with the first verify's, or each
-    bonus with the next drafts). Read, not guessed: the newest call fed `tokens[0]` as pending
-    while the sequence so far (`emitted`: its last token, its length) does not end with it, or does
-    only as a repeat (fed at the next logical index, by position and by the slots it attends), and
-    the earlier call (the previous step's, else the one that fed the last token as pending) chose
-    that token after what it already emitted."""
-    if not tokens or not featuring:
-        return None
-    newest = featuring[-1]
-    row = row_seq_ids(calls[newest]).index(seq)
-    slot = _pending_slot(calls, newest, row, read, draft_free)
-    pending, (last, length) = calls[newest].input_ids[row][slot], emitted
-    if pending != tokens[0] or (pending == last and not _fed_as_next(calls[newest], row, slot, length)):
-        return None
-    if previous is not None:  # the previous step's call, which is among the earlier ones
-        index, done = previous.call, len(previous.tokens)
-    else:  # one of the earlier calls, or None
-        index, done = _pending_match(calls, featuring[:-1], -1, seq, last, read), 0
-    if index is None:
-        return None
-    r = row_seq_ids(calls[index]).index(seq)
-    chosen = argmax_at(calls[index], r, _pending_slot(calls, index, r, read, draft_free) + done)
-    return index if chosen == tokens[0] else None
+@dataclass
+class _Rows:
+    """The pending token of a sequence's row in the target calls, read through `read`."""
+
+    read: CallReader
+    draft_free: bool  # no draft model: drafts are not known before attribution
+
+    def pending_slot(self, index: int, seq: int) -> tuple[int, int]:
+        """(row, pending slot) of the sequence in call `index`: where its draft chain starts, or, with
+        no draft model, the row's first real query slot when it attends a cache."""
+        call = self.read.calls[index]
+        row = row_seq_ids(call).index(seq)
+        rq = self.read(index, row)
+        if self.draft_free and attends_cache(call, row):
+            rq = first_slot_query(call, row) or rq
+        return row, rq.pending
+
+    def pending_match(self, featuring: list[int], floor: int, seq: int, pending: int) -> int:
+        """The newest call after `floor` whose row fed `pending` as the sequence's pending token, else
+        the newest after `floor` (-1: none is)."""
+        after = featuring[bisect_right(featuring, floor) :]
+
+        def fed(i: int) -> int:
+            row = row_seq_ids(self.read.calls[i]).index(seq)
+            return self.read.calls[i].input_ids[row][self.read(i, row).pending]
+
+        return next((i for i in reversed(after) if fed(i) == pending), max(after, default=-1))
+
+    def late_bonus(
+        self, featuring: list[int], previous: Group | None, seq: int, emitted: tuple[int, int], tokens: list[int]
+    ) -> int | None:
+        """The earlier target call whose bonus is `tokens[0]`, emitted one step late by an engine that
+        emits the token it feeds as pending (the prefill's first token with the first verify's, or
+        each bonus with the next drafts). Read, not guessed: the newest call fed `tokens[0]` as
+        pending while the sequence so far (`emitted`: its last token, its length) does not end with
+        it, or does only as a repeat (`_fed_as_next`), and the earlier call (the previous step's,
+        else the one that fed the last token as pending) chose that token after what it emitted."""
+        if not tokens or len(featuring) < 2:  # no earlier call (a previous step's is older than the newest)
+            return None
+        newest = self.read.calls[featuring[-1]]
+        row, slot = self.pending_slot(featuring[-1], seq)
+        pending, (last, length) = newest.input_ids[row][slot], emitted
+        if pending != tokens[0] or (pending == last and not _fed_as_next(newest, row, slot, length)):
+            return None
+        if previous is not None:  # the previous step's call, which is among the earlier ones
+            index, done = previous.call, len(previous.tokens)
+        else:
+            index, done = self.pending_match(featuring[:-1], -1, seq, last), 0
+        row, slot = self.pending_slot(index, seq)
+        return index if argmax_at(self.read.calls[index], row, slot + done) == tokens[0] else None
 
 
 def _fed_as_next(call: CallRecord, row: int, slot: int, index: int) -> bool:
@@ -139,25 +153,43 @@ def _fed_as_next(call: CallRecord, row: int, slot: int, index: int) -> bool:
     return call.positions_fed and call.positions[row][slot] == index and context_before(call, row, slot) == index
 
 
-def _pending_slot(calls: list[CallRecord], index: int, row: int, read: CallReader, draft_free: bool) -> int:
-    """The row's pending slot: where its draft chain starts, or, with no draft model, its first real
-    query slot when it attends a cache (the drafts are not known before attribution)."""
-    if draft_free and attends_cache(calls[index], row):
-        first = first_slot_query(calls[index], row)
-        if first is not None:
-            return first.pending
-    return read(index, row).pending
+def endings(
+    groups: list[Group], emits: list[Emit], prompts: list[list[int]], eos: frozenset[int]
+) -> tuple[dict[int, list[int]], dict[int, str | None]]:
+    """Outputs as emitted (the engine's word), and endings: declared, or an emitted EOS."""
+    outputs: dict[int, list[int]] = {seq_id: [] for seq_id in range(len(prompts))}
+    reasons: dict[int, str | None] = dict.fromkeys(outputs)
+    for emit in emits:
+        outputs[emit.seq_id].extend(emit.tokens)
+        reasons[emit.seq_id] = emit.finish_reason or reasons[emit.seq_id]
+    # A step that emitted an EOS ends there; so does its sequence (its outputs hold every token).
+    for group in groups:
+        group.finish_reason = _or_eos(group.finish_reason, group.tokens, eos)
+    for seq_id, tokens in outputs.items():
+        reasons[seq_id] = _or_eos(reasons[seq_id], tokens, eos)
+    return outputs, reasons
 
 
-def _pending_match(
-    calls: list[CallRecord], featuring: list[int], floor: int, seq: int, pending: int, read: CallReader
-) -> int | None:
-    """The newest call after `floor` whose row fed `pending` as the sequence's pending token, else
-    the newest after `floor` (None: none is)."""
-    after = featuring[bisect_right(featuring, floor) :]
+def _or_eos(reason: str | None, tokens: list[int], eos: frozenset[int]) -> str | None:
+    """The ending declared, else "eos" where the tokens hold an EOS."""
+    return reason or ("eos" if eos.intersection(tokens) else None)
 
-    def fed(i: int) -> int:
-        row = row_seq_ids(calls[i]).index(seq)
-        return calls[i].input_ids[row][read(i, row).pending]
 
-    return next((i for i in reversed(after) if fed(i) == pending), max(after, default=None))
+def budgets(outputs: dict[int, list[int]], reasons: dict[int, str | None]) -> tuple[dict[int, int], int]:
+    """Each sequence that ended by length with the length it ended at (its own budget), and the
+    run's `max_new_tokens` (never declared): the largest of those, else the longest output."""
+    own = {seq_id: len(outputs[seq_id]) for seq_id, reason in reasons.items() if reason == "length"}
+    return own, max(own.values(), default=max((len(o) for o in outputs.values()), default=0))
+
+
+def close_by_length(
+    groups: list[Group], outputs: dict[int, list[int]], reasons: dict[int, str | None], max_new: int
+) -> None:
+    """A sequence that reached the budget without a declared ending ended by length; its last
+    step without an ending of its own ends as the sequence did."""
+    for seq_id, tokens in outputs.items():
+        if reasons[seq_id] is None and max_new and len(tokens) >= max_new:
+            reasons[seq_id] = "length"
+    for seq_id, group in {g.seq_id: g for g in groups}.items():  # each sequence's last group
+        if group.finish_reason is None:
+            group.finish_reason = reasons[seq_id]

@@ -1,9 +1,6 @@
-"""Reading one row of one captured call: its query (from the mask, padding on either side), its
-pending slot and draft chain (`RowQuery`), the argmax at a slot, and the mask row it was fed.
-
-`steps.py` builds the trace's steps from these readings; see its docstring for the rules. Every
-reading is of a materialized call (`CallRecord.materialize`: lists, flags and last slots set).
-"""
+"""Reading one row of one materialized captured call: its query (padding on either side), its pending
+slot and draft chain (`RowQuery`, `read_row`), the argmax at a slot, the mask row it was fed, and the
+tokens it verified: which emitted tokens fit them, and what they accepted."""
 
 from __future__ import annotations
 
@@ -34,9 +31,8 @@ _UNSAID = Segment(None, 0, 0, 1)  # what a call with no readable map says of a r
 
 
 def segment_of(call: CallRecord, row: int) -> Segment:
-    """The segment of the call's map that the row holds: what a producer said of it (`drafts`: the
-    drafts that end its query, None: not said; `chunk`: a prefill chunk that yields no token, no
-    step of its sequence); one that says nothing where the call has no readable map."""
+    """What the call's map says of the row (`drafts` ending its query, None: not said; `chunk`: a
+    prefill chunk, no step); nothing where the call has no readable map."""
     segments = call.map.segments if call.map is not None else ()
     return segments[row] if len(segments) == call.batch_size else _UNSAID
 
@@ -46,16 +42,13 @@ def tree_of(call: CallRecord, row: int) -> list[int] | None:
     return call.trees[row] if call.trees else None
 
 
-# ----------------------------------------------------------------------------- one row of a call
-
-
 def query_flags(call: CallRecord, row: int) -> list[int]:
     """1 for each query slot of `row` that is attended (a real token), 0 for padding."""
     return call.query_flags(row)
 
 
 def last_slot(call: CallRecord, row: int) -> int:
-    """The row's last attended query slot (the last column unless the row is right-padded)."""
+    """The row's last attended query slot."""
     return call.last_slots[row]
 
 
@@ -74,10 +67,9 @@ def context_before(call: CallRecord, row: int, slot: int) -> int:
 
 
 def _draft_row(call: CallRecord, seq: int, row: int, batch_size: int, fed: int, out: int) -> int | None:
-    """The row of draft call `call` that was fed `fed` and proposed `out` for sequence `seq` (in row
-    `row` of a target batch of `batch_size`): the declared row, else the same index in a batch of
-    the same size, else (a draft batch of other rows) the first row whose tokens fit. `call` is
-    one of `_draft_calls`: its argmax was kept."""
+    """The row of draft call `call` fed `fed` that proposed `out` for sequence `seq` (row `row` of a
+    target batch of `batch_size`): the declared row, else the same index in a batch of that size,
+    else the row whose tokens fit."""
 
     def fits(r: int) -> bool:
         last = last_slot(call, r)
@@ -97,21 +89,12 @@ def _draft_row(call: CallRecord, seq: int, row: int, batch_size: int, fed: int, 
 def read_row(
     calls: list[CallRecord], index: int, row: int, pass_reprefill: bool = True, seq: int | None = None
 ) -> RowQuery:
-    """The row's pending slot and proposal chain in target call `index` (see the module docstring).
-
-    `seq`: the sequence the row is read as (default: the one the call's rows name); the draft
-    calls are searched back to that sequence's previous target call.
-
-    The chain is the longest run of consecutive draft calls (of this row, since the sequence's
-    previous target call) that fed the query's slots p .. p+d-1 and proposed p+1 .. p+d, with p the
-    last attended slot minus d. A draft that repeats itself proposes the same token at several
-    calls, so several runs can fit the tokens: the run fed the same positions as those query slots
-    wins (a catch-up call that re-feeds the last accepted draft comes before the proposals; drafts
-    past a row's own length come after them), else the earliest. Positions only break ties between
-    runs the tokens allow, so a position bug is still read from the first run and checked.
-    Where the engine said how many drafts the row carries, only chains of that length are searched
-    (for the draft calls' timings and positions), and d is what it said whether one is found or not.
-    """
+    """The row's pending slot p and chain in target call `index`, read as sequence `seq` (default:
+    the call's). The chain is the longest run of the sequence's draft calls since its previous
+    target call that fed query slots p .. p+d-1 and proposed p+1 .. p+d (p: the last attended slot
+    minus d); of several runs that fit (a draft that repeats itself), the one fed those slots'
+    positions, else the earliest, so a position bug is still read and checked. Drafts the engine
+    said (`segment_of`) fix d, chain found or not."""
     verify = calls[index]
     last = last_slot(verify, row)
     parents = tree_of(verify, row)
@@ -138,15 +121,10 @@ def read_row(
 
 
 def draft_free_query(call: CallRecord, row: int, committed: list[int]) -> RowQuery | None:
-    """The row's query in a run with no draft model (prompt lookup, n-gram or head drafting): no
-    draft model proposed its drafts, so they are read from where a correct engine feeds them, after
-    the pending token (the last committed one): the row's first real query slot when it attends a
-    cache (the cache holds the tokens before it), else the slot after its re-fed context
-    (`committed` tokens from its first real slot). Read from the layout, not from the attended
-    count, so a stale or missing slot does not move the reading (the KV check flags it); the
-    count is the fallback: d is then the attended tokens at its last slot minus the committed ones.
-    None when neither fits (no drafts, or a pending slot that does not hold the last committed
-    token: read as no drafts, and checked as such)."""
+    """The row's query with no draft model (prompt lookup, n-gram, a head): drafts follow the pending
+    token (the last `committed` one), at the first real slot when the row attends a cache, else
+    after its re-fed context; by layout, so a stale slot does not move it (the KV check flags it),
+    else by the attended count. None when neither fits: read as no drafts, and checked as such."""
     if not committed:
         return None
     flags, last = query_flags(call, row), last_slot(call, row)
@@ -160,8 +138,7 @@ def draft_free_query(call: CallRecord, row: int, committed: list[int]) -> RowQue
 
 
 def first_slot_query(call: CallRecord, row: int) -> RowQuery | None:
-    """A cached call's row with no draft model: its first real query slot is the pending token
-    (the cache holds the tokens before it), the rest are drafts."""
+    """A cached row with no draft model: its first real query slot is pending, the rest drafts."""
     flags = query_flags(call, row)
     first, last = _first_live(flags), last_slot(call, row)
     if first > last or not all(flags[first : last + 1]):
@@ -183,40 +160,27 @@ def attended_ids(call: CallRecord, row: int, end: int | None = None) -> list[int
 
 
 def attends_cache(call: CallRecord, row: int) -> bool:
-    """Does the row attend any slot of the cache the call was given (`View.attends_cache`)? A
-    sequence prefilled alone over a shared cache is given the whole cache yet attends none of it:
-    a new sequence, not the row's previous one continued."""
+    """Does the row attend any cache slot (a sequence prefilled alone over a shared cache does not)?"""
     return call.view(row).attends_cache()
 
 
 def _fitting_chain(
     calls: list[CallRecord], proposals: list[int], d: int, seq: int, row: int, verify: CallRecord, p: int
 ) -> tuple[tuple[int, int], ...] | None:
-    """Of the runs of d consecutive draft calls that fit the query's tokens from slot p, the one
-    fed the query's own positions, else the earliest; None when none fits. Runs are tried in
-    order and the search stops at the first fed the query's positions (most rows: the first run
-    that fits)."""
+    """Of the runs of d consecutive draft calls that fit the query's tokens from slot p, the first fed
+    the query's own positions, else the earliest; None when none fits."""
     tokens, fed = verify.input_ids[row][p : p + d + 1], list(verify.positions[row][p : p + d])
     first = None
     for start in range(len(proposals) - d + 1):
-        chain = _chain(calls, proposals[start : start + d], seq, row, verify.batch_size, tokens)
-        if chain is not None and fed_positions(calls, chain) == fed:
+        run = proposals[start : start + d]  # each call fed tokens[i] and proposed tokens[i + 1]
+        hits = [_draft_row(calls[j], seq, row, verify.batch_size, tokens[i], tokens[i + 1]) for i, j in enumerate(run)]
+        if None in hits:
+            continue
+        chain = tuple(zip(run, hits))
+        if fed_positions(calls, chain) == fed:
             return chain
         first = first or chain
     return first
-
-
-def _chain(
-    calls: list[CallRecord], run: list[int], seq: int, row: int, batch_size: int, tokens: list[int]
-) -> tuple[tuple[int, int], ...] | None:
-    """(call, draft row) for each call of `run` that was fed tokens[i] and proposed tokens[i + 1]."""
-    chain = []
-    for i, j in enumerate(run):
-        hit = _draft_row(calls[j], seq, row, batch_size, tokens[i], tokens[i + 1])
-        if hit is None:
-            return None
-        chain.append((j, hit))
-    return tuple(chain)
 
 
 def fed_positions(calls: list[CallRecord], chain: tuple[tuple[int, int], ...]) -> list[int]:
@@ -225,9 +189,8 @@ def fed_positions(calls: list[CallRecord], chain: tuple[tuple[int, int], ...]) -
 
 
 def _draft_calls(calls: list[CallRecord], index: int, seq: int, pass_reprefill: bool) -> list[int]:
-    """Draft calls since the sequence's previous target call, in order. A target call of this
-    sequence with no draft call after it and no drafts in its own query (a re-prefill between the
-    proposals and the verify) is passed over, once."""
+    """Draft calls since the sequence's previous target call, passing over once a re-prefill of it
+    (a target call with no draft call after it and no drafts in its own query)."""
     found: list[int] = []
     passed = not pass_reprefill
     for j in range(index - 1, -1, -1):
@@ -244,9 +207,7 @@ def _draft_calls(calls: list[CallRecord], index: int, seq: int, pass_reprefill: 
 
 
 class CallReader:
-    """`read_row` for every (call, row), and the sequence the row is read as, computed once. `seq`
-    None reads the row as the sequence the call's rows name; the command's row following reads a
-    row whose sequence is not known yet once per candidate."""
+    """`read_row` for every (call, row, sequence read as: None for the call's), computed once."""
 
     def __init__(self, calls: list[CallRecord]) -> None:
         self.calls = calls
@@ -259,13 +220,41 @@ class CallReader:
         return self._rows[key]
 
 
-# ----------------------------------------------------------------------------- masks
-
-
 def mask_row(call: CallRecord, row: int, rq: RowQuery) -> tuple[list[list[int]], int, bool | None]:
-    """(mask_rle, attended context slots of the pending token, query block causal or None).
-
-    The row's mask covers its context (every slot before the pending one, cached or re-fed) and
-    its own d + 1 query slots; padding after its last real token is not part of it.
-    """
+    """(mask_rle over the context and the d + 1 query slots, the pending token's attended context
+    slots, the query block causal or None)."""
     return call.view(row).mask_row(rq.pending, rq.drafts + 1)
+
+
+def row_tokens(call: CallRecord, row: int, rq: RowQuery) -> tuple[list[int], list[int]]:
+    """(the row's d drafts, the target's argmax at its d + 1 query slots, or [] if not kept)."""
+    drafts = list(call.input_ids[row][rq.pending + 1 : rq.pending + 1 + rq.drafts])
+    targets = [argmax_at(call, row, rq.pending + i) for i in range(rq.drafts + 1)]
+    return drafts, ([] if None in targets else targets)
+
+
+def consistent(tokens: list[int], drafts: list[int], targets: list[int], free_last: bool = False) -> bool:
+    """Tokens read as some drafts, then maybe one more: the target's own token at that slot, or any
+    token when the argmax is not the engine's choice (`free_last`)."""
+    n = _agree(tokens, drafts)
+    rest = tokens[n:]  # after the drafts they repeat: nothing, or the one token the target chose
+    return rest in ([], targets[n : n + 1]) or free_last and len(rest) == 1
+
+
+def _agree(a: list[int], b: list[int]) -> int:
+    """How many leading items `a` and `b` share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def matched_prefix(drafts: list[int], targets: list[int]) -> int | None:
+    """The drafts the target agrees with, None unless it chose one token per draft and one more."""
+    return _agree(drafts, targets) if len(targets) == len(drafts) + 1 else None
+
+
+def accepted_and_bonus(tokens: list[int], drafts: list[int], targets: list[int]) -> tuple[int, int | None]:
+    """(accepted, bonus) as emitted: a prefix of the greedy-correct output accepts what verification
+    allowed (emitting fewer is speed lost, not a wrong answer), else the drafts emitted."""
+    matched = matched_prefix(drafts, targets)
+    greedy = matched is not None and tokens == (drafts[:matched] + [targets[matched]])[: len(tokens)]
+    accepted = matched if greedy else _agree(tokens, drafts)
+    return accepted, tokens[accepted] if len(tokens) == accepted + 1 else None

@@ -1,10 +1,8 @@
 """From captured calls and declared emissions to the trace's step records, read from what the
-models were fed, never from a fixed k. Per row of a target call (`calls.read_row`) the query ends
-at its last attended slot; its d drafts (0..k, ragged) are its chain of draft calls; the pending
-slot is the last attended slot minus d, and the slots before it are context (cached, or re-fed by a
-cacheless loop). A target call is a verify step when an emission is attributed to it
-(`attribution`); k is the run's largest d. The row credited with an emission is the one its tokens
-fit (`credit`), so a write-back to the wrong sequence shows as `write_seq != seq_id`.
+models were fed, never from a fixed k. A target call is a verify step when an emission is
+attributed to it (`attribution`); each row's pending slot and d drafts are read by `calls.read_row`,
+and k is the run's largest d. The row credited with an emission is the one its tokens fit
+(`assign_rows`), so a write-back to the wrong sequence shows as `write_seq != seq_id`.
 """
 
 from __future__ import annotations
@@ -15,22 +13,23 @@ from typing import Any
 
 from specviz.trace.schema import RowRecord, StepRecord
 from specviz.watch import tree
-from specviz.watch.attribution import Emit, Group, attribute
+from specviz.watch.attribution import Emit, Group, attribute, budgets, close_by_length, endings
 from specviz.watch.calls import (
     CallReader,
     RowQuery,
+    accepted_and_bonus,
     attended_ids,
+    consistent,
     context_before,
     draft_free_query,
     fed_positions,
     last_slot,
     mask_row,
     row_seq_ids,
+    row_tokens,
     segment_of,
     tree_of,
 )
-from specviz.watch.credit import accepted_and_bonus, assign_rows, row_tokens
-from specviz.watch.endings import budgets, close_by_length, endings
 from specviz.watch.headinput import head_source, unfound_note
 from specviz.watch.record import CallRecord
 
@@ -51,12 +50,11 @@ class InferredSteps:
     budgets: dict[int, int] = field(default_factory=dict)  # seq -> its own budget (ended by "length")
 
 
-def build_steps(
-    calls: list[CallRecord], groups: list[Group], prompts: list[list[int]], read: CallReader, draft_free: bool = False
-) -> list[StepRecord]:
+def build_steps(groups: list[Group], prompts: list[list[int]], read: CallReader, draft_free: bool) -> list[StepRecord]:
     """One step record per target call emissions were attributed to. `draft_free`: no draft calls
     ran, so a row's drafts are read after its committed tokens (`draft_free_query`)."""
-    by_call: dict[int, list[Group]] = {}
+    calls = read.calls
+    by_call: dict[int, list[Group]] = {}  # call index -> the groups attributed to it
     for group in groups:
         by_call.setdefault(group.call, []).append(group)
     committed = {seq_id: list(ids) for seq_id, ids in enumerate(prompts)}
@@ -66,15 +64,12 @@ def build_steps(
     for index in sorted(by_call):
         call = calls[index]
         shown = [read(index, r) for r in range(call.batch_size)]
-        if draft_free:  # each row's drafts at its own pending slot, before any row is credited
-            for r, seq_id in enumerate(row_seq_ids(call)):
-                if not shown[r].drafts and segment_of(call, r).drafts is None:
-                    tokens = committed.get(seq_id, [])  # a row of no known sequence: nothing to read by
-                    shown[r] = draft_free_query(call, r, tokens) or shown[r]
+        for r, seq_id in enumerate(row_seq_ids(call)):  # drafts at each row's pending slot, before credit
+            if draft_free and not shown[r].drafts and segment_of(call, r).drafts is None:
+                shown[r] = draft_free_query(call, r, committed.get(seq_id, [])) or shown[r]
         produced = assign_rows(call, by_call[index], shown, running)
-        rows, proposals = [], set(_head_calls(calls, index))
-        if call.trees:  # a tree's drafts are read from the verify; every draft call since is its proposal
-            proposals.update(tree.draft_calls_before(calls, index))
+        # A tree's drafts are read from the verify: every draft call since is its proposal.
+        rows, proposals = [], set(tree.draft_calls_before(calls, index) if call.trees else _head_calls(calls, index))
         for r, seq_id in enumerate(row_seq_ids(call)):
             # A row that produced nothing and is no step of its sequence: idle (a finished
             # sequence's row the engine still computes), a prefill chunk said so (KV written, no
@@ -110,14 +105,82 @@ def build_steps(
                 rows=rows,
             )
         )
-    _fill_left_pad_after(steps)
-    _fill_kept_nodes(calls, read, origins)
+    _fill_next(steps, read, origins)
     return steps
 
 
-def _fill_kept_nodes(calls: list[CallRecord], read: CallReader, origins: list[tuple[RowRecord, int, int]]) -> None:
-    """A tree row's kept nodes: what the sequence's next step still attends of its block."""
-    later: dict[int, tuple[int, int]] = {}  # seq -> (call index, row) of its next tree step
+def assign_rows(call: CallRecord, groups: list[Group], shown: list[RowQuery], running: set[int]) -> dict[int, Group]:
+    """Which row produced each group: its own if consistent, else a `running` sequence's row it is
+    consistent with (each row read as `shown`)."""
+    rows = row_seq_ids(call)
+    free_last = not call.argmax_is_choice
+
+    def fits(group: Group, r: int) -> bool:
+        drafts, targets = row_tokens(call, r, shown[r])
+        parents = tree_of(call, r)
+        if parents is not None:  # a path of the row's tree, then its choice there
+            nodes = [call.input_ids[r][shown[r].pending], *drafts]
+            return tree.consistent(group.tokens, parents, nodes, targets, free_last)
+        return consistent(group.tokens, drafts, targets, free_last)
+
+    taken: dict[int, Group] = {}
+
+    def place(group: Group) -> bool:
+        own = rows.index(group.seq_id)
+        if own not in taken and fits(group, own):
+            taken[own] = group
+            return True
+        return False
+
+    # A late group (emitted after a newer call of its sequence: maybe that call's tokens, matched
+    # here by its pending token) places after the on-time groups have been read, split included.
+    # An on-time group that missed its own row tries it again in vain (still taken, or unfit).
+    unfit = []
+    for group in [g for g in groups if not g.late and not place(g)] + [g for g in groups if g.late]:
+        if place(group):
+            continue
+        free = {r for r in range(len(rows)) if r not in taken and rows[r] in running}
+        pieces = _split_to_rows(group, free, rows.index(group.seq_id), fits)
+        if pieces is None:
+            unfit.append(group)
+            continue
+        pieces[-1][1].finish_reason = group.finish_reason  # the group's ending is its last piece's
+        taken.update(pieces)
+    for group in unfit:  # fits no row, whole or split: its own row shows what it got
+        taken.setdefault(rows.index(group.seq_id), group)
+    return taken
+
+
+def _split_to_rows(group: Group, free: set[int], own: int, fits: Any) -> list[tuple[int, Group]] | None:
+    """The group as consecutive pieces, cut where its emits were appended, each fitting a distinct
+    free row (its own first), longest first (one row's tokens written to another's sequence before
+    its own); None when no split fits. No piece carries the group's ending."""
+    bounds = [0, *group.cuts, len(group.tokens)]
+
+    def search(a: int, free_rows: set[int]) -> list[tuple[int, Group]] | None:
+        if a == len(bounds) - 1:
+            return []
+        for b in range(len(bounds) - 1, a, -1):  # the longest piece first
+            candidate = Group(group.seq_id, group.tokens[bounds[a] : bounds[b]], None, group.call, group.at)
+            for r in sorted(free_rows, key=lambda r: (r != own, r)):  # its own row first, then in order
+                if fits(candidate, r):
+                    rest = search(b, free_rows - {r})
+                    if rest is not None:
+                        return [(r, candidate), *rest]
+        return None
+
+    return search(0, free)  # never empty: at least one piece
+
+
+def _fill_next(steps: list[StepRecord], read: CallReader, origins: list[tuple[RowRecord, int, int]]) -> None:
+    """What a continuing row's sequence shows at its next step: its padding then, and, of a tree
+    row, the nodes its next tree step still attends of its block."""
+    pads: dict[int, int] = {}
+    for step in reversed(steps):
+        for row in step.rows:
+            row.left_pad_after = None if row.finished else pads.get(row.seq_id)
+            pads[row.seq_id] = row.left_pad
+    calls, later = read.calls, {}  # later: seq -> (call index, row) of its next tree step
     for record, index, r in reversed(origins):
         after = later.get(record.seq_id)
         if after is not None and not record.finished:
@@ -127,9 +190,9 @@ def _fill_kept_nodes(calls: list[CallRecord], read: CallReader, origins: list[tu
 
 
 def _prefilling(call: CallRecord, row: int, committed: list[int], prompt_len: int) -> bool:
-    """A newcomer's prefill (or a chunk of it) riding in the others' step: a sequence not yet
-    stepped whose row feeds its prompt's next tokens after the `c` its cache holds, short of the
-    prompt's end (a decode feeds the last one), in a call where some row reads a cache."""
+    """A newcomer's prefill (or a chunk) riding in the others' step, in a call where some row reads a
+    cache: a sequence not yet stepped fed its prompt's next tokens after its cache's, short of the
+    prompt's end (a decode feeds the last one)."""
     if len(committed) != prompt_len or not any(call.query_flags(row)):
         return False
     if not any(call.cache_of(r) for r in range(call.batch_size)):
@@ -146,8 +209,8 @@ def _head_calls(calls: list[CallRecord], index: int) -> list[int]:
 def _row_record(
     calls: list[CallRecord], index: int, r: int, seq_id: int, rq: RowQuery, group: Group, committed: int
 ) -> RowRecord:
-    """Row `r` of target call `index` read as `rq`, credited with `group` (no tokens: it produced
-    nothing), its sequence holding `committed` tokens."""
+    """Row `r` of target call `index` read as `rq`, credited with `group`, its sequence holding
+    `committed` tokens."""
     call = calls[index]
     drafts, targets = row_tokens(call, r, rq)
     accepted, bonus = accepted_and_bonus(group.tokens, drafts, targets)
@@ -189,24 +252,15 @@ def _row_record(
 
 
 def _draft_fields(calls: list[CallRecord], chain: tuple[tuple[int, int], ...], committed: int) -> dict[str, Any]:
-    """The positions the row's draft calls fed and the context each attended, with the context a
-    correct draft attends (None: no chain, or a mask not read)."""
-    fields = dict.fromkeys(("draft_position_ids", "draft_kv_lens", "draft_kv_len", "draft_kv_len_expected"))
+    """The positions the row's draft calls fed and the context each attended (None: no chain, or a
+    mask not read)."""
+    fields: dict[str, Any] = {}  # RowRecord's defaults: None
     contexts = [context_before(calls[j], dr, last_slot(calls[j], dr)) for j, dr in chain]
     if chain:
         fields["draft_position_ids"] = fed_positions(calls, chain)
     if min(contexts, default=-1) >= 0:  # a chain, every mask of it read
         fields.update(draft_kv_lens=contexts, draft_kv_len=contexts[0], draft_kv_len_expected=committed - 1)
     return fields
-
-
-def _fill_left_pad_after(steps: list[StepRecord]) -> None:
-    """A continuing row's padding after the step is its padding at the sequence's next step."""
-    later: dict[int, int] = {}
-    for step in reversed(steps):
-        for row in step.rows:
-            row.left_pad_after = None if row.finished else later.get(row.seq_id)
-            later[row.seq_id] = row.left_pad
 
 
 def infer_steps(
@@ -216,48 +270,36 @@ def infer_steps(
     eos: frozenset[int],
     argmax_is_choice: bool = True,
 ) -> InferredSteps:
-    """Steps and endings from captured calls and declared emits, stopping before the first target
-    call no producer could map that a step would be read from (`InferredSteps.unreadable`).
-    `argmax_is_choice`: False when the engine samples or processes its logits."""
+    """Steps and endings from captured calls and declared emits, stopping before the first unmapped
+    target call a step would be read from. `argmax_is_choice`: False when the engine samples."""
     for call in calls:
         call.materialize()
         call.argmax_is_choice = argmax_is_choice
     notes: list[str] = []
-    end, why = first_unreadable(calls, emits) or (len(calls), None)
+    end = _first_unreadable(calls, emits)
     read_calls = calls[:end]
-    read_emits = emits if why is None else [e for e in emits if e.after <= end]
+    # Every emit when all was read: a command's emits count the calls of models it then drops.
+    read_emits = emits if end == len(calls) else [e for e in emits if e.after <= end]
     read = CallReader(read_calls)
     draft_free = not any(c.role == "draft" and not c.drafter for c in calls)
-    groups = attribute(read_calls, read_emits, prompts, read, notes, draft_free)
+    groups = attribute(read_emits, prompts, read, notes, draft_free)
     outputs, reasons = endings(groups, emits, prompts, eos)
     own_budgets, max_new = budgets(outputs, reasons)
     # Unread from the cut on: an ending declared after it is not the ending of the last step read.
     ended_unread = {e.seq_id for e in emits[len(read_emits) :]}
     close_by_length([g for g in groups if g.seq_id not in ended_unread], outputs, reasons, max_new)
-    steps = build_steps(read_calls, groups, prompts, read, draft_free=draft_free)
+    steps = build_steps(groups, prompts, read, draft_free)
     if any(c.drafter for c in read_calls):
         notes.extend(unfound_note(steps))
     k = max((len(row.draft_tokens) for step in steps for row in step.rows), default=0)
     events = [c.started for c in calls] + [e.at for e in emits]
-    return InferredSteps(
-        steps=steps,
-        outputs=outputs,
-        finish_reasons=reasons,
-        k=k,
-        max_new_tokens=max_new,
-        notes=notes,
-        first_call_at=min((c.started for c in calls), default=None),
-        last_event_at=max(events, default=None),
-        unreadable=None if why is None else (len(steps), why),
-        budgets=own_budgets,
-    )
+    first, last = min((c.started for c in calls), default=None), max(events, default=None)
+    unread = None if end == len(calls) else (len(steps), f"target call {end}: {calls[end].unreadable}")
+    return InferredSteps(steps, outputs, reasons, k, max_new, notes, first, last, unread, own_budgets)
 
 
-def first_unreadable(calls: list[CallRecord], emits: list[Emit]) -> tuple[int, str] | None:
-    """(index, why) of the first unmapped target call an emission follows; None: all were read."""
+def _first_unreadable(calls: list[CallRecord], emits: list[Emit]) -> int:
+    """The first unmapped target call an emission follows (len(calls): every call was read)."""
     targets = [i for i, c in enumerate(calls) if c.role == "target"]
-    stepped = {bisect_left(targets, emit.after) - 1 for emit in emits}  # each emit's last target call
-    found = min((targets[t] for t in stepped if t >= 0 and calls[targets[t]].unreadable is not None), default=None)
-    if found is None:
-        return None
-    return found, f"target call {found}: {calls[found].unreadable}"
+    stepped = {targets[t - 1] for t in (bisect_left(targets, emit.after) for emit in emits) if t}  # its last target
+    return min((i for i in stepped if calls[i].unreadable is not None), default=len(calls))

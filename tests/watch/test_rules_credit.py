@@ -1,4 +1,4 @@
-"""Which row of a verify call produced each sequence's emitted tokens (`specviz/watch/credit.py`
+"""Which row of a verify call produced each sequence's emitted tokens (`specviz/watch/steps.py`
 `assign_rows`), on one call written by hand: its own row where the tokens fit that row's drafts
 and the target's choices, else the row they fit (a write-back to the wrong sequence then shows as
 `write_seq != seq_id`), split over rows where one sequence received several rows' tokens.
@@ -12,8 +12,8 @@ from __future__ import annotations
 # The code under test, in one block.
 from specviz.watch.attribution import Group
 from specviz.watch.calls import RowQuery
-from specviz.watch.credit import assign_rows
 from specviz.watch.hooks import CallRecord
+from specviz.watch.steps import assign_rows
 
 SHOWN = [RowQuery(0, 1, ()), RowQuery(0, 1, ())]  # each row: its pending token, then one draft
 

@@ -1,4 +1,4 @@
-"""How each sequence of a watched run ended (`specviz/watch/endings.py`), on emits and groups written
+"""How each sequence of a watched run ended (`specviz/watch/attribution.py`), on emits and groups written
 by hand: outputs as emitted, endings declared or read from an emitted EOS (per step and per
 sequence), each sequence's own budget and the run's (`max_new_tokens`, never declared), and the
 sequences that reached it without an ending of their own."""
@@ -6,8 +6,7 @@ sequences that reached it without an ending of their own."""
 from __future__ import annotations
 
 # The code under test, in one block.
-from specviz.watch.attribution import Emit, Group
-from specviz.watch.endings import budgets, close_by_length, endings
+from specviz.watch.attribution import Emit, Group, budgets, close_by_length, endings
 
 EOS = frozenset([1, 2])
 PROMPTS = [[5, 6], [7], [8, 9, 10]]

@@ -1,5 +1,5 @@
 """How the watch reads one row's emitted tokens against its drafts and the target's choices
-(`specviz.watch.steps`: `consistent`, `matched_prefix`, `accepted_and_bonus`), by hand: drafts
+(`specviz.watch.calls`: `consistent`, `matched_prefix`, `accepted_and_bonus`), by hand: drafts
 and target argmaxes are small integers, every expected value worked out in the comment beside it.
 Greedy verification accepts the drafts up to the first one the target disagrees with, then emits
 the target's own token there (the bonus)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from specviz.watch.credit import accepted_and_bonus, consistent, matched_prefix
+from specviz.watch.calls import accepted_and_bonus, consistent, matched_prefix
 
 DRAFTS = [4, 5]
 ALL_AGREE = [4, 5, 6]  # the target chose 4 and 5 too, then 6: accept both, bonus 6
