@@ -25,9 +25,8 @@ class GenerateStreamer:
             self.saw_prompt = True
             return
         tokens = value.reshape(self.batch_size, -1).tolist()
-        for seq_id, row in enumerate(tokens):
-            if seq_id in self.finished:
-                continue
+        for seq_id in sorted(set(range(self.batch_size)) - self.finished):
+            row = tokens[seq_id]
             ended = next((i + 1 for i, t in enumerate(row) if t in self.eos), None)
             if ended is None:
                 self.watch.emit(seq_id, row, None)
