@@ -39,7 +39,7 @@ class HiddenTap:
         return self.calls[-1][0]
 
     def start(self, query_len: int) -> None:
-        """A recorded target call begins: it is age 0 from now, the oldest kept one is dropped."""
+        """A recorded target call begins: age 0 from now (the oldest kept one is dropped)."""
         self.calls.append([None, query_len])
         self.open = True
 
@@ -70,9 +70,8 @@ class HiddenTap:
 
     def match_rows(self, fed: dict[str, Any], args: tuple[Any, ...]) -> list[list[tuple[int, int, int]]] | None:
         """Per head row: the (age, target row, query column) of each kept hidden state equal to the
-        vector fed at its last slot, latest call first; None when nothing is kept or no vector of
-        their width was fed. Inside the open target call the head's last NESTED_TAIL slots are
-        matched at `end`, which fills the lists returned."""
+        vector fed at its last slot (inside the open target call: its last NESTED_TAIL slots, filled
+        in at `end`); None when nothing is kept or no vector of their width was fed."""
         # The LM head's input width while a state is kept or a target call is open (None: nothing to match)
         width = self.features if self.open or any(hidden is not None for hidden, _ in self.calls) else None
         fed_tensors = (fed.get("hidden_states"), *args, *fed.values())  # the named one first
@@ -88,8 +87,8 @@ class HiddenTap:
         return found
 
     def _match(self, fed_rows: torch.Tensor, columns: int) -> list[list[tuple[int, int, int]]]:
-        """Per head row (`columns` rows of `fed_rows` each): its matches, latest call first, at most
-        MAX_CANDIDATES a call for each slot fed (each is its own vector)."""
+        """Per head row (`columns` rows of `fed_rows`): its matches, latest call first, at most
+        MAX_CANDIDATES a call for each slot fed."""
         found: list[list[tuple[int, int, int]]] = [[] for _ in range(fed_rows.shape[0] // columns)]
         for age, (hidden, query_len) in enumerate(reversed(self.calls)):
             if hidden is not None:  # one LM head: every kept state has the width of the fed rows

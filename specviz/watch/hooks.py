@@ -125,37 +125,22 @@ class ModelHooks:
             cols = torch.arange(q, device=kept.device)
             live = live & kept[:, cols, width + cols].to(live.device)
         positions, positions_fed = self._positions(fed, mask, kind, batch, width, q)
-        return CallRecord(
-            role=self.role,
-            rows=said.rows,
-            input_ids=input_ids.clone(),
-            positions=positions,
-            positions_fed=positions_fed,
-            cache_width=width,
-            mask_kind=kind,
-            mask=kept,
-            query_live=live,
-            batch_size=batch,
-            query_len=q,
-            started=started,
-            packed=packed,
-            cu_q=_copy(fed.get("cu_seq_lens_q")),
-            cu_k=_copy(_one_tensor(fed.get("cu_seq_lens_k"))),
-            query_lens=said.query_lens,
-            parents=said.parents,
-            declared=said.facts,
-            logit_slots=_copy(fed.get("logits_to_keep")),  # a tensor of columns; an int keeps the last
+        record = CallRecord(
+            self.role, said.rows, input_ids.clone(), positions, positions_fed, width, kind, kept, batch, q
         )
+        record.query_live, record.started, record.packed = live, started, packed
+        record.cu_q, record.cu_k = _copy(fed.get("cu_seq_lens_q")), _copy(_one_tensor(fed.get("cu_seq_lens_k")))
+        record.query_lens, record.parents, record.declared = said.query_lens, said.parents, said.facts
+        record.logit_slots = _copy(fed.get("logits_to_keep"))  # a tensor of columns; an int keeps the last
+        return record
 
     def _ids_of_embeddings(self, embeds: Any) -> torch.Tensor | None:
         """The ids whose embedding rows these are (-1: not a token's; docs/watch-heads.md)."""
         table = getattr(self.model, "get_input_embeddings", lambda: None)()
         weight = getattr(table, "weight", None)
-        if (
-            not isinstance(embeds, torch.Tensor)
-            or not isinstance(weight, torch.Tensor)
-            or embeds.shape[-1] != weight.shape[-1]
-        ):
+        if not isinstance(embeds, torch.Tensor) or not isinstance(weight, torch.Tensor):
+            return None
+        if embeds.shape[-1] != weight.shape[-1]:  # not vectors of this table's width
             return None
         if self._unit.shape != weight.shape:
             self._unit = torch.nn.functional.normalize(weight.detach().float(), dim=-1)
@@ -170,23 +155,12 @@ class ModelHooks:
         if first is None:
             return None
         batch, q = first.shape[0], first.shape[1] if first.dim() >= 3 else 1
-        empty = [[0] * q for _ in range(batch)]
-        return CallRecord(
-            role="draft",
-            rows=None,
-            input_ids=empty,
-            positions=empty,
-            positions_fed=False,
-            cache_width=0,
-            mask_kind="unknown",
-            mask=None,
-            batch_size=batch,
-            query_len=q,
-            started=time.perf_counter(),
-            drafter=True,
-            head_fed=self.tap.match_rows(fed, args),
-            nested=self.tap.open,
+        empty = [[0] * q for _ in range(batch)]  # no ids or positions: hidden states
+        record = CallRecord(
+            "draft", None, empty, empty, False, 0, "unknown", None, batch, q, started=time.perf_counter()
         )
+        record.drafter, record.head_fed, record.nested = True, self.tap.match_rows(fed, args), self.tap.open
+        return record
 
     def after(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         self.fed_tap.end()
@@ -249,7 +223,7 @@ def _segment_tails(record: CallRecord, width: int) -> torch.Tensor:
     else:
         return torch.arange(width)
     offsets = torch.arange(-SEGMENT_TAIL, 0, device=ends.device)
-    columns = (ends.to(offsets.device)[:, None] + offsets[None, :]).flatten()
+    columns = (ends[:, None] + offsets[None, :]).flatten()
     return torch.unique(columns[(columns >= 0) & (columns < width)])
 
 
