@@ -1,52 +1,45 @@
 """Where a draft head's input came from (`watch(target, drafter=head)`; invariant 6, head-input).
 
-A head (EAGLE, MTP) is fed the target's last hidden state (its LM head's input) at the slot that
-predicted the row's pending token. `HiddenTap` (a pre-hook on the LM head, only when a drafter is
-named) keeps those of the target's latest HISTORY calls and matches each head row's fed vector with
-them; `head_source` names the match as the row's [sequence, logical index]: a stale source (an
-older call's) is named too and flagged by the check; a vector that matches nothing is left
-unrecorded, never guessed.
-"""
+`HiddenTap` (a pre-hook on the target's LM head, only when a drafter is named) keeps the target's
+last hidden states of its latest HISTORY calls and matches each head row's fed vector with them;
+`head_source` names the match as the row's [sequence, logical index] (docs/watch-heads.md)."""
 
 from __future__ import annotations
 
 from collections import deque
+from itertools import groupby, islice
+from operator import itemgetter
 from typing import Any
 
 import torch
 
 MAX_CANDIDATES = 4  # rows of one call holding the same vector (equal prompts): any is the same input
-# Target calls whose hidden states are kept: the latest (a correct head's source) and the two before
-# it (a stale source, or a sequence absent from the latest call, a newcomer's prefill between).
-HISTORY = 3
+HISTORY = 3  # target calls kept: the latest (a correct source) and two before (stale, or a newcomer's prefill between)
 RTOL, ATOL = 1e-4, 1e-5  # a copy or a dtype round trip of the vector, not another vector
-# A head called inside a target call (MTP-like, on the final norm's output) is fed every query slot;
-# the drafts come from the accepted slots, the last ones: only the last NESTED_TAIL are matched.
-NESTED_TAIL = 16
+NESTED_TAIL = 16  # a head called inside a target call is fed every query slot: its last ones are matched
 
 
 class HiddenTap:
     """The target's last hidden states, [B, T, H], of each of its latest HISTORY recorded calls."""
 
     def __init__(self, target: Any) -> None:
-        # [hidden states or None (LM head not run yet), query length], latest last; the hidden
-        # states may be the query's last columns only (logits_to_keep).
+        # [hidden states (None: LM head not run yet; maybe the last columns only), query length]
         self.calls: deque[list[Any]] = deque(maxlen=HISTORY)
         self.open = False
-        # Head calls made inside the open target call (MTP-like): their vectors are matched once the
-        # call's own hidden states are kept (`end`), and their records follow the call's (`release`).
+        # Head calls made inside the open target call: matched at `end`, recorded after it (`release`).
         self.deferred: list[tuple[torch.Tensor, int, list[list[tuple[int, int, int]]]]] = []
         self.held: list[Any] = []
         self.head = target.get_output_embeddings()
+        self.features = getattr(self.head, "in_features", None)  # the LM head's input width (nn.Linear's)
         self.handle = self.head.register_forward_pre_hook(self._capture)
 
     @property
     def last(self) -> torch.Tensor | None:
         """The latest call's hidden states (None until its LM head runs)."""
-        return self.calls[-1][0] if self.calls else None
+        return self.calls[-1][0]
 
     def start(self, query_len: int) -> None:
-        """A recorded target call begins: it is age 0 from now, the oldest kept one is dropped."""
+        """A recorded target call begins: age 0 from now (the oldest kept one is dropped)."""
         self.calls.append([None, query_len])
         self.open = True
 
@@ -59,8 +52,7 @@ class HiddenTap:
         self.deferred = []
 
     def hold(self, record: Any) -> None:
-        """A head call made inside the open target call, recorded after it (`release`) as a head
-        called between target calls would be."""
+        """A head call made inside the open target call, recorded after it (`release`)."""
         self.held.append(record)
 
     def release(self) -> list[Any]:
@@ -72,17 +64,16 @@ class HiddenTap:
 
     def _capture(self, module: Any, args: tuple[Any, ...]) -> None:
         # Only inside a target call: a head that shares the target's LM head calls it too.
-        if self.open and args and isinstance(args[0], torch.Tensor) and args[0].dim() == 3:
+        if self.open and args and args[0].dim() == 3:
             self.calls[-1][0] = args[0].detach().clone()  # an engine may reuse the buffer before the head reads it
+            self.features = args[0].shape[-1]
 
     def match_rows(self, fed: dict[str, Any], args: tuple[Any, ...]) -> list[list[tuple[int, int, int]]] | None:
         """Per head row: the (age, target row, query column) of each kept hidden state equal to the
-        vector fed at its last slot, latest call (age 0) first; None when nothing is kept or no
-        vector of their width was fed. A head called inside the open target call is matched at
-        `end` (its last NESTED_TAIL slots), which fills the lists returned."""
-        width = self.width()
-        if width is None:
-            return None
+        vector fed at its last slot (inside the open target call: its last NESTED_TAIL slots, filled
+        in at `end`); None when nothing is kept or no vector of their width was fed."""
+        # The LM head's input width while a state is kept or a target call is open (None: nothing to match)
+        width = self.features if self.open or any(hidden is not None for hidden, _ in self.calls) else None
         fed_tensors = (fed.get("hidden_states"), *args, *fed.values())  # the named one first
         vector = next((t for t in fed_tensors if _vectors(t, width)), None)
         if vector is None:
@@ -95,74 +86,48 @@ class HiddenTap:
         self.deferred.append((slots.detach().reshape(-1, width).clone(), slots.shape[1], found))
         return found
 
-    def width(self) -> int | None:
-        """The kept hidden states' width, else inside a target call its LM head's input features
-        (None: neither, nothing to match with)."""
-        kept = next((hidden for hidden, _ in reversed(self.calls) if hidden is not None), None)
-        if kept is not None:
-            return int(kept.shape[-1])
-        if not self.open:
-            return None
-        features = getattr(self.head, "in_features", None)
-        if isinstance(features, int):
-            return features
-        weight = getattr(self.head, "weight", None)
-        return int(weight.shape[-1]) if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
-
     def _match(self, fed_rows: torch.Tensor, columns: int) -> list[list[tuple[int, int, int]]]:
-        """Per head row (`columns` rows of `fed_rows` each): its matches, latest call first, at most
+        """Per head row (`columns` rows of `fed_rows`): its matches, latest call first, at most
         MAX_CANDIDATES a call for each slot fed."""
         found: list[list[tuple[int, int, int]]] = [[] for _ in range(fed_rows.shape[0] // columns)]
         for age, (hidden, query_len) in enumerate(reversed(self.calls)):
-            if hidden is not None and hidden.shape[-1] == fed_rows.shape[-1]:
-                per_slot = [0] * fed_rows.shape[0]  # the cap is per fed slot: each is its own vector
-                for r, row, column in _matches(fed_rows, hidden, query_len):
-                    if per_slot[r] < MAX_CANDIDATES:
-                        per_slot[r] += 1
-                        found[r // columns].append((age, row, column))
+            if hidden is not None:  # one LM head: every kept state has the width of the fed rows
+                for r, same in groupby(_matches(fed_rows, hidden, query_len), key=itemgetter(0)):
+                    found[r // columns] += [(age, row, column) for _, row, column in islice(same, MAX_CANDIDATES)]
         return found
 
 
-def _vectors(t: Any, width: int) -> bool:
+def _vectors(t: Any, width: int | None) -> bool:
     """A tensor of hidden states the width of the target's: [B, H] or [B, T, H]."""
     return isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() in (2, 3) and t.shape[-1] == width
 
 
 def _matches(fed_rows: torch.Tensor, kept: torch.Tensor, query_len: int) -> list[tuple[int, int, int]]:
     """(head row, target row, query column) of each kept hidden state ([B, T, H]) allclose to a fed
-    row's vector. A head fed in a coarser dtype (fp16 on an fp32 trunk) is compared with the states
-    rounded to it, within that dtype's rounding (`_tolerance`), never looser."""
-    rtol = _tolerance(fed_rows.dtype, kept.dtype)
-    if rtol > RTOL:
-        kept = kept.to(fed_rows.dtype)
-    fed_rows, kept = fed_rows.float(), kept.float()
+    row's vector, by head row. A head fed in a coarser dtype (fp16 on an fp32 trunk) is compared with
+    the states rounded to it, within one unit in its last place (a cast in another order or kernel
+    differs by less), never looser than RTOL."""
+    coarse, fine = torch.finfo(fed_rows.dtype).eps, torch.finfo(kept.dtype).eps
+    rtol = max(RTOL, coarse) if coarse > fine else RTOL
+    # Rounded to the fed dtype (a no-op or an exact widening unless that dtype is coarser).
+    fed_rows, kept = fed_rows.float(), kept.to(fed_rows.dtype).float()
     columns, width = kept.shape[1], kept.shape[-1]
     flat = kept.reshape(-1, width)
-    # Squared distances by one product ([B, N], not [B, N, H]); the near ones are then confirmed.
-    # Loose (the expansion cancels in float32): it only picks whom `allclose` then compares.
+    # Squared distances by one product ([B, N], not [B, N, H]), loose (the expansion cancels in
+    # float32): it only picks the near pairs, which `allclose` then confirms.
     norms = (fed_rows * fed_rows).sum(-1, keepdim=True)
     d2 = norms + (flat * flat).sum(-1) - 2 * fed_rows @ flat.T
     scale = 1e-3 * norms + 1e-6
     offset = max(query_len - columns, 0)  # logits_to_keep: the last columns only
-    rows, near = torch.nonzero(d2 <= scale, as_tuple=True)
+    rows, near = torch.nonzero(d2 <= scale, as_tuple=True)  # row-major: by head row
     # `allclose` on the near pairs at once: two host syncs per kept call, not one per row.
     same = ((flat[near] - fed_rows[rows]).abs() <= ATOL + rtol * fed_rows[rows].abs()).all(-1)
     return [(r, n // columns, offset + n % columns) for r, n in zip(rows[same].tolist(), near[same].tolist())]
 
 
-def _tolerance(fed: torch.dtype, kept: torch.dtype) -> float:
-    """RTOL, or for a vector fed in a floating dtype coarser than the kept one's, one unit in its
-    last place (a cast in another order or kernel differs by less)."""
-    if not kept.is_floating_point:  # the vector fed is floating (`_vectors`)
-        return RTOL
-    coarse, fine = torch.finfo(fed).eps, torch.finfo(kept).eps
-    return max(RTOL, coarse) if coarse > fine else RTOL
-
-
 class TapSet:
-    """The command's taps (`specviz watch --drafter NAME`): the target is known only at the end, so
-    every watched causal LM keeps its hidden states and a head call is matched with each; `resolve`
-    keeps the target's."""
+    """The command's taps (`--drafter NAME`): the target is known only at the end, so every watched
+    causal LM keeps its hidden states and a head call is matched with each (`resolve`)."""
 
     def __init__(self) -> None:
         self.taps: dict[int, HiddenTap] = {}  # model index -> its tap
@@ -199,10 +164,9 @@ def head_source(
     calls: list[Any], index: int, heads: list[int], row: int, drafts: list[int], seq_id: int, committed: int
 ) -> list[int] | None:
     """Row `row` of target call `index`: [sequence, logical index] of the hidden state its head was
-    fed, read off the step's first head call (`heads`, latest first: later ones are fed the head's
-    own features) through the target calls before it (a match's age counts them back). The
-    expected source wins where several hold that vector, else the latest match. None: no head row
-    can be told to have served this one, or its vector matched nothing (left unchecked)."""
+    fed, read off the step's first head call (`heads`, latest first) through the target calls
+    before it (a match's age counts them back): the expected source where several hold that
+    vector, else the latest match. None: no head row served it, or its vector matched nothing."""
     from specviz.watch.calls import row_seq_ids
 
     if not heads or not drafts:
@@ -213,14 +177,10 @@ def head_source(
         return None
     sources = [calls[i] for i in range(j - 1, -1, -1) if calls[i].role == "target"][:HISTORY]  # by age
     matched = [(sources[age], r, column) for age, r, column in calls[j].head_fed[head_row] if age < len(sources)]
-    found = []
-    for call, r, column in matched:
-        place = _unpacked(call, r, column)
-        inside = place is not None and place[0] < call.batch_size and place[1] < len(call.positions[place[0]])
-        # not a pad slot's state (pads of several rows may hold one vector): no token's
-        if inside and call.query_flags(place[0])[place[1]]:
-            found.append([row_seq_ids(call)[place[0]], int(call.positions[place[0]][place[1]])])
-    expected = [seq_id, committed - 2] if committed >= 2 else []
+    places = [(call, _unpacked(call, r, column)) for call, r, column in matched]
+    # not a pad slot's state (pads of several rows may hold one vector): no token's
+    found = [[row_seq_ids(c)[p[0]], int(c.positions[p[0]][p[1]])] for c, p in places if p and c.query_flags(p[0])[p[1]]]
+    expected = [seq_id, committed - 2]
     return expected if expected in found else next(iter(found), None)
 
 
@@ -243,13 +203,11 @@ def _served(head: Any, row: int, drafts: list[int], batch_size: int) -> int | No
 
 
 def _unpacked(call: Any, row: int, column: int) -> tuple[int, int] | None:
-    """A raw (row, column) of the call as its (row, column) after `batchmap.apply` unpacked it."""
-    if call.segments is None:
-        return row, column
-    for i, (r, start, length) in enumerate(call.segments):
-        if r == row and start <= column < start + length:
-            return i, column - start
-    return None  # padding between sequences
+    """A raw (row, column) of the call as its (row, column) after `batchmap.apply` unpacked it;
+    None: padding between sequences, or outside the call (a state of another shape kept)."""
+    spans = call.segments if call.segments is not None else [(r, 0, call.query_len) for r in range(call.batch_size)]
+    inside = (i for i, (r, start, length) in enumerate(spans) if r == row and start <= column < start + length)
+    return next(((i, column - spans[i][1]) for i in inside), None)
 
 
 def unfound_note(steps: list[Any]) -> list[str]:

@@ -1,19 +1,8 @@
-"""Forward hooks: what one model call was actually fed, captured without touching the engine.
+"""Forward hooks: what one model call was fed, copied without touching the engine or the host.
 
-Per call we keep, as small device tensors (no host sync on the hot path): the input ids; the
-position ids, fed or, when the engine passes none, the ones the model derives itself (for most HF
-models `cache_position`, the physical slot index, which ignores left padding: a bug many engines
-ship); the attention mask as "may attend" booleans (a 2-D mask as fed, a 4-D mask's last query
-rows); the physical cache width before the call (`cache` or the older `past_key_values`); the
-argmax of the logits of the last query slots (up to QUERY_TAIL, for both roles: a right-padded
-row's last real token is not in the last column).
-A forward costs the watch one tensor op per fed tensor and one argmax (~5-10 us each on a small
-model, a share of a decode step worth counting), and close one `tolist` per kept tensor. The rest
-(which query slots are real, how many slots each attends) is read from the lists, in Python, at
-close (`CallRecord.materialize`), the only place the watch syncs with the host. Tensors on the CPU
-are read through numpy where cheaper (`on_host`: the argmax, a large mask's compare, a packed
-mask's counts): a view, several times faster than torch's single-threaded CPU reductions.
-"""
+Per call `ModelHooks` keeps small device tensors: ids, positions, the mask as "may attend" booleans,
+the cache width and the argmax of the last query slots' logits (docs/watch-heads.md, "What a forward
+keeps"). `CallRecord.materialize` turns them into lists at close, the only host sync the watch adds."""
 
 from __future__ import annotations
 
@@ -21,14 +10,13 @@ import inspect
 import time
 from typing import Any, NamedTuple, Protocol
 
-import numpy
 import torch
 
 from specviz.errors import SpecvizError
 from specviz.watch.record import CallRecord
-from specviz.watch.tensor_reads import QUERY_TAIL, argmax_of, mask_copy, on_host
+from specviz.watch.tensor_reads import QUERY_TAIL, argmax_of, line_drops, mask_copy
 
-CACHE_KEYWORDS = ("cache", "past_key_values")
+SEGMENT_TAIL = 16  # a long packed row keeps the argmax of each sequence's last slots (drafts, pending)
 
 
 class WatchError(SpecvizError):
@@ -36,9 +24,7 @@ class WatchError(SpecvizError):
 
 
 class Declared(NamedTuple):
-    """What was said of one forward of a model before it ran: the sequence each row (or packed
-    segment) holds (None: undeclared), and with `w.batch` their query lengths, trees and
-    (drafts, chunk) facts."""
+    """What was said of one forward before it ran: each row's sequence, and `w.batch`'s facts."""
 
     rows: tuple[int, ...] | None = None
     query_lens: list[int] | None = None
@@ -49,22 +35,15 @@ class Declared(NamedTuple):
 class CallSink(Protocol):
     """Where `ModelHooks` sends what it captures (the `Watch`, or `AutoWatch` for the CLI)."""
 
-    def declared(self, role: str = "target") -> Declared:
-        """What was said of the forward of `role`'s model starting now; taking it ends a
-        declaration made for that one forward (`w.batch`), so each is read by one forward."""
-        ...
-
-    def add_call(self, call: CallRecord) -> None:
-        """One finished forward call, in call order."""
-        ...
+    def declared(self, role: str = "target") -> Declared: ...  # of `role`'s next forward, read once
+    def add_call(self, call: CallRecord) -> None: ...  # one finished forward call, in call order
 
 
 def check_causal_lm(model: Any, role: str) -> None:
     """Refuse anything whose output is not next-token logits: the argmax would mean nothing."""
     if not isinstance(model, torch.nn.Module):
         raise WatchError(f"{role} is a {type(model).__name__}, not a torch module; pass the model itself")
-    config = getattr(model, "config", None)
-    if getattr(config, "is_encoder_decoder", False):
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
         raise WatchError(f"{role} ({type(model).__name__}) is an encoder-decoder model, not a causal LM")
     if getattr(model, "get_output_embeddings", lambda: None)() is None:
         raise WatchError(
@@ -86,7 +65,7 @@ def cache_width(cache: Any) -> int:
 
 
 class _NoTap:
-    """The tap of a model watched without a named head: never open, it keeps, holds and matches nothing."""
+    """The tap of a model watched without a named head: never open, keeps and matches nothing."""
 
     open = False
 
@@ -101,16 +80,12 @@ class ModelHooks:
     """Pre- and post-forward hooks on one model, appending a CallRecord per call to `sink`."""
 
     def __init__(self, model: Any, role: str, sink: CallSink, drafter: bool = False, tap: Any = None) -> None:
-        self.model = model
-        self.role = role
-        self.drafter = drafter
-        # `headinput.HiddenTap`, given to the target's hooks and the head's (the command's head: a
-        # `TapSet`): the target's calls feed it (`fed_tap`), the head's are matched with it (`tap`).
+        self.model, self.role, self.sink, self.drafter = model, role, sink, drafter
+        # `headinput.HiddenTap` (or `TapSet`): a target's calls feed it, a head's are matched with it.
         self.tap = _NoTap() if tap is None else tap
-        self.fed_tap = _NoTap() if drafter else self.tap
-        self.sink = sink
+        self.fed_tap, self._read = (_NoTap(), self._head_call) if drafter else (self.tap, self._target_call)
         self.model_type = getattr(getattr(model, "config", None), "model_type", "")
-        self.param_names = [p for p in inspect.signature(model.forward).parameters if p != "self"]
+        self.param_names = list(inspect.signature(model.forward).parameters)  # bound: no `self`
         self.open: list[CallRecord | None] = []
         self._unit = torch.empty(0)  # the embedding table, rows normalized (inputs_embeds)
         self.handles = [
@@ -123,128 +98,86 @@ class ModelHooks:
             handle.remove()
         self.handles = []
 
-    # No `torch.no_grad()` wrapper (a context switch per call): nothing here is differentiable,
-    # the copies are of integer and boolean tensors and the argmax of the logits is an index.
+    # No `torch.no_grad()` (a context switch per call): nothing copied here is differentiable.
     def before(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        fed = {**dict(zip(self.param_names, args)), **kwargs}
+        self.open.append(self._read(args, {**dict(zip(self.param_names, args)), **kwargs}))
+
+    def _target_call(self, args: tuple[Any, ...], fed: dict[str, Any]) -> CallRecord | None:
         input_ids = fed.get("input_ids")
-        if self.drafter:
-            self.open.append(self._head_call(args, fed))
-            return
-        if input_ids is None and isinstance(fed.get("inputs_embeds"), torch.Tensor):
-            input_ids = self._ids_of_embeddings(fed["inputs_embeds"])
+        if input_ids is None:
+            input_ids = self._ids_of_embeddings(fed.get("inputs_embeds"))
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-            self.open.append(None)  # odd shapes: nothing to attribute
-            return
+            return None  # odd shapes: nothing to attribute
         self.fed_tap.start(input_ids.shape[1])  # recorded calls only: the tap's ages count them
         started = time.perf_counter()
-        cache = next((fed[k] for k in CACHE_KEYWORDS if fed.get(k) is not None), None)
-        width = cache_width(cache)
+        width = cache_width(fed.get("cache", fed.get("past_key_values")))
         batch, q = input_ids.shape
         mask = fed.get("attention_mask")
         said = self.sink.declared(self.role)
         # One row that may hold several sequences: its mask and argmax are kept whole (`batchmap`).
         packed = batch == 1 and q > 1
         kind, kept, live = mask_copy(mask, None if packed else QUERY_TAIL)
-        if kind == "4d" and mask.shape[-1] != width + q:
-            # Keys are not [cache | query]: a static or in-place cache writes the query's keys at
-            # slots inside the keys that the mask alone does not name, so only what each query
-            # slot attends is read, not where (`calls.mask_row`).
+        if kind == "4d" and mask.shape[-1] != width + q:  # keys not [cache | query]: a static cache's
             kind = "4d-slots"
         elif live is not None and kept.shape[1] == q:  # `live`: a 4-D mask's tail (`mask_copy`)
-            # A real query token attends its own key (the query block's diagonal of a [cache |
-            # query] mask); a slot that does not feeds nothing, though it may see the cache (a
-            # finished row fed a pad with its query masked out, kept in the batch).
+            # A real query token attends its own key (the query block's diagonal); a slot that does
+            # not feeds nothing (a finished row fed a pad, kept in the batch).
             cols = torch.arange(q, device=kept.device)
             live = live & kept[:, cols, width + cols].to(live.device)
         positions, positions_fed = self._positions(fed, mask, kind, batch, width, q)
-        keep = fed.get("logits_to_keep")
-        self.open.append(
-            CallRecord(
-                role=self.role,
-                rows=said.rows,
-                input_ids=input_ids.clone(),
-                positions=positions,
-                positions_fed=positions_fed,
-                cache_width=width,
-                mask_kind=kind,
-                mask=kept,
-                query_live=live,
-                batch_size=batch,
-                query_len=q,
-                started=started,
-                packed=packed,
-                cu_q=_copy(fed.get("cu_seq_lens_q")),
-                cu_k=_copy(_one_tensor(fed.get("cu_seq_lens_k"))),
-                query_lens=said.query_lens,
-                parents=said.parents,
-                declared=said.facts,
-                logit_slots=keep.clone() if isinstance(keep, torch.Tensor) and keep.dim() == 1 else None,
-            )
+        record = CallRecord(
+            self.role, said.rows, input_ids.clone(), positions, positions_fed, width, kind, kept, batch, q
         )
+        record.query_live, record.started, record.packed = live, started, packed
+        record.cu_q, record.cu_k = _copy(fed.get("cu_seq_lens_q")), _copy(_one_tensor(fed.get("cu_seq_lens_k")))
+        record.query_lens, record.parents, record.declared = said.query_lens, said.parents, said.facts
+        record.logit_slots = _copy(fed.get("logits_to_keep"))  # a tensor of columns; an int keeps the last
+        return record
 
-    def _ids_of_embeddings(self, embeds: torch.Tensor) -> torch.Tensor | None:
-        """The token ids whose embedding rows these are ([B, T, H] -> [B, T]): the nearest row of the
-        model's embedding table by direction, kept only where the model's own embedding of it equals
-        the vector fed (-1 elsewhere: an image feature, a soft prompt, anything not a token)."""
+    def _ids_of_embeddings(self, embeds: Any) -> torch.Tensor | None:
+        """The ids whose embedding rows these are (-1: not a token's; docs/watch-heads.md)."""
         table = getattr(self.model, "get_input_embeddings", lambda: None)()
         weight = getattr(table, "weight", None)
-        if not isinstance(weight, torch.Tensor) or embeds.dim() != 3 or embeds.shape[-1] != weight.shape[-1]:
+        if not isinstance(embeds, torch.Tensor) or not isinstance(weight, torch.Tensor):
+            return None
+        if embeds.shape[-1] != weight.shape[-1]:  # not vectors of this table's width
             return None
         if self._unit.shape != weight.shape:
             self._unit = torch.nn.functional.normalize(weight.detach().float(), dim=-1)
-        vectors = embeds.detach().float()
+        vectors = embeds.detach().float()  # [B, T, H]; another shape reads as no ids (`_target_call`)
         ids = (torch.nn.functional.normalize(vectors, dim=-1) @ self._unit.T).argmax(-1)
         same = torch.isclose(table(ids).float(), vectors, rtol=1e-3, atol=1e-5).all(-1)
         return torch.where(same, ids, torch.full_like(ids, -1))
 
     def _head_call(self, args: tuple[Any, ...], fed: dict[str, Any]) -> CallRecord | None:
-        """A draft head's call (EAGLE, MTP, Medusa: fed hidden states or embeddings, not ids): kept
-        as a draft call for its time and proposals; which row it served is read from the verify."""
+        """A draft head's call (fed hidden states, not ids): its time and proposals (`headinput`)."""
         first = next((v for v in (*args, *fed.values()) if isinstance(v, torch.Tensor) and v.dim() >= 2), None)
         if first is None:
             return None
         batch, q = first.shape[0], first.shape[1] if first.dim() >= 3 else 1
-        empty = [[0] * q for _ in range(batch)]
-        return CallRecord(
-            role="draft",
-            rows=None,
-            input_ids=empty,
-            positions=empty,
-            positions_fed=False,
-            cache_width=0,
-            mask_kind="unknown",
-            mask=None,
-            batch_size=batch,
-            query_len=q,
-            started=time.perf_counter(),
-            drafter=True,
-            head_fed=self.tap.match_rows(fed, args),
-            nested=self.tap.open,
+        empty = [[0] * q for _ in range(batch)]  # no ids or positions: hidden states
+        record = CallRecord(
+            "draft", None, empty, empty, False, 0, "unknown", None, batch, q, started=time.perf_counter()
         )
+        record.drafter, record.head_fed, record.nested = True, self.tap.match_rows(fed, args), self.tap.open
+        return record
 
     def after(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         self.fed_tap.end()
-        record = self.open.pop() if self.open else None
+        record = self.open.pop()  # `before` pushed one (None: not recorded) for every call
         if record is not None:
             self._finish(record, output)
         for held in self.fed_tap.release():  # head calls made inside this call come after it
             self.sink.add_call(held)
 
     def _finish(self, record: CallRecord, output: Any) -> None:
+        if isinstance(output, (tuple, list)):  # return_dict=False: the logits first
+            output = next(iter(output), None)
         logits = getattr(output, "logits", output)  # a bare head returns its logits
-        if logits is output and isinstance(output, (tuple, list)) and output:
-            logits = output[0]
         if isinstance(logits, torch.Tensor) and logits.dim() == 3:
-            if record.logit_slots is not None and logits.shape[1] != len(record.logit_slots):
-                record.logit_slots = None  # the model ignored logits_to_keep: every column's logits
-            if record.logit_slots is not None or logits.shape[1] <= QUERY_TAIL:
-                record.argmax = argmax_of(logits)
-            elif record.packed:  # a long packed row (prefills): the last slots of each sequence in it
-                columns = _segment_tails(record, logits.shape[1])
-                record.argmax, record.logit_slots = argmax_of(logits[:, columns]), columns
-            else:
-                record.argmax = argmax_of(logits[:, -QUERY_TAIL:])
+            record.argmax, record.logit_slots = _argmax(record, logits)
+        else:  # no argmax: no columns of it either
+            record.logit_slots = None
         record.ended = time.perf_counter()
         if record.nested:  # only a head's, while the target's call is open
             self.tap.hold(record)
@@ -252,14 +185,12 @@ class ModelHooks:
             self.sink.add_call(record)
 
     def _positions(self, fed: dict[str, Any], mask: Any, kind: str, batch: int, width: int, q: int) -> tuple[Any, bool]:
-        position_ids = fed.get("position_ids")
-        if isinstance(position_ids, torch.Tensor):
-            if position_ids.shape == (batch, q):
-                return position_ids.clone(), True  # one op, the usual case
-            return position_ids.reshape(-1, q).expand(batch, q).clone(), True
-        cache_position = fed.get("cache_position")
-        if isinstance(cache_position, torch.Tensor):
-            return cache_position.reshape(1, q).expand(batch, q).clone(), False
+        """The call's positions, and whether they were fed (else the model's own rule)."""
+        for name, was_fed in (("position_ids", True), ("cache_position", False)):
+            value = fed.get(name)
+            if isinstance(value, torch.Tensor):  # [batch, q]: one op, the usual case
+                shaped = value if value.shape == (batch, q) else value.reshape(-1, q).expand(batch, q)
+                return shaped.clone(), was_fed
         if self.model_type == "opt" and kind == "2d":
             # OPT's learned positions count the mask's ones (its own rule, padding-aware).
             ones = mask.long()
@@ -267,26 +198,32 @@ class ModelHooks:
         return [list(range(width, width + q)) for _ in range(batch)], False  # no tensor op needed
 
 
-SEGMENT_TAIL = 16  # a long packed row keeps the argmax of each sequence's last slots (drafts, pending)
+def _argmax(record: CallRecord, logits: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """The argmax kept of a call's [B, T, V] logits, and the query column of each (None: the last)."""
+    columns = logits.shape[1]
+    if record.logit_slots is not None and columns == len(record.logit_slots):
+        return argmax_of(logits), record.logit_slots  # logits_to_keep's columns (else the model ignored it)
+    if columns <= QUERY_TAIL:
+        return argmax_of(logits), None
+    if record.packed:  # a long packed row (prefills): the last slots of each sequence in it
+        kept = _segment_tails(record, columns)
+        return argmax_of(logits[:, kept]), kept
+    return argmax_of(logits[:, -QUERY_TAIL:]), None
 
 
 def _segment_tails(record: CallRecord, width: int) -> torch.Tensor:
     """The query columns of a long packed row whose argmax is kept: the last SEGMENT_TAIL before
-    every place a sequence may end (`cu_seq_lens_q`, else every token whose mask drops a slot the
-    token before attended: a superset of the cut `batchmap` makes), and the row's end."""
+    each place a sequence may end (`cu_seq_lens_q`, else a token whose mask drops a slot the token
+    before attended: a superset of `batchmap`'s cut) and the row's end."""
     if isinstance(record.cu_q, torch.Tensor):
         ends = record.cu_q[1:].long()
-    elif isinstance(record.mask, torch.Tensor) and record.mask.dim() == 3 and record.mask.shape[1] == width:
-        seen, host = record.mask[0], on_host(record.mask[0])
-        if host is not None:  # numpy on the CPU (`on_host`)
-            starts = torch.from_numpy(numpy.flatnonzero((host[:-1] & ~host[1:]).any(-1)) + 1)
-        else:
-            starts = torch.nonzero((seen[:-1] & ~seen[1:]).any(-1)).flatten() + 1
+    elif isinstance(record.mask, torch.Tensor) and record.mask.shape[-2] == width:  # a line per column
+        starts = torch.nonzero(line_drops(record.mask[0])).flatten() + 1
         ends = torch.cat([starts, torch.tensor([width], device=starts.device)])
     else:
         return torch.arange(width)
     offsets = torch.arange(-SEGMENT_TAIL, 0, device=ends.device)
-    columns = (ends.to(offsets.device)[:, None] + offsets[None, :]).flatten()
+    columns = (ends[:, None] + offsets[None, :]).flatten()
     return torch.unique(columns[(columns >= 0) & (columns < width)])
 
 
@@ -296,8 +233,7 @@ def _copy(value: Any) -> torch.Tensor | None:
 
 
 def _one_tensor(value: Any) -> Any:
-    """`cu_seq_lens_k` is a tensor, or (transformers' paged attention) a dict by layer type: the
-    full-attention one."""
+    """`cu_seq_lens_k`: a tensor, or (transformers' paged attention) a dict by layer type."""
     if isinstance(value, dict):
         return value.get("full_attention", next(iter(value.values()), None))
     return value

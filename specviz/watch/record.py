@@ -1,6 +1,5 @@
-"""One captured forward call (`CallRecord`): what the hooks (`hooks.ModelHooks`) copied of what a
-model was fed and returned, as device tensors until `materialize` turns them into lists at close,
-where the call's batch map is read (`batchmap.read_map`) and kept with it."""
+"""One captured forward call (`CallRecord`): what the hooks copied of what a model was fed and
+returned, as device tensors until `materialize` turns them into lists and reads its batch map."""
 
 from __future__ import annotations
 
@@ -22,27 +21,19 @@ class CallRecord:
     positions: Any  # [B, q] fed, or derived by the model's own rule
     positions_fed: bool
     cache_width: int
-    # "2d" | "4d" (keys: cache then query) | "4d-slots" (keys: a static or in-place cache's slots)
-    # | "none" (everything attended) | "unknown"
+    # "2d" | "4d" (keys: cache then query) | "4d-slots" (a static cache's slots) | "none" | "unknown"
     mask_kind: str
     mask: Any  # may attend: 2d [B, W]; 4d [B, tail, W] (the last query rows); else None
     batch_size: int  # B
     query_len: int  # q
     argmax: Any = None  # [B, L]: argmax of the logits of the last L query slots
-    # 4-D masks: [B, q], whether each query slot attends anything. A padded query slot attends
-    # nothing (its row is all masked), so this is where a 4-D mask says which slots are padding.
-    query_live: Any = None
-    # False when the engine's token is not the argmax of these logits (declared to the watch: it
-    # samples, or applies logits processors first): the argmax then never matches or judges a token.
-    argmax_is_choice: bool = True
+    query_live: Any = None  # 4-D masks: [B, q], whether each query slot attends anything (else padding)
+    argmax_is_choice: bool = True  # False: the engine samples, or processes the logits first
     started: float = 0.0
     ended: float = 0.0
-    last_slots: list[int] | None = None  # [B]: each row's last attended query slot, set by `materialize`
-    # [B]: what each row feeds and attends (`view.View`), set by `materialize`: the readers ask a
-    # row's view, never the mask.
-    views: list[Any] | None = None
-    # What a packed call carries to say who is where (`batchmap`): one row holding several
-    # sequences. `packed`: B == 1 and something may cut it (its mask and argmax kept whole).
+    last_slots: list[int] | None = None  # [B]: each row's last attended query slot (`materialize`)
+    views: list[Any] | None = None  # [B]: what each row feeds and attends (`view.View`); readers ask it
+    # A packed call (`batchmap`): B == 1 and something may cut it; its mask and argmax kept whole.
     packed: bool = False
     cu_q: Any = None  # [S + 1] cu_seq_lens_q: query start of each sequence
     cu_k: Any = None  # [S + 1] cu_seq_lens_k: key start of each sequence in a shared KV
@@ -51,42 +42,30 @@ class CallRecord:
     source: str | None = None  # the producer of its map (`batchmap.BatchMap.source`)
     contexts: list[int] | None = None  # [B] a packed call's rows: slots attended before the first query slot
     unreadable: str | None = None  # why no producer could map it (set by `materialize`)
-    # A packed call's 4-D mask per query token: (attended count, drops a slot the token before it
-    # attended, continues it: shares a slot with it and gains exactly one, attends exactly one slot
-    # more), from `line_summary`.
+    # A packed call's 4-D mask per query token (`line_summary`): (count, drops, continues, one more).
     lines: list[tuple[int, bool, bool, bool]] | None = None
-    # A packed call's rows: the key slots its first query token attends and those its last one
-    # attends (what the sequence holds after the call). A sequence's slots stay its own in a shared
-    # cache, so a row holds the sequence whose slots it mostly attends (`Follower._fits`).
+    # A packed call's rows: the key slots its first and its last query token attend (a row holds
+    # the sequence whose slots it mostly attends, `Follower._fits`).
     held: list[tuple[Any, Any]] | None = None  # [S] x ([keys] bool numpy, [keys] bool numpy)
     drafter: bool = False  # a draft head's call (`watch(..., drafter=head)`): fed hidden states, not ids
-    # A head call's rows: the (age, target row, query column) of the recent target calls (age 0:
-    # the latest) whose last hidden state each was fed (`headinput`); [] none matched; None: not
-    # compared (the command: a dict by model index until `finish` keeps the target's).
+    # A head call's rows: the (age, target row, query column) of the target states each was fed
+    # (`headinput`); [] none matched; None: not compared (the command: by model index until `finish`).
     head_fed: list[list[tuple[int, int, int]]] | None = None
-    # A head call made inside a target call (MTP-like: a module the target's forward calls on its
-    # final hidden states): recorded after that call, its matches filled when the call ends.
-    nested: bool = False
+    nested: bool = False  # a head call made inside a target call (MTP-like): recorded after it
     segments: list[tuple[int, int, int]] | None = None  # a packed call's (row, start, length) per sequence
-    # Tree verification (`tree`): per row its declared parents (w.batch(..., parents=...)); after
-    # `materialize`, `trees` holds each row's tree (declared, or read from the mask; None: a chain).
-    parents: list[list[int]] | None = None
-    # What `w.batch(drafts=, chunk=)` said of each declared sequence: (its drafts, a prefill chunk).
-    declared: tuple[tuple[int | None, bool], ...] | None = None
+    parents: list[list[int]] | None = None  # per row its declared tree (w.batch(..., parents=...))
+    declared: tuple[tuple[int | None, bool], ...] | None = None  # w.batch(drafts=, chunk=) per sequence
     map: Any = None  # the `BatchMap` read at `materialize`, one segment per row of the record
-    trees: list[list[int] | None] | None = None
+    trees: list[list[int] | None] | None = None  # each row's tree after `materialize` (None: a chain)
     tree_source: str | None = None  # "declared" | "mask"
-    # A packed call's query columns that are tree nodes where the block-diagonal rule would cut
-    # (`tree.packed_nodes`): the call packs trees, each read inside its sequence's segment.
-    tree_nodes: list[int] | None = None
-    # A call that packs trees over keys [cache | query] (a shared cache that only appends): the
-    # key column of each row's first query token, and the call's last key + 1, so the next call's
-    # view names which node slots it still attends (`tree.kept_nodes`).
+    tree_nodes: list[int] | None = None  # a packed call's tree-node columns (`tree.packed_nodes`)
+    # Trees packed over keys [cache | query]: each row's first query key, and the call's last key
+    # + 1, so the next call's view names which node slots it still attends (`tree.kept_nodes`).
     node_keys: list[int] | None = None
     keys_end: int | None = None
 
     def materialize(self) -> None:
-        """Tensors to lists, once, at close: the only host syncs the watch adds. Then the call's
+        """Tensors to lists, once, at close (the only host syncs the watch adds); then the call's
         batch map (`batchmap`): a packed call becomes one row per sequence."""
         if self.last_slots is not None:
             return
@@ -94,31 +73,29 @@ class CallRecord:
 
         self._to_lists("input_ids", "positions", "argmax", "query_live", "cu_q", "cu_k", "logit_slots")
         whole = self._packed_row()
-        # Trees packed in the call (read from its mask, or declared: a call fed no mask, cut by
+        # Trees packed in the call, read from its mask or declared (a call fed no mask, cut by
         # cu_seq_lens, has only its declaration to say them): each segment's tree is read.
         trees = bool(self.tree_nodes) or self.parents is not None
         self._to_lists("mask")
         base = self.cache_width
         self.map, packed = batchmap.read_map(self), False
-        if self.map.readable:  # a packed call's rows keep the slots each token attends where it packs trees
+        if self.map.readable:  # packing trees, a row keeps the slots each of its tokens attends
             packed = batchmap.apply(self, self.map, whole if trees else None)
         else:  # what the producer said, not what an earlier reading said
             self.unreadable = self.map.unreadable
         if whole is not None:
             self._keep_row(whole, packed, trees, base)
         self.last_slots = [self.view(row).last for row in range(self.batch_size)]
-        if not packed or trees:
-            tree.read_trees(self)
-        if self.logit_slots is not None and self.argmax is not None:  # (`apply` spread a packed call's)
-            # Argmax kept at some columns only: spread over the query, None elsewhere (`argmax_at`).
+        tree.read_trees(self)  # a packed call's rows show no tree unless it packs trees (`Slotted`)
+        if self.logit_slots is not None:  # argmax kept at some columns: spread, None elsewhere
             kept = batchmap.argmax_by_column(self)
             self.argmax = [[kept.get((r, c)) for c in range(self.query_len)] for r in range(len(self.argmax))]
             self.logit_slots = None
 
     def _packed_row(self) -> Any:
         """The [T, keys] mask tensor of a packed row, read as a summary per query token (`lines`)
-        and its tree nodes (`tree.packed_nodes`); None for any other call. One row verifying a tree
-        (declared, or read from its mask: `tree.one_tree`) packs no sequences."""
+        and its tree nodes; None for any other call. One row verifying a tree (declared, or read
+        from its mask: `tree.one_tree`) packs no sequences."""
         from specviz.watch import tree
 
         if not self.packed or self.mask_kind == "2d" or not isinstance(self.mask, torch.Tensor):
@@ -129,17 +106,17 @@ class CallRecord:
             return None
         whole = self.mask[0]
         self.lines, self.mask = line_summary(whole), None
-        if self.query_live is None:  # the slots that attend anything: those that count any
-            self.query_live = [[line[0] > 0 for line in self.lines]]
+        # The hooks keep no live list of a packed row: its live slots are those that attend any.
+        self.query_live = [[line[0] > 0 for line in self.lines]]
         self.tree_nodes = tree.packed_nodes(whole, self.lines, self.positions[0])
         if whole.shape[-1] == self.cache_width + self.query_len:  # keys [cache | query]
             self.keys_end = self.cache_width + self.query_len
         return whole
 
     def _keep_row(self, whole: Any, packed: bool, trees: bool, base: int) -> None:
-        """What a packed row keeps once its map is applied: each sequence's first and last view
-        (`held`) and, packing trees, its node keys; one sequence after all: its 4-D mask."""
-        if not packed:  # read as any 4-D mask
+        """What a packed row keeps once mapped: each sequence's first and last key slots (`held`)
+        and, packing trees, its node keys; one sequence after all: its 4-D mask."""
+        if not packed:
             self.mask = [whole.tolist()]
             return
         self.held = segment_slots(whole, self.segments)
@@ -153,8 +130,7 @@ class CallRecord:
                 setattr(self, name, value.tolist())
 
     def mark_unreadable(self, why: str) -> None:
-        """Say why no step can be read from this call on: the first reason stands (what the map's
-        producer said, else the earliest later reading that could not go on)."""
+        """Say why no step can be read from this call on; the first reason stands."""
         if self.unreadable is None:
             self.unreadable = why
 
@@ -163,13 +139,11 @@ class CallRecord:
         return self.contexts[row] if self.contexts is not None else self.cache_width
 
     def query_flags(self, row: int) -> list[int]:
-        """1 for each query slot of `row` that is attended (a real token), 0 for padding. Shared:
-        callers read it, never change it."""
+        """1 for each query slot of `row` that holds a real token, 0 for padding (shared: read only)."""
         return self.view(row).flags
 
     def view(self, row: int) -> Any:
-        """What the row feeds and attends (`view.View`): read once from the mask, at the first ask
-        after `materialize` (`batchmap.apply` gives a packed call's segments theirs)."""
+        """What the row feeds and attends (`view.View`), read once, at the first ask after `materialize`."""
         if self.views is None:
             from specviz.watch.view import read_views
 

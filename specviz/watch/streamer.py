@@ -1,9 +1,7 @@
 """HF `generate` reports its tokens through a streamer; this one turns them into `emit` calls.
 
-`generate` first hands over the prompt batch, then one token per row per step. Rows are the
-prompts in order (so `rows` is never called); a finished row keeps receiving padding, which is
-not emitted. Whatever is unfinished when `generate` ends ran out of `max_new_tokens`.
-"""
+`generate` hands over the prompt batch, then one token per row per step; rows are the prompts in
+order. A finished row's padding is not emitted; what is unfinished at the end ran out of budget."""
 
 from __future__ import annotations
 
@@ -14,9 +12,7 @@ class GenerateStreamer:
     """Pass as `generate(..., streamer=w.streamer())`; greedy, no assistant model."""
 
     def __init__(self, watch: Any, eos_ids: frozenset[int], batch_size: int) -> None:
-        self.watch = watch
-        self.eos = eos_ids
-        self.batch_size = batch_size
+        self.watch, self.eos, self.batch_size = watch, eos_ids, batch_size
         self.saw_prompt = False
         self.finished: set[int] = set()
 
@@ -25,9 +21,8 @@ class GenerateStreamer:
             self.saw_prompt = True
             return
         tokens = value.reshape(self.batch_size, -1).tolist()
-        for seq_id, row in enumerate(tokens):
-            if seq_id in self.finished:
-                continue
+        for seq_id in sorted(set(range(self.batch_size)) - self.finished):
+            row = tokens[seq_id]
             ended = next((i + 1 for i, t in enumerate(row) if t in self.eos), None)
             if ended is None:
                 self.watch.emit(seq_id, row, None)

@@ -1,6 +1,6 @@
-"""What the hooks read off a forward's tensors (masks, logits), each in one pass, on the host
-through numpy where that is cheaper (torch's single-threaded CPU reductions widen a boolean to
-int64). Pure functions of tensors: `hooks` calls them, `batchmap` and `follow` read the results."""
+"""What the hooks read off a forward's tensors (masks, logits), each in one pass, on the CPU
+through numpy where cheaper (torch's single-threaded CPU reductions widen a boolean to int64).
+Pure functions of tensors: `hooks` calls them, `batchmap` and `follow` read the results."""
 
 from __future__ import annotations
 
@@ -13,12 +13,9 @@ QUERY_TAIL = 128  # 4-D masks keep only their last query rows: a verify window i
 
 
 def line_summary(mask: torch.Tensor) -> list[tuple[int, bool, bool, bool]]:
-    """Per query token of a packed row's [T, keys] mask: (slots it attends, whether it drops one the
-    token before attended, whether it continues that token, whether it attends exactly one more).
-    From `line_counts`: with `both` the slots shared with the token before, it drops one iff both <
-    the count before and gains count - both; it continues iff both > 0 and it gains one (its own
-    key, as a causal query or a sliding window does: a neighbour's first token gains its whole
-    context even where a leaked slot is shared). In numpy: no Python loop over the T tokens."""
+    """Per query token of a packed row's [T, keys] mask: (slots it attends, drops one the token
+    before attended, continues that token: shares a slot and gains exactly one, its own key, as a
+    causal query or a sliding window does; attends exactly one more)."""
     counts, both = (numpy.asarray(a, dtype=numpy.int64) for a in line_counts(mask.bool()))
     if not len(counts):
         return []
@@ -31,8 +28,7 @@ def line_summary(mask: torch.Tensor) -> list[tuple[int, bool, bool, bool]]:
 
 def line_counts(seen: torch.Tensor, host: bool | None = None) -> tuple[list[int], list[int]]:
     """Per line of a [T, keys] boolean mask: slots attended, and slots shared with the line before
-    (T - 1 of them). Through numpy on the CPU (a packed prefill's mask is T x T); on a device, two
-    ops and one transfer (`host` forces the one or the other)."""
+    (T - 1 of them); through numpy on the CPU, else two ops and one transfer (`host` forces one)."""
     if seen.device.type == "cpu" if host is None else host:
         lines = seen.numpy()
         counts = lines.view(numpy.uint8).sum(-1, dtype=numpy.int32)
@@ -41,6 +37,11 @@ def line_counts(seen: torch.Tensor, host: bool | None = None) -> tuple[list[int]
     t = seen.shape[0]
     read = torch.cat([seen.sum(-1), (seen[:-1] & seen[1:]).sum(-1)]).tolist()
     return read[:t], read[t:]
+
+
+def line_drops(seen: torch.Tensor) -> torch.Tensor:
+    """Per line of a [T, keys] boolean mask from the second: whether it drops a slot the line before attends."""
+    return through_host(seen, lambda m: (m[:-1] & ~m[1:]).any(-1))
 
 
 def segment_slots(mask: torch.Tensor, segments: list[tuple[int, int, int]]) -> list[tuple[Any, Any]]:
@@ -52,8 +53,7 @@ def segment_slots(mask: torch.Tensor, segments: list[tuple[int, int, int]]) -> l
 
 
 def shared_slots(a: Any, b: Any) -> int:
-    """Key slots two `CallRecord.held` rows both attend (slot i is the same slot in every call of a
-    shared cache; a later call's keys may be more)."""
+    """Key slots two `CallRecord.held` rows both attend (a later call's keys may be more)."""
     n = min(len(a), len(b))
     return int(numpy.count_nonzero(a[:n] & b[:n]))
 
@@ -61,20 +61,14 @@ def shared_slots(a: Any, b: Any) -> int:
 def mask_copy(mask: Any, tail: int | None = QUERY_TAIL) -> tuple[str, torch.Tensor | None, torch.Tensor | None]:
     """The mask's kind, its "may attend" booleans (a copy; of a 4-D mask head 0's last `tail` query
     rows, all for None) and, for a 4-D tail, whether each query slot attends anything ([B, q])."""
-    if mask is None:
-        return "none", None, None
-    if not isinstance(mask, torch.Tensor):
-        return "unknown", None, None
+    if not isinstance(mask, torch.Tensor) or mask.dim() not in (2, 4):
+        return ("none" if mask is None else "unknown"), None, None
     if mask.dim() == 2:
         return "2d", _copied(attended(mask), mask), None
-    if mask.dim() == 4:
-        seen = attended(mask[:, 0])
-        # Whole (a packed row): `CallRecord.materialize` reads its lines at close. A tail is
-        # copied, so the rest of the rows are not kept alive.
-        if tail is None:
-            return "4d", _copied(seen, mask), None
-        return "4d", seen[:, -tail:].clone(), any_last(seen)
-    return "unknown", None, None
+    seen = attended(mask[:, 0])
+    if tail is None:  # whole (a packed row): `CallRecord.materialize` reads its lines at close
+        return "4d", _copied(seen, mask), None
+    return "4d", seen[:, -tail:].clone(), any_last(seen)  # a copy: the other rows are not kept alive
 
 
 def _copied(seen: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -82,10 +76,9 @@ def _copied(seen: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return seen.clone() if mask.dtype == torch.bool else seen
 
 
-# Host dtypes numpy reads in place: its compare and `any` over a mask cost a fifth of torch's
-# single-threaded ones, the hook's largest cost before.
-NUMPY_DTYPES = {torch.bool, torch.float16, torch.float32, torch.float64}
-NUMPY_DTYPES |= {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
+# Host dtypes numpy reads in place: its compare and `any` over a mask cost a fifth of torch's.
+NUMPY_DTYPES = {torch.bool, torch.float16, torch.float32, torch.float64, torch.uint8, torch.int8, torch.int16}
+NUMPY_DTYPES |= {torch.int32, torch.int64}
 
 
 def on_host(tensor: torch.Tensor, least: int = 0) -> Any:
@@ -99,9 +92,8 @@ def on_host(tensor: torch.Tensor, least: int = 0) -> Any:
         return None
 
 
-def _through_host(tensor: torch.Tensor, op: Any, least: int = 0) -> torch.Tensor:
-    """`op(tensor)`, written for both, through numpy where `on_host` reads it (a new array, never a
-    view of the engine's), else torch's own."""
+def through_host(tensor: torch.Tensor, op: Any, least: int = 0) -> torch.Tensor:
+    """`op(tensor)`, written for both, through numpy where `on_host` reads it, else torch's own."""
     host = on_host(tensor, least)
     return torch.from_numpy(op(host)) if host is not None else op(tensor)
 
@@ -111,14 +103,14 @@ def attended(mask: torch.Tensor) -> torch.Tensor:
     if mask.dtype == torch.bool:
         return mask
     floating = mask.is_floating_point()
-    return _through_host(mask, lambda m: m == 0 if floating else m != 0, least=4096)
+    return through_host(mask, lambda m: m == 0 if floating else m != 0, least=4096)
 
 
 def argmax_of(logits: torch.Tensor) -> torch.Tensor:
     """`logits.argmax(-1)` (the first maximum), through numpy on the CPU: a tenth of torch's cost."""
-    return _through_host(logits, lambda x: x.argmax(-1))
+    return through_host(logits, lambda x: x.argmax(-1))
 
 
 def any_last(seen: torch.Tensor) -> torch.Tensor:
     """`seen.any(-1)`, through numpy on the CPU."""
-    return _through_host(seen, lambda x: x.any(-1))
+    return through_host(seen, lambda x: x.any(-1))
