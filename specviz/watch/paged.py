@@ -1,12 +1,8 @@
-"""transformers' continuous batching (`generate_batch`, `ContinuousBatchingManager`) read from its manager.
-
-Its forward is packed (`PagedAttentionArgs`; `batchmap` cuts it into requests by `cu_seq_lens_q`),
-and only the manager knows which request sits where and what each received: while a watch is open
-two of its methods are wrapped (`install`, restored at close) and its report is the reading (an
-engine's own `w.emit` for a sequence it names is compared with it, `reconcile`). Synchronous
-batching only, CUDA graphs off (a replayed graph runs no hooks; the async manager feeds placeholder
-ids). transformers is imported only when a watch opens.
-"""
+"""transformers' continuous batching (`generate_batch`, `ContinuousBatchingManager`), read from its
+manager: while a watch is open two of its methods are wrapped (`install`), and its report of which
+request each packed forward holds and what each received is the reading (an engine's own `w.emit`
+is compared with it, `reconcile`). Synchronous batching only, CUDA graphs off (a replayed graph runs
+no hooks; the async manager feeds placeholder ids)."""
 
 from __future__ import annotations
 
@@ -15,8 +11,7 @@ from typing import Any, Protocol
 
 
 class PagedSink(Protocol):
-    """What the capture tells the watch (`Watch` or `AutoWatch`): each forward's sequences, and the
-    tokens the manager gave a sequence in the forward just run (its ending, if it ended)."""
+    """What the capture tells the watch: each forward's sequences, and each sequence's new tokens."""
 
     def declare_forward(self, seq_ids: tuple[int, ...]) -> None: ...
     def report(self, seq_id: int, token_ids: list[int], finish_reason: str | None = None) -> None: ...
@@ -38,8 +33,6 @@ class PagedCapture:
         # The engine's own `emit`s for sequences the manager named: compared with its report, never added.
         self.engine: dict[int, list[tuple[list[int], str | None]]] = {}
         self._saved: list[tuple[Any, str, Any]] = []
-
-    # ------------------------------------------------------------------ installing
 
     def install(self) -> bool:
         """Wrap the manager's methods; False when this transformers has no continuous batching."""
@@ -70,8 +63,6 @@ class PagedCapture:
         for owner, name, original in self._saved:
             setattr(owner, name, original)
         self._saved = []
-
-    # ------------------------------------------------------------------ what the manager says
 
     def forward(self, states: list[Any]) -> None:
         """`prepare_batch_tensors`: the next forward holds these requests, in order (its declared rows)."""
@@ -104,9 +95,8 @@ class PagedCapture:
         return True
 
     def reconcile(self, calls: list[Any], reported: list[Any]) -> None:
-        """Compare each sequence's engine emits with the manager's (`reported`): the target call that
-        made the first token they disagree on is marked unreadable, both versions in the reason
-        (which one the sequence got is not known)."""
+        """Mark unreadable the target call that made the first token where a sequence's engine emits
+        and the manager's (`reported`) disagree, both versions in the reason."""
         targets = [j for j, call in enumerate(calls) if call.role == "target"]
         for seq_id, emits in sorted(self.engine.items()):
             said = [e for e in reported if e.seq_id == seq_id]
@@ -114,15 +104,13 @@ class PagedCapture:
             if where is None or not targets:
                 continue
             after, why = where
-            # The call that made the first token the two disagree on (the last target call before
-            # `after`); where the manager reported none (after 0: the engine emitted for a sequence
-            # it never wrote to), the first call.
+            # The last target call before `after` (the first where the manager reported nothing).
             made = targets[max(bisect_left(targets, after) - 1, 0)]
             calls[made].mark_unreadable(f"sequence {seq_id}: {why}")
 
     def _seq(self, state: Any) -> int:
-        """The sequence a request is: the first untaken declared prompt equal to its prompt, else a
-        new id past every declared prompt (without declared prompts, in order of appearance)."""
+        """The request's sequence: the first untaken declared prompt equal to its prompt, else a new
+        id past every declared one (without declared prompts, in order of appearance)."""
         rid = state.request_id
         if rid in self.seq_of:
             return self.seq_of[rid]
@@ -139,8 +127,7 @@ class PagedCapture:
 
 
 def _first_difference(reported: list[Any], engine: list[tuple[list[int], str | None]]) -> tuple[int, str] | None:
-    """(the manager's emit's `after` where the engine's emits first disagree with it, why); None: the
-    same tokens and, where the engine declared one, the same ending."""
+    """(the `after` of the manager's emit where the engine's first disagree, why); None: they agree."""
     tokens = [(t, e.after) for e in reported for t in e.tokens]
     said = [t for e, _ in engine for t in e]
     ending = next((e.finish_reason for e in reversed(reported) if e.finish_reason), None)
