@@ -37,9 +37,8 @@ def read_map(call: Any) -> BatchMap:
 
 
 def _declared_ids(call: Any, count: int, source: str) -> tuple[int | None, ...]:
-    """The declared sequence of each of the call's `count` sequences (None: undeclared). A
-    declaration of another length is the default order (a padded batch changed since), except a
-    target's that names more sequences than its one row (packed or not) holds."""
+    """The declared sequence of each of the `count` sequences; of another length, the default order
+    (a padded batch changed since), unless a target's names more than its one row holds."""
     declared = call.rows or ()  # None: not declared
     if len(declared) == count:
         return tuple(declared)
@@ -53,9 +52,8 @@ Span = tuple[int, int, int, tuple[int, int] | None]  # (row, start, length, own 
 
 
 def _layout(call: Any) -> tuple[str, list[Span]]:
-    """(source, spans): a packed 1 x T call cut by its declared query_lens, its cu_seq_lens_q, its
-    block-diagonal mask or, with no mask and no cache, its restarting positions (transformers'
-    `find_packed_sequence_indices`); else ("padded") one sequence per row."""
+    """(source, spans): a packed 1 x T call cut by the first of its arguments that cuts it, else
+    ("padded") one sequence per row."""
     if call.batch_size != 1 or not call.packed:
         return _padded(call)
     if call.query_lens is not None:
@@ -90,10 +88,9 @@ def _from_lengths(lengths: list[int], width: int, keys: list[tuple[int, int] | N
 
 
 def block_cuts(lines: list[tuple[int, bool, bool, bool]], positions: list[int]) -> list[int]:
-    """The query columns where a block-diagonal mask (`lines`: `tensor_reads.line_summary`) starts
-    a sequence: the token drops a slot the one before it attended and does not follow its position
-    or does not continue it (a sliding window drops old slots too, with positions that follow, and
-    gains only its own key). A packed tree's sibling drops one too: `tree.packed_nodes`."""
+    """Where a block-diagonal mask (`tensor_reads.line_summary`) starts a sequence: a token that drops
+    a slot the one before it attended and does not follow its position or does not continue it (a
+    sliding window drops old slots, with positions that follow; a tree's sibling: `packed_nodes`)."""
     _, dropped, continues, _ = numpy.array(lines, dtype=bool).reshape(-1, 4)[1:].T
     jumps = numpy.diff(numpy.asarray(positions[: len(lines)])) != 1
     return (numpy.flatnonzero(dropped & (jumps | ~continues)) + 1).tolist()
@@ -136,19 +133,20 @@ def apply(call: Any, bmap: BatchMap, seen: Any = None) -> bool:
 
 
 def _views(segments: tuple[Segment, ...], width: int, lines: Any, seen: Any) -> list[View]:
-    """Each segment's view, right-padded to `width`: the key slots each token attends where it packs
-    trees (`seen`), else its lines' counts (`_key_lines`), else nothing (the mask checks are
-    skipped). Its cache: what its first token attends before itself."""
+    """Each segment's view, right-padded to `width`: nothing without lines (its mask checks are
+    skipped), else the slots each token attends where it packs trees (`seen`), else its counts."""
     views: list[View] = []
     for s in segments:
-        flags = [1] * s.length + [0] * (width - s.length)
-        cache = max(lines[s.start][0] - 1, 0) if lines is not None else 0
+        pad = width - s.length
+        flags = [1] * s.length + [0] * pad
+        if lines is None:
+            views.append(View(flags, 0))
+            continue
+        cache = max(lines[s.start][0] - 1, 0)
         if seen is not None:
             views.append(Slotted(flags, cache, _own_slots(seen, s, width)))
-        elif lines is not None:
-            views.append(Counted(flags, cache, lines[s.start : s.start + s.length] + [(0, False)] * (width - s.length)))
         else:
-            views.append(View(flags, cache))
+            views.append(Counted(flags, cache, lines[s.start : s.start + s.length] + [(0, False)] * pad))
     return views
 
 
@@ -173,9 +171,8 @@ def argmax_by_column(call: Any) -> dict[tuple[int, int], int]:
 
 
 def _key_lines(call: Any, bmap: BatchMap) -> list[tuple[int, bool]] | None:
-    """Per query column of row 0: (key slots it attends, attends exactly one more than the column
-    before), from the 4-D mask's summary, else each sequence's own keys from `cu_seq_lens_k`, else
-    (no mask, no cache) its own segment's, causal. None: nothing says."""
+    """Per query column of row 0: (key slots it attends, exactly one more than the column before),
+    from the mask's summary, else causal over each sequence's own keys (None: not said)."""
     if call.lines is not None:
         return [(count, one_more) for count, _, _, one_more in call.lines]
     spans = [s.keys for s in bmap.segments]

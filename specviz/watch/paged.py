@@ -9,6 +9,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from typing import Any, Protocol
 
+from specviz.watch.view import slots_on
+
 
 class PagedSink(Protocol):
     """What the capture tells the watch: each forward's sequences, and each sequence's new tokens."""
@@ -98,9 +100,11 @@ class PagedCapture:
         """Mark unreadable the target call that made the first token where a sequence's engine emits
         and the manager's (`reported`) disagree, both versions in the reason."""
         targets = [j for j, call in enumerate(calls) if call.role == "target"]
+        by_seq: dict[int, list[Any]] = {}
+        for e in reported:
+            by_seq.setdefault(e.seq_id, []).append(e)
         for seq_id, emits in sorted(self.engine.items()):
-            said = [e for e in reported if e.seq_id == seq_id]
-            where = _first_difference(said, emits)
+            where = _first_difference(by_seq.get(seq_id, []), emits)
             if where is None or not targets:
                 continue
             after, why = where
@@ -117,7 +121,7 @@ class PagedCapture:
         prompt = list(getattr(state, "initial_tokens", []))  # a list, by its dataclass field
         if self.declared is not None:
             new = max([len(self.declared) - 1, *self.named]) + 1
-            seq = next((i for i, p in enumerate(self.declared) if p == prompt and i not in self.named), new)
+            seq = min({i for i, p in enumerate(self.declared) if p == prompt} - self.named, default=new)
         else:
             seq = len(self.prompts)
             self.prompts.append(prompt)
@@ -128,19 +132,20 @@ class PagedCapture:
 
 def _first_difference(reported: list[Any], engine: list[tuple[list[int], str | None]]) -> tuple[int, str] | None:
     """(the `after` of the manager's emit where the engine's first disagree, why); None: they agree."""
-    tokens = [(t, e.after) for e in reported for t in e.tokens]
+    tokens = [t for e in reported for t in e.tokens]
+    # The emit that made each reported token, then (past them) the last emit.
+    afters = [e.after for e in reported for _ in e.tokens] + [max([0, *(e.after for e in reported)])]
     said = [t for e, _ in engine for t in e]
     ending = next((e.finish_reason for e in reversed(reported) if e.finish_reason), None)
     declared = next((reason for _, reason in reversed(engine) if reason), None)
     shared = min(len(said), len(tokens))
-    i = next((i for i in range(shared) if said[i] != tokens[i][0]), shared)  # the first token that differs
+    i = min(slots_on([a != b for a, b in zip(said, tokens)]), default=shared)  # the first token that differs
     if i < shared:
-        why = f"the engine emitted {said[i]} as output token {i}, the manager reported {tokens[i][0]}"
+        why = f"the engine emitted {said[i]} as output token {i}, the manager reported {tokens[i]}"
     elif len(said) != len(tokens):
         why = f"the engine emitted {len(said)} tokens, the manager reported {len(tokens)}"
     elif declared in (None, ending):
         return None
     else:
         why = f"the engine ended it by {declared!r}, the manager by {ending!r}"
-    after = tokens[i][1] if i < len(tokens) else max([0, *(e.after for e in reported)])  # else the last emit's
-    return after, f"{why} (transformers' continuous batching manager and w.emit disagree)"
+    return afters[i], f"{why} (transformers' continuous batching manager and w.emit disagree)"

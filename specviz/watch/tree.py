@@ -17,8 +17,6 @@ from specviz.watch.map import tree_error  # noqa: F401  (Segment checks its pare
 from specviz.watch.tensor_reads import any_last
 from specviz.watch.view import parents_of_block, parents_of_sets, slots_on
 
-# ----------------------------------------------------------------------------- the tree of a row
-
 
 def branching(parents: list[int]) -> bool:
     """Some node's parent is not the node before it (the root's -1 is the node before it)."""
@@ -84,8 +82,7 @@ def _fed_tree(parents: list[int] | None, positions: list[int], last: int, proven
 
 def one_tree(mask: Any, cache_width: int, positions: list[int]) -> bool:
     """Does a 1 x T call's [T, keys] mask (a tensor) verify one branching tree fed its depths, not
-    several sequences packed together (each packed sequence's first token sees no other query
-    token: a second root)?"""
+    several packed sequences (each one's first token sees no other query token: a second root)?"""
     live = any_last(mask).tolist()  # through numpy on the CPU: torch's `any` costs 20x more here
     last = max(slots_on(live), default=-1)
     if last < 0:
@@ -104,10 +101,8 @@ def one_tree(mask: Any, cache_width: int, positions: list[int]) -> bool:
 
 
 def packed_nodes(seen: Any, lines: list[tuple[int, bool, bool, bool]], positions: list[int]) -> list[int]:
-    """The `batchmap.block_cuts` of a packed 1 x T call's boolean [T, keys] mask that are tree
-    nodes: the token attends exactly the slots of an earlier token since the last cut plus one (its
-    own), as a sibling or a cousin does; a sequence's first token attends its own context, never all
-    of a neighbour's view. Read by the mask alone, so a node fed a wrong position stays in its tree."""
+    """The `block_cuts` of a packed call's boolean [T, keys] mask that are tree nodes, by the mask
+    alone (a node fed a wrong position stays in its tree; docs/watch-trees.md)."""
     counts = numpy.array([line[0] for line in lines])
     seen = seen.numpy() if seen.device.type == "cpu" else seen  # torch's per-op cost is most of it here
     nodes, start = [], 0
@@ -132,9 +127,6 @@ def _mask_tree(call: Any, row: int) -> list[int] | None:
     return call.view(row).tree(call.last_slots[row] - n + 1, n) if n >= 2 else None
 
 
-# ----------------------------------------------------------------------------- what a step kept
-
-
 def consistent(tokens: list[int], parents: list[int], nodes: list[int], targets: list[int], free_last: bool) -> bool:
     """Tokens read as a root-to-node path of the tree, then (optionally) one more: the target's
     choice at that node (any token when the argmax is not the engine's choice)."""
@@ -146,9 +138,8 @@ def consistent(tokens: list[int], parents: list[int], nodes: list[int], targets:
 def accepted_path(
     tokens: list[int], parents: list[int], nodes: list[int], targets: list[int]
 ) -> tuple[list[int], int | None]:
-    """(the accepted nodes, root excluded; the bonus) as the emitted tokens show them: a prefix of
-    the greedy-correct proposal (the longest path agreeing with the target, then its choice there)
-    accepts that whole path (a budget or EOS cut what was emitted); else the path the tokens walk."""
+    """(accepted nodes, root excluded; bonus): the greedy path where the tokens are a prefix of its
+    proposal (a budget or EOS cut what was emitted), else the path the tokens walk."""
     path = _walk(tokens, parents, nodes)
     if targets:
         greedy = _greedy_path(parents, nodes, targets)
@@ -168,7 +159,7 @@ def greedy_chain(parents: list[int], nodes: list[int], targets: list[int]) -> tu
 
 
 def _children(parents: list[int], at: int) -> list[int]:
-    return [c for c, p in enumerate(parents) if p == at]
+    return slots_on([p == at for p in parents])
 
 
 def _walk(tokens: list[int], parents: list[int], nodes: list[int]) -> list[int]:
@@ -209,10 +200,8 @@ def mask_row(call: Any, row: int, rq: Any) -> tuple[list[list[int]], int] | None
 
 
 def kept_nodes(call: Any, row: int, rq: Any, later: Any, later_row: int, later_rq: Any) -> list[int] | None:
-    """The nodes of a tree row whose KV the sequence's next target call still attends at its
-    pending token: read where both calls' keys are [cache | query] and the next call's cache is
-    this one's plus its query (KV kept by index), or, packed, where the next call's keys begin where
-    this one's end (`CallRecord.node_keys`). None otherwise (a cache compacted after the commit)."""
+    """The tree row's nodes whose KV the sequence's next target call attends at its pending token,
+    where the KV was kept by index (docs/watch-trees.md); None otherwise."""
     if call.node_keys is not None:
         return _kept_packed(call, row, rq, later, later_row, later_rq)
     line = later.view(later_row).keys(later_rq.pending)

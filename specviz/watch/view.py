@@ -215,7 +215,7 @@ class Slotted(_Lines):
 
     def node_attends(self, pending: int, n: int) -> list[list[int]] | None:  # node j: all its slots seen
         sets = self._sets(pending, n)
-        return [[j for j in range(n) if sets[j] <= seen] for seen in sets] if sets else None
+        return [slots_on([node <= seen for node in sets]) for seen in sets] if sets else None
 
     def tree_row(self, pending: int, parents: list[int]) -> tuple[Rle, int] | None:
         """By counts: the root attends its context and itself, each node its parent's slots and its own."""
@@ -272,7 +272,7 @@ def parents_of_sets(sets: list[frozenset[int]]) -> list[int] | None:
         return None
     parents = [-1]
     for i in range(1, len(sets)):
-        found = [p for p in range(i) if one_more(sets[p], sets[i])]
+        found = slots_on([one_more(earlier, sets[i]) for earlier in sets[:i]])
         if len(found) != 1:
             return None
         parents.append(found[0])
@@ -288,8 +288,7 @@ _KINDS = {"none": Unmasked, "2d": Padded, "4d": Keyed, "4d-slots": Slotted}  # a
 
 
 def read_views(call: Any) -> list[View]:
-    """One view per row of a materialized call that is not packed (`batchmap.apply` gives a packed
-    call's segments theirs)."""
+    """One view per row of a materialized call (`batchmap.apply` gives a packed call's segments theirs)."""
     kind, live = call.mask_kind, call.query_live
     reader = _KINDS.get(kind, View) if call.mask is not None or kind == "none" else View
     views: list[View] = []
