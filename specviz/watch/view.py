@@ -252,17 +252,12 @@ def by_counts(first: int, grows: list[bool]) -> tuple[Rle, int, bool | None]:
 
 def parents_of_block(block: list[list[bool]]) -> list[int] | None:
     """The tree an N x N query block shows (block[i][j]: node i attends node j): node 0 sees no
-    other node, node i sees itself plus exactly its parent's view; None when it shows none."""
+    other node, node i itself plus exactly its parent's view; None when it shows none. Where each
+    node sees itself and node 0 nothing else, that is the tree its slot sets show (each node's
+    set then holds its ancestors and itself, so its parent is the one set with one node fewer)."""
     views = [frozenset(slots_on(line)) for line in block]
-    if not views or views[0] != {0}:
-        return None
-    parents = [-1]
-    for i in range(1, len(views)):
-        parent = max(views[i] - {i}, default=-1)  # the latest other node it sees (-1: none)
-        if not 0 <= parent < i or views[i] != views[parent] | {i}:
-            return None
-        parents.append(parent)
-    return parents
+    own = all(i in view for i, view in enumerate(views))
+    return parents_of_sets(views) if views and views[0] == {0} and own else None
 
 
 def parents_of_sets(sets: list[frozenset[int]]) -> list[int] | None:
