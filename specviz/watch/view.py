@@ -133,6 +133,19 @@ class _Lines(View):
         """The key slots each of the n query slots from `first` attends ([]: a line not kept)."""
         return [frozenset(slots_on(line)) for line in self._lines_from(first, n)]
 
+    def before(self, slot: int) -> int:
+        line = self._line(slot)
+        return -1 if line is None else self._attended_before(line, slot)
+
+    def node_attends(self, pending: int, n: int) -> list[list[int]] | None:
+        block = self._node_block(pending, n)
+        return [slots_on(line) for line in block] if block else None
+
+    def tree_row(self, pending: int, parents: list[int]) -> tuple[Rle, int] | None:
+        """The row's reading over the nodes (`_tree_read`), its causality aside: a tree is not causal."""
+        runs, context, _ = self._tree_read(pending, parents)
+        return None if context < 0 else (runs, context)  # -1: a declared tree past the kept lines
+
 
 class Keyed(_Lines):
     """A 4-D mask whose keys are [cache | query]: query slot t's own key is column `width + t`."""
@@ -145,9 +158,8 @@ class Keyed(_Lines):
     def read(cls, call: Any, row: int, flags: list[int]) -> View:
         return cls(flags, call.cache_of(row), call.mask[row], call.cache_width)
 
-    def before(self, slot: int) -> int:
-        line = self._line(slot)
-        return -1 if line is None else int(sum(line[: self.width + slot]))
+    def _attended_before(self, line: list[bool], slot: int) -> int:
+        return int(sum(line[: self.width + slot]))
 
     def attends_cache(self) -> bool:
         return self.cache > 0 and any(any(line[: self.width]) for line in self.lines)
@@ -166,25 +178,19 @@ class Keyed(_Lines):
         )
         return rle(view + diagonal), sum(view), causal
 
-    def _block(self, first: int, n: int) -> list[list[bool]]:
+    def _node_block(self, first: int, n: int) -> list[list[bool]]:
         """block[i][j]: query node i (slot first + i) attends node j ([]: a line not kept)."""
         start = self.width + first
         return [[bool(v) for v in line[start : start + n]] for line in self._lines_from(first, n)]
 
     def tree(self, first: int, n: int) -> list[int] | None:
-        return parents_of_block(self._block(first, n))
+        return parents_of_block(self._node_block(first, n))
 
     def refed_root(self, first: int) -> bool:
         return not any(self._line(first)[: self.width + first])
 
-    def node_attends(self, pending: int, n: int) -> list[list[int]] | None:
-        block = self._block(pending, n)
-        return [slots_on(line) for line in block] if block else None
-
-    def tree_row(self, pending: int, parents: list[int]) -> tuple[Rle, int] | None:
-        """The chain's reading over the nodes, its causality aside (a tree is not causal)."""
-        runs, context, _ = self.mask_row(pending, len(parents))
-        return None if context < 0 else (runs, context)
+    def _tree_read(self, pending: int, parents: list[int]) -> tuple[Rle, int, bool | None]:
+        return self.mask_row(pending, len(parents))  # the chain's reading over the nodes
 
     def keys(self, slot: int) -> list[int] | None:
         return self._line(slot)
@@ -194,18 +200,14 @@ class Slotted(_Lines):
     """A 4-D mask over a static or in-place cache's slots (or a packed segment's): read by the sets
     of slots each query slot attends, not where its own key sits."""
 
-    def before(self, slot: int) -> int:
-        line = self._line(slot)
-        return -1 if line is None else int(sum(line)) - 1  # every slot it attends but its own
+    def _attended_before(self, line: list[bool], slot: int) -> int:
+        return int(sum(line)) - 1  # every slot it attends but its own
 
     def attends_cache(self) -> bool:  # a recycled static slot's prefill attends only its own tokens
         return self.cache > 0 and self.before(self.last) + 1 != sum(self.flags[: self.last + 1])
 
     def mask_row(self, pending: int, q: int) -> tuple[Rle, int, bool | None]:
-        sets = self._sets(pending, q)
-        if not sets:
-            return [], -1, None
-        return by_counts(len(sets[0]), [one_more(before, now) for before, now in zip(sets, sets[1:])])
+        return self._tree_read(pending, list(range(-1, q - 1)))  # the query as a chain
 
     def tree(self, first: int, n: int) -> list[int] | None:
         return parents_of_sets(self._sets(first, n))
@@ -213,17 +215,16 @@ class Slotted(_Lines):
     def refed_root(self, first: int) -> bool:
         return len(slots_on(self._line(first))) <= 1
 
-    def node_attends(self, pending: int, n: int) -> list[list[int]] | None:  # node j: all its slots seen
+    def _node_block(self, pending: int, n: int) -> list[list[bool]]:
         sets = self._sets(pending, n)
-        return [slots_on([node <= seen for node in sets]) for seen in sets] if sets else None
+        return [[node <= seen for node in sets] for seen in sets]  # node j seen: all its slots are
 
-    def tree_row(self, pending: int, parents: list[int]) -> tuple[Rle, int] | None:
+    def _tree_read(self, pending: int, parents: list[int]) -> tuple[Rle, int, bool | None]:
         """By counts: the root attends its context and itself, each node its parent's slots and its own."""
         sets = self._sets(pending, len(parents))
-        if not sets:  # a declared tree past the kept lines
-            return None
-        runs, context, _ = by_counts(len(sets[0]), [one_more(sets[parents[i]], sets[i]) for i in range(1, len(sets))])
-        return runs, context
+        if not sets:
+            return [], -1, None
+        return by_counts(len(sets[0]), [one_more(sets[p], sets[i]) for i, p in enumerate(parents[1:], 1)])
 
 
 class Counted(View):
