@@ -1,78 +1,50 @@
-"""The batch map: who is where in one forward call, and the producers that read it.
-
-Every captured call gets one `BatchMap` at close, from the first producer that can say it:
-1. **declared**: the engine said so through the API (`w.batch(...)`, or `w.rows(...)` for a
-   padded batch), or transformers' continuous batching manager named the request in each place
-   (`paged.PagedCapture`);
-2. **read from the forward's own arguments** (layout adapters): a padded [B, T] batch is one
-   sequence per row (2-D or 4-D mask, padding on either side); a packed 1 x T call is cut into its
-   sequences by `cu_seq_lens_q` (flash-attention varlen, transformers' `PagedAttentionArgs`), else
-   by its block-diagonal 4-D mask (a query token that does not attend what the token before it
-   attended starts another sequence, unless it is a tree node: `tree.packed_nodes`), else, with
-   no mask and no cache, by its `position_ids`
-   restarting (transformers' own packed-sequence rule, `find_packed_sequence_indices`);
-3. **inferred**: nothing was declared and no adapter applies (a padded batch without `w.rows`,
-   `specviz watch --`): the sequence in each row is left to `infer.follow.Follower` (the command) or to
-   the default order (row r holds sequence r).
-
-A call that no producer can read (declared rows that fit no reading of its layout, say) is
-*unreadable*: the steps stop before it and the trace says why (`infer_steps`).
-
-`apply` turns a packed call into one padded row per sequence (right-padded, a mask of the key
-slots each query token attends), so the step builder and the checks read packed, paged and padded
-engines alike, and the app draws one sequence per grid row.
-"""
+"""The batch map's producers: which sequence each segment of a forward call holds (`read_map`: what
+was declared, else a packed 1 x T call cut by its own arguments, else one sequence per padded row;
+docs/watch.md, "Who says it"). A call none can read is unreadable, and the trace says why.
+`apply` turns a packed call into one right-padded row per sequence, so the step builder and the
+checks read packed, paged and padded engines alike."""
 
 from __future__ import annotations
 
 from itertools import accumulate, zip_longest
 from typing import Any
 
+import numpy
+
 from specviz.watch.map import BatchMap, Segment  # noqa: F401  (the one type; re-exported)
 from specviz.watch.view import Counted, Slotted, View
+
+_NOT_PACKED = "its one row is not packed (no cu_seq_lens_q, block-diagonal mask or restarting positions)"
 
 
 class Unreadable(Exception):
     """No producer can say which sequence a row or token of this call belongs to."""
 
 
-# ----------------------------------------------------------------------------- producers
-
-
 def read_map(call: Any) -> BatchMap:
-    """The call's map from the first producer that can read it (see the module docstring), with
-    the declared sequence ids, drafts and chunks. Unreadable (`BatchMap.unread`, a value) when a
-    target call's declaration names more sequences than any reading of its layout holds, or
-    declares what its layout cannot hold."""
+    """The call's map, with the declared sequences, drafts and chunks; unreadable (a value) where a
+    target's declaration names more sequences than its layout holds, or what it cannot hold."""
     try:
         source, spans = _layout(call)
         ids = _declared_ids(call, len(spans), source)
         said = call.declared
         if said is None or len(said) != len(spans):  # said of other sequences: not of these
             said = [(None, False)] * len(spans)
-        return BatchMap(
-            tuple(Segment(s, *span, drafts=d, chunk=c) for s, span, (d, c) in zip(ids, spans, said)),
-            call.source or source,
-        )
+        segments = tuple(Segment(s, *span, drafts=d, chunk=c) for s, span, (d, c) in zip(ids, spans, said))
+        return BatchMap(segments, call.source or source)
     except (Unreadable, ValueError) as why:
         return BatchMap.unread(call.source or "declared", str(why))
 
 
 def _declared_ids(call: Any, count: int, source: str) -> tuple[int | None, ...]:
-    """The declared sequence of each of the call's `count` sequences; None where undeclared. A
-    declaration of another length is the default order (a padded batch declared before it changed,
-    as before maps), except where it names several sequences for what reads as one row."""
+    """The declared sequence of each of the `count` sequences; of another length, the default order
+    (a padded batch changed since), unless a target's names more than its one row holds."""
     declared = call.rows or ()  # None: not declared
     if len(declared) == count:
         return tuple(declared)
-    packed = source != "padded"
-    if call.role == "target" and len(declared) > count and (packed or count == 1):
-        layout = (
-            f"its {source} holds {count}"
-            if packed
-            else "its one row is not packed (no cu_seq_lens_q, block-diagonal mask or restarting positions)"
-        )
-        raise Unreadable(f"rows declares {len(declared)} sequences; {layout}")
+    if call.role == "target" and len(declared) > count and call.batch_size == 1:
+        holds = f"its {source} holds {count}" if source != "padded" else _NOT_PACKED
+        raise Unreadable(f"rows declares {len(declared)} sequences; {holds}")
     return (None,) * count
 
 
@@ -80,24 +52,26 @@ Span = tuple[int, int, int, tuple[int, int] | None]  # (row, start, length, own 
 
 
 def _layout(call: Any) -> tuple[str, list[Span]]:
-    """(source, spans) of the call's sequences: a packed 1 x T call's, cut as the module docstring
-    says, else ("padded") one sequence per row, as is a packed call that nothing cuts."""
+    """(source, spans): a packed 1 x T call cut by the first of its arguments that cuts it, else
+    ("padded") one sequence per row."""
     if call.batch_size != 1 or not call.packed:
         return _padded(call)
-    if call.query_lens is not None:  # declared with w.batch(..., query_lens=...)
+    if call.query_lens is not None:
         return "declared", _from_lengths(call.query_lens, call.query_len, [])
     if call.cu_q is not None:
         # Each sequence's keys are paired with its queries before the empty ones are dropped, so a
         # sequence with no query token in the middle does not shift the keys of those after it.
-        queries, keys = list(zip(call.cu_q, call.cu_q[1:])), list(zip(call.cu_k or (), (call.cu_k or ())[1:]))
+        cu_k = call.cu_k or ()
+        queries, keys = list(zip(call.cu_q, call.cu_q[1:])), list(zip(cu_k, cu_k[1:]))
         fed = [(b - a, key) for (a, b), key in zip_longest(queries, keys[: len(queries)]) if b > a]
         return "cu_seq_lens", _from_lengths([n for n, _ in fed], call.query_len, [key for _, key in fed])
     if call.lines is not None:
         source, cut = "block-mask", _block_segments(call.lines, call.positions[0], call.tree_nodes or ())
-    elif call.mask_kind == "none" and call.cache_width == 0 and call.positions_fed:
-        source, cut = "positions", _position_segments(call.positions[0])
+    elif call.mask_kind == "none" and call.cache_width == 0 and call.positions_fed:  # transformers' rule
+        starts = numpy.flatnonzero(numpy.diff(call.positions[0]) != 1) + 1  # a position not the one before + 1
+        source, cut = "positions", _back_to_back(starts.tolist(), len(call.positions[0]))
     else:
-        source, cut = "padded", []
+        return _padded(call)
     return (source, [(0, *span) for span in cut]) if len(cut) > 1 else _padded(call)
 
 
@@ -106,35 +80,25 @@ def _padded(call: Any) -> tuple[str, list[Span]]:
 
 
 def _from_lengths(lengths: list[int], width: int, keys: list[tuple[int, int] | None]) -> list[Span]:
-    """Back-to-back sequences of these lengths, each with its own [lo, hi) keys in a shared KV where
-    `keys` (from cu_seq_lens_k) has them: fewer than the sequences, None for the rest."""
+    """Back-to-back sequences of these lengths, with their own keys where `keys` has them."""
     if sum(lengths) > width or any(n <= 0 for n in lengths):
         raise Unreadable(f"query lengths {lengths} do not fit the call's {width} query tokens")
     starts = [0, *accumulate(lengths)][:-1]
     return [(0, *span) for span in zip_longest(starts, lengths, keys)]
 
 
-def block_cut(lines: list[tuple[int, bool, bool, bool]], positions: list[int], t: int) -> bool:
-    """Does query token t of a block-diagonal mask start a new sequence? When it drops a slot the
-    token before it attended and its position does not follow that token's or it does not continue
-    it (a sliding window drops old slots too, with positions that follow, and gains only its own
-    key; a neighbour's first token gains its context, even where a slot is shared). A packed tree's
-    sibling drops its predecessor's slot too: `tree.packed_nodes` names those, and they are no cut."""
-    _, dropped, continues, _ = lines[t]
-    return dropped and (positions[t] != positions[t - 1] + 1 or not continues)
+def block_cuts(lines: list[tuple[int, bool, bool, bool]], positions: list[int]) -> list[int]:
+    """Where a block-diagonal mask (`tensor_reads.line_summary`) starts a sequence: a token that drops
+    a slot the one before it attended and does not follow its position or does not continue it (a
+    sliding window drops old slots, with positions that follow; a tree's sibling: `packed_nodes`)."""
+    _, dropped, continues, _ = numpy.array(lines, dtype=bool).reshape(-1, 4)[1:].T
+    jumps = numpy.diff(numpy.asarray(positions[: len(lines)])) != 1
+    return (numpy.flatnonzero(dropped & (jumps | ~continues)) + 1).tolist()
 
 
-def _block_segments(
-    lines: list[tuple[int, bool, bool, bool]], positions: list[int], nodes: Any = ()
-) -> list[tuple[int, int, None]]:
-    """A block-diagonal mask's sequences: cut at each `block_cut` that is not a tree node (`nodes`)."""
-    cuts = [t for t in range(1, len(lines)) if t not in nodes and block_cut(lines, positions, t)]
-    return _back_to_back(cuts, len(lines))
-
-
-def _position_segments(positions: list[int]) -> list[tuple[int, int, None]]:
-    """transformers' packed-sequence rule: a position that is not the one before plus one starts a sequence."""
-    return _back_to_back([t for t in range(1, len(positions)) if positions[t] != positions[t - 1] + 1], len(positions))
+def _block_segments(lines: Any, positions: list[int], nodes: Any = ()) -> list[tuple[int, int, None]]:
+    """A block-diagonal mask's sequences: cut at each of its `block_cuts` that is no tree node."""
+    return _back_to_back(numpy.setdiff1d(block_cuts(lines, positions), list(nodes)).tolist(), len(lines))
 
 
 def _back_to_back(cuts: list[int], end: int) -> list[tuple[int, int, None]]:
@@ -143,89 +107,72 @@ def _back_to_back(cuts: list[int], end: int) -> list[tuple[int, int, None]]:
     return [(a, b - a, None) for a, b in zip(bounds, bounds[1:])]
 
 
-# ----------------------------------------------------------------------------- one row per sequence
-
-
 def apply(call: Any, bmap: BatchMap, seen: Any = None) -> bool:
-    """Rewrite a materialized packed call as one right-padded row per segment (in place); True
-    when it did (the call was packed). Each row's `View` (`_views`) is read from the packed mask:
-    per query slot, the key slots it attends and whether it attends exactly one more than the slot
-    before (`Counted`: a slot of a neighbour attended, or one of its own missed, changes a count
-    and is flagged); with `seen` (the [T, keys] boolean mask of a call that packs trees,
-    `tree.packed_nodes`), the key slots each of its query slots attends (`Slotted`), so its tree can
-    be read. Its context is what its first query token attends before itself.
-    """
+    """Rewrite a materialized packed call as one right-padded row per segment, in place (True: it
+    was packed), each with its view (`_views`); `seen` is the [T, keys] boolean mask of a call that
+    packs trees (`tree.packed_nodes`), whose rows keep the slots each token attends."""
     call.rows = tuple(s.seq for s in bmap.segments) if all(s.seq is not None for s in bmap.segments) else None
     call.source = bmap.source
     if not bmap.packed:
         return False
     segments, width = bmap.segments, max(s.length for s in bmap.segments)
-    argmax = argmax_by_column(call)
-    lines = _key_lines(call, bmap)
+    ids, positions, argmax, lines = call.input_ids, call.positions, argmax_by_column(call), _key_lines(call, bmap)
 
-    def padded(values: Any, pad: Any) -> list[list[Any]]:  # values(segment), right-padded to `width`
-        return [values(s) + [pad] * (width - s.length) for s in segments]
+    def padded(at: Any, pad: Any) -> list[list[Any]]:  # at(row, column) per segment, right-padded
+        return [[at(s.row, c) for c in s.columns] + [pad] * (width - s.length) for s in segments]
 
-    call.input_ids, call.positions, call.argmax = (
-        padded(lambda s: call.input_ids[s.row][s.start : s.start + s.length], 0),
-        padded(lambda s: call.positions[s.row][s.start : s.start + s.length], 0),
-        padded(lambda s: [argmax.get((s.row, c)) for c in s.columns], None),
-    )
+    call.input_ids, call.positions = padded(lambda r, c: ids[r][c], 0), padded(lambda r, c: positions[r][c], 0)
+    call.argmax = padded(lambda r, c: argmax.get((r, c)), None)
     call.views = _views(segments, width, lines, seen)
     call.mask, call.query_live, contexts = None, None, [v.cache for v in call.views]
-    call.batch_size, call.query_len, call.contexts = len(bmap.segments), width, contexts
+    call.batch_size, call.query_len, call.contexts = len(segments), width, contexts
     call.cache_width = max(contexts, default=0)
     call.logit_slots, call.lines = None, None
-    call.segments = [(s.row, s.start, s.length) for s in bmap.segments]  # raw columns, for `headinput`
+    call.segments = [(s.row, s.start, s.length) for s in segments]  # raw columns, for `headinput`
     return True
 
 
 def _views(segments: tuple[Segment, ...], width: int, lines: Any, seen: Any) -> list[View]:
-    """Each segment's view, right-padded to `width`: the key slots each of its tokens attends
-    where it packs trees (`seen`, read as a static cache's slots), else its lines' counts, else
-    nothing (the mask checks are skipped). Its cache: what its first token attends before itself."""
+    """Each segment's view, right-padded to `width`: nothing without lines (its mask checks are
+    skipped), else the slots each token attends where it packs trees (`seen`), else its counts."""
     views: list[View] = []
     for s in segments:
-        flags = [1] * s.length + [0] * (width - s.length)
-        cache = max(lines[s.start][0] - 1, 0) if lines is not None else 0
+        pad = width - s.length
+        flags = [1] * s.length + [0] * pad
+        if lines is None:
+            views.append(View(flags, 0))
+            continue
+        cache = max(lines[s.start][0] - 1, 0)
         if seen is not None:
             views.append(Slotted(flags, cache, _own_slots(seen, s, width)))
-        elif lines is not None:
-            views.append(Counted(flags, cache, lines[s.start : s.start + s.length] + [(0, False)] * (width - s.length)))
         else:
-            views.append(View(flags, cache))
+            views.append(Counted(flags, cache, lines[s.start : s.start + s.length] + [(0, False)] * pad))
     return views
 
 
 def _own_slots(seen: Any, segment: Segment, width: int) -> list[list[bool]]:
-    """The segment's rows of a packed [T, keys] boolean mask, over only the key slots some token of
-    it attends (in order: which slots each token sees, and which it shares with another, is all a
-    `Slotted` view is read for), then all-False rows for its padding up to `width`."""
+    """The segment's rows of a packed [T, keys] boolean mask over only the key slots some token of
+    it attends, in order, then all-False rows for its padding up to `width`."""
     block = seen[segment.start : segment.start + segment.length]
     used = block.any(0).nonzero().flatten()
-    rows = block[:, used].tolist()
-    return rows + [[False] * len(used)] * (width - segment.length)
+    return block[:, used].tolist() + [[False] * len(used)] * (width - segment.length)
 
 
 def argmax_by_column(call: Any) -> dict[tuple[int, int], int]:
-    """(row, query column) -> the argmax kept there (logits of the last columns, or of
-    `logits_to_keep`'s columns)."""
+    """(row, query column) -> the argmax kept there (of the last columns, or `logits_to_keep`'s)."""
     out: dict[tuple[int, int], int] = {}
     if call.argmax is None:
         return out
     q = call.query_len
     for r, kept in enumerate(call.argmax):
         columns = call.logit_slots if call.logit_slots is not None else range(q - len(kept), q)
-        for c, token in zip(columns, kept):
-            out[(r, c)] = token
+        out.update(((r, c), token) for c, token in zip(columns, kept))
     return out
 
 
 def _key_lines(call: Any, bmap: BatchMap) -> list[tuple[int, bool]] | None:
-    """Per query column of row 0: (key slots it attends, attends exactly one more than the column
-    before). From the 4-D mask's summary, else what `cu_seq_lens_k` gives each sequence (its own
-    keys, causal), else (no cache, cut by positions) its own segment, causal. None: nothing says
-    (the mask checks are skipped)."""
+    """Per query column of row 0: (key slots it attends, exactly one more than the column before),
+    from the mask's summary, else causal over each sequence's own keys (None: not said)."""
     if call.lines is not None:
         return [(count, one_more) for count, _, _, one_more in call.lines]
     spans = [s.keys for s in bmap.segments]

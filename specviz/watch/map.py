@@ -1,29 +1,8 @@
-"""The batch map: who is where in one forward call. The one type every producer returns.
-
-A forward call feeds B rows x T query columns. Its map names, for each sequence it carries, the
-`Segment` of columns that hold that sequence's query tokens, and what the engine (or a reading of
-its arguments) said about them. Producers (declared by the engine, transformers' continuous
-batching, vLLM's model runner, layouts read from the forward's arguments, and last the command's
-inferrer) each return a `BatchMap` or None ("not mine"); a producer that recognises the call but
-cannot say who is where returns `BatchMap.unread(source, why)`, a value, never an exception.
-
-Terms, pinned (the same words in the checks, the docs and the vLLM producer):
-- *sequence*: one request's tokens; `seq` is its index in the run (its prompt's index, where the
-  engine says which prompt it is), `request` the engine's own name for it (vLLM's `req_id`);
-- *query token*: a token fed in this forward; its *logical index* is the sequence's committed
-  length before the forward plus its place in the segment, and a correct engine feeds it that
-  position;
-- *role* of a query token: `context` (a prompt token, or one re-fed), then the `pending` token (the
-  last committed one, whose logits choose the next), then the `drafts` (proposed, to be verified);
-- *chunk*: a prefill segment that stops short of the prompt's end. It yields no token: it is not a
-  step of its sequence, only KV written;
-- *slots*: where KV lives. `writes` is the physical slot each query token's KV is written to,
-  `reads` the physical slots the segment's last query token attends, in logical order (a paged
-  engine's block table read up to the sequence's length). Slots are an engine's own coordinates:
-  a check compares them with each other (one sequence's writes are among its reads, no live
-  sequence reads another's writes), never with a layout of ours.
-
-Every field is immutable; nothing downstream rewrites a map (a view is built from it instead).
+"""The batch map: who is where in one forward call, the one type every producer returns (declared,
+transformers' continuous batching, vLLM's model runner, layouts read from the forward's arguments,
+the command's inferrer). A producer that recognises a call but cannot read it returns
+`BatchMap.unread(source, why)`, a value, never an exception. Every field is immutable, and the
+fields and the terms (sequence, query token, pending, drafts, chunk, slots) are in docs/watch.md.
 """
 
 from __future__ import annotations
@@ -122,9 +101,9 @@ class BatchMap:
         if len(seqs) != len(set(seqs)):
             raise ValueError(f"a sequence appears twice in one forward: {seqs}")
         spans = sorted((s.row, s.start, s.start + s.length) for s in self.segments)
-        for (r0, _, end), (r1, start, _) in zip(spans, spans[1:]):
-            if r0 == r1 and start < end:
-                raise ValueError(f"segments overlap in row {r0}")
+        for (row, _, end), (later_row, start, _) in zip(spans, spans[1:]):
+            if (later_row, start) < (row, end):  # in (row, column) order: it starts before the one before ends
+                raise ValueError(f"segments overlap in row {row}")
 
     @classmethod
     def unread(cls, source: str, why: str) -> BatchMap:

@@ -1,22 +1,19 @@
-"""transformers' continuous batching (`generate_batch`, `ContinuousBatchingManager`) read from its manager.
-
-Its forward is packed (`PagedAttentionArgs`; `batchmap` cuts it into requests by `cu_seq_lens_q`),
-and only the manager knows which request sits where and what each received: while a watch is open
-two of its methods are wrapped (`install`, restored at close) and its report is the reading (an
-engine's own `w.emit` for a sequence it names is compared with it, `reconcile`). Synchronous
-batching only, CUDA graphs off (a replayed graph runs no hooks; the async manager feeds placeholder
-ids). transformers is imported only when a watch opens.
-"""
+"""transformers' continuous batching (`generate_batch`, `ContinuousBatchingManager`), read from its
+manager: while a watch is open two of its methods are wrapped (`install`), and its report of which
+request each packed forward holds and what each received is the reading (an engine's own `w.emit`
+is compared with it, `reconcile`). Synchronous batching only, CUDA graphs off (a replayed graph runs
+no hooks; the async manager feeds placeholder ids)."""
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from typing import Any, Protocol
 
+from specviz.watch.view import slots_on
+
 
 class PagedSink(Protocol):
-    """What the capture tells the watch (`Watch` or `AutoWatch`): each forward's sequences, and the
-    tokens the manager gave a sequence in the forward just run (its ending, if it ended)."""
+    """What the capture tells the watch: each forward's sequences, and each sequence's new tokens."""
 
     def declare_forward(self, seq_ids: tuple[int, ...]) -> None: ...
     def report(self, seq_id: int, token_ids: list[int], finish_reason: str | None = None) -> None: ...
@@ -38,8 +35,6 @@ class PagedCapture:
         # The engine's own `emit`s for sequences the manager named: compared with its report, never added.
         self.engine: dict[int, list[tuple[list[int], str | None]]] = {}
         self._saved: list[tuple[Any, str, Any]] = []
-
-    # ------------------------------------------------------------------ installing
 
     def install(self) -> bool:
         """Wrap the manager's methods; False when this transformers has no continuous batching."""
@@ -70,8 +65,6 @@ class PagedCapture:
         for owner, name, original in self._saved:
             setattr(owner, name, original)
         self._saved = []
-
-    # ------------------------------------------------------------------ what the manager says
 
     def forward(self, states: list[Any]) -> None:
         """`prepare_batch_tensors`: the next forward holds these requests, in order (its declared rows)."""
@@ -104,32 +97,31 @@ class PagedCapture:
         return True
 
     def reconcile(self, calls: list[Any], reported: list[Any]) -> None:
-        """Compare each sequence's engine emits with the manager's (`reported`): the target call that
-        made the first token they disagree on is marked unreadable, both versions in the reason
-        (which one the sequence got is not known)."""
+        """Mark unreadable the target call that made the first token where a sequence's engine emits
+        and the manager's (`reported`) disagree, both versions in the reason."""
         targets = [j for j, call in enumerate(calls) if call.role == "target"]
+        by_seq: dict[int, list[Any]] = {}
+        for e in reported:
+            by_seq.setdefault(e.seq_id, []).append(e)
         for seq_id, emits in sorted(self.engine.items()):
-            said = [e for e in reported if e.seq_id == seq_id]
-            where = _first_difference(said, emits)
+            where = _first_difference(by_seq.get(seq_id, []), emits)
             if where is None or not targets:
                 continue
             after, why = where
-            # The call that made the first token the two disagree on (the last target call before
-            # `after`); where the manager reported none (after 0: the engine emitted for a sequence
-            # it never wrote to), the first call.
+            # The last target call before `after` (the first where the manager reported nothing).
             made = targets[max(bisect_left(targets, after) - 1, 0)]
             calls[made].mark_unreadable(f"sequence {seq_id}: {why}")
 
     def _seq(self, state: Any) -> int:
-        """The sequence a request is: the first untaken declared prompt equal to its prompt, else a
-        new id past every declared prompt (without declared prompts, in order of appearance)."""
+        """The request's sequence: the first untaken declared prompt equal to its prompt, else a new
+        id past every declared one (without declared prompts, in order of appearance)."""
         rid = state.request_id
         if rid in self.seq_of:
             return self.seq_of[rid]
         prompt = list(getattr(state, "initial_tokens", []))  # a list, by its dataclass field
         if self.declared is not None:
             new = max([len(self.declared) - 1, *self.named]) + 1
-            seq = next((i for i, p in enumerate(self.declared) if p == prompt and i not in self.named), new)
+            seq = min({i for i, p in enumerate(self.declared) if p == prompt} - self.named, default=new)
         else:
             seq = len(self.prompts)
             self.prompts.append(prompt)
@@ -139,21 +131,21 @@ class PagedCapture:
 
 
 def _first_difference(reported: list[Any], engine: list[tuple[list[int], str | None]]) -> tuple[int, str] | None:
-    """(the manager's emit's `after` where the engine's emits first disagree with it, why); None: the
-    same tokens and, where the engine declared one, the same ending."""
-    tokens = [(t, e.after) for e in reported for t in e.tokens]
+    """(the `after` of the manager's emit where the engine's first disagree, why); None: they agree."""
+    tokens = [t for e in reported for t in e.tokens]
+    # The emit that made each reported token, then (past them) the last emit.
+    afters = [e.after for e in reported for _ in e.tokens] + [max([0, *(e.after for e in reported)])]
     said = [t for e, _ in engine for t in e]
     ending = next((e.finish_reason for e in reversed(reported) if e.finish_reason), None)
     declared = next((reason for _, reason in reversed(engine) if reason), None)
     shared = min(len(said), len(tokens))
-    i = next((i for i in range(shared) if said[i] != tokens[i][0]), shared)  # the first token that differs
+    i = min(slots_on([a != b for a, b in zip(said, tokens)]), default=shared)  # the first token that differs
     if i < shared:
-        why = f"the engine emitted {said[i]} as output token {i}, the manager reported {tokens[i][0]}"
+        why = f"the engine emitted {said[i]} as output token {i}, the manager reported {tokens[i]}"
     elif len(said) != len(tokens):
         why = f"the engine emitted {len(said)} tokens, the manager reported {len(tokens)}"
     elif declared in (None, ending):
         return None
     else:
         why = f"the engine ended it by {declared!r}, the manager by {ending!r}"
-    after = tokens[i][1] if i < len(tokens) else max([0, *(e.after for e in reported)])  # else the last emit's
-    return after, f"{why} (transformers' continuous batching manager and w.emit disagree)"
+    return afters[i], f"{why} (transformers' continuous batching manager and w.emit disagree)"

@@ -1,26 +1,7 @@
-"""Tree verification under the watch: which rows of a target call verify a tree, and the schema-3
-tree fields of their step rows (`tree_parents`, `tree_depths`, `node_attends`, `tree_path`,
-`kept_nodes`), so `analysis.tree_checks` judges a watched tree engine as it judges specviz's own
-(docs/watch-trees.md).
-
-A tree row's query is N nodes in N consecutive real query slots ending at its last one, node 0 the
-pending token (the last committed one), `parents[i]` node i's parent (an earlier node). The tree:
-1. **declared**: `w.batch(seq_ids, parents=...)` names each row's parents for the next target
-   forward (None: a row, or a packed prefill, that verifies no tree); more nodes than the row's
-   real query slots make the call unreadable;
-2. **read from the mask**, undeclared: a [cache | query] 4-D mask's query block (`parents_of_block`:
-   node 0 sees no other node, node i sees itself plus exactly its parent's view), or a static or
-   in-place cache's slot mask (`parents_of_sets`: node i's slots are its parent's plus one). A call
-   is a tree call when some row's block branches *and* that row is fed its depths as positions
-   (so a chain engine's mask bug stays a chain, flagged as before); its rows whose block is a chain
-   are then chain-shaped trees. A tree after re-fed context (no cache) is unreadable: the mask does
-   not say which of its chain's tokens is the pending one.
-A packed 1 x T call (vLLM's tree attention) holds several sequences' trees back to back: it is cut
-into its sequences first (declared `query_lens`, `cu_seq_lens_q`, else the block-diagonal mask
-around its tree nodes: `packed_nodes`), each segment keeps the slots each token attends (a
-`Slotted` view, `batchmap.apply`), and its tree is read inside it as above.
-What a step kept (`kept_nodes`) is read from the sequence's next call where the KV was kept by
-index; `infer.tree_gain` reads, for the command, which tokens a tree step committed.
+"""Tree verification under the watch: which rows of a target call verify a tree (declared with
+`w.batch(..., parents=...)`, else read from the mask), and the schema-3 tree fields of their step
+rows, so `analysis.tree_checks` judges a watched tree engine as it judges specviz's own. The rules,
+packed calls' trees included, are in docs/watch-trees.md.
 """
 
 from __future__ import annotations
@@ -31,12 +12,10 @@ from typing import Any
 import numpy
 
 from specviz.analysis.tree_checks import depths_of
-from specviz.watch.batchmap import block_cut
+from specviz.watch.batchmap import block_cuts
 from specviz.watch.map import tree_error  # noqa: F401  (Segment checks its parents with it; declared reads it here)
 from specviz.watch.tensor_reads import any_last
-from specviz.watch.view import one_more, parents_of_block, parents_of_sets, slots_on  # noqa: F401
-
-# ----------------------------------------------------------------------------- the tree of a row
+from specviz.watch.view import parents_of_block, parents_of_sets, slots_on
 
 
 def branching(parents: list[int]) -> bool:
@@ -45,14 +24,14 @@ def branching(parents: list[int]) -> bool:
 
 
 def read_trees(call: Any) -> None:
-    """Set `call.trees` (per row: its parents, or None for a chain row) of a materialized target
-    call, from its declaration or its mask; `call.unreadable` when a declaration does not fit."""
+    """Set `call.trees` (per row: its parents, None for a chain row) of a materialized target call,
+    from its declaration or its mask; `call.unreadable` when a declaration does not fit."""
     call.trees = None
     if call.role != "target" or call.unreadable is not None:
         return
     if call.parents is not None:
         _declared_trees(call)
-    else:  # read from the rows' views (a view that names no attended slots shows no tree)
+    else:
         _mask_trees(call)
 
 
@@ -69,18 +48,18 @@ def _declared_trees(call: Any) -> None:
 
 def _mask_trees(call: Any) -> None:
     found = [_mask_tree(call, r) for r in range(call.batch_size)]
-    # Read as a tree call only where some row branches and is fed its depths: a chain engine's
-    # mask bug (a draft that misses the one before it) then stays a chain, flagged as before.
-    # A packed call cut around its tree nodes (`packed_nodes`) needs no more proof than a branch.
+    # A tree call only where some row branches and is fed its depths: a chain engine's mask bug (a
+    # draft that misses the one before it) stays a chain, flagged as before. A packed call cut
+    # around its tree nodes (`packed_nodes`) needs no more proof than a branch.
     proven = bool(call.tree_nodes)
-    confirmed = (
-        p is not None and branching(p) and (proven or _fed_depths(call.positions[r], p, call.last_slots[r]))
-        for r, p in enumerate(found)
-    )
-    if not any(confirmed):
+    if not any(_fed_tree(p, call.positions[r], call.last_slots[r], proven) for r, p in enumerate(found)):
         return
     for r, parents in enumerate(found):
-        if parents is None or not _refed_root(call, r, parents):
+        # A chain from a token that sees nothing before it (a root that branches at once is the
+        # pending token): re-fed context, then the tree, and which token is pending is not said.
+        if parents is None or parents.count(0) != 1:
+            continue
+        if not call.view(r).refed_root(call.last_slots[r] - len(parents) + 1):
             continue
         if call.segments is None or branching(parents):
             call.mark_unreadable(
@@ -92,25 +71,18 @@ def _mask_trees(call: Any) -> None:
     call.trees, call.tree_source = found, "mask"
 
 
-def _refed_root(call: Any, row: int, parents: list[int]) -> bool:
-    """The tree read from the row's mask starts with a chain at a token that sees nothing before
-    it: re-fed context (a cacheless loop) then the tree, and the mask does not say where the
-    pending token sits in that chain. (A root that branches at once is the pending token.)"""
-    if parents.count(0) != 1:
+def _fed_tree(parents: list[int] | None, positions: list[int], last: int, proven: bool = False) -> bool:
+    """A branching tree (its nodes ending at query slot `last`) fed its root's position plus each
+    node's depth, or `proven` a tree otherwise."""
+    if parents is None or not branching(parents):
         return False
-    return call.view(row).refed_root(call.last_slots[row] - len(parents) + 1)
-
-
-def _fed_depths(positions: list[int], parents: list[int], last: int) -> bool:
-    """Are the nodes (ending at query slot `last`) fed their root's position plus their depth?"""
     fed = list(positions[last - len(parents) + 1 : last + 1])  # shorter where the nodes do not fit
-    return [p - fed[0] for p in fed] == depths_of(parents)
+    return proven or [p - fed[0] for p in fed] == depths_of(parents)
 
 
 def one_tree(mask: Any, cache_width: int, positions: list[int]) -> bool:
-    """Does a 1 x T call's [T, keys] mask (a tensor) verify one branching tree, fed its depths,
-    not several sequences packed together? Each packed sequence's first query token attends no
-    other query token, a second root no tree has."""
+    """Does a 1 x T call's [T, keys] mask (a tensor) verify one branching tree fed its depths, not
+    several packed sequences (each one's first token sees no other query token: a second root)?"""
     live = any_last(mask).tolist()  # through numpy on the CPU: torch's `any` costs 20x more here
     last = max(slots_on(live), default=-1)
     if last < 0:
@@ -125,37 +97,23 @@ def one_tree(mask: Any, cache_width: int, positions: list[int]) -> bool:
         parents = parents_of_sets([frozenset(slots_on(line)) for line in nodes.tolist()])
     else:
         parents = None
-    return parents is not None and branching(parents) and _fed_depths(positions, parents, last)
+    return _fed_tree(parents, positions, last)
 
 
 def packed_nodes(seen: Any, lines: list[tuple[int, bool, bool, bool]], positions: list[int]) -> list[int]:
-    """The query columns of a packed 1 x T call's boolean [T, keys] mask where the block-diagonal
-    rule (`batchmap.block_cut`) would start a sequence but the token is a tree node: it attends
-    exactly the slots of an earlier token since the last cut plus one (its own), as a sibling or
-    a cousin does. A sequence's first token attends its own context, never all of a neighbour's
-    view: in a shared cache the sequences' slots are their own. Read by the mask alone, not the
-    positions, so a node fed a wrong position stays in its tree (and the tree checks judge it)."""
+    """The `block_cuts` of a packed call's boolean [T, keys] mask that are tree nodes, by the mask
+    alone (a node fed a wrong position stays in its tree; docs/watch-trees.md)."""
     counts = numpy.array([line[0] for line in lines])
-    # On the CPU through numpy (a view, no copy): torch's per-op cost is most of it here.
-    seen = seen.numpy() if seen.device.type == "cpu" else seen
+    seen = seen.numpy() if seen.device.type == "cpu" else seen  # torch's per-op cost is most of it here
     nodes, start = [], 0
-    for t in range(1, len(lines)):
-        if not block_cut(lines, positions, t):
-            continue
-        if _has_parent(seen, counts, start, t):
+    for t in block_cuts(lines, positions):
+        # A parent: a token since the last cut that attends one slot (at least) fewer, all of them t's.
+        found = numpy.flatnonzero(counts[start:t] == counts[t] - 1) + start
+        if counts[t] > 1 and (~(seen[found] & ~seen[t]).any(-1)).any():
             nodes.append(t)
         else:
             start = t
     return nodes
-
-
-def _has_parent(seen: Any, counts: Any, start: int, t: int) -> bool:
-    """Does token t attend every slot some token in [start, t) attends (one at least), plus exactly
-    one more? `counts`: a numpy array of the slots each token attends."""
-    if counts[t] < 2:
-        return False  # no token attending one slot fewer attends any
-    found = numpy.flatnonzero(counts[start:t] == counts[t] - 1) + start
-    return bool((~(seen[found] & ~seen[t]).any(-1)).any())  # none found: no row, False
 
 
 def _live_run(call: Any, row: int) -> int:
@@ -169,9 +127,6 @@ def _mask_tree(call: Any, row: int) -> list[int] | None:
     return call.view(row).tree(call.last_slots[row] - n + 1, n) if n >= 2 else None
 
 
-# ----------------------------------------------------------------------------- what a step kept
-
-
 def consistent(tokens: list[int], parents: list[int], nodes: list[int], targets: list[int], free_last: bool) -> bool:
     """Tokens read as a root-to-node path of the tree, then (optionally) one more: the target's
     choice at that node (any token when the argmax is not the engine's choice)."""
@@ -183,10 +138,8 @@ def consistent(tokens: list[int], parents: list[int], nodes: list[int], targets:
 def accepted_path(
     tokens: list[int], parents: list[int], nodes: list[int], targets: list[int]
 ) -> tuple[list[int], int | None]:
-    """(the accepted nodes, root excluded; the bonus) as the emitted tokens show them. Tokens that
-    are a prefix of the greedy-correct proposal (the longest path agreeing with the target, plus
-    its choice there) accept that whole path, as verification allowed (a budget or EOS cut what
-    was emitted); otherwise the path the tokens walk."""
+    """(accepted nodes, root excluded; bonus): the greedy path where the tokens are a prefix of its
+    proposal (a budget or EOS cut what was emitted), else the path the tokens walk."""
     path = _walk(tokens, parents, nodes)
     if targets:
         greedy = _greedy_path(parents, nodes, targets)
@@ -197,9 +150,8 @@ def accepted_path(
 
 
 def greedy_chain(parents: list[int], nodes: list[int], targets: list[int]) -> tuple[list[int], list[int]]:
-    """A tree row as the chain a greedy engine verified along it: (the greedy path's draft tokens,
-    the target's choice at the root and at each of them). The command reads a step's gains by the
-    chain rules (`infer.gains`); an engine that kept another path is judged by the step rows."""
+    """A tree row as the chain a greedy engine verified along it (the command reads its gains by the
+    chain rules): the greedy path's draft tokens, the target's choice at the root and each of them."""
     if not targets:
         return [], []
     path = _greedy_path(parents, nodes, targets)
@@ -207,12 +159,11 @@ def greedy_chain(parents: list[int], nodes: list[int], targets: list[int]) -> tu
 
 
 def _children(parents: list[int], at: int) -> list[int]:
-    return [c for c, p in enumerate(parents) if p == at]
+    return slots_on([p == at for p in parents])
 
 
 def _walk(tokens: list[int], parents: list[int], nodes: list[int]) -> list[int]:
-    """The path the tokens walk from the root (node 0, included): each token the child of the node
-    before that holds it, up to the first token no child holds."""
+    """The path the tokens walk from the root (node 0, included), to the first token no child holds."""
     path = [0]
     for token in tokens:
         child = next((c for c in _children(parents, path[-1]) if nodes[c] == token), None)
@@ -223,12 +174,12 @@ def _walk(tokens: list[int], parents: list[int], nodes: list[int]) -> list[int]:
 
 
 def _greedy_path(parents: list[int], nodes: list[int], targets: list[int]) -> list[int]:
-    """The longest chain from the root (included) whose every node holds the target's choice at its parent."""
+    """The first longest chain from the root (included) whose nodes hold the target's choice at their parent."""
     best: list[int] = [0]
     stack = [[0]]
     while stack:
         path = stack.pop()
-        best = max(best, path, key=len)  # the first longest, in visiting order
+        best = max(best, path, key=len)
         stack.extend([*path, c] for c in _children(parents, path[-1]) if nodes[c] == targets[path[-1]])
     return best
 
@@ -236,55 +187,40 @@ def _greedy_path(parents: list[int], nodes: list[int], targets: list[int]) -> li
 def tree_fields(call: Any, row: int, rq: Any, tokens: list[int], targets: list[int]) -> dict[str, Any]:
     """The tree row's schema-3 fields and its accounting (accepted, bonus), kept_nodes aside."""
     parents = call.trees[row]
-    n = len(parents)
-    nodes = list(call.input_ids[row][rq.pending : rq.pending + n])
+    nodes = list(call.input_ids[row][rq.pending : rq.pending + len(parents)])
     path, bonus = accepted_path(tokens, parents, nodes, targets)
-    attends = call.view(row).node_attends(rq.pending, n)
-    return {
-        "tree_parents": list(parents),
-        "tree_depths": depths_of(parents),
-        "node_attends": attends,
-        "tree_path": path,
-        "accepted": len(path),
-        "bonus": bonus,
-    }
+    attends = call.view(row).node_attends(rq.pending, len(parents))
+    fields = {"tree_parents": list(parents), "tree_depths": depths_of(parents), "node_attends": attends}
+    return {**fields, "tree_path": path, "accepted": len(path), "bonus": bonus}
 
 
 def mask_row(call: Any, row: int, rq: Any) -> tuple[list[list[int]], int] | None:
-    """(mask_rle as the root's view of the context then one flag per node: it attends its own
-    slot; attended context slots), or None for a mask read otherwise (`View.tree_row`). Non-root
-    nodes' views of the block are `node_attends`."""
+    """The tree row's mask_rle and attended context (`View.tree_row`), None where not read."""
     return call.view(row).tree_row(rq.pending, call.trees[row])
 
 
 def kept_nodes(call: Any, row: int, rq: Any, later: Any, later_row: int, later_rq: Any) -> list[int] | None:
-    """The nodes of a tree row whose KV the sequence's next target call still attends (at its
-    pending token), when both calls' keys are [cache | query] and the next call's cache is this
-    one's plus its whole query block (KV kept by index: nothing moved). None where that does not
-    hold (a cache compacted after the commit: which node was copied is not in the mask). A packed
-    tree call's rows are read the same way from the next call's view of the shared cache's keys,
-    when that call's keys begin where this call's end (`CallRecord.node_keys`)."""
+    """The tree row's nodes whose KV the sequence's next target call attends at its pending token,
+    where the KV was kept by index (docs/watch-trees.md); None otherwise."""
     if call.node_keys is not None:
         return _kept_packed(call, row, rq, later, later_row, later_rq)
-    line = later.view(later_row).keys(later_rq.pending)  # both calls' keys [cache | query]
-    if call.view(row).keys(rq.pending) is None or line is None:
-        return None
-    if later.cache_width != call.cache_width + call.query_len:
+    line = later.view(later_row).keys(later_rq.pending)
+    if (
+        call.view(row).keys(rq.pending) is None
+        or line is None
+        or later.cache_width != call.cache_width + call.query_len
+    ):
         return None
     start = call.cache_width + rq.pending
     return slots_on(line[start : start + len(call.trees[row])])
 
 
 def _kept_packed(call: Any, row: int, rq: Any, later: Any, later_row: int, later_rq: Any) -> list[int] | None:
-    """`kept_nodes` of a packed tree call's row: the node keys the sequence's next packed call
-    attends at its pending token (its segment's first token, whose view `held` keeps)."""
-    if later.node_keys is None or later_rq.pending != 0:  # node_keys: `held` is kept too
-        return None
-    if later.node_keys[0] - later.segments[0][1] != call.keys_end:  # keys moved or another call between
-        return None
+    """`kept_nodes` of a packed call's row: the next packed call's first token's view (`held`)."""
+    if later.node_keys is None or later_rq.pending != 0 or later.node_keys[0] - later.segments[0][1] != call.keys_end:
+        return None  # not packed the same way, or keys moved (another call between)
     first = call.node_keys[row] + rq.pending
-    seen = later.held[later_row][0][first : first + len(call.trees[row])]
-    return slots_on(seen)
+    return slots_on(later.held[later_row][0][first : first + len(call.trees[row])])
 
 
 def draft_calls_before(calls: list[Any], index: int) -> list[int]:

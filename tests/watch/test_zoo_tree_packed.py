@@ -124,7 +124,7 @@ def test_a_packed_tree_is_cut_by_sequence_not_by_node() -> None:
     positions = [2, 3, 3, 2, 3, 3]
     mask = _packed_mask(views, 10)
     lines = line_summary(mask)
-    assert [t for t in range(1, 6) if batchmap.block_cut(lines, positions, t)] == [2, 3, 5]
+    assert batchmap.block_cuts(lines, positions) == [2, 3, 5]
     nodes = packed_nodes(mask, lines, positions)
     assert nodes == [2, 5]
     assert batchmap._block_segments(lines, positions, nodes) == [(0, 3, None), (3, 3, None)]
