@@ -25,9 +25,8 @@ class RowView:
     position: int = -1  # the position fed to the pending token (-1: the engine fed none)
 
     def refeeds(self, context: list[int]) -> bool:
-        """The query tokens the row feeds before its pending one are the last slots of its context:
-        those that fall within `context` (what the sequence held) are its tokens there. (A prompt
-        prefilled over KV another request left is not the sequence whose length its count reaches.)"""
+        """The query tokens fed before the pending one are the sequence's at those slots (where they fall
+        within `context`)."""
         before = self.query[:-1]
         start = self.context - len(before)
         return start >= 0 and before[: max(len(context) - start, 0)] == context[start:]
@@ -71,6 +70,7 @@ class Step:
     drafts: list[int]
     targets: list[int]  # the target's argmax at the pending token and each draft; [] where not kept
     pending: int
+    most: int = 0  # the most tokens it could commit: its drafts (a tree's deepest path) + 1
 
     @property
     def agreed(self) -> int:
@@ -88,8 +88,8 @@ class Step:
         return self.drafts[: self.agreed] + ([self.targets[self.agreed]] if self.targets else [])
 
     def could_end(self, took: int, token: int) -> bool:
-        """Could a step that took `took` drafts commit `token` last: the target's choice there (any
-        token where no argmax was kept), or the draft there (an engine that keeps no bonus)."""
+        """Could a step that took `took` drafts commit `token` last: the target's choice there (any, if
+        none kept), or that draft (no bonus kept)."""
         return 0 <= took <= len(self.drafts) and (
             not self.targets or token == self.targets[took] or took < len(self.drafts) and token == self.drafts[took]
         )

@@ -1,7 +1,5 @@
-"""What a tree step gave its sequence, read for the command (which is told no tokens) from the
-next call that feeds the sequence: the nodes that call still attends, else how far its context
-grew and which path's end the target chose the fed token after. Where several paths of different
-tokens fit, the step is unreadable, never guessed."""
+"""What a tree step gave its sequence, read for the command from the next call that feeds it; where several
+paths of different tokens fit, the step is unreadable, never guessed."""
 
 from __future__ import annotations
 
@@ -14,17 +12,10 @@ from specviz.watch.tree import kept_nodes
 def step_gain(
     calls: list[Any], step: tuple[int, int], at: tuple[int, int], rq: Any, later_rq: Any, context: list[int], grown: int
 ) -> list[int] | str | None:
-    """What a tree step gave its sequence, as the next call it is fed in (`at`) shows it (the
-    command, which is told no tokens): the nodes that call still attends, when they are the root
-    and a chain of the tree (KV kept by index), then the pending token it is fed. Else, its context
-    grown by `grown` slots: the path of grown - 1 nodes whose end the target chose the fed token
-    after (the one path of that length, when none did); of several such paths, the one a
-    cacheless draft call before the next call was fed after `context` (the tokens committed before
-    the step). A string says why it cannot be told (several paths of different tokens fit: the
-    step is unreadable, never guessed); None: no tree
-    row, or a kept set or growth no tree path explains (the chain rules read it, and the tree and
-    KV checks judge the step).
-    """
+    """A tree step's tokens as the next call (`at`) shows them: the kept nodes, when they are the root and
+    a chain, then the fed token; else the path of `grown` - 1 nodes whose end chose the fed token (a
+    cacheless draft's feed breaking a tie). A string: why it cannot be told; None: no tree row, or
+    nothing a path explains."""
     (i, ri), (j, rj) = step, at
     call = calls[i]
     parents = tree_of(call, ri)
@@ -70,8 +61,7 @@ def tree_of(call: Any, row: int) -> list[int] | None:
 
 
 def _target_at(call: Any, row: int, slot: int) -> int | None:
-    """The target's choice at the row's query slot; None where it chose nothing there (or its
-    argmax was not kept, or is no choice)."""
+    """The target's choice at the row's query slot (None: none there, or no argmax kept as choice)."""
     if not call.argmax_is_choice or call.argmax is None:
         return None
     kept = call.argmax[row]
