@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
+from itertools import dropwhile
 from typing import Any
 
 MAX_LISTS = 10_000  # decoded lists kept at most: a script that decodes in a loop is not kept whole
@@ -83,25 +84,18 @@ class DecodedLog:
 
 def strip_pads(ids: list[int], pads: Collection[int]) -> list[int]:
     """`ids` without the pad ids at either end (a padded batch's rows, left or right)."""
-    start, end = 0, len(ids)
-    while start < end and ids[start] in pads:
-        start += 1
-    while end > start and ids[end - 1] in pads:
-        end -= 1
-    return ids[start:end]
+    padded = pads.__contains__  # (a pad id at either end)
+    return list(dropwhile(padded, list(dropwhile(padded, ids))[::-1]))[::-1]
 
 
 def tail_after(ids: list[int], prompt: list[int], seen: list[int], eos: Collection[int]) -> list[int] | None:
     """What the unpadded `ids` add to `seen` up to the first EOS, where they start with the prompt and
     `seen` or with `seen` (not empty); None: not this sequence's."""
-    rest = None
-    for head in (prompt + seen, seen if seen else None):
-        if head is not None and len(ids) > len(head) and ids[: len(head)] == head:
+    for head in [prompt + seen, seen] if seen else [prompt]:
+        if len(ids) > len(head) and ids[: len(head)] == head:
             rest = ids[len(head) :]
-            break
-    if rest is None:
-        return None
-    return rest[: eos_cut(rest, eos)]
+            return rest[: eos_cut(rest, eos)]
+    return None
 
 
 def eos_cut(tokens: list[int], eos: Collection[int]) -> int | None:
@@ -134,5 +128,5 @@ def takes(tail: list[int], read: list[int], greedy: list[int], most: int, eos: C
         return False
     if len(read) < len(greedy) and len(tail) > len(read):
         return False
-    lost_eos = bool(read) and read[-1] in eos and len(tail) < len(read) and tail == read[: len(tail)]
+    lost_eos = len(tail) < len(read) and read[-1] in eos and tail == read[: len(tail)]
     return not lost_eos

@@ -5,6 +5,8 @@ reading stops are listed in docs/watch-command.md."""
 
 from __future__ import annotations
 
+from functools import cache
+
 from specviz.watch.attribution import Emit
 from specviz.watch.calls import (
     CallReader,
@@ -30,8 +32,7 @@ class Follower(Assignments, Gains):
     def __init__(self, calls: list[CallRecord], eos: frozenset[int], notes: list[str]) -> None:
         self.calls, self.eos, self.notes = calls, eos, notes
         self.read = CallReader(calls)
-        # No draft model (prompt lookup, n-gram or extra-head drafting): drafts are read from what
-        # follows the committed tokens (`calls.draft_free_query`), not from draft calls.
+        # No draft model (prompt lookup, n-gram, extra heads): drafts follow the committed tokens.
         self.draft_free = not any(of_draft_model(c) for c in calls)
         self.seqs: list[Seq] = []
         self.emits: list[Emit] = []
@@ -42,7 +43,7 @@ class Follower(Assignments, Gains):
         self._greedy_ends: dict[int, Emit] = {}  # sequence -> its last step read as greedy, no EOS
         self._assumed: list[Emit] = []  # every last step read as greedy (EOS or not): not seen
         self._stopped: list[Seq] = []  # finished by being fed again without growing
-        self._views: dict[tuple[int, int, int], RowView] = {}
+        self._view = cache(self._read_view)  # (j, r, seq) -> RowView
         self.drafted = [0, 0]  # cacheless draft extensions read, those not the draft's argmax
 
     @property
@@ -100,12 +101,10 @@ class Follower(Assignments, Gains):
         seq = assigned.get(r, (IDLE, ""))[0]
         if seq >= 0:
             return seq
-        # (Every row of the first call is new: a row left here has a previous call.)
         same = self.calls[self.prev].batch_size == self.calls[j].batch_size
         kept = self.rows[self.prev][r] if same else -1
-        # An idle row keeps its sequence where no other row holds it: a finished one (its reads stop
-        # at that sequence's calls), or a live one idle for a call (a static batch's slot while
-        # another slot is prefilled), which the next call's row then continues.
+        # An idle row keeps its sequence where no other row holds it: a finished one, or a live one
+        # idle for a call (a static slot while another is prefilled), which the next call continues.
         placed = {seq for seq, _ in assigned.values()}
         return kept if kept >= 0 and (self.seqs[kept].finished or kept not in placed) else -1 - r
 
@@ -123,9 +122,8 @@ class Follower(Assignments, Gains):
             raise  # several assignments fit: never guessed, reading stops
         except Unfollowed:
             return self._legacy(active)
-        # Some rows new and some not, in a batch of unchanged size, is rather a context the engine
-        # fed wrong, such as a mask that attends padding: that batch keeps its order. (Every row
-        # new in a call without a cache is a second decode of fresh prompts.)
+        # Some rows new in a batch of unchanged size is rather a context fed wrong (a mask that attends
+        # padding): it keeps its order. (Every row new without a cache: a second decode of fresh prompts.)
         fresh = self.calls[j].cache_width == 0 and all(s == NEW for s, _ in found.values())
         if not fresh and any(s == NEW and not self._joins(j, r) for r, (s, _) in found.items()):
             return self._legacy(active)
@@ -206,24 +204,22 @@ class Follower(Assignments, Gains):
 
     # ------------------------------------------------------------------ reading a row
 
-    def _view(self, j: int, r: int, seq: int) -> RowView:
-        key = (j, r, seq)
-        if key not in self._views:
-            call = self.calls[j]
-            rq = self.read(j, r, seq if seq >= 0 else len(self.seqs) + r)
-            if self.draft_free and attends_cache(call, r):  # its first real slot is the pending token
-                rq = first_slot_query(call, r) or rq
-            context = context_before(call, r, rq.pending)
-            stale, shift = self.seqs[seq].base if seq >= 0 else (0, 0)  # read from the sequence's first token
-            self._views[key] = RowView(
-                rq=rq,
-                token=call.input_ids[r][rq.pending],
-                context=context - stale if context >= 0 else context,
-                query=attended_ids(call, r, rq.pending),
-                whole=not attends_cache(call, r),
-                position=int(call.positions[r][rq.pending]) - shift if call.positions_fed else -1,
-            )
-        return self._views[key]
+    def _read_view(self, j: int, r: int, seq: int) -> RowView:
+        """Row r of call j read as sequence `seq` (NEW: a new one); kept per (j, r, seq) as `_view`."""
+        call = self.calls[j]
+        rq = self.read(j, r, seq if seq >= 0 else len(self.seqs) + r)
+        if self.draft_free and attends_cache(call, r):  # its first real slot is the pending token
+            rq = first_slot_query(call, r) or rq
+        context = context_before(call, r, rq.pending)
+        stale, shift = self.seqs[seq].base if seq >= 0 else (0, 0)  # read from the sequence's first token
+        return RowView(
+            rq=rq,
+            token=call.input_ids[r][rq.pending],
+            context=context - stale if context >= 0 else context,
+            query=attended_ids(call, r, rq.pending),
+            whole=not attends_cache(call, r),
+            position=int(call.positions[r][rq.pending]) - shift if call.positions_fed else -1,
+        )
 
     def _fit(self, s: Seq, v: RowView) -> str | None:
         """How the row continues `s` (None: it cannot hold `s`); docs/watch-command.md lists the rules."""
@@ -258,11 +254,14 @@ class Follower(Assignments, Gains):
 
     def _again(self, j: int, r: int) -> bool:
         """A finished (or out: after its greedy last step) sequence fed its last token again."""
-        ends = [(s, s.context + self._step_tokens(s).greedy if s.out else s.context) for s in self.seqs]
+        ends = [
+            (s, s.context + self._step_tokens(s).greedy if s.out else s.context)
+            for s in self.seqs
+            if s.finished or s.out
+        ]
         return any(
-            v.token == c[-1] and (v.context < 0 or v.context >= len(c) - 1)
+            c[-1:] == [v.token] and (v.context < 0 or v.context >= len(c) - 1)
             for s, c in ends
-            if (s.finished or s.out) and c
             for v in (self._view(j, r, s.id),)
         )
 

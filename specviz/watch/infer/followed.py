@@ -1,6 +1,5 @@
-"""What `follow.Follower` keeps while it walks an engine's target calls: each row read as a
-sequence (`RowView`), each sequence as followed so far (`Seq`) with its open step as fed (`Step`),
-and the row markers."""
+"""What `follow.Follower` keeps while it walks the target calls: a row read as a sequence (`RowView`),
+a sequence followed so far (`Seq`) with its open step as fed (`Step`), and the row markers."""
 
 from __future__ import annotations
 
@@ -43,18 +42,12 @@ class Seq:
     at: tuple[int, int]  # (target call, row) that last held it
     step: tuple[int, int]  # (call, row) of its step whose gain is not read yet (its first call, until one)
     opened: bool = True  # not yet known whether its first call was a step
-    # Its open step is the call after a prefill that fed the rest of its prompt's known part: a
-    # chunk of the prompt or its pending token and drafts, which only the next call tells apart.
-    in_prompt: bool = False
+    in_prompt: bool = False  # its open step follows a prefill: a prompt chunk, or a step (the next call tells)
     refed: bool = False  # re-fed unchanged since `step`: read as finished if it never grows again
     finished: bool = False
-    # Left out of a call that held others of its last call (`Follower._leave`): gone, or sat out by
-    # an engine that regroups its rows (EXSPEC), which a later row may continue (`_returning`).
-    out: bool = False
-    # A newcomer prefilled over KV another request left (a recycled slot whose length was not
-    # reset): the slots its first token attended before itself and the position it was fed there.
-    # Its rows are read from there (`Follower._view`): its own growth, the stale offset flagged by
-    # the checks, not read as another sequence's. (0, 0) for a row that showed its whole context.
+    out: bool = False  # left out of a call that held others of its last call: gone, or sat out (`_returning`)
+    # A newcomer prefilled over another request's KV: the stale slots its first token attended and
+    # the position fed there, which its rows are read from (`Follower._view`).
     base: tuple[int, int] = (0, 0)
 
     @property
@@ -85,7 +78,7 @@ class Step:
     @property
     def greedy(self) -> list[int]:
         """What a greedy engine commits: the agreed drafts, then the target's choice (if kept)."""
-        return self.drafts[: self.agreed] + ([self.targets[self.agreed]] if self.targets else [])
+        return self.drafts[: self.agreed] + self.targets[self.agreed : self.agreed + 1]
 
     def could_end(self, took: int, token: int) -> bool:
         """Could a step that took `took` drafts commit `token` last: the target's choice there (any, if

@@ -9,12 +9,12 @@ from dataclasses import replace
 from specviz.analysis.tree_checks import depths_of
 from specviz.watch import tree
 from specviz.watch.attribution import Emit
-from specviz.watch.calls import argmax_at, attended_ids, attends_cache, draft_free_query, last_slot
+from specviz.watch.calls import argmax_at, attended_ids, attends_cache, draft_free_query, last_slot, tree_of
 from specviz.watch.credit import row_tokens
 from specviz.watch.infer.decoded import decoded_tail, eos_cut, takes
 from specviz.watch.infer.followed import RowView, Seq, Step
 from specviz.watch.infer.match import Sampled
-from specviz.watch.infer.tree_gain import step_gain, tree_of
+from specviz.watch.infer.tree_gain import step_gain
 
 
 class Gains:
@@ -64,11 +64,11 @@ class Gains:
         d = len(step.drafts)
         if not step.targets or not d or v.context - known != d:
             return False  # (a one-token chunk is not told from a step the row's token does not continue)
-        if v.token == step.targets[d]:  # the target's choice after the whole query: its last chunk, if no greedy pick
-            return step.agreed < d and (v.token != step.choice or v.position != known + step.agreed)
-        # Short of the prompt's end: fed no choice of the target, or its choice where the position
-        # fed is not the step's (with no position fed, the step reading stands).
-        return v.token != step.choice or step.agreed < d and v.position not in (-1, known + step.agreed)
+        # Fed no greedy pick; or, where a greedy step keeps fewer slots than the whole query, fed at
+        # another position than the step's: its last chunk (fed the target's choice after the whole
+        # query) or one short of the prompt's end (where no position fed, the step reading stands).
+        off = v.position != known + step.agreed
+        return v.token != step.choice or step.agreed < d and off and (v.token == step.targets[d] or v.position != -1)
 
     def _chunked(self, s: Seq, v: RowView, j: int, r: int) -> None:
         """The open step was a prompt chunk: its query joins the prompt; the last chunk gave the token fed
@@ -237,7 +237,7 @@ class Gains:
         end = self._greedy_ends.get(s.id)
         read = s.context[s.prompt_len : len(s.context) - (len(end.tokens) if end else 0)]
         if len(read) <= budget:
-            return len(read) < budget or end is not None and self._fed_along(end, budget)
+            return len(read) < budget or self._fed_along(end, budget)  # (`s` is past the budget: `end` is its end)
         # A finished row fed along gains one token a call: a row that gained more at a call past
         # the budget accepted drafts there, so it was decoding, under a budget of its own.
         past = [e for e in self._emits_of(s) if e is not end][budget - len(read) :]
@@ -267,7 +267,7 @@ class Gains:
 def shared_budget(ranges: list[tuple[int, int]], lengths: set[int]) -> int | None:
     """The one output length all endings by length stopped at: every length in `lengths`, else the smallest
     range end, within each range starting at or below it; None if none."""
-    if len(lengths) > 1 or not (lengths or ranges):
+    budgets = sorted(lengths) or sorted(hi for _, hi in ranges)[:1]
+    if len(budgets) != 1:
         return None
-    budget = next(iter(lengths)) if lengths else min(hi for _, hi in ranges)
-    return budget if all(budget <= hi for lo, hi in ranges if lo <= budget) else None
+    return budgets[0] if all(lo > budgets[0] or budgets[0] <= hi for lo, hi in ranges) else None

@@ -89,7 +89,7 @@ class Assignments:
             for dr in range(draft.batch_size):
                 if attends_cache(draft, dr):
                     continue
-                fed = attended_ids(draft, dr)  # (none for an idle row: `opened` is not empty)
+                fed = attended_ids(draft, dr)  # (an idle row's [0] is shorter than `opened`)
                 if fed[: len(opened)] == opened and not any(fed[: len(s.context)] == s.context for s in self._live):
                     return True
         return False

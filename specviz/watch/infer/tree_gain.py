@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from specviz.analysis.tree_checks import depths_of
+from specviz.watch.calls import argmax_at, tree_of
 from specviz.watch.tree import kept_nodes
 
 
@@ -31,7 +32,7 @@ def step_gain(
     ends = [n for n, d in enumerate(depths) if d == grown - 1]
     if not ends:
         return None
-    chosen = [n for n in ends if _target_at(call, ri, rq.pending + n) == token]
+    chosen = [n for n in ends if argmax_at(call, ri, rq.pending + n) == token]
     paths = {tuple(nodes[a] for a in _path_to(parents, n)) for n in (chosen or ends)}
     if len(paths) > 1:  # a cacheless draft re-reads the committed tokens: the path it was fed
         paths = {p for p in paths if [*context, *p, token] in _draft_feeds(calls, i, j)}
@@ -53,20 +54,6 @@ def _draft_feeds(calls: list[Any], i: int, j: int) -> list[list[int]]:
 def of_draft_model(call: Any) -> bool:
     """A draft model's call (a draft head's is fed no tokens of its own)."""
     return call.role == "draft" and not call.drafter
-
-
-def tree_of(call: Any, row: int) -> list[int] | None:
-    """The row's tree (parents by node); None: a chain row, or a call without trees."""
-    return call.trees[row] if call.trees else None
-
-
-def _target_at(call: Any, row: int, slot: int) -> int | None:
-    """The target's choice at the row's query slot (None: none there, or no argmax kept as choice)."""
-    if not call.argmax_is_choice or call.argmax is None:
-        return None
-    kept = call.argmax[row]
-    index = slot - (call.query_len - len(kept))
-    return kept[index] if 0 <= index < len(kept) else None
 
 
 def _path_to(parents: list[int], node: int) -> list[int]:
