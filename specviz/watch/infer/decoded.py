@@ -14,8 +14,7 @@ MAX_IDS = 1_000_000  # ids kept at most over all lists
 
 
 def id_lists(token_ids: Any) -> list[list[int]]:
-    """The id lists in what a script passed to `decode` (a tensor, an array, nested lists); anything else
-    gives none, never raises."""
+    """The id lists in what a script passed to `decode`; none from anything else (never raises)."""
     value = _plain(token_ids)
     if not isinstance(value, (list, tuple)) or not value:
         return []
@@ -54,8 +53,7 @@ class DecodedLog:
             self.ids += len(ids)
 
     def wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        """A tokenizer's `decode` that records the ids it is given (the outermost call only, never
-        raising), then decodes them."""
+        """A `decode` that records its ids (the outermost call only, never raising), then decodes."""
         depth = [0]
 
         def decode(tokenizer: Any, token_ids: Any, *args: Any, **kwargs: Any) -> Any:
@@ -89,8 +87,7 @@ def strip_pads(ids: list[int], pads: Collection[int]) -> list[int]:
 
 
 def tail_after(ids: list[int], prompt: list[int], seen: list[int], eos: Collection[int]) -> list[int] | None:
-    """What the unpadded `ids` add to `seen` up to the first EOS, where they start with the prompt and
-    `seen` or with `seen` (not empty); None: not this sequence's."""
+    """What `ids` add after the prompt and `seen` (or `seen` alone), up to an EOS; None: not this output."""
     for head in [prompt + seen, seen] if seen else [prompt]:
         if len(ids) > len(head) and ids[: len(head)] == head:
             rest = ids[len(head) :]
@@ -122,8 +119,7 @@ def decoded_tail(
 
 
 def takes(tail: list[int], read: list[int], greedy: list[int], most: int, eos: Collection[int]) -> bool:
-    """Does the decoded `tail` replace the last step read as `read`: not past `most` tokens, not past a
-    budget that cut `greedy`, not where it only lacks the EOS the reading ended on."""
+    """Does the decoded `tail` replace the last step read as `read` (within `most`, a budget, an EOS)?"""
     if len(tail) > most:
         return False
     if len(read) < len(greedy) and len(tail) > len(read):

@@ -18,10 +18,8 @@ from specviz.watch.calls import (
     last_slot,
     query_flags,
 )
-from specviz.watch.infer.followed import IDLE, NEW, RowView, Seq
-from specviz.watch.infer.gains import Gains
-from specviz.watch.infer.match import Ambiguous, Assignments, Unfollowed
-from specviz.watch.infer.tree_gain import of_draft_model
+from specviz.watch.infer.gains import Gains, of_draft_model
+from specviz.watch.infer.match import IDLE, NEW, Ambiguous, Assignments, RowView, Seq, Unfollowed
 from specviz.watch.record import CallRecord
 from specviz.watch.tensor_reads import shared_slots
 
@@ -130,8 +128,7 @@ class Follower(Assignments, Gains):
         return found
 
     def _fits(self, j: int, r: int) -> dict[int, str]:
-        """Live sequence -> how row r of call j continues it; in a shared cache, those whose slots it
-        attends most, by token ("weak") if need be."""
+        """Live sequence -> how row r of call j continues it (a shared cache: those it attends most)."""
         out = {} if self._opens(j, r) else self._chain_fits(j, r, self._live)
         mine = self._most_attended(j, r)
         if len(mine) == 1 and not mine & out.keys():
@@ -298,10 +295,7 @@ class Follower(Assignments, Gains):
         if s.opened:
             s.opened = False
             if not self.was_step[s.origin[0]] or not s.context:
-                # Its first call was a prefill of all but the last prompt token: this call feeds it.
-                s.context.append(v.token)
-                s.prompt_len += 1
-                s.step, s.in_prompt = (j, r), True
+                self._feeds_prompt(s, v, j, r)  # its first call prefilled all but the last prompt token
                 return
         self._commit(s, self._by_token(s, v) if how == "weak" else self._gained(s, v))
         s.step, s.refed, s.in_prompt = (j, r), False, False
@@ -336,8 +330,7 @@ class Follower(Assignments, Gains):
 
 
 def follow_rows(calls: list[CallRecord], prompts: list[list[int]], eos: frozenset[int]) -> None:
-    """Name each target call's rows by the declared prompt each followed sequence starts with (an API run
-    that declared no rows); a call not reached, or an undeclared prompt, is unreadable."""
+    """Name each target call's rows by the declared prompt its sequence starts with (else unreadable)."""
     follower = Follower(calls, eos, [])
     follower.run()
     unused: dict[tuple[int, ...], list[int]] = {}  # declared prompt -> its indices not taken yet

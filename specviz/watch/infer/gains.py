@@ -1,10 +1,11 @@
 """`follow.Follower`'s reading of what each step gave a sequence (its next row, a cacheless draft's
-re-read, or the greedy rule at its last step), and of how sequences end (EOS, one shared budget, or each
-its own)."""
+re-read, a tree's kept nodes or chosen path, or the greedy rule at its last step), and of how sequences
+end (EOS, one shared budget, or each its own)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from specviz.analysis.tree_checks import depths_of
 from specviz.watch import tree
@@ -12,18 +13,15 @@ from specviz.watch.attribution import Emit
 from specviz.watch.calls import argmax_at, attended_ids, attends_cache, draft_free_query, last_slot, tree_of
 from specviz.watch.credit import row_tokens
 from specviz.watch.infer.decoded import decoded_tail, eos_cut, takes
-from specviz.watch.infer.followed import RowView, Seq, Step
-from specviz.watch.infer.match import Sampled
-from specviz.watch.infer.tree_gain import step_gain
+from specviz.watch.infer.match import RowView, Sampled, Seq, Step
+from specviz.watch.tree import kept_nodes
 
 
 class Gains:
     """Mixed into `Follower` (its calls, sequences, emits and reader)."""
 
     def _greedy_drafts(self, j: int) -> None:
-        """`Sampled` where, twice at least, a cacheless draft row is extended by the next draft call with a
-        token that is not the draft's argmax at its last slot: a drafter that samples (its target's
-        commits, read as greedy, would read desync)."""
+        """`Sampled` where draft rows are extended, twice at least, by a token not the draft's argmax."""
         drafts = [i for i in range(self.prev + 1, j) if self.calls[i].role == "draft"]
         for a, b in zip(drafts, drafts[1:]):
             first, then = self.calls[a], self.calls[b]
@@ -58,9 +56,7 @@ class Gains:
 
     @staticmethod
     def _chunk(step: Step, v: RowView, known: int) -> bool:
-        """Was the open step (after a prefill that gave no token) a chunk of the prompt: its whole query
-        kept and the row fed no greedy pick, or the target's choice after its whole query where the
-        position fed tells it from a step's (docs/watch-command.md)?"""
+        """Was the open step after a token-less prefill a prompt chunk (docs/watch-command.md)?"""
         d = len(step.drafts)
         if not step.targets or not d or v.context - known != d:
             return False  # (a one-token chunk is not told from a step the row's token does not continue)
@@ -71,8 +67,7 @@ class Gains:
         return v.token != step.choice or step.agreed < d and off and (v.token == step.targets[d] or v.position != -1)
 
     def _chunked(self, s: Seq, v: RowView, j: int, r: int) -> None:
-        """The open step was a prompt chunk: its query joins the prompt; the last chunk gave the token fed
-        now, an earlier one gave none (this call feeds the prompt's next part)."""
+        """The open step was a prompt chunk: its query joins the prompt (the last chunk gave the token fed)."""
         step = self._step_tokens(s)
         s.context += step.drafts
         s.prompt_len = len(s.context)
@@ -81,13 +76,16 @@ class Gains:
             self._commit(s, [v.token])
             s.step, s.in_prompt = (j, r), False
             return
+        self._feeds_prompt(s, v, j, r)
+
+    def _feeds_prompt(self, s: Seq, v: RowView, j: int, r: int) -> None:
+        """Row r of call j feeds the sequence's next prompt token (pending): its open step is in its prompt."""
         s.context.append(v.token)
         s.prompt_len += 1
-        s.step = (j, r)
+        s.step, s.in_prompt = (j, r), True
 
     def _said_last_chunk(self, i: int, r: int) -> None:
-        """Row r of call i was its prompt's last chunk: its map says so as `w.batch(drafts=0)` would, for
-        `steps.build_steps` (a chunk may start with the token its prompt ends with)."""
+        """Row r of call i was its prompt's last chunk: its map says so, as `w.batch(drafts=0)` would."""
         call = self.calls[i]
         if call.map is None or len(call.map.segments) != call.batch_size:
             return
@@ -97,7 +95,7 @@ class Gains:
 
     def _gained(self, s: Seq, v: RowView) -> list[int]:
         """Tokens the sequence's open step committed, read from its next row `v`."""
-        if v.context >= 0:  # a tree step (`tree_gain.step_gain`)
+        if v.context >= 0:  # a tree step (`step_gain`)
             read = step_gain(
                 self.calls, s.step, s.at, self.read(*s.step, s.id), v.rq, s.context, v.context + 1 - len(s.context)
             )
@@ -130,16 +128,14 @@ class Gains:
         return [] if attends_cache(self.calls[call], row) else attended_ids(self.calls[call], row)
 
     def _reread(self, s: Seq, v: RowView) -> list[int] | None:
-        """The tokens gained as the row's first cacheless draft call re-read them (whatever the target's
-        context counts)."""
+        """The tokens gained, as the row's first cacheless draft call re-read them."""
         fed, n = self._draft_fed(v), len(s.context)
         if v.whole:
             return None  # a row that re-feeds its context shows its tokens itself
         return fed[n:] if len(fed) > n and fed[:n] == s.context and fed[-1] == v.token else None
 
     def _by_token(self, s: Seq, v: RowView) -> list[int]:
-        """The step's tokens by the row's pending token alone: the drafts before the slot whose argmax it
-        is fed, then that token."""
+        """The step's tokens by the row's pending token alone (the drafts before the slot that chose it)."""
         step = self._step_tokens(s)
         if v.token == step.choice:
             took = step.agreed
@@ -177,8 +173,7 @@ class Gains:
         s.finished = True
 
     def take_decoded(self, decoded: list[tuple[list[int], int | None]], pad: int | None = None) -> None:
-        """Each last step read as greedy whose tokens the script's decoded outputs show (`infer.decoded`):
-        those tokens instead, seen. Run after `run`."""
+        """Last steps read as greedy that the script's decoded outputs show (`infer.decoded`): those tokens."""
         if self.unfollowed:
             return  # reading stopped: a last step read is not the sequence's last
         for emit in self._assumed_kept():
@@ -193,12 +188,10 @@ class Gains:
             s.context += tail
             ended = "eos" if tail[-1] in self.eos else "length" if emit.finish_reason == "eos" else emit.finish_reason
             emit.tokens, emit.finish_reason = list(tail), ended
-            self._assumed = [e for e in self._assumed if e is not emit]
+            self._assumed.remove(emit)  # (one emit a sequence: no other equals it)
 
     def _cut_to_budget(self) -> None:
-        """Endings by length share one undeclared budget: the length of those fed again, else the shortest
-        greedy end. Where one fits them all, what lies past it (greedy ends, or repeats of a pinned
-        budget's token) is cut; else each sequence keeps its own budget."""
+        """Cut what lies past the one budget that fits all endings by length, else each keeps its own."""
         if self.unfollowed:
             return  # reading stopped: the last steps read are not endings
         ends = [(self._output(self.seqs[i]), len(e.tokens)) for i, e in self._greedy_ends.items()]
@@ -232,8 +225,7 @@ class Gains:
         return any(e.finish_reason == "eos" for e in self._emits_of(s))
 
     def _cuttable(self, s: Seq, budget: int, pinned: bool) -> bool:
-        """Past `budget` lies only the greedy end, or (`pinned`) repeats of its token at the budget, one a
-        call, then its greedy end."""
+        """Past `budget` lies only the greedy end, or (`pinned`) one-a-call repeats of the budget's token."""
         end = self._greedy_ends.get(s.id)
         read = s.context[s.prompt_len : len(s.context) - (len(end.tokens) if end else 0)]
         if len(read) <= budget:
@@ -265,9 +257,58 @@ class Gains:
 
 
 def shared_budget(ranges: list[tuple[int, int]], lengths: set[int]) -> int | None:
-    """The one output length all endings by length stopped at: every length in `lengths`, else the smallest
-    range end, within each range starting at or below it; None if none."""
+    """The one output length every ending by length stopped at, within each range below it; or None."""
     budgets = sorted(lengths) or sorted(hi for _, hi in ranges)[:1]
     if len(budgets) != 1:
         return None
     return budgets[0] if all(lo > budgets[0] or budgets[0] <= hi for lo, hi in ranges) else None
+
+
+def step_gain(
+    calls: list[Any], step: tuple[int, int], at: tuple[int, int], rq: Any, later_rq: Any, context: list[int], grown: int
+) -> list[int] | str | None:
+    """A tree step's tokens as the next call (`at`) shows them: the kept nodes, when the root and a chain,
+    then the fed token; else the path of `grown` - 1 nodes whose end chose the fed token (a cacheless
+    draft's feed breaks a tie). A string: why it cannot be told (unreadable, never guessed); None: no
+    tree row, or nothing a path explains."""
+    (i, ri), (j, rj) = step, at
+    call = calls[i]
+    parents = tree_of(call, ri)
+    if parents is None:
+        return None
+    nodes = call.input_ids[ri][rq.pending : rq.pending + len(parents)]
+    token = calls[j].input_ids[rj][later_rq.pending]
+    kept = kept_nodes(call, ri, rq, calls[j], rj, later_rq)
+    if kept is not None:
+        chain = kept == [0, *_path_to(parents, max(kept, default=0))]  # the root and a path down (kept ascends)
+        return [nodes[n] for n in kept[1:]] + [token] if chain else None
+    depths = depths_of(parents)
+    ends = [n for n, d in enumerate(depths) if d == grown - 1]
+    if not ends:
+        return None
+    chosen = [n for n in ends if argmax_at(call, ri, rq.pending + n) == token]
+    paths = {tuple(nodes[a] for a in _path_to(parents, n)) for n in (chosen or ends)}
+    if len(paths) > 1:  # a cacheless draft re-reads the committed tokens: the path it was fed
+        paths = {p for p in paths if [*context, *p, token] in _draft_feeds(calls, i, j)}
+    if len(paths) != 1:
+        return f"tree step of target call {i}, row {ri}: no one path of {grown - 1} nodes fits what was fed next"
+    return [*paths.pop(), token]
+
+
+def _draft_feeds(calls: list[Any], i: int, j: int) -> list[list[int]]:
+    """What each row of the draft-model calls between target calls i and j attended of its query."""
+    return [attended_ids(call, r) for call in calls[i + 1 : j] if of_draft_model(call) for r in range(call.batch_size)]
+
+
+def of_draft_model(call: Any) -> bool:
+    """A draft model's call (a draft head's is fed no tokens of its own)."""
+    return call.role == "draft" and not call.drafter
+
+
+def _path_to(parents: list[int], node: int) -> list[int]:
+    """The nodes from the root's child down to `node` (root excluded)."""
+    path = []
+    while node > 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]

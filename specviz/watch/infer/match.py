@@ -1,16 +1,96 @@
-"""`follow.Follower`'s assignments: which sequence each row of a call holds, the one way the rows' fits
-allow up to sequences identical so far, else why not (`Ambiguous`); which ties the call's own evidence
-breaks; and which rows start a sequence."""
+"""What `follow.Follower` keeps (a row read as a sequence, `RowView`; a sequence, `Seq`; its open step,
+`Step`) and its assignments: which sequence each row of a call holds, the one way the fits allow up to
+sequences identical so far (`Ambiguous`: several), the ties the call's own evidence breaks, and which
+rows start a sequence."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from itertools import groupby
 from typing import Any
 
-from specviz.watch.calls import argmax_at, attended_ids, attends_cache, context_before, last_slot, query_flags
-from specviz.watch.infer.followed import IDLE, NEW, RowView, Seq
+from specviz.watch.calls import RowQuery, argmax_at, attended_ids, attends_cache, context_before, last_slot, query_flags
+from specviz.watch.credit import matched_prefix
 from specviz.watch.view import Padded
+
+NEW = -1  # the row starts a new sequence
+IDLE = -2  # the row holds a finished sequence fed again: no step for anyone
+
+
+@dataclass(frozen=True)
+class RowView:
+    """One row of one target call, read as a given sequence."""
+
+    rq: RowQuery
+    token: int  # the pending token
+    context: int  # slots the pending token attends before itself (-1: a mask the hooks could not read)
+    query: list[int]  # the row's attended query tokens up to the pending one
+    whole: bool  # the row attends no cache slot: `query` is its whole context
+    position: int = -1  # the position fed to the pending token (-1: the engine fed none)
+
+    def refeeds(self, context: list[int]) -> bool:
+        """The query tokens fed before the pending one are the sequence's at those slots."""
+        before = self.query[:-1]
+        start = self.context - len(before)
+        return start >= 0 and before[: max(len(context) - start, 0)] == context[start:]
+
+
+@dataclass
+class Seq:
+    """One sequence as followed so far."""
+
+    id: int
+    context: list[int]  # prompt + committed tokens, as read
+    prompt_len: int
+    origin: tuple[int, int]  # (target call, row) where it first appeared
+    at: tuple[int, int]  # (target call, row) that last held it
+    step: tuple[int, int]  # (call, row) of its step whose gain is not read yet (its first call, until one)
+    opened: bool = True  # not yet known whether its first call was a step
+    in_prompt: bool = False  # its open step follows a prefill: a prompt chunk, or a step (the next call tells)
+    refed: bool = False  # re-fed unchanged since `step`: read as finished if it never grows again
+    finished: bool = False
+    out: bool = False  # left out of a call that held others of its last call: gone, or sat out (`_returning`)
+    # A newcomer prefilled over another request's KV: the stale slots its first token attended and
+    # the position fed there, which its rows are read from (`Follower._view`).
+    base: tuple[int, int] = (0, 0)
+
+    @property
+    def growth(self) -> str:
+        """How a row that extends its context continues it: its first call's reading is still open."""
+        return "open" if self.opened else "grow"
+
+
+@dataclass(frozen=True)
+class Step:
+    """A sequence's open step as its row was fed (a tree row: along its greedy path)."""
+
+    drafts: list[int]
+    targets: list[int]  # the target's argmax at the pending token and each draft; [] where not kept
+    pending: int
+    most: int = 0  # the most tokens it could commit: its drafts (a tree's deepest path) + 1
+
+    @property
+    def agreed(self) -> int:
+        """Drafts a greedy engine keeps: those that agree with the argmax (none without one)."""
+        return matched_prefix(self.drafts, self.targets) or 0
+
+    @property
+    def choice(self) -> int | None:
+        """The target's choice after the agreed drafts (None: no argmax kept)."""
+        return self.targets[self.agreed] if self.targets else None
+
+    @property
+    def greedy(self) -> list[int]:
+        """What a greedy engine commits: the agreed drafts, then the target's choice (if kept)."""
+        return self.drafts[: self.agreed] + self.targets[self.agreed : self.agreed + 1]
+
+    def could_end(self, took: int, token: int) -> bool:
+        """Could a step that took `took` drafts commit `token` last (the target's choice, or that draft)?"""
+        return 0 <= took <= len(self.drafts) and (
+            not self.targets or token == self.targets[took] or self.drafts[took : took + 1] == [token]
+        )
+
 
 MATCHINGS = 256  # assignments of one call enumerated at most; more is read as ambiguous
 
@@ -31,9 +111,7 @@ class Assignments:
     """Mixed into `Follower` (its calls, sequences and row views)."""
 
     def _unique(self, j: int, active: list[int]) -> dict[int, tuple[int, str]]:
-        """The one assignment of rows to sequences the fits allow (`Unfollowed`: none); rows the chain fits
-        to none are matched by token alone to the sequences left, so a moved row's wrong context is
-        flagged at it."""
+        """The one assignment of rows to sequences (`Unfollowed`: none); unfit rows by token alone after."""
         live = {s.id for s in self._live}
         fits = self._told_apart(j, {r: self._fits(j, r) for r in active})
         out = self._one_assignment(j, active, fits, live)
@@ -59,9 +137,7 @@ class Assignments:
     # ------------------------------------------------------------------ rows that start a sequence
 
     def _starts(self, j: int, r: int) -> bool:
-        """A row that starts a sequence: it shows its whole context, or a cached row fed no drafts with
-        several tokens, or one the draft re-reads from the start (`_opens`): a newcomer over another
-        request's KV."""
+        """A row that starts a sequence: it shows its whole context, or a cached newcomer (over stale KV)."""
         v = self._view(j, r, NEW)
         return v.whole or not v.rq.drafts and len(v.query) > 1 or self._opens(j, r)
 
@@ -75,13 +151,9 @@ class Assignments:
         return self.calls[j].cache_width > 0 and self._starts(j, r)
 
     def _draft_opens(self, j: int, r: int, query: list[int]) -> bool:
-        """The draft calls after target call j re-read row r's query from the start, then the target's
-        choice at its last slot, and continue no live sequence."""
+        """The draft calls after call j re-read row r's query from the start, continuing no live sequence."""
         call = self.calls[j]
-        chose = argmax_at(call, r, last_slot(call, r))
-        if chose is None:
-            return False
-        opened = [*query, chose]
+        opened = [*query, argmax_at(call, r, last_slot(call, r))]  # (no argmax: None, fed by no row)
         for k in range(j + 1, len(self.calls)):
             draft = self.calls[k]
             if draft.role == "target":
@@ -95,8 +167,7 @@ class Assignments:
         return False
 
     def _base(self, j: int, r: int) -> tuple[int, int]:
-        """A new row that attends a cache: the slots its first token attends before itself and its position
-        (`Seq.base`)."""
+        """A new cached row: the slots its first token attends before itself and its position (`Seq.base`)."""
         call = self.calls[j]
         if not attends_cache(call, r):
             return (0, 0)
@@ -107,8 +178,7 @@ class Assignments:
     def _one_assignment(
         self, j: int, rows: list[int], fits: dict[int, dict[int, str]], allowed: set[int]
     ) -> dict[int, tuple[int, str]]:
-        """Rows -> sequences of `allowed`, the one way the fits allow up to identical sequences
-        (`Ambiguous`: several); rows nothing fits are left out."""
+        """Rows -> sequences of `allowed`, the one way up to identical ones (`Ambiguous`: several)."""
         classes = self._classes(allowed)
         of = {s: k for k, members in enumerate(classes) for s in members}
         options = {r: sorted({of[s] for s in fits[r]}) for r in rows}  # (fits name only `allowed` sequences)
@@ -133,9 +203,7 @@ class Assignments:
         return out
 
     def _told_apart(self, j: int, fits: dict[int, dict[int, str]]) -> dict[int, dict[int, str]]:
-        """The fits, less the (row, sequence) pairs of a tie that the call's evidence (`EVIDENCE`) rules
-        out while another pair of the tie agrees; evidence an uncontested row contradicts is not read
-        this call."""
+        """The fits less the tie pairs the call's evidence (`EVIDENCE`) rules out while a rival agrees."""
         pairs = [(r, s, how) for r, f in fits.items() for s, how in f.items()]
         # The other pairs of each pair's tie: its row with another sequence, another row with its sequence.
         rivals = {(r, s): [(q, t) for q, t, _ in pairs if (q == r) != (t == s)] for r, s, _ in pairs}
@@ -163,8 +231,7 @@ class Assignments:
         return check(self, j, r, self.seqs[s], self._view(j, r, s), how)
 
     def _position_agrees(self, j: int, r: int, s: Seq, v: RowView, how: str) -> bool | None:
-        """The position fed to the pending token is the sequence's length: the token is one its step could
-        commit after that many drafts, or after a whole chunk (None: no positions fed)."""
+        """The pending token sits at the sequence's length: a token its step could commit there."""
         if not self.calls[j].positions_fed:
             return None
         step = self._step_tokens(s)
@@ -174,8 +241,7 @@ class Assignments:
         return step.could_end(took, v.token)
 
     def _opening_agrees(self, j: int, r: int, s: Seq, v: RowView, how: str) -> bool | None:
-        """A newcomer's row is fed the target's choice at its first call's last slot (None: drafts verified
-        there, or no argmax)."""
+        """A newcomer's row is fed the target's choice at its first call's last slot."""
         if v.whole or self.read(*s.origin, s.id).drafts:
             return None  # (verified drafts at its first call: the chain reads it)
         call, row = self.calls[s.origin[0]], s.origin[1]
@@ -190,15 +256,12 @@ class Assignments:
         return v.context - len(s.context) == step.agreed
 
     def _history_agrees(self, j: int, r: int, s: Seq, v: RowView, how: str) -> bool | None:
-        """A padded row's 2-D mask keeps its history: the old cache slots read the same, slots fed then are
-        at most dropped (None: no 2-D masks)."""
+        """A padded row's 2-D mask keeps its history: old cache slots alike, fed slots at most dropped."""
         call, (jp, rp) = self.calls[j], s.at
         before = self.calls[jp]
         old, new = _columns(before, rp), _columns(call, r)
-        if old is None or new is None:
-            return None
-        if call.cache_width < len(old):
-            return None  # the cache was cropped or rebuilt: its history is not where it was
+        if old is None or new is None or call.cache_width < len(old):
+            return None  # (or the cache was cropped or rebuilt: its history is not where it was)
         n = before.cache_width
         return [int(x) for x in new[:n]] == [int(x) for x in old[:n]] and all(
             int(a) <= int(b) for a, b in zip(new[n : len(old)], old[n:], strict=True)
@@ -243,8 +306,7 @@ def _columns(call: Any, row: int) -> list[int] | None:
 
 
 def _matchings(rows: list[int], options: dict[int, list[int]], capacity: list[int]) -> list[dict[int, int]]:
-    """Distinct assignments row -> class (within each class's capacity) that assign the most rows, any row
-    the one left out; at most MATCHINGS."""
+    """Distinct assignments row -> class within capacity that assign the most rows (at most MATCHINGS)."""
     found: list[dict[int, int]] = []
     best = [0]  # the most rows an assignment found so far assigns
     left = list(capacity)
