@@ -39,7 +39,7 @@ class Follower(Assignments, Gains):
         self.unfollowed: list[str] = []  # why reading stopped, for the report's skipped checks
         self.prev: int | None = None
         self._greedy_ends: dict[int, Emit] = {}  # sequence -> its last step read as greedy, no EOS
-        self._assumed: list[Emit] = []  # every last step read as greedy (EOS or not): not seen
+        self._assumed: dict[int, Emit] = {}  # id -> a last step read as greedy (EOS or not), not seen nor cut away
         self._stopped: list[Seq] = []  # finished by being fed again without growing
         self._view = cache(self._read_view)  # (j, r, seq) -> RowView
         self.drafted = [0, 0]  # cacheless draft extensions read, those not the draft's argmax
@@ -52,12 +52,7 @@ class Follower(Assignments, Gains):
     @property
     def read_as_greedy(self) -> dict[int, int]:
         """Sequence -> tokens of its last step no later call showed (read as greedy, not seen)."""
-        return {e.seq_id: len(e.tokens) for e in self._assumed_kept()}
-
-    def _assumed_kept(self) -> list[Emit]:
-        """The last steps read as greedy that the budget did not cut to no token."""
-        kept = {id(e) for e in self.emits}
-        return [e for e in self._assumed if id(e) in kept]
+        return {e.seq_id: len(e.tokens) for e in self._assumed.values()}
 
     @property
     def _live(self) -> list[Seq]:
@@ -204,11 +199,12 @@ class Follower(Assignments, Gains):
     def _read_view(self, j: int, r: int, seq: int) -> RowView:
         """Row r of call j read as sequence `seq` (NEW: a new one); kept per (j, r, seq) as `_view`."""
         call = self.calls[j]
-        rq = self.read(j, r, seq if seq >= 0 else len(self.seqs) + r)
+        # A known sequence is read from its first token (`Seq.base`); a new one by an id of its own.
+        stale, shift, known = (0, 0, len(self.seqs) + r) if seq < 0 else (*self.seqs[seq].base, seq)
+        rq = self.read(j, r, known)
         if self.draft_free and attends_cache(call, r):  # its first real slot is the pending token
             rq = first_slot_query(call, r) or rq
         context = context_before(call, r, rq.pending)
-        stale, shift = self.seqs[seq].base if seq >= 0 else (0, 0)  # read from the sequence's first token
         return RowView(
             rq=rq,
             token=call.input_ids[r][rq.pending],
@@ -322,7 +318,7 @@ class Follower(Assignments, Gains):
 
     def _leave(self, j: int, assigned: dict[int, tuple[int, str]], before: dict[int, int]) -> None:
         """Sequences this call leaves out while holding others of their last call are out (`Seq.out`)."""
-        calls_held = {before[seq] for seq, _ in assigned.values() if seq in before}
+        calls_held = {before.get(seq) for seq, _ in assigned.values()}  # (None for a new row or a marker)
         for s in self._live:  # one this call holds, or a newcomer, is at this call now
             s.out = s.at[0] != j and s.at[0] in calls_held
             if s.out and s.id in self.rows[j]:  # its row kept, idle: it has left the batch

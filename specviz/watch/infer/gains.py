@@ -167,7 +167,7 @@ class Gains:
         elif not s.opened:
             emit = self._commit(s, self._step_tokens(s).greedy)
             if emit is not None:
-                self._assumed.append(emit)
+                self._assumed[id(emit)] = emit
                 if emit.finish_reason is None:
                     self._greedy_ends[s.id] = emit
         s.finished = True
@@ -176,7 +176,7 @@ class Gains:
         """Last steps read as greedy that the script's decoded outputs show (`infer.decoded`): those tokens."""
         if self.unfollowed:
             return  # reading stopped: a last step read is not the sequence's last
-        for emit in self._assumed_kept():
+        for emit in list(self._assumed.values()):
             s = self.seqs[emit.seq_id]
             del s.context[len(s.context) - len(emit.tokens) :]  # as at the step (a draft-free step reads it)
             step = self._step_tokens(s)
@@ -188,7 +188,7 @@ class Gains:
             s.context += tail
             ended = "eos" if tail[-1] in self.eos else "length" if emit.finish_reason == "eos" else emit.finish_reason
             emit.tokens, emit.finish_reason = list(tail), ended
-            self._assumed.remove(emit)  # (one emit a sequence: no other equals it)
+            del self._assumed[id(emit)]
 
     def _cut_to_budget(self) -> None:
         """Cut what lies past the one budget that fits all endings by length, else each keeps its own."""
@@ -252,6 +252,7 @@ class Gains:
             extra -= cut
             if not emit.tokens:
                 self.emits.remove(emit)
+                self._assumed.pop(id(emit), None)
             if not extra:
                 return
 
