@@ -276,8 +276,8 @@ class Follower(Assignments, Gains):
 
     def _new(self, j: int, r: int) -> int:
         seq = len(self.seqs)
-        query = self._view(j, r, NEW).query if any(query_flags(self.calls[j], r)) else []
-        base = self._base(j, r) if query else (0, 0)
+        fed = any(query_flags(self.calls[j], r))  # (a row with no token yet: a one-token prompt's prefill)
+        query, base = (self._view(j, r, NEW).query, self._base(j, r)) if fed else ([], (0, 0))
         self.seqs.append(Seq(seq, list(query), len(query), origin=(j, r), at=(j, r), step=(j, r), base=base))
         return seq
 

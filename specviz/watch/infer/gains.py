@@ -198,11 +198,14 @@ class Gains:
         stopped = {self._output(s) for s in self._stopped}
         ranges = [(n - k + 1, n) for n, k in ends]  # the output lengths each greedy end may stop at
         budget = shared_budget(ranges, stopped)
-        over = [] if budget is None else [s for s in self.seqs if self._output(s) > budget]
+        if budget is None:
+            self._own_budgets()
+            return
+        over = [s for s in self.seqs if self._output(s) > budget]
         # Pinned: a sequence ended exactly there (fed again, or a last step of one token).
         pinned = bool(stopped) or (budget, budget) in ranges
         # One that ended by EOS past the budget was stepped past it: a budget per request, not one.
-        if budget is None or not all(not self._ended_by_eos(s) and self._cuttable(s, budget, pinned) for s in over):
+        if not all(not self._ended_by_eos(s) and self._cuttable(s, budget, pinned) for s in over):
             self._own_budgets()
             return
         for s in over:
