@@ -14,8 +14,8 @@ import pytest
 
 # The code under test, in one block.
 from specviz.watch.calls import RowQuery
-from specviz.watch.infer.followed import RowView, Step
 from specviz.watch.infer.gains import Gains
+from specviz.watch.infer.match import RowView, Step
 
 KNOWN = 4
 

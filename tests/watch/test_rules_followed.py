@@ -1,5 +1,5 @@
 """What the row follower keeps while it walks an engine's target calls
-(`specviz/watch/infer/followed.py`): a sequence's open step as its row was fed (`Step`: the drafts
+(`specviz/watch/infer/match.py`): a sequence's open step as its row was fed (`Step`: the drafts
 a greedy engine keeps, the token it commits after them, which tokens could end the step), a
 sequence as first followed (`Seq`), and the row markers. Every value is worked out by hand."""
 
@@ -11,7 +11,7 @@ import pytest
 
 # The code under test, in one block.
 from specviz.watch.calls import RowQuery
-from specviz.watch.infer.followed import IDLE, NEW, RowView, Seq, Step
+from specviz.watch.infer.match import IDLE, NEW, RowView, Seq, Step
 
 
 def test_the_row_markers_are_no_sequence_and_differ() -> None:

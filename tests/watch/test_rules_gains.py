@@ -130,8 +130,8 @@ def test_a_view_built_without_a_position_reads_as_none_fed() -> None:
     explains the context's growth without a bug. A `RowView` built without a position is one whose
     engine fed none: it reads as the chunk, whatever its context."""
     from specviz.watch.calls import RowQuery
-    from specviz.watch.infer.followed import RowView, Step
     from specviz.watch.infer.gains import Gains
+    from specviz.watch.infer.match import RowView, Step
 
     step = Step(drafts=[8], targets=[40, 40], pending=7)
     rq = RowQuery(0, 0, ())

@@ -78,7 +78,7 @@ def test_a_finished_row_fed_again_in_another_place_is_idle() -> None:
     with [1] by "eos", B gains 41, 51, 61, and nothing stops the reading."""
     from specviz.watch.autowatch import infer
     from specviz.watch.hooks import CallRecord
-    from specviz.watch.infer.followed import IDLE
+    from specviz.watch.infer.match import IDLE
 
     def call(ids: list[list[int]], width: int, position: int, argmax: list[list[int]]) -> CallRecord:
         q = len(ids[0])

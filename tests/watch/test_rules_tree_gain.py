@@ -1,4 +1,4 @@
-"""What a tree step gave its sequence, read for the command (`specviz/watch/infer/tree_gain.py`), on
+"""What a tree step gave its sequence, read for the command (`specviz/watch/infer/gains.py`, `step_gain`), on
 target calls written by hand: the next call's context growth says how deep the kept path went, the
 target's choices which path of that depth it was, a cacheless draft's re-read which of several,
 and where nothing tells two paths apart the step is unreadable, never guessed.

@@ -255,11 +255,11 @@ def test_a_tree_after_refed_context_is_unreadable_not_guessed() -> None:
 
 
 def test_what_a_tree_step_kept_is_read_from_the_next_call_never_guessed() -> None:
-    """The command's reading of a tree step's tokens (`infer.tree_gain.step_gain`): the nodes the next call
+    """The command's reading of a tree step's tokens (`infer.gains.step_gain`): the nodes the next call
     still attends (KV kept by index), else the path whose end the target chose the fed token
     after; two paths alike in that, and nothing else to tell them apart: unreadable."""
     from specviz.watch.calls import RowQuery
-    from specviz.watch.infer.tree_gain import step_gain
+    from specviz.watch.infer.gains import step_gain
     from specviz.watch.tree import read_trees
 
     def step_call(targets: list[int]):  # pending 7, children 8 and 9, after 2 cached slots

@@ -1,17 +1,12 @@
-"""What a watched script decoded (`specviz watch --`): the token-id lists it passed to a tokenizer's
-`decode`, kept to read the tokens of a sequence's last step, which no later call was fed.
-
-A sequence's last step is otherwise read as the target's greedy choices (`Follower.read_as_greedy`).
-A script that prints its outputs decodes them: a decoded list that is that sequence's output (its
-prompt and the tokens seen so far, or those tokens alone, then more) shows what the last step
-committed. Only one distinct tail among the lists that fit is taken; several, or none, leave the
-greedy reading (never a guess between two outputs).
-"""
+"""What a watched script decoded (`specviz watch --`): the id lists it passed to a tokenizer's `decode`,
+which show the tokens of a sequence's last step that no later call was fed. Only one distinct tail among
+the lists that fit is taken; several, or none, leave the greedy reading."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
+from itertools import dropwhile
 from typing import Any
 
 MAX_LISTS = 10_000  # decoded lists kept at most: a script that decodes in a loop is not kept whole
@@ -19,9 +14,7 @@ MAX_IDS = 1_000_000  # ids kept at most over all lists
 
 
 def id_lists(token_ids: Any) -> list[list[int]]:
-    """The id lists in what a script passed to `decode`: a tensor, an array or nested lists of
-    ints; one list per sequence of a batch. Anything else (a single id, text, a ragged mix of ids
-    and lists) gives none: untrusted input is read, never raised on."""
+    """The id lists in what a script passed to `decode`; none from anything else (never raises)."""
     value = _plain(token_ids)
     if not isinstance(value, (list, tuple)) or not value:
         return []
@@ -60,9 +53,7 @@ class DecodedLog:
             self.ids += len(ids)
 
     def wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        """A tokenizer's `decode` that records the ids it is given, then decodes them. The ids are
-        the script's: reading them never raises into it, and a failed reading records nothing. A
-        subclass's decode calling the base's is one call: only the outermost one is recorded."""
+        """A `decode` that records its ids (the outermost call only, never raising), then decodes."""
         depth = [0]
 
         def decode(tokenizer: Any, token_ids: Any, *args: Any, **kwargs: Any) -> Any:
@@ -91,27 +82,22 @@ class DecodedLog:
 
 def strip_pads(ids: list[int], pads: Collection[int]) -> list[int]:
     """`ids` without the pad ids at either end (a padded batch's rows, left or right)."""
-    start, end = 0, len(ids)
-    while start < end and ids[start] in pads:
-        start += 1
-    while end > start and ids[end - 1] in pads:
-        end -= 1
-    return ids[start:end]
+    padded = pads.__contains__  # (a pad id at either end)
+    return list(dropwhile(padded, list(dropwhile(padded, ids))[::-1]))[::-1]
 
 
 def tail_after(ids: list[int], prompt: list[int], seen: list[int], eos: Collection[int]) -> list[int] | None:
-    """What the unpadded list `ids` adds to a sequence's `seen` output, up to its first EOS: the
-    list starts with the prompt and `seen`, or with `seen` alone (not empty: else every list fits),
-    and is longer. None: the list is not that sequence's output."""
-    rest = None
-    for head in (prompt + seen, seen if seen else None):
-        if head is not None and len(ids) > len(head) and ids[: len(head)] == head:
+    """What `ids` add after the prompt and `seen` (or `seen` alone), up to an EOS; None: not this output."""
+    for head in [prompt + seen, seen] if seen else [prompt]:
+        if len(ids) > len(head) and ids[: len(head)] == head:
             rest = ids[len(head) :]
-            break
-    if rest is None:
-        return None
-    cut = next((n + 1 for n, t in enumerate(rest) if t in eos), len(rest))
-    return rest[:cut]
+            return rest[: eos_cut(rest, eos)]
+    return None
+
+
+def eos_cut(tokens: list[int], eos: Collection[int]) -> int | None:
+    """The length of `tokens` up to their first EOS (None: no EOS)."""
+    return next((n + 1 for n, t in enumerate(tokens) if t in eos), None)
 
 
 def decoded_tail(
@@ -121,8 +107,7 @@ def decoded_tail(
     eos: Collection[int],
     engine_pad: int | None = None,
 ) -> list[int] | None:
-    """The one tail the decoded lists give a sequence (`tail_after`, each list unpadded of its
-    tokenizer's pad and the engine's); None when no list fits or two fitting lists differ."""
+    """The one tail the decoded lists give a sequence (`tail_after`); None when none fits or two differ."""
     tails = set()
     prompt_pads = {engine_pad} - {None}
     for ids, pad in decoded:
@@ -134,15 +119,10 @@ def decoded_tail(
 
 
 def takes(tail: list[int], read: list[int], greedy: list[int], most: int, eos: Collection[int]) -> bool:
-    """Does the decoded `tail` replace a last step read as `read` (its greedy tokens `greedy`, cut
-    to the shared budget into `read` when shorter)? Not when the step could not have committed it
-    (more than `most` tokens, its drafts + 1), when it reads past a budget that cut the greedy end,
-    or when the reading ended on an EOS that the tail, agreeing up to it, only lacks (a pad id that
-    is also the EOS is stripped, or the script cut it: nothing seen differs from the reading). A
-    shorter tail is otherwise taken: an engine's own budget cut its last step."""
+    """Does the decoded `tail` replace the last step read as `read` (within `most`, a budget, an EOS)?"""
     if len(tail) > most:
         return False
     if len(read) < len(greedy) and len(tail) > len(read):
         return False
-    lost_eos = bool(read) and read[-1] in eos and len(tail) < len(read) and tail == read[: len(tail)]
+    lost_eos = len(tail) < len(read) and read[-1] in eos and tail == read[: len(tail)]
     return not lost_eos

@@ -1,45 +1,11 @@
 """Following sequences through an unmodified engine's target calls (`specviz watch --`): which
 sequence each row of each target call holds, and what each sequence gained at each step.
-
-An engine that serves reorders its rows, drops finished ones (the batch shrinks) and takes in
-joining sequences (a re-prefill of the batch, or a prefill of the newcomer). A row is matched to a
-sequence by its attended context, the sequence's prompt plus the tokens committed so far:
-- a row that attends no cache slot shows its whole context (a prefill, a re-prefill, a cacheless or
-  recompute loop): it holds the sequence whose context it equals (re-fed, not grown) or extends (the
-  extension is what the sequence gained); a row that fits no sequence is a new one, its context the
-  prompt, as every row of the first target call is;
-- a row that attends a cache shows only its query, so it is matched by the chain: its pending token
-  must be one the sequence's last step could have committed last (the target's argmax after the
-  drafts it accepted, or a draft when no bonus is kept), and its context must have grown by what
-  that step could accept (1 .. d + 1 slots); when its first draft call re-read its whole context
-  (a draft without a cache), that context must extend the sequence's. Rows left unmatched are
-  matched by pending token alone to the sequences left (an engine that moved a row's tokens but
-  not its cache is read as the sequence it fed, and the wrong context flagged at that row);
-- in a shared cache (a packed call's rows, whose slots stay their sequence's), a row holds the
-  sequence whose slots it attends most, the chain deciding only between sequences tied there: a
-  slot of a neighbour let in (a KV leak) is flagged at the row, never read as the neighbour;
-- a newcomer's first call was a step when every newcomer of that call is fed its argmax next (or
-  verified drafts), else a prefill of all but the last prompt token, which the next call feeds;
-- where the chain ties (a row fits several sequences, or several rows one), the call's own evidence
-  drops the pairs it rules out (`Assignments._told_apart`): the position fed to the pending token,
-  a padded row's mask history, its growth against greedy acceptance and, for a newcomer, the
-  target's choice at its first call; only when another pair of that tie agrees, else the tie stands;
-- a newcomer prefilled over another request's KV (`Assignments._starts`) is read from its first
-  token on: the stale slots it attended and the position fed there are not its growth (`Seq.base`);
-  a row continues a sequence's first call only where the tokens it feeds before its pending one
-  are that sequence's (`RowView.refeeds`), not where only its count reaches the sequence's length;
-- rows keep their order when every row fits the sequence its row held in the previous target call
-  of the same batch size. Otherwise the assignment must be unique up to sequences identical so far
-  (same prompt, same tokens, same step read), which any assignment checks alike. Several that
-  differ are never guessed between: reading stops at that call (noted; the trace is incomplete and
-  the report names the skipped check), as it does when no assignment fits a batch that changed. A
-  batch with a cache, of unchanged size, that no assignment fits keeps its order (the rule before
-  rows were followed: a bug that breaks the chain is still read, and flagged, at its own row);
-- a sequence left out of a call that holds others of its last call is out (`Seq.out`, sat out by an
-  engine that regroups rows): a later row may continue it by its chain, else its last step is greedy.
-"""
+Rows are matched to sequences by their attended context; the rules, their tie-breakers and where
+reading stops are listed in docs/watch-command.md."""
 
 from __future__ import annotations
+
+from functools import cache
 
 from specviz.watch.attribution import Emit
 from specviz.watch.calls import (
@@ -52,10 +18,8 @@ from specviz.watch.calls import (
     last_slot,
     query_flags,
 )
-from specviz.watch.infer.followed import IDLE, NEW, RowView, Seq
-from specviz.watch.infer.gains import Gains
-from specviz.watch.infer.match import Ambiguous, Assignments, Unfollowed
-from specviz.watch.infer.tree_gain import of_draft_model
+from specviz.watch.infer.gains import Gains, of_draft_model
+from specviz.watch.infer.match import IDLE, NEW, Ambiguous, Assignments, RowView, Seq, Unfollowed
 from specviz.watch.record import CallRecord
 from specviz.watch.tensor_reads import shared_slots
 
@@ -66,8 +30,7 @@ class Follower(Assignments, Gains):
     def __init__(self, calls: list[CallRecord], eos: frozenset[int], notes: list[str]) -> None:
         self.calls, self.eos, self.notes = calls, eos, notes
         self.read = CallReader(calls)
-        # No draft model (prompt lookup, n-gram or extra-head drafting): drafts are read from what
-        # follows the committed tokens (`calls.draft_free_query`), not from draft calls.
+        # No draft model (prompt lookup, n-gram, extra heads): drafts follow the committed tokens.
         self.draft_free = not any(of_draft_model(c) for c in calls)
         self.seqs: list[Seq] = []
         self.emits: list[Emit] = []
@@ -76,9 +39,9 @@ class Follower(Assignments, Gains):
         self.unfollowed: list[str] = []  # why reading stopped, for the report's skipped checks
         self.prev: int | None = None
         self._greedy_ends: dict[int, Emit] = {}  # sequence -> its last step read as greedy, no EOS
-        self._assumed: list[Emit] = []  # every last step read as greedy (EOS or not): not seen
+        self._assumed: dict[int, Emit] = {}  # id -> a last step read as greedy (EOS or not), not seen nor cut away
         self._stopped: list[Seq] = []  # finished by being fed again without growing
-        self._views: dict[tuple[int, int, int], RowView] = {}
+        self._view = cache(self._read_view)  # (j, r, seq) -> RowView
         self.drafted = [0, 0]  # cacheless draft extensions read, those not the draft's argmax
 
     @property
@@ -88,11 +51,8 @@ class Follower(Assignments, Gains):
 
     @property
     def read_as_greedy(self) -> dict[int, int]:
-        """Sequence -> tokens of its last step that no later call showed (taken as a greedy
-        engine's, the target's choices): read, not seen, for the report to say. (An emit cut to
-        no token by the budget is no longer among the emits.)"""
-        kept = {id(e) for e in self.emits}
-        return {e.seq_id: len(e.tokens) for e in self._assumed if id(e) in kept}
+        """Sequence -> tokens of its last step no later call showed (read as greedy, not seen)."""
+        return {e.seq_id: len(e.tokens) for e in self._assumed.values()}
 
     @property
     def _live(self) -> list[Seq]:
@@ -117,7 +77,7 @@ class Follower(Assignments, Gains):
     # ------------------------------------------------------------------ one call
 
     def _call(self, j: int) -> None:
-        """Assign call j's rows to sequences, read what the previous steps gained (`Unfollowed`: why not)."""
+        """Assign call j's rows to sequences and read what their steps gained (`Unfollowed`: why not)."""
         call = self.calls[j]
         if self.prev is None:  # every row is new, even one with no token yet (a one-token prompt's prefill)
             assigned = {r: (NEW, "new") for r in range(call.batch_size)}
@@ -134,12 +94,10 @@ class Follower(Assignments, Gains):
         seq = assigned.get(r, (IDLE, ""))[0]
         if seq >= 0:
             return seq
-        # (Every row of the first call is new: a row left here has a previous call.)
         same = self.calls[self.prev].batch_size == self.calls[j].batch_size
         kept = self.rows[self.prev][r] if same else -1
-        # An idle row keeps its sequence where no other row holds it: a finished one (its reads stop
-        # at that sequence's calls), or a live one idle for a call (a static batch's slot while
-        # another slot is prefilled), which the next call's row then continues.
+        # An idle row keeps its sequence where no other row holds it: a finished one, or a live one
+        # idle for a call (a static slot while another is prefilled), which the next call continues.
         placed = {seq for seq, _ in assigned.values()}
         return kept if kept >= 0 and (self.seqs[kept].finished or kept not in placed) else -1 - r
 
@@ -157,22 +115,16 @@ class Follower(Assignments, Gains):
             raise  # several assignments fit: never guessed, reading stops
         except Unfollowed:
             return self._legacy(active)
-        # Some rows new and some not, in a batch of unchanged size, is rather a context the engine
-        # fed wrong, such as a mask that attends padding: that batch keeps its order. (Every row
-        # new in a call without a cache is a second decode of fresh prompts.)
+        # Some rows new in a batch of unchanged size is rather a context fed wrong (a mask that attends
+        # padding): it keeps its order. (Every row new without a cache: a second decode of fresh prompts.)
         fresh = self.calls[j].cache_width == 0 and all(s == NEW for s, _ in found.values())
         if not fresh and any(s == NEW and not self._joins(j, r) for r, (s, _) in found.items()):
             return self._legacy(active)
         return found
 
     def _fits(self, j: int, r: int) -> dict[int, str]:
-        """Live sequence -> how row r of call j continues it ("grow", "same", "again", "open"). In a
-        shared cache (a packed call's rows), the sequences whose slots the row attends most, when
-        any of them fits: a sequence's slots stay its own there, so a slot or two of another one
-        let in (a KV leak) does not change which sequence the row is. When the one it attends most
-        fits by its chain neither, its pending token still names what it gained ("weak")."""
-        fits = {} if self._opens(j, r) else {s.id: self._fit(s, self._view(j, r, s.id)) for s in self._live}
-        out = {s: how for s, how in fits.items() if how is not None}
+        """Live sequence -> how row r of call j continues it (a shared cache: those it attends most)."""
+        out = {} if self._opens(j, r) else self._chain_fits(j, r, self._live)
         mine = self._most_attended(j, r)
         if len(mine) == 1 and not mine & out.keys():
             (s,) = mine
@@ -184,9 +136,13 @@ class Follower(Assignments, Gains):
         out = {s: how for s, how in out.items() if how != "chunk"} or out  # a chunk is the reading of last resort
         return {s: how for s, how in out.items() if s in mine} or out
 
+    def _chain_fits(self, j: int, r: int, seqs: list[Seq]) -> dict[int, str]:
+        """Sequence -> how row r of call j continues it by its chain, for those of `seqs` it fits."""
+        fits = {s.id: self._fit(s, self._view(j, r, s.id)) for s in seqs}
+        return {s: how for s, how in fits.items() if how is not None}
+
     def _most_attended(self, j: int, r: int) -> set[int]:
-        """The live sequences whose slots (as their last row held them) row r of call j attends
-        most, none where the call's rows hold no slots (not a shared cache) or it attends none."""
+        """The live sequences whose slots row r of call j attends most (none: not a shared cache)."""
         held = self.calls[j].held
         if held is None:
             return set()
@@ -227,8 +183,7 @@ class Follower(Assignments, Gains):
         return out
 
     def _legacy(self, active: list[int]) -> dict[int, tuple[int, str]]:
-        """Rows keep their order, whatever they were fed: a batch of unchanged size that no
-        assignment explains (an engine bug that breaks the chain is then read, and flagged, at its row)."""
+        """Rows keep their order whatever they were fed (a bug that breaks the chain is flagged at its row)."""
         held = self.rows[self.prev]
         out = {}
         for r in active:
@@ -241,28 +196,26 @@ class Follower(Assignments, Gains):
 
     # ------------------------------------------------------------------ reading a row
 
-    def _view(self, j: int, r: int, seq: int) -> RowView:
-        key = (j, r, seq)
-        if key not in self._views:
-            call = self.calls[j]
-            rq = self.read(j, r, seq if seq >= 0 else len(self.seqs) + r)
-            if self.draft_free and attends_cache(call, r):  # its first real slot is the pending token
-                rq = first_slot_query(call, r) or rq
-            context = context_before(call, r, rq.pending)
-            position = int(call.positions[r][rq.pending]) if call.positions_fed else -1
-            stale, shift = self.seqs[seq].base if seq >= 0 else (0, 0)  # read from the sequence's first token
-            self._views[key] = RowView(
-                rq=rq,
-                token=call.input_ids[r][rq.pending],
-                context=context - stale if context >= 0 else context,
-                query=attended_ids(call, r, rq.pending),
-                whole=not attends_cache(call, r),
-                position=position - shift if position >= 0 else position,
-            )
-        return self._views[key]
+    def _read_view(self, j: int, r: int, seq: int) -> RowView:
+        """Row r of call j read as sequence `seq` (NEW: a new one); kept per (j, r, seq) as `_view`."""
+        call = self.calls[j]
+        # A known sequence is read from its first token (`Seq.base`); a new one by an id of its own.
+        stale, shift, known = (0, 0, len(self.seqs) + r) if seq < 0 else (*self.seqs[seq].base, seq)
+        rq = self.read(j, r, known)
+        if self.draft_free and attends_cache(call, r):  # its first real slot is the pending token
+            rq = first_slot_query(call, r) or rq
+        context = context_before(call, r, rq.pending)
+        return RowView(
+            rq=rq,
+            token=call.input_ids[r][rq.pending],
+            context=context - stale if context >= 0 else context,
+            query=attended_ids(call, r, rq.pending),
+            whole=not attends_cache(call, r),
+            position=int(call.positions[r][rq.pending]) - shift if call.positions_fed else -1,
+        )
 
     def _fit(self, s: Seq, v: RowView) -> str | None:
-        """How the row continues `s` (None: it cannot hold `s`); see the module docstring."""
+        """How the row continues `s` (None: it cannot hold `s`); docs/watch-command.md lists the rules."""
         if v.whole:
             if v.query == s.context:
                 return "same"
@@ -288,19 +241,20 @@ class Follower(Assignments, Gains):
         return "again" if 0 <= grown <= 1 and v.token == step.pending else None
 
     def _draft_reads(self, s: Seq, v: RowView) -> bool:
-        """A draft that keeps no cache re-reads the row's whole context at its first proposal
-        (`_draft_fed`): when it did, that context must extend the sequence's (else the row cannot be
-        the sequence)."""
+        """What a cacheless draft re-read of the row's context (`_draft_fed`), if any, extends `s`'s."""
         fed = self._draft_fed(v)
-        return fed is None or fed[: len(s.context)] == s.context
+        return not fed or fed[: len(s.context)] == s.context
 
     def _again(self, j: int, r: int) -> bool:
         """A finished (or out: after its greedy last step) sequence fed its last token again."""
-        ends = [(s, s.context + self._step_tokens(s).greedy if s.out else s.context) for s in self.seqs]
+        ends = [
+            (s, s.context + self._step_tokens(s).greedy if s.out else s.context)
+            for s in self.seqs
+            if s.finished or s.out
+        ]
         return any(
-            v.token == c[-1] and (v.context < 0 or v.context >= len(c) - 1)
+            c[-1:] == [v.token] and (v.context < 0 or v.context >= len(c) - 1)
             for s, c in ends
-            if (s.finished or s.out) and c
             for v in (self._view(j, r, s.id),)
         )
 
@@ -322,34 +276,32 @@ class Follower(Assignments, Gains):
 
     def _new(self, j: int, r: int) -> int:
         seq = len(self.seqs)
-        query = self._view(j, r, NEW).query if any(query_flags(self.calls[j], r)) else []
-        base = self._base(j, r) if query else (0, 0)
+        fed = any(query_flags(self.calls[j], r))  # (a row with no token yet: a one-token prompt's prefill)
+        query, base = (self._view(j, r, NEW).query, self._base(j, r)) if fed else ([], (0, 0))
         self.seqs.append(Seq(seq, list(query), len(query), origin=(j, r), at=(j, r), step=(j, r), base=base))
         return seq
 
     def _continue(self, s: Seq, j: int, r: int, how: str) -> None:
         v = self._view(j, r, s.id)
         s.at, s.out = (j, r), False
-        if how == "same":
-            s.refed = not s.opened
-            return
-        if how == "chunk":
-            self._chunked(s, v, j, r)
-            return
-        if how == "again":
-            s.finished = True  # fed again without growing: the engine keeps computing a finished row
-            self._stopped.append(s)
+        ends = {"same": self._refed, "chunk": self._chunked, "again": self._fed_again}.get(how)
+        if ends is not None:
+            ends(s, v, j, r)
             return
         if s.opened:
             s.opened = False
             if not self.was_step[s.origin[0]] or not s.context:
-                # Its first call was a prefill of all but the last prompt token: this call feeds it.
-                s.context.append(v.token)
-                s.prompt_len += 1
-                s.step, s.in_prompt = (j, r), True
+                self._feeds_prompt(s, v, j, r)  # its first call prefilled all but the last prompt token
                 return
         self._commit(s, self._by_token(s, v) if how == "weak" else self._gained(s, v))
         s.step, s.refed, s.in_prompt = (j, r), False, False
+
+    def _refed(self, s: Seq, v: RowView, j: int, r: int) -> None:
+        s.refed = not s.opened
+
+    def _fed_again(self, s: Seq, v: RowView, j: int, r: int) -> None:
+        s.finished = True  # fed again without growing: the engine keeps computing a finished row
+        self._stopped.append(s)
 
     def _opened_by_step(self, o: int, members: list[tuple[Seq, RowView]]) -> bool:
         """Was call o a step for its newcomers: it verified drafts, or the next call feeds its argmax?"""
@@ -366,7 +318,7 @@ class Follower(Assignments, Gains):
 
     def _leave(self, j: int, assigned: dict[int, tuple[int, str]], before: dict[int, int]) -> None:
         """Sequences this call leaves out while holding others of their last call are out (`Seq.out`)."""
-        calls_held = {before[seq] for seq, _ in assigned.values() if seq in before}
+        calls_held = {before.get(seq) for seq, _ in assigned.values()}  # (None for a new row or a marker)
         for s in self._live:  # one this call holds, or a newcomer, is at this call now
             s.out = s.at[0] != j and s.at[0] in calls_held
             if s.out and s.id in self.rows[j]:  # its row kept, idle: it has left the batch
@@ -374,10 +326,7 @@ class Follower(Assignments, Gains):
 
 
 def follow_rows(calls: list[CallRecord], prompts: list[list[int]], eos: frozenset[int]) -> None:
-    """The inferred producer for an API run that declared no rows while its batch changed (a packed
-    engine's sequences leave the row): each target call's rows are followed as the command follows
-    them, and named by the declared prompt each followed sequence starts with. A call the reading
-    did not reach, or a row whose prompt is none of the declared ones, is unreadable."""
+    """Name each target call's rows by the declared prompt its sequence starts with (else unreadable)."""
     follower = Follower(calls, eos, [])
     follower.run()
     unused: dict[tuple[int, ...], list[int]] = {}  # declared prompt -> its indices not taken yet

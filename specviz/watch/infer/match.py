@@ -1,23 +1,102 @@
-"""`follow.Follower`'s unique assignments: which sequence each row of a call holds, the one way
-the rows' fits allow up to sequences identical so far, or why not (`Ambiguous`); and which rows
-start a sequence (`Assignments._starts`), read from where its first token sits (`Seq.base`)."""
+"""What `follow.Follower` keeps (a row read as a sequence, `RowView`; a sequence, `Seq`; its open step,
+`Step`) and its assignments: which sequence each row of a call holds, the one way the fits allow up to
+sequences identical so far (`Ambiguous`: several), the ties the call's own evidence breaks, and which
+rows start a sequence."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from itertools import groupby
 from typing import Any
 
-from specviz.watch.calls import argmax_at, attended_ids, attends_cache, context_before, last_slot, query_flags
-from specviz.watch.infer.followed import IDLE, NEW, RowView, Seq
+from specviz.watch.calls import RowQuery, argmax_at, attended_ids, attends_cache, context_before, last_slot, query_flags
+from specviz.watch.credit import matched_prefix
 from specviz.watch.view import Padded
+
+NEW = -1  # the row starts a new sequence
+IDLE = -2  # the row holds a finished sequence fed again: no step for anyone
+
+
+@dataclass(frozen=True)
+class RowView:
+    """One row of one target call, read as a given sequence."""
+
+    rq: RowQuery
+    token: int  # the pending token
+    context: int  # slots the pending token attends before itself (-1: a mask the hooks could not read)
+    query: list[int]  # the row's attended query tokens up to the pending one
+    whole: bool  # the row attends no cache slot: `query` is its whole context
+    position: int = -1  # the position fed to the pending token (-1: the engine fed none)
+
+    def refeeds(self, context: list[int]) -> bool:
+        """The query tokens fed before the pending one are the sequence's at those slots."""
+        before = self.query[:-1]
+        start = self.context - len(before)
+        return start >= 0 and before[: max(len(context) - start, 0)] == context[start:]
+
+
+@dataclass
+class Seq:
+    """One sequence as followed so far."""
+
+    id: int
+    context: list[int]  # prompt + committed tokens, as read
+    prompt_len: int
+    origin: tuple[int, int]  # (target call, row) where it first appeared
+    at: tuple[int, int]  # (target call, row) that last held it
+    step: tuple[int, int]  # (call, row) of its step whose gain is not read yet (its first call, until one)
+    opened: bool = True  # not yet known whether its first call was a step
+    in_prompt: bool = False  # its open step follows a prefill: a prompt chunk, or a step (the next call tells)
+    refed: bool = False  # re-fed unchanged since `step`: read as finished if it never grows again
+    finished: bool = False
+    out: bool = False  # left out of a call that held others of its last call: gone, or sat out (`_returning`)
+    # A newcomer prefilled over another request's KV: the stale slots its first token attended and
+    # the position fed there, which its rows are read from (`Follower._view`).
+    base: tuple[int, int] = (0, 0)
+
+    @property
+    def growth(self) -> str:
+        """How a row that extends its context continues it: its first call's reading is still open."""
+        return "open" if self.opened else "grow"
+
+
+@dataclass(frozen=True)
+class Step:
+    """A sequence's open step as its row was fed (a tree row: along its greedy path)."""
+
+    drafts: list[int]
+    targets: list[int]  # the target's argmax at the pending token and each draft; [] where not kept
+    pending: int
+    most: int = 0  # the most tokens it could commit: its drafts (a tree's deepest path) + 1
+
+    @property
+    def agreed(self) -> int:
+        """Drafts a greedy engine keeps: those that agree with the argmax (none without one)."""
+        return matched_prefix(self.drafts, self.targets) or 0
+
+    @property
+    def choice(self) -> int | None:
+        """The target's choice after the agreed drafts (None: no argmax kept)."""
+        return self.targets[self.agreed] if self.targets else None
+
+    @property
+    def greedy(self) -> list[int]:
+        """What a greedy engine commits: the agreed drafts, then the target's choice (if kept)."""
+        return self.drafts[: self.agreed] + self.targets[self.agreed : self.agreed + 1]
+
+    def could_end(self, took: int, token: int) -> bool:
+        """Could a step that took `took` drafts commit `token` last (the target's choice, or that draft)?"""
+        return 0 <= took <= len(self.drafts) and (
+            not self.targets or token == self.targets[took] or self.drafts[took : took + 1] == [token]
+        )
+
 
 MATCHINGS = 256  # assignments of one call enumerated at most; more is read as ambiguous
 
 
 class Unfollowed(Exception):
-    """Why a call's rows are not followed: no assignment fits them (a batch of unchanged size then
-    keeps its order, `Follower._legacy`)."""
+    """No assignment fits a call's rows (a batch of unchanged size then keeps its order, `Follower._legacy`)."""
 
 
 class Ambiguous(Unfollowed):
@@ -25,20 +104,14 @@ class Ambiguous(Unfollowed):
 
 
 class Sampled(Ambiguous):
-    """The engine does not feed the model's choice (it samples, or processes its logits first):
-    reading stops, since the command reads greedy engines only."""
+    """The engine does not feed the model's choice (it samples): the command reads greedy engines only."""
 
 
 class Assignments:
     """Mixed into `Follower` (its calls, sequences and row views)."""
 
     def _unique(self, j: int, active: list[int]) -> dict[int, tuple[int, str]]:
-        """The one assignment of rows to sequences the fits allow, up to identical sequences; else
-        why not (`Unfollowed`).
-
-        Rows the chain (token and context length) matches to no sequence are then matched by token
-        alone to the sequences left: an engine that moves a row's tokens but not its cache or mask
-        (a bug) still has that row read as the sequence it fed, and the wrong context flagged there."""
+        """The one assignment of rows to sequences (`Unfollowed`: none); unfit rows by token alone after."""
         live = {s.id for s in self._live}
         fits = self._told_apart(j, {r: self._fits(j, r) for r in active})
         out = self._one_assignment(j, active, fits, live)
@@ -56,31 +129,20 @@ class Assignments:
         return out | {r: (NEW, "new") for r in active if r not in out}  # the rest start sequences
 
     def _returning(self, j: int, rows: list[int]) -> dict[int, tuple[int, str]]:
-        """Rows no present sequence holds, matched by their chain to the sequences a call left out
-        (`Seq.out`: an engine that regroups its rows sits a sequence out of some calls, and a later
-        call continues it), the one way the fits allow (`Ambiguous`: several)."""
-        away = {s.id for s in self.seqs if s.out and not s.finished}
-        if not away or not rows:
-            return {}
-        views = {(r, s): self._view(j, r, s) for r in rows for s in away}
-        fits = {r: {s: self._fit(self.seqs[s], views[r, s]) for s in away} for r in rows}
-        fits = {r: {s: how for s, how in f.items() if how is not None} for r, f in fits.items()}
-        return self._one_assignment(j, rows, self._told_apart(j, fits), away)
+        """Rows no present sequence holds, matched by their chain to the sequences a call left out (`Seq.out`)."""
+        away = [s for s in self.seqs if s.out and not s.finished]
+        fits = {r: self._chain_fits(j, r, away) for r in rows}
+        return self._one_assignment(j, rows, self._told_apart(j, fits), {s.id for s in away})
 
     # ------------------------------------------------------------------ rows that start a sequence
 
     def _starts(self, j: int, r: int) -> bool:
-        """A row that starts a sequence: it attends no cache slot (it shows its whole context), or
-        it continues no sequence, fed no drafts and either several tokens before its pending one
-        (without a draft model its first real slot is the pending token, `_view`) or one token the
-        draft re-reads from the start next (`_draft_opens`): a newcomer prefilled over KV another
-        request left (a slot whose length was not reset), its context judged at its first step."""
+        """A row that starts a sequence: it shows its whole context, or a cached newcomer (over stale KV)."""
         v = self._view(j, r, NEW)
         return v.whole or not v.rq.drafts and len(v.query) > 1 or self._opens(j, r)
 
     def _opens(self, j: int, r: int) -> bool:
-        """A cached row fed no drafts whose query the draft re-reads from the start next
-        (`_draft_opens`): it begins a sequence, so it continues none, whatever its count fits."""
+        """A cached row fed no drafts whose query the draft re-reads from the start next (`_draft_opens`)."""
         v = self._view(j, r, NEW)
         return not v.whole and not v.rq.drafts and self._draft_opens(j, r, v.query)
 
@@ -89,33 +151,23 @@ class Assignments:
         return self.calls[j].cache_width > 0 and self._starts(j, r)
 
     def _draft_opens(self, j: int, r: int, query: list[int]) -> bool:
-        """The draft's calls after target call j (before the next target call) re-read row r's query
-        from the start, then the target's choice at its last slot: a row of theirs that attends no
-        cache slot and is fed exactly that first. The draft shows a sequence that begins with the
-        row's query (a one-token prompt prefilled over another request's KV), not a sequence read
-        so far continued (its context would extend one)."""
+        """The draft calls after call j re-read row r's query from the start, continuing no live sequence."""
         call = self.calls[j]
-        chose = argmax_at(call, r, last_slot(call, r))
-        if chose is None:
-            return False
-        opened = [*query, chose]
+        opened = [*query, argmax_at(call, r, last_slot(call, r))]  # (no argmax: None, fed by no row)
         for k in range(j + 1, len(self.calls)):
             draft = self.calls[k]
             if draft.role == "target":
                 return False
             for dr in range(draft.batch_size):
-                if not any(query_flags(draft, dr)) or attends_cache(draft, dr):
+                if attends_cache(draft, dr):
                     continue
-                fed = attended_ids(draft, dr)
+                fed = attended_ids(draft, dr)  # (an idle row's [0] is shorter than `opened`)
                 if fed[: len(opened)] == opened and not any(fed[: len(s.context)] == s.context for s in self._live):
                     return True
         return False
 
     def _base(self, j: int, r: int) -> tuple[int, int]:
-        """A new row that attends a cache (a newcomer prefilled over KV another request left,
-        `_starts`): the slots its first token attends before itself and the position fed to it,
-        which its later rows are read from (`Seq.base`). (0, 0) for a row that shows its whole
-        context."""
+        """A new cached row: the slots its first token attends before itself and its position (`Seq.base`)."""
         call = self.calls[j]
         if not attends_cache(call, r):
             return (0, 0)
@@ -126,11 +178,10 @@ class Assignments:
     def _one_assignment(
         self, j: int, rows: list[int], fits: dict[int, dict[int, str]], allowed: set[int]
     ) -> dict[int, tuple[int, str]]:
-        """Rows -> sequences of `allowed`, the one way the fits allow up to identical sequences; rows
-        no sequence fits are left out. Several ways: `Ambiguous`."""
+        """Rows -> sequences of `allowed`, the one way up to identical ones (`Ambiguous`: several)."""
         classes = self._classes(allowed)
         of = {s: k for k, members in enumerate(classes) for s in members}
-        options = {r: sorted({of[s] for s in fits[r] if s in of}) for r in rows}
+        options = {r: sorted({of[s] for s in fits[r]}) for r in rows}  # (fits name only `allowed` sequences)
         found = _matchings(rows, options, [len(m) for m in classes])  # (a row with no option stays out)
         if len(found) > 1:
             # Every row read another way by some matching: another sequence, or none (left out).
@@ -152,15 +203,7 @@ class Assignments:
         return out
 
     def _told_apart(self, j: int, fits: dict[int, dict[int, str]]) -> dict[int, dict[int, str]]:
-        """The chain's fits, less the (row, sequence) pairs the call's own evidence rules out where
-        the chain ties: a row that fits several sequences, or a sequence that several rows fit. The
-        evidence is the position fed to the row's pending token, its mask's history, its
-        growth against greedy acceptance and a newcomer's first choice (`_position_agrees`,
-        `_history_agrees`, `_greedy_agrees`, `_opening_agrees`), each read only where no uncontested row of the
-        call contradicts it. A pair goes only when another pair of the same
-        tie agrees, so a tie the evidence cannot break stands (unreadable where it matters), and a
-        row with a KV or position bug loses only a sequence another row holds by the evidence, to
-        be read as its own sequence after (by its pending token, `_unique`), never as another."""
+        """The fits less the tie pairs the call's evidence (`EVIDENCE`) rules out while a rival agrees."""
         pairs = [(r, s, how) for r, f in fits.items() for s, how in f.items()]
         # The other pairs of each pair's tie: its row with another sequence, another row with its sequence.
         rivals = {(r, s): [(q, t) for q, t, _ in pairs if (q == r) != (t == s)] for r, s, _ in pairs}
@@ -169,7 +212,8 @@ class Assignments:
         # Evidence that an uncontested row contradicts (its own sequence at a rebuilt or shifted
         # layout, or a systematic convention) is not read this call: every tie stands instead.
         plain = [(r, s, how) for r, s, how in pairs if not rivals[r, s]]
-        checks = (self._position_agrees, self._history_agrees, self._greedy_agrees, self._opening_agrees)
+        checks = (Assignments._position_agrees, Assignments._history_agrees, Assignments._greedy_agrees)
+        checks += (Assignments._opening_agrees,)
         trusted = [c for c in checks if all(self._says(c, j, r, s, how) is not False for r, s, how in plain)]
         agrees = {(r, s): all(self._says(c, j, r, s, how) is not False for c in trusted) for r, s, how in pairs}
         out: dict[int, dict[int, str]] = {r: {} for r in fits}
@@ -181,18 +225,14 @@ class Assignments:
         return out
 
     def _says(self, check: Callable[..., bool | None], j: int, r: int, s: int, how: str) -> bool | None:
-        """What one kind of evidence (`_position_agrees`, `_history_agrees` or `_greedy_agrees`)
-        says of row r holding sequence s."""
-        return check(j, r, self.seqs[s], self._view(j, r, s), how)
+        """What one kind of evidence says of row r holding sequence s (None: it reads nothing of `how`)."""
+        if check not in EVIDENCE[how]:
+            return None
+        return check(self, j, r, self.seqs[s], self._view(j, r, s), how)
 
     def _position_agrees(self, j: int, r: int, s: Seq, v: RowView, how: str) -> bool | None:
-        """The pending token of a row read as grown (or by its token alone) sits at the sequence's
-        committed length: the position fed there says how many drafts its last step took, and the
-        token must be one that step could commit last after taking that many; a row read as a
-        chunk of the prompt sits after the whole chunk. None: nothing fed to read (or not a step's
-        growth)."""
-        call = self.calls[j]
-        if how not in ("grow", "weak", "chunk") or not call.positions_fed or s.opened:
+        """The pending token sits at the sequence's length: a token its step could commit there."""
+        if not self.calls[j].positions_fed:
             return None
         step = self._step_tokens(s)
         took = v.position - len(s.context)
@@ -201,39 +241,27 @@ class Assignments:
         return step.could_end(took, v.token)
 
     def _opening_agrees(self, j: int, r: int, s: Seq, v: RowView, how: str) -> bool | None:
-        """A newcomer's first call was a step when it is fed its argmax next (`_opened_by_step`): a
-        row read as continuing it is fed the target's choice at its first call's last slot (prompts
-        of one length, told apart by the token each chose). Only where no uncontested row of the
-        call contradicts it (a prefill of all but the last prompt token feeds that token next): the
-        tie then stands. None: not an opening, or no argmax kept there."""
-        if how != "open" or v.whole:
-            return None
+        """A newcomer's row is fed the target's choice at its first call's last slot."""
+        if v.whole or self.read(*s.origin, s.id).drafts:
+            return None  # (verified drafts at its first call: the chain reads it)
         call, row = self.calls[s.origin[0]], s.origin[1]
-        if self.read(*s.origin, s.id).drafts:
-            return None  # its first call verified drafts: the chain reads it
         chose = argmax_at(call, row, last_slot(call, row))
         return None if chose is None else v.token == chose
 
     def _greedy_agrees(self, j: int, r: int, s: Seq, v: RowView, how: str) -> bool | None:
-        """A greedy step keeps the drafts that agree with the target's argmax, then its choice: the
-        row's context grew by that many plus one (a row fed a draft's own argmax back at a shorter
-        context is no step of the sequence that drafted it). None: no growth or argmax to read."""
+        """The context grew by the drafts a greedy step keeps plus one (None: no growth or argmax to read)."""
         step = self._step_tokens(s)
-        if how != "grow" or v.context < 0 or not step.targets:
+        if v.context < 0 or not step.targets:
             return None
         return v.context - len(s.context) == step.agreed
 
     def _history_agrees(self, j: int, r: int, s: Seq, v: RowView, how: str) -> bool | None:
-        """A padded batch's cache row keeps its mask: the slots that were the cache of the sequence's
-        last call read the same now (its padding, its holes), and the slots it was fed then are at
-        most dropped (a rejected draft), never newly attended. None: no 2-D masks to compare."""
+        """A padded row's 2-D mask keeps its history: old cache slots alike, fed slots at most dropped."""
         call, (jp, rp) = self.calls[j], s.at
         before = self.calls[jp]
         old, new = _columns(before, rp), _columns(call, r)
-        if jp == j or old is None or new is None:
-            return None
-        if call.cache_width < len(old):
-            return None  # the cache was cropped or rebuilt: its history is not where it was
+        if old is None or new is None or call.cache_width < len(old):
+            return None  # (or the cache was cropped or rebuilt: its history is not where it was)
         n = before.cache_width
         return [int(x) for x in new[:n]] == [int(x) for x in old[:n]] and all(
             int(a) <= int(b) for a, b in zip(new[n : len(old)], old[n:], strict=True)
@@ -258,6 +286,19 @@ class Assignments:
         return (tuple(s.context), s.prompt_len, s.opened, s.refed, fed, s.origin[0] if s.opened else None)
 
 
+_HISTORY = (Assignments._history_agrees,)
+# The evidence that reads each way a row fits a sequence (`_says`): a position and greedy growth
+# only of a step's growth (a row read as grown, by its token, or as a chunk), a first choice only of an opening.
+EVIDENCE: dict[str, tuple[Callable[..., bool | None], ...]] = {
+    "grow": (Assignments._position_agrees, *_HISTORY, Assignments._greedy_agrees),
+    "weak": (Assignments._position_agrees, *_HISTORY),
+    "chunk": (Assignments._position_agrees, *_HISTORY),
+    "open": (*_HISTORY, Assignments._opening_agrees),
+    "same": _HISTORY,
+    "again": _HISTORY,
+}
+
+
 def _columns(call: Any, row: int) -> list[int] | None:
     """The row's 2-D mask over [cache | query] (`view.Padded`), where it was fed one."""
     view = call.view(row)
@@ -265,10 +306,7 @@ def _columns(call: Any, row: int) -> list[int] | None:
 
 
 def _matchings(rows: list[int], options: dict[int, list[int]], capacity: list[int]) -> list[dict[int, int]]:
-    """Distinct assignments row -> class (each class holding at most its capacity) that assign the
-    most rows. Any row may be the one left out, not only one whose classes are all full: two rows
-    that fit only one single-sequence class are two ways, never the first row's by its place.
-    Stops at MATCHINGS found of the most rows (a branch that cannot reach them is not walked)."""
+    """Distinct assignments row -> class within capacity that assign the most rows (at most MATCHINGS)."""
     found: list[dict[int, int]] = []
     best = [0]  # the most rows an assignment found so far assigns
     left = list(capacity)
