@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from specviz.watch.map import Segment
 from specviz.watch.record import CallRecord
@@ -70,39 +71,69 @@ def _draft_row(call: CallRecord, seq: int, row: int, batch_size: int, fed: int, 
     """The row of draft call `call` fed `fed` that proposed `out` for sequence `seq` (row `row` of a
     target batch of `batch_size`): the declared row, else the same index in a batch of that size,
     else the row whose tokens fit."""
-
-    def fits(r: int) -> bool:
-        last = last_slot(call, r)
-        return call.input_ids[r][last] == fed and (not call.argmax_is_choice or argmax_at(call, r, last) == out)
-
-    rows: Iterable[int] = range(call.batch_size)
     if call.rows is not None:  # declared (the batch map keeps a draft call's rows only at its size)
-        rows = [call.rows.index(seq)] if seq in call.rows else []
-    elif call.batch_size == batch_size and fits(row):  # the same rows, undeclared: the same index
+        found = [call.rows.index(seq)] if seq in call.rows else []
+        found = [r for r in found if r in _rows_fed(call, fed, out)]
+    elif call.batch_size == batch_size and row in _rows_fed(call, fed, out):  # the same rows: the same index
         return row
+    else:
+        found = _rows_fed(call, fed, out)
     # Else another order (a packed draft call packs its rows its own way) or other rows: the row
     # whose tokens fit, when one does (several in a batch of the target's size: not told apart).
-    found = [r for r in rows if fits(r)]
     return found[0] if len(found) == 1 or found and call.batch_size != batch_size else None
 
 
+def _rows_fed(call: CallRecord, fed: int, out: int) -> list[int]:
+    """The rows of a draft call whose last attended slot was fed `fed` and proposed `out` (the
+    proposal is not compared where the argmax is not the engine's choice), in row order. Indexed
+    once per call: every sequence's chain asks every draft call, so a scan per ask grows with the
+    cube of the batch."""
+    if call.fed_rows is None:
+        call.fed_rows = {}
+        for r in range(call.batch_size):
+            last = last_slot(call, r)
+            said = argmax_at(call, r, last) if call.argmax_is_choice else None
+            call.fed_rows.setdefault((call.input_ids[r][last], said), []).append(r)
+    return call.fed_rows.get((fed, out if call.argmax_is_choice else None), [])
+
+
 def read_row(
-    calls: list[CallRecord], index: int, row: int, pass_reprefill: bool = True, seq: int | None = None
+    calls: list[CallRecord],
+    index: int,
+    row: int,
+    pass_reprefill: bool = True,
+    seq: int | None = None,
+    memo: dict[tuple[Any, ...], RowQuery] | None = None,
 ) -> RowQuery:
     """The row's pending slot p and chain in target call `index`, read as sequence `seq` (default:
     the call's). The chain is the longest run of the sequence's draft calls since its previous
     target call that fed query slots p .. p+d-1 and proposed p+1 .. p+d (p: the last attended slot
     minus d); of several runs that fit (a draft that repeats itself), the one fed those slots'
     positions, else the earliest, so a position bug is still read and checked. Drafts the engine
-    said (`segment_of`) fix d, chain found or not."""
+    said (`segment_of`) fix d, chain found or not. `memo`: readings kept by what they depend on."""
     verify = calls[index]
     last = last_slot(verify, row)
     parents = tree_of(verify, row)
     if parents is not None:  # a tree's nodes end at its last real slot (`tree`)
         return RowQuery(last - len(parents) + 1, len(parents) - 1, ())
     seq = row_seq_ids(verify)[row] if seq is None else seq
-    flags = query_flags(verify, row)
     proposals = _draft_calls(calls, index, seq, pass_reprefill)
+    # The sequence a row is read as changes its reading only through its draft calls and, where a
+    # draft call declared its rows, the row it names: candidates of the same draft calls share one.
+    if memo is None:
+        return _chain_query(calls, verify, row, seq, proposals, last)
+    declared = any(calls[j].rows is not None for j in proposals)
+    key = (index, row, tuple(proposals), seq if declared else None)
+    if key not in memo:
+        memo[key] = _chain_query(calls, verify, row, seq, proposals, last)
+    return memo[key]
+
+
+def _chain_query(
+    calls: list[CallRecord], verify: CallRecord, row: int, seq: int, proposals: list[int], last: int
+) -> RowQuery:
+    """`read_row` once the draft calls are known: the longest chain that fits, else the drafts said."""
+    flags = query_flags(verify, row)
     said = segment_of(verify, row).drafts
     if said is None:
         lengths: Iterable[int] = range(min(len(proposals), last), 0, -1)
@@ -212,11 +243,12 @@ class CallReader:
     def __init__(self, calls: list[CallRecord]) -> None:
         self.calls = calls
         self._rows: dict[tuple[int, int, int | None], RowQuery] = {}
+        self._memo: dict[tuple[Any, ...], RowQuery] = {}  # `read_row`'s, across the sequences read as
 
     def __call__(self, index: int, row: int, seq: int | None = None) -> RowQuery:
         key = (index, row, seq)
         if key not in self._rows:
-            self._rows[key] = read_row(self.calls, index, row, seq=seq)
+            self._rows[key] = read_row(self.calls, index, row, seq=seq, memo=self._memo)
         return self._rows[key]
 
 

@@ -63,6 +63,8 @@ class CallRecord:
     # + 1, so the next call's view names which node slots it still attends (`tree.kept_nodes`).
     node_keys: list[int] | None = None
     keys_end: int | None = None
+    # A draft call's rows by (token fed at the last slot, argmax there), indexed once (`calls._rows_fed`).
+    fed_rows: dict[tuple[int, int | None], list[int]] | None = None
 
     def materialize(self) -> None:
         """Tensors to lists, once, at close (the only host syncs the watch adds); then the call's

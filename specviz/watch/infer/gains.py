@@ -10,8 +10,7 @@ from typing import Any
 from specviz.analysis.tree_checks import depths_of
 from specviz.watch import tree
 from specviz.watch.attribution import Emit
-from specviz.watch.calls import argmax_at, attended_ids, attends_cache, draft_free_query, last_slot, tree_of
-from specviz.watch.credit import row_tokens
+from specviz.watch.calls import argmax_at, attended_ids, attends_cache, draft_free_query, last_slot, row_tokens, tree_of
 from specviz.watch.infer.decoded import decoded_tail, eos_cut, takes
 from specviz.watch.infer.match import RowView, Sampled, Seq, Step
 from specviz.watch.tree import kept_nodes

@@ -10,8 +10,16 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import Any
 
-from specviz.watch.calls import RowQuery, argmax_at, attended_ids, attends_cache, context_before, last_slot, query_flags
-from specviz.watch.credit import matched_prefix
+from specviz.watch.calls import (
+    RowQuery,
+    argmax_at,
+    attended_ids,
+    attends_cache,
+    context_before,
+    last_slot,
+    matched_prefix,
+    query_flags,
+)
 from specviz.watch.view import Padded
 
 NEW = -1  # the row starts a new sequence
