@@ -11,8 +11,7 @@ from specviz.watch.vllm import ENV
 
 
 def register() -> None:
-    folder = os.environ.get(ENV)
-    if folder:
+    if os.environ.get(ENV):
         from specviz.watch.vllm import capture
 
-        capture.install(folder)
+        capture.install(os.environ[ENV])
