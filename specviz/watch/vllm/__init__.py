@@ -1,8 +1,7 @@
 """Watch vLLM from its own model-runner metadata (docs/vllm.md): per runner step, what vLLM declared
 becomes a specviz trace, by `specviz watch --out T -- python their_vllm_script.py` or by `VllmWatch`
 around the code that builds and runs the engines. vLLM is imported only inside vLLM's own processes
-(`capture`), torch only once a watch starts: this package imports without either.
-"""
+(`capture`), torch only once a watch starts: this package imports without either."""
 
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ __all__ = ["ENV", "VllmWatch"]
 
 
 class VllmWatch:
-    """`with VllmWatch("t.json.gz") as watch:` around building the `LLM` (an engine process inherits
-    the request) and its `generate` calls; then `watch.trace` is the trace, also written to `out`."""
+    """`with VllmWatch("t.json.gz") as watch:` around building and running the `LLM`: `watch.trace`."""
 
     def __init__(self, out: str | os.PathLike[str] | None = None, name: str = "vllm", reference: bool = True) -> None:
         self.out, self.name, self.reference = Path(out) if out is not None else None, name, reference

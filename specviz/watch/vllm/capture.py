@@ -3,8 +3,7 @@
 `install()` wraps five methods of vLLM's `GPUModelRunner` (which `CPUModelRunner` extends) and its
 proposer's `propose`; each wrapper calls the original and copies what it built or was fed (docs/vllm.md
 section 3). A step (an `execute_model` that schedules tokens) becomes one JSON line appended to
-`<dir>/engine-<pid>.jsonl` as it ends, so the process that reads them may be another one.
-"""
+`<dir>/engine-<pid>.jsonl` as it ends, so the process that reads them may be another one."""
 
 from __future__ import annotations
 
@@ -25,8 +24,7 @@ SPEC = ("draft_token_ids", "num_draft_tokens", "target_logits_indices", "bonus_l
 
 
 class StepTap:
-    """The records of one runner process: its file, the runner steps counted, the step between
-    execute_model and sample_tokens, and the step in sample_tokens (sampling, then proposing)."""
+    """One runner process's records: its file, steps counted, the step being built, the step sampling."""
 
     def __init__(self, path: Path | None) -> None:
         self.path, self.count = path, 0
@@ -61,8 +59,7 @@ class StepTap:
 
 
 class _Idle(StepTap):
-    """Not recording (nothing installed, or uninstalled while a wrapper or the draft hook is still
-    reachable): no step is ever begun, so every wrapper passes straight through."""
+    """Not recording: no step is ever begun, so every wrapper (and the draft hook) passes through."""
 
     def begin(self, runner: Any, scheduler_output: Any) -> None:
         pass
@@ -146,8 +143,7 @@ def _spec(spec: Any, batch: int) -> dict[str, list[int]]:
 
 
 def _fed(step: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """What a forward (the target's or a draft call) was fed, its real tokens only (None: not given,
-    e.g. embeddings fed instead), and its first layer's attention metadata."""
+    """A forward's (the target's, a draft call's) real tokens (None: embeddings fed) and attention metadata."""
     from vllm.forward_context import get_forward_context
 
     metadata = get_forward_context().attn_metadata

@@ -1,8 +1,7 @@
 """Recording a vLLM run (docs/vllm.md): `begin` / `finish` around the script `specviz watch -- python
 script.py` runs, as `VllmWatch` around the code that builds the engines. Both set `SPECVIZ_VLLM_RECORD`
 to a fresh folder before vLLM starts, so that vLLM's general plugin (`plugin`) wraps the model runner in
-every vLLM process, which writes each step there as it ends; at the end the records become the trace.
-"""
+every vLLM process, which writes each step there as it ends; at the end the records become the trace."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ def begin() -> Path:
 
 
 def finish(folder: Path, out: Path, name: str, reference: bool, complete: bool) -> bool:
-    """Write the vLLM trace to `out` if a vLLM engine ran; False (nothing written, the Hugging Face
-    watch writes the trace) if none did."""
+    """Write the vLLM trace to `out` if a vLLM engine ran; False (the Hugging Face watch writes it) if not."""
     os.environ.pop(ENV, None)
     records = take_records(folder)
     if not records:

@@ -1,7 +1,6 @@
 """Which KV each physical slot holds, as vLLM's own slot_mapping wrote it (docs/vllm.md section 3): per
 slot, the last write as (position fed, prefix hash of the writer's tokens up to it). A slot a request
-attends at index j must hold (j, its own prefix up to j); the target and the draft model keep one each.
-"""
+attends at index j must hold (j, its own prefix up to j); the target and the draft model keep one each."""
 
 from __future__ import annotations
 
@@ -52,8 +51,8 @@ class SlotLedger:
                 self.log.append(slot)
 
     def bad(self, reader: str, reads: list[int], hashes: list[int], stable: int) -> list[int]:
-        """The indices j whose slot reads[j] does not hold (j, hashes[j]) (past `hashes`, all). A reader is
-        judged again only where slots were written since its last check, or past its `stable` prefix."""
+        """The indices j whose slot reads[j] does not hold (j, hashes[j]) (past `hashes`, all). A reader
+        is judged again only where slots were written since its last check, or past its `stable` part."""
         m, fresh = min(len(reads), len(hashes)), (len(self.log), [], [], {}, set())  # never judged: nothing kept
         logged, kept_reads, kept_hashes, index, failed = self._checked.get(reader, fresh)
         if (reads[: len(kept_reads)], hashes[: len(kept_reads)]) != (kept_reads, kept_hashes):

@@ -1,8 +1,7 @@
 """Runner records -> one trace step per runner step (and one `BatchMap` each, on request), from what
 vLLM declared (docs/vllm.md section 3). A record's draft calls propose the next step's drafts, so they
 fill the next step's rows; a row's mask says which attended slots hold its request's own tokens
-(`slots.SlotLedger`), then whether each query token's KV went to its own slot.
-"""
+(`slots.SlotLedger`), then whether each query token's KV went to its own slot."""
 
 from __future__ import annotations
 

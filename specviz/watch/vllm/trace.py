@@ -2,8 +2,7 @@
 
 The records come from the one vLLM process that ran a model runner (`engine-<pid>.jsonl`). The oracle
 is the target decoded alone, batch 1, greedy, by Hugging Face transformers outside vLLM, each request to
-its own budget: vLLM's batching, paging and speculation play no part in it.
-"""
+its own budget: vLLM's batching, paging and speculation play no part in it."""
 
 from __future__ import annotations
 
@@ -37,8 +36,7 @@ def read_records(folder: Path) -> list[dict[str, Any]]:
 
 
 def build_trace(records: list[dict[str, Any]], name: str, reference: bool = True, complete: bool = True) -> Trace:
-    """The trace of one recorded run; `reference`: decode each request's batch-1 oracle (a greedy run
-    that completed only: an interrupted run's requests have no known end)."""
+    """The trace of one run; `reference`: each request's batch-1 oracle (greedy, completed runs only)."""
     if not records:
         raise SpecvizError("watch: no vLLM model-runner step was recorded (did the script call LLM.generate?)")
     import torch
