@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-FORMAT = 1  # of a record line; the reader refuses other versions
+FORMAT = 2  # of a record line (2: sampled rows without -1s, spec and engine always); the reader refuses others
 # A request without sampling parameters (a pooling request): no budget, no stop token, greedy.
 _NO_PARAMS = SimpleNamespace(max_tokens=None, all_stop_token_ids=(), temperature=0.0)
 _NO_SPEC = SimpleNamespace(method=None)  # no speculation
