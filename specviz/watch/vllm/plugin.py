@@ -1,7 +1,6 @@
 """vLLM's general plugin (entry point group `vllm.general_plugins`), loaded in every vLLM process:
 inert unless `SPECVIZ_VLLM_RECORD` names a folder (set by `specviz watch` and `VllmWatch` before
-vLLM starts), where it wraps the model runner (`capture.install`), in an engine core process too.
-"""
+vLLM starts), where it wraps the model runner (`capture.install`), in an engine core process too."""
 
 from __future__ import annotations
 
@@ -11,8 +10,7 @@ from specviz.watch.vllm import ENV
 
 
 def register() -> None:
-    folder = os.environ.get(ENV)
-    if folder:
+    if os.environ.get(ENV):
         from specviz.watch.vllm import capture
 
-        capture.install(folder)
+        capture.install(os.environ[ENV])

@@ -1,57 +1,28 @@
-"""Which KV each physical slot holds, as vLLM's own slot_mapping wrote it.
-
-A request's token at logical index j lives in slot `block_table[j // block_size] * block_size +
-j % block_size`. Its KV is a function of the tokens 0..j and of the position it was fed at, so the
-ledger keeps, per slot, the last declared write as (position fed, prefix hash chain of the writer's
-tokens up to it). A slot a request attends at index j must hold (j, its own prefix up to j): a
-write into another request's block, a wrong position, a rejected draft left behind, a slot never
-written each shows as one that does not. Requests sharing a prefix share blocks in vLLM's prefix
-cache, and the same (position, prefix) is the same KV: no false alarm. The target and the draft
-model have separate caches over the same block numbering: one ledger each.
-"""
+"""Which KV each physical slot holds, as vLLM's own slot_mapping wrote it (docs/vllm.md section 3): per
+slot, the last write as (position fed, prefix hash of the writer's tokens up to it). A slot a request
+attends at index j must hold (j, its own prefix up to j); the target and the draft model keep one each."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from itertools import groupby
+from itertools import accumulate, groupby
 from operator import itemgetter
+
+import numpy as np
 
 Entry = tuple[int, int]  # (position fed, prefix hash of the tokens up to the one written)
 ROOT = 0  # the prefix hash before the first token
 
 
-def chain(prefix: int, token: int) -> int:
-    """The prefix hash after `token` (tuple hashing of ints is deterministic within a run)."""
-    return hash((prefix, token))
-
-
 def prefixes(tokens: Sequence[int], start: int = ROOT) -> list[int]:
-    """The prefix hash after each token."""
-    out = []
-    for token in tokens:
-        start = chain(start, token)
-        out.append(start)
-    return out
+    """The prefix hash after each token (tuple hashing of ints is deterministic within a run)."""
+    return list(accumulate(tokens, lambda prefix, token: hash((prefix, token)), initial=start))[1:]
 
 
-def block_slots(block_table: Sequence[int], length: int, block_size: int, known: Sequence[int] = ()) -> list[int]:
-    """The physical slots of logical indices 0..length-1; `known`: the first ones, computed before
-    under the same table."""
-    start = min(len(known), length)
-    return [*known[:start], *(block_table[j // block_size] * block_size + j % block_size for j in range(start, length))]
-
-
-@dataclass
-class _Checked:
-    """One reader's last check: the write log's length then, the reads and hashes it judged (the
-    stable part), slot -> index of those reads, and the indices that failed."""
-
-    logged: int
-    reads: list[int]
-    hashes: list[int]
-    index: dict[int, int]
-    bad: set[int]
+def block_slots(block_table: Sequence[int], length: int, block_size: int) -> list[int]:
+    """The physical slots of logical indices 0..length-1 under a block table."""
+    j = np.arange(length)
+    return (np.asarray(block_table, dtype=np.int64)[j // block_size] * block_size + j % block_size).tolist()
 
 
 class SlotLedger:
@@ -60,11 +31,12 @@ class SlotLedger:
     def __init__(self) -> None:
         self.held: dict[int, Entry] = {}
         self.log: list[int] = []  # slots in the order written: what changed since a reader's last check
-        self._checked: dict[str, _Checked] = {}
+        # reader -> its last check: the log's length then, the stable reads and hashes it judged, slot ->
+        # index of those reads, and the indices that failed
+        self._checked: dict[str, tuple[int, list[int], list[int], dict[int, int], set[int]]] = {}
 
     def write(self, slots: Sequence[int], positions: Sequence[int], base: int | None, tokens: Sequence[int]) -> None:
-        """One segment's writes, its tokens chained on `base` (the writer's prefix before them; None:
-        unknown, and what it writes then matches nothing). Slot -1 is vLLM's padding: no write."""
+        """One segment's writes, chained on `base` (None: unknown, matches nothing); slot -1 is padding."""
         hashes = prefixes(tokens, base) if base is not None else [None] * len(tokens)
         for slot, position, prefix in zip(slots, positions, hashes):
             if slot >= 0:
@@ -72,35 +44,26 @@ class SlotLedger:
                 self.log.append(slot)
 
     def adopt(self, slots: Sequence[int], hashes: Sequence[int]) -> None:
-        """Slots a request found in vLLM's prefix cache that no write seen by the watch filled (they
-        were written before it began): taken as the cache's hash says, holding that prefix."""
+        """Slots of vLLM's prefix cache no write seen by the watch filled: taken as the cache's hash says."""
         for j, (slot, prefix) in enumerate(zip(slots, hashes)):
             if slot not in self.held:
                 self.held[slot] = (j, prefix)
                 self.log.append(slot)
 
     def bad(self, reader: str, reads: list[int], hashes: list[int], stable: int) -> list[int]:
-        """The logical indices j < len(reads) whose slot reads[j] does not hold (j, hashes[j]); past
-        the end of `hashes` every index fails. A reader (a request) is judged again only where
-        something changed since its last check (slots written since, indices past what it judged);
-        its first `stable` hashes (committed tokens) are kept for next time, the rest judged afresh."""
-        m = min(len(reads), len(hashes))
-        fresh = _Checked(len(self.log), [], [], {}, set())  # a reader never judged: nothing to keep
-        last = self._checked.get(reader, fresh)
-        if reads[: len(last.reads)] != last.reads or hashes[: len(last.hashes)] != last.hashes:
-            last = fresh  # what it reads changed: nothing judged before still stands
-        keep = len(last.reads)
-        # Judged again: the kept indices whose slot was written since, and every index past them.
-        changed = {last.index[slot] for slot in set(self.log[last.logged :]) if slot in last.index}
+        """The indices j whose slot reads[j] does not hold (j, hashes[j]) (past `hashes`, all). A reader
+        is judged again only where slots were written since its last check, or past its `stable` part."""
+        m, fresh = min(len(reads), len(hashes)), (len(self.log), [], [], {}, set())  # never judged: nothing kept
+        logged, kept_reads, kept_hashes, index, failed = self._checked.get(reader, fresh)
+        if (reads[: len(kept_reads)], hashes[: len(kept_reads)]) != (kept_reads, kept_hashes):
+            logged, kept_reads, kept_hashes, index, failed = fresh  # what it reads changed: nothing judged stands
+        keep, stable = len(kept_reads), min(stable, m)
+        changed = {index[slot] for slot in set(self.log[logged:]) & index.keys()}
         judged = [*changed, *range(keep, m)]
-        bad = (last.bad - changed) | {j for j in judged if self.held.get(reads[j]) != (j, hashes[j])}
-        stable = min(stable, m)
-        index = last.index
+        bad = (failed - changed) | {j for j in judged if self.held.get(reads[j]) != (j, hashes[j])}
         for j in range(keep, stable):
             index[reads[j]] = j
-        self._checked[reader] = _Checked(
-            len(self.log), reads[:stable], hashes[:stable], index, {j for j in bad if j < stable}
-        )
+        self._checked[reader] = (len(self.log), reads[:stable], hashes[:stable], index, {j for j in bad if j < stable})
         return sorted(bad) + list(range(m, len(reads)))
 
 
