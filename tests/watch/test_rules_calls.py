@@ -123,3 +123,28 @@ def test_rows_sequences_and_attended_ids() -> None:
     assert row_seq_ids(plain) == (0, 1)
     assert attended_ids(plain, 0) == [7, 8, 9] and attended_ids(plain, 0, end=1) == [7, 8]
     assert attended_ids(plain, 1, end=0) == [4]
+
+
+def test_a_reader_keeps_a_reading_across_sequences_only_where_they_share_it() -> None:
+    """Read as two candidate sequences, an undeclared row has one reading (the same draft calls);
+    where the draft call declared its rows, each sequence keeps the row it names."""
+    twin = make("draft", [[9], [9]], [[3], [3]], 3, rows=(9, 5), argmax=[[11], [11]])
+    target = make("target", [[9, 11], [9, 11]], [[3, 4], [3, 4]], 3, rows=(5, 9))
+    reader = CallReader([twin, target])
+    assert reader(1, 0, seq=5) == read_row([twin, target], 1, 0, seq=5) == RowQuery(0, 1, ((0, 1),))
+    assert reader(1, 0, seq=9) == read_row([twin, target], 1, 0, seq=9) == RowQuery(0, 1, ((0, 0),))
+    calls = [draft(9, 11, 3), verify([9, 11], [3, 4])]
+    reader = CallReader(calls)
+    assert reader(1, 0, seq=0) is reader(1, 0, seq=7)
+    assert reader(1, 0, seq=7) == read_row(calls, 1, 0, seq=7) == RowQuery(0, 1, ((0, 0),))
+
+
+def test_a_sampled_draft_row_fits_by_the_token_it_was_fed() -> None:
+    """Where the argmax is not the engine's choice (it samples), a draft row is matched by the token
+    it was fed alone: of a draft batch in another order, the one row fed the query's token."""
+    sampled = make("draft", [[4], [9], [6]], [[2], [3], [5]], 3, argmax=[[1], [2], [3]], argmax_is_choice=False)
+    calls = [sampled, verify([9, 11], [3, 4])]
+    assert read_row(calls, 1, 0) == RowQuery(0, 1, ((0, 1),))
+    assert read_row([sampled, verify([9, 12], [3, 4])], 1, 0) == RowQuery(0, 1, ((0, 1),))  # asked again
+    chosen = make("draft", [[4], [9], [6]], [[2], [3], [5]], 3, argmax=[[1], [2], [3]])
+    assert read_row([chosen, calls[1]], 1, 0) == RowQuery(1, 0, ())  # row 1 proposed 2, not 11
