@@ -173,6 +173,29 @@ def test_declared_trees_are_checked(pair) -> None:
     assert "declares a tree of 9 nodes" in w.trace.header.options["watch_unreadable"]["why"]
 
 
+def test_a_declared_tree_past_its_row_s_padding_is_unreadable(pair) -> None:
+    """Near their budgets the rows verify ragged trees, right-padded to the widest one. Declared as
+    the widest tree for every row, a padded row's tree has more nodes than its real query tokens
+    though no more than the call's query: its nodes are not in the call, so the run is unreadable
+    (`_declared_trees` counts the row's live run, not the query's width), never a crash."""
+    with specviz.watch(pair.target, pair.draft, prompts=PROMPTS) as w:
+
+        class Widest:  # every row declares the step's widest tree
+            def rows(self, seq_ids, model=None) -> None:
+                w.rows(seq_ids)
+
+            def batch(self, seq_ids, parents=None) -> None:
+                w.batch(seq_ids, parents=[max(parents, key=len)] * len(parents))
+
+            def emit(self, *args) -> None:
+                w.emit(*args)
+
+        tree.generate(pair.target, pair.draft, PROMPTS, BUDGETS, w=Widest(), declare=1)
+    report = check_trace(w.trace)
+    assert report.verdict == "unreadable"
+    assert "declares a tree of 7 nodes; its query holds 5 tokens" in w.trace.header.options["watch_unreadable"]["why"]
+
+
 @pytest.mark.parametrize("declare", [0, 1])
 def test_one_row_tree_is_not_read_as_packed_sequences(pair, declare: int) -> None:
     """A batch of one is a 1 x N call: its tree mask drops a sibling's slot as a packed mask drops
