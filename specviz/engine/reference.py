@@ -57,15 +57,21 @@ def greedy_reference(
     eos_ids: frozenset[int],
     device: torch.device | None = None,
     repetition_penalty: float = 1.0,
+    min_new_tokens: int = 0,
 ) -> tuple[list[int], list[float]]:
-    """Tokens and top-1 minus top-2 logit margins; `device`: the model's own by default."""
+    """Tokens and top-1 minus top-2 logit margins; `device`: the model's own by default.
+    `min_new_tokens`: the stop tokens cannot be chosen before that many tokens (vLLM's and
+    transformers' `min_tokens`: their logits are masked, so the argmax is the best other token)."""
     device = device if device is not None else next(model.parameters()).device
     keyword = cache_keyword(model)
     out = model(input_ids=torch.tensor([prompt_ids], device=device), use_cache=True)
     tokens: list[int] = []
     margins: list[float] = []
+    stops = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)
     for _ in range(max_new_tokens):
         logits = _penalised(out.logits[:, -1].float(), prompt_ids + tokens, repetition_penalty)[0]
+        if len(tokens) < min_new_tokens:
+            logits = logits.index_fill(0, stops, float("-inf"))
         top2 = logits.topk(2).values
         token = int(logits.argmax())
         tokens.append(token)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
@@ -37,6 +38,20 @@ from specviz.watch.streamer import GenerateStreamer
 from specviz.watch.tree import alternatives
 
 FINISH_REASONS = (None, "eos", "length")
+# Model -> the open watch whose hooks are on it. Hooks are global state: a second watch on the same
+# model would record every call too (and the first one the second's), so it is refused until the
+# first closes.
+_WATCHED: weakref.WeakKeyDictionary[Any, Watch] = weakref.WeakKeyDictionary()
+
+
+def _refuse_watched(*models: Any) -> None:
+    """Refuse a model an open watch still hooks, before any hook goes on."""
+    for model in models:
+        if model is not None and model in _WATCHED:
+            raise WatchError(
+                f"{type(model).__name__} is already hooked by an open specviz.watch ({_WATCHED[model].name!r}, "
+                f"created {_WATCHED[model].created_at}): close it first (w.close(), or `with specviz.watch(...)`)"
+            )
 
 
 class Recorder:
@@ -107,10 +122,11 @@ class Watch(Recorder):
         self.trace: Trace | None = None  # set by close(): the context manager's result
         self._proposer = "draft-model"  # what drafted, when the run drafted
         self._hooks: list[Any] = []  # everything `close` removes (`ModelHooks`, the tap)
+        if drafter is not None and (not isinstance(drafter, torch.nn.Module) or drafter in (target, draft)):
+            raise WatchError("drafter must be a torch module other than the target and the draft (the draft head)")
+        _refuse_watched(target, draft, drafter)
         tap = None  # the target's last hidden states, to see where the head's input came from
         if drafter is not None:  # a draft head (EAGLE, MTP, Medusa): any module, fed hidden states
-            if not isinstance(drafter, torch.nn.Module) or drafter in (target, draft):
-                raise WatchError("drafter must be a torch module other than the target and the draft (the draft head)")
             tap = HiddenTap(target)
             self._proposer = "head"  # rows record `head_source`; a draft model, below, drafts instead
             self._hooks += [ModelHooks(drafter, "draft", self, drafter=True, tap=tap), tap]
@@ -121,6 +137,7 @@ class Watch(Recorder):
         # Always a capture: one that finds no continuous batching names no sequence and adds nothing.
         self._paged = PagedCapture(self, self.prompts)
         self._paged.install()
+        _WATCHED.update((m, self) for m in (target, draft, drafter) if m is not None)
 
     def rows(self, seq_ids: Iterable[int], *, model: str | None = None) -> None:
         """Declare which sequence each batch row holds from now on, in row order; `model="draft"` (or
@@ -225,6 +242,8 @@ class Watch(Recorder):
         for hooks in self._hooks:
             hooks.remove()
         self._hooks = []  # and the last hidden states the tap kept
+        for model in [m for m, w in _WATCHED.items() if w is self]:
+            del _WATCHED[model]
         self._paged.uninstall()
         calls, self._calls = self._calls, []
         return calls

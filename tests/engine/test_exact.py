@@ -32,6 +32,29 @@ def test_oracle_matches_hf_generate() -> None:
         assert mine == generated
 
 
+def test_oracle_masks_stop_tokens_before_min_new_tokens_as_hf_generate_does() -> None:
+    """A stop token the unmasked oracle chooses second is masked until min_new_tokens (vLLM's and
+    transformers' min_tokens): the oracle then agrees with HF generate's min_new_tokens, and
+    differs from itself without it."""
+    pair = pair_for("llama")
+    ids = pair.tokenizer(PROMPTS[0])["input_ids"]
+    plain = greedy_reference(pair.target, ids, MAX_NEW, frozenset(), pair.device)[0]
+    stop = plain[1]
+    masked = greedy_reference(pair.target, ids, MAX_NEW, frozenset([stop]), pair.device, min_new_tokens=4)[0]
+    generated = pair.target.generate(
+        torch.tensor([ids]),
+        attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+        max_new_tokens=MAX_NEW,
+        min_new_tokens=4,
+        do_sample=False,
+        eos_token_id=stop,
+        pad_token_id=0,
+    )[0, len(ids) :].tolist()
+    assert masked == generated
+    assert stop not in masked[:4] and masked[1] != plain[1]
+    assert greedy_reference(pair.target, ids, MAX_NEW, frozenset([stop]), pair.device)[0] == plain[:2]
+
+
 # Every batch size at k=4, every draft length at batch 3 and 16 (a cross product costs minutes).
 LLAMA_GRID = [(b, 4) for b in (1, 2, 3, 8, 16)] + [(b, k) for b in (3, 16) for k in (1, 2, 8)]
 

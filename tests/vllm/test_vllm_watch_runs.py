@@ -86,3 +86,24 @@ def test_batch_maps_hold_vllms_slots(llms, tmp_path):
             assert [seg.reads[p] for p in seg.positions] == list(seg.writes)
             assert all(owner[w] == seg.request for w in seg.writes)
             assert seg.drafts in (0, 3) and not seg.chunk
+
+
+def test_min_tokens_masks_a_stop_token_in_the_oracle_too(llms, traces):
+    """vLLM masks a request's stop tokens until it has min_tokens outputs. A stop token that greedy
+    decoding chooses second is then not chosen: the oracle masks it alike, so the run is clean and
+    exact (without the mask the oracle stopped there: a false alarm on a correct engine)."""
+    from vllm import SamplingParams
+    from vllm_runs import script_module
+
+    from specviz.watch.vllm import VllmWatch
+
+    plain = traces["none"].sequences[0].output_ids
+    stop = plain[1]
+    params = SamplingParams(temperature=0, max_tokens=8, min_tokens=4, stop_token_ids=[stop])
+    with VllmWatch(name="vllm-min-tokens") as watch:
+        llms("none").generate(script_module().PROMPTS[:1], [params], use_tqdm=False)
+    (seq,) = watch.trace.sequences
+    assert stop not in seq.output_ids[:4] and seq.output_ids[1] != stop  # vLLM did mask it
+    assert seq.output_ids == seq.reference_ids
+    report = check_trace(watch.trace)
+    assert report.violations == [] and report.verdict == "clean"

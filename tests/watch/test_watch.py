@@ -320,6 +320,24 @@ def test_bad_use_is_one_clear_error() -> None:
     assert issubclass(WatchError, specviz.errors.SpecvizError)
 
 
+def test_a_model_an_open_watch_hooks_is_refused_until_it_closes() -> None:
+    """Hooks are global state: a second open watch on the same model would record every call, and
+    the first the second's too. It is refused, with no hook put on; once the first closes it opens,
+    and each watch sees only its own run."""
+    target, draft, tok = models()
+    ids = torch.tensor([[5, 6, 7]])
+    first = specviz.watch(target, draft, prompts=[[5, 6, 7]], name="first")
+    with pytest.raises(WatchError, match="already hooked by an open specviz.watch \\('first'"):
+        specviz.watch(draft, prompts=[[5, 6, 7]])  # the draft alone, as a target: hooked by `first`
+    target(ids)
+    first.emit(0, [1])
+    first.close(reference=False)
+    second = specviz.watch(target, prompts=[[5, 6, 7]], name="second")
+    target(ids)
+    second.emit(0, [1])
+    assert len(second.close(reference=False).steps) == 1  # not the first watch's call too
+
+
 def test_crash_inside_the_engine_leaves_an_incomplete_valid_trace(tmp_path) -> None:
     target, draft, tok = models()
     eos, pad = eos_and_pad()

@@ -16,9 +16,10 @@ from typing import Any
 
 import torch
 
-FORMAT = 2  # of a record line (2: sampled rows without -1s, spec and engine always); the reader refuses others
+# A record line's format, 2: sampled rows without -1s, spec, engine and min_tokens always (others refused).
+FORMAT = 2
 # A request without sampling parameters (a pooling request): no budget, no stop token, greedy.
-_NO_PARAMS = SimpleNamespace(max_tokens=None, all_stop_token_ids=(), temperature=0.0)
+_NO_PARAMS = SimpleNamespace(max_tokens=None, min_tokens=0, all_stop_token_ids=(), temperature=0.0)
 _NO_SPEC = SimpleNamespace(method=None)  # no speculation
 SPEC = ("draft_token_ids", "num_draft_tokens", "target_logits_indices", "bonus_logits_indices")
 
@@ -116,8 +117,9 @@ def _new_request(req: Any) -> dict[str, Any]:
     """A request as the scheduler first hands it over: its prompt and what ends it."""
     params = req.sampling_params or _NO_PARAMS
     prompt, stop_ids = list(req.prompt_token_ids or []), sorted(params.all_stop_token_ids)
-    said = {"max_tokens": params.max_tokens, "stop_ids": stop_ids, "temperature": float(params.temperature)}
-    return {"req_id": req.req_id, "prompt": prompt, **said}
+    # min_tokens: vLLM masks its stop tokens until then, so the oracle must too.
+    said = {"max_tokens": params.max_tokens, "min_tokens": params.min_tokens, "stop_ids": stop_ids}
+    return {"req_id": req.req_id, "prompt": prompt, "temperature": float(params.temperature), **said}
 
 
 def _execute_model(original: Any, runner: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:

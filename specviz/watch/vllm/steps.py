@@ -27,6 +27,7 @@ class Request:
     stop_ids: frozenset[int]
     temperature: float
     hashes: list[int]  # the prefix hash after each committed token
+    min_tokens: int = 0  # its stop tokens cannot be sampled before it has this many (vLLM masks them)
     output: list[int] = field(default_factory=list)
     finish_reason: str | None = None
 
@@ -143,9 +144,8 @@ def assemble(records: list[dict[str, Any]], maps: bool = False) -> Assembly:
     for record in records:
         for new in record["new"]:
             stop, prompt = frozenset(new["stop_ids"]), new["prompt"]
-            by_id[new["req_id"]] = request = Request(
-                len(out.requests), new["req_id"], prompt, new["max_tokens"], stop, new["temperature"], prefixes(prompt)
-            )
+            said = (new["max_tokens"], stop, new["temperature"], prefixes(prompt), new["min_tokens"])
+            by_id[new["req_id"]] = request = Request(len(out.requests), new["req_id"], prompt, *said)
             out.requests.append(request)
         why = _unreadable(record)
         if maps:

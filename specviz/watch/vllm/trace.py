@@ -53,7 +53,10 @@ def build_trace(records: list[dict[str, Any]], name: str, reference: bool = True
     references = [(None, None)] * len(requests)
     if reference and complete and greedy:  # each request decoded alone to its own budget
         references = [
-            greedy_reference(target, r.prompt, r.budget, r.stop_ids) if r.budget else ([], []) for r in requests
+            greedy_reference(target, r.prompt, r.budget, r.stop_ids, min_new_tokens=r.min_tokens)
+            if r.budget
+            else ([], [])
+            for r in requests
         ]
     sequences = []
     for r, (ref_ids, margins) in zip(requests, references):
