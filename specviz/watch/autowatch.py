@@ -6,7 +6,7 @@ found by a global forward hook; the token text is the first tokenizer built that
 from __future__ import annotations
 
 import time
-from itertools import dropwhile
+from itertools import accumulate, dropwhile
 from pathlib import Path
 from typing import Any
 
@@ -235,6 +235,11 @@ class AutoWatch(Recorder):
             elif self.roles[id(call)] in role_of:
                 call.role = role_of[self.roles[id(call)]]
                 kept.append(call)
+        # The manager's reports counted every model's calls: counted again over the calls kept.
+        kept_ids = {id(c) for c in kept}
+        before = list(accumulate((id(c) in kept_ids for c in self._calls), initial=0))
+        for emit in self._emits:
+            emit.after = before[emit.after]
         model = {role: self.models[i] for i, role in role_of.items()}
         return model["target"], model.get("draft"), kept
 
