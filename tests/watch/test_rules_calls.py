@@ -5,7 +5,7 @@ feeds, with the reading it must give."""
 
 from __future__ import annotations
 
-from specviz.watch.calls import CallReader, RowQuery, attended_ids, read_row, row_seq_ids
+from specviz.watch.calls import CallReader, RowQuery, attended_ids, draft_free_query, read_row, row_seq_ids
 from specviz.watch.record import CallRecord
 
 
@@ -148,3 +148,18 @@ def test_a_sampled_draft_row_fits_by_the_token_it_was_fed() -> None:
     assert read_row([sampled, verify([9, 12], [3, 4])], 1, 0) == RowQuery(0, 1, ((0, 1),))  # asked again
     chosen = make("draft", [[4], [9], [6]], [[2], [3], [5]], 3, argmax=[[1], [2], [3]])
     assert read_row([chosen, calls[1]], 1, 0) == RowQuery(1, 0, ())  # row 1 proposed 2, not 11
+
+
+# ----------------------------------------------------------------------------- no draft model
+
+
+def test_a_draft_free_row_with_a_masked_slot_among_its_drafts_reads_no_drafts() -> None:
+    """No draft model (prompt lookup): committed [5, 6, 9], a cached row over 2 slots fed 9, 11, 13,
+    12 whose 2-D mask leaves out the third query slot (13) only. The drafts after the pending 9 are
+    not a run of real slots up to the last (by its layout from slot 0, nor by the count, from slot
+    1): neither reading fits, so the row reads as no drafts (None), never as 9 and three drafts."""
+    holed = verify([9, 11, 13, 12], [2, 3, 4, 5], cache=2, mask_kind="2d", mask=[[1, 1, 1, 1, 0, 1]])
+    assert draft_free_query(holed, 0, [5, 6, 9]) is None
+    # The same row with every slot real: the pending 9 at slot 0, then three drafts.
+    whole = verify([9, 11, 13, 12], [2, 3, 4, 5], cache=2, mask_kind="2d", mask=[[1] * 6])
+    assert draft_free_query(whole, 0, [5, 6, 9]) == RowQuery(0, 3, ())

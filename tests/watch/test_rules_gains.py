@@ -178,3 +178,96 @@ def test_last_steps_read_as_greedy_are_cut_to_the_shortest_greedy_end() -> None:
     assert not notes, notes
     assert prompts == [[5, 6, 7], [8, 9, 10]]
     assert tokens == {0: [40, 50, 60], 1: [41, 51, 70]}
+
+
+def _cacheless(role: str, ids: list[int], argmax: list[int]) -> CallRecord:
+    """One row re-fed its whole context (no cache), by the target or a draft model."""
+    q = len(ids)
+    return CallRecord(
+        role=role, rows=None, input_ids=[ids], positions=[list(range(q))], positions_fed=True, cache_width=0,
+        mask_kind="2d", mask=[[1] * q], batch_size=1, query_len=q, argmax=[argmax],
+    )  # fmt: skip
+
+
+def _drafted(second: int, third: int) -> list[CallRecord]:
+    """A = [5, 6, 7] is prefilled (40 fed next); a cacheless draft model then proposes three drafts,
+    each call re-fed the context and the drafts so far: its argmax is 11 after 40, 13 after the
+    second token, 15 after the third. The second and third tokens fed are `second` and `third`
+    (11 and 13 where it feeds its own choices), then the target verifies 40 and the three drafts."""
+    return [
+        call([[5, 6, 7]], 0, [[1, 1, 1]], [0], [[99, 99, 40]]),
+        _cacheless("draft", [5, 6, 7, 40], [99, 99, 99, 11]),
+        _cacheless("draft", [5, 6, 7, 40, second], [99] * 4 + [13]),
+        _cacheless("draft", [5, 6, 7, 40, second, third], [99] * 5 + [15]),
+        call([[40, second, third, 15]], 3, [[1] * 7], [3], [[second, third, 15, 16]]),
+    ]
+
+
+def test_a_draft_model_fed_tokens_it_did_not_choose_twice_is_read_as_sampling() -> None:
+    """Draft rows extended by a token that is not the draft's argmax, twice (12 where it chose 11,
+    14 where it chose 13): the engine samples, and greedy acceptance does not follow its rows.
+    Reading stops there with that reason. A draft that feeds its own choices (11, 13) is read as
+    greedy, and once only (12, then its own 13) is not yet a sampler: no note either way."""
+    _, _, notes = read(_drafted(12, 14))
+    assert len(notes) == 1 and "2 of 2 draft tokens fed are not the draft's argmax: the engine samples" in notes[0]
+    for second, third in ((11, 13), (12, 13)):
+        _, _, notes = read(_drafted(second, third))
+        assert not notes, (second, third, notes)
+
+
+def test_a_chunk_is_not_read_where_the_fed_position_is_the_steps_after_a_kept_draft() -> None:
+    """`_chunk` by hand: the open query [7, 8, 9] (7 pending) under argmax [8, 40, 41] after three
+    known tokens: a greedy step keeps the draft 8 and commits 40, which sits at position 4 (3 + 1
+    kept). The next row is fed 40 after five slots (9's slot left attended: a KV bug for the
+    check), at position 4: the step's place, so a step, not a chunk (a chunk's next token would
+    follow the whole query, the choice 41 at position 5)."""
+    from specviz.watch.calls import RowQuery
+    from specviz.watch.infer.gains import Gains
+    from specviz.watch.infer.match import RowView, Step
+
+    step = Step(drafts=[8, 9], targets=[8, 40, 41], pending=7)
+    rq = RowQuery(0, 0, ())
+    assert not Gains._chunk(step, RowView(rq, 40, 5, [40], False, position=4), 3)
+    assert Gains._chunk(step, RowView(rq, 41, 5, [41], False, position=5), 3)
+
+
+def test_a_row_fed_a_draft_no_slot_chose_took_the_drafts_up_to_it() -> None:
+    """As above, A = [5, 6, 7] fed 40 with the drafts 20, 21 under argmax [20, 25, 30]; the next call
+    feeds 21 (the last draft taken, fed again: no bonus kept) over a mask that lost two slots, so
+    no chain fits and 21, which no slot chose, is read by its token: the drafts up to it. The step
+    gained 20, 21, then the last step's argmax ends A with EOS."""
+    prompts, tokens, notes = read(
+        [
+            call([[5, 6, 7]], 0, [[1, 1, 1]], [0], [[99, 99, 40]]),
+            call([[40, 20, 21]], 3, [[1] * 6], [3], [[20, 25, 30]]),
+            call([[21, 31, 32]], 6, [[1, 1, 0, 0, 1, 1, 1, 1, 1]], [6], [[1, 99, 99]]),
+        ]
+    )
+    assert not notes, notes
+    assert prompts == [[5, 6, 7]]
+    assert tokens == {0: [40, 20, 21, 1]}
+
+
+def test_a_sequence_re_fed_unchanged_stopped_there_and_cuts_a_greedy_end_past_it() -> None:
+    """No cache, no draft model: A = [5, 6, 7] and B = [8, 9, 10] re-fed whole each call. A gains 40,
+    50, 60; B 41, 51, then B's row holds its draft 70 under argmax [70, 80] and B leaves (its last
+    step, read as greedy: 70, 80). A's context with 60 is then re-fed unchanged: A stopped at three
+    tokens, the run's budget, so B's last step is cut to it: 41, 51, 70 (not 80)."""
+    prompts, tokens, notes = read(
+        [
+            call([[5, 6, 7], [8, 9, 10]], 0, [[1] * 3] * 2, [0, 0], [[99, 99, 40], [99, 99, 41]]),
+            call([[5, 6, 7, 40], [8, 9, 10, 41]], 0, [[1] * 4] * 2, [0, 0], [[99] * 3 + [50], [99] * 3 + [51]]),
+            call(
+                [[0, 5, 6, 7, 40, 50], [8, 9, 10, 41, 51, 70]],
+                0,
+                [[0, 1, 1, 1, 1, 1], [1] * 6],
+                [0, 0],
+                [[0] + [99] * 4 + [60], [99] * 4 + [70, 80]],
+            ),
+            call([[5, 6, 7, 40, 50, 60]], 0, [[1] * 6], [0], [[99] * 5 + [70]]),
+            call([[5, 6, 7, 40, 50, 60]], 0, [[1] * 6], [0], [[99] * 5 + [70]]),  # re-fed unchanged
+        ]
+    )
+    assert not notes, notes
+    assert prompts == [[5, 6, 7], [8, 9, 10]]
+    assert tokens == {0: [40, 50, 60], 1: [41, 51, 70]}

@@ -263,3 +263,33 @@ def test_a_note_names_every_row_of_a_tie_one_sequence_leaves() -> None:
     notes: list[str] = []
     infer(calls, frozenset([1]), notes)
     assert len(notes) == 1 and "rows [0, 1] of target call 2" in notes[0], notes
+
+
+def test_a_sequence_that_sat_out_a_call_is_read_when_it_returns() -> None:
+    """A = [5, 6, 7] and B = [8, 9, 10], each prefilled but its last token, then stepped greedily
+    (2-D masks, positions fed). The third call holds A's row alone (B sits it out: it is left out
+    of a call that holds A, which shared its last call); the fourth holds B's row alone, fed its
+    greedy 41 at position 3 over its cache of 3. That row continues no sequence present (A's step
+    commits 50, at position 4), so it is B coming back: B gains 41, 51, A gains 40, 50, no note."""
+    from specviz.watch.autowatch import infer
+    from specviz.watch.hooks import CallRecord
+
+    def call(ids: list[list[int]], width: int, position: int, argmax: list[list[int]]) -> CallRecord:
+        q = len(ids[0])
+        return CallRecord(
+            role="target", rows=None, input_ids=ids, positions=[list(range(position, position + q))] * len(ids),
+            positions_fed=True, cache_width=width, mask_kind="2d", mask=[[1] * (width + q) for _ in ids],
+            batch_size=len(ids), query_len=q, argmax=argmax,
+        )  # fmt: skip
+
+    calls = [
+        call([[5, 6], [8, 9]], 0, 0, [[99, 98], [99, 98]]),  # 98: never fed next
+        call([[7], [10]], 2, 2, [[40], [41]]),
+        call([[40]], 3, 3, [[50]]),  # A alone: B sits out
+        call([[41]], 3, 3, [[51]]),  # B alone, back
+    ]
+    notes: list[str] = []
+    prompts, emits = infer(calls, frozenset([1]), notes)
+    assert prompts == [[5, 6, 7], [8, 9, 10]] and not notes, notes
+    assert calls[2].rows == (0,) and calls[3].rows == (1,)
+    assert tokens_of(emits) == {0: [40, 50], 1: [41, 51]}

@@ -150,3 +150,42 @@ def test_a_one_token_newcomer_the_draft_re_reads_is_not_the_sequence_its_count_f
     assert not notes, notes
     assert prompts == [[5, 6, 7], [44], [33]]
     assert step.rows == (0, 2)
+
+
+def test_a_draft_that_feeds_the_row_and_its_choice_over_its_own_cache_does_not_re_read_it() -> None:
+    """The same row fed 9, then a draft call fed [9, 28] over its own cache of 4 slots: the draft
+    continues the context it holds (it catches up with what the target was fed and chose), it does
+    not re-read [9] from the start. Nothing shows a new sequence: the row is A's next step."""
+    calls = [
+        call([[5, 6, 7]], 0, [[1, 2, 40]]),
+        call([[40]], 3, [[41]]),
+        call([[9]], 4, [[28]]),
+        call([[9, 28]], 4, [[0, 30]], role="draft"),  # over the draft's cache: no re-read
+    ]
+    notes: list[str] = []
+    prompts, _ = infer(calls, frozenset(), notes)
+    assert prompts == [[5, 6, 7]] and calls[2].rows == (0,)
+
+
+def test_newcomers_whose_first_call_verified_drafts_are_not_told_apart_by_the_last_slots_choice() -> None:
+    """A = [5, 6, 7] and B = [8, 9, 10] are verified with one draft each in their first call (a
+    cacheless draft model proposed 20 and 30): A refuses 20 (the target chose 40 at 7), B accepts 30
+    and gains the bonus 40 (the argmax at its last slot). The next call holds one row fed 40 over 3
+    slots: A's step (40 after its prompt's 3 slots), not B's, whose 40 would follow 30, over 4
+    slots. Both first steps could show a row over 3 or 4 slots, so the count does not tell them
+    apart; the argmax at the first call's last slot says nothing of a step that verified drafts
+    (it is the choice after every draft, which only a step that took them all commits). The row is
+    read as A, or left unread with its reason: never as B."""
+    calls = [
+        call([[5, 6, 7], [8, 9, 10]], 0, [[1, 2, 20], [3, 4, 30]], role="draft"),
+        call([[5, 6, 7, 20], [8, 9, 10, 30]], 0, [[1, 2, 40, 99], [3, 4, 30, 40]]),
+        call([[40]], 3, [[41]]),
+    ]
+    notes: list[str] = []
+    prompts, emits = infer(calls, frozenset(), notes)
+    assert prompts[:2] == [[5, 6, 7], [8, 9, 10]]
+    if notes:  # unread: the tie, with its reason
+        assert len(notes) == 1 and "fit more than one sequence" in notes[0], notes
+    else:
+        assert calls[2].rows == (0,) and tokens_of(emits)[0] == [40, 41]
+    assert calls[2].rows != (1,) and tokens_of(emits).get(1) != [30, 40, 41]

@@ -226,6 +226,16 @@ def test_a_counted_segment_with_a_stale_slot_is_flagged() -> None:
     assert v.mask_row(0, 3) == ([[1, 4], [0, 1]], 2, False)
 
 
+def test_a_pending_token_that_attends_no_key_misses_its_own_slot() -> None:
+    """The pending token's line is all off (not even its own slot): it attends no context and not
+    itself, so its diagonal starts with 0 and the block is not causal, read by counts (a packed
+    segment's summary) or by slots alike; the draft after it attends its own slot only."""
+    counted = Counted([1, 1], 0, [(0, False), (1, True)])
+    assert counted.mask_row(0, 2) == ([[0, 1], [1, 1]], 0, False)
+    slotted = Slotted([1, 1], 0, lines("0000", "0100"))
+    assert slotted.mask_row(0, 2) == ([[0, 1], [1, 1]], 0, False)
+
+
 # ----------------------------------------------------------------------------- a call's views
 
 
