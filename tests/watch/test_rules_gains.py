@@ -271,3 +271,63 @@ def test_a_sequence_re_fed_unchanged_stopped_there_and_cuts_a_greedy_end_past_it
     assert not notes, notes
     assert prompts == [[5, 6, 7], [8, 9, 10]]
     assert tokens == {0: [40, 50, 60], 1: [41, 51, 70]}
+
+
+def test_a_sequence_that_committed_eos_has_finished_and_gains_nothing_more() -> None:
+    """A = [5, 6, 7] and B = [8, 9, 10], prefilled but their last token, step together: A's first
+    step chooses EOS (1), and its row is fed 1 (its step committed it: A ends there, by "eos"),
+    while B gains 41, 51; the last call holds B alone (61). A, finished at its EOS, gets no last
+    step read as greedy after it: A is [1], B 41, 51, 61."""
+    prompts, tokens, notes = read(
+        [
+            call([[5, 6], [8, 9]], 0, [[1, 1], [1, 1]], [0, 0], [[99, 98], [99, 98]]),  # 98: never fed next
+            call([[7], [10]], 2, [[1] * 3, [1] * 3], [2, 2], [[1], [41]]),
+            call([[1], [41]], 3, [[1] * 4, [1] * 4], [3, 3], [[1], [51]]),
+            call([[51]], 4, [[1] * 5], [4], [[61]]),
+        ]
+    )
+    assert not notes, notes
+    assert prompts == [[5, 6, 7], [8, 9, 10]]
+    assert tokens == {0: [1], 1: [41, 51, 61]}
+
+
+def test_once_reading_stops_the_last_steps_read_are_not_cut_to_a_budget() -> None:
+    """The run of the re-fed test above, then a call of two cached rows fed 77 and 78, which continue
+    no sequence read so far: reading stops there (a note). The last steps read are then not the
+    sequences' endings, so B's greedy last step (70, 80) is not cut to A's three tokens."""
+    prompts, tokens, notes = read(
+        [
+            call([[5, 6, 7], [8, 9, 10]], 0, [[1] * 3] * 2, [0, 0], [[99, 99, 40], [99, 99, 41]]),
+            call([[5, 6, 7, 40], [8, 9, 10, 41]], 0, [[1] * 4] * 2, [0, 0], [[99] * 3 + [50], [99] * 3 + [51]]),
+            call(
+                [[0, 5, 6, 7, 40, 50], [8, 9, 10, 41, 51, 70]],
+                0,
+                [[0, 1, 1, 1, 1, 1], [1] * 6],
+                [0, 0],
+                [[0] + [99] * 4 + [60], [99] * 4 + [70, 80]],
+            ),
+            call([[5, 6, 7, 40, 50, 60]], 0, [[1] * 6], [0], [[99] * 5 + [70]]),
+            call([[5, 6, 7, 40, 50, 60]], 0, [[1] * 6], [0], [[99] * 5 + [70]]),  # re-fed unchanged
+            call([[77], [78]], 6, [[1] * 7] * 2, [6, 6], [[79], [79]]),  # no sequence read so far
+        ]
+    )
+    assert len(notes) == 1 and "continues no sequence read so far" in notes[0], notes
+    assert prompts == [[5, 6, 7], [8, 9, 10]]
+    assert tokens == {0: [40, 50, 60], 1: [41, 51, 70, 80]}
+
+
+def test_a_last_chunk_in_a_call_whose_map_is_unreadable_leaves_the_map_as_it_was() -> None:
+    """The first chunked run above ([7, 8] the prompt's last chunk, 40 fed at position 4), the call of
+    [7, 8] declaring two sequences for its one unpacked row: its map is unreadable, with no segment
+    to say `drafts=0` in. The chunk is still read as the prompt's last (prompt [5, 6, 7, 8], then
+    40, 50), and the map stays unreadable, with no segment written into it."""
+    calls = [
+        call([[5, 6]], 0, [[1, 1]], [0], [[99, 98]]),
+        call([[7, 8]], 2, [[1] * 4], [2], [[40, 40]]),
+        call([[40]], 4, [[1] * 5], [4], [[50]]),
+    ]
+    calls[1].rows = (0, 3)  # two sequences declared for one row that packs none
+    prompts, tokens, notes = read(calls)
+    assert not notes, notes
+    assert prompts == [[5, 6, 7, 8]] and tokens == {0: [40, 50]}
+    assert calls[1].map.segments == () and calls[1].map.unreadable

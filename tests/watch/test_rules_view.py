@@ -66,6 +66,13 @@ def test_a_left_padded_row_over_a_cache() -> None:
     assert v.attends_cache()
 
 
+def test_a_row_over_a_cache_of_one_slot_attends_it() -> None:
+    """The first decode step after a one-token prompt: a cache of 1, its column on, the query after it."""
+    v = Padded([1], 1, [1, 1])
+    assert v.attends_cache() and v.before(0) == 1
+    assert not Padded([1], 1, [0, 1]).attends_cache()  # the column off: a newcomer over it
+
+
 def test_a_newcomer_over_a_shared_cache_attends_none_of_it() -> None:
     v = Padded([1, 1], 2, [0, 0, 1, 1])
     assert not v.attends_cache()
