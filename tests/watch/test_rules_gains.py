@@ -331,3 +331,18 @@ def test_a_last_chunk_in_a_call_whose_map_is_unreadable_leaves_the_map_as_it_was
     assert not notes, notes
     assert prompts == [[5, 6, 7, 8]] and tokens == {0: [40, 50]}
     assert calls[1].map.segments == () and calls[1].map.unreadable
+
+
+def test_a_newcomer_whose_next_row_lost_one_cache_slot_still_gains_its_tokens() -> None:
+    """A row over a cache that lost one slot of its sequence's context (a KV hole, for the KV check
+    to flag) still gains the token it is fed: its context grew by 0, which a row that re-feeds its
+    context reads as nothing gained, but a row over a cache shows only its query (mutant #145)."""
+    calls = [
+        call([[5, 6, 7]], 0, [[1, 1, 1]], [0], [[99, 99, 40]]),  # a step: 40 fed next
+        call([[40]], 3, [[1, 0, 1, 1]], [3], [[50]]),  # at position 3, slot 1 lost: 2 slots before it
+        call([[50]], 4, [[1, 0, 1, 1, 1]], [4], [[60]]),
+    ]
+    notes: list[str] = []
+    prompts, emits = infer(calls, frozenset([1]), notes)
+    assert prompts == [[5, 6, 7]] and not notes
+    assert tokens_of(emits) == {0: [40, 50, 60]}

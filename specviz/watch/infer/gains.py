@@ -109,8 +109,10 @@ class Gains:
         if reread is not None:
             return reread
         grown = v.context + 1 - len(s.context)
-        if 0 <= grown <= len(v.query):
-            return v.query[len(v.query) - grown :]  # re-fed tokens (a recompute loop) show themselves
+        # Re-fed tokens (a recompute loop) show themselves; a row over a cache that grew by nothing
+        # lost a slot (the KV check flags it): what it was fed is read as below.
+        if 0 < grown <= len(v.query) or grown == 0 and v.whole:
+            return v.query[len(v.query) - grown :]
         took = grown - 1 if 1 <= grown <= len(step.drafts) + 1 else step.agreed
         if v.token == step.choice and not (v.position == v.context and step.could_end(took, v.token)):
             # Fed the greedy continuation past what greedy acceptance allows: the tokens say what was
