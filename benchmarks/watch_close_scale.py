@@ -17,33 +17,25 @@ shared machine inflates neither arm much; the sizes are interleaved across repea
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib.util
 import statistics
 import sys
-import time
 
 import torch
+from watch_overhead import ARMS, decode  # this folder: the packed run, timed as watch_overhead times it
 
 from specviz.bench.measure import select_prompts
 from specviz.data import load_specbench
 from specviz.engine.models import load_pair
+from specviz.engine.run import RunConfig
 
 
-def one_run(pair, prompts, max_new: int) -> tuple[float, float]:
-    """(decode CPU s, close CPU s) of one watched run of the packed engine."""
-    from zoo import packed  # the test zoo's engine, written without specviz (PYTHONPATH=tests/watch)
-
-    import specviz
-
-    budgets = [max_new - 4 * (i % 3) for i in range(len(prompts.ids))]
-    gc.collect()
-    w = specviz.watch(pair.target, pair.draft, prompts=prompts.ids)
-    started = time.process_time()
-    packed.generate(pair.target, pair.draft, prompts.ids, budgets, w=w)
-    decoded = time.process_time()
-    w.close(reference=False)
-    return decoded - started, time.process_time() - decoded
+def one_run(pair, prompts, config: RunConfig) -> tuple[float, float]:
+    """(decode CPU s, close CPU s) of one watched run of the packed engine (`watch_overhead.decode`)."""
+    times = {arm: [] for arm in ARMS}
+    decode(pair, prompts, config, True, times)
+    decoded = times["watched decode"][0][1]
+    return decoded, times["watched decode + close"][0][1] - decoded
 
 
 def main() -> None:
@@ -60,11 +52,13 @@ def main() -> None:
     texts = [p for p in load_specbench("heldout") if len(p) < 1500]
     sizes = [int(s) for s in args.sizes.split(",")]
     prompts = {n: select_prompts(pair, texts, n, args.max_new_tokens) for n in sizes}
-    one_run(pair, prompts[sizes[0]], args.max_new_tokens)  # warm-up: first-call costs out
+    config = RunConfig(max_new_tokens=args.max_new_tokens)
+    config.method = "packed"  # `watch_overhead.decode` then runs the zoo's packed engine (no engine method)
+    one_run(pair, prompts[sizes[0]], config)  # warm-up: first-call costs out
     runs: dict[int, list[tuple[float, float]]] = {n: [] for n in sizes}
     for repeat in range(args.repeats):
         for n in sizes if repeat % 2 == 0 else sizes[::-1]:
-            runs[n].append(one_run(pair, prompts[n], args.max_new_tokens))
+            runs[n].append(one_run(pair, prompts[n], config))
             print(f"  repeat {repeat + 1}/{args.repeats}, {n} prompts done", file=sys.stderr, flush=True)
     print(f"threads={args.threads} max_new={args.max_new_tokens} repeats={args.repeats} (medians, CPU time)")
     print("prompts  decode ms  close ms  close/decode")

@@ -72,8 +72,7 @@ def _draft_row(call: CallRecord, seq: int, row: int, batch_size: int, fed: int, 
     target batch of `batch_size`): the declared row, else the same index in a batch of that size,
     else the row whose tokens fit."""
     if call.rows is not None:  # declared (the batch map keeps a draft call's rows only at its size)
-        found = [call.rows.index(seq)] if seq in call.rows else []
-        found = [r for r in found if r in _rows_fed(call, fed, out)]
+        found = [r for r in _rows_fed(call, fed, out) if call.rows[r] == seq]
     elif call.batch_size == batch_size and row in _rows_fed(call, fed, out):  # the same rows: the same index
         return row
     else:

@@ -248,26 +248,31 @@ def test_a_row_fed_a_draft_no_slot_chose_took_the_drafts_up_to_it() -> None:
     assert tokens == {0: [40, 20, 21, 1]}
 
 
+def _refed_run() -> list[CallRecord]:
+    """No cache, no draft model: A = [5, 6, 7] and B = [8, 9, 10] re-fed whole each call; A gains 40,
+    50, 60, B 41, 51, then B's row holds its draft 70 under argmax [70, 80] and B leaves; A's
+    context with 60 is then re-fed unchanged."""
+    return [
+        call([[5, 6, 7], [8, 9, 10]], 0, [[1] * 3] * 2, [0, 0], [[99, 99, 40], [99, 99, 41]]),
+        call([[5, 6, 7, 40], [8, 9, 10, 41]], 0, [[1] * 4] * 2, [0, 0], [[99] * 3 + [50], [99] * 3 + [51]]),
+        call(
+            [[0, 5, 6, 7, 40, 50], [8, 9, 10, 41, 51, 70]],
+            0,
+            [[0, 1, 1, 1, 1, 1], [1] * 6],
+            [0, 0],
+            [[0] + [99] * 4 + [60], [99] * 4 + [70, 80]],
+        ),
+        call([[5, 6, 7, 40, 50, 60]], 0, [[1] * 6], [0], [[99] * 5 + [70]]),
+        call([[5, 6, 7, 40, 50, 60]], 0, [[1] * 6], [0], [[99] * 5 + [70]]),  # re-fed unchanged
+    ]
+
+
 def test_a_sequence_re_fed_unchanged_stopped_there_and_cuts_a_greedy_end_past_it() -> None:
     """No cache, no draft model: A = [5, 6, 7] and B = [8, 9, 10] re-fed whole each call. A gains 40,
     50, 60; B 41, 51, then B's row holds its draft 70 under argmax [70, 80] and B leaves (its last
     step, read as greedy: 70, 80). A's context with 60 is then re-fed unchanged: A stopped at three
     tokens, the run's budget, so B's last step is cut to it: 41, 51, 70 (not 80)."""
-    prompts, tokens, notes = read(
-        [
-            call([[5, 6, 7], [8, 9, 10]], 0, [[1] * 3] * 2, [0, 0], [[99, 99, 40], [99, 99, 41]]),
-            call([[5, 6, 7, 40], [8, 9, 10, 41]], 0, [[1] * 4] * 2, [0, 0], [[99] * 3 + [50], [99] * 3 + [51]]),
-            call(
-                [[0, 5, 6, 7, 40, 50], [8, 9, 10, 41, 51, 70]],
-                0,
-                [[0, 1, 1, 1, 1, 1], [1] * 6],
-                [0, 0],
-                [[0] + [99] * 4 + [60], [99] * 4 + [70, 80]],
-            ),
-            call([[5, 6, 7, 40, 50, 60]], 0, [[1] * 6], [0], [[99] * 5 + [70]]),
-            call([[5, 6, 7, 40, 50, 60]], 0, [[1] * 6], [0], [[99] * 5 + [70]]),  # re-fed unchanged
-        ]
-    )
+    prompts, tokens, notes = read(_refed_run())
     assert not notes, notes
     assert prompts == [[5, 6, 7], [8, 9, 10]]
     assert tokens == {0: [40, 50, 60], 1: [41, 51, 70]}
@@ -296,20 +301,7 @@ def test_once_reading_stops_the_last_steps_read_are_not_cut_to_a_budget() -> Non
     no sequence read so far: reading stops there (a note). The last steps read are then not the
     sequences' endings, so B's greedy last step (70, 80) is not cut to A's three tokens."""
     prompts, tokens, notes = read(
-        [
-            call([[5, 6, 7], [8, 9, 10]], 0, [[1] * 3] * 2, [0, 0], [[99, 99, 40], [99, 99, 41]]),
-            call([[5, 6, 7, 40], [8, 9, 10, 41]], 0, [[1] * 4] * 2, [0, 0], [[99] * 3 + [50], [99] * 3 + [51]]),
-            call(
-                [[0, 5, 6, 7, 40, 50], [8, 9, 10, 41, 51, 70]],
-                0,
-                [[0, 1, 1, 1, 1, 1], [1] * 6],
-                [0, 0],
-                [[0] + [99] * 4 + [60], [99] * 4 + [70, 80]],
-            ),
-            call([[5, 6, 7, 40, 50, 60]], 0, [[1] * 6], [0], [[99] * 5 + [70]]),
-            call([[5, 6, 7, 40, 50, 60]], 0, [[1] * 6], [0], [[99] * 5 + [70]]),  # re-fed unchanged
-            call([[77], [78]], 6, [[1] * 7] * 2, [6, 6], [[79], [79]]),  # no sequence read so far
-        ]
+        [*_refed_run(), call([[77], [78]], 6, [[1] * 7] * 2, [6, 6], [[79], [79]])]  # no sequence read so far
     )
     assert len(notes) == 1 and "continues no sequence read so far" in notes[0], notes
     assert prompts == [[5, 6, 7], [8, 9, 10]]

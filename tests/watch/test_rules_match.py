@@ -70,6 +70,12 @@ def test_a_rows_2d_mask_columns_are_read_from_its_view_where_it_was_fed_one() ->
     assert _columns(call("4d", [[[True, True, True]]]), 0) is None
 
 
+def stepped(ids: list[list[int]], width: int, position: int, argmax: list[list[int]]) -> CallRecord:
+    """A target call whose rows attend their whole cache of `width` slots and query, fed at `position`."""
+    q = len(ids[0])
+    return call(ids, width, [[1] * (width + q) for _ in ids], [position] * len(ids), argmax)
+
+
 def test_a_finished_row_fed_again_in_another_place_is_idle() -> None:
     """A = [5, 6, 7] and B = [8, 9, 10], each prefilled but its last token, then stepped greedily
     (2-D masks, a cache that grows by one a call). A's first step commits EOS (1) and its row is fed
@@ -77,22 +83,13 @@ def test_a_finished_row_fed_again_in_another_place_is_idle() -> None:
     That row is read as idle (no step for anyone), not as a row that continues no sequence: A ends
     with [1] by "eos", B gains 41, 51, 61, and nothing stops the reading."""
     from specviz.watch.autowatch import infer
-    from specviz.watch.hooks import CallRecord
     from specviz.watch.infer.match import IDLE
 
-    def call(ids: list[list[int]], width: int, position: int, argmax: list[list[int]]) -> CallRecord:
-        q = len(ids[0])
-        return CallRecord(
-            role="target", rows=None, input_ids=ids, positions=[list(range(position, position + q))] * len(ids),
-            positions_fed=True, cache_width=width, mask_kind="2d", mask=[[1] * (width + q) for _ in ids],
-            batch_size=len(ids), query_len=q, argmax=argmax,
-        )  # fmt: skip
-
     calls = [
-        call([[5, 6], [8, 9]], 0, 0, [[99, 98], [99, 98]]),  # 98: never fed next
-        call([[7], [10]], 2, 2, [[1], [41]]),
-        call([[1], [41]], 3, 3, [[1], [51]]),
-        call([[51], [1]], 4, 4, [[61], [1]]),  # swapped
+        stepped([[5, 6], [8, 9]], 0, 0, [[99, 98], [99, 98]]),  # 98: never fed next
+        stepped([[7], [10]], 2, 2, [[1], [41]]),
+        stepped([[1], [41]], 3, 3, [[1], [51]]),
+        stepped([[51], [1]], 4, 4, [[61], [1]]),  # swapped
     ]
     notes: list[str] = []
     prompts, emits = infer(calls, frozenset([1]), notes)
@@ -272,21 +269,12 @@ def test_a_sequence_that_sat_out_a_call_is_read_when_it_returns() -> None:
     greedy 41 at position 3 over its cache of 3. That row continues no sequence present (A's step
     commits 50, at position 4), so it is B coming back: B gains 41, 51, A gains 40, 50, no note."""
     from specviz.watch.autowatch import infer
-    from specviz.watch.hooks import CallRecord
-
-    def call(ids: list[list[int]], width: int, position: int, argmax: list[list[int]]) -> CallRecord:
-        q = len(ids[0])
-        return CallRecord(
-            role="target", rows=None, input_ids=ids, positions=[list(range(position, position + q))] * len(ids),
-            positions_fed=True, cache_width=width, mask_kind="2d", mask=[[1] * (width + q) for _ in ids],
-            batch_size=len(ids), query_len=q, argmax=argmax,
-        )  # fmt: skip
 
     calls = [
-        call([[5, 6], [8, 9]], 0, 0, [[99, 98], [99, 98]]),  # 98: never fed next
-        call([[7], [10]], 2, 2, [[40], [41]]),
-        call([[40]], 3, 3, [[50]]),  # A alone: B sits out
-        call([[41]], 3, 3, [[51]]),  # B alone, back
+        stepped([[5, 6], [8, 9]], 0, 0, [[99, 98], [99, 98]]),  # 98: never fed next
+        stepped([[7], [10]], 2, 2, [[40], [41]]),
+        stepped([[40]], 3, 3, [[50]]),  # A alone: B sits out
+        stepped([[41]], 3, 3, [[51]]),  # B alone, back
     ]
     notes: list[str] = []
     prompts, emits = infer(calls, frozenset([1]), notes)

@@ -145,6 +145,23 @@ def test_parents_read_from_a_query_block() -> None:
     assert parents_of_block([[on, off, off], [on, on, off], [off, on, on]]) is None  # sees 1, not its root
 
 
+class Redeclared:
+    """What the tree engine declares, passed on to the watch with its trees replaced by
+    `parents_of(parents)`: a declaration that disagrees with what the engine feeds."""
+
+    def __init__(self, w, parents_of) -> None:
+        self.w, self.parents_of = w, parents_of
+
+    def rows(self, seq_ids, model=None) -> None:
+        self.w.rows(seq_ids)
+
+    def batch(self, seq_ids, parents=None) -> None:
+        self.w.batch(seq_ids, parents=self.parents_of(parents))
+
+    def emit(self, *args) -> None:
+        self.w.emit(*args)
+
+
 def test_declared_trees_are_checked(pair) -> None:
     """A malformed tree is refused in one line; a tree with more nodes than the row's query makes
     the run unreadable, never a verdict on what was not read."""
@@ -157,17 +174,8 @@ def test_declared_trees_are_checked(pair) -> None:
         with pytest.raises(WatchError, match="5 trees"):  # one tree per packed segment too
             w.batch(range(5), parents=[[-1, 0, 0]] * 4, query_lens=[3] * 5)
 
-        class TooBig:  # declares a depth-4 tree (9 nodes) for the engine's 7-node query
-            def rows(self, seq_ids, model=None) -> None:
-                w.rows(seq_ids)
-
-            def batch(self, seq_ids, parents=None) -> None:
-                w.batch(seq_ids, parents=[tree.tree_parents(4)] * len(parents))
-
-            def emit(self, *args) -> None:
-                w.emit(*args)
-
-        tree.generate(pair.target, pair.draft, PROMPTS, BUDGETS, w=TooBig(), declare=1)
+        too_big = Redeclared(w, lambda parents: [tree.tree_parents(4)] * len(parents))  # 9 nodes for 7
+        tree.generate(pair.target, pair.draft, PROMPTS, BUDGETS, w=too_big, declare=1)
     report = check_trace(w.trace)
     assert report.verdict == "unreadable"
     assert "declares a tree of 9 nodes" in w.trace.header.options["watch_unreadable"]["why"]
@@ -179,18 +187,8 @@ def test_a_declared_tree_past_its_row_s_padding_is_unreadable(pair) -> None:
     though no more than the call's query: its nodes are not in the call, so the run is unreadable
     (`_declared_trees` counts the row's live run, not the query's width), never a crash."""
     with specviz.watch(pair.target, pair.draft, prompts=PROMPTS) as w:
-
-        class Widest:  # every row declares the step's widest tree
-            def rows(self, seq_ids, model=None) -> None:
-                w.rows(seq_ids)
-
-            def batch(self, seq_ids, parents=None) -> None:
-                w.batch(seq_ids, parents=[max(parents, key=len)] * len(parents))
-
-            def emit(self, *args) -> None:
-                w.emit(*args)
-
-        tree.generate(pair.target, pair.draft, PROMPTS, BUDGETS, w=Widest(), declare=1)
+        widest = Redeclared(w, lambda parents: [max(parents, key=len)] * len(parents))  # every row the widest
+        tree.generate(pair.target, pair.draft, PROMPTS, BUDGETS, w=widest, declare=1)
     report = check_trace(w.trace)
     assert report.verdict == "unreadable"
     assert "declares a tree of 7 nodes; its query holds 5 tokens" in w.trace.header.options["watch_unreadable"]["why"]

@@ -144,8 +144,10 @@ def assemble(records: list[dict[str, Any]], maps: bool = False) -> Assembly:
     for record in records:
         for new in record["new"]:
             stop, prompt = frozenset(new["stop_ids"]), new["prompt"]
-            said = (new["max_tokens"], stop, new["temperature"], prefixes(prompt), new["min_tokens"])
-            by_id[new["req_id"]] = request = Request(len(out.requests), new["req_id"], prompt, *said)
+            by_id[new["req_id"]] = request = Request(
+                len(out.requests), new["req_id"], prompt, new["max_tokens"], stop, new["temperature"], prefixes(prompt),
+                min_tokens=new["min_tokens"],
+            )  # fmt: skip
             out.requests.append(request)
         why = _unreadable(record)
         if maps:
