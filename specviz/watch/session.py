@@ -354,7 +354,10 @@ def watch(
     drafter: Any | None = None,
 ) -> Watch:
     """What `specviz.watch` calls (its docstring and docs/watch.md say what each argument means)."""
-    return Watch(**locals())  # its own arguments, by name
+    return Watch(
+        target, draft, tokenizer=tokenizer, prompts=prompts, out=out, name=name, layout=layout,
+        temperature=temperature, logits_processed=logits_processed, drafter=drafter,
+    )  # fmt: skip
 
 
 def _check_model(model: str | None, allowed: tuple[str | None, ...], what: str) -> None:
