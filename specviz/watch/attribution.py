@@ -16,6 +16,7 @@ from specviz.watch.calls import (
     context_before,
     first_slot_query,
     row_seq_ids,
+    segment_of,
 )
 from specviz.watch.record import CallRecord
 
@@ -54,8 +55,10 @@ def attribute(
     featured: dict[int, list[int]] = {}  # sequence -> the target calls that held it, in order
     for i, call in enumerate(calls):
         if call.role == "target":
-            for seq in row_seq_ids(call):
-                featured.setdefault(seq, []).append(i)
+            # A row said to be a prefill chunk fed its prompt, no pending token: no step of its sequence.
+            for r, seq in enumerate(row_seq_ids(call)):
+                if not segment_of(call, r).chunk:
+                    featured.setdefault(seq, []).append(i)
     last_group: dict[int, Group] = {}
     groups: list[Group] = []
     for emit in emits:
@@ -108,7 +111,7 @@ class _Rows:
         call = self.read.calls[index]
         row = row_seq_ids(call).index(seq)
         rq = self.read(index, row)
-        if self.draft_free and attends_cache(call, row):
+        if self.draft_free and attends_cache(call, row) and segment_of(call, row).drafts is None:
             rq = first_slot_query(call, row) or rq
         return row, rq.pending
 

@@ -67,10 +67,10 @@ def context_before(call: CallRecord, row: int, slot: int) -> int:
     return call.view(row).before(slot)
 
 
-def _draft_row(call: CallRecord, seq: int, row: int, batch_size: int, fed: int, out: int) -> int | None:
-    """The row of draft call `call` fed `fed` that proposed `out` for sequence `seq` (row `row` of a
-    target batch of `batch_size`): the declared row, else the same index in a batch of that size,
-    else the row whose tokens fit."""
+def _draft_row(call: CallRecord, seq: int, row: int, batch_size: int, fed: int, out: int, at: int) -> int | None:
+    """The row of draft call `call` fed `fed` at position `at` that proposed `out` for sequence `seq`
+    (row `row` of a target batch of `batch_size`): the declared row, else the same index in a batch
+    of that size, else the row whose tokens fit (of several, those fed at `at`)."""
     if call.rows is not None:  # declared (the batch map keeps a draft call's rows only at its size)
         found = [r for r in _rows_fed(call, fed, out) if call.rows[r] == seq]
     elif call.batch_size == batch_size and row in _rows_fed(call, fed, out):  # the same rows: the same index
@@ -78,7 +78,10 @@ def _draft_row(call: CallRecord, seq: int, row: int, batch_size: int, fed: int, 
     else:
         found = _rows_fed(call, fed, out)
     # Else another order (a packed draft call packs its rows its own way) or other rows: the row
-    # whose tokens fit, when one does (several in a batch of the target's size: not told apart).
+    # whose tokens fit, when one does; sequences that were fed and proposed alike (a trained draft
+    # often proposes the same after the same token) by the position they were fed at. Several in
+    # a batch of the target's size: not told apart.
+    found = [r for r in found if call.positions[r][last_slot(call, r)] == at] or found
     return found[0] if len(found) == 1 or found and call.batch_size != batch_size else None
 
 
@@ -203,7 +206,8 @@ def _fitting_chain(
     first = None
     for start in range(len(proposals) - d + 1):
         run = proposals[start : start + d]  # each call fed tokens[i] and proposed tokens[i + 1]
-        hits = [_draft_row(calls[j], seq, row, verify.batch_size, tokens[i], tokens[i + 1]) for i, j in enumerate(run)]
+        size = verify.batch_size
+        hits = [_draft_row(calls[j], seq, row, size, *tokens[i : i + 2], fed[i]) for i, j in enumerate(run)]
         if None in hits:
             continue
         chain = tuple(zip(run, hits))

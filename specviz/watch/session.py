@@ -216,7 +216,7 @@ class Watch(Recorder):
             prompts = self.prompts or self._paged.prompts or _first_rows(calls)
             declared.require_prompted(prompts, self._emits)
             if self._rows_to_follow(calls, prompts):
-                follow_rows(calls, prompts, eos)
+                follow_rows(calls, prompts, eos, self._emits)
             self._paged.reconcile(calls, self._emits)  # the engine's emits for the manager's sequences
             steps = infer_steps(calls, self._emits, prompts, eos, argmax_is_choice=self.argmax_is_choice)
             header = self._header(steps, eos, complete and steps.unreadable is None)

@@ -72,10 +72,12 @@ def build_steps(groups: list[Group], prompts: list[list[int]], read: CallReader,
         rows, proposals = [], set(tree.draft_calls_before(calls, index) if call.trees else _head_calls(calls, index))
         for r, seq_id in enumerate(row_seq_ids(call)):
             # A row that produced nothing and is no step of its sequence: idle (a finished
-            # sequence's row the engine still computes), a prefill chunk said so (KV written, no
-            # token), or a newcomer's prefill riding in another's step (vLLM mixes them in).
+            # sequence's row the engine still computes, or a static slot fed only padding while
+            # another is prefilled), a prefill chunk said so (KV written, no token), or a
+            # newcomer's prefill riding in another's step (vLLM mixes them in).
             if r not in produced and (
                 seq_id not in running
+                or not any(call.query_flags(r))
                 or segment_of(call, r).chunk
                 or _prefilling(call, r, committed[seq_id], len(prompts[seq_id]))
             ):

@@ -157,7 +157,7 @@ def test_follow_rows_names_each_row_by_its_declared_prompt() -> None:
         ]
         for c in calls:
             c.materialize()
-        follow_rows(calls, declared, EOS)
+        follow_rows(calls, declared, EOS, [])
         return calls
 
     calls = run([[8, 9, 10], [5, 6, 7]], padded([[41], [40]], 3, [[1] * 4, [1] * 4], [[51], [50]]))

@@ -288,13 +288,20 @@ class Follower(Assignments, Gains):
         if ends is not None:
             ends(s, v, j, r)
             return
+        prefilled = False  # its first call was a prefill whose choice this row is fed (`Seq.chunk_end`)
         if s.opened:
             s.opened = False
             if not self.was_step[s.origin[0]] or not s.context:
                 self._feeds_prompt(s, v, j, r)  # its first call prefilled all but the last prompt token
                 return
-        self._commit(s, self._by_token(s, v) if how == "weak" else self._gained(s, v))
-        s.step, s.refed, s.in_prompt = (j, r), False, False
+            prefilled = not self.read(*s.origin, s.id).drafts
+        tokens, step = self._by_token(s, v) if how == "weak" else self._gained(s, v), self._step_tokens(s)
+        if s.chunk_end and step.targets and len(tokens) - 1 > step.agreed and self._chunk(step, v, len(s.context)):
+            # Drafts kept that the target refused, or that "step" was the prompt's next chunk: not told.
+            why = f"row {r} of target call {j}: where sequence {s.id}'s prompt ends is not told (a prefill"
+            raise Unfollowed(f"{why} chunk that ends on the target's choice, or a step that kept refused drafts)")
+        self._commit(s, tokens)
+        s.step, s.refed, s.in_prompt, s.chunk_end = (j, r), False, False, prefilled
 
     def _refed(self, s: Seq, v: RowView, j: int, r: int) -> None:
         s.refed = not s.opened
@@ -325,8 +332,9 @@ class Follower(Assignments, Gains):
                 self._close(s)
 
 
-def follow_rows(calls: list[CallRecord], prompts: list[list[int]], eos: frozenset[int]) -> None:
-    """Name each target call's rows by the declared prompt its sequence starts with (else unreadable)."""
+def follow_rows(calls: list[CallRecord], prompts: list[list[int]], eos: frozenset[int], emits: list[Emit]) -> None:
+    """Name each target call's rows by the declared prompt its sequence starts with, else by the one
+    declared sequence (prompt and emitted tokens) its followed tokens agree with (else unreadable)."""
     follower = Follower(calls, eos, [])
     follower.run()
     unused: dict[tuple[int, ...], list[int]] = {}  # declared prompt -> its indices not taken yet
@@ -336,6 +344,17 @@ def follow_rows(calls: list[CallRecord], prompts: list[list[int]], eos: frozense
     for f, prompt in enumerate(follower.prompts):
         if unused.get(tuple(prompt)):
             taken[f] = unused[tuple(prompt)].pop(0)
+    # A prompt whose end was read elsewhere (a trained model's choice can be the prompt's next token):
+    # the declared sequence its tokens agree with, where exactly one does.
+    declared = [list(p) for p in prompts]
+    for e in emits:
+        declared[e.seq_id] += e.tokens
+    left = [i for i in range(len(prompts)) if i not in taken.values()]
+    for f, s in enumerate(follower.seqs):
+        agree = [i for i in left if declared[i][: len(s.context)] == s.context[: len(declared[i])]]
+        if f not in taken and len(agree) == 1:
+            taken[f] = agree[0]
+            left.remove(agree[0])
     for j, call in enumerate(calls):
         if call.role != "target":
             continue

@@ -73,7 +73,7 @@ class Gains:
         if v.token == step.targets[len(step.drafts)]:  # the last chunk: it chose the token fed now
             self._said_last_chunk(*s.step)
             self._commit(s, [v.token])
-            s.step, s.in_prompt = (j, r), False
+            s.step, s.in_prompt, s.chunk_end = (j, r), False, True
             return
         self._feeds_prompt(s, v, j, r)
 

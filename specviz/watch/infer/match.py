@@ -56,6 +56,9 @@ class Seq:
     step: tuple[int, int]  # (call, row) of its step whose gain is not read yet (its first call, until one)
     opened: bool = True  # not yet known whether its first call was a step
     in_prompt: bool = False  # its open step follows a prefill: a prompt chunk, or a step (the next call tells)
+    # Its prompt's end was read from a chunk whose last choice the next call fed: a middle chunk whose
+    # choice is the next chunk's first token looks alike, so its first step must be greedy (`_continue`).
+    chunk_end: bool = False
     refed: bool = False  # re-fed unchanged since `step`: read as finished if it never grows again
     finished: bool = False
     out: bool = False  # left out of a call that held others of its last call: gone, or sat out (`_returning`)

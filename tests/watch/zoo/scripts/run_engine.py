@@ -99,6 +99,7 @@ def main() -> None:
     parser.add_argument("--prompts", required=True, help="JSON list of token-id lists")
     parser.add_argument("--budgets", required=True, help="one max_new_tokens, or one per prompt, comma-separated")
     parser.add_argument("--family", help="a tiny pair of this family (tests/support/tiny.make_pair) instead")
+    parser.add_argument("--embedded", action="store_true", help="specviz's embedded trained pair (no download)")
     parser.add_argument("--decode", choices=["outputs", "full"], help="decode the outputs before printing them")
     parser.add_argument("--set", action="append", default=[], help="NAME=INT: an engine option (e.g. tokens=5)")
     args = parser.parse_args()
@@ -109,7 +110,13 @@ def main() -> None:
     budgets = [int(n) for n in args.budgets.split(",")]
     max_new = budgets[0] if len(budgets) == 1 else budgets
     torch.manual_seed(0)
-    if args.family:
+    embedded = None
+    if args.embedded:  # a trained pair: it predicts text prompts, so its choices often repeat them
+        from specviz.engine.models import load_pair
+
+        embedded = load_pair(device="cpu")
+        target = embedded.target
+    elif args.family:
         import tiny  # tests/support: on pytest's pythonpath, or PYTHONPATH
 
         target = tiny.build(args.family, 3)
@@ -117,6 +124,8 @@ def main() -> None:
         target = tiny_llama()
     if args.engine == "tree" and options.get("head"):  # a draft head proposes the trees (no draft model)
         second = head.DraftHead(target)
+    elif embedded is not None and args.engine in USES_DRAFT:
+        second = embedded.draft
     elif args.family and args.engine in USES_DRAFT:
         second = tiny.noisy_draft(target)
     elif args.engine in USES_DRAFT:
