@@ -177,7 +177,7 @@ def check_step(findings: Findings, history: History, si: int, step: StepRecord) 
             check_accounting(flag, history)
         else:  # a tree's positions and acceptance (schema 3)
             check_tree_row(flag, history)
-        check_head_row(flag)
+        check_head_row(flag, history.trace.header.proposer == "head")
         check_recorded_row(flag)
         check_prefill_row(flag, history)
     if len(widths) > 1 and history.left_padded:

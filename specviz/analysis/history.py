@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import array
 import bisect
+import functools
 from dataclasses import dataclass, field
 
 from specviz.analysis.budgets import sequence_budgets
@@ -82,6 +83,22 @@ class History:
             )
             for s in trace.sequences
         }
+
+    @functools.cached_property
+    def _next_rows(self) -> dict[tuple[int, int], RowRecord]:
+        """(sequence, step index) -> the sequence's row at its next step."""
+        out: dict[tuple[int, int], RowRecord] = {}
+        last: dict[int, int] = {}
+        for si, step in enumerate(self.trace.steps):
+            for row in step.rows:
+                if row.seq_id in last:
+                    out[row.seq_id, last[row.seq_id]] = row
+                last[row.seq_id] = si
+        return out
+
+    def next_row(self, seq_id: int, si: int) -> RowRecord | None:
+        """The sequence's row at its next step after step index `si` (None: none)."""
+        return self._next_rows.get((seq_id, si))
 
     def context(self, seq_id: int, length: int) -> list[int]:
         """The sequence's first `length` committed tokens: its prompt, then its recorded output."""

@@ -84,6 +84,9 @@ def check_tree_row(flag: RowFlags, history: History) -> None:
     _check_attends(flag, parents)
     path = _check_path(flag, history, parents)
     if path is not None and row.kept_nodes is not None and not row.finished and row.kept_nodes != [0, *path]:
+        if not _kept_explains_next(row, path, history.next_row(row.seq_id, flag.si)):
+            flag.skip(*KEPT_UNREAD)
+            return
         flag(
             Invariant.KV,
             "kept_nodes",
@@ -92,6 +95,22 @@ def check_tree_row(flag: RowFlags, history: History) -> None:
             "after the commit the cache keeps KV of nodes off the accepted path (or drops some of it)",
         )
     check_bonus_and_destination(flag)
+
+
+# Kept nodes are read off what the sequence's next step attends of this step's block: where that
+# step attends a context wrong by more than the kept nodes say (another row's mask), its own KV
+# check flags it, and what this step kept is not told.
+KEPT_UNREAD = (
+    "kept tree nodes",
+    "read from the sequence's next step, whose attended context is wrong beyond the kept nodes (flagged there)",
+)
+
+
+def _kept_explains_next(row: RowRecord, path: list[int], later: RowRecord | None) -> bool:
+    """The next row's attended context is right, or off by exactly what the kept nodes add or drop (or not said)."""
+    if later is None or later.kv_len_expected is None:
+        return True
+    return later.kv_len - later.kv_len_expected in (0, len(row.kept_nodes) - len(path) - 1)
 
 
 def _check_attends(flag: RowFlags, parents: list[int]) -> None:
@@ -156,10 +175,20 @@ def _check_path(flag: RowFlags, history: History, parents: list[int]) -> list[in
     return path
 
 
-def check_head_row(flag: RowFlags) -> None:
-    """The head was fed the row's own sequence's hidden state at n - 2 (HEAD)."""
+HEAD_UNREAD = (
+    "draft head input",
+    "what the head was fed is not read: no head call served the row's drafts, or the vector it was "
+    "fed matched no hidden state the watch kept (docs/watch-heads.md)",
+)
+
+
+def check_head_row(flag: RowFlags, drafted_by_head: bool = False) -> None:
+    """The head was fed the row's own sequence's hidden state at n - 2 (HEAD); a head-drafted row
+    (`drafted_by_head`) that does not say what its head was fed: the check is listed as skipped."""
     row = flag.row
     if row.head_source is None:
+        if drafted_by_head and row.draft_tokens:
+            flag.skip(*HEAD_UNREAD)
         return
     n = row.committed_before
     expected = [row.seq_id, n - 2] if n >= 2 else []
