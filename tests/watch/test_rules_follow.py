@@ -240,3 +240,28 @@ def test_in_a_shared_cache_a_finished_row_fed_again_is_read_by_its_slots_as_fini
     assert [c.rows for c in calls] == [(0, 1), (0, 1), (1, 0)]
     assert tokens_of(emits) == {0: [40], 1: [41, 51, 61]}
     assert [(e.seq_id, e.finish_reason) for e in emits if e.finish_reason] == [(0, "length"), (1, "length")]
+
+
+def test_rows_fed_no_mask_are_followed_by_their_tokens() -> None:
+    """An engine that passes no attention mask (the watch counts no context): A = [5, 6, 7] and
+    B = [8, 9, 10] prefilled but their last token, then fed it, then their argmax (40, 41). With no
+    context to count, each newcomer is continued by its row (its first call's reading stays open
+    until the next), and each later row by the greedy continuation: the prompts are whole and the
+    steps gained 40, 41, then the last step's argmax 50, 51 (read as greedy)."""
+
+    def unmasked(ids: list[list[int]], width: int, argmax) -> CallRecord:
+        call = padded(ids, width, [[1]] * len(ids), argmax)
+        call.mask_kind, call.mask = "none", None
+        return call
+
+    calls = [
+        unmasked([[5, 6], [8, 9]], 0, [[99, 98], [99, 98]]),  # 98: never fed next
+        unmasked([[7], [10]], 2, [[40], [41]]),
+        unmasked([[40], [41]], 3, [[50], [51]]),
+    ]
+    notes: list[str] = []
+    prompts, emits = infer(calls, EOS, notes)
+    assert not notes, notes
+    assert prompts == [[5, 6, 7], [8, 9, 10]]
+    assert [c.rows for c in calls] == [(0, 1), (0, 1), (0, 1)]
+    assert tokens_of(emits) == {0: [40, 50], 1: [41, 51]}
