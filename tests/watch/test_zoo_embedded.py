@@ -115,3 +115,17 @@ def test_a_bug_on_a_trained_pair_is_located(tmp_path: Path, name: str, options: 
     assert (first.step, first.seq_id) == tuple(events[0]), report.violations[:3]
     if outs != _reference():
         assert report.exact_match is None or report.exact_match < 1.0
+
+
+@pytest.mark.parametrize("chunk", [3, 5])
+def test_an_untold_prompt_end_stops_reading_without_a_false_violation(tmp_path: Path, chunk: int) -> None:
+    """Small chunks on the trained pair: a chunk's last choice is the next chunk's first token, so
+    the command reads the prompt's end there (a prefill whose choice was fed), and the next "step"
+    keeps drafts the target refused, exactly as the next chunk would: where the prompt ends is not
+    told. Reading stops at that call (none of its rows read, nor greedy ends for it), with that
+    reason; every step read before it holds (it read 4 and 14 false violations before)."""
+    trace, outs, events = _run(tmp_path, "chunkmix", {"chunk": chunk}, "command", None)
+    assert outs == _reference() and not events
+    report = check_trace(trace)
+    assert not report.violation_count, report.violations[:3]
+    assert report.verdict == "unreadable" and "prompt ends is not told" in report.unreadable["why"]

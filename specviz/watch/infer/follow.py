@@ -68,6 +68,8 @@ class Follower(Assignments, Gains):
                 message = f"{why}: {unread} target calls from call {j} on are not read (declare rows with w.rows)"
                 self.notes.append(message)
                 self.unfollowed.append(message)  # for the report's skipped checks
+                # Its rows may be half read: no step is read from it (nor its sequences' greedy ends).
+                self.calls[j].mark_unreadable(message)
                 break
         for s in [s for s in self.seqs if not s.finished]:  # (with those left out since: `Seq.out`)
             self._close(s)

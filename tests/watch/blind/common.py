@@ -4,14 +4,12 @@ unwatched process by truth.py and read from truth.json), and a tiny CLI."""
 import argparse
 import json
 import os
-import sys
 
 import torch
 
 torch.set_num_threads(1)
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(HERE))))  # the repository
-from specviz.engine.models import load_pair  # noqa: E402
+from specviz.engine.models import load_pair  # noqa: E402  (the repository on PYTHONPATH: test_blind_round.py)
 
 TEXTS = [
     "The cat sat on the mat and",
