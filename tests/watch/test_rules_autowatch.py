@@ -1,9 +1,11 @@
 """The command's watcher (`specviz/watch/autowatch.py`) by hand: a head named by `--drafter` that
-lives inside the target (MTP-like) is found beside a draft model, and `unpadded_prompts` strips
-the left padding of a first call fed no mask only where the batch shows it is padding."""
+lives inside the target (MTP-like) is found beside a draft model, one called before any causal LM
+was built is found too, and `unpadded_prompts` strips the left padding of a first call fed no mask
+only where the batch shows it is padding."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from tiny import build
 
@@ -14,23 +16,30 @@ PAD = 0
 
 
 class InsideHead(torch.nn.Module):
-    """A head that is a submodule of the target and returns the target's logits (MTP-like)."""
+    """A head that is a submodule of the target and returns the target's logits (MTP-like); with
+    `pair`, as the first of (logits, features)."""
 
-    def __init__(self, target: torch.nn.Module) -> None:
+    def __init__(self, target: torch.nn.Module, pair: bool = False) -> None:
         super().__init__()
         hidden = target.config.hidden_size
         self.proj = torch.nn.Linear(hidden, hidden)
         self.out = torch.nn.Linear(hidden, target.config.vocab_size, bias=False)
+        self.pair = pair
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.out(self.proj(hidden_states))
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        features = self.proj(hidden_states)
+        return (self.out(features), features) if self.pair else self.out(features)
 
 
-def test_a_head_inside_the_target_is_found_beside_a_draft_model() -> None:
+@pytest.mark.parametrize(
+    ("pair", "fed"), [(False, (1, 1, 64)), (True, (1, 1, 64)), (False, (1, 64))], ids=["logits", "pair", "2d"]
+)
+def test_a_head_inside_the_target_is_found_beside_a_draft_model(pair: bool, fed: tuple[int, ...]) -> None:
     """Two causal LMs ran (a target and a draft); the named class is a submodule of the target
-    returning logits of its vocabulary: it is the head, though the draft does not hold it."""
+    returning logits of its vocabulary ([B, T, V] or [B, V], alone or first of a tuple): it is the
+    head, though the draft does not hold it."""
     target, draft = build("llama", 2, 64), build("llama", 1, 64)
-    target.mtp = InsideHead(target)
+    target.mtp = InsideHead(target, pair)
     watcher = AutoWatch(drafter="InsideHead")
     watcher.install()
     try:
@@ -40,10 +49,24 @@ def test_a_head_inside_the_target_is_found_beside_a_draft_model() -> None:
         with torch.no_grad():
             target(ids)
             draft(ids)
-            target.mtp(torch.zeros(1, 1, 64))
+            target.mtp(torch.zeros(fed))
     finally:
         watcher.uninstall()
     assert watcher.head is target.mtp
+
+
+def test_a_head_called_before_any_causal_lm_is_found() -> None:
+    """The named class called while no causal LM was built yet: it is outside them all, the head."""
+    target = build("llama", 1, 64)
+    head = InsideHead(target)
+    watcher = AutoWatch(drafter="InsideHead")
+    watcher.install()
+    try:
+        with torch.no_grad():
+            head(torch.zeros(1, 1, 64))
+    finally:
+        watcher.uninstall()
+    assert watcher.head is head
 
 
 def first_call(ids: list[list[int]], mask: list[list[int]] | None) -> CallRecord:
