@@ -3,13 +3,16 @@ forward keeps"), on a model written by hand whose every logit is known: the argm
 t of a row is its id + 1, so the kept argmax says which columns were kept.
 
 Per call: the cache width of the older tuple cache, the positions the model derives from a
-`cache_position` or a broadcast `position_ids`, a 4-D mask over [cache | query] keys and which of
-its query slots are real (a slot that does not attend its own key feeds nothing), a target fed
-`inputs_embeds` read as the ids whose embedding rows they are (-1 where none is), a long packed
-row's argmax kept at the last slots before each place a sequence may end, and a draft head's
-call (fed hidden states) read from its first tensor of two dimensions or more."""
+`cache_position` or a broadcast `position_ids` (OPT's from its mask's ones), a 4-D mask over
+[cache | query] keys and which of its query slots are real (a slot that does not attend its own
+key feeds nothing), a target fed `inputs_embeds` read as the ids whose embedding rows they are (-1
+where none is), a long packed row's argmax kept at the last slots before each place a sequence may
+end, no argmax where the output holds no [B, T, V] logits, and a draft head's call (fed hidden
+states) read from its first tensor of two dimensions or more."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -25,11 +28,12 @@ class HandLM(torch.nn.Module):
     """A causal LM by hand: logits one-hot at id + 1 (mod VOCAB) per query column; fed embeddings,
     at the table row nearest by distance plus 1."""
 
-    def __init__(self, table: torch.Tensor | None = None) -> None:
+    def __init__(self, table: torch.Tensor | None = None, flat: bool = False) -> None:
         super().__init__()
         table = torch.randn(VOCAB, 4, generator=torch.Generator().manual_seed(0)) if table is None else table
         self.embed = torch.nn.Embedding.from_pretrained(table, freeze=True)
         self.head = torch.nn.Linear(table.shape[1], table.shape[0], bias=False)
+        self.flat = flat  # return the last column's logits only, [B, V]
 
     def get_input_embeddings(self) -> torch.nn.Module:
         return self.embed
@@ -46,11 +50,13 @@ class HandLM(torch.nn.Module):
         cache_position=None,
         inputs_embeds=None,
         cu_seq_lens_q=None,
+        logits_to_keep=None,
     ) -> torch.Tensor:
         if input_ids is None:
             input_ids = torch.cdist(inputs_embeds, self.embed.weight[None]).argmin(-1)
         vocab = self.embed.weight.shape[0]
-        return torch.nn.functional.one_hot((input_ids + 1) % vocab, vocab).float()
+        logits = torch.nn.functional.one_hot((input_ids + 1) % vocab, vocab).float()
+        return logits[:, -1] if self.flat else logits
 
 
 class Head(torch.nn.Module):
@@ -167,6 +173,9 @@ def test_a_long_packed_row_keeps_the_argmax_of_the_last_slots_before_each_end() 
     assert call.argmax.tolist() == [[c + 1 for c in ends]]
     (call,), _ = recorded(HandLM(), input_ids=ids)
     assert call.logit_slots.tolist() == list(range(150))
+    # A first sequence of 10 tokens: its slots from the row's start, none before it.
+    (call,), _ = recorded(HandLM(), input_ids=ids, cu_seq_lens_q=torch.tensor([0, 10, 150]))
+    assert call.logit_slots.tolist() == [*range(10), *range(134, 150)]
 
 
 def test_a_head_call_is_read_from_its_first_tensor_of_two_dimensions_or_more() -> None:
@@ -174,8 +183,29 @@ def test_a_head_call_is_read_from_its_first_tensor_of_two_dimensions_or_more() -
     Fed no tensor of two dimensions or more, it is not recorded (and the engine's call goes on)."""
     (call,), _ = recorded(Head(), 0, torch.zeros(2, 3, 4), drafter=True)
     assert (call.role, call.drafter, call.batch_size, call.query_len) == ("draft", True, 2, 3)
+    assert not call.positions_fed  # fed hidden states: no positions
     assert call.argmax.tolist() == [[3, 3, 3], [3, 3, 3]]
     (call,), _ = recorded(Head(), 0, torch.zeros(2, 4), drafter=True)  # [rows, H]: one slot each
     assert (call.batch_size, call.query_len) == (2, 1)
     calls, out = recorded(Head(), 0, torch.zeros(4), drafter=True)
     assert calls == [] and out.shape == (VOCAB,)
+
+
+def test_opt_counts_the_masks_ones_for_positions_it_derives() -> None:
+    """An OPT model fed no positions derives them from its 2-D mask: each token's count of ones
+    before it (a left pad reads -1)."""
+    model = HandLM()
+    model.config = SimpleNamespace(model_type="opt")
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    (call,), _ = recorded(model, input_ids=torch.tensor([[0, 5, 6, 7], [8, 9, 10, 11]]), attention_mask=mask)
+    assert call.positions.tolist() == [[-1, 0, 1, 2], [0, 1, 2, 3]] and not call.positions_fed
+    # A step over a cache of 4: the last query column of the mask's count.
+    step = torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])
+    (call,), _ = recorded(model, input_ids=torch.tensor([[40], [41]]), attention_mask=step, past_key_values=Width(4))
+    assert call.positions.tolist() == [[3], [4]]
+
+
+def test_a_call_whose_output_has_no_logits_keeps_no_argmax_and_no_columns() -> None:
+    """`logits_to_keep` fed as columns, but the output is [B, V], not [B, T, V]: nothing kept."""
+    (call,), _ = recorded(HandLM(flat=True), input_ids=torch.tensor([[5, 6, 7]]), logits_to_keep=torch.tensor([2]))
+    assert call.argmax is None and call.logit_slots is None
