@@ -1,7 +1,8 @@
 """The `Watch` itself (`specviz/watch/session.py`), on the tiny Llama pair: what the header says
 proposed the drafts, what `batch` accepts and refuses, that `close` takes its hooks off the user's
 models, when undeclared rows are followed (a batch that shrinks at its second and last call), the
-messages of a wrong `model=`, and a watch closed before any call."""
+messages of a wrong `model=`, layout, draft or sequence, a watch closed before any call, `trace`
+before and after close, tokens emitted as a tensor, and the prompts read without `prompts=`."""
 
 from __future__ import annotations
 
@@ -109,3 +110,46 @@ def test_a_watch_closed_before_any_call_writes_an_empty_trace() -> None:
     p = pair()
     trace = specviz.watch(p.target).close()
     assert trace.steps == [] and trace.sequences == []
+
+
+def test_a_layout_not_known_or_the_target_as_its_own_draft_is_refused() -> None:
+    p = pair()
+    with pytest.raises(WatchError, match="layout must be one of .*, got 'sideways'"):
+        specviz.watch(p.target, prompts=PROMPTS, layout="sideways")
+    with pytest.raises(WatchError, match="draft and target are the same module"):
+        specviz.watch(p.target, p.target, prompts=PROMPTS)
+
+
+def test_an_unknown_sequence_is_refused_naming_the_prompts_range() -> None:
+    p = pair()
+    w = specviz.watch(p.target, prompts=PROMPTS)
+    try:
+        with pytest.raises(WatchError, match=r"emit: unknown sequence 2; prompts are sequences 0\.\.1$"):
+            w.emit(2, [1])
+    finally:
+        w.close(reference=False, complete=False)
+
+
+def test_the_trace_is_none_until_close_and_tokens_may_come_as_a_tensor() -> None:
+    """`w.trace` is the trace once closed (None before); `emit` takes a tensor of any shape."""
+    p = pair()
+    w = specviz.watch(p.target, prompts=[[5, 6, 7]])
+    assert w.trace is None
+    with torch.no_grad():
+        token = p.target(input_ids=torch.tensor([[5, 6, 7]])).logits[:, -1:].argmax(-1)  # [[t]]
+    w.emit(0, token, "length")
+    trace = w.close()
+    assert w.trace is trace and trace.sequences[0].output_ids == [int(token)]
+
+
+def test_without_prompts_the_first_target_calls_rows_are_the_prompts() -> None:
+    """No prompts given: each row of the first target call is a prompt, not the rows of a draft
+    call made before it."""
+    p = pair()
+    w = specviz.watch(p.target, p.draft)
+    with torch.no_grad():
+        p.draft(input_ids=torch.tensor([[9, 9]]))
+        token = int(p.target(input_ids=torch.tensor([[5, 6, 7]])).logits[0, -1].argmax())
+    w.emit(0, [token], "length")
+    trace = w.close(reference=False)
+    assert [s.prompt_ids for s in trace.sequences] == [[5, 6, 7]]
