@@ -6,7 +6,9 @@ in blocks 2 and 3 (slots 8-15); request b (prompt 20 21, max_tokens 1) in block 
 Step 0 prefills both; a commits 40, b commits 30 and ends by its budget. The draft model then
 proposes a's drafts 41 42 in two calls (the first re-reads the prompt and 40 for a and b, the
 second feeds 41 at position 4, a alone). Step 1 verifies them: the target chose 41, then 50, so a
-commits 41 50. Step 2 feeds 50 (no drafts): a commits 60 and ends by its budget."""
+commits 41 50. Step 2 feeds 50 (no drafts): a commits 60 and ends by its budget. Variants: three
+drafts, a head method (EAGLE-like) whose draft calls are not judged, a forward the capture could
+not read."""
 
 from __future__ import annotations
 
@@ -158,3 +160,37 @@ def test_a_requests_budget_is_its_max_tokens_else_what_it_emitted() -> None:
     said = Request(0, "a", [5], 4, frozenset(), 0.0, [], output=[7, 8])
     unsaid = Request(1, "b", [5], None, frozenset(), 0.0, [], output=[7, 8])
     assert (said.budget, unsaid.budget) == (4, 2)
+
+
+def test_a_third_draft_call_reads_the_drafts_before_it_as_its_own() -> None:
+    """Three drafts (41 42 43): the third draft call attends the committed tokens and drafts 41 and
+    42, written by the calls before it; all five of its slots hold a's own chain."""
+    records = run()[:2]
+    records[0]["draft_calls"].append(fed([42], [5], [0, 1], [6], [[2, 3]], [13]))
+    records[1].update(
+        spec={"draft_token_ids": [41, 42, 43], "num_draft_tokens": [3], "target_logits_indices": [0, 1, 2],
+              "bonus_logits_indices": [3]},
+        fed=fed([40, 41, 42, 43], [3, 4, 5, 6], [0, 4], [7], [[2, 3]], [11, 12, 13, 14]),
+        argmax=[41, 50, 51, 52],
+    )  # fmt: skip
+    out = assemble(records)
+    (a1,) = out.steps[1].rows
+    assert out.k == 3 and (a1.draft_tokens, a1.accepted, a1.emitted) == ([41, 42, 43], 1, [41, 50])
+    assert (a1.draft_position_ids, a1.draft_kv_lens, a1.draft_kv_len) == ([3, 4, 5], [3, 4, 5], 3)
+
+
+def test_a_head_methods_draft_calls_are_not_judged_and_it_says_so() -> None:
+    records = run()
+    for r in records:
+        r["engine"] = {**ENGINE, "method": "eagle", "draft_model": None}
+    out = assemble(records)
+    assert out.notes == ["eagle: its draft calls feed token p + 1 at position p; the draft-side checks do not apply"]
+    assert out.steps[1].rows[0].draft_position_ids is None  # not read from the head's calls
+
+
+def test_a_forward_the_capture_could_not_read_stops_reading_there() -> None:
+    records = run()
+    records[1]["fed"] = {"unreadable": "the forward had micro-batches or no attention metadata"}
+    out = assemble(records)
+    assert out.unreadable == {"step": 1, "why": "the forward had micro-batches or no attention metadata"}
+    assert out.steps[0].step == 0 and 1 not in [s.step for s in out.steps]
