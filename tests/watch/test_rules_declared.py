@@ -122,8 +122,13 @@ def test_prompts_as_ids_or_text() -> None:
     assert prompt_ids([[1, 2], (3,)], None) == [[1, 2], [3]]
     assert prompt_ids(iter([torch.tensor([4, 5])]), None) == [[4, 5]]
     assert prompt_ids(["ab cde", "f"], tokenizer) == [[2, 3], [1]]
+    # Rows of an array or a tensor are prompts too; an iterator that yields none is an empty list.
+    assert prompt_ids(numpy.array([[5, 6], [7, 8]]), None) == [[5, 6], [7, 8]]
+    assert prompt_ids(torch.tensor([[5, 6, 7]]), None) == [[5, 6, 7]]
     with pytest.raises(WatchError, match="prompts: empty list"):
         prompt_ids([], None)
+    with pytest.raises(WatchError, match="prompts: empty list"):
+        prompt_ids(iter([]), None)
     with pytest.raises(WatchError, match="pass tokenizer="):
         prompt_ids(["ab"], None)
     with pytest.raises(WatchError, match=r"prompts\[1\] is empty"):
