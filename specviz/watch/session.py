@@ -103,14 +103,15 @@ class Watch(Recorder):
         if not isinstance(logits_processed, bool):
             raise WatchError(f"logits_processed must be True or False, got {logits_processed!r}")
         self.temperature = declared.checked_temperature(temperature)
-        self.prompts = declared.prompt_ids(prompts, tokenizer)
+        listed = None if prompts is None else list(prompts)  # once: a generator is read one time
+        self.prompts = declared.prompt_ids(listed, tokenizer)
         check_causal_lm(target, "target")
         if draft is not None:
             check_causal_lm(draft, "draft")
         if draft is target:
             raise WatchError("draft and target are the same module; pass draft=None for plain decoding")
         self.target, self.draft, self.tokenizer, self.out, self.layout = target, draft, tokenizer, out, layout
-        self.prompt_texts = {i: p for i, p in enumerate(prompts or []) if isinstance(p, str)}
+        self.prompt_texts = {i: p for i, p in enumerate(listed or []) if isinstance(p, str)}
         self.name = name or "watched"
         self.logits_processed = logits_processed
         # Greedy on the raw logits: the only case where the target's argmax is the engine's choice

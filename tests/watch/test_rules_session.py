@@ -153,3 +153,18 @@ def test_without_prompts_the_first_target_calls_rows_are_the_prompts() -> None:
     w.emit(0, [token], "length")
     trace = w.close(reference=False)
     assert [s.prompt_ids for s in trace.sequences] == [[5, 6, 7]]
+
+
+def test_prompts_given_once_as_a_generator_or_an_array_keep_their_ids_and_texts() -> None:
+    """Prompts are read once: text prompts from a generator keep their texts (the trace's prompt),
+    and the rows of a numpy array are prompts (no truth value asked of the array)."""
+    import numpy
+    from zoo.scripts.run_engine import tiny_tokenizer  # word-level: "w7" is id 7
+
+    p = pair()
+    w = specviz.watch(p.target, prompts=(text for text in ["w7", "w6"]), tokenizer=tiny_tokenizer())
+    assert w.prompts == [[7], [6]] and w.prompt_texts == {0: "w7", 1: "w6"}
+    w.close(reference=False, complete=False)
+    w = specviz.watch(p.target, prompts=numpy.array(PROMPTS[:1] * 2))
+    assert w.prompts == [PROMPTS[0], PROMPTS[0]] and w.prompt_texts == {}
+    w.close(reference=False, complete=False)
