@@ -142,7 +142,7 @@ def accepted_path(
     proposal (a budget or EOS cut what was emitted), else the path the tokens walk."""
     path = _walk(tokens, parents, nodes)
     if targets:
-        greedy = _greedy_path(parents, nodes, targets)
+        greedy = greedy_path(parents, nodes, targets)
         proposal = [nodes[i] for i in greedy[1:]] + [targets[greedy[-1]]]
         if tokens == proposal[: len(tokens)]:
             path = greedy
@@ -154,7 +154,7 @@ def greedy_chain(parents: list[int], nodes: list[int], targets: list[int]) -> tu
     chain rules): the greedy path's draft tokens, the target's choice at the root and each of them."""
     if not targets:
         return [], []
-    path = _greedy_path(parents, nodes, targets)
+    path = greedy_path(parents, nodes, targets)
     return [nodes[i] for i in path[1:]], [targets[i] for i in path]
 
 
@@ -173,7 +173,7 @@ def _walk(tokens: list[int], parents: list[int], nodes: list[int]) -> list[int]:
     return path
 
 
-def _greedy_path(parents: list[int], nodes: list[int], targets: list[int]) -> list[int]:
+def greedy_path(parents: list[int], nodes: list[int], targets: list[int]) -> list[int]:
     """The first longest chain from the root (included) whose nodes hold the target's choice at their parent."""
     best: list[int] = [0]
     stack = [[0]]

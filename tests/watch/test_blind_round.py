@@ -9,8 +9,8 @@ Each engine prints `MATCH` when its outputs equal batch-1 greedy decoding of the
 without any watch (`truth.py`, `truth.json`): the truth is independent of specviz. Each correct run
 must read clean through the API and the command; each bug here is located at the (step,
 sequence) its engine's docstring names. Before this round's fixes, four of the correct runs
-below read DESYNC (e2 command, e2 `--first` both ways, e3 both ways) and `leave_shift` was
-blamed one step early.
+below read DESYNC (e2 command, e2 `--first` both ways, e3 both ways), `leave_shift` was blamed
+one step early and the command named `kept_other` token accounting.
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ CASES = [(engine, args, None, mode) for engine, args in CORRECT for mode in ("ap
     ("e2_slots.py", ["--bug", "stale_len"], (9, 3, "kv-consistency"), "command"),
     ("e3_chunked.py", ["--bug", "rejected_kv"], (2, 0, "kv-consistency"), "api"),
     ("e5_packed_tree.py", ["--bug", "len_shift"], (5, 3, "position-contiguity"), "api"),
+    # Node 1's KV kept where the path went through node 4: read as KV, not as node 1 taken (the token
+    # fed next is node 4's choice, not node 1's: `infer.gains.step_gain`).
+    ("e5_packed_tree.py", ["--bug", "kept_other"], (2, 0, "kv-consistency"), "command"),
 ]
 # The command needs the head's class named for the Medusa engine (docs/watch-command.md).
 DRAFTER = {"e4_medusa.py": ["--drafter", "MedusaHeads"]}

@@ -285,8 +285,15 @@ def step_gain(
     token = calls[j].input_ids[rj][later_rq.pending]
     kept = kept_nodes(call, ri, rq, calls[j], rj, later_rq)
     if kept is not None:
-        chain = kept == [0, *_path_to(parents, max(kept, default=0))]  # the root and a path down (kept ascends)
-        return [nodes[n] for n in kept[1:]] + [token] if chain else None
+        if kept != [0, *_path_to(parents, max(kept, default=0))]:  # not the root and a path down (kept ascends)
+            return None
+        # The token fed says what was committed where the kept path's end did not choose it and the
+        # greedy path of as many nodes did: KV kept off the committed path (the check flags it).
+        chose = [argmax_at(call, ri, rq.pending + n) for n in range(len(parents))]
+        greedy = tree.greedy_path(parents, nodes, chose)[: len(kept)]
+        if chose[kept[-1]] != token and len(greedy) == len(kept) and chose[greedy[-1]] == token:
+            kept = greedy
+        return [nodes[n] for n in kept[1:]] + [token]
     depths = depths_of(parents)
     ends = [n for n, d in enumerate(depths) if d == grown - 1]
     if not ends:
