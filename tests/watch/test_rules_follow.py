@@ -265,3 +265,43 @@ def test_rows_fed_no_mask_are_followed_by_their_tokens() -> None:
     assert prompts == [[5, 6, 7], [8, 9, 10]]
     assert [c.rows for c in calls] == [(0, 1), (0, 1), (0, 1)]
     assert tokens_of(emits) == {0: [40, 50], 1: [41, 51]}
+
+
+def test_rows_that_fit_two_sequences_alike_stop_reading_even_in_a_batch_of_unchanged_size() -> None:
+    """A = [5, 6, 7], B = [8, 9, 10] and C = [11, 12, 13], prefilled but their last token; A's and
+    B's steps both choose 40, C's 42. Next call, same three rows: the first two are fed 40 at the
+    same position over the same history, so each fits A and B alike, while the third is fed 77,
+    which C's step did not commit (rows kept in their order do not explain the call). Which of the
+    first two rows is A is not told: reading stops there, with the reason, never a guess (nor
+    the order kept: that rule is for a call no assignment explains)."""
+    three = [[1] * 3] * 3
+    calls = [
+        padded([[5, 6], [8, 9], [11, 12]], 0, [[1, 1]] * 3, [[99, 98]] * 3),  # 98: never fed next
+        padded([[7], [10], [13]], 2, three, [[40], [40], [42]]),
+        padded([[40], [40], [77]], 3, [[1] * 4] * 3, [[50], [51], [52]]),
+    ]
+    notes: list[str] = []
+    prompts, emits = infer(calls, EOS, notes)
+    assert prompts == [[5, 6, 7], [8, 9, 10], [11, 12, 13]]
+    assert len(notes) == 1 and "fit more than one sequence each" in notes[0] and "call 2" in notes[0]
+
+
+def test_a_live_sequence_moved_into_a_finished_rows_place_is_read_there() -> None:
+    """A = [5, 6, 7], B = [8, 9, 10] and C = [11, 12, 13], prefilled but their last token, step
+    together; A chooses EOS (1), is fed it and ends there, while B gains 41 and C 42. The engine
+    then compacts: C moves into A's row 0 (fed C's next token, 52), B stays in row 1 (51), row 2
+    is padding. Row 0 is not A fed again but C, moved: C gains 52, then its last step's argmax 62
+    (read as greedy), B 51 then 61. Read in its old order, row 0 would be A's idle row and C would
+    have ended at 42."""
+    calls = [
+        padded([[5, 6], [8, 9], [11, 12]], 0, [[1, 1]] * 3, [[99, 98]] * 3),  # 98: never fed next
+        padded([[7], [10], [13]], 2, [[1] * 3] * 3, [[1], [41], [42]]),
+        padded([[1], [41], [42]], 3, [[1] * 4] * 3, [[60], [51], [52]]),
+        padded([[52], [51], [0]], 4, [[1] * 5, [1] * 5, [0] * 5], [[62], [61], [0]]),
+    ]
+    notes: list[str] = []
+    prompts, emits = infer(calls, EOS, notes)
+    assert not notes, notes
+    assert prompts == [[5, 6, 7], [8, 9, 10], [11, 12, 13]]
+    assert calls[3].rows[:2] == (2, 1)
+    assert tokens_of(emits) == {0: [1], 1: [41, 51, 61], 2: [42, 52, 62]}
