@@ -10,7 +10,8 @@ without any watch (`truth.py`, `truth.json`): the truth is independent of specvi
 must read clean through the API and the command; each bug here is located at the (step,
 sequence) its engine's docstring names. Before this round's fixes, four of the correct runs
 below read DESYNC (e2 command, e2 `--first` both ways, e3 both ways), `leave_shift` was blamed
-one step early and the command named `kept_other` token accounting.
+one step early, the command named `kept_other` token accounting and read `stale_branch` as
+unreadable.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ CORRECT = [
 ]
 CASES = [(engine, args, None, mode) for engine, args in CORRECT for mode in ("api", "command")] + [
     ("e1_tree.py", ["--bug", "leave_shift"], (6, 1, "kv-consistency"), "command"),
+    # A stale branch leaves rows unexplained beside two prompts alike so far: the order kept is read.
+    ("e1_tree.py", ["--bug", "stale_branch"], (0, 0, "kv-consistency"), "command"),
     ("e2_slots.py", ["--bug", "stale_len"], (9, 3, "kv-consistency"), "command"),
     ("e3_chunked.py", ["--bug", "rejected_kv"], (2, 0, "kv-consistency"), "api"),
     ("e5_packed_tree.py", ["--bug", "len_shift"], (5, 3, "position-contiguity"), "api"),

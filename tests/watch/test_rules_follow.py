@@ -269,11 +269,28 @@ def test_rows_fed_no_mask_are_followed_by_their_tokens() -> None:
 
 def test_rows_that_fit_two_sequences_alike_stop_reading_even_in_a_batch_of_unchanged_size() -> None:
     """A = [5, 6, 7], B = [8, 9, 10] and C = [11, 12, 13], prefilled but their last token; A's and
-    B's steps both choose 40, C's 42. Next call, same three rows: the first two are fed 40 at the
-    same position over the same history, so each fits A and B alike, while the third is fed 77,
-    which C's step did not commit (rows kept in their order do not explain the call). Which of the
-    first two rows is A is not told: reading stops there, with the reason, never a guess (nor
-    the order kept: that rule is for a call no assignment explains)."""
+    B's steps both choose 40, C's EOS (1), which C is fed next and ends on while A and B are fed 40
+    and both choose 50. Next call, same three rows: the first two are fed 50 at the same position
+    over the same history, so each fits A and B alike, and C's finished row holds a newcomer,
+    [20, 21], prefilled from nothing (rows kept in their order do not explain the call). Which of
+    the first two rows is A is not told: reading stops there, with the reason, never a guess."""
+    calls = [
+        padded([[5, 6], [8, 9], [11, 12]], 0, [[1, 1]] * 3, [[99, 98]] * 3),  # 98: never fed next
+        padded([[7], [10], [13]], 2, [[1] * 3] * 3, [[40], [40], [1]]),
+        padded([[40], [40], [1]], 3, [[1] * 4] * 3, [[50], [50], [0]]),
+        padded([[50, 0], [50, 0], [20, 21]], 4, [[1] * 5 + [0]] * 2 + [[0] * 4 + [1, 1]], [[60, 0], [61, 0], [0, 70]]),
+    ]
+    notes: list[str] = []
+    prompts, emits = infer(calls, EOS, notes)
+    assert prompts[:3] == [[5, 6, 7], [8, 9, 10], [11, 12, 13]]
+    assert len(notes) == 1 and "fit more than one sequence each" in notes[0] and "call 3" in notes[0]
+
+
+def test_rows_that_fit_two_sequences_alike_keep_their_order_where_another_row_continues_nothing() -> None:
+    """As above, but the third row is C's, fed 77, which C's step (choosing 42) did not commit: no
+    assignment explains every row, so the order kept is the reading (as in a batch no assignment
+    explains) and the wrong token is C's, where the check flags it. A and B gain 40 each, then
+    their last steps' argmax (50, 51, read as greedy)."""
     three = [[1] * 3] * 3
     calls = [
         padded([[5, 6], [8, 9], [11, 12]], 0, [[1, 1]] * 3, [[99, 98]] * 3),  # 98: never fed next
@@ -282,8 +299,9 @@ def test_rows_that_fit_two_sequences_alike_stop_reading_even_in_a_batch_of_uncha
     ]
     notes: list[str] = []
     prompts, emits = infer(calls, EOS, notes)
-    assert prompts == [[5, 6, 7], [8, 9, 10], [11, 12, 13]]
-    assert len(notes) == 1 and "fit more than one sequence each" in notes[0] and "call 2" in notes[0]
+    assert not notes, notes
+    assert calls[2].rows == (0, 1, 2)
+    assert tokens_of(emits) == {0: [40, 50], 1: [40, 51], 2: [77, 52]}
 
 
 def test_a_live_sequence_moved_into_a_finished_rows_place_is_read_there() -> None:

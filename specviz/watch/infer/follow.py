@@ -114,6 +114,8 @@ class Follower(Assignments, Gains):
         try:
             found = self._unique(j, active)
         except Ambiguous:
+            if any(self._continues_nothing(j, r) for r in active):
+                return self._legacy(active)  # no assignment explains every row: as below
             raise  # several assignments fit: never guessed, reading stops
         except Unfollowed:
             return self._legacy(active)
@@ -123,6 +125,10 @@ class Follower(Assignments, Gains):
         if not fresh and any(s == NEW and not self._joins(j, r) for r, (s, _) in found.items()):
             return self._legacy(active)
         return found
+
+    def _continues_nothing(self, j: int, r: int) -> bool:
+        """A cached row that starts no sequence, fits none and is no finished one fed again."""
+        return not self._fits(j, r) and not self._starts(j, r) and not self._again(j, r)
 
     def _fits(self, j: int, r: int) -> dict[int, str]:
         """Live sequence -> how row r of call j continues it (a shared cache: those it attends most)."""
