@@ -203,10 +203,9 @@ def _fitting_chain(
     """Of the runs of d consecutive draft calls that fit the query's tokens from slot p, the first fed
     the query's own positions, else the earliest; None when none fits."""
     tokens, fed = verify.input_ids[row][p : p + d + 1], list(verify.positions[row][p : p + d])
-    first = None
+    first, size = None, verify.batch_size
     for start in range(len(proposals) - d + 1):
         run = proposals[start : start + d]  # each call fed tokens[i] and proposed tokens[i + 1]
-        size = verify.batch_size
         hits = [_draft_row(calls[j], seq, row, size, *tokens[i : i + 2], fed[i]) for i, j in enumerate(run)]
         if None in hits:
             continue

@@ -303,13 +303,17 @@ class Follower(Assignments, Gains):
                 self._feeds_prompt(s, v, j, r)  # its first call prefilled all but the last prompt token
                 return
             prefilled = not self.read(*s.origin, s.id).drafts
-        tokens, step = self._by_token(s, v) if how == "weak" else self._gained(s, v), self._step_tokens(s)
-        if s.chunk_end and step.targets and len(tokens) - 1 > step.agreed and self._chunk(step, v, len(s.context)):
-            # Drafts kept that the target refused, or that "step" was the prompt's next chunk: not told.
+        tokens = self._by_token(s, v) if how == "weak" else self._gained(s, v)
+        if s.chunk_end and self._chunk_alike(s, v, tokens):
             why = f"row {r} of target call {j}: where sequence {s.id}'s prompt ends is not told (a prefill"
             raise Unfollowed(f"{why} chunk that ends on the target's choice, or a step that kept refused drafts)")
         self._commit(s, tokens)
         s.step, s.refed, s.in_prompt, s.chunk_end = (j, r), False, False, prefilled
+
+    def _chunk_alike(self, s: Seq, v: RowView, tokens: list[int]) -> bool:
+        """The step read kept drafts the target refused, and the row reads as the prompt's next chunk too."""
+        step = self._step_tokens(s)
+        return bool(step.targets) and len(tokens) - 1 > step.agreed and self._chunk(step, v, len(s.context))
 
     def _refed(self, s: Seq, v: RowView, j: int, r: int) -> None:
         s.refed = not s.opened
@@ -358,9 +362,10 @@ def follow_rows(calls: list[CallRecord], prompts: list[list[int]], eos: frozense
     for e in emits:
         declared[e.seq_id] += e.tokens
     left = [i for i in range(len(prompts)) if i not in taken.values()]
-    for f, s in enumerate(follower.seqs):
-        agree = [i for i in left if declared[i][: len(s.context)] == s.context[: len(declared[i])]]
-        if f not in taken and len(agree) == 1:
+    for f in [f for f in range(len(follower.seqs)) if f not in taken]:
+        context = follower.seqs[f].context
+        agree = [i for i in left if declared[i][: len(context)] == context[: len(declared[i])]]
+        if len(agree) == 1:
             taken[f] = agree[0]
             left.remove(agree[0])
     for j, call in enumerate(calls):
