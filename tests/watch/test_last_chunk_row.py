@@ -6,7 +6,7 @@ pending token sits (the first slot after its cache). Read as a verify row, it ca
 [5, 6] and the step reads as a position and a KV bug on a correct engine.
 
 Pinned at the step the trace holds, whichever stage reads it: today the inferrer says the row
-carries no drafts (`infer.gains.Gains._said_last_chunk`, which rewrites the call's map); the same
+carries no drafts (`infer.gains.Gains._chunked`, which rewrites the call's map); the same
 reading can come from `calls.draft_free_query` itself (its last slot follows every committed token:
 the pending one), after which the map rewrite can go."""
 

@@ -1,7 +1,6 @@
 """Following sequences through an unmodified engine's target calls (`specviz watch --`): which
-sequence each row of each target call holds, and what each sequence gained at each step.
-Rows are matched to sequences by their attended context; the rules, their tie-breakers and where
-reading stops are listed in docs/watch-command.md."""
+sequence each row holds, matched by its attended context, and what each step gained (the rules, their
+tie-breakers and where reading stops: docs/watch-command.md)."""
 
 from __future__ import annotations
 
@@ -29,6 +28,7 @@ class Follower(Assignments, Gains):
 
     def __init__(self, calls: list[CallRecord], eos: frozenset[int], notes: list[str]) -> None:
         self.calls, self.eos, self.notes = calls, eos, notes
+        self.targets = [i for i, c in enumerate(calls) if c.role == "target"]  # (the others: "draft")
         self.read = CallReader(calls)
         # No draft model (prompt lookup, n-gram, extra heads): drafts follow the committed tokens.
         self.draft_free = not any(of_draft_model(c) for c in calls)
@@ -59,12 +59,11 @@ class Follower(Assignments, Gains):
         return [s for s in self.seqs if not s.finished and not s.out]
 
     def run(self) -> None:
-        targets = [i for i, c in enumerate(self.calls) if c.role == "target"]
-        for n, j in enumerate(targets):
+        for n, j in enumerate(self.targets):
             try:
                 self._call(j)
             except Unfollowed as why:
-                unread = len(targets) - n
+                unread = len(self.targets) - n
                 message = f"{why}: {unread} target calls from call {j} on are not read (declare rows with w.rows)"
                 self.notes.append(message)
                 self.unfollowed.append(message)  # for the report's skipped checks
@@ -114,21 +113,20 @@ class Follower(Assignments, Gains):
         try:
             found = self._unique(j, active)
         except Ambiguous:
-            if any(self._continues_nothing(j, r) for r in active):
-                return self._legacy(active)  # no assignment explains every row: as below
-            raise  # several assignments fit: never guessed, reading stops
+            # A cached row that starts no sequence, fits none and is no finished one fed again: no
+            # assignment explains every row, as below; else several fit, never guessed, reading stops.
+            if any(not self._fits(j, r) and not self._starts(j, r) and not self._again(j, r) for r in active):
+                return self._legacy(active)
+            raise
         except Unfollowed:
             return self._legacy(active)
-        # Some rows new in a batch of unchanged size is rather a context fed wrong (a mask that attends
-        # padding): it keeps its order. (Every row new without a cache: a second decode of fresh prompts.)
-        fresh = self.calls[j].cache_width == 0 and all(s == NEW for s, _ in found.values())
-        if not fresh and any(s == NEW and not self._joins(j, r) for r, (s, _) in found.items()):
+        # Some rows new in a batch of unchanged size without a cache is rather a context fed wrong (a mask
+        # that attends padding): it keeps its order. (Every row new: a second decode of fresh prompts; a
+        # new row over a cache `_starts` a sequence, `_unique`: a newcomer prefilled among decoding rows.)
+        news = [s == NEW for s, _ in found.values()]
+        if self.calls[j].cache_width == 0 and any(news) and not all(news):
             return self._legacy(active)
         return found
-
-    def _continues_nothing(self, j: int, r: int) -> bool:
-        """A cached row that starts no sequence, fits none and is no finished one fed again."""
-        return not self._fits(j, r) and not self._starts(j, r) and not self._again(j, r)
 
     def _fits(self, j: int, r: int) -> dict[int, str]:
         """Live sequence -> how row r of call j continues it (a shared cache: those it attends most)."""
@@ -173,7 +171,7 @@ class Follower(Assignments, Gains):
             if seq < 0:
                 return None  # the row held no sequence to continue
             if self.seqs[seq].finished:
-                if self._joins(j, r):
+                if self.calls[j].cache_width > 0 and self._starts(j, r):
                     return None  # a newcomer prefilled in a finished row's place
                 out[r] = (IDLE, "idle")
                 idle.append(r)
@@ -192,15 +190,8 @@ class Follower(Assignments, Gains):
 
     def _legacy(self, active: list[int]) -> dict[int, tuple[int, str]]:
         """Rows keep their order whatever they were fed (a bug that breaks the chain is flagged at its row)."""
-        held = self.rows[self.prev]
-        out = {}
-        for r in active:
-            seq = held[r]
-            if seq < 0 or self.seqs[seq].finished:
-                out[r] = (IDLE, "idle")
-            else:
-                out[r] = (seq, self.seqs[seq].growth)
-        return out
+        held = [(r, self.rows[self.prev][r]) for r in active]
+        return {r: (IDLE, "idle") if s < 0 or self.seqs[s].finished else (s, self.seqs[s].growth) for r, s in held}
 
     # ------------------------------------------------------------------ reading a row
 
@@ -228,7 +219,8 @@ class Follower(Assignments, Gains):
             if v.query == s.context:
                 return "same"
             return s.growth if v.query[: len(s.context)] == s.context else None
-        if not self._draft_reads(s, v):
+        fed = self._draft_fed(v)  # a cacheless draft's re-read of the row's context, if any, extends `s`'s
+        if fed and fed[: len(s.context)] != s.context:
             return None
         if s.opened:
             m = len(s.context)
@@ -248,13 +240,10 @@ class Follower(Assignments, Gains):
         # A finished row fed its last token again (with or without its cache growing).
         return "again" if 0 <= grown <= 1 and v.token == step.pending else None
 
-    def _draft_reads(self, s: Seq, v: RowView) -> bool:
-        """What a cacheless draft re-read of the row's context (`_draft_fed`), if any, extends `s`'s."""
-        fed = self._draft_fed(v)
-        return not fed or fed[: len(s.context)] == s.context
-
     def _again(self, j: int, r: int) -> bool:
-        """A finished (or out: after its greedy last step) sequence fed its last token again."""
+        """A cached row that feeds a finished (or out: after its greedy last step) sequence's last token again."""
+        if self._view(j, r, NEW).whole:
+            return False
         ends = [
             (s, s.context + self._step_tokens(s).greedy if s.out else s.context)
             for s in self.seqs
@@ -290,30 +279,33 @@ class Follower(Assignments, Gains):
         return seq
 
     def _continue(self, s: Seq, j: int, r: int, how: str) -> None:
-        v = self._view(j, r, s.id)
+        """Row r of call j holds `s` as `_fit` read it (only an opened sequence is read "open")."""
         s.at, s.out = (j, r), False
-        ends = {"same": self._refed, "chunk": self._chunked, "again": self._fed_again}.get(how)
-        if ends is not None:
-            ends(s, v, j, r)
-            return
-        prefilled = False  # its first call was a prefill whose choice this row is fed (`Seq.chunk_end`)
-        if s.opened:
-            s.opened = False
-            if not self.was_step[s.origin[0]] or not s.context:
-                self._feeds_prompt(s, v, j, r)  # its first call prefilled all but the last prompt token
-                return
-            prefilled = not self.read(*s.origin, s.id).drafts
-        tokens = self._by_token(s, v) if how == "weak" else self._gained(s, v)
-        if s.chunk_end and self._chunk_alike(s, v, tokens):
+        read = {"same": self._refed, "chunk": self._chunked, "again": self._fed_again, "open": self._opened}
+        read |= {"grow": self._grown, "weak": self._by_weak}
+        read[how](s, self._view(j, r, s.id), j, r)
+
+    def _opened(self, s: Seq, v: RowView, j: int, r: int) -> None:
+        s.opened = False
+        if not self.was_step[s.origin[0]] or not s.context:
+            self._feeds_prompt(s, v, j, r)  # its first call prefilled all but the last prompt token
+        else:  # (no drafts verified there: a prefill whose choice this row is fed, `Seq.chunk_end`)
+            self._step(s, v, j, r, self._gained(s, v), not self.read(*s.origin, s.id).drafts)
+
+    def _grown(self, s: Seq, v: RowView, j: int, r: int) -> None:
+        self._step(s, v, j, r, self._gained(s, v))
+
+    def _by_weak(self, s: Seq, v: RowView, j: int, r: int) -> None:
+        self._step(s, v, j, r, self._by_token(s, v))
+
+    def _step(self, s: Seq, v: RowView, j: int, r: int, tokens: list[int], prefilled: bool = False) -> None:
+        """The open step committed `tokens` (`Unfollowed`: refused drafts kept, yet the prompt's next chunk too)."""
+        refused = s.chunk_end and (step := self._step_tokens(s)).targets and len(tokens) - 1 > step.agreed
+        if refused and self._chunk(step, v, len(s.context)):
             why = f"row {r} of target call {j}: where sequence {s.id}'s prompt ends is not told (a prefill"
             raise Unfollowed(f"{why} chunk that ends on the target's choice, or a step that kept refused drafts)")
         self._commit(s, tokens)
         s.step, s.refed, s.in_prompt, s.chunk_end = (j, r), False, False, prefilled
-
-    def _chunk_alike(self, s: Seq, v: RowView, tokens: list[int]) -> bool:
-        """The step read kept drafts the target refused, and the row reads as the prompt's next chunk too."""
-        step = self._step_tokens(s)
-        return bool(step.targets) and len(tokens) - 1 > step.agreed and self._chunk(step, v, len(s.context))
 
     def _refed(self, s: Seq, v: RowView, j: int, r: int) -> None:
         s.refed = not s.opened
@@ -353,29 +345,29 @@ def follow_rows(calls: list[CallRecord], prompts: list[list[int]], eos: frozense
     for i, prompt in enumerate(prompts):
         unused.setdefault(tuple(prompt), []).append(i)
     taken: dict[int, int] = {}  # followed sequence -> the first declared index of its prompt left
+    others = []  # followed sequences whose prompt is no declared one left
     for f, prompt in enumerate(follower.prompts):
         if unused.get(tuple(prompt)):
             taken[f] = unused[tuple(prompt)].pop(0)
+        else:
+            others.append(f)
     # A prompt whose end was read elsewhere (a trained model's choice can be the prompt's next token):
     # the declared sequence its tokens agree with, where exactly one does.
     declared = [list(p) for p in prompts]
     for e in emits:
         declared[e.seq_id] += e.tokens
-    left = [i for i in range(len(prompts)) if i not in taken.values()]
-    for f in [f for f in range(len(follower.seqs)) if f not in taken]:
+    left = sorted(i for indices in unused.values() for i in indices)
+    for f in others:
         context = follower.seqs[f].context
         agree = [i for i in left if declared[i][: len(context)] == context[: len(declared[i])]]
         if len(agree) == 1:
             taken[f] = agree[0]
             left.remove(agree[0])
-    for j, call in enumerate(calls):
-        if call.role != "target":
-            continue
-        held = follower.rows.get(j)
-        if held is None:  # a call from the one where reading stopped on
-            call.rows = None
-            call.mark_unreadable(follower.unfollowed[0])
-        elif any(s >= 0 for s in set(held) - taken.keys()):
-            call.mark_unreadable(f"a row of target call {j} starts with no declared prompt")
+    for j in follower.targets[len(follower.rows) :]:  # the calls from the one where reading stopped on
+        calls[j].rows = None
+        calls[j].mark_unreadable(follower.unfollowed[0])
+    for j, held in follower.rows.items():
+        if any(s >= 0 for s in set(held) - taken.keys()):
+            calls[j].mark_unreadable(f"a row of target call {j} starts with no declared prompt")
         else:
-            call.rows = tuple(taken.get(s, s) for s in held)  # (an idle row's marker kept)
+            calls[j].rows = tuple(taken.get(s, s) for s in held)  # (an idle row's marker kept)

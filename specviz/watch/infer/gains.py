@@ -1,5 +1,5 @@
 """`follow.Follower`'s reading of what each step gave a sequence (its next row, a cacheless draft's
-re-read, a tree's kept nodes or chosen path, or the greedy rule at its last step), and of how sequences
+re-read, a tree's kept nodes or chosen path, the greedy rule at its last step) and of how sequences
 end (EOS, one shared budget, or each its own)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ class Gains:
 
     def _greedy_drafts(self, j: int) -> None:
         """`Sampled` where draft rows are extended, twice at least, by a token not the draft's argmax."""
-        drafts = [i for i in range(self.prev + 1, j) if self.calls[i].role == "draft"]
+        drafts = range(self.prev + 1, j)  # (the calls between two target calls are draft calls)
         for a, b in zip(drafts, drafts[1:]):
             first, then = self.calls[a], self.calls[b]
             for r in range(min(first.batch_size, then.batch_size)):
@@ -71,7 +71,11 @@ class Gains:
         s.context += step.drafts
         s.prompt_len = len(s.context)
         if v.token == step.targets[len(step.drafts)]:  # the last chunk: it chose the token fed now
-            self._said_last_chunk(*s.step)
+            call, row = self.calls[s.step[0]], s.step[1]  # its map says so, as `w.batch(drafts=0)` would
+            if call.map is not None and len(call.map.segments) == call.batch_size:
+                segments = list(call.map.segments)
+                segments[row] = replace(segments[row], drafts=0)
+                call.map = replace(call.map, segments=tuple(segments))
             self._commit(s, [v.token])
             s.step, s.in_prompt, s.chunk_end = (j, r), False, True
             return
@@ -82,15 +86,6 @@ class Gains:
         s.context.append(v.token)
         s.prompt_len += 1
         s.step, s.in_prompt = (j, r), True
-
-    def _said_last_chunk(self, i: int, r: int) -> None:
-        """Row r of call i was its prompt's last chunk: its map says so, as `w.batch(drafts=0)` would."""
-        call = self.calls[i]
-        if call.map is None or len(call.map.segments) != call.batch_size:
-            return
-        segments = list(call.map.segments)
-        segments[r] = replace(segments[r], drafts=0)
-        call.map = replace(call.map, segments=tuple(segments))
 
     def _gained(self, s: Seq, v: RowView) -> list[int]:
         """Tokens the sequence's open step committed, read from its next row `v`."""
@@ -105,9 +100,9 @@ class Gains:
         step = self._step_tokens(s)
         if self.draft_free and v.whole:  # re-fed with its own drafts: only the greedy rule tells them apart
             return step.greedy
-        reread = self._reread(s, v)
-        if reread is not None:
-            return reread
+        fed, n = self._draft_fed(v), len(s.context)  # what the row's first cacheless draft call re-read
+        if not v.whole and len(fed) > n and fed[:n] == s.context and fed[-1] == v.token:
+            return fed[n:]
         grown = v.context + 1 - len(s.context)
         # Re-fed tokens (a recompute loop) show themselves; a row over a cache that grew by nothing
         # lost a slot (the KV check flags it): what it was fed is read as below.
@@ -127,13 +122,6 @@ class Gains:
             return []
         call, row = v.rq.chain[0]
         return [] if attends_cache(self.calls[call], row) else attended_ids(self.calls[call], row)
-
-    def _reread(self, s: Seq, v: RowView) -> list[int] | None:
-        """The tokens gained, as the row's first cacheless draft call re-read them."""
-        fed, n = self._draft_fed(v), len(s.context)
-        if v.whole:
-            return None  # a row that re-feeds its context shows its tokens itself
-        return fed[n:] if len(fed) > n and fed[:n] == s.context and fed[-1] == v.token else None
 
     def _by_token(self, s: Seq, v: RowView) -> list[int]:
         """The step's tokens by the row's pending token alone (the drafts before the slot that chose it)."""
@@ -160,12 +148,12 @@ class Gains:
         return emit
 
     def _close(self, s: Seq) -> None:
-        """A sequence no later call continues: its last step gained what a greedy engine keeps."""
-        if s.opened and self.was_step.get(s.origin[0], True):
-            s.opened, s.step = False, s.origin
+        """A sequence no later call continues: its last step (an opened one's first call, where it was a
+        step: `Seq.step` is still its origin) gained what a greedy engine keeps."""
         if s.refed:  # (never an opened one: only a step's row is re-fed)
             self._stopped.append(s)
-        elif not s.opened:
+        elif not s.opened or self.was_step.get(s.origin[0], True):
+            s.opened = False
             emit = self._commit(s, self._step_tokens(s).greedy)
             if emit is not None:
                 self._assumed[id(emit)] = emit
@@ -199,25 +187,19 @@ class Gains:
         stopped = {self._output(s) for s in self._stopped}
         ranges = [(n - k + 1, n) for n, k in ends]  # the output lengths each greedy end may stop at
         budget = shared_budget(ranges, stopped)
-        if budget is None:
-            self._own_budgets()
-            return
-        over = [s for s in self.seqs if self._output(s) > budget]
-        # Pinned: a sequence ended exactly there (fed again, or a last step of one token).
-        pinned = bool(stopped) or (budget, budget) in ranges
-        # One that ended by EOS past the budget was stepped past it: a budget per request, not one.
-        if not all(not self._ended_by_eos(s) and self._cuttable(s, budget, pinned) for s in over):
-            self._own_budgets()
-            return
-        for s in over:
-            self._trim(s, self._output(s) - budget)
-
-    def _own_budgets(self) -> None:
-        """No one budget fits: each sequence that ended without an EOS ended at its own budget."""
-        for s in self.seqs:
-            ends = self._emits_of(s)
-            if ends and not self._ended_by_eos(s):
-                ends[-1].finish_reason = "length"
+        if budget is not None:
+            over = [s for s in self.seqs if self._output(s) > budget]
+            # Pinned: a sequence ended exactly there (fed again, or a last step of one token).
+            pinned = bool(stopped) or (budget, budget) in ranges
+            # One that ended by EOS past the budget was stepped past it: a budget per request, not one.
+            if all(not self._ended_by_eos(s) and self._cuttable(s, budget, pinned) for s in over):
+                for s in over:
+                    self._trim(s, self._output(s) - budget)
+                return
+        for s in self.seqs:  # no one budget fits: each that ended without an EOS ended at its own budget
+            emits = self._emits_of(s)
+            if emits and not self._ended_by_eos(s):
+                emits[-1].finish_reason = "length"
 
     def _output(self, s: Seq) -> int:
         return len(s.context) - s.prompt_len
@@ -230,22 +212,20 @@ class Gains:
 
     def _cuttable(self, s: Seq, budget: int, pinned: bool) -> bool:
         """Past `budget` lies only the greedy end, or (`pinned`) one-a-call repeats of the budget's token."""
-        end = self._greedy_ends.get(s.id)
-        read = s.context[s.prompt_len : len(s.context) - (len(end.tokens) if end else 0)]
+        end = self._greedy_ends.get(s.id, _NO_END)
+        read = s.context[s.prompt_len : len(s.context) - len(end.tokens)]
         if len(read) <= budget:
-            return len(read) < budget or self._fed_along(end, budget)  # (`s` is past the budget: `end` is its end)
+            # (`s` is past the budget: `end` is its end) Or its greedy end's call also made the last step
+            # of a sequence below the budget: a finished row fed along.
+            return len(read) < budget or any(
+                e.after == end.after and self._output(self.seqs[g]) - len(e.tokens) < budget
+                for g, e in self._greedy_ends.items()
+            )
         # A finished row fed along gains one token a call: a row that gained more at a call past
         # the budget accepted drafts there, so it was decoding, under a budget of its own.
         past = [e for e in self._emits_of(s) if e is not end][budget - len(read) :]
         repeats = all(t == read[budget - 1] for t in read[budget:]) and all(len(e.tokens) == 1 for e in past)
         return pinned and budget > 0 and repeats
-
-    def _fed_along(self, end: Emit, budget: int) -> bool:
-        """This greedy end's call also made the last step of a sequence below the budget: a finished row fed along."""
-        return any(
-            e.after == end.after and self._output(self.seqs[g]) - len(e.tokens) < budget
-            for g, e in self._greedy_ends.items()
-        )
 
     def _trim(self, s: Seq, extra: int) -> None:
         """Drop the sequence's last `extra` tokens, from its last emits."""
@@ -253,20 +233,21 @@ class Gains:
         for emit in reversed(self._emits_of(s)):
             cut = min(extra, len(emit.tokens))
             del emit.tokens[len(emit.tokens) - cut :]
-            extra -= cut
+            extra -= cut  # (no emit is empty: past `extra`, nothing is cut)
             if not emit.tokens:
                 self.emits.remove(emit)
                 self._assumed.pop(id(emit), None)
-            if not extra:
-                return
+
+
+_NO_END = Emit(-1, [], None, -1, 0.0)  # a sequence's greedy end where none was read
 
 
 def shared_budget(ranges: list[tuple[int, int]], lengths: set[int]) -> int | None:
     """The one output length every ending by length stopped at, within each range below it; or None."""
-    budgets = sorted(lengths) or sorted(hi for _, hi in ranges)[:1]
-    if len(budgets) != 1:
+    budgets = sorted(lengths) or sorted(hi for _, hi in ranges)[:1]  # (a range never ends below its start)
+    if len(budgets) != 1 or any(hi < budgets[0] for _, hi in ranges):
         return None
-    return budgets[0] if all(lo > budgets[0] or budgets[0] <= hi for lo, hi in ranges) else None
+    return budgets[0]
 
 
 def step_gain(
@@ -301,15 +282,11 @@ def step_gain(
     chosen = [n for n in ends if argmax_at(call, ri, rq.pending + n) == token]
     paths = {tuple(nodes[a] for a in _path_to(parents, n)) for n in (chosen or ends)}
     if len(paths) > 1:  # a cacheless draft re-reads the committed tokens: the path it was fed
-        paths = {p for p in paths if [*context, *p, token] in _draft_feeds(calls, i, j)}
+        feeds = [attended_ids(c, r) for c in calls[i + 1 : j] if of_draft_model(c) for r in range(c.batch_size)]
+        paths = {p for p in paths if [*context, *p, token] in feeds}
     if len(paths) != 1:
         return f"tree step of target call {i}, row {ri}: no one path of {grown - 1} nodes fits what was fed next"
     return [*paths.pop(), token]
-
-
-def _draft_feeds(calls: list[Any], i: int, j: int) -> list[list[int]]:
-    """What each row of the draft-model calls between target calls i and j attended of its query."""
-    return [attended_ids(call, r) for call in calls[i + 1 : j] if of_draft_model(call) for r in range(call.batch_size)]
 
 
 def of_draft_model(call: Any) -> bool:

@@ -1,7 +1,6 @@
-"""What `follow.Follower` keeps (a row read as a sequence, `RowView`; a sequence, `Seq`; its open step,
-`Step`) and its assignments: which sequence each row of a call holds, the one way the fits allow up to
-sequences identical so far (`Ambiguous`: several), the ties the call's own evidence breaks, and which
-rows start a sequence."""
+"""What `follow.Follower` keeps (`RowView`, `Seq`, `Step`) and its assignments: which sequence each row
+of a call holds, the one way the fits allow up to sequences identical so far (`Ambiguous`: several),
+and the ties the call's own evidence breaks (docs/watch-command.md)."""
 
 from __future__ import annotations
 
@@ -56,15 +55,11 @@ class Seq:
     step: tuple[int, int]  # (call, row) of its step whose gain is not read yet (its first call, until one)
     opened: bool = True  # not yet known whether its first call was a step
     in_prompt: bool = False  # its open step follows a prefill: a prompt chunk, or a step (the next call tells)
-    # Its prompt's end was read from a chunk whose last choice the next call fed: a middle chunk whose
-    # choice is the next chunk's first token looks alike, so its first step must be greedy (`_continue`).
-    chunk_end: bool = False
+    chunk_end: bool = False  # its prompt's end read from a choice the next call fed: a chunk's alike (`_step`)
     refed: bool = False  # re-fed unchanged since `step`: read as finished if it never grows again
     finished: bool = False
-    out: bool = False  # left out of a call that held others of its last call: gone, or sat out (`_returning`)
-    # A newcomer prefilled over another request's KV: the stale slots its first token attended and
-    # the position fed there, which its rows are read from (`Follower._view`).
-    base: tuple[int, int] = (0, 0)
+    out: bool = False  # left out of a call that held others of its last call: gone, or sat out (`_unique`)
+    base: tuple[int, int] = (0, 0)  # over another request's KV: the stale slots and position its rows start at
 
     @property
     def growth(self) -> str:
@@ -124,26 +119,20 @@ class Assignments:
     def _unique(self, j: int, active: list[int]) -> dict[int, tuple[int, str]]:
         """The one assignment of rows to sequences (`Unfollowed`: none); unfit rows by token alone after."""
         live = {s.id for s in self._live}
-        fits = self._told_apart(j, {r: self._fits(j, r) for r in active})
-        out = self._one_assignment(j, active, fits, live)
-        out.update(self._returning(j, [r for r in active if r not in out]))
-        for r in active:  # a finished row fed again (idle) is a better reading than a token alone
-            if r not in out and not self._view(j, r, NEW).whole and self._again(j, r):
-                out[r] = (IDLE, "idle")
-        left = live - {s for s, _ in out.values()}
-        cached = [r for r in active if r not in out and not self._starts(j, r)]
-        weak = {r: {s: "weak" for s in left if self._weak(self.seqs[s], self._view(j, r, s))} for r in cached}
-        out.update(self._one_assignment(j, cached, self._told_apart(j, weak), left))
-        stray = [r for r in cached if r not in out]
-        if stray:
-            raise Unfollowed(f"row {stray[0]} of target call {j} continues no sequence read so far")
-        return out | {r: (NEW, "new") for r in active if r not in out}  # the rest start sequences
-
-    def _returning(self, j: int, rows: list[int]) -> dict[int, tuple[int, str]]:
-        """Rows no present sequence holds, matched by their chain to the sequences a call left out (`Seq.out`)."""
+        out = self._one_assignment(j, active, {r: self._fits(j, r) for r in active}, live)
+        # Rows no present sequence holds, by their chain to the sequences a call left out (`Seq.out`).
         away = [s for s in self.seqs if s.out and not s.finished]
-        fits = {r: self._chain_fits(j, r, away) for r in rows}
-        return self._one_assignment(j, rows, self._told_apart(j, fits), {s.id for s in away})
+        rows = _rest(active, out)
+        out.update(self._one_assignment(j, rows, {r: self._chain_fits(j, r, away) for r in rows}, {s.id for s in away}))
+        # A finished row fed again (idle) is a better reading than a token alone.
+        out |= {r: (IDLE, "idle") for r in _rest(active, out) if self._again(j, r)}
+        left = live - {s for s, _ in out.values()}
+        cached = [r for r in _rest(active, out) if not self._starts(j, r)]
+        weak = {r: {s: "weak" for s in left if self._weak(self.seqs[s], self._view(j, r, s))} for r in cached}
+        out.update(self._one_assignment(j, cached, weak, left))
+        if stray := _rest(cached, out):
+            raise Unfollowed(f"row {stray[0]} of target call {j} continues no sequence read so far")
+        return out | {r: (NEW, "new") for r in _rest(active, out)}  # the rest start sequences
 
     # ------------------------------------------------------------------ rows that start a sequence
 
@@ -156,10 +145,6 @@ class Assignments:
         """A cached row fed no drafts whose query the draft re-reads from the start next (`_draft_opens`)."""
         v = self._view(j, r, NEW)
         return not v.whole and not v.rq.drafts and self._draft_opens(j, r, v.query)
-
-    def _joins(self, j: int, r: int) -> bool:
-        """A newcomer prefilled among decoding rows (`_starts` in a call with a cache)."""
-        return self.calls[j].cache_width > 0 and self._starts(j, r)
 
     def _draft_opens(self, j: int, r: int, query: list[int]) -> bool:
         """The draft calls after call j re-read row r's query from the start, continuing no live sequence."""
@@ -189,7 +174,8 @@ class Assignments:
     def _one_assignment(
         self, j: int, rows: list[int], fits: dict[int, dict[int, str]], allowed: set[int]
     ) -> dict[int, tuple[int, str]]:
-        """Rows -> sequences of `allowed`, the one way up to identical ones (`Ambiguous`: several)."""
+        """Rows -> sequences of `allowed` (`_told_apart`), the one way up to identical ones (`Ambiguous`: several)."""
+        fits = self._told_apart(j, fits)
         classes = self._classes(allowed)
         of = {s: k for k, members in enumerate(classes) for s in members}
         options = {r: sorted({of[s] for s in fits[r]}) for r in rows}  # (fits name only `allowed` sequences)
@@ -200,17 +186,16 @@ class Assignments:
             why = f"rows {differ} of target call {j} fit more than one sequence each, or one sequence"
             why += " between them, and those differ so far"
             raise Ambiguous(why)
-        chosen = found[0]  # (never none: a row no class is left for stays unassigned)
+        # (never none: a row no class is left for stays unassigned) Identical so far: any order checks
+        # alike; the order they held is kept.
+        free = [sorted((self.seqs[s] for s in members), key=lambda s: s.at) for members in classes]
         out: dict[int, tuple[int, str]] = {}
-        for k, members in enumerate(classes):
-            # Identical so far: any order checks alike; the order they held is kept.
-            free = sorted((self.seqs[s] for s in members), key=lambda s: s.at)
-            for r in sorted(r for r, c in chosen.items() if c == k):
-                s = next((m for m in free if m.id in fits[r]), None)
-                if s is None:  # alike so far, yet not read alike here: not guessed
-                    raise Ambiguous(f"row {r} of target call {j} fits sequences alike so far, not alike here")
-                free.remove(s)
-                out[r] = (s.id, fits[r][s.id])
+        for r, k in sorted(found[0].items(), key=lambda rk: rk[::-1]):  # class by class, row by row
+            s = next((m for m in free[k] if m.id in fits[r]), None)
+            if s is None:  # alike so far, yet not read alike here: not guessed
+                raise Ambiguous(f"row {r} of target call {j} fits sequences alike so far, not alike here")
+            free[k].remove(s)
+            out[r] = (s.id, fits[r][s.id])
         return out
 
     def _told_apart(self, j: int, fits: dict[int, dict[int, str]]) -> dict[int, dict[int, str]]:
@@ -308,6 +293,11 @@ EVIDENCE: dict[str, tuple[Callable[..., bool | None], ...]] = {
     "same": _HISTORY,
     "again": _HISTORY,
 }
+
+
+def _rest(rows: list[int], out: dict[int, Any]) -> list[int]:
+    """The rows not assigned yet."""
+    return [r for r in rows if r not in out]
 
 
 def _columns(call: Any, row: int) -> list[int] | None:
