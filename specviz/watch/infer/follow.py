@@ -29,6 +29,7 @@ class Follower(Assignments, Gains):
     def __init__(self, calls: list[CallRecord], eos: frozenset[int], notes: list[str]) -> None:
         self.calls, self.eos, self.notes = calls, eos, notes
         self.targets = [i for i, c in enumerate(calls) if c.role == "target"]  # (the others: "draft")
+        self.drafts_after = dict(zip(self.targets, self.targets[1:] + [len(calls)]))  # target -> end of its drafts
         self.read = CallReader(calls)
         # No draft model (prompt lookup, n-gram, extra heads): drafts follow the committed tokens.
         self.draft_free = not any(of_draft_model(c) for c in calls)
@@ -75,8 +76,6 @@ class Follower(Assignments, Gains):
         self._cut_to_budget()
         self.emits.sort(key=lambda e: (e.after, e.seq_id))
 
-    # ------------------------------------------------------------------ one call
-
     def _call(self, j: int) -> None:
         """Assign call j's rows to sequences and read what their steps gained (`Unfollowed`: why not)."""
         call = self.calls[j]
@@ -97,8 +96,8 @@ class Follower(Assignments, Gains):
             return seq
         same = self.calls[self.prev].batch_size == self.calls[j].batch_size
         kept = self.rows[self.prev][r] if same else -1
-        # An idle row keeps its sequence where no other row holds it: a finished one, or a live one
-        # idle for a call (a static slot while another is prefilled), which the next call continues.
+        # An idle row keeps its sequence where no other row holds it: a finished one, or a live one idle
+        # for a call (a static slot while another is prefilled).
         placed = {seq for seq, _ in assigned.values()}
         return kept if kept >= 0 and (self.seqs[kept].finished or kept not in placed) else -1 - r
 
@@ -193,8 +192,6 @@ class Follower(Assignments, Gains):
         held = [(r, self.rows[self.prev][r]) for r in active]
         return {r: (IDLE, "idle") if s < 0 or self.seqs[s].finished else (s, self.seqs[s].growth) for r, s in held}
 
-    # ------------------------------------------------------------------ reading a row
-
     def _read_view(self, j: int, r: int, seq: int) -> RowView:
         """Row r of call j read as sequence `seq` (NEW: a new one); kept per (j, r, seq) as `_view`."""
         call = self.calls[j]
@@ -255,8 +252,6 @@ class Follower(Assignments, Gains):
             for v in (self._view(j, r, s.id),)
         )
 
-    # ------------------------------------------------------------------ applying
-
     def _apply(self, j: int, assigned: dict[int, tuple[int, str]]) -> None:
         opening: dict[int, list[tuple[Seq, RowView]]] = {}  # opening call -> its newcomers held here
         for r, (seq, how) in sorted(assigned.items()):
@@ -280,10 +275,11 @@ class Follower(Assignments, Gains):
 
     def _continue(self, s: Seq, j: int, r: int, how: str) -> None:
         """Row r of call j holds `s` as `_fit` read it (only an opened sequence is read "open")."""
-        s.at, s.out = (j, r), False
+        s.at, s.out, v = (j, r), False, self._view(j, r, s.id)
         read = {"same": self._refed, "chunk": self._chunked, "again": self._fed_again, "open": self._opened}
-        read |= {"grow": self._grown, "weak": self._by_weak}
-        read[how](s, self._view(j, r, s.id), j, r)
+        read["grow"] = lambda *at: self._step(*at, self._gained(s, v))
+        read["weak"] = lambda *at: self._step(*at, self._by_token(s, v))
+        read[how](s, v, j, r)
 
     def _opened(self, s: Seq, v: RowView, j: int, r: int) -> None:
         s.opened = False
@@ -291,12 +287,6 @@ class Follower(Assignments, Gains):
             self._feeds_prompt(s, v, j, r)  # its first call prefilled all but the last prompt token
         else:  # (no drafts verified there: a prefill whose choice this row is fed, `Seq.chunk_end`)
             self._step(s, v, j, r, self._gained(s, v), not self.read(*s.origin, s.id).drafts)
-
-    def _grown(self, s: Seq, v: RowView, j: int, r: int) -> None:
-        self._step(s, v, j, r, self._gained(s, v))
-
-    def _by_weak(self, s: Seq, v: RowView, j: int, r: int) -> None:
-        self._step(s, v, j, r, self._by_token(s, v))
 
     def _step(self, s: Seq, v: RowView, j: int, r: int, tokens: list[int], prefilled: bool = False) -> None:
         """The open step committed `tokens` (`Unfollowed`: refused drafts kept, yet the prompt's next chunk too)."""
@@ -329,9 +319,10 @@ class Follower(Assignments, Gains):
 
     def _leave(self, j: int, assigned: dict[int, tuple[int, str]], before: dict[int, int]) -> None:
         """Sequences this call leaves out while holding others of their last call are out (`Seq.out`)."""
-        calls_held = {before.get(seq) for seq, _ in assigned.values()}  # (None for a new row or a marker)
-        for s in self._live:  # one this call holds, or a newcomer, is at this call now
-            s.out = s.at[0] != j and s.at[0] in calls_held
+        # (None for a new row or a marker; never call j: no sequence was at it before it was read)
+        calls_held = {before.get(seq) for seq, _ in assigned.values()}
+        for s in self._live:  # one this call holds, or a newcomer, is at this call now: never out
+            s.out = s.at[0] in calls_held
             if s.out and s.id in self.rows[j]:  # its row kept, idle: it has left the batch
                 self._close(s)
 

@@ -110,9 +110,8 @@ class Gains:
             return v.query[len(v.query) - grown :]
         took = grown - 1 if 1 <= grown <= len(step.drafts) + 1 else step.agreed
         if v.token == step.choice and not (v.position == v.context and step.could_end(took, v.token)):
-            # Fed the greedy continuation past what greedy acceptance allows: the tokens say what was
-            # committed, the KV check judges the context. Not where position and mask both say the
-            # step kept them (a draft accepted against the target).
+            # Fed the greedy continuation past what greedy acceptance allows: the tokens say what was committed
+            # (the KV check judges the context), unless position and mask both say the step kept them.
             took = min(took, step.agreed)
         return step.drafts[:took] + [v.token]
 

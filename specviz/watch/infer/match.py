@@ -134,8 +134,6 @@ class Assignments:
             raise Unfollowed(f"row {stray[0]} of target call {j} continues no sequence read so far")
         return out | {r: (NEW, "new") for r in _rest(active, out)}  # the rest start sequences
 
-    # ------------------------------------------------------------------ rows that start a sequence
-
     def _starts(self, j: int, r: int) -> bool:
         """A row that starts a sequence: it shows its whole context, or a cached newcomer (over stale KV)."""
         v = self._view(j, r, NEW)
@@ -150,10 +148,7 @@ class Assignments:
         """The draft calls after call j re-read row r's query from the start, continuing no live sequence."""
         call = self.calls[j]
         opened = [*query, argmax_at(call, r, last_slot(call, r))]  # (no argmax: None, fed by no row)
-        for k in range(j + 1, len(self.calls)):
-            draft = self.calls[k]
-            if draft.role == "target":
-                return False
+        for draft in self.calls[j + 1 : self.drafts_after[j]]:
             for dr in range(draft.batch_size):
                 if attends_cache(draft, dr):
                     continue
@@ -186,8 +181,7 @@ class Assignments:
             why = f"rows {differ} of target call {j} fit more than one sequence each, or one sequence"
             why += " between them, and those differ so far"
             raise Ambiguous(why)
-        # (never none: a row no class is left for stays unassigned) Identical so far: any order checks
-        # alike; the order they held is kept.
+        # Identical so far: any order checks alike; the order they held is kept.
         free = [sorted((self.seqs[s] for s in members), key=lambda s: s.at) for members in classes]
         out: dict[int, tuple[int, str]] = {}
         for r, k in sorted(found[0].items(), key=lambda rk: rk[::-1]):  # class by class, row by row
@@ -214,8 +208,7 @@ class Assignments:
         agrees = {(r, s): all(self._says(c, j, r, s, how) is not False for c in trusted) for r, s, how in pairs}
         out: dict[int, dict[int, str]] = {r: {} for r in fits}
         for r, s, how in pairs:
-            # A chunk is the reading of last resort: one the evidence rules out goes (the row is
-            # then read by its pending token, `_unique`).
+            # A chunk is the reading of last resort: one the evidence rules out goes (`_unique`: weak).
             if agrees[r, s] or how != "chunk" and not any(agrees[p] for p in rivals[r, s]):
                 out[r][s] = how
         return out
