@@ -43,8 +43,7 @@ class HiddenTap:
         self.open = True
 
     def end(self) -> list[Any]:
-        """The recorded target call ends: the head calls made inside it are matched now (age 0), and
-        their records returned, to be recorded after the target call's."""
+        """The recorded target call ends: the head calls made inside it are matched now (age 0)."""
         self.open = False
         for fed_rows, columns, found in self.deferred:
             for r, matches in enumerate(self._match(fed_rows, columns)):
@@ -65,9 +64,8 @@ class HiddenTap:
             self.features = args[0].shape[-1]
 
     def match_rows(self, fed: dict[str, Any], args: tuple[Any, ...]) -> Matches | None:
-        """Per head row, the matches of the vector fed at its last slot (inside the open target call:
-        its last NESTED_TAIL slots, filled in at `end`); None when nothing is kept or no floating
-        [B, H] or [B, T, H] tensor of the LM head's input width was fed (the named one first)."""
+        """Per head row, the matches of the vector fed at its last slot (inside the open target call: its
+        last NESTED_TAIL slots, filled in at `end`); None: nothing kept, or no vector of that width fed."""
         width = self.features if self.open or any(hidden is not None for hidden, _ in self.calls) else None
         fed_tensors = (fed.get("hidden_states"), *args, *fed.values())
         vector = next((t for t in fed_tensors if _vectors(t, width)), None)
@@ -82,8 +80,7 @@ class HiddenTap:
         return found
 
     def _match(self, fed_rows: torch.Tensor, columns: int) -> Matches:
-        """Per head row (`columns` rows of `fed_rows`), latest call first: at most MAX_CANDIDATES
-        matches a call for each slot fed."""
+        """Per head row (`columns` rows of `fed_rows`), latest call first: MAX_CANDIDATES per call and slot."""
         found: Matches = [[] for _ in range(fed_rows.shape[0] // columns)]
         for age, (hidden, query_len) in enumerate(reversed(self.calls)):
             if hidden is not None:  # one LM head: every kept state has the width of the fed rows
@@ -92,19 +89,17 @@ class HiddenTap:
         return found
 
 
-def _vectors(t: Any, width: int | None) -> bool:
+def _vectors(t: Any, width: int | None) -> bool:  # hidden states: floating [B, H] or [B, T, H]
     return isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() in (2, 3) and t.shape[-1] == width
 
 
 def _matches(fed_rows: torch.Tensor, kept: torch.Tensor, query_len: int) -> list[tuple[int, int, int]]:
-    """(head row, target row, query column) of each kept state ([B, T, H]) allclose to a fed row, by
-    head row; in the fed dtype, within one unit in its last place where that is the coarser one."""
+    """(head row, target row, query column) of each kept state allclose to a fed row, in the fed dtype."""
     coarse, fine = torch.finfo(fed_rows.dtype).eps, torch.finfo(kept.dtype).eps
     rtol = max(RTOL, coarse) if coarse > fine else RTOL
     fed_rows, kept = fed_rows.float(), kept.to(fed_rows.dtype).float()  # rounded to the fed dtype
     columns, flat = kept.shape[1], kept.reshape(-1, kept.shape[-1])
-    # Squared distances by one product ([B, N], not [B, N, H]), loose (the expansion cancels in
-    # float32): it only picks the near pairs, which `allclose` then confirms, all at once.
+    # Squared distances by one product ([B, N], not [B, N, H]), loose: only picks pairs to confirm.
     norms = (fed_rows * fed_rows).sum(-1, keepdim=True)
     d2 = norms + (flat * flat).sum(-1) - 2 * fed_rows @ flat.T
     rows, near = torch.nonzero(d2 <= 1e-3 * norms + 1e-6, as_tuple=True)  # row-major: by head row
@@ -113,31 +108,28 @@ def _matches(fed_rows: torch.Tensor, kept: torch.Tensor, query_len: int) -> list
     return [(r, n // columns, offset + n % columns) for r, n in zip(rows[same].tolist(), near[same].tolist())]
 
 
-class TapSet:
-    """The command's taps (`--drafter NAME`): the target is known only at the end, so every watched
-    causal LM keeps its hidden states and a head call is matched with each (`resolve`)."""
-
-    def __init__(self) -> None:
-        self.taps: dict[int, HiddenTap] = {}  # model index -> its tap
+class TapSet(dict):
+    """The command's taps by model index (`--drafter NAME`): the target is known only at the end, so
+    every watched causal LM keeps its hidden states and a head call is matched with each (`resolve`)."""
 
     def add(self, index: int, model: Any) -> HiddenTap:
-        self.taps[index] = HiddenTap(model)
-        return self.taps[index]
+        self[index] = HiddenTap(model)
+        return self[index]
 
     def match_rows(self, fed: dict[str, Any], args: tuple[Any, ...]) -> dict[int, Any]:
-        return {i: tap.match_rows(fed, args) for i, tap in self.taps.items()}
+        return {i: tap.match_rows(fed, args) for i, tap in self.items()}
 
     @property
     def open(self) -> bool:
-        return any(tap.open for tap in self.taps.values())
+        return any(tap.open for tap in self.values())
 
     def hold(self, record: Any) -> None:
-        next(tap for tap in self.taps.values() if tap.open).hold(record)  # the model whose call is open
+        next(tap for tap in self.values() if tap.open).hold(record)  # the model whose call is open
 
     def remove(self) -> None:
-        for tap in self.taps.values():
+        for tap in self.values():
             tap.remove()
-        self.taps = {}
+        self.clear()
 
 
 def resolve(matches: Any, target: int) -> Matches | None:
@@ -148,13 +140,11 @@ def resolve(matches: Any, target: int) -> Matches | None:
 def head_source(
     calls: list[Any], index: int, heads: list[int], row: int, drafts: list[int], seq_id: int, committed: int
 ) -> list[int] | None:
-    """Row `row` of target call `index`: [sequence, logical index] of the hidden state its head was
-    fed, read off the step's first head call (`heads`, latest first) through the target calls
-    before it (a match's age counts them back): the expected source where several hold that
-    vector, else the latest match. None: no head row served it, or its vector matched nothing."""
+    """Row `row` of target call `index`: [sequence, logical index] of the hidden state its head was fed
+    (docs/watch-heads.md); None: no head row served it, or its vector matched nothing."""
     if not heads or not drafts:
         return None
-    j = heads[-1]
+    j = heads[-1]  # the step's first head call: the one fed the target's states
     target_calls = (calls[i] for i in range(j - 1, -1, -1) if calls[i].role == "target")
     sources = list(islice(target_calls, HISTORY))  # by age
     fed = _served(calls[j], row, drafts, calls[index].batch_size)
@@ -164,9 +154,8 @@ def head_source(
 
 
 def _served(head: Any, row: int, drafts: list[int], batch_size: int) -> list[tuple[int, int, int]]:
-    """The matches of the head call's row that proposed the verify row's drafts (none: no row did, or
-    several): in a batch of the verify's size the row's own (never another whose token happens to
-    match), else the one row that did."""
+    """The matches of the head row that proposed the verify row's drafts: in a batch of the verify's
+    size the row's own, else the one row that did ([]: none, or several)."""
     if not isinstance(head.argmax, list) or head.head_fed is None or len(head.argmax) != len(head.head_fed):
         return []
 
@@ -183,9 +172,8 @@ def _served(head: Any, row: int, drafts: list[int], batch_size: int) -> list[tup
 
 
 def _places(call: Any, row: int, column: int) -> list[list[int]]:
-    """[sequence, position] at a raw (row, column) of the call, as `batchmap.apply` unpacked it; none
-    at padding (between sequences, or a pad slot: pads of several rows may hold one vector) or
-    outside the call (a state of another shape kept)."""
+    """[sequence, position] at a raw (row, column) of the call as `batchmap.apply` unpacked it; none at
+    padding (pads of several rows may hold one vector) or outside the call."""
     from specviz.watch.calls import row_seq_ids
 
     spans = call.segments if call.segments is not None else [(r, 0, call.query_len) for r in range(call.batch_size)]

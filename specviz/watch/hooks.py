@@ -14,7 +14,7 @@ import torch
 
 from specviz.errors import SpecvizError
 from specviz.watch.record import CallRecord
-from specviz.watch.tensor_reads import QUERY_TAIL, argmax_of, line_drops, mask_copy
+from specviz.watch.tensor_reads import QUERY_TAIL, argmax_of, mask_copy, through_host
 
 SEGMENT_TAIL = 16  # a long packed row keeps the argmax of each sequence's last slots (drafts, pending)
 
@@ -168,8 +168,7 @@ class ModelHooks:
             self.sink.add_call(held)
 
     def _finish(self, record: CallRecord, output: Any) -> None:
-        """Keep the argmax of the logits at the last query slots, `logits_to_keep`'s columns, or a
-        long packed row's `_segment_tails`."""
+        """Keep the argmax of the last query slots, `logits_to_keep`'s or a long packed row's columns."""
         if isinstance(output, (tuple, list)):  # return_dict=False: the logits first
             output = next(iter(output), None)
         logits = getattr(output, "logits", output)  # a bare head returns its logits
@@ -203,11 +202,12 @@ class ModelHooks:
 
 def _segment_tails(record: CallRecord, width: int) -> torch.Tensor:
     """The columns of a long packed row whose argmax is kept: the last SEGMENT_TAIL before each place
-    a sequence may end (`cu_seq_lens_q`, else a mask line that drops a slot: a superset of `batchmap`'s)."""
+    a sequence may end (`cu_seq_lens_q`, else a mask line that drops a slot the line before attends:
+    a superset of `batchmap`'s cut) and the row's end."""
     if record.cu_q is not None:
         ends = record.cu_q[1:].long()
     elif record.mask is not None and record.mask.shape[-2] == width:  # a 4-D mask: a line per column
-        starts = torch.nonzero(line_drops(record.mask[0])).flatten() + 1
+        starts = torch.nonzero(through_host(record.mask[0], lambda m: (m[:-1] & ~m[1:]).any(-1))).flatten() + 1
         ends = torch.cat([starts, torch.tensor([width], device=starts.device)])
     else:
         return torch.arange(width)

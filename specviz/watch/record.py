@@ -43,9 +43,7 @@ class CallRecord:
     lines: list[tuple[int, bool, bool, bool]] | None = None  # a packed mask per query token (`line_summary`)
     held: list[tuple[Any, Any]] | None = None  # [S] key slots of each packed row's first and last token (numpy)
     drafter: bool = False  # a draft head's call (`watch(..., drafter=head)`): fed hidden states, not ids
-    # Per head row: (age, target row, query column) of each target state it was fed (`headinput`);
-    # [] none matched; None: not compared (the command: by model index until `finish`).
-    head_fed: list[list[tuple[int, int, int]]] | None = None
+    head_fed: list[list[tuple[int, int, int]]] | None = None  # `headinput.Matches`; None: not compared
     nested: bool = False  # a head call made inside a target call (MTP-like): recorded after it
     segments: list[tuple[int, int, int]] | None = None  # a packed call's (row, start, length) per sequence
     parents: list[list[int]] | None = None  # per row its declared tree (w.batch(..., parents=...))
@@ -54,10 +52,8 @@ class CallRecord:
     trees: list[list[int] | None] | None = None  # each row's tree after `materialize` (None: a chain)
     tree_source: str | None = None  # "declared" | "mask"
     tree_nodes: list[int] | None = None  # a packed call's tree-node columns (`tree.packed_nodes`)
-    # Trees packed over keys [cache | query]: each row's first query key, and the call's last key + 1,
-    # so the next call's view names which node slots it still attends (`tree.kept_nodes`).
-    node_keys: list[int] | None = None
-    keys_end: int | None = None
+    node_keys: list[int] | None = None  # trees packed over keys [cache | query]: each row's first query key
+    keys_end: int | None = None  # and the call's last key + 1: which node slots the next call attends (`tree`)
     fed_rows: dict[tuple[int, int | None], list[int]] | None = None  # a draft call's rows by (fed, argmax)
 
     def materialize(self) -> None:
@@ -88,9 +84,8 @@ class CallRecord:
             self.logit_slots = None
 
     def _packed_row(self) -> Any:
-        """The [T, keys] mask tensor of a packed row, read as a summary per query token (`lines`)
-        and its tree nodes; None for any other call. One row verifying a tree (declared, or read
-        from its mask: `tree.one_tree`) packs no sequences."""
+        """A packed row's [T, keys] mask, its `lines` and tree nodes read; None for any other call, and
+        for one row verifying a tree (declared, or read from its mask: `tree.one_tree`)."""
         from specviz.watch import tree
 
         if not self.packed or self.mask_kind not in ("4d", "4d-slots"):  # the hooks keep these whole

@@ -40,11 +40,6 @@ def line_counts(seen: torch.Tensor, host: bool | None = None) -> tuple[list[int]
     return read[: len(seen)], read[len(seen) :]
 
 
-def line_drops(seen: torch.Tensor) -> torch.Tensor:
-    """Per line of a [T, keys] boolean mask from the second: whether it drops a slot the line before attends."""
-    return through_host(seen, lambda m: (m[:-1] & ~m[1:]).any(-1))
-
-
 def segment_slots(mask: torch.Tensor, segments: list[tuple[int, int, int]]) -> list[tuple[Any, Any]]:
     """Per sequence (row, start, length) of a packed row's [T, keys] mask: the key slots its first and
     its last query tokens attend, as boolean numpy rows (one gather for the whole call)."""
@@ -77,8 +72,7 @@ def _copied(seen: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def on_host(tensor: torch.Tensor, least: int = 0) -> Any:
-    """The tensor as a numpy view when on the CPU in a dtype numpy has, with `least` elements or
-    more (below, the conversions cost what the op saves); else None."""
+    """A numpy view of a CPU tensor numpy reads, of `least` elements or more (fewer: not worth it); else None."""
     if tensor.device.type != "cpu" or tensor.dtype not in NUMPY_DTYPES or tensor.numel() < least:
         return None
     try:
