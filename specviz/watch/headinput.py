@@ -58,8 +58,7 @@ class HiddenTap:
         self.handle.remove()
 
     def _capture(self, module: Any, args: tuple[Any, ...]) -> None:
-        # Only inside a target call: a head that shares the target's LM head calls it too.
-        if self.open and args and args[0].dim() == 3:
+        if self.open and args and args[0].dim() == 3:  # a head sharing the LM head calls it too, outside
             self.calls[-1][0] = args[0].detach().clone()  # an engine may reuse the buffer before the head reads it
             self.features = args[0].shape[-1]
 

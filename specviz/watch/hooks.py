@@ -117,8 +117,7 @@ class ModelHooks:
         if kind == "4d" and mask.shape[-1] != width + q:  # keys not [cache | query]: a static cache's
             kind = "4d-slots"
         elif live is not None and kept.shape[1] == q:  # `live`: a 4-D mask's tail (`mask_copy`)
-            # A real query token attends its own key (the query block's diagonal); a slot that does
-            # not feeds nothing (a finished row fed a pad, kept in the batch).
+            # A real query token attends its own key; a slot that does not is a finished row's pad.
             cols = torch.arange(q, device=kept.device)
             live = live & kept[:, cols, width + cols].to(live.device)
         positions, positions_fed = self._positions(fed, mask, kind, batch, width, q)
