@@ -1,8 +1,8 @@
 """Forward hooks: what one model call was fed, copied without touching the engine or the host.
 
-Per call `ModelHooks` keeps small device tensors: ids, positions, the mask as "may attend" booleans,
-the cache width and the argmax of the last query slots' logits (docs/watch-heads.md, "What a forward
-keeps"). `CallRecord.materialize` turns them into lists at close, the only host sync the watch adds."""
+`ModelHooks` keeps small device tensors per call: ids, positions, the mask as "may attend" booleans,
+the cache width and the argmax of the last query slots (docs/watch-heads.md, "What a forward keeps").
+`CallRecord.materialize` turns them into lists at close, the only host sync the watch adds."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 
 from specviz.errors import SpecvizError
 from specviz.watch.record import CallRecord
-from specviz.watch.tensor_reads import QUERY_TAIL, argmax_of, line_drops, mask_copy
+from specviz.watch.tensor_reads import QUERY_TAIL, argmax_of, mask_copy, through_host
 
 SEGMENT_TAIL = 16  # a long packed row keeps the argmax of each sequence's last slots (drafts, pending)
 
@@ -70,9 +70,8 @@ class _NoTap:
     open = False
 
     def start(self, query_len: int) -> None: ...
-    def end(self) -> None: ...
     def match_rows(self, fed: dict[str, Any], args: tuple[Any, ...]) -> None: ...
-    def release(self) -> list[CallRecord]:
+    def end(self) -> list[CallRecord]:
         return []
 
 
@@ -80,7 +79,7 @@ class ModelHooks:
     """Pre- and post-forward hooks on one model, appending a CallRecord per call to `sink`."""
 
     def __init__(self, model: Any, role: str, sink: CallSink, drafter: bool = False, tap: Any = None) -> None:
-        self.model, self.role, self.sink, self.drafter = model, role, sink, drafter
+        self.model, self.role, self.sink = model, role, sink
         # `headinput.HiddenTap` (or `TapSet`): a target's calls feed it, a head's are matched with it.
         self.tap = _NoTap() if tap is None else tap
         self.fed_tap, self._read = (_NoTap(), self._head_call) if drafter else (self.tap, self._target_call)
@@ -112,16 +111,13 @@ class ModelHooks:
         started = time.perf_counter()
         width = cache_width(fed.get("cache", fed.get("past_key_values")))
         batch, q = input_ids.shape
-        mask = fed.get("attention_mask")
-        said = self.sink.declared(self.role)
-        # One row that may hold several sequences: its mask and argmax are kept whole (`batchmap`).
-        packed = batch == 1 and q > 1
+        mask, said = fed.get("attention_mask"), self.sink.declared(self.role)
+        packed = batch == 1 and q > 1  # one row that may hold several sequences: mask and argmax kept whole
         kind, kept, live = mask_copy(mask, None if packed else QUERY_TAIL)
         if kind == "4d" and mask.shape[-1] != width + q:  # keys not [cache | query]: a static cache's
             kind = "4d-slots"
         elif live is not None and kept.shape[1] == q:  # `live`: a 4-D mask's tail (`mask_copy`)
-            # A real query token attends its own key (the query block's diagonal); a slot that does
-            # not feeds nothing (a finished row fed a pad, kept in the batch).
+            # A real query token attends its own key; a slot that does not is a finished row's pad.
             cols = torch.arange(q, device=kept.device)
             live = live & kept[:, cols, width + cols].to(live.device)
         positions, positions_fed = self._positions(fed, mask, kind, batch, width, q)
@@ -129,7 +125,7 @@ class ModelHooks:
             self.role, said.rows, input_ids.clone(), positions, positions_fed, width, kind, kept, batch, q
         )
         record.query_live, record.started, record.packed = live, started, packed
-        record.cu_q, record.cu_k = _copy(fed.get("cu_seq_lens_q")), _copy(_one_tensor(fed.get("cu_seq_lens_k")))
+        record.cu_q, record.cu_k = _copy(fed.get("cu_seq_lens_q")), _copy(fed.get("cu_seq_lens_k"))
         record.query_lens, record.parents, record.declared = said.query_lens, said.parents, said.facts
         record.logit_slots = _copy(fed.get("logits_to_keep"))  # a tensor of columns; an int keeps the last
         return record
@@ -163,21 +159,27 @@ class ModelHooks:
         return record
 
     def after(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
-        self.fed_tap.end()
+        nested = self.fed_tap.end()  # head calls made inside this call: matched now, recorded after it
         record = self.open.pop()  # `before` pushed one (None: not recorded) for every call
         if record is not None:
             self._finish(record, output)
-        for held in self.fed_tap.release():  # head calls made inside this call come after it
+        for held in nested:
             self.sink.add_call(held)
 
     def _finish(self, record: CallRecord, output: Any) -> None:
+        """Keep the argmax of the last query slots, `logits_to_keep`'s or a long packed row's columns."""
         if isinstance(output, (tuple, list)):  # return_dict=False: the logits first
             output = next(iter(output), None)
         logits = getattr(output, "logits", output)  # a bare head returns its logits
-        if isinstance(logits, torch.Tensor) and logits.dim() == 3:
-            record.argmax, record.logit_slots = _argmax(record, logits)
-        else:  # no argmax: no columns of it either
+        if not (isinstance(logits, torch.Tensor) and logits.dim() == 3):  # no argmax: no columns of it either
             record.logit_slots = None
+        elif record.logit_slots is not None and logits.shape[1] == len(record.logit_slots):
+            record.argmax = argmax_of(logits)  # logits_to_keep's columns (else the model ignored them)
+        elif record.packed and logits.shape[1] > QUERY_TAIL:  # a long packed row (prefills)
+            record.logit_slots = _segment_tails(record, logits.shape[1])
+            record.argmax = argmax_of(logits[:, record.logit_slots])
+        else:
+            record.argmax, record.logit_slots = argmax_of(logits[:, -QUERY_TAIL:]), None
         record.ended = time.perf_counter()
         if record.nested:  # only a head's, while the target's call is open
             self.tap.hold(record)
@@ -188,9 +190,8 @@ class ModelHooks:
         """The call's positions, and whether they were fed (else the model's own rule)."""
         for name, was_fed in (("position_ids", True), ("cache_position", False)):
             value = fed.get(name)
-            if isinstance(value, torch.Tensor):  # [batch, q]: one op, the usual case
-                shaped = value if value.shape == (batch, q) else value.reshape(-1, q).expand(batch, q)
-                return shaped.clone(), was_fed
+            if isinstance(value, torch.Tensor):  # [batch, q], or one row of it broadcast
+                return value.reshape(-1, q).expand(batch, q).clone(), was_fed
         if self.model_type == "opt" and kind == "2d":
             # OPT's learned positions count the mask's ones (its own rule, padding-aware).
             ones = mask.long()
@@ -198,42 +199,24 @@ class ModelHooks:
         return [list(range(width, width + q)) for _ in range(batch)], False  # no tensor op needed
 
 
-def _argmax(record: CallRecord, logits: torch.Tensor) -> tuple[torch.Tensor, Any]:
-    """The argmax kept of a call's [B, T, V] logits, and the query column of each (None: the last)."""
-    columns = logits.shape[1]
-    if record.logit_slots is not None and columns == len(record.logit_slots):
-        return argmax_of(logits), record.logit_slots  # logits_to_keep's columns (else the model ignored it)
-    if columns <= QUERY_TAIL:
-        return argmax_of(logits), None
-    if record.packed:  # a long packed row (prefills): the last slots of each sequence in it
-        kept = _segment_tails(record, columns)
-        return argmax_of(logits[:, kept]), kept
-    return argmax_of(logits[:, -QUERY_TAIL:]), None
-
-
 def _segment_tails(record: CallRecord, width: int) -> torch.Tensor:
-    """The query columns of a long packed row whose argmax is kept: the last SEGMENT_TAIL before
-    each place a sequence may end (`cu_seq_lens_q`, else a token whose mask drops a slot the token
-    before attended: a superset of `batchmap`'s cut) and the row's end."""
-    if isinstance(record.cu_q, torch.Tensor):
+    """The columns of a long packed row whose argmax is kept: the last SEGMENT_TAIL before each place
+    a sequence may end (`cu_seq_lens_q`, else a mask line that drops a slot the line before attends:
+    a superset of `batchmap`'s cut) and the row's end."""
+    if record.cu_q is not None:
         ends = record.cu_q[1:].long()
-    elif isinstance(record.mask, torch.Tensor) and record.mask.shape[-2] == width:  # a line per column
-        starts = torch.nonzero(line_drops(record.mask[0])).flatten() + 1
+    elif record.mask is not None and record.mask.shape[-2] == width:  # a 4-D mask: a line per column
+        starts = torch.nonzero(through_host(record.mask[0], lambda m: (m[:-1] & ~m[1:]).any(-1))).flatten() + 1
         ends = torch.cat([starts, torch.tensor([width], device=starts.device)])
     else:
         return torch.arange(width)
-    offsets = torch.arange(-SEGMENT_TAIL, 0, device=ends.device)
-    columns = (ends[:, None] + offsets[None, :]).flatten()
+    columns = (ends[:, None] + torch.arange(-SEGMENT_TAIL, 0, device=ends.device)[None, :]).flatten()
     return torch.unique(columns[(columns >= 0) & (columns < width)])
 
 
 def _copy(value: Any) -> torch.Tensor | None:
-    """A copy of a tensor argument (the engine may reuse its buffer); None for anything else."""
-    return value.clone() if isinstance(value, torch.Tensor) else None
-
-
-def _one_tensor(value: Any) -> Any:
-    """`cu_seq_lens_k`: a tensor, or (transformers' paged attention) a dict by layer type."""
+    """A copy of a tensor argument (the engine may reuse its buffer); None for anything else; of a
+    dict by layer type (transformers' paged `cu_seq_lens_k`), its full attention's."""
     if isinstance(value, dict):
-        return value.get("full_attention", next(iter(value.values()), None))
-    return value
+        value = value.get("full_attention", next(iter(value.values()), None))
+    return value.clone() if isinstance(value, torch.Tensor) else None

@@ -21,9 +21,8 @@ class CallRecord:
     positions: Any  # [B, q] fed, or derived by the model's own rule
     positions_fed: bool
     cache_width: int
-    # "2d" | "4d" (keys: cache then query) | "4d-slots" (a static cache's slots) | "none" | "unknown"
-    mask_kind: str
-    mask: Any  # may attend: 2d [B, W]; 4d [B, tail, W] (the last query rows); else None
+    mask_kind: str  # "2d" | "4d" (keys [cache | query]) | "4d-slots" (a static cache's) | "none" | "unknown"
+    mask: Any  # may attend: 2d [B, W]; 4d [B, tail, W] (the last query rows); a packed row's whole; else None
     batch_size: int  # B
     query_len: int  # q
     argmax: Any = None  # [B, L]: argmax of the logits of the last L query slots
@@ -33,8 +32,7 @@ class CallRecord:
     ended: float = 0.0
     last_slots: list[int] | None = None  # [B]: each row's last attended query slot (`materialize`)
     views: list[Any] | None = None  # [B]: what each row feeds and attends (`view.View`); readers ask it
-    # A packed call (`batchmap`): B == 1 and something may cut it; its mask and argmax kept whole.
-    packed: bool = False
+    packed: bool = False  # B == 1 and something may cut it (`batchmap`): its mask and argmax kept whole
     cu_q: Any = None  # [S + 1] cu_seq_lens_q: query start of each sequence
     cu_k: Any = None  # [S + 1] cu_seq_lens_k: key start of each sequence in a shared KV
     query_lens: list[int] | None = None  # [S] declared with w.batch(..., query_lens=...)
@@ -42,15 +40,10 @@ class CallRecord:
     source: str | None = None  # the producer of its map (`batchmap.BatchMap.source`)
     contexts: list[int] | None = None  # [B] a packed call's rows: slots attended before the first query slot
     unreadable: str | None = None  # why no producer could map it (set by `materialize`)
-    # A packed call's 4-D mask per query token (`line_summary`): (count, drops, continues, one more).
-    lines: list[tuple[int, bool, bool, bool]] | None = None
-    # A packed call's rows: the key slots its first and its last query token attend (a row holds
-    # the sequence whose slots it mostly attends, `Follower._fits`).
-    held: list[tuple[Any, Any]] | None = None  # [S] x ([keys] bool numpy, [keys] bool numpy)
+    lines: list[tuple[int, bool, bool, bool]] | None = None  # a packed mask per query token (`line_summary`)
+    held: list[tuple[Any, Any]] | None = None  # [S] key slots of each packed row's first and last token (numpy)
     drafter: bool = False  # a draft head's call (`watch(..., drafter=head)`): fed hidden states, not ids
-    # A head call's rows: the (age, target row, query column) of the target states each was fed
-    # (`headinput`); [] none matched; None: not compared (the command: by model index until `finish`).
-    head_fed: list[list[tuple[int, int, int]]] | None = None
+    head_fed: list[list[tuple[int, int, int]]] | None = None  # `headinput.Matches`; None: not compared
     nested: bool = False  # a head call made inside a target call (MTP-like): recorded after it
     segments: list[tuple[int, int, int]] | None = None  # a packed call's (row, start, length) per sequence
     parents: list[list[int]] | None = None  # per row its declared tree (w.batch(..., parents=...))
@@ -59,12 +52,9 @@ class CallRecord:
     trees: list[list[int] | None] | None = None  # each row's tree after `materialize` (None: a chain)
     tree_source: str | None = None  # "declared" | "mask"
     tree_nodes: list[int] | None = None  # a packed call's tree-node columns (`tree.packed_nodes`)
-    # Trees packed over keys [cache | query]: each row's first query key, and the call's last key
-    # + 1, so the next call's view names which node slots it still attends (`tree.kept_nodes`).
-    node_keys: list[int] | None = None
-    keys_end: int | None = None
-    # A draft call's rows by (token fed at the last slot, argmax there), indexed once (`calls._rows_fed`).
-    fed_rows: dict[tuple[int, int | None], list[int]] | None = None
+    node_keys: list[int] | None = None  # trees packed over keys [cache | query]: each row's first query key
+    keys_end: int | None = None  # and the call's last key + 1: which node slots the next call attends (`tree`)
+    fed_rows: dict[tuple[int, int | None], list[int]] | None = None  # a draft call's rows by (fed, argmax)
 
     def materialize(self) -> None:
         """Tensors to lists, once, at close (the only host syncs the watch adds); then the call's
@@ -76,17 +66,16 @@ class CallRecord:
         self._to_lists("input_ids", "positions", "argmax", "query_live", "cu_q", "cu_k", "logit_slots")
         whole = self._packed_row()
         # Trees packed in the call, read from its mask or declared (a call fed no mask, cut by
-        # cu_seq_lens, has only its declaration to say them): each segment's tree is read.
+        # cu_seq_lens, has only its declaration to say them): a row keeps the slots each token attends.
         trees = bool(self.tree_nodes) or self.parents is not None
-        self._to_lists("mask")
-        base = self.cache_width
-        self.map, packed = batchmap.read_map(self), False
-        if self.map.readable:  # packing trees, a row keeps the slots each of its tokens attends
-            packed = batchmap.apply(self, self.map, whole if trees else None)
-        else:  # what the producer said, not what an earlier reading said
+        base, self.map = self.cache_width, batchmap.read_map(self)
+        if not self.map.readable:  # what the producer said, not what an earlier reading said
             self.unreadable = self.map.unreadable
-        if whole is not None:
-            self._keep_row(whole, packed, trees, base)
+        elif batchmap.apply(self, self.map, whole if trees else None) and whole is not None:
+            self.held = segment_slots(whole, self.segments)  # each sequence's first and last key slots
+            if trees and self.keys_end is not None:
+                self.node_keys = [base + start for _, start, _ in self.segments]
+        self._to_lists("mask")  # a packed row not cut after all keeps its 4-D mask
         self.last_slots = [self.view(row).last for row in range(self.batch_size)]
         tree.read_trees(self)  # a packed call's rows show no tree unless it packs trees (`Slotted`)
         if self.logit_slots is not None:  # argmax kept at some columns: spread, None elsewhere
@@ -95,35 +84,24 @@ class CallRecord:
             self.logit_slots = None
 
     def _packed_row(self) -> Any:
-        """The [T, keys] mask tensor of a packed row, read as a summary per query token (`lines`)
-        and its tree nodes; None for any other call. One row verifying a tree (declared, or read
-        from its mask: `tree.one_tree`) packs no sequences."""
+        """A packed row's [T, keys] mask, its `lines` and tree nodes read; None for any other call, and
+        for one row verifying a tree (declared, or read from its mask: `tree.one_tree`)."""
         from specviz.watch import tree
 
-        if not self.packed or self.mask_kind == "2d" or not isinstance(self.mask, torch.Tensor):
+        if not self.packed or self.mask_kind not in ("4d", "4d-slots"):  # the hooks keep these whole
             return None
         declared = self.parents is not None and self.query_lens is None
         self.packed = not declared and not tree.one_tree(self.mask[0], self.cache_width, self.positions[0])
         if not self.packed:
             return None
         whole = self.mask[0]
-        self.lines, self.mask = line_summary(whole), None
+        self.lines = line_summary(whole)
         # The hooks keep no live list of a packed row: its live slots are those that attend any.
         self.query_live = [[line[0] > 0 for line in self.lines]]
         self.tree_nodes = tree.packed_nodes(whole, self.lines, self.positions[0])
         if whole.shape[-1] == self.cache_width + self.query_len:  # keys [cache | query]
             self.keys_end = self.cache_width + self.query_len
         return whole
-
-    def _keep_row(self, whole: Any, packed: bool, trees: bool, base: int) -> None:
-        """What a packed row keeps once mapped: each sequence's first and last key slots (`held`)
-        and, packing trees, its node keys; one sequence after all: its 4-D mask."""
-        if not packed:
-            self.mask = [whole.tolist()]
-            return
-        self.held = segment_slots(whole, self.segments)
-        if trees and self.keys_end is not None:
-            self.node_keys = [base + start for _, start, _ in self.segments]
 
     def _to_lists(self, *names: str) -> None:
         for name in names:

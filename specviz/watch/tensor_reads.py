@@ -1,6 +1,6 @@
-"""What the hooks read off a forward's tensors (masks, logits), each in one pass, on the CPU
-through numpy where cheaper (torch's single-threaded CPU reductions widen a boolean to int64).
-Pure functions of tensors: `hooks` calls them, `batchmap` and `follow` read the results."""
+"""What the hooks read off a forward's tensors (masks, logits), each in one pass: pure functions of
+tensors, on the CPU through numpy where cheaper (torch's single-threaded CPU reductions widen a
+boolean to int64). `hooks` and `record` call them; `batchmap` and `follow` read the results."""
 
 from __future__ import annotations
 
@@ -10,20 +10,22 @@ import numpy
 import torch
 
 QUERY_TAIL = 128  # 4-D masks keep only their last query rows: a verify window is never longer
+# Host dtypes numpy reads in place: its compare and `any` over a mask cost a fifth of torch's.
+NUMPY_DTYPES = {torch.bool, torch.float16, torch.float32, torch.float64, torch.uint8, torch.int8, torch.int16}
+NUMPY_DTYPES |= {torch.int32, torch.int64}
 
 
 def line_summary(mask: torch.Tensor) -> list[tuple[int, bool, bool, bool]]:
     """Per query token of a packed row's [T, keys] mask: (slots it attends, drops one the token
     before attended, continues that token: shares a slot and gains exactly one, its own key, as a
-    causal query or a sliding window does; attends exactly one more)."""
+    causal query or a sliding window does; attends exactly one more). The first token drops
+    nothing and continues (no token before it)."""
     counts, both = (numpy.asarray(a, dtype=numpy.int64) for a in line_counts(mask.bool()))
-    if not len(counts):
-        return []
     dropped = both < counts[:-1]  # [T - 1]: per token from the second on
     one = counts[1:] - both == 1  # it gains exactly one slot
     continues, grows = (both > 0) & one, ~dropped & one
-    first = (int(counts[0]), False, True, bool(counts[0] > 0))
-    return [first, *zip(counts[1:].tolist(), dropped.tolist(), continues.tolist(), grows.tolist())]
+    first = zip(counts[:1].tolist(), [False], [True], (counts[:1] > 0).tolist())  # none in a mask of no tokens
+    return [*first, *zip(counts[1:].tolist(), dropped.tolist(), continues.tolist(), grows.tolist())]
 
 
 def line_counts(seen: torch.Tensor, host: bool | None = None) -> tuple[list[int], list[int]]:
@@ -34,22 +36,15 @@ def line_counts(seen: torch.Tensor, host: bool | None = None) -> tuple[list[int]
         counts = lines.view(numpy.uint8).sum(-1, dtype=numpy.int32)
         both = (lines[:-1] & lines[1:]).view(numpy.uint8).sum(-1, dtype=numpy.int32)
         return counts.tolist(), both.tolist()
-    t = seen.shape[0]
     read = torch.cat([seen.sum(-1), (seen[:-1] & seen[1:]).sum(-1)]).tolist()
-    return read[:t], read[t:]
-
-
-def line_drops(seen: torch.Tensor) -> torch.Tensor:
-    """Per line of a [T, keys] boolean mask from the second: whether it drops a slot the line before attends."""
-    return through_host(seen, lambda m: (m[:-1] & ~m[1:]).any(-1))
+    return read[: len(seen)], read[len(seen) :]
 
 
 def segment_slots(mask: torch.Tensor, segments: list[tuple[int, int, int]]) -> list[tuple[Any, Any]]:
-    """Per sequence of a packed row's [T, keys] mask: the key slots its first and its last query
-    tokens attend, as boolean numpy rows (one gather for the whole call)."""
-    ends = [t for _, start, length in segments for t in (start, start + length - 1)]
-    picked = mask.bool().cpu().numpy()[ends]  # a copy: [2S, keys]
-    return [(picked[2 * i], picked[2 * i + 1]) for i in range(len(segments))]
+    """Per sequence (row, start, length) of a packed row's [T, keys] mask: the key slots its first and
+    its last query tokens attend, as boolean numpy rows (one gather for the whole call)."""
+    picked = mask.bool().cpu().numpy()[[t for _, start, n in segments for t in (start, start + n - 1)]]
+    return list(zip(picked[0::2], picked[1::2]))
 
 
 def shared_slots(a: Any, b: Any) -> int:
@@ -76,14 +71,8 @@ def _copied(seen: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return seen.clone() if mask.dtype == torch.bool else seen
 
 
-# Host dtypes numpy reads in place: its compare and `any` over a mask cost a fifth of torch's.
-NUMPY_DTYPES = {torch.bool, torch.float16, torch.float32, torch.float64, torch.uint8, torch.int8, torch.int16}
-NUMPY_DTYPES |= {torch.int32, torch.int64}
-
-
 def on_host(tensor: torch.Tensor, least: int = 0) -> Any:
-    """The tensor as a numpy view when on the CPU in a dtype numpy has, with `least` elements or
-    more (below, the conversions cost what the op saves); else None."""
+    """A numpy view of a CPU tensor numpy reads, of `least` elements or more (fewer: not worth it); else None."""
     if tensor.device.type != "cpu" or tensor.dtype not in NUMPY_DTYPES or tensor.numel() < least:
         return None
     try:
