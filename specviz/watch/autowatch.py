@@ -88,8 +88,7 @@ class AutoWatch(Recorder):
         setattr(owner, name, replacement)
 
     def uninstall(self) -> None:
-        """Restore what `install` patched and remove every hook (`cli` calls it when the script ends,
-        `finish` again: twice is harmless)."""
+        """Restore what `install` patched, remove every hook (`cli` and `finish` call it: twice is harmless)."""
         for owner, name, original in reversed(self._patched):
             setattr(owner, name, original)
         self._patched = []
@@ -181,9 +180,9 @@ class AutoWatch(Recorder):
         self.uninstall()
         target, draft, calls = self._relabeled()
         notes: list[str] = []
-        unfollowed: list[str] = []
-        assumed: dict[int, int] = {}  # sequence -> tokens of its last step no later call showed
-        prompts, emits = self.paged.prompts, self._emits  # the paged manager named every request
+        # The paged manager named every request; else `Follower` reads them (and which last steps it
+        # read as greedy: sequence -> tokens no later call showed).
+        prompts, emits, unfollowed, assumed = self.paged.prompts, self._emits, [], {}
         if not self.paged.seq_of:
             follower = _followed(calls, frozenset(eos_ids(target, None)), notes)
             follower.take_decoded(self.decoded.lists, pad_id(target, None))
@@ -226,15 +225,15 @@ class AutoWatch(Recorder):
     def _relabeled(self) -> tuple[Any, Any | None, list[CallRecord]]:
         """The target (the largest causal LM that ran), the draft (the next, if any) and only their
         calls, with roles; the head's calls keep the target's hidden-state matches."""
-        ran = {int(c.role) for c in self._calls if not c.drafter}
+        ran = {c.role for c in self._calls} - {"draft"}  # the models' indices (the head's calls are "draft")
         if not ran:
             raise WatchError("the script ran no forward call of a causal LM built while it ran")
-        ranked = sorted(ran, key=lambda i: (-sum(p.numel() for p in self.models[i].parameters()), i))
-        role_of = {str(i): role for i, role in zip(ranked, ("target", "draft"))}  # other models' calls: dropped
+        ranked = sorted(ran, key=lambda i: (-sum(p.numel() for p in self.models[int(i)].parameters()), int(i)))
+        role_of = dict(zip(ranked, ("target", "draft")))  # any other model's calls are dropped
         kept = []
         for call in self._calls:
             if call.drafter:  # the head's: matched with every model's hidden states, the target's kept
-                call.head_fed = resolve(call.head_fed, ranked[0])
+                call.head_fed = resolve(call.head_fed, int(ranked[0]))
                 kept.append(call)
             elif call.role in role_of:
                 call.role = role_of[call.role]
@@ -271,12 +270,12 @@ def _followed(calls: list[CallRecord], eos: frozenset[int], notes: list[str]) ->
 def unpadded_prompts(prompts: list[list[int]], calls: list[CallRecord], pad: int | None) -> list[list[int]]:
     """The first target call's prompts without their left padding when it was fed no mask (every slot
     reads as attended), as the API, given the prompts, would read them: only a rectangular batch whose
-    rows start with pad runs of different lengths, one of them none."""
-    first = next(c for c in calls if c.role == "target")  # there is one: `infer` read it
-    if pad is None or not isinstance(first.view(0), Unmasked):  # (a packed call's segments: no padding)
+    rows start with pad runs, one of them none (no pad id, or no row padded: nothing is stripped)."""
+    first = next(c for c in calls if c.role == "target")  # there is one: `_relabeled` kept it
+    if not isinstance(first.view(0), Unmasked):  # (a packed call's segments: no padding)
         return prompts
     opened = prompts[: first.batch_size]
     leads = [len(p) - len(list(dropwhile(lambda t: t == pad, p))) for p in opened]
-    if len({len(p) for p in opened}) != 1 or min(leads) != 0 or max(leads) == 0:
+    if len({len(p) for p in opened}) != 1 or min(leads) != 0:
         return prompts
     return [p[lead:] or p for p, lead in zip(opened, leads)] + prompts[first.batch_size :]

@@ -1,8 +1,6 @@
 """`python -m specviz watch --out T -- python their_script.py [args]`: trace a script unmodified.
-
 The script runs in this process (`runpy`) with its own `sys.argv`, every causal LM it builds hooked
-(`autowatch`); when it ends, what was decoded is inferred from the calls (docs/watch-command.md).
-"""
+(`autowatch`); when it ends, what was decoded is inferred from the calls (docs/watch-command.md)."""
 
 from __future__ import annotations
 

@@ -36,9 +36,8 @@ from specviz.watch.streamer import GenerateStreamer
 from specviz.watch.tree import alternatives
 
 FINISH_REASONS = (None, "eos", "length")
-# Model -> the open watch whose hooks are on it. Hooks are global state: a second watch on the same
-# model would record every call too (and the first one the second's), so it is refused until the
-# first closes.
+# Model -> the open watch whose hooks are on it: a second watch on it would record every call too
+# (and the first one the second's), so it is refused until the first closes.
 _WATCHED: weakref.WeakKeyDictionary[Any, Watch] = weakref.WeakKeyDictionary()
 
 
@@ -117,8 +116,7 @@ class Watch(Recorder):
         # Greedy on the raw logits: the only case where the target's argmax is the engine's choice
         # and a batch-1 greedy decode of the target is its oracle.
         self.argmax_is_choice = self.temperature == 0 and not logits_processed
-        self._ever_declared = False  # rows or batch called: the engine names its rows
-        self._closed = False
+        self._ever_declared, self._closed = False, False  # rows or batch called: the engine names its rows
         self.trace: Trace | None = None  # set by close(): the context manager's result
         self._proposer = "draft-model"  # what drafted, when the run drafted
         self._hooks: list[Any] = []  # everything `close` removes (`ModelHooks`, the tap)
@@ -208,8 +206,8 @@ class Watch(Recorder):
         for model in self._hooked:
             del _WATCHED[model]
         self._paged.uninstall()
-        # The watch keeps neither the hooks (and the tap's hidden states) nor the calls: the hooks
-        # point back at it, a cycle only a full garbage collection (slow once torch is loaded) frees.
+        # Kept neither the hooks (nor the tap's states) nor the calls: the hooks point back at the watch,
+        # a cycle only a full garbage collection (slow once torch is loaded) frees.
         self._hooks, calls, self._calls = [], self._calls, []
         if complete:
             declared.require_emits(calls, self._emits)
@@ -302,8 +300,7 @@ class Watch(Recorder):
         )
 
     def _references(self, prompts: list[list[int]], steps: InferredSteps, eos: frozenset[int]) -> list[Any]:
-        """Each prompt's batch-1 greedy (ids, margins), to its own budget (its length where it ended
-        by "length", else the run's)."""
+        """Each prompt's batch-1 greedy (ids, margins), to its own budget (`steps.budgets`)."""
         was_training = self.target.training
         self.target.eval()
         try:
