@@ -259,9 +259,8 @@ class Watch(Recorder):
             raise WatchError(f"{what}: this watch is already closed")
 
     def _header(self, steps: InferredSteps, eos: frozenset[int], complete: bool) -> Header:
-        seconds = None
-        if steps.first_call_at is not None:  # a call, so an event: last_event_at is set too
-            seconds = round(steps.last_event_at - steps.first_call_at, 6)
+        # A call, so an event: last_event_at is set too.
+        seconds = None if steps.first_call_at is None else round(steps.last_event_at - steps.first_call_at, 6)
         unreadable = steps.unreadable
         method, draft, proposer = (
             ("speculative", self.draft, self._proposer) if steps.k else ("baseline", None, "draft-model")
