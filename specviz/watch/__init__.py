@@ -4,11 +4,7 @@
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from specviz.watch.hooks import CallSink, WatchError
-    from specviz.watch.session import Watch, watch
+from typing import Any
 
 __all__ = ["CallSink", "Watch", "WatchError", "watch"]
 _LAZY = {"Watch": "session", "watch": "session", "WatchError": "hooks", "CallSink": "hooks"}

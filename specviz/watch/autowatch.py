@@ -20,7 +20,7 @@ from specviz.trace.token_text import attach_token_text, trace_token_ids
 from specviz.watch.attribution import Emit
 from specviz.watch.declared import eos_ids, pad_id
 from specviz.watch.headinput import TapSet, resolve
-from specviz.watch.hooks import ModelHooks, WatchError, check_causal_lm
+from specviz.watch.hooks import Declared, ModelHooks, WatchError, check_causal_lm
 from specviz.watch.infer.decoded import DecodedLog
 from specviz.watch.infer.follow import Follower
 from specviz.watch.paged import PagedCapture
@@ -34,9 +34,8 @@ class AutoWatch(Recorder):
 
     def __init__(self, drafter: str | None = None) -> None:
         super().__init__()
-        self.models: list[Any] = []
+        self.models: list[Any] = []  # each records its calls under its index as their role (`_relabeled`)
         self.hooks: list[ModelHooks] = []
-        self.roles: dict[int, int] = {}  # id(CallRecord) -> index of the model that made it
         self.tokenizers: list[Any] = []  # every tokenizer built while installed, in order
         self.decoded = DecodedLog()  # the id lists the script decoded, to read its last steps
         self._patched: list[tuple[Any, str, Any]] = []  # (class, name, original) to restore
@@ -45,6 +44,7 @@ class AutoWatch(Recorder):
         # every causal LM keeps its last hidden states (`taps`).
         self.drafter, self.taps = drafter, TapSet()
         self.head: Any = None
+        self._unfound: list[str] = []  # the note that `--drafter` named no head called, until one is
         self._search: list[Any] = []  # the global hooks' handles while searching
         self._called: dict[int, float] = {}  # id(module) -> start time of its call under way
         self._inside: set[int] | None = None  # ids of the causal LMs' modules (built when a name matches)
@@ -64,8 +64,7 @@ class AutoWatch(Recorder):
 
         def keeping(tokenizer: Any, *args: Any, **kwargs: Any) -> None:
             tokenizer_init(tokenizer, *args, **kwargs)
-            if not any(t is tokenizer for t in self.tokenizers):
-                self.tokenizers.append(tokenizer)
+            self.tokenizers.append(tokenizer)  # (twice changes nothing: the first that fits is taken)
 
         self._patch(PreTrainedModel, "post_init", adopting)
         self._patch(Tokenizer, "__init__", keeping)
@@ -73,6 +72,11 @@ class AutoWatch(Recorder):
         self.paged.install()
         if self.drafter:
             self._head_class = self.drafter.rsplit(".", 1)[-1]
+            self._unfound = [
+                f"--drafter {self.drafter}: no module of that class was called outside the causal LMs "
+                "(or inside one, returning its logits); "
+                "drafts were read from the verify, the head's input was not checked"
+            ]
             hooks = torch.nn.modules.module
             self._search = [
                 hooks.register_module_forward_pre_hook(self._head_call_starts),
@@ -84,8 +88,7 @@ class AutoWatch(Recorder):
         setattr(owner, name, replacement)
 
     def uninstall(self) -> None:
-        """Restore what `install` patched and remove every hook (`cli` calls it when the script ends,
-        `finish` again: twice is harmless)."""
+        """Restore what `install` patched, remove every hook (`cli` and `finish` call it: twice is harmless)."""
         for owner, name, original in reversed(self._patched):
             setattr(owner, name, original)
         self._patched = []
@@ -108,11 +111,15 @@ class AutoWatch(Recorder):
             if self._is_head_class(model):
                 return  # a causal LM of the head's class is left to the search: it is the head
             tap = self.taps.add(len(self.models), model)
-        index = len(self.models)
+        # Every model records as a target (argmax of all query slots) under its index; draft calls are
+        # trimmed later.
+        self.hooks.append(ModelHooks(model, str(len(self.models)), self, tap=tap))
         self.models.append(model)
         self._inside = None
-        # Every model records as a target (argmax of all query slots); draft calls are trimmed later.
-        self.hooks.append(_IndexedHooks(model, self, index, tap))
+
+    def declared(self, role: str = "target") -> Declared:
+        """The paged manager's requests are for the next call of any model (each has its own role)."""
+        return super().declared("target")
 
     # ------------------------------------------------------------------ the draft head
 
@@ -143,7 +150,7 @@ class AutoWatch(Recorder):
         if id(module) in self._inside and not self._in_forward_head(module, output):
             return  # part of the target or the draft (a layer of that name), not a head
         self._stop_search()
-        self.head = module
+        self.head, self._unfound = module, []
         hooks = ModelHooks(module, "draft", self, drafter=True, tap=self.taps)
         self.hooks.append(hooks)
         hooks.before(module, args, kwargs)
@@ -173,22 +180,18 @@ class AutoWatch(Recorder):
         self.uninstall()
         target, draft, calls = self._relabeled()
         notes: list[str] = []
-        unfollowed: list[str] = []
-        assumed: dict[int, int] = {}  # sequence -> tokens of its last step no later call showed
-        eos = frozenset(eos_ids(target, None))
-        prompts, emits = self.paged.prompts, self._emits  # the paged manager named every request
+        # The paged manager named every request; else `Follower` reads them (and which last steps it
+        # read as greedy: sequence -> tokens no later call showed).
+        prompts, emits, unfollowed, assumed = self.paged.prompts, self._emits, [], {}
         if not self.paged.seq_of:
-            prompts, emits = infer(calls, eos, notes, unfollowed, assumed, (self.decoded, pad_id(target, None)))
-            prompts = unpadded_prompts(prompts, calls, pad_id(target, None))
+            follower = _followed(calls, frozenset(eos_ids(target, None)), notes)
+            follower.take_decoded(self.decoded.lists, pad_id(target, None))
+            prompts = unpadded_prompts(follower.prompts, calls, pad_id(target, None))
+            emits, unfollowed, assumed = follower.emits, follower.unfollowed, follower.read_as_greedy
         read_all = not notes  # else reading stopped: the trace is incomplete
         if assumed and self.decoded.full:  # some last steps read as greedy may be in the lists left out
             notes.append(self.decoded.note())
-        if self.drafter and self.head is None:  # never silent: the head-input check did not run
-            notes.append(
-                f"--drafter {self.drafter}: no module of that class was called outside the causal LMs "
-                "(or inside one, returning its logits); "
-                "drafts were read from the verify, the head's input was not checked"
-            )
+        notes += self._unfound  # never silent: the head-input check did not run
         # The inferred calls and emits stand in for what the hooks and `emit` would have collected;
         # the trace is written below, with what only the command knows.
         w = Watch(target, draft, prompts=prompts, name=name, layout=layout, drafter=self.head)
@@ -222,78 +225,57 @@ class AutoWatch(Recorder):
     def _relabeled(self) -> tuple[Any, Any | None, list[CallRecord]]:
         """The target (the largest causal LM that ran), the draft (the next, if any) and only their
         calls, with roles; the head's calls keep the target's hidden-state matches."""
-        ran = {self.roles[id(c)] for c in self._calls if not c.drafter}
+        ran = {c.role for c in self._calls} - {"draft"}  # the models' indices (the head's calls are "draft")
         if not ran:
             raise WatchError("the script ran no forward call of a causal LM built while it ran")
-        ranked = sorted(ran, key=lambda i: (-sum(p.numel() for p in self.models[i].parameters()), i))
+        ranked = sorted(ran, key=lambda i: (-sum(p.numel() for p in self.models[int(i)].parameters()), int(i)))
         role_of = dict(zip(ranked, ("target", "draft")))  # any other model's calls are dropped
         kept = []
         for call in self._calls:
             if call.drafter:  # the head's: matched with every model's hidden states, the target's kept
-                call.head_fed = resolve(call.head_fed, ranked[0])
+                call.head_fed = resolve(call.head_fed, int(ranked[0]))
                 kept.append(call)
-            elif self.roles[id(call)] in role_of:
-                call.role = role_of[self.roles[id(call)]]
+            elif call.role in role_of:
+                call.role = role_of[call.role]
                 kept.append(call)
         # The manager's reports counted every model's calls: counted again over the calls kept.
         kept_ids = {id(c) for c in kept}
         before = list(accumulate((id(c) in kept_ids for c in self._calls), initial=0))
         for emit in self._emits:
             emit.after = before[emit.after]
-        model = {role: self.models[i] for i, role in role_of.items()}
+        model = {role: self.models[int(i)] for i, role in role_of.items()}
         return model["target"], model.get("draft"), kept
 
 
-class _IndexedHooks(ModelHooks):
-    """ModelHooks that also remember which model made each call."""
-
-    def __init__(self, model: Any, watcher: AutoWatch, index: int, tap: Any = None) -> None:
-        super().__init__(model, "target", watcher, tap=tap)
-        self.index = index
-        self.watcher = watcher
-
-    def after(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
-        count = len(self.watcher._calls)
-        super().after(module, args, kwargs, output)
-        for call in self.watcher._calls[count:]:
-            self.watcher.roles[id(call)] = self.index
-
-
 def infer(
-    calls: list[CallRecord],
-    eos: frozenset[int],
-    notes: list[str],
-    unfollowed: list[str] | None = None,
-    assumed: dict[int, int] | None = None,
-    decoded: tuple[DecodedLog, int | None] | None = None,
+    calls: list[CallRecord], eos: frozenset[int], notes: list[str], unfollowed: list[str] | None = None
 ) -> tuple[list[list[int]], list[Emit]]:
     """Prompts and the emits a correct engine would have declared, rows followed by `Follower`; why
-    not goes to `notes` and `unfollowed`, each last step read as greedy to `assumed` (fewer tokens
-    where `decoded`, what the script decoded and the engine's pad id, shows them)."""
-    for call in calls:
-        call.materialize()
-    if not any(c.role == "target" for c in calls):
-        raise WatchError("the target ran no forward call with input_ids")
-    follower = Follower(calls, eos, notes)
-    follower.run()
-    if decoded is not None:
-        follower.take_decoded(decoded[0].lists, decoded[1])
+    not goes to `notes` and `unfollowed`."""
+    follower = _followed(calls, eos, notes)
     if unfollowed is not None:
         unfollowed.extend(follower.unfollowed)
-    if assumed is not None:
-        assumed.update(follower.read_as_greedy)
     return follower.prompts, follower.emits
+
+
+def _followed(calls: list[CallRecord], eos: frozenset[int], notes: list[str]) -> Follower:
+    """The calls read (`CallRecord.materialize`, the target's: `_relabeled` kept one) and followed."""
+    for call in calls:
+        call.materialize()
+    follower = Follower(calls, eos, notes)
+    follower.run()
+    return follower
 
 
 def unpadded_prompts(prompts: list[list[int]], calls: list[CallRecord], pad: int | None) -> list[list[int]]:
     """The first target call's prompts without their left padding when it was fed no mask (every slot
     reads as attended), as the API, given the prompts, would read them: only a rectangular batch whose
-    rows start with pad runs of different lengths, one of them none."""
-    first = next(c for c in calls if c.role == "target")  # there is one: `infer` read it
-    if pad is None or not isinstance(first.view(0), Unmasked):  # (a packed call's segments: no padding)
+    rows start with pad runs, one of them none (no pad id, or no row padded: nothing is stripped)."""
+    first = next(c for c in calls if c.role == "target")  # there is one: `_relabeled` kept it
+    if not isinstance(first.view(0), Unmasked):  # (a packed call's segments: no padding)
         return prompts
     opened = prompts[: first.batch_size]
     leads = [len(p) - len(list(dropwhile(lambda t: t == pad, p))) for p in opened]
-    if len({len(p) for p in opened}) != 1 or min(leads) != 0 or max(leads) == 0:
+    if len({len(p) for p in opened}) != 1 or min(leads) != 0:
         return prompts
     return [p[lead:] or p for p, lead in zip(opened, leads)] + prompts[first.batch_size :]

@@ -1,8 +1,6 @@
 """`python -m specviz watch --out T -- python their_script.py [args]`: trace a script unmodified.
-
 The script runs in this process (`runpy`) with its own `sys.argv`, every causal LM it builds hooked
-(`autowatch`); when it ends, what was decoded is inferred from the calls (docs/watch-command.md).
-"""
+(`autowatch`); when it ends, what was decoded is inferred from the calls (docs/watch-command.md)."""
 
 from __future__ import annotations
 
@@ -11,7 +9,10 @@ import os
 import runpy
 import sys
 import traceback
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from specviz.errors import SpecvizError
 from specviz.startup import EXIT_INTERRUPTED
@@ -32,8 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("script", nargs=argparse.REMAINDER, help="-- python their_script.py [args]")
 
 
-def script_argv(words: list[str]) -> tuple[str, list[str], bool]:
-    """(path or module, its argv, is a module) from `[--] [python] script.py args` or `python -m mod args`."""
+def script_argv(words: list[str]) -> tuple[str, list[str], Callable[[], Any], str]:
+    """(path or module, its argv, its run as `__main__`, the folder its imports start from, as `python`
+    would run it) from `[--] [python] script.py args` or `python -m mod args`."""
     if words[:1] == ["--"]:
         words = words[1:]
     if words and (Path(words[0]).name in PYTHONS or words[0] == sys.executable):
@@ -43,23 +45,21 @@ def script_argv(words: list[str]) -> tuple[str, list[str], bool]:
     if words[0] == "-m":
         if len(words) < 2:
             raise SpecvizError("watch: -m needs a module name")
-        return words[1], words[1:], True
+        run = partial(runpy.run_module, words[1], run_name="__main__", alter_sys=True)
+        return words[1], words[1:], run, os.getcwd()
     if not Path(words[0]).is_file():
         raise SpecvizError(f"watch: no such script: {words[0]}")
-    return words[0], list(words), False
+    run = partial(runpy.run_path, words[0], run_name="__main__")
+    return words[0], list(words), run, os.path.dirname(os.path.abspath(words[0]))
 
 
-def run_script(target: str, argv: list[str], is_module: bool) -> int:
-    """Run the script as `__main__` with its own argv; its exit status (a crash is 1, after its traceback)."""
+def run_script(argv: list[str], run: Callable[[], Any], folder: str) -> int:
+    """Run the script with its own argv; its exit status (a crash is 1, after its traceback)."""
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = argv
     try:
-        if is_module:  # imported as `python -m` would: from the working folder
-            sys.path.insert(0, os.getcwd())
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
-        else:  # from the script's own folder, as `python script.py` would
-            sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
-            runpy.run_path(target, run_name="__main__")
+        sys.path.insert(0, folder)
+        run()
         return 0
     except SystemExit as done:
         code = done.code
@@ -73,7 +73,7 @@ def run_script(target: str, argv: list[str], is_module: bool) -> int:
 
 def cmd_watch(args: argparse.Namespace) -> int:
     """Run the script under the hooks, write the trace; the script's exit status (or 2 for bad use)."""
-    target, argv, is_module = script_argv(list(args.script))
+    target, argv, run, folder = script_argv(list(args.script))
     if args.drafter is not None and not all(part.isidentifier() for part in args.drafter.split(".")):
         raise SpecvizError(
             f"watch: --drafter takes a class name such as DraftHead or pkg.mod.DraftHead, got {args.drafter!r}"
@@ -83,7 +83,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     vllm_records = vllm_session.begin()  # vLLM's engines record their own steps (docs/vllm.md)
     watcher.install()
     try:
-        status = run_script(target, argv, is_module)
+        status = run_script(argv, run, folder)
     except KeyboardInterrupt:
         status = EXIT_INTERRUPTED
     finally:

@@ -40,7 +40,7 @@ def checked_segments(drafts: Any, chunk: Any, lens: list[int] | None, rows: int)
     calls), fewer than its query; whether it is a prefill chunk, which yields no token (no drafts)."""
     said = [None] * rows if drafts is None else [None if d is None else as_int(d, "batch") for d in drafts]
     chunks = [False] * rows if chunk is None else list(chunk)
-    if len(said) != rows or len(chunks) != rows:
+    if {len(said), len(chunks)} != {rows}:
         raise WatchError(f"batch: {rows} sequences need {rows} entries in drafts= and chunk=")
     for r, c in enumerate(chunks):
         if not isinstance(c, bool):

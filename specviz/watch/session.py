@@ -1,12 +1,10 @@
 """The Watch: hooks on the user's models, plus the two facts hooks cannot see (rows and emits).
-
-`specviz.watch(target, draft, ...)` makes one (docs/watch.md): `w.rows` or `w.batch` say which
-sequence each row holds, `w.emit` what a sequence received, and `w.close()` (leaving the `with`)
-infers the steps, decodes each prompt's batch-1 greedy reference (the oracle) and writes the trace.
-"""
+`specviz.watch(target, draft, ...)` makes one (docs/watch.md): `w.rows` or `w.batch` say which sequence
+each row holds, `w.emit` what a sequence received, and `w.close()` infers the steps and writes the trace."""
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import weakref
@@ -38,20 +36,9 @@ from specviz.watch.streamer import GenerateStreamer
 from specviz.watch.tree import alternatives
 
 FINISH_REASONS = (None, "eos", "length")
-# Model -> the open watch whose hooks are on it. Hooks are global state: a second watch on the same
-# model would record every call too (and the first one the second's), so it is refused until the
-# first closes.
+# Model -> the open watch whose hooks are on it: a second watch on it would record every call too
+# (and the first one the second's), so it is refused until the first closes.
 _WATCHED: weakref.WeakKeyDictionary[Any, Watch] = weakref.WeakKeyDictionary()
-
-
-def _refuse_watched(*models: Any) -> None:
-    """Refuse a model an open watch still hooks, before any hook goes on."""
-    for model in models:
-        if model is not None and model in _WATCHED:
-            raise WatchError(
-                f"{type(model).__name__} is already hooked by an open specviz.watch ({_WATCHED[model].name!r}, "
-                f"created {_WATCHED[model].created_at}): close it first (w.close(), or `with specviz.watch(...)`)"
-            )
 
 
 class Recorder:
@@ -103,31 +90,40 @@ class Watch(Recorder):
         if not isinstance(logits_processed, bool):
             raise WatchError(f"logits_processed must be True or False, got {logits_processed!r}")
         self.temperature = declared.checked_temperature(temperature)
-        listed = None if prompts is None else list(prompts)  # once: a generator is read one time
-        self.prompts = declared.prompt_ids(listed, tokenizer)
+        # Without prompts a sequence id is any index >= 0; with them, one of theirs.
+        self.prompts, self.prompt_texts, self._known = None, {}, math.inf
+        self._unknown = "{what}: sequence ids are prompt indices (0, 1, ...), got {seq_id}"
+        if prompts is not None:
+            listed = list(prompts)  # once: a generator is read one time
+            self.prompts = declared.prompt_ids(listed, tokenizer)
+            self.prompt_texts = {i: p for i, p in enumerate(listed) if isinstance(p, str)}
+            self._known = len(self.prompts)
+            self._unknown = f"{{what}}: unknown sequence {{seq_id}}; prompts are sequences 0..{self._known - 1}"
         check_causal_lm(target, "target")
         if draft is not None:
             check_causal_lm(draft, "draft")
         if draft is target:
             raise WatchError("draft and target are the same module; pass draft=None for plain decoding")
+        self._hooked = [m for m in (target, draft, drafter) if m is not None]
+        for model in self._hooked:  # before any hook goes on
+            if model in _WATCHED:
+                raise WatchError(
+                    f"{type(model).__name__} is already hooked by an open specviz.watch ({_WATCHED[model].name!r}, "
+                    f"created {_WATCHED[model].created_at}): close it first (w.close(), or `with specviz.watch(...)`)"
+                )
         self.target, self.draft, self.tokenizer, self.out, self.layout = target, draft, tokenizer, out, layout
-        self.prompt_texts = {i: p for i, p in enumerate(listed or []) if isinstance(p, str)}
-        self.name = name or "watched"
-        self.logits_processed = logits_processed
+        self.name, self.logits_processed, self.created_at = name or "watched", logits_processed, now_iso()
         # Greedy on the raw logits: the only case where the target's argmax is the engine's choice
         # and a batch-1 greedy decode of the target is its oracle.
         self.argmax_is_choice = self.temperature == 0 and not logits_processed
-        self.created_at = now_iso()
-        self._ever_declared = False  # rows or batch called: the engine names its rows
-        self._closed = False
+        self._ever_declared, self._closed = False, False  # rows or batch called: the engine names its rows
         self.trace: Trace | None = None  # set by close(): the context manager's result
         self._proposer = "draft-model"  # what drafted, when the run drafted
         self._hooks: list[Any] = []  # everything `close` removes (`ModelHooks`, the tap)
-        if drafter is not None and (not isinstance(drafter, torch.nn.Module) or drafter in (target, draft)):
-            raise WatchError("drafter must be a torch module other than the target and the draft (the draft head)")
-        _refuse_watched(target, draft, drafter)
         tap = None  # the target's last hidden states, to see where the head's input came from
         if drafter is not None:  # a draft head (EAGLE, MTP, Medusa): any module, fed hidden states
+            if not isinstance(drafter, torch.nn.Module) or drafter in (target, draft):
+                raise WatchError("drafter must be a torch module other than the target and the draft (the draft head)")
             tap = HiddenTap(target)
             self._proposer = "head"  # rows record `head_source`; a draft model, below, drafts instead
             self._hooks += [ModelHooks(drafter, "draft", self, drafter=True, tap=tap), tap]
@@ -138,16 +134,14 @@ class Watch(Recorder):
         # Always a capture: one that finds no continuous batching names no sequence and adds nothing.
         self._paged = PagedCapture(self, self.prompts)
         self._paged.install()
-        _WATCHED.update((m, self) for m in (target, draft, drafter) if m is not None)
+        _WATCHED.update((m, self) for m in self._hooked)
 
     def rows(self, seq_ids: Iterable[int], *, model: str | None = None) -> None:
         """Declare which sequence each batch row holds from now on, in row order; `model="draft"` (or
         "target") one side only, for a draft batch of other rows (undeclared: matched by its calls)."""
-        _check_model(model, (None, "target", "draft"), "rows")
-        ids = tuple(self._checked_ids(seq_ids, "rows"))
+        roles = _roles(model, (None, "target", "draft"), "rows")
+        self._rows.update(dict.fromkeys(roles, tuple(self._checked_ids(seq_ids, "rows"))))
         self._ever_declared = True
-        for role in ("target", "draft") if model is None else (model,):
-            self._rows[role] = ids
 
     def batch(
         self,
@@ -162,10 +156,14 @@ class Watch(Recorder):
         """Declare the next forward of `model` only: the sequence of each row or, with `query_lens`,
         of each packed segment in order; each one's tree, draft count and whether it is a prefill
         chunk (docs/watch.md)."""
-        _check_model(model, ("target", "draft"), "batch")
+        _roles(model, ("target", "draft"), "batch")
         ids = self._checked_ids(seq_ids, "batch")
         trees = None if parents is None else declared.checked_trees(parents, len(ids), model)
-        lens = None if query_lens is None else _checked_lens(query_lens, len(ids))
+        lens = None
+        if query_lens is not None:
+            lens = [declared.as_int(n, "batch") for n in query_lens]
+            if len(lens) != len(ids) or any(n <= 0 for n in lens):
+                raise WatchError(f"batch: {len(ids)} sequences need {len(ids)} query lengths > 0, got {lens}")
         self._once[model] = Declared(tuple(ids), lens, trees, declared.checked_segments(drafts, chunk, lens, len(ids)))
         self._ever_declared = True
 
@@ -176,10 +174,8 @@ class Watch(Recorder):
         for seq_id in ids:
             if seq_id in seen:
                 raise WatchError(f"{what}: sequence {seq_id} appears twice; each row holds a different sequence")
-            if self.prompts is not None and not 0 <= seq_id < len(self.prompts):
-                raise WatchError(f"{what}: unknown sequence {seq_id}; prompts are sequences 0..{len(self.prompts) - 1}")
-            if seq_id < 0:
-                raise WatchError(f"{what}: sequence ids are prompt indices (0, 1, ...), got {seq_id}")
+            if not 0 <= seq_id < self._known:
+                raise WatchError(self._unknown.format(what=what, seq_id=seq_id))
             seen.add(seq_id)
         return ids
 
@@ -205,7 +201,14 @@ class Watch(Recorder):
         """Remove the hooks, infer the steps, decode the references, write `out`; returns the trace."""
         self._require_open("close")
         self._closed = True
-        calls = self._release_hooks()
+        for hooks in self._hooks:
+            hooks.remove()
+        for model in self._hooked:
+            del _WATCHED[model]
+        self._paged.uninstall()
+        # Kept neither the hooks (nor the tap's states) nor the calls: the hooks point back at the watch,
+        # a cycle only a full garbage collection (slow once torch is loaded) frees.
+        self._hooks, calls, self._calls = [], self._calls, []
         if complete:
             declared.require_emits(calls, self._emits)
         # The manager's requests may stop on EOS ids of their own.
@@ -213,15 +216,21 @@ class Watch(Recorder):
         with collector_paused():
             for call in calls:
                 call.materialize()
-            # Undeclared: the paged manager's requests, else the first target call's rows.
-            prompts = self.prompts or self._paged.prompts or _first_rows(calls)
+            targets = [c for c in calls if c.role == "target"]
+            first = targets[:1]  # undeclared prompts: the paged manager's requests, else this call's rows
+            prompts = (
+                self.prompts or self._paged.prompts or [attended_ids(c, r) for c in first for r in range(c.batch_size)]
+            )
             declared.require_prompted(prompts, self._emits)
-            if self._rows_to_follow(calls, prompts):
+            # Nothing ever named a row, yet a later target call holds another number of sequences
+            # than there are prompts: row r cannot hold sequence r there, so the rows are followed.
+            named = self._ever_declared or any(c.rows is not None for c in targets)
+            if not named and any(c.batch_size != len(prompts) for c in targets[1:]):
                 follow_rows(calls, prompts, eos, self._emits)
             self._paged.reconcile(calls, self._emits)  # the engine's emits for the manager's sequences
             steps = infer_steps(calls, self._emits, prompts, eos, argmax_is_choice=self.argmax_is_choice)
             header = self._header(steps, eos, complete and steps.unreadable is None)
-        del calls  # read: the reference decode below does not need them
+        del calls, targets  # read: the reference decode below does not need them
         # A sampled or processed run is not token-exact against the raw greedy oracle: none decoded.
         references: list[tuple[Any, Any]] = [(None, None)] * len(prompts)
         if reference and self.argmax_is_choice:
@@ -237,18 +246,6 @@ class Watch(Recorder):
         self.trace = trace
         return trace
 
-    def _release_hooks(self) -> list[CallRecord]:
-        """Remove the hooks; returns the calls, which the watch no longer holds: the hooks point back
-        at it, a cycle only a full garbage collection (slow once torch is loaded) would free."""
-        for hooks in self._hooks:
-            hooks.remove()
-        self._hooks = []  # and the last hidden states the tap kept
-        for model in [m for m, w in _WATCHED.items() if w is self]:
-            del _WATCHED[model]
-        self._paged.uninstall()
-        calls, self._calls = self._calls, []
-        return calls
-
     def __enter__(self) -> Watch:
         return self
 
@@ -261,19 +258,13 @@ class Watch(Recorder):
         if self._closed:
             raise WatchError(f"{what}: this watch is already closed")
 
-    def _rows_to_follow(self, calls: list[CallRecord], prompts: list[list[int]]) -> bool:
-        """Nothing ever named a row, yet a later target call holds another number of sequences than
-        there are prompts: row r cannot hold sequence r there, so the rows are followed."""
-        targets = [c for c in calls if c.role == "target"]
-        if any(c.rows is not None for c in targets) or self._ever_declared:
-            return False
-        return any(c.batch_size != len(prompts) for c in targets[1:])
-
     def _header(self, steps: InferredSteps, eos: frozenset[int], complete: bool) -> Header:
-        seconds = None
-        if steps.first_call_at is not None:  # a call, so an event: last_event_at is set too
-            seconds = round(steps.last_event_at - steps.first_call_at, 6)
-        unreadable, drafting = steps.unreadable, steps.k > 0
+        # A call, so an event: last_event_at is set too.
+        seconds = None if steps.first_call_at is None else round(steps.last_event_at - steps.first_call_at, 6)
+        unreadable = steps.unreadable
+        method, draft, proposer = (
+            ("speculative", self.draft, self._proposer) if steps.k else ("baseline", None, "draft-model")
+        )
         options = {  # only what was said or found is written
             "watch_notes": steps.notes[:20],
             UNREADABLE: None if unreadable is None else {"step": unreadable[0], "why": unreadable[1]},
@@ -283,11 +274,11 @@ class Watch(Recorder):
         }
         return Header(
             schema_version=SCHEMA_VERSION,
-            method="speculative" if drafting else "baseline",
+            method=method,
             fault=None,
             target=model_info(self.target),
-            draft=model_info(self.draft) if drafting and self.draft is not None else None,
-            proposer=self._proposer if drafting else "draft-model",
+            draft=None if draft is None else model_info(draft),
+            proposer=proposer,
             draft_k=steps.k,
             tree_branches=alternatives(steps.steps),
             batch_size=max([1, *(len(s.rows) for s in steps.steps)]),
@@ -308,8 +299,7 @@ class Watch(Recorder):
         )
 
     def _references(self, prompts: list[list[int]], steps: InferredSteps, eos: frozenset[int]) -> list[Any]:
-        """Each prompt's batch-1 greedy (ids, margins), to its own budget (its length where it ended
-        by "length", else the run's)."""
+        """Each prompt's batch-1 greedy (ids, margins), to its own budget (`steps.budgets`)."""
         was_training = self.target.training
         self.target.eval()
         try:
@@ -354,29 +344,15 @@ def watch(
     logits_processed: bool = False,
     drafter: Any | None = None,
 ) -> Watch:
-    """What `specviz.watch` calls (its docstring and docs/watch.md say what each argument means)."""
-    return Watch(
-        target, draft, tokenizer=tokenizer, prompts=prompts, out=out, name=name, layout=layout,
-        temperature=temperature, logits_processed=logits_processed, drafter=drafter,
-    )  # fmt: skip
+    """What `specviz.watch` calls, with the same arguments (its docstring and docs/watch.md)."""
+    return Watch(**locals())
 
 
-def _check_model(model: str | None, allowed: tuple[str | None, ...], what: str) -> None:
+_ROLES = {None: ("target", "draft"), "target": ("target",), "draft": ("draft",)}  # the rows `model=` declares
+
+
+def _roles(model: str | None, allowed: tuple[str | None, ...], what: str) -> tuple[str, ...]:
     if model not in allowed:
         names = ", ".join(map(repr, allowed[:-1]))
         raise WatchError(f"{what}: model must be {names} or {allowed[-1]!r}, got {model!r}")
-
-
-def _checked_lens(query_lens: Iterable[int], count: int) -> list[int]:
-    lens = [declared.as_int(n, "batch") for n in query_lens]
-    if len(lens) != count or any(n <= 0 for n in lens):
-        raise WatchError(f"batch: {count} sequences need {count} query lengths > 0, got {lens}")
-    return lens
-
-
-def _first_rows(calls: list[CallRecord]) -> list[list[int]]:
-    """Without declared prompts: the attended tokens of each row of the first target call."""
-    for call in calls:
-        if call.role == "target":
-            return [attended_ids(call, r) for r in range(call.batch_size)]
-    return []
+    return _ROLES[model]

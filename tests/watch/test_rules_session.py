@@ -168,3 +168,14 @@ def test_prompts_given_once_as_a_generator_or_an_array_keep_their_ids_and_texts(
     w = specviz.watch(p.target, prompts=numpy.array(PROMPTS[:1] * 2))
     assert w.prompts == [PROMPTS[0], PROMPTS[0]] and w.prompt_texts == {}
     w.close(reference=False, complete=False)
+
+
+def test_without_prompts_any_sequence_id_at_least_0_is_one_and_a_negative_one_is_refused() -> None:
+    p = pair()
+    w = specviz.watch(p.target)
+    try:
+        w.rows([0, 7])  # no prompts: any index >= 0 names a sequence
+        with pytest.raises(WatchError, match=r"rows: sequence ids are prompt indices \(0, 1, \.\.\.\), got -1$"):
+            w.rows([0, -1])
+    finally:
+        w.close(reference=False, complete=False)

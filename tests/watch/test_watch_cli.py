@@ -237,3 +237,25 @@ def test_drafter_takes_a_class_name(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--drafter takes a class name" in err[0]
+
+
+def test_a_script_runs_from_its_own_folder_and_a_module_from_the_working_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`script_argv`: the script's path (after `--` and `python`) with its argv and its folder; with
+    `-m`, the module with its argv and the working folder, as `python` would import from."""
+    import os
+
+    from specviz.errors import SpecvizError
+    from specviz.watch.cli import script_argv
+
+    script = tmp_path / "engine.py"
+    script.write_text("")
+    monkeypatch.chdir(tmp_path.parent)
+    target, argv, _, folder = script_argv(["--", "python", str(script), "--fast"])
+    assert (target, argv, folder) == (str(script), [str(script), "--fast"], str(tmp_path))
+    target, argv, _, folder = script_argv(["python3", "-m", "pkg.engine", "x"])
+    assert (target, argv, folder) == ("pkg.engine", ["pkg.engine", "x"], os.getcwd())
+    for words, says in ((["--", "python"], "name the script"), (["-m"], "-m needs"), ([str(tmp_path)], "no such")):
+        with pytest.raises(SpecvizError, match=says):
+            script_argv(words)
