@@ -136,8 +136,7 @@ def _first_difference(reported: list[Any], engine: list[tuple[list[int], str | N
     # The emit that made each reported token, then (past them) the last emit.
     afters = [e.after for e in reported for _ in e.tokens] + [max([0, *(e.after for e in reported)])]
     said = [t for e, _ in engine for t in e]
-    ending = next((e.finish_reason for e in reversed(reported) if e.finish_reason), None)
-    declared = next((reason for _, reason in reversed(engine) if reason), None)
+    ending, declared = _ending([e.finish_reason for e in reported]), _ending([reason for _, reason in engine])
     shared = min(len(said), len(tokens))
     i = min(slots_on([a != b for a, b in zip(said, tokens)]), default=shared)  # the first token that differs
     if i < shared:
@@ -149,3 +148,8 @@ def _first_difference(reported: list[Any], engine: list[tuple[list[int], str | N
     else:
         why = f"the engine ended it by {declared!r}, the manager by {ending!r}"
     return afters[i], f"{why} (transformers' continuous batching manager and w.emit disagree)"
+
+
+def _ending(reasons: list[str | None]) -> str | None:
+    """The last finish reason given (None: none was)."""
+    return next((reason for reason in reversed(reasons) if reason), None)
