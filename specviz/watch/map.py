@@ -2,8 +2,7 @@
 transformers' continuous batching, vLLM's model runner, layouts read from the forward's arguments,
 the command's inferrer). A producer that recognises a call but cannot read it returns
 `BatchMap.unread(source, why)`, a value, never an exception; the fields and terms (sequence, query
-token, pending, drafts, chunk, slots) are in docs/watch.md, and every field is immutable.
-"""
+token, pending, drafts, chunk, slots) are in docs/watch.md, and every field is immutable."""
 
 from __future__ import annotations
 

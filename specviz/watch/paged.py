@@ -42,18 +42,17 @@ class PagedCapture:
             from transformers.generation.continuous_batching import continuous_api, input_outputs
         except ImportError:
             return False
-        capture = self
         io_class, processor = input_outputs.ContinuousBatchingIOs, continuous_api.ContinuousBatchProcessor
         prepare, update = io_class.prepare_batch_tensors, processor.update_batch
 
         def prepare_batch_tensors(io: Any, requests_in_batch: list[Any], *args: Any, **kwargs: Any) -> Any:
             result = prepare(io, requests_in_batch, *args, **kwargs)
-            capture.forward([f.state for f in requests_in_batch])
+            self.forward([f.state for f in requests_in_batch])
             return result
 
         def update_batch(proc: Any, *args: Any, **kwargs: Any) -> Any:
             result = update(proc, *args, **kwargs)
-            capture.updated()
+            self.updated()
             return result
 
         self._saved = [(io_class, "prepare_batch_tensors", prepare), (processor, "update_batch", update)]
@@ -81,12 +80,10 @@ class PagedCapture:
             done = getattr(getattr(state, "status", None), "name", "") == "FINISHED"
             if not new and not done:
                 continue  # a prefill chunk: no token yet
-            reason = None
             eos = {int(t) for t in getattr(state, "_eos_token_ids", ())}  # a set, by its dataclass field
             self.eos_ids |= eos
-            if done:
-                reason = "eos" if eos.intersection(tokens[-1:]) else "length"
-            self.sink.report(self.seq_of[state.request_id], new, reason)
+            ending = "eos" if eos.intersection(tokens[-1:]) else "length"
+            self.sink.report(self.seq_of[state.request_id], new, ending if done else None)
         self.batch = []
 
     def engine_emit(self, seq_id: int, tokens: list[int], finish_reason: str | None) -> bool:

@@ -1,8 +1,7 @@
 """A row's view: what one row of a materialized call feeds and attends, whatever mask it was fed.
 `read_views` is the one place the watch reads a mask's kind; every reader (the step builder, the
 tree readings, the command's inferrer) asks a row's `View`, one class per kind (docs/watch.md, "The
-batch map"). A 4-D mask's query line not kept (`tensor_reads.QUERY_TAIL`) reads as unknown, never a guess.
-"""
+batch map"). A 4-D mask's query line not kept (`tensor_reads.QUERY_TAIL`) reads as unknown, never a guess."""
 
 from __future__ import annotations
 
