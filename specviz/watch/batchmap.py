@@ -38,14 +38,12 @@ def read_map(call: Any) -> BatchMap:
 
 
 def _said(values: Any, count: int, default: Any) -> tuple[Any, ...]:
-    """What was declared of each of `count` sequences; said of another number (a padded batch
-    changed since), `default` for each."""
+    """What was declared of each of `count` sequences; `default` each where said of another number."""
     return tuple(values) if values is not None and len(values) == count else (default,) * count
 
 
 def _layout(call: Any) -> tuple[str, list[Span]]:
-    """(source, spans): a packed 1 x T call cut by the first of its arguments that cuts it, else
-    ("padded") one sequence per row."""
+    """(source, spans): a packed call cut by the first of its arguments that cuts it, else one per row."""
     if not call.packed:  # B == 1 (`hooks`): a packed call's one row
         return _padded(call)
     if call.query_lens is not None:

@@ -71,8 +71,7 @@ class PagedCapture:
         self.sink.declare_forward(tuple(self._seq(s) for s in states))
 
     def updated(self) -> None:
-        """`update_batch`: each request of the forward gained its new tokens, its emission, with "eos"
-        or "length" (its own budget) when the manager finished it."""
+        """`update_batch`: each request's new tokens, with "eos" or "length" where the manager finished it."""
         for state in self.batch:
             tokens = list(state.generated_tokens)
             new = tokens[self.seen.get(state.request_id, 0) :]

@@ -23,8 +23,7 @@ def branching(parents: list[int]) -> bool:
 
 
 def read_trees(call: Any) -> None:
-    """Set `call.trees` (per row: its parents, None for a chain row) of a materialized target call,
-    from its declaration or its mask; `call.unreadable` when a declaration does not fit."""
+    """A materialized target call's `trees` (per row its parents, None: a chain), declared or from its mask."""
     call.trees = None
     if call.role != "target" or call.unreadable is not None:
         return
@@ -69,8 +68,7 @@ def _mask_trees(call: Any) -> None:
 
 
 def _fed_tree(parents: list[int] | None, positions: list[int], last: int, proven: bool = False) -> bool:
-    """A branching tree (its nodes ending at query slot `last`) fed its root's position plus each
-    node's depth, or `proven` a tree otherwise."""
+    """A branching tree ending at query slot `last`, fed its root's position plus each node's depth (or `proven`)."""
     if parents is None or not branching(parents):
         return False
     fed = list(positions[last - len(parents) + 1 : last + 1])  # shorter where the nodes do not fit
@@ -96,8 +94,7 @@ def one_tree(mask: Any, cache_width: int, positions: list[int]) -> bool:
 
 
 def packed_nodes(seen: Any, lines: list[tuple[int, bool, bool, bool]], positions: list[int]) -> list[int]:
-    """The `block_cuts` of a packed call's boolean [T, keys] mask that are tree nodes, by the mask
-    alone (a node fed a wrong position stays in its tree; docs/watch-trees.md)."""
+    """The `block_cuts` of a packed call's boolean [T, keys] mask that are tree nodes, by the mask alone."""
     counts = numpy.array([line[0] for line in lines])
     seen = seen.cpu().numpy()  # torch's per-op cost (a sync per cut on a GPU) is most of it here
     nodes, start = [], 0
@@ -139,8 +136,7 @@ def accepted_path(
 
 
 def greedy_chain(parents: list[int], nodes: list[int], targets: list[int]) -> tuple[list[int], list[int]]:
-    """A tree row as the chain a greedy engine verified along it (the command reads its gains by the
-    chain rules): the greedy path's draft tokens, the target's choice at the root and each of them."""
+    """A tree row as the chain a greedy engine verified: the greedy path's drafts, the target's choices on it."""
     if not targets:
         return [], []
     path = greedy_path(parents, nodes, targets)
