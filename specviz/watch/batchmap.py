@@ -1,8 +1,7 @@
 """The batch map's producers: which sequence each segment of a forward call holds (`read_map`: what
 was declared, else a packed 1 x T call cut by its own arguments, else one sequence per padded row;
-docs/watch.md, "Who says it"). A call none can read is unreadable, and the trace says why.
-`apply` turns a packed call into one right-padded row per sequence, so the step builder and the
-checks read packed, paged and padded engines alike."""
+docs/watch.md, "Who says it"). A call none can read is unreadable, and the trace says why. `apply`
+turns a packed call into one right-padded row per sequence, so packed, paged and padded engines read alike."""
 
 from __future__ import annotations
 
@@ -15,6 +14,7 @@ from specviz.watch.map import BatchMap, Segment  # noqa: F401  (the one type; re
 from specviz.watch.view import Counted, Slotted, View
 
 _NOT_PACKED = "its one row is not packed (no cu_seq_lens_q, block-diagonal mask or restarting positions)"
+Span = tuple[int, int, int, tuple[int, int] | None]  # (row, start, length, own keys in a shared KV)
 
 
 class Unreadable(Exception):
@@ -22,39 +22,29 @@ class Unreadable(Exception):
 
 
 def read_map(call: Any) -> BatchMap:
-    """The call's map, with the declared sequences, drafts and chunks; unreadable (a value) where a
-    target's declaration names more sequences than its layout holds, or what it cannot hold."""
+    """The call's map, with the declared sequences, drafts and chunks (`_said`); unreadable (a value)
+    where a target's one row holds fewer sequences than it declares, or its layout cannot be cut."""
     try:
         source, spans = _layout(call)
-        ids = _declared_ids(call, len(spans), source)
-        said = call.declared
-        if said is None or len(said) != len(spans):  # said of other sequences: not of these
-            said = [(None, False)] * len(spans)
+        count, declared = len(spans), call.rows or ()  # None: not declared
+        if call.role == "target" and len(declared) > count and call.batch_size == 1:
+            holds = f"its {source} holds {count}" if source != "padded" else _NOT_PACKED
+            raise Unreadable(f"rows declares {len(declared)} sequences; {holds}")
+        ids, said = _said(call.rows, count, None), _said(call.declared, count, (None, False))
         segments = tuple(Segment(s, *span, drafts=d, chunk=c) for s, span, (d, c) in zip(ids, spans, said))
         return BatchMap(segments, call.source or source)
     except (Unreadable, ValueError) as why:
         return BatchMap.unread(call.source or "declared", str(why))
 
 
-def _declared_ids(call: Any, count: int, source: str) -> tuple[int | None, ...]:
-    """The declared sequence of each of the `count` sequences; of another length, the default order
-    (a padded batch changed since), unless a target's names more than its one row holds."""
-    declared = call.rows or ()  # None: not declared
-    if len(declared) == count:
-        return tuple(declared)
-    if call.role == "target" and len(declared) > count and call.batch_size == 1:
-        holds = f"its {source} holds {count}" if source != "padded" else _NOT_PACKED
-        raise Unreadable(f"rows declares {len(declared)} sequences; {holds}")
-    return (None,) * count
-
-
-Span = tuple[int, int, int, tuple[int, int] | None]  # (row, start, length, own keys in a shared KV)
+def _said(values: Any, count: int, default: Any) -> tuple[Any, ...]:
+    """What was declared of each of `count` sequences; `default` each where said of another number."""
+    return tuple(values) if values is not None and len(values) == count else (default,) * count
 
 
 def _layout(call: Any) -> tuple[str, list[Span]]:
-    """(source, spans): a packed 1 x T call cut by the first of its arguments that cuts it, else
-    ("padded") one sequence per row."""
-    if call.batch_size != 1 or not call.packed:
+    """(source, spans): a packed call cut by the first of its arguments that cuts it, else one per row."""
+    if not call.packed:  # B == 1 (`hooks`): a packed call's one row
         return _padded(call)
     if call.query_lens is not None:
         return "declared", _from_lengths(call.query_lens, call.query_len, [])
@@ -83,8 +73,7 @@ def _from_lengths(lengths: list[int], width: int, keys: list[tuple[int, int] | N
     """Back-to-back sequences of these lengths, with their own keys where `keys` has them."""
     if sum(lengths) > width or any(n <= 0 for n in lengths):
         raise Unreadable(f"query lengths {lengths} do not fit the call's {width} query tokens")
-    starts = [0, *accumulate(lengths)][:-1]
-    return [(0, *span) for span in zip_longest(starts, lengths, keys)]
+    return [(0, *span) for span in zip_longest([0, *accumulate(lengths)][:-1], lengths, keys)]
 
 
 def block_cuts(lines: list[tuple[int, bool, bool, bool]], positions: list[int]) -> list[int]:
@@ -109,21 +98,21 @@ def _back_to_back(cuts: list[int], end: int) -> list[tuple[int, int, None]]:
 
 def apply(call: Any, bmap: BatchMap, seen: Any = None) -> bool:
     """Rewrite a materialized packed call as one right-padded row per segment, in place (True: it
-    was packed), each with its view (`_views`); `seen` is the [T, keys] boolean mask of a call that
+    was packed), each with its view (`_view`); `seen` is the [T, keys] boolean mask of a call that
     packs trees (`tree.packed_nodes`), whose rows keep the slots each token attends."""
     call.rows = tuple(s.seq for s in bmap.segments) if all(s.seq is not None for s in bmap.segments) else None
     call.source = bmap.source
     if not bmap.packed:
         return False
     segments, width = bmap.segments, max(s.length for s in bmap.segments)
-    ids, positions, argmax, lines = call.input_ids, call.positions, argmax_by_column(call), _key_lines(call, bmap)
+    argmax, lines = argmax_by_column(call), _key_lines(call, bmap)
 
-    def padded(at: Any, pad: Any) -> list[list[Any]]:  # at(row, column) per segment, right-padded
-        return [[at(s.row, c) for c in s.columns] + [pad] * (width - s.length) for s in segments]
+    def padded(rows: list[list[Any]], pad: Any) -> list[list[Any]]:  # each segment's columns, right-padded
+        return [rows[s.row][s.start : s.start + s.length] + [pad] * (width - s.length) for s in segments]
 
-    call.input_ids, call.positions = padded(lambda r, c: ids[r][c], 0), padded(lambda r, c: positions[r][c], 0)
-    call.argmax = padded(lambda r, c: argmax.get((r, c)), None)
-    call.views = _views(segments, width, lines, seen)
+    call.input_ids, call.positions = padded(call.input_ids, 0), padded(call.positions, 0)
+    call.argmax = padded([[argmax.get((r, c)) for c in range(call.query_len)] for r in range(call.batch_size)], None)
+    call.views = [_view(s, width, lines, seen) for s in segments]
     call.mask, call.query_live, contexts = None, None, [v.cache for v in call.views]
     call.batch_size, call.query_len, call.contexts = len(segments), width, contexts
     call.cache_width = max(contexts, default=0)
@@ -132,30 +121,18 @@ def apply(call: Any, bmap: BatchMap, seen: Any = None) -> bool:
     return True
 
 
-def _views(segments: tuple[Segment, ...], width: int, lines: Any, seen: Any) -> list[View]:
-    """Each segment's view, right-padded to `width`: nothing without lines (its mask checks are
+def _view(s: Segment, width: int, lines: Any, seen: Any) -> View:
+    """A segment's view, right-padded to `width`: nothing without lines (its mask checks are
     skipped), else the slots each token attends where it packs trees (`seen`), else its counts."""
-    views: list[View] = []
-    for s in segments:
-        pad = width - s.length
-        flags = [1] * s.length + [0] * pad
-        if lines is None:
-            views.append(View(flags, 0))
-            continue
-        cache = max(lines[s.start][0] - 1, 0)
-        if seen is not None:
-            views.append(Slotted(flags, cache, _own_slots(seen, s, width)))
-        else:
-            views.append(Counted(flags, cache, lines[s.start : s.start + s.length] + [(0, False)] * pad))
-    return views
-
-
-def _own_slots(seen: Any, segment: Segment, width: int) -> list[list[bool]]:
-    """The segment's rows of a packed [T, keys] boolean mask over only the key slots some token of
-    it attends, in order, then all-False rows for its padding up to `width`."""
-    block = seen[segment.start : segment.start + segment.length]
-    used = block.any(0).nonzero().flatten()
-    return block[:, used].tolist() + [[False] * len(used)] * (width - segment.length)
+    flags, pad = [1] * s.length + [0] * (width - s.length), width - s.length
+    if lines is None:
+        return View(flags, 0)
+    cache = max(lines[s.start][0] - 1, 0)
+    if seen is not None:  # only the key slots some token of it attends, in order
+        block = seen[s.start : s.start + s.length]
+        used = block.any(0).nonzero().flatten()
+        return Slotted(flags, cache, block[:, used].tolist() + [[False] * len(used)] * pad)
+    return Counted(flags, cache, lines[s.start : s.start + s.length] + [(0, False)] * pad)
 
 
 def argmax_by_column(call: Any) -> dict[tuple[int, int], int]:

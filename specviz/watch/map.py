@@ -1,9 +1,8 @@
 """The batch map: who is where in one forward call, the one type every producer returns (declared,
 transformers' continuous batching, vLLM's model runner, layouts read from the forward's arguments,
 the command's inferrer). A producer that recognises a call but cannot read it returns
-`BatchMap.unread(source, why)`, a value, never an exception. Every field is immutable, and the
-fields and the terms (sequence, query token, pending, drafts, chunk, slots) are in docs/watch.md.
-"""
+`BatchMap.unread(source, why)`, a value, never an exception; the fields and terms (sequence, query
+token, pending, drafts, chunk, slots) are in docs/watch.md, and every field is immutable."""
 
 from __future__ import annotations
 
@@ -12,11 +11,12 @@ from typing import Any
 
 
 def _ints(name: str, values: tuple[int, ...] | None, length: int | None) -> None:
+    """Refuse a field that is not a tuple of ints, or not of `length` entries where one is given."""
     if values is None:
         return
     if not isinstance(values, tuple) or any(type(v) is not int for v in values):  # bool is no index
         raise TypeError(f"Segment.{name} must be a tuple of ints")
-    if length is not None and len(values) != length:
+    if length not in (None, len(values)):
         raise ValueError(f"Segment.{name} has {len(values)} entries for {length} query tokens")
 
 
@@ -61,10 +61,8 @@ class Segment:
             raise ValueError("a prefill chunk carries no drafts")
         if self.keys is not None and not 0 <= self.keys[0] <= self.keys[1]:
             raise ValueError(f"Segment.keys must be [lo, hi) with 0 <= lo <= hi, got {self.keys}")
-        _ints("positions", self.positions, self.length)
-        _ints("writes", self.writes, self.length)
-        _ints("reads", self.reads, None)
-        _ints("parents", self.parents, None)
+        for name, length in (("positions", self.length), ("writes", self.length), ("reads", None), ("parents", None)):
+            _ints(name, getattr(self, name), length)
         if self.parents and (tree_error(self.parents) or len(self.parents) > self.length):  # (): no node
             raise ValueError(f"Segment.parents {self.parents}: no tree (`tree_error`) of at most {self.length} nodes")
 
@@ -80,8 +78,7 @@ class Segment:
             return ["context"] * self.length
         if self.drafts is None:
             return []
-        before = self.length - self.drafts - 1
-        return ["context"] * before + ["pending"] + ["draft"] * self.drafts
+        return ["context"] * (self.length - self.drafts - 1) + ["pending"] + ["draft"] * self.drafts
 
 
 @dataclass(frozen=True)
@@ -116,6 +113,6 @@ class BatchMap:
 
     @property
     def packed(self) -> bool:
-        """More than one sequence in a row, or one that does not start at column 0."""
-        rows = [s.row for s in self.segments]
-        return len(set(rows)) != len(rows) or any(s.start for s in self.segments)
+        """More than one sequence in a row, or one that does not start at column 0: some segment
+        starts past column 0 (two in one row do not overlap, so one of them does)."""
+        return any(s.start for s in self.segments)

@@ -42,18 +42,17 @@ class PagedCapture:
             from transformers.generation.continuous_batching import continuous_api, input_outputs
         except ImportError:
             return False
-        capture = self
         io_class, processor = input_outputs.ContinuousBatchingIOs, continuous_api.ContinuousBatchProcessor
         prepare, update = io_class.prepare_batch_tensors, processor.update_batch
 
         def prepare_batch_tensors(io: Any, requests_in_batch: list[Any], *args: Any, **kwargs: Any) -> Any:
             result = prepare(io, requests_in_batch, *args, **kwargs)
-            capture.forward([f.state for f in requests_in_batch])
+            self.forward([f.state for f in requests_in_batch])
             return result
 
         def update_batch(proc: Any, *args: Any, **kwargs: Any) -> Any:
             result = update(proc, *args, **kwargs)
-            capture.updated()
+            self.updated()
             return result
 
         self._saved = [(io_class, "prepare_batch_tensors", prepare), (processor, "update_batch", update)]
@@ -72,8 +71,7 @@ class PagedCapture:
         self.sink.declare_forward(tuple(self._seq(s) for s in states))
 
     def updated(self) -> None:
-        """`update_batch`: each request of the forward gained its new tokens, its emission, with "eos"
-        or "length" (its own budget) when the manager finished it."""
+        """`update_batch`: each request's new tokens, with "eos" or "length" where the manager finished it."""
         for state in self.batch:
             tokens = list(state.generated_tokens)
             new = tokens[self.seen.get(state.request_id, 0) :]
@@ -81,12 +79,10 @@ class PagedCapture:
             done = getattr(getattr(state, "status", None), "name", "") == "FINISHED"
             if not new and not done:
                 continue  # a prefill chunk: no token yet
-            reason = None
             eos = {int(t) for t in getattr(state, "_eos_token_ids", ())}  # a set, by its dataclass field
             self.eos_ids |= eos
-            if done:
-                reason = "eos" if eos.intersection(tokens[-1:]) else "length"
-            self.sink.report(self.seq_of[state.request_id], new, reason)
+            ending = "eos" if eos.intersection(tokens[-1:]) else "length"
+            self.sink.report(self.seq_of[state.request_id], new, ending if done else None)
         self.batch = []
 
     def engine_emit(self, seq_id: int, tokens: list[int], finish_reason: str | None) -> bool:
@@ -136,8 +132,7 @@ def _first_difference(reported: list[Any], engine: list[tuple[list[int], str | N
     # The emit that made each reported token, then (past them) the last emit.
     afters = [e.after for e in reported for _ in e.tokens] + [max([0, *(e.after for e in reported)])]
     said = [t for e, _ in engine for t in e]
-    ending = next((e.finish_reason for e in reversed(reported) if e.finish_reason), None)
-    declared = next((reason for _, reason in reversed(engine) if reason), None)
+    ending, declared = _ending([e.finish_reason for e in reported]), _ending([reason for _, reason in engine])
     shared = min(len(said), len(tokens))
     i = min(slots_on([a != b for a, b in zip(said, tokens)]), default=shared)  # the first token that differs
     if i < shared:
@@ -149,3 +144,8 @@ def _first_difference(reported: list[Any], engine: list[tuple[list[int], str | N
     else:
         why = f"the engine ended it by {declared!r}, the manager by {ending!r}"
     return afters[i], f"{why} (transformers' continuous batching manager and w.emit disagree)"
+
+
+def _ending(reasons: list[str | None]) -> str | None:
+    """The last finish reason given (None: none was)."""
+    return next((reason for reason in reversed(reasons) if reason), None)

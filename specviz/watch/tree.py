@@ -1,8 +1,7 @@
 """Tree verification under the watch: which rows of a target call verify a tree (declared with
 `w.batch(..., parents=...)`, else read from the mask), and the schema-3 tree fields of their step
 rows, so `analysis.tree_checks` judges a watched tree engine as it judges specviz's own. The rules,
-packed calls' trees included, are in docs/watch-trees.md.
-"""
+packed calls' trees included, are in docs/watch-trees.md."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ def branching(parents: list[int]) -> bool:
 
 
 def read_trees(call: Any) -> None:
-    """Set `call.trees` (per row: its parents, None for a chain row) of a materialized target call,
-    from its declaration or its mask; `call.unreadable` when a declaration does not fit."""
+    """A materialized target call's `trees` (per row its parents, None: a chain), declared or from its mask."""
     call.trees = None
     if call.role != "target" or call.unreadable is not None:
         return
@@ -47,19 +45,17 @@ def _declared_trees(call: Any) -> None:
 
 
 def _mask_trees(call: Any) -> None:
-    found = [_mask_tree(call, r) for r in range(call.batch_size)]
-    # A tree call only where some row branches and is fed its depths: a chain engine's mask bug (a
-    # draft that misses the one before it) stays a chain, flagged as before. A packed call cut
-    # around its tree nodes (`packed_nodes`) needs no more proof than a branch.
-    proven = bool(call.tree_nodes)
-    if not any(_fed_tree(p, call.positions[r], call.last_slots[r], proven) for r, p in enumerate(found)):
+    """The trees the rows' runs of real query slots show, where some row branches and is fed its
+    depths (a chain engine's mask bug stays a chain); a call cut around tree nodes needs a branch only."""
+    last = call.last_slots
+    runs = [_live_run(call, r) for r in range(call.batch_size)]
+    found = [call.view(r).tree(last[r] - n + 1, n) if n >= 2 else None for r, n in enumerate(runs)]
+    if not any(_fed_tree(p, call.positions[r], last[r], bool(call.tree_nodes)) for r, p in enumerate(found)):
         return
     for r, parents in enumerate(found):
         # A chain from a token that sees nothing before it (a root that branches at once is the
         # pending token): re-fed context, then the tree, and which token is pending is not said.
-        if parents is None or parents.count(0) != 1:
-            continue
-        if not call.view(r).refed_root(call.last_slots[r] - len(parents) + 1):
+        if parents is None or parents.count(0) != 1 or not call.view(r).refed_root(last[r] - len(parents) + 1):
             continue
         if call.segments is None or branching(parents):
             call.mark_unreadable(
@@ -72,8 +68,7 @@ def _mask_trees(call: Any) -> None:
 
 
 def _fed_tree(parents: list[int] | None, positions: list[int], last: int, proven: bool = False) -> bool:
-    """A branching tree (its nodes ending at query slot `last`) fed its root's position plus each
-    node's depth, or `proven` a tree otherwise."""
+    """A branching tree ending at query slot `last`, fed its root's position plus each node's depth (or `proven`)."""
     if parents is None or not branching(parents):
         return False
     fed = list(positions[last - len(parents) + 1 : last + 1])  # shorter where the nodes do not fit
@@ -84,9 +79,7 @@ def one_tree(mask: Any, cache_width: int, positions: list[int]) -> bool:
     """Does a 1 x T call's [T, keys] mask (a tensor) verify one branching tree fed its depths, not
     several packed sequences (each one's first token sees no other query token: a second root)?"""
     live = any_last(mask).tolist()  # through numpy on the CPU: torch's `any` costs 20x more here
-    last = max(slots_on(live), default=-1)
-    if last < 0:
-        return False
+    last = max(slots_on(live), default=0)  # none live: slot 0 alone, which shows no tree either
     first = last - len(list(takewhile(bool, reversed(live[:last]))))
     nodes = mask[first : last + 1]
     # One tensor op first (a packed call can be long): every node of a tree sees what its root sees.
@@ -101,15 +94,15 @@ def one_tree(mask: Any, cache_width: int, positions: list[int]) -> bool:
 
 
 def packed_nodes(seen: Any, lines: list[tuple[int, bool, bool, bool]], positions: list[int]) -> list[int]:
-    """The `block_cuts` of a packed call's boolean [T, keys] mask that are tree nodes, by the mask
-    alone (a node fed a wrong position stays in its tree; docs/watch-trees.md)."""
+    """The `block_cuts` of a packed call's boolean [T, keys] mask that are tree nodes, by the mask alone."""
     counts = numpy.array([line[0] for line in lines])
-    seen = seen.numpy() if seen.device.type == "cpu" else seen  # torch's per-op cost is most of it here
+    seen = seen.cpu().numpy()  # torch's per-op cost (a sync per cut on a GPU) is most of it here
     nodes, start = [], 0
     for t in block_cuts(lines, positions):
-        # A parent: a token since the last cut that attends one slot (at least) fewer, all of them t's.
-        found = numpy.flatnonzero(counts[start:t] == counts[t] - 1) + start
-        if counts[t] > 1 and (~(seen[found] & ~seen[t]).any(-1)).any():
+        # A parent: a token since the last cut that attends some slots, one fewer, all of them t's.
+        before = counts[start:t]
+        found = numpy.flatnonzero((before == counts[t] - 1) & (before > 0)) + start
+        if (~(seen[found] & ~seen[t]).any(-1)).any():
             nodes.append(t)
         else:
             start = t
@@ -121,18 +114,12 @@ def _live_run(call: Any, row: int) -> int:
     return len(list(takewhile(bool, reversed(call.query_flags(row)[: call.last_slots[row] + 1]))))
 
 
-def _mask_tree(call: Any, row: int) -> list[int] | None:
-    """The tree the row's query block shows, over its run of real query slots."""
-    n = _live_run(call, row)
-    return call.view(row).tree(call.last_slots[row] - n + 1, n) if n >= 2 else None
-
-
 def consistent(tokens: list[int], parents: list[int], nodes: list[int], targets: list[int], free_last: bool) -> bool:
     """Tokens read as a root-to-node path of the tree, then (optionally) one more: the target's
     choice at that node (any token when the argmax is not the engine's choice)."""
     path = _walk(tokens, parents, nodes)
     more, at = len(tokens) - len(path) + 1, path[-1]  # tokens past the path; the node it ends at
-    return more == 0 or (more == 1 and (free_last or (at < len(targets) and tokens[-1] == targets[at])))
+    return more == 0 or (more == 1 and (free_last or tokens[-1:] == targets[at : at + 1]))
 
 
 def accepted_path(
@@ -143,44 +130,42 @@ def accepted_path(
     path = _walk(tokens, parents, nodes)
     if targets:
         greedy = greedy_path(parents, nodes, targets)
-        proposal = [nodes[i] for i in greedy[1:]] + [targets[greedy[-1]]]
-        if tokens == proposal[: len(tokens)]:
+        if tokens == ([nodes[i] for i in greedy[1:]] + [targets[greedy[-1]]])[: len(tokens)]:
             path = greedy
     return path[1:], tokens[len(path) - 1] if len(tokens) == len(path) else None
 
 
 def greedy_chain(parents: list[int], nodes: list[int], targets: list[int]) -> tuple[list[int], list[int]]:
-    """A tree row as the chain a greedy engine verified along it (the command reads its gains by the
-    chain rules): the greedy path's draft tokens, the target's choice at the root and each of them."""
+    """A tree row as the chain a greedy engine verified: the greedy path's drafts, the target's choices on it."""
     if not targets:
         return [], []
     path = greedy_path(parents, nodes, targets)
     return [nodes[i] for i in path[1:]], [targets[i] for i in path]
 
 
-def _children(parents: list[int], at: int) -> list[int]:
-    return slots_on([p == at for p in parents])
+def _children(parents: list[int], nodes: list[int], at: int, token: Any) -> list[int]:
+    """The children of node `at` that hold `token`."""
+    return [c for c in slots_on([p == at for p in parents]) if nodes[c] == token]
 
 
 def _walk(tokens: list[int], parents: list[int], nodes: list[int]) -> list[int]:
     """The path the tokens walk from the root (node 0, included), to the first token no child holds."""
     path = [0]
     for token in tokens:
-        child = next((c for c in _children(parents, path[-1]) if nodes[c] == token), None)
-        if child is None:
+        children = _children(parents, nodes, path[-1], token)
+        if not children:
             break
-        path.append(child)
+        path.append(children[0])
     return path
 
 
 def greedy_path(parents: list[int], nodes: list[int], targets: list[int]) -> list[int]:
     """The first longest chain from the root (included) whose nodes hold the target's choice at their parent."""
-    best: list[int] = [0]
-    stack = [[0]]
+    best, stack = [0], [[0]]
     while stack:
         path = stack.pop()
         best = max(best, path, key=len)
-        stack.extend([*path, c] for c in _children(parents, path[-1]) if nodes[c] == targets[path[-1]])
+        stack.extend([*path, c] for c in _children(parents, nodes, path[-1], targets[path[-1]]))
     return best
 
 
@@ -201,9 +186,18 @@ def mask_row(call: Any, row: int, rq: Any) -> tuple[list[list[int]], int] | None
 
 def kept_nodes(call: Any, row: int, rq: Any, later: Any, later_row: int, later_rq: Any) -> list[int] | None:
     """The tree row's nodes whose KV the sequence's next target call attends at its pending token,
-    where the KV was kept by index (docs/watch-trees.md); None otherwise."""
+    where the KV was kept by index (docs/watch-trees.md); a packed call's, by the next packed call's
+    first token's view (`held`); None otherwise."""
+    n = len(call.trees[row])
     if call.node_keys is not None:
-        return _kept_packed(call, row, rq, later, later_row, later_rq)
+        if (
+            later.node_keys is None
+            or later_rq.pending != 0
+            or later.node_keys[0] - later.segments[0][1] != call.keys_end
+        ):
+            return None  # not packed the same way, or keys moved (another call between)
+        first = call.node_keys[row] + rq.pending
+        return slots_on(later.held[later_row][0][first : first + n])
     line = later.view(later_row).keys(later_rq.pending)
     if (
         call.view(row).keys(rq.pending) is None
@@ -211,16 +205,7 @@ def kept_nodes(call: Any, row: int, rq: Any, later: Any, later_row: int, later_r
         or later.cache_width != call.cache_width + call.query_len
     ):
         return None
-    start = call.cache_width + rq.pending
-    return slots_on(line[start : start + len(call.trees[row])])
-
-
-def _kept_packed(call: Any, row: int, rq: Any, later: Any, later_row: int, later_rq: Any) -> list[int] | None:
-    """`kept_nodes` of a packed call's row: the next packed call's first token's view (`held`)."""
-    if later.node_keys is None or later_rq.pending != 0 or later.node_keys[0] - later.segments[0][1] != call.keys_end:
-        return None  # not packed the same way, or keys moved (another call between)
-    first = call.node_keys[row] + rq.pending
-    return slots_on(later.held[later_row][0][first : first + len(call.trees[row])])
+    return slots_on(line[call.cache_width + rq.pending : call.cache_width + rq.pending + n])
 
 
 def draft_calls_before(calls: list[Any], index: int) -> list[int]:
@@ -231,7 +216,5 @@ def draft_calls_before(calls: list[Any], index: int) -> list[int]:
 
 def alternatives(steps: list[Any]) -> int:
     """The header's `tree_branches`: the most nodes a tree row held off its longest chain (0: no tree)."""
-    return max(
-        (len(r.tree_parents) - 1 - max(depths_of(r.tree_parents)) for s in steps for r in s.rows if r.tree_parents),
-        default=0,
-    )
+    shapes = [r.tree_parents for s in steps for r in s.rows if r.tree_parents]
+    return max((len(parents) - 1 - max(depths_of(parents)) for parents in shapes), default=0)

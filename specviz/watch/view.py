@@ -1,8 +1,7 @@
 """A row's view: what one row of a materialized call feeds and attends, whatever mask it was fed.
 `read_views` is the one place the watch reads a mask's kind; every reader (the step builder, the
-tree readings, the command's inferrer) asks a row's `View` (one class per kind: docs/watch.md, "The
-batch map"). A 4-D mask's query line not kept (`tensor_reads.QUERY_TAIL`) reads as unknown, never a guess.
-"""
+tree readings, the command's inferrer) asks a row's `View`, one class per kind (docs/watch.md, "The
+batch map"). A 4-D mask's query line not kept (`tensor_reads.QUERY_TAIL`) reads as unknown, never a guess."""
 
 from __future__ import annotations
 
@@ -25,7 +24,11 @@ def slots_on(line: Any) -> list[int]:
 
 
 class View:
-    """A row whose mask cannot be read: its flags, its cache, nothing of what it attends."""
+    """A row whose mask cannot be read: its flags and cache; of what it attends, nothing (-1, None).
+    Each kind's class reads: `before(slot)`, the slots query slot `slot` attends before itself;
+    `mask_row`; `tree(first, n)`, the parents of the tree the n query slots from `first` show;
+    `node_attends(pending, n)`, per tree node the nodes it attends; `tree_row(pending, parents)`,
+    a tree row's mask_rle and context; `keys(slot)`, the [cache | query] columns slot `slot` attends."""
 
     def __init__(self, flags: list[int], cache: int) -> None:
         self.flags = flags  # [q] 1: a real query token (shared: readers never change it)
@@ -37,38 +40,29 @@ class View:
         """The view of a materialized call's row, its mask read as this class reads one."""
         return cls(flags, call.cache_of(row))
 
-    def before(self, slot: int) -> int:
-        """Slots the query token at `slot` attends before itself (-1: not read)."""
-        return -1
-
     def attends_cache(self) -> bool:
         """Does the row attend any slot of its cache (a newcomer prefilled over a shared one does not)?"""
-        return self.cache > 0
+        return self.cache > 0 and self._sees_cache()
+
+    def _sees_cache(self) -> bool:  # given a cache, where the mask does not say otherwise
+        return True
+
+    def before(self, slot: int) -> int:
+        return -1
 
     def mask_row(self, pending: int, q: int) -> tuple[Rle, int, bool | None]:
         """(mask_rle: the pending token's view of its context, then per query slot from it whether it
         attends its own key; attended context slots; the query block causal, None: not said)."""
         return [], -1, None
 
-    def tree(self, first: int, n: int) -> list[int] | None:
-        """The parents of the tree the n query slots from `first` show (None: none, or not read)."""
-        return None
-
     def refed_root(self, first: int) -> bool:
         """Does the query token at `first` see nothing before it (re-fed context, no cache)?"""
         return False
 
-    def node_attends(self, pending: int, n: int) -> list[list[int]] | None:
-        """Per tree node from `pending`: the nodes it attends (None: not read)."""
+    def _unread(self, *_: Any) -> Any:
         return None
 
-    def tree_row(self, pending: int, parents: list[int]) -> tuple[Rle, int] | None:
-        """`mask_row`'s mask_rle and context of a tree row (None: not read)."""
-        return None
-
-    def keys(self, slot: int) -> list[int] | None:
-        """The [cache | query] key columns query slot `slot` attends, where the mask names them."""
-        return None
+    tree = node_attends = tree_row = keys = _unread
 
 
 class Unmasked(View):
@@ -94,81 +88,70 @@ class Padded(View):
         values, q = [int(v) for v in call.mask[row]], call.query_len
         return cls(values[len(values) - q :] if len(values) >= q else flags, call.cache_of(row), values)
 
-    def _column(self, slot: int) -> int:
-        return len(self.values) - len(self.flags) + slot
-
     def before(self, slot: int) -> int:
-        return int(sum(self.values[: self._column(slot)]))
+        return int(sum(self.values[: len(self.values) - len(self.flags) + slot]))
 
-    def attends_cache(self) -> bool:
-        return self.cache > 0 and any(self.values[: self._column(0)])
+    def _sees_cache(self) -> bool:
+        return any(self.values[: len(self.values) - len(self.flags)])
 
     def mask_row(self, pending: int, q: int) -> tuple[Rle, int, bool | None]:
-        start = self._column(pending)
+        start = len(self.values) - len(self.flags) + pending
         return rle(self.values[: start + q]), int(sum(self.values[:start])), None
+
+
+def _kept(method: Any) -> Any:
+    """A 4-D reading from query slot `first` on; where that slot's line was not kept, the unknown
+    `View`'s (the kept lines are the query's last, so a later slot's line was kept too)."""
+    unknown = getattr(View, method.__name__)
+
+    def read(self: _Lines, first: int, *rest: Any) -> Any:
+        return method(self, first, *rest) if first >= self.unkept else unknown(self, first, *rest)
+
+    return read
 
 
 class _Lines(View):
     """A 4-D mask's kept lines: `lines[i]` is the last len(lines) query slots' i-th, over the keys."""
 
-    def __init__(self, flags: list[int], cache: int, lines: list[list[bool]]) -> None:
+    def __init__(self, flags: list[int], cache: int, lines: list[list[bool]], width: int = 0) -> None:
         super().__init__(flags, cache)
-        self.lines = lines
-
-    @classmethod
-    def read(cls, call: Any, row: int, flags: list[int]) -> View:
-        return cls(flags, call.cache_of(row), call.mask[row])
-
-    def _line(self, slot: int) -> list[bool] | None:
-        """The mask line of query slot `slot`; None where it was not kept."""
-        t = slot - (len(self.flags) - len(self.lines))
-        return self.lines[t] if 0 <= t < len(self.lines) else None
-
-    def _lines_from(self, first: int, n: int) -> list[list[bool]]:
-        """The mask lines of the n (>= 1) query slots from `first`; [] where one was not kept."""
-        lines = [self._line(first + i) for i in range(n)]
-        return [] if None in lines else lines
-
-    def _sets(self, first: int, n: int) -> list[frozenset[int]]:
-        """The key slots each of the n query slots from `first` attends ([]: a line not kept)."""
-        return [frozenset(slots_on(line)) for line in self._lines_from(first, n)]
-
-    def before(self, slot: int) -> int:
-        line = self._line(slot)
-        return -1 if line is None else self._attended_before(line, slot)
-
-    def node_attends(self, pending: int, n: int) -> list[list[int]] | None:
-        block = self._node_block(pending, n)
-        return [slots_on(line) for line in block] if block else None
-
-    def tree_row(self, pending: int, parents: list[int]) -> tuple[Rle, int] | None:
-        """The row's reading over the nodes (`_tree_read`), its causality aside: a tree is not causal."""
-        runs, context, _ = self._tree_read(pending, parents)
-        return None if context < 0 else (runs, context)  # -1: a declared tree past the kept lines
-
-
-class Keyed(_Lines):
-    """A 4-D mask whose keys are [cache | query]: query slot t's own key is column `width + t`."""
-
-    def __init__(self, flags: list[int], cache: int, lines: list[list[bool]], width: int) -> None:
-        super().__init__(flags, cache, lines)
-        self.width = width  # the call's cache width: where the query's keys begin
+        self.lines, self.width = lines, width  # width: the call's cache width (a `Keyed` query's first key)
+        self.unkept = len(flags) - len(lines)  # the query slots before the first kept line
 
     @classmethod
     def read(cls, call: Any, row: int, flags: list[int]) -> View:
         return cls(flags, call.cache_of(row), call.mask[row], call.cache_width)
 
+    def _lines_from(self, first: int, n: int = 1) -> list[list[bool]]:
+        """The mask lines of the n query slots from `first` (kept: `_kept`)."""
+        return self.lines[first - self.unkept : first - self.unkept + n]
+
+    @_kept
+    def before(self, slot: int) -> int:
+        return self._attended_before(self._lines_from(slot)[0], slot)
+
+    @_kept
+    def node_attends(self, pending: int, n: int) -> list[list[int]] | None:
+        return [slots_on(line) for line in self._node_block(pending, n)]
+
+    @_kept
+    def tree_row(self, pending: int, parents: list[int]) -> tuple[Rle, int] | None:
+        runs, context, _ = self._tree_read(pending, parents)  # its causality aside: a tree is no chain
+        return runs, context
+
+
+class Keyed(_Lines):
+    """A 4-D mask whose keys are [cache | query]: query slot t's own key is column `width + t`."""
+
     def _attended_before(self, line: list[bool], slot: int) -> int:
         return int(sum(line[: self.width + slot]))
 
-    def attends_cache(self) -> bool:
-        return self.cache > 0 and any(any(line[: self.width]) for line in self.lines)
+    def _sees_cache(self) -> bool:
+        return any(any(line[: self.width]) for line in self.lines)
 
+    @_kept
     def mask_row(self, pending: int, q: int) -> tuple[Rle, int, bool | None]:
-        lines = self._lines_from(pending, q)
-        if not lines:
-            return [], -1, None
-        context = self.width + pending
+        lines, context = self._lines_from(pending, q), self.width + pending
         view = [int(v) for v in lines[0][:context]]
         diagonal = [int(lines[i][context + i]) for i in range(q)]
         # Causal: every later query slot sees that context plus exactly the query slots up to itself.
@@ -179,21 +162,23 @@ class Keyed(_Lines):
         return rle(view + diagonal), sum(view), causal
 
     def _node_block(self, first: int, n: int) -> list[list[bool]]:
-        """block[i][j]: query node i (slot first + i) attends node j ([]: a line not kept)."""
+        """block[i][j]: query node i (slot first + i) attends node j."""
         start = self.width + first
         return [[bool(v) for v in line[start : start + n]] for line in self._lines_from(first, n)]
 
+    @_kept
     def tree(self, first: int, n: int) -> list[int] | None:
         return parents_of_block(self._node_block(first, n))
 
     def refed_root(self, first: int) -> bool:
-        return not any(self._line(first)[: self.width + first])
+        return not any(self._lines_from(first)[0][: self.width + first])
 
     def _tree_read(self, pending: int, parents: list[int]) -> tuple[Rle, int, bool | None]:
         return self.mask_row(pending, len(parents))  # the chain's reading over the nodes
 
+    @_kept
     def keys(self, slot: int) -> list[int] | None:
-        return self._line(slot)
+        return self._lines_from(slot)[0]
 
 
 class Slotted(_Lines):
@@ -203,17 +188,22 @@ class Slotted(_Lines):
     def _attended_before(self, line: list[bool], slot: int) -> int:
         return int(sum(line)) - 1  # every slot it attends but its own
 
-    def attends_cache(self) -> bool:  # a recycled static slot's prefill attends only its own tokens
-        return self.cache > 0 and self.before(self.last) + 1 != sum(self.flags[: self.last + 1])
+    def _sees_cache(self) -> bool:  # a recycled static slot's prefill attends only its own tokens
+        return self.before(self.last) + 1 != sum(self.flags[: self.last + 1])
 
+    def _sets(self, first: int, n: int) -> list[frozenset[int]]:
+        return [frozenset(slots_on(line)) for line in self._lines_from(first, n)]
+
+    @_kept
     def mask_row(self, pending: int, q: int) -> tuple[Rle, int, bool | None]:
         return self._tree_read(pending, list(range(-1, q - 1)))  # the query as a chain
 
+    @_kept
     def tree(self, first: int, n: int) -> list[int] | None:
         return parents_of_sets(self._sets(first, n))
 
     def refed_root(self, first: int) -> bool:
-        return len(slots_on(self._line(first))) <= 1
+        return len(slots_on(self._lines_from(first)[0])) <= 1
 
     def _node_block(self, pending: int, n: int) -> list[list[bool]]:
         sets = self._sets(pending, n)
@@ -222,8 +212,6 @@ class Slotted(_Lines):
     def _tree_read(self, pending: int, parents: list[int]) -> tuple[Rle, int, bool | None]:
         """By counts: the root attends its context and itself, each node its parent's slots and its own."""
         sets = self._sets(pending, len(parents))
-        if not sets:
-            return [], -1, None
         return by_counts(len(sets[0]), [one_more(sets[p], sets[i]) for i, p in enumerate(parents[1:], 1)])
 
 
@@ -253,12 +241,11 @@ def by_counts(first: int, grows: list[bool]) -> tuple[Rle, int, bool | None]:
 
 def parents_of_block(block: list[list[bool]]) -> list[int] | None:
     """The tree an N x N query block shows (block[i][j]: node i attends node j): node 0 sees no
-    other node, node i itself plus exactly its parent's view; None when it shows none. Where each
-    node sees itself and node 0 nothing else, that is the tree its slot sets show (each node's
-    set then holds its ancestors and itself, so its parent is the one set with one node fewer)."""
+    other node, node i itself plus exactly its parent's view; None when it shows none. Then each
+    node's set holds its ancestors and itself: the tree its slot sets show (`parents_of_sets`)."""
     views = [frozenset(slots_on(line)) for line in block]
-    own = all(i in view for i, view in enumerate(views))
-    return parents_of_sets(views) if views and views[0] == {0} and own else None
+    rooted = views[:1] == [{0}] and all(i in view for i, view in enumerate(views))
+    return parents_of_sets(views) if rooted else None
 
 
 def parents_of_sets(sets: list[frozenset[int]]) -> list[int] | None:
@@ -280,13 +267,14 @@ def one_more(parent: frozenset[int], node: frozenset[int]) -> bool:
     return parent < node and len(node) == len(parent) + 1
 
 
-_KINDS = {"none": Unmasked, "2d": Padded, "4d": Keyed, "4d-slots": Slotted}  # any other: `View`
+# The reader of each mask kind, by whether a mask was kept (`none`: none fed); any other: `View`.
+_KINDS, _UNKEPT = {"2d": Padded, "4d": Keyed, "4d-slots": Slotted}, {"none": Unmasked}
 
 
 def read_views(call: Any) -> list[View]:
     """One view per row of a materialized call (`batchmap.apply` gives a packed call's segments theirs)."""
     kind, live = call.mask_kind, call.query_live
-    reader = _KINDS.get(kind, View) if call.mask is not None or kind == "none" else View
+    reader = (_KINDS if call.mask is not None else _UNKEPT).get(kind, View)
     views: list[View] = []
     for row in range(call.batch_size):
         flags = [1] * call.query_len

@@ -139,6 +139,12 @@ def test_one_tree_ends_at_the_last_live_token() -> None:
     assert one_tree(padded, 2, [10, 11, 11, 12, 0, 0])
 
 
+def test_a_call_that_attends_nothing_is_no_tree() -> None:
+    """No live token (every line off), keys [cache | query] with no cache or a static cache's: no tree."""
+    assert not one_tree(torch.zeros(4, 4, dtype=torch.bool), 0, [0, 1, 1, 2])
+    assert not one_tree(torch.zeros(4, 8, dtype=torch.bool), 2, [0, 1, 1, 2])
+
+
 def test_one_tree_over_a_static_cache_s_slots() -> None:
     """Keys: 8 slots of a static cache (not [cache | query]); the tree's nodes in slots 2-5."""
     static = torch.zeros(4, 8, dtype=torch.bool)
