@@ -96,7 +96,9 @@ class CallReader:
         seq = row_seq_ids(verify)[row] if seq is None else seq
         proposals = self._draft_calls(index, seq, pass_reprefill)
         declared = any(self.calls[j].rows is not None for j in proposals)
-        return self._chain(index, row, seq if declared else None, proposals)
+        # A re-prefill's reading is read afresh: the command may since have said its drafts (`infer.gains`).
+        chain = self._chain if pass_reprefill else self._chain_query
+        return chain(index, row, seq if declared else None, proposals)
 
     def _draft_calls(self, index: int, seq: int, pass_reprefill: bool) -> tuple[int, ...]:
         """Draft calls since the sequence's previous target call, passing over once a re-prefill of it
@@ -141,14 +143,19 @@ class CallReader:
         """Of the runs of d draft calls that fit the query's tokens from slot p, the first fed the query's
         own positions (a draft that repeats itself), else the earliest, so a position bug is still read."""
         tokens, fed = verify.input_ids[row][p : p + d + 1], list(verify.positions[row][p : p + d])
-        runs = [proposals[start : start + d] for start in range(len(proposals) - d + 1)]
-        # each call of a run fed tokens[i] and proposed tokens[i + 1]
-        hits = [
-            [self._draft_row(j, seq, row, verify.batch_size, *tokens[i : i + 2], fed[i]) for i, j in enumerate(run)]
-            for run in runs
-        ]
-        chains = [tuple(zip(run, rows)) for run, rows in zip(runs, hits) if None not in rows]
-        return next((chain for chain in chains if fed_positions(self.calls, chain) == fed), next(iter(chains), None))
+        first = None
+        for start in range(len(proposals) - d + 1):  # runs asked in order, no further than needed
+            run = proposals[start : start + d]  # each call fed tokens[i] and proposed tokens[i + 1]
+            hits = [
+                self._draft_row(j, seq, row, verify.batch_size, *tokens[i : i + 2], fed[i]) for i, j in enumerate(run)
+            ]
+            if None in hits:
+                continue
+            chain = tuple(zip(run, hits))
+            if fed_positions(self.calls, chain) == fed:
+                return chain
+            first = first or chain
+        return first
 
     def _draft_row(self, j: int, seq: int | None, row: int, batch_size: int, fed: int, out: int, at: int) -> int | None:
         """Draft call j's row that was fed `fed` at position `at` and proposed `out` for sequence `seq`
