@@ -8,13 +8,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
-from specviz.watch.calls import (
-    CallReader,
-    argmax_at,
-    first_slot_query,
-    row_seq_ids,
-    segment_of,
-)
+from specviz.watch.calls import CallReader, argmax_at, first_slot_query, row_seq_ids, segment_of
 from specviz.watch.record import CallRecord
 
 
