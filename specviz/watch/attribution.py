@@ -1,23 +1,14 @@
-"""Which verify step each declared emission belongs to (`attribute`), and how each sequence ended.
-The step is the target call whose row fed the sequence's pending token, not the latest by time
-alone, so engines that report tokens one call late (HF `generate` with deferred stop checks) are
-read right. Endings are as emitted, an emitted EOS, or the budget (`max_new_tokens`, never
-declared: read from where sequences ended by length)."""
+"""Which verify step each declared emission belongs to (`attribute`): the target call whose row fed the
+sequence's pending token, not the latest by time alone, so engines that report tokens one call late
+(HF `generate` with deferred stop checks) are read right. Endings are as emitted, an emitted EOS, or
+the budget (`max_new_tokens`, never declared: read from where sequences ended by length)."""
 
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
-from specviz.watch.calls import (
-    CallReader,
-    argmax_at,
-    attends_cache,
-    context_before,
-    first_slot_query,
-    row_seq_ids,
-    segment_of,
-)
+from specviz.watch.calls import CallReader, argmax_at, first_slot_query, row_seq_ids, segment_of
 from specviz.watch.record import CallRecord
 
 
@@ -106,18 +97,16 @@ class _Rows:
     draft_free: bool  # no draft model: drafts are not known before attribution
 
     def pending_slot(self, index: int, seq: int) -> tuple[int, int]:
-        """(row, pending slot) of the sequence in call `index`: where its draft chain starts, or, with
-        no draft model, the row's first real query slot when it attends a cache."""
+        """(row, pending slot) of the sequence in call `index` (no draft model: its first real slot)."""
         call = self.read.calls[index]
         row = row_seq_ids(call).index(seq)
         rq = self.read(index, row)
-        if self.draft_free and attends_cache(call, row) and segment_of(call, row).drafts is None:
+        if self.draft_free and call.view(row).attends_cache() and segment_of(call, row).drafts is None:
             rq = first_slot_query(call, row) or rq
         return row, rq.pending
 
     def pending_match(self, featuring: list[int], floor: int, seq: int, pending: int) -> int:
-        """The newest call after `floor` whose row fed `pending` as the sequence's pending token, else
-        the newest after `floor` (-1: none is)."""
+        """The newest call after `floor` whose row fed `pending` as pending, else the newest (-1: none)."""
         after = featuring[bisect_right(featuring, floor) :]
 
         def fed(i: int) -> int:
@@ -130,11 +119,9 @@ class _Rows:
         self, featuring: list[int], previous: Group | None, seq: int, emitted: tuple[int, int], tokens: list[int]
     ) -> int | None:
         """The earlier target call whose bonus is `tokens[0]`, emitted one step late by an engine that
-        emits the token it feeds as pending (the prefill's first token with the first verify's, or
-        each bonus with the next drafts). Read, not guessed: the newest call fed `tokens[0]` as
-        pending while the sequence so far (`emitted`: its last token, its length) does not end with
-        it, or does only as a repeat (`_fed_as_next`), and the earlier call (the previous step's,
-        else the one that fed the last token as pending) chose that token after what it emitted."""
+        emits the token it feeds as pending. Read, not guessed: the newest call fed it as pending while
+        the sequence so far (`emitted`: its last token, its length) does not end with it, or does only
+        as a repeat (`_fed_as_next`), and the earlier call chose it after what it emitted."""
         if not tokens or len(featuring) < 2:  # no earlier call (a previous step's is older than the newest)
             return None
         newest = self.read.calls[featuring[-1]]
@@ -151,9 +138,8 @@ class _Rows:
 
 
 def _fed_as_next(call: CallRecord, row: int, slot: int, index: int) -> bool:
-    """The token at `slot` was fed as logical index `index`, by its position and by the slots it
-    attends before it (a call that fed no positions, or whose mask is not read, says nothing)."""
-    return call.positions_fed and call.positions[row][slot] == index and context_before(call, row, slot) == index
+    """The token at `slot` was fed as logical index `index`, by its fed position and its mask."""
+    return call.positions_fed and call.positions[row][slot] == index and call.view(row).before(slot) == index
 
 
 def endings(
@@ -179,8 +165,8 @@ def _or_eos(reason: str | None, tokens: list[int], eos: frozenset[int]) -> str |
 
 
 def budgets(outputs: dict[int, list[int]], reasons: dict[int, str | None]) -> tuple[dict[int, int], int]:
-    """Each sequence that ended by length with the length it ended at (its own budget), and the
-    run's `max_new_tokens` (never declared): the largest of those, else the longest output."""
+    """Each sequence ended by length with its length (its own budget), and the run's `max_new_tokens`
+    (never declared): the largest of those, else the longest output."""
     own = {seq_id: len(outputs[seq_id]) for seq_id, reason in reasons.items() if reason == "length"}
     return own, max(own.values(), default=max((len(o) for o in outputs.values()), default=0))
 
@@ -188,11 +174,10 @@ def budgets(outputs: dict[int, list[int]], reasons: dict[int, str | None]) -> tu
 def close_by_length(
     groups: list[Group], outputs: dict[int, list[int]], reasons: dict[int, str | None], max_new: int
 ) -> None:
-    """A sequence that reached the budget without a declared ending ended by length; its last
-    step without an ending of its own ends as the sequence did."""
+    """A sequence that reached the budget without a declared ending ended by length; its last step
+    without an ending of its own ends as the sequence did."""
     for seq_id, tokens in outputs.items():
         if reasons[seq_id] is None and max_new and len(tokens) >= max_new:
             reasons[seq_id] = "length"
     for seq_id, group in {g.seq_id: g for g in groups}.items():  # each sequence's last group
-        if group.finish_reason is None:
-            group.finish_reason = reasons[seq_id]
+        group.finish_reason = group.finish_reason or reasons[seq_id]

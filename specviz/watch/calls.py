@@ -1,12 +1,11 @@
-"""Reading one row of one materialized captured call: its query (padding on either side), its pending
-slot and draft chain (`RowQuery`, `read_row`), the argmax at a slot, the mask row it was fed, and the
-tokens it verified: which emitted tokens fit them, and what they accepted."""
+"""Reading one row of one materialized captured call: its pending slot and draft chain (`RowQuery`,
+`CallReader`), the argmax at a slot, and the tokens it verified: which emitted tokens fit them, and
+what they accepted. What a row feeds and attends is its `view.View`'s; this module reads through it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from functools import cache
 
 from specviz.watch.map import Segment
 from specviz.watch.record import CallRecord
@@ -32,10 +31,8 @@ _UNSAID = Segment(None, 0, 0, 1)  # what a call with no readable map says of a r
 
 
 def segment_of(call: CallRecord, row: int) -> Segment:
-    """What the call's map says of the row (`drafts` ending its query, None: not said; `chunk`: a
-    prefill chunk, no step); nothing where the call has no readable map."""
-    segments = call.map.segments if call.map is not None else ()
-    return segments[row] if len(segments) == call.batch_size else _UNSAID
+    """What the materialized call's map says of the row (`drafts`, `chunk`); nothing without a readable map."""
+    return call.map.segments[row] if len(call.map.segments) == call.batch_size else _UNSAID
 
 
 def tree_of(call: CallRecord, row: int) -> list[int] | None:
@@ -43,23 +40,13 @@ def tree_of(call: CallRecord, row: int) -> list[int] | None:
     return call.trees[row] if call.trees else None
 
 
-def query_flags(call: CallRecord, row: int) -> list[int]:
-    """1 for each query slot of `row` that is attended (a real token), 0 for padding."""
-    return call.query_flags(row)
+# The row's own readings by name, for the command's inferrer (`infer/`) and the tests; this
+# package asks the row's view (`call.view(row)`) itself.
+query_flags = CallRecord.query_flags  # (call, row): 1 per attended query slot, 0 for padding
 
 
 def last_slot(call: CallRecord, row: int) -> int:
-    """The row's last attended query slot."""
     return call.last_slots[row]
-
-
-def argmax_at(call: CallRecord, row: int, slot: int) -> int | None:
-    """The model's argmax at query slot `slot` of `row`, if its logits were kept."""
-    if call.argmax is None or not call.argmax_is_choice:
-        return None
-    kept = call.argmax[row]
-    index = slot - (call.query_len - len(kept))
-    return kept[index] if 0 <= index < len(kept) else None
 
 
 def context_before(call: CallRecord, row: int, slot: int) -> int:
@@ -67,103 +54,160 @@ def context_before(call: CallRecord, row: int, slot: int) -> int:
     return call.view(row).before(slot)
 
 
-def _draft_row(call: CallRecord, seq: int, row: int, batch_size: int, fed: int, out: int, at: int) -> int | None:
-    """The row of draft call `call` fed `fed` at position `at` that proposed `out` for sequence `seq`
-    (row `row` of a target batch of `batch_size`): the declared row, else the same index in a batch
-    of that size, else the row whose tokens fit (of several, those fed at `at`)."""
-    if call.rows is not None:  # declared (the batch map keeps a draft call's rows only at its size)
-        found = [r for r in _rows_fed(call, fed, out) if call.rows[r] == seq]
-    elif call.batch_size == batch_size and row in _rows_fed(call, fed, out):  # the same rows: the same index
-        return row
-    else:
-        found = _rows_fed(call, fed, out)
-    # Else another order (a packed draft call packs its rows its own way) or other rows: the row
-    # whose tokens fit, when one does; sequences that were fed and proposed alike (a trained draft
-    # often proposes the same after the same token) by the position they were fed at. Several in
-    # a batch of the target's size: not told apart.
-    found = [r for r in found if call.positions[r][last_slot(call, r)] == at] or found
-    return found[0] if len(found) == 1 or found and call.batch_size != batch_size else None
+def attends_cache(call: CallRecord, row: int) -> bool:
+    """Does the row attend any cache slot (a sequence prefilled alone over a shared cache does not)?"""
+    return call.view(row).attends_cache()
 
 
-def _rows_fed(call: CallRecord, fed: int, out: int) -> list[int]:
-    """The rows of a draft call whose last attended slot was fed `fed` and proposed `out` (the
-    proposal is not compared where the argmax is not the engine's choice), in row order. Indexed
-    once per call: every sequence's chain asks every draft call, so a scan per ask grows with the
-    cube of the batch."""
-    if call.fed_rows is None:
-        call.fed_rows = {}
-        for r in range(call.batch_size):
-            last = last_slot(call, r)
-            said = argmax_at(call, r, last) if call.argmax_is_choice else None
-            call.fed_rows.setdefault((call.input_ids[r][last], said), []).append(r)
-    return call.fed_rows.get((fed, out if call.argmax_is_choice else None), [])
+def mask_row(call: CallRecord, row: int, rq: RowQuery) -> tuple[list[list[int]], int, bool | None]:
+    """(mask_rle to the last draft, the pending token's attended context, query block causal or None)."""
+    return call.view(row).mask_row(rq.pending, rq.drafts + 1)
+
+
+def argmax_at(call: CallRecord, row: int, slot: int) -> int | None:
+    """The model's argmax at query slot `slot` of `row`, if its logits were kept and are its choice."""
+    if call.argmax is None or not call.argmax_is_choice:
+        return None
+    kept = call.argmax[row]
+    index = slot - (call.query_len - len(kept))
+    return kept[index] if 0 <= index < len(kept) else None
+
+
+class CallReader:
+    """Each target call row's `RowQuery`, read as a sequence (None: the call's own), once. The chain is
+    the longest run of the sequence's draft calls since its previous target call that fed query slots
+    p .. p+d-1 and proposed p+1 .. p+d (p: the last attended slot minus d); drafts the engine said
+    (`segment_of`) fix d, chain found or not. A tree row's nodes end at its last real slot."""
+
+    def __init__(self, calls: list[CallRecord]) -> None:
+        self.calls = calls
+        self._read = cache(self._read_row)  # by (index, row, seq, pass_reprefill)
+        # By (index, row, seq where a draft call declared rows, draft calls): candidates share a chain.
+        self._chain = cache(self._chain_query)
+
+    def __call__(self, index: int, row: int, seq: int | None = None) -> RowQuery:
+        return self._read(index, row, seq, True)
+
+    def _read_row(self, index: int, row: int, seq: int | None, pass_reprefill: bool) -> RowQuery:
+        verify = self.calls[index]
+        last, parents = verify.last_slots[row], tree_of(verify, row)
+        if parents is not None:
+            return RowQuery(last - len(parents) + 1, len(parents) - 1, ())
+        seq = row_seq_ids(verify)[row] if seq is None else seq
+        proposals = self._draft_calls(index, seq, pass_reprefill)
+        declared = any(self.calls[j].rows is not None for j in proposals)
+        # A re-prefill's reading is read afresh: the command may since have said its drafts (`infer.gains`).
+        chain = self._chain if pass_reprefill else self._chain_query
+        return chain(index, row, seq if declared else None, proposals)
+
+    def _draft_calls(self, index: int, seq: int, pass_reprefill: bool) -> tuple[int, ...]:
+        """Draft calls since the sequence's previous target call, passing over once a re-prefill of it
+        (a target call with no draft call after it and no drafts in its own query)."""
+        found: list[int] = []
+        passed = not pass_reprefill
+        for j in range(index - 1, -1, -1):
+            call = self.calls[j]
+            if call.role != "target":
+                if call.argmax is not None and not call.drafter:  # a head's proposals are read from the verify
+                    found.append(j)
+                continue
+            if seq in row_seq_ids(call):
+                if found or passed or self._read_row(j, row_seq_ids(call).index(seq), None, False).drafts:
+                    break
+                passed = True
+        return tuple(found[::-1])
+
+    def _chain_query(self, index: int, row: int, seq: int | None, proposals: tuple[int, ...]) -> RowQuery:
+        """The longest chain that fits, else the drafts said (`seq`: None where no draft call declared rows)."""
+        verify = self.calls[index]
+        flags, last = verify.query_flags(row), verify.last_slots[row]
+        said = segment_of(verify, row).drafts
+        if said is None:
+            lengths: list[int] | range = range(min(len(proposals), last), 0, -1)
+            said = 0  # no chain fits: no drafts read
+        else:
+            said = min(said, last)
+            lengths = [said] if 0 < said <= len(proposals) else []
+        for d in lengths:
+            p = last - d
+            if not all(flags[p : last + 1]):
+                continue
+            chain = self._fitting_chain(proposals, d, seq, row, verify, p)
+            if chain is not None:
+                return RowQuery(p, d, chain)
+        return RowQuery(last - said, said, ())
+
+    def _fitting_chain(
+        self, proposals: tuple[int, ...], d: int, seq: int | None, row: int, verify: CallRecord, p: int
+    ) -> tuple[tuple[int, int], ...] | None:
+        """Of the runs of d draft calls that fit the query's tokens from slot p, the first fed the query's
+        own positions (a draft that repeats itself), else the earliest, so a position bug is still read."""
+        tokens, fed = verify.input_ids[row][p : p + d + 1], list(verify.positions[row][p : p + d])
+        first = None
+        for start in range(len(proposals) - d + 1):  # runs asked in order, no further than needed
+            run = proposals[start : start + d]  # each call fed tokens[i] and proposed tokens[i + 1]
+            hits = [
+                self._draft_row(j, seq, row, verify.batch_size, *tokens[i : i + 2], fed[i]) for i, j in enumerate(run)
+            ]
+            if None in hits:
+                continue
+            chain = tuple(zip(run, hits))
+            if fed_positions(self.calls, chain) == fed:
+                return chain
+            first = first or chain
+        return first
+
+    def _draft_row(self, j: int, seq: int | None, row: int, batch_size: int, fed: int, out: int, at: int) -> int | None:
+        """Draft call j's row that was fed `fed` at position `at` and proposed `out` for sequence `seq`
+        (row `row` of a target batch of `batch_size`): declared, else the same index, else the one that fits."""
+        call, rows = self.calls[j], self._rows_fed(j, fed, out)
+        if call.rows is not None:  # declared (the batch map keeps a draft call's rows only at its size)
+            rows = [r for r in rows if call.rows[r] == seq]
+        elif call.batch_size == batch_size and row in rows:  # the same rows: the same index
+            return row
+        # Else another order (a packed draft call packs its rows its own way) or other rows: the row
+        # whose tokens fit, when one does; sequences that were fed and proposed alike (a trained draft
+        # often proposes the same after the same token) by the position they were fed at. Several in
+        # a batch of the target's size: not told apart.
+        rows = [r for r in rows if call.positions[r][call.last_slots[r]] == at] or rows
+        if len(rows) == 1 or call.batch_size != batch_size:
+            return next(iter(rows), None)
+        return None
+
+    def _rows_fed(self, j: int, fed: int, out: int) -> list[int]:
+        """Draft call j's rows whose last real slot was fed `fed` and proposed `out` (where the argmax is
+        the choice). Indexed once per call: a scan per ask would grow with the cube of the batch."""
+        call = self.calls[j]
+        if call.fed_rows is None:
+            call.fed_rows = {}
+            for r, last in enumerate(call.last_slots):
+                call.fed_rows.setdefault((call.input_ids[r][last], argmax_at(call, r, last)), []).append(r)
+        return call.fed_rows.get((fed, out if call.argmax_is_choice else None), [])
 
 
 def read_row(
-    calls: list[CallRecord],
-    index: int,
-    row: int,
-    pass_reprefill: bool = True,
-    seq: int | None = None,
-    memo: dict[tuple[Any, ...], RowQuery] | None = None,
+    calls: list[CallRecord], index: int, row: int, pass_reprefill: bool = True, seq: int | None = None
 ) -> RowQuery:
-    """The row's pending slot p and chain in target call `index`, read as sequence `seq` (default:
-    the call's). The chain is the longest run of the sequence's draft calls since its previous
-    target call that fed query slots p .. p+d-1 and proposed p+1 .. p+d (p: the last attended slot
-    minus d); of several runs that fit (a draft that repeats itself), the one fed those slots'
-    positions, else the earliest, so a position bug is still read and checked. Drafts the engine
-    said (`segment_of`) fix d, chain found or not. `memo`: readings kept by what they depend on."""
-    verify = calls[index]
-    last = last_slot(verify, row)
-    parents = tree_of(verify, row)
-    if parents is not None:  # a tree's nodes end at its last real slot (`tree`)
-        return RowQuery(last - len(parents) + 1, len(parents) - 1, ())
-    seq = row_seq_ids(verify)[row] if seq is None else seq
-    proposals = _draft_calls(calls, index, seq, pass_reprefill)
-    # The sequence a row is read as changes its reading only through its draft calls and, where a
-    # draft call declared its rows, the row it names: candidates of the same draft calls share one.
-    if memo is None:
-        return _chain_query(calls, verify, row, seq, proposals, last)
-    declared = any(calls[j].rows is not None for j in proposals)
-    key = (index, row, tuple(proposals), seq if declared else None)
-    if key not in memo:
-        memo[key] = _chain_query(calls, verify, row, seq, proposals, last)
-    return memo[key]
+    """The row's pending slot and chain in target call `index`, read as sequence `seq` (`CallReader`)."""
+    return CallReader(calls)._read(index, row, seq, pass_reprefill)
 
 
-def _chain_query(
-    calls: list[CallRecord], verify: CallRecord, row: int, seq: int, proposals: list[int], last: int
-) -> RowQuery:
-    """`read_row` once the draft calls are known: the longest chain that fits, else the drafts said."""
-    flags = query_flags(verify, row)
-    said = segment_of(verify, row).drafts
-    if said is None:
-        lengths: Iterable[int] = range(min(len(proposals), last), 0, -1)
-        said = 0  # no chain fits: no drafts read
-    else:  # said: only its chain is looked for; none found, the drafts are still what it said
-        said = min(said, last)
-        lengths = [said] if 0 < said <= len(proposals) else []
-    for d in lengths:
-        p = last - d
-        if not all(flags[p : last + 1]):
-            continue
-        chain = _fitting_chain(calls, proposals, d, seq, row, verify, p)
-        if chain is not None:
-            return RowQuery(p, d, chain)
-    return RowQuery(last - said, said, ())
+def fed_positions(calls: list[CallRecord], chain: tuple[tuple[int, int], ...]) -> list[int]:
+    """The position each draft call of the chain fed at its row's last attended slot."""
+    return [calls[j].positions[dr][calls[j].last_slots[dr]] for j, dr in chain]
 
 
 def draft_free_query(call: CallRecord, row: int, committed: list[int]) -> RowQuery | None:
-    """The row's query with no draft model (prompt lookup, n-gram, a head): drafts follow the pending
-    token (the last `committed` one), at the first real slot when the row attends a cache, else
-    after its re-fed context; by layout, so a stale slot does not move it (the KV check flags it),
-    else by the attended count. None when neither fits: read as no drafts, and checked as such."""
+    """The row's query with no draft model (prompt lookup, n-gram, a head): the pending token (the last
+    `committed` one) at the first real slot when the row attends a cache, else after its re-fed
+    context, by layout (a stale slot does not move it), else by the attended count; None: no drafts."""
     if not committed:
         return None
-    flags, last = query_flags(call, row), last_slot(call, row)
+    view = call.view(row)
+    flags, last = view.flags, view.last
     first = _first_live(flags)  # past the last slot when none is live: then no pending fits
-    by_layout = first if attends_cache(call, row) else first + len(committed) - 1
-    by_count = last - (context_before(call, row, last) + 1 - len(committed))
+    by_layout = first if view.attends_cache() else first + len(committed) - 1
+    by_count = last - (view.before(last) + 1 - len(committed))
     for pending in (by_layout, by_count):
         if first <= pending < last and all(flags[pending : last + 1]) and call.input_ids[row][pending] == committed[-1]:
             return RowQuery(pending, last - pending, ())
@@ -172,11 +216,11 @@ def draft_free_query(call: CallRecord, row: int, committed: list[int]) -> RowQue
 
 def first_slot_query(call: CallRecord, row: int) -> RowQuery | None:
     """A cached row with no draft model: its first real query slot is pending, the rest drafts."""
-    flags = query_flags(call, row)
-    first, last = _first_live(flags), last_slot(call, row)
-    if first > last or not all(flags[first : last + 1]):
+    view = call.view(row)
+    first = _first_live(view.flags)
+    if first > view.last or not all(view.flags[first : view.last + 1]):
         return None
-    return RowQuery(first, last - first, ())
+    return RowQuery(first, view.last - first, ())
 
 
 def _first_live(flags: list[int]) -> int:
@@ -186,78 +230,16 @@ def _first_live(flags: list[int]) -> int:
 
 def attended_ids(call: CallRecord, row: int, end: int | None = None) -> list[int]:
     """The row's real query tokens up to query slot `end` (default: all of them)."""
-    flags = query_flags(call, row)
+    flags = call.query_flags(row)
     stop = len(flags) if end is None else end + 1
     ids = [t for t, keep in zip(call.input_ids[row][:stop], flags[:stop]) if keep]
     return ids or [0]
 
 
-def attends_cache(call: CallRecord, row: int) -> bool:
-    """Does the row attend any cache slot (a sequence prefilled alone over a shared cache does not)?"""
-    return call.view(row).attends_cache()
-
-
-def _fitting_chain(
-    calls: list[CallRecord], proposals: list[int], d: int, seq: int, row: int, verify: CallRecord, p: int
-) -> tuple[tuple[int, int], ...] | None:
-    """Of the runs of d consecutive draft calls that fit the query's tokens from slot p, the first fed
-    the query's own positions, else the earliest; None when none fits."""
-    tokens, fed = verify.input_ids[row][p : p + d + 1], list(verify.positions[row][p : p + d])
-    first, size = None, verify.batch_size
-    for start in range(len(proposals) - d + 1):
-        run = proposals[start : start + d]  # each call fed tokens[i] and proposed tokens[i + 1]
-        hits = [_draft_row(calls[j], seq, row, size, *tokens[i : i + 2], fed[i]) for i, j in enumerate(run)]
-        if None in hits:
-            continue
-        chain = tuple(zip(run, hits))
-        if fed_positions(calls, chain) == fed:
-            return chain
-        first = first or chain
-    return first
-
-
-def fed_positions(calls: list[CallRecord], chain: tuple[tuple[int, int], ...]) -> list[int]:
-    """The position each draft call of the chain fed at its row's last attended slot."""
-    return [calls[j].positions[dr][last_slot(calls[j], dr)] for j, dr in chain]
-
-
-def _draft_calls(calls: list[CallRecord], index: int, seq: int, pass_reprefill: bool) -> list[int]:
-    """Draft calls since the sequence's previous target call, passing over once a re-prefill of it
-    (a target call with no draft call after it and no drafts in its own query)."""
-    found: list[int] = []
-    passed = not pass_reprefill
-    for j in range(index - 1, -1, -1):
-        call = calls[j]
-        if call.role != "target":
-            if call.argmax is not None and not call.drafter:  # a head's proposals are read from the verify
-                found.append(j)
-            continue
-        if seq in row_seq_ids(call):
-            if found or passed or read_row(calls, j, row_seq_ids(call).index(seq), False).drafts:
-                break
-            passed = True
-    return found[::-1]
-
-
-class CallReader:
-    """`read_row` for every (call, row, sequence read as: None for the call's), computed once."""
-
-    def __init__(self, calls: list[CallRecord]) -> None:
-        self.calls = calls
-        self._rows: dict[tuple[int, int, int | None], RowQuery] = {}
-        self._memo: dict[tuple[Any, ...], RowQuery] = {}  # `read_row`'s, across the sequences read as
-
-    def __call__(self, index: int, row: int, seq: int | None = None) -> RowQuery:
-        key = (index, row, seq)
-        if key not in self._rows:
-            self._rows[key] = read_row(self.calls, index, row, seq=seq, memo=self._memo)
-        return self._rows[key]
-
-
-def mask_row(call: CallRecord, row: int, rq: RowQuery) -> tuple[list[list[int]], int, bool | None]:
-    """(mask_rle over the context and the d + 1 query slots, the pending token's attended context
-    slots, the query block causal or None)."""
-    return call.view(row).mask_row(rq.pending, rq.drafts + 1)
+def prefills(call: CallRecord, row: int, prompt: list[int]) -> bool:
+    """Did the row feed the prompt's next tokens after its cache's, short of its end (a decode feeds the last)?"""
+    fed, c = attended_ids(call, row), call.cache_of(row)
+    return c + len(fed) < len(prompt) and fed == prompt[c : c + len(fed)]
 
 
 def row_tokens(call: CallRecord, row: int, rq: RowQuery) -> tuple[list[int], list[int]]:
@@ -268,8 +250,7 @@ def row_tokens(call: CallRecord, row: int, rq: RowQuery) -> tuple[list[int], lis
 
 
 def consistent(tokens: list[int], drafts: list[int], targets: list[int], free_last: bool = False) -> bool:
-    """Tokens read as some drafts, then maybe one more: the target's own token at that slot, or any
-    token when the argmax is not the engine's choice (`free_last`)."""
+    """Tokens read as some drafts, then maybe the target's own token there (any, with `free_last`)."""
     n = _agree(tokens, drafts)
     rest = tokens[n:]  # after the drafts they repeat: nothing, or the one token the target chose
     return rest in ([], targets[n : n + 1]) or free_last and len(rest) == 1
@@ -287,7 +268,7 @@ def matched_prefix(drafts: list[int], targets: list[int]) -> int | None:
 
 def accepted_and_bonus(tokens: list[int], drafts: list[int], targets: list[int]) -> tuple[int, int | None]:
     """(accepted, bonus) as emitted: a prefix of the greedy-correct output accepts what verification
-    allowed (emitting fewer is speed lost, not a wrong answer), else the drafts emitted."""
+    allowed (fewer is speed lost, not a wrong answer), else the drafts emitted."""
     matched = matched_prefix(drafts, targets)
     greedy = matched is not None and tokens == (drafts[:matched] + [targets[matched]])[: len(tokens)]
     accepted = matched if greedy else _agree(tokens, drafts)

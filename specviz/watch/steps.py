@@ -1,9 +1,7 @@
-"""From captured calls and declared emissions to the trace's step records, read from what the
-models were fed, never from a fixed k. A target call is a verify step when an emission is
-attributed to it (`attribution`); each row's pending slot and d drafts are read by `calls.read_row`,
-and k is the run's largest d. The row credited with an emission is the one its tokens fit
-(`assign_rows`), so a write-back to the wrong sequence shows as `write_seq != seq_id`.
-"""
+"""From captured calls and declared emissions to the trace's step records, read from what the models
+were fed, never from a fixed k: a target call is a verify step when an emission is attributed to it
+(`attribution`), each row read by `calls.CallReader`. The row credited with an emission is the one
+its tokens fit (`assign_rows`), so a write-back to the wrong sequence shows as `write_seq != seq_id`."""
 
 from __future__ import annotations
 
@@ -18,13 +16,12 @@ from specviz.watch.calls import (
     CallReader,
     RowQuery,
     accepted_and_bonus,
-    attended_ids,
     consistent,
-    context_before,
     draft_free_query,
     fed_positions,
-    last_slot,
     mask_row,
+    prefills,
+    query_flags,
     row_seq_ids,
     row_tokens,
     segment_of,
@@ -68,23 +65,27 @@ def build_steps(groups: list[Group], prompts: list[list[int]], read: CallReader,
             if draft_free and not shown[r].drafts and segment_of(call, r).drafts is None:
                 shown[r] = draft_free_query(call, r, committed.get(seq_id, [])) or shown[r]
         produced = assign_rows(call, by_call[index], shown, running)
+        before = tree.draft_calls_before(calls, index)
+        heads = [j for j in before if calls[j].drafter]  # a draft head's calls: the step's proposals
         # A tree's drafts are read from the verify: every draft call since is its proposal.
-        rows, proposals = [], set(tree.draft_calls_before(calls, index) if call.trees else _head_calls(calls, index))
+        rows, proposals = [], set(before if call.trees else heads)
+        cached = any(call.cache_of(r) for r in range(call.batch_size))  # else every row of a re-prefill is read
         for r, seq_id in enumerate(row_seq_ids(call)):
             # A row that produced nothing and is no step of its sequence: idle (a finished
             # sequence's row the engine still computes, or a static slot fed only padding while
             # another is prefilled), a prefill chunk said so (KV written, no token), or a
-            # newcomer's prefill riding in another's step (vLLM mixes them in).
+            # newcomer's prefill riding in another's step (vLLM mixes them in): a sequence not yet
+            # stepped fed its prompt's next tokens, in a call where some row reads a cache.
             if r not in produced and (
                 seq_id not in running
-                or not any(call.query_flags(r))
+                or not any(query_flags(call, r))
                 or segment_of(call, r).chunk
-                or _prefilling(call, r, committed[seq_id], len(prompts[seq_id]))
+                or (cached and len(committed[seq_id]) == len(prompts[seq_id]) and prefills(call, r, prompts[seq_id]))
             ):
                 continue
             proposals.update(j for j, _ in shown[r].chain)
             group = produced.get(r, Group(seq_id, [], None, index, call.started))  # nothing produced
-            rows.append(_row_record(calls, index, r, seq_id, shown[r], group, len(committed[seq_id])))
+            rows.append(_row_record(calls, index, r, seq_id, shown[r], group, len(committed[seq_id]), heads))
             if tree_of(call, r) is not None:
                 origins.append((rows[-1], index, r))
         for i, row in enumerate(rows):
@@ -107,7 +108,20 @@ def build_steps(groups: list[Group], prompts: list[list[int]], read: CallReader,
                 rows=rows,
             )
         )
-    _fill_next(steps, read, origins)
+    # What a continuing row's sequence shows at its next step: its padding then, and, of a tree
+    # row, the nodes its next tree step still attends of its block.
+    pads: dict[int, int] = {}
+    for step in reversed(steps):
+        for row in step.rows:
+            row.left_pad_after = None if row.finished else pads.get(row.seq_id)
+            pads[row.seq_id] = row.left_pad
+    later: dict[int, tuple[int, int]] = {}  # seq -> (call index, row) of its next tree step
+    for record, index, r in reversed(origins):
+        after = later.get(record.seq_id)
+        if after is not None and not record.finished:
+            j, r2 = after
+            record.kept_nodes = tree.kept_nodes(calls[index], r, read(index, r), calls[j], r2, read(j, r2))
+        later[record.seq_id] = (index, r)
     return steps
 
 
@@ -138,7 +152,7 @@ def assign_rows(call: CallRecord, groups: list[Group], shown: list[RowQuery], ru
     # here by its pending token) places after the on-time groups have been read, split included.
     # An on-time group that missed its own row tries it again in vain (still taken, or unfit).
     unfit = []
-    for group in [g for g in groups if not g.late and not place(g)] + [g for g in groups if g.late]:
+    for group in [g for g in sorted(groups, key=lambda g: g.late) if g.late or not place(g)]:
         if place(group):
             continue
         free = {r for r in range(len(rows)) if r not in taken and rows[r] in running}
@@ -154,9 +168,8 @@ def assign_rows(call: CallRecord, groups: list[Group], shown: list[RowQuery], ru
 
 
 def _split_to_rows(group: Group, free: set[int], own: int, fits: Any) -> list[tuple[int, Group]] | None:
-    """The group as consecutive pieces, cut where its emits were appended, each fitting a distinct
-    free row (its own first), longest first (one row's tokens written to another's sequence before
-    its own); None when no split fits. No piece carries the group's ending."""
+    """The group as consecutive pieces cut where its emits were appended, each fitting a distinct free
+    row (its own first), longest first; None when no split fits. No piece carries the group's ending."""
     bounds = [0, *group.cuts, len(group.tokens)]
 
     def search(a: int, free_rows: set[int]) -> list[tuple[int, Group]] | None:
@@ -174,52 +187,17 @@ def _split_to_rows(group: Group, free: set[int], own: int, fits: Any) -> list[tu
     return search(0, free)  # never empty: at least one piece
 
 
-def _fill_next(steps: list[StepRecord], read: CallReader, origins: list[tuple[RowRecord, int, int]]) -> None:
-    """What a continuing row's sequence shows at its next step: its padding then, and, of a tree
-    row, the nodes its next tree step still attends of its block."""
-    pads: dict[int, int] = {}
-    for step in reversed(steps):
-        for row in step.rows:
-            row.left_pad_after = None if row.finished else pads.get(row.seq_id)
-            pads[row.seq_id] = row.left_pad
-    calls, later = read.calls, {}  # later: seq -> (call index, row) of its next tree step
-    for record, index, r in reversed(origins):
-        after = later.get(record.seq_id)
-        if after is not None and not record.finished:
-            j, r2 = after
-            record.kept_nodes = tree.kept_nodes(calls[index], r, read(index, r), calls[j], r2, read(j, r2))
-        later[record.seq_id] = (index, r)
-
-
-def _prefilling(call: CallRecord, row: int, committed: list[int], prompt_len: int) -> bool:
-    """A newcomer's prefill (or a chunk) riding in the others' step, in a call where some row reads a
-    cache: a sequence not yet stepped fed its prompt's next tokens after its cache's, short of the
-    prompt's end (a decode feeds the last one)."""
-    if len(committed) != prompt_len or not any(call.query_flags(row)):
-        return False
-    if not any(call.cache_of(r) for r in range(call.batch_size)):
-        return False  # a re-prefill of the whole batch (or a cacheless loop): every row is read
-    fed, c = attended_ids(call, row), call.cache_of(row)
-    return c + len(fed) < len(committed) and fed == committed[c : c + len(fed)]
-
-
-def _head_calls(calls: list[CallRecord], index: int) -> list[int]:
-    """A draft head's calls since the target call before this one: the step's proposals (timed)."""
-    return [j for j in tree.draft_calls_before(calls, index) if calls[j].drafter]
-
-
 def _row_record(
-    calls: list[CallRecord], index: int, r: int, seq_id: int, rq: RowQuery, group: Group, committed: int
+    calls: list[CallRecord], index: int, r: int, seq: int, rq: RowQuery, group: Group, committed: int, heads: list[int]
 ) -> RowRecord:
     """Row `r` of target call `index` read as `rq`, credited with `group`, its sequence holding
-    `committed` tokens."""
+    `committed` tokens; `heads`: the step's draft head calls."""
     call = calls[index]
     drafts, targets = row_tokens(call, r, rq)
     accepted, bonus = accepted_and_bonus(group.tokens, drafts, targets)
     runs, context, causal = mask_row(call, r, rq)
-    cache_len = call.cache_of(r) + rq.pending
-    lead = runs[0][1] if runs and runs[0][0] == 0 else 0
-    shape: dict[str, Any] = {}
+    lead = next((n for value, n in runs[:1] if value == 0), 0)  # the padding the mask starts with
+    shape: dict[str, Any] = {}  # the optional fields recorded (RowRecord's defaults: None)
     if tree_of(call, r) is not None:  # a tree row (schema 3): its own path and mask reading
         shape = tree.tree_fields(call, r, rq, group.tokens, targets)
         accepted, bonus = shape.pop("accepted"), shape.pop("bonus")
@@ -227,11 +205,17 @@ def _row_record(
         if read is not None:
             runs, context = read
         causal = None
+    # The positions the row's draft calls fed, and the context each attended where every mask was read.
+    contexts = [calls[j].view(dr).before(calls[j].last_slots[dr]) for j, dr in rq.chain]
+    if rq.chain:
+        shape["draft_position_ids"] = fed_positions(calls, rq.chain)
+    if min(contexts, default=-1) >= 0:
+        shape.update(draft_kv_lens=contexts, draft_kv_len=contexts[0], draft_kv_len_expected=committed - 1)
     return RowRecord(
         row=r,
-        seq_id=seq_id,
+        seq_id=seq,
         committed_before=committed,
-        left_pad=min(lead, cache_len),
+        left_pad=min(lead, call.cache_of(r) + rq.pending),
         left_pad_after=None,
         pending_token=call.input_ids[r][rq.pending],
         draft_tokens=drafts,
@@ -247,22 +231,9 @@ def _row_record(
         finished=group.finish_reason is not None,
         finish_reason=group.finish_reason,
         query_causal=causal,
-        head_source=head_source(calls, index, _head_calls(calls, index), r, drafts, seq_id, committed),
-        **_draft_fields(calls, rq.chain, committed),
+        head_source=head_source(calls, index, heads, r, drafts, seq, committed),
         **shape,
     )
-
-
-def _draft_fields(calls: list[CallRecord], chain: tuple[tuple[int, int], ...], committed: int) -> dict[str, Any]:
-    """The positions the row's draft calls fed and the context each attended (None: no chain, or a
-    mask not read)."""
-    fields: dict[str, Any] = {}  # RowRecord's defaults: None
-    contexts = [context_before(calls[j], dr, last_slot(calls[j], dr)) for j, dr in chain]
-    if chain:
-        fields["draft_position_ids"] = fed_positions(calls, chain)
-    if min(contexts, default=-1) >= 0:  # a chain, every mask of it read
-        fields.update(draft_kv_lens=contexts, draft_kv_len=contexts[0], draft_kv_len_expected=committed - 1)
-    return fields
 
 
 def infer_steps(

@@ -80,3 +80,11 @@ def test_a_late_group_places_after_the_on_time_ones() -> None:
     late = Group(0, [20], None, 0, 0.0, late=True)
     taken = assign_rows(verify(), [group(1, [20, 30]), late], SHOWN, {0, 1})
     assert placed(taken) == {0: (1, [20, 30], None), 1: (0, [20], None)}
+
+
+def test_a_late_group_that_fits_its_own_row_keeps_it_though_its_sequence_ended() -> None:
+    """Sequence 0 (no longer running: it ended) receives 20 late, which fits its own row 0 and row 1:
+    its own row is tried first, whole, as for an on-time group; only rows of running sequences are
+    offered to a group that fits none of its own."""
+    late = Group(0, [20], None, 0, 0.0, late=True)
+    assert placed(assign_rows(verify(), [late], SHOWN, {1})) == {0: (0, [20], None)}
