@@ -25,9 +25,8 @@ SPEC = ("draft_token_ids", "num_draft_tokens", "target_logits_indices", "bonus_l
 
 @dataclass
 class StepTap:
-    """One runner process's records: its file, steps counted, the step being built, the step sampling.
-    Each wrapped method of vLLM calls the installed tap's method of its name; the idle tap (no file) is
-    installed only while no method is wrapped (the draft hook outlives it: it records no sampling step)."""
+    """One runner process's records: its file, steps counted, the step being built, the step sampling. A
+    wrapped vLLM method calls the installed tap's method of its name; the idle tap (no file) wraps nothing."""
 
     path: Path | None = None
     count: int = 0
@@ -53,9 +52,7 @@ class StepTap:
             self.count += 1
         return original(runner, scheduler_output, *args, **kwargs)
 
-    # vLLM 0.32 calls _prepare_inputs and _model_forward (the target's forward) once each, only in an
-    # execute_model past its return on no scheduled tokens, so in a step begun; and _sample only in a
-    # sample_tokens past its return on no execute_model state, so in a step sampling.
+    # vLLM 0.32 calls these three only inside a step begun or sampling (docs/vllm.md section 3).
     def _prepare_inputs(self, original: Any, runner: Any, *args: Any, **kwargs: Any) -> Any:
         out = original(runner, *args, **kwargs)
         self.step["req_ids"] = list(runner.input_batch.req_ids)
@@ -86,8 +83,7 @@ class StepTap:
                 file.write(json.dumps(step, separators=(",", ":")) + "\n")
 
     def propose(self, original: Any, proposer: Any, *args: Any, **kwargs: Any) -> Any:
-        # The draft model (an nn.Module since the runner's load_model) is hooked once; the hook records
-        # only while a step is sampling, so it may outlive the watch.
+        # The draft model is hooked once; the hook records only while a step samples: it may outlive the watch.
         if proposer.model not in _HOOKED:
             proposer.model.register_forward_pre_hook(_draft_call, with_kwargs=True)
             _HOOKED.add(proposer.model)

@@ -46,8 +46,7 @@ def announce(trace: Trace, out: Path, engine: str, sequences: str) -> None:
 
 
 def take_records(folder: Path, saved_env: str | None = None) -> list[dict[str, Any]]:
-    """Put SPECVIZ_VLLM_RECORD back as it was before `begin` (`saved_env`), unwrap vLLM in this process (an
-    in-process engine core), then read and remove `folder`."""
+    """Put SPECVIZ_VLLM_RECORD back to `saved_env`, unwrap vLLM in this process, read and remove `folder`."""
     if saved_env is None:
         os.environ.pop(ENV, None)
     else:

@@ -15,9 +15,8 @@ from specviz.trace.schema import RowRecord, StepRecord
 from specviz.watch.map import BatchMap, Segment
 from specviz.watch.vllm.slots import ROOT, SlotLedger, block_slots, join_runs, prefixes, runs
 
-# vLLM's speculative method -> the trace's proposer (no speculation: the schema's default). Any other is a
-# head, fed token p + 1 with the target's hidden state p at position p: its draft calls are not judged,
-# only a draft model's are (call j feeds token n - 1 + j at that position, as specviz's convention).
+# vLLM's speculative method -> the trace's proposer (none: the schema's default). Any other is a head (fed
+# token p + 1 at position p): only a draft model's calls are judged (call j feeds token n - 1 + j there).
 PROPOSERS = {None: "draft-model", "ngram": "ngram", "draft_model": "draft-model"}
 NO_DRAFTS: dict[str, Any] = {"draft_calls": [], "req_ids": [], "block_size": 1}  # no record drafted this step's drafts
 
@@ -227,9 +226,8 @@ def _pending(record: dict[str, Any], by_id: dict[str, Request], target: SlotLedg
 def _draft_calls(
     drafting: dict[str, Any], ledger: SlotLedger, by_id: dict[str, Request], wanted: dict[str, tuple[int, list[int]]]
 ) -> dict[str, dict[str, Any]]:
-    """Per request in `wanted` (`Pending.attends`), its draft-side fields from each draft call j of the
-    step before: the position of its last real token, and how many of the n - 1 + j slots before it
-    hold what it attends. None where a call is unreadable or fed embeddings, as where no draft model ran."""
+    """Per request in `wanted` (`Pending.attends`), per draft call j of the step before: its last real token's
+    position, and how many of the n - 1 + j slots before it hold what it attends (none if a call is unread)."""
     calls = drafting["draft_calls"]
     if any("unreadable" in call or _fed_no_ids(call) for call in calls):
         return {}

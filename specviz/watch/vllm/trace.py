@@ -1,8 +1,6 @@
-"""The records of a vLLM run -> a specviz trace: one sequence per request, one step per runner step.
-
-The records come from the one vLLM process that ran a model runner (`engine-<pid>.jsonl`). The oracle
-is the target decoded alone, batch 1, greedy, by Hugging Face transformers outside vLLM, each request to
-its own budget: vLLM's batching, paging and speculation play no part in it."""
+"""The records of a vLLM run -> a specviz trace: one sequence per request, one step per runner step. The
+records come from the one vLLM process that ran a model runner (`engine-<pid>.jsonl`). The oracle is the
+target decoded alone, batch 1, greedy, by Hugging Face transformers, each request to its own budget."""
 
 from __future__ import annotations
 
