@@ -194,3 +194,33 @@ def test_a_forward_the_capture_could_not_read_stops_reading_there() -> None:
     out = assemble(records)
     assert out.unreadable == {"step": 1, "why": "the forward had micro-batches or no attention metadata"}
     assert out.steps[0].step == 0 and 1 not in [s.step for s in out.steps]
+
+
+def test_a_prefill_chunk_has_no_row_and_its_map_says_chunk() -> None:
+    """Request c (prompt 5 6 7 9 10) is prefilled in two chunks: step 0 feeds 5 6 7 (its seq_len 3 is
+    short of the prompt: no row, its sampled token dropped), step 1 feeds 9 10 and commits 60."""
+    records = [
+        record(0, [new("c", [5, 6, 7, 9, 10], 2)], ["c"], no_drafts(1),
+               fed([5, 6, 7], [0, 1, 2], [0, 3], [3], [[2]], [8, 9, 10]), [44], [[44]]),
+        record(1, [], ["c"], no_drafts(1), fed([9, 10], [3, 4], [0, 2], [5], [[2, 3]], [11, 12]), [60], [[60]]),
+    ]  # fmt: skip
+    out = assemble(records, maps=True)
+    assert [s.step for s in out.steps] == [1] and out.requests[0].output == [60]
+    (c1,) = out.steps[0].rows
+    assert (c1.committed_before, c1.pending_token, c1.position_ids, c1.emitted) == (5, 10, [4], [60])
+    assert (c1.mask_rle, c1.kv_len, c1.kv_len_expected) == ([[1, 5]], 4, 4)
+    (chunk,) = out.maps[0].segments
+    assert (chunk.chunk, chunk.drafts, chunk.length, chunk.reads) == (True, None, 3, (8, 9, 10))
+    (last,) = out.maps[1].segments
+    assert (last.chunk, last.drafts, last.start, last.length, last.writes) == (False, 0, 0, 2, (11, 12))
+
+
+def test_an_unreadable_steps_map_says_why_and_the_next_draft_calls_are_not_judged() -> None:
+    records = run()
+    records[0]["fed"] = {"unreadable": "the forward had micro-batches or no attention metadata"}
+    out = assemble(records, maps=True)
+    first, second, _ = out.maps
+    assert (first.readable, first.unreadable, first.segments) == (False, records[0]["fed"]["unreadable"], ())
+    assert second.readable and [s.request for s in second.segments] == ["a"]
+    (a1,) = out.steps[0].rows  # step 0 unread: its draft calls judge nothing at step 1
+    assert (out.steps[0].step, a1.draft_tokens, a1.draft_position_ids, a1.draft_kv_len) == (1, [41, 42], None, None)

@@ -6,7 +6,6 @@ around the code that builds and runs the engines. vLLM is imported only inside v
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from specviz.trace.schema import Trace
 
@@ -19,20 +18,19 @@ class VllmWatch:
     """`with VllmWatch("t.json.gz") as watch:` around building and running the `LLM`: `watch.trace`."""
 
     def __init__(self, out: str | os.PathLike[str] | None = None, name: str = "vllm", reference: bool = True) -> None:
-        self.out, self.name, self.reference = Path(out) if out is not None else None, name, reference
+        self.out, self.name, self.reference = out, name, reference
         self.trace: Trace | None = None
 
     def __enter__(self) -> VllmWatch:
         from specviz.errors import SpecvizError
         from specviz.watch.vllm import capture, session
 
-        self._saved_env = os.environ.get(ENV)
-        self._folder = session.begin()
+        self._saved_env, self._folder = os.environ.get(ENV), session.begin()
         try:
             capture.install(self._folder)  # this process's runner too: an in-process engine core
-        except ImportError as e:  # no vLLM here: one line, with the usual fix
+        except ImportError as e:  # no vLLM here: one line, with the usual fix (docs/vllm.md, trap 1)
             hint = ""
-            if "torchvision" in str(e) or "nms" in str(e):
+            if "torchvision" in str(e):  # its error names torchvision::nms
                 hint = " (pip uninstall -y torchvision torchaudio torchcodec: PyPI's builds do not match torch+cpu)"
             raise SpecvizError(f"watch: vLLM does not import here: {e}{hint}") from e
         return self
@@ -46,11 +44,8 @@ class VllmWatch:
         from specviz.watch.vllm.session import take_records
         from specviz.watch.vllm.trace import build_trace
 
-        if self._saved_env is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = self._saved_env
-        self.trace = build_trace(take_records(self._folder), self.name, reference=self.reference, complete=complete)
+        records = take_records(self._folder, self._saved_env)
+        self.trace = build_trace(records, self.name, reference=self.reference, complete=complete)
         if self.out is not None:
             save_trace(self.trace, self.out)
         return self.trace

@@ -1,7 +1,6 @@
-"""Recording a vLLM run (docs/vllm.md): `begin` / `finish` around the script `specviz watch -- python
-script.py` runs, as `VllmWatch` around the code that builds the engines. Both set `SPECVIZ_VLLM_RECORD`
-to a fresh folder before vLLM starts, so that vLLM's general plugin (`plugin`) wraps the model runner in
-every vLLM process, which writes each step there as it ends; at the end the records become the trace."""
+"""Recording a vLLM run (docs/vllm.md): `begin` / `finish` around the script `specviz watch` runs, as
+`VllmWatch` around its code, set `SPECVIZ_VLLM_RECORD` to a fresh folder before vLLM starts, so that
+vLLM's general plugin (`plugin`) has each vLLM process write its steps there; the records become the trace."""
 
 from __future__ import annotations
 
@@ -27,7 +26,6 @@ def begin() -> Path:
 
 def finish(folder: Path, out: Path, name: str, reference: bool, complete: bool) -> bool:
     """Write the vLLM trace to `out` if a vLLM engine ran; False (the Hugging Face watch writes it) if not."""
-    os.environ.pop(ENV, None)
     records = take_records(folder)
     if not records:
         return False
@@ -47,8 +45,12 @@ def announce(trace: Trace, out: Path, engine: str, sequences: str) -> None:
     print(f"specviz watch: {what}{'' if h.complete else ' (incomplete)'}; {where}", file=sys.stderr)
 
 
-def take_records(folder: Path) -> list[dict[str, Any]]:
-    """Unwrap vLLM in this process (an in-process engine core), then read and remove `folder`."""
+def take_records(folder: Path, saved_env: str | None = None) -> list[dict[str, Any]]:
+    """Put SPECVIZ_VLLM_RECORD back to `saved_env`, unwrap vLLM in this process, read and remove `folder`."""
+    if saved_env is None:
+        os.environ.pop(ENV, None)
+    else:
+        os.environ[ENV] = saved_env
     capture.uninstall()
     try:
         return read_records(folder)

@@ -10,12 +10,11 @@ from operator import itemgetter
 
 import numpy as np
 
-Entry = tuple[int, int]  # (position fed, prefix hash of the tokens up to the one written)
 ROOT = 0  # the prefix hash before the first token
 
 
-def prefixes(tokens: Sequence[int], start: int = ROOT) -> list[int]:
-    """The prefix hash after each token (tuple hashing of ints is deterministic within a run)."""
+def prefixes(tokens: Sequence[int], start: int | None = ROOT) -> list[int]:
+    """The prefix hash after each token (deterministic within a run); a chain on None matches no ROOT chain."""
     return list(accumulate(tokens, lambda prefix, token: hash((prefix, token)), initial=start))[1:]
 
 
@@ -29,7 +28,7 @@ class SlotLedger:
     """The last write to each slot of one cache (target or draft)."""
 
     def __init__(self) -> None:
-        self.held: dict[int, Entry] = {}
+        self.held: dict[int, tuple[int, int]] = {}  # slot -> (position fed, prefix hash up to the token written)
         self.log: list[int] = []  # slots in the order written: what changed since a reader's last check
         # reader -> its last check: the log's length then, the stable reads and hashes it judged, slot ->
         # index of those reads, and the indices that failed
@@ -37,8 +36,7 @@ class SlotLedger:
 
     def write(self, slots: Sequence[int], positions: Sequence[int], base: int | None, tokens: Sequence[int]) -> None:
         """One segment's writes, chained on `base` (None: unknown, matches nothing); slot -1 is padding."""
-        hashes = prefixes(tokens, base) if base is not None else [None] * len(tokens)
-        for slot, position, prefix in zip(slots, positions, hashes):
+        for slot, position, prefix in zip(slots, positions, prefixes(tokens, base)):
             if slot >= 0:
                 self.held[slot] = (position, prefix)
                 self.log.append(slot)
@@ -46,9 +44,8 @@ class SlotLedger:
     def adopt(self, slots: Sequence[int], hashes: Sequence[int]) -> None:
         """Slots of vLLM's prefix cache no write seen by the watch filled: taken as the cache's hash says."""
         for j, (slot, prefix) in enumerate(zip(slots, hashes)):
-            if slot not in self.held:
-                self.held[slot] = (j, prefix)
-                self.log.append(slot)
+            self.held.setdefault(slot, (j, prefix))
+        self.log.extend(slots)  # a slot held keeps its write: logged again, it is judged again alike
 
     def bad(self, reader: str, reads: list[int], hashes: list[int], stable: int) -> list[int]:
         """The indices j whose slot reads[j] does not hold (j, hashes[j]) (past `hashes`, all). A reader

@@ -1,10 +1,10 @@
-"""Runner records -> one trace step per runner step (and one `BatchMap` each, on request), from what
-vLLM declared (docs/vllm.md section 3). A record's draft calls propose the next step's drafts, so they
-fill the next step's rows; a row's mask says which attended slots hold its request's own tokens
-(`slots.SlotLedger`), then whether each query token's KV went to its own slot."""
+"""Runner records -> one trace step per runner step (and a `BatchMap` each, on request), from what vLLM
+declared (docs/vllm.md section 3). A record's draft calls propose the next step's drafts, so they fill
+the next step's rows; a row's mask says which attended slots hold its request's own tokens (`slots`)."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
@@ -15,6 +15,11 @@ from specviz.trace.schema import RowRecord, StepRecord
 from specviz.watch.map import BatchMap, Segment
 from specviz.watch.vllm.slots import ROOT, SlotLedger, block_slots, join_runs, prefixes, runs
 
+# vLLM's speculative method -> the trace's proposer (none: the schema's default). Any other is a head (fed
+# token p + 1 at position p): only a draft model's calls are judged (call j feeds token n - 1 + j there).
+PROPOSERS = {None: "draft-model", "ngram": "ngram", "draft_model": "draft-model"}
+NO_DRAFTS: dict[str, Any] = {"draft_calls": [], "req_ids": [], "block_size": 1}  # no record drafted this step's drafts
+
 
 @dataclass
 class Request:
@@ -23,7 +28,7 @@ class Request:
     seq: int  # its index in the run: the order vLLM first scheduled it (the prompt's, for one generate call)
     req_id: str
     prompt: list[int]
-    max_tokens: int | None
+    max_tokens: int | None  # vLLM fills an unset one (v1/engine/input_processor.py): None only made by hand
     stop_ids: frozenset[int]
     temperature: float
     hashes: list[int]  # the prefix hash after each committed token
@@ -38,7 +43,7 @@ class Request:
 
     def cut(self, sampled: list[int]) -> tuple[list[int], str | None]:
         """What the request keeps of `sampled`: up to its budget, through its first stop token."""
-        room = len(sampled) + 1 if self.max_tokens is None else max(self.max_tokens - len(self.output), 0)
+        room = max(self.max_tokens - len(self.output), 0)
         for j, token in enumerate(sampled[:room]):
             if token in self.stop_ids:
                 return sampled[: j + 1], "eos"
@@ -53,9 +58,10 @@ def base(hashes: list[int], index: int) -> int | None:
 
 @dataclass
 class Pending:
-    """A request's row in a step before the draft calls are judged: what was fed, read and chosen."""
+    """A request's part of a step: its query's columns, what was fed, read and chosen."""
 
     request: Request
+    start: int  # its first column in the step's flat lists
     tokens: list[int]  # its query tokens as fed, their positions and slots
     positions: list[int]
     writes: list[int]
@@ -69,10 +75,23 @@ class Pending:
         return len(self.reads) - len(self.drafts)
 
     @property
+    def chunk(self) -> bool:  # a prefill chunk short of the prompt's end: no row, no drafts said
+        return len(self.reads) < len(self.request.prompt)
+
+    @property
     def attends(self) -> tuple[int, list[int]]:
         """n, and what its draft calls attend in logical order: its n committed tokens, then its drafts."""
         n, hashes = self.committed, self.request.hashes
-        return n, hashes[:n] + prefixes(self.drafts, base(hashes, n) or ROOT)
+        return n, hashes[:n] + prefixes(self.drafts, base(hashes, n))
+
+    def segment(self) -> Segment:
+        """Its `BatchMap` segment (where vLLM's counts disagree, its drafts not said: the row shows both)."""
+        d, n = len(self.drafts), len(self.tokens)
+        said = {"positions": tuple(self.positions), "writes": tuple(self.writes), "reads": tuple(self.reads)}
+        drafts = None if self.chunk or d >= n else d
+        return Segment(
+            self.request.seq, 0, self.start, n, drafts=drafts, chunk=self.chunk, request=self.request.req_id, **said
+        )
 
     def row(self, r: int, drafted: dict[str, Any], target: SlotLedger) -> RowRecord:
         """The trace row, and the request's tokens committed."""
@@ -123,24 +142,17 @@ class Assembly:
     unreadable: dict[str, Any] = field(default_factory=dict)  # {step, why} where the metadata first stops saying
 
 
-# Proposers whose draft calls follow specviz's convention (call j feeds token n - 1 + j at that
-# position). EAGLE-style heads feed token p + 1 with the target's hidden state p at position p:
-# their draft calls are not judged (the rows record no draft positions or draft slots).
-TOKEN_DRAFTERS = ("draft_model",)
-NOT_HEADS = (None, "ngram", *TOKEN_DRAFTERS)  # no speculation, n-gram lookup, a draft model
-
-
 def assemble(records: list[dict[str, Any]], maps: bool = False) -> Assembly:
     """Replay the records into trace steps, and into `BatchMap`s where `maps` (the trace needs none)."""
     out = Assembly(engine=records[0]["engine"])
     method = out.engine["method"]
-    if method not in NOT_HEADS:
+    if method not in PROPOSERS:
         out.notes.append(
             f"{method}: its draft calls feed token p + 1 at position p; the draft-side checks do not apply"
         )
     by_id: dict[str, Request] = {}
     target, draft = SlotLedger(), SlotLedger()
-    drafting: dict[str, Any] = {}  # the previous record, where its draft calls drafted this step's drafts
+    drafting = NO_DRAFTS  # the previous record, where its draft calls drafted this step's drafts
     for record in records:
         for new in record["new"]:
             stop, prompt = frozenset(new["stop_ids"]), new["prompt"]
@@ -150,19 +162,24 @@ def assemble(records: list[dict[str, Any]], maps: bool = False) -> Assembly:
             )  # fmt: skip
             out.requests.append(request)
         why = _unreadable(record)
-        if maps:
-            out.maps.append(_map(record, by_id) if why is None else BatchMap.unread("vllm", why))
         if why is None:
-            rows = _step(record, by_id, target, draft, drafting)
+            # Every write of the step is in the ledger before any read is judged: a forward writes its KV
+            # before its attention reads it, and another request's write in this forward counts too.
+            pending = _pending(record, by_id, target, draft)
+            live = [p for p in pending if not p.chunk]
+            drafted = _draft_calls(drafting, draft, by_id, {p.request.req_id: p.attends for p in live if p.drafts})
+            rows = [p.row(r, drafted.get(p.request.req_id, {}), target) for r, p in enumerate(live)]
             out.k = max([out.k, *(len(r.draft_tokens) for r in rows)])
             if rows:  # not a step of prefill chunks only
                 cache_len = max(sum(c for _, c in r.mask_rle) - len(r.draft_tokens) - 1 for r in rows)
                 query_len = max(len(r.draft_tokens) + 1 for r in rows)
                 out.steps.append(StepRecord(record["step"], 0, cache_len, query_len, None, 0.0, 0.0, 0.0, 0.0, rows))
-            drafting = record if method in TOKEN_DRAFTERS else {}
+            drafting = record if method == "draft_model" else NO_DRAFTS
         else:
             out.unreadable = out.unreadable or {"step": record["step"], "why": why}
-            drafting = {}
+            pending, drafting = [], NO_DRAFTS
+        if maps:  # an unreadable step's map: no segments, and why
+            out.maps.append(BatchMap(tuple(p.segment() for p in pending), "vllm", why))
     return out
 
 
@@ -186,79 +203,53 @@ def _fed_no_ids(fed: dict[str, Any]) -> bool:
     return fed["input_ids"] is None or fed["positions"] is None
 
 
-def _map(record: dict[str, Any], by_id: dict[str, Request]) -> BatchMap:
-    """One segment per request: its positions, its KV writes and the slots its block table reads."""
-    fed, spec, segments = record["fed"], record["spec"], []
-    qsl, seq_lens = fed["query_start_loc"], fed["seq_lens"]
-    for i, req_id in enumerate(record["req_ids"]):
-        a, b, d = qsl[i], qsl[i + 1], spec["num_draft_tokens"][i]
-        chunk = seq_lens[i] < len(by_id[req_id].prompt)
-        reads = tuple(block_slots(fed["block_table"][i], seq_lens[i], record["block_size"]))
-        # vLLM's two counts disagree when a segment is shorter than its drafts + 1: the map says
-        # "not said" and the row shows both (its drafts, its fed positions).
-        drafts = None if chunk or d >= b - a else d
-        said = {"positions": tuple(fed["positions"][a:b]), "writes": tuple(fed["slot_mapping"][a:b]), "reads": reads}
-        segments.append(Segment(by_id[req_id].seq, 0, a, b - a, drafts=drafts, chunk=chunk, request=req_id, **said))
-    return BatchMap(tuple(segments), "vllm")
-
-
-def _step(
-    record: dict[str, Any], by_id: dict[str, Request], target: SlotLedger, draft: SlotLedger, drafting: dict[str, Any]
-) -> list[RowRecord]:
+def _pending(record: dict[str, Any], by_id: dict[str, Request], target: SlotLedger, draft: SlotLedger) -> list[Pending]:
+    """Each request's part of the step; its writes go to the target's ledger (a prefix-cache hit's to both)."""
     fed, spec, argmax = record["fed"], record["spec"], record["argmax"]
-    qsl, seq_lens = fed["query_start_loc"], fed["seq_lens"]
-    ends = list(accumulate(spec["num_draft_tokens"]))  # request i's drafts end there in the flat lists
+    qsl, counts, ends = fed["query_start_loc"], spec["num_draft_tokens"], list(accumulate(spec["num_draft_tokens"]))
     new, pending = {r["req_id"] for r in record["new"]}, []
     for i, req_id in enumerate(record["req_ids"]):
-        request, a, b = by_id[req_id], qsl[i], qsl[i + 1]
-        tokens, positions, writes = fed["input_ids"][a:b], fed["positions"][a:b], fed["slot_mapping"][a:b]
-        reads = block_slots(fed["block_table"][i], seq_lens[i], record["block_size"])
-        computed = seq_lens[i] - (b - a)  # declared: tokens whose KV an earlier step (or the cache) holds
-        if req_id in new and computed > 0:  # a prefix-cache hit on its first step
+        request, q, mine = by_id[req_id], slice(qsl[i], qsl[i + 1]), slice(ends[i] - counts[i], ends[i])
+        tokens, positions, writes = fed["input_ids"][q], fed["positions"][q], fed["slot_mapping"][q]
+        reads = block_slots(fed["block_table"][i], fed["seq_lens"][i], record["block_size"])
+        computed = len(reads) - len(tokens)  # declared: tokens whose KV an earlier step (or the cache) holds
+        if req_id in new:  # a prefix-cache hit on its first step (computed 0: none, nothing adopted)
             target.adopt(reads[:computed], request.hashes[:computed])
             draft.adopt(reads[:computed], request.hashes[:computed])
         target.write(writes, positions, base(request.hashes, computed), tokens)
-        if seq_lens[i] >= len(request.prompt):  # not a prefill chunk (a chunk has no row and says no drafts)
-            mine = slice(ends[i] - spec["num_draft_tokens"][i], ends[i])
-            choices = [argmax[row] for row in spec["target_logits_indices"][mine] + [spec["bonus_logits_indices"][i]]]
-            drafts, sampled = spec["draft_token_ids"][mine], record["sampled"][i]
-            pending.append(Pending(request, tokens, positions, writes, reads, drafts, choices, sampled))
-    # Every write of the step is in the ledger before any read is judged: a forward writes its KV
-    # before its attention reads it, and another request's write in this forward counts too.
-    wanted = {p.request.req_id: p.attends for p in pending if p.drafts}
-    drafted = _draft_calls(drafting, draft, by_id, wanted)
-    return [p.row(r, drafted.get(p.request.req_id, {}), target) for r, p in enumerate(pending)]
+        choices = [argmax[row] for row in spec["target_logits_indices"][mine] + [spec["bonus_logits_indices"][i]]]
+        drafts, sampled = spec["draft_token_ids"][mine], record["sampled"][i]
+        pending.append(Pending(request, q.start, tokens, positions, writes, reads, drafts, choices, sampled))
+    return pending
 
 
 def _draft_calls(
     drafting: dict[str, Any], ledger: SlotLedger, by_id: dict[str, Request], wanted: dict[str, tuple[int, list[int]]]
 ) -> dict[str, dict[str, Any]]:
-    """Per request in `wanted` (`Pending.attends`), its draft-side fields from each draft call j of the
-    step before: the position of its last real token, and how many of the n - 1 + j slots before it
-    hold what it attends. None where a call is unreadable or fed embeddings, as where no draft model ran."""
-    calls = drafting.get("draft_calls", [])
-    if not calls or any("unreadable" in call or _fed_no_ids(call) for call in calls):
+    """Per request in `wanted` (`Pending.attends`), per draft call j of the step before: its last real token's
+    position, and how many of the n - 1 + j slots before it hold what it attends (none if a call is unread)."""
+    calls = drafting["draft_calls"]
+    if any("unreadable" in call or _fed_no_ids(call) for call in calls):
         return {}
     req_ids, bs = drafting["req_ids"], drafting["block_size"]
-    found = {r: {"draft_position_ids": [], "draft_kv_lens": []} for r in wanted if r in req_ids}
-    for call in calls:
+    found = defaultdict(lambda: {"draft_position_ids": [], "draft_kv_lens": []})  # a request's, once judged
+    judged = [r for r in wanted if r in req_ids]
+    for c, call in enumerate(calls):
         qsl = call["query_start_loc"]
-        for j, req_id in enumerate(req_ids[: len(qsl) - 1]):  # the whole call writes, then reads
-            a, b = qsl[j], qsl[j + 1]
-            positions = call["positions"][a:b]
+        queries = [slice(a, b) for a, b in zip(qsl, qsl[1:])]
+        for req_id, q in zip(req_ids, queries):  # the whole call writes, then reads
+            positions = call["positions"][q]
             _, hashes = wanted.get(req_id, (0, by_id[req_id].hashes))  # drafted tokens chain on its drafts
             start = base(hashes, positions[0]) if positions else None
-            ledger.write(call["slot_mapping"][a:b], positions, start, call["input_ids"][a:b])
-        for req_id, fields in found.items():
-            (n, hashes), positions, attended = wanted[req_id], fields["draft_position_ids"], fields["draft_kv_lens"]
-            if len(positions) == len(hashes) - n:  # its last draft's call is judged
-                continue
-            j = req_ids.index(req_id)
-            fed = list(zip(call["positions"][qsl[j] : qsl[j + 1]], call["slot_mapping"][qsl[j] : qsl[j + 1]]))
-            want = n - 1 + len(positions)
-            reads = block_slots(call["block_table"][j], want, bs)
-            positions.append(next((p for p, slot in reversed(fed) if slot >= 0), -1))  # padding has slot -1
-            attended.append(want - len(ledger.bad(req_id, reads, hashes[:want], stable=n - 1)))
+            ledger.write(call["slot_mapping"][q], positions, start, call["input_ids"][q])
+        for req_id in judged:
+            (n, hashes), fields = wanted[req_id], found[req_id]
+            if c < len(hashes) - n:  # until its last draft's call
+                j, want = req_ids.index(req_id), n - 1 + c
+                fed = reversed(list(zip(call["positions"][queries[j]], call["slot_mapping"][queries[j]])))
+                fields["draft_position_ids"].append(next((p for p, slot in fed if slot >= 0), -1))  # padding: slot -1
+                reads = block_slots(call["block_table"][j], want, bs)
+                fields["draft_kv_lens"].append(want - len(ledger.bad(req_id, reads, hashes[:want], stable=n - 1)))
     for req_id, fields in found.items():
         fields.update(draft_kv_len=fields["draft_kv_lens"][0], draft_kv_len_expected=wanted[req_id][0] - 1)
-    return found
+    return dict(found)

@@ -1,8 +1,6 @@
-"""The records of a vLLM run -> a specviz trace: one sequence per request, one step per runner step.
-
-The records come from the one vLLM process that ran a model runner (`engine-<pid>.jsonl`). The oracle
-is the target decoded alone, batch 1, greedy, by Hugging Face transformers outside vLLM, each request to
-its own budget: vLLM's batching, paging and speculation play no part in it."""
+"""The records of a vLLM run -> a specviz trace: one sequence per request, one step per runner step. The
+records come from the one vLLM process that ran a model runner (`engine-<pid>.jsonl`). The oracle is the
+target decoded alone, batch 1, greedy, by Hugging Face transformers, each request to its own budget."""
 
 from __future__ import annotations
 
@@ -16,10 +14,8 @@ from specviz.errors import SpecvizError
 from specviz.trace.naming import now_iso
 from specviz.trace.schema import SCHEMA_VERSION, Header, ModelInfo, SamplingInfo, SequenceRecord, Trace
 from specviz.watch.vllm.capture import FORMAT
-from specviz.watch.vllm.steps import Assembly, assemble
+from specviz.watch.vllm.steps import PROPOSERS, Assembly, assemble
 
-# vLLM's speculative method -> the trace's proposer (no speculation: the schema's default); any other drafts with a head
-PROPOSERS = {None: "draft-model", "ngram": "ngram", "draft_model": "draft-model"}
 REQUESTS = "vllm_requests"  # header.options: seq_id -> vLLM's req_id
 
 
@@ -53,17 +49,14 @@ def build_trace(records: list[dict[str, Any]], name: str, reference: bool = True
     references = [(None, None)] * len(requests)
     if reference and complete and greedy:  # each request decoded alone to its own budget
         references = [
-            greedy_reference(target, r.prompt, r.budget, r.stop_ids, min_new_tokens=r.min_tokens)
-            if r.budget
-            else ([], [])
-            for r in requests
+            greedy_reference(target, r.prompt, r.budget, r.stop_ids, min_new_tokens=r.min_tokens) for r in requests
         ]
-    sequences = []
-    for r, (ref_ids, margins) in zip(requests, references):
-        prompt, output = (tokenizer.decode(ids, skip_special_tokens=False) for ids in (r.prompt, r.output))
-        sequences.append(
-            SequenceRecord(r.seq, prompt, list(r.prompt), list(r.output), output, ref_ids, margins, r.finish_reason)
+    sequences = [
+        SequenceRecord(
+            r.seq, tokenizer.decode(r.prompt), r.prompt, r.output, tokenizer.decode(r.output), *ref, r.finish_reason
         )
+        for r, ref in zip(requests, references)
+    ]
     trace = Trace(header=_header(assembly, name, greedy, complete, target), steps=assembly.steps, sequences=sequences)
     return attach_token_text(trace, tokenizer)
 
