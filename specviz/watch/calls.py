@@ -40,30 +40,6 @@ def tree_of(call: CallRecord, row: int) -> list[int] | None:
     return call.trees[row] if call.trees else None
 
 
-# The row's own readings by name, for the command's inferrer (`infer/`) and the tests; this
-# package asks the row's view (`call.view(row)`) itself.
-query_flags = CallRecord.query_flags  # (call, row): 1 per attended query slot, 0 for padding
-
-
-def last_slot(call: CallRecord, row: int) -> int:
-    return call.last_slots[row]
-
-
-def context_before(call: CallRecord, row: int, slot: int) -> int:
-    """Slots the query token at `slot` attends before itself (-1: a mask the hooks could not read)."""
-    return call.view(row).before(slot)
-
-
-def attends_cache(call: CallRecord, row: int) -> bool:
-    """Does the row attend any cache slot (a sequence prefilled alone over a shared cache does not)?"""
-    return call.view(row).attends_cache()
-
-
-def mask_row(call: CallRecord, row: int, rq: RowQuery) -> tuple[list[list[int]], int, bool | None]:
-    """(mask_rle to the last draft, the pending token's attended context, query block causal or None)."""
-    return call.view(row).mask_row(rq.pending, rq.drafts + 1)
-
-
 def argmax_at(call: CallRecord, row: int, slot: int) -> int | None:
     """The model's argmax at query slot `slot` of `row`, if its logits were kept and are its choice."""
     if call.argmax is None or not call.argmax_is_choice:

@@ -19,9 +19,7 @@ from specviz.watch.calls import (
     consistent,
     draft_free_query,
     fed_positions,
-    mask_row,
     prefills,
-    query_flags,
     row_seq_ids,
     row_tokens,
     segment_of,
@@ -78,7 +76,7 @@ def build_steps(groups: list[Group], prompts: list[list[int]], read: CallReader,
             # stepped fed its prompt's next tokens, in a call where some row reads a cache.
             if r not in produced and (
                 seq_id not in running
-                or not any(query_flags(call, r))
+                or not any(call.query_flags(r))
                 or segment_of(call, r).chunk
                 or (cached and len(committed[seq_id]) == len(prompts[seq_id]) and prefills(call, r, prompts[seq_id]))
             ):
@@ -195,7 +193,7 @@ def _row_record(
     call = calls[index]
     drafts, targets = row_tokens(call, r, rq)
     accepted, bonus = accepted_and_bonus(group.tokens, drafts, targets)
-    runs, context, causal = mask_row(call, r, rq)
+    runs, context, causal = call.view(r).mask_row(rq.pending, rq.drafts + 1)
     lead = next((n for value, n in runs[:1] if value == 0), 0)  # the padding the mask starts with
     shape: dict[str, Any] = {}  # the optional fields recorded (RowRecord's defaults: None)
     if tree_of(call, r) is not None:  # a tree row (schema 3): its own path and mask reading
@@ -248,6 +246,7 @@ def infer_steps(
     for call in calls:
         call.materialize()
         call.argmax_is_choice = argmax_is_choice
+        call.fed_rows = None  # indexed while following, keyed by argmax: stale once it is not the choice
     notes: list[str] = []
     end = _first_unreadable(calls, emits)
     read_calls = calls[:end]

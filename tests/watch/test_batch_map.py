@@ -66,7 +66,6 @@ def test_a_packed_call_becomes_one_row_per_sequence() -> None:
     keys of its own span before its first query token (a shared KV: 4 and 2 cached slots). With a
     mask, restarting positions alone cut nothing (the mask says who attends what)."""
     from specviz.watch.batchmap import apply
-    from specviz.watch.calls import context_before
 
     call = packed_call(
         [9, 5, 6, 7], [4, 2, 3, 4], cu_q=[0, 1, 4], cu_k=[0, 5, 10], argmax=[[40, 41]], logit_slots=[0, 3]
@@ -74,7 +73,7 @@ def test_a_packed_call_becomes_one_row_per_sequence() -> None:
     assert apply(call, read_map(call)) and call.batch_size == 2 and call.query_len == 3
     assert call.input_ids == [[9, 0, 0], [5, 6, 7]] and call.positions == [[4, 0, 0], [2, 3, 4]]
     assert call.argmax == [[40, None, None], [None, None, 41]] and call.contexts == [4, 2]
-    assert [context_before(call, 1, t) for t in range(3)] == [2, 3, 4]
+    assert [call.view(1).before(t) for t in range(3)] == [2, 3, 4]
     masked = packed_call([5, 6, 7, 11, 12], [0, 1, 2, 0, 1], mask_kind="2d", mask=[[1] * 5])
     assert segments(masked) == [(0, 5)]
 

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from specviz.watch.batchmap import BatchMap, Segment, apply, read_map
-from specviz.watch.calls import context_before
 from specviz.watch.hooks import CallRecord
 from specviz.watch.tensor_reads import line_summary
 from specviz.watch.view import Counted, View
@@ -113,7 +112,7 @@ def test_a_block_diagonal_mask_over_a_shared_cache_cuts_where_a_token_starts_ove
     assert cut(call) == [(3, 0, 0, 1), (1, 0, 1, 1)] and read_map(call).source == "block-mask"
     assert apply(call, read_map(call))
     assert all(isinstance(v, Counted) for v in call.views) and call.contexts == [2, 3] and call.cache_width == 3
-    assert [context_before(call, r, 0) for r in range(2)] == [2, 3]
+    assert [call.view(r).before(0) for r in range(2)] == [2, 3]
     # A causal block (no token drops a slot the one before it attended): one sequence.
     single = call_of([[9, 19]], [[2, 3]], mask_kind="4d", lines=line_summary(torch.tril(torch.ones(2, 2)) > 0))
     assert cut(single) == [(None, 0, 0, 2)]
@@ -166,5 +165,5 @@ def test_apply_without_keys_or_a_readable_mask_leaves_the_mask_unread() -> None:
     call = call_of([[5, 6, 7]], [[4, 2, 3]], cu_q=[0, 1, 3], cache_width=6, argmax=[[7, 8, 9]])
     assert apply(call, read_map(call))
     assert call.mask is None and call.contexts == [0, 0]
-    assert [type(v) for v in call.views] == [View, View] and context_before(call, 1, 1) == -1
+    assert [type(v) for v in call.views] == [View, View] and call.view(1).before(1) == -1
     assert call.argmax == [[7, None], [8, 9]] and call.held is None

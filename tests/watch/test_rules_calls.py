@@ -163,3 +163,19 @@ def test_a_draft_free_row_with_a_masked_slot_among_its_drafts_reads_no_drafts() 
     # The same row with every slot real: the pending 9 at slot 0, then three drafts.
     whole = verify([9, 11, 13, 12], [2, 3, 4, 5], cache=2, mask_kind="2d", mask=[[1] * 6])
     assert draft_free_query(whole, 0, [5, 6, 9]) == RowQuery(0, 3, ())
+
+
+def test_a_sampled_run_reads_its_chain_though_it_was_followed_as_greedy() -> None:
+    """Following rows (before the steps) indexes a draft call's rows by (token fed, argmax); a run
+    that samples then reads them with the argmax unsaid: the index is rebuilt, so the chain of two
+    drafts is still read (a stale index found no row, and the step read no drafts)."""
+    from specviz.watch.attribution import Emit
+    from specviz.watch.steps import infer_steps
+
+    prefill = make("target", [[1, 2, 9]], [[0, 1, 2]], 0, argmax=[[5, 6, 9]])
+    calls = [prefill, draft(9, 11, 3), draft(11, 12, 4), verify([9, 11, 12], [3, 4, 5], argmax=[[11, 12, 13]])]
+    assert CallReader(calls)(3, 0) == RowQuery(0, 2, ((1, 0), (2, 0)))  # indexed as greedy
+    emits = [Emit(0, [9], None, 1, 0.0), Emit(0, [11, 12, 13], "length", 4, 0.0)]
+    steps = infer_steps(calls, emits, [[1, 2]], frozenset(), argmax_is_choice=False)
+    row = steps.steps[-1].rows[0]
+    assert (row.draft_tokens, row.accepted) == ([11, 12], 2)

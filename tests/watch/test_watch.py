@@ -396,8 +396,6 @@ def _slots_call(block: list[list[int]]):
     ids=["correct", "stale-slot", "not-causal"],
 )
 def test_static_slot_masks_are_read_by_counts(block, expected) -> None:
-    from specviz.watch.calls import RowQuery, context_before, mask_row
-
     call = _slots_call(block)
-    assert mask_row(call, 0, RowQuery(0, 2, ())) == expected
-    assert context_before(call, 0, 2) == sum(block[2]) - 1
+    assert call.view(0).mask_row(0, 3) == expected  # the pending token at slot 0, then two drafts
+    assert call.view(0).before(2) == sum(block[2]) - 1

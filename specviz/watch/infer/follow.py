@@ -11,11 +11,7 @@ from specviz.watch.calls import (
     CallReader,
     argmax_at,
     attended_ids,
-    attends_cache,
-    context_before,
     first_slot_query,
-    last_slot,
-    query_flags,
 )
 from specviz.watch.infer.gains import Gains, of_draft_model
 from specviz.watch.infer.match import IDLE, NEW, Ambiguous, Assignments, RowView, Seq, Unfollowed
@@ -82,7 +78,7 @@ class Follower(Assignments, Gains):
         if self.prev is None:  # every row is new, even one with no token yet (a one-token prompt's prefill)
             assigned = {r: (NEW, "new") for r in range(call.batch_size)}
         else:
-            assigned = self._assign(j, [r for r in range(call.batch_size) if any(query_flags(call, r))])
+            assigned = self._assign(j, [r for r in range(call.batch_size) if any(call.query_flags(r))])
         before = {s.id: s.at[0] for s in self.seqs}
         self._apply(j, assigned)
         self.rows[j] = tuple(self._row_id(j, r, assigned) for r in range(call.batch_size))
@@ -198,15 +194,15 @@ class Follower(Assignments, Gains):
         # A known sequence is read from its first token (`Seq.base`); a new one by an id of its own.
         stale, shift, known = (0, 0, len(self.seqs) + r) if seq < 0 else (*self.seqs[seq].base, seq)
         rq = self.read(j, r, known)
-        if self.draft_free and attends_cache(call, r):  # its first real slot is the pending token
+        if self.draft_free and call.view(r).attends_cache():  # its first real slot is the pending token
             rq = first_slot_query(call, r) or rq
-        context = context_before(call, r, rq.pending)
+        context = call.view(r).before(rq.pending)
         return RowView(
             rq=rq,
             token=call.input_ids[r][rq.pending],
             context=context - stale if context >= 0 else context,
             query=attended_ids(call, r, rq.pending),
-            whole=not attends_cache(call, r),
+            whole=not call.view(r).attends_cache(),
             position=int(call.positions[r][rq.pending]) - shift if call.positions_fed else -1,
         )
 
@@ -268,7 +264,7 @@ class Follower(Assignments, Gains):
 
     def _new(self, j: int, r: int) -> int:
         seq = len(self.seqs)
-        fed = any(query_flags(self.calls[j], r))  # (a row with no token yet: a one-token prompt's prefill)
+        fed = any(self.calls[j].query_flags(r))  # (a row with no token yet: a one-token prompt's prefill)
         query, base = (self._view(j, r, NEW).query, self._base(j, r)) if fed else ([], (0, 0))
         self.seqs.append(Seq(seq, list(query), len(query), origin=(j, r), at=(j, r), step=(j, r), base=base))
         return seq
@@ -313,7 +309,7 @@ class Follower(Assignments, Gains):
             row = s.origin[1]
             if self.read(o, row, s.id).drafts:
                 return True
-            if argmax_at(call, row, last_slot(call, row)) != v.token:
+            if argmax_at(call, row, call.last_slots[row]) != v.token:
                 return False
         return True
 

@@ -10,7 +10,7 @@ from typing import Any
 from specviz.analysis.tree_checks import depths_of
 from specviz.watch import tree
 from specviz.watch.attribution import Emit
-from specviz.watch.calls import argmax_at, attended_ids, attends_cache, draft_free_query, last_slot, row_tokens, tree_of
+from specviz.watch.calls import argmax_at, attended_ids, draft_free_query, row_tokens, tree_of
 from specviz.watch.infer.decoded import decoded_tail, eos_cut, takes
 from specviz.watch.infer.match import RowView, Sampled, Seq, Step
 from specviz.watch.tree import kept_nodes
@@ -26,8 +26,8 @@ class Gains:
             first, then = self.calls[a], self.calls[b]
             for r in range(min(first.batch_size, then.batch_size)):
                 before, after = attended_ids(first, r), attended_ids(then, r)
-                chose = argmax_at(first, r, last_slot(first, r))
-                if chose is not None and after[:-1] == before and not attends_cache(then, r):
+                chose = argmax_at(first, r, first.last_slots[r])
+                if chose is not None and after[:-1] == before and not then.view(r).attends_cache():
                     self.drafted[0] += 1
                     self.drafted[1] += chose != after[-1]
         seen, other = self.drafted
@@ -120,7 +120,7 @@ class Gains:
         if not v.rq.chain:
             return []
         call, row = v.rq.chain[0]
-        return [] if attends_cache(self.calls[call], row) else attended_ids(self.calls[call], row)
+        return [] if self.calls[call].view(row).attends_cache() else attended_ids(self.calls[call], row)
 
     def _by_token(self, s: Seq, v: RowView) -> list[int]:
         """The step's tokens by the row's pending token alone (the drafts before the slot that chose it)."""

@@ -13,11 +13,7 @@ from specviz.watch.calls import (
     RowQuery,
     argmax_at,
     attended_ids,
-    attends_cache,
-    context_before,
-    last_slot,
     matched_prefix,
-    query_flags,
 )
 from specviz.watch.view import Padded
 
@@ -147,10 +143,10 @@ class Assignments:
     def _draft_opens(self, j: int, r: int, query: list[int]) -> bool:
         """The draft calls after call j re-read row r's query from the start, continuing no live sequence."""
         call = self.calls[j]
-        opened = [*query, argmax_at(call, r, last_slot(call, r))]  # (no argmax: None, fed by no row)
+        opened = [*query, argmax_at(call, r, call.last_slots[r])]  # (no argmax: None, fed by no row)
         for draft in self.calls[j + 1 : self.drafts_after[j]]:
             for dr in range(draft.batch_size):
-                if attends_cache(draft, dr):
+                if draft.view(dr).attends_cache():
                     continue
                 fed = attended_ids(draft, dr)  # (an idle row's [0] is shorter than `opened`)
                 if fed[: len(opened)] == opened and not any(fed[: len(s.context)] == s.context for s in self._live):
@@ -160,10 +156,10 @@ class Assignments:
     def _base(self, j: int, r: int) -> tuple[int, int]:
         """A new cached row: the slots its first token attends before itself and its position (`Seq.base`)."""
         call = self.calls[j]
-        if not attends_cache(call, r):
+        if not call.view(r).attends_cache():
             return (0, 0)
-        first = query_flags(call, r).index(1)
-        context = context_before(call, r, first)
+        first = call.query_flags(r).index(1)
+        context = call.view(r).before(first)
         return (max(context, 0), int(call.positions[r][first]) if call.positions_fed else 0)
 
     def _one_assignment(
@@ -234,7 +230,7 @@ class Assignments:
         if v.whole or self.read(*s.origin, s.id).drafts:
             return None  # (verified drafts at its first call: the chain reads it)
         call, row = self.calls[s.origin[0]], s.origin[1]
-        chose = argmax_at(call, row, last_slot(call, row))
+        chose = argmax_at(call, row, call.last_slots[row])
         return None if chose is None else v.token == chose
 
     def _greedy_agrees(self, j: int, r: int, s: Seq, v: RowView, how: str) -> bool | None:
