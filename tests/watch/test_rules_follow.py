@@ -323,3 +323,29 @@ def test_a_live_sequence_moved_into_a_finished_rows_place_is_read_there() -> Non
     assert prompts == [[5, 6, 7], [8, 9, 10], [11, 12, 13]]
     assert calls[3].rows[:2] == (2, 1)
     assert tokens_of(emits) == {0: [1], 1: [41, 51, 61], 2: [42, 52, 62]}
+
+
+def test_a_row_that_sat_out_a_call_and_is_fed_its_last_token_again_is_idle_as_the_batch_grows() -> None:
+    """A = [5, 6, 7] and B = [8, 9, 10] step once (40, 41). In call 2 A's row is fed nothing (all
+    padding) while B's is fed 41: A has left the batch, its last step read as greedy ([40]). In
+    call 3 a newcomer C = [11, 12, 13] joins (three rows), A's row is fed 40 again over A's three
+    slots (the engine computing a finished row), B's is fed 51. A's row is idle there: A's context
+    already holds its last step, so it is not added twice (which read the row as continuing
+    nothing, and reading stopped at call 3)."""
+    calls = [
+        padded([[5, 6], [8, 9]], 0, [[1, 1], [1, 1]], [[99, 98], [99, 98]]),
+        padded([[7], [10]], 2, [[1] * 3, [1] * 3], [[40], [41]]),
+        padded([[0], [41]], 3, [[0] * 4, [1] * 4], [[0], [51]]),
+        padded(
+            [[0, 0, 40], [0, 0, 51], [11, 12, 13]],
+            4,
+            [[1, 1, 1, 0, 0, 0, 1], [1, 1, 1, 1, 0, 0, 1], [0, 0, 0, 0, 1, 1, 1]],
+            [[0, 0, 50], [0, 0, 61], [99, 98, 70]],
+        ),
+    ]
+    notes: list[str] = []
+    prompts, emits = infer(calls, EOS, notes)
+    assert not notes, notes
+    assert prompts == [[5, 6, 7], [8, 9, 10], [11, 12, 13]]
+    assert calls[3].rows[1:] == (1, 2) and calls[3].rows[0] < 0  # row 0 idle
+    assert tokens_of(emits) == {0: [40], 1: [41, 51, 61], 2: [70]}

@@ -158,7 +158,8 @@ class Gains:
                 self._assumed[id(emit)] = emit
                 if emit.finish_reason is None:
                     self._greedy_ends[s.id] = emit
-        s.finished = True
+        # Finished, no longer out: its context now holds that last step (`_again` adds it to an out one's).
+        s.finished, s.out = True, False
 
     def take_decoded(self, decoded: list[tuple[list[int], int | None]], pad: int | None = None) -> None:
         """Last steps read as greedy that the script's decoded outputs show (`infer.decoded`): those tokens."""
