@@ -32,9 +32,9 @@ def read_map(call: Any) -> BatchMap:
             raise Unreadable(f"rows declares {len(declared)} sequences; {holds}")
         ids, said = _said(call.rows, count, None), _said(call.declared, count, (None, False))
         segments = tuple(Segment(s, *span, drafts=d, chunk=c) for s, span, (d, c) in zip(ids, spans, said))
-        return BatchMap(segments, call.source or source)
+        return BatchMap(segments, source)
     except (Unreadable, ValueError) as why:
-        return BatchMap.unread(call.source or "declared", str(why))
+        return BatchMap.unread("declared", str(why))
 
 
 def _said(values: Any, count: int, default: Any) -> tuple[Any, ...]:

@@ -58,7 +58,6 @@ def test_a_padded_batch_is_one_sequence_per_row_in_the_declared_order() -> None:
     assert cut(call_of(ids, pos, rows=(4, 2))) == [(None, r, 0, 2) for r in range(3)]
     assert cut(call_of(ids, pos, rows=(4, 2, 7, 8))) == [(None, r, 0, 2) for r in range(3)]
     assert read_map(call_of(ids, pos)).source == "padded"
-    assert read_map(call_of(ids, pos, source="paged")).source == "paged"  # a producer that named it
 
 
 def test_varlen_offsets_cut_the_row_and_give_each_sequence_its_keys() -> None:
