@@ -349,3 +349,26 @@ def test_a_row_that_sat_out_a_call_and_is_fed_its_last_token_again_is_idle_as_th
     assert prompts == [[5, 6, 7], [8, 9, 10], [11, 12, 13]]
     assert calls[3].rows[1:] == (1, 2) and calls[3].rows[0] < 0  # row 0 idle
     assert tokens_of(emits) == {0: [40], 1: [41, 51, 61], 2: [70]}
+
+
+def test_a_row_that_held_no_sequence_is_read_afresh_when_a_newcomer_fills_it() -> None:
+    """A = [5, 6] and B = [8, 9] (their prefill chose 7 and 10) step in a batch grown to three rows,
+    the third all padding: it holds no sequence. In the next call (three rows again) a newcomer
+    C = [11, 12, 13] is prefilled there while A and B are fed 40 and 41: the rows did not all keep
+    a sequence, so they are read afresh and C is new (not some earlier sequence by a negative row id)."""
+    calls = [
+        padded([[5, 6], [8, 9]], 0, [[1, 1], [1, 1]], [[99, 7], [99, 10]]),
+        padded([[7], [10], [0]], 2, [[1, 1, 1], [1, 1, 1], [0, 0, 0]], [[40], [41], [0]]),
+        padded(
+            [[0, 0, 40], [0, 0, 41], [11, 12, 13]],
+            3,
+            [[1, 1, 1, 0, 0, 1], [1, 1, 1, 0, 0, 1], [0, 0, 0, 1, 1, 1]],
+            [[0, 0, 50], [0, 0, 51], [99, 98, 70]],
+        ),
+    ]
+    notes: list[str] = []
+    prompts, emits = infer(calls, EOS, notes)
+    assert not notes, notes
+    assert prompts == [[5, 6], [8, 9], [11, 12, 13]]
+    assert [c.rows for c in calls[1:]] == [(0, 1, -3), (0, 1, 2)]
+    assert tokens_of(emits) == {0: [7, 40, 50], 1: [10, 41, 51], 2: [70]}
