@@ -5,7 +5,6 @@ what they accepted. What a row feeds and attends is its `view.View`'s; this modu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 
 from specviz.watch.map import Segment
 from specviz.watch.record import CallRecord
@@ -57,12 +56,17 @@ class CallReader:
 
     def __init__(self, calls: list[CallRecord]) -> None:
         self.calls = calls
-        self._read = cache(self._read_row)  # by (index, row, seq, pass_reprefill)
+        # Plain dicts, not `functools.cache` on bound methods: that is a reference cycle holding every
+        # call, which only a garbage collection (slow once torch is loaded) frees after close.
+        self._reads: dict[tuple[int, int, int | None], RowQuery] = {}  # by (index, row, seq)
         # By (index, row, seq where a draft call declared rows, draft calls): candidates share a chain.
-        self._chain = cache(self._chain_query)
+        self._chains: dict[tuple[int, int, int | None, tuple[int, ...]], RowQuery] = {}
 
     def __call__(self, index: int, row: int, seq: int | None = None) -> RowQuery:
-        return self._read(index, row, seq, True)
+        key = (index, row, seq)
+        if key not in self._reads:
+            self._reads[key] = self._read_row(index, row, seq, True)
+        return self._reads[key]
 
     def _read_row(self, index: int, row: int, seq: int | None, pass_reprefill: bool) -> RowQuery:
         verify = self.calls[index]
@@ -72,9 +76,13 @@ class CallReader:
         seq = row_seq_ids(verify)[row] if seq is None else seq
         proposals = self._draft_calls(index, seq, pass_reprefill)
         declared = any(self.calls[j].rows is not None for j in proposals)
+        key = (index, row, seq if declared else None, proposals)
         # A re-prefill's reading is read afresh: the command may since have said its drafts (`infer.gains`).
-        chain = self._chain if pass_reprefill else self._chain_query
-        return chain(index, row, seq if declared else None, proposals)
+        if not pass_reprefill:
+            return self._chain_query(*key)
+        if key not in self._chains:
+            self._chains[key] = self._chain_query(*key)
+        return self._chains[key]
 
     def _draft_calls(self, index: int, seq: int, pass_reprefill: bool) -> tuple[int, ...]:
         """Draft calls since the sequence's previous target call, passing over once a re-prefill of it
@@ -165,7 +173,7 @@ def read_row(
     calls: list[CallRecord], index: int, row: int, pass_reprefill: bool = True, seq: int | None = None
 ) -> RowQuery:
     """The row's pending slot and chain in target call `index`, read as sequence `seq` (`CallReader`)."""
-    return CallReader(calls)._read(index, row, seq, pass_reprefill)
+    return CallReader(calls)._read_row(index, row, seq, pass_reprefill)
 
 
 def fed_positions(calls: list[CallRecord], chain: tuple[tuple[int, int], ...]) -> list[int]:
