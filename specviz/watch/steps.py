@@ -150,7 +150,7 @@ def assign_rows(call: CallRecord, groups: list[Group], shown: list[RowQuery], ru
     # here by its pending token) places after the on-time groups have been read, split included.
     # An on-time group that missed its own row tries it again in vain (still taken, or unfit).
     unfit = []
-    for group in [g for g in sorted(groups, key=lambda g: g.late) if g.late or not place(g)]:
+    for group in [g for g in groups if not g.late and not place(g)] + [g for g in groups if g.late]:
         if place(group):
             continue
         free = {r for r in range(len(rows)) if r not in taken and rows[r] in running}

@@ -5,7 +5,6 @@ order. A finished row's padding is not emitted; what is unfinished at the end ra
 
 from __future__ import annotations
 
-from itertools import takewhile
 from typing import Any
 
 
@@ -24,11 +23,11 @@ class GenerateStreamer:
         tokens = value.reshape(self.batch_size, -1).tolist()
         for seq_id in sorted(set(range(self.batch_size)) - self.finished):
             row = tokens[seq_id]
-            before_eos = len(list(takewhile(lambda t: t not in self.eos, row)))
-            if before_eos == len(row):
+            ended = next((i + 1 for i, t in enumerate(row) if t in self.eos), None)
+            if ended is None:
                 self.watch.emit(seq_id, row, None)
             else:  # up to its EOS; the row is padding from then on
-                self.watch.emit(seq_id, row[: before_eos + 1], "eos")
+                self.watch.emit(seq_id, row[:ended], "eos")
                 self.finished.add(seq_id)
 
     def end(self) -> None:

@@ -21,11 +21,13 @@ def line_summary(mask: torch.Tensor) -> list[tuple[int, bool, bool, bool]]:
     causal query or a sliding window does; attends exactly one more). The first token drops
     nothing and continues (no token before it)."""
     counts, both = (numpy.asarray(a, dtype=numpy.int64) for a in line_counts(mask.bool()))
+    if not len(counts):  # a mask of no tokens
+        return []
     dropped = both < counts[:-1]  # [T - 1]: per token from the second on
     one = counts[1:] - both == 1  # it gains exactly one slot
     continues, grows = (both > 0) & one, ~dropped & one
-    first = zip(counts[:1].tolist(), [False], [True], (counts[:1] > 0).tolist())  # none in a mask of no tokens
-    return [*first, *zip(counts[1:].tolist(), dropped.tolist(), continues.tolist(), grows.tolist())]
+    first = (int(counts[0]), False, True, bool(counts[0] > 0))
+    return [first, *zip(counts[1:].tolist(), dropped.tolist(), continues.tolist(), grows.tolist())]
 
 
 def line_counts(seen: torch.Tensor, host: bool | None = None) -> tuple[list[int], list[int]]:

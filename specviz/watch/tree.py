@@ -99,10 +99,9 @@ def packed_nodes(seen: Any, lines: list[tuple[int, bool, bool, bool]], positions
     seen = seen.cpu().numpy()  # torch's per-op cost (a sync per cut on a GPU) is most of it here
     nodes, start = [], 0
     for t in block_cuts(lines, positions):
-        # A parent: a token since the last cut that attends some slots, one fewer, all of them t's.
-        before = counts[start:t]
-        found = numpy.flatnonzero((before == counts[t] - 1) & (before > 0)) + start
-        if (~(seen[found] & ~seen[t]).any(-1)).any():
+        # A parent: a token since the last cut that attends one slot (at least) fewer, all of them t's.
+        found = numpy.flatnonzero(counts[start:t] == counts[t] - 1) + start
+        if counts[t] > 1 and (~(seen[found] & ~seen[t]).any(-1)).any():
             nodes.append(t)
         else:
             start = t
