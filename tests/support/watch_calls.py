@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from specviz.watch.hooks import Declared, ModelHooks
 from specviz.watch.record import CallRecord
 
 
@@ -27,3 +28,27 @@ def tokens_of(emits: list[Any]) -> dict[int, list[int]]:
     for e in emits:
         out.setdefault(e.seq_id, []).extend(e.tokens)
     return out
+
+
+class CallList:
+    """A `hooks.CallSink` that keeps the calls and declares nothing."""
+
+    def __init__(self) -> None:
+        self.calls: list[CallRecord] = []
+
+    def declared(self, role: str = "target") -> Declared:
+        return Declared()
+
+    def add_call(self, call: CallRecord) -> None:
+        self.calls.append(call)
+
+
+def recorded(model: Any, *args: Any, drafter: bool = False, **kwargs: Any) -> tuple[list[CallRecord], Any]:
+    """The calls `ModelHooks` recorded of one forward of `model`, and its output."""
+    sink = CallList()
+    hooks = ModelHooks(model, "draft" if drafter else "target", sink, drafter=drafter)
+    try:
+        out = model(*args, **kwargs)
+    finally:
+        hooks.remove()
+    return sink.calls, out

@@ -8,9 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from watch_calls import recorded
 
 from specviz.watch import WatchError
-from specviz.watch.hooks import Declared, ModelHooks, cache_width, check_causal_lm
+from specviz.watch.hooks import cache_width, check_causal_lm
 from specviz.watch.tensor_reads import QUERY_TAIL
 
 VOCAB = 50
@@ -38,27 +39,6 @@ class Loose(torch.nn.Module):
         return torch.zeros(*fed.shape[:-1], VOCAB)
 
 
-class Sink:
-    def __init__(self) -> None:
-        self.calls = []
-
-    def declared(self, role: str = "target") -> Declared:
-        return Declared()
-
-    def add_call(self, call) -> None:
-        self.calls.append(call)
-
-
-def recorded(model: torch.nn.Module, **fed) -> list:
-    sink = Sink()
-    hooks = ModelHooks(model, "target", sink)
-    try:
-        model(**fed)
-    finally:
-        hooks.remove()
-    return sink.calls
-
-
 def test_an_encoder_decoder_model_is_refused() -> None:
     model = Loose()
     model.config = SimpleNamespace(is_encoder_decoder=True)
@@ -82,12 +62,12 @@ def test_a_call_fed_no_ids_it_can_read_is_not_recorded() -> None:
     another width than the table's, or embeddings by a model with no table: nothing to attribute,
     and the engine's call goes on. Embeddings of the table's own rows are read as their ids."""
     model = Loose()
-    assert recorded(model, hidden_states=torch.zeros(2, 3, 8)) == []
-    assert recorded(model, input_ids=torch.tensor([5, 6])) == []
-    assert recorded(model, inputs_embeds=torch.zeros(1, 2, 3)) == []
+    assert recorded(model, hidden_states=torch.zeros(2, 3, 8))[0] == []
+    assert recorded(model, input_ids=torch.tensor([5, 6]))[0] == []
+    assert recorded(model, inputs_embeds=torch.zeros(1, 2, 3))[0] == []
     rows = model.embed.weight.detach()[None, :2]
-    assert recorded(Loose(table=False), inputs_embeds=rows) == []
-    (call,) = recorded(model, inputs_embeds=rows)
+    assert recorded(Loose(table=False), inputs_embeds=rows)[0] == []
+    (call,), _ = recorded(model, inputs_embeds=rows)
     assert call.input_ids.tolist() == [[0, 1]]
 
 
@@ -96,6 +76,6 @@ def test_a_long_batch_keeps_the_argmax_of_its_last_query_tail_columns() -> None:
     kept for the last QUERY_TAIL columns, with no column list."""
     q = QUERY_TAIL + 10
     ids = torch.arange(2 * q).reshape(2, q) % VOCAB
-    (call,) = recorded(Loose(), input_ids=ids)
+    (call,), _ = recorded(Loose(), input_ids=ids)
     assert call.logit_slots is None
     assert call.argmax.tolist() == ((ids[:, -QUERY_TAIL:] + 1) % VOCAB).tolist()

@@ -16,10 +16,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from watch_calls import recorded
 
 import specviz
 from specviz.watch import WatchError
-from specviz.watch.hooks import Declared, ModelHooks, cache_width
+from specviz.watch.hooks import cache_width
 
 VOCAB = 400
 
@@ -66,17 +67,6 @@ class Head(torch.nn.Module):
         return torch.nn.functional.one_hot(torch.full(hidden_states.shape[:-1], 3), VOCAB).float()
 
 
-class Sink:
-    def __init__(self) -> None:
-        self.calls = []
-
-    def declared(self, role: str = "target") -> Declared:
-        return Declared()
-
-    def add_call(self, call) -> None:
-        self.calls.append(call)
-
-
 class Width:
     """A cache that counts its slots (as HF's `Cache.get_seq_length`)."""
 
@@ -85,17 +75,6 @@ class Width:
 
     def get_seq_length(self) -> int:
         return self.n
-
-
-def recorded(model: torch.nn.Module, *args, drafter: bool = False, **kwargs):
-    """The calls the hooks recorded of one forward, and its output."""
-    sink = Sink()
-    hooks = ModelHooks(model, "draft" if drafter else "target", sink, drafter=drafter)
-    try:
-        out = model(*args, **kwargs)
-    finally:
-        hooks.remove()
-    return sink.calls, out
 
 
 def test_a_watch_of_something_not_a_torch_module_says_so() -> None:
