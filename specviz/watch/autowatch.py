@@ -20,7 +20,7 @@ from specviz.trace.token_text import attach_token_text, trace_token_ids
 from specviz.watch.attribution import Emit
 from specviz.watch.declared import eos_ids, pad_id
 from specviz.watch.headinput import TapSet, resolve
-from specviz.watch.hooks import Declared, ModelHooks, WatchError, check_causal_lm
+from specviz.watch.hooks import NO_TAP, Declared, ModelHooks, WatchError, check_causal_lm, logits_of
 from specviz.watch.infer.decoded import DecodedLog
 from specviz.watch.infer.follow import Follower
 from specviz.watch.paged import PagedCapture
@@ -106,7 +106,7 @@ class AutoWatch(Recorder):
             check_causal_lm(model, "model")
         except WatchError:
             return
-        tap = None
+        tap = NO_TAP
         if self.drafter:
             if self._is_head_class(model):
                 return  # a causal LM of the head's class is left to the search: it is the head
@@ -141,10 +141,8 @@ class AutoWatch(Recorder):
         """Global forward hook while searching: the first module of the named class called outside
         the causal LMs (or inside one, returning logits) is the head; this call is its first."""
         started = self._called.pop(id(module), time.perf_counter())
-        if type(module).__name__ != self._head_class:
-            return  # the one test every module call pays until the head is found
-        if not self._is_head_class(module):
-            return
+        if type(module).__name__ != self._head_class or not self._is_head_class(module):
+            return  # the name: the one test every module call pays until the head is found
         if self._inside is None:
             self._inside = {id(m) for model in self.models for m in model.modules()}
         if id(module) in self._inside and not self._in_forward_head(module, output):
@@ -161,9 +159,7 @@ class AutoWatch(Recorder):
     def _in_forward_head(self, module: Any, output: Any) -> bool:
         """Inside a causal LM, a module of the named class is a head (MTP-like) only when it returns
         that model's logits and is not its LM head; else it is a layer of that name."""
-        if isinstance(output, (tuple, list)):
-            output = next(iter(output), None)
-        logits = getattr(output, "logits", output)
+        logits = logits_of(output)
         if not isinstance(logits, torch.Tensor) or logits.dim() < 2:
             return False
         return any(
@@ -198,9 +194,7 @@ class AutoWatch(Recorder):
         w._paged.eos_ids |= self.paged.eos_ids  # the manager's EOS ids, as the script's manager saw them
         w._calls, w._emits = calls, emits
         trace = w.close(reference=reference and complete, complete=complete and read_all)
-        tokenizer = self.tokenizer_for(trace)
-        if tokenizer is not None:
-            attach_token_text(trace, tokenizer)
+        self._attach_token_text(trace)
         options = trace.header.options
         said = {  # written only where they say something, as the header's own options
             READ_AS_GREEDY: {str(seq): n for seq, n in sorted(assumed.items())},
@@ -211,16 +205,17 @@ class AutoWatch(Recorder):
         save_trace(trace, out)
         return trace, notes
 
-    def tokenizer_for(self, trace: Trace) -> Any | None:
-        """The first tokenizer built whose vocabulary holds every token ID the trace uses."""
+    def _attach_token_text(self, trace: Trace) -> None:
+        """The token text, by the first tokenizer built whose vocabulary holds every ID the trace uses."""
         largest = max(trace_token_ids(trace), default=-1)
         for tokenizer in self.tokenizers:
             try:
-                if len(tokenizer) > largest:
-                    return tokenizer
+                fits = len(tokenizer) > largest
             except TypeError:  # a tokenizer without a length: its vocabulary is unknown
                 continue
-        return None
+            if fits:
+                attach_token_text(trace, tokenizer)
+                return
 
     def _relabeled(self) -> tuple[Any, Any | None, list[CallRecord]]:
         """The target (the largest causal LM that ran), the draft (the next, if any) and only their

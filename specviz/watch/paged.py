@@ -1,8 +1,6 @@
 """transformers' continuous batching (`generate_batch`, `ContinuousBatchingManager`), read from its
-manager: while a watch is open two of its methods are wrapped (`install`), and its report of which
-request each packed forward holds and what each received is the reading (an engine's own `w.emit`
-is compared with it, `reconcile`). Synchronous batching only, CUDA graphs off (a replayed graph runs
-no hooks; the async manager feeds placeholder ids)."""
+manager: while a watch is open two of its methods are wrapped (`install`). Its report of which request
+each forward holds and what each received is the reading; an engine's own `w.emit` is compared with it."""
 
 from __future__ import annotations
 
