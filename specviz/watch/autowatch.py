@@ -23,7 +23,7 @@ from specviz.watch.headinput import TapSet, resolve
 from specviz.watch.hooks import NO_TAP, Declared, ModelHooks, WatchError, check_causal_lm, logits_of
 from specviz.watch.infer.decoded import DecodedLog
 from specviz.watch.infer.follow import Follower
-from specviz.watch.paged import PagedCapture
+from specviz.watch.paged import PagedCapture, Patches
 from specviz.watch.record import CallRecord
 from specviz.watch.session import Recorder, Watch
 from specviz.watch.view import Unmasked
@@ -38,7 +38,7 @@ class AutoWatch(Recorder):
         self.hooks: list[ModelHooks] = []
         self.tokenizers: list[Any] = []  # every tokenizer built while installed, in order
         self.decoded = DecodedLog()  # the id lists the script decoded, to read its last steps
-        self._patched: list[tuple[Any, str, Any]] = []  # (class, name, original) to restore
+        self._patched = Patches()  # what `install` replaced, restored by `uninstall`
         self.paged = PagedCapture(self, None)  # transformers' continuous batching: its manager says
         # `--drafter`: the head is searched for by global hooks until its first call; meanwhile
         # every causal LM keeps its last hidden states (`taps`).
@@ -55,20 +55,10 @@ class AutoWatch(Recorder):
         from transformers import PreTrainedModel
         from transformers.tokenization_utils_base import PreTrainedTokenizerBase as Tokenizer
 
-        post_init, tokenizer_init = PreTrainedModel.post_init, Tokenizer.__init__
-
-        def adopting(model: Any, *args: Any, **kwargs: Any) -> Any:
-            result = post_init(model, *args, **kwargs)
-            self.adopt(model)
-            return result
-
-        def keeping(tokenizer: Any, *args: Any, **kwargs: Any) -> None:
-            tokenizer_init(tokenizer, *args, **kwargs)
-            self.tokenizers.append(tokenizer)  # (twice changes nothing: the first that fits is taken)
-
-        self._patch(PreTrainedModel, "post_init", adopting)
-        self._patch(Tokenizer, "__init__", keeping)
-        self._patch(Tokenizer, "decode", self.decoded.wrap(Tokenizer.decode))  # `batch_decode` calls it
+        self._patched.after(PreTrainedModel, "post_init", lambda model, *_, **__: self.adopt(model))
+        # (a tokenizer kept twice changes nothing: the first that fits is taken)
+        self._patched.after(Tokenizer, "__init__", lambda tokenizer, *_, **__: self.tokenizers.append(tokenizer))
+        self._patched.replace(Tokenizer, "decode", self.decoded.wrap(Tokenizer.decode))  # `batch_decode` calls it
         self.paged.install()
         if self.drafter:
             self._head_class = self.drafter.rsplit(".", 1)[-1]
@@ -83,15 +73,9 @@ class AutoWatch(Recorder):
                 hooks.register_module_forward_hook(self._find_head, with_kwargs=True),
             ]
 
-    def _patch(self, owner: type, name: str, replacement: Any) -> None:
-        self._patched.append((owner, name, getattr(owner, name)))
-        setattr(owner, name, replacement)
-
     def uninstall(self) -> None:
         """Restore what `install` patched, remove every hook (`cli` and `finish` call it: twice is harmless)."""
-        for owner, name, original in reversed(self._patched):
-            setattr(owner, name, original)
-        self._patched = []
+        self._patched.restore()
         self._stop_search()
         for hooks in self.hooks:  # the head's too, once found
             hooks.remove()

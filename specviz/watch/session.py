@@ -260,13 +260,12 @@ class Watch(Recorder):
     def _header(self, steps: InferredSteps, eos: frozenset[int], complete: bool) -> Header:
         # A call, so an event: last_event_at is set too.
         seconds = None if steps.first_call_at is None else round(steps.last_event_at - steps.first_call_at, 6)
-        unreadable = steps.unreadable
         method, draft, proposer = (
             ("speculative", self.draft, self._proposer) if steps.k else ("baseline", None, "draft-model")
         )
         options = {  # only what was said or found is written
             "watch_notes": steps.notes[:20],
-            UNREADABLE: None if unreadable is None else {"step": unreadable[0], "why": unreadable[1]},
+            UNREADABLE: None if steps.unreadable is None else dict(zip(("step", "why"), steps.unreadable)),
             # A budget per sequence: the check judges each "length" ending against its own.
             BUDGETS: {str(s): n for s, n in steps.budgets.items() if n != steps.max_new_tokens},
             "logits_processed": self.logits_processed,
