@@ -6,7 +6,7 @@ found by a global forward hook; the token text is the first tokenizer built that
 from __future__ import annotations
 
 import time
-from itertools import accumulate, dropwhile
+from itertools import dropwhile
 from pathlib import Path
 from typing import Any
 
@@ -209,7 +209,7 @@ class AutoWatch(Recorder):
             raise WatchError("the script ran no forward call of a causal LM built while it ran")
         ranked = sorted(ran, key=lambda i: (-sum(p.numel() for p in self.models[int(i)].parameters()), int(i)))
         role_of = dict(zip(ranked, ("target", "draft")))  # any other model's calls are dropped
-        kept = []
+        kept, before = [], [0]  # before[i]: the calls kept among the first i
         for call in self._calls:
             if call.drafter:  # the head's: matched with every model's hidden states, the target's kept
                 call.head_fed = resolve(call.head_fed, int(ranked[0]))
@@ -217,9 +217,8 @@ class AutoWatch(Recorder):
             elif call.role in role_of:
                 call.role = role_of[call.role]
                 kept.append(call)
+            before.append(len(kept))
         # The manager's reports counted every model's calls: counted again over the calls kept.
-        kept_ids = {id(c) for c in kept}
-        before = list(accumulate((id(c) in kept_ids for c in self._calls), initial=0))
         for emit in self._emits:
             emit.after = before[emit.after]
         model = {role: self.models[int(i)] for i, role in role_of.items()}
