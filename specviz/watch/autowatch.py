@@ -6,7 +6,7 @@ found by a global forward hook; the token text is the first tokenizer built that
 from __future__ import annotations
 
 import time
-from itertools import accumulate, dropwhile
+from itertools import dropwhile
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +20,10 @@ from specviz.trace.token_text import attach_token_text, trace_token_ids
 from specviz.watch.attribution import Emit
 from specviz.watch.declared import eos_ids, pad_id
 from specviz.watch.headinput import TapSet, resolve
-from specviz.watch.hooks import Declared, ModelHooks, WatchError, check_causal_lm
+from specviz.watch.hooks import NO_TAP, Declared, ModelHooks, WatchError, check_causal_lm, logits_of
 from specviz.watch.infer.decoded import DecodedLog
 from specviz.watch.infer.follow import Follower
-from specviz.watch.paged import PagedCapture
+from specviz.watch.paged import PagedCapture, Patches
 from specviz.watch.record import CallRecord
 from specviz.watch.session import Recorder, Watch
 from specviz.watch.view import Unmasked
@@ -38,7 +38,7 @@ class AutoWatch(Recorder):
         self.hooks: list[ModelHooks] = []
         self.tokenizers: list[Any] = []  # every tokenizer built while installed, in order
         self.decoded = DecodedLog()  # the id lists the script decoded, to read its last steps
-        self._patched: list[tuple[Any, str, Any]] = []  # (class, name, original) to restore
+        self._patched = Patches()  # what `install` replaced, restored by `uninstall`
         self.paged = PagedCapture(self, None)  # transformers' continuous batching: its manager says
         # `--drafter`: the head is searched for by global hooks until its first call; meanwhile
         # every causal LM keeps its last hidden states (`taps`).
@@ -55,20 +55,10 @@ class AutoWatch(Recorder):
         from transformers import PreTrainedModel
         from transformers.tokenization_utils_base import PreTrainedTokenizerBase as Tokenizer
 
-        post_init, tokenizer_init = PreTrainedModel.post_init, Tokenizer.__init__
-
-        def adopting(model: Any, *args: Any, **kwargs: Any) -> Any:
-            result = post_init(model, *args, **kwargs)
-            self.adopt(model)
-            return result
-
-        def keeping(tokenizer: Any, *args: Any, **kwargs: Any) -> None:
-            tokenizer_init(tokenizer, *args, **kwargs)
-            self.tokenizers.append(tokenizer)  # (twice changes nothing: the first that fits is taken)
-
-        self._patch(PreTrainedModel, "post_init", adopting)
-        self._patch(Tokenizer, "__init__", keeping)
-        self._patch(Tokenizer, "decode", self.decoded.wrap(Tokenizer.decode))  # `batch_decode` calls it
+        self._patched.after(PreTrainedModel, "post_init", lambda model, *_, **__: self.adopt(model))
+        # (a tokenizer kept twice changes nothing: the first that fits is taken)
+        self._patched.after(Tokenizer, "__init__", lambda tokenizer, *_, **__: self.tokenizers.append(tokenizer))
+        self._patched.replace(Tokenizer, "decode", self.decoded.wrap(Tokenizer.decode))  # `batch_decode` calls it
         self.paged.install()
         if self.drafter:
             self._head_class = self.drafter.rsplit(".", 1)[-1]
@@ -83,15 +73,9 @@ class AutoWatch(Recorder):
                 hooks.register_module_forward_hook(self._find_head, with_kwargs=True),
             ]
 
-    def _patch(self, owner: type, name: str, replacement: Any) -> None:
-        self._patched.append((owner, name, getattr(owner, name)))
-        setattr(owner, name, replacement)
-
     def uninstall(self) -> None:
         """Restore what `install` patched, remove every hook (`cli` and `finish` call it: twice is harmless)."""
-        for owner, name, original in reversed(self._patched):
-            setattr(owner, name, original)
-        self._patched = []
+        self._patched.restore()
         self._stop_search()
         for hooks in self.hooks:  # the head's too, once found
             hooks.remove()
@@ -106,7 +90,7 @@ class AutoWatch(Recorder):
             check_causal_lm(model, "model")
         except WatchError:
             return
-        tap = None
+        tap = NO_TAP
         if self.drafter:
             if self._is_head_class(model):
                 return  # a causal LM of the head's class is left to the search: it is the head
@@ -141,10 +125,8 @@ class AutoWatch(Recorder):
         """Global forward hook while searching: the first module of the named class called outside
         the causal LMs (or inside one, returning logits) is the head; this call is its first."""
         started = self._called.pop(id(module), time.perf_counter())
-        if type(module).__name__ != self._head_class:
-            return  # the one test every module call pays until the head is found
-        if not self._is_head_class(module):
-            return
+        if type(module).__name__ != self._head_class or not self._is_head_class(module):
+            return  # the name: the one test every module call pays until the head is found
         if self._inside is None:
             self._inside = {id(m) for model in self.models for m in model.modules()}
         if id(module) in self._inside and not self._in_forward_head(module, output):
@@ -161,9 +143,7 @@ class AutoWatch(Recorder):
     def _in_forward_head(self, module: Any, output: Any) -> bool:
         """Inside a causal LM, a module of the named class is a head (MTP-like) only when it returns
         that model's logits and is not its LM head; else it is a layer of that name."""
-        if isinstance(output, (tuple, list)):
-            output = next(iter(output), None)
-        logits = getattr(output, "logits", output)
+        logits = logits_of(output)
         if not isinstance(logits, torch.Tensor) or logits.dim() < 2:
             return False
         return any(
@@ -198,9 +178,7 @@ class AutoWatch(Recorder):
         w._paged.eos_ids |= self.paged.eos_ids  # the manager's EOS ids, as the script's manager saw them
         w._calls, w._emits = calls, emits
         trace = w.close(reference=reference and complete, complete=complete and read_all)
-        tokenizer = self.tokenizer_for(trace)
-        if tokenizer is not None:
-            attach_token_text(trace, tokenizer)
+        self._attach_token_text(trace)
         options = trace.header.options
         said = {  # written only where they say something, as the header's own options
             READ_AS_GREEDY: {str(seq): n for seq, n in sorted(assumed.items())},
@@ -211,16 +189,17 @@ class AutoWatch(Recorder):
         save_trace(trace, out)
         return trace, notes
 
-    def tokenizer_for(self, trace: Trace) -> Any | None:
-        """The first tokenizer built whose vocabulary holds every token ID the trace uses."""
+    def _attach_token_text(self, trace: Trace) -> None:
+        """The token text, by the first tokenizer built whose vocabulary holds every ID the trace uses."""
         largest = max(trace_token_ids(trace), default=-1)
         for tokenizer in self.tokenizers:
             try:
-                if len(tokenizer) > largest:
-                    return tokenizer
+                fits = len(tokenizer) > largest
             except TypeError:  # a tokenizer without a length: its vocabulary is unknown
                 continue
-        return None
+            if fits:
+                attach_token_text(trace, tokenizer)
+                return
 
     def _relabeled(self) -> tuple[Any, Any | None, list[CallRecord]]:
         """The target (the largest causal LM that ran), the draft (the next, if any) and only their
@@ -230,7 +209,7 @@ class AutoWatch(Recorder):
             raise WatchError("the script ran no forward call of a causal LM built while it ran")
         ranked = sorted(ran, key=lambda i: (-sum(p.numel() for p in self.models[int(i)].parameters()), int(i)))
         role_of = dict(zip(ranked, ("target", "draft")))  # any other model's calls are dropped
-        kept = []
+        kept, before = [], [0]  # before[i]: the calls kept among the first i
         for call in self._calls:
             if call.drafter:  # the head's: matched with every model's hidden states, the target's kept
                 call.head_fed = resolve(call.head_fed, int(ranked[0]))
@@ -238,9 +217,8 @@ class AutoWatch(Recorder):
             elif call.role in role_of:
                 call.role = role_of[call.role]
                 kept.append(call)
+            before.append(len(kept))
         # The manager's reports counted every model's calls: counted again over the calls kept.
-        kept_ids = {id(c) for c in kept}
-        before = list(accumulate((id(c) in kept_ids for c in self._calls), initial=0))
         for emit in self._emits:
             emit.after = before[emit.after]
         model = {role: self.models[int(i)] for i, role in role_of.items()}

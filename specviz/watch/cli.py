@@ -54,7 +54,7 @@ def script_argv(words: list[str]) -> tuple[str, list[str], Callable[[], Any], st
 
 
 def run_script(argv: list[str], run: Callable[[], Any], folder: str) -> int:
-    """Run the script with its own argv; its exit status (a crash is 1, after its traceback)."""
+    """Run the script with its own argv; its exit status (a crash is 1, after its traceback; Ctrl-C 130)."""
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = argv
     try:
@@ -64,6 +64,8 @@ def run_script(argv: list[str], run: Callable[[], Any], folder: str) -> int:
     except SystemExit as done:
         code = done.code
         return code if isinstance(code, int) else (0 if code is None else 1)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
     except Exception:  # the user's crash: shown as theirs, and the trace is still written
         traceback.print_exc()
         return 1
@@ -82,12 +84,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
     watcher = AutoWatch(drafter=args.drafter)
     vllm_records = vllm_session.begin()  # vLLM's engines record their own steps (docs/vllm.md)
     watcher.install()
-    try:
-        status = run_script(argv, run, folder)
-    except KeyboardInterrupt:
-        status = EXIT_INTERRUPTED
-    finally:
-        watcher.uninstall()
+    status = run_script(argv, run, folder)  # whatever the script did: it returns a status
+    watcher.uninstall()
     name, reference, complete = args.name or Path(target).stem, not args.no_reference, status == 0
     if vllm_session.finish(vllm_records, out, name, reference=reference, complete=complete):
         return status

@@ -92,19 +92,17 @@ def prompt_ids(prompts: list[Any] | None, tokenizer: Any | None) -> list[list[in
 
 def eos_ids(model: Any, tokenizer: Any | None) -> list[int]:
     """The generation config's EOS ids, else the config's; and the tokenizer's."""
-    ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
-        raw = getattr(source, "eos_token_id", None)  # None without a source
-        if isinstance(raw, int):
-            ids.add(raw)
-        elif isinstance(raw, (list, tuple)):
-            ids.update(int(i) for i in raw)
-        if ids:
-            break
-    token = getattr(tokenizer, "eos_token_id", None)
-    if isinstance(token, int):
-        ids.add(token)
-    return sorted(ids)
+    configs = (getattr(model, "generation_config", None), getattr(model, "config", None))
+    said = next((ids for config in configs if (ids := _eos_of(config))), [])
+    return sorted({*said, *_eos_of(tokenizer)})
+
+
+def _eos_of(source: Any) -> list[int]:
+    """`source.eos_token_id` as a list: one id, a list or tuple of them, or none (None, no source)."""
+    raw = getattr(source, "eos_token_id", None)
+    if isinstance(raw, int):
+        return [raw]
+    return [int(i) for i in raw] if isinstance(raw, (list, tuple)) else []
 
 
 def pad_id(model: Any, tokenizer: Any | None) -> int | None:

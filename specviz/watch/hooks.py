@@ -1,8 +1,6 @@
 """Forward hooks: what one model call was fed, copied without touching the engine or the host.
-
 `ModelHooks` keeps small device tensors per call: ids, positions, the mask as "may attend" booleans,
-the cache width and the argmax of the last query slots (docs/watch-heads.md, "What a forward keeps").
-`CallRecord.materialize` turns them into lists at close, the only host sync the watch adds."""
+the cache width and the last slots' argmax (docs/watch-heads.md); `CallRecord.materialize` reads them."""
 
 from __future__ import annotations
 
@@ -75,14 +73,16 @@ class _NoTap:
         return []
 
 
+NO_TAP = _NoTap()  # stateless: one for every model watched without a head
+
+
 class ModelHooks:
     """Pre- and post-forward hooks on one model, appending a CallRecord per call to `sink`."""
 
-    def __init__(self, model: Any, role: str, sink: CallSink, drafter: bool = False, tap: Any = None) -> None:
-        self.model, self.role, self.sink = model, role, sink
-        # `headinput.HiddenTap` (or `TapSet`): a target's calls feed it, a head's are matched with it.
-        self.tap = _NoTap() if tap is None else tap
-        self.fed_tap, self._read = (_NoTap(), self._head_call) if drafter else (self.tap, self._target_call)
+    def __init__(self, model: Any, role: str, sink: CallSink, drafter: bool = False, tap: Any = NO_TAP) -> None:
+        # `tap`, a `headinput.HiddenTap` (or `TapSet`): a target's calls feed it, a head's are matched with it.
+        self.model, self.role, self.sink, self.tap = model, role, sink, tap
+        self.fed_tap, self._read = (NO_TAP, self._head_call) if drafter else (tap, self._target_call)
         self.model_type = getattr(getattr(model, "config", None), "model_type", "")
         self.param_names = list(inspect.signature(model.forward).parameters)  # bound: no `self`
         self.open: list[CallRecord | None] = []
@@ -168,9 +168,7 @@ class ModelHooks:
 
     def _finish(self, record: CallRecord, output: Any) -> None:
         """Keep the argmax of the last query slots, `logits_to_keep`'s or a long packed row's columns."""
-        if isinstance(output, (tuple, list)):  # return_dict=False: the logits first
-            output = next(iter(output), None)
-        logits = getattr(output, "logits", output)  # a bare head returns its logits
+        logits = logits_of(output)
         if not (isinstance(logits, torch.Tensor) and logits.dim() == 3):  # no argmax: no columns of it either
             record.logit_slots = None
         elif record.logit_slots is not None and logits.shape[1] == len(record.logit_slots):
@@ -197,6 +195,14 @@ class ModelHooks:
             ones = mask.long()
             return ((ones.cumsum(1) * ones) - 1)[:, -q:].clone(), False
         return [list(range(width, width + q)) for _ in range(batch)], False  # no tensor op needed
+
+
+def logits_of(output: Any) -> Any:
+    """What a forward returned as logits: the first of a tuple (return_dict=False), else `.logits`, else
+    itself (a bare head returns its logits)."""
+    if isinstance(output, (tuple, list)):
+        output = next(iter(output), None)
+    return getattr(output, "logits", output)
 
 
 def _segment_tails(record: CallRecord, width: int) -> torch.Tensor:

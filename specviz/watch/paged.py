@@ -1,12 +1,11 @@
 """transformers' continuous batching (`generate_batch`, `ContinuousBatchingManager`), read from its
-manager: while a watch is open two of its methods are wrapped (`install`), and its report of which
-request each packed forward holds and what each received is the reading (an engine's own `w.emit`
-is compared with it, `reconcile`). Synchronous batching only, CUDA graphs off (a replayed graph runs
-no hooks; the async manager feeds placeholder ids)."""
+manager: while a watch is open two of its methods are wrapped (`install`). Its report of which request
+each forward holds and what each received is the reading; an engine's own `w.emit` is compared with it."""
 
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from specviz.watch.view import slots_on
@@ -17,6 +16,30 @@ class PagedSink(Protocol):
 
     def declare_forward(self, seq_ids: tuple[int, ...]) -> None: ...
     def report(self, seq_id: int, token_ids: list[int], finish_reason: str | None = None) -> None: ...
+
+
+class Patches(list[tuple[type, str, Any]]):
+    """Methods replaced on classes, each (owner, name, original); `restore` puts them back (twice is harmless)."""
+
+    def replace(self, owner: type, name: str, replacement: Any) -> None:
+        self.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, replacement)
+
+    def after(self, owner: type, name: str, then: Callable[..., Any]) -> None:
+        """`owner.name` calls `then` with its own arguments once it has run; its result is unchanged."""
+        original = getattr(owner, name)
+
+        def patched(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            then(*args, **kwargs)
+            return result
+
+        self.replace(owner, name, patched)
+
+    def restore(self) -> None:
+        for owner, name, original in reversed(self):
+            setattr(owner, name, original)
+        self.clear()
 
 
 class PagedCapture:
@@ -34,7 +57,7 @@ class PagedCapture:
         self.eos_ids: set[int] = set()  # every request's own EOS ids (a generation config's)
         # The engine's own `emit`s for sequences the manager named: compared with its report, never added.
         self.engine: dict[int, list[tuple[list[int], str | None]]] = {}
-        self._saved: list[tuple[Any, str, Any]] = []
+        self._saved = Patches()
 
     def install(self) -> bool:
         """Wrap the manager's methods; False when this transformers has no continuous batching."""
@@ -43,27 +66,16 @@ class PagedCapture:
         except ImportError:
             return False
         io_class, processor = input_outputs.ContinuousBatchingIOs, continuous_api.ContinuousBatchProcessor
-        prepare, update = io_class.prepare_batch_tensors, processor.update_batch
-
-        def prepare_batch_tensors(io: Any, requests_in_batch: list[Any], *args: Any, **kwargs: Any) -> Any:
-            result = prepare(io, requests_in_batch, *args, **kwargs)
-            self.forward([f.state for f in requests_in_batch])
-            return result
-
-        def update_batch(proc: Any, *args: Any, **kwargs: Any) -> Any:
-            result = update(proc, *args, **kwargs)
-            self.updated()
-            return result
-
-        self._saved = [(io_class, "prepare_batch_tensors", prepare), (processor, "update_batch", update)]
-        io_class.prepare_batch_tensors = prepare_batch_tensors
-        processor.update_batch = update_batch
+        self._saved.after(
+            io_class,
+            "prepare_batch_tensors",
+            lambda io, requests_in_batch, *_, **__: self.forward([f.state for f in requests_in_batch]),
+        )
+        self._saved.after(processor, "update_batch", lambda *_, **__: self.updated())
         return True
 
     def uninstall(self) -> None:
-        for owner, name, original in self._saved:
-            setattr(owner, name, original)
-        self._saved = []
+        self._saved.restore()
 
     def forward(self, states: list[Any]) -> None:
         """`prepare_batch_tensors`: the next forward holds these requests, in order (its declared rows)."""

@@ -27,12 +27,11 @@ from specviz.watch import declared
 from specviz.watch.attribution import Emit
 from specviz.watch.calls import attended_ids
 from specviz.watch.headinput import HiddenTap
-from specviz.watch.hooks import Declared, ModelHooks, WatchError, check_causal_lm
+from specviz.watch.hooks import NO_TAP, Declared, ModelHooks, WatchError, check_causal_lm
 from specviz.watch.infer.follow import follow_rows
 from specviz.watch.paged import PagedCapture
 from specviz.watch.record import CallRecord
 from specviz.watch.steps import InferredSteps, infer_steps
-from specviz.watch.streamer import GenerateStreamer
 from specviz.watch.tree import alternatives
 
 FINISH_REASONS = (None, "eos", "length")
@@ -120,7 +119,7 @@ class Watch(Recorder):
         self.trace: Trace | None = None  # set by close(): the context manager's result
         self._proposer = "draft-model"  # what drafted, when the run drafted
         self._hooks: list[Any] = []  # everything `close` removes (`ModelHooks`, the tap)
-        tap = None  # the target's last hidden states, to see where the head's input came from
+        tap = NO_TAP  # the target's last hidden states, to see where the head's input came from
         if drafter is not None:  # a draft head (EAGLE, MTP, Medusa): any module, fed hidden states
             if not isinstance(drafter, torch.nn.Module) or drafter in (target, draft):
                 raise WatchError("drafter must be a torch module other than the target and the draft (the draft head)")
@@ -261,13 +260,12 @@ class Watch(Recorder):
     def _header(self, steps: InferredSteps, eos: frozenset[int], complete: bool) -> Header:
         # A call, so an event: last_event_at is set too.
         seconds = None if steps.first_call_at is None else round(steps.last_event_at - steps.first_call_at, 6)
-        unreadable = steps.unreadable
         method, draft, proposer = (
             ("speculative", self.draft, self._proposer) if steps.k else ("baseline", None, "draft-model")
         )
         options = {  # only what was said or found is written
             "watch_notes": steps.notes[:20],
-            UNREADABLE: None if unreadable is None else {"step": unreadable[0], "why": unreadable[1]},
+            UNREADABLE: None if steps.unreadable is None else dict(zip(("step", "why"), steps.unreadable)),
             # A budget per sequence: the check judges each "length" ending against its own.
             BUDGETS: {str(s): n for s, n in steps.budgets.items() if n != steps.max_new_tokens},
             "logits_processed": self.logits_processed,
@@ -356,3 +354,33 @@ def _roles(model: str | None, allowed: tuple[str | None, ...], what: str) -> tup
         names = ", ".join(map(repr, allowed[:-1]))
         raise WatchError(f"{what}: model must be {names} or {allowed[-1]!r}, got {model!r}")
     return _ROLES[model]
+
+
+class GenerateStreamer:
+    """HF `generate(..., streamer=w.streamer())` (greedy, no assistant model): the prompt batch first,
+    then one token per row (the prompts in order) per step, each an `emit`; a finished row's padding
+    is not emitted, and what is unfinished at the end ran out of budget."""
+
+    def __init__(self, watch: Watch, eos_ids: frozenset[int], batch_size: int) -> None:
+        self.watch, self.eos, self.batch_size = watch, eos_ids, batch_size
+        self.saw_prompt = False
+        self.finished: set[int] = set()
+
+    def put(self, value: Any) -> None:
+        if not self.saw_prompt:  # the first call carries the prompts
+            self.saw_prompt = True
+            return
+        tokens = value.reshape(self.batch_size, -1).tolist()
+        for seq_id in sorted(set(range(self.batch_size)) - self.finished):
+            row = tokens[seq_id]
+            ended = next((i + 1 for i, t in enumerate(row) if t in self.eos), None)
+            if ended is None:
+                self.watch.emit(seq_id, row, None)
+            else:  # up to its EOS; the row is padding from then on
+                self.watch.emit(seq_id, row[:ended], "eos")
+                self.finished.add(seq_id)
+
+    def end(self) -> None:
+        for seq_id in sorted(set(range(self.batch_size)) - self.finished):
+            self.watch.emit(seq_id, [], "length")
+        self.finished.update(range(self.batch_size))
