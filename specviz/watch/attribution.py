@@ -9,7 +9,6 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
 from specviz.watch.calls import CallReader, argmax_at, first_slot_query, row_seq_ids, segment_of
-from specviz.watch.record import CallRecord
 
 
 @dataclass
@@ -121,13 +120,16 @@ class _Rows:
         """The earlier target call whose bonus is `tokens[0]`, emitted one step late by an engine that
         emits the token it feeds as pending. Read, not guessed: the newest call fed it as pending while
         the sequence so far (`emitted`: its last token, its length) does not end with it, or does only
-        as a repeat (`_fed_as_next`), and the earlier call chose it after what it emitted."""
+        as a repeat, and the earlier call chose it after what it emitted."""
         if not tokens or len(featuring) < 2:  # no earlier call (a previous step's is older than the newest)
             return None
         newest = self.read.calls[featuring[-1]]
         row, slot = self.pending_slot(featuring[-1], seq)
         pending, (last, length) = newest.input_ids[row][slot], emitted
-        if pending != tokens[0] or (pending == last and not _fed_as_next(newest, row, slot, length)):
+        if pending != tokens[0] or (
+            pending == last  # a repeat of the last token only where fed as the next index (position and mask)
+            and not (newest.positions_fed and newest.positions[row][slot] == length == newest.view(row).before(slot))
+        ):
             return None
         if previous is not None:  # the previous step's call, which is among the earlier ones
             index, done = previous.call, len(previous.tokens)
@@ -135,11 +137,6 @@ class _Rows:
             index, done = self.pending_match(featuring[:-1], -1, seq, last), 0
         row, slot = self.pending_slot(index, seq)
         return index if argmax_at(self.read.calls[index], row, slot + done) == tokens[0] else None
-
-
-def _fed_as_next(call: CallRecord, row: int, slot: int, index: int) -> bool:
-    """The token at `slot` was fed as logical index `index`, by its fed position and its mask."""
-    return call.positions_fed and call.positions[row][slot] == index and call.view(row).before(slot) == index
 
 
 def endings(

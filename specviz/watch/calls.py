@@ -5,6 +5,8 @@ what they accepted. What a row feeds and attends is its `view.View`'s; this modu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
+from itertools import compress
 
 from specviz.watch.map import Segment
 from specviz.watch.record import CallRecord
@@ -21,9 +23,7 @@ class RowQuery:
 
 def row_seq_ids(call: CallRecord) -> tuple[int, ...]:
     """The sequence each row of the call held (the default order when the engine declared none)."""
-    if call.rows is not None and len(call.rows) == call.batch_size:
-        return call.rows
-    return tuple(range(call.batch_size))
+    return call.rows if call.rows is not None and len(call.rows) == call.batch_size else tuple(range(call.batch_size))
 
 
 _UNSAID = Segment(None, 0, 0, 1)  # what a call with no readable map says of a row: nothing
@@ -49,10 +49,9 @@ def argmax_at(call: CallRecord, row: int, slot: int) -> int | None:
 
 
 class CallReader:
-    """Each target call row's `RowQuery`, read as a sequence (None: the call's own), once. The chain is
-    the longest run of the sequence's draft calls since its previous target call that fed query slots
-    p .. p+d-1 and proposed p+1 .. p+d (p: the last attended slot minus d); drafts the engine said
-    (`segment_of`) fix d, chain found or not. A tree row's nodes end at its last real slot."""
+    """Each target call row's `RowQuery`, read as a sequence (None: the call's own), once: the longest
+    run of its draft calls that fed query slots last-d .. last-1 and proposed the next (`_chain_query`);
+    drafts the engine said (`segment_of`) fix d. A tree row's nodes end at its last real slot."""
 
     def __init__(self, calls: list[CallRecord]) -> None:
         self.calls = calls
@@ -67,6 +66,16 @@ class CallReader:
         if key not in self._reads:
             self._reads[key] = self._read_row(index, row, seq, True)
         return self._reads[key]
+
+    def step_rows(self, index: int, committed: dict[int, list[int]], draft_free: bool) -> list[RowQuery]:
+        """The call's rows as its step reads them; with no draft model (`draft_free`), drafts nothing else
+        gave are read after the sequence's `committed` tokens (`draft_free_query`)."""
+        call = self.calls[index]
+        shown = [self(index, r) for r in range(call.batch_size)]
+        for r, seq_id in enumerate(row_seq_ids(call)):
+            if draft_free and not shown[r].drafts and segment_of(call, r).drafts is None:
+                shown[r] = draft_free_query(call, r, committed.get(seq_id, [])) or shown[r]
+        return shown
 
     def _read_row(self, index: int, row: int, seq: int | None, pass_reprefill: bool) -> RowQuery:
         verify = self.calls[index]
@@ -102,49 +111,48 @@ class CallReader:
         return tuple(found[::-1])
 
     def _chain_query(self, index: int, row: int, seq: int | None, proposals: tuple[int, ...]) -> RowQuery:
-        """The longest chain that fits, else the drafts said (`seq`: None where no draft call declared rows)."""
+        """The longest chain that fits, else the drafts said (`seq`: None where no draft call declared rows):
+        of the runs that fit, the first fed the query's own positions, else the earliest (a position bug)."""
         verify = self.calls[index]
-        flags, last = verify.query_flags(row), verify.last_slots[row]
-        said = segment_of(verify, row).drafts
+        last, said = verify.last_slots[row], segment_of(verify, row).drafts
+        live = verify.query_flags(row)[: last + 1][::-1] + [0]  # a chain of d needs d + 1 real slots up to the last
+        reach = min(len(proposals), live.index(0) - 1)
         if said is None:
-            lengths: list[int] | range = range(min(len(proposals), last), 0, -1)
+            lengths: list[int] | range = range(reach, 0, -1)
             said = 0  # no chain fits: no drafts read
         else:
             said = min(said, last)
-            lengths = [said] if 0 < said <= len(proposals) else []
-        for d in lengths:
-            p = last - d
-            if not all(flags[p : last + 1]):
-                continue
-            chain = self._fitting_chain(proposals, d, seq, row, verify, p)
-            if chain is not None:
-                return RowQuery(p, d, chain)
+            lengths = [said] if 0 < said <= reach else []
+        ids, fed, top = verify.input_ids[row], verify.positions[row], max(lengths, default=0)
+
+        @cache  # local, gone on return: each draft row is asked once, however many runs it is a link of
+        def links(e: int) -> list[int]:  # the rows of the calls up to proposals[e] that fed last - 1, last - 2, ...
+            found: list[int] = []
+            for n in range(min(e + 1, top)):  # each fed ids[s] at position fed[s] and proposed ids[s + 1]
+                s = last - 1 - n
+                hit = self._draft_row(proposals[e - n], seq, row, verify.batch_size, ids[s], ids[s + 1], fed[s])
+                if hit is None:
+                    break
+                found.append(hit)
+            return found
+
+        for d in lengths:  # the runs of d calls ending at each e in turn
+            ends = range(d - 1, len(proposals))
+            runs = [tuple(zip(proposals[e + 1 - d : e + 1], links(e)[d - 1 :: -1])) for e in ends if len(links(e)) >= d]
+            own = [run for run in runs if fed_positions(self.calls, run) == list(fed[last - d : last])]
+            if runs:
+                return RowQuery(last - d, d, (own + runs)[0])
         return RowQuery(last - said, said, ())
 
-    def _fitting_chain(
-        self, proposals: tuple[int, ...], d: int, seq: int | None, row: int, verify: CallRecord, p: int
-    ) -> tuple[tuple[int, int], ...] | None:
-        """Of the runs of d draft calls that fit the query's tokens from slot p, the first fed the query's
-        own positions (a draft that repeats itself), else the earliest, so a position bug is still read."""
-        tokens, fed = verify.input_ids[row][p : p + d + 1], list(verify.positions[row][p : p + d])
-        first = None
-        for start in range(len(proposals) - d + 1):  # runs asked in order, no further than needed
-            run = proposals[start : start + d]  # each call fed tokens[i] and proposed tokens[i + 1]
-            hits = [
-                self._draft_row(j, seq, row, verify.batch_size, *tokens[i : i + 2], fed[i]) for i, j in enumerate(run)
-            ]
-            if None in hits:
-                continue
-            chain = tuple(zip(run, hits))
-            if fed_positions(self.calls, chain) == fed:
-                return chain
-            first = first or chain
-        return first
-
     def _draft_row(self, j: int, seq: int | None, row: int, batch_size: int, fed: int, out: int, at: int) -> int | None:
-        """Draft call j's row that was fed `fed` at position `at` and proposed `out` for sequence `seq`
-        (row `row` of a target batch of `batch_size`): declared, else the same index, else the one that fits."""
-        call, rows = self.calls[j], self._rows_fed(j, fed, out)
+        """Draft call j's row fed `fed` at `at` that proposed `out` for sequence `seq` (`row` of a target
+        batch of `batch_size`): declared, else the same index, else the one that fits."""
+        call = self.calls[j]
+        if call.fed_rows is None:  # its rows by (token fed at the last real slot, argmax there), indexed once:
+            call.fed_rows = {}  # a scan per ask would grow with the cube of the batch
+            for r, last in enumerate(call.last_slots):
+                call.fed_rows.setdefault((call.input_ids[r][last], argmax_at(call, r, last)), []).append(r)
+        rows = call.fed_rows.get((fed, out if call.argmax_is_choice else None), [])
         if call.rows is not None:  # declared (the batch map keeps a draft call's rows only at its size)
             rows = [r for r in rows if call.rows[r] == seq]
         elif call.batch_size == batch_size and row in rows:  # the same rows: the same index
@@ -157,16 +165,6 @@ class CallReader:
         if len(rows) == 1 or call.batch_size != batch_size:
             return next(iter(rows), None)
         return None
-
-    def _rows_fed(self, j: int, fed: int, out: int) -> list[int]:
-        """Draft call j's rows whose last real slot was fed `fed` and proposed `out` (where the argmax is
-        the choice). Indexed once per call: a scan per ask would grow with the cube of the batch."""
-        call = self.calls[j]
-        if call.fed_rows is None:
-            call.fed_rows = {}
-            for r, last in enumerate(call.last_slots):
-                call.fed_rows.setdefault((call.input_ids[r][last], argmax_at(call, r, last)), []).append(r)
-        return call.fed_rows.get((fed, out if call.argmax_is_choice else None), [])
 
 
 def read_row(
@@ -216,14 +214,7 @@ def attended_ids(call: CallRecord, row: int, end: int | None = None) -> list[int
     """The row's real query tokens up to query slot `end` (default: all of them)."""
     flags = call.query_flags(row)
     stop = len(flags) if end is None else end + 1
-    ids = [t for t, keep in zip(call.input_ids[row][:stop], flags[:stop]) if keep]
-    return ids or [0]
-
-
-def prefills(call: CallRecord, row: int, prompt: list[int]) -> bool:
-    """Did the row feed the prompt's next tokens after its cache's, short of its end (a decode feeds the last)?"""
-    fed, c = attended_ids(call, row), call.cache_of(row)
-    return c + len(fed) < len(prompt) and fed == prompt[c : c + len(fed)]
+    return list(compress(call.input_ids[row][:stop], flags[:stop])) or [0]
 
 
 def row_tokens(call: CallRecord, row: int, rq: RowQuery) -> tuple[list[int], list[int]]:

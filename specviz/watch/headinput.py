@@ -1,8 +1,7 @@
 """Where a draft head's input came from (`watch(target, drafter=head)`; invariant 6, head-input).
-
-`HiddenTap`, a pre-hook on the target's LM head installed only when a drafter is named, keeps the
-target's last hidden states of its latest HISTORY calls and matches each head row's fed vector with
-them; `head_source` names the match as the row's [sequence, logical index] (docs/watch-heads.md)."""
+`HiddenTap`, a pre-hook on the target's LM head, keeps its last hidden states of its latest HISTORY
+calls and matches each head row's fed vector with them; `head_source` names the match as the row's
+[sequence, logical index] (docs/watch-heads.md)."""
 
 from __future__ import annotations
 

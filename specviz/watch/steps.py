@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass, field
+from itertools import compress
 from typing import Any
 
 from specviz.trace.schema import RowRecord, StepRecord
@@ -17,9 +18,7 @@ from specviz.watch.calls import (
     RowQuery,
     accepted_and_bonus,
     consistent,
-    draft_free_query,
     fed_positions,
-    prefills,
     row_seq_ids,
     row_tokens,
     segment_of,
@@ -46,8 +45,8 @@ class InferredSteps:
 
 
 def build_steps(groups: list[Group], prompts: list[list[int]], read: CallReader, draft_free: bool) -> list[StepRecord]:
-    """One step record per target call emissions were attributed to. `draft_free`: no draft calls
-    ran, so a row's drafts are read after its committed tokens (`draft_free_query`)."""
+    """One step record per target call emissions were attributed to, its rows read by `read.step_rows`
+    (`draft_free`: no draft calls ran)."""
     calls = read.calls
     by_call: dict[int, list[Group]] = {}  # call index -> the groups attributed to it
     for group in groups:
@@ -55,13 +54,10 @@ def build_steps(groups: list[Group], prompts: list[list[int]], read: CallReader,
     committed = {seq_id: list(ids) for seq_id, ids in enumerate(prompts)}
     running = set(committed)  # the sequences not finished yet
     steps: list[StepRecord] = []
-    origins: list[tuple[RowRecord, int, int]] = []  # tree rows: (record, call index, row)
+    trees: dict[int, tuple[RowRecord, int, int]] = {}  # seq -> its latest tree row: (record, call index, row)
     for index in sorted(by_call):
         call = calls[index]
-        shown = [read(index, r) for r in range(call.batch_size)]
-        for r, seq_id in enumerate(row_seq_ids(call)):  # drafts at each row's pending slot, before credit
-            if draft_free and not shown[r].drafts and segment_of(call, r).drafts is None:
-                shown[r] = draft_free_query(call, r, committed.get(seq_id, [])) or shown[r]
+        shown = read.step_rows(index, committed, draft_free)
         produced = assign_rows(call, by_call[index], shown, running)
         before = tree.draft_calls_before(calls, index)
         heads = [j for j in before if calls[j].drafter]  # a draft head's calls: the step's proposals
@@ -78,14 +74,18 @@ def build_steps(groups: list[Group], prompts: list[list[int]], read: CallReader,
                 seq_id not in running
                 or not any(call.query_flags(r))
                 or segment_of(call, r).chunk
-                or (cached and len(committed[seq_id]) == len(prompts[seq_id]) and prefills(call, r, prompts[seq_id]))
+                or (cached and len(committed[seq_id]) == len(prompts[seq_id]) and _prefills(call, r, prompts[seq_id]))
             ):
                 continue
             proposals.update(j for j, _ in shown[r].chain)
             group = produced.get(r, Group(seq_id, [], None, index, call.started))  # nothing produced
             rows.append(_row_record(calls, index, r, seq_id, shown[r], group, len(committed[seq_id]), heads))
-            if tree_of(call, r) is not None:
-                origins.append((rows[-1], index, r))
+            if rows[-1].tree_parents is not None:  # the sequence's previous tree row: the nodes of it this one attends
+                earlier = trees.get(seq_id)
+                if earlier is not None and not earlier[0].finished:
+                    record, j, r0 = earlier
+                    record.kept_nodes = tree.kept_nodes(calls[j], r0, read(j, r0), call, r, read(index, r))
+                trees[seq_id] = (rows[-1], index, r)
         for i, row in enumerate(rows):
             row.row = i  # its place among the step's rows
             committed[row.write_seq].extend(row.emitted)
@@ -106,21 +106,18 @@ def build_steps(groups: list[Group], prompts: list[list[int]], read: CallReader,
                 rows=rows,
             )
         )
-    # What a continuing row's sequence shows at its next step: its padding then, and, of a tree
-    # row, the nodes its next tree step still attends of its block.
-    pads: dict[int, int] = {}
+    pads: dict[int, int] = {}  # what a continuing row's sequence shows at its next step: its padding then
     for step in reversed(steps):
         for row in step.rows:
             row.left_pad_after = None if row.finished else pads.get(row.seq_id)
             pads[row.seq_id] = row.left_pad
-    later: dict[int, tuple[int, int]] = {}  # seq -> (call index, row) of its next tree step
-    for record, index, r in reversed(origins):
-        after = later.get(record.seq_id)
-        if after is not None and not record.finished:
-            j, r2 = after
-            record.kept_nodes = tree.kept_nodes(calls[index], r, read(index, r), calls[j], r2, read(j, r2))
-        later[record.seq_id] = (index, r)
     return steps
+
+
+def _prefills(call: CallRecord, row: int, prompt: list[int]) -> bool:
+    """Did the row feed the prompt's next tokens after its cache's, short of its end (a decode feeds the last)?"""
+    fed, c = list(compress(call.input_ids[row], call.query_flags(row))), call.cache_of(row)
+    return c + len(fed) < len(prompt) and fed == prompt[c : c + len(fed)]
 
 
 def assign_rows(call: CallRecord, groups: list[Group], shown: list[RowQuery], running: set[int]) -> dict[int, Group]:
@@ -146,6 +143,25 @@ def assign_rows(call: CallRecord, groups: list[Group], shown: list[RowQuery], ru
             return True
         return False
 
+    def split(group: Group) -> list[tuple[int, Group]] | None:
+        """The group as consecutive pieces cut where its emits were appended, each fitting a distinct
+        free row (its own first), longest first; None when none fits. No piece carries its ending."""
+        own, bounds = rows.index(group.seq_id), [0, *group.cuts, len(group.tokens)]
+
+        def search(a: int, free_rows: set[int]) -> list[tuple[int, Group]] | None:
+            if a == len(bounds) - 1:
+                return []
+            for b in range(len(bounds) - 1, a, -1):  # the longest piece first
+                piece = Group(group.seq_id, group.tokens[bounds[a] : bounds[b]], None, group.call, group.at)
+                for r in sorted(free_rows, key=lambda r: (r != own, r)):  # its own row first, then in order
+                    if fits(piece, r):
+                        rest = search(b, free_rows - {r})
+                        if rest is not None:
+                            return [(r, piece), *rest]
+            return None
+
+        return search(0, {r for r in range(len(rows)) if r not in taken and rows[r] in running})
+
     # A late group (emitted after a newer call of its sequence: maybe that call's tokens, matched
     # here by its pending token) places after the on-time groups have been read, split included.
     # An on-time group that missed its own row tries it again in vain (still taken, or unfit).
@@ -153,8 +169,7 @@ def assign_rows(call: CallRecord, groups: list[Group], shown: list[RowQuery], ru
     for group in [g for g in groups if not g.late and not place(g)] + [g for g in groups if g.late]:
         if place(group):
             continue
-        free = {r for r in range(len(rows)) if r not in taken and rows[r] in running}
-        pieces = _split_to_rows(group, free, rows.index(group.seq_id), fits)
+        pieces = split(group)
         if pieces is None:
             unfit.append(group)
             continue
@@ -163,26 +178,6 @@ def assign_rows(call: CallRecord, groups: list[Group], shown: list[RowQuery], ru
     for group in unfit:  # fits no row, whole or split: its own row shows what it got
         taken.setdefault(rows.index(group.seq_id), group)
     return taken
-
-
-def _split_to_rows(group: Group, free: set[int], own: int, fits: Any) -> list[tuple[int, Group]] | None:
-    """The group as consecutive pieces cut where its emits were appended, each fitting a distinct free
-    row (its own first), longest first; None when no split fits. No piece carries the group's ending."""
-    bounds = [0, *group.cuts, len(group.tokens)]
-
-    def search(a: int, free_rows: set[int]) -> list[tuple[int, Group]] | None:
-        if a == len(bounds) - 1:
-            return []
-        for b in range(len(bounds) - 1, a, -1):  # the longest piece first
-            candidate = Group(group.seq_id, group.tokens[bounds[a] : bounds[b]], None, group.call, group.at)
-            for r in sorted(free_rows, key=lambda r: (r != own, r)):  # its own row first, then in order
-                if fits(candidate, r):
-                    rest = search(b, free_rows - {r})
-                    if rest is not None:
-                        return [(r, candidate), *rest]
-        return None
-
-    return search(0, free)  # never empty: at least one piece
 
 
 def _row_record(
@@ -248,7 +243,10 @@ def infer_steps(
         call.argmax_is_choice = argmax_is_choice
         call.fed_rows = None  # indexed while following, keyed by argmax: stale once it is not the choice
     notes: list[str] = []
-    end = _first_unreadable(calls, emits)
+    # Read up to the first unmapped target call an emission follows (its last target call before it).
+    targets = [i for i, c in enumerate(calls) if c.role == "target"]
+    stepped = {targets[t - 1] for t in (bisect_left(targets, emit.after) for emit in emits) if t}
+    end = min((i for i in stepped if calls[i].unreadable is not None), default=len(calls))
     read_calls = calls[:end]
     # Every emit when all was read: a command's emits count the calls of models it then drops.
     read_emits = emits if end == len(calls) else [e for e in emits if e.after <= end]
@@ -268,10 +266,3 @@ def infer_steps(
     first, last = min((c.started for c in calls), default=None), max(events, default=None)
     unread = None if end == len(calls) else (len(steps), f"target call {end}: {calls[end].unreadable}")
     return InferredSteps(steps, outputs, reasons, k, max_new, notes, first, last, unread, own_budgets)
-
-
-def _first_unreadable(calls: list[CallRecord], emits: list[Emit]) -> int:
-    """The first unmapped target call an emission follows (len(calls): every call was read)."""
-    targets = [i for i, c in enumerate(calls) if c.role == "target"]
-    stepped = {targets[t - 1] for t in (bisect_left(targets, emit.after) for emit in emits) if t}  # its last target
-    return min((i for i in stepped if calls[i].unreadable is not None), default=len(calls))

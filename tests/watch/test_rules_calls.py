@@ -73,6 +73,13 @@ def test_a_draft_fed_the_wrong_position_is_still_its_chain() -> None:
     assert read_row(calls, 1, 0) == RowQuery(0, 1, ((0, 0),))
 
 
+def test_of_runs_fed_other_positions_the_earliest_is_the_chain() -> None:
+    """Two draft calls each fed 9 and proposed 11, at positions 1 and 2, neither the verify's 3: both
+    fit the tokens, none its positions; the earliest is read (its position bug checked)."""
+    calls = [draft(9, 11, 1), draft(9, 11, 2), verify([9, 11], [3, 4])]
+    assert read_row(calls, 2, 0) == RowQuery(0, 1, ((0, 0),))
+
+
 def test_a_padding_slot_is_never_the_pending_token() -> None:
     """Left padding at slot 0 (token 0); a draft call that was fed the pad token and proposed 9
     must not make the padding the pending token: the pending token is slot 1 (9), one draft (11)."""
