@@ -248,3 +248,45 @@ def accepted_and_bonus(tokens: list[int], drafts: list[int], targets: list[int])
     greedy = matched is not None and tokens == (drafts[:matched] + [targets[matched]])[: len(tokens)]
     accepted = matched if greedy else _agree(tokens, drafts)
     return accepted, tokens[accepted] if len(tokens) == accepted + 1 else None
+
+
+SAMPLES = "draft tokens fed are not the draft's argmax: the engine samples (or processes its logits)"
+
+
+def sampled_drafts(calls: list[CallRecord], targets: list[int]) -> tuple[int, str] | None:
+    """(the target call, why) where the draft calls before it have extended rows, twice at least,
+    with a token not the draft's argmax: a greedy drafter feeds its own choice, a sampling one does
+    not, and a run read as greedy would then show false violations. None: no such call."""
+    seen = other = 0
+    for prev, j in zip([-1, *targets], targets):
+        pending = _pending_tokens(calls[j])
+        drafts = range(prev + 1, j)  # (the calls between two target calls are draft calls)
+        for first, then in zip(map(calls.__getitem__, drafts), map(calls.__getitem__, drafts[1:])):
+            for r in range(min(first.batch_size, then.batch_size)):
+                chose, fed = argmax_at(first, r, first.last_slots[r]), _extension(first, then, r, pending)
+                if chose is not None and fed is not None:
+                    seen, other = seen + 1, other + (chose != fed)
+        if other >= 2:
+            return j, f"{other} of {seen} {SAMPLES}"
+    return None
+
+
+def _pending_tokens(call: CallRecord) -> set[tuple[int, int]]:
+    """(position, token) at each row's first real query slot: where a verify starts, its pending token."""
+    views = [call.view(r) for r in range(call.batch_size)]
+    firsts = [(r, v.flags.index(1)) for r, v in enumerate(views) if any(v.flags)]
+    return {(call.positions[r][f], call.input_ids[r][f]) for r, f in firsts}
+
+
+def _extension(first: CallRecord, then: CallRecord, r: int, pending: set[tuple[int, int]]) -> int | None:
+    """The token draft call `then` extends row r of `first` by, as a proposal: the row re-read with one
+    more token (no cache), or one token at the next position over its cache that the verify does not
+    start from (a committed token fed after a prefill) nor was fed just before (a finished row's
+    padding); None where `then` does not extend the row so."""
+    before, after = attended_ids(first, r), attended_ids(then, r)
+    if after[:-1] == before and not then.view(r).attends_cache():
+        return after[-1]
+    at = then.positions[r][then.last_slots[r]]
+    grown = at == first.positions[r][first.last_slots[r]] + 1 and sum(then.query_flags(r)) == 1
+    proposed = after[-1] != before[-1] and (at, after[-1]) not in pending and not then.drafter
+    return after[-1] if grown and proposed and then.view(r).attends_cache() else None

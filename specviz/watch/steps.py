@@ -21,6 +21,7 @@ from specviz.watch.calls import (
     fed_positions,
     row_seq_ids,
     row_tokens,
+    sampled_drafts,
     segment_of,
     tree_of,
 )
@@ -243,8 +244,11 @@ def infer_steps(
         call.argmax_is_choice = argmax_is_choice
         call.fed_rows = None  # indexed while following, keyed by argmax: stale once it is not the choice
     notes: list[str] = []
-    # Read up to the first unmapped target call an emission follows (its last target call before it).
     targets = [i for i, c in enumerate(calls) if c.role == "target"]
+    sampled = sampled_drafts(calls, targets) if argmax_is_choice else None
+    if sampled is not None:  # read as greedy from there on, a correct run would show false violations
+        calls[sampled[0]].mark_unreadable(f"{sampled[1]}; declare it: specviz.watch(..., temperature=)")
+    # Read up to the first unmapped target call an emission follows (its last target call before it).
     stepped = {targets[t - 1] for t in (bisect_left(targets, emit.after) for emit in emits) if t}
     end = min((i for i in stepped if calls[i].unreadable is not None), default=len(calls))
     read_calls = calls[:end]

@@ -219,8 +219,13 @@ def test_sampled_engine_is_checked_without_an_oracle(pair) -> None:
     assert events and v is not None and (v.step, v.seq_id, v.invariant) == (*events[0], Invariant.KV)
 
 
-def test_sampled_engine_undeclared_is_not_called_clean(pair) -> None:
-    """Not told it samples, the watch reads tokens against the argmax: the run is not passed."""
+@pytest.mark.parametrize("draft_cache", [False, True])
+def test_sampled_engine_undeclared_is_unreadable_with_why(pair, draft_cache: bool) -> None:
+    """Not told it samples, the watch sees its drafter feed tokens that are not the draft's argmax
+    (re-read rows, or one token per call over the draft's cache): unreadable from there, with the
+    fix, never read against the argmax (that read desync with false violations before)."""
     with specviz.watch(pair.target, pair.draft, prompts=PROMPTS) as w:
-        sampled.generate(pair.target, pair.draft, PROMPTS, MAX_NEW, w=w, temperature=0.05)
-    assert check_trace(w.trace).verdict != "clean"
+        sampled.generate(pair.target, pair.draft, PROMPTS, MAX_NEW, w=w, temperature=0.05, draft_cache=draft_cache)
+    report = check_trace(w.trace)
+    assert report.verdict == "unreadable" and not report.violations, report.violations[:3]
+    assert "not the draft's argmax" in report.unreadable["why"] and "temperature=" in report.unreadable["why"]

@@ -6,28 +6,39 @@ Tokens are not the argmax anywhere, so the watch is told the temperature.
 Bug "stale_kv": rejected drafts stay attended in the cache (their slots are never masked out).
 Bug "wrongrow": at step 2 row 0's tokens are written to sequence 1 (before row 1's own), the
 rows themselves unchanged. `ragged`: each row drafts its own count (1..k) every step.
+`draft_cache`: the draft reads each row's context once per step into a fresh cache and is then fed
+only its last sampled token (a one-token query at the next position), as most engines draft.
 """
 
 from __future__ import annotations
 
 import torch
+from transformers import DynamicCache
 
 from .common import HoleCache, left_padded
 
 
-def draft_sampled(draft, seqs, n, temperature, gen):
-    """n sampled drafts per row, with the draft's distribution at each."""
+def draft_sampled(draft, seqs, n, temperature, gen, cached=False):
+    """n sampled drafts per row, with the draft's distribution at each (`cached`: `draft_cache`)."""
     seqs = [list(s) for s in seqs]
     tokens: list[list[int]] = [[] for _ in seqs]
     probs: list[list[torch.Tensor]] = [[] for _ in seqs]
+    ids, mask = left_padded(seqs)
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    kept = {"cache": DynamicCache()} if cached else {}
     for _ in range(n):
-        ids, mask = left_padded(seqs)
-        logits = draft(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0)).logits
+        if not cached:
+            ids, mask = left_padded(seqs)
+            positions = (mask.cumsum(1) - 1).clamp(min=0)
+        logits = draft(input_ids=ids, attention_mask=mask, position_ids=positions, **kept).logits
+        if cached:  # next: the token just sampled, one position on, its key appended to the cache
+            mask, positions = torch.cat([mask, torch.ones_like(mask[:, :1])], 1), positions[:, -1:] + 1
         q = torch.softmax(logits[:, -1] / temperature, -1)
         for r, t in enumerate(torch.multinomial(q, 1, generator=gen)[:, 0].tolist()):
             tokens[r].append(t)
             probs[r].append(q[r])
             seqs[r].append(t)
+        ids = torch.tensor([[s[-1]] for s in seqs])
     return tokens, probs
 
 
@@ -42,7 +53,9 @@ def verify(drafts, q, p, gen):
 
 
 @torch.no_grad()
-def generate(target, draft, prompts, max_new, k=3, bug=None, w=None, temperature=0.8, seed=0, ragged=False):
+def generate(
+    target, draft, prompts, max_new, k=3, bug=None, w=None, temperature=0.8, seed=0, ragged=False, draft_cache=False
+):
     gen = torch.Generator().manual_seed(seed)
     seqs = [list(p) for p in prompts]
     outs: list[list[int]] = [[] for _ in prompts]
@@ -52,7 +65,7 @@ def generate(target, draft, prompts, max_new, k=3, bug=None, w=None, temperature
     while any(len(o) < max_new for o in outs):
         live = [r for r in range(len(seqs)) if len(outs[r]) < max_new]
         d = {r: min(1 + (step + r) % k if ragged else k, max_new - len(outs[r]) - 1) for r in live}
-        tokens, probs = draft_sampled(draft, [seqs[r] for r in live], max(d.values()), temperature, gen)
+        tokens, probs = draft_sampled(draft, [seqs[r] for r in live], max(d.values()), temperature, gen, draft_cache)
         drafts = {r: t[: d[r]] for r, t in zip(live, tokens)}
         q = {r: pr[: d[r]] for r, pr in zip(live, probs)}
         queries = [[seqs[r][-1]] + drafts[r] if r in d else [] for r in range(len(seqs))]
