@@ -28,6 +28,7 @@ from zoo import (  # tests/watch on the path (pytest's pythonpath, or PYTHONPATH
     chunkmix,
     dropping,
     head,
+    holes,
     medusa_embeds,
     mtp,
     packed,
@@ -46,8 +47,9 @@ ENGINES["chunkmix"] = chunkmix
 ENGINES["slots"] = slots
 ENGINES["slots2"] = slots2
 ENGINES["medusa_embeds"] = medusa_embeds
+ENGINES["holes"] = holes  # a batch that never moves a slot: rejected KV masked out as holes
 ENGINES["sampled"] = sampled  # rejection sampling; `--set temperature_pct=N`: T = N / 100
-USES_DRAFT = {"dropping", "packed", "queued", "tree", "slots", "slots2", "sampled"}
+USES_DRAFT = {"dropping", "packed", "queued", "tree", "slots", "slots2", "sampled", "holes"}
 
 
 def tiny_llama() -> torch.nn.Module:
