@@ -25,7 +25,17 @@ class Follower(Assignments, Gains):
     def __init__(self, calls: list[CallRecord], eos: frozenset[int], notes: list[str]) -> None:
         self.calls, self.eos, self.notes = calls, eos, notes
         self.targets = [i for i, c in enumerate(calls) if c.role == "target"]  # (the others: "draft")
-        self.drafts_after = dict(zip(self.targets, self.targets[1:] + [len(calls)]))  # target -> end of its drafts
+        ends = dict(zip(self.targets, self.targets[1:] + [len(calls)]))  # target -> end of its drafts
+        # Target call -> what its draft rows that keep no cache attended (`_opens`: a newcomer re-read).
+        self.cacheless = {
+            j: [
+                attended_ids(d, r)
+                for d in calls[j + 1 : end]
+                for r in range(d.batch_size)
+                if not d.view(r).attends_cache()
+            ]
+            for j, end in ends.items()
+        }
         self.read = CallReader(calls)
         # No draft model (prompt lookup, n-gram, extra heads): drafts follow the committed tokens.
         self.draft_free = not any(of_draft_model(c) for c in calls)
@@ -125,8 +135,12 @@ class Follower(Assignments, Gains):
 
     def _fits(self, j: int, r: int) -> dict[int, str]:
         """Live sequence -> how row r of call j continues it (a shared cache: those it attends most)."""
-        out = {} if self._opens(j, r) else self._chain_fits(j, r, self._live)
         mine = self._most_attended(j, r)
+        seqs = [] if self._opens(j, r) else self._live
+        # Those it attends most read first: the others matter only where those fit as a chunk at most.
+        out = self._chain_fits(j, r, [s for s in seqs if s.id in mine])
+        if all(how == "chunk" for how in out.values()):
+            out = self._chain_fits(j, r, seqs)
         if len(mine) == 1 and not mine & out.keys():
             (s,) = mine
             seq = self.seqs[s]
@@ -235,7 +249,7 @@ class Follower(Assignments, Gains):
 
     def _again(self, j: int, r: int) -> bool:
         """A cached row that feeds a finished (or out: after its greedy last step) sequence's last token again."""
-        if self._view(j, r, NEW).whole:
+        if not self.calls[j].view(r).attends_cache():
             return False
         ends = [
             (s, s.context + self._step_tokens(s).greedy if s.out else s.context)
