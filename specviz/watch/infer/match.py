@@ -116,7 +116,7 @@ class Assignments:
         live = {s.id for s in self._live}
         out = self._one_assignment(j, active, {r: self._fits(j, r) for r in active}, live)
         # Rows no present sequence holds, by their chain to the sequences a call left out (`Seq.out`).
-        away = [s for s in self.seqs if s.out and not s.finished]
+        away = [s for s in self.seqs if s.out]  # (never finished: `_close` and every reading clear `out`)
         rows = _rest(active, out)
         out.update(self._one_assignment(j, rows, {r: self._chain_fits(j, r, away) for r in rows}, {s.id for s in away}))
         # A finished row fed again (idle) is a better reading than a token alone.
