@@ -7,12 +7,7 @@ from __future__ import annotations
 from functools import cache
 
 from specviz.watch.attribution import Emit
-from specviz.watch.calls import (
-    CallReader,
-    argmax_at,
-    attended_ids,
-    first_slot_query,
-)
+from specviz.watch.calls import CallReader, argmax_at, attended_ids, first_slot_query
 from specviz.watch.infer.gains import Gains, of_draft_model
 from specviz.watch.infer.match import IDLE, NEW, Ambiguous, Assignments, RowView, Seq, Unfollowed
 from specviz.watch.record import CallRecord
@@ -25,16 +20,11 @@ class Follower(Assignments, Gains):
     def __init__(self, calls: list[CallRecord], eos: frozenset[int], notes: list[str]) -> None:
         self.calls, self.eos, self.notes = calls, eos, notes
         self.targets = [i for i, c in enumerate(calls) if c.role == "target"]  # (the others: "draft")
-        ends = dict(zip(self.targets, self.targets[1:] + [len(calls)]))  # target -> end of its drafts
+        ends = zip(self.targets, self.targets[1:] + [len(calls)])  # target -> end of its drafts
         # Target call -> what its draft rows that keep no cache attended (`_opens`: a newcomer re-read).
+        rows = {j: [(d, r) for d in calls[j + 1 : end] for r in range(d.batch_size)] for j, end in ends}
         self.cacheless = {
-            j: [
-                attended_ids(d, r)
-                for d in calls[j + 1 : end]
-                for r in range(d.batch_size)
-                if not d.view(r).attends_cache()
-            ]
-            for j, end in ends.items()
+            j: [attended_ids(d, r) for d, r in dr if not d.view(r).attends_cache()] for j, dr in rows.items()
         }
         self.read = CallReader(calls)
         # No draft model (prompt lookup, n-gram, extra heads): drafts follow the committed tokens.

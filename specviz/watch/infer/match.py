@@ -9,11 +9,7 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import Any
 
-from specviz.watch.calls import (
-    RowQuery,
-    argmax_at,
-    matched_prefix,
-)
+from specviz.watch.calls import RowQuery, argmax_at, matched_prefix
 from specviz.watch.view import Padded
 
 NEW = -1  # the row starts a new sequence
@@ -142,14 +138,9 @@ class Assignments:
             return False
         v, call = self._view(j, r, NEW), self.calls[j]
         opened = [*v.query, argmax_at(call, r, call.last_slots[r])]  # (no argmax: None, fed by no row)
-        return (
-            not v.whole
-            and not v.rq.drafts
-            and any(
-                fed[: len(opened)] == opened and not any(fed[: len(s.context)] == s.context for s in self._live)
-                for fed in feeds  # (an idle row's [0] is shorter than `opened`)
-            )
-        )
+        reread = (fed for fed in feeds if fed[: len(opened)] == opened)  # (an idle row's [0] is shorter)
+        live = [s.context for s in self._live]
+        return not v.whole and not v.rq.drafts and any(all(fed[: len(c)] != c for c in live) for fed in reread)
 
     def _base(self, j: int, r: int) -> tuple[int, int]:
         """A new cached row: the slots its first token attends before itself and its position (`Seq.base`)."""
