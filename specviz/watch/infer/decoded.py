@@ -109,10 +109,9 @@ def decoded_tail(
 ) -> list[int] | None:
     """The one tail the decoded lists give a sequence (`tail_after`); None when none fits or two differ."""
     tails = set()
-    prompt_pads = {engine_pad} - {None}
     for ids, pad in decoded:
         pads = {pad, engine_pad} - {None}
-        tail = tail_after(strip_pads(ids, pads), strip_pads(prompt, prompt_pads | pads), seen, eos)
+        tail = tail_after(strip_pads(ids, pads), strip_pads(prompt, pads), seen, eos)
         if tail is not None:
             tails.add(tuple(tail))
     return list(next(iter(tails))) if len(tails) == 1 else None

@@ -7,12 +7,7 @@ from __future__ import annotations
 from functools import cache
 
 from specviz.watch.attribution import Emit
-from specviz.watch.calls import (
-    CallReader,
-    argmax_at,
-    attended_ids,
-    first_slot_query,
-)
+from specviz.watch.calls import CallReader, argmax_at, attended_ids, first_slot_query
 from specviz.watch.infer.gains import Gains, of_draft_model
 from specviz.watch.infer.match import IDLE, NEW, Ambiguous, Assignments, RowView, Seq, Unfollowed
 from specviz.watch.record import CallRecord
@@ -25,7 +20,12 @@ class Follower(Assignments, Gains):
     def __init__(self, calls: list[CallRecord], eos: frozenset[int], notes: list[str]) -> None:
         self.calls, self.eos, self.notes = calls, eos, notes
         self.targets = [i for i, c in enumerate(calls) if c.role == "target"]  # (the others: "draft")
-        self.drafts_after = dict(zip(self.targets, self.targets[1:] + [len(calls)]))  # target -> end of its drafts
+        ends = zip(self.targets, self.targets[1:] + [len(calls)])  # target -> end of its drafts
+        # Target call -> what its draft rows that keep no cache attended (`_opens`: a newcomer re-read).
+        rows = {j: [(d, r) for d in calls[j + 1 : end] for r in range(d.batch_size)] for j, end in ends}
+        self.cacheless = {
+            j: [attended_ids(d, r) for d, r in dr if not d.view(r).attends_cache()] for j, dr in rows.items()
+        }
         self.read = CallReader(calls)
         # No draft model (prompt lookup, n-gram, extra heads): drafts follow the committed tokens.
         self.draft_free = not any(of_draft_model(c) for c in calls)
@@ -35,7 +35,6 @@ class Follower(Assignments, Gains):
         self.was_step: dict[int, bool] = {}  # opening call -> it was a step for its newcomers
         self.unfollowed: list[str] = []  # why reading stopped, for the report's skipped checks
         self.prev: int | None = None
-        self._greedy_ends: dict[int, Emit] = {}  # sequence -> its last step read as greedy, no EOS
         self._assumed: dict[int, Emit] = {}  # id -> a last step read as greedy (EOS or not), not seen nor cut away
         self._stopped: list[Seq] = []  # finished by being fed again without growing
         self._view = cache(self._read_view)  # (j, r, seq) -> RowView
@@ -125,17 +124,21 @@ class Follower(Assignments, Gains):
 
     def _fits(self, j: int, r: int) -> dict[int, str]:
         """Live sequence -> how row r of call j continues it (a shared cache: those it attends most)."""
-        out = {} if self._opens(j, r) else self._chain_fits(j, r, self._live)
         mine = self._most_attended(j, r)
-        if len(mine) == 1 and not mine & out.keys():
+        seqs = [] if self._opens(j, r) else self._live
+        # Those it attends most first; a chunk is the reading of last resort: another's fit, then theirs.
+        ours = self._chain_fits(j, r, [s for s in seqs if s.id in mine])
+        if plain := _plain(ours):
+            return plain
+        if len(mine) == 1 and not ours:  # the one it attends most, which its chain does not fit
             (s,) = mine
             seq = self.seqs[s]
             if seq.opened:
                 return {s: "open"}
             if self._weak(seq, self._view(j, r, s)):
                 return {s: "weak"}
-        out = {s: how for s, how in out.items() if how != "chunk"} or out  # a chunk is the reading of last resort
-        return {s: how for s, how in out.items() if s in mine} or out
+        out = self._chain_fits(j, r, seqs)
+        return _plain(out) or ours or out
 
     def _chain_fits(self, j: int, r: int, seqs: list[Seq]) -> dict[int, str]:
         """Sequence -> how row r of call j continues it by its chain, for those of `seqs` it fits."""
@@ -144,15 +147,11 @@ class Follower(Assignments, Gains):
 
     def _most_attended(self, j: int, r: int) -> set[int]:
         """The live sequences whose slots row r of call j attends most (none: not a shared cache)."""
-        held = self.calls[j].held
+        held = self.calls[j].held  # one entry per row of a packed call (`hooks.segment_slots`)
         if held is None:
             return set()
-        seen = held[r][0]  # held has one entry per row of a packed call (`hooks.segment_slots`)
-        overlap = {}
-        for s in self._live:
-            before = self.calls[s.at[0]].held
-            if before is not None:
-                overlap[s.id] = shared_slots(seen, before[s.at[1]][1])
+        before = {s.id: (self.calls[s.at[0]].held, s.at[1]) for s in self._live}
+        overlap = {s: shared_slots(held[r][0], slots[at][1]) for s, (slots, at) in before.items() if slots is not None}
         most = max(overlap.values(), default=0)
         return {s for s, n in overlap.items() if n == most > 0}
 
@@ -235,7 +234,7 @@ class Follower(Assignments, Gains):
 
     def _again(self, j: int, r: int) -> bool:
         """A cached row that feeds a finished (or out: after its greedy last step) sequence's last token again."""
-        if self._view(j, r, NEW).whole:
+        if not self.calls[j].view(r).attends_cache():
             return False
         ends = [
             (s, s.context + self._step_tokens(s).greedy if s.out else s.context)
@@ -286,7 +285,8 @@ class Follower(Assignments, Gains):
 
     def _step(self, s: Seq, v: RowView, j: int, r: int, tokens: list[int], prefilled: bool = False) -> None:
         """The open step committed `tokens` (`Unfollowed`: refused drafts kept, yet the prompt's next chunk too)."""
-        refused = s.chunk_end and (step := self._step_tokens(s)).targets and len(tokens) - 1 > step.agreed
+        # (no argmax kept: nothing was refused, and `_chunk` reads no chunk)
+        refused = s.chunk_end and len(tokens) - 1 > (step := self._step_tokens(s)).agreed
         if refused and self._chunk(step, v, len(s.context)):
             why = f"row {r} of target call {j}: where sequence {s.id}'s prompt ends is not told (a prefill"
             raise Unfollowed(f"{why} chunk that ends on the target's choice, or a step that kept refused drafts)")
@@ -323,6 +323,11 @@ class Follower(Assignments, Gains):
                 self._close(s)
 
 
+def _plain(fits: dict[int, str]) -> dict[int, str]:
+    """The fits that are not a prompt chunk (the reading of last resort)."""
+    return {s: how for s, how in fits.items() if how != "chunk"}
+
+
 def follow_rows(calls: list[CallRecord], prompts: list[list[int]], eos: frozenset[int], emits: list[Emit]) -> None:
     """Name each target call's rows by the declared prompt its sequence starts with, else by the one
     declared sequence (prompt and emitted tokens) its followed tokens agree with (else unreadable)."""
@@ -331,20 +336,15 @@ def follow_rows(calls: list[CallRecord], prompts: list[list[int]], eos: frozense
     unused: dict[tuple[int, ...], list[int]] = {}  # declared prompt -> its indices not taken yet
     for i, prompt in enumerate(prompts):
         unused.setdefault(tuple(prompt), []).append(i)
-    taken: dict[int, int] = {}  # followed sequence -> the first declared index of its prompt left
-    others = []  # followed sequences whose prompt is no declared one left
-    for f, prompt in enumerate(follower.prompts):
-        if unused.get(tuple(prompt)):
-            taken[f] = unused[tuple(prompt)].pop(0)
-        else:
-            others.append(f)
+    # Followed sequence -> the first declared index of its prompt left.
+    taken = {f: unused[tuple(p)].pop(0) for f, p in enumerate(follower.prompts) if unused.get(tuple(p))}
     # A prompt whose end was read elsewhere (a trained model's choice can be the prompt's next token):
     # the declared sequence its tokens agree with, where exactly one does.
     declared = [list(p) for p in prompts]
     for e in emits:
         declared[e.seq_id] += e.tokens
     left = sorted(i for indices in unused.values() for i in indices)
-    for f in others:
+    for f in sorted(set(range(len(follower.seqs))) - taken.keys()):  # those whose prompt is no declared one left
         context = follower.seqs[f].context
         agree = [i for i in left if declared[i][: len(context)] == context[: len(declared[i])]]
         if len(agree) == 1:

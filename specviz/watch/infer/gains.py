@@ -72,7 +72,7 @@ class Gains:
         s.prompt_len = len(s.context)
         if v.token == step.targets[len(step.drafts)]:  # the last chunk: it chose the token fed now
             call, row = self.calls[s.step[0]], s.step[1]  # its map says so, as `w.batch(drafts=0)` would
-            if call.map is not None and len(call.map.segments) == call.batch_size:
+            if len(call.map.segments) == call.batch_size:  # (materialized: every call has a map)
                 segments = list(call.map.segments)
                 segments[row] = replace(segments[row], drafts=0)
                 call.map = replace(call.map, segments=tuple(segments))
@@ -156,8 +156,6 @@ class Gains:
             emit = self._commit(s, self._step_tokens(s).greedy)
             if emit is not None:
                 self._assumed[id(emit)] = emit
-                if emit.finish_reason is None:
-                    self._greedy_ends[s.id] = emit
         # Finished, no longer out: its context now holds that last step (`_again` adds it to an out one's).
         s.finished, s.out = True, False
 
@@ -183,7 +181,9 @@ class Gains:
         """Cut what lies past the one budget that fits all endings by length, else each keeps its own."""
         if self.unfollowed:
             return  # reading stopped: the last steps read are not endings
-        ends = [(self._output(self.seqs[i]), len(e.tokens)) for i, e in self._greedy_ends.items()]
+        # Sequence -> its last step read as greedy, no EOS (as `_close` left them: nothing is cut yet).
+        greedy = {e.seq_id: e for e in self._assumed.values() if e.finish_reason is None}
+        ends = [(self._output(self.seqs[i]), len(e.tokens)) for i, e in greedy.items()]
         stopped = {self._output(s) for s in self._stopped}
         ranges = [(n - k + 1, n) for n, k in ends]  # the output lengths each greedy end may stop at
         budget = shared_budget(ranges, stopped)
@@ -192,7 +192,7 @@ class Gains:
             # Pinned: a sequence ended exactly there (fed again, or a last step of one token).
             pinned = bool(stopped) or (budget, budget) in ranges
             # One that ended by EOS past the budget was stepped past it: a budget per request, not one.
-            if all(not self._ended_by_eos(s) and self._cuttable(s, budget, pinned) for s in over):
+            if all(not self._ended_by_eos(s) and self._cuttable(s, budget, pinned, greedy) for s in over):
                 for s in over:
                     self._trim(s, self._output(s) - budget)
                 return
@@ -210,16 +210,15 @@ class Gains:
     def _ended_by_eos(self, s: Seq) -> bool:
         return any(e.finish_reason == "eos" for e in self._emits_of(s))
 
-    def _cuttable(self, s: Seq, budget: int, pinned: bool) -> bool:
+    def _cuttable(self, s: Seq, budget: int, pinned: bool, greedy: dict[int, Emit]) -> bool:
         """Past `budget` lies only the greedy end, or (`pinned`) one-a-call repeats of the budget's token."""
-        end = self._greedy_ends.get(s.id, _NO_END)
+        end = greedy.get(s.id, _NO_END)
         read = s.context[s.prompt_len : len(s.context) - len(end.tokens)]
         if len(read) <= budget:
             # (`s` is past the budget: `end` is its end) Or its greedy end's call also made the last step
             # of a sequence below the budget: a finished row fed along.
             return len(read) < budget or any(
-                e.after == end.after and self._output(self.seqs[g]) - len(e.tokens) < budget
-                for g, e in self._greedy_ends.items()
+                e.after == end.after and self._output(self.seqs[g]) - len(e.tokens) < budget for g, e in greedy.items()
             )
         # A finished row fed along gains one token a call: a row that gained more at a call past
         # the budget accepted drafts there, so it was decoding, under a budget of its own.

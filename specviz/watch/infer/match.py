@@ -9,12 +9,7 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import Any
 
-from specviz.watch.calls import (
-    RowQuery,
-    argmax_at,
-    attended_ids,
-    matched_prefix,
-)
+from specviz.watch.calls import RowQuery, argmax_at, matched_prefix
 from specviz.watch.view import Padded
 
 NEW = -1  # the row starts a new sequence
@@ -117,7 +112,7 @@ class Assignments:
         live = {s.id for s in self._live}
         out = self._one_assignment(j, active, {r: self._fits(j, r) for r in active}, live)
         # Rows no present sequence holds, by their chain to the sequences a call left out (`Seq.out`).
-        away = [s for s in self.seqs if s.out and not s.finished]
+        away = [s for s in self.seqs if s.out]  # (never finished: `_close` and every reading clear `out`)
         rows = _rest(active, out)
         out.update(self._one_assignment(j, rows, {r: self._chain_fits(j, r, away) for r in rows}, {s.id for s in away}))
         # A finished row fed again (idle) is a better reading than a token alone.
@@ -136,22 +131,16 @@ class Assignments:
         return v.whole or not v.rq.drafts and len(v.query) > 1 or self._opens(j, r)
 
     def _opens(self, j: int, r: int) -> bool:
-        """A cached row fed no drafts whose query the draft re-reads from the start next (`_draft_opens`)."""
-        v = self._view(j, r, NEW)
-        return not v.whole and not v.rq.drafts and self._draft_opens(j, r, v.query)
-
-    def _draft_opens(self, j: int, r: int, query: list[int]) -> bool:
-        """The draft calls after call j re-read row r's query from the start, continuing no live sequence."""
-        call = self.calls[j]
-        opened = [*query, argmax_at(call, r, call.last_slots[r])]  # (no argmax: None, fed by no row)
-        for draft in self.calls[j + 1 : self.drafts_after[j]]:
-            for dr in range(draft.batch_size):
-                if draft.view(dr).attends_cache():
-                    continue
-                fed = attended_ids(draft, dr)  # (an idle row's [0] is shorter than `opened`)
-                if fed[: len(opened)] == opened and not any(fed[: len(s.context)] == s.context for s in self._live):
-                    return True
-        return False
+        """A cached row fed no drafts whose query and the target's choice a cacheless draft row after
+        call j re-reads from the start, continuing no live sequence."""
+        feeds = self.cacheless[j]
+        if not feeds:  # (no draft row to re-read it: the row's reading as a newcomer is not needed)
+            return False
+        v, call = self._view(j, r, NEW), self.calls[j]
+        opened = [*v.query, argmax_at(call, r, call.last_slots[r])]  # (no argmax: None, fed by no row)
+        reread = (fed for fed in feeds if fed[: len(opened)] == opened)  # (an idle row's [0] is shorter)
+        live = [s.context for s in self._live]
+        return not v.whole and not v.rq.drafts and any(all(fed[: len(c)] != c for c in live) for fed in reread)
 
     def _base(self, j: int, r: int) -> tuple[int, int]:
         """A new cached row: the slots its first token attends before itself and its position (`Seq.base`)."""
@@ -262,8 +251,8 @@ class Assignments:
     def _classes(self, allowed: set[int]) -> list[list[int]]:
         """Sequences grouped by everything the checks read of them: identical so far."""
         live = [self.seqs[s] for s in sorted(allowed)]
-        keyed = sorted(((self._likeness(s), s.id) for s in live), key=lambda x: (repr(x[0]), x[1]))
-        return [[s for _, s in group] for _, group in groupby(keyed, key=lambda x: repr(x[0]))]
+        keyed = sorted((repr(self._likeness(s)), s.id) for s in live)
+        return [[s for _, s in group] for _, group in groupby(keyed, key=lambda x: x[0])]
 
     def _likeness(self, s: Seq) -> tuple[Any, ...]:
         step = self._step_tokens(s)
