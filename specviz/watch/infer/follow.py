@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import cache
 
 from specviz.watch.attribution import Emit
-from specviz.watch.calls import CallReader, argmax_at, attended_ids, first_slot_query
+from specviz.watch.calls import CallReader, argmax_at, attended_ids, first_slot_query, sampled_drafts
 from specviz.watch.infer.gains import Gains, of_draft_model
 from specviz.watch.infer.match import IDLE, NEW, Ambiguous, Assignments, RowView, Seq, Unfollowed
 from specviz.watch.record import CallRecord
@@ -38,7 +38,7 @@ class Follower(Assignments, Gains):
         self._assumed: dict[int, Emit] = {}  # id -> a last step read as greedy (EOS or not), not seen nor cut away
         self._stopped: list[Seq] = []  # finished by being fed again without growing
         self._view = cache(self._read_view)  # (j, r, seq) -> RowView
-        self.drafted = [0, 0]  # cacheless draft extensions read, those not the draft's argmax
+        self.sampled = sampled_drafts(calls, self.targets)  # (verify, why) where the drafter samples
 
     @property
     def prompts(self) -> list[list[int]]:

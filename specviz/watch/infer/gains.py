@@ -20,22 +20,11 @@ class Gains:
     """Mixed into `Follower` (its calls, sequences, emits and reader)."""
 
     def _greedy_drafts(self, j: int) -> None:
-        """`Sampled` where draft rows are extended, twice at least, by a token not the draft's argmax."""
-        drafts = range(self.prev + 1, j)  # (the calls between two target calls are draft calls)
-        for a, b in zip(drafts, drafts[1:]):
-            first, then = self.calls[a], self.calls[b]
-            for r in range(min(first.batch_size, then.batch_size)):
-                before, after = attended_ids(first, r), attended_ids(then, r)
-                chose = argmax_at(first, r, first.last_slots[r])
-                if chose is not None and after[:-1] == before and not then.view(r).attends_cache():
-                    self.drafted[0] += 1
-                    self.drafted[1] += chose != after[-1]
-        seen, other = self.drafted
-        if other >= 2:
-            why = f"{other} of {seen} draft tokens fed are not the draft's argmax: the engine samples"
+        """`Sampled` from the verify where the drafter was seen not to feed its own choice (`calls.sampled_drafts`)."""
+        if self.sampled is not None and j >= self.sampled[0]:
             raise Sampled(
-                f"{why} (or processes its logits): its rows are not followed by greedy acceptance; watch it"
-                " with specviz.watch(..., temperature=)"
+                f"{self.sampled[1]}: its rows are not followed by greedy acceptance; watch it with"
+                " specviz.watch(..., temperature=)"
             )
 
     def _step_tokens(self, s: Seq) -> Step:
