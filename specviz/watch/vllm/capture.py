@@ -143,9 +143,8 @@ def _new_request(req: Any) -> dict[str, Any]:
 
 def _spec(spec: Any, batch: int) -> dict[str, list[int]]:
     """The SpecDecodeMetadata's lists; a step without drafts has none: request i's one logits row is row i."""
-    if spec is None:
-        no_drafts = {"draft_token_ids": [], "num_draft_tokens": [0] * batch, "target_logits_indices": []}
-        return {**no_drafts, "bonus_logits_indices": list(range(batch))}
+    nothing = {"draft_token_ids": [], "num_draft_tokens": [0] * batch, "target_logits_indices": []}
+    spec = spec or SimpleNamespace(**nothing, bonus_logits_indices=range(batch))
     return {name: _ints(getattr(spec, name)) for name in SPEC}
 
 
@@ -164,9 +163,8 @@ def _fed(step: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
     seq_lens, qsl = _ints(first.seq_lens), _ints(first.query_start_loc[: num_reqs + 1])
     blocks = [-(-n // bs) for n in seq_lens]  # blocks each request's seq_len spans
     table = first.block_table[:num_reqs, : max(blocks, default=0)].tolist()  # one copy: [B, max blocks]
-    fed = {name: kwargs.get(name) for name in ("input_ids", "positions")}
     return {
-        **{name: None if t is None else _ints(t[: qsl[-1]]) for name, t in fed.items()},
+        **{k: None if kwargs.get(k) is None else _ints(kwargs[k][: qsl[-1]]) for k in ("input_ids", "positions")},
         "query_start_loc": qsl,
         "seq_lens": seq_lens,
         "block_table": [row[:b] for row, b in zip(table, blocks)],

@@ -57,8 +57,7 @@ class SlotLedger:
         changed = {index[slot] for slot in set(self.log[logged:]) & index.keys()}
         judged = [*changed, *range(keep, m)]
         bad = (failed - changed) | {j for j in judged if self.held.get(reads[j]) != (j, hashes[j])}
-        for j in range(keep, stable):
-            index[reads[j]] = j
+        index.update(zip(reads[keep:stable], range(keep, stable)))
         self._checked[reader] = (len(self.log), reads[:stable], hashes[:stable], index, {j for j in bad if j < stable})
         return sorted(bad) + list(range(m, len(reads)))
 

@@ -19,6 +19,7 @@ from specviz.watch.vllm.slots import ROOT, SlotLedger, block_slots, join_runs, p
 # vLLM's speculative method -> the trace's proposer (none: the schema's default). Any other is a head (fed
 # token p + 1 at position p): only a draft model's calls are judged (call j feeds token n - 1 + j there).
 PROPOSERS = {None: "draft-model", "ngram": "ngram", "draft_model": "draft-model"}
+HEAD = "its draft calls feed token p + 1 at position p; the draft-side checks do not apply"  # a head's note
 NO_DRAFTS: dict[str, Any] = {"draft_calls": [], "req_ids": [], "block_size": 1}  # no record drafted this step's drafts
 
 
@@ -148,9 +149,7 @@ def assemble(records: list[dict[str, Any]], maps: bool = False) -> Assembly:
     out = Assembly(engine=records[0]["engine"])
     method = out.engine["method"]
     if method not in PROPOSERS:  # a head: its draft calls are not read
-        out.notes.append(
-            f"{method}: its draft calls feed token p + 1 at position p; the draft-side checks do not apply"
-        )
+        out.notes.append(f"{method}: {HEAD}")
         records = [{**record, "draft_calls": []} for record in records]
     by_id: dict[str, Request] = {}
     target, draft = SlotLedger(), SlotLedger()
