@@ -224,3 +224,22 @@ def test_an_unreadable_steps_map_says_why_and_the_next_draft_calls_are_not_judge
     assert second.readable and [s.request for s in second.segments] == ["a"]
     (a1,) = out.steps[0].rows  # step 0 unread: its draft calls judge nothing at step 1
     assert (out.steps[0].step, a1.draft_tokens, a1.draft_position_ids, a1.draft_kv_len) == (1, [41, 42], None, None)
+
+
+def test_each_unreadable_step_says_why() -> None:
+    """What capture records of a step the watch cannot read (no target forward seen: capture's NO_FORWARD;
+    embeddings fed; several KV cache groups; no sampler output): the first such step and its reason."""
+    from specviz.watch.vllm.capture import NO_FORWARD
+
+    cases = [
+        (1, lambda r: r.update(fed=NO_FORWARD), "no target forward was seen in this runner step"),
+        (2, lambda r: r["fed"].update(input_ids=None), "the forward was fed embeddings or no positions"),
+        (0, lambda r: r.update(kv_groups=2), "2 KV cache groups (one block table per group): only one is read"),
+        (1, lambda r: r.pop("sampled"), "the step's sampler output was not seen"),
+    ]
+    for step, spoil, why in cases:
+        records = run()
+        spoil(records[step])
+        out = assemble(records)
+        assert out.unreadable == {"step": step, "why": why}
+        assert step not in [s.step for s in out.steps]

@@ -29,6 +29,7 @@ class VllmWatch:
         try:
             capture.install(self._folder)  # this process's runner too: an in-process engine core
         except ImportError as e:  # no vLLM here: one line, with the usual fix (docs/vllm.md, trap 1)
+            session.take_records(self._folder, self._saved_env)  # no watch: the variable back, the folder gone
             hint = ""
             if "torchvision" in str(e):  # its error names torchvision::nms
                 hint = " (pip uninstall -y torchvision torchaudio torchcodec: PyPI's builds do not match torch+cpu)"

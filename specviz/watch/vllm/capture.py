@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,26 +14,28 @@ from typing import Any
 
 import torch
 
-# A record line's format, 2: sampled rows without -1s, spec, engine and min_tokens always (others refused).
-FORMAT = 2
+# A record line's format, 3: sampled rows without -1s; spec, engine, min_tokens and fed always (others refused).
+FORMAT = 3
 # A request without sampling parameters (a pooling request): no budget, no stop token, greedy.
 _NO_PARAMS = SimpleNamespace(max_tokens=None, min_tokens=0, all_stop_token_ids=(), temperature=0.0)
 _NO_SPEC = SimpleNamespace(method=None)  # no speculation
 SPEC = ("draft_token_ids", "num_draft_tokens", "target_logits_indices", "bonus_logits_indices")
+NO_FORWARD = {"unreadable": "no target forward was seen in this runner step"}  # until `_model_forward` reads one
 
 
 @dataclass
 class StepTap:
-    """One runner process's records: its file, steps counted, the step being built, the step sampling. A
-    wrapped vLLM method calls the installed tap's method of its name; the idle tap (no file) wraps nothing."""
+    """One runner process's records: its file, steps counted, the step being built and sampled. A wrapped
+    vLLM method calls the installed tap's method of its name; the idle tap (no file) wraps nothing."""
 
     path: Path | None = None
     count: int = 0
     step: dict[str, Any] | None = None
-    drafting: dict[str, Any] | None = None
 
     def execute_model(self, original: Any, runner: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
-        if scheduler_output.total_num_scheduled_tokens:  # a step (dummy and profile runs never enter here)
+        if not self.path.parent.is_dir():  # an engine core process outlives the `VllmWatch` that removed it
+            uninstall()
+        elif scheduler_output.total_num_scheduled_tokens:  # a step (dummy and profile runs never enter here)
             spec = runner.speculative_config or _NO_SPEC
             import vllm
 
@@ -48,11 +49,13 @@ class StepTap:
                 "new": [_new_request(r) for r in scheduler_output.scheduled_new_reqs],
                 "block_size": int(runner.cache_config.block_size),
                 "kv_groups": len(runner.kv_cache_config.kv_cache_groups),
+                "fed": NO_FORWARD,
+                "draft_calls": [],
             }
             self.count += 1
         return original(runner, scheduler_output, *args, **kwargs)
 
-    # vLLM 0.32 calls these three only inside a step begun or sampling (docs/vllm.md section 3).
+    # vLLM 0.32 calls the methods below only inside a step begun (docs/vllm.md section 3).
     def _prepare_inputs(self, original: Any, runner: Any, *args: Any, **kwargs: Any) -> Any:
         out = original(runner, *args, **kwargs)
         self.step["req_ids"] = list(runner.input_batch.req_ids)
@@ -65,34 +68,31 @@ class StepTap:
 
     def _sample(self, original: Any, runner: Any, logits: Any, spec: Any, *args: Any, **kwargs: Any) -> Any:
         out = original(runner, logits, spec, *args, **kwargs)  # logits: a tensor (a non-last pipeline rank's broadcast)
-        self.drafting["argmax"] = _ints(logits.argmax(dim=-1))  # [logits rows]: the target's choice at each
+        self.step["argmax"] = _ints(logits.argmax(dim=-1))  # [logits rows]: the target's choice at each
         sampled = out.sampled_token_ids.detach().cpu()  # [B, max_spec_len + 1], rejected places -1
-        self.drafting["sampled"] = [row[row >= 0].tolist() for row in sampled]
+        self.step["sampled"] = [row[row >= 0].tolist() for row in sampled]
         return out
 
+    def propose(self, original: Any, proposer: Any, *args: Any, **kwargs: Any) -> Any:
+        hook = proposer.model.register_forward_pre_hook(self._draft_call, with_kwargs=True)
+        try:  # the draft model's forwards while it proposes are the step's draft calls
+            return original(proposer, *args, **kwargs)
+        finally:
+            hook.remove()
+
+    def _draft_call(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.step["draft_calls"].append(_fed(self.step, kwargs))
+
     def sample_tokens(self, original: Any, runner: Any, *args: Any, **kwargs: Any) -> Any:
-        step = self.step
-        if step is None:  # no step begun here: nothing to record
-            return original(runner, *args, **kwargs)
-        self.step, self.drafting, step["draft_calls"] = None, step, []
         try:
             return original(runner, *args, **kwargs)
-        finally:
-            self.drafting = None
+        finally:  # the step ends: its record
             with self.path.open("a", encoding="utf-8") as file:
-                file.write(json.dumps(step, separators=(",", ":")) + "\n")
-
-    def propose(self, original: Any, proposer: Any, *args: Any, **kwargs: Any) -> Any:
-        # The draft model is hooked once; the hook records only while a step samples: it may outlive the watch.
-        if proposer.model not in _HOOKED:
-            proposer.model.register_forward_pre_hook(_draft_call, with_kwargs=True)
-            _HOOKED.add(proposer.model)
-        return original(proposer, *args, **kwargs)
+                file.write(json.dumps(self.step, separators=(",", ":")) + "\n")
 
 
 _TAP = StepTap()
 _ORIGINALS: dict[tuple[type, str], Any] = {}
-_HOOKED: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # draft models whose forwards are recorded
 
 
 def install(folder: str | os.PathLike[str]) -> None:
@@ -143,9 +143,8 @@ def _new_request(req: Any) -> dict[str, Any]:
 
 def _spec(spec: Any, batch: int) -> dict[str, list[int]]:
     """The SpecDecodeMetadata's lists; a step without drafts has none: request i's one logits row is row i."""
-    if spec is None:
-        no_drafts = {"draft_token_ids": [], "num_draft_tokens": [0] * batch, "target_logits_indices": []}
-        return {**no_drafts, "bonus_logits_indices": list(range(batch))}
+    nothing = {"draft_token_ids": [], "num_draft_tokens": [0] * batch, "target_logits_indices": []}
+    spec = spec or SimpleNamespace(**nothing, bonus_logits_indices=range(batch))
     return {name: _ints(getattr(spec, name)) for name in SPEC}
 
 
@@ -164,17 +163,10 @@ def _fed(step: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
     seq_lens, qsl = _ints(first.seq_lens), _ints(first.query_start_loc[: num_reqs + 1])
     blocks = [-(-n // bs) for n in seq_lens]  # blocks each request's seq_len spans
     table = first.block_table[:num_reqs, : max(blocks, default=0)].tolist()  # one copy: [B, max blocks]
-    fed = {name: kwargs.get(name) for name in ("input_ids", "positions")}
     return {
-        **{name: None if t is None else _ints(t[: qsl[-1]]) for name, t in fed.items()},
+        **{k: None if kwargs.get(k) is None else _ints(kwargs[k][: qsl[-1]]) for k in ("input_ids", "positions")},
         "query_start_loc": qsl,
         "seq_lens": seq_lens,
         "block_table": [row[:b] for row, b in zip(table, blocks)],
         "slot_mapping": _ints(first.slot_mapping[: int(first.num_actual_tokens)]),
     }
-
-
-def _draft_call(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    step = _TAP.drafting
-    if step is not None:
-        step["draft_calls"].append(_fed(step, kwargs))

@@ -35,11 +35,10 @@ class SlotLedger:
         self._checked: dict[str, tuple[int, list[int], list[int], dict[int, int], set[int]]] = {}
 
     def write(self, slots: Sequence[int], positions: Sequence[int], base: int | None, tokens: Sequence[int]) -> None:
-        """One segment's writes, chained on `base` (None: unknown, matches nothing); slot -1 is padding."""
-        for slot, position, prefix in zip(slots, positions, prefixes(tokens, base)):
-            if slot >= 0:
-                self.held[slot] = (position, prefix)
-                self.log.append(slot)
+        """One segment's writes, chained on `base` (None: unknown, matches nothing). A padding slot (-1) is
+        written too: no block table names it, so no read ever judges it."""
+        self.held.update(zip(slots, zip(positions, prefixes(tokens, base))))
+        self.log.extend(slots)  # a slot logged and not written is judged again alike
 
     def adopt(self, slots: Sequence[int], hashes: Sequence[int]) -> None:
         """Slots of vLLM's prefix cache no write seen by the watch filled: taken as the cache's hash says."""
@@ -58,8 +57,7 @@ class SlotLedger:
         changed = {index[slot] for slot in set(self.log[logged:]) & index.keys()}
         judged = [*changed, *range(keep, m)]
         bad = (failed - changed) | {j for j in judged if self.held.get(reads[j]) != (j, hashes[j])}
-        for j in range(keep, stable):
-            index[reads[j]] = j
+        index.update(zip(reads[keep:stable], range(keep, stable)))
         self._checked[reader] = (len(self.log), reads[:stable], hashes[:stable], index, {j for j in bad if j < stable})
         return sorted(bad) + list(range(m, len(reads)))
 

@@ -5,6 +5,7 @@ the next step's rows; a row's mask says which attended slots hold its request's 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
@@ -18,6 +19,7 @@ from specviz.watch.vllm.slots import ROOT, SlotLedger, block_slots, join_runs, p
 # vLLM's speculative method -> the trace's proposer (none: the schema's default). Any other is a head (fed
 # token p + 1 at position p): only a draft model's calls are judged (call j feeds token n - 1 + j there).
 PROPOSERS = {None: "draft-model", "ngram": "ngram", "draft_model": "draft-model"}
+HEAD = "its draft calls feed token p + 1 at position p; the draft-side checks do not apply"  # a head's note
 NO_DRAFTS: dict[str, Any] = {"draft_calls": [], "req_ids": [], "block_size": 1}  # no record drafted this step's drafts
 
 
@@ -29,7 +31,7 @@ class Request:
     req_id: str
     prompt: list[int]
     max_tokens: int | None  # vLLM fills an unset one (v1/engine/input_processor.py): None only made by hand
-    stop_ids: frozenset[int]
+    stop_ids: Collection[int]
     temperature: float
     hashes: list[int]  # the prefix hash after each committed token
     min_tokens: int = 0  # its stop tokens cannot be sampled before it has this many (vLLM masks them)
@@ -56,19 +58,19 @@ def base(hashes: list[int], index: int) -> int | None:
     return [ROOT, *hashes][index] if 0 <= index <= len(hashes) else None
 
 
-@dataclass
 class Pending:
-    """A request's part of a step: its query's columns, what was fed, read and chosen."""
+    """A request's part of a step: its query's columns as fed (tokens, positions, slots written), the slots its
+    seq_len reads, the drafts under verification, the target's argmax at its logits rows (its draft places,
+    then the bonus place) and the rejection sampler's accepted tokens."""
 
-    request: Request
-    start: int  # its first column in the step's flat lists
-    tokens: list[int]  # its query tokens as fed, their positions and slots
-    positions: list[int]
-    writes: list[int]
-    reads: list[int]
-    drafts: list[int]  # under verification, as the SpecDecodeMetadata holds them
-    choices: list[int]  # the target's argmax at its logits rows: its draft places, then the bonus place
-    sampled: list[int]  # the rejection sampler's accepted tokens
+    def __init__(self, record: dict[str, Any], i: int, request: Request, mine: slice) -> None:
+        fed, spec = record["fed"], record["spec"]
+        q, rows = slice(*fed["query_start_loc"][i : i + 2]), spec["target_logits_indices"][mine]
+        self.request, self.start, self.sampled = request, q.start, record["sampled"][i]
+        self.tokens, self.positions, self.writes = fed["input_ids"][q], fed["positions"][q], fed["slot_mapping"][q]
+        self.reads = block_slots(fed["block_table"][i], fed["seq_lens"][i], record["block_size"])
+        self.drafts = spec["draft_token_ids"][mine]
+        self.choices = [record["argmax"][j] for j in [*rows, spec["bonus_logits_indices"][i]]]
 
     @property
     def committed(self) -> int:  # before the step, as vLLM declares it: its seq_len less its drafts
@@ -146,20 +148,15 @@ def assemble(records: list[dict[str, Any]], maps: bool = False) -> Assembly:
     """Replay the records into trace steps, and into `BatchMap`s where `maps` (the trace needs none)."""
     out = Assembly(engine=records[0]["engine"])
     method = out.engine["method"]
-    if method not in PROPOSERS:
-        out.notes.append(
-            f"{method}: its draft calls feed token p + 1 at position p; the draft-side checks do not apply"
-        )
+    if method not in PROPOSERS:  # a head: its draft calls are not read
+        out.notes.append(f"{method}: {HEAD}")
+        records = [{**record, "draft_calls": []} for record in records]
     by_id: dict[str, Request] = {}
     target, draft = SlotLedger(), SlotLedger()
     drafting = NO_DRAFTS  # the previous record, where its draft calls drafted this step's drafts
     for record in records:
         for new in record["new"]:
-            stop, prompt = frozenset(new["stop_ids"]), new["prompt"]
-            by_id[new["req_id"]] = request = Request(
-                len(out.requests), new["req_id"], prompt, new["max_tokens"], stop, new["temperature"], prefixes(prompt),
-                min_tokens=new["min_tokens"],
-            )  # fmt: skip
+            by_id[new["req_id"]] = request = Request(len(out.requests), hashes=prefixes(new["prompt"]), **new)
             out.requests.append(request)
         why = _unreadable(record)
         if why is None:
@@ -174,7 +171,7 @@ def assemble(records: list[dict[str, Any]], maps: bool = False) -> Assembly:
                 cache_len = max(sum(c for _, c in r.mask_rle) - len(r.draft_tokens) - 1 for r in rows)
                 query_len = max(len(r.draft_tokens) + 1 for r in rows)
                 out.steps.append(StepRecord(record["step"], 0, cache_len, query_len, None, 0.0, 0.0, 0.0, 0.0, rows))
-            drafting = record if method == "draft_model" else NO_DRAFTS
+            drafting = record
         else:
             out.unreadable = out.unreadable or {"step": record["step"], "why": why}
             pending, drafting = [], NO_DRAFTS
@@ -184,42 +181,35 @@ def assemble(records: list[dict[str, Any]], maps: bool = False) -> Assembly:
 
 
 def _unreadable(record: dict[str, Any]) -> str | None:
-    fed = record.get("fed")
-    if fed is None:
-        return "no target forward was seen in this runner step"
-    if "unreadable" in fed:
-        return fed["unreadable"]
+    """Why a runner step cannot be read (None: it can)."""
     if record["kv_groups"] != 1:
         return f"{record['kv_groups']} KV cache groups (one block table per group): only one is read"
     if "sampled" not in record:
         return "the step's sampler output was not seen"
-    if _fed_no_ids(fed):
-        return "the target was fed embeddings or no positions"
+    return _unread(record["fed"])  # capture's NO_FORWARD until the target's forward is seen
+
+
+def _unread(fed: dict[str, Any]) -> str | None:
+    """Why a forward's record (the target's, a draft call's) says nothing: capture's reason, or no ids fed."""
+    if "unreadable" in fed:
+        return fed["unreadable"]
+    if fed["input_ids"] is None or fed["positions"] is None:  # capture records None for either
+        return "the forward was fed embeddings or no positions"
     return None
-
-
-def _fed_no_ids(fed: dict[str, Any]) -> bool:
-    """A forward fed embeddings or no positions (capture records None for either): nothing to read."""
-    return fed["input_ids"] is None or fed["positions"] is None
 
 
 def _pending(record: dict[str, Any], by_id: dict[str, Request], target: SlotLedger, draft: SlotLedger) -> list[Pending]:
     """Each request's part of the step; its writes go to the target's ledger (a prefix-cache hit's to both)."""
-    fed, spec, argmax = record["fed"], record["spec"], record["argmax"]
-    qsl, counts, ends = fed["query_start_loc"], spec["num_draft_tokens"], list(accumulate(spec["num_draft_tokens"]))
-    new, pending = {r["req_id"] for r in record["new"]}, []
-    for i, req_id in enumerate(record["req_ids"]):
-        request, q, mine = by_id[req_id], slice(qsl[i], qsl[i + 1]), slice(ends[i] - counts[i], ends[i])
-        tokens, positions, writes = fed["input_ids"][q], fed["positions"][q], fed["slot_mapping"][q]
-        reads = block_slots(fed["block_table"][i], fed["seq_lens"][i], record["block_size"])
-        computed = len(reads) - len(tokens)  # declared: tokens whose KV an earlier step (or the cache) holds
+    counts, new = record["spec"]["num_draft_tokens"], {r["req_id"] for r in record["new"]}
+    pending = []
+    for i, (req_id, end) in enumerate(zip(record["req_ids"], accumulate(counts))):
+        p = Pending(record, i, by_id[req_id], slice(end - counts[i], end))
+        computed, hashes = len(p.reads) - len(p.tokens), p.request.hashes  # KV an earlier step (or the cache) holds
         if req_id in new:  # a prefix-cache hit on its first step (computed 0: none, nothing adopted)
-            target.adopt(reads[:computed], request.hashes[:computed])
-            draft.adopt(reads[:computed], request.hashes[:computed])
-        target.write(writes, positions, base(request.hashes, computed), tokens)
-        choices = [argmax[row] for row in spec["target_logits_indices"][mine] + [spec["bonus_logits_indices"][i]]]
-        drafts, sampled = spec["draft_token_ids"][mine], record["sampled"][i]
-        pending.append(Pending(request, q.start, tokens, positions, writes, reads, drafts, choices, sampled))
+            target.adopt(p.reads[:computed], hashes[:computed])
+            draft.adopt(p.reads[:computed], hashes[:computed])
+        target.write(p.writes, p.positions, base(hashes, computed), p.tokens)
+        pending.append(p)
     return pending
 
 
@@ -229,11 +219,11 @@ def _draft_calls(
     """Per request in `wanted` (`Pending.attends`), per draft call j of the step before: its last real token's
     position, and how many of the n - 1 + j slots before it hold what it attends (none if a call is unread)."""
     calls = drafting["draft_calls"]
-    if any("unreadable" in call or _fed_no_ids(call) for call in calls):
+    if any(_unread(call) for call in calls):
         return {}
     req_ids, bs = drafting["req_ids"], drafting["block_size"]
     found = defaultdict(lambda: {"draft_position_ids": [], "draft_kv_lens": []})  # a request's, once judged
-    judged = [r for r in wanted if r in req_ids]
+    judged = wanted.keys() & set(req_ids)  # drafts this step, drafted by the calls of the step before
     for c, call in enumerate(calls):
         qsl = call["query_start_loc"]
         queries = [slice(a, b) for a, b in zip(qsl, qsl[1:])]
