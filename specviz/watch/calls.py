@@ -271,22 +271,22 @@ def sampled_drafts(calls: list[CallRecord], targets: list[int]) -> tuple[int, st
     return None
 
 
-def _pending_tokens(call: CallRecord) -> set[tuple[int, int]]:
-    """(position, token) at each row's first real query slot: where a verify starts, its pending token."""
+def _pending_tokens(call: CallRecord) -> set[int]:
+    """The token at each row's first real query slot: where a verify starts, its pending token (by
+    token alone: a position bug may give the draft another position than the target)."""
     views = [call.view(r) for r in range(call.batch_size)]
-    firsts = [(r, v.flags.index(1)) for r, v in enumerate(views) if any(v.flags)]
-    return {(call.positions[r][f], call.input_ids[r][f]) for r, f in firsts}
+    return {call.input_ids[r][v.flags.index(1)] for r, v in enumerate(views) if any(v.flags)}
 
 
-def _extension(first: CallRecord, then: CallRecord, r: int, pending: set[tuple[int, int]]) -> int | None:
+def _extension(first: CallRecord, then: CallRecord, r: int, pending: set[int]) -> int | None:
     """The token draft call `then` extends row r of `first` by, as a proposal: the row re-read with one
-    more token (no cache), or one token at the next position over its cache that the verify does not
-    start from (a committed token fed after a prefill) nor was fed just before (a finished row's
-    padding); None where `then` does not extend the row so."""
+    more token (no cache), or one token at the next position over its cache that no row of the verify
+    starts from (a committed token: the prompt's last after a prefill, a bonus caught up) nor was fed
+    just before (a finished row's padding); None where `then` does not extend the row so."""
     before, after = attended_ids(first, r), attended_ids(then, r)
     if after[:-1] == before and not then.view(r).attends_cache():
         return after[-1]
     at = then.positions[r][then.last_slots[r]]
     grown = at == first.positions[r][first.last_slots[r]] + 1 and sum(then.query_flags(r)) == 1
-    proposed = after[-1] != before[-1] and (at, after[-1]) not in pending and not then.drafter
+    proposed = after[-1] != before[-1] and after[-1] not in pending and not then.drafter
     return after[-1] if grown and proposed and then.view(r).attends_cache() else None
