@@ -76,7 +76,7 @@ def block_cuts(lines: list[tuple[int, bool, bool, bool]], positions: list[int]) 
     """Where a block-diagonal mask (`tensor_reads.line_summary`) starts a sequence: a token that drops
     a slot the one before it attended and does not follow its position or does not continue it (a
     sliding window drops old slots, with positions that follow; a tree's sibling: `packed_nodes`)."""
-    dropped, continues = numpy.array(list(zip(*lines))[1:3], dtype=bool)[:, 1:]  # by column: a tenth of by line
+    dropped, continues = numpy.array(list(zip(*lines))[1:3], dtype=bool).reshape(2, -1)[:, 1:]  # by column: fast
     jumps = numpy.diff(numpy.asarray(positions[: len(lines)])) != 1
     return (numpy.flatnonzero(dropped & (jumps | ~continues)) + 1).tolist()
 

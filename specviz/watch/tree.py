@@ -95,17 +95,18 @@ def one_tree(mask: Any, cache_width: int, positions: list[int]) -> bool:
 
 def packed_nodes(seen: Any, lines: list[tuple[int, bool, bool, bool]], positions: list[int]) -> list[int]:
     """The `block_cuts` of a packed call's boolean [T, keys] mask that are tree nodes, by the mask
-    alone: a cut whose parent (a token since the last cut that is no node, attending one slot fewer,
-    all of them the cut's) is found. Every cut's latest such token is read in one pass of arrays."""
+    alone: a cut whose parent (a token since the last cut that is no node, attending at least one
+    slot, one fewer than the cut, all of them the cut's) is found; every cut's latest in one pass."""
     seen, counts = numpy.asarray(seen), numpy.array([line[0] for line in lines])
     cuts = numpy.array(block_cuts(lines, positions), dtype=int)
-    cut, token = numpy.nonzero((counts == counts[cuts, None] - 1) & (numpy.arange(len(counts)) < cuts[:, None]))
+    parent = (counts == counts[cuts, None] - 1) & (counts > 0) & (numpy.arange(len(counts)) < cuts[:, None])
+    cut, token = numpy.nonzero(parent)
     inside = ~(seen[token] & ~seen[cuts[cut]]).any(-1)
     latest = numpy.full(len(cuts), -1)
     numpy.maximum.at(latest, cut[inside], token[inside])
     nodes, start = [], 0
-    for t, parent, count in zip(cuts.tolist(), latest.tolist(), counts[cuts].tolist()):
-        if count > 1 and parent >= start:
+    for t, found in zip(cuts.tolist(), latest.tolist()):
+        if found >= start:
             nodes.append(t)
         else:
             start = t
