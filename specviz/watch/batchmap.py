@@ -52,7 +52,7 @@ def _layout(call: Any) -> tuple[str, list[Span]]:
         fed = [(b - a, key) for (a, b), key in zip_longest(queries, keys[: len(queries)]) if b > a]
         return "cu_seq_lens", _from_lengths([n for n, _ in fed], call.query_len, [key for _, key in fed])
     if call.lines is not None:
-        source, cut = "block-mask", _block_segments(call.lines, call.positions[0], call.tree_nodes or ())
+        source, cut = "block-mask", _block_segments(call.lines, call.positions[0], call.tree_nodes)
     elif call.mask_kind == "none" and call.cache_width == 0 and call.positions_fed:  # transformers' rule
         starts = numpy.flatnonzero(numpy.diff(call.positions[0]) != 1) + 1  # a position not the one before + 1
         source, cut = "positions", _back_to_back(starts.tolist(), len(call.positions[0]))

@@ -51,7 +51,7 @@ class CallRecord:
     map: Any = None  # the `BatchMap` read at `materialize`, one segment per row of the record
     trees: list[list[int] | None] | None = None  # each row's tree after `materialize` (None: a chain)
     tree_source: str | None = None  # "declared" | "mask"
-    tree_nodes: list[int] | None = None  # a packed call's tree-node columns (`tree.packed_nodes`)
+    tree_nodes: list[int] | tuple[()] = ()  # a packed call's tree-node columns (`tree.packed_nodes`)
     node_keys: list[int] | None = None  # trees packed over keys [cache | query]: each row's first query key
     keys_end: int | None = None  # and the call's last key + 1: which node slots the next call attends (`tree`)
     fed_rows: dict[tuple[int, int | None], list[int]] | None = None  # a draft call's rows by (fed, argmax)
