@@ -11,14 +11,10 @@ from typing import Any
 import numpy
 
 from specviz.watch.map import BatchMap, Segment  # noqa: F401  (the one type; re-exported)
-from specviz.watch.view import Counted, Slotted, View
+from specviz.watch.view import Counted, Slotted, View, slots_on
 
 _NOT_PACKED = "its one row is not packed (no cu_seq_lens_q, block-diagonal mask or restarting positions)"
 Span = tuple[int, int, int, tuple[int, int] | None]  # (row, start, length, own keys in a shared KV)
-
-
-class Unreadable(Exception):
-    """No producer can say which sequence a row or token of this call belongs to."""
 
 
 def read_map(call: Any) -> BatchMap:
@@ -29,11 +25,11 @@ def read_map(call: Any) -> BatchMap:
         count, declared = len(spans), call.rows or ()  # None: not declared
         if call.role == "target" and len(declared) > count and call.batch_size == 1:
             holds = f"its {source} holds {count}" if source != "padded" else _NOT_PACKED
-            raise Unreadable(f"rows declares {len(declared)} sequences; {holds}")
+            raise ValueError(f"rows declares {len(declared)} sequences; {holds}")
         ids, said = _said(call.rows, count, None), _said(call.declared, count, (None, False))
         segments = tuple(Segment(s, *span, drafts=d, chunk=c) for s, span, (d, c) in zip(ids, spans, said))
         return BatchMap(segments, source)
-    except (Unreadable, ValueError) as why:
+    except ValueError as why:  # a layout no producer can cut, or a segment `Segment` refuses
         return BatchMap.unread("declared", str(why))
 
 
@@ -56,7 +52,7 @@ def _layout(call: Any) -> tuple[str, list[Span]]:
         fed = [(b - a, key) for (a, b), key in zip_longest(queries, keys[: len(queries)]) if b > a]
         return "cu_seq_lens", _from_lengths([n for n, _ in fed], call.query_len, [key for _, key in fed])
     if call.lines is not None:
-        source, cut = "block-mask", _block_segments(call.lines, call.positions[0], call.tree_nodes or ())
+        source, cut = "block-mask", _block_segments(call.lines, call.positions[0], call.tree_nodes)
     elif call.mask_kind == "none" and call.cache_width == 0 and call.positions_fed:  # transformers' rule
         starts = numpy.flatnonzero(numpy.diff(call.positions[0]) != 1) + 1  # a position not the one before + 1
         source, cut = "positions", _back_to_back(starts.tolist(), len(call.positions[0]))
@@ -72,7 +68,7 @@ def _padded(call: Any) -> tuple[str, list[Span]]:
 def _from_lengths(lengths: list[int], width: int, keys: list[tuple[int, int] | None]) -> list[Span]:
     """Back-to-back sequences of these lengths, with their own keys where `keys` has them."""
     if sum(lengths) > width or any(n <= 0 for n in lengths):
-        raise Unreadable(f"query lengths {lengths} do not fit the call's {width} query tokens")
+        raise ValueError(f"query lengths {lengths} do not fit the call's {width} query tokens")
     return [(0, *span) for span in zip_longest([0, *accumulate(lengths)][:-1], lengths, keys)]
 
 
@@ -80,14 +76,14 @@ def block_cuts(lines: list[tuple[int, bool, bool, bool]], positions: list[int]) 
     """Where a block-diagonal mask (`tensor_reads.line_summary`) starts a sequence: a token that drops
     a slot the one before it attended and does not follow its position or does not continue it (a
     sliding window drops old slots, with positions that follow; a tree's sibling: `packed_nodes`)."""
-    _, dropped, continues, _ = numpy.array(lines, dtype=bool).reshape(-1, 4)[1:].T
+    dropped, continues = numpy.array(list(zip(*lines))[1:3], dtype=bool).reshape(2, -1)[:, 1:]  # by column: fast
     jumps = numpy.diff(numpy.asarray(positions[: len(lines)])) != 1
     return (numpy.flatnonzero(dropped & (jumps | ~continues)) + 1).tolist()
 
 
 def _block_segments(lines: Any, positions: list[int], nodes: Any = ()) -> list[tuple[int, int, None]]:
     """A block-diagonal mask's sequences: cut at each of its `block_cuts` that is no tree node."""
-    return _back_to_back(numpy.setdiff1d(block_cuts(lines, positions), list(nodes)).tolist(), len(lines))
+    return _back_to_back(sorted(set(block_cuts(lines, positions)).difference(nodes)), len(lines))
 
 
 def _back_to_back(cuts: list[int], end: int) -> list[tuple[int, int, None]]:
@@ -105,13 +101,13 @@ def apply(call: Any, bmap: BatchMap, seen: Any = None) -> bool:
     if not bmap.packed:
         return False
     segments, width = bmap.segments, max(s.length for s in bmap.segments)
-    argmax, lines = argmax_by_column(call), _key_lines(call, bmap)
+    lines = _key_lines(call, bmap)
 
     def padded(rows: list[list[Any]], pad: Any) -> list[list[Any]]:  # each segment's columns, right-padded
         return [rows[s.row][s.start : s.start + s.length] + [pad] * (width - s.length) for s in segments]
 
     call.input_ids, call.positions = padded(call.input_ids, 0), padded(call.positions, 0)
-    call.argmax = padded([[argmax.get((r, c)) for c in range(call.query_len)] for r in range(call.batch_size)], None)
+    call.argmax = padded(spread_argmax(call), None)
     call.views = [_view(s, width, lines, seen) for s in segments]
     call.mask, call.query_live, contexts = None, None, [v.cache for v in call.views]
     call.batch_size, call.query_len, call.contexts = len(segments), width, contexts
@@ -130,21 +126,20 @@ def _view(s: Segment, width: int, lines: Any, seen: Any) -> View:
     cache = max(lines[s.start][0] - 1, 0)
     if seen is not None:  # only the key slots some token of it attends, in order
         block = seen[s.start : s.start + s.length]
-        used = block.any(0).nonzero().flatten()
+        used = slots_on(block.any(0))
         return Slotted(flags, cache, block[:, used].tolist() + [[False] * len(used)] * pad)
     return Counted(flags, cache, lines[s.start : s.start + s.length] + [(0, False)] * pad)
 
 
-def argmax_by_column(call: Any) -> dict[tuple[int, int], int]:
-    """(row, query column) -> the argmax kept there (of the last columns, or `logits_to_keep`'s)."""
-    out: dict[tuple[int, int], int] = {}
-    if call.argmax is None:
-        return out
-    q = call.query_len
-    for r, kept in enumerate(call.argmax):
-        columns = call.logit_slots if call.logit_slots is not None else range(q - len(kept), q)
-        out.update(((r, c), token) for c, token in zip(columns, kept))
-    return out
+def spread_argmax(call: Any) -> list[list[int | None]]:
+    """[B, q]: each row's argmax at the query columns it was kept at (its last ones, or
+    `logits_to_keep`'s), None at the others; all None where no argmax was kept."""
+    q, spread = call.query_len, [[None] * call.query_len for _ in range(call.batch_size)]
+    for row, kept in zip(spread, call.argmax or ()):
+        columns = range(q - len(kept), q) if call.logit_slots is None else call.logit_slots
+        for c, token in zip(columns, kept):
+            row[c] = token
+    return spread
 
 
 def _key_lines(call: Any, bmap: BatchMap) -> list[tuple[int, bool]] | None:

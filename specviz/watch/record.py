@@ -51,7 +51,7 @@ class CallRecord:
     map: Any = None  # the `BatchMap` read at `materialize`, one segment per row of the record
     trees: list[list[int] | None] | None = None  # each row's tree after `materialize` (None: a chain)
     tree_source: str | None = None  # "declared" | "mask"
-    tree_nodes: list[int] | None = None  # a packed call's tree-node columns (`tree.packed_nodes`)
+    tree_nodes: list[int] | tuple[()] = ()  # a packed call's tree-node columns (`tree.packed_nodes`)
     node_keys: list[int] | None = None  # trees packed over keys [cache | query]: each row's first query key
     keys_end: int | None = None  # and the call's last key + 1: which node slots the next call attends (`tree`)
     fed_rows: dict[tuple[int, int | None], list[int]] | None = None  # a draft call's rows by (fed, argmax)
@@ -79,9 +79,7 @@ class CallRecord:
         self.last_slots = [self.view(row).last for row in range(self.batch_size)]
         tree.read_trees(self)  # a packed call's rows show no tree unless it packs trees (`Slotted`)
         if self.logit_slots is not None:  # argmax kept at some columns: spread, None elsewhere
-            kept = batchmap.argmax_by_column(self)
-            self.argmax = [[kept.get((r, c)) for c in range(self.query_len)] for r in range(len(self.argmax))]
-            self.logit_slots = None
+            self.argmax, self.logit_slots = batchmap.spread_argmax(self), None
 
     def _packed_row(self) -> Any:
         """A packed row's [T, keys] mask, its `lines` and tree nodes read; None for any other call, and
@@ -90,12 +88,12 @@ class CallRecord:
 
         if not self.packed or self.mask_kind not in ("4d", "4d-slots"):  # the hooks keep these whole
             return None
+        whole = self.mask[0].cpu().numpy()  # one transfer: every reading of it below is numpy's
         declared = self.parents is not None and self.query_lens is None
-        self.packed = not declared and not tree.one_tree(self.mask[0], self.cache_width, self.positions[0])
+        self.packed = not declared and not tree.one_tree(whole, self.cache_width, self.positions[0])
         if not self.packed:
             return None
-        whole = self.mask[0]
-        self.lines = line_summary(whole)
+        self.lines = line_summary(self.mask[0])
         # The hooks keep no live list of a packed row: its live slots are those that attend any.
         self.query_live = [[line[0] > 0 for line in self.lines]]
         self.tree_nodes = tree.packed_nodes(whole, self.lines, self.positions[0])

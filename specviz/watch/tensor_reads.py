@@ -42,10 +42,10 @@ def line_counts(seen: torch.Tensor, host: bool | None = None) -> tuple[list[int]
     return read[: len(seen)], read[len(seen) :]
 
 
-def segment_slots(mask: torch.Tensor, segments: list[tuple[int, int, int]]) -> list[tuple[Any, Any]]:
-    """Per sequence (row, start, length) of a packed row's [T, keys] mask: the key slots its first and
-    its last query tokens attend, as boolean numpy rows (one gather for the whole call)."""
-    picked = mask.bool().cpu().numpy()[[t for _, start, n in segments for t in (start, start + n - 1)]]
+def segment_slots(mask: Any, segments: list[tuple[int, int, int]]) -> list[tuple[Any, Any]]:
+    """Per sequence (row, start, length) of a packed row's [T, keys] boolean mask (numpy, or a CPU
+    tensor): the key slots its first and its last query tokens attend, as numpy rows (one gather)."""
+    picked = numpy.asarray(mask)[[t for _, start, n in segments for t in (start, start + n - 1)]]
     return list(zip(picked[0::2], picked[1::2]))
 
 

@@ -13,7 +13,6 @@ import numpy
 from specviz.analysis.tree_checks import depths_of
 from specviz.watch.batchmap import block_cuts
 from specviz.watch.map import tree_error  # noqa: F401  (Segment checks its parents with it; declared reads it here)
-from specviz.watch.tensor_reads import any_last
 from specviz.watch.view import parents_of_block, parents_of_sets, slots_on
 
 
@@ -76,32 +75,38 @@ def _fed_tree(parents: list[int] | None, positions: list[int], last: int, proven
 
 
 def one_tree(mask: Any, cache_width: int, positions: list[int]) -> bool:
-    """Does a 1 x T call's [T, keys] mask (a tensor) verify one branching tree fed its depths, not
+    """Does a 1 x T call's [T, keys] boolean mask verify one branching tree fed its depths, not
     several packed sequences (each one's first token sees no other query token: a second root)?"""
-    live = any_last(mask).tolist()  # through numpy on the CPU: torch's `any` costs 20x more here
+    mask = numpy.asarray(mask)  # `record` hands numpy; through it a packed row costs a few ops
+    live = mask.any(-1)
     last = max(slots_on(live), default=0)  # none live: slot 0 alone, which shows no tree either
-    first = last - len(list(takewhile(bool, reversed(live[:last]))))
+    first = max(slots_on(~live[:last]), default=-1) + 1  # the run of live slots ending at `last`
     nodes = mask[first : last + 1]
-    # One tensor op first (a packed call can be long): every node of a tree sees what its root sees.
+    # One array op first (a packed call can be long): every node of a tree sees what its root sees.
     if mask.shape[-1] == cache_width + mask.shape[0]:  # keys [cache | query]: the query block
         block = nodes[:, cache_width + first : cache_width + last + 1]
-        parents = parents_of_block(block.tolist()) if bool(block[:, 0].all()) else None
-    elif not bool((mask[first] & ~nodes).any()):  # a static or in-place cache's slots
-        parents = parents_of_sets([frozenset(slots_on(line)) for line in nodes.tolist()])
+        parents = parents_of_block(block.tolist()) if block[:, 0].all() else None
+    elif not (mask[first] & ~nodes).any():  # a static or in-place cache's slots
+        parents = parents_of_sets([frozenset(slots_on(line)) for line in nodes])
     else:
         parents = None
     return _fed_tree(parents, positions, last)
 
 
 def packed_nodes(seen: Any, lines: list[tuple[int, bool, bool, bool]], positions: list[int]) -> list[int]:
-    """The `block_cuts` of a packed call's boolean [T, keys] mask that are tree nodes, by the mask alone."""
-    counts = numpy.array([line[0] for line in lines])
-    seen = seen.cpu().numpy()  # torch's per-op cost (a sync per cut on a GPU) is most of it here
+    """The `block_cuts` of a packed call's boolean [T, keys] mask that are tree nodes, by the mask
+    alone: a cut whose parent (a token since the last cut that is no node, attending at least one
+    slot, one fewer than the cut, all of them the cut's) is found; every cut's latest in one pass."""
+    seen, counts = numpy.asarray(seen), numpy.array([line[0] for line in lines])
+    cuts = numpy.array(block_cuts(lines, positions), dtype=int)
+    parent = (counts == counts[cuts, None] - 1) & (counts > 0) & (numpy.arange(len(counts)) < cuts[:, None])
+    cut, token = numpy.nonzero(parent)
+    inside = ~(seen[token] & ~seen[cuts[cut]]).any(-1)
+    latest = numpy.full(len(cuts), -1)
+    numpy.maximum.at(latest, cut[inside], token[inside])
     nodes, start = [], 0
-    for t in block_cuts(lines, positions):
-        # A parent: a token since the last cut that attends one slot (at least) fewer, all of them t's.
-        found = numpy.flatnonzero(counts[start:t] == counts[t] - 1) + start
-        if counts[t] > 1 and (~(seen[found] & ~seen[t]).any(-1)).any():
+    for t, found in zip(cuts.tolist(), latest.tolist()):
+        if found >= start:
             nodes.append(t)
         else:
             start = t
@@ -117,8 +122,8 @@ def consistent(tokens: list[int], parents: list[int], nodes: list[int], targets:
     """Tokens read as a root-to-node path of the tree, then (optionally) one more: the target's
     choice at that node (any token when the argmax is not the engine's choice)."""
     path = _walk(tokens, parents, nodes)
-    more, at = len(tokens) - len(path) + 1, path[-1]  # tokens past the path; the node it ends at
-    return more == 0 or (more == 1 and (free_last or tokens[-1:] == targets[at : at + 1]))
+    past, at = tokens[len(path) - 1 :], path[-1]  # the tokens past the path; the node it ends at
+    return len(past) <= 1 if free_last else past in ([], targets[at : at + 1])
 
 
 def accepted_path(
@@ -126,11 +131,9 @@ def accepted_path(
 ) -> tuple[list[int], int | None]:
     """(accepted nodes, root excluded; bonus): the greedy path where the tokens are a prefix of its
     proposal (a budget or EOS cut what was emitted), else the path the tokens walk."""
-    path = _walk(tokens, parents, nodes)
-    if targets:
-        greedy = greedy_path(parents, nodes, targets)
-        if tokens == ([nodes[i] for i in greedy[1:]] + [targets[greedy[-1]]])[: len(tokens)]:
-            path = greedy
+    path, greedy = _walk(tokens, parents, nodes), greedy_path(parents, nodes, targets)
+    if tokens == ([nodes[i] for i in greedy[1:]] + targets[greedy[-1] : greedy[-1] + 1])[: len(tokens)]:
+        path = greedy  # (no targets: the greedy path is the root alone, as the tokens' walk is)
     return path[1:], tokens[len(path) - 1] if len(tokens) == len(path) else None
 
 
@@ -142,16 +145,16 @@ def greedy_chain(parents: list[int], nodes: list[int], targets: list[int]) -> tu
     return [nodes[i] for i in path[1:]], [targets[i] for i in path]
 
 
-def _children(parents: list[int], nodes: list[int], at: int, token: Any) -> list[int]:
-    """The children of node `at` that hold `token`."""
-    return [c for c in slots_on([p == at for p in parents]) if nodes[c] == token]
+def _children(parents: list[int], nodes: list[int], at: int, tokens: list[Any]) -> list[int]:
+    """The children of node `at` that hold a token of `tokens` (one, or none)."""
+    return [c for c in slots_on([p == at for p in parents]) if nodes[c] in tokens]
 
 
 def _walk(tokens: list[int], parents: list[int], nodes: list[int]) -> list[int]:
     """The path the tokens walk from the root (node 0, included), to the first token no child holds."""
     path = [0]
     for token in tokens:
-        children = _children(parents, nodes, path[-1], token)
+        children = _children(parents, nodes, path[-1], [token])
         if not children:
             break
         path.append(children[0])
@@ -164,7 +167,7 @@ def greedy_path(parents: list[int], nodes: list[int], targets: list[int]) -> lis
     while stack:
         path = stack.pop()
         best = max(best, path, key=len)
-        stack.extend([*path, c] for c in _children(parents, nodes, path[-1], targets[path[-1]]))
+        stack.extend([*path, c] for c in _children(parents, nodes, path[-1], targets[path[-1] : path[-1] + 1]))
     return best
 
 
@@ -185,26 +188,26 @@ def mask_row(call: Any, row: int, rq: Any) -> tuple[list[list[int]], int] | None
 
 def kept_nodes(call: Any, row: int, rq: Any, later: Any, later_row: int, later_rq: Any) -> list[int] | None:
     """The tree row's nodes whose KV the sequence's next target call attends at its pending token,
-    where the KV was kept by index (docs/watch-trees.md); a packed call's, by the next packed call's
-    first token's view (`held`); None otherwise."""
+    where the KV was kept by index, its keys beginning where this call's end (docs/watch-trees.md):
+    a packed call's by the next packed call's first token's view (`held`); None otherwise."""
     n = len(call.trees[row])
-    if call.node_keys is not None:
+    if call.node_keys is not None:  # packed over [cache | query]
         if (
             later.node_keys is None
             or later_rq.pending != 0
             or later.node_keys[0] - later.segments[0][1] != call.keys_end
         ):
             return None  # not packed the same way, or keys moved (another call between)
-        first = call.node_keys[row] + rq.pending
-        return slots_on(later.held[later_row][0][first : first + n])
-    line = later.view(later_row).keys(later_rq.pending)
-    if (
-        call.view(row).keys(rq.pending) is None
-        or line is None
-        or later.cache_width != call.cache_width + call.query_len
-    ):
-        return None
-    return slots_on(line[call.cache_width + rq.pending : call.cache_width + rq.pending + n])
+        first, line = call.node_keys[row] + rq.pending, later.held[later_row][0]
+    else:
+        first, line = call.cache_width + rq.pending, later.view(later_row).keys(later_rq.pending)
+        if (
+            call.view(row).keys(rq.pending) is None
+            or line is None
+            or later.cache_width != call.cache_width + call.query_len
+        ):
+            return None
+    return slots_on(line[first : first + n])
 
 
 def draft_calls_before(calls: list[Any], index: int) -> list[int]:

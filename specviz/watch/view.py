@@ -5,7 +5,7 @@ batch map"). A 4-D mask's query line not kept (`tensor_reads.QUERY_TAIL`) reads 
 
 from __future__ import annotations
 
-from itertools import groupby
+from itertools import compress, groupby
 from typing import Any
 
 import numpy
@@ -33,7 +33,9 @@ class View:
     def __init__(self, flags: list[int], cache: int) -> None:
         self.flags = flags  # [q] 1: a real query token (shared: readers never change it)
         self.cache = cache  # slots in the row's cache before the call
-        self.last = max(slots_on(flags), default=len(flags) - 1)  # the last real query slot (else the last)
+        self.last = max(
+            compress(range(len(flags)), flags), default=len(flags) - 1
+        )  # the last real slot (else the last)
 
     @classmethod
     def read(cls, call: Any, row: int, flags: list[int]) -> View:
@@ -130,6 +132,9 @@ class _Lines(View):
     def before(self, slot: int) -> int:
         return self._attended_before(self._lines_from(slot)[0], slot)
 
+    def refed_root(self, first: int) -> bool:
+        return self.before(first) <= 0  # nothing attended before it but itself
+
     @_kept
     def node_attends(self, pending: int, n: int) -> list[list[int]] | None:
         return [slots_on(line) for line in self._node_block(pending, n)]
@@ -170,9 +175,6 @@ class Keyed(_Lines):
     def tree(self, first: int, n: int) -> list[int] | None:
         return parents_of_block(self._node_block(first, n))
 
-    def refed_root(self, first: int) -> bool:
-        return not any(self._lines_from(first)[0][: self.width + first])
-
     def _tree_read(self, pending: int, parents: list[int]) -> tuple[Rle, int, bool | None]:
         return self.mask_row(pending, len(parents))  # the chain's reading over the nodes
 
@@ -201,9 +203,6 @@ class Slotted(_Lines):
     @_kept
     def tree(self, first: int, n: int) -> list[int] | None:
         return parents_of_sets(self._sets(first, n))
-
-    def refed_root(self, first: int) -> bool:
-        return len(slots_on(self._lines_from(first)[0])) <= 1
 
     def _node_block(self, pending: int, n: int) -> list[list[bool]]:
         sets = self._sets(pending, n)
