@@ -1,10 +1,11 @@
 """A batch whose caches never move a slot (`zoo/holes.py`): rejected drafts stay in both caches as
 holes the 2-D mask hides, positions count each row's own tokens, the draft keeps its own cache
 (prefilled after the target, fed one token per call, ragged when a row accepted every draft), and
-finished rows keep computing. Written apart from the watch's own engines; truth is batch-1 greedy
-decoding of the target without hooks (`shapes.reference`). Through the API (emits only, rows not
-declared) and through `specviz watch --`, prompt lengths mixed and all equal: each correct run reads
-clean and exact; each bug is first located at the (step, sequence) the engine names.
+finished rows keep computing, or (`drop`) leave the batch and both caches. Written apart from the
+watch's own engines; truth is batch-1 greedy decoding of the target without hooks
+(`shapes.reference`). Through the API (emits only, rows not declared) and through `specviz watch
+--`, prompt lengths mixed and all equal: each correct run reads clean and exact; each bug is first
+located at the (step, sequence) the engine names.
 """
 
 from __future__ import annotations
@@ -33,12 +34,13 @@ def pair():
     return make_pair("llama")
 
 
+@pytest.mark.parametrize("drop", [0, 1])
 @pytest.mark.parametrize("bug", list(BUGS))
 @pytest.mark.parametrize("prompts", sorted(PROMPTS))
-def test_the_api_reads_a_batch_with_holes(pair, prompts: str, bug: str | None) -> None:
+def test_the_api_reads_a_batch_with_holes(pair, prompts: str, bug: str | None, drop: int) -> None:
     ps, budgets = PROMPTS[prompts], BUDGETS[prompts]
     with specviz.watch(pair.target, pair.draft, prompts=ps, name="holes") as w:
-        outs, events = holes.generate(pair.target, pair.draft, ps, budgets, bug=bug, w=w)
+        outs, events = holes.generate(pair.target, pair.draft, ps, budgets, bug=bug, w=w, drop=drop)
     report = check_trace(w.trace)
     if bug is None:
         assert outs == shapes.reference(pair.target, ps, budgets) and not events
@@ -49,9 +51,10 @@ def test_the_api_reads_a_batch_with_holes(pair, prompts: str, bug: str | None) -
     assert (first.step, first.seq_id, first.invariant) == (*events[0], BUGS[bug]), report.violations[:3]
 
 
+@pytest.mark.parametrize("drop", [0, 1])
 @pytest.mark.parametrize("bug", list(BUGS))
 @pytest.mark.parametrize("prompts", sorted(PROMPTS))
-def test_the_command_reads_a_batch_with_holes(pair, tmp_path: Path, prompts: str, bug: str | None) -> None:
+def test_the_command_reads_a_batch_with_holes(pair, tmp_path: Path, prompts: str, bug: str | None, drop: int) -> None:
     ps, budgets = PROMPTS[prompts], BUDGETS[prompts]
-    trace, outs, events = watch_script(tmp_path / "holes.trace.json", "holes", ps, budgets, bug)
+    trace, outs, events = watch_script(tmp_path / "holes.trace.json", "holes", ps, budgets, bug, {"drop": drop})
     assert_command_read(trace, outs, events, shapes.reference(pair.target, ps, budgets), BUGS[bug])

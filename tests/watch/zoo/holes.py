@@ -3,7 +3,8 @@ grows: a rejected draft's KV is never removed, its slots are masked out of every
 the 2-D attention mask (holes), and each row's positions are its own token count. A row that
 finishes keeps computing (its tokens are dropped). The draft is prefilled after the target and fed
 one token per call; a row that accepted every draft first feeds the last draft it never saw, so
-its first draft call of a step is ragged (a masked pad slot in the other rows).
+its first draft call of a step is ragged (a masked pad slot in the other rows). `drop`: a finished
+row leaves the batch instead, both caches cut down to the rows left (the sequences keep their ids).
 
 Bug "phys_pos": positions count the row's physical slots since its left padding, holes included
 (the draft's masked pad slot at once, the target's holes after the first rejection).
@@ -24,8 +25,8 @@ PAD = 0
 class Row:
     """One sequence's slots in both caches (1: attended) and what it has committed."""
 
-    def __init__(self, prompt: list[int], pad: int) -> None:
-        self.pad = pad
+    def __init__(self, seq: int, prompt: list[int], pad: int) -> None:
+        self.seq, self.pad = seq, pad
         self.target = [0] * pad + [1] * (len(prompt) - 1)  # the prompt but its last token, prefilled
         self.draft = list(self.target)
         self.count = len(prompt) - 1  # tokens in the caches' attended slots
@@ -64,11 +65,11 @@ def _draft(draft, cache, rows: list[Row], k: int, physical: bool) -> list[list[i
 
 
 @torch.no_grad()
-def generate(target, draft, prompts, max_new, k=3, bug=None, w=None):
+def generate(target, draft, prompts, max_new, k=3, bug=None, w=None, drop=0):
     limit, eos = budgets(max_new, len(prompts)), eos_ids(target)
     width = max(len(p) for p in prompts) - 1
-    rows = [Row(p, width - len(p) + 1) for p in prompts]
-    physical, events = bug == "phys_pos", []
+    rows = [Row(s, p, width - len(p) + 1) for s, p in enumerate(prompts)]
+    physical, events, everyone = bug == "phys_pos", [], list(rows)
     caches = DynamicCache(), DynamicCache()
     ids = [[PAD] * row.pad + p[:-1] for row, p in zip(rows, prompts)]
     positions = [[max(sum(row.target[: i + 1]) - 1, 0) for i in range(width)] for row in rows]
@@ -78,7 +79,7 @@ def generate(target, draft, prompts, max_new, k=3, bug=None, w=None):
     step = 0
     while not all(row.done for row in rows):
         if physical and not events and any(row.unseen is None for row in rows):
-            events.append((step, next(r for r, row in enumerate(rows) if not row.done)))
+            events.append((step, next(row.seq for row in rows if not row.done)))
         proposals = _draft(draft, caches[1], rows, k, physical)
         query = [[row.pending, *drafts] for row, drafts in zip(rows, proposals)]
         masks = [row.target + [1] * (k + 1) for row in rows]
@@ -97,13 +98,25 @@ def generate(target, draft, prompts, max_new, k=3, bug=None, w=None):
             row.pending = new[-1]
             if row.done:
                 continue
-            new = new[: limit[r] - len(row.out)]
+            new = new[: limit[row.seq] - len(row.out)]
             new = new[: next((i + 1 for i, t in enumerate(new) if t in eos), len(new))]
             row.out += new
-            row.done = len(row.out) >= limit[r] or new[-1] in eos
+            row.done = len(row.out) >= limit[row.seq] or new[-1] in eos
             if kept > accepted + 1 and not row.done and not events:
-                events.append((step + 1, r))  # its stale slots are first attended at its next step
+                events.append((step + 1, row.seq))  # its stale slots are first attended at its next step
             if w is not None:
-                w.emit(r, new, ("eos" if new[-1] in eos else "length") if row.done else None)
+                w.emit(row.seq, new, ("eos" if new[-1] in eos else "length") if row.done else None)
+        left = [r for r, row in enumerate(rows) if not row.done]
+        if drop and left and len(left) < len(rows):  # the finished rows leave both caches
+            _keep_rows(caches, left)
+            rows = [rows[r] for r in left]
         step += 1
-    return [row.out for row in rows], events
+    return [row.out for row in sorted(everyone, key=lambda row: row.seq)], events
+
+
+def _keep_rows(caches, left: list[int]) -> None:
+    """Each cache layer cut down to the rows `left`, in order."""
+    index = torch.tensor(left)
+    for cache in caches:
+        for layer in cache.layers:
+            layer.keys, layer.values = layer.keys[index], layer.values[index]
