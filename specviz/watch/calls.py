@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
-from itertools import compress
+from itertools import compress, pairwise
 
 from specviz.watch.map import Segment
 from specviz.watch.record import CallRecord
@@ -260,8 +260,8 @@ def sampled_drafts(calls: list[CallRecord], targets: list[int]) -> tuple[int, st
     seen = other = 0
     for prev, j in zip([-1, *targets], targets):
         pending = _pending_tokens(calls[j])
-        drafts = range(prev + 1, j)  # (the calls between two target calls are draft calls)
-        for first, then in zip(map(calls.__getitem__, drafts), map(calls.__getitem__, drafts[1:])):
+        for a, b in pairwise(range(prev + 1, j)):  # (the calls between two target calls are draft calls)
+            first, then = calls[a], calls[b]
             for r in range(min(first.batch_size, then.batch_size)):
                 chose, fed = argmax_at(first, r, first.last_slots[r]), _extension(first, then, r, pending)
                 if chose is not None and fed is not None:
@@ -274,8 +274,7 @@ def sampled_drafts(calls: list[CallRecord], targets: list[int]) -> tuple[int, st
 def _pending_tokens(call: CallRecord) -> set[int]:
     """The token at each row's first real query slot: where a verify starts, its pending token (by
     token alone: a position bug may give the draft another position than the target)."""
-    views = [call.view(r) for r in range(call.batch_size)]
-    return {call.input_ids[r][v.flags.index(1)] for r, v in enumerate(views) if any(v.flags)}
+    return {attended_ids(call, r)[0] for r in range(call.batch_size) if any(call.query_flags(r))}
 
 
 def _extension(first: CallRecord, then: CallRecord, r: int, pending: set[int]) -> int | None:

@@ -93,7 +93,7 @@ class CallRecord:
         self.packed = not declared and not tree.one_tree(whole, self.cache_width, self.positions[0])
         if not self.packed:
             return None
-        self.lines = line_summary(self.mask[0])
+        self.lines = line_summary(torch.from_numpy(whole))  # the host copy: no second transfer
         # The hooks keep no live list of a packed row: its live slots are those that attend any.
         self.query_live = [[line[0] > 0 for line in self.lines]]
         self.tree_nodes = tree.packed_nodes(whole, self.lines, self.positions[0])

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass, field
-from itertools import compress
 from typing import Any
 
 from specviz.trace.schema import RowRecord, StepRecord
@@ -17,6 +16,7 @@ from specviz.watch.calls import (
     CallReader,
     RowQuery,
     accepted_and_bonus,
+    attended_ids,
     consistent,
     fed_positions,
     row_seq_ids,
@@ -117,7 +117,7 @@ def build_steps(groups: list[Group], prompts: list[list[int]], read: CallReader,
 
 def _prefills(call: CallRecord, row: int, prompt: list[int]) -> bool:
     """Did the row feed the prompt's next tokens after its cache's, short of its end (a decode feeds the last)?"""
-    fed, c = list(compress(call.input_ids[row], call.query_flags(row))), call.cache_of(row)
+    fed, c = attended_ids(call, row), call.cache_of(row)  # (a row fed nothing is idle, never asked)
     return c + len(fed) < len(prompt) and fed == prompt[c : c + len(fed)]
 
 
