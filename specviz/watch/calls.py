@@ -123,7 +123,7 @@ class CallReader:
         else:
             said = min(said, last)
             lengths = [said] if 0 < said <= reach else []
-        ids, fed, top = verify.input_ids[row], verify.positions[row], max(lengths, default=0)
+        ids, fed, top, size = verify.input_ids[row], verify.positions[row], max(lengths, default=0), verify.batch_size
 
         @cache  # local, gone on return: each draft row is asked once, however many runs it is a link of
         def links(e: int) -> list[int]:  # the rows of the calls up to proposals[e] that fed last - 1, last - 2, ...
@@ -140,8 +140,11 @@ class CallReader:
             ends = range(d - 1, len(proposals))
             runs = [tuple(zip(proposals[e + 1 - d : e + 1], links(e)[d - 1 :: -1])) for e in ends if len(links(e)) >= d]
             own = [run for run in runs if fed_positions(self.calls, run) == list(fed[last - d : last])]
+            # None fed its positions (a position bug): its own row of each draft call, where the batch
+            # kept its size, before the earliest run (a row fed alike elsewhere is not this one's draft).
+            same = [run for run in runs if all((r, self.calls[j].batch_size) == (row, size) for j, r in run)]
             if runs:
-                return RowQuery(last - d, d, (own + runs)[0])
+                return RowQuery(last - d, d, (own + same + runs)[0])
         return RowQuery(last - said, said, ())
 
     def _draft_row(self, j: int, seq: int | None, row: int, batch_size: int, fed: int, out: int, at: int) -> int | None:
