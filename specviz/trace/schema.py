@@ -218,12 +218,17 @@ SPARSE_ROW_FIELDS = (
 )
 
 
+# What a sparse field holds when unrecorded: the one value it is written without.
+_UNRECORDED = {f.name: f.default for f in dataclasses.fields(RowRecord) if f.name in SPARSE_ROW_FIELDS}
+
+
 def json_fields(obj: Any) -> dict[str, Any]:
     """json.dumps hook: our dataclasses hold only JSON values and other dataclasses."""
     if type(obj) is RowRecord:
-        # Identity tests: slot 0 is a recorded value, and 0 == False.
+        # Left out only at its default, by identity: slot 0 is a recorded value (0 == False), and a
+        # `query_causal` of False is a finding (its default is None: not read).
         fields = obj.__dict__
-        return {k: v for k, v in fields.items() if k not in SPARSE_ROW_FIELDS or (v is not None and v is not False)}
+        return {k: v for k, v in fields.items() if k not in SPARSE_ROW_FIELDS or v is not _UNRECORDED[k]}
     if dataclasses.is_dataclass(obj):
         return obj.__dict__
     raise TypeError(f"cannot serialise {type(obj).__name__} in a trace")

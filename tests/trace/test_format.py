@@ -552,3 +552,24 @@ def test_version_2_row_fields_round_trip_and_are_written_only_when_recorded(form
     written = data["steps"][1]["rows"][0]
     assert written["kv_mismatch_slot"] == 0 and written["kv_content_checked"] is True
     assert "kv_mismatch_slot" not in data["steps"][0]["rows"][0]
+
+
+@pytest.mark.parametrize("suffix", [".json", ".parquet"])
+def test_a_recorded_false_survives_the_file_and_the_check_reads_it(
+    format_runs: dict[str, Trace], tmp_path: Path, suffix: str
+) -> None:
+    """A verify block that was not causal (`query_causal` False, its default None) is a finding: the
+    JSON writer once left it out as if unrecorded, and the reloaded trace read no violation."""
+    from specviz.analysis.check import check_trace
+
+    trace = copy.deepcopy(format_runs["eqspec"])
+    row = trace.steps[1].rows[0]
+    row.query_causal = False
+    before = check_trace(trace)
+    loaded = load_trace(save_trace(trace, tmp_path / f"noncausal{suffix}"))
+    assert loaded.steps[1].rows[0].query_causal is False
+    after = check_trace(loaded)
+    assert before.violation_count > 0 and after.violations == before.violations
+    written = [r for step in as_json(trace)["steps"] for r in step["rows"]]
+    recorded = [r for step in trace.steps for r in step.rows]
+    assert all(("query_causal" in w) == (r.query_causal is not None) for w, r in zip(written, recorded))
