@@ -51,6 +51,23 @@ CASES = [(engine, args, None, mode) for engine, args in CORRECT for mode in ("ap
     # fed next is node 4's choice, not node 1's: `infer.gains.step_gain`).
     ("e5_packed_tree.py", ["--bug", "kept_other"], (2, 0, "kv-consistency"), "command"),
 ]
+# The third round (2026-12-07, e7-e10, written by four engineers from the user docs alone, each run
+# both ways on n = 5 and 6 prompts): per-row draft counts that change every step, requests arriving
+# into recycled slots of a padded batch (each prefilled alone and spliced in), a 4-D tree mask over
+# caches compacted to the committed path, and additive float masks on a bfloat16 target with caches
+# cropped to the shortest row. Before this round's fixes the tree engine's correct run read unreadable
+# at step 0 through the command (two leaves chose alike: `infer.gains.step_gain`), the float mask's
+# `peek` read unexplained with no violation (a `query_causal` of False was not written to JSON), and
+# `maxpos` also blamed seq 0's drafts on another row fed alike (`calls.CallReader._chain_query`).
+CASES += [
+    ("e7_adaptive.py", ["--n", "6"], None, "command"),
+    ("e7_adaptive.py", ["--bug", "maxpos", "--n", "6"], (1, 0, "position-contiguity"), "api"),
+    ("e8_arrivals.py", ["--n", "6"], None, "command"),
+    ("e8_arrivals.py", ["--bug", "oldpos", "--n", "6"], (12, 3, "position-contiguity"), "command"),
+    ("e9_tree4d.py", ["--n", "6"], None, "command"),
+    ("e10_floatmask.py", ["--n", "6"], None, "api"),
+    ("e10_floatmask.py", ["--bug", "peek"], (0, 0, "kv-consistency"), "api"),
+]
 # The command needs the head's class named for the Medusa engine (docs/watch-command.md).
 DRAFTER = {"e4_medusa.py": ["--drafter", "MedusaHeads"]}
 
@@ -81,3 +98,6 @@ def test_a_blind_engine_is_read_right(tmp_path: Path, engine: str, args: list[st
     first = report.first_violation
     assert report.verdict != "clean" and first is not None, report.unreadable
     assert (first.step, first.seq_id, first.name) == expected, report.violations[:3]
+    # Each draft read is the row's own: no draft field is blamed where the drafts were fed right.
+    if engine == "e7_adaptive.py":
+        assert not [v for v in report.violations if v.field.startswith("draft_")], report.violations[:3]

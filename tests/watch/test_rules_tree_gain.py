@@ -1,7 +1,7 @@
 """What a tree step gave its sequence, read for the command (`specviz/watch/infer/gains.py`, `step_gain`), on
 target calls written by hand: the next call's context growth says how deep the kept path went, the
-target's choices which path of that depth it was, a cacheless draft's re-read which of several,
-and where nothing tells two paths apart the step is unreadable, never guessed.
+target's choices which path of that depth it was, a cacheless draft's re-read which of several
+(else greedy acceptance), and where nothing tells two paths apart the step is unreadable, never guessed.
 
 A = [5, 6, 7] is prefilled (its first token 40 fed next), then verified as a tree: 40 at the root
 (node 0), 20 (node 1) and 21 (node 2) its children, 22 (node 3) the child of 20. The next call
@@ -52,10 +52,17 @@ def test_the_path_whose_end_chose_the_fed_token_is_the_one_kept() -> None:
     assert run([20, 25, 26, 27]) == ([40, 20, 25, 1], [], None)
 
 
-def test_two_paths_whose_ends_chose_the_fed_token_make_the_step_unreadable() -> None:
-    """Argmax 25 after 20 and after 21 alike: nothing tells which node was kept, so the tree's
-    call is unreadable from there (said, with the call, row and depth), never a guess."""
-    _, notes, why = run([20, 25, 25, 27])
+def test_two_paths_whose_ends_chose_the_fed_token_are_told_by_greedy_acceptance() -> None:
+    """Argmax 25 after 20 and after 21 alike (a compacted cache shows no node's KV), with no draft to
+    re-read either: greedy acceptance, the rule the command reads, keeps the root's choice 20."""
+    assert run([20, 25, 25, 27]) == ([40, 20, 25, 1], [], None)
+
+
+def test_two_paths_that_greedy_acceptance_does_not_tell_make_the_step_unreadable() -> None:
+    """Argmax 25 after 20 and after 21 alike, and the root chose neither (99): nothing tells which
+    node was kept, so the tree's call is unreadable from there (said, with the call, row and depth),
+    never a guess."""
+    _, notes, why = run([99, 25, 25, 27])
     assert not notes
     assert why == "tree step of target call 1, row 0: no one path of 1 nodes fits what was fed next"
 

@@ -278,7 +278,8 @@ def test_a_tree_after_refed_context_is_unreadable_not_guessed() -> None:
 def test_what_a_tree_step_kept_is_read_from_the_next_call_never_guessed() -> None:
     """The command's reading of a tree step's tokens (`infer.gains.step_gain`): the nodes the next call
     still attends (KV kept by index), else the path whose end the target chose the fed token
-    after; two paths alike in that, and nothing else to tell them apart: unreadable."""
+    after; two paths alike in that, the greedy one (the root's choice); nothing to tell them apart:
+    unreadable."""
     from specviz.watch.calls import RowQuery
     from specviz.watch.infer.gains import step_gain
     from specviz.watch.tree import read_trees
@@ -297,7 +298,8 @@ def test_what_a_tree_step_kept_is_read_from_the_next_call_never_guessed() -> Non
     assert gain([8, 40, 40], kept_by_index, 2) == [9, 40]
     compacted = _with_view(4, [0, 1, 2, 3], 40)  # two slots kept: which nodes, the mask does not say
     assert gain([8, 40, 41], compacted, 2) == [8, 40]  # only node 1's choice is the token fed
-    assert isinstance(gain([8, 40, 40], compacted, 2), str)  # both are: unreadable
+    assert gain([8, 40, 40], compacted, 2) == [8, 40]  # both are: greedy acceptance (the root chose 8)
+    assert isinstance(gain([5, 40, 40], compacted, 2), str)  # the root chose neither: unreadable
 
 
 def _with_view(width: int, seen: list[int], token: int):

@@ -243,7 +243,7 @@ def step_gain(
 ) -> list[int] | str | None:
     """A tree step's tokens as the next call (`at`) shows them: the kept nodes, when the root and a chain,
     then the fed token; else the path of `grown` - 1 nodes whose end chose the fed token (a cacheless
-    draft's feed breaks a tie). A string: why it cannot be told (unreadable, never guessed); None: no
+    draft's feed breaks a tie, else greedy acceptance). A string: why it cannot be told (unreadable, never guessed); None: no
     tree row, or nothing a path explains."""
     (i, ri), (j, rj) = step, at
     call = calls[i]
@@ -252,13 +252,13 @@ def step_gain(
         return None
     nodes = call.input_ids[ri][rq.pending : rq.pending + len(parents)]
     token = calls[j].input_ids[rj][later_rq.pending]
+    chose = [argmax_at(call, ri, rq.pending + n) for n in range(len(parents))]
     kept = kept_nodes(call, ri, rq, calls[j], rj, later_rq)
     if kept is not None:
         if kept != [0, *_path_to(parents, max(kept, default=0))]:  # not the root and a path down (kept ascends)
             return None
         # The token fed says what was committed where the kept path's end did not choose it and the
         # greedy path of as many nodes did: KV kept off the committed path (the check flags it).
-        chose = [argmax_at(call, ri, rq.pending + n) for n in range(len(parents))]
         greedy = tree.greedy_path(parents, nodes, chose)[: len(kept)]
         if chose[kept[-1]] != token and len(greedy) == len(kept) and chose[greedy[-1]] == token:
             kept = greedy
@@ -267,11 +267,14 @@ def step_gain(
     ends = [n for n, d in enumerate(depths) if d == grown - 1]
     if not ends:
         return None
-    chosen = [n for n in ends if argmax_at(call, ri, rq.pending + n) == token]
+    chosen = [n for n in ends if chose[n] == token]
     paths = {tuple(nodes[a] for a in _path_to(parents, n)) for n in (chosen or ends)}
     if len(paths) > 1:  # a cacheless draft re-reads the committed tokens: the path it was fed
         feeds = [attended_ids(c, r) for c in calls[i + 1 : j] if of_draft_model(c) for r in range(c.batch_size)]
-        paths = {p for p in paths if [*context, *p, token] in feeds}
+        told = {p for p in paths if [*context, *p, token] in feeds}
+        # Else greedy acceptance, the rule the command reads (two ends often choose alike after a
+        # compacted cache): the path of the target's own choices, where it is one of them.
+        paths = told or paths & {tuple(nodes[n] for n in tree.greedy_path(parents, nodes, chose)[1:grown])}
     if len(paths) != 1:
         return f"tree step of target call {i}, row {ri}: no one path of {grown - 1} nodes fits what was fed next"
     return [*paths.pop(), token]
