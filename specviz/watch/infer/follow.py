@@ -220,7 +220,7 @@ class Follower(Assignments, Gains):
                 return "open"
             # Or fewer slots than its context, fed at its length: a hole in its cache (the KV check flags it).
             grown = m <= v.context <= m + self.read(*s.origin, s.id).drafts and v.refeeds(s.context)
-            return "open" if grown or 0 < v.context < m == v.position else None
+            return "open" if grown or 0 < v.context != m == v.position else None
         step = self._step_tokens(s)
         if s.in_prompt and not self.read(*s.step, s.id).chain and self._chunk(step, v, len(s.context)):
             return "chunk"
