@@ -7,7 +7,9 @@ the cache width and the last slots' argmax (docs/watch-heads.md, "What a forward
 from __future__ import annotations
 
 import inspect
+import itertools
 import time
+import weakref
 from typing import Any, NamedTuple, Protocol
 
 import torch
@@ -64,6 +66,23 @@ def cache_width(cache: Any) -> int:
     return 0
 
 
+class CacheSerials:
+    """A serial per cache object fed, never reused while the watch runs (an `id` is, once the object is
+    freed): which calls continue one cache. None for no cache, or one no weak reference can hold."""
+
+    def __init__(self) -> None:
+        self._of: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self._next = itertools.count()
+
+    def __call__(self, cache: Any) -> int | None:
+        try:
+            if cache not in self._of:
+                self._of[cache] = next(self._next)
+            return self._of[cache]
+        except TypeError:  # None, a tuple (legacy caches, new each call) or an unhashable object
+            return None
+
+
 class _NoTap:
     """The tap of a model watched without a named head: never open, keeps and matches nothing."""
 
@@ -89,6 +108,7 @@ class ModelHooks:
         self.param_names = list(inspect.signature(model.forward).parameters)  # bound: no `self`
         self.open: list[CallRecord | None] = []
         self._unit = torch.empty(0)  # the embedding table, rows normalized (inputs_embeds)
+        self._cache_serial = CacheSerials()
         self.handles = [
             model.register_forward_pre_hook(self.before, with_kwargs=True),
             model.register_forward_hook(self.after, with_kwargs=True),
@@ -111,13 +131,16 @@ class ModelHooks:
             return None  # odd shapes: nothing to attribute
         self.fed_tap.start(input_ids.shape[1])  # recorded calls only: the tap's ages count them
         started = time.perf_counter()
-        width = cache_width(fed.get("cache", fed.get("past_key_values")))
+        cache = fed.get("cache", fed.get("past_key_values"))
+        width = cache_width(cache)
         batch, q = input_ids.shape
         mask, said = fed.get("attention_mask"), self.sink.declared(self.role)
         packed = batch == 1 and q > 1  # one row that may hold several sequences: mask and argmax kept whole
         kind, kept, live = mask_copy(mask, None if packed else QUERY_TAIL)
         if kind == "4d" and mask.shape[-1] != width + q:  # keys not [cache | query]: a static cache's
             kind = "4d-slots"
+        elif kind == "2d" and kept.shape[-1] > width + q:  # a static cache's whole width: the slots past
+            kept = kept[:, : width + q]  # the call's own are unwritten, and the model's causal rule hides them
         elif live is not None and kept.shape[1] == q:  # `live`: a 4-D mask's tail (`mask_copy`)
             # A real query token attends its own key; a slot that does not is a finished row's pad.
             cols = torch.arange(q, device=kept.device)
@@ -127,6 +150,7 @@ class ModelHooks:
             self.role, said.rows, input_ids.clone(), positions, positions_fed, width, kind, kept, batch, q
         )
         record.query_live, record.started, record.packed = live, started, packed
+        record.cache_id = self._cache_serial(cache)
         record.cu_q, record.cu_k = _copy(fed.get("cu_seq_lens_q")), _copy(fed.get("cu_seq_lens_k"))
         record.query_lens, record.parents, record.declared = said.query_lens, said.parents, said.facts
         record.logit_slots = _copy(fed.get("logits_to_keep"))  # a tensor of columns; an int keeps the last

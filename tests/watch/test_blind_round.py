@@ -51,11 +51,12 @@ CASES = [(engine, args, None, mode) for engine, args in CORRECT for mode in ("ap
     # fed next is node 4's choice, not node 1's: `infer.gains.step_gain`).
     ("e5_packed_tree.py", ["--bug", "kept_other"], (2, 0, "kv-consistency"), "command"),
 ]
-# The third round (2026-12-07, e7-e10, written by four engineers from the user docs alone, each run
+# The third round (2026-12-07, e7-e14, written by eight engineers from the user docs alone, each run
 # both ways on n = 5 and 6 prompts): per-row draft counts that change every step, requests arriving
 # into recycled slots of a padded batch (each prefilled alone and spliced in), a 4-D tree mask over
-# caches compacted to the committed path, and additive float masks on a bfloat16 target with caches
-# cropped to the shortest row. Before this round's fixes the tree engine's correct run read unreadable
+# caches compacted to the committed path, additive float masks on a bfloat16 target with caches
+# cropped to the shortest row, a StaticCache, right-padded prompts, two micro-batches taking turns,
+# and rows verified one at a time. Before this round's fixes the tree engine's correct run read unreadable
 # at step 0 through the command (two leaves chose alike: `infer.gains.step_gain`), the float mask's
 # `peek` read unexplained with no violation (a `query_causal` of False was not written to JSON), and
 # `maxpos` also blamed seq 0's drafts on another row fed alike (`calls.CallReader._chain_query`).
@@ -67,6 +68,19 @@ CASES += [
     ("e9_tree4d.py", ["--n", "6"], None, "command"),
     ("e10_floatmask.py", ["--n", "6"], None, "api"),
     ("e10_floatmask.py", ["--bug", "peek"], (0, 0, "kv-consistency"), "api"),
+    # A StaticCache with a 2-D mask over its whole width read 185 false violations both ways (the
+    # query read from the mask's last columns: `hooks`); rows verified one at a time, each on its own
+    # cache, and two micro-batches taking turns were followed against the last call, not the last
+    # on the same cache (`infer.follow`): 64 false violations, and unreadable from step 2.
+    ("e8_arrivals.py", ["--bug", "ghost", "--n", "6"], (12, 4, "kv-consistency"), "command"),
+    ("e11_staticcache.py", ["--n", "6"], None, "command"),
+    ("e11_staticcache.py", ["--bug", "sharedpos"], (1, 0, "position-contiguity"), "api"),
+    ("e12_rightpad.py", ["--n", "6"], None, "command"),
+    ("e12_rightpad.py", ["--bug", "padkv"], (1, 0, "kv-consistency"), "command"),
+    ("e13_twobatches.py", ["--n", "6"], None, "command"),
+    ("e13_twobatches.py", ["--bug", "nocrop", "--n", "6"], (4, 0, "kv-consistency"), "command"),
+    ("e14_perrow.py", ["--n", "6"], None, "command"),
+    ("e14_perrow.py", ["--bug", "crop1", "--n", "6"], (12, 0, "kv-consistency"), "command"),
 ]
 # The command needs the head's class named for the Medusa engine (docs/watch-command.md).
 DRAFTER = {"e4_medusa.py": ["--drafter", "MedusaHeads"]}

@@ -35,6 +35,7 @@ class Follower(Assignments, Gains):
         self.was_step: dict[int, bool] = {}  # opening call -> it was a step for its newcomers
         self.unfollowed: list[str] = []  # why reading stopped, for the report's skipped checks
         self.prev: int | None = None
+        self.last_on: dict[int | None, int] = {}  # cache fed (`CallRecord.cache_id`) -> the last call fed it
         self._assumed: dict[int, Emit] = {}  # id -> a last step read as greedy (EOS or not), not seen nor cut away
         self._stopped: list[Seq] = []  # finished by being fed again without growing
         self._view = cache(self._read_view)  # (j, r, seq) -> RowView
@@ -77,13 +78,16 @@ class Follower(Assignments, Gains):
         if self.prev is None:  # every row is new, even one with no token yet (a one-token prompt's prefill)
             assigned = {r: (NEW, "new") for r in range(call.batch_size)}
         else:
+            # The rows continued are those of the last call fed the same cache (micro-batches taking
+            # turns, rows verified one at a time), else of the last call.
+            self.prev = self.last_on.get(call.cache_id, self.prev)
             assigned = self._assign(j, [r for r in range(call.batch_size) if any(call.query_flags(r))])
         before = {s.id: s.at[0] for s in self.seqs}
         self._apply(j, assigned)
         self.rows[j] = tuple(self._row_id(j, r, assigned) for r in range(call.batch_size))
         self._leave(j, assigned, before)
         call.rows = self.rows[j]  # later reads search draft calls back to each sequence's own calls
-        self.prev = j
+        self.prev = self.last_on[call.cache_id] = j
 
     def _row_id(self, j: int, r: int, assigned: dict[int, tuple[int, str]]) -> int:
         seq = assigned.get(r, (IDLE, ""))[0]
