@@ -149,12 +149,12 @@ def main():
                     continue
                 j = slot[s]
                 if j != drows.index(s):
-                    note(rnd, s, "verified draft slot %d (seq %s's drafts)" % (j, drows[j] if j < n else "stale"))
+                    note(rnd, s, "verified draft slot {} (seq {}'s drafts)".format(j, drows[j] if j < n else "stale"))
                 d = props_buf[j].tolist()
                 L = tcache[s].get_seq_length()
                 nc = len(prompts[s]) + len(outs[s])  # committed tokens; pending is index nc - 1
                 if L != nc - 1:
-                    note(rnd, s, "target cache holds %d slots, %d committed before pending" % (L, nc - 1))
+                    note(rnd, s, f"target cache holds {L} slots, {nc - 1} committed before pending")
                 if os.environ.get("DEBUG"):
                     print(
                         "round",
