@@ -243,8 +243,8 @@ def step_gain(
 ) -> list[int] | str | None:
     """A tree step's tokens as the next call (`at`) shows them: the kept nodes, when the root and a chain,
     then the fed token; else the path of `grown` - 1 nodes whose end chose the fed token (a cacheless
-    draft's feed breaks a tie, else greedy acceptance). A string: why it cannot be told (unreadable, never guessed); None: no
-    tree row, or nothing a path explains."""
+    draft's feed breaks a tie, else greedy acceptance). A string: why it cannot be told (unreadable,
+    never guessed); None: no tree row, or nothing a path explains."""
     (i, ri), (j, rj) = step, at
     call = calls[i]
     parents = tree_of(call, ri)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import groupby
 from typing import Any
 
 from specviz.watch.calls import RowQuery, argmax_at, matched_prefix
@@ -250,9 +249,10 @@ class Assignments:
 
     def _classes(self, allowed: set[int]) -> list[list[int]]:
         """Sequences grouped by everything the checks read of them: identical so far."""
-        live = [self.seqs[s] for s in sorted(allowed)]
-        keyed = sorted((repr(self._likeness(s)), s.id) for s in live)
-        return [[s for _, s in group] for _, group in groupby(keyed, key=lambda x: x[0])]
+        classes: dict[tuple[Any, ...], list[int]] = {}  # (any order: only a unique matching is read)
+        for s in sorted(allowed):
+            classes.setdefault(self._likeness(self.seqs[s]), []).append(s)
+        return list(classes.values())
 
     def _likeness(self, s: Seq) -> tuple[Any, ...]:
         step = self._step_tokens(s)
