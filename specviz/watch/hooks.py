@@ -15,6 +15,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 
 from specviz.errors import SpecvizError
+from specviz.watch.content import KeyCopies
 from specviz.watch.record import CallRecord
 from specviz.watch.tensor_reads import QUERY_TAIL, argmax_of, mask_copy, through_host
 
@@ -109,6 +110,7 @@ class ModelHooks:
         self.open: list[CallRecord | None] = []
         self._unit = torch.empty(0)  # the embedding table, rows normalized (inputs_embeds)
         self._cache_serial = CacheSerials()
+        self._key_copies = None if role == "draft" else KeyCopies()  # (the command names roles at the end)
         self.handles = [
             model.register_forward_pre_hook(self.before, with_kwargs=True),
             model.register_forward_hook(self.after, with_kwargs=True),
@@ -151,6 +153,9 @@ class ModelHooks:
         )
         record.query_live, record.started, record.packed = live, started, packed
         record.cache_id = self._cache_serial(cache)
+        # Where a row's mask names its key slots (not a static cache's; a packed row's: if it is one sequence).
+        if self._key_copies is not None and kind in ("2d", "4d", "none"):
+            record.keys0 = self._key_copies(cache, width, batch)
         record.cu_q, record.cu_k = _copy(fed.get("cu_seq_lens_q")), _copy(fed.get("cu_seq_lens_k"))
         record.query_lens, record.parents, record.declared = said.query_lens, said.parents, said.facts
         record.logit_slots = _copy(fed.get("logits_to_keep"))  # a tensor of columns; an int keeps the last

@@ -55,6 +55,7 @@ class CallRecord:
     node_keys: list[int] | None = None  # trees packed over keys [cache | query]: each row's first query key
     keys_end: int | None = None  # and the call's last key + 1: which node slots the next call attends (`tree`)
     fed_rows: dict[tuple[int, int | None], list[int]] | None = None  # a draft call's rows by (fed, argmax)
+    keys0: Any = None  # [B, H, cache_width, D] the cache's layer-0 keys before a target's padded call (`content`)
     cache_id: int | None = None  # the cache object fed, as a serial (`hooks.CacheSerials`); None: none
 
     def materialize(self) -> None:

@@ -26,6 +26,7 @@ from specviz.trace.schema import LAYOUTS, SCHEMA_VERSION, Header, SamplingInfo, 
 from specviz.watch import declared
 from specviz.watch.attribution import Emit
 from specviz.watch.calls import attended_ids
+from specviz.watch.content import check_content
 from specviz.watch.headinput import HiddenTap
 from specviz.watch.hooks import NO_TAP, Declared, ModelHooks, WatchError, check_causal_lm
 from specviz.watch.infer.follow import follow_rows
@@ -228,6 +229,9 @@ class Watch(Recorder):
                 follow_rows(calls, prompts, eos, self._emits)
             self._paged.reconcile(calls, self._emits)  # the engine's emits for the manager's sequences
             steps = infer_steps(calls, self._emits, prompts, eos, argmax_is_choice=self.argmax_is_choice)
+            if note := check_content(self.target, steps.content):  # then frees the copied keys
+                steps.notes.append(note)
+            steps.content.clear()
             header = self._header(steps, eos, complete and steps.unreadable is None)
         del calls, targets  # read: the reference decode below does not need them
         # A sampled or processed run is not token-exact against the raw greedy oracle: none decoded.

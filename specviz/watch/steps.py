@@ -25,6 +25,7 @@ from specviz.watch.calls import (
     segment_of,
     tree_of,
 )
+from specviz.watch.content import ContentCheck
 from specviz.watch.headinput import head_source, unfound_note
 from specviz.watch.record import CallRecord
 
@@ -43,11 +44,18 @@ class InferredSteps:
     last_event_at: float | None = None
     unreadable: tuple[int, str] | None = None  # (step S, why): the calls from there on were not read
     budgets: dict[int, int] = field(default_factory=dict)  # seq -> its own budget (ended by "length")
+    content: list[ContentCheck] = field(default_factory=list)  # rows whose cache's keys were copied
 
 
-def build_steps(groups: list[Group], prompts: list[list[int]], read: CallReader, draft_free: bool) -> list[StepRecord]:
+def build_steps(
+    groups: list[Group],
+    prompts: list[list[int]],
+    read: CallReader,
+    draft_free: bool,
+    content: list[ContentCheck] | None = None,
+) -> list[StepRecord]:
     """One step record per target call emissions were attributed to, its rows read by `read.step_rows`
-    (`draft_free`: no draft calls ran)."""
+    (`draft_free`: no draft calls ran); each row whose call's keys were copied joins `content`."""
     calls = read.calls
     by_call: dict[int, list[Group]] = {}  # call index -> the groups attributed to it
     for group in groups:
@@ -81,6 +89,9 @@ def build_steps(groups: list[Group], prompts: list[list[int]], read: CallReader,
             proposals.update(j for j, _ in shown[r].chain)
             group = produced.get(r, Group(seq_id, [], None, index, call.started))  # nothing produced
             rows.append(_row_record(calls, index, r, seq_id, shown[r], group, len(committed[seq_id]), heads))
+            if content is not None and call.cache_of(r):  # its cache holds the tokens before the pending one
+                keys = None if call.keys0 is None or call.segments else call.keys0[r]  # (a cut packed row: shared)
+                content.append(ContentCheck(rows[-1], keys, committed[seq_id][:-1]))
             if rows[-1].tree_parents is not None:  # the sequence's previous tree row: the nodes of it this one attends
                 earlier = trees.get(seq_id)
                 if earlier is not None and not earlier[0].finished:
@@ -262,11 +273,12 @@ def infer_steps(
     # Unread from the cut on: an ending declared after it is not the ending of the last step read.
     ended_unread = {e.seq_id for e in emits[len(read_emits) :]}
     close_by_length([g for g in groups if g.seq_id not in ended_unread], outputs, reasons, max_new)
-    steps = build_steps(groups, prompts, read, draft_free)
+    content: list[ContentCheck] = []
+    steps = build_steps(groups, prompts, read, draft_free, content)
     if any(c.drafter for c in read_calls):
         notes.extend(unfound_note(steps))
     k = max((len(row.draft_tokens) for step in steps for row in step.rows), default=0)
     events = [c.started for c in calls] + [e.at for e in emits]
     first, last = min((c.started for c in calls), default=None), max(events, default=None)
     unread = None if end == len(calls) else (len(steps), f"target call {end}: {calls[end].unreadable}")
-    return InferredSteps(steps, outputs, reasons, k, max_new, notes, first, last, unread, own_budgets)
+    return InferredSteps(steps, outputs, reasons, k, max_new, notes, first, last, unread, own_budgets, content)

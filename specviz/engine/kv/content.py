@@ -110,19 +110,29 @@ class KVContentChecker:
         when the row attends more slots than it has tokens (the first extra slot). Fewer attended
         slots are left to the KV-length check.
         """
-        self._extend(contexts)
+        self.extend(contexts)
         keys = cache.layers[0].keys if cache is not None else None
         out: list[int | None] = []
         for row, (seq_id, tokens) in enumerate(contexts.items()):
             slots = mask[row].nonzero().flatten()
-            expected = self.expected.get(seq_id)  # None: no token to hold yet (one-token prompt)
-            out.append(self._first_bad(keys, row, slots, None if expected is None else expected[:, : len(tokens)]))
+            out.append(self._first_bad(keys, row, slots, self.expected_of(seq_id, len(tokens))))
         return out
+
+    def expected_of(self, seq_id: int, count: int) -> torch.Tensor | None:
+        """The expected keys [H, count, D] of the sequence's first `count` tokens (`extend` first);
+        None: no token to hold yet (a one-token prompt)."""
+        expected = self.expected.get(seq_id)
+        return None if expected is None else expected[:, :count]
+
+    def first_bad_slot(self, keys: torch.Tensor, slots: list[int], seq_id: int, count: int) -> int | None:
+        """One row's first bad slot (as `first_mismatches`), its layer-0 keys [H, slots, D] copied earlier."""
+        attended = torch.tensor(slots, dtype=torch.long, device=keys.device)
+        return self._first_bad(keys[None], 0, attended, self.expected_of(seq_id, count))
 
     def forget(self, seq_id: int) -> None:
         self.expected.pop(seq_id, None)
 
-    def _extend(self, contexts: dict[int, list[int]]) -> None:
+    def extend(self, contexts: dict[int, list[int]]) -> None:
         """Compute the keys of tokens committed since the last check, for all rows at once."""
         todo = {}
         for seq_id, tokens in contexts.items():
