@@ -51,16 +51,17 @@ CASES = [(engine, args, None, mode) for engine, args in CORRECT for mode in ("ap
     # fed next is node 4's choice, not node 1's: `infer.gains.step_gain`).
     ("e5_packed_tree.py", ["--bug", "kept_other"], (2, 0, "kv-consistency"), "command"),
 ]
-# The third round (2026-12-07, e7-e15, written by nine engineers from the user docs alone, each run
+# The third round (2026-12-07, e7-e16, written by ten engineers from the user docs alone, each run
 # both ways on n = 5 and 6 prompts): per-row draft counts that change every step, requests arriving
 # into recycled slots of a padded batch (each prefilled alone and spliced in), a 4-D tree mask over
 # caches compacted to the committed path, additive float masks on a bfloat16 target with caches
 # cropped to the shortest row, a StaticCache, right-padded prompts, two micro-batches taking turns,
-# rows verified one at a time, and an EQSPEC-like batch realigned by rolling its caches. Before this
-# round's fixes the tree engine's correct run read unreadable at step 0 through the command (two
-# leaves chose alike: `infer.gains.step_gain`), the float mask's `peek` read unexplained with no
-# violation (a `query_causal` of False was not written to JSON), and `maxpos` also blamed seq 0's
-# drafts on another row fed alike (`calls.CallReader._chain_query`).
+# rows verified one at a time, an EQSPEC-like batch realigned by rolling its caches, and a shared
+# system prefix prefilled once. Before this round's fixes the tree engine's correct run read
+# unreadable at step 0 through the command (two leaves chose alike: `infer.gains.step_gain`), the
+# float mask's `peek` read unexplained with no violation (a `query_causal` of False was not written
+# to JSON), and `maxpos` also blamed seq 0's drafts on another row fed alike
+# (`calls.CallReader._chain_query`).
 CASES += [
     ("e7_adaptive.py", ["--n", "6"], None, "command"),
     ("e7_adaptive.py", ["--bug", "maxpos", "--n", "6"], (1, 0, "position-contiguity"), "api"),
@@ -88,6 +89,10 @@ CASES += [
     ("e15_roll.py", ["--n", "6"], None, "api"),
     ("e15_roll.py", ["--bug", "shift1"], (2, 0, "kv-consistency"), "command"),
     ("e9_tree4d.py", ["--bug", "gather"], (3, 3, "kv-consistency"), "api"),
+    # A system prefix prefilled once and expanded to every row: through the command the prefix was a
+    # sequence and each row a newcomer over stale KV, 150 false violations (`infer.follow._new`).
+    ("e16_prefix.py", ["--n", "6"], None, "command"),
+    ("e16_prefix.py", [], None, "api"),
 ]
 # The command needs the head's class named for the Medusa engine (docs/watch-command.md).
 DRAFTER = {"e4_medusa.py": ["--drafter", "MedusaHeads"]}

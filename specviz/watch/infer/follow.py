@@ -35,6 +35,7 @@ class Follower(Assignments, Gains):
         self.was_step: dict[int, bool] = {}  # opening call -> it was a step for its newcomers
         self.unfollowed: list[str] = []  # why reading stopped, for the report's skipped checks
         self.prev: int | None = None
+        self.prefixes: dict[int, list[int]] = {}  # a shared prefix's sequence id (then its first row's) -> its tokens
         self.last_on: dict[int | None, int] = {}  # cache fed (`CallRecord.cache_id`) -> the last call fed it
         self._assumed: dict[int, Emit] = {}  # id -> a last step read as greedy (EOS or not), not seen nor cut away
         self._stopped: list[Seq] = []  # finished by being fed again without growing
@@ -266,11 +267,35 @@ class Follower(Assignments, Gains):
                 self._continue(self.seqs[seq], j, r, how)
 
     def _new(self, j: int, r: int) -> int:
-        seq = len(self.seqs)
         fed = any(self.calls[j].query_flags(r))  # (a row with no token yet: a one-token prompt's prefill)
         query, base = (self._view(j, r, NEW).query, self._base(j, r)) if fed else ([], (0, 0))
-        self.seqs.append(Seq(seq, list(query), len(query), origin=(j, r), at=(j, r), step=(j, r), base=base))
+        prefix, seq = self._shared_prefix(j, base)
+        if prefix:  # its prompt starts with the prefix its first token attends: no stale KV
+            query, base = [*prefix, *query], (0, 0)
+        new = Seq(seq, list(query), len(query), origin=(j, r), at=(j, r), step=(j, r), base=base)
+        self.seqs[seq : seq + 1] = [new]  # (a new id appends; the prefix's own id is taken by its first row)
         return seq
+
+    def _shared_prefix(self, j: int, base: tuple[int, int]) -> tuple[list[int], int]:
+        """A prefix prefilled once and expanded to several rows (prefix caching): the tokens of the one
+        sequence no call continued that a newcomer's first token attends whole, at its length, and
+        the id the newcomer takes (the prefix's own, for its first row: it is no sequence of its own)."""
+        stale, shift = base
+        if not stale or stale != shift:
+            return [], len(self.seqs)
+        known = [p for p in self.prefixes.values() if len(p) == stale]
+        if known:
+            return known[0], len(self.seqs)
+        # Prefilled on its own and never continued; shared: two rows or more start there (one alone, or
+        # over a sequence prefilled among others, is a newcomer over another request's KV).
+        alone = [s for s in self._live if s.opened and s.at == s.origin and self.calls[s.origin[0]].batch_size == 1]
+        whole = [s for s in alone if s.origin[0] < j and len(s.context) == stale]
+        call = self.calls[j]
+        sharing = [q for q in range(call.batch_size) if any(call.query_flags(q)) and self._base(j, q) == base]
+        if len(whole) != 1 or len(sharing) < 2:
+            return [], len(self.seqs)
+        self.prefixes[whole[0].id] = list(whole[0].context)
+        return whole[0].context, whole[0].id
 
     def _continue(self, s: Seq, j: int, r: int, how: str) -> None:
         """Row r of call j holds `s` as `_fit` read it (only an opened sequence is read "open")."""

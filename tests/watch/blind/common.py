@@ -20,6 +20,15 @@ TEXTS = [
     "The dog sat on the mat but",
 ]
 EOS = 0
+PREFIX_TEXT = "You are a helpful assistant. Answer briefly."  # e16_prefix: shared by every prompt
+
+
+def prefixed(tok, n):
+    """(prefix ids, each of the first n texts' ids after it, any BOS dropped): e16_prefix's prompts."""
+    pre, bos = tok(PREFIX_TEXT).input_ids, tok.bos_token_id
+    sufs = [tok(t).input_ids for t in TEXTS[:n]]
+    drop = bos is not None and bos != tok.eos_token_id
+    return pre, [s[1:] if drop and s and s[0] == bos else s for s in sufs]
 
 
 def args(extra=None):

@@ -5,7 +5,7 @@ import json
 import os
 
 import torch
-from common import EOS, HERE, TEXTS, budgets_for, setup, truth_key
+from common import EOS, HERE, TEXTS, budgets_for, prefixed, setup, truth_key
 from transformers import DynamicCache
 
 
@@ -29,6 +29,9 @@ for dtype in ("float32", "bfloat16"):
     pair, tok, prompts = setup(len(TEXTS), None if dtype == "float32" else torch.bfloat16)
     for n in (4, 5, 6):
         ps, bs = prompts[:n], budgets_for(n)
+        table[truth_key(ps, bs, dtype)] = [greedy(pair.target, p, b) for p, b in zip(ps, bs)]
+        pre, sufs = prefixed(tok, n)  # e16_prefix's prompts: one system prefix before each text
+        ps = [pre + s for s in sufs]
         table[truth_key(ps, bs, dtype)] = [greedy(pair.target, p, b) for p, b in zip(ps, bs)]
     print(dtype, [len(p) for p in prompts], table[truth_key(prompts[:6], budgets_for(6), dtype)])
 with open(os.path.join(HERE, "truth.json"), "w") as f:
