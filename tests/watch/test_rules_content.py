@@ -81,3 +81,24 @@ def test_copies_refuse_other_layouts_and_stop_at_the_budget(target) -> None:
 def test_attended_cache_slots_reads_the_runs_below_the_cache_width() -> None:
     assert attended_cache_slots([[0, 2], [1, 3], [0, 1], [1, 2]], 7) == [2, 3, 4, 6]
     assert attended_cache_slots([[1, 4], [1, 3]], 5) == [0, 1, 2, 3, 4]
+
+
+def test_a_model_that_refuses_the_key_pass_leaves_a_note_not_a_crash(target) -> None:
+    """The check runs the target at close: a model that raises there must not cost the user the trace."""
+    cache = _prefilled(target, ROWS)
+    keys = KeyCopies()(cache, 6, 2)
+
+    class Refuses(torch.nn.Module):
+        config = target.config
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, **_):
+            raise RuntimeError("expected all tensors to be on the same device")
+
+    row = _row(0, 0, 6)
+    note = check_content(Refuses(), [ContentCheck(row, keys[0], ROWS[0])])
+    assert note == "KV content not checked: expected all tensors to be on the same device"
+    assert not row.kv_content_checked
