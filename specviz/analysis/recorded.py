@@ -96,9 +96,20 @@ def check_recorded_row(flag: RowFlags) -> None:
             "kv_mismatch_slot",
             None,
             slot,
-            f"cache slot {slot} (token {slot - row.left_pad}) does not hold the layer-0 key of its token "
-            "at its position",
+            f"cache slot {slot} (token {_token_at(row.mask_rle, slot)}) does not hold the layer-0 key of its"
+            " token at its position",
         )
+
+
+def _token_at(mask_rle: list[list[int]], slot: int) -> int:
+    """The logical index of the token an attended slot stands for: the attended slots before it
+    (holes and padding are not tokens)."""
+    before, at = 0, 0
+    for value, count in mask_rle:
+        if at + count > slot:
+            return before + (slot - at if value else 0)
+        before, at = before + (count if value else 0), at + count
+    return before
 
 
 # Fields about the draft model's own calls and cache: a run that drafted without one (a head, n-gram

@@ -54,6 +54,17 @@ def test_recorded_state_fields_are_checked(fld: str, value, invariant: int) -> N
     assert first(check_trace(trace)) == (3, 2, invariant, fld)
 
 
+def test_a_slot_that_holds_another_key_is_named_with_its_token_index_past_holes() -> None:
+    """The message names the token a slot stands for: the attended slots before it, so a hole (a
+    rejected draft's masked slot) or padding before it is not counted."""
+    trace = copy.deepcopy(clean_synth())
+    row = trace.steps[3].rows[2]
+    row.mask_rle = [[0, 2], [1, 5], [0, 3], [1, 4]]  # 2 pads, 5 tokens, 3 holes, then tokens 5..8
+    row.kv_mismatch_slot = 11
+    (violation,) = [v for v in check_trace(trace).violations if v.field == "kv_mismatch_slot"]
+    assert violation.message.startswith("cache slot 11 (token 6) does not hold")
+
+
 def test_unrecorded_state_fields_are_reported_as_skipped() -> None:
     skipped = " ".join(map(str, check_trace(clean_synth()).skipped_checks))
     assert "draft_position_ids" in skipped and "draft_kv_lens" in skipped and "kv_content_checked" in skipped
