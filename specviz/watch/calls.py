@@ -257,9 +257,10 @@ SAMPLES = "draft tokens fed are not the draft's argmax: the engine samples (or p
 
 
 def sampled_drafts(calls: list[CallRecord], targets: list[int]) -> tuple[int, str] | None:
-    """(the target call, why) where the draft calls before it have extended rows, twice at least,
-    with a token not the draft's argmax: a greedy drafter feeds its own choice, a sampling one does
-    not, and a run read as greedy would then show false violations. None: no such call."""
+    """(the first verify, why) where the draft calls have extended rows, twice at least, with a token
+    not the draft's argmax: a greedy drafter feeds its own choice, a sampling one does not, and it
+    samples from its first verify on (the target's choices too), so a run read as greedy there would
+    show false violations. None: no such call."""
     seen = other = 0
     for prev, j in zip([-1, *targets], targets):
         pending = _pending_tokens(calls[j])
@@ -269,8 +270,8 @@ def sampled_drafts(calls: list[CallRecord], targets: list[int]) -> tuple[int, st
                 chose, fed = argmax_at(first, r, first.last_slots[r]), _extension(first, then, r, pending)
                 if chose is not None and fed is not None:
                     seen, other = seen + 1, other + (chose != fed)
-        if other >= 2:
-            return j, f"{other} of {seen} {SAMPLES}"
+        if other >= 2:  # (draft calls ran: some target call follows them)
+            return next(t for p, t in zip([-1, *targets], targets) if t - p > 1), f"{other} of {seen} {SAMPLES}"
     return None
 
 

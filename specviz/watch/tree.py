@@ -201,11 +201,12 @@ def kept_nodes(call: Any, row: int, rq: Any, later: Any, later_row: int, later_r
         first, line = call.node_keys[row] + rq.pending, later.held[later_row][0]
     else:
         first, line = call.cache_width + rq.pending, later.view(later_row).keys(later_rq.pending)
-        if (
-            call.view(row).keys(rq.pending) is None
-            or line is None
-            or later.cache_width != call.cache_width + call.query_len
-        ):
+        before = call.view(row).keys(rq.pending)
+        if before is None or line is None or later.cache_width != call.cache_width + call.query_len:
+            return None
+        # Kept by index: the context it attended is still attended where it was (a cache compacted or
+        # shifted since can match the widths alone).
+        if any(was and not now for was, now in zip(before[: call.cache_width], line)):
             return None
     return slots_on(line[first : first + n])
 

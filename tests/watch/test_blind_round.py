@@ -51,7 +51,7 @@ CASES = [(engine, args, None, mode) for engine, args in CORRECT for mode in ("ap
     # fed next is node 4's choice, not node 1's: `infer.gains.step_gain`).
     ("e5_packed_tree.py", ["--bug", "kept_other"], (2, 0, "kv-consistency"), "command"),
 ]
-# The third round (2026-12-07, e7-e16, written by ten engineers from the user docs alone, each run
+# The third round (2026-12-07, e7-e18, written by twelve engineers from the user docs alone, each run
 # both ways on n = 5 and 6 prompts): per-row draft counts that change every step, requests arriving
 # into recycled slots of a padded batch (each prefilled alone and spliced in), a 4-D tree mask over
 # caches compacted to the committed path, additive float masks on a bfloat16 target with caches
@@ -93,6 +93,13 @@ CASES += [
     # sequence and each row a newcomer over stale KV, 150 false violations (`infer.follow._new`).
     ("e16_prefix.py", ["--n", "6"], None, "command"),
     ("e16_prefix.py", [], None, "api"),
+    # Tries of n-gram candidates over compacted caches: a cache compacted so that its width grew by the
+    # whole query block read as KV kept by index (a false `kept_nodes` at step 11: `tree.kept_nodes`).
+    ("e17_ngramtree.py", [], None, "api"),
+    ("e17_ngramtree.py", ["--bug", "sibling", "--n", "6"], (7, 4, "kv-consistency"), "api"),
+    # Rejection sampling through the command: unreadable from its first verify, no violation (the
+    # steps before the second non-argmax draft were read as greedy: 20 false violations).
+    ("e18_sampled.py", [], "unreadable", "command"),
 ]
 # The command needs the head's class named for the Medusa engine (docs/watch-command.md).
 DRAFTER = {"e4_medusa.py": ["--drafter", "MedusaHeads"]}
@@ -116,6 +123,9 @@ def test_a_blind_engine_is_read_right(tmp_path: Path, engine: str, args: list[st
     out = tmp_path / "run.trace.json"
     printed = _run(engine, args, mode, out)
     report = check_trace(load_trace(out))
+    if expected == "unreadable":  # never a violation where it cannot read
+        assert report.unreadable is not None and not report.violation_count, report.violations[:3]
+        return
     if expected is None:
         assert "MATCH" in printed.split(), "the engine itself is wrong"
         assert report.verdict == "clean" and not report.violation_count, (report.unreadable, report.violations[:3])
