@@ -144,9 +144,12 @@ class ModelHooks:
         elif kind == "2d" and kept.shape[-1] > width + q:  # a static cache's whole width: the slots past
             kept = kept[:, : width + q]  # the call's own are unwritten, and the model's causal rule hides them
         elif live is not None and kept.shape[1] == q:  # `live`: a 4-D mask's tail (`mask_copy`)
-            # A real query token attends its own key; a slot that does not is a finished row's pad.
+            # A real query token attends its own key; a slot that does not is a finished row's pad. So
+            # is one that attends nothing but its own key, which no other slot attends, in a row that
+            # reads its cache (a pad kept from an all-masked softmax; a one-token newcomer reads none).
             cols = torch.arange(q, device=kept.device)
-            live = live & kept[:, cols, width + cols].to(live.device)
+            alone = (kept.sum(-1) == 1) & (kept[:, :, width:].sum(1) == 1) & kept[:, :, :width].any(-1).any(-1, True)
+            live = live & (kept[:, cols, width + cols] & ~alone).to(live.device)
         positions, positions_fed = self._positions(fed, mask, kind, batch, width, q)
         record = CallRecord(
             self.role, said.rows, input_ids.clone(), positions, positions_fed, width, kind, kept, batch, q

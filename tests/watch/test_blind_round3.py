@@ -56,6 +56,9 @@ THIRD = [
     # Tries of n-gram candidates over compacted caches: a cache compacted so that its width grew by the
     # whole query block read as KV kept by index (a false `kept_nodes` at step 11: `tree.kept_nodes`).
     ("e17_ngramtree.py", [], None, "api"),
+    # Its pad query slots attend their own key only: read as tokens through the command (310 false
+    # violations) until a slot that attends only itself, unseen, in a row reading its cache was a pad.
+    ("e17_ngramtree.py", ["--n", "6"], None, "command"),
     ("e17_ngramtree.py", ["--bug", "sibling", "--n", "6"], (7, 4, "kv-consistency"), "api"),
     # Rejection sampling through the command: unreadable from its first verify, no violation (the
     # steps before the second non-argmax draft were read as greedy: 20 false violations).
