@@ -22,6 +22,7 @@ from __future__ import annotations
 from specviz.analysis.findings import Findings, RowFlags
 from specviz.proposers import keeps_cache
 from specviz.trace.invariants import Invariant
+from specviz.trace.mask_runs import attended_before
 from specviz.trace.schema import Header
 
 # Field -> the skipped-check note when no row of the trace records it. `query_causal` is left
@@ -96,20 +97,10 @@ def check_recorded_row(flag: RowFlags) -> None:
             "kv_mismatch_slot",
             None,
             slot,
-            f"cache slot {slot} (token {_token_at(row.mask_rle, slot)}) does not hold the layer-0 key of its"
-            " token at its position",
+            # The token it stands for: the attended slots before it (holes and padding are not tokens).
+            f"cache slot {slot} (token {attended_before(row.mask_rle, slot)[0]}) does not hold the layer-0 key"
+            " of its token at its position",
         )
-
-
-def _token_at(mask_rle: list[list[int]], slot: int) -> int:
-    """The logical index of the token an attended slot stands for: the attended slots before it
-    (holes and padding are not tokens)."""
-    before, at = 0, 0
-    for value, count in mask_rle:
-        if at + count > slot:
-            return before + (slot - at if value else 0)
-        before, at = before + (count if value else 0), at + count
-    return before
 
 
 # Fields about the draft model's own calls and cache: a run that drafted without one (a head, n-gram

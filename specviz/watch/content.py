@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from specviz.engine.kv.content import KVContentChecker
+from specviz.trace.mask_runs import expand_mask
 from specviz.trace.schema import RowRecord
 
 KEY_BUDGET = 256 * 2**20  # bytes of layer-0 keys kept per watch: the first calls of a long run
@@ -84,9 +85,4 @@ def check_content(model: Any, checks: list[ContentCheck]) -> str | None:
 
 def attended_cache_slots(mask_rle: list[list[int]], width: int) -> list[int]:
     """The cache slots (below `width`) a run-length coded mask row attends."""
-    slots, at = [], 0
-    for value, count in mask_rle:
-        if value:
-            slots.extend(range(at, min(at + count, width)))
-        at += count
-    return slots
+    return [slot for slot, value in enumerate(expand_mask(mask_rle, width)) if value]
