@@ -100,7 +100,7 @@ class _Rows:
         call = self.read.calls[index]
         row = row_seq_ids(call).index(seq)
         rq = self.read(index, row)
-        if self.draft_free and call.view(row).attends_cache() and segment_of(call, row).drafts is None:
+        if self.draft_free and call.views[row].attends_cache() and segment_of(call, row).drafts is None:
             rq = first_slot_query(call, row) or rq
         return row, rq.pending
 
@@ -128,7 +128,7 @@ class _Rows:
         pending, (last, length) = newest.input_ids[row][slot], emitted
         if pending != tokens[0] or (
             pending == last  # a repeat of the last token only where fed as the next index (position and mask)
-            and not (newest.positions_fed and newest.positions[row][slot] == length == newest.view(row).before(slot))
+            and not (newest.positions_fed and newest.positions[row][slot] == length == newest.views[row].before(slot))
         ):
             return None
         if previous is not None:  # the previous step's call, which is among the earlier ones

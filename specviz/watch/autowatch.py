@@ -250,7 +250,7 @@ def unpadded_prompts(prompts: list[list[int]], calls: list[CallRecord], pad: int
     reads as attended), as the API, given the prompts, would read them: only a rectangular batch whose
     rows start with pad runs, one of them none (no pad id, or no row padded: nothing is stripped)."""
     first = next(c for c in calls if c.role == "target")  # there is one: `_relabeled` kept it
-    if not isinstance(first.view(0), Unmasked):  # (a packed call's segments: no padding)
+    if not isinstance(first.views[0], Unmasked):  # (a packed call's segments: no padding)
         return prompts
     opened = prompts[: first.batch_size]
     leads = [len(p) - len(list(dropwhile(lambda t: t == pad, p))) for p in opened]

@@ -109,9 +109,8 @@ def apply(call: Any, bmap: BatchMap, seen: Any = None) -> bool:
     call.input_ids, call.positions = padded(call.input_ids, 0), padded(call.positions, 0)
     call.argmax = padded(spread_argmax(call), None)
     call.views = [_view(s, width, lines, seen) for s in segments]
-    call.mask, call.query_live, contexts = None, None, [v.cache for v in call.views]
-    call.batch_size, call.query_len, call.contexts = len(segments), width, contexts
-    call.cache_width = max(contexts, default=0)
+    call.mask, call.query_live, call.batch_size, call.query_len = None, None, len(segments), width
+    call.cache_width = max((v.cache for v in call.views), default=0)
     call.logit_slots, call.lines = None, None
     call.segments = [(s.row, s.start, s.length) for s in segments]  # raw columns, for `headinput`
     return True

@@ -115,7 +115,7 @@ class CallReader:
         of the runs that fit, the first fed the query's own positions, else the earliest (a position bug)."""
         verify = self.calls[index]
         last, said = verify.last_slots[row], segment_of(verify, row).drafts
-        live = verify.query_flags(row)[: last + 1][::-1] + [0]  # a chain of d needs d + 1 real slots up to the last
+        live = verify.views[row].flags[: last + 1][::-1] + [0]  # a chain of d needs d + 1 real slots up to the last
         reach = min(len(proposals), live.index(0) - 1)
         if said is None:
             lengths: list[int] | range = range(reach, 0, -1)
@@ -188,7 +188,7 @@ def draft_free_query(call: CallRecord, row: int, committed: list[int]) -> RowQue
     context, by layout (a stale slot does not move it), else by the attended count; None: no drafts."""
     if not committed:
         return None
-    view = call.view(row)
+    view = call.views[row]
     flags, last = view.flags, view.last
     first = _first_live(flags)  # past the last slot when none is live: then no pending fits
     by_layout = first if view.attends_cache() else first + len(committed) - 1
@@ -201,7 +201,7 @@ def draft_free_query(call: CallRecord, row: int, committed: list[int]) -> RowQue
 
 def first_slot_query(call: CallRecord, row: int) -> RowQuery | None:
     """A cached row with no draft model: its first real query slot is pending, the rest drafts."""
-    view = call.view(row)
+    view = call.views[row]
     first = _first_live(view.flags)
     if first > view.last or not all(view.flags[first : view.last + 1]):
         return None
@@ -215,7 +215,7 @@ def _first_live(flags: list[int]) -> int:
 
 def attended_ids(call: CallRecord, row: int, end: int | None = None) -> list[int]:
     """The row's real query tokens up to query slot `end` (default: all of them)."""
-    flags = call.query_flags(row)
+    flags = call.views[row].flags
     stop = len(flags) if end is None else end + 1
     return list(compress(call.input_ids[row][:stop], flags[:stop])) or [0]
 
@@ -278,7 +278,7 @@ def sampled_drafts(calls: list[CallRecord], targets: list[int]) -> tuple[int, st
 def _pending_tokens(call: CallRecord) -> set[int]:
     """The token at each row's first real query slot: where a verify starts, its pending token (by
     token alone: a position bug may give the draft another position than the target)."""
-    return {attended_ids(call, r)[0] for r in range(call.batch_size) if any(call.query_flags(r))}
+    return {attended_ids(call, r)[0] for r in range(call.batch_size) if any(call.views[r].flags)}
 
 
 def _extension(first: CallRecord, then: CallRecord, r: int, pending: set[int]) -> int | None:
@@ -287,9 +287,9 @@ def _extension(first: CallRecord, then: CallRecord, r: int, pending: set[int]) -
     starts from (a committed token: the prompt's last after a prefill, a bonus caught up) nor was fed
     just before (a finished row's padding); None where `then` does not extend the row so."""
     before, after = attended_ids(first, r), attended_ids(then, r)
-    if after[:-1] == before and not then.view(r).attends_cache():
+    if after[:-1] == before and not then.views[r].attends_cache():
         return after[-1]
     at = then.positions[r][then.last_slots[r]]
-    grown = at == first.positions[r][first.last_slots[r]] + 1 and sum(then.query_flags(r)) == 1
+    grown = at == first.positions[r][first.last_slots[r]] + 1 and sum(then.views[r].flags) == 1
     proposed = after[-1] != before[-1] and after[-1] not in pending and not then.drafter
-    return after[-1] if grown and proposed and then.view(r).attends_cache() else None
+    return after[-1] if grown and proposed and then.views[r].attends_cache() else None

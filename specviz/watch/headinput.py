@@ -176,7 +176,7 @@ def _places(call: Any, row: int, column: int) -> list[list[int]]:
 
     spans = call.segments if call.segments is not None else [(r, 0, call.query_len) for r in range(call.batch_size)]
     at = [(i, column - start) for i, (r, start, n) in enumerate(spans) if r == row and start <= column < start + n]
-    return [[row_seq_ids(call)[i], int(call.positions[i][c])] for i, c in at if call.query_flags(i)[c]]
+    return [[row_seq_ids(call)[i], int(call.positions[i][c])] for i, c in at if call.views[i].flags[c]]
 
 
 def unfound_note(steps: list[Any]) -> list[str]:

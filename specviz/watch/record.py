@@ -31,14 +31,13 @@ class CallRecord:
     started: float = 0.0
     ended: float = 0.0
     last_slots: list[int] | None = None  # [B]: each row's last attended query slot (`materialize`)
-    views: list[Any] | None = None  # [B]: what each row feeds and attends (`view.View`); readers ask it
+    views: list[Any] | None = None  # [B]: what each row feeds and attends (`view.View`), read at `materialize`
     packed: bool = False  # B == 1 and something may cut it (`batchmap`): its mask and argmax kept whole
     cu_q: Any = None  # [S + 1] cu_seq_lens_q: query start of each sequence
     cu_k: Any = None  # [S + 1] cu_seq_lens_k: key start of each sequence in a shared KV
     query_lens: list[int] | None = None  # [S] declared with w.batch(..., query_lens=...)
     logit_slots: Any = None  # [L] query column of each kept argmax (logits_to_keep); None: the last L
     source: str | None = None  # the producer of its map (`batchmap.BatchMap.source`)
-    contexts: list[int] | None = None  # [B] a packed call's rows: slots attended before the first query slot
     unreadable: str | None = None  # why no producer could map it (set by `materialize`)
     lines: list[tuple[int, bool, bool, bool]] | None = None  # a packed mask per query token (`line_summary`)
     held: list[tuple[Any, Any]] | None = None  # [S] key slots of each packed row's first and last token (numpy)
@@ -63,7 +62,7 @@ class CallRecord:
         batch map (`batchmap`): a packed call becomes one row per sequence."""
         if self.last_slots is not None:
             return
-        from specviz.watch import batchmap, tree
+        from specviz.watch import batchmap, tree, view
 
         self._to_lists("input_ids", "positions", "argmax", "query_live", "cu_q", "cu_k", "logit_slots")
         whole = self._packed_row()
@@ -78,7 +77,9 @@ class CallRecord:
             if trees and self.keys_end is not None:
                 self.node_keys = [base + start for _, start, _ in self.segments]
         self._to_lists("mask")  # a packed row not cut after all keeps its 4-D mask
-        self.last_slots = [self.view(row).last for row in range(self.batch_size)]
+        if self.views is None:  # (a packed call's segments were given theirs by `batchmap.apply`)
+            self.views = view.read_views(self)
+        self.last_slots = [v.last for v in self.views]
         tree.read_trees(self)  # a packed call's rows show no tree unless it packs trees (`Slotted`)
         if self.logit_slots is not None:  # argmax kept at some columns: spread, None elsewhere
             self.argmax, self.logit_slots = batchmap.spread_argmax(self), None
@@ -113,19 +114,3 @@ class CallRecord:
         """Say why no step can be read from this call on; the first reason stands."""
         if self.unreadable is None:
             self.unreadable = why
-
-    def cache_of(self, row: int) -> int:
-        """Slots in the row's cache before the call (a packed call's rows each have their own)."""
-        return self.contexts[row] if self.contexts is not None else self.cache_width
-
-    def query_flags(self, row: int) -> list[int]:
-        """1 for each query slot of `row` that holds a real token, 0 for padding (shared: read only)."""
-        return self.view(row).flags
-
-    def view(self, row: int) -> Any:
-        """What the row feeds and attends (`view.View`), read once, at the first ask after `materialize`."""
-        if self.views is None:
-            from specviz.watch.view import read_views
-
-            self.views = read_views(self)
-        return self.views[row]

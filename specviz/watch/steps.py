@@ -72,7 +72,7 @@ def build_steps(
         heads = [j for j in before if calls[j].drafter]  # a draft head's calls: the step's proposals
         # A tree's drafts are read from the verify: every draft call since is its proposal.
         rows, proposals = [], set(before if call.trees else heads)
-        cached = any(call.cache_of(r) for r in range(call.batch_size))  # else every row of a re-prefill is read
+        cached = any(call.views[r].cache for r in range(call.batch_size))  # else every row of a re-prefill is read
         for r, seq_id in enumerate(row_seq_ids(call)):
             # A row that produced nothing and is no step of its sequence: idle (a finished
             # sequence's row the engine still computes, or a static slot fed only padding while
@@ -81,7 +81,7 @@ def build_steps(
             # stepped fed its prompt's next tokens, in a call where some row reads a cache.
             if r not in produced and (
                 seq_id not in running
-                or not any(call.query_flags(r))
+                or not any(call.views[r].flags)
                 or segment_of(call, r).chunk
                 or (cached and len(committed[seq_id]) == len(prompts[seq_id]) and _prefills(call, r, prompts[seq_id]))
             ):
@@ -89,7 +89,7 @@ def build_steps(
             proposals.update(j for j, _ in shown[r].chain)
             group = produced.get(r, Group(seq_id, [], None, index, call.started))  # nothing produced
             rows.append(_row_record(calls, index, r, seq_id, shown[r], group, len(committed[seq_id]), heads))
-            if content is not None and call.cache_of(r):  # its cache holds the tokens before the pending one
+            if content is not None and call.views[r].cache:  # its cache holds the tokens before the pending one
                 keys = None if call.keys0 is None or call.segments else call.keys0[r]  # (a cut packed row: shared)
                 content.append(ContentCheck(rows[-1], keys, committed[seq_id][:-1]))
             if rows[-1].tree_parents is not None:  # the sequence's previous tree row: the nodes of it this one attends
@@ -108,7 +108,7 @@ def build_steps(
             StepRecord(
                 step=len(steps),
                 batch_id=0,
-                cache_len=max(call.cache_of(r) + rq.pending for r, rq in enumerate(shown)),
+                cache_len=max(call.views[r].cache + rq.pending for r, rq in enumerate(shown)),
                 query_len=max(rq.drafts for rq in shown) + 1,
                 grouped=None,
                 draft_ms=round(sum(calls[j].ended - calls[j].started for j in proposals) * 1000, 4),
@@ -128,7 +128,7 @@ def build_steps(
 
 def _prefills(call: CallRecord, row: int, prompt: list[int]) -> bool:
     """Did the row feed the prompt's next tokens after its cache's, short of its end (a decode feeds the last)?"""
-    fed, c = attended_ids(call, row), call.cache_of(row)  # (a row fed nothing is idle, never asked)
+    fed, c = attended_ids(call, row), call.views[row].cache  # (a row fed nothing is idle, never asked)
     return c + len(fed) < len(prompt) and fed == prompt[c : c + len(fed)]
 
 
@@ -200,7 +200,7 @@ def _row_record(
     call = calls[index]
     drafts, targets = row_tokens(call, r, rq)
     accepted, bonus = accepted_and_bonus(group.tokens, drafts, targets)
-    runs, context, causal = call.view(r).mask_row(rq.pending, rq.drafts + 1)
+    runs, context, causal = call.views[r].mask_row(rq.pending, rq.drafts + 1)
     lead = next((n for value, n in runs[:1] if value == 0), 0)  # the padding the mask starts with
     shape: dict[str, Any] = {}  # the optional fields recorded (RowRecord's defaults: None)
     if tree_of(call, r) is not None:  # a tree row (schema 3): its own path and mask reading
@@ -211,7 +211,7 @@ def _row_record(
             runs, context = read
         causal = None
     # The positions the row's draft calls fed, and the context each attended where every mask was read.
-    contexts = [calls[j].view(dr).before(calls[j].last_slots[dr]) for j, dr in rq.chain]
+    contexts = [calls[j].views[dr].before(calls[j].last_slots[dr]) for j, dr in rq.chain]
     if rq.chain:
         shape["draft_position_ids"] = fed_positions(calls, rq.chain)
     if min(contexts, default=-1) >= 0:
@@ -220,7 +220,7 @@ def _row_record(
         row=r,
         seq_id=seq,
         committed_before=committed,
-        left_pad=min(lead, call.cache_of(r) + rq.pending),
+        left_pad=min(lead, call.views[r].cache + rq.pending),
         left_pad_after=None,
         pending_token=call.input_ids[r][rq.pending],
         draft_tokens=drafts,

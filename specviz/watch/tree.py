@@ -48,13 +48,13 @@ def _mask_trees(call: Any) -> None:
     depths (a chain engine's mask bug stays a chain); a call cut around tree nodes needs a branch only."""
     last = call.last_slots
     runs = [_live_run(call, r) for r in range(call.batch_size)]
-    found = [call.view(r).tree(last[r] - n + 1, n) if n >= 2 else None for r, n in enumerate(runs)]
+    found = [call.views[r].tree(last[r] - n + 1, n) if n >= 2 else None for r, n in enumerate(runs)]
     if not any(_fed_tree(p, call.positions[r], last[r], bool(call.tree_nodes)) for r, p in enumerate(found)):
         return
     for r, parents in enumerate(found):
         # A chain from a token that sees nothing before it (a root that branches at once is the
         # pending token): re-fed context, then the tree, and which token is pending is not said.
-        if parents is None or parents.count(0) != 1 or not call.view(r).refed_root(last[r] - len(parents) + 1):
+        if parents is None or parents.count(0) != 1 or not call.views[r].refed_root(last[r] - len(parents) + 1):
             continue
         if call.segments is None or branching(parents):
             call.mark_unreadable(
@@ -115,7 +115,7 @@ def packed_nodes(seen: Any, lines: list[tuple[int, bool, bool, bool]], positions
 
 def _live_run(call: Any, row: int) -> int:
     """Real query slots in a run ending at the row's last one."""
-    return len(list(takewhile(bool, reversed(call.query_flags(row)[: call.last_slots[row] + 1]))))
+    return len(list(takewhile(bool, reversed(call.views[row].flags[: call.last_slots[row] + 1]))))
 
 
 def consistent(tokens: list[int], parents: list[int], nodes: list[int], targets: list[int], free_last: bool) -> bool:
@@ -176,14 +176,14 @@ def tree_fields(call: Any, row: int, rq: Any, tokens: list[int], targets: list[i
     parents = call.trees[row]
     nodes = list(call.input_ids[row][rq.pending : rq.pending + len(parents)])
     path, bonus = accepted_path(tokens, parents, nodes, targets)
-    attends = call.view(row).node_attends(rq.pending, len(parents))
+    attends = call.views[row].node_attends(rq.pending, len(parents))
     fields = {"tree_parents": list(parents), "tree_depths": depths_of(parents), "node_attends": attends}
     return {**fields, "tree_path": path, "accepted": len(path), "bonus": bonus}
 
 
 def mask_row(call: Any, row: int, rq: Any) -> tuple[list[list[int]], int] | None:
     """The tree row's mask_rle and attended context (`View.tree_row`), None where not read."""
-    return call.view(row).tree_row(rq.pending, call.trees[row])
+    return call.views[row].tree_row(rq.pending, call.trees[row])
 
 
 def kept_nodes(call: Any, row: int, rq: Any, later: Any, later_row: int, later_rq: Any) -> list[int] | None:
@@ -200,8 +200,8 @@ def kept_nodes(call: Any, row: int, rq: Any, later: Any, later_row: int, later_r
             return None  # not packed the same way, or keys moved (another call between)
         first, line = call.node_keys[row] + rq.pending, later.held[later_row][0]
     else:
-        first, line = call.cache_width + rq.pending, later.view(later_row).keys(later_rq.pending)
-        before = call.view(row).keys(rq.pending)
+        first, line = call.cache_width + rq.pending, later.views[later_row].keys(later_rq.pending)
+        before = call.views[row].keys(rq.pending)
         if before is None or line is None or later.cache_width != call.cache_width + call.query_len:
             return None
         # Kept by index: the context it attended is still attended where it was (a cache compacted or

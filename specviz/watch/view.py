@@ -40,7 +40,7 @@ class View:
     @classmethod
     def read(cls, call: Any, row: int, flags: list[int]) -> View:
         """The view of a materialized call's row, its mask read as this class reads one."""
-        return cls(flags, call.cache_of(row))
+        return cls(flags, call.cache_width)
 
     def attends_cache(self) -> bool:
         """Does the row attend any slot of its cache (a newcomer prefilled over a shared one does not)?"""
@@ -88,7 +88,7 @@ class Padded(View):
     @classmethod
     def read(cls, call: Any, row: int, flags: list[int]) -> View:
         values, q = [int(v) for v in call.mask[row]], call.query_len
-        return cls(values[len(values) - q :] if len(values) >= q else flags, call.cache_of(row), values)
+        return cls(values[len(values) - q :] if len(values) >= q else flags, call.cache_width, values)
 
     def before(self, slot: int) -> int:
         return int(sum(self.values[: len(self.values) - len(self.flags) + slot]))
@@ -122,7 +122,7 @@ class _Lines(View):
 
     @classmethod
     def read(cls, call: Any, row: int, flags: list[int]) -> View:
-        return cls(flags, call.cache_of(row), call.mask[row], call.cache_width)
+        return cls(flags, call.cache_width, call.mask[row], call.cache_width)
 
     def _lines_from(self, first: int, n: int = 1) -> list[list[bool]]:
         """The mask lines of the n query slots from `first` (kept: `_kept`)."""

@@ -72,8 +72,8 @@ def test_a_packed_call_becomes_one_row_per_sequence() -> None:
     )
     assert apply(call, read_map(call)) and call.batch_size == 2 and call.query_len == 3
     assert call.input_ids == [[9, 0, 0], [5, 6, 7]] and call.positions == [[4, 0, 0], [2, 3, 4]]
-    assert call.argmax == [[40, None, None], [None, None, 41]] and call.contexts == [4, 2]
-    assert [call.view(1).before(t) for t in range(3)] == [2, 3, 4]
+    assert call.argmax == [[40, None, None], [None, None, 41]] and [v.cache for v in call.views] == [4, 2]
+    assert [call.views[1].before(t) for t in range(3)] == [2, 3, 4]
     masked = packed_call([5, 6, 7, 11, 12], [0, 1, 2, 0, 1], mask_kind="2d", mask=[[1] * 5])
     assert segments(masked) == [(0, 5)]
 

@@ -110,8 +110,9 @@ def test_a_block_diagonal_mask_over_a_shared_cache_cuts_where_a_token_starts_ove
     call = call_of([[9, 19]], [[2, 3]], mask_kind="4d", lines=lines, cache_width=5, rows=(3, 1))
     assert cut(call) == [(3, 0, 0, 1), (1, 0, 1, 1)] and read_map(call).source == "block-mask"
     assert apply(call, read_map(call))
-    assert all(isinstance(v, Counted) for v in call.views) and call.contexts == [2, 3] and call.cache_width == 3
-    assert [call.view(r).before(0) for r in range(2)] == [2, 3]
+    assert all(isinstance(v, Counted) for v in call.views) and call.cache_width == 3
+    assert [v.cache for v in call.views] == [2, 3]
+    assert [call.views[r].before(0) for r in range(2)] == [2, 3]
     # A causal block (no token drops a slot the one before it attended): one sequence.
     single = call_of([[9, 19]], [[2, 3]], mask_kind="4d", lines=line_summary(torch.tril(torch.ones(2, 2)) > 0))
     assert cut(single) == [(None, 0, 0, 2)]
@@ -153,7 +154,9 @@ def test_apply_unpacks_a_position_cut_call_causally_within_each_sequence() -> No
     assert [[n for n, _ in v.counts] for v in call.views] == [[1, 2, 3], [1, 2, 0]]
     assert [[one_more for _, one_more in v.counts] for v in call.views] == [[False, True, True], [False, True, False]]
     assert (
-        [v.last for v in call.views] == [2, 1] and call.segments == [(0, 0, 3), (0, 3, 2)] and call.contexts == [0, 0]
+        [v.last for v in call.views] == [2, 1]
+        and call.segments == [(0, 0, 3), (0, 3, 2)]
+        and [v.cache for v in call.views] == [0, 0]
     )
     assert call.batch_size == 2 and call.query_len == 3 and call.logit_slots is None
 
@@ -163,6 +166,6 @@ def test_apply_without_keys_or_a_readable_mask_leaves_the_mask_unread() -> None:
     so the rows carry no mask (its checks are skipped, never guessed)."""
     call = call_of([[5, 6, 7]], [[4, 2, 3]], cu_q=[0, 1, 3], cache_width=6, argmax=[[7, 8, 9]])
     assert apply(call, read_map(call))
-    assert call.mask is None and call.contexts == [0, 0]
-    assert [type(v) for v in call.views] == [View, View] and call.view(1).before(1) == -1
+    assert call.mask is None and [v.cache for v in call.views] == [0, 0]
+    assert [type(v) for v in call.views] == [View, View] and call.views[1].before(1) == -1
     assert call.argmax == [[7, None], [8, 9]] and call.held is None

@@ -44,18 +44,18 @@ def causal_tail(cache: int, q: int, attended_cache: list[int]) -> list[list[bool
 
 def test_no_mask_attends_everything_before() -> None:
     call = call_of("none", None, cache=4)
-    assert call.view(0).mask_row(0, 3) == ([[1, 7]], 4, None)
-    assert call.view(0).mask_row(1, 2) == ([[1, 7]], 5, None)  # one re-fed token before it
-    assert call.view(0).before(2) == 6
+    assert call.views[0].mask_row(0, 3) == ([[1, 7]], 4, None)
+    assert call.views[0].mask_row(1, 2) == ([[1, 7]], 5, None)  # one re-fed token before it
+    assert call.views[0].before(2) == 6
 
 
 def test_a_2d_mask_row_is_its_columns_up_to_the_last_draft() -> None:
     """Cache of 4 with its first slot padding, query of 3: [0, 1, 1, 1 | 1, 1, 1]."""
     call = call_of("2d", [[0, 1, 1, 1, 1, 1, 1]], cache=4)
-    assert call.view(0).mask_row(0, 3) == ([[0, 1], [1, 6]], 3, None)
-    assert call.view(0).mask_row(1, 1) == ([[0, 1], [1, 5]], 4, None)  # slot 1 pending, nothing after
-    assert call.view(0).before(0) == 3 and call.view(0).before(2) == 5
-    assert call.view(0).attends_cache()
+    assert call.views[0].mask_row(0, 3) == ([[0, 1], [1, 6]], 3, None)
+    assert call.views[0].mask_row(1, 1) == ([[0, 1], [1, 5]], 4, None)  # slot 1 pending, nothing after
+    assert call.views[0].before(0) == 3 and call.views[0].before(2) == 5
+    assert call.views[0].attends_cache()
     right_padded = call_of("2d", [[1, 1, 1, 1, 0]], cache=2)  # its last query slot is padding
     assert attended_ids(right_padded, 0) == [7, 7] and first_slot_query(right_padded, 0) == RowQuery(0, 1, ())
     holed = call_of("2d", [[1, 1, 1, 0, 1]], cache=2)  # a masked slot between the pending token and a draft
@@ -64,19 +64,19 @@ def test_a_2d_mask_row_is_its_columns_up_to_the_last_draft() -> None:
 
 def test_a_4d_tail_is_causal_only_when_every_query_row_sees_the_same_context_and_itself() -> None:
     call = call_of("4d", [causal_tail(3, 3, [1, 0, 1])], cache=3)
-    assert call.view(0).mask_row(0, 3) == ([[1, 1], [0, 1], [1, 4]], 2, True)
-    assert call.view(0).before(1) == 3
+    assert call.views[0].mask_row(0, 3) == ([[1, 1], [0, 1], [1, 4]], 2, True)
+    assert call.views[0].before(1) == 3
     future = causal_tail(3, 3, [1, 1, 1])
     future[0][4] = True  # the pending token sees the first draft
-    assert call_of("4d", [future], cache=3).view(0).mask_row(0, 3)[2] is False
+    assert call_of("4d", [future], cache=3).views[0].mask_row(0, 3)[2] is False
     other_context = causal_tail(3, 3, [1, 1, 1])
     other_context[2][0] = False  # the last draft lost a context slot
-    assert call_of("4d", [other_context], cache=3).view(0).mask_row(0, 3)[2] is False
+    assert call_of("4d", [other_context], cache=3).views[0].mask_row(0, 3)[2] is False
     missing_self = causal_tail(3, 3, [1, 1, 1])
     missing_self[1][4] = False  # the first draft does not see itself
-    assert call_of("4d", [missing_self], cache=3).view(0).mask_row(0, 3) == ([[1, 4], [0, 1], [1, 1]], 3, False)
+    assert call_of("4d", [missing_self], cache=3).views[0].mask_row(0, 3) == ([[1, 4], [0, 1], [1, 1]], 3, False)
     short = call_of("4d", [causal_tail(3, 3, [1, 1, 1])[1:]], cache=3)  # only the last 2 query rows kept
-    assert short.view(0).mask_row(0, 3) == ([], -1, None) and short.view(0).before(0) == -1
+    assert short.views[0].mask_row(0, 3) == ([], -1, None) and short.views[0].before(0) == -1
 
 
 def test_a_static_cache_mask_is_read_by_counts() -> None:
@@ -88,29 +88,29 @@ def test_a_static_cache_mask_is_read_by_counts() -> None:
 
     good = rows({0, 1, 2, 5}, {0, 1, 2, 5, 6}, {0, 1, 2, 5, 6, 7})
     call = call_of("4d-slots", [good], cache=8)
-    assert call.view(0).mask_row(0, 3) == ([[1, 6]], 3, True)
-    assert call.view(0).before(0) == 3 and call.view(0).before(2) == 5
+    assert call.views[0].mask_row(0, 3) == ([[1, 6]], 3, True)
+    assert call.views[0].before(0) == 3 and call.views[0].before(2) == 5
     stale = rows({0, 1, 2, 5}, {0, 1, 2, 3, 5, 6}, {0, 1, 2, 3, 5, 6, 7})
-    assert call_of("4d-slots", [stale], cache=8).view(0).mask_row(0, 3) == ([[1, 4], [0, 1], [1, 1]], 3, False)
+    assert call_of("4d-slots", [stale], cache=8).views[0].mask_row(0, 3) == ([[1, 4], [0, 1], [1, 1]], 3, False)
     moved = rows({0, 1, 2, 5}, {0, 1, 2, 6}, {0, 1, 2, 6, 7})  # as many slots, but not a superset
-    assert call_of("4d-slots", [moved], cache=8).view(0).mask_row(0, 3)[2] is False
+    assert call_of("4d-slots", [moved], cache=8).views[0].mask_row(0, 3)[2] is False
     short = call_of("4d-slots", [good[1:]], cache=8)  # the pending slot's mask row was not kept
-    assert short.view(0).mask_row(0, 3) == ([], -1, None)
+    assert short.views[0].mask_row(0, 3) == ([], -1, None)
 
 
 def counted(counts: list[tuple[int, bool]]) -> CallRecord:
     """A packed call's segment as `batchmap.apply` leaves it: its view read by counts."""
-    return call_of("unknown", None, cache=0, contexts=[3], views=[Counted([1] * len(counts), 3, counts)])
+    return call_of("unknown", None, cache=0, views=[Counted([1] * len(counts), 3, counts)])
 
 
 def test_a_packed_rows_counts_are_read_like_a_static_cache() -> None:
     call = counted([(4, False), (5, True), (6, True)])
-    assert call.view(0).mask_row(0, 3) == ([[1, 6]], 3, True)
-    assert call.view(0).before(2) == 5
+    assert call.views[0].mask_row(0, 3) == ([[1, 6]], 3, True)
+    assert call.views[0].before(2) == 5
     leak = counted([(4, False), (5, True), (7, False)])
-    assert leak.view(0).mask_row(0, 3) == ([[1, 5], [0, 1]], 3, False)
+    assert leak.views[0].mask_row(0, 3) == ([[1, 5], [0, 1]], 3, False)
     unknown = call_of("unknown", None, cache=2)  # a mask the hooks could not read
-    assert unknown.view(0).mask_row(0, 3) == ([], -1, None) and unknown.view(0).before(1) == -1
+    assert unknown.views[0].mask_row(0, 3) == ([], -1, None) and unknown.views[0].before(1) == -1
 
 
 def test_argmax_at_a_slot_and_the_rows_sequences() -> None:
@@ -121,9 +121,9 @@ def test_argmax_at_a_slot_and_the_rows_sequences() -> None:
     call.argmax_is_choice = False  # the engine samples: no argmax is its choice
     assert argmax_at(call, 1, 3) is None
     assert row_seq_ids(call_of("none", None, cache=0, batch=2, rows=(5,))) == (0, 1)  # another size: default order
-    assert not call.view(0).attends_cache()  # no cache
+    assert not call.views[0].attends_cache()  # no cache
     unattended = call_of("2d", [[0, 0, 1, 1, 1]], cache=2)
-    assert not unattended.view(0).attends_cache() and call_of("4d", None, cache=2).view(0).attends_cache()
+    assert not unattended.views[0].attends_cache() and call_of("4d", None, cache=2).views[0].attends_cache()
 
 
 def test_a_reading_is_frozen() -> None:

@@ -14,6 +14,7 @@ from tiny import make_pair
 from specviz.watch import headinput
 from specviz.watch.headinput import MAX_CANDIDATES, HiddenTap, head_source, unfound_note
 from specviz.watch.hooks import CallRecord
+from specviz.watch.view import read_views
 
 
 def at(row: int, column: int) -> tuple[int, ...]:
@@ -30,6 +31,7 @@ def target_call(rows: tuple[int, ...], positions: list[list[int]], **fields) -> 
     )  # fmt: skip
     for name, value in fields.items():
         setattr(call, name, value)
+    call.views = read_views(call)  # as `materialize` reads them
     return call
 
 

@@ -11,6 +11,7 @@ from watch_calls import tokens_of
 # The code under test, in one block.
 from specviz.watch.infer.match import MATCHINGS, _columns, _matchings
 from specviz.watch.record import CallRecord
+from specviz.watch.view import read_views
 
 
 def test_one_row_one_sequence() -> None:
@@ -63,7 +64,9 @@ def test_the_enumeration_stops_at_matchings() -> None:
 
 def test_a_rows_2d_mask_columns_are_read_from_its_view_where_it_was_fed_one() -> None:
     def call(kind: str, mask) -> CallRecord:
-        return CallRecord("target", None, [[5]], [[2]], True, 2, kind, mask, 1, 1)
+        made = CallRecord("target", None, [[5]], [[2]], True, 2, kind, mask, 1, 1)
+        made.views = read_views(made)  # as `materialize` reads them
+        return made
 
     assert _columns(call("2d", [[0, 1, 1]]), 0) == [0, 1, 1]
     assert _columns(call("2d", None), 0) is None  # none kept: nothing to compare

@@ -45,7 +45,7 @@ def test_a_left_padded_2d_batch() -> None:
     c = call([[0, 5, 6], [7, 8, 9]], torch.tensor([[0, 1, 1], [1, 1, 1]]), "2d")
     c.materialize()
     assert c.input_ids == [[0, 5, 6], [7, 8, 9]] and c.mask == [[0, 1, 1], [1, 1, 1]]
-    assert c.query_flags(0) == [0, 1, 1] and c.query_flags(1) == [1, 1, 1]
+    assert c.views[0].flags == [0, 1, 1] and c.views[1].flags == [1, 1, 1]
     assert c.last_slots == [2, 2]
     assert c.map.source == "padded" and [s.row for s in c.map.segments] == [0, 1]
 
@@ -55,15 +55,15 @@ def test_a_right_padded_2d_batch_with_a_cache() -> None:
     last real slot is 1; the flags are the mask's last 3 entries."""
     c = call([[5, 6, 0], [7, 8, 9]], torch.tensor([[1, 1, 1, 1, 0], [0, 1, 1, 1, 1]]), "2d", width=2)
     c.materialize()
-    assert c.query_flags(0) == [1, 1, 0] and c.query_flags(1) == [1, 1, 1]
+    assert c.views[0].flags == [1, 1, 0] and c.views[1].flags == [1, 1, 1]
     assert c.last_slots == [1, 2]
-    assert c.cache_of(0) == 2 and c.cache_of(1) == 2
+    assert c.views[0].cache == 2 and c.views[1].cache == 2
 
 
 def test_a_2d_mask_narrower_than_the_query_says_nothing_of_it() -> None:
     c = call([[5, 6, 7]], torch.tensor([[1, 0]]), "2d")
     c.materialize()
-    assert c.query_flags(0) == [1, 1, 1] and c.last_slots == [2]
+    assert c.views[0].flags == [1, 1, 1] and c.last_slots == [2]
 
 
 def test_a_4d_row_is_read_by_which_query_slots_attend_anything() -> None:
@@ -72,11 +72,11 @@ def test_a_4d_row_is_read_by_which_query_slots_attend_anything() -> None:
     c = call([[0, 5, 6], [0, 0, 0]], None, "4d", query_live=torch.tensor([[False, True, True], [False, False, False]]))
     c.materialize()
     assert c.query_live == [[False, True, True], [False, False, False]]
-    assert c.query_flags(0) == [0, 1, 1] and c.query_flags(1) == [0, 0, 0]
+    assert c.views[0].flags == [0, 1, 1] and c.views[1].flags == [0, 0, 0]
     assert c.last_slots == [2, 2]
     slots = call([[0, 5]], None, "4d-slots", query_live=[[False, False]])
     slots.materialize()
-    assert slots.query_flags(0) == [0, 0]
+    assert slots.views[0].flags == [0, 0]
 
 
 def test_a_row_of_another_mask_with_no_live_slot_is_all_real() -> None:
@@ -84,27 +84,19 @@ def test_a_row_of_another_mask_with_no_live_slot_is_all_real() -> None:
     nothing: every slot is a token. One with a live slot says which."""
     c = call([[5, 6], [7, 8]], None, "unknown", query_live=[[False, False], [True, False]])
     c.materialize()
-    assert c.query_flags(0) == [1, 1] and c.query_flags(1) == [1, 0]
+    assert c.views[0].flags == [1, 1] and c.views[1].flags == [1, 0]
     assert c.last_slots == [1, 0]
     plain = call([[5, 6]], None, "none")
     plain.materialize()
-    assert plain.query_flags(0) == [1, 1] and plain.last_slots == [1]
+    assert plain.views[0].flags == [1, 1] and plain.last_slots == [1]
 
 
 def test_query_flags_are_read_once_and_shared() -> None:
     c = call([[0, 5]], torch.tensor([[0, 1]]), "2d")
     c.materialize()
-    first = c.query_flags(0)
+    first = c.views[0].flags
     c.mask = [[1, 1]]  # nothing changes a materialized call's mask: the flags were read already
-    assert c.query_flags(0) is first and first == [0, 1]
-
-
-def test_a_packed_rows_cache_is_its_own() -> None:
-    c = call([[5]], None, "none", width=7)
-    c.contexts = [3, 0, 5]
-    assert [c.cache_of(r) for r in range(3)] == [3, 0, 5]
-    c.contexts = None
-    assert c.cache_of(2) == 7
+    assert c.views[0].flags is first and first == [0, 1]
 
 
 # ----------------------------------------------------------------------------- materialize
@@ -139,7 +131,7 @@ def test_a_packed_4d_call_becomes_one_row_per_sequence() -> None:
     c.materialize()
     assert c.map.source == "block-mask" and [(s.start, s.length) for s in c.map.segments] == [(0, 3), (3, 2)]
     assert c.batch_size == 2 and c.input_ids == [[5, 6, 7], [11, 12, 0]]
-    assert c.query_flags(0) == [1, 1, 1] and c.query_flags(1) == [1, 1, 0]
+    assert c.views[0].flags == [1, 1, 1] and c.views[1].flags == [1, 1, 0]
     assert c.last_slots == [2, 1]
     assert c.segments == [(0, 0, 3), (0, 3, 2)]
     (a_first, a_last), (b_first, b_last) = c.held
@@ -159,7 +151,7 @@ def test_a_packed_call_with_one_sequence_is_read_as_any_4d_mask() -> None:
     c.materialize()
     assert c.batch_size == 1 and c.map.source == "padded"
     assert c.mask == [causal(3).tolist()]
-    assert c.held is None and c.last_slots == [2] and c.query_flags(0) == [1, 1, 1]
+    assert c.held is None and c.last_slots == [2] and c.views[0].flags == [1, 1, 1]
 
 
 def test_a_packed_call_whose_first_slot_attends_nothing() -> None:
@@ -170,7 +162,7 @@ def test_a_packed_call_whose_first_slot_attends_nothing() -> None:
     c = call([[0, 5, 6]], mask[None], "4d", packed=True, positions=torch.tensor([[0, 0, 1]]))
     c.materialize()
     assert c.batch_size == 1 and c.query_live == [[False, True, True]]
-    assert c.query_flags(0) == [0, 1, 1] and c.last_slots == [2]
+    assert c.views[0].flags == [0, 1, 1] and c.last_slots == [2]
 
 
 def test_a_packed_call_over_a_cache_keeps_where_its_keys_end() -> None:
@@ -236,7 +228,7 @@ def test_a_declared_tree_in_one_row_is_not_cut_by_its_mask() -> None:
     c.parents = [[-1, 0, 1]]
     c.materialize()
     assert not c.packed and c.batch_size == 1 and c.lines is None
-    assert c.trees == [[-1, 0, 1]] and c.query_flags(0) == [1, 1, 1]
+    assert c.trees == [[-1, 0, 1]] and c.views[0].flags == [1, 1, 1]
 
 
 def test_one_tree_in_a_packed_call_keeps_its_mask_for_the_tree_reading() -> None:

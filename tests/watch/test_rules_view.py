@@ -85,7 +85,7 @@ def test_a_row_given_no_cache_attends_none_of_it_whatever_its_2d_mask() -> None:
     v = Padded([1, 1, 1], 0, [1, 0])
     assert not v.attends_cache()
     c = _call([[5, 6, 7]], torch.tensor([[1, 0]]), "2d")
-    assert c.view(0).flags == [1, 1, 1] and not c.view(0).attends_cache()
+    assert c.views[0].flags == [1, 1, 1] and not c.views[0].attends_cache()
 
 
 # ----------------------------------------------------------------------------- a [cache | query] 4-D mask
@@ -259,10 +259,10 @@ def _call(ids: list[list[int]], mask, kind: str, width: int = 0) -> CallRecord:
 def test_each_mask_kind_gets_its_view() -> None:
     plain = _call([[5, 6], [7, 8]], None, "none", width=2)
     assert [type(v) for v in read_views(plain)] == [Unmasked, Unmasked]
-    assert plain.view(1).before(1) == 3
+    assert plain.views[1].before(1) == 3
     unknown = _call([[5, 6]], None, "unknown")
     assert [type(v) for v in read_views(unknown)] == [View]
     padded = _call([[0, 5, 6]], torch.tensor([[1, 1, 0, 1, 1]]), "2d", width=2)
-    assert [type(v) for v in read_views(padded)] == [Padded] and padded.view(0).flags == [0, 1, 1]
+    assert [type(v) for v in read_views(padded)] == [Padded] and padded.views[0].flags == [0, 1, 1]
     keyed = _call([[5, 6, 7]], torch.tensor([CHAIN]), "4d", width=2)
-    assert [type(v) for v in read_views(keyed)] == [Keyed] and keyed.view(0).mask_row(0, 3) == ([[1, 5]], 2, True)
+    assert [type(v) for v in read_views(keyed)] == [Keyed] and keyed.views[0].mask_row(0, 3) == ([[1, 5]], 2, True)

@@ -380,7 +380,9 @@ def _slots_call(block: list[list[int]]):
     from specviz.watch.hooks import CallRecord
 
     rows = [[bool(v) for v in line] for line in block]
-    return CallRecord("target", None, [[5, 6, 7]], [[4, 5, 6]], True, 8, "4d-slots", [rows], 1, 3)
+    call = CallRecord("target", None, [[5, 6, 7]], [[4, 5, 6]], True, 8, "4d-slots", [rows], 1, 3)
+    call.materialize()
+    return call
 
 
 @pytest.mark.parametrize(
@@ -397,5 +399,5 @@ def _slots_call(block: list[list[int]]):
 )
 def test_static_slot_masks_are_read_by_counts(block, expected) -> None:
     call = _slots_call(block)
-    assert call.view(0).mask_row(0, 3) == expected  # the pending token at slot 0, then two drafts
-    assert call.view(0).before(2) == sum(block[2]) - 1
+    assert call.views[0].mask_row(0, 3) == expected  # the pending token at slot 0, then two drafts
+    assert call.views[0].before(2) == sum(block[2]) - 1

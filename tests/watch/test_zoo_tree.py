@@ -27,6 +27,7 @@ from specviz.analysis.check import check_trace
 from specviz.trace.invariants import Invariant
 from specviz.watch import WatchError
 from specviz.watch.tree import parents_of_block
+from specviz.watch.view import read_views
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17], [20, 21], [30, 31, 32, 33, 34]]
 BUDGETS = [10, 4, 10, 7, 9]
@@ -256,6 +257,7 @@ def _tree_call(cache_width: int, ids: list[int], positions: list[int], block: li
     mask = [[[True] * cache_width + [bool(v) for v in line] for line in block]]
     call = CallRecord("target", None, [ids], [positions], True, cache_width, "4d", mask, 1, len(ids))
     call.last_slots = [len(ids) - 1]
+    call.views = read_views(call)  # as `materialize` reads them
     return call
 
 
@@ -306,6 +308,7 @@ def _with_view(width: int, seen: list[int], token: int):
     """A one-token target call after `width` cache slots whose pending token attends `seen` and itself."""
     call = _tree_call(width, [token], [4], [[1]])
     call.mask = [[[j in seen for j in range(width)] + [True]]]
+    call.views = read_views(call)
     return call
 
 

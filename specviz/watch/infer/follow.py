@@ -24,7 +24,7 @@ class Follower(Assignments, Gains):
         # Target call -> what its draft rows that keep no cache attended (`_opens`: a newcomer re-read).
         rows = {j: [(d, r) for d in calls[j + 1 : end] for r in range(d.batch_size)] for j, end in ends}
         self.cacheless = {
-            j: [attended_ids(d, r) for d, r in dr if not d.view(r).attends_cache()] for j, dr in rows.items()
+            j: [attended_ids(d, r) for d, r in dr if not d.views[r].attends_cache()] for j, dr in rows.items()
         }
         self.read = CallReader(calls)
         # No draft model (prompt lookup, n-gram, extra heads): drafts follow the committed tokens.
@@ -82,7 +82,7 @@ class Follower(Assignments, Gains):
             # The rows continued are those of the last call fed the same cache (micro-batches taking
             # turns, rows verified one at a time), else of the last call.
             self.prev = self.last_on.get(call.cache_id, self.prev)
-            assigned = self._assign(j, [r for r in range(call.batch_size) if any(call.query_flags(r))])
+            assigned = self._assign(j, [r for r in range(call.batch_size) if any(call.views[r].flags)])
         before = {s.id: s.at[0] for s in self.seqs}
         self._apply(j, assigned)
         self.rows[j] = tuple(self._row_id(j, r, assigned) for r in range(call.batch_size))
@@ -198,15 +198,15 @@ class Follower(Assignments, Gains):
         # A known sequence is read from its first token (`Seq.base`); a new one by an id of its own.
         stale, shift, known = (0, 0, len(self.seqs) + r) if seq < 0 else (*self.seqs[seq].base, seq)
         rq = self.read(j, r, known)
-        if self.draft_free and call.view(r).attends_cache():  # its first real slot is the pending token
+        if self.draft_free and call.views[r].attends_cache():  # its first real slot is the pending token
             rq = first_slot_query(call, r) or rq
-        context = call.view(r).before(rq.pending)
+        context = call.views[r].before(rq.pending)
         return RowView(
             rq=rq,
             token=call.input_ids[r][rq.pending],
             context=context - stale if context >= 0 else context,
             query=attended_ids(call, r, rq.pending),
-            whole=not call.view(r).attends_cache(),
+            whole=not call.views[r].attends_cache(),
             position=int(call.positions[r][rq.pending]) - shift if call.positions_fed else -1,
         )
 
@@ -239,7 +239,7 @@ class Follower(Assignments, Gains):
 
     def _again(self, j: int, r: int) -> bool:
         """A cached row that feeds a finished (or out: after its greedy last step) sequence's last token again."""
-        if not self.calls[j].view(r).attends_cache():
+        if not self.calls[j].views[r].attends_cache():
             return False
         ends = [
             (s, s.context + self._step_tokens(s).greedy if s.out else s.context)
@@ -267,7 +267,7 @@ class Follower(Assignments, Gains):
                 self._continue(self.seqs[seq], j, r, how)
 
     def _new(self, j: int, r: int) -> int:
-        fed = any(self.calls[j].query_flags(r))  # (a row with no token yet: a one-token prompt's prefill)
+        fed = any(self.calls[j].views[r].flags)  # (a row with no token yet: a one-token prompt's prefill)
         query, base = (self._view(j, r, NEW).query, self._base(j, r)) if fed else ([], (0, 0))
         prefix, seq = self._shared_prefix(j, base)
         if prefix:  # its prompt starts with the prefix its first token attends: no stale KV
@@ -291,7 +291,7 @@ class Follower(Assignments, Gains):
         alone = [s for s in self._live if s.opened and s.at == s.origin and self.calls[s.origin[0]].batch_size == 1]
         whole = [s for s in alone if s.origin[0] < j and len(s.context) == stale]
         call = self.calls[j]
-        sharing = [q for q in range(call.batch_size) if any(call.query_flags(q)) and self._base(j, q) == base]
+        sharing = [q for q in range(call.batch_size) if any(call.views[q].flags) and self._base(j, q) == base]
         if len(whole) != 1 or len(sharing) < 2:
             return [], len(self.seqs)
         self.prefixes[whole[0].id] = list(whole[0].context)

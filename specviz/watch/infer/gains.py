@@ -109,7 +109,7 @@ class Gains:
         if not v.rq.chain:
             return []
         call, row = v.rq.chain[0]
-        return [] if self.calls[call].view(row).attends_cache() else attended_ids(self.calls[call], row)
+        return [] if self.calls[call].views[row].attends_cache() else attended_ids(self.calls[call], row)
 
     def _by_token(self, s: Seq, v: RowView) -> list[int]:
         """The step's tokens by the row's pending token alone (the drafts before the slot that chose it)."""

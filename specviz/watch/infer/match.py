@@ -144,10 +144,10 @@ class Assignments:
     def _base(self, j: int, r: int) -> tuple[int, int]:
         """A new cached row: the slots its first token attends before itself and its position (`Seq.base`)."""
         call = self.calls[j]
-        if not call.view(r).attends_cache():
+        if not call.views[r].attends_cache():
             return (0, 0)
-        first = call.query_flags(r).index(1)
-        context = call.view(r).before(first)
+        first = call.views[r].flags.index(1)
+        context = call.views[r].before(first)
         return (max(context, 0), int(call.positions[r][first]) if call.positions_fed else 0)
 
     def _one_assignment(
@@ -280,7 +280,7 @@ def _rest(rows: list[int], out: dict[int, Any]) -> list[int]:
 
 def _columns(call: Any, row: int) -> list[int] | None:
     """The row's 2-D mask over [cache | query] (`view.Padded`), where it was fed one."""
-    view = call.view(row)
+    view = call.views[row]
     return view.values if isinstance(view, Padded) else None
 
 
