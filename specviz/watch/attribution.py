@@ -8,7 +8,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
-from specviz.watch.calls import CallReader, argmax_at, first_slot_query, row_seq_ids, segment_of
+from specviz.watch.calls import CallReader, argmax_at, first_slot_query, segment_of
 
 
 @dataclass
@@ -46,7 +46,7 @@ def attribute(
     for i, call in enumerate(calls):
         if call.role == "target":
             # A row said to be a prefill chunk fed its prompt, no pending token: no step of its sequence.
-            for r, seq in enumerate(row_seq_ids(call)):
+            for r, seq in enumerate(call.seq_ids):
                 if not segment_of(call, r).chunk:
                     featured.setdefault(seq, []).append(i)
     last_group: dict[int, Group] = {}
@@ -98,7 +98,7 @@ class _Rows:
     def pending_slot(self, index: int, seq: int) -> tuple[int, int]:
         """(row, pending slot) of the sequence in call `index` (no draft model: its first real slot)."""
         call = self.read.calls[index]
-        row = row_seq_ids(call).index(seq)
+        row = call.seq_ids.index(seq)
         rq = self.read(index, row)
         if self.draft_free and call.views[row].attends_cache() and segment_of(call, row).drafts is None:
             rq = first_slot_query(call, row) or rq
@@ -109,7 +109,7 @@ class _Rows:
         after = featuring[bisect_right(featuring, floor) :]
 
         def fed(i: int) -> int:
-            row = row_seq_ids(self.read.calls[i]).index(seq)
+            row = self.read.calls[i].seq_ids.index(seq)
             return self.read.calls[i].input_ids[row][self.read(i, row).pending]
 
         return next((i for i in reversed(after) if fed(i) == pending), max(after, default=-1))

@@ -1,6 +1,7 @@
 """Reading one row of one materialized captured call: its pending slot and draft chain (`RowQuery`,
-`CallReader`), the argmax at a slot, and the tokens it verified: which emitted tokens fit them, and
-what they accepted. What a row feeds and attends is its `view.View`'s; this module reads through it."""
+`CallReader`), the argmax at a slot, and all a verify row shows before any emission is credited to
+it (`read_step`, `RowRead`): its nodes, the target's choices, its mask row, its drafts' feeds. What a
+row feeds and attends is its `view.View`'s; this module reads through it."""
 
 from __future__ import annotations
 
@@ -21,9 +22,111 @@ class RowQuery:
     chain: tuple[tuple[int, int], ...]  # (draft call index, draft row) per draft, in order
 
 
-def row_seq_ids(call: CallRecord) -> tuple[int, ...]:
-    """The sequence each row of the call held (the default order when the engine declared none)."""
-    return call.rows if call.rows is not None and len(call.rows) == call.batch_size else tuple(range(call.batch_size))
+@dataclass
+class RowRead:
+    """One row of a verify call as the call shows it, before any emission is credited to it
+    (`read_step`). A chain is read as a tree whose node i hangs off node i - 1, so one path rule
+    (`tree.consistent`, `tree.accepted_path`) reads both."""
+
+    row: int
+    seq_id: int
+    rq: RowQuery
+    nodes: list[int]  # [d + 1]: the pending token, then the drafts (a tree's nodes)
+    targets: list[int]  # [d + 1]: the target's argmax at each node's slot ([]: not kept)
+    parents: list[int]  # [d + 1]: each node's parent (-1: the root)
+    tree: bool  # a tree row (declared or read from its mask), else a chain
+    passive: bool  # idle, a prefill chunk or a newcomer's prefill riding along: a step only if credited
+    runs: list[list[int]]  # the pending token's mask row (`View.mask_row`, a tree's `View.tree_row`)
+    context: int  # the slots it attends before the pending token (-1: not read)
+    causal: bool | None  # the query block causal (None: not said, or a tree)
+    attends: list[list[int]] | None  # a tree row's nodes: the nodes each attends
+    cache: int  # slots in its cache before the call
+    positions: list[int]  # [d + 1]: the positions its nodes were fed
+    draft_positions: list[int] | None  # per draft call of its chain: the position fed (None: no chain)
+    draft_contexts: list[int]  # per draft call of its chain: the slots it attended (-1: not read)
+
+
+@dataclass
+class StepRead:
+    """A verify call's rows (`RowRead`) and the draft calls since the target call before it."""
+
+    rows: list[RowRead]
+    drafted: list[int]  # the draft calls since the previous target call, latest first
+    heads: list[int]  # those of a draft head (its proposals are read from the verify)
+
+
+def read_step(
+    read: CallReader,
+    index: int,
+    committed: dict[int, list[int]],
+    prompts: list[list[int]],
+    running: set[int],
+    draft_free: bool,
+) -> StepRead:
+    """Target call `index` read row by row (`CallReader.step_rows`), each sequence holding its
+    `committed` tokens; a row is passive where it may produce nothing and be no step of its
+    sequence: a finished sequence's row the engine still computes, a static slot fed only padding, a
+    prefill chunk said so, or a newcomer's prefill riding in another's step (a sequence not stepped
+    yet fed its prompt's next tokens, in a call where some row reads a cache: vLLM mixes them in)."""
+    calls, call = read.calls, read.calls[index]
+    shown = read.step_rows(index, committed, draft_free)
+    drafted = draft_calls_before(calls, index)
+    cached = any(v.cache for v in call.views)  # else every row of a re-prefill is read
+    rows = []
+    for r, seq_id in enumerate(call.seq_ids):
+        passive = (
+            seq_id not in running
+            or not any(call.views[r].flags)
+            or segment_of(call, r).chunk
+            or (cached and len(committed[seq_id]) == len(prompts[seq_id]) and _prefills(call, r, prompts[seq_id]))
+        )
+        rows.append(row_read(calls, index, r, seq_id, shown[r], passive))
+    return StepRead(rows, drafted, [j for j in drafted if calls[j].drafter])
+
+
+def _prefills(call: CallRecord, row: int, prompt: list[int]) -> bool:
+    """Did the row feed the prompt's next tokens after its cache's, short of its end (a decode feeds the last)?"""
+    fed, c = attended_ids(call, row), call.views[row].cache  # (a row fed nothing is idle, never asked)
+    return c + len(fed) < len(prompt) and fed == prompt[c : c + len(fed)]
+
+
+def row_read(calls: list[CallRecord], index: int, r: int, seq_id: int, rq: RowQuery, passive: bool) -> RowRead:
+    """Row `r` of call `index`, holding `seq_id`, read as `rq` (`read_step` says whether it is `passive`)."""
+    call, view = calls[index], calls[index].views[r]
+    drafts, targets = row_tokens(call, r, rq)
+    runs, context, causal = view.mask_row(rq.pending, rq.drafts + 1)
+    parents, attends = tree_of(call, r), None
+    if parents is not None:  # a tree row (schema 3): its own mask reading
+        read = view.tree_row(rq.pending, parents)
+        if read is not None:
+            runs, context = read
+        causal, attends = None, view.node_attends(rq.pending, len(parents))
+    # Where the row's draft calls fed it, and the context each attended where its mask was read.
+    contexts = [calls[j].views[dr].before(calls[j].last_slots[dr]) for j, dr in rq.chain]
+    return RowRead(
+        row=r,
+        seq_id=seq_id,
+        rq=rq,
+        nodes=[call.input_ids[r][rq.pending], *drafts],
+        targets=targets,
+        parents=list(range(-1, len(drafts))) if parents is None else list(parents),
+        tree=parents is not None,
+        passive=passive,
+        runs=runs,
+        context=context,
+        causal=causal,
+        attends=attends,
+        cache=view.cache,
+        positions=list(call.positions[r][rq.pending : rq.pending + rq.drafts + 1]),
+        draft_positions=fed_positions(calls, rq.chain) if rq.chain else None,
+        draft_contexts=contexts,
+    )
+
+
+def draft_calls_before(calls: list[CallRecord], index: int) -> list[int]:
+    """The draft calls since the target call before this one, latest first (a tree's proposals, timed)."""
+    before = next((j for j in range(index - 1, -1, -1) if calls[j].role == "target"), -1)
+    return list(range(index - 1, before, -1))
 
 
 _UNSAID = Segment(None, 0, 0, 1)  # what a call with no readable map says of a row: nothing
@@ -72,7 +175,7 @@ class CallReader:
         gave are read after the sequence's `committed` tokens (`draft_free_query`)."""
         call = self.calls[index]
         shown = [self(index, r) for r in range(call.batch_size)]
-        for r, seq_id in enumerate(row_seq_ids(call)):
+        for r, seq_id in enumerate(call.seq_ids):
             if draft_free and not shown[r].drafts and segment_of(call, r).drafts is None:
                 shown[r] = draft_free_query(call, r, committed.get(seq_id, [])) or shown[r]
         return shown
@@ -82,7 +185,7 @@ class CallReader:
         last, parents = verify.last_slots[row], tree_of(verify, row)
         if parents is not None:
             return RowQuery(last - len(parents) + 1, len(parents) - 1, ())
-        seq = row_seq_ids(verify)[row] if seq is None else seq
+        seq = verify.seq_ids[row] if seq is None else seq
         proposals = self._draft_calls(index, seq, pass_reprefill)
         declared = any(self.calls[j].rows is not None for j in proposals)
         key = (index, row, seq if declared else None, proposals)
@@ -104,8 +207,8 @@ class CallReader:
                 if call.argmax is not None and not call.drafter:  # a head's proposals are read from the verify
                     found.append(j)
                 continue
-            if seq in row_seq_ids(call):
-                if found or passed or self._read_row(j, row_seq_ids(call).index(seq), None, False).drafts:
+            if seq in call.seq_ids:
+                if found or passed or self._read_row(j, call.seq_ids.index(seq), None, False).drafts:
                     break
                 passed = True
         return tuple(found[::-1])
@@ -227,13 +330,6 @@ def row_tokens(call: CallRecord, row: int, rq: RowQuery) -> tuple[list[int], lis
     return drafts, ([] if None in targets else targets)
 
 
-def consistent(tokens: list[int], drafts: list[int], targets: list[int], free_last: bool = False) -> bool:
-    """Tokens read as some drafts, then maybe the target's own token there (any, with `free_last`)."""
-    n = _agree(tokens, drafts)
-    rest = tokens[n:]  # after the drafts they repeat: nothing, or the one token the target chose
-    return rest in ([], targets[n : n + 1]) or free_last and len(rest) == 1
-
-
 def _agree(a: list[int], b: list[int]) -> int:
     """How many leading items `a` and `b` share."""
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
@@ -242,15 +338,6 @@ def _agree(a: list[int], b: list[int]) -> int:
 def matched_prefix(drafts: list[int], targets: list[int]) -> int | None:
     """The drafts the target agrees with, None unless it chose one token per draft and one more."""
     return _agree(drafts, targets) if len(targets) == len(drafts) + 1 else None
-
-
-def accepted_and_bonus(tokens: list[int], drafts: list[int], targets: list[int]) -> tuple[int, int | None]:
-    """(accepted, bonus) as emitted: a prefix of the greedy-correct output accepts what verification
-    allowed (fewer is speed lost, not a wrong answer), else the drafts emitted."""
-    matched = matched_prefix(drafts, targets)
-    greedy = matched is not None and tokens == (drafts[:matched] + [targets[matched]])[: len(tokens)]
-    accepted = matched if greedy else _agree(tokens, drafts)
-    return accepted, tokens[accepted] if len(tokens) == accepted + 1 else None
 
 
 SAMPLES = "draft tokens fed are not the draft's argmax: the engine samples (or processes its logits)"

@@ -172,11 +172,9 @@ def _served(head: Any, row: int, drafts: list[int], batch_size: int) -> list[tup
 def _places(call: Any, row: int, column: int) -> list[list[int]]:
     """[sequence, position] at a raw (row, column) of the call as `batchmap.apply` unpacked it; none at
     padding (pads of several rows may hold one vector) or outside the call."""
-    from specviz.watch.calls import row_seq_ids
-
     spans = call.segments if call.segments is not None else [(r, 0, call.query_len) for r in range(call.batch_size)]
     at = [(i, column - start) for i, (r, start, n) in enumerate(spans) if r == row and start <= column < start + n]
-    return [[row_seq_ids(call)[i], int(call.positions[i][c])] for i, c in at if call.views[i].flags[c]]
+    return [[call.seq_ids[i], int(call.positions[i][c])] for i, c in at if call.views[i].flags[c]]
 
 
 def unfound_note(steps: list[Any]) -> list[str]:

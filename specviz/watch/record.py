@@ -110,6 +110,13 @@ class CallRecord:
             if isinstance(value, torch.Tensor):
                 setattr(self, name, value.tolist())
 
+    @property
+    def seq_ids(self) -> tuple[int, ...]:
+        """The sequence each row held (the default order where the rows said are none, or another number)."""
+        return (
+            self.rows if self.rows is not None and len(self.rows) == self.batch_size else tuple(range(self.batch_size))
+        )
+
     def mark_unreadable(self, why: str) -> None:
         """Say why no step can be read from this call on; the first reason stands."""
         if self.unreadable is None:

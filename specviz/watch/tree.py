@@ -1,16 +1,20 @@
 """Tree verification under the watch: which rows of a target call verify a tree (declared with
-`w.batch(..., parents=...)`, else read from the mask), and the schema-3 tree fields of their step
-rows, so `analysis.tree_checks` judges a watched tree engine as it judges specviz's own. The rules,
-packed calls' trees included, are in docs/watch-trees.md."""
+`w.batch(..., parents=...)`, else read from the mask); the path rules every verify row is read by
+(a chain is a tree whose node i hangs off node i - 1): which row's tree an emission walks (`credit`),
+what it accepted and its step record (`row_record`, with the schema-3 fields of a tree row, so
+`analysis.tree_checks` judges a watched tree engine as it judges specviz's own). The rules, packed
+calls' trees included, are in docs/watch-trees.md."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from itertools import takewhile
 from typing import Any
 
 import numpy
 
 from specviz.analysis.tree_checks import depths_of
+from specviz.trace.schema import RowRecord
 from specviz.watch.batchmap import block_cuts
 from specviz.watch.map import tree_error  # noqa: F401  (Segment checks its parents with it; declared reads it here)
 from specviz.watch.view import parents_of_block, parents_of_sets, slots_on
@@ -171,19 +175,102 @@ def greedy_path(parents: list[int], nodes: list[int], targets: list[int]) -> lis
     return best
 
 
-def tree_fields(call: Any, row: int, rq: Any, tokens: list[int], targets: list[int]) -> dict[str, Any]:
-    """The tree row's schema-3 fields and its accounting (accepted, bonus), kept_nodes aside."""
-    parents = call.trees[row]
-    nodes = list(call.input_ids[row][rq.pending : rq.pending + len(parents)])
-    path, bonus = accepted_path(tokens, parents, nodes, targets)
-    attends = call.views[row].node_attends(rq.pending, len(parents))
-    fields = {"tree_parents": list(parents), "tree_depths": depths_of(parents), "node_attends": attends}
-    return {**fields, "tree_path": path, "accepted": len(path), "bonus": bonus}
+def credit(rows: list[Any], groups: list[Any], running: set[int], free_last: bool) -> dict[int, Any]:
+    """Which row (`calls.RowRead`) produced each group: its own if its tokens walk the row's tree
+    (`consistent`; any last token with `free_last`), else a `running` sequence's row they walk."""
+    seqs = [row.seq_id for row in rows]
+
+    def fits(group: Any, r: int) -> bool:
+        return consistent(group.tokens, rows[r].parents, rows[r].nodes, rows[r].targets, free_last)
+
+    taken: dict[int, Any] = {}
+
+    def place(group: Any) -> bool:
+        own = seqs.index(group.seq_id)
+        if own not in taken and fits(group, own):
+            taken[own] = group
+            return True
+        return False
+
+    def split(group: Any) -> list[tuple[int, Any]] | None:
+        """The group as consecutive pieces cut where its emits were appended, each fitting a distinct
+        free row (its own first), longest first; None when none fits. No piece carries its ending."""
+        own, bounds = seqs.index(group.seq_id), [0, *group.cuts, len(group.tokens)]
+
+        def search(a: int, free_rows: set[int]) -> list[tuple[int, Any]] | None:
+            if a == len(bounds) - 1:
+                return []
+            for b in range(len(bounds) - 1, a, -1):  # the longest piece first
+                tokens = group.tokens[bounds[a] : bounds[b]]
+                piece = replace(group, tokens=tokens, finish_reason=None, cuts=[], late=False)
+                for r in sorted(free_rows, key=lambda r: (r != own, r)):  # its own row first, then in order
+                    if fits(piece, r):
+                        rest = search(b, free_rows - {r})
+                        if rest is not None:
+                            return [(r, piece), *rest]
+            return None
+
+        return search(0, {r for r in range(len(seqs)) if r not in taken and seqs[r] in running})
+
+    # A late group (emitted after a newer call of its sequence: maybe that call's tokens, matched
+    # here by its pending token) places after the on-time groups have been read, split included.
+    # An on-time group that missed its own row tries it again in vain (still taken, or unfit).
+    unfit = []
+    for group in [g for g in groups if not g.late and not place(g)] + [g for g in groups if g.late]:
+        if place(group):
+            continue
+        pieces = split(group)
+        if pieces is None:
+            unfit.append(group)
+            continue
+        pieces[-1][1].finish_reason = group.finish_reason  # the group's ending is its last piece's
+        taken.update(pieces)
+    for group in unfit:  # fits no row, whole or split: its own row shows what it got
+        taken.setdefault(seqs.index(group.seq_id), group)
+    return taken
 
 
-def mask_row(call: Any, row: int, rq: Any) -> tuple[list[list[int]], int] | None:
-    """The tree row's mask_rle and attended context (`View.tree_row`), None where not read."""
-    return call.views[row].tree_row(rq.pending, call.trees[row])
+def row_fields(read: Any, tokens: list[int]) -> tuple[int, int | None, dict[str, Any]]:
+    """(accepted, bonus, a tree row's schema-3 fields) of a row (`calls.RowRead`) that emitted `tokens`."""
+    path, bonus = accepted_path(tokens, read.parents, read.nodes, read.targets)
+    if not read.tree:
+        return len(path), bonus, {}
+    fields = {"tree_parents": read.parents, "tree_depths": depths_of(read.parents), "node_attends": read.attends}
+    return len(path), bonus, {**fields, "tree_path": path}
+
+
+def row_record(row: Any, group: Any, committed: int) -> RowRecord:
+    """The step record of a row (`calls.RowRead`) credited with `group` (`attribution.Group`), its
+    sequence holding `committed` tokens."""
+    accepted, bonus, shape = row_fields(row, group.tokens)
+    if row.draft_positions is not None:
+        shape["draft_position_ids"] = row.draft_positions
+    if min(row.draft_contexts, default=-1) >= 0:
+        contexts = row.draft_contexts
+        shape.update(draft_kv_lens=contexts, draft_kv_len=contexts[0], draft_kv_len_expected=committed - 1)
+    lead = next((n for value, n in row.runs[:1] if value == 0), 0)  # the padding the mask starts with
+    return RowRecord(
+        row=row.row,
+        seq_id=row.seq_id,
+        committed_before=committed,
+        left_pad=min(lead, row.cache + row.rq.pending),
+        left_pad_after=None,
+        pending_token=row.nodes[0],
+        draft_tokens=row.nodes[1:],
+        target_tokens=row.targets,
+        accepted=accepted,
+        bonus=bonus,
+        emitted=list(group.tokens),
+        write_seq=group.seq_id,
+        position_ids=row.positions,
+        mask_rle=row.runs,
+        kv_len=max(row.context, 0),
+        kv_len_expected=committed - 1,
+        finished=group.finish_reason is not None,
+        finish_reason=group.finish_reason,
+        query_causal=row.causal,
+        **shape,
+    )
 
 
 def kept_nodes(call: Any, row: int, rq: Any, later: Any, later_row: int, later_rq: Any) -> list[int] | None:
@@ -209,12 +296,6 @@ def kept_nodes(call: Any, row: int, rq: Any, later: Any, later_row: int, later_r
         if any(was and not now for was, now in zip(before[: call.cache_width], line)):
             return None
     return slots_on(line[first : first + n])
-
-
-def draft_calls_before(calls: list[Any], index: int) -> list[int]:
-    """The draft calls since the target call before this one (a tree's proposals, timed)."""
-    before = next((j for j in range(index - 1, -1, -1) if calls[j].role == "target"), -1)
-    return list(range(index - 1, before, -1))
 
 
 def alternatives(steps: list[Any]) -> int:

@@ -17,7 +17,6 @@ from specviz.watch.calls import (
     draft_free_query,
     first_slot_query,
     read_row,
-    row_seq_ids,
 )
 from specviz.watch.hooks import CallRecord
 from specviz.watch.view import Counted
@@ -117,10 +116,10 @@ def test_argmax_at_a_slot_and_the_rows_sequences() -> None:
     """Logits kept for the last two query slots of four (logits_to_keep=2)."""
     call = call_of("none", None, cache=0, q=4, batch=2, argmax=[[30, 31], [40, 41]], rows=(5, 9))
     assert [argmax_at(call, 1, s) for s in range(4)] == [None, None, 40, 41]
-    assert row_seq_ids(call) == (5, 9)
+    assert call.seq_ids == (5, 9)
     call.argmax_is_choice = False  # the engine samples: no argmax is its choice
     assert argmax_at(call, 1, 3) is None
-    assert row_seq_ids(call_of("none", None, cache=0, batch=2, rows=(5,))) == (0, 1)  # another size: default order
+    assert call_of("none", None, cache=0, batch=2, rows=(5,)).seq_ids == (0, 1)  # another size: default order
     assert not call.views[0].attends_cache()  # no cache
     unattended = call_of("2d", [[0, 0, 1, 1, 1]], cache=2)
     assert not unattended.views[0].attends_cache() and call_of("4d", None, cache=2).views[0].attends_cache()

@@ -5,7 +5,7 @@ feeds, with the reading it must give."""
 
 from __future__ import annotations
 
-from specviz.watch.calls import CallReader, RowQuery, attended_ids, draft_free_query, read_row, row_seq_ids
+from specviz.watch.calls import CallReader, RowQuery, attended_ids, draft_free_query, read_row
 from specviz.watch.record import CallRecord
 
 
@@ -127,7 +127,7 @@ def test_a_reader_reads_each_row_once() -> None:
 
 def test_rows_sequences_and_attended_ids() -> None:
     plain = make("target", [[7, 8, 9], [4, 5, 6]], [[0, 1, 2], [0, 1, 2]], 0)
-    assert row_seq_ids(plain) == (0, 1)
+    assert plain.seq_ids == (0, 1)
     assert attended_ids(plain, 0) == [7, 8, 9] and attended_ids(plain, 0, end=1) == [7, 8]
     assert attended_ids(plain, 1, end=0) == [4]
 

@@ -1,7 +1,8 @@
-"""Which row of a verify call produced each sequence's emitted tokens (`specviz/watch/steps.py`
-`assign_rows`), on one call written by hand: its own row where the tokens fit that row's drafts
-and the target's choices, else the row they fit (a write-back to the wrong sequence then shows as
-`write_seq != seq_id`), split over rows where one sequence received several rows' tokens.
+"""Which row of a verify call produced each sequence's emitted tokens (`specviz/watch/tree.py`
+`credit`, each row read by `calls.row_read`), on one call written by hand: its own row where the
+tokens fit that row's drafts and the target's choices, else the row they fit (a write-back to the
+wrong sequence then shows as `write_seq != seq_id`), split over rows where one sequence received
+several rows' tokens.
 
 The call has two rows, sequence 0 in row 0 and sequence 1 in row 1, each a pending token and one
 draft: row 0 fed 10 then the draft 20 under argmax [20, 30] (a greedy engine emits 20, 30; 20, or
@@ -11,9 +12,9 @@ from __future__ import annotations
 
 # The code under test, in one block.
 from specviz.watch.attribution import Group
-from specviz.watch.calls import RowQuery
+from specviz.watch.calls import RowQuery, row_read
 from specviz.watch.hooks import CallRecord
-from specviz.watch.steps import assign_rows
+from specviz.watch.tree import credit
 
 SHOWN = [RowQuery(0, 1, ()), RowQuery(0, 1, ())]  # each row: its pending token, then one draft
 
@@ -26,6 +27,12 @@ def verify(argmax_is_choice: bool = True) -> CallRecord:
     )  # fmt: skip
     call.materialize()
     return call
+
+
+def assign_rows(call: CallRecord, groups: list[Group], shown: list[RowQuery], running: set[int]) -> dict[int, Group]:
+    """The call's rows read as `shown`, then credited with the groups."""
+    rows = [row_read([call], 0, r, seq, shown[r], False) for r, seq in enumerate(call.seq_ids)]
+    return credit(rows, groups, running, not call.argmax_is_choice)
 
 
 def group(seq: int, tokens: list[int], reason: str | None = None, cuts: list[int] | None = None) -> Group:

@@ -5,8 +5,6 @@ Every call is written by hand, with what a correct engine feeds and what each re
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
 
 # The code under test, in one block.
@@ -91,7 +89,7 @@ def test_a_row_of_another_mask_with_no_live_slot_is_all_real() -> None:
     assert plain.views[0].flags == [1, 1] and plain.last_slots == [1]
 
 
-def test_query_flags_are_read_once_and_shared() -> None:
+def test_view_flags_are_read_once_and_shared() -> None:
     c = call([[0, 5]], torch.tensor([[0, 1]]), "2d")
     c.materialize()
     first = c.views[0].flags
@@ -253,8 +251,8 @@ def test_a_declared_tree_past_the_kept_mask_lines_is_not_read_from_the_mask() ->
     """A 4-D mask keeps its last QUERY_TAIL query lines. A right-padded row whose declared tree
     sits before them: the tree stands as declared, its mask reading (node views, the root's
     view) says "not read" instead of reading another slot's line."""
+    from specviz.watch.calls import RowQuery, row_read
     from specviz.watch.tensor_reads import QUERY_TAIL
-    from specviz.watch.tree import mask_row, tree_fields
 
     q = QUERY_TAIL + 3
     flags = [True] * 3 + [False] * QUERY_TAIL  # the tree's 3 nodes, then padding
@@ -264,6 +262,5 @@ def test_a_declared_tree_past_the_kept_mask_lines_is_not_read_from_the_mask() ->
         c.parents = [[-1, 0, 0]]
         c.materialize()
         assert c.trees == [[-1, 0, 0]] and c.last_slots == [2]
-        rq = SimpleNamespace(pending=0, drafts=2)
-        assert mask_row(c, 0, rq) is None
-        assert tree_fields(c, 0, rq, [6], [6, 9, 9])["node_attends"] is None
+        read = row_read([c], 0, 0, 0, RowQuery(0, 2, ()), False)
+        assert (read.runs, read.context, read.attends) == ([], -1, None)

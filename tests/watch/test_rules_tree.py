@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import torch
 
 # The code under test, in one block.
+from specviz.watch.calls import draft_calls_before
 from specviz.watch.record import CallRecord
 from specviz.watch.tensor_reads import line_summary
 from specviz.watch.tree import (
@@ -17,7 +18,6 @@ from specviz.watch.tree import (
     alternatives,
     branching,
     consistent,
-    draft_calls_before,
     greedy_chain,
     kept_nodes,
     one_tree,

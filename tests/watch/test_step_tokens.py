@@ -1,18 +1,26 @@
 """How the watch reads one row's emitted tokens against its drafts and the target's choices
-(`specviz.watch.calls`: `consistent`, `matched_prefix`, `accepted_and_bonus`), by hand: drafts
-and target argmaxes are small integers, every expected value worked out in the comment beside it.
-Greedy verification accepts the drafts up to the first one the target disagrees with, then emits
-the target's own token there (the bonus)."""
+(`specviz.watch.tree`: `consistent`, `accepted_path`, over a chain read as a tree whose node i
+hangs off node i - 1; `calls.matched_prefix`), by hand: drafts and target argmaxes are small
+integers, every expected value worked out in the comment beside it. Greedy verification accepts the
+drafts up to the first one the target disagrees with, then emits the target's own token there (the
+bonus)."""
 
 from __future__ import annotations
 
 import pytest
 
-from specviz.watch.calls import accepted_and_bonus, consistent, matched_prefix
+from specviz.watch.calls import matched_prefix
+from specviz.watch.tree import accepted_path, consistent
 
 DRAFTS = [4, 5]
 ALL_AGREE = [4, 5, 6]  # the target chose 4 and 5 too, then 6: accept both, bonus 6
 SECOND_DIFFERS = [4, 7, 8]  # the target chose 7 after 4: accept one, bonus 7
+PENDING = 3  # node 0 of the chain: the pending token
+
+
+def chain(drafts: list[int]) -> tuple[list[int], list[int]]:
+    """(parents, nodes) of a chain row: the pending token, then each draft after the one before."""
+    return list(range(-1, len(drafts))), [PENDING, *drafts]
 
 
 @pytest.mark.parametrize(
@@ -31,7 +39,7 @@ SECOND_DIFFERS = [4, 7, 8]  # the target chose 7 after 4: accept one, bonus 7
     ],
 )
 def test_consistent(tokens: list[int], targets: list[int], free_last: bool, expected: bool) -> None:
-    assert consistent(tokens, DRAFTS, targets, free_last) is expected
+    assert consistent(tokens, *chain(DRAFTS), targets, free_last) is expected
 
 
 def test_matched_prefix() -> None:
@@ -60,4 +68,6 @@ def test_matched_prefix() -> None:
 def test_accepted_and_bonus(
     tokens: list[int], drafts: list[int], targets: list[int], expected: tuple[int, int | None]
 ) -> None:
-    assert accepted_and_bonus(tokens, drafts, targets) == expected
+    path, bonus = accepted_path(tokens, *chain(drafts), targets)
+    assert (len(path), bonus) == expected
+    assert path == list(range(1, expected[0] + 1))  # a chain's accepted nodes: its first drafts
