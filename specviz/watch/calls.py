@@ -273,13 +273,6 @@ class CallReader:
         return None
 
 
-def read_row(
-    calls: list[CallRecord], index: int, row: int, pass_reprefill: bool = True, seq: int | None = None
-) -> RowQuery:
-    """The row's pending slot and chain in target call `index`, read as sequence `seq` (`CallReader`)."""
-    return CallReader(calls)._read_row(index, row, seq, pass_reprefill)
-
-
 def fed_positions(calls: list[CallRecord], chain: tuple[tuple[int, int], ...]) -> list[int]:
     """The position each draft call of the chain fed at its row's last attended slot."""
     return [calls[j].positions[dr][calls[j].last_slots[dr]] for j, dr in chain]

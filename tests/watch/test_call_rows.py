@@ -11,15 +11,21 @@ import dataclasses
 import pytest
 
 from specviz.watch.calls import (
+    CallReader,
     RowQuery,
     argmax_at,
     attended_ids,
     draft_free_query,
     first_slot_query,
-    read_row,
 )
 from specviz.watch.hooks import CallRecord
 from specviz.watch.view import Counted
+
+
+def read_row(calls: list, index: int, row: int, seq: int | None = None) -> RowQuery:
+    """Row `row` of target call `index` as one `CallReader` reads it (as sequence `seq`)."""
+    return CallReader(calls)(index, row, seq)
+
 
 PENDING_AND_TWO = RowQuery(pending=0, drafts=2, chain=())  # the pending token, then two drafts
 

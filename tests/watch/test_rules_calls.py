@@ -5,8 +5,13 @@ feeds, with the reading it must give."""
 
 from __future__ import annotations
 
-from specviz.watch.calls import CallReader, RowQuery, attended_ids, draft_free_query, read_row
+from specviz.watch.calls import CallReader, RowQuery, attended_ids, draft_free_query
 from specviz.watch.record import CallRecord
+
+
+def read_row(calls: list, index: int, row: int, seq: int | None = None) -> RowQuery:
+    """Row `row` of target call `index` as one `CallReader` reads it (as sequence `seq`)."""
+    return CallReader(calls)(index, row, seq)
 
 
 def make(role: str, ids: list[list[int]], positions: list[list[int]], cache: int, **fields) -> CallRecord:
