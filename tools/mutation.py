@@ -89,13 +89,27 @@ TARGETS: dict[str, tuple[str, list[str]]] = {
     ),
     # The readers every watched run goes through (API), and the command's row following.
     # (test_zoo: engines whose draft calls only the stop at the previous target call tells apart.)
-    "calls": ("specviz/watch/calls.py", ["tests/watch/test_call_rows.py", *_WATCH_RUNS, "tests/watch/test_zoo.py"]),
+    "calls": (
+        "specviz/watch/calls.py",
+        ["tests/watch/test_call_rows.py", "tests/watch/test_rules_calls.py", *_WATCH_RUNS, "tests/watch/test_zoo.py"],
+    ),
     "steps": (
         "specviz/watch/steps.py",
         [
             "tests/watch/test_step_tokens.py",
             "tests/watch/test_watch_header.py",
             "tests/watch/test_head_source.py",
+            *_WATCH_RUNS,
+        ],
+    ),
+    # The path rules every verify row is read by (a chain is a tree), and the tree readings.
+    "tree": (
+        "specviz/watch/tree.py",
+        [
+            "tests/watch/test_step_tokens.py",
+            "tests/watch/test_rules_credit.py",
+            "tests/watch/test_rules_tree.py",
+            "tests/watch/test_zoo_tree.py",
             *_WATCH_RUNS,
         ],
     ),
@@ -111,7 +125,7 @@ TARGET_PYTEST_ARGS = {
 }
 # The production zoo through the API only (the command's runs read the same maps, at twice the cost).
 # (follow_match keeps the command's runs: it is what they read rows with.)
-TARGET_PYTEST_ARGS.update({name: "-k 'not command'" for name in ("batchmap", "headinput", "steps")})
+TARGET_PYTEST_ARGS.update({name: "-k 'not command'" for name in ("batchmap", "headinput", "steps", "tree")})
 TARGET_PYTEST_ARGS["calls"] = "-k 'not command and not cli'"
 TARGET_PYTEST_ARGS["paged"] = "-k 'paged and not command'"  # its own cases (the file's name selects it whole)
 
