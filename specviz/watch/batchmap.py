@@ -97,7 +97,6 @@ def apply(call: Any, bmap: BatchMap, seen: Any = None) -> bool:
     was packed), each with its view (`_view`); `seen` is the [T, keys] boolean mask of a call that
     packs trees (`tree.packed_nodes`), whose rows keep the slots each token attends."""
     call.rows = tuple(s.seq for s in bmap.segments) if all(s.seq is not None for s in bmap.segments) else None
-    call.source = bmap.source
     if not bmap.packed:
         return False
     segments, width = bmap.segments, max(s.length for s in bmap.segments)

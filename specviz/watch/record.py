@@ -37,7 +37,6 @@ class CallRecord:
     cu_k: Any = None  # [S + 1] cu_seq_lens_k: key start of each sequence in a shared KV
     query_lens: list[int] | None = None  # [S] declared with w.batch(..., query_lens=...)
     logit_slots: Any = None  # [L] query column of each kept argmax (logits_to_keep); None: the last L
-    source: str | None = None  # the producer of its map (`batchmap.BatchMap.source`)
     unreadable: str | None = None  # why no producer could map it (set by `materialize`)
     lines: list[tuple[int, bool, bool, bool]] | None = None  # a packed mask per query token (`line_summary`)
     held: list[tuple[Any, Any]] | None = None  # [S] key slots of each packed row's first and last token (numpy)
@@ -49,7 +48,6 @@ class CallRecord:
     declared: tuple[tuple[int | None, bool], ...] | None = None  # w.batch(drafts=, chunk=) per sequence
     map: Any = None  # the `BatchMap` read at `materialize`, one segment per row of the record
     trees: list[list[int] | None] | None = None  # each row's tree after `materialize` (None: a chain)
-    tree_source: str | None = None  # "declared" | "mask"
     tree_nodes: list[int] | tuple[()] = ()  # a packed call's tree-node columns (`tree.packed_nodes`)
     node_keys: list[int] | None = None  # trees packed over keys [cache | query]: each row's first query key
     keys_end: int | None = None  # and the call's last key + 1: which node slots the next call attends (`tree`)

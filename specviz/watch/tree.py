@@ -44,7 +44,7 @@ def _declared_trees(call: Any) -> None:
         if parents is not None and len(parents) > live:
             call.mark_unreadable(f"row {r} declares a tree of {len(parents)} nodes; its query holds {live} tokens")
             return
-    call.trees, call.tree_source = trees, "declared"
+    call.trees = trees
 
 
 def _mask_trees(call: Any) -> None:
@@ -67,7 +67,7 @@ def _mask_trees(call: Any) -> None:
             )
             return
         found[r] = None  # a packed call's chain from a root that sees no cache: a prefill, no tree
-    call.trees, call.tree_source = found, "mask"
+    call.trees = found
 
 
 def _fed_tree(parents: list[int] | None, positions: list[int], last: int, proven: bool = False) -> bool:

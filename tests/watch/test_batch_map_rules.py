@@ -136,8 +136,9 @@ def test_declared_rows_that_exceed_a_single_row_are_unreadable_for_the_target_on
 def test_apply_leaves_a_padded_call_as_it_is_and_names_its_rows() -> None:
     call = call_of([[5, 6], [7, 8]], [[0, 1], [0, 1]], rows=(3, 4))
     ids = [list(r) for r in call.input_ids]
-    assert not apply(call, read_map(call))
-    assert call.rows == (3, 4) and call.source == "padded" and call.input_ids == ids and call.batch_size == 2
+    bmap = read_map(call)
+    assert not apply(call, bmap)
+    assert call.rows == (3, 4) and bmap.source == "padded" and call.input_ids == ids and call.batch_size == 2
     partly = call_of([[5, 6], [7, 8]], [[0, 1], [0, 1]])
     apply(partly, BatchMap((Segment(3, 0, 0, 2), Segment(None, 1, 0, 2)), "declared"))
     assert partly.rows is None  # a row without a declared sequence: the default order for all

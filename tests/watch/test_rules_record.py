@@ -192,7 +192,7 @@ def test_a_packed_call_that_declares_trees_keeps_each_rows_own_slots() -> None:
     assert all(isinstance(v, Slotted) for v in c.views)
     assert c.views[1].lines == [[True, False], [True, True], [False, False]]
     assert c.node_keys == [0, 3]
-    assert c.trees == [[-1, 0, 1], [-1, 0]] and c.tree_source == "declared"
+    assert c.trees == [[-1, 0, 1], [-1, 0]]
 
 
 def test_an_unreadable_call_says_what_its_producer_said() -> None:
@@ -216,7 +216,7 @@ def test_declared_trees_of_a_packed_call_fed_no_mask_are_read() -> None:
     c.parents = [[-1, 0, 0], [-1, 0]]
     c.materialize()
     assert c.map.source == "cu_seq_lens" and c.batch_size == 2 and c.unreadable is None
-    assert c.trees == [[-1, 0, 0], [-1, 0]] and c.tree_source == "declared"
+    assert c.trees == [[-1, 0, 0], [-1, 0]]
 
 
 def test_a_declared_tree_in_one_row_is_not_cut_by_its_mask() -> None:
@@ -237,7 +237,7 @@ def test_one_tree_in_a_packed_call_keeps_its_mask_for_the_tree_reading() -> None
     c.mask = torch.cat([torch.ones(1, 3, 2, dtype=torch.bool), tree_mask], -1)  # keys [cache 2 | query 3]
     c.materialize()
     assert not c.packed and c.lines is None and c.batch_size == 1
-    assert c.trees == [[-1, 0, 0]] and c.tree_source == "mask"
+    assert c.trees == [[-1, 0, 0]]
 
 
 def test_the_first_reason_a_call_is_unreadable_stands() -> None:

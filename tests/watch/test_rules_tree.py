@@ -57,7 +57,7 @@ def test_branching() -> None:
 def test_a_tree_read_from_the_mask_fed_its_depths() -> None:
     c = call([[5, 6, 7, 8]], TREE[None], "4d", [[10, 11, 11, 12]], width=2)
     assert c.unreadable is None
-    assert c.trees == [[-1, 0, 0, 1]] and c.tree_source == "mask"
+    assert c.trees == [[-1, 0, 0, 1]]
 
 
 def test_a_branching_mask_fed_chain_positions_stays_a_chain() -> None:
@@ -84,7 +84,7 @@ def test_a_tree_read_over_a_row_that_ends_before_the_call() -> None:
         [[10, 11, 12, 13, 14], [0, 10, 11, 11, 0]], width=2, query_live=live,
     )  # fmt: skip
     assert c.last_slots == [4, 3]
-    assert c.trees == [[-1, 0, 1, 2, 3], [-1, 0, 0]] and c.tree_source == "mask"
+    assert c.trees == [[-1, 0, 1, 2, 3], [-1, 0, 0]]
 
 
 def test_a_tree_after_re_fed_context_is_unreadable() -> None:
@@ -106,7 +106,7 @@ def test_declared_trees() -> None:
     """Declared parents are the row's tree, None a chain row; the batch's rows past the list: None."""
     c = call([[5, 6, 7], [8, 9, 10]], None, "none", [[3, 4, 4], [3, 4, 5]], width=3, parents=[[-1, 0, 0]])
     assert c.unreadable is None
-    assert c.trees == [[-1, 0, 0], None] and c.tree_source == "declared"
+    assert c.trees == [[-1, 0, 0], None]
     whole = call([[5, 6, 7]], None, "none", [[3, 4, 4]], width=3, parents=[(-1, 0, 0)])
     assert whole.trees == [[-1, 0, 0]]
 
