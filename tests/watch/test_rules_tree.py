@@ -139,6 +139,13 @@ def test_one_tree_ends_at_the_last_live_token() -> None:
     assert one_tree(padded, 2, [10, 11, 11, 12, 0, 0])
 
 
+def test_one_tree_after_padding_over_a_cache() -> None:
+    """A padding query slot (it attends nothing) before the tree: the tree's block starts at its root's own key."""
+    padded = torch.zeros(5, 7, dtype=torch.bool)
+    padded[1:, :2], padded[1:, 3:] = TREE[:, :2], TREE[:, 2:]
+    assert one_tree(padded, 2, [0, 10, 11, 11, 12])
+
+
 def test_a_call_that_attends_nothing_is_no_tree() -> None:
     """No live token (every line off), keys [cache | query] with no cache or a static cache's: no tree."""
     assert not one_tree(torch.zeros(4, 4, dtype=torch.bool), 0, [0, 1, 1, 2])

@@ -194,6 +194,9 @@ def test_independent_engine_clean(tmp_path) -> None:
     assert report.verdict == "clean" and report.exact_match == 1.0, report.violations[:3]
     assert trace.header.engine == "watch_engine" and trace.header.layout == "unspecified"
     assert [s.output_ids for s in trace.sequences] == rows.outputs
+    # Its draft cache holds every committed token but the pending one, as read from the draft's mask.
+    drafted = [r for s in trace.steps for r in s.rows if r.draft_kv_len is not None]
+    assert drafted and all(r.draft_kv_len == r.draft_kv_len_expected == r.committed_before - 1 for r in drafted)
     assert tokens_left_on_table(trace) == 0
 
 

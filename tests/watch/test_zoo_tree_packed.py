@@ -169,3 +169,7 @@ def test_a_packed_tree_after_refed_context_is_unreadable_never_guessed() -> None
         parents=[[-1, 0, 0, 1], [-1, 0, 0]],
     )
     assert too_big.trees is None and "declares a tree of 4 nodes" in too_big.unreadable
+    # A cacheless prefill (a chain from a root that sees nothing before it) packed beside a tree over
+    # its cache (slots 0-1): a prefill, no tree; the call stays readable.
+    beside = _packed_call([[2], [2, 3], [2, 3, 4], [0, 1, 5], [0, 1, 5, 6], [0, 1, 5, 7]], [0, 1, 2, 2, 3, 3], 2)
+    assert beside.unreadable is None and beside.trees == [None, [-1, 0, 0]]
