@@ -45,6 +45,10 @@ class RowRead:
     draft_positions: list[int] | None  # per draft call of its chain: the position fed (None: no chain)
     draft_contexts: list[int]  # per draft call of its chain: the slots it attended (-1: not read)
 
+    @property
+    def drafts(self) -> list[int]:
+        return self.nodes[1:]
+
 
 @dataclass
 class StepRead:

@@ -71,12 +71,11 @@ def build_steps(
                 record.kept_nodes = tree.kept_nodes(calls[j], before.row, before.rq, call, row.row, row.rq)
             rows.append(tree.row_record(row, group, len(committed[row.seq_id])))
             rows[-1].head_source = head_source(
-                calls, index, step.heads, row.row, row.nodes[1:], row.seq_id, rows[-1].committed_before
+                calls, index, step.heads, row.row, row.drafts, row.seq_id, rows[-1].committed_before
             )
             if content is not None and row.cache:  # its cache holds the tokens before the pending one
-                keys = (
-                    None if call.keys0 is None or call.segments else call.keys0[row.row]
-                )  # (a cut packed row: shared)
+                # (a cut packed row's keys are its packed row's, shared: not copied per sequence)
+                keys = None if call.keys0 is None or call.segments else call.keys0[row.row]
                 content.append(ContentCheck(rows[-1], keys, committed[row.seq_id][:-1]))
             if row.tree:
                 trees[row.seq_id] = (rows[-1], index, row)

@@ -257,7 +257,7 @@ def row_record(row: Any, group: Any, committed: int) -> RowRecord:
         left_pad=min(lead, row.cache + row.rq.pending),
         left_pad_after=None,
         pending_token=row.nodes[0],
-        draft_tokens=row.nodes[1:],
+        draft_tokens=row.drafts,
         target_tokens=row.targets,
         accepted=accepted,
         bonus=bonus,
