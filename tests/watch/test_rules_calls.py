@@ -5,7 +5,7 @@ feeds, with the reading it must give."""
 
 from __future__ import annotations
 
-from specviz.watch.calls import CallReader, RowQuery, attended_ids, draft_free_query
+from specviz.watch.calls import CallReader, RowQuery, _prefills, attended_ids, draft_free_query, first_slot_query
 from specviz.watch.record import CallRecord
 
 
@@ -191,3 +191,43 @@ def test_a_sampled_run_reads_its_chain_though_it_was_followed_as_greedy() -> Non
     steps = infer_steps(calls, emits, [[1, 2]], frozenset(), argmax_is_choice=False)
     row = steps.steps[-1].rows[0]
     assert (row.draft_tokens, row.accepted) == ([11, 12], 2)
+
+
+def test_a_draft_free_row_with_a_hole_in_its_re_fed_context_is_read_by_count() -> None:
+    """No cache: the row re-feeds a, x, b, c (x masked out: a hole) and one draft d. By layout the
+    pending token would sit at slot 2 (b, not c); by the count of attended slots it is at slot 3."""
+    holed = verify([1, 99, 2, 3, 4], [0, 1, 1, 2, 3], cache=0, mask_kind="2d", mask=[[1, 0, 1, 1, 1]])
+    assert draft_free_query(holed, 0, [1, 2, 3]) == RowQuery(3, 1, ())
+
+
+def test_a_cached_row_s_first_real_slot_is_its_pending_token() -> None:
+    """`first_slot_query`: after a padding slot, the pending token then two drafts; a row of one real
+    slot is its pending token alone."""
+    padded = verify([0, 9, 11, 12], [0, 3, 4, 5], mask_kind="2d", mask=[[1, 1, 1, 0, 1, 1, 1]])
+    assert first_slot_query(padded, 0) == RowQuery(1, 2, ())
+    alone = verify([0, 9], [0, 3], mask_kind="2d", mask=[[1, 1, 1, 0, 1]])
+    assert first_slot_query(alone, 0) == RowQuery(1, 0, ())
+
+
+def test_a_prefill_chunk_is_told_from_a_row_that_feeds_its_prompt_s_end() -> None:
+    """`_prefills`: a row over 2 cached slots that feeds prompt tokens 2 and 3 of 6 prefills a chunk;
+    one that feeds its last two (a decode over the whole prompt) does not."""
+    prompt = [5, 6, 7, 8, 9, 10]
+    assert _prefills(verify([7, 8], [2, 3], cache=2), 0, prompt)
+    assert not _prefills(verify([9, 10], [4, 5], cache=4), 0, prompt)
+
+
+def test_twin_draft_rows_are_read_by_index_in_a_batch_of_the_verify_s_size() -> None:
+    """Two draft rows fed the same token at the same position proposed the same: in a draft batch
+    of the verify's size each verify row's draft is its own index (not told apart otherwise)."""
+    twins = make("draft", [[7], [7]], [[3], [3]], 3, argmax=[[9], [9]])
+    both = make("target", [[7, 9], [7, 9]], [[3, 4], [3, 4]], 3)
+    assert read_row([twins, both], 1, 1) == RowQuery(0, 1, ((0, 1),))
+
+
+def test_draft_rows_alike_but_for_their_position_are_told_apart_by_it() -> None:
+    """A draft batch of another size (3 rows) whose rows 0 and 2 were fed 7 and proposed 9, at
+    positions 5 and 3: the verify row fed 7 at position 3 is row 2's."""
+    drafts = make("draft", [[7], [4], [7]], [[5], [2], [3]], 3, argmax=[[9], [1], [9]])
+    target = make("target", [[7, 9], [6, 2]], [[3, 4], [3, 4]], 3)
+    assert read_row([drafts, target], 1, 0) == RowQuery(0, 1, ((0, 2),))
