@@ -115,7 +115,16 @@ TARGETS: dict[str, tuple[str, list[str]]] = {
     ),
     "follow_match": (
         "specviz/watch/infer/match.py",
-        ["tests/watch/test_follow.py", "tests/watch/test_follow_weak.py", "tests/watch/test_zoo.py", _ZOO_PRODUCTION],
+        [
+            "tests/watch/test_rules_match.py",
+            "tests/watch/test_rules_newcomers.py",
+            "tests/watch/test_rules_follow.py",
+            "tests/watch/test_rules_followed.py",
+            "tests/watch/test_follow.py",
+            "tests/watch/test_follow_weak.py",
+            "tests/watch/test_zoo.py",
+            _ZOO_PRODUCTION,
+        ],
     ),
 }
 # Default pytest arguments of a target (`--pytest-args` overrides): the checker's test files
