@@ -99,7 +99,7 @@ def row_read(calls: list[CallRecord], index: int, r: int, seq_id: int, rq: RowQu
     call, view = calls[index], calls[index].views[r]
     drafts, targets = row_tokens(call, r, rq)
     runs, context, causal = view.mask_row(rq.pending, rq.drafts + 1)
-    parents, attends = tree_of(call, r), None
+    parents, attends = call.trees[r], None
     if parents is not None:  # a tree row (schema 3): its own mask reading
         read = view.tree_row(rq.pending, parents)
         if read is not None:
@@ -139,11 +139,6 @@ _UNSAID = Segment(None, 0, 0, 1)  # what a call with no readable map says of a r
 def segment_of(call: CallRecord, row: int) -> Segment:
     """What the materialized call's map says of the row (`drafts`, `chunk`); nothing without a readable map."""
     return call.map.segments[row] if len(call.map.segments) == call.batch_size else _UNSAID
-
-
-def tree_of(call: CallRecord, row: int) -> list[int] | None:
-    """The parents of the tree the row verifies (`tree.read_trees`); None for a chain row."""
-    return call.trees[row] if call.trees else None
 
 
 def argmax_at(call: CallRecord, row: int, slot: int) -> int | None:
@@ -186,7 +181,7 @@ class CallReader:
 
     def _read_row(self, index: int, row: int, seq: int | None, pass_reprefill: bool) -> RowQuery:
         verify = self.calls[index]
-        last, parents = verify.last_slots[row], tree_of(verify, row)
+        last, parents = verify.last_slots[row], verify.trees[row]
         if parents is not None:
             return RowQuery(last - len(parents) + 1, len(parents) - 1, ())
         seq = verify.seq_ids[row] if seq is None else seq

@@ -47,7 +47,7 @@ class CallRecord:
     parents: list[list[int]] | None = None  # per row its declared tree (w.batch(..., parents=...))
     declared: tuple[tuple[int | None, bool], ...] | None = None  # w.batch(drafts=, chunk=) per sequence
     map: Any = None  # the `BatchMap` read at `materialize`, one segment per row of the record
-    trees: list[list[int] | None] | None = None  # each row's tree after `materialize` (None: a chain)
+    trees: list[list[int] | None] | None = None  # [B] each row's tree after `materialize` (None: a chain)
     tree_nodes: list[int] | tuple[()] = ()  # a packed call's tree-node columns (`tree.packed_nodes`)
     node_keys: list[int] | None = None  # trees packed over keys [cache | query]: each row's first query key
     keys_end: int | None = None  # and the call's last key + 1: which node slots the next call attends (`tree`)

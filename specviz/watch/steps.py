@@ -59,7 +59,7 @@ def build_steps(
         step = read_step(read, index, committed, prompts, running, draft_free)
         produced = tree.credit(step.rows, by_call[index], running, not call.argmax_is_choice)
         # A tree's drafts are read from the verify: every draft call since is its proposal.
-        rows, proposals = [], set(step.drafted if call.trees else step.heads)
+        rows, proposals = [], set(step.drafted if any(call.trees) else step.heads)
         for row in step.rows:
             if row.row not in produced and row.passive:
                 continue

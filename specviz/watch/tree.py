@@ -27,7 +27,7 @@ def branching(parents: list[int]) -> bool:
 
 def read_trees(call: Any) -> None:
     """A materialized target call's `trees` (per row its parents, None: a chain), declared or from its mask."""
-    call.trees = None
+    call.trees = [None] * call.batch_size  # each row's tree (None: a chain), as far as they are read
     if call.role != "target" or call.unreadable is not None:
         return
     if call.parents is not None:

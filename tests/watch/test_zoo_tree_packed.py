@@ -160,7 +160,7 @@ def test_a_packed_tree_after_refed_context_is_unreadable_never_guessed() -> None
     assert cached.unreadable is None and cached.trees == [[-1, 0, 0], [-1, 0, 0]]
     refed = [[0], [0, 1], [0, 1, 2], [0, 1, 3], [4], [4, 5], [4, 5, 6], [4, 5, 7]]  # context, root, 2 nodes
     call = _packed_call(refed, [0, 1, 2, 2] * 2, 0)
-    assert call.trees is None and "re-feeds" in call.unreadable
+    assert not any(call.trees) and "re-feeds" in call.unreadable
     too_big = _packed_call(
         [[0, 1, 4], [0, 1, 4, 5], [0, 1, 4, 6], [2, 3, 7], [2, 3, 7, 8], [2, 3, 7, 9]],
         [2, 3, 3] * 2,
@@ -168,7 +168,7 @@ def test_a_packed_tree_after_refed_context_is_unreadable_never_guessed() -> None
         query_lens=[3, 3],
         parents=[[-1, 0, 0, 1], [-1, 0, 0]],
     )
-    assert too_big.trees is None and "declares a tree of 4 nodes" in too_big.unreadable
+    assert not any(too_big.trees) and "declares a tree of 4 nodes" in too_big.unreadable
     # A cacheless prefill (a chain from a root that sees nothing before it) packed beside a tree over
     # its cache (slots 0-1): a prefill, no tree; the call stays readable.
     beside = _packed_call([[2], [2, 3], [2, 3, 4], [0, 1, 5], [0, 1, 5, 6], [0, 1, 5, 7]], [0, 1, 2, 2, 3, 3], 2)

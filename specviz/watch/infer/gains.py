@@ -10,7 +10,7 @@ from typing import Any
 from specviz.analysis.tree_checks import depths_of
 from specviz.watch import tree
 from specviz.watch.attribution import Emit
-from specviz.watch.calls import argmax_at, attended_ids, draft_free_query, row_tokens, tree_of
+from specviz.watch.calls import argmax_at, attended_ids, draft_free_query, row_tokens
 from specviz.watch.infer.decoded import decoded_tail, eos_cut, takes
 from specviz.watch.infer.match import RowView, Sampled, Seq, Step
 from specviz.watch.tree import kept_nodes
@@ -35,7 +35,7 @@ class Gains:
         if self.draft_free and not rq.drafts:  # the drafts are what follows the committed tokens
             rq = draft_free_query(call, ri, s.context) or rq
         drafts, targets = row_tokens(call, ri, rq)
-        pending, parents = call.input_ids[ri][rq.pending], tree_of(call, ri)
+        pending, parents = call.input_ids[ri][rq.pending], call.trees[ri]
         most = len(drafts) + 1
         if parents is not None:  # a tree row, read by the chain rules along its greedy path
             drafts, targets = tree.greedy_chain(parents, [pending, *drafts], targets)
@@ -247,7 +247,7 @@ def step_gain(
     never guessed); None: no tree row, or nothing a path explains."""
     (i, ri), (j, rj) = step, at
     call = calls[i]
-    parents = tree_of(call, ri)
+    parents = call.trees[ri]
     if parents is None:
         return None
     nodes = call.input_ids[ri][rq.pending : rq.pending + len(parents)]
