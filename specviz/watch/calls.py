@@ -101,9 +101,9 @@ def row_read(calls: list[CallRecord], index: int, r: int, seq_id: int, rq: RowQu
     runs, context, causal = view.mask_row(rq.pending, rq.drafts + 1)
     parents, attends = call.trees[r], None
     if parents is not None:  # a tree row (schema 3): its own mask reading
-        read = view.tree_row(rq.pending, parents)
-        if read is not None:
-            runs, context = read
+        tree_read = view.tree_row(rq.pending, parents)
+        if tree_read is not None:
+            runs, context = tree_read
         causal, attends = None, view.node_attends(rq.pending, len(parents))
     # Where the row's draft calls fed it, and the context each attended where its mask was read.
     contexts = [calls[j].views[dr].before(calls[j].last_slots[dr]) for j, dr in rq.chain]
