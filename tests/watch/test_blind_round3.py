@@ -1,6 +1,6 @@
 """Issue 41's third blind round (2026-12-07), run apart from the second (`test_blind_round.py`, whose
 runner it shares) so that the two workers of the suite take one file each: each engine of
-`tests/watch/blind/` (e7-e18) written from the user docs alone, on the embedded trained pair with
+`tests/watch/blind/` (e7-e19) written from the user docs alone, on the embedded trained pair with
 text prompts, truth from an unwatched batch-1 decode (`blind/truth.py`); the whole round with every
 case before and after is in `benchmarks/results/blind-round3-2026-12-07.md`."""
 
@@ -59,6 +59,13 @@ THIRD = [
     # Rejection sampling through the command: unreadable from its first verify, no violation (the
     # steps before the second non-argmax draft were read as greedy: 20 false violations).
     ("e18_sampled.py", [], "unreadable", "command"),
+    # Two pairs of identical prompts, rows dropped as each finishes: at a twin's last step it drafts
+    # fewer tokens (less budget left) than its twin, both choose alike, and the next call holds one of
+    # them. Through the command the correct run read unreadable from step 6, the twins told apart by
+    # the drafts they were fed though they gained alike (`infer.match._likeness`); its KV bug then
+    # read unreadable from there too.
+    ("e19_dupes.py", ["--n", "6"], None, "command"),
+    ("e19_dupes.py", ["--bug", "wrongdrop", "--n", "6"], (5, 2, "kv-consistency"), "command"),
 ]
 
 

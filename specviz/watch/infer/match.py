@@ -255,8 +255,10 @@ class Assignments:
         return list(classes.values())
 
     def _likeness(self, s: Seq) -> tuple[Any, ...]:
+        # Its open step by what a greedy step gains from it: twins whose steps were fed other
+        # drafts (a row with less budget left drafts fewer) and chose the same are alike.
         step = self._step_tokens(s)
-        fed = (tuple(step.drafts), tuple(step.targets), step.pending)
+        fed = (tuple(step.greedy), step.pending) if step.targets else (tuple(step.drafts), step.pending)
         return (tuple(s.context), s.prompt_len, s.opened, s.refed, fed, s.origin[0] if s.opened else None)
 
 
