@@ -49,6 +49,10 @@ THIRD = [
     # sequence and each row a newcomer over stale KV, 150 false violations (`infer.follow._new`).
     ("e16_prefix.py", ["--n", "6"], None, "command"),
     ("e16_prefix.py", [], None, "api"),
+    # Suffix positions that restart at 0 (not counting the prefix): the prefix was read as a sequence
+    # of its own, since only positions that count it made it a prefix, and the bug was flagged a step
+    # late on stale KV with the sequences renumbered. A prefix is now read by what its rows attend.
+    ("e16_prefix.py", ["--bug", "sufpos"], (0, 0, "position-contiguity"), "command"),
     # Tries of n-gram candidates over compacted caches: a cache compacted so that its width grew by the
     # whole query block read as KV kept by index (a false `kept_nodes` at step 11: `tree.kept_nodes`).
     ("e17_ngramtree.py", [], None, "api"),

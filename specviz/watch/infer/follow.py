@@ -280,8 +280,8 @@ class Follower(Assignments, Gains):
         """A prefix prefilled once and expanded to several rows (prefix caching): the tokens of the one
         sequence no call continued that a newcomer's first token attends whole, at its length, and
         the id the newcomer takes (the prefix's own, for its first row: it is no sequence of its own)."""
-        stale, shift = base
-        if not stale or stale != shift:
+        stale = base[0]  # (fed at any position: positions that do not count the prefix are a position bug)
+        if not stale:
             return [], len(self.seqs)
         known = [p for p in self.prefixes.values() if len(p) == stale]
         if known:
