@@ -258,7 +258,7 @@ class Assignments:
         # Its open step by what a greedy step gains from it: twins whose steps were fed other
         # drafts (a row with less budget left drafts fewer) and chose the same are alike.
         step = self._step_tokens(s)
-        fed = (tuple(step.greedy), step.pending) if step.targets else (tuple(step.drafts), step.pending)
+        fed = (tuple(step.greedy if step.targets else step.drafts), step.pending)  # (no argmax: its drafts)
         return (tuple(s.context), s.prompt_len, s.opened, s.refed, fed, s.origin[0] if s.opened else None)
 
 
