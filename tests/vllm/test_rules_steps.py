@@ -243,3 +243,14 @@ def test_each_unreadable_step_says_why() -> None:
         out = assemble(records)
         assert out.unreadable == {"step": step, "why": why}
         assert step not in [s.step for s in out.steps]
+
+
+def test_an_overstated_seq_len_is_read_as_a_row_that_attends_past_its_tokens() -> None:
+    # vLLM says request a holds 7 tokens at step 1 where it holds 6: the step's row reads one slot
+    # more than its committed tokens (a kv-consistency violation for the checks), and no draft call of
+    # step 0 can be judged against a committed length it does not have: none is, and nothing crashes.
+    records = run()
+    records[1]["fed"]["seq_lens"] = [7]
+    a1 = assemble(records).steps[1].rows[0]
+    assert (a1.kv_len, a1.kv_len_expected) == (3, 4)
+    assert (a1.draft_kv_len, a1.draft_position_ids) == (None, None)

@@ -233,9 +233,11 @@ def _draft_calls(
             start = base(hashes, positions[0]) if positions else None
             ledger.write(call["slot_mapping"][q], positions, start, call["input_ids"][q])
         for req_id in judged:
-            (n, hashes), fields = wanted[req_id], found[req_id]
-            if c < len(hashes) - n:  # until its last draft's call
-                j, want = req_ids.index(req_id), n - 1 + c
+            n, hashes = wanted[req_id]
+            # Until its last draft's call. A request whose committed length vLLM overstated (seq_lens past
+            # the tokens it has) has no call to judge: its row then carries no draft-call fields, not a crash.
+            if c < len(hashes) - n:
+                j, want, fields = req_ids.index(req_id), n - 1 + c, found[req_id]
                 fed = reversed(list(zip(call["positions"][queries[j]], call["slot_mapping"][queries[j]])))
                 fields["draft_position_ids"].append(next((p for p, slot in fed if slot >= 0), -1))  # padding: slot -1
                 reads = block_slots(call["block_table"][j], want, bs)
