@@ -46,10 +46,10 @@ class Request:
     def cut(self, sampled: list[int]) -> tuple[list[int], str | None]:
         """What the request keeps of `sampled`: up to its budget, through its first stop token."""
         room = max(self.max_tokens - len(self.output), 0)
-        for j, token in enumerate(sampled[:room]):
-            if token in self.stop_ids:
-                return sampled[: j + 1], "eos"
         kept = sampled[:room]
+        for j, token in enumerate(kept):
+            if token in self.stop_ids:
+                return kept[: j + 1], "eos"
         return kept, "length" if len(kept) == room else None
 
 
