@@ -141,7 +141,6 @@ class Gains:
         if s.refed:  # (never an opened one: only a step's row is re-fed)
             self._stopped.append(s)
         elif not s.opened or self.was_step.get(s.origin[0], True):
-            s.opened = False
             emit = self._commit(s, self._step_tokens(s).greedy)
             if emit is not None:
                 self._assumed[id(emit)] = emit

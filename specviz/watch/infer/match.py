@@ -235,10 +235,8 @@ class Assignments:
         old, new = _columns(before, rp), _columns(call, r)
         if old is None or new is None or call.cache_width < len(old):
             return None  # (or the cache was cropped or rebuilt: its history is not where it was)
-        n = before.cache_width
-        return [int(x) for x in new[:n]] == [int(x) for x in old[:n]] and all(
-            int(a) <= int(b) for a, b in zip(new[n : len(old)], old[n:], strict=True)
-        )
+        n = before.cache_width  # (a `Padded` view's columns are ints already)
+        return new[:n] == old[:n] and all(a <= b for a, b in zip(new[n : len(old)], old[n:], strict=True))
 
     def _weak(self, s: Seq, v: RowView) -> bool:
         """The row's pending token is one the sequence's open step could have committed last."""
