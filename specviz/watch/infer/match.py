@@ -181,8 +181,6 @@ class Assignments:
         pairs = [(r, s, how) for r, f in fits.items() for s, how in f.items()]
         # The other pairs of each pair's tie: its row with another sequence, another row with its sequence.
         rivals = {(r, s): [(q, t) for q, t, _ in pairs if (q == r) != (t == s)] for r, s, _ in pairs}
-        if not any(rivals.values()):
-            return fits
         # Evidence that an uncontested row contradicts (its own sequence at a rebuilt or shifted
         # layout, or a systematic convention) is not read this call: every tie stands instead.
         plain = [(r, s, how) for r, s, how in pairs if not rivals[r, s]]
