@@ -184,9 +184,7 @@ class Assignments:
         # Evidence that an uncontested row contradicts (its own sequence at a rebuilt or shifted
         # layout, or a systematic convention) is not read this call: every tie stands instead.
         plain = [(r, s, how) for r, s, how in pairs if not rivals[r, s]]
-        checks = (Assignments._position_agrees, Assignments._history_agrees, Assignments._greedy_agrees)
-        checks += (Assignments._opening_agrees,)
-        trusted = [c for c in checks if all(self._says(c, j, r, s, how) is not False for r, s, how in plain)]
+        trusted = [c for c in CHECKS if all(self._says(c, j, r, s, how) is not False for r, s, how in plain)]
         agrees = {(r, s): all(self._says(c, j, r, s, how) is not False for c in trusted) for r, s, how in pairs}
         out: dict[int, dict[int, str]] = {r: {} for r in fits}
         for r, s, how in pairs:
@@ -269,6 +267,7 @@ EVIDENCE: dict[str, tuple[Callable[..., bool | None], ...]] = {
     "same": _HISTORY,
     "again": _HISTORY,
 }
+CHECKS = tuple(dict.fromkeys(c for checks in EVIDENCE.values() for c in checks))  # each kind of evidence, once
 
 
 def _rest(rows: list[int], out: dict[int, Any]) -> list[int]:
