@@ -285,9 +285,9 @@ class Follower(Assignments, Gains):
             return [], len(self.seqs)
         if stale in self.prefixes:
             return self.prefixes[stale], len(self.seqs)
-        # Prefilled on its own and never continued (held at its first call only: still opened, and
-        # before call j, whose rows share it); shared: two rows or more start there (one alone, or
-        # over a sequence prefilled among others, is a newcomer over another request's KV).
+        # Prefilled on its own (a one-row call: before j, whose rows share it) and never continued (still
+        # at its first call, so opened); shared: two rows or more start there (one alone, or over a
+        # sequence prefilled among others, is a newcomer over another request's KV).
         alone = [s for s in self._live if s.at == s.origin and self.calls[s.origin[0]].batch_size == 1]
         whole = [s for s in alone if len(s.context) == stale]
         call = self.calls[j]
