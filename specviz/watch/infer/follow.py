@@ -35,7 +35,7 @@ class Follower(Assignments, Gains):
         self.was_step: dict[int, bool] = {}  # opening call -> it was a step for its newcomers
         self.unfollowed: list[str] = []  # why reading stopped, for the report's skipped checks
         self.prev: int | None = None
-        self.prefixes: dict[int, list[int]] = {}  # a shared prefix's sequence id (then its first row's) -> its tokens
+        self.prefixes: dict[int, list[int]] = {}  # a shared prefix's length -> its tokens (one per length)
         self.last_on: dict[int | None, int] = {}  # cache fed (`CallRecord.cache_id`) -> the last call fed it
         self._assumed: dict[int, Emit] = {}  # id -> a last step read as greedy (EOS or not), not seen nor cut away
         self._stopped: list[Seq] = []  # finished by being fed again without growing
@@ -283,18 +283,18 @@ class Follower(Assignments, Gains):
         stale = base[0]  # (fed at any position: positions that do not count the prefix are a position bug)
         if not stale:
             return [], len(self.seqs)
-        known = [p for p in self.prefixes.values() if len(p) == stale]
-        if known:
-            return known[0], len(self.seqs)
-        # Prefilled on its own and never continued; shared: two rows or more start there (one alone, or
-        # over a sequence prefilled among others, is a newcomer over another request's KV).
-        alone = [s for s in self._live if s.opened and s.at == s.origin and self.calls[s.origin[0]].batch_size == 1]
-        whole = [s for s in alone if s.origin[0] < j and len(s.context) == stale]
+        if stale in self.prefixes:
+            return self.prefixes[stale], len(self.seqs)
+        # Prefilled on its own (a one-row call: before j, whose rows share it) and never continued (still
+        # at its first call, so opened); shared: two rows or more start there (one alone, or over a
+        # sequence prefilled among others, is a newcomer over another request's KV).
+        alone = [s for s in self._live if s.at == s.origin and self.calls[s.origin[0]].batch_size == 1]
+        whole = [s for s in alone if len(s.context) == stale]
         call = self.calls[j]
         sharing = [q for q in range(call.batch_size) if any(call.views[q].flags) and self._base(j, q) == base]
         if len(whole) != 1 or len(sharing) < 2:
             return [], len(self.seqs)
-        self.prefixes[whole[0].id] = list(whole[0].context)
+        self.prefixes[stale] = list(whole[0].context)
         return whole[0].context, whole[0].id
 
     def _continue(self, s: Seq, j: int, r: int, how: str) -> None:

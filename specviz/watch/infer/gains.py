@@ -141,7 +141,6 @@ class Gains:
         if s.refed:  # (never an opened one: only a step's row is re-fed)
             self._stopped.append(s)
         elif not s.opened or self.was_step.get(s.origin[0], True):
-            s.opened = False
             emit = self._commit(s, self._step_tokens(s).greedy)
             if emit is not None:
                 self._assumed[id(emit)] = emit
@@ -172,14 +171,13 @@ class Gains:
             return  # reading stopped: the last steps read are not endings
         # Sequence -> its last step read as greedy, no EOS (as `_close` left them: nothing is cut yet).
         greedy = {e.seq_id: e for e in self._assumed.values() if e.finish_reason is None}
-        ends = [(self._output(self.seqs[i]), len(e.tokens)) for i, e in greedy.items()]
+        ends = [(self._output(self.seqs[i]), len(e.tokens)) for i, e in greedy.items()]  # (output, last step)
         stopped = {self._output(s) for s in self._stopped}
-        ranges = [(n - k + 1, n) for n, k in ends]  # the output lengths each greedy end may stop at
-        budget = shared_budget(ranges, stopped)
+        budget = shared_budget([n for n, _ in ends], stopped)
         if budget is not None:
             over = [s for s in self.seqs if self._output(s) > budget]
             # Pinned: a sequence ended exactly there (fed again, or a last step of one token).
-            pinned = bool(stopped) or (budget, budget) in ranges
+            pinned = bool(stopped) or (budget, 1) in ends
             # One that ended by EOS past the budget was stepped past it: a budget per request, not one.
             if all(not self._ended_by_eos(s) and self._cuttable(s, budget, pinned, greedy) for s in over):
                 for s in over:
@@ -230,10 +228,10 @@ class Gains:
 _NO_END = Emit(-1, [], None, -1, 0.0)  # a sequence's greedy end where none was read
 
 
-def shared_budget(ranges: list[tuple[int, int]], lengths: set[int]) -> int | None:
-    """The one output length every ending by length stopped at, within each range below it; or None."""
-    budgets = sorted(lengths) or sorted(hi for _, hi in ranges)[:1]  # (a range never ends below its start)
-    if len(budgets) != 1 or any(hi < budgets[0] for _, hi in ranges):
+def shared_budget(ends: list[int], lengths: set[int]) -> int | None:
+    """The one output length the fed-again `lengths` (else the shortest greedy end) share, no end below; or None."""
+    budgets = sorted(lengths) or sorted(ends)[:1]
+    if len(budgets) != 1 or any(n < budgets[0] for n in ends):
         return None
     return budgets[0]
 

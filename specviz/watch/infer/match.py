@@ -181,14 +181,10 @@ class Assignments:
         pairs = [(r, s, how) for r, f in fits.items() for s, how in f.items()]
         # The other pairs of each pair's tie: its row with another sequence, another row with its sequence.
         rivals = {(r, s): [(q, t) for q, t, _ in pairs if (q == r) != (t == s)] for r, s, _ in pairs}
-        if not any(rivals.values()):
-            return fits
         # Evidence that an uncontested row contradicts (its own sequence at a rebuilt or shifted
         # layout, or a systematic convention) is not read this call: every tie stands instead.
         plain = [(r, s, how) for r, s, how in pairs if not rivals[r, s]]
-        checks = (Assignments._position_agrees, Assignments._history_agrees, Assignments._greedy_agrees)
-        checks += (Assignments._opening_agrees,)
-        trusted = [c for c in checks if all(self._says(c, j, r, s, how) is not False for r, s, how in plain)]
+        trusted = [c for c in CHECKS if all(self._says(c, j, r, s, how) is not False for r, s, how in plain)]
         agrees = {(r, s): all(self._says(c, j, r, s, how) is not False for c in trusted) for r, s, how in pairs}
         out: dict[int, dict[int, str]] = {r: {} for r in fits}
         for r, s, how in pairs:
@@ -235,10 +231,8 @@ class Assignments:
         old, new = _columns(before, rp), _columns(call, r)
         if old is None or new is None or call.cache_width < len(old):
             return None  # (or the cache was cropped or rebuilt: its history is not where it was)
-        n = before.cache_width
-        return [int(x) for x in new[:n]] == [int(x) for x in old[:n]] and all(
-            int(a) <= int(b) for a, b in zip(new[n : len(old)], old[n:], strict=True)
-        )
+        n = before.cache_width  # (a `Padded` view's columns are ints already)
+        return new[:n] == old[:n] and all(a <= b for a, b in zip(new[n : len(old)], old[n:], strict=True))
 
     def _weak(self, s: Seq, v: RowView) -> bool:
         """The row's pending token is one the sequence's open step could have committed last."""
@@ -273,6 +267,7 @@ EVIDENCE: dict[str, tuple[Callable[..., bool | None], ...]] = {
     "same": _HISTORY,
     "again": _HISTORY,
 }
+CHECKS = tuple(dict.fromkeys(c for checks in EVIDENCE.values() for c in checks))  # each kind of evidence, once
 
 
 def _rest(rows: list[int], out: dict[int, Any]) -> list[int]:
