@@ -27,7 +27,7 @@ def _row(token: int, position: int, context: int = 6) -> RowView:
 
 # Short of the prompt's end: the target chose 5 at the pending token (its greedy pick, no draft
 # agreed), and the next chunk starts with 5 too.
-SHORT = Step(drafts=[6, 8], targets=[5, 91, 71], pending=5)
+SHORT = Step(drafts=[6, 8], targets=[5, 91, 71], pending=5, most=3)
 
 
 @pytest.mark.parametrize(
@@ -55,7 +55,7 @@ def test_a_query_not_kept_whole_is_no_chunk() -> None:
 
 # The last chunk: the target's choice after the whole query (9) is also its choice at the pending
 # token, where no draft agreed: both readings give 9.
-LAST = Step(drafts=[6, 8], targets=[9, 1, 9], pending=5)
+LAST = Step(drafts=[6, 8], targets=[9, 1, 9], pending=5, most=3)
 
 
 @pytest.mark.parametrize(
@@ -72,11 +72,11 @@ def test_a_last_chunk_whose_token_is_also_the_greedy_pick_is_told_by_the_positio
 
 
 def test_a_last_chunk_fed_the_choice_after_the_whole_query_and_no_greedy_pick_is_a_chunk() -> None:
-    step = Step(drafts=[6, 8], targets=[9, 1, 7], pending=5)
+    step = Step(drafts=[6, 8], targets=[9, 1, 7], pending=5, most=3)
     assert all(Gains._chunk(step, _row(7, p), KNOWN) for p in (-1, 0, 4, 6))
 
 
 def test_a_query_the_target_picked_whole_is_a_step() -> None:
     """Every draft agreed (targets 6, 8, then 7): a greedy step keeps the whole query too."""
-    step = Step(drafts=[6, 8], targets=[6, 8, 7], pending=5)
+    step = Step(drafts=[6, 8], targets=[6, 8, 7], pending=5, most=3)
     assert not any(Gains._chunk(step, _row(7, p), KNOWN) for p in (-1, 0, 4, 6))

@@ -24,7 +24,7 @@ class RowView:
     context: int  # slots the pending token attends before itself (-1: a mask the hooks could not read)
     query: list[int]  # the row's attended query tokens up to the pending one
     whole: bool  # the row attends no cache slot: `query` is its whole context
-    position: int = -1  # the position fed to the pending token (-1: the engine fed none)
+    position: int  # the position fed to the pending token (-1: the engine fed none)
 
     def refeeds(self, context: list[int]) -> bool:
         """The query tokens fed before the pending one are the sequence's at those slots."""
@@ -64,7 +64,7 @@ class Step:
     drafts: list[int]
     targets: list[int]  # the target's argmax at the pending token and each draft; [] where not kept
     pending: int
-    most: int = 0  # the most tokens it could commit: its drafts (a tree's deepest path) + 1
+    most: int  # the most tokens it could commit: its drafts (a tree's deepest path) + 1
 
     @property
     def agreed(self) -> int:
