@@ -1,8 +1,7 @@
 """Forward hooks: what one model call was fed, copied without touching the engine or the host.
 
-`ModelHooks` keeps small device tensors per call: ids, positions, the mask as "may attend" booleans,
-the cache width and the last slots' argmax (docs/watch-heads.md, "What a forward keeps");
-`CallRecord.materialize` turns them into lists at close, the only host sync the watch adds."""
+Small device tensors per call (docs/watch-heads.md, "What a forward keeps"); `CallRecord.materialize`
+turns them into lists at close, the only host sync the watch adds."""
 
 from __future__ import annotations
 
