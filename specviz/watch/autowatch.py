@@ -164,9 +164,9 @@ class AutoWatch(Recorder):
         # read as greedy: sequence -> tokens no later call showed).
         prompts, emits, unfollowed, assumed = self.paged.prompts, self._emits, [], {}
         if not self.paged.seq_of:
-            follower = _followed(calls, frozenset(eos_ids(target, None)), notes)
-            follower.take_decoded(self.decoded.lists, pad_id(target, None))
-            prompts = unpadded_prompts(follower.prompts, calls, pad_id(target, None))
+            follower, pad = _followed(calls, frozenset(eos_ids(target, None)), notes), pad_id(target, None)
+            follower.take_decoded(self.decoded.lists, pad)
+            prompts = unpadded_prompts(follower.prompts, calls, pad)
             emits, unfollowed, assumed = follower.emits, follower.unfollowed, follower.read_as_greedy
         read_all = not notes  # else reading stopped: the trace is incomplete
         if assumed and self.decoded.full:  # some last steps read as greedy may be in the lists left out

@@ -1,8 +1,7 @@
 """Forward hooks: what one model call was fed, copied without touching the engine or the host.
 
-`ModelHooks` keeps small device tensors per call: ids, positions, the mask as "may attend" booleans,
-the cache width and the last slots' argmax (docs/watch-heads.md, "What a forward keeps");
-`CallRecord.materialize` turns them into lists at close, the only host sync the watch adds."""
+Small device tensors per call (docs/watch-heads.md, "What a forward keeps"); `CallRecord.materialize`
+turns them into lists at close, the only host sync the watch adds."""
 
 from __future__ import annotations
 
@@ -141,8 +140,8 @@ class ModelHooks:
         kind, kept, live = mask_copy(mask, None if packed else QUERY_TAIL)
         if kind == "4d" and mask.shape[-1] != width + q:  # keys not [cache | query]: a static cache's
             kind = "4d-slots"
-        elif kind == "2d" and kept.shape[-1] > width + q:  # a static cache's whole width: the slots past
-            kept = kept[:, : width + q]  # the call's own are unwritten, and the model's causal rule hides them
+        elif kind == "2d":  # over the call's own keys: past them, a static cache's slots are unwritten
+            kept = kept[:, : width + q]  # and the model's causal rule hides them
         elif live is not None and kept.shape[1] == q:  # `live`: a 4-D mask's tail (`mask_copy`)
             # A real query token attends its own key; a slot that does not is a finished row's pad. So
             # is one that attends nothing but its own key, which no other slot attends, in a row that

@@ -1,8 +1,5 @@
-"""The batch map: who is where in one forward call, the one type every producer returns (declared,
-transformers' continuous batching, vLLM's model runner, layouts read from the forward's arguments,
-the command's inferrer). A producer that recognises a call but cannot read it returns
-`BatchMap.unread(source, why)`, a value, never an exception; the fields and terms (sequence, query
-token, pending, drafts, chunk, slots) are in docs/watch.md, and every field is immutable."""
+"""The batch map (docs/watch.md, "The batch map"): who is where in one forward call, the one immutable
+type every producer returns; a call it recognises but cannot read is `BatchMap.unread(source, why)`."""
 
 from __future__ import annotations
 
