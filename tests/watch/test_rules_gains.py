@@ -133,7 +133,7 @@ def test_a_view_built_without_a_position_reads_as_none_fed() -> None:
     from specviz.watch.infer.gains import Gains
     from specviz.watch.infer.match import RowView, Step
 
-    step = Step(drafts=[8], targets=[40, 40], pending=7)
+    step = Step(drafts=[8], targets=[40, 40], pending=7, most=2)
     rq = RowQuery(0, 0, ())
     for context in (2, 4, 5):  # (2 and 5 do not fit a chunk of one draft after three tokens)
         unfed = RowView(rq, token=40, context=context, query=[40], whole=False)
@@ -225,7 +225,7 @@ def test_a_chunk_is_not_read_where_the_fed_position_is_the_steps_after_a_kept_dr
     from specviz.watch.infer.gains import Gains
     from specviz.watch.infer.match import RowView, Step
 
-    step = Step(drafts=[8, 9], targets=[8, 40, 41], pending=7)
+    step = Step(drafts=[8, 9], targets=[8, 40, 41], pending=7, most=3)
     rq = RowQuery(0, 0, ())
     assert not Gains._chunk(step, RowView(rq, 40, 5, [40], False, position=4), 3)
     assert Gains._chunk(step, RowView(rq, 41, 5, [41], False, position=5), 3)
