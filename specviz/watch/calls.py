@@ -67,24 +67,27 @@ def read_step(
     running: set[int],
     draft_free: bool,
 ) -> StepRead:
-    """Target call `index` read row by row (`CallReader.step_rows`), each sequence holding its
-    `committed` tokens; a row is passive where it may produce nothing and be no step of its
+    """Target call `index` read row by row (`read`), each sequence holding its `committed` tokens;
+    with no draft model (`draft_free`), drafts nothing else gave are read after those tokens
+    (`draft_free_query`). A row is passive where it may produce nothing and be no step of its
     sequence: a finished sequence's row the engine still computes, a static slot fed only padding, a
     prefill chunk said so, or a newcomer's prefill riding in another's step (a sequence not stepped
     yet fed its prompt's next tokens, in a call where some row reads a cache: vLLM mixes them in)."""
     calls, call = read.calls, read.calls[index]
-    shown = read.step_rows(index, committed, draft_free)
     drafted = draft_calls_before(calls, index)
     cached = any(v.cache for v in call.views)  # else every row of a re-prefill is read
     rows = []
     for r, seq_id in enumerate(call.seq_ids):
+        rq = read(index, r)
+        if draft_free and not rq.drafts and segment_of(call, r).drafts is None:
+            rq = draft_free_query(call, r, committed.get(seq_id, [])) or rq
         passive = (
             seq_id not in running
             or not any(call.views[r].flags)
             or segment_of(call, r).chunk
             or (cached and len(committed[seq_id]) == len(prompts[seq_id]) and _prefills(call, r, prompts[seq_id]))
         )
-        rows.append(row_read(calls, index, r, seq_id, shown[r], passive))
+        rows.append(row_read(calls, index, r, seq_id, rq, passive))
     return StepRead(rows, drafted, [j for j in drafted if calls[j].drafter])
 
 
@@ -168,16 +171,6 @@ class CallReader:
         if key not in self._reads:
             self._reads[key] = self._read_row(index, row, seq, True)
         return self._reads[key]
-
-    def step_rows(self, index: int, committed: dict[int, list[int]], draft_free: bool) -> list[RowQuery]:
-        """The call's rows as its step reads them; with no draft model (`draft_free`), drafts nothing else
-        gave are read after the sequence's `committed` tokens (`draft_free_query`)."""
-        call = self.calls[index]
-        shown = [self(index, r) for r in range(call.batch_size)]
-        for r, seq_id in enumerate(call.seq_ids):
-            if draft_free and not shown[r].drafts and segment_of(call, r).drafts is None:
-                shown[r] = draft_free_query(call, r, committed.get(seq_id, [])) or shown[r]
-        return shown
 
     def _read_row(self, index: int, row: int, seq: int | None, pass_reprefill: bool) -> RowQuery:
         verify = self.calls[index]
@@ -322,14 +315,11 @@ def row_tokens(call: CallRecord, row: int, rq: RowQuery) -> tuple[list[int], lis
     return drafts, ([] if None in targets else targets)
 
 
-def _agree(a: list[int], b: list[int]) -> int:
-    """How many leading items `a` and `b` share."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
 def matched_prefix(drafts: list[int], targets: list[int]) -> int | None:
     """The drafts the target agrees with, None unless it chose one token per draft and one more."""
-    return _agree(drafts, targets) if len(targets) == len(drafts) + 1 else None
+    if len(targets) != len(drafts) + 1:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(drafts, targets)) if x != y), len(drafts))
 
 
 SAMPLES = "draft tokens fed are not the draft's argmax: the engine samples (or processes its logits)"
