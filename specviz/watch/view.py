@@ -33,9 +33,8 @@ class View:
     def __init__(self, flags: list[int], cache: int) -> None:
         self.flags = flags  # [q] 1: a real query token (shared: readers never change it)
         self.cache = cache  # slots in the row's cache before the call
-        self.last = max(
-            compress(range(len(flags)), flags), default=len(flags) - 1
-        )  # the last real slot (else the last)
+        # The last real slot (else the last).
+        self.last = max(compress(range(len(flags)), flags), default=len(flags) - 1)
 
     @classmethod
     def read(cls, call: Any, row: int, flags: list[int]) -> View:
@@ -128,10 +127,6 @@ class _Lines(View):
         """The mask lines of the n query slots from `first` (kept: `_kept`)."""
         return self.lines[first - self.unkept : first - self.unkept + n]
 
-    @_kept
-    def before(self, slot: int) -> int:
-        return self._attended_before(self._lines_from(slot)[0], slot)
-
     def refed_root(self, first: int) -> bool:
         return self.before(first) <= 0  # nothing attended before it but itself
 
@@ -148,8 +143,9 @@ class _Lines(View):
 class Keyed(_Lines):
     """A 4-D mask whose keys are [cache | query]: query slot t's own key is column `width + t`."""
 
-    def _attended_before(self, line: list[bool], slot: int) -> int:
-        return int(sum(line[: self.width + slot]))
+    @_kept
+    def before(self, slot: int) -> int:
+        return int(sum(self._lines_from(slot)[0][: self.width + slot]))
 
     def _sees_cache(self) -> bool:
         return any(any(line[: self.width]) for line in self.lines)
@@ -187,8 +183,9 @@ class Slotted(_Lines):
     """A 4-D mask over a static or in-place cache's slots (or a packed segment's): read by the sets
     of slots each query slot attends, not where its own key sits."""
 
-    def _attended_before(self, line: list[bool], slot: int) -> int:
-        return int(sum(line)) - 1  # every slot it attends but its own
+    @_kept
+    def before(self, slot: int) -> int:
+        return int(sum(self._lines_from(slot)[0])) - 1  # every slot it attends but its own
 
     def _sees_cache(self) -> bool:  # a recycled static slot's prefill attends only its own tokens
         return self.before(self.last) + 1 != sum(self.flags[: self.last + 1])
