@@ -210,8 +210,7 @@ class CallReader:
         of the runs that fit, the first fed the query's own positions, else the earliest (a position bug)."""
         verify = self.calls[index]
         last, said = verify.last_slots[row], segment_of(verify, row).drafts
-        live = verify.views[row].flags[: last + 1][::-1] + [0]  # a chain of d needs d + 1 real slots up to the last
-        reach = min(len(proposals), live.index(0) - 1)
+        reach = min(len(proposals), verify.views[row].real_run() - 1)  # a chain of d needs d + 1 real slots
         if said is None:
             lengths: list[int] | range = range(reach, 0, -1)
             said = 0  # no chain fits: no drafts read
@@ -277,12 +276,12 @@ def draft_free_query(call: CallRecord, row: int, committed: list[int]) -> RowQue
     if not committed:
         return None
     view = call.views[row]
-    flags, last = view.flags, view.last
-    first = _first_live(flags)  # past the last slot when none is live: then no pending fits
+    last, run = view.last, view.real_run()  # a pending token fits in the run of real slots before the last
+    first = _first_live(view.flags)
     by_layout = first if view.attends_cache() else first + len(committed) - 1
     by_count = last - (view.before(last) + 1 - len(committed))
     for pending in (by_layout, by_count):
-        if first <= pending < last and all(flags[pending : last + 1]) and call.input_ids[row][pending] == committed[-1]:
+        if last - run < pending < last and call.input_ids[row][pending] == committed[-1]:
             return RowQuery(pending, last - pending, ())
     return None
 

@@ -5,7 +5,7 @@ batch map"). A 4-D mask's query line not kept (`tensor_reads.QUERY_TAIL`) reads 
 
 from __future__ import annotations
 
-from itertools import compress, groupby
+from itertools import compress, groupby, takewhile
 from typing import Any
 
 import numpy
@@ -40,6 +40,10 @@ class View:
     def read(cls, call: Any, row: int, flags: list[int]) -> View:
         """The view of a materialized call's row, its mask read as this class reads one."""
         return cls(flags, call.cache_width)
+
+    def real_run(self) -> int:
+        """Real query slots in the run ending at the last one (0: none is real)."""
+        return len(list(takewhile(bool, reversed(self.flags[: self.last + 1]))))
 
     def attends_cache(self) -> bool:
         """Does the row attend any slot of its cache (a newcomer prefilled over a shared one does not)?"""
