@@ -42,7 +42,7 @@ class RowRead:
     attends: list[list[int]] | None  # a tree row's nodes: the nodes each attends
     cache: int  # slots in its cache before the call
     positions: list[int]  # [d + 1]: the positions its nodes were fed
-    draft_positions: list[int] | None  # per draft call of its chain: the position fed (None: no chain)
+    draft_positions: list[int]  # per draft call of its chain: the position fed ([]: no chain)
     draft_contexts: list[int]  # per draft call of its chain: the slots it attended (-1: not read)
 
     @property
@@ -102,8 +102,11 @@ def row_read(calls: list[CallRecord], index: int, r: int, seq_id: int, rq: RowQu
     call, view = calls[index], calls[index].views[r]
     drafts, targets = row_tokens(call, r, rq)
     runs, context, causal = view.mask_row(rq.pending, rq.drafts + 1)
-    parents, attends = call.trees[r], None
-    if parents is not None:  # a tree row (schema 3): its own mask reading
+    tree = call.trees[r]
+    if tree is None:  # a chain: node i hangs off node i - 1
+        parents, attends = list(range(-1, len(drafts))), None
+    else:  # a tree row (schema 3): its own mask reading
+        parents = list(tree)
         tree_read = view.tree_row(rq.pending, parents)
         if tree_read is not None:
             runs, context = tree_read
@@ -116,8 +119,8 @@ def row_read(calls: list[CallRecord], index: int, r: int, seq_id: int, rq: RowQu
         rq=rq,
         nodes=[call.input_ids[r][rq.pending], *drafts],
         targets=targets,
-        parents=list(range(-1, len(drafts))) if parents is None else list(parents),
-        tree=parents is not None,
+        parents=parents,
+        tree=tree is not None,
         passive=passive,
         runs=runs,
         context=context,
@@ -125,7 +128,7 @@ def row_read(calls: list[CallRecord], index: int, r: int, seq_id: int, rq: RowQu
         attends=attends,
         cache=view.cache,
         positions=list(call.positions[r][rq.pending : rq.pending + rq.drafts + 1]),
-        draft_positions=fed_positions(calls, rq.chain) if rq.chain else None,
+        draft_positions=fed_positions(calls, rq.chain),
         draft_contexts=contexts,
     )
 
