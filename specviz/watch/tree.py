@@ -225,20 +225,16 @@ def credit(rows: list[Any], groups: list[Any], running: set[int], free_last: boo
     return taken
 
 
-def row_fields(read: Any, tokens: list[int]) -> tuple[int, int | None, dict[str, Any]]:
-    """(accepted, bonus, a tree row's schema-3 fields) of a row (`calls.RowRead`) that emitted `tokens`."""
-    path, bonus = accepted_path(tokens, read.parents, read.nodes, read.targets)
-    if not read.tree:
-        return len(path), bonus, {}
-    fields = {"tree_parents": read.parents, "tree_depths": depths_of(read.parents), "node_attends": read.attends}
-    return len(path), bonus, {**fields, "tree_path": path}
-
-
 def row_record(row: Any, group: Any, committed: int) -> RowRecord:
     """The step record of a row (`calls.RowRead`) credited with `group` (`attribution.Group`), its
-    sequence holding `committed` tokens."""
-    accepted, bonus, shape = row_fields(row, group.tokens)
-    if row.draft_positions is not None:
+    sequence holding `committed` tokens; a tree row's with its schema-3 fields."""
+    path, bonus = accepted_path(group.tokens, row.parents, row.nodes, row.targets)
+    shape: dict[str, Any] = {}
+    if row.tree:
+        shape.update(
+            tree_parents=row.parents, tree_depths=depths_of(row.parents), node_attends=row.attends, tree_path=path
+        )
+    if row.draft_positions:
         shape["draft_position_ids"] = row.draft_positions
     if min(row.draft_contexts, default=-1) >= 0:
         contexts = row.draft_contexts
@@ -253,7 +249,7 @@ def row_record(row: Any, group: Any, committed: int) -> RowRecord:
         pending_token=row.nodes[0],
         draft_tokens=row.drafts,
         target_tokens=row.targets,
-        accepted=accepted,
+        accepted=len(path),
         bonus=bonus,
         emitted=list(group.tokens),
         write_seq=group.seq_id,
