@@ -140,8 +140,7 @@ class _Lines(View):
 
     @_kept
     def tree_row(self, pending: int, parents: list[int]) -> tuple[Rle, int] | None:
-        runs, context, _ = self._tree_read(pending, parents)  # its causality aside: a tree is no chain
-        return runs, context
+        return self._tree_read(pending, parents)[:2]  # its causality aside: a tree is no chain
 
 
 class Keyed(_Lines):
