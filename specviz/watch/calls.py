@@ -42,7 +42,7 @@ class RowRead:
     attends: list[list[int]] | None  # a tree row's nodes: the nodes each attends
     cache: int  # slots in its cache before the call
     positions: list[int]  # [d + 1]: the positions its nodes were fed
-    draft_positions: list[int] | None  # per draft call of its chain: the position fed (None: no chain)
+    draft_positions: list[int]  # per draft call of its chain: the position fed ([]: no chain)
     draft_contexts: list[int]  # per draft call of its chain: the slots it attended (-1: not read)
 
     @property
@@ -67,24 +67,27 @@ def read_step(
     running: set[int],
     draft_free: bool,
 ) -> StepRead:
-    """Target call `index` read row by row (`CallReader.step_rows`), each sequence holding its
-    `committed` tokens; a row is passive where it may produce nothing and be no step of its
+    """Target call `index` read row by row (`read`), each sequence holding its `committed` tokens;
+    with no draft model (`draft_free`), drafts nothing else gave are read after those tokens
+    (`draft_free_query`). A row is passive where it may produce nothing and be no step of its
     sequence: a finished sequence's row the engine still computes, a static slot fed only padding, a
     prefill chunk said so, or a newcomer's prefill riding in another's step (a sequence not stepped
     yet fed its prompt's next tokens, in a call where some row reads a cache: vLLM mixes them in)."""
     calls, call = read.calls, read.calls[index]
-    shown = read.step_rows(index, committed, draft_free)
     drafted = draft_calls_before(calls, index)
     cached = any(v.cache for v in call.views)  # else every row of a re-prefill is read
     rows = []
     for r, seq_id in enumerate(call.seq_ids):
+        rq = read(index, r)
+        if draft_free and not rq.drafts and segment_of(call, r).drafts is None:
+            rq = draft_free_query(call, r, committed.get(seq_id, [])) or rq
         passive = (
             seq_id not in running
             or not any(call.views[r].flags)
             or segment_of(call, r).chunk
             or (cached and len(committed[seq_id]) == len(prompts[seq_id]) and _prefills(call, r, prompts[seq_id]))
         )
-        rows.append(row_read(calls, index, r, seq_id, shown[r], passive))
+        rows.append(row_read(calls, index, r, seq_id, rq, passive))
     return StepRead(rows, drafted, [j for j in drafted if calls[j].drafter])
 
 
@@ -99,8 +102,11 @@ def row_read(calls: list[CallRecord], index: int, r: int, seq_id: int, rq: RowQu
     call, view = calls[index], calls[index].views[r]
     drafts, targets = row_tokens(call, r, rq)
     runs, context, causal = view.mask_row(rq.pending, rq.drafts + 1)
-    parents, attends = call.trees[r], None
-    if parents is not None:  # a tree row (schema 3): its own mask reading
+    tree = call.trees[r]
+    if tree is None:  # a chain: node i hangs off node i - 1
+        parents, attends = list(range(-1, len(drafts))), None
+    else:  # a tree row (schema 3): its own mask reading
+        parents = list(tree)
         tree_read = view.tree_row(rq.pending, parents)
         if tree_read is not None:
             runs, context = tree_read
@@ -113,8 +119,8 @@ def row_read(calls: list[CallRecord], index: int, r: int, seq_id: int, rq: RowQu
         rq=rq,
         nodes=[call.input_ids[r][rq.pending], *drafts],
         targets=targets,
-        parents=list(range(-1, len(drafts))) if parents is None else list(parents),
-        tree=parents is not None,
+        parents=parents,
+        tree=tree is not None,
         passive=passive,
         runs=runs,
         context=context,
@@ -122,7 +128,7 @@ def row_read(calls: list[CallRecord], index: int, r: int, seq_id: int, rq: RowQu
         attends=attends,
         cache=view.cache,
         positions=list(call.positions[r][rq.pending : rq.pending + rq.drafts + 1]),
-        draft_positions=fed_positions(calls, rq.chain) if rq.chain else None,
+        draft_positions=fed_positions(calls, rq.chain),
         draft_contexts=contexts,
     )
 
@@ -169,16 +175,6 @@ class CallReader:
             self._reads[key] = self._read_row(index, row, seq, True)
         return self._reads[key]
 
-    def step_rows(self, index: int, committed: dict[int, list[int]], draft_free: bool) -> list[RowQuery]:
-        """The call's rows as its step reads them; with no draft model (`draft_free`), drafts nothing else
-        gave are read after the sequence's `committed` tokens (`draft_free_query`)."""
-        call = self.calls[index]
-        shown = [self(index, r) for r in range(call.batch_size)]
-        for r, seq_id in enumerate(call.seq_ids):
-            if draft_free and not shown[r].drafts and segment_of(call, r).drafts is None:
-                shown[r] = draft_free_query(call, r, committed.get(seq_id, [])) or shown[r]
-        return shown
-
     def _read_row(self, index: int, row: int, seq: int | None, pass_reprefill: bool) -> RowQuery:
         verify = self.calls[index]
         last, parents = verify.last_slots[row], verify.trees[row]
@@ -217,8 +213,7 @@ class CallReader:
         of the runs that fit, the first fed the query's own positions, else the earliest (a position bug)."""
         verify = self.calls[index]
         last, said = verify.last_slots[row], segment_of(verify, row).drafts
-        live = verify.views[row].flags[: last + 1][::-1] + [0]  # a chain of d needs d + 1 real slots up to the last
-        reach = min(len(proposals), live.index(0) - 1)
+        reach = min(len(proposals), verify.views[row].real_run() - 1)  # a chain of d needs d + 1 real slots
         if said is None:
             lengths: list[int] | range = range(reach, 0, -1)
             said = 0  # no chain fits: no drafts read
@@ -284,12 +279,12 @@ def draft_free_query(call: CallRecord, row: int, committed: list[int]) -> RowQue
     if not committed:
         return None
     view = call.views[row]
-    flags, last = view.flags, view.last
-    first = _first_live(flags)  # past the last slot when none is live: then no pending fits
+    last, run = view.last, view.real_run()  # a pending token fits in the run of real slots before the last
+    first = _first_live(view.flags)
     by_layout = first if view.attends_cache() else first + len(committed) - 1
     by_count = last - (view.before(last) + 1 - len(committed))
     for pending in (by_layout, by_count):
-        if first <= pending < last and all(flags[pending : last + 1]) and call.input_ids[row][pending] == committed[-1]:
+        if last - run < pending < last and call.input_ids[row][pending] == committed[-1]:
             return RowQuery(pending, last - pending, ())
     return None
 
@@ -322,14 +317,11 @@ def row_tokens(call: CallRecord, row: int, rq: RowQuery) -> tuple[list[int], lis
     return drafts, ([] if None in targets else targets)
 
 
-def _agree(a: list[int], b: list[int]) -> int:
-    """How many leading items `a` and `b` share."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
 def matched_prefix(drafts: list[int], targets: list[int]) -> int | None:
     """The drafts the target agrees with, None unless it chose one token per draft and one more."""
-    return _agree(drafts, targets) if len(targets) == len(drafts) + 1 else None
+    if len(targets) != len(drafts) + 1:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(drafts, targets)) if x != y), len(drafts))
 
 
 SAMPLES = "draft tokens fed are not the draft's argmax: the engine samples (or processes its logits)"

@@ -30,8 +30,7 @@ class KeyCopies:
     """Copies of the layer-0 keys a target's padded calls were fed, while the budget lasts."""
 
     def __init__(self, budget: int = KEY_BUDGET) -> None:
-        self.left = budget
-        self.over = 0  # calls past the budget: not checked
+        self.left = budget  # bytes left: a call past them is not copied, and its rows not checked
 
     def __call__(self, cache: Any, width: int, batch: int) -> torch.Tensor | None:
         """The keys of the call's `width` cache slots [B, H, width, D], or None: no cache, or one that
@@ -41,7 +40,6 @@ class KeyCopies:
             return None
         size = batch * keys.shape[1] * width * keys.shape[3] * keys.element_size()
         if size > self.left:
-            self.over += 1
             return None
         self.left -= size
         return keys[:, :, :width].clone()

@@ -40,7 +40,7 @@ def build_steps(
     prompts: list[list[int]],
     read: CallReader,
     draft_free: bool,
-    content: list[ContentCheck] | None = None,
+    content: list[ContentCheck],
 ) -> list[StepRecord]:
     """One step record per target call emissions were attributed to, in four beats: its rows read
     (`calls.read_step`; `draft_free`: no draft calls ran), the groups credited to the rows whose
@@ -73,7 +73,7 @@ def build_steps(
             rows[-1].head_source = head_source(
                 calls, index, step.heads, row.row, row.drafts, row.seq_id, rows[-1].committed_before
             )
-            if content is not None and row.cache:  # its cache holds the tokens before the pending one
+            if row.cache:  # its cache holds the tokens before the pending one
                 # (a cut packed row's keys are its packed row's, shared: not copied per sequence)
                 keys = None if call.keys0 is None or call.segments else call.keys0[row.row]
                 content.append(ContentCheck(rows[-1], keys, committed[row.seq_id][:-1]))

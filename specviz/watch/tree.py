@@ -8,7 +8,6 @@ calls' trees included, are in docs/watch-trees.md."""
 from __future__ import annotations
 
 from dataclasses import replace
-from itertools import takewhile
 from typing import Any
 
 import numpy
@@ -40,7 +39,7 @@ def _declared_trees(call: Any) -> None:
     trees = [None if p is None else list(p) for p in call.parents[: call.batch_size]]
     trees += [None] * (call.batch_size - len(trees))
     for r, parents in enumerate(trees):
-        live = _live_run(call, r)
+        live = call.views[r].real_run()
         if parents is not None and len(parents) > live:
             call.mark_unreadable(f"row {r} declares a tree of {len(parents)} nodes; its query holds {live} tokens")
             return
@@ -51,7 +50,7 @@ def _mask_trees(call: Any) -> None:
     """The trees the rows' runs of real query slots show, where some row branches and is fed its
     depths (a chain engine's mask bug stays a chain); a call cut around tree nodes needs a branch only."""
     last = call.last_slots
-    runs = [_live_run(call, r) for r in range(call.batch_size)]
+    runs = [view.real_run() for view in call.views]
     found = [call.views[r].tree(last[r] - n + 1, n) if n >= 2 else None for r, n in enumerate(runs)]
     if not any(_fed_tree(p, call.positions[r], last[r], bool(call.tree_nodes)) for r, p in enumerate(found)):
         return
@@ -115,11 +114,6 @@ def packed_nodes(seen: Any, lines: list[tuple[int, bool, bool, bool]], positions
         else:
             start = t
     return nodes
-
-
-def _live_run(call: Any, row: int) -> int:
-    """Real query slots in a run ending at the row's last one."""
-    return len(list(takewhile(bool, reversed(call.views[row].flags[: call.last_slots[row] + 1]))))
 
 
 def consistent(tokens: list[int], parents: list[int], nodes: list[int], targets: list[int], free_last: bool) -> bool:
@@ -231,20 +225,16 @@ def credit(rows: list[Any], groups: list[Any], running: set[int], free_last: boo
     return taken
 
 
-def row_fields(read: Any, tokens: list[int]) -> tuple[int, int | None, dict[str, Any]]:
-    """(accepted, bonus, a tree row's schema-3 fields) of a row (`calls.RowRead`) that emitted `tokens`."""
-    path, bonus = accepted_path(tokens, read.parents, read.nodes, read.targets)
-    if not read.tree:
-        return len(path), bonus, {}
-    fields = {"tree_parents": read.parents, "tree_depths": depths_of(read.parents), "node_attends": read.attends}
-    return len(path), bonus, {**fields, "tree_path": path}
-
-
 def row_record(row: Any, group: Any, committed: int) -> RowRecord:
     """The step record of a row (`calls.RowRead`) credited with `group` (`attribution.Group`), its
-    sequence holding `committed` tokens."""
-    accepted, bonus, shape = row_fields(row, group.tokens)
-    if row.draft_positions is not None:
+    sequence holding `committed` tokens; a tree row's with its schema-3 fields."""
+    path, bonus = accepted_path(group.tokens, row.parents, row.nodes, row.targets)
+    shape: dict[str, Any] = {}
+    if row.tree:
+        shape.update(
+            tree_parents=row.parents, tree_depths=depths_of(row.parents), node_attends=row.attends, tree_path=path
+        )
+    if row.draft_positions:
         shape["draft_position_ids"] = row.draft_positions
     if min(row.draft_contexts, default=-1) >= 0:
         contexts = row.draft_contexts
@@ -259,7 +249,7 @@ def row_record(row: Any, group: Any, committed: int) -> RowRecord:
         pending_token=row.nodes[0],
         draft_tokens=row.drafts,
         target_tokens=row.targets,
-        accepted=accepted,
+        accepted=len(path),
         bonus=bonus,
         emitted=list(group.tokens),
         write_seq=group.seq_id,

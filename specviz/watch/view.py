@@ -5,7 +5,7 @@ batch map"). A 4-D mask's query line not kept (`tensor_reads.QUERY_TAIL`) reads 
 
 from __future__ import annotations
 
-from itertools import compress, groupby
+from itertools import compress, groupby, takewhile
 from typing import Any
 
 import numpy
@@ -33,14 +33,17 @@ class View:
     def __init__(self, flags: list[int], cache: int) -> None:
         self.flags = flags  # [q] 1: a real query token (shared: readers never change it)
         self.cache = cache  # slots in the row's cache before the call
-        self.last = max(
-            compress(range(len(flags)), flags), default=len(flags) - 1
-        )  # the last real slot (else the last)
+        # The last real slot (else the last).
+        self.last = max(compress(range(len(flags)), flags), default=len(flags) - 1)
 
     @classmethod
     def read(cls, call: Any, row: int, flags: list[int]) -> View:
         """The view of a materialized call's row, its mask read as this class reads one."""
         return cls(flags, call.cache_width)
+
+    def real_run(self) -> int:
+        """Real query slots in the run ending at the last one (0: none is real)."""
+        return len(list(takewhile(bool, reversed(self.flags[: self.last + 1]))))
 
     def attends_cache(self) -> bool:
         """Does the row attend any slot of its cache (a newcomer prefilled over a shared one does not)?"""
@@ -128,10 +131,6 @@ class _Lines(View):
         """The mask lines of the n query slots from `first` (kept: `_kept`)."""
         return self.lines[first - self.unkept : first - self.unkept + n]
 
-    @_kept
-    def before(self, slot: int) -> int:
-        return self._attended_before(self._lines_from(slot)[0], slot)
-
     def refed_root(self, first: int) -> bool:
         return self.before(first) <= 0  # nothing attended before it but itself
 
@@ -141,15 +140,15 @@ class _Lines(View):
 
     @_kept
     def tree_row(self, pending: int, parents: list[int]) -> tuple[Rle, int] | None:
-        runs, context, _ = self._tree_read(pending, parents)  # its causality aside: a tree is no chain
-        return runs, context
+        return self._tree_read(pending, parents)[:2]  # its causality aside: a tree is no chain
 
 
 class Keyed(_Lines):
     """A 4-D mask whose keys are [cache | query]: query slot t's own key is column `width + t`."""
 
-    def _attended_before(self, line: list[bool], slot: int) -> int:
-        return int(sum(line[: self.width + slot]))
+    @_kept
+    def before(self, slot: int) -> int:
+        return int(sum(self._lines_from(slot)[0][: self.width + slot]))
 
     def _sees_cache(self) -> bool:
         return any(any(line[: self.width]) for line in self.lines)
@@ -187,8 +186,9 @@ class Slotted(_Lines):
     """A 4-D mask over a static or in-place cache's slots (or a packed segment's): read by the sets
     of slots each query slot attends, not where its own key sits."""
 
-    def _attended_before(self, line: list[bool], slot: int) -> int:
-        return int(sum(line)) - 1  # every slot it attends but its own
+    @_kept
+    def before(self, slot: int) -> int:
+        return int(sum(self._lines_from(slot)[0])) - 1  # every slot it attends but its own
 
     def _sees_cache(self) -> bool:  # a recycled static slot's prefill attends only its own tokens
         return self.before(self.last) + 1 != sum(self.flags[: self.last + 1])

@@ -75,7 +75,7 @@ def test_copies_refuse_other_layouts_and_stop_at_the_budget(target) -> None:
     assert KeyCopies()(None, 6, 2) is None and KeyCopies()((), 6, 2) is None
     one = cache.layers[0].keys.numel() * cache.layers[0].keys.element_size()
     copies = KeyCopies(budget=one)
-    assert copies(cache, 6, 2) is not None and copies(cache, 6, 2) is None and copies.over == 1
+    assert copies(cache, 6, 2) is not None and copies(cache, 6, 2) is None and copies.left == 0
 
 
 def test_attended_cache_slots_reads_the_runs_below_the_cache_width() -> None:
