@@ -338,3 +338,21 @@ def test_a_newcomer_whose_next_row_lost_one_cache_slot_still_gains_its_tokens() 
     prompts, emits = infer(calls, frozenset([1]), notes)
     assert prompts == [[5, 6, 7]] and not notes
     assert tokens_of(emits) == {0: [40, 50, 60]}
+
+
+def test_a_newcomer_never_continued_gains_nothing_where_its_opening_call_was_no_step() -> None:
+    """A = [5, 6] (left-padded) and B = [8, 9, 11] are prefilled together in call 0 (argmax 98 and
+    97 at their last slots). Only A is held again: fed 7, not 98, so call 0 was a prefill of all but
+    the last prompt token, no step, for its newcomers. A then gains 40, 50, 60. B is never fed again:
+    its prefill gave no token, so it gains none (not the 97 its last slot chose)."""
+    prompts, tokens, notes = read(
+        [
+            call([[0, 5, 6], [8, 9, 11]], 0, [[0, 1, 1], [1, 1, 1]], [0, 0], [[99, 99, 98], [99, 99, 97]]),
+            call([[7]], 3, [[0, 1, 1, 1]], [2], [[40]]),
+            call([[40]], 4, [[0, 1, 1, 1, 1]], [3], [[50]]),
+            call([[50]], 5, [[0, 1, 1, 1, 1, 1]], [4], [[60]]),
+        ]
+    )
+    assert not notes, notes
+    assert prompts == [[5, 6, 7], [8, 9, 11]]
+    assert tokens == {0: [40, 50, 60]}
