@@ -122,13 +122,13 @@ def test_a_cacheless_draft_re_reads_what_the_step_committed_whatever_the_targets
     assert tokens == {0: [40, 20, 25, 1]}
 
 
-def test_a_view_built_without_a_position_reads_as_none_fed() -> None:
+def test_a_view_fed_no_position_reads_as_the_chunk_whatever_its_context() -> None:
     """`_chunk` by hand: a prompt's open chunk [7, 8] (7 pending, 8 read like a draft) under argmax
     [40, 40], three tokens known, the next row fed 40 after four slots. 40 is both the greedy pick
     and the choice after the whole chunk: the position fed tells (4: after the whole chunk, a chunk;
     3: after what a step committed, not one), and with none fed the chunk reading stands, which
-    explains the context's growth without a bug. A `RowView` built without a position is one whose
-    engine fed none: it reads as the chunk, whatever its context."""
+    explains the context's growth without a bug. A `RowView` whose engine fed no position (-1) reads
+    as the chunk, whatever its context."""
     from specviz.watch.calls import RowQuery
     from specviz.watch.infer.gains import Gains
     from specviz.watch.infer.match import RowView, Step
@@ -136,7 +136,7 @@ def test_a_view_built_without_a_position_reads_as_none_fed() -> None:
     step = Step(drafts=[8], targets=[40, 40], pending=7, most=2)
     rq = RowQuery(0, 0, ())
     for context in (2, 4, 5):  # (2 and 5 do not fit a chunk of one draft after three tokens)
-        unfed = RowView(rq, token=40, context=context, query=[40], whole=False)
+        unfed = RowView(rq, token=40, context=context, query=[40], whole=False, position=-1)
         assert Gains._chunk(step, unfed, 3) is (context == 4)
     assert Gains._chunk(step, RowView(rq, 40, 4, [40], False, position=4), 3)
     assert not Gains._chunk(step, RowView(rq, 40, 4, [40], False, position=3), 3)

@@ -24,7 +24,7 @@ class RowView:
     context: int  # slots the pending token attends before itself (-1: a mask the hooks could not read)
     query: list[int]  # the row's attended query tokens up to the pending one
     whole: bool  # the row attends no cache slot: `query` is its whole context
-    position: int = -1  # the position fed to the pending token (-1: the engine fed none)
+    position: int  # the position fed to the pending token (-1: the engine fed none)
 
     def refeeds(self, context: list[int]) -> bool:
         """The query tokens fed before the pending one are the sequence's at those slots."""
