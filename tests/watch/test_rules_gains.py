@@ -356,3 +356,51 @@ def test_a_newcomer_never_continued_gains_nothing_where_its_opening_call_was_no_
     assert not notes, notes
     assert prompts == [[5, 6, 7], [8, 9, 11]]
     assert tokens == {0: [40, 50, 60]}
+
+
+def _repeats_past_a_stop(b_tail: list[list[int]], b_argmax: list[list[int]]) -> list[CallRecord]:
+    """No cache, no draft model, rows left-padded: A = [5, 6, 7] gains 40, 50, 60 and is then re-fed
+    unchanged (it stopped at three tokens, the run's budget); B = [8, 9, 10] gains 41, 51, 51, then
+    is fed `b_tail` (after its prompt) beside A's unchanged row, then alone, under `b_argmax`."""
+
+    def padded(rows: list[list[int]], argmax: list[list[int]]) -> CallRecord:
+        width = max(len(r) for r in rows)
+        pads = [width - len(r) for r in rows]
+        return call(
+            [[0] * p + r for p, r in zip(pads, rows)],
+            0,
+            [[0] * p + [1] * len(r) for p, r in zip(pads, rows)],
+            [0] * len(rows),
+            [[0] * (width - len(a)) + a for a in argmax],
+        )
+
+    a, b = [5, 6, 7], [8, 9, 10]
+    return [
+        padded([a, b], [[99, 99, 40], [99, 99, 41]]),
+        padded([a + [40], b + [41]], [[99] * 3 + [50], [99] * 3 + [51]]),
+        padded([a + [40, 50], b + [41, 51]], [[99] * 4 + [60], [99] * 4 + [51]]),
+        padded([a + [40, 50, 60], b + [41, 51, 51]], [[99] * 5 + [70], [99] * 5 + [51]]),
+        padded([a + [40, 50, 60], b + b_tail[0]], [[99] * 5 + [70], b_argmax[0]]),
+        padded([b + b_tail[1]], [b_argmax[1]]),
+    ]
+
+
+def test_a_row_fed_along_one_token_a_call_past_a_stopped_sequences_budget_is_cut_to_it() -> None:
+    """B, past A's three tokens, repeats its third (51) one token a call: a finished row fed along
+    (the engine's budget is one for the run); B is cut to three tokens, 41, 51, 51."""
+    tail = [[41, 51, 51, 51], [41, 51, 51, 51, 51]]
+    prompts, tokens, notes = read(_repeats_past_a_stop(tail, [[99] * 6 + [51], [99] * 7 + [51]]))
+    assert not notes, notes
+    assert prompts == [[5, 6, 7], [8, 9, 10]]
+    assert tokens == {0: [40, 50, 60], 1: [41, 51, 51]}
+
+
+def test_a_row_that_gains_two_tokens_at_a_call_past_the_budget_was_decoding_and_is_not_cut() -> None:
+    """As above, but B's row past the budget holds the draft 51 under argmax [51, 51]: it gains two
+    tokens at that call (a draft accepted, then the bonus), so it was decoding under a budget of its
+    own, not fed along: nothing is cut, B keeps 41 then six 51s."""
+    tail = [[41, 51, 51, 51, 51], [41, 51, 51, 51, 51, 51]]
+    prompts, tokens, notes = read(_repeats_past_a_stop(tail, [[99] * 6 + [51, 51], [99] * 8 + [51]]))
+    assert not notes, notes
+    assert prompts == [[5, 6, 7], [8, 9, 10]]
+    assert tokens == {0: [40, 50, 60], 1: [41, 51, 51, 51, 51, 51, 51]}
