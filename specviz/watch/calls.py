@@ -242,7 +242,23 @@ class CallReader:
             same = [run for run in runs if all((r, self.calls[j].batch_size) == (row, size) for j, r in run)]
             if runs:
                 return RowQuery(last - d, d, (own + same + runs)[0])
+        if isinstance(lengths, range):  # nothing said, no chain: drafts one call proposed at once
+            said = self._proposed_at_once(proposals, ids, last, verify.views[row].real_run() - 1)
         return RowQuery(last - said, said, ())
+
+    def _proposed_at_once(self, proposals: tuple[int, ...], ids: list[int], last: int, reach: int) -> int:
+        """The most drafts (two or more) that one draft call proposed in one forward (a parallel drafter,
+        PARD-style: a row fed the pending token, then placeholders, its argmax there the drafts): a row
+        of it fed ids[last - d] and chose ids[last - d + 1 .. last] at that slot and the d - 1 after it
+        (0: none). A chain proposes one token a call, so no run of calls finds these drafts."""
+        for d in range(reach, 1, -1):
+            for call in (self.calls[j] for j in proposals):
+                for r, end in enumerate(call.last_slots):
+                    start = end - d + 1  # the slot fed the pending token
+                    if start >= 0 and call.input_ids[r][start] == ids[last - d]:
+                        if [argmax_at(call, r, start + i) for i in range(d)] == ids[last - d + 1 : last + 1]:
+                            return d
+        return 0
 
     def _draft_row(self, j: int, seq: int | None, row: int, batch_size: int, fed: int, out: int, at: int) -> int | None:
         """Draft call j's row fed `fed` at `at` that proposed `out` for sequence `seq` (`row` of a target
