@@ -231,3 +231,35 @@ def test_draft_rows_alike_but_for_their_position_are_told_apart_by_it() -> None:
     drafts = make("draft", [[7], [4], [7]], [[5], [2], [3]], 3, argmax=[[9], [1], [9]])
     target = make("target", [[7, 9], [6, 2]], [[3, 4], [3, 4]], 3)
     assert read_row([drafts, target], 1, 0) == RowQuery(0, 1, ((0, 2),))
+
+
+# ----------------------------------------------------------------------------- drafts proposed at once
+
+
+def parallel_draft(ids: list[int], positions: list[int], argmax: list[int]) -> CallRecord:
+    """A draft call of one row that proposes several drafts in one forward (PARD-style): fed the
+    pending token, then placeholders (0), over a cache of `positions[0]` slots; `argmax` per slot."""
+    return make("draft", [ids], [positions], positions[0], argmax=[argmax])
+
+
+def test_drafts_one_call_proposed_at_once_are_the_rows_drafts() -> None:
+    """The draft was fed 9 (pending) and two placeholders at 3, 4, 5 and chose 11, 12, 13 there: no
+    run of calls proposed them one a call, yet the verify's 11, 12, 13 are that call's drafts."""
+    calls = [parallel_draft([9, 0, 0], [3, 4, 5], [11, 12, 13]), verify([9, 11, 12, 13], [3, 4, 5, 6])]
+    assert read_row(calls, 1, 0) == RowQuery(0, 3, ())
+
+
+def test_drafts_proposed_at_once_after_a_catch_up_token() -> None:
+    """The draft first catches up 7 (accepted last step, never in its cache), then is fed 9 and two
+    placeholders: its proposals start at the slot fed the pending token."""
+    calls = [parallel_draft([7, 9, 0, 0], [2, 3, 4, 5], [9, 11, 12, 13]), verify([9, 11, 12, 13], [3, 4, 5, 6])]
+    assert read_row(calls, 1, 0) == RowQuery(0, 3, ())
+
+
+def test_a_row_no_draft_call_proposed_at_once_has_no_drafts() -> None:
+    """The draft chose 14 where the verify feeds 13, or was fed another pending token: the verify's
+    tokens are not that call's proposals, so no drafts are read (its last slot is pending), as before."""
+    other_choice = [parallel_draft([9, 0, 0], [3, 4, 5], [11, 12, 14]), verify([9, 11, 12, 13], [3, 4, 5, 6])]
+    other_pending = [parallel_draft([8, 0, 0], [3, 4, 5], [11, 12, 13]), verify([9, 11, 12, 13], [3, 4, 5, 6])]
+    assert read_row(other_choice, 1, 0) == RowQuery(3, 0, ())
+    assert read_row(other_pending, 1, 0) == RowQuery(3, 0, ())
