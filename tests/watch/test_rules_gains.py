@@ -358,22 +358,23 @@ def test_a_newcomer_never_continued_gains_nothing_where_its_opening_call_was_no_
     assert tokens == {0: [40, 50, 60]}
 
 
+def padded(rows: list[list[int]], argmax: list[list[int]]) -> CallRecord:
+    """A cacheless target call of `rows`, each re-fed whole and left-padded, `argmax` right-aligned."""
+    width = max(len(r) for r in rows)
+    pads = [width - len(r) for r in rows]
+    return call(
+        [[0] * p + r for p, r in zip(pads, rows)],
+        0,
+        [[0] * p + [1] * len(r) for p, r in zip(pads, rows)],
+        [0] * len(rows),
+        [[0] * (width - len(a)) + a for a in argmax],
+    )
+
+
 def _repeats_past_a_stop(b_tail: list[list[int]], b_argmax: list[list[int]]) -> list[CallRecord]:
     """No cache, no draft model, rows left-padded: A = [5, 6, 7] gains 40, 50, 60 and is then re-fed
     unchanged (it stopped at three tokens, the run's budget); B = [8, 9, 10] gains 41, 51, 51, then
     is fed `b_tail` (after its prompt) beside A's unchanged row, then alone, under `b_argmax`."""
-
-    def padded(rows: list[list[int]], argmax: list[list[int]]) -> CallRecord:
-        width = max(len(r) for r in rows)
-        pads = [width - len(r) for r in rows]
-        return call(
-            [[0] * p + r for p, r in zip(pads, rows)],
-            0,
-            [[0] * p + [1] * len(r) for p, r in zip(pads, rows)],
-            [0] * len(rows),
-            [[0] * (width - len(a)) + a for a in argmax],
-        )
-
     a, b = [5, 6, 7], [8, 9, 10]
     return [
         padded([a, b], [[99, 99, 40], [99, 99, 41]]),
@@ -404,3 +405,23 @@ def test_a_row_that_gains_two_tokens_at_a_call_past_the_budget_was_decoding_and_
     assert not notes, notes
     assert prompts == [[5, 6, 7], [8, 9, 10]]
     assert tokens == {0: [40, 50, 60], 1: [41, 51, 51, 51, 51, 51, 51]}
+
+
+def test_a_cacheless_row_fed_along_after_its_eos_is_idle_as_the_batch_shrinks() -> None:
+    """No cache, no draft model: A = [5, 6, 7], B = [8, 9, 10, 3] and C = [11, 12] are re-fed whole.
+    C chooses EOS (1) at once and is fed along with it; B leaves after 41, 51, so the batch shrinks
+    while C's row re-feeds [11, 12, 1] unchanged. That row is C's, idle (a finished row fed along),
+    not a new sequence whose prompt is C's context (as it read before 2026-12-08: a fourth prompt
+    [11, 12, 1] gaining 77)."""
+    a, b, c = [5, 6, 7], [8, 9, 10, 3], [11, 12]
+    prompts, tokens, notes = read(
+        [
+            padded([a, b, c], [[99, 99, 40], [99, 99, 99, 41], [99, 1]]),
+            padded([a + [40], b + [41], c + [1]], [[99] * 3 + [50], [99] * 4 + [51], [99, 99, 77]]),
+            padded([a + [40, 50], c + [1]], [[99] * 4 + [60], [99, 99, 77]]),
+            padded([a + [40, 50, 60], c + [1]], [[99] * 5 + [70], [99, 99, 77]]),
+        ]
+    )
+    assert not notes, notes
+    assert prompts == [a, b, c]
+    assert tokens == {0: [40, 50, 60, 70], 1: [41, 51], 2: [1]}

@@ -238,16 +238,16 @@ class Follower(Assignments, Gains):
         return "again" if 0 <= grown <= 1 and v.token == step.pending else None
 
     def _again(self, j: int, r: int) -> bool:
-        """A cached row that feeds a finished (or out: after its greedy last step) sequence's last token again."""
-        if not self.calls[j].views[r].attends_cache():
-            return False
+        """A row that feeds a finished (or out: after its greedy last step) sequence again: a cached row
+        its last token, a cacheless row its whole context unchanged (a finished row fed along in a
+        recompute loop, not a newcomer: one whose prompt ends alike is longer or differs before)."""
         ends = [
             (s, s.context + self._step_tokens(s).greedy if s.out else s.context)
             for s in self.seqs
             if s.finished or s.out
         ]
         return any(
-            c[-1:] == [v.token] and (v.context < 0 or v.context >= len(c) - 1)
+            v.query == c if v.whole else c[-1:] == [v.token] and (v.context < 0 or v.context >= len(c) - 1)
             for s, c in ends
             for v in (self._view(j, r, s.id),)
         )
