@@ -188,8 +188,21 @@ class CallReader:
         if not pass_reprefill:
             return self._chain_query(*key)
         if key not in self._chains:
-            self._chains[key] = self._chain_query(*key)
+            self._chains[key] = self._ahead(key, seq, self._chain_query(*key))
         return self._chains[key]
+
+    def _ahead(self, key: tuple[int, int, int | None, tuple[int, ...]], seq: int, found: RowQuery) -> RowQuery:
+        """Drafts proposed one verify ahead (an engine that drafts the next step before this verify, and
+        keeps those drafts where the step accepted all): where the chain found since the previous verify
+        fed other positions than the query's, the chain of the draft calls before that verify that fed them."""
+        index, row, _, proposals = key
+        want = list(self.calls[index].positions[row][found.pending : found.pending + found.drafts])
+        if not found.chain or fed_positions(self.calls, found.chain) == want:
+            return found
+        before = max((j for j in range(proposals[0]) if self.calls[j].role == "target"), default=0)
+        earlier = self._draft_calls(before, seq, False)  # (none before the first target call)
+        again = self._chain_query(*key[:3], earlier)
+        return again if again.chain and fed_positions(self.calls, again.chain) == want else found
 
     def _draft_calls(self, index: int, seq: int, pass_reprefill: bool) -> tuple[int, ...]:
         """Draft calls since the sequence's previous target call, passing over once a re-prefill of it
