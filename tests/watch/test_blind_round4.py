@@ -1,7 +1,8 @@
 """Issue 41's fourth blind round (2026-12-08), in a file of its own so the suite's two workers can
 take it beside the others: two engines of `tests/watch/blind/` written from the user docs alone, on
-the embedded pair, truth from an unwatched batch-1 decode (`blind/truth.py`). The round, with every
-case before and after, is in `benchmarks/results/blind-round4-2026-12-08.md`."""
+the embedded pair, truth from an unwatched batch-1 decode (`blind/truth.py`). The round (and a
+fifth of two more engines, e22 and e23), with every case before and after, is in
+`benchmarks/results/blind-round4-2026-12-08.md`."""
 
 from __future__ import annotations
 
@@ -25,6 +26,18 @@ FOURTH = [
     ("e21_earlyexit.py", [], None, "api"),
     ("e21_earlyexit.py", ["--bug", "pos_holes", "--n", "6"], (1, 0, "position-contiguity"), "command"),
     ("e21_earlyexit.py", ["--bug", "commit_extra"], (0, 0, "token-accounting"), "api"),
+    # Two proposers (the draft model's chain and a prompt-lookup chain) merged into a token tree per
+    # row, verified under a 4-D tree mask: read right both ways on its correct runs.
+    ("e22_multidraft.py", [], None, "command"),
+    ("e22_multidraft.py", ["--bug", "stale", "--n", "6"], (0, 2, "kv-consistency"), "api"),
+    # Drafting one verify ahead: the next step's drafts proposed before this verify and kept where
+    # every draft was accepted. Its correct run read desync both ways (the look-ahead calls taken for
+    # the drafts' proposers, at the wrong positions) until the chain is also sought among the draft
+    # calls before the previous verify (`calls.CallReader._ahead`). Through the command the reused
+    # rows' gains are still misread (exact 0.6 on right outputs): not pinned, see the round's results.
+    ("e23_draftahead.py", [], None, "api"),
+    ("e23_draftahead.py", ["--bug", "no_rollback"], (2, 0, "kv-consistency"), "api"),
+    ("e23_draftahead.py", ["--bug", "stale_guess"], (3, 0, "token-accounting"), "api"),
 ]
 
 
