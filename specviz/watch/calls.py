@@ -199,7 +199,7 @@ class CallReader:
         want = list(self.calls[index].positions[row][found.pending : found.pending + found.drafts])
         if not found.chain or fed_positions(self.calls, found.chain) == want:
             return found
-        before = max((j for j in range(proposals[0]) if self.calls[j].role == "target"), default=0)
+        before = next((j for j in range(proposals[0] - 1, -1, -1) if self.calls[j].role == "target"), 0)
         earlier = self._draft_calls(before, seq, False)  # (none before the first target call)
         again = self._chain_query(*key[:3], earlier)
         return again if again.chain and fed_positions(self.calls, again.chain) == want else found
@@ -226,7 +226,8 @@ class CallReader:
         of the runs that fit, the first fed the query's own positions, else the earliest (a position bug)."""
         verify = self.calls[index]
         last, said = verify.last_slots[row], segment_of(verify, row).drafts
-        reach = min(len(proposals), verify.views[row].real_run() - 1)  # a chain of d needs d + 1 real slots
+        run = verify.views[row].real_run()  # a chain of d needs d + 1 real slots
+        reach = min(len(proposals), run - 1)
         if said is None:
             lengths: list[int] | range = range(reach, 0, -1)
             said = 0  # no chain fits: no drafts read
@@ -256,7 +257,7 @@ class CallReader:
             if runs:
                 return RowQuery(last - d, d, (own + same + runs)[0])
         if isinstance(lengths, range):  # nothing said, no chain: drafts one call proposed at once
-            said = self._proposed_at_once(proposals, ids, last, verify.views[row].real_run() - 1)
+            said = self._proposed_at_once(proposals, ids, last, run - 1)
         return RowQuery(last - said, said, ())
 
     def _proposed_at_once(self, proposals: tuple[int, ...], ids: list[int], last: int, reach: int) -> int:
